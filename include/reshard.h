@@ -1,0 +1,410 @@
+/*
+ * reshard: move sharded model weights from one parallel layout to another.
+ *
+ * Copyright (c) 2026, the reshard authors. BSD-3-Clause (see LICENSE).
+ *
+ * The whole public C API. Usage in five lines:
+ *
+ *   reshard_layout_t *src, *dst;      describe both sides (every rank
+ *                                     describes the same global picture)
+ *   reshard_plan_create(comm, src, dst, &opts, &plan);   once, collective
+ *   reshard_plan_execute(plan, src_ptrs, nsrc, dst_ptrs, ndst, NULL);  every step
+ *   reshard_plan_destroy(plan);
+ *
+ * Concepts (see docs/ARCHITECTURE.md):
+ *   - a logical tensor is a named global array (dtype, up to 8 dims);
+ *   - a mesh is a grid of communicator ranks;
+ *   - a placement says, per mesh axis, whether the tensor is replicated along
+ *     it or sharded along one of its dims (DTensor vocabulary);
+ *   - a buffer is the memory a rank hands us a pointer to at execute time;
+ *     it holds one or several fragments (boxes of logical tensors);
+ *   - a plan is this rank's precomputed list of messages and copies.
+ *
+ * All functions return a reshard_result_t; on failure, reshard_last_error()
+ * says which tensor, rank and field were at fault, and nothing was changed.
+ */
+#ifndef RESHARD_H
+#define RESHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Versions                                                            */
+/* ------------------------------------------------------------------ */
+
+#define RESHARD_VERSION_MAJOR 0
+#define RESHARD_VERSION_MINOR 1
+#define RESHARD_VERSION_PATCH 0
+#define RESHARD_VERSION_CODE(major, minor, patch) \
+  ((major) * 10000 + (minor) * 100 + (patch))
+#define RESHARD_VERSION \
+  RESHARD_VERSION_CODE(RESHARD_VERSION_MAJOR, RESHARD_VERSION_MINOR, \
+                       RESHARD_VERSION_PATCH)
+
+/* The version of the library actually linked, as RESHARD_VERSION_CODE. */
+int reshard_version(void);
+
+/* ------------------------------------------------------------------ */
+/* Results and errors                                                  */
+/* ------------------------------------------------------------------ */
+
+typedef enum reshard_result {
+  RESHARD_SUCCESS = 0,
+  /* An argument is malformed (NULL, negative, out of range, overflowing). */
+  RESHARD_ERROR_INVALID_ARGUMENT = 1,
+  /* Arguments are well formed but the call is not allowed in this state
+   * (e.g. executing a plan that failed, wrong buffer count). */
+  RESHARD_ERROR_INVALID_USAGE = 2,
+  RESHARD_ERROR_OUT_OF_MEMORY = 3,
+  /* Ranks disagree: different global descriptions or plans. */
+  RESHARD_ERROR_MISMATCH = 4,
+  /* The transport (MPI, NCCL, CUDA) reported an error on this rank. */
+  RESHARD_ERROR_BACKEND = 5,
+  /* Another rank failed; this rank stopped without changing its buffers
+   * beyond what reshard_last_error() reports. */
+  RESHARD_ERROR_REMOTE = 6,
+  /* A wait passed its deadline (options.timeout_ms). */
+  RESHARD_ERROR_TIMEOUT = 7,
+  /* A valid request that this build or version cannot serve. */
+  RESHARD_ERROR_UNSUPPORTED = 8,
+  /* A bug in reshard: please report it with reshard_last_error(). */
+  RESHARD_ERROR_INTERNAL = 9,
+  RESHARD_NUM_RESULTS = 10
+} reshard_result_t;
+
+/* A fixed string for each result, saying what to do next. Never NULL. */
+const char *reshard_result_string(reshard_result_t result);
+
+/* Detail of the last failure on the calling thread ("" if none). The text
+ * names the tensor, rank and field at fault. Valid until the next reshard
+ * call on this thread. */
+const char *reshard_last_error(void);
+
+/* ------------------------------------------------------------------ */
+/* Data types                                                          */
+/* ------------------------------------------------------------------ */
+
+typedef enum reshard_dtype {
+  RESHARD_BF16 = 0,
+  RESHARD_FP16 = 1,
+  RESHARD_FP32 = 2,
+  RESHARD_FP64 = 3,
+  RESHARD_FP8_E4M3 = 4,
+  RESHARD_FP8_E5M2 = 5,
+  RESHARD_INT8 = 6,
+  RESHARD_UINT8 = 7,
+  RESHARD_INT32 = 8,
+  RESHARD_UINT32 = 9,
+  RESHARD_INT64 = 10,
+  RESHARD_UINT64 = 11,
+  RESHARD_BOOL = 12, /* one byte per element */
+  RESHARD_NUM_DTYPES = 13
+} reshard_dtype_t;
+
+/* Bytes per element; 0 for an invalid dtype. */
+size_t reshard_dtype_size(reshard_dtype_t dtype);
+/* Short name ("bf16", "f32", ...); "invalid" for an invalid dtype. */
+const char *reshard_dtype_name(reshard_dtype_t dtype);
+
+/* ------------------------------------------------------------------ */
+/* Layouts: one side's description                                     */
+/* ------------------------------------------------------------------ */
+
+#define RESHARD_MAX_DIMS 8      /* tensor dims */
+#define RESHARD_MAX_MESH_DIMS 8 /* mesh axes */
+
+/* One side (source or destination) of a reshard: its logical tensors, its
+ * meshes and the buffers that hold the tensors' fragments. Every rank of the
+ * communicator builds the same two layouts (the global description); ranks
+ * that disagree get RESHARD_ERROR_MISMATCH from reshard_plan_create. */
+typedef struct reshard_layout reshard_layout_t;
+
+reshard_result_t reshard_layout_create(reshard_layout_t **layout);
+void reshard_layout_destroy(reshard_layout_t *layout); /* NULL is a no-op */
+
+/* Declares a logical tensor. Names are unique within a layout and match
+ * tensors across the two sides. 0 <= ndim <= RESHARD_MAX_DIMS, shape[i] >= 0,
+ * and the byte size must fit in int64. *tensor_id receives a dense index
+ * (0, 1, ...). */
+reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
+                                           const char *name,
+                                           reshard_dtype_t dtype, int ndim,
+                                           const int64_t *shape,
+                                           int *tensor_id);
+
+/* Looks a tensor up by name; RESHARD_ERROR_INVALID_ARGUMENT if absent. */
+reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *layout,
+                                            const char *name, int *tensor_id);
+
+/* Declares a mesh: an ndim-dimensional grid (row-major, last axis fastest)
+ * of communicator ranks. ranks lists shape[0]*...*shape[ndim-1] ranks; a
+ * rank appears at most once in a mesh. A side may have several meshes
+ * (pipeline stages, or different grids over the same ranks). */
+reshard_result_t reshard_layout_add_mesh(reshard_layout_t *layout, int ndim,
+                                         const int *shape, const int *ranks,
+                                         int *mesh_id);
+
+/* The same with ranks start, start+stride, start+2*stride, ... */
+reshard_result_t reshard_layout_add_mesh_strided(reshard_layout_t *layout,
+                                                 int ndim, const int *shape,
+                                                 int start, int stride,
+                                                 int *mesh_id);
+
+typedef enum reshard_placement_kind {
+  RESHARD_PLACEMENT_REPLICATE = 0,
+  RESHARD_PLACEMENT_SHARD = 1
+} reshard_placement_kind_t;
+
+/* How a tensor lies along one mesh axis. Shard(dim) splits the current
+ * extent of dim into as many pieces as the axis has ranks: evenly with
+ * torch.chunk semantics (pieces of ceil(n/k), the last ones smaller or
+ * empty) when split_sizes is NULL, or with the given sizes (one per rank of
+ * the axis, summing to the extent). Axes apply in mesh order, so several
+ * axes may shard the same dim (the later axis splits the earlier one's
+ * piece: TP x EP) or different dims (2-D sharding). */
+typedef struct reshard_placement {
+  reshard_placement_kind_t kind;
+  int dim;
+  const int64_t *split_sizes;
+} reshard_placement_t;
+
+static inline reshard_placement_t reshard_replicate(void) {
+  reshard_placement_t p = {RESHARD_PLACEMENT_REPLICATE, 0, NULL};
+  return p;
+}
+static inline reshard_placement_t reshard_shard(int dim) {
+  reshard_placement_t p = {RESHARD_PLACEMENT_SHARD, dim, NULL};
+  return p;
+}
+static inline reshard_placement_t reshard_shard_sizes(int dim,
+                                                      const int64_t *sizes) {
+  reshard_placement_t p = {RESHARD_PLACEMENT_SHARD, dim, sizes};
+  return p;
+}
+
+/* The simplest buffer: every rank of the mesh holds its piece of the tensor
+ * in a buffer of its own, dense and row-major. placements has one entry per
+ * mesh axis. *buffer_id receives the buffer's index in this layout. */
+reshard_result_t reshard_layout_place(reshard_layout_t *layout, int tensor_id,
+                                      int mesh_id,
+                                      const reshard_placement_t *placements,
+                                      int *buffer_id);
+
+/* One tensor's share of a fused buffer. */
+typedef struct reshard_part {
+  int tensor_id;
+  int mesh_id; /* the part's own grid; may differ from its siblings', e.g.
+                  vLLM K/V on [kv_heads, tp/kv_heads] with (Shard(0), R) when
+                  tp > kv_heads while Q uses [tp] with Shard(0) */
+  const reshard_placement_t *placements; /* one per axis of mesh_id */
+  /* NULL, or the padded shape the placements split (>= the tensor's shape,
+   * e.g. a vocabulary padded to a multiple of 64): elements past the real
+   * shape occupy buffer space but belong to no tensor and are never
+   * written. */
+  const int64_t *padded_shape;
+} reshard_part_t;
+
+/* A buffer holding several tensors' pieces, fused along concat_dim:
+ *   num_groups == 1: each rank's buffer is the concatenation along
+ *     concat_dim of its pieces of parts[0], parts[1], ... (vLLM qkv_proj,
+ *     gate_up_proj). Ranks outside a part's mesh hold nothing of it.
+ *   num_groups  > 1: each part's concat_dim is num_groups equal blocks; the
+ *     placements' Shard(concat_dim) split the groups (not elements), and
+ *     each rank's buffer holds, for each of its groups g in order, the
+ *     block g of every part (Megatron fused QKV with GQA: [q of g, k of g,
+ *     v of g] per KV group). All parts must then share one grid of groups.
+ * Dims other than concat_dim must have equal local extents in all parts. */
+reshard_result_t reshard_layout_add_fused(reshard_layout_t *layout,
+                                          const char *name, int concat_dim,
+                                          int num_groups, int num_parts,
+                                          const reshard_part_t *parts,
+                                          int *buffer_id);
+
+/* The escape hatch: a raw buffer of `bytes` bytes on one rank, filled by
+ * explicit fragments. */
+reshard_result_t reshard_layout_add_buffer(reshard_layout_t *layout,
+                                           const char *name, int rank,
+                                           size_t bytes, int *buffer_id);
+
+/* An explicit fragment: the box [start, start+extent) of a tensor lies in
+ * a raw buffer at byte_offset with the given element strides (NULL: dense
+ * row-major). Fragments of a buffer must not overlap. */
+typedef struct reshard_fragment {
+  int tensor_id;
+  int buffer_id;
+  const int64_t *start;
+  const int64_t *extent;
+  size_t byte_offset;
+  const int64_t *strides;
+} reshard_fragment_t;
+
+reshard_result_t reshard_layout_add_fragment(reshard_layout_t *layout,
+                                             const reshard_fragment_t *frag);
+
+/* Number of buffers in the layout: the length of the pointer arrays given
+ * to reshard_plan_execute. */
+int reshard_layout_num_buffers(const reshard_layout_t *layout);
+
+/* Bytes of buffer_id on rank (0 when that rank holds no part of it). */
+reshard_result_t reshard_layout_buffer_bytes(const reshard_layout_t *layout,
+                                             int buffer_id, int rank,
+                                             size_t *bytes);
+
+/* A lowered fragment, for introspection and tests. */
+typedef struct reshard_fragment_info {
+  int tensor_id;
+  int buffer_id;
+  int ndim;
+  int64_t start[RESHARD_MAX_DIMS];
+  int64_t extent[RESHARD_MAX_DIMS];
+  int64_t strides[RESHARD_MAX_DIMS]; /* elements */
+  size_t byte_offset;
+} reshard_fragment_info_t;
+
+/* The fragments rank holds, in canonical order (buffer, then position in
+ * the buffer). Writes at most capacity entries to out (which may be NULL
+ * when capacity is 0) and the total count to *count. Empty fragments
+ * (zero elements) are omitted. */
+reshard_result_t reshard_layout_fragments(const reshard_layout_t *layout,
+                                          int rank,
+                                          reshard_fragment_info_t *out,
+                                          size_t capacity, size_t *count);
+
+/* ------------------------------------------------------------------ */
+/* Communicators                                                       */
+/* ------------------------------------------------------------------ */
+
+/* A communicator holding both sides' ranks (they may overlap: colocated).
+ * Created by a transport: the in-process one below, MPI or NCCL. */
+typedef struct reshard_comm reshard_comm_t;
+
+int reshard_comm_rank(const reshard_comm_t *comm);
+int reshard_comm_size(const reshard_comm_t *comm);
+void reshard_comm_destroy(reshard_comm_t *comm); /* NULL is a no-op */
+
+/* In-process transport: nranks ranks as threads of one process (tests,
+ * examples, single-process tools). Create the world once, then each thread
+ * takes its rank's communicator. */
+typedef struct reshard_inproc_world reshard_inproc_world_t;
+
+reshard_result_t reshard_inproc_world_create(int nranks,
+                                             reshard_inproc_world_t **world);
+/* Destroy after every communicator of the world is destroyed. */
+void reshard_inproc_world_destroy(reshard_inproc_world_t *world);
+reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
+                                            int rank, reshard_comm_t **comm);
+
+/* ------------------------------------------------------------------ */
+/* Options                                                             */
+/* ------------------------------------------------------------------ */
+
+#define RESHARD_OPTIONS_VERSION 1
+
+/* Plan options. Always start from RESHARD_OPTIONS_INITIALIZER so that
+ * fields added later get their defaults; struct_size and version let the
+ * library reject (or adapt to) a caller built against another header. All
+ * ranks must pass the same values (they are part of the plan digest). */
+typedef struct reshard_options {
+  uint32_t struct_size; /* sizeof(reshard_options_t) */
+  uint32_t version;     /* RESHARD_OPTIONS_VERSION */
+  /* Staging memory per rank for packed messages, send and receive, double
+   * buffered. Bounds every message. Default 256 MiB. */
+  size_t staging_bytes;
+  /* Upper bound on one message (one peer, one chunk); 0: derived from the
+   * staging budget and the largest peer count of any rank. */
+  size_t chunk_bytes;
+  /* Deadline of every wait, in milliseconds; <= 0: wait forever (not
+   * recommended). Default 60000. */
+  int64_t timeout_ms;
+} reshard_options_t;
+
+#define RESHARD_OPTIONS_INITIALIZER \
+  {sizeof(reshard_options_t), RESHARD_OPTIONS_VERSION, (size_t)256 << 20, 0, \
+   60000}
+
+/* ------------------------------------------------------------------ */
+/* Plans                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct reshard_plan reshard_plan_t;
+
+/* Collective over comm: every rank calls it with the same layouts and
+ * options. Validates the description, compares a digest of it across ranks
+ * (RESHARD_ERROR_MISMATCH on every rank if any two differ) and computes this
+ * rank's messages and local copies. The layouts may be destroyed afterwards;
+ * comm must outlive the plan. */
+reshard_result_t reshard_plan_create(reshard_comm_t *comm,
+                                     const reshard_layout_t *src,
+                                     const reshard_layout_t *dst,
+                                     const reshard_options_t *options,
+                                     reshard_plan_t **plan);
+
+/* Collective over the ranks that exchange data with this one. Moves every
+ * destination fragment's elements from the source buffers. src_buffers has
+ * num_src entries indexed by the source layout's buffer ids (entries of
+ * buffers this rank does not hold are ignored and may be NULL); likewise
+ * dst_buffers. A rank on one side only may pass NULL, 0 for the other.
+ * Bytes of destination buffers outside fragments (padding, other data) are
+ * never written. Does not modify the plan: the same plan serves every step
+ * and may run concurrently on different buffers. stream is the CUDA stream
+ * for device backends and must be NULL on host transports. */
+reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
+                                      void *const *src_buffers,
+                                      size_t num_src,
+                                      void *const *dst_buffers,
+                                      size_t num_dst, void *stream);
+
+void reshard_plan_destroy(reshard_plan_t *plan); /* NULL is a no-op */
+
+/* ------------------------------------------------------------------ */
+/* Introspection                                                       */
+/* ------------------------------------------------------------------ */
+
+typedef struct reshard_plan_stats {
+  int rank;
+  int num_send_peers;
+  int num_recv_peers;
+  int num_chunks;             /* rounds of messages */
+  size_t send_bytes;          /* bytes this rank sends to other ranks */
+  size_t recv_bytes;          /* bytes it receives from other ranks */
+  size_t send_messages;       /* (peer, chunk) messages sent */
+  size_t recv_messages;
+  size_t local_copy_bytes;    /* bytes copied locally (colocated ranks) */
+  size_t segments;            /* boxes packed, unpacked or copied */
+  size_t chunk_bytes;         /* the message size bound in force */
+  size_t staging_bytes;       /* staging memory execute uses */
+} reshard_plan_stats_t;
+
+reshard_result_t reshard_plan_get_stats(const reshard_plan_t *plan,
+                                        reshard_plan_stats_t *stats);
+
+typedef struct reshard_peer_stats {
+  int peer;
+  size_t send_bytes;
+  size_t recv_bytes;
+  size_t send_messages;
+  size_t recv_messages;
+} reshard_peer_stats_t;
+
+/* Per-peer traffic, sorted by peer. Two-call pattern like
+ * reshard_layout_fragments. */
+reshard_result_t reshard_plan_get_peer_stats(const reshard_plan_t *plan,
+                                             reshard_peer_stats_t *out,
+                                             size_t capacity, size_t *count);
+
+/* A human-readable dump of the plan (totals, peers, chunks, and up to
+ * max_segments segments; -1 for all). */
+reshard_result_t reshard_plan_dump(const reshard_plan_t *plan, FILE *out,
+                                   long max_segments);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RESHARD_H */

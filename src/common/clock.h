@@ -1,0 +1,22 @@
+/* Monotonic time and deadlines (every wait in reshard has one). */
+#ifndef RS_COMMON_CLOCK_H
+#define RS_COMMON_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+#define RS_NO_DEADLINE INT64_MAX
+
+static inline int64_t rs_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The deadline timeout_ms from now; RS_NO_DEADLINE when timeout_ms <= 0. */
+static inline int64_t rs_deadline_after_ms(int64_t timeout_ms) {
+  if (timeout_ms <= 0) return RS_NO_DEADLINE;
+  return rs_now_ns() + timeout_ms * 1000000LL;
+}
+
+#endif

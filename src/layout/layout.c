@@ -1,0 +1,552 @@
+/* Layout builders: every argument is checked here, before anything is
+ * stored, so that a failed call leaves the layout unchanged. */
+#include "layout/layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checked.h"
+#include "common/error.h"
+
+#define RS_GROW(ptr, n, cap)                                              \
+  rs_grow((void **)&(ptr), (size_t)(n) + 1, (size_t *)NULL, &(cap),       \
+          sizeof(*(ptr)))
+
+/* Makes room for `need` elements; cap is an int. */
+static reshard_result_t rs_grow(void **ptr, size_t need, size_t *unused,
+                                int *cap, size_t elem) {
+  (void)unused;
+  if (need <= (size_t)*cap) return RESHARD_SUCCESS;
+  size_t ncap = *cap ? (size_t)*cap * 2 : 16;
+  while (ncap < need) ncap *= 2;
+  if (ncap > INT32_MAX) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout too large");
+  void *p = realloc(*ptr, ncap * elem);
+  if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout: out of memory growing to %zu entries", ncap);
+  *ptr = p;
+  *cap = (int)ncap;
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t rs_grow_i32(int32_t **ptr, int32_t n, int32_t *cap) {
+  int c = *cap;
+  reshard_result_t r = rs_grow((void **)ptr, (size_t)n + 1, NULL, &c, sizeof(int32_t));
+  *cap = c;
+  return r;
+}
+
+uint64_t rs_hash_bytes(const void *data, size_t len, uint64_t seed) {
+  /* FNV-1a with a final avalanche: deterministic on every platform. */
+  const unsigned char *p = data;
+  uint64_t h = 1469598103934665603ULL ^ seed;
+  for (size_t i = 0; i < len; i++) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+/* ---------------- name map ---------------- */
+
+static reshard_result_t name_map_rehash(reshard_layout_t *L, size_t ncap) {
+  int32_t *slots = malloc(ncap * sizeof *slots);
+  if (!slots) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout: out of memory (name index)");
+  for (size_t i = 0; i < ncap; i++) slots[i] = -1;
+  for (int t = 0; t < L->ntensors; t++) {
+    size_t j = L->tensors[t].name_hash & (ncap - 1);
+    while (slots[j] >= 0) j = (j + 1) & (ncap - 1);
+    slots[j] = t;
+  }
+  free(L->names.slots);
+  L->names.slots = slots;
+  L->names.cap = ncap;
+  return RESHARD_SUCCESS;
+}
+
+static int name_map_find(const reshard_layout_t *L, const char *name,
+                         uint64_t h) {
+  if (!L->names.cap) return -1;
+  size_t j = h & (L->names.cap - 1);
+  while (L->names.slots[j] >= 0) {
+    const rs_tensor *t = &L->tensors[L->names.slots[j]];
+    if (t->name_hash == h && !strcmp(t->name, name)) return L->names.slots[j];
+    j = (j + 1) & (L->names.cap - 1);
+  }
+  return -1;
+}
+
+/* ---------------- create / destroy ---------------- */
+
+reshard_result_t reshard_layout_create(reshard_layout_t **layout) {
+  rs_error_clear();
+  if (!layout) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "reshard_layout_create: layout is NULL");
+  reshard_layout_t *L = calloc(1, sizeof *L);
+  if (!L) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "reshard_layout_create: out of memory");
+  *layout = L;
+  return RESHARD_SUCCESS;
+}
+
+void reshard_layout_destroy(reshard_layout_t *L) {
+  if (!L) return;
+  for (int i = 0; i < L->ntensors; i++) {
+    free(L->tensors[i].name);
+    free(L->tensors[i].parts);
+    free(L->tensors[i].raws);
+  }
+  for (int i = 0; i < L->nmeshes; i++) {
+    free(L->meshes[i].ranks);
+    free(L->meshes[i].sorted);
+  }
+  for (int i = 0; i < L->nparts; i++) free(L->parts[i].split_pool);
+  for (int i = 0; i < L->nbuffers; i++) {
+    free(L->buffers[i].name);
+    free(L->buffers[i].raws);
+  }
+  free(L->tensors);
+  free(L->meshes);
+  free(L->parts);
+  free(L->buffers);
+  free(L->raws);
+  free(L->names.slots);
+  free(L);
+}
+
+/* ---------------- tensors ---------------- */
+
+reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
+                                           const char *name,
+                                           reshard_dtype_t dtype, int ndim,
+                                           const int64_t *shape,
+                                           int *tensor_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor: layout is NULL");
+  if (!name || !*name) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor: name is NULL or empty");
+  if (reshard_dtype_size(dtype) == 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': invalid dtype %d", name, (int)dtype);
+  if (ndim < 0 || ndim > RESHARD_MAX_DIMS)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': ndim %d outside [0, %d]", name, ndim, RESHARD_MAX_DIMS);
+  if (ndim > 0 && !shape) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape is NULL", name);
+  int64_t bytes = (int64_t)reshard_dtype_size(dtype);
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape[%d] = %lld is negative", name, d, (long long)shape[d]);
+    if (rs_mul_overflow_i64(bytes, shape[d], &bytes))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': byte size overflows int64 at shape[%d]", name, d);
+  }
+  uint64_t h = rs_hash_bytes(name, strlen(name), 0);
+  if (name_map_find(L, name, h) >= 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': name already declared in this layout", name);
+  RS_CHECK(RS_GROW(L->tensors, L->ntensors, L->cap_tensors));
+  if ((size_t)(L->ntensors + 1) * 2 > L->names.cap)
+    RS_CHECK(name_map_rehash(L, L->names.cap ? L->names.cap * 2 : 64));
+  char *copy = strdup(name);
+  if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
+  rs_tensor *t = &L->tensors[L->ntensors];
+  memset(t, 0, sizeof *t);
+  t->name = copy;
+  t->name_hash = h;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  int id = L->ntensors++;
+  size_t j = h & (L->names.cap - 1);
+  while (L->names.slots[j] >= 0) j = (j + 1) & (L->names.cap - 1);
+  L->names.slots[j] = id;
+  if (tensor_id) *tensor_id = id;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *L,
+                                            const char *name, int *tensor_id) {
+  rs_error_clear();
+  if (!L || !name || !tensor_id)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_tensor: NULL argument");
+  int id = name_map_find(L, name, rs_hash_bytes(name, strlen(name), 0));
+  if (id < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_tensor: no tensor named '%s'", name);
+  *tensor_id = id;
+  return RESHARD_SUCCESS;
+}
+
+/* ---------------- meshes ---------------- */
+
+static int cmp_pair(const void *a, const void *b) {
+  const int *x = a, *y = b;
+  return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+int rs_mesh_position(const rs_mesh *m, int rank) {
+  int lo = 0, hi = m->size - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    int r = m->sorted[2 * mid];
+    if (r == rank) return m->sorted[2 * mid + 1];
+    if (r < rank) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+
+static reshard_result_t add_mesh(reshard_layout_t *L, int ndim,
+                                 const int *shape, const int *ranks,
+                                 int start, int stride, int *mesh_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_mesh: layout is NULL");
+  if (ndim < 1 || ndim > RESHARD_MAX_MESH_DIMS)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: ndim %d outside [1, %d]", L->nmeshes, ndim, RESHARD_MAX_MESH_DIMS);
+  if (!shape) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: shape is NULL", L->nmeshes);
+  int64_t size = 1;
+  for (int a = 0; a < ndim; a++) {
+    if (shape[a] < 1)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: shape[%d] = %d must be >= 1", L->nmeshes, a, shape[a]);
+    size *= shape[a];
+    if (size > INT32_MAX) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: more than 2^31 ranks", L->nmeshes);
+  }
+  int *rk = malloc((size_t)size * sizeof *rk);
+  int *sorted = malloc((size_t)size * 2 * sizeof *sorted);
+  if (!rk || !sorted) {
+    free(rk);
+    free(sorted);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "mesh %d: out of memory", L->nmeshes);
+  }
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int64_t i = 0; i < size; i++) {
+    int64_t v = ranks ? ranks[i] : (int64_t)start + i * (int64_t)stride;
+    if (v < 0 || v > INT32_MAX) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: rank %lld at position %lld is negative or too large", L->nmeshes, (long long)v, (long long)i);
+      goto fail;
+    }
+    rk[i] = (int)v;
+    sorted[2 * i] = (int)v;
+    sorted[2 * i + 1] = (int)i;
+  }
+  qsort(sorted, (size_t)size, 2 * sizeof(int), cmp_pair);
+  for (int64_t i = 1; i < size; i++)
+    if (sorted[2 * i] == sorted[2 * i - 2]) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: rank %d appears twice (positions %d and %d)", L->nmeshes, sorted[2 * i], sorted[2 * i - 1], sorted[2 * i + 1]);
+      goto fail;
+    }
+  RS_CHECK_GOTO(RS_GROW(L->meshes, L->nmeshes, L->cap_meshes), r, fail);
+  rs_mesh *m = &L->meshes[L->nmeshes];
+  memset(m, 0, sizeof *m);
+  m->ndim = ndim;
+  for (int a = 0; a < ndim; a++) m->shape[a] = shape[a];
+  m->size = (int)size;
+  m->ranks = rk;
+  m->sorted = sorted;
+  if (mesh_id) *mesh_id = L->nmeshes;
+  L->nmeshes++;
+  return RESHARD_SUCCESS;
+fail:
+  free(rk);
+  free(sorted);
+  return r;
+}
+
+reshard_result_t reshard_layout_add_mesh(reshard_layout_t *L, int ndim,
+                                         const int *shape, const int *ranks,
+                                         int *mesh_id) {
+  if (!ranks) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_mesh: ranks is NULL (use reshard_layout_add_mesh_strided)");
+  return add_mesh(L, ndim, shape, ranks, 0, 0, mesh_id);
+}
+
+reshard_result_t reshard_layout_add_mesh_strided(reshard_layout_t *L,
+                                                 int ndim, const int *shape,
+                                                 int start, int stride,
+                                                 int *mesh_id) {
+  return add_mesh(L, ndim, shape, NULL, start, stride, mesh_id);
+}
+
+/* ---------------- buffers ---------------- */
+
+static reshard_result_t check_part(const reshard_layout_t *L,
+                                   const char *bname, int k,
+                                   const reshard_part_t *p, int concat_dim,
+                                   int num_groups) {
+  if (p->tensor_id < 0 || p->tensor_id >= L->ntensors)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d: tensor_id %d is not a tensor of this layout", bname, k, p->tensor_id);
+  const rs_tensor *t = &L->tensors[p->tensor_id];
+  if (p->mesh_id < 0 || p->mesh_id >= L->nmeshes)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': mesh_id %d is not a mesh of this layout", t->name, p->mesh_id);
+  const rs_mesh *m = &L->meshes[p->mesh_id];
+  if (!p->placements)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': placements is NULL", t->name);
+  for (int a = 0; a < m->ndim; a++) {
+    const reshard_placement_t *pl = &p->placements[a];
+    if (pl->kind == RESHARD_PLACEMENT_REPLICATE) continue;
+    if (pl->kind != RESHARD_PLACEMENT_SHARD)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': placement of mesh axis %d has invalid kind %d", t->name, a, (int)pl->kind);
+    if (pl->dim < 0 || pl->dim >= t->ndim)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': placement of mesh axis %d shards dim %d, tensor has %d dims", t->name, a, pl->dim, t->ndim);
+    if (pl->split_sizes)
+      for (int i = 0; i < m->shape[a]; i++)
+        if (pl->split_sizes[i] < 0)
+          return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': split_sizes[%d] of mesh axis %d is negative", t->name, i, a);
+  }
+  if (p->padded_shape)
+    for (int d = 0; d < t->ndim; d++)
+      if (p->padded_shape[d] < t->shape[d])
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': padded_shape[%d] = %lld is smaller than shape %lld", t->name, d, (long long)p->padded_shape[d], (long long)t->shape[d]);
+  if (num_groups > 1) {
+    if (t->ndim <= concat_dim)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': concat_dim %d out of range", t->name, concat_dim);
+    if (t->shape[concat_dim] % num_groups)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': dim %d of size %lld is not divisible into %d groups", t->name, concat_dim, (long long)t->shape[concat_dim], num_groups);
+    if (p->padded_shape && p->padded_shape[concat_dim] != t->shape[concat_dim])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': padding along the grouped dim %d is not supported", t->name, concat_dim);
+  }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t new_buffer(reshard_layout_t *L, const char *name,
+                                   rs_buffer **out) {
+  RS_CHECK(RS_GROW(L->buffers, L->nbuffers, L->cap_buffers));
+  char *copy = strdup(name);
+  if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
+  rs_buffer *b = &L->buffers[L->nbuffers];
+  memset(b, 0, sizeof *b);
+  b->name = copy;
+  *out = b;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
+                                          const char *name, int concat_dim,
+                                          int num_groups, int num_parts,
+                                          const reshard_part_t *parts,
+                                          int *buffer_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_fused: layout is NULL");
+  if (!name) name = "(unnamed)";
+  if (num_parts < 1 || !parts)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': needs at least one part (num_parts %d, parts %p)", name, num_parts, (const void *)parts);
+  if (num_groups < 1)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': num_groups %d must be >= 1", name, num_groups);
+  const rs_tensor *t0 = NULL;
+  for (int k = 0; k < num_parts; k++) {
+    const rs_tensor *t;
+    if (parts[k].tensor_id < 0 || parts[k].tensor_id >= L->ntensors)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d: tensor_id %d is not a tensor of this layout", name, k, parts[k].tensor_id);
+    t = &L->tensors[parts[k].tensor_id];
+    if (k == 0) {
+      t0 = t;
+      if (t->ndim > 0 && (concat_dim < 0 || concat_dim >= t->ndim))
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': concat_dim %d outside tensor '%s''s %d dims", name, concat_dim, t->name, t->ndim);
+    } else {
+      if (t->ndim != t0->ndim)
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': tensor '%s' has %d dims, '%s' has %d", name, t->name, t->ndim, t0->name, t0->ndim);
+      if (reshard_dtype_size(t->dtype) != reshard_dtype_size(t0->dtype))
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': tensor '%s' (%s) and '%s' (%s) differ in element size", name, t->name, reshard_dtype_name(t->dtype), t0->name, reshard_dtype_name(t0->dtype));
+    }
+    if (t->ndim == 0 && num_parts > 1)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': scalar tensor '%s' cannot be fused", name, t->name);
+    RS_CHECK(check_part(L, name, k, &parts[k], concat_dim, num_groups));
+    for (int j = 0; j < k; j++)
+      if (parts[j].tensor_id == parts[k].tensor_id)
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': tensor '%s' appears twice", name, t->name);
+  }
+  if (num_groups > 1) {
+    /* Every part shards the same grid of groups: same mesh, same
+     * placements along the grouped dim. */
+    for (int k = 1; k < num_parts; k++)
+      if (parts[k].mesh_id != parts[0].mesh_id)
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': grouped parts must share one mesh (part %d uses mesh %d, part 0 mesh %d)", name, k, parts[k].mesh_id, parts[0].mesh_id);
+  }
+  /* All checks passed: allocate everything, then commit. */
+  int64_t **pools = calloc((size_t)num_parts, sizeof *pools);
+  if (!pools) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int k = 0; k < num_parts; k++) {
+    const rs_mesh *m = &L->meshes[parts[k].mesh_id];
+    size_t n = 0;
+    for (int a = 0; a < m->ndim; a++)
+      if (parts[k].placements[a].kind == RESHARD_PLACEMENT_SHARD && parts[k].placements[a].split_sizes)
+        n += (size_t)m->shape[a];
+    if (n && !(pools[k] = malloc(n * sizeof(int64_t)))) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
+      goto fail;
+    }
+  }
+  RS_CHECK_GOTO(RS_GROW(L->parts, L->nparts + num_parts - 1, L->cap_parts), r, fail);
+  for (int k = 0; k < num_parts; k++) {
+    rs_tensor *t = &L->tensors[parts[k].tensor_id];
+    RS_CHECK_GOTO(rs_grow_i32(&t->parts, t->nparts, &t->cap_parts), r, fail);
+  }
+  rs_buffer *b;
+  RS_CHECK_GOTO(new_buffer(L, name, &b), r, fail);
+  b->kind = RS_BUFFER_FUSED;
+  b->concat_dim = t0->ndim > 0 ? concat_dim : 0;
+  b->num_groups = num_groups;
+  b->first_part = L->nparts;
+  b->nparts = num_parts;
+  for (int k = 0; k < num_parts; k++) {
+    rs_part *p = &L->parts[L->nparts];
+    const rs_mesh *m = &L->meshes[parts[k].mesh_id];
+    rs_tensor *t = &L->tensors[parts[k].tensor_id];
+    memset(p, 0, sizeof *p);
+    p->tensor = parts[k].tensor_id;
+    p->mesh = parts[k].mesh_id;
+    p->buffer = L->nbuffers;
+    p->index = k;
+    p->split_pool = pools[k];
+    size_t used = 0;
+    for (int a = 0; a < m->ndim; a++) {
+      p->pl[a] = parts[k].placements[a];
+      if (p->pl[a].kind == RESHARD_PLACEMENT_REPLICATE) {
+        p->pl[a].dim = 0;
+        p->pl[a].split_sizes = NULL;
+      } else if (p->pl[a].split_sizes) {
+        memcpy(p->split_pool + used, p->pl[a].split_sizes, (size_t)m->shape[a] * sizeof(int64_t));
+        p->pl[a].split_sizes = p->split_pool + used;
+        used += (size_t)m->shape[a];
+      }
+    }
+    for (int d = 0; d < t->ndim; d++)
+      p->vshape[d] = parts[k].padded_shape ? parts[k].padded_shape[d] : t->shape[d];
+    t->parts[t->nparts++] = L->nparts;
+    L->nparts++;
+  }
+  free(pools);
+  if (buffer_id) *buffer_id = L->nbuffers;
+  L->nbuffers++;
+  return RESHARD_SUCCESS;
+fail:
+  for (int k = 0; k < num_parts; k++) free(pools[k]);
+  free(pools);
+  return r;
+}
+
+reshard_result_t reshard_layout_place(reshard_layout_t *L, int tensor_id,
+                                      int mesh_id,
+                                      const reshard_placement_t *placements,
+                                      int *buffer_id) {
+  if (L && tensor_id >= 0 && tensor_id < L->ntensors) {
+    reshard_part_t part = {tensor_id, mesh_id, placements, NULL};
+    return reshard_layout_add_fused(L, L->tensors[tensor_id].name, 0, 1, 1, &part, buffer_id);
+  }
+  rs_error_clear();
+  return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "place: %s", L ? "tensor_id is not a tensor of this layout" : "layout is NULL");
+}
+
+reshard_result_t reshard_layout_add_buffer(reshard_layout_t *L,
+                                           const char *name, int rank,
+                                           size_t bytes, int *buffer_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_buffer: layout is NULL");
+  if (!name) name = "(unnamed)";
+  if (rank < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': rank %d is negative", name, rank);
+  if (bytes > (size_t)INT64_MAX) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': size too large", name);
+  rs_buffer *b;
+  RS_CHECK(new_buffer(L, name, &b));
+  b->kind = RS_BUFFER_RAW;
+  b->raw_rank = rank;
+  b->raw_bytes = bytes;
+  if (buffer_id) *buffer_id = L->nbuffers;
+  L->nbuffers++;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_add_fragment(reshard_layout_t *L,
+                                             const reshard_fragment_t *f) {
+  rs_error_clear();
+  if (!L || !f) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_fragment: NULL argument");
+  if (f->tensor_id < 0 || f->tensor_id >= L->ntensors)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_fragment: tensor_id %d is not a tensor of this layout", f->tensor_id);
+  rs_tensor *t = &L->tensors[f->tensor_id];
+  if (f->buffer_id < 0 || f->buffer_id >= L->nbuffers || L->buffers[f->buffer_id].kind != RS_BUFFER_RAW)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': fragment buffer_id %d is not a raw buffer of this layout", t->name, f->buffer_id);
+  rs_buffer *b = &L->buffers[f->buffer_id];
+  if (t->ndim > 0 && (!f->start || !f->extent))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s' rank %d: fragment start or extent is NULL", t->name, b->raw_rank);
+  if (f->byte_offset > (size_t)INT64_MAX)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s' rank %d: fragment byte_offset too large", t->name, b->raw_rank);
+  rs_raw raw;
+  memset(&raw, 0, sizeof raw);
+  raw.tensor = f->tensor_id;
+  raw.buffer = f->buffer_id;
+  raw.byte_offset = f->byte_offset;
+  int64_t dense = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    int64_t s = f->start[d], e = f->extent[d], end;
+    if (s < 0 || e < 0 || rs_add_overflow_i64(s, e, &end) || end > t->shape[d])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s' rank %d: fragment box [%lld, +%lld) on dim %d lies outside the shape %lld", t->name, b->raw_rank, (long long)s, (long long)e, d, (long long)t->shape[d]);
+    raw.start[d] = s;
+    raw.extent[d] = e;
+    raw.strides[d] = f->strides ? f->strides[d] : dense;
+    if (rs_mul_overflow_i64(dense, e > 0 ? e : 1, &dense))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s' rank %d: fragment size overflows", t->name, b->raw_rank);
+  }
+  RS_CHECK(RS_GROW(L->raws, L->nraws, L->cap_raws));
+  RS_CHECK(rs_grow_i32(&t->raws, t->nraws, &t->cap_raws));
+  RS_CHECK(rs_grow_i32(&b->raws, b->nraws, &b->cap_raws));
+  L->raws[L->nraws] = raw;
+  t->raws[t->nraws++] = L->nraws;
+  b->raws[b->nraws++] = L->nraws;
+  L->nraws++;
+  return RESHARD_SUCCESS;
+}
+
+int reshard_layout_num_buffers(const reshard_layout_t *L) {
+  return L ? L->nbuffers : 0;
+}
+
+int rs_layout_max_rank(const reshard_layout_t *L) {
+  int mx = -1;
+  for (int i = 0; i < L->nmeshes; i++) {
+    const rs_mesh *m = &L->meshes[i];
+    if (m->size && m->sorted[2 * (m->size - 1)] > mx) mx = m->sorted[2 * (m->size - 1)];
+  }
+  for (int i = 0; i < L->nbuffers; i++)
+    if (L->buffers[i].kind == RS_BUFFER_RAW && L->buffers[i].raw_rank > mx) mx = L->buffers[i].raw_rank;
+  return mx;
+}
+
+uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
+  uint64_t h = seed;
+#define MIX(ptr, len) (h = rs_hash_bytes((ptr), (len), h))
+  int counts[5] = {L->ntensors, L->nmeshes, L->nparts, L->nbuffers, L->nraws};
+  MIX(counts, sizeof counts);
+  for (int i = 0; i < L->ntensors; i++) {
+    const rs_tensor *t = &L->tensors[i];
+    MIX(t->name, strlen(t->name));
+    int64_t hdr[2] = {t->dtype, t->ndim};
+    MIX(hdr, sizeof hdr);
+    MIX(t->shape, (size_t)t->ndim * sizeof(int64_t));
+  }
+  for (int i = 0; i < L->nmeshes; i++) {
+    const rs_mesh *m = &L->meshes[i];
+    MIX(&m->ndim, sizeof m->ndim);
+    MIX(m->shape, (size_t)m->ndim * sizeof(int));
+    MIX(m->ranks, (size_t)m->size * sizeof(int));
+  }
+  for (int i = 0; i < L->nparts; i++) {
+    const rs_part *p = &L->parts[i];
+    const rs_mesh *m = &L->meshes[p->mesh];
+    int hdr[4] = {p->tensor, p->mesh, p->buffer, p->index};
+    MIX(hdr, sizeof hdr);
+    for (int a = 0; a < m->ndim; a++) {
+      int pl[2] = {(int)p->pl[a].kind, p->pl[a].dim};
+      MIX(pl, sizeof pl);
+      if (p->pl[a].split_sizes) MIX(p->pl[a].split_sizes, (size_t)m->shape[a] * sizeof(int64_t));
+    }
+    MIX(p->vshape, (size_t)L->tensors[p->tensor].ndim * sizeof(int64_t));
+  }
+  for (int i = 0; i < L->nbuffers; i++) {
+    const rs_buffer *b = &L->buffers[i];
+    int64_t hdr[6] = {b->kind, b->concat_dim, b->num_groups, b->first_part, b->raw_rank, (int64_t)b->raw_bytes};
+    MIX(hdr, sizeof hdr);
+  }
+  for (int i = 0; i < L->nraws; i++) {
+    const rs_raw *r = &L->raws[i];
+    int n = L->tensors[r->tensor].ndim;
+    int hdr[2] = {r->tensor, r->buffer};
+    MIX(hdr, sizeof hdr);
+    MIX(r->start, (size_t)n * sizeof(int64_t));
+    MIX(r->extent, (size_t)n * sizeof(int64_t));
+    MIX(r->strides, (size_t)n * sizeof(int64_t));
+    MIX(&r->byte_offset, sizeof r->byte_offset);
+  }
+#undef MIX
+  return h;
+}

@@ -1,0 +1,148 @@
+/* Internal representation of a layout, and its lowering to fragments.
+ *
+ * A layout stays in its compact, placement-level form: lowering to
+ * fragments happens on demand, for one rank (rs_layout_rank_fragments) or
+ * for the holders of one box (rs_layout_find_holders), so that planning
+ * costs O(this rank's fragments + the fragments that touch them), never
+ * O(all fragments of all ranks). */
+#ifndef RS_LAYOUT_LAYOUT_H
+#define RS_LAYOUT_LAYOUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reshard.h"
+
+typedef struct rs_tensor {
+  char *name;
+  uint64_t name_hash;
+  reshard_dtype_t dtype;
+  int ndim;
+  int64_t shape[RESHARD_MAX_DIMS];
+  /* parts and raw fragments that hold this tensor (indices) */
+  int32_t *parts;
+  int32_t nparts, cap_parts;
+  int32_t *raws;
+  int32_t nraws, cap_raws;
+} rs_tensor;
+
+typedef struct rs_mesh {
+  int ndim;
+  int shape[RESHARD_MAX_MESH_DIMS];
+  int size;
+  int *ranks;       /* size entries, row-major over shape */
+  int *sorted;      /* (rank, position) pairs sorted by rank: 2*size ints */
+} rs_mesh;
+
+typedef struct rs_part {
+  int tensor;
+  int mesh;
+  int buffer;
+  int index; /* position in its buffer */
+  reshard_placement_t pl[RESHARD_MAX_MESH_DIMS];
+  int64_t *split_pool; /* copies of the split sizes, owned */
+  int64_t vshape[RESHARD_MAX_DIMS]; /* padded (virtual) shape */
+} rs_part;
+
+enum { RS_BUFFER_FUSED = 0, RS_BUFFER_RAW = 1 };
+
+typedef struct rs_buffer {
+  char *name;
+  int kind;
+  /* fused */
+  int concat_dim;
+  int num_groups;
+  int first_part, nparts;
+  /* raw */
+  int raw_rank;
+  size_t raw_bytes;
+  int32_t *raws;
+  int32_t nraws, cap_raws;
+} rs_buffer;
+
+typedef struct rs_raw {
+  int tensor;
+  int buffer;
+  int64_t start[RESHARD_MAX_DIMS];
+  int64_t extent[RESHARD_MAX_DIMS];
+  int64_t strides[RESHARD_MAX_DIMS];
+  uint64_t byte_offset;
+} rs_raw;
+
+/* Hash map from tensor name to id (open addressing). */
+typedef struct rs_name_map {
+  int32_t *slots; /* -1: empty */
+  size_t cap;
+} rs_name_map;
+
+struct reshard_layout {
+  rs_tensor *tensors;
+  int ntensors, cap_tensors;
+  rs_mesh *meshes;
+  int nmeshes, cap_meshes;
+  rs_part *parts;
+  int nparts, cap_parts;
+  rs_buffer *buffers;
+  int nbuffers, cap_buffers;
+  rs_raw *raws;
+  int nraws, cap_raws;
+  rs_name_map names;
+};
+
+/* A lowered fragment. `key` orders fragments canonically within a rank:
+ * (buffer, position in buffer). */
+typedef struct rs_frag {
+  int32_t tensor;
+  int32_t rank;
+  int32_t buffer;
+  int32_t ndim;
+  int64_t pos; /* position in the buffer: part*groups+group, or raw index */
+  int64_t start[RESHARD_MAX_DIMS];
+  int64_t extent[RESHARD_MAX_DIMS];
+  int64_t strides[RESHARD_MAX_DIMS]; /* elements */
+  uint64_t byte_offset;
+} rs_frag;
+
+typedef struct rs_frag_vec {
+  rs_frag *v;
+  size_t n, cap;
+} rs_frag_vec;
+
+reshard_result_t rs_frag_vec_push(rs_frag_vec *vec, const rs_frag *f);
+void rs_frag_vec_free(rs_frag_vec *vec);
+
+/* Position of rank in mesh m, or -1. O(log size). */
+int rs_mesh_position(const rs_mesh *m, int rank);
+
+/* Appends the non-empty fragments held by `rank`, in canonical order. */
+reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
+                                          rs_frag_vec *out);
+
+/* Appends every non-empty fragment of `tensor` (any rank) whose box
+ * intersects [start, start+extent). Output-sensitive for placement parts:
+ * only mesh coordinates whose shard intersects the box are visited. */
+reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
+                                        const int64_t *start,
+                                        const int64_t *extent,
+                                        rs_frag_vec *out);
+
+/* Byte size of buffer b on rank (0 if not held). */
+reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,
+                                        int rank, uint64_t *bytes);
+
+/* The largest rank mentioned by any mesh or raw buffer, or -1. */
+int rs_layout_max_rank(const reshard_layout_t *L);
+
+/* Full validation that does not depend on the communicator: fragments in
+ * range, buffers consistent, fragments of a buffer not overlapping, for the
+ * given rank's buffers only (each rank checks its own). */
+reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
+                                         const char *side, int rank);
+
+/* 64-bit digest of the whole description. */
+uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed);
+
+uint64_t rs_hash_bytes(const void *data, size_t len, uint64_t seed);
+
+#endif

@@ -1,0 +1,158 @@
+/* Per-rank validation of a layout: each rank checks the buffers it holds,
+ * so validation costs O(this rank's fragments) and every violation is
+ * reported by the rank that owns it (the others learn of it through the
+ * agreement step of plan creation). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checked.h"
+#include "common/error.h"
+#include "layout/layout.h"
+
+typedef struct footprint {
+  int64_t lo, hi; /* bytes [lo, hi) */
+  const rs_frag *f;
+} footprint;
+
+static int footprint_of(const rs_frag *f, size_t es, footprint *fp) {
+  int64_t lo = (int64_t)f->byte_offset, hi = lo;
+  for (int d = 0; d < f->ndim; d++) {
+    int64_t span;
+    if (rs_mul_overflow_i64(f->extent[d] - 1, f->strides[d], &span) ||
+        rs_mul_overflow_i64(span, (int64_t)es, &span))
+      return -1;
+    if (span < 0) {
+      if (rs_add_overflow_i64(lo, span, &lo)) return -1;
+    } else if (rs_add_overflow_i64(hi, span, &hi)) {
+      return -1;
+    }
+  }
+  if (rs_add_overflow_i64(hi, (int64_t)es, &hi)) return -1;
+  fp->lo = lo;
+  fp->hi = hi;
+  fp->f = f;
+  return 0;
+}
+
+static int cmp_footprint(const void *a, const void *b) {
+  const footprint *x = a, *y = b;
+  return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* Exact when both fragments share strides and neither wraps in the frame
+ * those strides define; otherwise conservative (byte ranges intersect
+ * means overlap). */
+static int frags_overlap(const footprint *a, const footprint *b, size_t es) {
+  if (a->hi <= b->lo || b->hi <= a->lo) return 0;
+  const rs_frag *fa = a->f, *fb = b->f;
+  if (fa->ndim != fb->ndim || fa->ndim == 0) return 1;
+  int nd = fa->ndim;
+  int order[RESHARD_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    if (fa->strides[d] != fb->strides[d] || fa->strides[d] <= 0) return 1;
+    order[d] = d;
+  }
+  /* dims by decreasing stride */
+  for (int i = 1; i < nd; i++)
+    for (int j = i; j > 0 && fa->strides[order[j]] > fa->strides[order[j - 1]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  if (fa->byte_offset > fb->byte_offset) {
+    const rs_frag *t = fa;
+    fa = fb;
+    fb = t;
+  }
+  int64_t delta = (int64_t)(fb->byte_offset - fa->byte_offset);
+  if (delta % (int64_t)es) return 1;
+  delta /= (int64_t)es;
+  int64_t coord[RESHARD_MAX_DIMS];
+  for (int i = 0; i < nd; i++) {
+    int d = order[i];
+    coord[d] = delta / fa->strides[d];
+    delta -= coord[d] * fa->strides[d];
+  }
+  if (delta) return 1;
+  for (int i = 1; i < nd; i++) { /* no wrapping into the next outer dim */
+    int d = order[i], outer = order[i - 1];
+    int64_t reach = rs_max_i64(coord[d] + fb->extent[d], fa->extent[d]);
+    if (reach * fa->strides[d] > fa->strides[outer]) return 1;
+  }
+  for (int d = 0; d < nd; d++)
+    if (coord[d] >= fa->extent[d] || coord[d] + fb->extent[d] <= 0) return 0;
+  return 1;
+}
+
+static reshard_result_t validate_raw(const reshard_layout_t *L,
+                                     const char *side, int b) {
+  const rs_buffer *buf = &L->buffers[b];
+  rs_frag_vec frags = {0};
+  reshard_result_t r = RESHARD_SUCCESS;
+  footprint *fps = NULL;
+  for (int i = 0; i < buf->nraws; i++) {
+    const rs_raw *raw = &L->raws[buf->raws[i]];
+    const rs_tensor *t = &L->tensors[raw->tensor];
+    int empty = 0;
+    for (int d = 0; d < t->ndim; d++) empty |= raw->extent[d] == 0;
+    if (empty) continue;
+    rs_frag f;
+    memset(&f, 0, sizeof f);
+    f.tensor = raw->tensor;
+    f.rank = buf->raw_rank;
+    f.buffer = b;
+    f.ndim = t->ndim;
+    f.pos = i;
+    memcpy(f.start, raw->start, sizeof f.start);
+    memcpy(f.extent, raw->extent, sizeof f.extent);
+    memcpy(f.strides, raw->strides, sizeof f.strides);
+    f.byte_offset = raw->byte_offset;
+    RS_CHECK_GOTO(rs_frag_vec_push(&frags, &f), r, done);
+  }
+  fps = malloc((frags.n ? frags.n : 1) * sizeof *fps);
+  if (!fps) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory validating buffer '%s'", buf->name);
+    goto done;
+  }
+  for (size_t i = 0; i < frags.n; i++) {
+    const rs_frag *f = &frags.v[i];
+    const rs_tensor *t = &L->tensors[f->tensor];
+    size_t es = reshard_dtype_size(t->dtype);
+    if (footprint_of(f, es, &fps[i]) || fps[i].lo < 0 || (uint64_t)fps[i].hi > buf->raw_bytes) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                   "tensor '%s' rank %d: %s fragment %lld lies outside buffer '%s' of %zu bytes (byte_offset/strides)",
+                   t->name, f->rank, side, (long long)f->pos, buf->name, buf->raw_bytes);
+      goto done;
+    }
+  }
+  qsort(fps, frags.n, sizeof *fps, cmp_footprint);
+  for (size_t i = 0; i < frags.n; i++)
+    for (size_t j = i + 1; j < frags.n && fps[j].lo < fps[i].hi; j++) {
+      const rs_tensor *ti = &L->tensors[fps[i].f->tensor];
+      if (frags_overlap(&fps[i], &fps[j], reshard_dtype_size(ti->dtype))) {
+        r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                     "rank %d: %s fragments of tensors '%s' and '%s' overlap in buffer '%s' (byte_offset/strides)",
+                     fps[i].f->rank, side, ti->name, L->tensors[fps[j].f->tensor].name, buf->name);
+        goto done;
+      }
+    }
+done:
+  free(fps);
+  rs_frag_vec_free(&frags);
+  return r;
+}
+
+reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
+                                         const char *side, int rank) {
+  for (int b = 0; b < L->nbuffers; b++) {
+    const rs_buffer *buf = &L->buffers[b];
+    if (buf->kind == RS_BUFFER_RAW) {
+      if (buf->raw_rank == rank) RS_CHECK(validate_raw(L, side, b));
+    } else {
+      uint64_t bytes;
+      /* lowering checks split sums, part agreement and overflow */
+      RS_CHECK(rs_layout_buffer_bytes(L, b, rank, &bytes));
+    }
+  }
+  return RESHARD_SUCCESS;
+}

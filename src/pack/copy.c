@@ -1,0 +1,171 @@
+/* Strided N-D box copies on host memory (see copy.h). */
+#include "pack/copy.h"
+
+#include <assert.h>
+#include <string.h>
+
+/* An empty box: kept as one outer dim of extent 0 rather than encoded in
+ * run_bytes, so that run_bytes stays > 0 as copy.h promises and every
+ * consumer (host loops, CUDA kernels) naturally iterates zero times. */
+static void make_empty(rs_copy *c, size_t elem_size) {
+  c->ndim = 1;
+  c->extent[0] = 0;
+  c->src_stride[0] = 0;
+  c->dst_stride[0] = 0;
+  c->run_bytes = elem_size;
+}
+
+void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
+                  size_t elem_size, int32_t src_buf, uint64_t src_off,
+                  const int64_t *src_stride_elems, int32_t dst_buf,
+                  uint64_t dst_off, const int64_t *dst_stride_elems) {
+  memset(c, 0, sizeof(*c));
+  c->src_off = src_off;
+  c->dst_off = dst_off;
+  c->src_buf = src_buf;
+  c->dst_buf = dst_buf;
+  c->run_bytes = elem_size;
+
+  assert(ndim >= 0 && ndim <= RS_COPY_MAX_DIMS);
+  if (ndim < 0 || ndim > RS_COPY_MAX_DIMS) {
+    /* Out-of-contract input must not index past the fixed arrays; copying
+     * nothing is the least harmful outcome in release builds. */
+    make_empty(c, elem_size);
+    return;
+  }
+
+  const int64_t es = (int64_t)elem_size;
+  int n = 0;
+  for (int i = 0; i < ndim; i++) {
+    if (extent[i] <= 0) {
+      make_empty(c, elem_size);
+      return;
+    }
+    /* A unit dim contributes no offset, and leaving it in would stop its
+     * neighbours from merging. */
+    if (extent[i] == 1)
+      continue;
+    const int64_t ss = src_stride_elems[i] * es;
+    const int64_t ds = dst_stride_elems[i] * es;
+    /* Merging into the previously kept dim (rather than pairwise over the
+     * input) collapses whole chains of contiguous dims in one pass. */
+    if (n > 0 && c->src_stride[n - 1] == ss * extent[i] &&
+        c->dst_stride[n - 1] == ds * extent[i]) {
+      c->extent[n - 1] *= extent[i];
+      c->src_stride[n - 1] = ss;
+      c->dst_stride[n - 1] = ds;
+      continue;
+    }
+    c->extent[n] = extent[i];
+    c->src_stride[n] = ss;
+    c->dst_stride[n] = ds;
+    n++;
+  }
+
+  /* After merging, at most one dim can still be contiguous with the run;
+   * a loop costs nothing and stays right if the merge rule ever changes. */
+  while (n > 0 && c->src_stride[n - 1] == (int64_t)c->run_bytes &&
+         c->dst_stride[n - 1] == (int64_t)c->run_bytes) {
+    c->run_bytes *= (uint64_t)c->extent[n - 1];
+    n--;
+    c->extent[n] = 0;
+    c->src_stride[n] = 0;
+    c->dst_stride[n] = 0;
+  }
+  c->ndim = n;
+}
+
+uint64_t rs_copy_bytes(const rs_copy *c) {
+  uint64_t total = c->run_bytes;
+  for (int i = 0; i < c->ndim; i++)
+    total *= c->extent[i] > 0 ? (uint64_t)c->extent[i] : 0;
+  return total;
+}
+
+/* Copies the innermost outer dim: n runs of rb bytes. Offsets are computed
+ * as base + i * stride instead of by bumping pointers so that no pointer is
+ * ever formed outside the box (negative or past-the-end strides would
+ * otherwise be undefined behaviour). Small runs are element-wise copies of
+ * transposed layouts, where a libc memcpy call per element dominates; a
+ * constant-size memcpy compiles to one load and one store. */
+#define RS_COPY_LINE_FIXED(size)                                   \
+  for (int64_t i = 0; i < n; i++)                                  \
+    memcpy(d + i * ds, s + i * ss, (size));                        \
+  break
+
+static void copy_line(unsigned char *d, int64_t ds, const unsigned char *s,
+                      int64_t ss, int64_t n, uint64_t rb) {
+  switch (rb) {
+  case 1:
+    RS_COPY_LINE_FIXED(1);
+  case 2:
+    RS_COPY_LINE_FIXED(2);
+  case 4:
+    RS_COPY_LINE_FIXED(4);
+  case 8:
+    RS_COPY_LINE_FIXED(8);
+  case 16:
+    RS_COPY_LINE_FIXED(16);
+  default:
+    RS_COPY_LINE_FIXED(rb);
+  }
+}
+
+#undef RS_COPY_LINE_FIXED
+
+void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
+  const unsigned char *s = (const unsigned char *)src_base + c->src_off;
+  unsigned char *d = (unsigned char *)dst_base + c->dst_off;
+  const int nd = c->ndim;
+  const uint64_t rb = c->run_bytes;
+
+  assert(nd >= 0 && nd <= RS_COPY_MAX_DIMS);
+  if (nd < 0 || nd > RS_COPY_MAX_DIMS)
+    return;
+  /* The odometer below assumes every dim has at least one index. */
+  for (int k = 0; k < nd; k++)
+    if (c->extent[k] <= 0)
+      return;
+
+  if (nd == 0) {
+    memcpy(d, s, rb);
+    return;
+  }
+  const int in = nd - 1;
+  const int64_t n_in = c->extent[in];
+  const int64_t ss_in = c->src_stride[in];
+  const int64_t ds_in = c->dst_stride[in];
+  if (nd == 1) {
+    copy_line(d, ds_in, s, ss_in, n_in, rb);
+    return;
+  }
+  if (nd == 2) {
+    for (int64_t i = 0; i < c->extent[0]; i++)
+      copy_line(d + i * c->dst_stride[0], ds_in, s + i * c->src_stride[0],
+                ss_in, n_in, rb);
+    return;
+  }
+
+  /* Odometer over dims 0..nd-2: between two runs it costs one increment
+   * and compare in the common case, where recursion would pay a call per
+   * level per run. Byte offsets are kept as integers and updated
+   * incrementally, for the same no-stray-pointer reason as copy_line. */
+  int64_t idx[RS_COPY_MAX_DIMS] = {0};
+  int64_t so = 0, doff = 0;
+  for (;;) {
+    copy_line(d + doff, ds_in, s + so, ss_in, n_in, rb);
+    int k = in - 1;
+    for (; k >= 0; k--) {
+      if (++idx[k] < c->extent[k]) {
+        so += c->src_stride[k];
+        doff += c->dst_stride[k];
+        break;
+      }
+      idx[k] = 0;
+      so -= (c->extent[k] - 1) * c->src_stride[k];
+      doff -= (c->extent[k] - 1) * c->dst_stride[k];
+    }
+    if (k < 0)
+      return;
+  }
+}

@@ -1,0 +1,56 @@
+/* Strided N-D box copies: the one data-movement primitive of the host
+ * backend (pack into staging, unpack from staging, local copies), and the
+ * reference semantics of the CUDA kernels (kernels/ uses the same
+ * descriptor).
+ *
+ * A descriptor copies a box of `extent` (outer dims, outermost first) whose
+ * innermost level is a contiguous run of run_bytes bytes on both sides.
+ * Element (i_0, ..., i_{n-1}) of the box is the run at
+ *   src_base + src_off + sum_k i_k * src_stride[k]
+ * copied to
+ *   dst_base + dst_off + sum_k i_k * dst_stride[k].
+ * Strides are in bytes and may be anything (including non-monotonic);
+ * a box with zero outer dims is a single run. */
+#ifndef RS_PACK_COPY_H
+#define RS_PACK_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reshard.h"
+
+#define RS_COPY_MAX_DIMS RESHARD_MAX_DIMS
+
+/* Which memory a descriptor side refers to. */
+enum { RS_BUF_STAGING = -1 };
+
+typedef struct rs_copy {
+  uint64_t src_off;  /* bytes from the source base */
+  uint64_t dst_off;  /* bytes from the destination base */
+  uint64_t run_bytes; /* contiguous innermost run, > 0 */
+  int32_t src_buf;   /* source-layout buffer id, or RS_BUF_STAGING */
+  int32_t dst_buf;   /* destination-layout buffer id, or RS_BUF_STAGING */
+  int32_t ndim;      /* outer dims, 0..RS_COPY_MAX_DIMS */
+  int32_t reserved;
+  int64_t extent[RS_COPY_MAX_DIMS];
+  int64_t src_stride[RS_COPY_MAX_DIMS]; /* bytes */
+  int64_t dst_stride[RS_COPY_MAX_DIMS]; /* bytes */
+} rs_copy;
+
+/* Builds a descriptor for a box of ndim dims (extent in elements, each
+ * > 0) with element strides on both sides and byte offsets. Drops unit
+ * dims, merges dims that are contiguous on both sides and folds the
+ * innermost contiguous dims into run_bytes, so that execution does the
+ * fewest, longest memcpy calls. src_buf/dst_buf are stored as given. */
+void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
+                  size_t elem_size, int32_t src_buf, uint64_t src_off,
+                  const int64_t *src_stride_elems, int32_t dst_buf,
+                  uint64_t dst_off, const int64_t *dst_stride_elems);
+
+/* Total bytes the descriptor moves. */
+uint64_t rs_copy_bytes(const rs_copy *c);
+
+/* Executes one descriptor on host memory. */
+void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base);
+
+#endif

@@ -1,0 +1,211 @@
+/* Replica choice: which source rank provides which part of a destination
+ * fragment. Splitting every cell evenly across all ranks that hold it
+ * balances the source ranks' egress without any communication, because
+ * sender and receiver both run this same function on the same global
+ * description. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checked.h"
+#include "common/error.h"
+#include "plan/plan.h"
+
+void rs_piece_vec_free(rs_piece_vec *vec) {
+  free(vec->v);
+  vec->v = NULL;
+  vec->n = vec->cap = 0;
+}
+
+void rs_assign_ctx_free(rs_assign_ctx *ctx) {
+  rs_frag_vec_free(&ctx->holders);
+  free(ctx->bounds);
+  free(ctx->cands);
+  ctx->bounds = NULL;
+  ctx->cands = NULL;
+  ctx->bounds_cap = ctx->cands_cap = 0;
+}
+
+static reshard_result_t piece_push(rs_piece_vec *vec, const rs_piece *p) {
+  if (vec->n == vec->cap) {
+    size_t ncap = vec->cap ? vec->cap * 2 : 16;
+    rs_piece *n = realloc(vec->v, ncap * sizeof *n);
+    if (!n) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory assigning pieces");
+    vec->v = n;
+    vec->cap = ncap;
+  }
+  vec->v[vec->n++] = *p;
+  return RESHARD_SUCCESS;
+}
+
+uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
+                           size_t esize) {
+  int64_t off = (int64_t)f->byte_offset;
+  for (int d = 0; d < f->ndim; d++)
+    off += (start[d] - f->start[d]) * f->strides[d] * (int64_t)esize;
+  return (uint64_t)off;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Canonical order of holders: rank, then buffer, then position. */
+static int frag_before(const rs_frag *a, const rs_frag *b) {
+  if (a->rank != b->rank) return a->rank < b->rank;
+  if (a->buffer != b->buffer) return a->buffer < b->buffer;
+  return a->pos < b->pos;
+}
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185ULL;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dULL;
+  x ^= x >> 33;
+  return x;
+}
+
+static void format_box(char *buf, size_t n, int ndim, const int64_t *s,
+                       const int64_t *e) {
+  size_t used = 0;
+  used += (size_t)snprintf(buf + used, n - used, "[");
+  for (int d = 0; d < ndim && used < n; d++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%lld:%lld", d ? ", " : "",
+                             (long long)s[d], (long long)(s[d] + e[d]));
+  if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
+                                  int src_tensor, const char *name,
+                                  rs_piece_vec *out) {
+  const int nd = D->ndim;
+  out->n = 0;
+  ctx->holders.n = 0;
+  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->holders));
+  rs_frag *H = ctx->holders.v;
+  const size_t nh = ctx->holders.n;
+
+  /* Clip every holder to D so that cells stay inside D. */
+  int64_t cs[RESHARD_MAX_DIMS], ce[RESHARD_MAX_DIMS];
+  size_t per_dim = 2 * nh + 2;
+  if (ctx->bounds_cap < per_dim * (size_t)(nd ? nd : 1)) {
+    free(ctx->bounds);
+    ctx->bounds_cap = per_dim * (size_t)(nd ? nd : 1) * 2;
+    ctx->bounds = malloc(ctx->bounds_cap * sizeof(int64_t));
+    if (!ctx->bounds) {
+      ctx->bounds_cap = 0;
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+    }
+  }
+  if (ctx->cands_cap < nh + 1) {
+    free(ctx->cands);
+    ctx->cands_cap = (nh + 1) * 2;
+    ctx->cands = malloc(ctx->cands_cap * sizeof(int));
+    if (!ctx->cands) {
+      ctx->cands_cap = 0;
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+    }
+  }
+  size_t nb[RESHARD_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    int64_t *b = ctx->bounds + (size_t)d * per_dim;
+    size_t n = 0;
+    int64_t lo = D->start[d], hi = D->start[d] + D->extent[d];
+    b[n++] = lo;
+    b[n++] = hi;
+    for (size_t i = 0; i < nh; i++) {
+      int64_t s = rs_max_i64(H[i].start[d], lo);
+      int64_t e = rs_min_i64(H[i].start[d] + H[i].extent[d], hi);
+      b[n++] = s;
+      b[n++] = e;
+    }
+    qsort(b, n, sizeof *b, cmp_i64);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+      if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
+    nb[d] = u;
+  }
+
+  /* Odometer over cells, outermost dim slowest. */
+  size_t idx[RESHARD_MAX_DIMS] = {0};
+  uint64_t cell_no = 0;
+  for (;;) {
+    for (int d = 0; d < nd; d++) {
+      const int64_t *b = ctx->bounds + (size_t)d * per_dim;
+      cs[d] = b[idx[d]];
+      ce[d] = b[idx[d] + 1] - b[idx[d]];
+    }
+    /* Holders of this cell, one per rank (the first in canonical order). */
+    int nc = 0;
+    int *c = ctx->cands;
+    for (size_t i = 0; i < nh; i++) {
+      int inside = 1;
+      for (int d = 0; d < nd && inside; d++)
+        inside = H[i].start[d] <= cs[d] && cs[d] + ce[d] <= H[i].start[d] + H[i].extent[d];
+      if (!inside) continue;
+      /* insertion into rank-sorted list, keeping one per rank */
+      int j = nc;
+      int dup = 0;
+      for (int k = 0; k < nc; k++)
+        if (H[c[k]].rank == H[i].rank) {
+          dup = 1;
+          if (frag_before(&H[i], &H[c[k]])) c[k] = (int)i;
+          break;
+        }
+      if (dup) continue;
+      while (j > 0 && frag_before(&H[i], &H[c[j - 1]])) {
+        c[j] = c[j - 1];
+        j--;
+      }
+      c[j] = (int)i;
+      nc++;
+    }
+    if (nc == 0) {
+      char box[256];
+      format_box(box, sizeof box, nd, cs, ce);
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "tensor '%s' rank %d: destination box %s is held by no source rank",
+                      name, D->rank, box);
+    }
+    rs_piece p;
+    memcpy(p.start, cs, sizeof cs);
+    memcpy(p.extent, ce, sizeof ce);
+    int local = -1;
+    for (int k = 0; k < nc; k++)
+      if (H[c[k]].rank == D->rank) local = c[k];
+    if (local >= 0) {
+      /* The receiver holds the cell itself: no transport at all. */
+      p.src = H[local];
+      RS_CHECK(piece_push(out, &p));
+    } else {
+      int q = -1;
+      for (int d = 0; d < nd; d++)
+        if (ce[d] > 1) {
+          q = d;
+          break;
+        }
+      int64_t len = q >= 0 ? ce[q] : 1;
+      int64_t np = rs_min_i64(nc, len);
+      uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
+                     mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
+      int rot = (int)(key % (uint64_t)nc);
+      int64_t base = len / np, extra = len % np, at = q >= 0 ? cs[q] : 0;
+      for (int64_t i = 0; i < np; i++) {
+        int64_t sz = base + (i < extra);
+        if (q >= 0) {
+          p.start[q] = at;
+          p.extent[q] = sz;
+        }
+        at += sz;
+        p.src = H[c[(i + rot) % nc]];
+        RS_CHECK(piece_push(out, &p));
+      }
+    }
+    cell_no++;
+    int d = nd - 1;
+    while (d >= 0 && ++idx[d] + 1 >= nb[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+  return RESHARD_SUCCESS;
+}

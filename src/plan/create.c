@@ -1,0 +1,450 @@
+/* reshard_plan_create: validate, plan this rank's side, agree, chunk.
+ *
+ * Every path past the communicator check reaches exactly one agreement
+ * collective, carrying this rank's digest and error, so that a rank that
+ * fails (bad input, out of memory, a coverage hole only it can see) makes
+ * every other rank fail too instead of leaving them waiting. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/debug.h"
+#include "common/error.h"
+#include "plan/plan.h"
+#include "transport/transport.h"
+
+typedef struct build_ctx {
+  const reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  int *dst2src, *src2dst;
+  rs_seg_vec sends, recvs;
+  rs_copy *locals;
+  size_t nlocals, cap_locals;
+  rs_assign_ctx actx;
+  rs_piece_vec pieces;
+  int npeers;
+} build_ctx;
+
+static reshard_result_t read_options(const reshard_options_t *in,
+                                     reshard_options_t *out) {
+  reshard_options_t def = RESHARD_OPTIONS_INITIALIZER;
+  *out = def;
+  if (!in) return RESHARD_SUCCESS;
+  if (in->struct_size < offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t) ||
+      in->struct_size > sizeof(reshard_options_t))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "options: struct_size %u is not one this library knows (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
+                    in->struct_size, sizeof(reshard_options_t));
+  if (in->version < 1 || in->version > RESHARD_OPTIONS_VERSION)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: version %u unknown (library has %d)", in->version, RESHARD_OPTIONS_VERSION);
+  memcpy(out, in, in->struct_size);
+  if (out->staging_bytes < 4096)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", out->staging_bytes);
+  return RESHARD_SUCCESS;
+}
+
+/* Tensors must match by name, dtype and shape on both sides. */
+static reshard_result_t match_tensors(build_ctx *c) {
+  const reshard_layout_t *S = c->src, *D = c->dst;
+  c->dst2src = malloc(((size_t)D->ntensors + 1) * sizeof(int));
+  c->src2dst = malloc(((size_t)S->ntensors + 1) * sizeof(int));
+  if (!c->dst2src || !c->src2dst) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  for (int i = 0; i < S->ntensors; i++) c->src2dst[i] = -1;
+  for (int i = 0; i < D->ntensors; i++) {
+    const rs_tensor *dt = &D->tensors[i];
+    int s;
+    if (reshard_layout_find_tensor(S, dt->name, &s) != RESHARD_SUCCESS)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': in the destination layout but not in the source layout", dt->name);
+    const rs_tensor *st = &S->tensors[s];
+    if (st->dtype != dt->dtype)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': dtype %s on the source side, %s on the destination side",
+                      dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
+    int same = st->ndim == dt->ndim;
+    for (int d = 0; same && d < dt->ndim; d++) same = st->shape[d] == dt->shape[d];
+    if (!same)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape differs between the source (%d dims) and destination (%d dims) layouts",
+                      dt->name, st->ndim, dt->ndim);
+    c->dst2src[i] = s;
+    c->src2dst[s] = i;
+  }
+  for (int i = 0; i < S->ntensors; i++)
+    if (c->src2dst[i] < 0)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': in the source layout but not in the destination layout", S->tensors[i].name);
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t push_local(build_ctx *c, const rs_copy *cp) {
+  if (c->nlocals == c->cap_locals) {
+    size_t n = c->cap_locals ? c->cap_locals * 2 : 64;
+    rs_copy *p = realloc(c->locals, n * sizeof *p);
+    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
+    c->locals = p;
+    c->cap_locals = n;
+  }
+  c->locals[c->nlocals++] = *cp;
+  return RESHARD_SUCCESS;
+}
+
+static void make_seg(rs_seg *s, int peer, const rs_frag *f,
+                     const rs_piece *p, size_t es) {
+  memset(s, 0, sizeof *s);
+  s->peer = peer;
+  s->buffer = f->buffer;
+  s->ndim = f->ndim;
+  s->tensor = f->tensor;
+  s->esize = (uint32_t)es;
+  s->off = rs_frag_offset_of(f, p->start, es);
+  s->bytes = es;
+  for (int d = 0; d < f->ndim; d++) {
+    s->extent[d] = p->extent[d];
+    s->strides[d] = f->strides[d];
+    s->bytes *= (uint64_t)p->extent[d];
+  }
+}
+
+/* What this rank receives, and its local copies. */
+static reshard_result_t plan_receives(build_ctx *c) {
+  const int me = c->plan->rank;
+  rs_frag_vec mine = {0};
+  reshard_result_t r;
+  RS_CHECK_GOTO(rs_layout_rank_fragments(c->dst, me, &mine), r, done);
+  for (size_t i = 0; i < mine.n; i++) {
+    const rs_frag *D = &mine.v[i];
+    const rs_tensor *t = &c->dst->tensors[D->tensor];
+    size_t es = reshard_dtype_size(t->dtype);
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    for (size_t k = 0; k < c->pieces.n; k++) {
+      const rs_piece *p = &c->pieces.v[k];
+      if (p->src.rank == me) {
+        rs_copy cp;
+        rs_copy_init(&cp, D->ndim, p->extent, es, p->src.buffer, rs_frag_offset_of(&p->src, p->start, es), p->src.strides,
+                     D->buffer, rs_frag_offset_of(D, p->start, es), D->strides);
+        RS_CHECK_GOTO(push_local(c, &cp), r, done);
+      } else {
+        rs_seg s;
+        make_seg(&s, p->src.rank, D, p, es);
+        RS_CHECK_GOTO(rs_seg_vec_push(&c->recvs, &s), r, done);
+      }
+    }
+  }
+done:
+  rs_frag_vec_free(&mine);
+  return r;
+}
+
+static int cmp_frag_key(const void *a, const void *b) {
+  const rs_frag *x = a, *y = b;
+  if (x->rank != y->rank) return (x->rank > y->rank) - (x->rank < y->rank);
+  if (x->buffer != y->buffer) return (x->buffer > y->buffer) - (x->buffer < y->buffer);
+  return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* What this rank sends: the destination fragments that touch its source
+ * fragments, in the receivers' canonical order, and the pieces of them
+ * assigned to this rank. */
+static reshard_result_t plan_sends(build_ctx *c) {
+  const int me = c->plan->rank;
+  rs_frag_vec mine = {0}, cands = {0};
+  reshard_result_t r;
+  RS_CHECK_GOTO(rs_layout_rank_fragments(c->src, me, &mine), r, done);
+  for (size_t i = 0; i < mine.n; i++) {
+    const rs_frag *S = &mine.v[i];
+    size_t before = cands.n;
+    RS_CHECK_GOTO(rs_layout_find_holders(c->dst, c->src2dst[S->tensor], S->start, S->extent, &cands), r, done);
+    size_t w = before;
+    for (size_t k = before; k < cands.n; k++)
+      if (cands.v[k].rank != me) cands.v[w++] = cands.v[k];
+    cands.n = w;
+  }
+  qsort(cands.v, cands.n, sizeof *cands.v, cmp_frag_key);
+  for (size_t i = 0; i < cands.n; i++) {
+    if (i && !cmp_frag_key(&cands.v[i], &cands.v[i - 1])) continue;
+    const rs_frag *D = &cands.v[i];
+    const rs_tensor *t = &c->dst->tensors[D->tensor];
+    size_t es = reshard_dtype_size(t->dtype);
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    for (size_t k = 0; k < c->pieces.n; k++) {
+      const rs_piece *p = &c->pieces.v[k];
+      if (p->src.rank != me) continue;
+      rs_seg s;
+      make_seg(&s, D->rank, &p->src, p, es);
+      RS_CHECK_GOTO(rs_seg_vec_push(&c->sends, &s), r, done);
+    }
+  }
+done:
+  rs_frag_vec_free(&mine);
+  rs_frag_vec_free(&cands);
+  return r;
+}
+
+static int count_peers(const rs_seg_vec *v, int size) {
+  unsigned char *seen = calloc((size_t)size, 1);
+  int n = 0;
+  if (!seen) return size; /* overestimate is safe */
+  for (size_t i = 0; i < v->n; i++)
+    if (!seen[v->v[i].peer]) {
+      seen[v->v[i].peer] = 1;
+      n++;
+    }
+  free(seen);
+  return n;
+}
+
+/* Buffers the executor will dereference, with their sizes and names for
+ * execute-time checks. */
+static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
+                                     const rs_copy *a, size_t na, int a_src,
+                                     const rs_copy *b, size_t nb, int b_src,
+                                     rs_used_buffer **out, int *nout) {
+  unsigned char *seen = calloc((size_t)L->nbuffers + 1, 1);
+  if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  int n = 0;
+  for (size_t i = 0; i < na + nb; i++) {
+    const rs_copy *c = i < na ? &a[i] : &b[i - na];
+    int src_side = i < na ? a_src : b_src;
+    int id = src_side ? c->src_buf : c->dst_buf;
+    if (id >= 0 && !seen[id]) {
+      seen[id] = 1;
+      n++;
+    }
+  }
+  rs_used_buffer *u = calloc((size_t)n + 1, sizeof *u);
+  if (!u) {
+    free(seen);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  }
+  int k = 0;
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int id = 0; id < L->nbuffers && r == RESHARD_SUCCESS; id++) {
+    if (!seen[id]) continue;
+    u[k].id = id;
+    r = rs_layout_buffer_bytes(L, id, rank, &u[k].bytes);
+    u[k].name = strdup(L->buffers[id].name);
+    if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+    k++;
+  }
+  free(seen);
+  *out = u;
+  *nout = k;
+  return r;
+}
+
+static void fill_stats(reshard_plan_t *p) {
+  reshard_plan_stats_t *s = &p->stats;
+  memset(s, 0, sizeof *s);
+  s->rank = p->rank;
+  s->num_chunks = p->nrounds;
+  s->chunk_bytes = p->chunk_bytes;
+  s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
+  s->send_messages = p->nsends;
+  s->recv_messages = p->nrecvs;
+  s->segments = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
+  for (size_t i = 0; i < p->nlocal_copies; i++) s->local_copy_bytes += rs_copy_bytes(&p->local_copies[i]);
+  size_t npeers = 0;
+  for (size_t i = 0; i < p->npeers; i++) {
+    const reshard_peer_stats_t *ps = &p->peers[i];
+    s->send_bytes += ps->send_bytes;
+    s->recv_bytes += ps->recv_bytes;
+    s->num_send_peers += ps->send_messages > 0;
+    s->num_recv_peers += ps->recv_messages > 0;
+    npeers++;
+  }
+  (void)npeers;
+}
+
+static reshard_result_t peer_stats(reshard_plan_t *p) {
+  int *slot = malloc((size_t)p->size * sizeof *slot);
+  if (!slot) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  for (int i = 0; i < p->size; i++) slot[i] = -1;
+  size_t n = 0;
+  for (size_t i = 0; i < p->nsends + p->nrecvs; i++) {
+    int peer = i < p->nsends ? p->sends[i].peer : p->recvs[i - p->nsends].peer;
+    if (slot[peer] < 0) slot[peer] = (int)n++;
+  }
+  p->peers = calloc(n + 1, sizeof *p->peers);
+  if (!p->peers) {
+    free(slot);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  }
+  /* sorted by peer */
+  size_t k = 0;
+  for (int peer = 0; peer < p->size; peer++)
+    if (slot[peer] >= 0) {
+      slot[peer] = (int)k;
+      p->peers[k++].peer = peer;
+    }
+  for (size_t i = 0; i < p->nsends; i++) {
+    reshard_peer_stats_t *ps = &p->peers[slot[p->sends[i].peer]];
+    ps->send_bytes += p->sends[i].bytes;
+    ps->send_messages++;
+  }
+  for (size_t i = 0; i < p->nrecvs; i++) {
+    reshard_peer_stats_t *ps = &p->peers[slot[p->recvs[i].peer]];
+    ps->recv_bytes += p->recvs[i].bytes;
+    ps->recv_messages++;
+  }
+  p->npeers = n;
+  free(slot);
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
+                                    size_t chunk) {
+  p->chunk_bytes = chunk;
+  RS_CHECK(rs_chunk_streams(p, &c->sends, 1, chunk));
+  RS_CHECK(rs_chunk_streams(p, &c->recvs, 0, chunk));
+  p->local_copies = c->locals;
+  p->nlocal_copies = c->nlocals;
+  c->locals = NULL;
+  /* round arrays have nrounds+1 entries for their own direction */
+  int rs = p->nsends ? p->sends[p->nsends - 1].round + 1 : 0;
+  int rr = p->nrecvs ? p->recvs[p->nrecvs - 1].round + 1 : 0;
+  p->nrounds = rs > rr ? rs : rr;
+  size_t max_s = 0, max_r = 0;
+  for (int k = 0; k < rs; k++) {
+    size_t n = p->send_round[k + 1] - p->send_round[k];
+    if (n > max_s) max_s = n;
+  }
+  for (int k = 0; k < rr; k++) {
+    size_t n = p->recv_round[k + 1] - p->recv_round[k];
+    if (n > max_r) max_r = n;
+  }
+  p->max_round_sends = max_s;
+  p->max_round_msgs = max_s + max_r;
+  RS_CHECK(collect_used(c->src, p->rank, p->send_copies, p->nsend_copies, 1, p->local_copies, p->nlocal_copies, 1,
+                        &p->src_used, &p->nsrc_used));
+  RS_CHECK(collect_used(c->dst, p->rank, p->recv_copies, p->nrecv_copies, 0, p->local_copies, p->nlocal_copies, 0,
+                        &p->dst_used, &p->ndst_used));
+  RS_CHECK(peer_stats(p));
+  fill_stats(p);
+  return RESHARD_SUCCESS;
+}
+
+static void build_ctx_free(build_ctx *c) {
+  free(c->dst2src);
+  free(c->src2dst);
+  rs_seg_vec_free(&c->sends);
+  rs_seg_vec_free(&c->recvs);
+  free(c->locals);
+  rs_assign_ctx_free(&c->actx);
+  rs_piece_vec_free(&c->pieces);
+}
+
+enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
+
+reshard_result_t reshard_plan_create(reshard_comm_t *comm,
+                                     const reshard_layout_t *src,
+                                     const reshard_layout_t *dst,
+                                     const reshard_options_t *options,
+                                     reshard_plan_t **out) {
+  rs_error_clear();
+  if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
+  if (out) *out = NULL;
+  build_ctx c;
+  memset(&c, 0, sizeof c);
+  reshard_plan_t *p = calloc(1, sizeof *p);
+  reshard_result_t local = RESHARD_SUCCESS;
+  char local_msg[1024] = "";
+  if (!p) {
+    local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  } else {
+    p->comm = comm;
+    p->rank = comm->rank;
+    p->size = comm->size;
+    local = read_options(options, &p->opts);
+  }
+  if (!local && (!src || !dst || !out))
+    local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");
+  if (!local) {
+    c.src = src;
+    c.dst = dst;
+    c.plan = p;
+    c.actx.src = src;
+    local = match_tensors(&c);
+  }
+  if (!local) {
+    int ms = rs_layout_max_rank(src), md = rs_layout_max_rank(dst);
+    if (ms >= comm->size || md >= comm->size)
+      local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: rank %d is outside the communicator of %d ranks",
+                       ms >= comm->size ? "source" : "destination", ms >= comm->size ? ms : md, comm->size);
+  }
+  if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
+  if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
+  if (!local) local = plan_receives(&c);
+  if (!local) local = plan_sends(&c);
+  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
+
+  /* Agreement. */
+  uint64_t digest = 0;
+  if (src && dst && p) {
+    uint64_t hdr[3] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes};
+    digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
+    digest = rs_layout_digest(src, digest);
+    digest = rs_layout_digest(dst, digest ^ 0xd57);
+  }
+  uint64_t v[AGREE_N] = {digest, ~digest, (uint64_t)local,
+                         local ? 0 : (uint64_t)(count_peers(&c.sends, comm->size) + count_peers(&c.recvs, comm->size))};
+  int64_t timeout = p ? p->opts.timeout_ms : 60000;
+  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
+  if (r != RESHARD_SUCCESS) {
+    rs_error_prefix("plan_create rank %d: agreement failed: ", comm->rank);
+    goto fail;
+  }
+  if (local) {
+    r = local;
+    rs_error(local, "%s", local_msg);
+    goto fail;
+  }
+  if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
+    r = rs_error(RESHARD_ERROR_MISMATCH,
+                 "plan_create rank %d: ranks passed different layouts or options (digest %016llx, others range %016llx..%016llx)",
+                 comm->rank, (unsigned long long)digest, (unsigned long long)~v[AGREE_NOT_DIGEST],
+                 (unsigned long long)v[AGREE_DIGEST]);
+    goto fail;
+  }
+  if (v[AGREE_ERROR]) {
+    r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed with '%s'", comm->rank,
+                 reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
+    goto fail;
+  }
+  /* Every rank's busiest round fits the budget: each of its peers gets one
+   * message per round, double buffered. */
+  uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
+  size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
+  if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
+  chunk &= ~(size_t)63;
+  if (chunk < 64) chunk = 64;
+  p->digest = digest;
+  p->num_src_buffers = src->nbuffers;
+  p->num_dst_buffers = dst->nbuffers;
+  p->tag_base = (digest & 0xffffu) << 32;
+  r = finish_plan(p, &c, chunk);
+  if (r != RESHARD_SUCCESS) goto fail;
+  build_ctx_free(&c);
+  RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: plan with %zu sends, %zu receives, %zu local copies, %d rounds, chunk %zu",
+         p->rank, p->nsends, p->nrecvs, p->nlocal_copies, p->nrounds, p->chunk_bytes);
+  *out = p;
+  return RESHARD_SUCCESS;
+fail:
+  build_ctx_free(&c);
+  reshard_plan_destroy(p);
+  return r;
+}
+
+void reshard_plan_destroy(reshard_plan_t *p) {
+  if (!p) return;
+  free(p->sends);
+  free(p->recvs);
+  free(p->send_round);
+  free(p->recv_round);
+  free(p->send_copies);
+  free(p->recv_copies);
+  free(p->local_copies);
+  for (int i = 0; i < p->nsrc_used; i++) free(p->src_used[i].name);
+  for (int i = 0; i < p->ndst_used; i++) free(p->dst_used[i].name);
+  free(p->src_used);
+  free(p->dst_used);
+  free(p->peers);
+  free(p->staging_cache);
+  free(p);
+}

@@ -1,0 +1,54 @@
+/* The seam between the executor and a transport. The executor drives any
+ * transport through these operations and knows nothing else about it: the
+ * in-process transport (threads), MPI and NCCL implement them.
+ *
+ * Messages are matched by (source rank, destination rank, tag) and, for
+ * equal keys, delivered in the order they were sent (MPI's non-overtaking
+ * rule). Every blocking operation takes an absolute deadline in
+ * nanoseconds of CLOCK_MONOTONIC (RS_NO_DEADLINE: none) and returns
+ * RESHARD_ERROR_TIMEOUT when it passes. */
+#ifndef RS_TRANSPORT_TRANSPORT_H
+#define RS_TRANSPORT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reshard.h"
+
+typedef struct rs_request rs_request; /* owned by the transport */
+
+typedef struct rs_transport_ops {
+  const char *name;
+  /* Starts sending bytes from buf to peer; buf must stay valid until the
+   * request completes. */
+  reshard_result_t (*isend)(reshard_comm_t *comm, int peer, uint64_t tag,
+                            const void *buf, size_t bytes, rs_request **req);
+  /* Starts receiving exactly `bytes` bytes from peer into buf; a message of
+   * another size is RESHARD_ERROR_MISMATCH when it completes. */
+  reshard_result_t (*irecv)(reshard_comm_t *comm, int peer, uint64_t tag,
+                            void *buf, size_t bytes, rs_request **req);
+  /* Polls: *done = 1 and the request is freed when it has completed
+   * (successfully or not: the result says which). */
+  reshard_result_t (*test)(reshard_comm_t *comm, rs_request *req, int *done);
+  /* Blocks until the request completes (and frees it) or the deadline
+   * passes (the request then stays alive: cancel it). */
+  reshard_result_t (*wait)(reshard_comm_t *comm, rs_request *req,
+                           int64_t deadline_ns);
+  /* Abandons a request on an error path and frees it; never blocks. */
+  void (*cancel)(reshard_comm_t *comm, rs_request *req);
+  /* Element-wise maximum of n values over all ranks of comm, in place.
+   * Collective; used for plan agreement (digests, error flags, sizes). */
+  reshard_result_t (*allreduce_max_u64)(reshard_comm_t *comm, uint64_t *vals,
+                                        int n, int64_t deadline_ns);
+  /* Frees the transport's state of this communicator. */
+  void (*destroy)(reshard_comm_t *comm);
+} rs_transport_ops;
+
+struct reshard_comm {
+  const rs_transport_ops *ops;
+  int rank;
+  int size;
+  void *impl; /* the transport's own state */
+};
+
+#endif
