@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "common/params.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
 
@@ -38,8 +39,19 @@ static reshard_result_t read_options(const reshard_options_t *in,
   if (in->version < 1 || in->version > RESHARD_OPTIONS_VERSION)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: version %u unknown (library has %d)", in->version, RESHARD_OPTIONS_VERSION);
   memcpy(out, in, in->struct_size);
-  if (out->staging_bytes < 4096)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", out->staging_bytes);
+  return RESHARD_SUCCESS;
+}
+
+/* Environment parameters override the caller's options (like NCCL_*), so
+ * that a job can be tuned without a rebuild; ranks that disagree still
+ * fail cleanly because the options are part of the digest. */
+static reshard_result_t apply_params(reshard_options_t *o) {
+  int64_t v;
+  if (rs_param_get(RS_PARAM_STAGING_BYTES, &v)) o->staging_bytes = v > 0 ? (size_t)v : 0;
+  if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
+  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) o->timeout_ms = v;
+  if (o->staging_bytes < 4096)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
   return RESHARD_SUCCESS;
 }
 
@@ -352,6 +364,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     p->rank = comm->rank;
     p->size = comm->size;
     local = read_options(options, &p->opts);
+    if (!local) local = apply_params(&p->opts);
   }
   if (!local && (!src || !dst || !out))
     local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");

@@ -1,0 +1,50 @@
+#include "common/params.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "common/debug.h"
+
+static struct {
+  const char *name;
+  const char *doc;
+  int set;
+  int64_t value;
+} rs_params[RS_NUM_PARAMS] = {
+    [RS_PARAM_STAGING_BYTES] = {"RESHARD_STAGING_BYTES",
+                                "staging memory per rank in bytes (overrides options.staging_bytes)", 0, 0},
+    [RS_PARAM_CHUNK_BYTES] = {"RESHARD_CHUNK_BYTES",
+                              "upper bound on one message in bytes (overrides options.chunk_bytes)", 0, 0},
+    [RS_PARAM_TIMEOUT_MS] = {"RESHARD_TIMEOUT_MS",
+                             "deadline of every wait in ms, <= 0 for none (overrides options.timeout_ms)", 0, 0},
+};
+
+static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;
+
+static void rs_params_read(void) {
+  for (int i = 0; i < RS_NUM_PARAMS; i++) {
+    const char *s = getenv(rs_params[i].name);
+    if (!s || !*s) continue;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 0);
+    if (errno || !end || *end) {
+      RS_LOG(RS_LOG_WARN, RS_SUBSYS_ALL, "ignoring %s=%s: not an integer", rs_params[i].name, s);
+      continue;
+    }
+    rs_params[i].set = 1;
+    rs_params[i].value = v;
+    RS_LOG(RS_LOG_INFO, RS_SUBSYS_ALL, "%s set to %lld", rs_params[i].name, v);
+  }
+}
+
+int rs_param_get(rs_param_id id, int64_t *value) {
+  pthread_once(&rs_params_once, rs_params_read);
+  if (id < 0 || id >= RS_NUM_PARAMS || !rs_params[id].set) return 0;
+  *value = rs_params[id].value;
+  return 1;
+}
+
+const char *rs_param_name(rs_param_id id) { return id < RS_NUM_PARAMS ? rs_params[id].name : "?"; }
+const char *rs_param_doc(rs_param_id id) { return id < RS_NUM_PARAMS ? rs_params[id].doc : "?"; }
