@@ -334,7 +334,10 @@ static reshard_result_t walk_axes(holder_walk *w, int a, int pos, int64_t *vs,
   for (int c = 0; c < n && r == RESHARD_SUCCESS; c++) {
     int64_t off, size;
     if (split_piece(pl, n, c, e0, &off, &size)) {
-      r = split_error(w->L, w->p, a, -1, e0);
+      /* name the first rank whose piece is at fault, as lowering would */
+      int first = pos;
+      for (int b = a; b < m->ndim; b++) first *= m->shape[b];
+      r = split_error(w->L, w->p, a, m->ranks[first], e0);
       break;
     }
     if (size <= 0 || s0 + off >= hi || s0 + off + size <= lo) continue;
