@@ -171,7 +171,8 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
    * messages out in staging, 64-byte aligned for the copy loops. */
   for (size_t i = 0; i < ch.nmsgs; i++)
     ch.msgs[i].staging_off = sched_key(plan->rank, plan->size, ch.msgs[i].peer, is_send);
-  qsort(ch.msgs, ch.nmsgs, sizeof *ch.msgs, cmp_msg);
+  if (ch.nmsgs > 1) /* ch.msgs is NULL when empty: qsort(NULL, 0) is UB */
+    qsort(ch.msgs, ch.nmsgs, sizeof *ch.msgs, cmp_msg);
   int nrounds = ch.nmsgs ? ch.msgs[ch.nmsgs - 1].round + 1 : 0;
   size_t *starts = calloc((size_t)nrounds + 1, sizeof *starts);
   if (!starts) {

@@ -168,7 +168,8 @@ static reshard_result_t plan_sends(build_ctx *c) {
       if (cands.v[k].rank != me) cands.v[w++] = cands.v[k];
     cands.n = w;
   }
-  qsort(cands.v, cands.n, sizeof *cands.v, cmp_frag_key);
+  if (cands.n > 1) /* cands.v is NULL when empty: qsort(NULL, 0) is UB */
+    qsort(cands.v, cands.n, sizeof *cands.v, cmp_frag_key);
   for (size_t i = 0; i < cands.n; i++) {
     if (i && !cmp_frag_key(&cands.v[i], &cands.v[i - 1])) continue;
     const rs_frag *D = &cands.v[i];

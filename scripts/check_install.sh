@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Checks that an installed reshard is usable by other projects: installs the
+# build tree into a scratch prefix, then builds and runs a tiny consumer
+# twice, once through find_package(reshard) and once through pkg-config.
+#
+# usage: scripts/check_install.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build_dir=${1:-build}
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  echo "check_install: $build_dir is not a configured build tree" >&2
+  exit 1
+fi
+
+prefix=$(mktemp -d /tmp/reshard-install-XXXX)
+work=$(mktemp -d /tmp/reshard-consumer-XXXX)
+cleanup() { rm -rf "$prefix" "$work"; }
+trap cleanup EXIT
+
+fail() { echo "check_install: FAIL: $*" >&2; exit 1; }
+
+echo "check_install: installing $build_dir into $prefix"
+cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" ||
+  { cat "$work/install.log"; fail "cmake --install"; }
+sed 's/^/  /' "$work/install.log"
+
+# --- what was installed ------------------------------------------------
+[ -f "$prefix/include/reshard.h" ] || fail "include/reshard.h not installed"
+pc=$(find "$prefix" -name reshard.pc -print -quit)
+[ -n "$pc" ] || fail "reshard.pc not installed"
+libdir=$(dirname "$(dirname "$pc")")
+cfg=$(find "$prefix" -name reshard-config.cmake -print -quit)
+[ -n "$cfg" ] || fail "reshard-config.cmake not installed"
+[ -f "$(dirname "$cfg")/reshard-config-version.cmake" ] ||
+  fail "reshard-config-version.cmake not installed"
+[ -L "$libdir/libreshard.so" ] || fail "no libreshard.so link in $libdir"
+soname=$(readelf -d "$libdir/libreshard.so" |
+         sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ -n "$soname" ] || fail "libreshard.so has no SONAME"
+[ -e "$libdir/$soname" ] || fail "SONAME $soname not installed in $libdir"
+echo "check_install: SONAME $soname"
+# Tests and the static library are build-tree only.
+stray=$(find "$prefix" \( -name 'test_*' -o -name '*.a' \
+                         -o -name '*reshard_static*' \) -print)
+[ -z "$stray" ] || fail "installed files that should not be: $stray"
+
+# --- the consumer ------------------------------------------------------
+mkdir -p "$work/src"
+cat >"$work/src/main.c" <<'C'
+#include <reshard.h>
+#include <stdio.h>
+#include <string.h>
+
+int main(void) {
+  const int v = reshard_version();
+  const char *s = reshard_result_string(RESHARD_SUCCESS);
+  printf("consumer: reshard_version() = %d, RESHARD_VERSION = %d, "
+         "reshard_result_string(RESHARD_SUCCESS) = \"%s\"\n",
+         v, RESHARD_VERSION, s ? s : "(null)");
+  /* The header and the library must come from the same install. */
+  if (v != RESHARD_VERSION || s == NULL || strlen(s) == 0)
+    return 1;
+  return 0;
+}
+C
+cat >"$work/src/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.24)
+project(reshard_consumer LANGUAGES C)
+find_package(reshard 0.1 REQUIRED CONFIG)
+if(NOT TARGET reshard::reshard)
+  message(FATAL_ERROR "find_package(reshard) gave no reshard::reshard")
+endif()
+message(STATUS "consumer: reshard ${reshard_VERSION} from ${reshard_DIR}")
+add_executable(consumer main.c)
+target_compile_options(consumer PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(consumer PRIVATE reshard::reshard)
+CM
+
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+check_links_to_prefix() {
+  local lib
+  lib=$(ldd "$1" | awk '/libreshard\.so/ {print $3}')
+  case "$lib" in
+    "$libdir"/*) ;;
+    *) fail "$1 resolves libreshard to '$lib', not to $libdir" ;;
+  esac
+}
+
+echo "check_install: consumer via find_package(reshard)"
+# Only the scratch prefix may satisfy find_package: the package registry
+# and system prefixes could hide a broken install behind an older one.
+cmake -S "$work/src" -B "$work/build-cmake" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+  -DCMAKE_FIND_USE_CMAKE_SYSTEM_PATH=OFF >"$work/cmake.log" ||
+  { cat "$work/cmake.log"; fail "consumer configure (find_package)"; }
+grep 'consumer:' "$work/cmake.log" | sed 's/^--/ /'
+cmake --build "$work/build-cmake" >"$work/build.log" ||
+  { cat "$work/build.log"; fail "consumer build (find_package)"; }
+check_links_to_prefix "$work/build-cmake/consumer"
+"$work/build-cmake/consumer" || fail "consumer (find_package) failed"
+
+echo "check_install: consumer via pkg-config"
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+flags=$(pkg-config --cflags --libs reshard) || fail "pkg-config reshard"
+echo "  pkg-config --cflags --libs reshard: $flags"
+[ "$(pkg-config --modversion reshard)" = "$(sed -n \
+  's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' \
+  "$(dirname "$cfg")/reshard-config-version.cmake")" ] ||
+  fail "pkg-config and CMake package disagree on the version"
+pkg-config --static --libs reshard | grep -q -- '-lpthread' ||
+  fail "pkg-config --static lacks -lpthread"
+# shellcheck disable=SC2086 # flags are meant to split
+cc -std=c11 -Wall -Wextra -Werror "$work/src/main.c" -o "$work/consumer-pc" \
+  $flags || fail "consumer build (pkg-config)"
+check_links_to_prefix "$work/consumer-pc"
+"$work/consumer-pc" || fail "consumer (pkg-config) failed"
+
+# The header promises extern "C": it must at least parse as C++.
+if command -v c++ >/dev/null 2>&1; then
+  echo "check_install: reshard.h as C++"
+  # shellcheck disable=SC2046 # flags are meant to split
+  c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/main.c" \
+    $(pkg-config --cflags reshard) || fail "reshard.h does not parse as C++"
+fi
+
+echo "check_install: OK"
