@@ -1,0 +1,332 @@
+/* plan_bench: plan-creation time and memory of one rank, at scale, without
+ * MPI.
+ *
+ * Planning is collective only through one agreement allreduce, so one
+ * process can play any single rank: a fake communicator (fake_comm.h)
+ * reports the wanted rank and size and lets the allreduce return this
+ * rank's own values. The plan computed is the one that rank computes in a
+ * real run, except that the chunk size derives from this rank's peer count
+ * instead of the maximum over all ranks (message counts may differ, bytes
+ * do not).
+ *
+ * Memory: each measurement runs in a forked child that returns freed heap
+ * to the system (malloc_trim), resets the peak RSS (writing 5 to
+ * /proc/self/clear_refs), creates the plan and reads VmHWM: peak = VmHWM -
+ * VmRSS before planning. "plan_MiB" is the heap the finished plan retains
+ * (mallinfo2 delta).
+ *
+ *   plan_bench [--scenario a|b|all] [--rank R[,R...]|all] [--reps N]
+ */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_comm.h"
+#include "model_layouts.h"
+#include "reshard.h"
+
+typedef struct scenario {
+  const char *key, *name;
+  ml_model model;
+  ml_megatron src;
+  ml_vllm dst;
+  int colocate;
+  double target_ms, target_mib;
+} scenario;
+
+static const scenario scenarios[] = {
+    {"a", "Llama-3-70B  megatron tp8 pp4 dp2 -> vllm tp8 dp8",
+     {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .head_dim = 128, .intermediate = 28672,
+      .vocab = 128256, .dtype = RESHARD_BF16},
+     {.tp = 8, .pp = 4, .dp = 2, .ep = 1},
+     {.tp = 8, .dp = 8, .ep = 1},
+     0, 50.0, 64.0},
+    {"b", "1T MoE  megatron tp2 pp8 dp16 ep32 -> vllm tp8 dp16 ep128",
+     {.layers = 61, .hidden = 7168, .heads = 64, .kv_heads = 8, .head_dim = 128, .intermediate = 18432,
+      .vocab = 163840, .experts = 384, .moe_intermediate = 2048, .dtype = RESHARD_BF16},
+     {.tp = 2, .pp = 8, .dp = 16, .ep = 32},
+     {.tp = 8, .dp = 16, .ep = 128},
+     0, 1000.0, 256.0},
+};
+#define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
+
+static double clock_ms(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static double now_ms(void) { return clock_ms(CLOCK_MONOTONIC); }
+/* Planning is single-threaded: its CPU time is its wall time on an idle
+ * machine, and unlike wall time it survives a loaded one. */
+static double cpu_ms(void) { return clock_ms(CLOCK_THREAD_CPUTIME_ID); }
+
+/* A field of /proc/self/status, in KiB; -1 if absent. */
+static long status_kib(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  size_t n = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, n) && line[n] == ':') {
+      v = strtol(line + n + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+static int reset_peak_rss(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (!f) return -1;
+  int ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+typedef struct measure {
+  int ok;
+  int peak_exact; /* the peak RSS could be reset before planning */
+  double plan_ms, plan_cpu_ms;
+  double peak_mib, plan_mib;
+  reshard_plan_stats_t stats;
+  char err[256];
+} measure;
+
+/* On success *comm and *plan belong to the caller (plan_free). */
+static int plan_once(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
+                     reshard_comm_t **comm_out, reshard_plan_t **plan, double *ms, double *cms, char *err,
+                     size_t errlen) {
+  reshard_comm_t *comm;
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  double t0 = now_ms(), c0 = cpu_ms();
+  reshard_result_t r = bench_fake_comm_create(rank, nranks, &comm);
+  if (r == RESHARD_SUCCESS) {
+    r = reshard_plan_create(comm, src, dst, &opts, plan);
+    *ms = now_ms() - t0;
+    *cms = cpu_ms() - c0;
+    if (r != RESHARD_SUCCESS) {
+      snprintf(err, errlen, "%s: %s", reshard_result_string(r), reshard_last_error());
+      reshard_comm_destroy(comm);
+    } else {
+      *comm_out = comm;
+    }
+  } else {
+    snprintf(err, errlen, "fake comm: %s", reshard_last_error());
+  }
+  return r == RESHARD_SUCCESS ? 0 : -1;
+}
+
+static void plan_free(reshard_comm_t *comm, reshard_plan_t *plan) {
+  reshard_plan_destroy(plan); /* before its communicator */
+  reshard_comm_destroy(comm);
+}
+
+/* The memory measurement, in a child so that nothing the parent did
+ * before (or does after) counts. */
+static void measure_memory(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
+                           measure *out) {
+  int fd[2];
+  memset(out, 0, sizeof *out);
+  if (pipe(fd)) {
+    snprintf(out->err, sizeof out->err, "pipe failed");
+    return;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    measure m;
+    memset(&m, 0, sizeof m);
+    malloc_trim(0);
+    m.peak_exact = reset_peak_rss() == 0;
+    long rss0 = status_kib("VmRSS");
+    struct mallinfo2 h0 = mallinfo2();
+    reshard_plan_t *plan = NULL;
+    reshard_comm_t *comm = NULL;
+    if (plan_once(src, dst, rank, nranks, &comm, &plan, &m.plan_ms, &m.plan_cpu_ms, m.err, sizeof m.err) == 0) {
+      long hwm = status_kib("VmHWM");
+      struct mallinfo2 h1 = mallinfo2();
+      m.peak_mib = (double)(hwm - rss0) / 1024.0;
+      m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;
+      reshard_plan_get_stats(plan, &m.stats);
+      m.ok = 1;
+    }
+    ssize_t w = write(fd[1], &m, sizeof m);
+    _exit(w == (ssize_t)sizeof m ? 0 : 1);
+  }
+  close(fd[1]);
+  if (pid < 0) {
+    close(fd[0]);
+    snprintf(out->err, sizeof out->err, "fork failed");
+    return;
+  }
+  ssize_t got = read(fd[0], out, sizeof *out);
+  close(fd[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  if (got != (ssize_t)sizeof *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->err, sizeof out->err, "child died (status %d)", st);
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static const char *role(const scenario *s, int rank) {
+  int S = ml_megatron_ranks(&s->src), D = ml_vllm_ranks(&s->dst);
+  int first_dst = s->colocate ? 0 : S;
+  int in_src = rank < S, in_dst = rank >= first_dst && rank < first_dst + D;
+  return in_src && in_dst ? "both" : in_src ? "src" : in_dst ? "dst" : "none";
+}
+
+static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req, int all_ranks, int reps) {
+  reshard_layout_t *src = NULL, *dst = NULL;
+  int nranks = 0;
+  /* Layout construction is timed apart from planning: median of reps
+   * builds (the first one also pays for faulting in the heap). */
+  double *lt = malloc((size_t)reps * sizeof *lt);
+  if (!lt) return 1;
+  for (int k = 0; k < reps; k++) {
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    double t0 = now_ms();
+    if (ml_build_pair(&s->model, &s->src, &s->dst, s->colocate, &src, &dst, &nranks) != RESHARD_SUCCESS) {
+      fprintf(stderr, "scenario %s: building layouts failed: %s\n", s->key, reshard_last_error());
+      free(lt);
+      return 1;
+    }
+    lt[k] = now_ms() - t0;
+  }
+  qsort(lt, (size_t)reps, sizeof *lt, cmp_double);
+  double layout_ms = lt[reps / 2];
+  free(lt);
+  int *ranks = (int *)ranks_req;
+  if (all_ranks) {
+    nranks_req = nranks;
+    ranks = malloc((size_t)nranks * sizeof *ranks);
+    if (!ranks) return 1;
+    for (int i = 0; i < nranks; i++) ranks[i] = i;
+  }
+  double worst_ms = 0, worst_mib = 0;
+  int worst_ms_rank = -1, worst_mib_rank = -1;
+  int S = ml_megatron_ranks(&s->src), D = ml_vllm_ranks(&s->dst);
+  printf("\n# scenario %s: %s\n", s->key, s->name);
+  printf("# ranks %d (source %d, destination %d%s), tensors %d, params %.3fB (%.1f GiB), layouts built in %.2f ms\n",
+         nranks, S, D, s->colocate ? ", colocated" : "", ml_num_tensors(&s->model),
+         (double)ml_num_params(&s->model) / 1e9,
+         (double)ml_num_params(&s->model) * (double)reshard_dtype_size(s->model.dtype) / (1 << 30), layout_ms);
+  printf("# target: plan <= %.0f ms and <= %.0f MiB per rank\n", s->target_ms, s->target_mib);
+  printf("%6s %5s %9s %9s %9s %9s %9s %10s %10s %8s %8s %8s %7s\n", "rank", "role", "cpu_ms", "plan_ms", "plan_min", "peak_MiB",
+         "plan_MiB", "send_MiB", "recv_MiB", "send_msg", "recv_msg", "segments", "target");
+  int failures = 0;
+  for (int i = 0; i < nranks_req; i++) {
+    int rank = ranks[i];
+    if (rank < 0 || rank >= nranks) {
+      printf("%6d  (outside the %d ranks: skipped)\n", rank, nranks);
+      continue;
+    }
+    measure m;
+    measure_memory(src, dst, rank, nranks, &m);
+    if (!m.ok) {
+      printf("%6d %5s  plan failed: %s\n", rank, role(s, rank), m.err);
+      failures++;
+      continue;
+    }
+    double *t = malloc(2 * (size_t)reps * sizeof *t), *c = t + reps;
+    int done = 0;
+    for (int k = 0; t && k < reps; k++) {
+      reshard_plan_t *plan = NULL;
+      reshard_comm_t *comm = NULL;
+      char err[256];
+      if (plan_once(src, dst, rank, nranks, &comm, &plan, &t[done], &c[done], err, sizeof err) == 0) done++;
+      plan_free(comm, plan);
+    }
+    double med = m.plan_ms, mn = m.plan_ms, cmed = m.plan_cpu_ms;
+    if (done) {
+      qsort(t, (size_t)done, sizeof *t, cmp_double);
+      qsort(c, (size_t)done, sizeof *c, cmp_double);
+      med = t[done / 2];
+      mn = t[0];
+      cmed = c[done / 2];
+    }
+    free(t);
+    if (cmed > worst_ms) worst_ms = cmed, worst_ms_rank = rank;
+    if (m.peak_mib > worst_mib) worst_mib = m.peak_mib, worst_mib_rank = rank;
+    int met = cmed <= s->target_ms && m.peak_mib <= s->target_mib;
+    failures += !met;
+    printf("%6d %5s %9.2f %9.2f %9.2f %8.1f%s %9.2f %10.1f %10.1f %8zu %8zu %8zu %7s\n", rank, role(s, rank), cmed, med, mn,
+           m.peak_mib, m.peak_exact ? " " : "?", m.plan_mib, (double)m.stats.send_bytes / 1048576.0,
+           (double)m.stats.recv_bytes / 1048576.0, m.stats.send_messages, m.stats.recv_messages, m.stats.segments,
+           met ? "met" : "MISSED");
+  }
+  if (nranks_req > 1)
+    printf("# worst: plan %.2f ms CPU (rank %d), peak %.1f MiB (rank %d)\n", worst_ms, worst_ms_rank, worst_mib,
+           worst_mib_rank);
+  if (ranks != ranks_req) free(ranks);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  return failures;
+}
+
+static void usage(const char *argv0) {
+  fprintf(stderr,
+          "usage: %s [--scenario a|b|all] [--rank R[,R...]|all] [--reps N]\n"
+          "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
+          "  b: 1T MoE, megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
+          "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"
+          "  median wall time, plan_min the fastest; targets are judged on cpu_ms (wall\n"
+          "  time on an idle machine, robust on a loaded one) and peak_MiB,\n"
+          "  the peak RSS growth while planning ('?': the peak could not be reset).\n"
+          "  Exit status 1 when a target is missed or a plan fails.\n",
+          argv0);
+}
+
+int main(int argc, char **argv) {
+  const char *which = "all";
+  int ranks[64] = {0}, nr = 1, reps = 5, all_ranks = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--scenario") && i + 1 < argc) {
+      which = argv[++i];
+    } else if (!strcmp(argv[i], "--rank") && i + 1 < argc && !strcmp(argv[i + 1], "all")) {
+      all_ranks = 1;
+      i++;
+    } else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
+      nr = 0;
+      for (char *p = argv[++i]; *p && nr < 64;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) {
+          usage(argv[0]);
+          return 2;
+        }
+        ranks[nr++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = atoi(argv[++i]);
+      if (reps < 1) reps = 1;
+    } else {
+      usage(argv[0]);
+      return 2;
+    }
+  }
+  int failures = 0, ran = 0;
+  for (int i = 0; i < NSCEN; i++)
+    if (!strcmp(which, "all") || !strcmp(which, scenarios[i].key)) {
+      failures += run_scenario(&scenarios[i], ranks, nr, all_ranks, reps);
+      ran++;
+    }
+  if (!ran) {
+    usage(argv[0]);
+    return 2;
+  }
+  return failures ? 1 : 0;
+}
