@@ -142,6 +142,16 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
 reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *layout,
                                             const char *name, int *tensor_id);
 
+/* Number of tensors declared (ids are 0 .. n-1). */
+int reshard_layout_num_tensors(const reshard_layout_t *layout);
+
+/* A tensor's name (owned by the layout), dtype, ndim and shape (up to
+ * RESHARD_MAX_DIMS entries written); any output may be NULL. */
+reshard_result_t reshard_layout_tensor_info(const reshard_layout_t *layout,
+                                            int tensor_id, const char **name,
+                                            reshard_dtype_t *dtype, int *ndim,
+                                            int64_t *shape);
+
 /* Declares a mesh: an ndim-dimensional grid (row-major, last axis fastest)
  * of communicator ranks. ranks lists shape[0]*...*shape[ndim-1] ranks; a
  * rank appears at most once in a mesh. A side may have several meshes
@@ -352,8 +362,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * dst_buffers. A rank on one side only may pass NULL, 0 for the other.
  * Bytes of destination buffers outside fragments (padding, other data) are
  * never written. Does not modify the plan: the same plan serves every step
- * and may run concurrently on different buffers. stream is the CUDA stream
- * for device backends and must be NULL on host transports. */
+ * and may run concurrently on different buffers, provided every rank issues
+ * its calls in the same order. Like an MPI collective, every rank of the
+ * plan makes the same sequence of calls, failed ones included: each call is
+ * numbered, so messages of a call that failed never match a later one.
+ * stream is the CUDA stream for device backends and must be NULL on host
+ * transports. */
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
                                       void *const *src_buffers,
                                       size_t num_src,

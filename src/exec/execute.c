@@ -22,6 +22,7 @@ typedef struct exec_state {
   rs_request **sreq[2], **rreq[2];
   size_t nsreq[2], nrreq[2];
   int64_t deadline;
+  uint64_t tag;
 } exec_state;
 
 static reshard_result_t check_buffers(const reshard_plan_t *p,
@@ -61,7 +62,7 @@ static int rounds_of(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 
 static reshard_result_t start_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
   int h = k & 1;
-  uint64_t tag = p->tag_base | (uint64_t)k;
+  uint64_t tag = st->tag | (uint64_t)k;
   if (k < rounds_of(p->recvs, p->nrecvs))
     for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++) {
       const rs_msg *m = &p->recvs[i];
@@ -145,6 +146,9 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
                                       size_t num_dst, void *stream) {
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  /* Every call, failed or not, is one instance of the collective: tag it
+   * so that messages a failed call left in flight never match a later one. */
+  uint64_t epoch = __atomic_fetch_add(&((reshard_plan_t *)plan)->exec_calls, 1, __ATOMIC_RELAXED);
   if (stream)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
                     plan->rank, plan->comm->ops->name);
@@ -192,6 +196,7 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   st.sreq[1] = reqs + per;
   st.rreq[1] = reqs + per + plan->max_round_sends;
   st.deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
+  st.tag = plan->tag_base | (epoch & 0xffffu) << 48;
   reshard_result_t r = run_rounds(&st);
   if (r != RESHARD_SUCCESS) cancel_all(&st);
   if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);

@@ -45,3 +45,23 @@ reshard_result_t reshard_layout_fragments(const reshard_layout_t *L, int rank,
   rs_frag_vec_free(&v);
   return r;
 }
+
+int reshard_layout_num_tensors(const reshard_layout_t *L) {
+  return L ? L->ntensors : 0;
+}
+
+reshard_result_t reshard_layout_tensor_info(const reshard_layout_t *L,
+                                            int tensor_id, const char **name,
+                                            reshard_dtype_t *dtype, int *ndim,
+                                            int64_t *shape) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor_info: layout is NULL");
+  if (tensor_id < 0 || tensor_id >= L->ntensors)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor_info: tensor_id %d is not a tensor of this layout", tensor_id);
+  const rs_tensor *t = &L->tensors[tensor_id];
+  if (name) *name = t->name;
+  if (dtype) *dtype = t->dtype;
+  if (ndim) *ndim = t->ndim;
+  if (shape) memcpy(shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+  return RESHARD_SUCCESS;
+}

@@ -4,6 +4,7 @@
  * collective, carrying this rank's digest and error, so that a rank that
  * fails (bad input, out of memory, a coverage hole only it can see) makes
  * every other rank fail too instead of leaving them waiting. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,13 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   return RESHARD_SUCCESS;
 }
 
+static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+  size_t used = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < ndim && used < n; d++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+}
+
 /* Tensors must match by name, dtype and shape on both sides. */
 static reshard_result_t match_tensors(build_ctx *c) {
   const reshard_layout_t *S = c->src, *D = c->dst;
@@ -73,9 +81,13 @@ static reshard_result_t match_tensors(build_ctx *c) {
                       dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
     int same = st->ndim == dt->ndim;
     for (int d = 0; same && d < dt->ndim; d++) same = st->shape[d] == dt->shape[d];
-    if (!same)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape differs between the source (%d dims) and destination (%d dims) layouts",
-                      dt->name, st->ndim, dt->ndim);
+    if (!same) {
+      char a[160], b[160];
+      format_shape(a, sizeof a, st->ndim, st->shape);
+      format_shape(b, sizeof b, dt->ndim, dt->shape);
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape %s on the source side, %s on the destination side",
+                      dt->name, a, b);
+    }
     c->dst2src[i] = s;
     c->src2dst[s] = i;
   }

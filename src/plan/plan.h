@@ -65,6 +65,11 @@ struct reshard_plan {
   int staging_busy;
   void *staging_cache;
   size_t staging_cache_bytes;
+
+  /* Execute calls so far (atomic), also touched by execute: the epoch in
+   * every tag, so messages a failed call left behind never match a later
+   * call. Every rank must make the same number of calls. */
+  uint64_t exec_calls;
 };
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */

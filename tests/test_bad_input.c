@@ -1,0 +1,1184 @@
+/* Bad input: every malformed call returns its specific result code, a
+ * reshard_last_error() detail that names the tensor, rank and/or field at
+ * fault, and changes nothing (layouts keep their contents, output ids and
+ * destination bytes are not written, nothing leaks: run under ASan).
+ * Collective calls run every rank as a thread and check that each rank
+ * returns, with the code that rank should see. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "layout/layout.h"
+#include "reshard.h"
+#include "support/harness.h"
+
+#define MAXR 8
+#define MSG_LEN 1024
+
+static const reshard_result_t IA = RESHARD_ERROR_INVALID_ARGUMENT;
+static const reshard_result_t IU = RESHARD_ERROR_INVALID_USAGE;
+
+/* ------------------------------------------------------------------ */
+/* Checking helpers                                                    */
+/* ------------------------------------------------------------------ */
+
+/* Code and substrings of a message; prints everything on a miss so that
+ * the failure explains itself. */
+static int check_result(const char *where, int line, const char *expr,
+                        reshard_result_t got, const char *msg,
+                        reshard_result_t want, const char *const *subs) {
+  int ok = got == want;
+  for (int i = 0; subs[i]; i++)
+    if (!strstr(msg, subs[i])) ok = 0;
+  if (!ok) {
+    print_error("%s:%d: %s\n  returned %d (%s), expected %d (%s)\n  last error: \"%s\"\n  wanted substrings:", where,
+                line, expr, (int)got, reshard_result_string(got), (int)want, reshard_result_string(want), msg);
+    for (int i = 0; subs[i]; i++) print_error(" \"%s\"%s", subs[i], strstr(msg, subs[i]) ? "" : " (MISSING)");
+    print_error("\n");
+  }
+  return ok;
+}
+
+/* Runs `call` once and checks its code and reshard_last_error(). */
+#define EXPECT_ERR(want, call, ...)                                                              \
+  do {                                                                                           \
+    reshard_result_t r_ = (call);                                                                \
+    if (!check_result(__FILE__, __LINE__, #call, r_, reshard_last_error(), (want),               \
+                      (const char *const[]){__VA_ARGS__, NULL}))                                 \
+      fail();                                                                                    \
+  } while (0)
+
+#define EXPECT_OK(call)                                                                          \
+  do {                                                                                           \
+    reshard_result_t r_ = (call);                                                                \
+    if (r_ != RESHARD_SUCCESS) {                                                                 \
+      print_error("%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, reshard_result_string(r_), \
+                  reshard_last_error());                                                         \
+      fail();                                                                                    \
+    }                                                                                            \
+  } while (0)
+
+/* Everything a failed builder call must leave as it was. */
+typedef struct snap {
+  int ntensors, nmeshes, nparts, nbuffers, nraws, public_buffers;
+  int64_t tensor_parts, tensor_raws, buffer_raws;
+  uint64_t digest;
+} snap;
+
+static snap take_snap(const reshard_layout_t *L) {
+  snap s;
+  memset(&s, 0, sizeof s);
+  s.ntensors = L->ntensors;
+  s.nmeshes = L->nmeshes;
+  s.nparts = L->nparts;
+  s.nbuffers = L->nbuffers;
+  s.nraws = L->nraws;
+  s.public_buffers = reshard_layout_num_buffers(L);
+  for (int i = 0; i < L->ntensors; i++) {
+    s.tensor_parts += L->tensors[i].nparts;
+    s.tensor_raws += L->tensors[i].nraws;
+  }
+  for (int i = 0; i < L->nbuffers; i++) s.buffer_raws += L->buffers[i].nraws;
+  s.digest = rs_layout_digest(L, 0);
+  return s;
+}
+
+static void assert_unchanged(const reshard_layout_t *L, const snap *before) {
+  snap now = take_snap(L);
+  assert_int_equal(now.ntensors, before->ntensors);
+  assert_int_equal(now.nmeshes, before->nmeshes);
+  assert_int_equal(now.nparts, before->nparts);
+  assert_int_equal(now.nbuffers, before->nbuffers);
+  assert_int_equal(now.nraws, before->nraws);
+  assert_int_equal(now.public_buffers, before->public_buffers);
+  assert_int_equal(now.tensor_parts, before->tensor_parts);
+  assert_int_equal(now.tensor_raws, before->tensor_raws);
+  assert_int_equal(now.buffer_raws, before->buffer_raws);
+  assert_true(now.digest == before->digest);
+}
+
+static reshard_layout_t *new_layout(void) {
+  reshard_layout_t *L = NULL;
+  assert_int_equal(reshard_layout_create(&L), RESHARD_SUCCESS);
+  assert_non_null(L);
+  return L;
+}
+
+static int add_t2(reshard_layout_t *L, const char *name, reshard_dtype_t dt,
+                  int64_t d0, int64_t d1) {
+  int64_t shape[2] = {d0, d1};
+  int id = -1;
+  EXPECT_OK(reshard_layout_add_tensor(L, name, dt, 2, shape, &id));
+  return id;
+}
+
+static int add_t1(reshard_layout_t *L, const char *name, reshard_dtype_t dt,
+                  int64_t d0) {
+  int id = -1;
+  EXPECT_OK(reshard_layout_add_tensor(L, name, dt, 1, &d0, &id));
+  return id;
+}
+
+static int add_mesh1(reshard_layout_t *L, int n, int start) {
+  int id = -1;
+  EXPECT_OK(reshard_layout_add_mesh_strided(L, 1, &n, start, 1, &id));
+  return id;
+}
+
+static int place1(reshard_layout_t *L, int t, int m, reshard_placement_t p) {
+  int id = -1;
+  EXPECT_OK(reshard_layout_place(L, t, m, &p, &id));
+  return id;
+}
+
+/* ------------------------------------------------------------------ */
+/* Layout calls                                                        */
+/* ------------------------------------------------------------------ */
+
+static void layout_tensor_errors(void **state) {
+  (void)state;
+  EXPECT_ERR(IA, reshard_layout_create(NULL), "layout is NULL");
+  reshard_layout_t *L = new_layout();
+  int64_t ok2[2] = {4, 4};
+  int id = -7;
+  EXPECT_OK(reshard_layout_add_tensor(L, "base", RESHARD_FP32, 2, ok2, &id));
+  assert_int_equal(id, 0);
+  assert_string_equal(reshard_last_error(), "");
+  snap s = take_snap(L);
+
+  id = -7;
+  EXPECT_ERR(IA, reshard_layout_add_tensor(NULL, "x", RESHARD_FP32, 2, ok2, &id), "add_tensor", "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, NULL, RESHARD_FP32, 2, ok2, &id), "add_tensor", "name");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "", RESHARD_FP32, 2, ok2, &id), "add_tensor", "name");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP32, 2, NULL, &id), "tensor 'x'", "shape is NULL");
+  int64_t neg[2] = {4, -1};
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP32, 2, neg, &id), "tensor 'x'", "shape[1]", "-1",
+             "negative");
+  int64_t huge[2] = {INT64_MAX / 2, 4};
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP32, 2, huge, &id), "tensor 'x'", "byte size",
+             "overflows");
+  /* the overflow may only show at the last dim */
+  int64_t huge2[3] = {1 << 20, 1 << 20, 1 << 22};
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP64, 3, huge2, &id), "tensor 'x'", "overflows",
+             "shape[2]");
+  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP32, 9, nine, &id), "tensor 'x'", "ndim 9");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", RESHARD_FP32, -1, nine, &id), "tensor 'x'", "ndim -1");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", (reshard_dtype_t)RESHARD_NUM_DTYPES, 2, ok2, &id), "tensor 'x'",
+             "dtype 13");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "x", (reshard_dtype_t)-1, 2, ok2, &id), "tensor 'x'", "dtype -1");
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "base", RESHARD_FP32, 2, ok2, &id), "tensor 'base'", "already");
+  /* a duplicate with another dtype/shape is still a duplicate */
+  EXPECT_ERR(IA, reshard_layout_add_tensor(L, "base", RESHARD_BF16, 1, ok2, &id), "tensor 'base'", "already");
+  assert_int_equal(id, -7);
+  assert_unchanged(L, &s);
+
+  /* find_tensor */
+  EXPECT_ERR(IA, reshard_layout_find_tensor(NULL, "base", &id), "find_tensor");
+  EXPECT_ERR(IA, reshard_layout_find_tensor(L, NULL, &id), "find_tensor");
+  EXPECT_ERR(IA, reshard_layout_find_tensor(L, "base", NULL), "find_tensor");
+  EXPECT_ERR(IA, reshard_layout_find_tensor(L, "nope", &id), "find_tensor", "'nope'");
+  EXPECT_ERR(IA, reshard_layout_find_tensor(L, "x", &id), "'x'"); /* the failed adds left no trace */
+  assert_int_equal(id, -7);
+
+  /* a later valid call still works and takes the next id */
+  EXPECT_OK(reshard_layout_add_tensor(L, "x", RESHARD_FP32, 2, ok2, &id));
+  assert_int_equal(id, 1);
+  assert_string_equal(reshard_last_error(), "");
+  EXPECT_OK(reshard_layout_add_tensor(L, "scalar", RESHARD_FP32, 0, NULL, &id));
+  assert_int_equal(id, 2);
+  int found = -1;
+  EXPECT_OK(reshard_layout_find_tensor(L, "x", &found));
+  assert_int_equal(found, 1);
+  reshard_layout_destroy(L);
+  reshard_layout_destroy(NULL);
+}
+
+static void layout_mesh_errors(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  snap s = take_snap(L);
+  int sh1[1] = {4}, sh2[2] = {2, 2};
+  int rk4[4] = {0, 1, 2, 3};
+  int id = -7;
+  EXPECT_ERR(IA, reshard_layout_add_mesh(NULL, 1, sh1, rk4, &id), "add_mesh", "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(NULL, 1, sh1, 0, 1, &id), "add_mesh", "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 0, sh1, rk4, &id), "mesh 0", "ndim 0");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 0, sh1, 0, 1, &id), "mesh 0", "ndim 0");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, -1, sh1, 0, 1, &id), "mesh 0", "ndim -1");
+  int sh9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 9, sh9, 0, 1, &id), "mesh 0", "ndim 9");
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 1, NULL, rk4, &id), "mesh 0", "shape is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 1, sh1, NULL, &id), "ranks is NULL");
+  int zero[2] = {2, 0}, negsh[1] = {-3};
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 2, zero, 0, 1, &id), "mesh 0", "shape[1] = 0");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 1, negsh, 0, 1, &id), "mesh 0", "shape[0] = -3");
+  int big[2] = {65536, 65536};
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 2, big, 0, 1, &id), "mesh 0", "2^31");
+  int negrk[4] = {0, 1, -1, 3};
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 1, sh1, negrk, &id), "mesh 0", "rank -1", "position 2");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 1, sh1, -2, 1, &id), "mesh 0", "rank -2", "position 0");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 1, sh1, 1, -1, &id), "mesh 0", "rank -1", "position 2");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 1, sh1, INT32_MAX - 1, 1, &id), "mesh 0", "too large");
+  int twice[4] = {0, 1, 2, 1};
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 2, sh2, twice, &id), "mesh 0", "rank 1 appears twice");
+  EXPECT_ERR(IA, reshard_layout_add_mesh_strided(L, 1, sh1, 5, 0, &id), "mesh 0", "rank 5 appears twice");
+  assert_int_equal(id, -7);
+  assert_unchanged(L, &s);
+
+  EXPECT_OK(reshard_layout_add_mesh(L, 2, sh2, rk4, &id));
+  assert_int_equal(id, 0);
+  EXPECT_OK(reshard_layout_add_mesh_strided(L, 1, sh1, 4, 1, &id));
+  assert_int_equal(id, 1);
+  /* the next failure names the next mesh */
+  EXPECT_ERR(IA, reshard_layout_add_mesh(L, 2, sh2, twice, &id), "mesh 2", "appears twice");
+  assert_int_equal(id, 1);
+  reshard_layout_destroy(L);
+}
+
+static void layout_place_errors(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int w = add_t2(L, "w", RESHARD_FP32, 8, 6);
+  int sc = -1;
+  EXPECT_OK(reshard_layout_add_tensor(L, "sc", RESHARD_FP32, 0, NULL, &sc));
+  int m1 = add_mesh1(L, 4, 0);
+  int sh2[2] = {2, 2}, m2 = -1;
+  EXPECT_OK(reshard_layout_add_mesh_strided(L, 2, sh2, 0, 1, &m2));
+  snap s = take_snap(L);
+  int id = -7;
+
+  reshard_placement_t p1[1] = {reshard_shard(0)};
+  EXPECT_ERR(IA, reshard_layout_place(NULL, w, m1, p1, &id), "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_place(L, 5, m1, p1, &id), "tensor_id");
+  EXPECT_ERR(IA, reshard_layout_place(L, -1, m1, p1, &id), "tensor_id");
+  EXPECT_ERR(IA, reshard_layout_place(L, w, 7, p1, &id), "tensor 'w'", "mesh_id 7");
+  EXPECT_ERR(IA, reshard_layout_place(L, w, -1, p1, &id), "tensor 'w'", "mesh_id -1");
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m1, NULL, &id), "tensor 'w'", "placements is NULL");
+  reshard_placement_t badkind[1] = {{(reshard_placement_kind_t)5, 0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m1, badkind, &id), "tensor 'w'", "mesh axis 0", "kind 5");
+  reshard_placement_t baddim[1] = {reshard_shard(2)};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m1, baddim, &id), "tensor 'w'", "mesh axis 0", "dim 2");
+  reshard_placement_t negdim[1] = {reshard_shard(-1)};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m1, negdim, &id), "tensor 'w'", "mesh axis 0", "dim -1");
+  reshard_placement_t axis1[2] = {reshard_replicate(), reshard_shard(3)};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m2, axis1, &id), "tensor 'w'", "mesh axis 1", "dim 3");
+  reshard_placement_t axis1k[2] = {reshard_shard(0), {(reshard_placement_kind_t)-1, 0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m2, axis1k, &id), "tensor 'w'", "mesh axis 1", "kind -1");
+  int64_t negsplit[4] = {4, 5, -1, 0};
+  reshard_placement_t ps[1] = {reshard_shard_sizes(0, negsplit)};
+  EXPECT_ERR(IA, reshard_layout_place(L, w, m1, ps, &id), "tensor 'w'", "split_sizes[2]", "mesh axis 0", "negative");
+  EXPECT_ERR(IA, reshard_layout_place(L, sc, m1, p1, &id), "tensor 'sc'", "dim 0");
+  assert_int_equal(id, -7);
+  assert_unchanged(L, &s);
+
+  reshard_placement_t good[2] = {reshard_shard(0), reshard_shard(1)};
+  EXPECT_OK(reshard_layout_place(L, w, m2, good, &id));
+  assert_int_equal(id, 0);
+  assert_int_equal(reshard_layout_num_buffers(L), 1);
+  reshard_layout_destroy(L);
+}
+
+static void layout_fused_errors(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int q = add_t2(L, "q", RESHARD_FP32, 8, 4);
+  int k = add_t2(L, "k", RESHARD_FP32, 4, 4);
+  int64_t s3[3] = {4, 4, 2};
+  int v3 = -1;
+  EXPECT_OK(reshard_layout_add_tensor(L, "v3", RESHARD_FP32, 3, s3, &v3));
+  int h = add_t2(L, "h", RESHARD_BF16, 4, 4);
+  int g = add_t2(L, "g", RESHARD_FP32, 6, 4);
+  int m = add_mesh1(L, 2, 0);
+  int m2 = add_mesh1(L, 2, 2);
+  reshard_placement_t sh0[1] = {reshard_shard(0)};
+  snap s = take_snap(L);
+  int id = -7;
+
+  reshard_part_t two_nd[2] = {{q, m, sh0, NULL}, {v3, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, two_nd, &id), "buffer 'qkv'", "'v3'", "3 dims",
+             "'q'");
+  reshard_part_t two_es[2] = {{q, m, sh0, NULL}, {h, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, two_es, &id), "buffer 'qkv'", "'h'", "element size");
+  reshard_part_t grouped[2] = {{q, m, sh0, NULL}, {g, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 4, 2, grouped, &id), "tensor 'g'", "dim 0", "not divisible",
+             "4 groups");
+  int64_t small[2] = {6, 4};
+  reshard_part_t padded[2] = {{q, m, sh0, small}, {k, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, padded, &id), "tensor 'q'", "padded_shape[0]",
+             "smaller");
+  reshard_part_t ok2[2] = {{q, m, sh0, NULL}, {k, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(NULL, "qkv", 0, 1, 2, ok2, &id), "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 0, ok2, &id), "buffer 'qkv'", "at least one part");
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, NULL, &id), "buffer 'qkv'", "at least one part");
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 0, 2, ok2, &id), "buffer 'qkv'", "num_groups 0");
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 2, 1, 2, ok2, &id), "buffer 'qkv'", "concat_dim 2");
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", -1, 1, 2, ok2, &id), "buffer 'qkv'", "concat_dim -1");
+  reshard_part_t dup[2] = {{q, m, sh0, NULL}, {q, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, dup, &id), "buffer 'qkv'", "'q'", "appears twice");
+  reshard_part_t badt[2] = {{q, m, sh0, NULL}, {42, m, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, badt, &id), "buffer 'qkv'", "part 1", "tensor_id 42");
+  reshard_part_t badm[2] = {{q, m, sh0, NULL}, {k, 9, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, badm, &id), "tensor 'k'", "mesh_id 9");
+  reshard_part_t twomesh[2] = {{q, m, sh0, NULL}, {k, m2, sh0, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 2, 2, twomesh, &id), "buffer 'qkv'", "share one mesh");
+  /* a part error after a valid first part must not leave the first behind */
+  reshard_placement_t bad1[1] = {reshard_shard(5)};
+  reshard_part_t late[2] = {{q, m, sh0, NULL}, {k, m, bad1, NULL}};
+  EXPECT_ERR(IA, reshard_layout_add_fused(L, "qkv", 0, 1, 2, late, &id), "tensor 'k'", "dim 5");
+  assert_int_equal(id, -7);
+  assert_unchanged(L, &s);
+
+  EXPECT_OK(reshard_layout_add_fused(L, "qkv", 0, 1, 2, ok2, &id));
+  assert_int_equal(id, 0);
+  reshard_part_t grp_ok[2] = {{q, m, sh0, NULL}, {k, m, sh0, NULL}};
+  EXPECT_OK(reshard_layout_add_fused(L, "qk_grouped", 0, 2, 2, grp_ok, &id));
+  assert_int_equal(id, 1);
+  reshard_layout_destroy(L);
+}
+
+static void layout_raw_errors(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int w = add_t2(L, "w", RESHARD_FP32, 4, 4);
+  int m = add_mesh1(L, 2, 0);
+  int fused = place1(L, w, m, reshard_shard(0));
+  int id = -7;
+  snap s = take_snap(L);
+  EXPECT_ERR(IA, reshard_layout_add_buffer(NULL, "r", 0, 64, &id), "layout is NULL");
+  EXPECT_ERR(IA, reshard_layout_add_buffer(L, "r", -1, 64, &id), "buffer 'r'", "rank -1");
+  EXPECT_ERR(IA, reshard_layout_add_buffer(L, "r", 0, (size_t)INT64_MAX + 1, &id), "buffer 'r'", "too large");
+  assert_int_equal(id, -7);
+  assert_unchanged(L, &s);
+
+  int raw = -1;
+  EXPECT_OK(reshard_layout_add_buffer(L, "r", 1, 64, &raw));
+  assert_int_equal(raw, 1);
+  s = take_snap(L);
+
+  int64_t st[2] = {0, 0}, ex[2] = {2, 4};
+  reshard_fragment_t f = {w, raw, st, ex, 0, NULL};
+  EXPECT_ERR(IA, reshard_layout_add_fragment(NULL, &f), "add_fragment");
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, NULL), "add_fragment");
+  reshard_fragment_t bad = f;
+  bad.tensor_id = 9;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor_id 9");
+  bad = f;
+  bad.buffer_id = 5;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "buffer_id 5");
+  bad.buffer_id = fused; /* explicit fragments go into raw buffers only */
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "buffer_id 0", "raw buffer");
+  bad = f;
+  bad.start = NULL;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "start or extent is NULL");
+  bad = f;
+  bad.extent = NULL;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "start or extent is NULL");
+  int64_t st_out[2] = {3, 0};
+  bad = f;
+  bad.start = st_out; /* rows [3, 5) of 4 */
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 0", "outside");
+  int64_t st_neg[2] = {0, -1};
+  bad = f;
+  bad.start = st_neg;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 1", "outside");
+  int64_t ex_neg[2] = {-1, 4};
+  bad = f;
+  bad.extent = ex_neg;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 0", "outside");
+  int64_t st_ovf[2] = {0, 1}, ex_ovf[2] = {1, INT64_MAX};
+  bad = f;
+  bad.start = st_ovf;
+  bad.extent = ex_ovf;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 1", "outside");
+  bad = f;
+  bad.byte_offset = (size_t)INT64_MAX + 1;
+  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "byte_offset");
+  assert_unchanged(L, &s);
+
+  EXPECT_OK(reshard_layout_add_fragment(L, &f));
+  snap after = take_snap(L);
+  assert_int_equal(after.nraws, s.nraws + 1);
+  reshard_layout_destroy(L);
+}
+
+static void layout_query_errors(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int w = add_t2(L, "w", RESHARD_FP32, 4, 4);
+  int m = add_mesh1(L, 2, 0);
+  int b = place1(L, w, m, reshard_shard(0));
+  size_t bytes = 12345, count = 12345;
+  EXPECT_ERR(IA, reshard_layout_buffer_bytes(NULL, b, 0, &bytes), "buffer_bytes");
+  EXPECT_ERR(IA, reshard_layout_buffer_bytes(L, b, 0, NULL), "buffer_bytes");
+  EXPECT_ERR(IA, reshard_layout_buffer_bytes(L, 3, 0, &bytes), "buffer_bytes", "buffer_id 3");
+  EXPECT_ERR(IA, reshard_layout_buffer_bytes(L, -1, 0, &bytes), "buffer_bytes", "buffer_id -1");
+  EXPECT_ERR(IA, reshard_layout_buffer_bytes(L, b, -2, &bytes), "buffer_bytes", "rank -2");
+  assert_int_equal(bytes, 12345);
+  reshard_fragment_info_t info[2];
+  EXPECT_ERR(IA, reshard_layout_fragments(NULL, 0, info, 2, &count), "layout_fragments");
+  EXPECT_ERR(IA, reshard_layout_fragments(L, 0, info, 2, NULL), "layout_fragments");
+  EXPECT_ERR(IA, reshard_layout_fragments(L, 0, NULL, 2, &count), "layout_fragments");
+  EXPECT_ERR(IA, reshard_layout_fragments(L, -1, info, 2, &count), "layout_fragments", "rank -1");
+  assert_int_equal(count, 12345);
+  assert_int_equal(reshard_layout_num_buffers(NULL), 0);
+  EXPECT_OK(reshard_layout_buffer_bytes(L, b, 1, &bytes));
+  assert_int_equal(bytes, 2 * 4 * 4);
+  EXPECT_OK(reshard_layout_fragments(L, 1, NULL, 0, &count));
+  assert_int_equal(count, 1);
+  reshard_layout_destroy(L);
+}
+
+/* ------------------------------------------------------------------ */
+/* Strings, dtypes, versions                                           */
+/* ------------------------------------------------------------------ */
+
+static void strings_and_versions(void **state) {
+  (void)state;
+  const char *seen[RESHARD_NUM_RESULTS];
+  for (int r = 0; r < RESHARD_NUM_RESULTS; r++) {
+    seen[r] = reshard_result_string((reshard_result_t)r);
+    assert_non_null(seen[r]);
+    assert_true(strlen(seen[r]) > 0);
+    for (int j = 0; j < r; j++)
+      if (!strcmp(seen[j], seen[r])) fail_msg("results %d and %d share the string \"%s\"", j, r, seen[r]);
+  }
+  assert_non_null(reshard_result_string(RESHARD_NUM_RESULTS));
+  assert_non_null(reshard_result_string((reshard_result_t)-1));
+  assert_non_null(reshard_result_string((reshard_result_t)1000));
+
+  const int bad_dtypes[] = {-1, RESHARD_NUM_DTYPES, RESHARD_NUM_DTYPES + 1, 1000, INT32_MIN};
+  for (size_t i = 0; i < sizeof bad_dtypes / sizeof *bad_dtypes; i++) {
+    assert_int_equal(reshard_dtype_size((reshard_dtype_t)bad_dtypes[i]), 0);
+    assert_string_equal(reshard_dtype_name((reshard_dtype_t)bad_dtypes[i]), "invalid");
+  }
+  for (int d = 0; d < RESHARD_NUM_DTYPES; d++) {
+    assert_true(reshard_dtype_size((reshard_dtype_t)d) > 0);
+    assert_string_not_equal(reshard_dtype_name((reshard_dtype_t)d), "invalid");
+    for (int j = 0; j < d; j++)
+      assert_string_not_equal(reshard_dtype_name((reshard_dtype_t)j), reshard_dtype_name((reshard_dtype_t)d));
+  }
+  assert_int_equal(reshard_version(), RESHARD_VERSION);
+  assert_int_equal(RESHARD_VERSION,
+                   RESHARD_VERSION_CODE(RESHARD_VERSION_MAJOR, RESHARD_VERSION_MINOR, RESHARD_VERSION_PATCH));
+
+  /* the in-process world's own argument checks */
+  reshard_inproc_world_t *w = (reshard_inproc_world_t *)&w;
+  EXPECT_ERR(IA, reshard_inproc_world_create(0, &w), "nranks = 0");
+  assert_null(w);
+  EXPECT_ERR(IA, reshard_inproc_world_create(2, NULL), "world");
+  EXPECT_OK(reshard_inproc_world_create(2, &w));
+  reshard_comm_t *c = (reshard_comm_t *)&c;
+  EXPECT_ERR(IA, reshard_comm_create_inproc(w, 2, &c), "rank 2", "out of range");
+  assert_null(c);
+  EXPECT_ERR(IA, reshard_comm_create_inproc(NULL, 0, &c), "world is NULL");
+  EXPECT_ERR(IA, reshard_comm_create_inproc(w, 0, NULL), "comm");
+  EXPECT_OK(reshard_comm_create_inproc(w, 0, &c));
+  reshard_comm_t *c2 = NULL;
+  EXPECT_ERR(IU, reshard_comm_create_inproc(w, 0, &c2), "rank 0", "already held");
+  assert_null(c2);
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(NULL);
+  reshard_inproc_world_destroy(w);
+  reshard_inproc_world_destroy(NULL);
+
+  /* plan-level NULLs that need no collective */
+  reshard_plan_t *plan = (reshard_plan_t *)&plan;
+  reshard_layout_t *L = new_layout();
+  EXPECT_ERR(IA, reshard_plan_create(NULL, L, L, NULL, &plan), "comm is NULL");
+  reshard_plan_stats_t st;
+  size_t n = 0;
+  EXPECT_ERR(IA, reshard_plan_get_stats(NULL, &st), "get_stats");
+  EXPECT_ERR(IA, reshard_plan_get_peer_stats(NULL, NULL, 0, &n), "get_peer_stats");
+  EXPECT_ERR(IA, reshard_plan_dump(NULL, stderr, 0), "plan_dump");
+  EXPECT_ERR(IA, reshard_plan_execute(NULL, NULL, 0, NULL, 0, NULL), "execute", "plan is NULL");
+  reshard_plan_destroy(NULL);
+  reshard_layout_destroy(L);
+}
+
+/* ------------------------------------------------------------------ */
+/* plan_create: collective errors                                      */
+/* ------------------------------------------------------------------ */
+
+typedef struct pcase {
+  int n;
+  const reshard_layout_t *src[MAXR], *dst[MAXR];
+  reshard_options_t opts[MAXR];
+  int null_opts[MAXR], null_out[MAXR];
+  reshard_result_t code[MAXR];
+  char msg[MAXR][MSG_LEN];
+  int plan_left[MAXR]; /* *plan not NULL after a failure */
+  double secs[MAXR];
+} pcase;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int pcase_rank(int rank, reshard_comm_t *comm, void *arg) {
+  pcase *c = arg;
+  reshard_plan_t *plan = (reshard_plan_t *)&plan; /* must be reset */
+  double t0 = now_s();
+  c->code[rank] = reshard_plan_create(comm, c->src[rank], c->dst[rank], c->null_opts[rank] ? NULL : &c->opts[rank],
+                                      c->null_out[rank] ? NULL : &plan);
+  c->secs[rank] = now_s() - t0;
+  snprintf(c->msg[rank], MSG_LEN, "%s", reshard_last_error());
+  if (c->null_out[rank]) return 0;
+  c->plan_left[rank] = c->code[rank] != RESHARD_SUCCESS && plan != NULL;
+  if (c->code[rank] == RESHARD_SUCCESS) reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void pcase_init(pcase *c, int n, const reshard_layout_t *src,
+                       const reshard_layout_t *dst) {
+  memset(c, 0, sizeof *c);
+  c->n = n;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  /* a rank left waiting shows up as a TIMEOUT, not as a hung test */
+  o.timeout_ms = 20000;
+  for (int r = 0; r < n; r++) {
+    c->src[r] = src;
+    c->dst[r] = dst;
+    c->opts[r] = o;
+  }
+}
+
+static void pcase_run(pcase *c) {
+  assert_int_equal(th_run_ranks(c->n, pcase_rank, c), 0);
+  for (int r = 0; r < c->n; r++) {
+    if (c->plan_left[r]) fail_msg("rank %d: plan_create failed but left *plan non-NULL", r);
+    /* agreement failures are immediate: no rank waited for a deadline */
+    if (c->secs[r] > 10.0) fail_msg("rank %d: plan_create took %.1f s", r, c->secs[r]);
+  }
+}
+
+#define EXPECT_RANK(c, r, want, ...)                                                            \
+  do {                                                                                          \
+    char where_[64];                                                                            \
+    snprintf(where_, sizeof where_, "plan_create rank %d", (r));                                \
+    if (!check_result(__FILE__, __LINE__, where_, (c)->code[(r)], (c)->msg[(r)], (want),       \
+                      (const char *const[]){__VA_ARGS__, NULL}))                                \
+      fail();                                                                                   \
+  } while (0)
+
+#define EXPECT_ALL(c, want, ...)                                                                \
+  do {                                                                                          \
+    for (int r_all_ = 0; r_all_ < (c)->n; r_all_++) EXPECT_RANK(c, r_all_, want, __VA_ARGS__);  \
+  } while (0)
+
+/* Every rank but `except` (-1: none) learned of another rank's failure. */
+static void expect_remote(const char *file, int line, const pcase *c,
+                          int except, int except2) {
+  for (int r = 0; r < c->n; r++) {
+    if (r == except || r == except2) continue;
+    char where[64];
+    snprintf(where, sizeof where, "plan_create rank %d", r);
+    char rk[32];
+    snprintf(rk, sizeof rk, "rank %d", r);
+    if (!check_result(file, line, where, c->code[r], c->msg[r], RESHARD_ERROR_REMOTE,
+                      (const char *const[]){rk, "another rank failed", "invalid argument", NULL}))
+      fail();
+  }
+}
+#define EXPECT_REMOTE(c, except, except2) expect_remote(__FILE__, __LINE__, (c), (except), (except2))
+
+/* w[8] f32 held only as [0, 4) by rank 0; the destination splits it over
+ * ranks 1 and 2, so rank 2's whole fragment [4, 8) has no source. Rank 3
+ * takes part in nothing. */
+static void plan_coverage_hole(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int ws = add_t1(src, "w", RESHARD_FP32, 8);
+  int b0 = -1;
+  EXPECT_OK(reshard_layout_add_buffer(src, "s0", 0, 16, &b0));
+  int64_t st[1] = {0}, ex[1] = {4};
+  reshard_fragment_t f = {ws, b0, st, ex, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(src, &f));
+  int wd = add_t1(dst, "w", RESHARD_FP32, 8);
+  place1(dst, wd, add_mesh1(dst, 2, 1), reshard_shard(0));
+  pcase c;
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "tensor 'w'", "rank 2", "[4:8]", "held by no source");
+  EXPECT_REMOTE(&c, 2, -1);
+
+  /* A 2-D hole inside one destination fragment: columns [4, 6) of rank
+   * 1's full copy. Rank 0's source overlaps that fragment, so rank 0 runs
+   * the same assignment and finds the same hole (naming rank 1). */
+  reshard_layout_t *src2 = new_layout(), *dst2 = new_layout();
+  int w2 = add_t2(src2, "w2", RESHARD_FP32, 4, 6);
+  EXPECT_OK(reshard_layout_add_buffer(src2, "s0", 0, 64, &b0));
+  int64_t st2[2] = {0, 0}, ex2[2] = {4, 4};
+  reshard_fragment_t f2 = {w2, b0, st2, ex2, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(src2, &f2));
+  int wd2 = add_t2(dst2, "w2", RESHARD_FP32, 4, 6);
+  place1(dst2, wd2, add_mesh1(dst2, 1, 1), reshard_replicate());
+  pcase_init(&c, 4, src2, dst2);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 1, IA, "tensor 'w2'", "rank 1", "[0:4, 4:6]", "held by no source");
+  EXPECT_RANK(&c, 0, IA, "tensor 'w2'", "rank 1", "[0:4, 4:6]", "held by no source");
+  EXPECT_REMOTE(&c, 0, 1);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(src2);
+  reshard_layout_destroy(dst2);
+}
+
+/* Source: w[8] f32 whole on rank 0. */
+static reshard_layout_t *src_whole_on_rank0(const char *name, int64_t n) {
+  reshard_layout_t *src = new_layout();
+  int w = add_t1(src, name, RESHARD_FP32, n);
+  place1(src, w, add_mesh1(src, 1, 0), reshard_replicate());
+  return src;
+}
+
+static void plan_raw_overlap_and_outside(void **state) {
+  (void)state;
+  reshard_layout_t *src = src_whole_on_rank0("w", 8);
+  int64_t lo[1] = {0}, hi[1] = {4}, four[1] = {4};
+  pcase c;
+
+  /* two fragments whose bytes [0,16) and [8,24) overlap in rank 2's buffer */
+  reshard_layout_t *dst = new_layout();
+  int w = add_t1(dst, "w", RESHARD_FP32, 8);
+  int b = -1;
+  EXPECT_OK(reshard_layout_add_buffer(dst, "d2", 2, 64, &b));
+  reshard_fragment_t fa = {w, b, lo, four, 0, NULL}, fb = {w, b, hi, four, 8, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fa));
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fb));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "rank 2", "destination", "overlap", "buffer 'd2'", "'w'");
+  EXPECT_REMOTE(&c, 2, -1);
+  reshard_layout_destroy(dst);
+
+  /* overlap through strides: [0,4) at stride 2 and [4,8) dense at byte 4
+   * interleave inside one byte range; they do collide at byte 8 */
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(dst, "d2s", 2, 64, &b));
+  int64_t two[1] = {2};
+  reshard_fragment_t fs = {w, b, lo, four, 0, two}, fd = {w, b, hi, four, 4, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fs));
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fd));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "rank 2", "overlap", "buffer 'd2s'");
+  EXPECT_REMOTE(&c, 2, -1);
+  reshard_layout_destroy(dst);
+
+  /* a dense fragment of 32 bytes in a 16-byte buffer */
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(dst, "small", 2, 16, &b));
+  int64_t eight[1] = {8};
+  reshard_fragment_t fbig = {w, b, lo, eight, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fbig));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "tensor 'w'", "rank 2", "destination fragment 0", "outside buffer 'small'", "16 bytes");
+  EXPECT_REMOTE(&c, 2, -1);
+  reshard_layout_destroy(dst);
+
+  /* in range only without its byte_offset / strides */
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(dst, "off", 3, 32, &b));
+  reshard_fragment_t foff = {w, b, lo, eight, 4, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &foff));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 3, IA, "tensor 'w'", "rank 3", "outside buffer 'off'", "32 bytes");
+  EXPECT_REMOTE(&c, 3, -1);
+  reshard_layout_destroy(dst);
+
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(dst, "strided", 1, 32, &b));
+  int64_t s4[1] = {4};
+  reshard_fragment_t fstr = {w, b, lo, eight, 0, s4}; /* reaches byte 7*16+4 */
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fstr));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 1, IA, "tensor 'w'", "rank 1", "outside buffer 'strided'");
+  EXPECT_REMOTE(&c, 1, -1);
+  reshard_layout_destroy(dst);
+
+  /* the same on the source side: rank 0's raw buffer is too small */
+  reshard_layout_t *src2 = new_layout();
+  w = add_t1(src2, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(src2, "s0", 0, 31, &b));
+  reshard_fragment_t fsrc = {w, b, lo, eight, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(src2, &fsrc));
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  place1(dst, w, add_mesh1(dst, 2, 2), reshard_shard(0));
+  pcase_init(&c, 4, src2, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 0, IA, "tensor 'w'", "rank 0", "source fragment", "outside buffer 's0'", "31 bytes");
+  EXPECT_REMOTE(&c, 0, -1);
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(src2);
+  reshard_layout_destroy(src);
+}
+
+static void plan_tensor_disagreements(void **state) {
+  (void)state;
+  pcase c;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int m = add_mesh1(src, 2, 0), md = add_mesh1(dst, 2, 2);
+  place1(src, add_t2(src, "w", RESHARD_FP32, 8, 4), m, reshard_shard(0));
+  place1(dst, add_t2(dst, "w", RESHARD_BF16, 8, 4), md, reshard_shard(1));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'w'", "dtype", "f32", "bf16");
+  reshard_layout_destroy(dst);
+
+  dst = new_layout();
+  md = add_mesh1(dst, 2, 2);
+  place1(dst, add_t2(dst, "w", RESHARD_FP32, 8, 5), md, reshard_shard(1));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'w'", "shape [8, 4] on the source side", "[8, 5] on the destination side");
+  reshard_layout_destroy(dst);
+
+  dst = new_layout();
+  md = add_mesh1(dst, 2, 2);
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 32), md, reshard_shard(0));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'w'", "shape [8, 4] on the source side", "[32] on the destination side");
+  reshard_layout_destroy(dst);
+
+  /* a tensor on the destination side only */
+  dst = new_layout();
+  md = add_mesh1(dst, 2, 2);
+  place1(dst, add_t2(dst, "w", RESHARD_FP32, 8, 4), md, reshard_shard(1));
+  place1(dst, add_t1(dst, "only_dst", RESHARD_FP32, 4), md, reshard_replicate());
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'only_dst'", "not in the source");
+  /* and on the source side only (the same layouts, swapped) */
+  pcase_init(&c, 4, dst, src);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'only_dst'", "not in the destination");
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(src);
+}
+
+static void plan_ranks_outside_comm(void **state) {
+  (void)state;
+  pcase c;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 4, 0), reshard_shard(0));
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 4, 2), reshard_shard(0));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "destination layout", "rank 5", "4 ranks");
+  /* in a world large enough the same layouts are fine */
+  pcase_init(&c, 6, src, dst);
+  pcase_run(&c);
+  for (int r = 0; r < 6; r++) assert_int_equal(c.code[r], RESHARD_SUCCESS);
+  reshard_layout_destroy(src);
+
+  /* a raw source buffer on rank 4 of a 4-rank world */
+  src = new_layout();
+  int w = add_t1(src, "w", RESHARD_FP32, 8), b = -1;
+  EXPECT_OK(reshard_layout_add_buffer(src, "far", 4, 32, &b));
+  int64_t st[1] = {0}, ex[1] = {8};
+  reshard_fragment_t f = {w, b, st, ex, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(src, &f));
+  reshard_layout_destroy(dst);
+  dst = new_layout();
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 2, 0), reshard_shard(0));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "source layout", "rank 4", "4 ranks");
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+static void plan_bad_options_and_pointers(void **state) {
+  (void)state;
+  pcase c;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 2, 0), reshard_shard(0));
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 2, 2), reshard_shard(0));
+
+  const uint32_t sizes[] = {0, (uint32_t)sizeof(reshard_options_t) - 8, (uint32_t)sizeof(reshard_options_t) + 8};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    pcase_init(&c, 4, src, dst);
+    for (int r = 0; r < 4; r++) c.opts[r].struct_size = sizes[i];
+    pcase_run(&c);
+    EXPECT_ALL(&c, IA, "options", "struct_size");
+  }
+  const uint32_t versions[] = {0, RESHARD_OPTIONS_VERSION + 1};
+  for (size_t i = 0; i < sizeof versions / sizeof *versions; i++) {
+    pcase_init(&c, 4, src, dst);
+    for (int r = 0; r < 4; r++) c.opts[r].version = versions[i];
+    pcase_run(&c);
+    EXPECT_ALL(&c, IA, "options", "version");
+  }
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) c.opts[r].staging_bytes = 100;
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "options", "staging_bytes 100");
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) c.opts[r].staging_bytes = 0;
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "options", "staging_bytes 0");
+
+  /* one rank alone with a bad version: it says why, the others REMOTE */
+  pcase_init(&c, 4, src, dst);
+  c.opts[3].version = 99;
+  pcase_run(&c);
+  EXPECT_RANK(&c, 3, IA, "options", "version 99");
+  EXPECT_REMOTE(&c, 3, -1);
+
+  /* NULL layouts / output on every rank */
+  pcase_init(&c, 4, NULL, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "src is NULL");
+  pcase_init(&c, 4, src, NULL);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "dst is NULL");
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) c.null_out[r] = 1;
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "plan is NULL");
+  /* NULL output on one rank only */
+  pcase_init(&c, 4, src, dst);
+  c.null_out[1] = 1;
+  pcase_run(&c);
+  EXPECT_RANK(&c, 1, IA, "plan is NULL");
+  EXPECT_REMOTE(&c, 1, -1);
+  /* NULL options mean the defaults, on every rank */
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) c.null_opts[r] = 1;
+  pcase_run(&c);
+  for (int r = 0; r < 4; r++) assert_int_equal(c.code[r], RESHARD_SUCCESS);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+static void plan_rank_disagreement(void **state) {
+  (void)state;
+  pcase c;
+  reshard_layout_t *src = new_layout(), *dst = new_layout(), *other = new_layout();
+  place1(src, add_t2(src, "w", RESHARD_FP32, 8, 4), add_mesh1(src, 2, 0), reshard_shard(0));
+  place1(dst, add_t2(dst, "w", RESHARD_FP32, 8, 4), add_mesh1(dst, 2, 2), reshard_shard(1));
+  /* valid on its own: another placement of the same tensor */
+  place1(other, add_t2(other, "w", RESHARD_FP32, 8, 4), add_mesh1(other, 2, 0), reshard_shard(1));
+  pcase_init(&c, 4, src, dst);
+  c.src[2] = other;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  /* a source rank disagreeing */
+  pcase_init(&c, 4, src, dst);
+  c.src[0] = other;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  /* the destination description differs on one rank */
+  pcase_init(&c, 4, src, dst);
+  c.dst[3] = other;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  /* options that enter the digest */
+  pcase_init(&c, 4, src, dst);
+  c.opts[1].staging_bytes = (size_t)1 << 20;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options");
+  pcase_init(&c, 4, src, dst);
+  c.opts[0].chunk_bytes = 4096;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options");
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(other);
+}
+
+/* split_sizes {3, 4} for a dim of 8: caught where the pieces are computed,
+ * on the holders (validation) and on the receivers (holder search). */
+static void plan_split_sizes_sum(void **state) {
+  (void)state;
+  pcase c;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int64_t sizes[2] = {3, 4};
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 2, 0), reshard_shard_sizes(0, sizes));
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 2, 2), reshard_replicate());
+  pcase_init(&c, 5, src, dst);
+  pcase_run(&c);
+  for (int r = 0; r < 4; r++) {
+    EXPECT_RANK(&c, r, IA, "tensor 'w'", "split_sizes", "mesh axis 0", "extent 8");
+    /* a rank that is not there is no help to whoever reads the message */
+    if (strstr(c.msg[r], "rank -")) fail_msg("rank %d names a negative rank: \"%s\"", r, c.msg[r]);
+  }
+  EXPECT_RANK(&c, 0, IA, "rank 0");
+  EXPECT_RANK(&c, 1, IA, "rank 1");
+  EXPECT_RANK(&c, 4, RESHARD_ERROR_REMOTE, "rank 4", "another rank failed", "invalid argument");
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* ------------------------------------------------------------------ */
+/* execute                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Two tensors, rows over ranks 0..3 on the source side, columns over the
+ * same ranks on the destination side: every rank sends to and receives
+ * from every other one, and copies its own diagonal block locally. */
+static void exec_layouts(reshard_layout_t **src, reshard_layout_t **dst) {
+  *src = new_layout();
+  *dst = new_layout();
+  int ms = add_mesh1(*src, 4, 0), md = add_mesh1(*dst, 4, 0);
+  const char *names[2] = {"a", "b"};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(place1(*src, add_t2(*src, names[i], RESHARD_FP32, 8, 4), ms, reshard_shard(0)), i);
+    assert_int_equal(place1(*dst, add_t2(*dst, names[i], RESHARD_FP32, 8, 4), md, reshard_shard(1)), i);
+  }
+}
+
+typedef struct xcase {
+  const reshard_layout_t *src, *dst;
+  int64_t timeout_ms;
+  int bad_rank; /* passes NULL for its destination buffer 1 */
+  int retry;    /* then every rank runs a valid step 1 */
+  pthread_barrier_t barrier;
+  reshard_result_t code[MAXR], retry_code[MAXR];
+  char msg[MAXR][MSG_LEN];
+  double secs[MAXR];
+  int64_t problems[MAXR];
+  int64_t dst_written[MAXR]; /* destination bytes the failed call changed */
+  int64_t retry_bad[MAXR];
+} xcase;
+
+#define TCHECK(x, rank, cond, ...)                                  \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      fprintf(stderr, "%s:%d: rank %d: ", __FILE__, __LINE__, rank); \
+      fprintf(stderr, __VA_ARGS__);                                 \
+      fprintf(stderr, "\n");                                        \
+      (x)->problems[rank]++;                                        \
+    }                                                               \
+  } while (0)
+
+static int64_t bytes_not_sentinel(const th_side *s) {
+  int64_t n = 0;
+  for (int b = 0; b < s->nbuf; b++)
+    for (size_t i = 0; i < s->bytes[b]; i++) n += s->ptr[b] && s->ptr[b][i] != TH_SENTINEL;
+  return n;
+}
+
+static int sides_equal(const th_side *a, const th_side *b) {
+  for (int i = 0; i < a->nbuf; i++)
+    if (a->bytes[i] != b->bytes[i] || (a->bytes[i] && memcmp(a->ptr[i], b->ptr[i], a->bytes[i]))) return 0;
+  return 1;
+}
+
+static int has(const char *msg, const char *sub) { return strstr(msg, sub) != NULL; }
+
+static reshard_plan_t *xcase_plan(xcase *x, int rank, reshard_comm_t *comm) {
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = x->timeout_ms;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
+  TCHECK(x, rank, r == RESHARD_SUCCESS, "plan_create: %s", reshard_last_error());
+  return plan;
+}
+
+/* Bad execute arguments passed by every rank alike: each call fails before
+ * any message moves, so the ranks stay in step and a valid call works. */
+static int exec_bad_args_rank(int rank, reshard_comm_t *comm, void *arg) {
+  xcase *x = arg;
+  reshard_plan_t *plan = xcase_plan(x, rank, comm);
+  if (!plan) return 1;
+  th_side s, ref, d;
+  TCHECK(x, rank, !th_side_alloc(&s, x->src, rank, 0) && !th_side_alloc(&ref, x->src, rank, 0) &&
+                      !th_side_alloc(&d, x->dst, rank, -1),
+         "th_side_alloc");
+  void *sp[3] = {s.ptr[0], s.ptr[1], NULL}, *dp[3] = {d.ptr[0], d.ptr[1], NULL};
+  char rk[32];
+  snprintf(rk, sizeof rk, "rank %d", rank);
+  struct {
+    void *const *src;
+    size_t ns;
+    void *const *dst;
+    size_t nd;
+    void *stream;
+    reshard_result_t want;
+    const char *sub[3];
+  } bad[] = {
+      {sp, 2, dp, 2, &d, IA, {"stream", "inproc", NULL}},
+      {sp, 3, dp, 2, NULL, IU, {"source buffers", "3 given", "has 2"}},
+      {sp, 1, dp, 2, NULL, IU, {"source buffers", "1 given", "has 2"}},
+      {sp, 2, dp, 1, NULL, IU, {"destination buffers", "1 given", "has 2"}},
+      {sp, 2, dp, 0, NULL, IU, {"destination buffers", "0 given", "has 2"}},
+      {NULL, 2, dp, 2, NULL, IU, {"source buffers", "NULL", "has 2"}},
+      {sp, 2, NULL, 2, NULL, IU, {"destination buffers", "NULL", "has 2"}},
+      {(void *const[]){s.ptr[0], NULL}, 2, dp, 2, NULL, IA, {"source buffer 1 'b'", "is NULL", NULL}},
+      {(void *const[]){NULL, s.ptr[1]}, 2, dp, 2, NULL, IA, {"source buffer 0 'a'", "is NULL", NULL}},
+      {sp, 2, (void *const[]){d.ptr[0], NULL}, 2, NULL, IA, {"destination buffer 1 'b'", "is NULL", NULL}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    reshard_result_t r = reshard_plan_execute(plan, bad[i].src, bad[i].ns, bad[i].dst, bad[i].nd, bad[i].stream);
+    const char *m = reshard_last_error();
+    TCHECK(x, rank, r == bad[i].want, "bad call %zu returned %d, expected %d (%s)", i, (int)r, (int)bad[i].want, m);
+    TCHECK(x, rank, has(m, rk), "bad call %zu: message does not name %s: \"%s\"", i, rk, m);
+    for (int k = 0; k < 3 && bad[i].sub[k]; k++)
+      TCHECK(x, rank, has(m, bad[i].sub[k]), "bad call %zu: \"%s\" not in \"%s\"", i, bad[i].sub[k], m);
+    TCHECK(x, rank, bytes_not_sentinel(&d) == 0, "bad call %zu wrote destination bytes", i);
+    TCHECK(x, rank, sides_equal(&s, &ref), "bad call %zu changed source bytes", i);
+  }
+  /* the plan is intact: two valid steps deliver exactly their data */
+  for (int step = 0; step < 2; step++) {
+    if (step) {
+      th_side_free(&s);
+      TCHECK(x, rank, !th_side_alloc(&s, x->src, rank, step), "th_side_alloc");
+    }
+    reshard_result_t r = reshard_plan_execute(plan, (void *const *)s.ptr, 2, (void *const *)d.ptr, 2, NULL);
+    TCHECK(x, rank, r == RESHARD_SUCCESS, "valid execute step %d: %s", step, reshard_last_error());
+    TCHECK(x, rank, th_side_check(&d, x->dst, rank, (uint64_t)step, "bad_args") == 0, "step %d data wrong", step);
+  }
+  th_side_free(&s);
+  th_side_free(&ref);
+  th_side_free(&d);
+  reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void exec_bad_args(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  exec_layouts(&src, &dst);
+  xcase x;
+  memset(&x, 0, sizeof x);
+  x.src = src;
+  x.dst = dst;
+  x.timeout_ms = 20000;
+  assert_int_equal(th_run_ranks(4, exec_bad_args_rank, &x), 0);
+  for (int r = 0; r < 4; r++) assert_int_equal(x.problems[r], 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* One rank passes NULL for a destination buffer it holds; the others run
+ * normally and must give up at their deadline instead of hanging. */
+static int exec_one_null_rank(int rank, reshard_comm_t *comm, void *arg) {
+  xcase *x = arg;
+  reshard_plan_t *plan = xcase_plan(x, rank, comm);
+  if (!plan) {
+    if (x->retry) pthread_barrier_wait(&x->barrier);
+    return 1;
+  }
+  th_side s, ref, d;
+  TCHECK(x, rank, !th_side_alloc(&s, x->src, rank, 0) && !th_side_alloc(&ref, x->src, rank, 0) &&
+                      !th_side_alloc(&d, x->dst, rank, -1),
+         "th_side_alloc");
+  void *dp[2] = {d.ptr[0], rank == x->bad_rank ? NULL : d.ptr[1]};
+  double t0 = now_s();
+  x->code[rank] = reshard_plan_execute(plan, (void *const *)s.ptr, 2, dp, 2, NULL);
+  x->secs[rank] = now_s() - t0;
+  snprintf(x->msg[rank], MSG_LEN, "%s", reshard_last_error());
+  x->dst_written[rank] = bytes_not_sentinel(&d);
+  TCHECK(x, rank, sides_equal(&s, &ref), "the failed execute changed source bytes");
+  if (x->retry) {
+    /* everyone has seen the failure before anyone retries */
+    pthread_barrier_wait(&x->barrier);
+    th_side_free(&s);
+    TCHECK(x, rank, !th_side_alloc(&s, x->src, rank, 1), "th_side_alloc");
+    x->retry_code[rank] = reshard_plan_execute(plan, (void *const *)s.ptr, 2, (void *const *)d.ptr, 2, NULL);
+    if (x->retry_code[rank] != RESHARD_SUCCESS)
+      fprintf(stderr, "rank %d: retry: %s: %s\n", rank, reshard_result_string(x->retry_code[rank]),
+              reshard_last_error());
+    else
+      x->retry_bad[rank] = th_side_check(&d, x->dst, rank, 1, "retry");
+  }
+  th_side_free(&s);
+  th_side_free(&ref);
+  th_side_free(&d);
+  reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void run_one_null(xcase *x, int retry) {
+  reshard_layout_t *src, *dst;
+  exec_layouts(&src, &dst);
+  memset(x, 0, sizeof *x);
+  x->src = src;
+  x->dst = dst;
+  x->timeout_ms = 2000;
+  x->bad_rank = 1;
+  x->retry = retry;
+  if (retry) assert_int_equal(pthread_barrier_init(&x->barrier, NULL, 4), 0);
+  assert_int_equal(th_run_ranks(4, exec_one_null_rank, x), 0);
+  if (retry) pthread_barrier_destroy(&x->barrier);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  for (int r = 0; r < 4; r++) assert_int_equal(x->problems[r], 0);
+
+  /* the failing rank: at once, naming the buffer, nothing written */
+  EXPECT_RANK(x, 1, IA, "rank 1", "destination buffer 1 'b'", "is NULL");
+  if (x->secs[1] > 1.0) fail_msg("rank 1 took %.2f s to reject its arguments", x->secs[1]);
+  assert_int_equal(x->dst_written[1], 0);
+  /* the others wait for rank 1's messages until their deadline */
+  for (int r = 0; r < 4; r++) {
+    if (r == 1) continue;
+    char rk[32];
+    snprintf(rk, sizeof rk, "execute rank %d", r);
+    EXPECT_RANK(x, r, RESHARD_ERROR_TIMEOUT, rk, "receive from rank 1", "timed out");
+    if (x->secs[r] < 1.9 || x->secs[r] > 15.0)
+      fail_msg("rank %d gave up after %.2f s with timeout_ms = 2000", r, x->secs[r]);
+  }
+}
+
+static void exec_null_buffer_one_rank(void **state) {
+  (void)state;
+  xcase x;
+  run_one_null(&x, 0);
+}
+
+/* After such a failure every rank retries the step with valid buffers: the
+ * retry must deliver the new step's data, not messages left over from the
+ * failed call. */
+static void exec_retry_after_failed_execute(void **state) {
+  (void)state;
+  xcase x;
+  run_one_null(&x, 1);
+  for (int r = 0; r < 4; r++) {
+    if (x.retry_code[r] != RESHARD_SUCCESS) fail_msg("rank %d: retry returned %d", r, (int)x.retry_code[r]);
+    if (x.retry_bad[r]) fail_msg("rank %d: retry left %lld wrong destination elements", r, (long long)x.retry_bad[r]);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(layout_tensor_errors),
+      cmocka_unit_test(layout_mesh_errors),
+      cmocka_unit_test(layout_place_errors),
+      cmocka_unit_test(layout_fused_errors),
+      cmocka_unit_test(layout_raw_errors),
+      cmocka_unit_test(layout_query_errors),
+      cmocka_unit_test(strings_and_versions),
+      cmocka_unit_test(plan_coverage_hole),
+      cmocka_unit_test(plan_raw_overlap_and_outside),
+      cmocka_unit_test(plan_tensor_disagreements),
+      cmocka_unit_test(plan_ranks_outside_comm),
+      cmocka_unit_test(plan_bad_options_and_pointers),
+      cmocka_unit_test(plan_rank_disagreement),
+      cmocka_unit_test(plan_split_sizes_sum),
+      cmocka_unit_test(exec_bad_args),
+      cmocka_unit_test(exec_null_buffer_one_rank),
+      cmocka_unit_test(exec_retry_after_failed_execute),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
