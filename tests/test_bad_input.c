@@ -677,6 +677,20 @@ static void plan_raw_overlap_and_outside(void **state) {
   EXPECT_REMOTE(&c, 2, -1);
   reshard_layout_destroy(dst);
 
+  /* a fragment overlapping itself: stride 0 puts all 4 elements at byte 0 */
+  dst = new_layout();
+  w = add_t1(dst, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_add_buffer(dst, "self", 2, 64, &b));
+  int64_t zero[1] = {0};
+  reshard_fragment_t fself = {w, b, lo, four, 0, zero}, frest = {w, b, hi, four, 16, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fself));
+  EXPECT_OK(reshard_layout_add_fragment(dst, &frest));
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "tensor 'w'", "rank 2", "overlaps itself", "buffer 'self'");
+  EXPECT_REMOTE(&c, 2, -1);
+  reshard_layout_destroy(dst);
+
   /* a dense fragment of 32 bytes in a 16-byte buffer */
   dst = new_layout();
   w = add_t1(dst, "w", RESHARD_FP32, 8);

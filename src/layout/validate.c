@@ -34,6 +34,33 @@ static int footprint_of(const rs_frag *f, size_t es, footprint *fp) {
   return 0;
 }
 
+/* Distinct elements at distinct addresses: with dims sorted by |stride|,
+ * each stride must exceed the reach of all smaller ones (mixed radix).
+ * Sufficient, not necessary; exotic interleavings are rejected. */
+static int self_overlaps(const rs_frag *f) {
+  int64_t s[RESHARD_MAX_DIMS], e[RESHARD_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d < f->ndim; d++)
+    if (f->extent[d] > 1) {
+      int64_t a = f->strides[d] < 0 ? -f->strides[d] : f->strides[d];
+      int k = n++;
+      while (k > 0 && s[k - 1] > a) {
+        s[k] = s[k - 1];
+        e[k] = e[k - 1];
+        k--;
+      }
+      s[k] = a;
+      e[k] = f->extent[d];
+    }
+  int64_t reach = 0; /* largest offset reachable with the smaller dims */
+  for (int i = 0; i < n; i++) {
+    if (s[i] <= reach) return 1;
+    int64_t add;
+    if (rs_mul_overflow_i64(s[i], e[i] - 1, &add) || rs_add_overflow_i64(reach, add, &reach)) return 1;
+  }
+  return 0;
+}
+
 static int cmp_footprint(const void *a, const void *b) {
   const footprint *x = a, *y = b;
   return (x->lo > y->lo) - (x->lo < y->lo);
@@ -118,6 +145,12 @@ static reshard_result_t validate_raw(const reshard_layout_t *L,
     const rs_frag *f = &frags.v[i];
     const rs_tensor *t = &L->tensors[f->tensor];
     size_t es = reshard_dtype_size(t->dtype);
+    if (self_overlaps(f)) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                   "tensor '%s' rank %d: %s fragment %lld in buffer '%s' overlaps itself (strides put two elements at one address)",
+                   t->name, f->rank, side, (long long)f->pos, buf->name);
+      goto done;
+    }
     if (footprint_of(f, es, &fps[i]) || fps[i].lo < 0 || (uint64_t)fps[i].hi > buf->raw_bytes) {
       r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                    "tensor '%s' rank %d: %s fragment %lld lies outside buffer '%s' of %zu bytes (byte_offset/strides)",
