@@ -9,33 +9,27 @@
 #include <stdint.h>
 
 #include "reshard.h"
+#include "verify.h"
 
-/* The expected bytes of element `linear` (row-major global index) of the
- * tensor called `name`, for a given step: independent of any layout. */
-void th_expected(const char *name, uint64_t step, int64_t linear,
-                 size_t esize, unsigned char *out);
+/* Seeded values and byte-exact checks live in bench/verify.h (shared with
+ * the tools and examples); the th_ names are the tests' spelling of them. */
+typedef vf_side th_side;
+#define TH_SENTINEL VF_SENTINEL
 
-/* One rank's buffers for one side of a layout. */
-typedef struct th_side {
-  int nbuf;
-  unsigned char **ptr;   /* NULL where the rank holds nothing */
-  size_t *bytes;
-  unsigned char **mask;  /* 1 where a fragment element lives */
-} th_side;
-
-#define TH_SENTINEL 0xA5
-
-/* Allocates this rank's buffers (sentinel-filled) and masks; when
- * fill_step >= 0 writes the expected values of that step into every
- * fragment (source side). */
-int th_side_alloc(th_side *s, const reshard_layout_t *L, int rank,
-                  int64_t fill_step);
-void th_side_free(th_side *s);
-
-/* Counts wrong destination elements (against step) and modified bytes
- * outside fragments. Prints the first few problems with the tensor name. */
-int64_t th_side_check(const th_side *s, const reshard_layout_t *L, int rank,
-                      uint64_t step, const char *label);
+static inline void th_expected(const char *name, uint64_t step, int64_t linear,
+                               size_t esize, unsigned char *out) {
+  vf_expected(name, step, linear, esize, out);
+}
+static inline int th_side_alloc(th_side *s, const reshard_layout_t *L,
+                                int rank, int64_t fill_step) {
+  return vf_side_alloc(s, L, rank, fill_step);
+}
+static inline void th_side_free(th_side *s) { vf_side_free(s); }
+static inline int64_t th_side_check(const th_side *s,
+                                    const reshard_layout_t *L, int rank,
+                                    uint64_t step, const char *label) {
+  return vf_side_check(s, L, rank, step, label);
+}
 
 /* Runs fn(rank, comm, arg) on nranks threads of a fresh in-process world;
  * returns the number of ranks whose fn returned non-zero. */

@@ -1,0 +1,194 @@
+#include "verify.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+  return h;
+}
+
+/* Seed of one tensor at one step; elements then cost one multiply-xorshift
+ * each, so that verifying gigabytes stays cheap next to moving them. */
+static uint64_t tensor_seed(const char *name, uint64_t step) {
+  return mix(name_hash(name) ^ mix(step + 0x9e37));
+}
+
+static inline uint64_t elem_bits(uint64_t seed, uint64_t linear) {
+  uint64_t v = (linear + seed) * 0x9E3779B97F4A7C15ULL;
+  return v ^ (v >> 29);
+}
+
+static inline void elem_bytes(uint64_t seed, int64_t linear, size_t esize,
+                              unsigned char *out) {
+  uint64_t v = elem_bits(seed, (uint64_t)linear);
+  for (size_t i = 0; i < esize; i++) {
+    if (i && i % 8 == 0) v = mix(v);
+    out[i] = (unsigned char)(v >> (8 * (i % 8)));
+  }
+  /* a one-byte value equal to the sentinel would hide a missed write */
+  if (esize == 1 && out[0] == VF_SENTINEL) out[0] ^= 0x5a;
+}
+
+void vf_expected(const char *name, uint64_t step, int64_t linear,
+                 size_t esize, unsigned char *out) {
+  elem_bytes(tensor_seed(name, step), linear, esize, out);
+}
+
+/* Fixed-size compares and fills inline; a libc call per element would
+ * dominate the verification of a whole model. */
+static inline int bytes_differ(const unsigned char *a, const unsigned char *b,
+                               size_t n) {
+  switch (n) {
+    case 1: return a[0] != b[0];
+    case 2: { uint16_t x, y; memcpy(&x, a, 2); memcpy(&y, b, 2); return x != y; }
+    case 4: { uint32_t x, y; memcpy(&x, a, 4); memcpy(&y, b, 4); return x != y; }
+    case 8: { uint64_t x, y; memcpy(&x, a, 8); memcpy(&y, b, 8); return x != y; }
+    default: return memcmp(a, b, n) != 0;
+  }
+}
+
+enum { VISIT_FILL, VISIT_MASK, VISIT_CHECK };
+
+typedef struct elem_ctx {
+  const char *name;
+  uint64_t seed;
+  size_t es;
+  unsigned char *buf, *mask;
+  int64_t bad;
+  const char *label;
+  int rank;
+} elem_ctx;
+
+/* Visits every element of a fragment, one innermost row at a time: the
+ * global linear index advances by one and the buffer position by the
+ * innermost stride. */
+static void for_each_row(const reshard_fragment_info_t *f,
+                         const int64_t *shape, int what, elem_ctx *x) {
+  int nd = f->ndim;
+  int64_t idx[RESHARD_MAX_DIMS] = {0};
+  for (int d = 0; d < nd; d++)
+    if (f->extent[d] == 0) return;
+  const int64_t es = (int64_t)x->es;
+  const int64_t n = nd ? f->extent[nd - 1] : 1;
+  const int64_t step = nd ? f->strides[nd - 1] * es : 0;
+  for (;;) {
+    int64_t lin = 0, off = (int64_t)f->byte_offset;
+    for (int d = 0; d < nd; d++) {
+      lin = lin * shape[d] + f->start[d] + idx[d];
+      off += idx[d] * f->strides[d] * es;
+    }
+    for (int64_t i = 0; i < n; i++, lin++, off += step) {
+      unsigned char *at = what == VISIT_MASK ? x->mask + off : x->buf + off;
+      if (what == VISIT_MASK) {
+        for (size_t k = 0; k < x->es; k++) at[k] = 1;
+      } else if (what == VISIT_FILL) {
+        elem_bytes(x->seed, lin, x->es, at);
+      } else {
+        unsigned char want[16];
+        elem_bytes(x->seed, lin, x->es, want);
+        if (bytes_differ(want, at, x->es)) {
+          if (x->bad < 5)
+            fprintf(stderr, "%s: rank %d tensor '%s' element %lld (buffer byte %lld) wrong\n", x->label, x->rank, x->name,
+                    (long long)lin, (long long)off);
+          x->bad++;
+        }
+      }
+    }
+    int d = nd - 2;
+    while (d >= 0 && ++idx[d] == f->extent[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+static void visit(const reshard_layout_t *L, const reshard_fragment_info_t *f,
+                  int what, uint64_t step, elem_ctx *c) {
+  reshard_dtype_t dt;
+  int64_t shape[RESHARD_MAX_DIMS];
+  reshard_layout_tensor_info(L, f->tensor_id, &c->name, &dt, NULL, shape);
+  c->es = reshard_dtype_size(dt);
+  c->seed = tensor_seed(c->name, step);
+  for_each_row(f, shape, what, c);
+}
+
+int vf_side_alloc(vf_side *s, const reshard_layout_t *L, int rank,
+                  int64_t fill_step) {
+  memset(s, 0, sizeof *s);
+  s->nbuf = reshard_layout_num_buffers(L);
+  s->ptr = calloc((size_t)s->nbuf + 1, sizeof *s->ptr);
+  s->mask = calloc((size_t)s->nbuf + 1, sizeof *s->mask);
+  s->bytes = calloc((size_t)s->nbuf + 1, sizeof *s->bytes);
+  if (!s->ptr || !s->mask || !s->bytes) return -1;
+  for (int b = 0; b < s->nbuf; b++) {
+    if (reshard_layout_buffer_bytes(L, b, rank, &s->bytes[b])) return -1;
+    if (!s->bytes[b]) continue;
+    s->ptr[b] = malloc(s->bytes[b]);
+    s->mask[b] = calloc(s->bytes[b], 1);
+    if (!s->ptr[b] || !s->mask[b]) return -1;
+    memset(s->ptr[b], VF_SENTINEL, s->bytes[b]);
+  }
+  size_t n = 0;
+  if (reshard_layout_fragments(L, rank, NULL, 0, &n)) return -1;
+  s->frags = calloc(n + 1, sizeof *s->frags);
+  if (!s->frags || reshard_layout_fragments(L, rank, s->frags, n, &s->nfrags)) return -1;
+  for (size_t i = 0; i < s->nfrags; i++) {
+    elem_ctx c = {0};
+    c.mask = s->mask[s->frags[i].buffer_id];
+    c.rank = rank;
+    visit(L, &s->frags[i], VISIT_MASK, 0, &c);
+  }
+  if (fill_step >= 0) vf_side_fill(s, L, (uint64_t)fill_step);
+  return 0;
+}
+
+void vf_side_fill(vf_side *s, const reshard_layout_t *L, uint64_t step) {
+  for (size_t i = 0; i < s->nfrags; i++) {
+    elem_ctx c = {0};
+    c.buf = s->ptr[s->frags[i].buffer_id];
+    visit(L, &s->frags[i], VISIT_FILL, step, &c);
+  }
+}
+
+int64_t vf_side_check(const vf_side *s, const reshard_layout_t *L, int rank,
+                      uint64_t step, const char *label) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < s->nfrags; i++) {
+    elem_ctx c = {0};
+    c.buf = s->ptr[s->frags[i].buffer_id];
+    c.label = label;
+    c.rank = rank;
+    c.bad = bad;
+    visit(L, &s->frags[i], VISIT_CHECK, step, &c);
+    bad = c.bad;
+  }
+  for (int b = 0; b < s->nbuf; b++)
+    for (size_t k = 0; k < s->bytes[b]; k++)
+      if (!s->mask[b][k] && s->ptr[b][k] != VF_SENTINEL) {
+        if (bad < 5) fprintf(stderr, "%s: rank %d buffer %d byte %zu outside fragments was written\n", label, rank, b, k);
+        bad++;
+      }
+  return bad;
+}
+
+void vf_side_free(vf_side *s) {
+  for (int b = 0; b < s->nbuf; b++) {
+    free(s->ptr[b]);
+    free(s->mask[b]);
+  }
+  free(s->ptr);
+  free(s->mask);
+  free(s->bytes);
+  free(s->frags);
+  memset(s, 0, sizeof *s);
+}
