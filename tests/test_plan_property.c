@@ -12,9 +12,12 @@
  *   (d) no message exceeds chunk_bytes (the same on every rank), and each
  *       round's staging fits the budget when the chunk was not floored;
  *   (e) with k full source replicas and a disjoint destination, each
- *       destination cell is split evenly across the replicas (up to one
- *       slice of rounding), and, pooled over all seeds, the rounding
- *       surplus goes to no replica position more than chance allows;
+ *       replica provides floor(N/k) or ceil(N/k) of every destination
+ *       cell's N elements (exactly N % k the larger share); each source
+ *       rank's egress is within one element per uneven cell of the mean,
+ *       and within one chunk of it unless the chunk was floored to 64
+ *       bytes below that rounding bound; pooled over all seeds, the extra
+ *       elements go to no replica position more than chance allows;
  * plus structural checks (peers, rounds, staging layout, stats) and a
  * single-threaded simulation of the plans (pack, deliver, unpack, local
  * copies) checked byte-exactly against the harness' expected values.
@@ -370,30 +373,42 @@ static void check_chunking(seed_state *st) {
 /* (e) Balance with k full source replicas and a disjoint destination.
  *
  * Every source fragment is then a whole tensor, so each destination
- * fragment is one cell, which the planner splits evenly along its
- * outermost dim of extent > 1 across the k replicas: with len slices of
- * `slice` bytes, each replica provides floor(len/k) or ceil(len/k) slices
- * (0 or 1 when len < k), exactly len % k of them the larger share. We
- * check that per cell, attributing every received byte to the cell it
- * lands in and the rank that sent it. Summed over cells:
- *   |send(s) - mean| <= sum over cells with len % k != 0 of slice.
- * The bound "mean +- (one chunk + the largest slice)" does not follow from
- * the design: chunking never changes byte counts, and which replicas get
- * a cell's extra slices is a hash of the cell, so rounding surpluses of
- * many small cells add up like a random walk. It is counted and printed
- * only. What we assert across cells, pooled over all seeds (single pairs
- * have too few cells to tell), is that the extra slices are not biased
- * towards any replica: for each position p in the sorted list of source
- * ranks, the number of uneven cells where position p gave the larger share
- * stays within 30% + 4 standard deviations (+3) of its expectation
- * sum_c (len_c % k) / k. The 30% is there because the pooled cells are not
+ * fragment is one cell of N elements, whose row-major element range
+ * [0, N) the planner splits into min(k, N) contiguous ranges, one per
+ * replica: each replica provides floor(N/k) or ceil(N/k) elements (0 or 1
+ * when N < k), exactly N % k of them the larger share, whatever the
+ * cell's shape. We check that per cell, attributing every received byte
+ * to the cell it lands in and the rank that sent it. Summed over cells,
+ * with esize the cell's element size:
+ *   |send(s) - mean| <= U = sum over cells with N % k != 0 of esize
+ * (one element per uneven cell), asserted for every full-replica pair.
+ *
+ * The requirement is "egress balanced across source replicas to within
+ * one chunk": |send(s) - mean| <= chunk_bytes is asserted too, with one
+ * exception. The design only promises U: chunking never changes byte
+ * counts, and which replicas get a cell's extra elements is a hash of the
+ * cell, so the surpluses of many uneven cells add up like a random walk.
+ * A chunk is a multiple of 64 bytes; when the budget and the requested
+ * chunk asked for less than 64 bytes, the chunk is floored to 64 and may
+ * be smaller than U. Only then (floored and U > 64) is a deviation beyond
+ * the chunk accepted; how often that happened is counted and printed
+ * (with at most 8 ranks only a requested chunk below 64 bytes floors it,
+ * and a 60000-seed soak never needed the exception).
+ *
+ * Across cells, pooled over all seeds (single pairs have too few cells to
+ * tell), we assert that the extra elements are not biased towards any
+ * replica: for each position p in the sorted list of source ranks, the
+ * number of uneven cells where position p gave the larger share stays
+ * within 30% + 4 standard deviations (+3) of its expectation
+ * sum_c (N_c % k) / k. The 30% is there because the pooled cells are not
  * independent samples: the hash inputs (tensor id, rank, buffer, position)
  * are small integers that recur across seeds, so the same few hundred
- * hash values are reused (a 60000-seed soak shows about 20% excess on one
- * position). A constant rotation (the first replica gets every surplus)
- * misses by a factor of 2 or more and fails this. */
-static int64_t g_tight_misses, g_tight_checked;
-static uint64_t g_tight_first_seed;
+ * hash values are reused (a 60000-seed soak shows up to about 20% excess
+ * on one position). A constant rotation (the first replica gets every
+ * surplus) misses by a factor of 2 or more and fails this. */
+static int64_t g_bal_checked, g_bal_floored_over, g_bal_exceptions;
+static double g_bal_max_ratio, g_bal_max_dev; /* largest |send - mean|, in chunks and in bytes */
+static uint64_t g_bal_max_ratio_seed;
 /* pooled extra-share counts by replica position (see above) */
 static double g_pos_seen[MAXR], g_pos_expect[MAXR], g_pos_var[MAXR];
 
@@ -412,10 +427,26 @@ static int attrib_run(void *p, int64_t so, int64_t dof, int64_t len) {
   return 0;
 }
 
+/* Whether the planner raised the chunk to its 64-byte floor: the same
+ * computation as reshard_plan_create, from the options and the busiest
+ * rank's peer count. */
+static int chunk_was_floored(const seed_state *st) {
+  const reshard_options_t *o = &st->cr.opts;
+  uint64_t maxpeers = 1;
+  for (int r = 0; r < st->n; r++) {
+    const reshard_plan_t *P = st->cr.plan[r];
+    uint64_t p = (uint64_t)(count_peers(P->sends, P->nsends) + count_peers(P->recvs, P->nrecvs));
+    if (p > maxpeers) maxpeers = p;
+  }
+  size_t want = (size_t)(o->staging_bytes / (2 * maxpeers));
+  if (o->chunk_bytes && o->chunk_bytes < want) want = o->chunk_bytes;
+  return (want & ~(size_t)63) < 64;
+}
+
 static void check_balance(seed_state *st) {
   const int k = st->pair->full_replicas;
   const reshard_layout_t *Ld = st->pair->dst;
-  uint64_t total = 0, max_slice = 0, uneven_slices = 0, send[MAXR] = {0};
+  uint64_t total = 0, uneven_bound = 0, send[MAXR] = {0};
   int uneven = 0, holders = 0;
   for (int r = 0; r < st->n; r++) {
     size_t nsrc = 0;
@@ -444,7 +475,9 @@ static void check_balance(seed_state *st) {
     for (size_t i = 0; i < nf; i++) { /* mark each fragment's bytes */
       size_t es = reshard_dtype_size(Ld->tensors[f[i].tensor_id].dtype);
       int64_t idx[RESHARD_MAX_DIMS] = {0};
-      for (;;) {
+      int empty = 0;
+      for (int dd = 0; dd < f[i].ndim; dd++) empty |= f[i].extent[dd] == 0;
+      while (!empty) {
         int64_t off = (int64_t)f[i].byte_offset;
         for (int dd = 0; dd < f[i].ndim; dd++) off += idx[dd] * f[i].strides[dd] * (int64_t)es;
         for (size_t e = 0; e < es; e++) a[f[i].buffer_id].map[off + (int64_t)e] = (int32_t)i;
@@ -462,21 +495,16 @@ static void check_balance(seed_state *st) {
       }
     }
     for (size_t i = 0; i < nf; i++) {
-      uint64_t fb = reshard_dtype_size(Ld->tensors[f[i].tensor_id].dtype);
-      int q = -1;
-      for (int dd = 0; dd < f[i].ndim; dd++) {
-        fb *= (uint64_t)f[i].extent[dd];
-        if (q < 0 && f[i].extent[dd] > 1) q = dd;
-      }
-      uint64_t len = q >= 0 ? (uint64_t)f[i].extent[q] : 1, slice = fb / len;
-      uint64_t small = len / (uint64_t)k * slice, big = small + (len % (uint64_t)k ? slice : 0);
+      const uint64_t es = reshard_dtype_size(Ld->tensors[f[i].tensor_id].dtype);
+      uint64_t n = 1;
+      for (int dd = 0; dd < f[i].ndim; dd++) n *= (uint64_t)f[i].extent[dd];
+      const uint64_t extra = n % (uint64_t)k, small = n / (uint64_t)k, big = small + (extra != 0);
       uint64_t nbig = 0, sum = 0;
       int pos = 0;
-      total += fb;
-      if (slice > max_slice) max_slice = slice;
-      if (len % (uint64_t)k) {
+      total += n * es;
+      if (extra) {
         uneven++;
-        uneven_slices += slice;
+        uneven_bound += es;
       }
       for (int s = 0; s < st->n; s++) {
         uint64_t got = bytes[i * MAXR + (size_t)s];
@@ -484,24 +512,23 @@ static void check_balance(seed_state *st) {
         reshard_layout_fragments(st->pair->src, s, NULL, 0, &nsrc);
         sum += got;
         if (!nsrc) continue;
-        if (big != small) {
-          double e = (double)(len % (uint64_t)k) / k;
-          g_pos_seen[pos] += got == big;
+        if (extra) {
+          double e = (double)extra / k;
+          g_pos_seen[pos] += got == big * es;
           g_pos_expect[pos] += e;
           g_pos_var[pos] += e * (1 - e);
         }
         pos++;
-        if (got != small && got != big) {
-          violation(&st->ck, "e", "rank %d fragment %zu (tensor %d, %llu slices of %llu bytes, %d replicas): source rank %d provides %llu bytes, not %llu or %llu",
-                    d, i, f[i].tensor_id, (unsigned long long)len, (unsigned long long)slice, k, s,
+        if (got != small * es && got != big * es)
+          violation(&st->ck, "e", "rank %d fragment %zu (tensor %d, %llu elements of %llu bytes, %d replicas): source rank %d provides %llu bytes, not %llu or %llu elements' worth",
+                    d, i, f[i].tensor_id, (unsigned long long)n, (unsigned long long)es, k, s,
                     (unsigned long long)got, (unsigned long long)small, (unsigned long long)big);
-        }
-        nbig += big != small && got == big;
+        nbig += extra && got == big * es;
       }
-      if (sum != fb || (big != small && nbig != len % (uint64_t)k))
+      if (sum != n * es || nbig != extra)
         violation(&st->ck, "e", "rank %d fragment %zu: %llu of %llu bytes received, %llu replicas gave the larger share (want %llu)",
-                  d, i, (unsigned long long)sum, (unsigned long long)fb, (unsigned long long)nbig,
-                  (unsigned long long)(len % (uint64_t)k));
+                  d, i, (unsigned long long)sum, (unsigned long long)(n * es), (unsigned long long)nbig,
+                  (unsigned long long)extra);
     }
     for (int b = 0; b < side->nbuf; b++) free(a[b].map);
     free(a);
@@ -515,25 +542,39 @@ static void check_balance(seed_state *st) {
   if (sum != total)
     violation(&st->ck, "e", "source ranks send %llu bytes in all, the destination needs %llu", (unsigned long long)sum,
               (unsigned long long)total);
-  double mean = (double)total / k;
-  double tight = (double)st->cr.plan[0]->chunk_bytes + (double)max_slice;
-  int miss = 0;
+  const double mean = (double)total / k;
+  const size_t chunk = st->cr.plan[0]->chunk_bytes;
+  const int floored = chunk_was_floored(st);
+  /* the one case where the chunk bound is not promised (see above) */
+  const int excused = floored && uneven_bound > 64;
+  int over = 0;
   for (int r = 0; r < st->n; r++) {
     size_t nsrc = 0;
     reshard_layout_fragments(st->pair->src, r, NULL, 0, &nsrc);
     if (!nsrc) continue;
     double dev = fabs((double)send[r] - mean);
-    if (dev > (double)uneven_slices + 1e-9)
-      violation(&st->ck, "e", "source rank %d sends %llu bytes, %.1f from the mean, beyond the rounding bound %llu", r,
-                (unsigned long long)send[r], dev, (unsigned long long)uneven_slices);
-    if (dev > tight) miss = 1;
+    if (dev > (double)uneven_bound + 1e-9)
+      violation(&st->ck, "e", "source rank %d sends %llu bytes, %.1f from the mean, beyond the rounding bound %llu "
+                "(%d uneven cells)", r, (unsigned long long)send[r], dev, (unsigned long long)uneven_bound, uneven);
+    if (dev > (double)chunk + 1e-9) {
+      over = 1;
+      if (!excused)
+        violation(&st->ck, "e", "source rank %d sends %llu bytes, %.1f from the mean, more than one chunk (%zu bytes%s; "
+                  "rounding bound %llu)", r, (unsigned long long)send[r], dev, chunk, floored ? ", floored" : "",
+                  (unsigned long long)uneven_bound);
+    }
+    if (dev > g_bal_max_dev) g_bal_max_dev = dev;
+    if (dev / (double)chunk > g_bal_max_ratio) {
+      g_bal_max_ratio = dev / (double)chunk;
+      g_bal_max_ratio_seed = st->ck.seed;
+    }
     if (getenv("RS_PROP_BALANCE"))
-      fprintf(stderr, "balance seed %" PRIu64 " rank %d dev %.1f max_slice %llu uneven %d ratio %.2f\n", st->ck.seed, r,
-              dev, (unsigned long long)max_slice, uneven, dev / (double)max_slice);
+      fprintf(stderr, "balance seed %" PRIu64 " rank %d dev %.1f chunk %zu%s bound %llu uneven %d\n", st->ck.seed, r, dev,
+              chunk, floored ? " (floored)" : "", (unsigned long long)uneven_bound, uneven);
   }
-  g_tight_checked++;
-  if (miss && !g_tight_misses) g_tight_first_seed = st->ck.seed;
-  g_tight_misses += miss;
+  g_bal_checked++;
+  g_bal_floored_over += excused;
+  g_bal_exceptions += excused && over;
 }
 
 /* Runs the plans without threads: pack each message, hand it to the
@@ -660,16 +701,17 @@ static void plan_invariants(void **state) {
       }
     }
   }
-  fprintf(stderr, "plan_invariants: %ld seeds, %d failed; multi-round %lld, chunk floored %lld; balance: tighter "
-          "bound (mean +- chunk + largest slice) missed in %lld of %lld full-replica pairs (first: seed %" PRIu64 ")\n  features:",
-          count, failed, (long long)g_multi_round, (long long)g_floored, (long long)g_tight_misses,
-          (long long)g_tight_checked, g_tight_first_seed);
+  fprintf(stderr, "plan_invariants: %ld seeds, %d failed; multi-round %lld, chunk floored %lld; balance: %lld "
+          "full-replica pairs, %lld with a floored chunk below the rounding bound, %lld of them beyond one chunk "
+          "(excused); largest deviation %.2f chunks (seed %" PRIu64 "), %.1f bytes\n  features:",
+          count, failed, (long long)g_multi_round, (long long)g_floored, (long long)g_bal_checked,
+          (long long)g_bal_floored_over, (long long)g_bal_exceptions, g_bal_max_ratio, g_bal_max_ratio_seed, g_bal_max_dev);
   for (int i = 0; i < RL_F_NUM; i++) fprintf(stderr, " %s=%lld", rl_feature_name(i), (long long)g_features[i]);
   fputc('\n', stderr);
   if (failed) fprintf(stderr, "first failing seed: %" PRIu64 "\n", first);
   assert_int_equal(failed, 0);
   int biased = 0;
-  fprintf(stderr, "  extra slices by replica position (seen/expected):");
+  fprintf(stderr, "  extra elements by replica position (seen/expected):");
   for (int p = 0; p < MAXR; p++)
     if (g_pos_expect[p] > 0) fprintf(stderr, " %d:%.0f/%.1f", p, g_pos_seen[p], g_pos_expect[p]);
   fputc('\n', stderr);

@@ -37,6 +37,44 @@ static reshard_result_t piece_push(rs_piece_vec *vec, const rs_piece *p) {
   return RESHARD_SUCCESS;
 }
 
+/* Appends the boxes that make up elements [a, b) of the row-major cell
+ * (start cs, extent ce): at most 2*nd boxes, each a run of whole blocks at
+ * the outermost level the range allows. */
+static reshard_result_t push_range(rs_piece_vec *out, rs_piece *p, int nd,
+                                   const int64_t *cs, const int64_t *ce,
+                                   int64_t a, int64_t b) {
+  int64_t block[RESHARD_MAX_DIMS]; /* elements in one index step of dim d */
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    block[d] = acc;
+    acc *= ce[d];
+  }
+  if (nd == 0) return a < b ? piece_push(out, p) : RESHARD_SUCCESS;
+  while (a < b) {
+    int d = 0;
+    while (d < nd - 1 && (a % block[d] != 0 || a + block[d] > b)) d++;
+    int64_t idx = (a / block[d]) % ce[d];
+    int64_t count = rs_min_i64((b - a) / block[d], ce[d] - idx);
+    int64_t rem = a;
+    for (int j = 0; j < nd; j++) {
+      int64_t coord = (rem / block[j]) % ce[j];
+      if (j < d) {
+        p->start[j] = cs[j] + coord;
+        p->extent[j] = 1;
+      } else if (j == d) {
+        p->start[j] = cs[j] + coord;
+        p->extent[j] = count;
+      } else {
+        p->start[j] = cs[j];
+        p->extent[j] = ce[j];
+      }
+    }
+    RS_CHECK(piece_push(out, p));
+    a += count * block[d];
+  }
+  return RESHARD_SUCCESS;
+}
+
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
                            size_t esize) {
   int64_t off = (int64_t)f->byte_offset;
@@ -179,27 +217,21 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       p.src = H[local];
       RS_CHECK(piece_push(out, &p));
     } else {
-      int q = -1;
-      for (int d = 0; d < nd; d++)
-        if (ce[d] > 1) {
-          q = d;
-          break;
-        }
-      int64_t len = q >= 0 ? ce[q] : 1;
-      int64_t np = rs_min_i64(nc, len);
+      /* Split the cell's row-major element range evenly: every holder
+       * provides floor or ceil of N/k elements, whatever the cell's shape
+       * (a cell with fewer rows than replicas still uses them all). */
+      int64_t n = 1;
+      for (int d = 0; d < nd; d++) n *= ce[d];
+      int64_t np = rs_min_i64(nc, n);
       uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
                      mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
       int rot = (int)(key % (uint64_t)nc);
-      int64_t base = len / np, extra = len % np, at = q >= 0 ? cs[q] : 0;
+      int64_t base = n / np, extra = n % np, at = 0;
       for (int64_t i = 0; i < np; i++) {
         int64_t sz = base + (i < extra);
-        if (q >= 0) {
-          p.start[q] = at;
-          p.extent[q] = sz;
-        }
-        at += sz;
         p.src = H[c[(i + rot) % nc]];
-        RS_CHECK(piece_push(out, &p));
+        RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
+        at += sz;
       }
     }
     cell_no++;
