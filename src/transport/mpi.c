@@ -1,0 +1,208 @@
+/* The MPI transport: nonblocking point-to-point on a private duplicate of
+ * the application's communicator, every wait polled against its deadline.
+ *
+ * Tags: MPI guarantees only 32767 tags, fewer than reshard's 64-bit ones.
+ * The low 32 bits (the round) are dropped: messages of one stream between
+ * two ranks are posted in round order on both sides, and MPI's
+ * non-overtaking rule keeps them matched in that order. The high 32 bits
+ * (plan digest and execute call number) are hashed into the tag range, so
+ * that messages left in flight by a failed call do not match a later one. */
+#include <mpi.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "reshard_mpi.h"
+#include "transport/transport.h"
+
+typedef struct rs_mpi_comm {
+  MPI_Comm comm;
+  int tag_ub;
+} rs_mpi_comm;
+
+struct rs_request {
+  MPI_Request req;
+  int is_recv;
+  int peer;
+  size_t bytes;
+};
+
+static reshard_result_t mpi_fail(int err, const char *what, int rank,
+                                 int peer) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", err);
+  return rs_error(RESHARD_ERROR_BACKEND, "rank %d: %s (peer %d) failed: %s", rank, what, peer, msg);
+}
+
+static int mpi_tag(const rs_mpi_comm *m, uint64_t tag) {
+  uint64_t h = (tag >> 32) * 0x9E3779B97F4A7C15ULL;
+  h ^= h >> 29;
+  return (int)(h % ((uint64_t)m->tag_ub + 1));
+}
+
+static reshard_result_t post(reshard_comm_t *c, int peer, uint64_t tag,
+                             void *buf, size_t bytes, int is_recv,
+                             rs_request **out) {
+  rs_mpi_comm *m = c->impl;
+  if (bytes > (size_t)INT32_MAX)
+    return rs_error(RESHARD_ERROR_UNSUPPORTED, "rank %d: a %zu-byte message to %d exceeds MPI's int count (lower chunk_bytes)",
+                    c->rank, bytes, peer);
+  rs_request *r = malloc(sizeof *r);
+  if (!r) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory posting a message", c->rank);
+  r->is_recv = is_recv;
+  r->peer = peer;
+  r->bytes = bytes;
+  int err = is_recv ? MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, mpi_tag(m, tag), m->comm, &r->req)
+                    : MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, mpi_tag(m, tag), m->comm, &r->req);
+  if (err != MPI_SUCCESS) {
+    free(r);
+    return mpi_fail(err, is_recv ? "MPI_Irecv" : "MPI_Isend", c->rank, peer);
+  }
+  *out = r;
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t mpi_isend(reshard_comm_t *c, int peer, uint64_t tag,
+                                  const void *buf, size_t bytes,
+                                  rs_request **req) {
+  return post(c, peer, tag, (void *)buf, bytes, 0, req);
+}
+
+static reshard_result_t mpi_irecv(reshard_comm_t *c, int peer, uint64_t tag,
+                                  void *buf, size_t bytes, rs_request **req) {
+  return post(c, peer, tag, buf, bytes, 1, req);
+}
+
+static reshard_result_t mpi_test(reshard_comm_t *c, rs_request *r, int *done) {
+  MPI_Status st;
+  int flag = 0;
+  int err = MPI_Test(&r->req, &flag, &st);
+  *done = 0;
+  if (err != MPI_SUCCESS) {
+    reshard_result_t res = mpi_fail(err, "MPI_Test", c->rank, r->peer);
+    free(r);
+    *done = 1;
+    return res;
+  }
+  if (!flag) return RESHARD_SUCCESS;
+  *done = 1;
+  reshard_result_t res = RESHARD_SUCCESS;
+  if (r->is_recv) {
+    int count = -1;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count < 0 || (size_t)count != r->bytes)
+      res = rs_error(RESHARD_ERROR_MISMATCH, "rank %d: received %d bytes from rank %d, the plan expects %zu (ranks run different plans?)",
+                     c->rank, count, r->peer, r->bytes);
+  }
+  free(r);
+  return res;
+}
+
+/* Polls: a few spins for latency, then short sleeps so that a rank waiting
+ * on a slow peer leaves the core to the ranks doing the work (oversubscribed
+ * CPU runs), while MPI still gets called often enough to progress. */
+static reshard_result_t mpi_wait(reshard_comm_t *c, rs_request *r,
+                                 int64_t deadline) {
+  int peer = r->peer, is_recv = r->is_recv;
+  for (unsigned spin = 0;; spin++) {
+    int done = 0;
+    reshard_result_t res = mpi_test(c, r, &done);
+    if (done) return res;
+    if (spin > 64 && rs_now_ns() > deadline)
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s rank %d did not complete before the deadline",
+                      c->rank, is_recv ? "receive from" : "send to", peer);
+    if (spin < 64) continue;
+    if (spin < 256) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+static void mpi_cancel(reshard_comm_t *c, rs_request *r) {
+  (void)c;
+  /* Receives are cancelled; sends are released to complete (or not) on
+   * their own: cancelling sends is deprecated, and the call number in the
+   * tag keeps a late one from matching anything. */
+  if (r->is_recv) MPI_Cancel(&r->req);
+  MPI_Request_free(&r->req);
+  free(r);
+}
+
+static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
+                                      int n, int64_t deadline) {
+  rs_mpi_comm *m = c->impl;
+  MPI_Request req;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_UINT64_T, MPI_MAX, m->comm, &req);
+  if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Iallreduce", c->rank, -1);
+  for (unsigned spin = 0;; spin++) {
+    int flag = 0;
+    err = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Test(allreduce)", c->rank, -1);
+    if (flag) return RESHARD_SUCCESS;
+    if (spin > 64 && rs_now_ns() > deadline)
+      /* A collective cannot be cancelled: the communicator is unusable
+       * from here on, which the error says. */
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement did not complete before the deadline "
+                      "(a rank is missing or stuck); this communicator cannot be used again", c->rank);
+    if (spin >= 256) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+static void mpi_destroy(reshard_comm_t *c) {
+  rs_mpi_comm *m = c->impl;
+  if (!m) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&m->comm);
+  free(m);
+  c->impl = NULL;
+}
+
+static const rs_transport_ops rs_mpi_ops = {
+    "mpi", mpi_isend, mpi_irecv, mpi_test, mpi_wait, mpi_cancel, mpi_allreduce, mpi_destroy,
+};
+
+reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {
+  rs_error_clear();
+  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_mpi: out is NULL");
+  *out = NULL;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return rs_error(RESHARD_ERROR_INVALID_USAGE, "comm_create_mpi: MPI is not initialized");
+  if (comm == MPI_COMM_NULL) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_mpi: comm is MPI_COMM_NULL");
+  reshard_comm_t *c = calloc(1, sizeof *c);
+  rs_mpi_comm *m = calloc(1, sizeof *m);
+  if (!c || !m) {
+    free(c);
+    free(m);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_mpi: out of memory");
+  }
+  int err = MPI_Comm_dup(comm, &m->comm);
+  if (err != MPI_SUCCESS) {
+    free(c);
+    free(m);
+    return mpi_fail(err, "MPI_Comm_dup", -1, -1);
+  }
+  MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(m->comm, &c->rank);
+  MPI_Comm_size(m->comm, &c->size);
+  int *ub = NULL, flag = 0;
+  MPI_Comm_get_attr(m->comm, MPI_TAG_UB, &ub, &flag);
+  m->tag_ub = flag && ub && *ub > 0 ? *ub : 32767;
+  c->ops = &rs_mpi_ops;
+  c->impl = m;
+  *out = c;
+  return RESHARD_SUCCESS;
+}
