@@ -127,6 +127,10 @@ reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
                                         const int64_t *extent,
                                         rs_frag_vec *out);
 
+/* Appends the non-empty fragments of raw buffer b, in the order added. */
+reshard_result_t rs_layout_raw_fragments(const reshard_layout_t *L, int b,
+                                         rs_frag_vec *out);
+
 /* Byte size of buffer b on rank (0 if not held). */
 reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,
                                         int rank, uint64_t *bytes);

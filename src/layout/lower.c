@@ -9,16 +9,12 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/vec.h"
 #include "layout/layout.h"
 
 reshard_result_t rs_frag_vec_push(rs_frag_vec *vec, const rs_frag *f) {
-  if (vec->n == vec->cap) {
-    size_t ncap = vec->cap ? vec->cap * 2 : 16;
-    rs_frag *p = realloc(vec->v, ncap * sizeof *p);
-    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory lowering fragments (%zu)", ncap);
-    vec->v = p;
-    vec->cap = ncap;
-  }
+  if (RS_VEC_GROW(vec->v, vec->n, vec->cap))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory lowering fragments (%zu)", vec->n + 1);
   vec->v[vec->n++] = *f;
   return RESHARD_SUCCESS;
 }
@@ -269,6 +265,11 @@ static reshard_result_t lower_raw(const reshard_layout_t *L, int b,
     RS_CHECK(rs_frag_vec_push(out, &f));
   }
   return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_layout_raw_fragments(const reshard_layout_t *L, int b,
+                                         rs_frag_vec *out) {
+  return lower_raw(L, b, NULL, NULL, -1, out);
 }
 
 static int buffer_on_rank(const reshard_layout_t *L, const rs_buffer *buf,

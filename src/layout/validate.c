@@ -117,25 +117,7 @@ static reshard_result_t validate_raw(const reshard_layout_t *L,
   rs_frag_vec frags = {0};
   reshard_result_t r = RESHARD_SUCCESS;
   footprint *fps = NULL;
-  for (int i = 0; i < buf->nraws; i++) {
-    const rs_raw *raw = &L->raws[buf->raws[i]];
-    const rs_tensor *t = &L->tensors[raw->tensor];
-    int empty = 0;
-    for (int d = 0; d < t->ndim; d++) empty |= raw->extent[d] == 0;
-    if (empty) continue;
-    rs_frag f;
-    memset(&f, 0, sizeof f);
-    f.tensor = raw->tensor;
-    f.rank = buf->raw_rank;
-    f.buffer = b;
-    f.ndim = t->ndim;
-    f.pos = i;
-    memcpy(f.start, raw->start, sizeof f.start);
-    memcpy(f.extent, raw->extent, sizeof f.extent);
-    memcpy(f.strides, raw->strides, sizeof f.strides);
-    f.byte_offset = raw->byte_offset;
-    RS_CHECK_GOTO(rs_frag_vec_push(&frags, &f), r, done);
-  }
+  RS_CHECK_GOTO(rs_layout_raw_fragments(L, b, &frags), r, done);
   fps = malloc((frags.n ? frags.n : 1) * sizeof *fps);
   if (!fps) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory validating buffer '%s'", buf->name);

@@ -8,6 +8,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/vec.h"
 #include "plan/plan.h"
 
 void rs_piece_vec_free(rs_piece_vec *vec) {
@@ -26,13 +27,8 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx) {
 }
 
 static reshard_result_t piece_push(rs_piece_vec *vec, const rs_piece *p) {
-  if (vec->n == vec->cap) {
-    size_t ncap = vec->cap ? vec->cap * 2 : 16;
-    rs_piece *n = realloc(vec->v, ncap * sizeof *n);
-    if (!n) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory assigning pieces");
-    vec->v = n;
-    vec->cap = ncap;
-  }
+  if (RS_VEC_GROW(vec->v, vec->n, vec->cap))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory assigning pieces");
   vec->v[vec->n++] = *p;
   return RESHARD_SUCCESS;
 }

@@ -6,16 +6,12 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/vec.h"
 #include "plan/plan.h"
 
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s) {
-  if (vec->n == vec->cap) {
-    size_t ncap = vec->cap ? vec->cap * 2 : 64;
-    rs_seg *p = realloc(vec->v, ncap * sizeof *p);
-    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning segments (%zu)", ncap);
-    vec->v = p;
-    vec->cap = ncap;
-  }
+  if (RS_VEC_GROW(vec->v, vec->n, vec->cap))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning segments (%zu)", vec->n + 1);
   vec->v[vec->n++] = *s;
   return RESHARD_SUCCESS;
 }
@@ -40,13 +36,8 @@ typedef struct chunker {
 } chunker;
 
 static reshard_result_t open_msg(chunker *ch) {
-  if (ch->nmsgs == ch->cap_msgs) {
-    size_t n = ch->cap_msgs ? ch->cap_msgs * 2 : 64;
-    rs_msg *p = realloc(ch->msgs, n * sizeof *p);
-    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
-    ch->msgs = p;
-    ch->cap_msgs = n;
-  }
+  if (RS_VEC_GROW(ch->msgs, ch->nmsgs, ch->cap_msgs))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
   rs_msg *m = &ch->msgs[ch->nmsgs++];
   memset(m, 0, sizeof *m);
   m->peer = ch->peer;
@@ -70,13 +61,8 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   if (ch->nmsgs == 0 || ch->msgs[ch->nmsgs - 1].peer != ch->peer ||
       (ch->cur > 0 && ch->cur + bytes > ch->cap))
     RS_CHECK(open_msg(ch));
-  if (ch->ncopies == ch->cap_copies) {
-    size_t n = ch->cap_copies ? ch->cap_copies * 2 : 64;
-    rs_copy *p = realloc(ch->copies, n * sizeof *p);
-    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
-    ch->copies = p;
-    ch->cap_copies = n;
-  }
+  if (RS_VEC_GROW(ch->copies, ch->ncopies, ch->cap_copies))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
   rs_copy *c = &ch->copies[ch->ncopies++];
   if (ch->is_send)
     rs_copy_init(c, nd, ext, s->esize, s->buffer, off, s->strides, RS_BUF_STAGING, ch->cur, dense);

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "common/vec.h"
 #include "common/params.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
@@ -98,13 +99,8 @@ static reshard_result_t match_tensors(build_ctx *c) {
 }
 
 static reshard_result_t push_local(build_ctx *c, const rs_copy *cp) {
-  if (c->nlocals == c->cap_locals) {
-    size_t n = c->cap_locals ? c->cap_locals * 2 : 64;
-    rs_copy *p = realloc(c->locals, n * sizeof *p);
-    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
-    c->locals = p;
-    c->cap_locals = n;
-  }
+  if (RS_VEC_GROW(c->locals, c->nlocals, c->cap_locals))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
   c->locals[c->nlocals++] = *cp;
   return RESHARD_SUCCESS;
 }
