@@ -5,7 +5,7 @@
 # .ci/run so both always agree on the list.
 set -euo pipefail
 
-RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev)
+RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev)
 
 missing=()
 for pkg in "${RESHARD_DEPS[@]}"; do
