@@ -1,0 +1,111 @@
+/* Internals of the model front-end, shared by its files:
+ *   config.c    config.json -> rm_config (jansson), rm_model life cycle
+ *   tensors.c   rm_config -> logical tensors per architecture family
+ *   parallel.c  "tp=..,pp=.." parsing, checks and stage splits
+ *   build.c     helpers both layout builders use
+ *   megatron.c  the Megatron-core (training) layout
+ *   vllm.c      the vLLM (inference) layout */
+#ifndef RESHARD_MODELS_INTERNAL_H
+#define RESHARD_MODELS_INTERNAL_H
+
+#include <stdint.h>
+
+#include "models.h"
+
+typedef enum rm_arch {
+  RM_ARCH_LLAMA = 0,
+  RM_ARCH_MISTRAL,
+  RM_ARCH_QWEN2,
+  RM_ARCH_QWEN3,
+  RM_ARCH_QWEN3_MOE,
+  RM_ARCH_MIXTRAL,
+  RM_ARCH_DEEPSEEK_V3,
+  RM_NUM_ARCHS
+} rm_arch;
+
+/* What a config.json says, in the front-end's terms (HF defaults filled
+ * in). Sizes are int64 so that products never overflow before the layout
+ * checks them. */
+typedef struct rm_config {
+  rm_arch arch;
+  int64_t vocab, hidden, layers;
+  int64_t heads, kv_heads, head_dim;
+  int64_t intermediate; /* dense MLP; -1 when the config has none */
+  int tied;             /* tie_word_embeddings */
+  int qkv_bias;         /* q/k/v_proj.bias (qwen2 always; attention_bias) */
+  int o_bias;           /* o_proj.bias (attention_bias of llama, qwen3) */
+  int qk_norm;          /* q_norm / k_norm (qwen3, qwen3_moe) */
+  /* MoE */
+  int64_t experts;          /* 0: dense */
+  int64_t moe_intermediate; /* per expert */
+  int64_t shared_intermediate; /* n_shared_experts * moe_intermediate */
+  int router_bias;          /* e_score_correction_bias (noaux_tc) */
+  int64_t first_dense;      /* first_k_dense_replace */
+  int64_t moe_freq;         /* moe_layer_freq / decoder_sparse_step */
+  unsigned char *dense_only; /* [layers]: mlp_only_layers (qwen3_moe) */
+  /* MLA (deepseek_v3) */
+  int mla;
+  int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head;
+} rm_config;
+
+/* Tensor indices of one layer's roles; -1 where the layer has none. The
+ * layouts declare the model's tensors in order, so these are also their
+ * layout tensor ids. */
+typedef struct rm_layer {
+  int ln1, ln2;
+  /* GQA attention */
+  int q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
+  /* MLA: q is q_proj when q_lora_rank is null */
+  int q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
+  /* dense MLP */
+  int gate, up, down;
+  /* MoE: router, its bias, stacked experts, shared experts */
+  int router, router_bias, egate, eup, edown, sgate, sup, sdown;
+} rm_layer;
+
+struct rm_model {
+  char *path;
+  rm_config c;
+  reshard_dtype_t dtype;
+  int layers; /* kept */
+  rm_tensor *tensors;
+  int ntensors, cap_tensors;
+  int64_t params;
+  int embed, norm, lm_head; /* lm_head -1 when tied */
+  rm_layer *layer;          /* [layers] */
+};
+
+const char *rm_arch_name(rm_arch arch);
+int rm_layer_is_moe(const rm_config *c, int layer);
+
+/* tensors.c: fills m->tensors, m->layer, ids and params from m->c. */
+reshard_result_t rm_build_tensors(rm_model *m);
+
+/* parallel.c */
+/* Checks what both sides share: positive sizes, rank count in int range,
+ * pp <= layers, tp dividing the heads, ep/etp only on MoE models, experts
+ * divisible by ep. `side` names the builder in messages. */
+reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p,
+                                 int first_rank, const char *side);
+/* Contiguous layer ranges per stage. Megatron: the first L % pp stages get
+ * one layer more. vLLM (get_pp_indices): the stages just before the last
+ * get them, the last one (lm_head) never does. */
+void rm_stage_layers(int layers, int pp, int stage, int vllm_style,
+                     int *first, int *count);
+
+/* build.c */
+reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m);
+/* One-part buffer. */
+reshard_result_t rm_buf1(reshard_layout_t *L, const char *name, int tensor,
+                         int mesh, const reshard_placement_t *pl);
+/* Vocabulary-parallel buffer on a [dp, tp] mesh: rows padded to vpad,
+ * Shard(0) over tp, replicated over dp. */
+reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name,
+                              int tensor, int mesh, int64_t vpad,
+                              int64_t hidden);
+/* printf into a caller's buffer, for buffer names. */
+const char *rm_fmt(char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int64_t rm_round_up(int64_t v, int64_t m);
+
+#endif

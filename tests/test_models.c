@@ -1,0 +1,1096 @@
+/* The model front-end (src/models): config.json parsing, logical tensors
+ * and parameter totals of the shipped public configs, parallel settings,
+ * the frameworks' in-memory arrangements, and byte-exact Megatron -> vLLM
+ * reshards of small synthetic models of every architecture. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "layout/layout.h"
+#include "models.h"
+#include "reshard.h"
+#include "support/harness.h"
+
+#ifndef RESHARD_CONFIG_DIR
+#error "RESHARD_CONFIG_DIR must name the shipped configs/ directory"
+#endif
+
+/* ---------------------------------------------------------------- helpers */
+
+static char tmpdir[64];
+static char written[64][128];
+static int nwritten;
+
+static int setup_tmpdir(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/reshard_models_XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int remove_tmpdir(void **state) {
+  (void)state;
+  for (int i = 0; i < nwritten; i++) unlink(written[i]);
+  return rmdir(tmpdir);
+}
+
+/* Writes text (single quotes standing for double quotes, for legibility)
+ * to tmpdir/name; returns the path (static storage, one per name). */
+static const char *write_config(const char *name, const char *text) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  for (int i = 0; i < nwritten; i++)
+    if (!strcmp(written[i], path)) goto write;
+  assert_true(nwritten < 64);
+  snprintf(written[nwritten++], sizeof written[0], "%s", path);
+write:;
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (const char *c = text; *c; c++) fputc(*c == '\'' ? '"' : *c, f);
+  fclose(f);
+  for (int i = 0; i < nwritten; i++)
+    if (!strcmp(written[i], path)) return written[i];
+  return NULL;
+}
+
+static const char *shipped(const char *file) {
+  static char path[16][256];
+  static int next;
+  char *p = path[next++ % 16];
+  snprintf(p, 256, "%s/%s", RESHARD_CONFIG_DIR, file);
+  return p;
+}
+
+static rm_model *load(const char *path, int layers) {
+  rm_model *m = NULL;
+  reshard_result_t r = rm_model_load(path, layers, RESHARD_BF16, &m);
+  if (r != RESHARD_SUCCESS) print_error("rm_model_load(%s): %s\n", path, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  assert_non_null(m);
+  return m;
+}
+
+static const rm_tensor *find_tensor(const rm_model *m, const char *name) {
+  for (int i = 0; i < rm_model_num_tensors(m); i++)
+    if (!strcmp(rm_model_tensor(m, i)->name, name)) return rm_model_tensor(m, i);
+  return NULL;
+}
+
+/* Asserts the tensor exists with the given shape (ndim entries). */
+static void expect_shape(const rm_model *m, const char *name, int ndim, const int64_t *shape) {
+  const rm_tensor *t = find_tensor(m, name);
+  if (!t) print_error("%s: no tensor '%s'\n", rm_model_path(m), name);
+  assert_non_null(t);
+  if (t->ndim != ndim) print_error("%s: ndim %d, expected %d\n", name, t->ndim, ndim);
+  assert_int_equal(t->ndim, ndim);
+  for (int d = 0; d < ndim; d++) {
+    if (t->shape[d] != shape[d])
+      print_error("%s: shape[%d] = %lld, expected %lld\n", name, d, (long long)t->shape[d], (long long)shape[d]);
+    assert_int_equal(t->shape[d], shape[d]);
+  }
+}
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define EXPECT_SHAPE(m, name, ...) \
+  expect_shape(m, name, (int)(sizeof SHAPE(__VA_ARGS__) / sizeof(int64_t)), SHAPE(__VA_ARGS__))
+
+static rm_parallel par(const char *spec) {
+  rm_parallel p;
+  reshard_result_t r = rm_parse_parallel(spec, &p);
+  if (r) print_error("rm_parse_parallel(%s): %s\n", spec, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return p;
+}
+
+static reshard_layout_t *megatron(const rm_model *m, const char *spec, int first) {
+  rm_parallel p = par(spec);
+  reshard_layout_t *L = NULL;
+  reshard_result_t r = rm_megatron_layout(m, &p, first, &L);
+  if (r) print_error("megatron %s: %s\n", spec, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return L;
+}
+
+static reshard_layout_t *vllm(const rm_model *m, const char *spec, int first) {
+  rm_parallel p = par(spec);
+  reshard_layout_t *L = NULL;
+  reshard_result_t r = rm_vllm_layout(m, &p, first, &L);
+  if (r) print_error("vllm %s: %s\n", spec, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return L;
+}
+
+/* The nth buffer (0-based) named `name`, or -1. */
+static int find_buffer(const reshard_layout_t *L, const char *name, int nth) {
+  for (int b = 0; b < L->nbuffers; b++)
+    if (!strcmp(L->buffers[b].name, name) && nth-- == 0) return b;
+  return -1;
+}
+
+static size_t buffer_bytes(const reshard_layout_t *L, const char *name, int rank) {
+  int b = find_buffer(L, name, 0);
+  if (b < 0) print_error("no buffer '%s'\n", name);
+  assert_true(b >= 0);
+  size_t bytes = 0;
+  assert_int_equal(reshard_layout_buffer_bytes(L, b, rank, &bytes), RESHARD_SUCCESS);
+  return bytes;
+}
+
+#define EXPECT_BYTES(L, name, rank, expected)                                                          \
+  do {                                                                                                 \
+    size_t got_ = buffer_bytes(L, name, rank), want_ = (size_t)(expected);                             \
+    if (got_ != want_) print_error("buffer '%s' rank %d: %zu bytes, expected %zu\n", name, rank, got_, want_); \
+    assert_int_equal(got_, want_);                                                                     \
+  } while (0)
+
+/* Checks the k-th fragment of buffer `bname` on `rank`: its tensor, box and
+ * byte offset, i.e. where the framework keeps that slice in memory (the
+ * byte-exact reshards cannot see a wrong arrangement: both sides would
+ * agree with their own descriptions). */
+static void expect_frag(const reshard_layout_t *L, int rank, const char *bname, int k, const char *tensor, int ndim,
+                        const int64_t *start, const int64_t *extent, size_t byte_offset) {
+  int buffer = find_buffer(L, bname, 0);
+  if (buffer < 0) print_error("no buffer '%s'\n", bname);
+  assert_true(buffer >= 0);
+  size_t n;
+  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), 0);
+  reshard_fragment_info_t *f = calloc(n ? n : 1, sizeof *f);
+  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), 0);
+  int seen = 0, t;
+  assert_int_equal(reshard_layout_find_tensor(L, tensor, &t), 0);
+  for (size_t i = 0; i < n; i++) {
+    if (f[i].buffer_id != buffer || seen++ != k) continue;
+    if (f[i].tensor_id != t) print_error("rank %d %s fragment %d: tensor %d, expected %s\n", rank, bname, k, f[i].tensor_id, tensor);
+    assert_int_equal(f[i].tensor_id, t);
+    assert_int_equal(f[i].ndim, ndim);
+    for (int d = 0; d < ndim; d++) {
+      if (f[i].start[d] != start[d] || f[i].extent[d] != extent[d])
+        print_error("rank %d %s fragment %d dim %d: [%lld +%lld), expected [%lld +%lld)\n", rank, bname, k, d,
+                    (long long)f[i].start[d], (long long)f[i].extent[d], (long long)start[d], (long long)extent[d]);
+      assert_int_equal(f[i].start[d], start[d]);
+      assert_int_equal(f[i].extent[d], extent[d]);
+    }
+    assert_int_equal(f[i].byte_offset, byte_offset);
+    free(f);
+    return;
+  }
+  free(f);
+  print_error("rank %d %s: no fragment %d (%d in the buffer)\n", rank, bname, k, seen);
+  fail();
+}
+
+#define BOX(...) ((const int64_t[]){__VA_ARGS__})
+
+/* The fragment of `tensor` starting at `start` in buffer `bname` on
+ * `rank`, wherever it comes in the canonical order: its extent and byte
+ * offset. */
+static void expect_frag_at(const reshard_layout_t *L, int rank, const char *bname, const char *tensor, int ndim,
+                           const int64_t *start, const int64_t *extent, size_t byte_offset) {
+  int buffer = find_buffer(L, bname, 0), t;
+  assert_true(buffer >= 0);
+  assert_int_equal(reshard_layout_find_tensor(L, tensor, &t), 0);
+  size_t n;
+  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), 0);
+  reshard_fragment_info_t *f = calloc(n ? n : 1, sizeof *f);
+  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), 0);
+  for (size_t i = 0; i < n; i++) {
+    if (f[i].buffer_id != buffer || f[i].tensor_id != t || memcmp(f[i].start, start, (size_t)ndim * sizeof *start))
+      continue;
+    for (int d = 0; d < ndim; d++) assert_int_equal(f[i].extent[d], extent[d]);
+    if (f[i].byte_offset != byte_offset)
+      print_error("rank %d %s: %s at offset %zu, expected %zu\n", rank, bname, tensor, f[i].byte_offset, byte_offset);
+    assert_int_equal(f[i].byte_offset, byte_offset);
+    free(f);
+    return;
+  }
+  free(f);
+  print_error("rank %d %s: no fragment of %s at the given start\n", rank, bname, tensor);
+  fail();
+}
+
+/* Every element of every tensor is held by some rank of [0, nranks): a
+ * layout that forgot a tensor (or a slice of one) would still pass the
+ * byte-exact checks, which only see what the destination declares. */
+static void expect_full_coverage(const reshard_layout_t *L, int nranks, const char *side) {
+  int nt = reshard_layout_num_tensors(L);
+  unsigned char **seen = calloc((size_t)nt, sizeof *seen);
+  int64_t *numel = calloc((size_t)nt, sizeof *numel);
+  for (int t = 0; t < nt; t++) {
+    int ndim;
+    int64_t shape[RESHARD_MAX_DIMS];
+    assert_int_equal(reshard_layout_tensor_info(L, t, NULL, NULL, &ndim, shape), 0);
+    numel[t] = 1;
+    for (int d = 0; d < ndim; d++) numel[t] *= shape[d];
+    seen[t] = calloc((size_t)numel[t] + 1, 1);
+  }
+  for (int r = 0; r < nranks; r++) {
+    size_t n;
+    assert_int_equal(reshard_layout_fragments(L, r, NULL, 0, &n), 0);
+    reshard_fragment_info_t *f = calloc(n ? n : 1, sizeof *f);
+    assert_int_equal(reshard_layout_fragments(L, r, f, n, &n), 0);
+    for (size_t i = 0; i < n; i++) {
+      const rs_tensor *t = &L->tensors[f[i].tensor_id];
+      int64_t idx[RESHARD_MAX_DIMS] = {0}, cnt = 1;
+      for (int d = 0; d < f[i].ndim; d++) cnt *= f[i].extent[d];
+      for (int64_t e = 0; e < cnt; e++) {
+        int64_t lin = 0;
+        for (int d = 0; d < t->ndim; d++) lin = lin * t->shape[d] + f[i].start[d] + idx[d];
+        seen[f[i].tensor_id][lin] = 1;
+        for (int d = f[i].ndim - 1; d >= 0; d--) {
+          if (++idx[d] < f[i].extent[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    free(f);
+  }
+  for (int t = 0; t < nt; t++) {
+    for (int64_t e = 0; e < numel[t]; e++) {
+      if (!seen[t][e]) {
+        print_error("%s: element %lld of '%s' is held by no rank\n", side, (long long)e, L->tensors[t].name);
+        fail();
+      }
+    }
+    free(seen[t]);
+  }
+  free(seen);
+  free(numel);
+}
+
+/* ------------------------------------------- published parameter totals */
+
+typedef struct published {
+  const char *file;
+  const char *arch;
+  int64_t expected;
+  int exact; /* else within 0.5% */
+} published;
+
+/* Logical parameters of the main model (no MTP layers, no FP8 scales; tied
+ * embeddings counted once), against the published totals:
+ *  - exact: the bf16 checkpoint's model.safetensors.index.json total_size
+ *    / 2 (Llama-3.1-70B: 141,107,412,992 bytes; Mistral-7B-v0.1:
+ *    14,483,464,192; Mixtral-8x7B-v0.1: 93,405,585,408) or, for the
+ *    single-file checkpoints, the Hub's safetensors parameter count
+ *    (Qwen2.5-0.5B: 494,032,768, the card's "0.49B"; Llama-3.2-1B:
+ *    1,235,814,400, the card's "1.23B");
+ *  - 0.5%: the model cards' rounded totals: Qwen3-8B "8.2B", Qwen3-30B-A3B
+ *    "30.5B", Qwen3-235B-A22B "235B", DeepSeek-V3 "671B" (main model; the
+ *    card's 685B adds the 14B multi-token-prediction module), Kimi-K2
+ *    "1026.5B" (the Hub's safetensors count of moonshotai/Kimi-K2-Instruct;
+ *    its card rounds to "1T" and the tech report says 1.04T). */
+static const published totals[] = {
+    {"Qwen2.5-0.5B.json", "qwen2", 494032768LL, 1},
+    {"Llama-3.2-1B.json", "llama", 1235814400LL, 1},
+    {"Llama-3.1-70B.json", "llama", 70553706496LL, 1},
+    {"Mistral-7B-v0.1.json", "mistral", 7241732096LL, 1},
+    {"Mixtral-8x7B-v0.1.json", "mixtral", 46702792704LL, 1},
+    {"Qwen3-8B.json", "qwen3", 8200000000LL, 0},
+    {"Qwen3-30B-A3B.json", "qwen3_moe", 30500000000LL, 0},
+    {"Qwen3-235B-A22B.json", "qwen3_moe", 235000000000LL, 0},
+    {"DeepSeek-V3.json", "deepseek_v3", 671000000000LL, 0},
+    {"Kimi-K2-Instruct.json", "deepseek_v3", 1026500000000LL, 0},
+};
+
+static void published_parameter_totals(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof totals / sizeof totals[0]; i++) {
+    rm_model *m = load(shipped(totals[i].file), 0);
+    int64_t got = rm_model_num_params(m), want = totals[i].expected;
+    double rel = (double)(got - want) / (double)want;
+    printf("  %-24s %-12s %16lld params, published %16lld (%+.3f%%)\n", totals[i].file, rm_model_arch(m),
+           (long long)got, (long long)want, 100.0 * rel);
+    assert_string_equal(rm_model_arch(m), totals[i].arch);
+    if (totals[i].exact) {
+      assert_int_equal(got, want);
+    } else if (rel > 0.005 || rel < -0.005) {
+      print_error("%s: %lld parameters, more than 0.5%% off the published %lld\n", totals[i].file, (long long)got,
+                  (long long)want);
+      fail();
+    }
+    /* The tensors' shapes add up to the total. */
+    int64_t sum = 0;
+    for (int t = 0; t < rm_model_num_tensors(m); t++) {
+      int64_t c = 1;
+      for (int d = 0; d < rm_model_tensor(m, t)->ndim; d++) c *= rm_model_tensor(m, t)->shape[d];
+      sum += c;
+    }
+    assert_int_equal(sum, got);
+    rm_model_free(m);
+  }
+}
+
+/* The cards' non-embedding figures pin the split between embeddings and
+ * layers too: Qwen3-8B 6.95B, Qwen3-30B-A3B 29.9B, Qwen3-235B-A22B 234B. */
+static void published_non_embedding_totals(void **state) {
+  (void)state;
+  const struct {
+    const char *file;
+    int64_t expected;
+  } ne[] = {{"Qwen3-8B.json", 6950000000LL}, {"Qwen3-30B-A3B.json", 29900000000LL}, {"Qwen3-235B-A22B.json", 234000000000LL}};
+  for (size_t i = 0; i < sizeof ne / sizeof ne[0]; i++) {
+    rm_model *m = load(shipped(ne[i].file), 0);
+    int64_t emb = 2 * 151936LL * find_tensor(m, "model.norm.weight")->shape[0];
+    double rel = (double)(rm_model_num_params(m) - emb - ne[i].expected) / (double)ne[i].expected;
+    assert_true(rel < 0.005 && rel > -0.005);
+    rm_model_free(m);
+  }
+}
+
+/* ---------------------------------------------------- tensor shapes */
+
+static void shipped_tensor_shapes(void **state) {
+  (void)state;
+  rm_model *m = load(shipped("Qwen2.5-0.5B.json"), 0);
+  /* 12 tensors per layer (q/k/v biases), embed, norm; tied: no lm_head. */
+  assert_int_equal(rm_model_num_tensors(m), 1 + 24 * 12 + 1);
+  assert_int_equal(rm_model_layers(m), 24);
+  assert_int_equal(rm_model_num_experts(m), 0);
+  assert_int_equal(rm_model_dtype(m), RESHARD_BF16);
+  EXPECT_SHAPE(m, "model.embed_tokens.weight", 151936, 896);
+  EXPECT_SHAPE(m, "model.layers.23.self_attn.k_proj.weight", 128, 896);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_proj.bias", 896);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.v_proj.bias", 128);
+  EXPECT_SHAPE(m, "model.layers.5.mlp.down_proj.weight", 896, 4864);
+  assert_null(find_tensor(m, "lm_head.weight"));
+  assert_null(find_tensor(m, "model.layers.0.self_attn.o_proj.bias"));
+  rm_model_free(m);
+
+  m = load(shipped("Llama-3.2-1B.json"), 0);
+  assert_int_equal(rm_model_num_tensors(m), 1 + 16 * 9 + 1);
+  EXPECT_SHAPE(m, "model.layers.15.self_attn.q_proj.weight", 2048, 2048);
+  EXPECT_SHAPE(m, "model.layers.15.self_attn.v_proj.weight", 512, 2048);
+  EXPECT_SHAPE(m, "model.layers.15.mlp.gate_proj.weight", 8192, 2048);
+  assert_null(find_tensor(m, "lm_head.weight"));
+  rm_model_free(m);
+
+  m = load(shipped("Qwen3-8B.json"), 0);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_norm.weight", 128);
+  EXPECT_SHAPE(m, "model.layers.35.self_attn.k_norm.weight", 128);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.k_proj.weight", 1024, 4096);
+  EXPECT_SHAPE(m, "lm_head.weight", 151936, 4096);
+  assert_null(find_tensor(m, "model.layers.0.self_attn.q_proj.bias"));
+  rm_model_free(m);
+
+  m = load(shipped("Qwen3-30B-A3B.json"), 0);
+  assert_int_equal(rm_model_num_experts(m), 128);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_proj.weight", 4096, 2048); /* head_dim 128 x 32 > hidden */
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.o_proj.weight", 2048, 4096);
+  EXPECT_SHAPE(m, "model.layers.0.mlp.gate.weight", 128, 2048);
+  EXPECT_SHAPE(m, "model.layers.47.mlp.experts.up_proj.weight", 128, 768, 2048);
+  EXPECT_SHAPE(m, "model.layers.47.mlp.experts.down_proj.weight", 128, 2048, 768);
+  assert_null(find_tensor(m, "model.layers.0.mlp.gate_proj.weight"));
+  assert_null(find_tensor(m, "model.layers.0.mlp.gate.e_score_correction_bias"));
+  rm_model_free(m);
+
+  m = load(shipped("Mixtral-8x7B-v0.1.json"), 0);
+  EXPECT_SHAPE(m, "model.layers.0.block_sparse_moe.gate.weight", 8, 4096);
+  EXPECT_SHAPE(m, "model.layers.31.block_sparse_moe.experts.w1.weight", 8, 14336, 4096);
+  EXPECT_SHAPE(m, "model.layers.31.block_sparse_moe.experts.w3.weight", 8, 14336, 4096);
+  EXPECT_SHAPE(m, "model.layers.31.block_sparse_moe.experts.w2.weight", 8, 4096, 14336);
+  rm_model_free(m);
+
+  m = load(shipped("DeepSeek-V3.json"), 0);
+  assert_int_equal(rm_model_layers(m), 61); /* MTP layer 61 not included */
+  assert_null(find_tensor(m, "model.layers.61.input_layernorm.weight"));
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_a_proj.weight", 1536, 7168);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_a_layernorm.weight", 1536);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_b_proj.weight", 128 * 192, 1536);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 576, 7168);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.kv_a_layernorm.weight", 512);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.kv_b_proj.weight", 128 * 256, 512);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.o_proj.weight", 7168, 128 * 128);
+  EXPECT_SHAPE(m, "model.layers.2.mlp.gate_proj.weight", 18432, 7168); /* first_k_dense_replace 3 */
+  assert_null(find_tensor(m, "model.layers.2.mlp.gate.weight"));
+  EXPECT_SHAPE(m, "model.layers.3.mlp.gate.weight", 256, 7168);
+  EXPECT_SHAPE(m, "model.layers.3.mlp.gate.e_score_correction_bias", 256);
+  EXPECT_SHAPE(m, "model.layers.3.mlp.experts.gate_proj.weight", 256, 2048, 7168);
+  EXPECT_SHAPE(m, "model.layers.60.mlp.experts.down_proj.weight", 256, 7168, 2048);
+  EXPECT_SHAPE(m, "model.layers.3.mlp.shared_experts.gate_proj.weight", 2048, 7168);
+  EXPECT_SHAPE(m, "model.layers.3.mlp.shared_experts.down_proj.weight", 7168, 2048);
+  assert_null(find_tensor(m, "model.layers.3.mlp.gate_proj.weight"));
+  rm_model_free(m);
+
+  m = load(shipped("Kimi-K2-Instruct.json"), 0); /* model_type kimi_k2 */
+  assert_string_equal(rm_model_arch(m), "deepseek_v3");
+  assert_int_equal(rm_model_num_experts(m), 384);
+  EXPECT_SHAPE(m, "model.layers.0.mlp.up_proj.weight", 18432, 7168);
+  EXPECT_SHAPE(m, "model.layers.1.mlp.experts.gate_proj.weight", 384, 2048, 7168);
+  EXPECT_SHAPE(m, "model.layers.1.self_attn.q_b_proj.weight", 64 * 192, 1536);
+  EXPECT_SHAPE(m, "model.embed_tokens.weight", 163840, 7168);
+  rm_model_free(m);
+}
+
+/* --layers style truncation keeps the real shapes of the first layers. */
+static void layer_truncation(void **state) {
+  (void)state;
+  rm_model *full = load(shipped("DeepSeek-V3.json"), 0);
+  rm_model *m = load(shipped("DeepSeek-V3.json"), 4);
+  assert_int_equal(rm_model_layers(m), 4);
+  assert_null(find_tensor(m, "model.layers.4.input_layernorm.weight"));
+  EXPECT_SHAPE(m, "model.layers.3.mlp.experts.gate_proj.weight", 256, 2048, 7168);
+  /* params: embeddings, norm, head + 3 dense layers + 1 MoE layer, the
+   * same per-layer counts as the full model's layers 0 and 3. */
+  int64_t layer0 = 0, layer3 = 0, rest = 0;
+  for (int t = 0; t < rm_model_num_tensors(full); t++) {
+    const rm_tensor *x = rm_model_tensor(full, t);
+    int64_t c = 1;
+    for (int d = 0; d < x->ndim; d++) c *= x->shape[d];
+    if (!strncmp(x->name, "model.layers.0.", 15)) layer0 += c;
+    else if (!strncmp(x->name, "model.layers.3.", 15)) layer3 += c;
+    else if (strncmp(x->name, "model.layers.", 13)) rest += c;
+  }
+  assert_int_equal(rm_model_num_params(m), rest + 3 * layer0 + layer3);
+  rm_model_free(m);
+  rm_model_free(full);
+}
+
+/* ------------------------------------------- layouts of real geometries */
+
+static void expect_layout_error(const rm_model *m, int vllm_side, const char *spec, int first, const char *says);
+
+static void shipped_layout_buffer_sizes(void **state) {
+  (void)state;
+  rm_model *m = load(shipped("Llama-3.1-70B.json"), 0);
+  /* Megatron tp8 pp4 dp2: 64 ranks, 20 layers per stage. Vocabulary
+   * 128256 padded to a multiple of 1024: 129024, 16128 rows per rank. */
+  reshard_layout_t *L = megatron(m, "tp=8,pp=4,dp=2", 0);
+  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 0, 16128LL * 8192 * 2);
+  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 16, 0);
+  /* One KV group per rank: 8 q heads + k + v = 1280 rows. */
+  EXPECT_BYTES(L, "decoder.layers.0.self_attention.linear_qkv.weight", 9, 1280LL * 8192 * 2);
+  EXPECT_BYTES(L, "decoder.layers.0.mlp.linear_fc1.weight", 3, 2LL * 3584 * 8192 * 2);
+  EXPECT_BYTES(L, "decoder.layers.0.mlp.linear_fc2.weight", 3, 8192LL * 3584 * 2);
+  EXPECT_BYTES(L, "decoder.layers.20.input_layernorm.weight", 16, 8192 * 2);
+  EXPECT_BYTES(L, "decoder.layers.20.input_layernorm.weight", 15, 0);
+  EXPECT_BYTES(L, "output_layer.weight", 63, 16128LL * 8192 * 2);
+  EXPECT_BYTES(L, "output_layer.weight", 47, 0);
+  reshard_layout_destroy(L);
+  /* vLLM tp8 dp2: vocabulary padded to 64 only (128256 already is). */
+  L = vllm(m, "tp=8,dp=2", 64);
+  EXPECT_BYTES(L, "model.embed_tokens.weight", 64 + 15, 16032LL * 8192 * 2);
+  EXPECT_BYTES(L, "model.layers.79.self_attn.qkv_proj.weight", 64, 1280LL * 8192 * 2);
+  EXPECT_BYTES(L, "lm_head.weight", 64, 16032LL * 8192 * 2);
+  EXPECT_BYTES(L, "lm_head.weight", 63, 0);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* Llama-3.2-1B, 8 KV heads, vLLM tp16: each KV head on 2 ranks; q 128
+   * rows + k 64 + v 64; tied: no lm_head buffer. */
+  m = load(shipped("Llama-3.2-1B.json"), 0);
+  L = vllm(m, "tp=16", 0);
+  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.weight", 15, 256LL * 2048 * 2);
+  EXPECT_BYTES(L, "model.embed_tokens.weight", 15, 8016LL * 2048 * 2);
+  assert_int_equal(find_buffer(L, "lm_head.weight", 0), -1);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* Qwen2.5-0.5B (14 heads, 2 KV heads), vLLM tp2: q 448 rows + k 64 +
+   * v 64, the biases likewise. tp4 divides neither the heads nor (for
+   * Megatron) the KV groups. */
+  m = load(shipped("Qwen2.5-0.5B.json"), 0);
+  L = vllm(m, "tp=2", 0);
+  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.weight", 1, 576LL * 896 * 2);
+  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.bias", 1, 576 * 2);
+  EXPECT_BYTES(L, "model.embed_tokens.weight", 0, 75968LL * 896 * 2);
+  reshard_layout_destroy(L);
+  expect_layout_error(m, 1, "tp=4", 0, "14 attention heads");
+  /* Megatron tp2 pp2: 151936 padded to 152064; the last stage keeps a
+   * copy of the tied embedding as output layer. */
+  L = megatron(m, "tp=2,pp=2", 0);
+  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 1, 76032LL * 896 * 2);
+  EXPECT_BYTES(L, "output_layer.weight", 3, 76032LL * 896 * 2);
+  int t;
+  assert_int_equal(reshard_layout_find_tensor(L, "model.embed_tokens.weight", &t), 0);
+  assert_int_equal(L->parts[L->buffers[find_buffer(L, "output_layer.weight", 0)].first_part].tensor, t);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* DeepSeek-V3, vLLM tp8 dp4 ep32 (32 ranks): 8 experts per rank. */
+  m = load(shipped("DeepSeek-V3.json"), 0);
+  L = vllm(m, "tp=8,dp=4,ep=32", 0);
+  EXPECT_BYTES(L, "model.layers.3.mlp.experts.w13_weight", 31, 8LL * 4096 * 7168 * 2);
+  EXPECT_BYTES(L, "model.layers.60.mlp.experts.w2_weight", 0, 8LL * 7168 * 2048 * 2);
+  EXPECT_BYTES(L, "model.layers.3.self_attn.fused_qkv_a_proj.weight", 17, (1536LL + 576) * 7168 * 2);
+  EXPECT_BYTES(L, "model.layers.3.self_attn.q_b_proj.weight", 17, 3072LL * 1536 * 2);
+  EXPECT_BYTES(L, "model.layers.3.self_attn.kv_b_proj.weight", 17, 4096LL * 512 * 2);
+  EXPECT_BYTES(L, "model.layers.3.self_attn.o_proj.weight", 17, 7168LL * 2048 * 2);
+  EXPECT_BYTES(L, "model.layers.0.mlp.gate_up_proj.weight", 17, 4608LL * 7168 * 2);
+  EXPECT_BYTES(L, "model.layers.3.mlp.shared_experts.gate_up_proj.weight", 17, 512LL * 7168 * 2);
+  EXPECT_BYTES(L, "model.layers.3.mlp.gate.e_score_correction_bias", 17, 256 * 2);
+  reshard_layout_destroy(L);
+  /* Megatron tp8 pp8 dp4 ep8 etp2: expert-DP 2; 32 experts per rank, each
+   * half of gate and half of up. 61 layers: stages 0-4 hold 8. */
+  L = megatron(m, "tp=8,pp=8,dp=4,ep=8,etp=2", 0);
+  EXPECT_BYTES(L, "decoder.layers.3.mlp.experts.linear_fc1.weight", 5, 32LL * 2048 * 7168 * 2);
+  EXPECT_BYTES(L, "decoder.layers.3.mlp.experts.linear_fc2.weight", 5, 32LL * 7168 * 1024 * 2);
+  EXPECT_BYTES(L, "decoder.layers.3.self_attention.linear_q_down_proj.weight", 5, 1536LL * 7168 * 2);
+  EXPECT_BYTES(L, "decoder.layers.3.self_attention.linear_kv_up_proj.weight", 5, 4096LL * 512 * 2);
+  EXPECT_BYTES(L, "decoder.layers.8.input_layernorm.weight", 32, 7168 * 2);
+  EXPECT_BYTES(L, "decoder.layers.54.input_layernorm.weight", 7 * 32 - 1, 0);
+  EXPECT_BYTES(L, "decoder.layers.54.input_layernorm.weight", 7 * 32, 7168 * 2);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* Kimi-K2 on 128 vLLM ranks with EP 128: 3 experts per rank. */
+  m = load(shipped("Kimi-K2-Instruct.json"), 0);
+  L = vllm(m, "tp=8,dp=16,ep=128", 0);
+  EXPECT_BYTES(L, "model.layers.1.mlp.experts.w13_weight", 127, 3LL * 4096 * 7168 * 2);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* Pipeline stages: Megatron gives the remainder layers to the first stages,
+ * vLLM (get_pp_indices) to the stages before the last. 6 layers, pp 4:
+ * Megatron [2, 2, 1, 1], vLLM [1, 2, 2, 1]. */
+static void pipeline_stage_split(void **state) {
+  (void)state;
+  rm_model *m = load(shipped("Llama-3.2-1B.json"), 6);
+  reshard_layout_t *S = megatron(m, "pp=4", 0), *D = vllm(m, "pp=4", 0);
+  const int mstage[6] = {0, 0, 1, 1, 2, 3}, vstage[6] = {0, 1, 1, 2, 2, 3};
+  char n[128];
+  for (int l = 0; l < 6; l++) {
+    snprintf(n, sizeof n, "decoder.layers.%d.input_layernorm.weight", l);
+    for (int r = 0; r < 4; r++) EXPECT_BYTES(S, n, r, r == mstage[l] ? 2048 * 2 : 0);
+    snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+    for (int r = 0; r < 4; r++) EXPECT_BYTES(D, n, r, r == vstage[l] ? 2048 * 2 : 0);
+  }
+  /* Tied with pp > 1: vLLM also builds embed_tokens on the last stage. */
+  EXPECT_BYTES(D, "model.embed_tokens.weight", 0, 128256LL * 2048 * 2);
+  int b = find_buffer(D, "model.embed_tokens.weight", 1);
+  assert_true(b >= 0);
+  size_t bytes;
+  assert_int_equal(reshard_layout_buffer_bytes(D, b, 3, &bytes), 0);
+  assert_int_equal(bytes, 128256LL * 2048 * 2);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------ synthetic configs */
+
+static const char *LLAMA =
+    "{'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 96, 'num_hidden_layers': 4, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+    " 'tie_word_embeddings': false, 'attention_bias': false}";
+static const char *QWEN2 =
+    "{'architectures': ['Qwen2ForCausalLM'], 'model_type': 'qwen2', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 96, 'num_hidden_layers': 4, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+    " 'tie_word_embeddings': true}";
+static const char *QWEN3 =
+    "{'architectures': ['Qwen3ForCausalLM'], 'model_type': 'qwen3', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 96, 'num_hidden_layers': 3, 'num_attention_heads': 8, 'num_key_value_heads': 4,"
+    " 'head_dim': 16, 'tie_word_embeddings': false}";
+static const char *QWEN3_MOE =
+    "{'architectures': ['Qwen3MoeForCausalLM'], 'model_type': 'qwen3_moe', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 96, 'num_hidden_layers': 3, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+    " 'head_dim': 8, 'num_experts': 8, 'moe_intermediate_size': 32, 'decoder_sparse_step': 1,"
+    " 'mlp_only_layers': [0], 'tie_word_embeddings': false}";
+static const char *MIXTRAL =
+    "{'architectures': ['MixtralForCausalLM'], 'model_type': 'mixtral', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 48, 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+    " 'num_local_experts': 4, 'num_experts_per_tok': 2, 'sliding_window': null}";
+static const char *DEEPSEEK =
+    "{'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'deepseek_v3', 'vocab_size': 1000,"
+    " 'hidden_size': 64, 'intermediate_size': 96, 'moe_intermediate_size': 16, 'num_hidden_layers': 3,"
+    " 'num_attention_heads': 4, 'num_key_value_heads': 4, 'q_lora_rank': 24, 'kv_lora_rank': 16,"
+    " 'qk_nope_head_dim': 8, 'qk_rope_head_dim': 4, 'v_head_dim': 8, 'n_routed_experts': 8,"
+    " 'n_shared_experts': 2, 'first_k_dense_replace': 1, 'moe_layer_freq': 1, 'topk_method': 'noaux_tc',"
+    " 'num_nextn_predict_layers': 1, 'tie_word_embeddings': false}";
+/* DeepSeek-V2-Lite style: no q LoRA (plain q_proj). */
+static const char *DEEPSEEK_NOQ =
+    "{'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'deepseek_v3', 'vocab_size': 1000,"
+    " 'hidden_size': 64, 'intermediate_size': 96, 'moe_intermediate_size': 16, 'num_hidden_layers': 2,"
+    " 'num_attention_heads': 4, 'q_lora_rank': null, 'kv_lora_rank': 16, 'qk_nope_head_dim': 8,"
+    " 'qk_rope_head_dim': 4, 'v_head_dim': 8, 'n_routed_experts': 8, 'n_shared_experts': 1,"
+    " 'first_k_dense_replace': 1}";
+
+static void synthetic_tensor_lists(void **state) {
+  (void)state;
+  rm_model *m = load(write_config("llama.json", LLAMA), 0);
+  assert_int_equal(rm_model_num_params(m), 1000 * 64 * 2 + 64 + 4 * (64 * 64 * 2 + 16 * 64 * 2 + 3 * 96 * 64 + 128));
+  assert_int_equal(rm_model_num_tensors(m), 3 + 4 * 9);
+  rm_model_free(m);
+
+  m = load(write_config("qwen3.json", QWEN3), 0);
+  EXPECT_SHAPE(m, "model.layers.2.self_attn.q_proj.weight", 128, 64); /* head_dim 16 */
+  EXPECT_SHAPE(m, "model.layers.2.self_attn.o_proj.weight", 64, 128);
+  EXPECT_SHAPE(m, "model.layers.2.self_attn.k_norm.weight", 16);
+  rm_model_free(m);
+
+  m = load(write_config("qwen3_moe.json", QWEN3_MOE), 0);
+  EXPECT_SHAPE(m, "model.layers.0.mlp.gate_proj.weight", 96, 64); /* mlp_only_layers [0] */
+  assert_null(find_tensor(m, "model.layers.0.mlp.gate.weight"));
+  EXPECT_SHAPE(m, "model.layers.1.mlp.experts.gate_proj.weight", 8, 32, 64);
+  rm_model_free(m);
+
+  m = load(write_config("deepseek_noq.json", DEEPSEEK_NOQ), 0);
+  EXPECT_SHAPE(m, "model.layers.0.self_attn.q_proj.weight", 4 * 12, 64);
+  assert_null(find_tensor(m, "model.layers.0.self_attn.q_a_proj.weight"));
+  EXPECT_SHAPE(m, "model.layers.1.mlp.shared_experts.up_proj.weight", 16, 64);
+  /* No topk_method: HF's DeepseekV3 router always has the bias. */
+  EXPECT_SHAPE(m, "model.layers.1.mlp.gate.e_score_correction_bias", 8);
+  rm_model_free(m);
+
+  /* A router without the noaux_tc bias. */
+  m = load(write_config("deepseek_greedy.json",
+                        "{'architectures': ['DeepseekV3ForCausalLM'], 'vocab_size': 100, 'hidden_size': 16,"
+                        " 'num_hidden_layers': 1, 'num_attention_heads': 2, 'q_lora_rank': 8, 'kv_lora_rank': 8,"
+                        " 'qk_nope_head_dim': 4, 'qk_rope_head_dim': 4, 'v_head_dim': 4, 'n_routed_experts': 4,"
+                        " 'moe_intermediate_size': 8, 'topk_method': 'greedy'}"),
+           0);
+  assert_null(find_tensor(m, "model.layers.0.mlp.gate.e_score_correction_bias"));
+  assert_null(find_tensor(m, "model.layers.0.mlp.shared_experts.gate_proj.weight"));
+  EXPECT_SHAPE(m, "model.layers.0.mlp.experts.down_proj.weight", 4, 16, 8);
+  rm_model_free(m);
+}
+
+/* ----------------------------------------------------- parse errors */
+
+/* Loading fails with `code`, *out stays NULL, and the message names the
+ * file and every string in `needles` (NULL-terminated). */
+static void expect_load_error(const char *path, int layers, reshard_result_t code, ...) {
+  rm_model *m = (rm_model *)(uintptr_t)1;
+  reshard_result_t r = rm_model_load(path, layers, RESHARD_BF16, &m);
+  const char *msg = reshard_last_error();
+  if (r != code) print_error("%s: result %d (%s), expected %d\n", path, r, msg, code);
+  assert_int_equal(r, code);
+  assert_null(m);
+  if (!strstr(msg, path)) print_error("message does not name the file: %s\n", msg);
+  assert_non_null(strstr(msg, path));
+  va_list ap;
+  va_start(ap, code);
+  for (const char *s; (s = va_arg(ap, const char *));) {
+    if (!strstr(msg, s)) print_error("message does not say '%s': %s\n", s, msg);
+    assert_non_null(strstr(msg, s));
+  }
+  va_end(ap);
+}
+
+static void config_errors(void **state) {
+  (void)state;
+  expect_load_error(write_config("malformed.json", "{'hidden_size': 64,\n 'vocab_size': }"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "malformed JSON", "line 2", NULL);
+  expect_load_error(write_config("trailing.json", "{'hidden_size': 64} x"), 0, RESHARD_ERROR_INVALID_ARGUMENT,
+                    "malformed JSON", NULL);
+  expect_load_error(write_config("dup.json", "{'hidden_size': 64, 'hidden_size': 32}"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "hidden_size", NULL);
+  expect_load_error(write_config("array.json", "[1, 2]"), 0, RESHARD_ERROR_INVALID_ARGUMENT, "object", NULL);
+  char missing[160];
+  snprintf(missing, sizeof missing, "%s/does_not_exist.json", tmpdir);
+  expect_load_error(missing, 0, RESHARD_ERROR_INVALID_ARGUMENT, "cannot read", NULL);
+  expect_load_error(write_config("gpt2.json", "{'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2'}"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "unknown architecture", "GPT2LMHeadModel", "gpt2", "qwen3_moe",
+                    NULL);
+  expect_load_error(write_config("noarch.json", "{'hidden_size': 64}"), 0, RESHARD_ERROR_INVALID_ARGUMENT,
+                    "architectures", NULL);
+  expect_load_error(write_config("nohidden.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'num_hidden_layers': 1,"
+                                 " 'num_attention_heads': 2, 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'hidden_size'", NULL);
+  expect_load_error(write_config("nullvocab.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': null, 'hidden_size': 8,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 2, 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'vocab_size'", NULL);
+  expect_load_error(write_config("strhidden.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'hidden_size': '64',"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 2, 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "'hidden_size' must be an integer", "string", NULL);
+  expect_load_error(write_config("zeroheads.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 0, 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "num_attention_heads", NULL);
+  expect_load_error(write_config("gqa.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 8, 'num_key_value_heads': 3,"
+                                 " 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "num_key_value_heads", NULL);
+  expect_load_error(write_config("tiedstr.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 8, 'intermediate_size': 8,"
+                                 " 'tie_word_embeddings': 1}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "tie_word_embeddings", NULL);
+  expect_load_error(write_config("mlpbias.json",
+                                 "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 8, 'intermediate_size': 8,"
+                                 " 'mlp_bias': true}"),
+                    0, RESHARD_ERROR_UNSUPPORTED, "mlp_bias", NULL);
+  /* Missing MoE / MLA keys are named. */
+  expect_load_error(write_config("mixtral_noexperts.json",
+                                 "{'architectures': ['MixtralForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 8, 'intermediate_size': 8}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'num_local_experts'", NULL);
+  expect_load_error(write_config("qmoe_noi.json",
+                                 "{'architectures': ['Qwen3MoeForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_experts': 4}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'moe_intermediate_size'", NULL);
+  expect_load_error(write_config("qmoe_only.json",
+                                 "{'architectures': ['Qwen3MoeForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_experts': 4,"
+                                 " 'moe_intermediate_size': 8, 'intermediate_size': 8, 'mlp_only_layers': [2]}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "mlp_only_layers", NULL);
+  expect_load_error(write_config("qmoe_dense_noi.json",
+                                 "{'architectures': ['Qwen3MoeForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_experts': 4,"
+                                 " 'moe_intermediate_size': 8, 'mlp_only_layers': [1]}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'intermediate_size'", NULL);
+  expect_load_error(write_config("ds_nokv.json",
+                                 "{'architectures': ['DeepseekV3ForCausalLM'], 'vocab_size': 10, 'hidden_size': 64,"
+                                 " 'num_hidden_layers': 1, 'num_attention_heads': 8, 'q_lora_rank': 8,"
+                                 " 'qk_nope_head_dim': 4, 'qk_rope_head_dim': 4, 'v_head_dim': 4}"),
+                    0, RESHARD_ERROR_INVALID_ARGUMENT, "missing key 'kv_lora_rank'", NULL);
+  /* Arguments. */
+  const char *llama = write_config("llama.json", LLAMA);
+  expect_load_error(llama, 5, RESHARD_ERROR_INVALID_ARGUMENT, "layers 5", "num_hidden_layers 4", NULL);
+  expect_load_error(llama, -1, RESHARD_ERROR_INVALID_ARGUMENT, "layers -1", NULL);
+  rm_model *m = NULL;
+  assert_int_equal(rm_model_load(llama, 0, RESHARD_NUM_DTYPES, &m), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(m);
+  assert_int_equal(rm_model_load(NULL, 0, RESHARD_BF16, &m), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(rm_model_load(llama, 0, RESHARD_BF16, NULL), RESHARD_ERROR_INVALID_ARGUMENT);
+  rm_model_free(NULL);
+}
+
+/* ------------------------------------------------- parallel settings */
+
+static void parallel_spec_parsing(void **state) {
+  (void)state;
+  rm_parallel p = par("tp=4,pp=2,dp=2,ep=8");
+  assert_int_equal(p.tp, 4);
+  assert_int_equal(p.pp, 2);
+  assert_int_equal(p.dp, 2);
+  assert_int_equal(p.ep, 8);
+  assert_int_equal(p.etp, 1);
+  assert_int_equal(rm_parallel_ranks(&p), 16);
+  p = par("etp=2, dp = 3 ,tp=1");
+  assert_int_equal(p.etp, 2);
+  assert_int_equal(p.dp, 3);
+  assert_int_equal(p.tp, 1);
+  assert_int_equal(p.pp, 1);
+  assert_int_equal(p.ep, 1);
+  assert_int_equal(rm_parallel_ranks(&p), 3);
+  p = par("");
+  assert_int_equal(rm_parallel_ranks(&p), 1);
+  assert_int_equal(p.ep + p.etp, 2);
+
+  const struct {
+    const char *spec, *says;
+  } bad[] = {
+      {"tp=0", "'tp'"},         {"tp=-2", "'tp'"},         {"tp=abc", "'tp'"},     {"tp=2x", "'tp'"},
+      {"tq=2", "'tq'"},         {"tp", "'tp'"},            {"tp=2,,pp=2", "''"},   {"tp=2,", "''"},
+      {"tp=2,tp=4", "twice"},   {"pp=99999999999", "'pp'"}, {"dp=", "'dp'"},       {"ep=4=4", "'ep'"},
+      {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rm_parallel q = {7, 7, 7, 7, 7};
+    reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
+    if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
+      print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),
+                  bad[i].says);
+    assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(reshard_last_error(), bad[i].says));
+    assert_int_equal(q.tp, 7); /* untouched on failure */
+  }
+  assert_int_equal(rm_parse_parallel(NULL, &p), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(rm_parse_parallel("tp=2", NULL), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(rm_parallel_ranks(NULL), 0);
+}
+
+/* Both builders reject what the frameworks reject, naming the setting. */
+static void expect_layout_error(const rm_model *m, int vllm_side, const char *spec, int first, const char *says) {
+  rm_parallel p = par(spec);
+  reshard_layout_t *L = (reshard_layout_t *)(uintptr_t)1;
+  reshard_result_t r = vllm_side ? rm_vllm_layout(m, &p, first, &L) : rm_megatron_layout(m, &p, first, &L);
+  if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), says))
+    print_error("%s %s: result %d, message '%s' (expected to say '%s')\n", vllm_side ? "vllm" : "megatron", spec, r,
+                reshard_last_error(), says);
+  assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(L);
+  assert_non_null(strstr(reshard_last_error(), says));
+}
+
+static void invalid_parallel_combinations(void **state) {
+  (void)state;
+  rm_model *m = load(write_config("llama.json", LLAMA), 0); /* 8 heads, 2 KV heads, 4 layers */
+  expect_layout_error(m, 0, "tp=4", 0, "query groups");  /* Megatron shards whole KV groups */
+  expect_layout_error(m, 1, "tp=3", 0, "tp 3");          /* neither divides the other */
+  expect_layout_error(m, 0, "tp=16", 0, "attention heads");
+  expect_layout_error(m, 1, "tp=16", 0, "attention heads");
+  expect_layout_error(m, 0, "pp=5", 0, "pp 5");
+  expect_layout_error(m, 1, "pp=5", 0, "pp 5");
+  expect_layout_error(m, 0, "tp=2,ep=2", 0, "dense");
+  expect_layout_error(m, 1, "etp=2", 0, "dense");
+  expect_layout_error(m, 0, "tp=2", -1, "first rank");
+  expect_layout_error(m, 1, "tp=1024,pp=4,dp=1024", 0, "attention heads");
+  expect_layout_error(m, 0, "tp=2048,pp=2,dp=1048576", 0, "overflow");
+  {
+    reshard_layout_t *L = NULL;
+    rm_parallel p = par("");
+    assert_int_equal(rm_megatron_layout(NULL, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rm_vllm_layout(m, NULL, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rm_vllm_layout(m, &p, 0, NULL), RESHARD_ERROR_INVALID_ARGUMENT);
+  }
+  rm_model_free(m);
+
+  m = load(write_config("qwen3_moe.json", QWEN3_MOE), 0); /* 8 experts, expert I 32 */
+  expect_layout_error(m, 0, "tp=2,dp=2,ep=8", 0, "ep 8 x etp 1 does not divide tp x dp = 4");
+  expect_layout_error(m, 1, "tp=2,dp=2,ep=8", 0, "tp x dp = 4");
+  expect_layout_error(m, 0, "tp=2,dp=2,ep=2,etp=4", 0, "etp 4");
+  expect_layout_error(m, 0, "tp=2,dp=3,ep=3", 0, "ep 3 does not divide the 8 experts");
+  expect_layout_error(m, 1, "tp=2,dp=2,ep=2,etp=4", 0, "etp 4");
+  expect_layout_error(m, 1, "tp=4,dp=2,ep=2,etp=2", 0, "say etp=1 or etp=4"); /* vLLM: 1 or tp*dp/ep */
+  rm_model_free(m);
+
+  /* Megatron etp must divide the expert intermediate size (48 / 32 no). */
+  m = load(write_config("mixtral_odd.json",
+                        "{'architectures': ['MixtralForCausalLM'], 'vocab_size': 100, 'hidden_size': 32,"
+                        " 'intermediate_size': 20, 'num_hidden_layers': 1, 'num_attention_heads': 4,"
+                        " 'num_key_value_heads': 4, 'num_local_experts': 4}"),
+           0);
+  expect_layout_error(m, 0, "dp=8,ep=1,etp=8", 0, "etp 8 does not divide the expert intermediate size 20");
+  expect_layout_error(m, 1, "tp=4,dp=2", 0, "tp x dp / ep = 8 does not divide the expert intermediate size 20");
+  rm_model_free(m);
+
+  /* vLLM: the padded vocabulary (1000 -> 1024) must split over tp. */
+  m = load(write_config("heads6.json",
+                        "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 1000, 'hidden_size': 48,"
+                        " 'intermediate_size': 96, 'num_hidden_layers': 1, 'num_attention_heads': 6,"
+                        " 'num_key_value_heads': 3}"),
+           0);
+  expect_layout_error(m, 1, "tp=3", 0, "padded vocabulary 1024");
+  reshard_layout_t *L = megatron(m, "tp=3", 0); /* Megatron pads to 128 x 3: 1152 */
+  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 2, 384LL * 48 * 2);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  m = load(write_config("deepseek.json", DEEPSEEK), 0); /* shared intermediate 32, dense I 96 */
+  expect_layout_error(m, 0, "tp=4,ep=8", 0, "ep 8 x etp 1 does not divide tp x dp = 4");
+  reshard_layout_t *ok = megatron(m, "tp=4,ep=4", 0); /* MLA: no KV-group constraint */
+  reshard_layout_destroy(ok);
+  rm_model_free(m);
+}
+
+/* ----------------------------------------- framework arrangements */
+
+static void framework_arrangements(void **state) {
+  (void)state;
+  const size_t e = 2; /* bf16 */
+  rm_model *m = load(write_config("deepseek.json", DEEPSEEK), 0);
+  /* vLLM tp2: fused_qkv_a_proj = [q_a_proj (24 rows); kv_a_proj_with_mqa
+   * (16 + 4 rows)], whole on every rank; q_b / kv_b split by heads. */
+  reshard_layout_t *D = vllm(m, "tp=2", 0);
+  expect_frag(D, 1, "model.layers.1.self_attn.fused_qkv_a_proj.weight", 0, "model.layers.1.self_attn.q_a_proj.weight",
+              2, BOX(0, 0), BOX(24, 64), 0);
+  expect_frag(D, 1, "model.layers.1.self_attn.fused_qkv_a_proj.weight", 1,
+              "model.layers.1.self_attn.kv_a_proj_with_mqa.weight", 2, BOX(0, 0), BOX(20, 64), 24 * 64 * e);
+  expect_frag(D, 1, "model.layers.1.self_attn.q_b_proj.weight", 0, "model.layers.1.self_attn.q_b_proj.weight", 2,
+              BOX(24, 0), BOX(24, 24), 0);
+  expect_frag(D, 1, "model.layers.1.self_attn.kv_b_proj.weight", 0, "model.layers.1.self_attn.kv_b_proj.weight", 2,
+              BOX(32, 0), BOX(32, 16), 0);
+  expect_frag(D, 1, "model.layers.1.self_attn.o_proj.weight", 0, "model.layers.1.self_attn.o_proj.weight", 2,
+              BOX(0, 16), BOX(64, 16), 0);
+  /* ep=1: w13 splits every expert's intermediate over the 2 ranks. */
+  expect_frag(D, 1, "model.layers.1.mlp.experts.w13_weight", 1, "model.layers.1.mlp.experts.up_proj.weight", 3,
+              BOX(0, 8, 0), BOX(8, 8, 64), 8 * 64 * e);
+  expect_frag(D, 0, "model.layers.1.mlp.shared_experts.gate_up_proj.weight", 1,
+              "model.layers.1.mlp.shared_experts.up_proj.weight", 2, BOX(0, 0), BOX(16, 64), 16 * 64 * e);
+  reshard_layout_destroy(D);
+
+  /* Megatron tp2 dp2 ep2 etp2: expert grid [1, 2, 2]; rank 3 is EP 1,
+   * ETP 1: experts 4..8, intermediate rows 8..16 of gate and of up. */
+  reshard_layout_t *S = megatron(m, "tp=2,dp=2,ep=2,etp=2", 0);
+  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
+              3, BOX(4, 8, 0), BOX(4, 8, 64), 0);
+  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc1.weight", 1, "model.layers.2.mlp.experts.up_proj.weight", 3,
+              BOX(4, 8, 0), BOX(4, 8, 64), 8 * 64 * e);
+  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc2.weight", 0, "model.layers.2.mlp.experts.down_proj.weight",
+              3, BOX(4, 0, 8), BOX(4, 64, 8), 0);
+  expect_frag(S, 1, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
+              3, BOX(0, 8, 0), BOX(4, 8, 64), 0);
+  reshard_layout_destroy(S);
+  /* ep 4 != etp 2 over tp2 x dp4 (expert grid [1, 4, 2]): rank 5 is EP 2,
+   * ETP 1: experts 4..6, rows 8..16. */
+  S = megatron(m, "tp=2,dp=4,ep=4,etp=2", 0);
+  expect_frag(S, 5, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
+              3, BOX(4, 8, 0), BOX(2, 8, 64), 0);
+  reshard_layout_destroy(S);
+  /* Expert-DP 2 (grid [2, 2, 2]): rank 5 is EDP 1, EP 0, ETP 1. */
+  S = megatron(m, "tp=2,dp=4,ep=2,etp=2", 0);
+  expect_frag(S, 5, "decoder.layers.2.mlp.experts.linear_fc2.weight", 0, "model.layers.2.mlp.experts.down_proj.weight",
+              3, BOX(0, 0, 8), BOX(4, 64, 8), 0);
+  reshard_layout_destroy(S);
+  S = megatron(m, "tp=2,dp=2,ep=2,etp=2", 0);
+  /* MLA: down projections replicated, up projections split by heads. */
+  expect_frag(S, 3, "decoder.layers.0.self_attention.linear_q_down_proj.weight", 0,
+              "model.layers.0.self_attn.q_a_proj.weight", 2, BOX(0, 0), BOX(24, 64), 0);
+  expect_frag(S, 3, "decoder.layers.0.self_attention.linear_kv_up_proj.weight", 0,
+              "model.layers.0.self_attn.kv_b_proj.weight", 2, BOX(32, 0), BOX(32, 16), 0);
+  expect_frag(S, 2, "decoder.layers.1.mlp.router.expert_bias", 0, "model.layers.1.mlp.gate.e_score_correction_bias", 1,
+              BOX(0), BOX(8), 0);
+  expect_frag(S, 2, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight", 1,
+              "model.layers.1.mlp.shared_experts.up_proj.weight", 2, BOX(0, 0), BOX(16, 64), 16 * 64 * e);
+  reshard_layout_destroy(S);
+  rm_model_free(m);
+
+  /* Qwen2 biases: Megatron's fused bias is interleaved per KV group like
+   * the weight (rank 1 of tp2 holds group 1: q 32..64, k 8..16, v 8..16);
+   * vLLM tp4 replicates KV head 1 on ranks 2 and 3. */
+  m = load(write_config("qwen2.json", QWEN2), 0);
+  S = megatron(m, "tp=2", 0);
+  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 0, "model.layers.0.self_attn.q_proj.bias", 1,
+              BOX(32), BOX(32), 0);
+  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 1, "model.layers.0.self_attn.k_proj.bias", 1,
+              BOX(8), BOX(8), 32 * e);
+  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 2, "model.layers.0.self_attn.v_proj.bias", 1,
+              BOX(8), BOX(8), 40 * e);
+  expect_frag(S, 1, "decoder.layers.3.self_attention.linear_qkv.weight", 1, "model.layers.3.self_attn.k_proj.weight", 2,
+              BOX(8, 0), BOX(8, 64), 32 * 64 * e);
+  /* linear_fc1 = [gate shard; up shard]; linear_fc2 row-parallel. */
+  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc1.weight", 0, "model.layers.3.mlp.gate_proj.weight", 2, BOX(48, 0),
+              BOX(48, 64), 0);
+  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc1.weight", 1, "model.layers.3.mlp.up_proj.weight", 2, BOX(48, 0),
+              BOX(48, 64), 48 * 64 * e);
+  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc2.weight", 0, "model.layers.3.mlp.down_proj.weight", 2, BOX(0, 48),
+              BOX(64, 48), 0);
+  reshard_layout_destroy(S);
+  /* tp1: both KV groups on one rank, interleaved [q0 k0 v0 q1 k1 v1]. */
+  S = megatron(m, "pp=2", 0);
+  const char *qkv = "decoder.layers.0.self_attention.linear_qkv.weight";
+  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.q_proj.weight", 2, BOX(0, 0), BOX(32, 64), 0);
+  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.k_proj.weight", 2, BOX(0, 0), BOX(8, 64), 32 * 64 * e);
+  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.v_proj.weight", 2, BOX(0, 0), BOX(8, 64), 40 * 64 * e);
+  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.q_proj.weight", 2, BOX(32, 0), BOX(32, 64), 48 * 64 * e);
+  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.v_proj.weight", 2, BOX(8, 0), BOX(8, 64), 88 * 64 * e);
+  reshard_layout_destroy(S);
+  D = vllm(m, "tp=4", 0);
+  expect_frag(D, 2, "model.layers.0.self_attn.qkv_proj.bias", 1, "model.layers.0.self_attn.k_proj.bias", 1, BOX(8),
+              BOX(8), 16 * e);
+  expect_frag(D, 2, "model.layers.1.mlp.gate_up_proj.weight", 0, "model.layers.1.mlp.gate_proj.weight", 2, BOX(48, 0),
+              BOX(24, 64), 0);
+  expect_frag(D, 2, "model.layers.1.mlp.gate_up_proj.weight", 1, "model.layers.1.mlp.up_proj.weight", 2, BOX(48, 0),
+              BOX(24, 64), 24 * 64 * e);
+  expect_frag(D, 2, "model.layers.1.mlp.down_proj.weight", 0, "model.layers.1.mlp.down_proj.weight", 2, BOX(0, 48),
+              BOX(64, 24), 0);
+  expect_frag(D, 3, "model.layers.0.self_attn.qkv_proj.bias", 2, "model.layers.0.self_attn.v_proj.bias", 1, BOX(8),
+              BOX(8), 24 * e);
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+
+  /* Mixtral keeps block_sparse_moe in vLLM's buffer names; w13 = [w1; w3]
+   * per expert. ep 4 over tp2 x dp2: one expert per rank. */
+  m = load(write_config("mixtral.json", MIXTRAL), 0);
+  D = vllm(m, "tp=2,dp=2,ep=4", 0);
+  expect_frag(D, 2, "model.layers.1.block_sparse_moe.experts.w13_weight", 0,
+              "model.layers.1.block_sparse_moe.experts.w1.weight", 3, BOX(2, 0, 0), BOX(1, 48, 64), 0);
+  expect_frag(D, 2, "model.layers.1.block_sparse_moe.experts.w13_weight", 1,
+              "model.layers.1.block_sparse_moe.experts.w3.weight", 3, BOX(2, 0, 0), BOX(1, 48, 64), 48 * 64 * e);
+  expect_frag(D, 2, "model.layers.1.block_sparse_moe.gate.weight", 0, "model.layers.1.block_sparse_moe.gate.weight", 2,
+              BOX(0, 0), BOX(4, 64), 0);
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------- end-to-end reshards */
+
+/* Megatron `src` on ranks 0.. and vLLM `dst` after them (or from 0 when
+ * colocated): every destination byte checked over `steps` updates. */
+static void reshard(const char *cfg, const char *json, const char *src, const char *dst, int colocate,
+                    size_t staging) {
+  rm_model *m = load(write_config(cfg, json), 0);
+  rm_parallel s = par(src), d = par(dst);
+  int S = rm_parallel_ranks(&s), D = rm_parallel_ranks(&d);
+  reshard_layout_t *sl = megatron(m, src, 0), *dl = vllm(m, dst, colocate ? 0 : S);
+  int nranks = colocate ? (S > D ? S : D) : S + D;
+  expect_full_coverage(sl, nranks, "megatron");
+  expect_full_coverage(dl, nranks, "vllm");
+  th_sync_args a = {.src = sl, .dst = dl, .opts = RESHARD_OPTIONS_INITIALIZER, .steps = 2};
+  if (staging) a.opts.staging_bytes = staging;
+  int64_t bad = th_sync(nranks, &a);
+  if (bad) print_error("%s: megatron %s -> vllm %s%s: %lld wrong\n", cfg, src, dst, colocate ? " (colocated)" : "",
+                       (long long)bad);
+  assert_int_equal(bad, 0);
+  /* Guard against a vacuous pass: every destination replica of the model
+   * was received or copied. */
+  size_t moved = 0;
+  for (int i = 0; i < nranks; i++) moved += a.recv_bytes[i] + a.local_bytes[i];
+  assert_true(moved >= (size_t)rm_model_num_params(m) * reshard_dtype_size(rm_model_dtype(m)));
+  reshard_layout_destroy(sl);
+  reshard_layout_destroy(dl);
+  rm_model_free(m);
+}
+
+static void e2e_llama(void **state) {
+  (void)state;
+  reshard("llama.json", LLAMA, "tp=2,pp=2", "tp=2,dp=2", 0, 0);
+  reshard("llama.json", LLAMA, "tp=2,dp=2", "tp=4", 0, 0);        /* kv replication */
+  reshard("llama.json", LLAMA, "tp=2,pp=2", "tp=8", 0, 0);        /* 4 ranks per KV head */
+  reshard("llama.json", LLAMA, "tp=2,pp=2", "tp=4", 1, 0);        /* colocated */
+  reshard("llama.json", LLAMA, "tp=1,dp=2", "tp=2,pp=2", 0, 4096); /* vLLM pp, small staging */
+}
+
+static void e2e_qwen2_bias_tied(void **state) {
+  (void)state;
+  reshard("qwen2.json", QWEN2, "tp=2,pp=2,dp=2", "tp=4", 0, 0);
+  reshard("qwen2.json", QWEN2, "pp=2", "tp=2,pp=2", 0, 0); /* tied copies on both last stages */
+  reshard("qwen2.json", QWEN2, "tp=2,pp=2", "tp=4,dp=2", 1, 0);
+}
+
+static void e2e_qwen3_qk_norm(void **state) {
+  (void)state;
+  reshard("qwen3.json", QWEN3, "tp=4", "tp=8", 0, 0);
+  reshard("qwen3.json", QWEN3, "tp=2,pp=3", "tp=2,pp=2", 0, 0);
+  reshard("qwen3.json", QWEN3, "tp=4,pp=3", "tp=4,dp=2", 1, 0);
+}
+
+static void e2e_qwen3_moe(void **state) {
+  (void)state;
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,pp=2,dp=2,ep=2,etp=2", "tp=4", 0, 0);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=2", "tp=4,ep=4", 1, 8192);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4", "tp=2,pp=2,dp=2,ep=2", 0, 0);
+}
+
+static void e2e_mixtral(void **state) {
+  (void)state;
+  reshard("mixtral.json", MIXTRAL, "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("mixtral.json", MIXTRAL, "tp=2,etp=2", "tp=2,ep=2", 0, 0);
+  reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=4", "tp=4,etp=4", 1, 0);
+}
+
+static void e2e_deepseek_v3(void **state) {
+  (void)state;
+  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=2,dp=2,ep=4", "tp=4,ep=4", 0, 0);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2", 0, 0);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=2,ep=2", "tp=4,ep=4", 1, 8192);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=4", "tp=2,pp=2,ep=2", 0, 0);
+  reshard("deepseek_noq.json", DEEPSEEK_NOQ, "tp=2,pp=2", "tp=2,dp=2,ep=4", 0, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(published_parameter_totals),
+      cmocka_unit_test(published_non_embedding_totals),
+      cmocka_unit_test(shipped_tensor_shapes),
+      cmocka_unit_test(layer_truncation),
+      cmocka_unit_test(shipped_layout_buffer_sizes),
+      cmocka_unit_test(pipeline_stage_split),
+      cmocka_unit_test(synthetic_tensor_lists),
+      cmocka_unit_test(config_errors),
+      cmocka_unit_test(parallel_spec_parsing),
+      cmocka_unit_test(invalid_parallel_combinations),
+      cmocka_unit_test(framework_arrangements),
+      cmocka_unit_test(e2e_llama),
+      cmocka_unit_test(e2e_qwen2_bias_tied),
+      cmocka_unit_test(e2e_qwen3_qk_norm),
+      cmocka_unit_test(e2e_qwen3_moe),
+      cmocka_unit_test(e2e_mixtral),
+      cmocka_unit_test(e2e_deepseek_v3),
+  };
+  return cmocka_run_group_tests(tests, setup_tmpdir, remove_tmpdir);
+}
