@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
+#include "transport/stream.h"
 
 typedef struct exec_state {
   const reshard_plan_t *plan;
@@ -149,11 +150,13 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   /* Every call, failed or not, is one instance of the collective: tag it
    * so that messages a failed call left in flight never match a later one. */
   uint64_t epoch = __atomic_fetch_add(&((reshard_plan_t *)plan)->exec_calls, 1, __ATOMIC_RELAXED);
-  if (stream)
+  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
+  if (stream && !dev)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
                     plan->rank, plan->comm->ops->name);
   RS_CHECK(check_buffers(plan, "source", src_buffers, num_src, plan->num_src_buffers, plan->src_used, plan->nsrc_used));
   RS_CHECK(check_buffers(plan, "destination", dst_buffers, num_dst, plan->num_dst_buffers, plan->dst_used, plan->ndst_used));
+  if (dev) return rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, epoch);
 
   /* Staging and request slots in one block. */
   size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));

@@ -455,6 +455,7 @@ fail:
 
 void reshard_plan_destroy(reshard_plan_t *p) {
   if (!p) return;
+  if (p->device_free) p->device_free(p);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);

@@ -70,6 +70,12 @@ struct reshard_plan {
    * every tag, so messages a failed call left behind never match a later
    * call. Every rank must make the same number of calls. */
   uint64_t exec_calls;
+
+  /* Device backends: state cached with the plan at first execute (device
+   * copies of the descriptors, staging, streams), freed by device_free
+   * from reshard_plan_destroy. NULL on host transports. */
+  void *device;
+  void (*device_free)(struct reshard_plan *plan);
 };
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */

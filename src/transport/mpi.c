@@ -171,7 +171,7 @@ static void mpi_destroy(reshard_comm_t *c) {
 }
 
 static const rs_transport_ops rs_mpi_ops = {
-    "mpi", mpi_isend, mpi_irecv, mpi_test, mpi_wait, mpi_cancel, mpi_allreduce, mpi_destroy,
+    "mpi", mpi_isend, mpi_irecv, mpi_test, mpi_wait, mpi_cancel, mpi_allreduce, mpi_destroy, NULL,
 };
 
 reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {

@@ -16,6 +16,7 @@
 #include "reshard.h"
 
 typedef struct rs_request rs_request; /* owned by the transport */
+typedef struct rs_stream_ops rs_stream_ops; /* device transports only */
 
 typedef struct rs_transport_ops {
   const char *name;
@@ -42,6 +43,10 @@ typedef struct rs_transport_ops {
                                         int n, int64_t deadline_ns);
   /* Frees the transport's state of this communicator. */
   void (*destroy)(reshard_comm_t *comm);
+  /* Stream-ordered (device) transports only, NULL otherwise: execute goes
+   * to stream_ops->execute instead of the host executor (see
+   * src/device/device.h). Kept last so host transports need not name it. */
+  const rs_stream_ops *stream_ops;
 } rs_transport_ops;
 
 struct reshard_comm {

@@ -1,0 +1,33 @@
+/* C interface of the CUDA copy kernels (copy_kernels.cu). Plain C: the
+ * executor and the tests include it without CUDA headers. */
+#ifndef RS_KERNELS_RS_KERNELS_H
+#define RS_KERNELS_RS_KERNELS_H
+
+#include <stdint.h>
+
+#include "kernels/rs_tile.h"
+#include "pack/copy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Threads per block of the copy kernel (the tile body's nthreads). */
+#define RS_KERNEL_THREADS 256
+
+/* Enqueues on `stream` (a cudaStream_t) one launch that copies every tile
+ * of tiles[0, ntiles) (device memory): tile t copies part of descriptor
+ * copies[tiles[t].desc] (device memory) from src_tab[src_buf] to
+ * dst_tab[dst_buf], where RS_BUF_STAGING on either side means `staging`.
+ * src_tab and dst_tab are device arrays of buffer base addresses; either
+ * may be NULL when every descriptor uses staging on that side. Returns the
+ * cudaError_t of the launch (0: enqueued); ntiles == 0 enqueues nothing. */
+int rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles,
+                          const rs_copy *copies, void *const *src_tab,
+                          void *const *dst_tab, void *staging, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,36 @@
+/* The device executor (execute_device.c) and the tile builder (tiles.c).
+ * Compiled only with RESHARD_WITH_CUDA; no CUDA header here. */
+#ifndef RS_DEVICE_DEVICE_H
+#define RS_DEVICE_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/rs_tile.h"
+#include "plan/plan.h"
+
+/* Bytes of one tile (one thread block's work), a multiple of 16. */
+#define RS_TILE_BYTES ((uint64_t)64 << 10)
+
+/* Number of tiles of descriptors c[0, n). */
+uint64_t rs_tiles_count(const rs_copy *c, size_t n, uint64_t tile_bytes);
+
+/* Writes the tiles of c[0, n) to out (rs_tiles_count entries); tile.desc
+ * is desc_base + the descriptor's index. */
+void rs_tiles_build(const rs_copy *c, size_t n, uint32_t desc_base,
+                    uint64_t tile_bytes, rs_tile *out);
+
+/* stream_ops->execute of device transports. */
+reshard_result_t rs_device_execute(const reshard_plan_t *plan,
+                                   void *const *src, size_t nsrc,
+                                   void *const *dst, size_t ndst,
+                                   void *stream, uint64_t epoch);
+
+/* plan->device_free: releases what rs_device_execute cached. */
+void rs_device_plan_free(reshard_plan_t *plan);
+
+/* Maps a CUDA error to a result code with detail ("what" failed);
+ * allocation failures are RESHARD_ERROR_OUT_OF_MEMORY. */
+reshard_result_t rs_cuda_error(int err, const char *what, int rank);
+
+#endif

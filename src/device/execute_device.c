@@ -1,0 +1,364 @@
+/* The device executor: replays a plan on CUDA streams for a stream-ordered
+ * transport (NCCL), without a host synchronization.
+ *
+ * Three internal streams overlap the rounds: the pack stream packs round k
+ * into send half k mod 2, the transfer stream runs round k's group of
+ * sends and receives once that pack is done, and the unpack stream unpacks
+ * round k from receive half k mod 2 once the transfer is done. Events keep
+ * the halves safe: pack k waits for transfer k-2 (its send half), transfer
+ * k waits for unpack k-2 (its receive half). Local copies are packed on
+ * the pack stream after round 0's pack, so they overlap its transfer.
+ *
+ * Everything per plan (descriptors, tiles, staging, streams, events) is
+ * set up at the first execute and cached with the plan, so an execute
+ * costs a few launches and one group per round, and no per-segment work. */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/debug.h"
+#include "common/error.h"
+#include "device/device.h"
+#include "kernels/rs_kernels.h"
+#include "transport/stream.h"
+
+enum { S_PACK, S_XFER, S_UNPACK, S_COUNT };
+#define RS_TAB_SLOTS 4
+
+typedef struct rs_dev {
+  pthread_mutex_t mu;
+  /* A plan whose enqueued work may be half done (or whose communicator
+   * failed) cannot run again: execute then returns INVALID_USAGE. */
+  reshard_result_t failed;
+  char failed_msg[200];
+
+  rs_copy *d_copies; /* send | recv | local descriptors */
+  rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
+  uint64_t *pack_start, *unpack_start; /* nrounds + 1 tile indices */
+  uint64_t local_start, local_end;
+
+  /* Buffer base addresses, source then destination: the only per-call
+   * input, uploaded when it changes. A ring of tables, so that executes
+   * enqueued back to back with different buffers (one plan per layer
+   * group, alternating buffers) rarely find the next pinned slot still
+   * feeding an upload. */
+  void **h_tab[RS_TAB_SLOTS], **d_tab[RS_TAB_SLOTS]; /* pinned, device */
+  cudaEvent_t tab_ev[RS_TAB_SLOTS];
+  size_t ntab;
+  int tab_uploaded, tab_cur;
+
+  unsigned char *staging; /* send halves, then receive halves */
+  rs_p2p *p2p;            /* one round's group */
+
+  cudaStream_t s[S_COUNT];
+  cudaEvent_t ev_begin, ev_end[S_COUNT];
+  cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2];
+} rs_dev;
+
+reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
+  cudaError_t e = (cudaError_t)err;
+  reshard_result_t code = e == cudaErrorMemoryAllocation
+                              ? RESHARD_ERROR_OUT_OF_MEMORY
+                              : RESHARD_ERROR_BACKEND;
+  return rs_error(code, "rank %d: %s failed: %s (%s)", rank, what,
+                  cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CU(call, what)                                                     \
+  do {                                                                     \
+    cudaError_t cu_e_ = (call);                                            \
+    if (cu_e_ != cudaSuccess) {                                            \
+      r = rs_cuda_error(cu_e_, what, p->rank);                             \
+      goto fail;                                                           \
+    }                                                                      \
+  } while (0)
+
+static void dev_free(const reshard_plan_t *p, rs_dev *d) {
+  if (!d) return;
+  /* Work of earlier executes may still read the descriptors and staging;
+   * destroy is allowed to wait for it (execute never does). */
+  for (int i = 0; i < S_COUNT; i++)
+    if (d->s[i]) cudaStreamSynchronize(d->s[i]);
+  /* Stream-ordered allocations go back the same way (they exist only if
+   * the pack stream does). */
+  if (d->s[S_PACK]) {
+    if (d->d_copies) cudaFreeAsync(d->d_copies, d->s[S_PACK]);
+    if (d->d_tiles) cudaFreeAsync(d->d_tiles, d->s[S_PACK]);
+    for (int i = 0; i < RS_TAB_SLOTS; i++)
+      if (d->d_tab[i]) cudaFreeAsync(d->d_tab[i], d->s[S_PACK]);
+    cudaStreamSynchronize(d->s[S_PACK]);
+  }
+  for (int i = 0; i < S_COUNT; i++)
+    if (d->s[i]) cudaStreamDestroy(d->s[i]);
+  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2], &d->tab_ev[3], &d->ev_begin,
+                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2], &d->ev_packed[0], &d->ev_packed[1],
+                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
+  for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+    if (*evs[i]) cudaEventDestroy(*evs[i]);
+  if (d->staging) p->comm->ops->stream_ops->mem_free(p->comm, d->staging);
+  for (int i = 0; i < RS_TAB_SLOTS; i++)
+    if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
+  free(d->pack_start);
+  free(d->unpack_start);
+  free(d->p2p);
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+}
+
+void rs_device_plan_free(reshard_plan_t *p) {
+  dev_free(p, p->device);
+  p->device = NULL;
+}
+
+/* Tiles of one direction, round by round; start[k] is round k's first.
+ * A direction's round array covers only its own rounds (its last
+ * message's round + 1), which may be fewer than the plan's. */
+static int dir_rounds(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
+
+static uint64_t count_dir(const rs_msg *m, size_t n, const size_t *round, int nr, const rs_copy *copies,
+                          uint64_t *start, uint64_t base) {
+  uint64_t t = base;
+  int dr = dir_rounds(m, n);
+  for (int k = 0; k < nr; k++) {
+    start[k] = t;
+    if (k < dr)
+      for (size_t i = round[k]; i < round[k + 1]; i++)
+        t += rs_tiles_count(copies + m[i].first_copy, m[i].ncopies, RS_TILE_BYTES);
+  }
+  start[nr] = t;
+  return t;
+}
+
+static void build_dir(const rs_msg *m, size_t n, const size_t *round, const rs_copy *copies, uint32_t desc_base,
+                      const uint64_t *start, rs_tile *tiles) {
+  int dr = dir_rounds(m, n);
+  for (int k = 0; k < dr; k++) {
+    rs_tile *out = tiles + start[k];
+    for (size_t i = round[k]; i < round[k + 1]; i++) {
+      const rs_copy *c = copies + m[i].first_copy;
+      rs_tiles_build(c, m[i].ncopies, desc_base + m[i].first_copy, RS_TILE_BYTES, out);
+      out += rs_tiles_count(c, m[i].ncopies, RS_TILE_BYTES);
+    }
+  }
+}
+
+static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  rs_copy *hc = NULL;
+  rs_tile *ht = NULL;
+  rs_dev *d = calloc(1, sizeof *d);
+  if (!d) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
+  pthread_mutex_init(&d->mu, NULL);
+  int nr = p->nrounds;
+  d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
+  d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
+  d->p2p = calloc(p->max_round_msgs ? p->max_round_msgs : 1, sizeof *d->p2p);
+  size_t ncop = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
+  hc = malloc((ncop ? ncop : 1) * sizeof *hc);
+  if (!d->pack_start || !d->unpack_start || !d->p2p || !hc) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
+    goto fail;
+  }
+  if (ncop > UINT32_MAX) {
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "execute rank %d: %zu descriptors exceed the kernels' 32-bit index", p->rank, ncop);
+    goto fail;
+  }
+  /* (empty arrays may be NULL: no memcpy from them) */
+  if (p->nsend_copies) memcpy(hc, p->send_copies, p->nsend_copies * sizeof *hc);
+  if (p->nrecv_copies) memcpy(hc + p->nsend_copies, p->recv_copies, p->nrecv_copies * sizeof *hc);
+  if (p->nlocal_copies)
+    memcpy(hc + p->nsend_copies + p->nrecv_copies, p->local_copies, p->nlocal_copies * sizeof *hc);
+
+  /* Rounds are numbered per direction from 0; a direction with fewer
+   * rounds simply has empty later ones. */
+  uint64_t nt = count_dir(p->sends, p->nsends, p->send_round, nr, p->send_copies, d->pack_start, 0);
+  nt = count_dir(p->recvs, p->nrecvs, p->recv_round, nr, p->recv_copies, d->unpack_start, nt);
+  d->local_start = nt;
+  nt += rs_tiles_count(p->local_copies, p->nlocal_copies, RS_TILE_BYTES);
+  d->local_end = nt;
+  ht = malloc((nt ? nt : 1) * sizeof *ht);
+  if (!ht) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for %llu tiles", p->rank, (unsigned long long)nt);
+    goto fail;
+  }
+  build_dir(p->sends, p->nsends, p->send_round, p->send_copies, 0, d->pack_start, ht);
+  build_dir(p->recvs, p->nrecvs, p->recv_round, p->recv_copies, (uint32_t)p->nsend_copies, d->unpack_start, ht);
+  rs_tiles_build(p->local_copies, p->nlocal_copies, (uint32_t)(p->nsend_copies + p->nrecv_copies),
+                 RS_TILE_BYTES, ht + d->local_start);
+
+  for (int i = 0; i < S_COUNT; i++)
+    CU(cudaStreamCreateWithFlags(&d->s[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2], &d->tab_ev[3], &d->ev_begin,
+                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2], &d->ev_packed[0], &d->ev_packed[1],
+                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
+  for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+    CU(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+
+  CU(cudaMallocAsync((void **)&d->d_copies, (ncop ? ncop : 1) * sizeof *hc, d->s[S_PACK]), "cudaMallocAsync(descriptors)");
+  CU(cudaMallocAsync((void **)&d->d_tiles, (nt ? nt : 1) * sizeof *ht, d->s[S_PACK]), "cudaMallocAsync(tiles)");
+  d->ntab = (size_t)p->num_src_buffers + (size_t)p->num_dst_buffers;
+  for (int i = 0; i < RS_TAB_SLOTS; i++) {
+    CU(cudaMallocAsync((void **)&d->d_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *), d->s[S_PACK]),
+       "cudaMallocAsync(buffer table)");
+    CU(cudaMallocHost((void **)&d->h_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *)), "cudaMallocHost(buffer table)");
+  }
+  CU(cudaMemcpyAsync(d->d_copies, hc, ncop * sizeof *hc, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(descriptors)");
+  CU(cudaMemcpyAsync(d->d_tiles, ht, nt * sizeof *ht, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(tiles)");
+  /* The one host wait of a plan's life: the pageable upload must finish
+   * before its source is freed. It waits for reshard's own stream only,
+   * never the caller's. */
+  CU(cudaStreamSynchronize(d->s[S_PACK]), "cudaStreamSynchronize(upload)");
+
+  size_t stage = (size_t)(2 * (p->send_half + p->recv_half));
+  if (stage) RS_CHECK_GOTO(p->comm->ops->stream_ops->mem_alloc(p->comm, stage, (void **)&d->staging), r, fail);
+  free(hc);
+  free(ht);
+  *out = d;
+  return RESHARD_SUCCESS;
+fail:
+  free(hc);
+  free(ht);
+  dev_free(p, d);
+  rs_error_prefix("execute rank %d (device setup): ", p->rank);
+  return r;
+}
+
+/* Enqueues one launch over tiles [a, b). */
+static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
+                               void *staging, int stream, const char *what) {
+  if (a == b) return RESHARD_SUCCESS;
+  void *const *src = d->d_tab[d->tab_cur];
+  void *const *dst = d->d_tab[d->tab_cur] + p->num_src_buffers;
+  int e = rs_cuda_launch_copies(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, d->s[stream]);
+  if (e) return rs_cuda_error(e, what, p->rank);
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
+                                void *const *dst, size_t ndst, cudaStream_t caller) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+  cudaEvent_t ev_start = d->ev_end[S_PACK]; /* reused: recorded again at the end */
+
+  /* Start after the caller's work and after this plan's previous execute
+   * (which shares the staging and the buffer table). */
+  CU(cudaEventRecord(ev_start, caller), "cudaEventRecord(start)");
+  CU(cudaStreamWaitEvent(d->s[S_PACK], ev_start, 0), "cudaStreamWaitEvent(start)");
+  CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_XFER], 0), "cudaStreamWaitEvent(previous)");
+  CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(previous)");
+
+  int changed = !d->tab_uploaded;
+  for (size_t i = 0; i < d->ntab && !changed; i++) {
+    size_t ns = (size_t)p->num_src_buffers;
+    void *v = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+    changed = d->h_tab[d->tab_cur][i] != v;
+  }
+  if (changed && d->ntab) {
+    /* The next slot's pinned table may still feed an upload RS_TAB_SLOTS
+     * executes back: the only host wait an execute can make, and only
+     * when buffer addresses keep changing faster than the GPU runs. The
+     * device table of the slot is overwritten in stream order, after
+     * every earlier execute of the plan (see the waits above). */
+    int slot = d->tab_uploaded ? (d->tab_cur + 1) % RS_TAB_SLOTS : 0;
+    if (cudaEventQuery(d->tab_ev[slot]) == cudaErrorNotReady)
+      CU(cudaEventSynchronize(d->tab_ev[slot]), "cudaEventSynchronize(buffer table)");
+    size_t ns = (size_t)p->num_src_buffers;
+    void **h = d->h_tab[slot];
+    for (size_t i = 0; i < d->ntab; i++)
+      h[i] = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+    CU(cudaMemcpyAsync(d->d_tab[slot], h, d->ntab * sizeof(void *), cudaMemcpyHostToDevice, d->s[S_PACK]),
+       "cudaMemcpyAsync(buffer table)");
+    CU(cudaEventRecord(d->tab_ev[slot], d->s[S_PACK]), "cudaEventRecord(buffer table)");
+    d->tab_cur = slot;
+    d->tab_uploaded = 1;
+  }
+  CU(cudaEventRecord(d->ev_begin, d->s[S_PACK]), "cudaEventRecord(begin)");
+  CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
+  CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
+
+  unsigned char *send_stage[2] = {d->staging, d->staging + p->send_half};
+  unsigned char *recv_stage[2] = {d->staging + 2 * p->send_half, d->staging + 2 * p->send_half + p->recv_half};
+  int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
+  for (int k = 0; k < p->nrounds; k++) {
+    int h = k & 1;
+    if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(send half)");
+    RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, "pack launch"), r, fail);
+    CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
+    if (k == 0) RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, "local copy launch"), r, fail);
+
+    size_t n = 0;
+    if (k < nrs)
+      for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++)
+        d->p2p[n++] = (rs_p2p){p->recvs[i].peer, 1, recv_stage[h] + p->recvs[i].staging_off, p->recvs[i].bytes};
+    if (k < nss)
+      for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++)
+        d->p2p[n++] = (rs_p2p){p->sends[i].peer, 0, send_stage[h] + p->sends[i].staging_off, p->sends[i].bytes};
+    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_packed[h], 0), "cudaStreamWaitEvent(packed)");
+    if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(receive half)");
+    RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline), r, fail);
+    CU(cudaEventRecord(d->ev_xfer[h], d->s[S_XFER]), "cudaEventRecord(transfer)");
+
+    CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
+    RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, "unpack launch"),
+                  r, fail);
+    CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
+  }
+  if (p->nrounds == 0)
+    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, "local copy launch"), r, fail);
+
+  /* Completion becomes visible on the caller's stream. */
+  for (int i = 0; i < S_COUNT; i++) {
+    CU(cudaEventRecord(d->ev_end[i], d->s[i]), "cudaEventRecord(end)");
+    CU(cudaStreamWaitEvent(caller, d->ev_end[i], 0), "cudaStreamWaitEvent(caller)");
+  }
+  return RESHARD_SUCCESS;
+fail:
+  return r;
+}
+
+reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src, size_t nsrc,
+                                   void *const *dst, size_t ndst, void *stream, uint64_t epoch) {
+  (void)epoch; /* NCCL matches in posting order: no tags */
+  const reshard_plan_t *p = plan;
+  reshard_plan_t *mut = (reshard_plan_t *)plan; /* the device cache only */
+  reshard_result_t r;
+  /* The first execute creates the cache; a process-wide lock keeps two
+   * concurrent first executes of one plan from both creating it. A failed
+   * setup caches nothing: the plan stays usable (e.g. after freeing
+   * memory). */
+  static pthread_mutex_t setup_mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&setup_mu);
+  if (!mut->device) {
+    rs_dev *nd = NULL;
+    r = dev_setup(p, &nd);
+    if (r == RESHARD_SUCCESS) {
+      mut->device = nd;
+      mut->device_free = rs_device_plan_free;
+    }
+  } else {
+    r = RESHARD_SUCCESS;
+  }
+  pthread_mutex_unlock(&setup_mu);
+  if (r != RESHARD_SUCCESS) return r;
+  rs_dev *d = mut->device;
+  pthread_mutex_lock(&d->mu);
+  if (d->failed) {
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: this plan failed earlier (%s); destroy it",
+                 p->rank, d->failed_msg);
+    pthread_mutex_unlock(&d->mu);
+    return r;
+  }
+  r = p->comm->ops->stream_ops->check(p->comm);
+  if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream);
+  if (r != RESHARD_SUCCESS) {
+    /* Some of this call may be enqueued, and the communicator may hold
+     * unmatched transfers: the plan cannot be trusted again. */
+    d->failed = r;
+    snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
+  }
+  pthread_mutex_unlock(&d->mu);
+  return r;
+}

@@ -1,0 +1,187 @@
+/* The CUDA copy kernel against the host reference (rs_copy_run), on a GPU:
+ * random batches of descriptors (transposes, odd element sizes, misaligned
+ * offsets, reversed dims; many descriptors per launch; staging on either
+ * side), byte-exact over the whole destination; and offsets beyond 2^31
+ * elements and 2^32 bytes on both sides. Exit 77 without a device.
+ * Usage: gpu_kernels [--small] [seed]  (--small: a few iterations, for
+ * compute-sanitizer). */
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <vector>
+
+extern "C" {
+#include "device/device.h"
+#include "pack/copy.h"
+}
+#include "gpu/gpu_common.h"
+#include "gpu/rand_copies.h"
+#include "kernels/rs_kernels.h"
+
+static int run_batch(uint64_t seed, int ndesc, uint64_t tile_bytes, int staging_side) {
+  uint64_t s = seed;
+  std::vector<rs_copy> c(ndesc);
+  uint64_t sb = 0, db = 0;
+  for (int i = 0; i < ndesc; i++) {
+    uint64_t sl, dl;
+    rc_copy(&s, sb, db, &c[i], &sl, &dl);
+    sb += sl;
+    db += dl;
+    if (staging_side == 1) c[i].src_buf = RS_BUF_STAGING;
+    if (staging_side == 2) c[i].dst_buf = RS_BUF_STAGING;
+  }
+  std::vector<unsigned char> src(sb), ref(db, 0xa5), got(db);
+  for (auto &b : src) b = (unsigned char)(rc_rand(&s) >> 56);
+  for (int i = 0; i < ndesc; i++) rs_copy_run(&c[i], src.data(), ref.data());
+  uint64_t nt = rs_tiles_count(c.data(), ndesc, tile_bytes);
+  std::vector<rs_tile> t(nt ? nt : 1);
+  rs_tiles_build(c.data(), ndesc, 0, tile_bytes, t.data());
+
+  unsigned char *dsrc, *ddst;
+  rs_copy *dc;
+  rs_tile *dt;
+  void **tab;
+  CK(cudaMalloc(&dsrc, sb));
+  CK(cudaMalloc(&ddst, db));
+  CK(cudaMalloc(&dc, ndesc * sizeof(rs_copy)));
+  CK(cudaMalloc(&dt, t.size() * sizeof(rs_tile)));
+  CK(cudaMalloc(&tab, 2 * sizeof(void *)));
+  void *htab[2] = {dsrc, ddst};
+  CK(cudaMemcpy(tab, htab, sizeof htab, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dsrc, src.data(), sb, cudaMemcpyHostToDevice));
+  CK(cudaMemset(ddst, 0xa5, db));
+  CK(cudaMemcpy(dc, c.data(), ndesc * sizeof(rs_copy), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dt, t.data(), t.size() * sizeof(rs_tile), cudaMemcpyHostToDevice));
+  void *staging = staging_side == 1 ? (void *)dsrc : staging_side == 2 ? (void *)ddst : NULL;
+  CK((cudaError_t)rs_cuda_launch_copies(dt, nt, dc, tab, tab + 1, staging, 0));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(got.data(), ddst, db, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  if (memcmp(ref.data(), got.data(), db) != 0) {
+    uint64_t i = 0;
+    while (ref[i] == got[i]) i++;
+    fprintf(stderr, "FAIL seed %llu (%d descriptors, tile %llu, staging side %d): byte %llu is %02x, reference %02x\n",
+            (unsigned long long)seed, ndesc, (unsigned long long)tile_bytes, staging_side, (unsigned long long)i,
+            got[i], ref[i]);
+    bad = 1;
+  }
+  cudaFree(dsrc);
+  cudaFree(ddst);
+  cudaFree(dc);
+  cudaFree(dt);
+  cudaFree(tab);
+  return bad;
+}
+
+/* Offsets past 2^31 fp32 elements (8 GiB) on the source, strides whose
+ * products pass 2^32 bytes, and a destination offset past 9 GiB. Only the
+ * bytes the boxes touch are written and read back. */
+static int run_large(void) {
+  const uint64_t GiB = 1ull << 30, big = 10 * GiB;
+  size_t freeb = 0, total = 0;
+  CK(cudaMemGetInfo(&freeb, &total));
+  if (freeb < big + GiB) {
+    printf("large offsets: %zu bytes free, need %llu: not run\n", freeb, (unsigned long long)(big + GiB));
+    return 0;
+  }
+  unsigned char *B, *small;
+  CK(cudaMalloc(&B, big));
+  CK(cudaMalloc(&small, 1 << 20));
+  CK(cudaMemset(B, 0, big));
+  CK(cudaMemset(small, 0xa5, 1 << 20));
+  rs_copy c[3];
+  /* A: 1000 runs of 4 floats, stride 16 floats, from element 2^31 + 3 */
+  int64_t eA2[2] = {1000, 4}, sA2[2] = {16, 1}, dA2[2] = {4, 1};
+  rs_copy_init(&c[0], 2, eA2, 4, 0, ((1ull << 31) + 3) * 4, sA2, 1, 0, dA2);
+  /* B: 3 x 500 single floats, outer stride 3 GiB + 16 bytes */
+  int64_t eB[2] = {3, 500}, sB[2] = {(int64_t)((3 * GiB + 16) / 4), 2}, dB[2] = {500, 1};
+  rs_copy_init(&c[1], 2, eB, 4, 0, 100, sB, 1, 65536, dB);
+  /* C: destination past 9 GiB (small -> B) */
+  int64_t eC[2] = {7, 33}, sC[2] = {33, 1}, dC[2] = {1000, 1};
+  rs_copy_init(&c[2], 2, eC, 2, 1, 200000, sC, 0, 9 * GiB + 6, dC);
+  /* fill the source runs with a pattern of their byte offsets */
+  std::vector<unsigned char> pat;
+  for (int i = 0; i < 2; i++) {
+    uint64_t runs = 1;
+    for (int k = 0; k < c[i].ndim; k++) runs *= c[i].extent[k];
+    for (uint64_t r = 0; r < runs; r++) {
+      int64_t so, dof;
+      rs_tile_run_offsets(&c[i], r, &so, &dof);
+      uint64_t at = c[i].src_off + so;
+      pat.resize(c[i].run_bytes);
+      for (uint64_t b = 0; b < c[i].run_bytes; b++) pat[b] = (unsigned char)((at + b) * 2654435761u >> 13);
+      CK(cudaMemcpy(B + at, pat.data(), pat.size(), cudaMemcpyHostToDevice));
+    }
+  }
+  std::vector<unsigned char> sm(1 << 20);
+  for (size_t i = 0; i < sm.size(); i++) sm[i] = (unsigned char)(i * 7 + 1);
+  CK(cudaMemcpy(small + 200000, sm.data() + 200000, 7 * 33 * 2, cudaMemcpyHostToDevice));
+  uint64_t nt = rs_tiles_count(c, 3, RS_TILE_BYTES);
+  std::vector<rs_tile> t(nt);
+  rs_tiles_build(c, 3, 0, RS_TILE_BYTES, t.data());
+  rs_copy *dc;
+  rs_tile *dt;
+  void **tab;
+  CK(cudaMalloc(&dc, sizeof c));
+  CK(cudaMalloc(&dt, nt * sizeof(rs_tile)));
+  CK(cudaMalloc(&tab, 2 * sizeof(void *)));
+  void *htab[2] = {B, small};
+  CK(cudaMemcpy(tab, htab, sizeof htab, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dc, c, sizeof c, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dt, t.data(), nt * sizeof(rs_tile), cudaMemcpyHostToDevice));
+  /* descriptors 0, 1: B -> small; 2: small -> B. src_tab/dst_tab are the
+   * same two-entry table read by buffer id. */
+  CK((cudaError_t)rs_cuda_launch_copies(dt, nt, dc, tab, tab, NULL, 0));
+  CK(cudaDeviceSynchronize());
+  int bad = 0;
+  std::vector<unsigned char> got(1 << 20);
+  CK(cudaMemcpy(got.data(), small, got.size(), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 2; i++) {
+    uint64_t runs = 1;
+    for (int k = 0; k < c[i].ndim; k++) runs *= c[i].extent[k];
+    for (uint64_t r = 0; r < runs && !bad; r++) {
+      int64_t so, dof;
+      rs_tile_run_offsets(&c[i], r, &so, &dof);
+      uint64_t at = c[i].src_off + so;
+      for (uint64_t b = 0; b < c[i].run_bytes; b++)
+        if (got[c[i].dst_off + dof + b] != (unsigned char)((at + b) * 2654435761u >> 13)) {
+          fprintf(stderr, "FAIL large offsets: descriptor %d run %llu byte %llu\n", i, (unsigned long long)r,
+                  (unsigned long long)b);
+          bad = 1;
+          break;
+        }
+    }
+  }
+  std::vector<unsigned char> gc(7 * 1000 * 2);
+  CK(cudaMemcpy(gc.data(), B + 9 * GiB + 6, gc.size(), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 7 && !bad; i++)
+    for (int j = 0; j < 66; j++)
+      if (gc[i * 2000 + j] != sm[200000 + i * 66 + j]) {
+        fprintf(stderr, "FAIL large offsets: destination past 9 GiB, row %d byte %d\n", i, j);
+        bad = 1;
+        break;
+      }
+  cudaFree(B);
+  cudaFree(small);
+  cudaFree(dc);
+  cudaFree(dt);
+  cudaFree(tab);
+  if (!bad) printf("large offsets (2^31 elements, 2^32 bytes): ok\n");
+  return bad;
+}
+
+int main(int argc, char **argv) {
+  gpu_require_device("gpu_kernels");
+  int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  uint64_t seed0 = argc > 1 + small ? strtoull(argv[1 + small], NULL, 0) : (uint64_t)time(NULL);
+  printf("gpu_kernels: seed %llu\n", (unsigned long long)seed0);
+  const uint64_t tiles[] = {RS_TILE_BYTES, 256, 16};
+  const int ndescs[] = {1, 7, 300};
+  int iters = small ? 6 : 240, bad = 0;
+  for (int it = 0; it < iters && bad < 5; it++)
+    bad += run_batch(seed0 + (uint64_t)it * 7919, ndescs[it % 3], tiles[(it / 3) % 3], (it / 9) % 3);
+  printf("random batches: %d iterations, %d failed\n", iters, bad);
+  if (!small) bad += run_large();
+  printf("gpu_kernels: %s\n", bad ? "FAILED" : "passed");
+  return bad ? 1 : 0;
+}

@@ -1,0 +1,62 @@
+# Tests of the GPU backend, included from cmake/cuda.cmake (CUDA builds
+# only). CPU tests run everywhere; GPU tests exit 77 (skipped) without a
+# device.
+enable_testing()
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(RS_GPU_CMOCKA QUIET IMPORTED_TARGET cmocka)
+endif()
+set(RS_GPU_TEST_DIR ${PROJECT_SOURCE_DIR}/tests/gpu)
+if(NOT RS_GPU_CMOCKA_FOUND)
+  message(STATUS "  GPU tests: CMocka not found, CPU-side GPU tests not built")
+endif()
+
+if(RS_GPU_CMOCKA_FOUND)
+# The tile body of the kernels, emulated on the CPU against rs_copy_run.
+add_executable(test_gpu_tiles_emul ${RS_GPU_TEST_DIR}/test_tiles_emul.c)
+target_compile_options(test_gpu_tiles_emul PRIVATE ${RESHARD_WARNINGS})
+target_include_directories(test_gpu_tiles_emul PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(test_gpu_tiles_emul PRIVATE reshard_static PkgConfig::RS_GPU_CMOCKA)
+add_test(NAME test_gpu_tiles_emul COMMAND test_gpu_tiles_emul)
+set_tests_properties(test_gpu_tiles_emul PROPERTIES TIMEOUT 300)
+
+# The NCCL transport and device executor against mocked CUDA and NCCL
+# (-Wl,--wrap): call sequences and error paths, no GPU or driver needed.
+set(RS_GPU_WRAPPED
+  ncclSend ncclRecv ncclGroupStart ncclGroupEnd ncclCommGetAsyncError
+  ncclGetLastError ncclCommAbort ncclMemAlloc ncclMemFree ncclAllReduce
+  ncclCommCount ncclCommUserRank ncclCommDestroy
+  cudaMemcpyAsync cudaMallocAsync cudaMalloc cudaMallocHost cudaFree
+  cudaFreeAsync cudaFreeHost cudaStreamCreateWithFlags cudaStreamDestroy
+  cudaStreamSynchronize cudaStreamQuery cudaStreamWaitEvent
+  cudaEventCreateWithFlags cudaEventDestroy cudaEventRecord cudaEventQuery
+  cudaEventSynchronize cudaDeviceSynchronize rs_cuda_launch_copies)
+add_executable(test_gpu_nccl_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
+  ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+target_compile_options(test_gpu_nccl_mock PRIVATE ${RESHARD_WARNINGS})
+target_include_directories(test_gpu_nccl_mock PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(test_gpu_nccl_mock PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
+foreach(fn ${RS_GPU_WRAPPED})
+  target_link_options(test_gpu_nccl_mock PRIVATE "LINKER:--wrap=${fn}")
+endforeach()
+add_test(NAME test_gpu_nccl_mock COMMAND test_gpu_nccl_mock)
+set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
+endif()
+
+# On a GPU: the kernels against the host reference, and a one-rank NCCL
+# plan end to end. Exit code 77 means no device: ctest reports "skipped".
+add_executable(gpu_kernels ${RS_GPU_TEST_DIR}/gpu_kernels.cu)
+add_executable(gpu_nccl_local ${RS_GPU_TEST_DIR}/gpu_nccl_local.c)
+add_executable(gpu_bandwidth ${RS_GPU_TEST_DIR}/gpu_bandwidth.cu)
+foreach(t gpu_kernels gpu_nccl_local gpu_bandwidth)
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${t} PRIVATE reshard_static CUDA::cudart_static)
+  set_target_properties(${t} PROPERTIES
+    CUDA_ARCHITECTURES "${RESHARD_CUDA_ARCHITECTURES}" CUDA_STANDARD 17)
+endforeach()
+target_compile_options(gpu_nccl_local PRIVATE ${RESHARD_WARNINGS})
+target_link_libraries(gpu_nccl_local PRIVATE reshard_tools)
+foreach(t gpu_kernels gpu_nccl_local)
+  add_test(NAME ${t} COMMAND ${t})
+  set_tests_properties(${t} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endforeach()
