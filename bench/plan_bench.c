@@ -15,7 +15,7 @@
  * VmRSS before planning. "plan_MiB" is the heap the finished plan retains
  * (mallinfo2 delta).
  *
- *   plan_bench [--scenario a|b|all] [--rank R[,R...]|all] [--reps N]
+ *   plan_bench [--scenario a|b|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]
  */
 #define _GNU_SOURCE
 #include <malloc.h>
@@ -27,31 +27,26 @@
 #include <unistd.h>
 
 #include "fake_comm.h"
-#include "model_layouts.h"
+#include "models.h"
 #include "reshard.h"
 
 typedef struct scenario {
   const char *key, *name;
-  ml_model model;
-  ml_megatron src;
-  ml_vllm dst;
+  const char *config; /* in the config directory */
+  const char *train, *infer;
   int colocate;
   double target_ms, target_mib;
 } scenario;
 
+/* The issue's planning benchmark: real geometries from the shipped public
+ * configs (Llama-3.1-70B: 80 layers, hidden 8192, 64/8 heads, MLP 28672,
+ * vocab 128256; Kimi-K2: deepseek_v3 with MLA, 61 layers, hidden 7168,
+ * 384 experts of 2048, vocab 163840). */
 static const scenario scenarios[] = {
-    {"a", "Llama-3-70B  megatron tp8 pp4 dp2 -> vllm tp8 dp8",
-     {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .head_dim = 128, .intermediate = 28672,
-      .vocab = 128256, .dtype = RESHARD_BF16},
-     {.tp = 8, .pp = 4, .dp = 2, .ep = 1},
-     {.tp = 8, .dp = 8, .ep = 1},
+    {"a", "Llama-3-70B  megatron tp8 pp4 dp2 -> vllm tp8 dp8", "Llama-3.1-70B.json", "tp=8,pp=4,dp=2", "tp=8,dp=8",
      0, 50.0, 64.0},
-    {"b", "1T MoE  megatron tp2 pp8 dp16 ep32 -> vllm tp8 dp16 ep128",
-     {.layers = 61, .hidden = 7168, .heads = 64, .kv_heads = 8, .head_dim = 128, .intermediate = 18432,
-      .vocab = 163840, .experts = 384, .moe_intermediate = 2048, .dtype = RESHARD_BF16},
-     {.tp = 2, .pp = 8, .dp = 16, .ep = 32},
-     {.tp = 8, .dp = 16, .ep = 128},
-     0, 1000.0, 256.0},
+    {"b", "1T MoE (Kimi-K2)  megatron tp2 pp8 dp16 ep32 -> vllm tp8 dp16 ep128", "Kimi-K2-Instruct.json",
+     "tp=2,pp=8,dp=16,ep=32", "tp=8,dp=16,ep=128", 0, 1000.0, 256.0},
 };
 #define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
 
@@ -180,16 +175,28 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static const char *role(const scenario *s, int rank) {
-  int S = ml_megatron_ranks(&s->src), D = ml_vllm_ranks(&s->dst);
-  int first_dst = s->colocate ? 0 : S;
+static const char *config_dir = RESHARD_CONFIG_DIR;
+
+static const char *role(int S, int D, int colocate, int rank) {
+  int first_dst = colocate ? 0 : S;
   int in_src = rank < S, in_dst = rank >= first_dst && rank < first_dst + D;
   return in_src && in_dst ? "both" : in_src ? "src" : in_dst ? "dst" : "none";
 }
 
 static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req, int all_ranks, int reps) {
   reshard_layout_t *src = NULL, *dst = NULL;
-  int nranks = 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", config_dir, s->config);
+  rm_model *model = NULL;
+  rm_parallel tp, ip;
+  if (rm_model_load(path, 0, RESHARD_BF16, &model) || rm_parse_parallel(s->train, &tp) ||
+      rm_parse_parallel(s->infer, &ip)) {
+    fprintf(stderr, "scenario %s: %s\n", s->key, reshard_last_error());
+    rm_model_free(model);
+    return 1;
+  }
+  int S = rm_parallel_ranks(&tp), D = rm_parallel_ranks(&ip);
+  int nranks = s->colocate ? (S > D ? S : D) : S + D;
   /* Layout construction is timed apart from planning: median of reps
    * builds (the first one also pays for faulting in the heap). */
   double *lt = malloc((size_t)reps * sizeof *lt);
@@ -198,9 +205,10 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
     reshard_layout_destroy(src);
     reshard_layout_destroy(dst);
     double t0 = now_ms();
-    if (ml_build_pair(&s->model, &s->src, &s->dst, s->colocate, &src, &dst, &nranks) != RESHARD_SUCCESS) {
+    if (rm_megatron_layout(model, &tp, 0, &src) || rm_vllm_layout(model, &ip, s->colocate ? 0 : S, &dst)) {
       fprintf(stderr, "scenario %s: building layouts failed: %s\n", s->key, reshard_last_error());
       free(lt);
+      rm_model_free(model);
       return 1;
     }
     lt[k] = now_ms() - t0;
@@ -217,12 +225,10 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
   }
   double worst_ms = 0, worst_mib = 0;
   int worst_ms_rank = -1, worst_mib_rank = -1;
-  int S = ml_megatron_ranks(&s->src), D = ml_vllm_ranks(&s->dst);
   printf("\n# scenario %s: %s\n", s->key, s->name);
   printf("# ranks %d (source %d, destination %d%s), tensors %d, params %.3fB (%.1f GiB), layouts built in %.2f ms\n",
-         nranks, S, D, s->colocate ? ", colocated" : "", ml_num_tensors(&s->model),
-         (double)ml_num_params(&s->model) / 1e9,
-         (double)ml_num_params(&s->model) * (double)reshard_dtype_size(s->model.dtype) / (1 << 30), layout_ms);
+         nranks, S, D, s->colocate ? ", colocated" : "", rm_model_num_tensors(model),
+         (double)rm_model_num_params(model) / 1e9, (double)rm_model_num_params(model) * 2.0 / (1 << 30), layout_ms);
   printf("# target: plan <= %.0f ms and <= %.0f MiB per rank\n", s->target_ms, s->target_mib);
   printf("%6s %5s %9s %9s %9s %9s %9s %10s %10s %8s %8s %8s %7s\n", "rank", "role", "cpu_ms", "plan_ms", "plan_min", "peak_MiB",
          "plan_MiB", "send_MiB", "recv_MiB", "send_msg", "recv_msg", "segments", "target");
@@ -236,7 +242,7 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
     measure m;
     measure_memory(src, dst, rank, nranks, &m);
     if (!m.ok) {
-      printf("%6d %5s  plan failed: %s\n", rank, role(s, rank), m.err);
+      printf("%6d %5s  plan failed: %s\n", rank, role(S, D, s->colocate, rank), m.err);
       failures++;
       continue;
     }
@@ -262,7 +268,7 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
     if (m.peak_mib > worst_mib) worst_mib = m.peak_mib, worst_mib_rank = rank;
     int met = cmed <= s->target_ms && m.peak_mib <= s->target_mib;
     failures += !met;
-    printf("%6d %5s %9.2f %9.2f %9.2f %8.1f%s %9.2f %10.1f %10.1f %8zu %8zu %8zu %7s\n", rank, role(s, rank), cmed, med, mn,
+    printf("%6d %5s %9.2f %9.2f %9.2f %8.1f%s %9.2f %10.1f %10.1f %8zu %8zu %8zu %7s\n", rank, role(S, D, s->colocate, rank), cmed, med, mn,
            m.peak_mib, m.peak_exact ? " " : "?", m.plan_mib, (double)m.stats.send_bytes / 1048576.0,
            (double)m.stats.recv_bytes / 1048576.0, m.stats.send_messages, m.stats.recv_messages, m.stats.segments,
            met ? "met" : "MISSED");
@@ -273,14 +279,16 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
   if (ranks != ranks_req) free(ranks);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
+  rm_model_free(model);
   return failures;
 }
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--scenario a|b|all] [--rank R[,R...]|all] [--reps N]\n"
+          "usage: %s [--scenario a|b|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]\n"
           "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
-          "  b: 1T MoE, megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
+          "  b: 1T MoE (Kimi-K2), megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
+          "  geometries from the shipped configs (default directory: the source tree's configs/)\n"
           "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"
           "  median wall time, plan_min the fastest; targets are judged on cpu_ms (wall\n"
           "  time on an idle machine, robust on a loaded one) and peak_MiB,\n"
@@ -310,6 +318,8 @@ int main(int argc, char **argv) {
         ranks[nr++] = (int)v;
         p = *end == ',' ? end + 1 : end;
       }
+    } else if (!strcmp(argv[i], "--config-dir") && i + 1 < argc) {
+      config_dir = argv[++i];
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = atoi(argv[++i]);
       if (reps < 1) reps = 1;

@@ -1,5 +1,5 @@
 /* Helpers shared by the Megatron and vLLM builders. Only the public layout
- * API is used, like bench/model_layouts.c. */
+ * API is used. */
 #include <stdarg.h>
 #include <stdio.h>
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_layouts.h"
+#include "models.h"
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "support/random_layout.h"
@@ -93,23 +93,36 @@ static void random_cases(reshard_comm_t *comm, int count) {
   }
 }
 
-static void model_case(reshard_comm_t *comm, const char *name, const ml_model *m,
-                       ml_megatron tr, ml_vllm in, int colocate, size_t staging) {
+/* A model from tests/data (tiny geometries of real architectures) in
+ * Megatron layout on the first ranks and vLLM layout after them (or on the
+ * same ranks when colocated). Skipped when the world is too small. */
+static void model_case(reshard_comm_t *comm, const char *config, const char *train, const char *infer, int colocate,
+                       size_t staging) {
+  char path[4096], name[256];
+  snprintf(path, sizeof path, "%s/%s", RESHARD_TEST_DATA, config);
+  snprintf(name, sizeof name, "%s megatron %s -> vllm %s%s", config, train, infer, colocate ? " colocated" : "");
+  rm_model *m = NULL;
+  rm_parallel tp, ip;
   reshard_layout_t *src = NULL, *dst = NULL;
-  int n = 0;
-  reshard_result_t r = ml_build_pair(m, &tr, &in, colocate, &src, &dst, &n);
-  if (r || n > world_size) {
-    if (world_rank == 0 && r) {
-      printf("FAILED %s: layouts: %s\n", name, reshard_last_error());
-      failed++;
-    }
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+  if (rm_model_load(path, 0, RESHARD_BF16, &m) || rm_parse_parallel(train, &tp) || rm_parse_parallel(infer, &ip)) {
+    if (world_rank == 0) printf("FAILED %s: %s\n", name, reshard_last_error());
+    failed++;
+    rm_model_free(m);
     return;
   }
-  run_case(comm, src, dst, staging, 3, name);
+  int S = rm_parallel_ranks(&tp), D = rm_parallel_ranks(&ip);
+  int need = colocate ? (S > D ? S : D) : S + D;
+  if (need <= world_size) {
+    if (rm_megatron_layout(m, &tp, 0, &src) || rm_vllm_layout(m, &ip, colocate ? 0 : S, &dst)) {
+      if (world_rank == 0) printf("FAILED %s: layouts: %s\n", name, reshard_last_error());
+      failed++;
+    } else {
+      run_case(comm, src, dst, staging, 3, name);
+    }
+  }
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
+  rm_model_free(m);
 }
 
 int main(int argc, char **argv) {
@@ -126,31 +139,20 @@ int main(int argc, char **argv) {
 
   random_cases(comm, seeds);
 
-  /* A small GQA model (4 query heads per KV head) and a MoE model. */
-  ml_model dense = {.layers = 4, .hidden = 64, .heads = 8, .kv_heads = 2, .head_dim = 8, .intermediate = 96,
-                    .vocab = 1000, .dtype = RESHARD_BF16};
-  ml_model moe = dense;
-  moe.experts = 8;
-  moe.moe_intermediate = 32;
-  int n = world_size;
-  if (n >= 8) {
-    model_case(comm, "dense megatron tp2 pp2 -> vllm tp2 dp2", &dense, (ml_megatron){2, 2, 1, 1}, (ml_vllm){2, 2, 1}, 0, 0);
-    model_case(comm, "dense megatron tp2 pp2 dp2 -> vllm tp4 (kv replication), colocated", &dense,
-               (ml_megatron){2, 2, 2, 1}, (ml_vllm){4, 2, 1}, 1, 0);
-    model_case(comm, "moe megatron tp2 pp2 ep2 -> vllm tp2 dp2 ep4", &moe, (ml_megatron){2, 2, 1, 2}, (ml_vllm){2, 2, 4}, 0,
-               16384);
-  }
-  if (n >= 4) {
-    model_case(comm, "dense megatron tp2 pp2 -> vllm tp4, colocated", &dense, (ml_megatron){2, 2, 1, 1}, (ml_vllm){4, 1, 1}, 1,
-               0);
-    model_case(comm, "moe megatron ep4 -> vllm tp2 dp2 ep2, colocated", &moe, (ml_megatron){1, 1, 4, 4},
-               (ml_vllm){2, 2, 2}, 1, 8192);
-    model_case(comm, "moe megatron tp1 pp2 dp1 -> vllm tp2", &moe, (ml_megatron){1, 2, 1, 1}, (ml_vllm){2, 1, 1}, 0, 0);
-  }
-  if (n >= 2) {
-    model_case(comm, "dense megatron tp1 -> vllm tp1 (2 ranks)", &dense, (ml_megatron){1, 1, 1, 1}, (ml_vllm){1, 1, 1}, 0, 0);
-    model_case(comm, "dense megatron tp2 -> vllm tp2 colocated", &dense, (ml_megatron){2, 1, 1, 1}, (ml_vllm){2, 1, 1}, 1, 4096);
-  }
+  /* A dense GQA model (4 query heads per KV head), a MoE model with
+   * expert parallelism on both sides, and a deepseek_v3 model (MLA, shared
+   * experts, first_k_dense_replace), in layouts sized to the world. */
+  model_case(comm, "tiny-llama.json", "tp=1", "tp=1", 0, 0);
+  model_case(comm, "tiny-llama.json", "tp=2", "tp=2", 1, 4096);
+  model_case(comm, "tiny-qwen3-moe.json", "tp=1,pp=2", "tp=2", 0, 0);
+  model_case(comm, "tiny-qwen3-moe.json", "dp=4,ep=4", "tp=2,dp=2,ep=2", 1, 8192);
+  model_case(comm, "tiny-deepseek-v3.json", "tp=2", "tp=2", 0, 0);
+  model_case(comm, "tiny-llama.json", "tp=2,pp=2", "tp=4", 1, 0);
+  model_case(comm, "tiny-llama.json", "tp=2,pp=2", "tp=2,dp=2", 0, 0);
+  model_case(comm, "tiny-llama.json", "tp=2,pp=2,dp=2", "tp=4,dp=2", 1, 0);
+  model_case(comm, "tiny-qwen3-moe.json", "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 16384);
+  model_case(comm, "tiny-deepseek-v3.json", "tp=2,pp=2,ep=2", "tp=4,ep=4", 0, 0);
+  model_case(comm, "tiny-deepseek-v3.json", "pp=2,dp=4,ep=4", "tp=2,dp=4,ep=8", 1, 4096);
 
   reshard_comm_destroy(comm);
   if (world_rank == 0) printf("test_mpi_reshard (%d ranks): %d passed, %d failed\n", world_size, passed, failed);

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Script tests of tools/reshard_perf and tools/reshard_plan, one named case
+# per ctest test (registered in tools/CMakeLists.txt):
+#
+#   test_tools.sh CASE PERF|none PLAN MPIEXEC|none [CONFIG_DIR]
+#
+# Every reshard_perf run checks every destination element (-c 1) on
+# oversubscribed ranks; every reshard_plan run checks coverage, reads and
+# pair agreement (--check). The *_detects_errors cases show that both
+# checks can fail, the *_bad_options cases that bad input exits non-zero
+# with a clear message.
+set -uo pipefail
+
+case_name=$1
+perf=$2
+plan=$3
+mpiexec=$4
+config_dir=${5:-}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+failures=0
+out=$(mktemp)
+err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
+
+fail() {
+  echo "FAIL: $*"
+  echo "---- stdout"; tail -n 30 "$out"
+  echo "---- stderr"; tail -n 30 "$err"
+  failures=$((failures + 1))
+}
+
+# Last lines of reshard_perf: the result line, then one line per baseline,
+# in order.
+perf_tail_ok() {
+  local nb=$1 want_wrong=$2
+  local n=$((nb + 1))
+  local lines
+  mapfile -t lines < <(tail -n "$n" "$out")
+  [[ ${lines[0]} =~ ^#\ reshard_perf:\ bytes=[0-9]+\ time_us=[0-9]+\.[0-9]\ algbw_GBps=[0-9]+\.[0-9]{3}\ wrong=([0-9]+)$ ]] || return 1
+  if [[ $want_wrong == 0 ]]; then
+    [[ ${BASH_REMATCH[1]} == 0 ]] || return 1
+  else
+    [[ ${BASH_REMATCH[1]} -gt 0 ]] || return 1
+  fi
+  [[ $(grep -c '^# reshard_perf:' "$out") -eq 1 ]] || return 1
+  [[ $(grep -c '^# baseline ' "$out") -eq $nb ]] || return 1
+  local i
+  for ((i = 1; i < n; i++)); do
+    [[ ${lines[$i]} =~ ^#\ baseline\ (broadcast|alltoallw):\ time_us=[0-9]+\.[0-9]\ ratio=[0-9]+\.[0-9]{2}$ ]] || return 1
+  done
+  return 0
+}
+
+# perf NP NBASELINES ARGS...: runs reshard_perf with -c 1 and expects
+# success, no wrong element and the exact final lines.
+perf_ok() {
+  local np=$1 nb=$2
+  shift 2
+  echo "== mpirun -np $np reshard_perf $*"
+  if ! "$mpiexec" -np "$np" --oversubscribe "$perf" -c 1 -n 3 -w 1 "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: $*"
+    return
+  fi
+  perf_tail_ok "$nb" 0 || fail "final lines malformed or wrong elements for: $*"
+}
+
+plan_ok() {
+  echo "== reshard_plan $*"
+  if ! "$plan" --check "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: $*"
+    return
+  fi
+  grep -q VIOLATION "$out" && fail "violations reported for: $*"
+  tail -n 1 "$out" | grep -Eq '^# reshard_plan: ranks=[0-9]+ plan_ms=[0-9]+\.[0-9]{2} peak_MiB=[0-9]+\.[0-9] coverage=ok$' ||
+    fail "last line malformed or coverage not ok for: $*"
+}
+
+# bad TOOL EXPECTED_STATUS PATTERN ARGS...: expects that exit status and a
+# message matching PATTERN on stderr.
+bad() {
+  local tool=$1 want=$2 pattern=$3
+  shift 3
+  echo "== (expected to fail) $tool $*"
+  local rc
+  if [[ $tool == plan ]]; then
+    "$plan" "$@" >"$out" 2>"$err"
+    rc=$?
+  else
+    "$mpiexec" -np "$NP" --oversubscribe "$perf" "$@" >"$out" 2>"$err"
+    rc=$?
+  fi
+  if [[ $want == nonzero ]]; then
+    [[ $rc -ne 0 ]] || fail "exit status 0, expected non-zero, for: $*"
+  else
+    [[ $rc -eq $want ]] || fail "exit status $rc, expected $want, for: $*"
+  fi
+  grep -Eq -e "$pattern" "$err" || fail "no message matching '$pattern' for: $*"
+}
+
+BOTH="--baseline broadcast,alltoallw"
+
+case $case_name in
+plan_synthetic)
+  plan_ok --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1
+  plan_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --staging 4096
+  plan_ok --shape 37,53,5 --dtype bf16 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 3 --dst-placements S2 --staging 4K
+  plan_ok --shape 37,53 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K
+  plan_ok --shape 100,9 --dtype u8 --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1 --colocate
+  plan_ok --shape 41,17 --dtype f64 --src-mesh 2,2 --src-placements S0,S0 --dst-mesh 3 --dst-placements S0 --world 10
+  plan_ok --shape 5 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 8 --dst-placements S0
+  plan_ok --shape 6,0 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1
+  plan_ok --shape 12,10,8,3 --dtype fp8e4m3 --src-mesh 2,1,2 --src-placements S3,R,S1 --dst-mesh 2,2 --dst-placements S2,S0 --staging 4K
+  # one rank alone: its figures, coverage skipped
+  echo "== reshard_plan --rank 5"
+  if "$plan" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --rank 5 --check >"$out" 2>"$err"; then
+    tail -n 1 "$out" | grep -Eq '^# reshard_plan: ranks=1 plan_ms=[0-9.]+ peak_MiB=[0-9.]+ coverage=skipped$' ||
+      fail "--rank: last line"
+    grep -Eq '^ +5 +dst ' "$out" || fail "--rank: no row for rank 5"
+  else
+    fail "--rank 5 exited non-zero"
+  fi
+  ;;
+plan_detects_errors)
+  echo "== reshard_plan --inject-error --check"
+  "$plan" --shape 37,53 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate \
+    --staging 4K --check --inject-error >"$out" 2>"$err"
+  rc=$?
+  [[ $rc -eq 1 ]] || fail "--inject-error --check: exit status $rc, expected 1"
+  grep -q "never written" "$out" || fail "--inject-error: the unwritten bytes were not reported"
+  tail -n 1 "$out" | grep -q 'coverage=FAILED$' || fail "--inject-error: coverage not FAILED"
+  echo "== reshard_plan --inject-error (no --check: reported, exit 0)"
+  "$plan" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --inject-error >"$out" 2>"$err"
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "--inject-error without --check: exit status $rc, expected 0"
+  tail -n 1 "$out" | grep -q 'coverage=FAILED$' || fail "--inject-error without --check: coverage not FAILED"
+  ;;
+plan_bad_options)
+  S="--shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2"
+  bad plan 2 "S5 shards dim 5 but --shape has 2 dims" $S --dst-placements R,S5
+  bad plan 2 "expected R or S<dim>" $S --dst-placements R,X1
+  bad plan 2 "has 1 placement but --dst-mesh has 2 axes" $S --dst-placements S1
+  bad plan 2 "unknown dtype" $S --dst-placements R,S1 --dtype f17
+  bad plan 2 "unknown option '--frobnicate'" $S --dst-placements R,S1 --frobnicate
+  bad plan 2 "synthetic mode needs --dst-placements" $S
+  bad plan 2 "cannot be mixed" $S --dst-placements R,S1 --train tp=2
+  bad plan 2 "--world 7 is too small" $S --dst-placements R,S1 --world 7
+  bad plan 2 "--rank 8 is outside the 8 ranks" $S --dst-placements R,S1 --rank 8
+  bad plan 2 "--staging '0'" $S --dst-placements R,S1 --staging 0
+  bad plan 2 "--shape '4096,x'" --shape 4096,x --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1
+  bad plan 2 "--src-mesh '0'" --shape 8 --src-mesh 0 --src-placements S0 --dst-mesh 2 --dst-placements S0
+  bad plan 2 "no reshard described" --staging 4K
+  bad plan 1 "staging_bytes 2048 is below the minimum" $S --dst-placements R,S1 --staging 2K
+  ;;
+perf_np2)
+  NP=2
+  perf_ok 2 2 --shape 64,48 --src-mesh 1 --src-placements R --dst-mesh 1 --dst-placements R $BOTH
+  perf_ok 2 2 --shape 64,48 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --colocate $BOTH
+  perf_ok 2 1 --shape 1001 --dtype u8 --src-mesh 1 --src-placements S0 --dst-mesh 1 --dst-placements S0 --baseline alltoallw
+  perf_ok 2 0 --shape 33,65 --dtype f64 --src-mesh 2 --src-placements S1 --dst-mesh 1 --dst-placements R --colocate --staging 4K
+  ;;
+perf_np4)
+  perf_ok 4 2 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 $BOTH
+  perf_ok 4 2 --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K $BOTH
+  perf_ok 4 2 --shape 17,19 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 2 --dst-placements R $BOTH
+  perf_ok 4 2 --shape 10,7 --dtype bool --src-mesh 1 --src-placements R --dst-mesh 3 --dst-placements S0 $BOTH
+  perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline broadcast
+  # the alltoallw baseline's other datatype path (nested hvectors)
+  export RESHARD_PERF_HVECTOR=1
+  perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --baseline alltoallw
+  perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline alltoallw
+  unset RESHARD_PERF_HVECTOR
+  ;;
+perf_np8)
+  # the layouts of the performance targets, small
+  perf_ok 8 2 --shape 256,192 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 $BOTH
+  perf_ok 8 2 --shape 256,192 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 $BOTH
+  perf_ok 8 2 --shape 61,37,3 --dtype fp8e5m2 --src-mesh 2,2 --src-placements S2,S0 --dst-mesh 2,2 --dst-placements R,S1 --staging 4K $BOTH
+  perf_ok 8 2 --shape 96,40 --dtype u32 --src-mesh 2,4 --src-placements R,S1 --dst-mesh 8 --dst-placements S0 --colocate $BOTH
+  perf_ok 8 2 --shape 50,50 --dtype bf16 --src-mesh 4 --src-placements S1 --dst-mesh 2,2 --dst-placements S0,S0 $BOTH
+  ;;
+perf_bad_options)
+  NP=3
+  bad perf nonzero "3 MPI ranks, but the layouts need exactly 8" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1
+  bad perf nonzero "3 MPI ranks, but the layouts need exactly 4" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1 --colocate
+  bad perf nonzero "S2 shards dim 2 but --shape has 2 dims" --shape 64,48 --src-mesh 3 --src-placements S2 --dst-mesh 3 --dst-placements S1 --colocate
+  bad perf nonzero "unknown baseline 'nccl'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --baseline broadcast,nccl
+  bad perf nonzero "-c '2': expected 0 or 1" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate -c 2
+  bad perf nonzero "unknown option '--world'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --world 3
+  ;;
+perf_detects_errors)
+  echo "== mpirun -np 4 reshard_perf --inject-error"
+  "$mpiexec" -np 4 --oversubscribe "$perf" --shape 37,53 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 \
+    -c 1 -n 2 -w 0 $BOTH --inject-error >"$out" 2>"$err"
+  rc=$?
+  [[ $rc -ne 0 ]] || fail "--inject-error: exit status 0"
+  perf_tail_ok 2 1 || fail "--inject-error: final lines malformed or wrong=0"
+  [[ $(grep -c ' wrong$' "$err") -ge 3 ]] || fail "--inject-error: every method should report the corrupted element"
+  ;;
+plan_model)
+  D=$config_dir/tiny_dense.json
+  M=$config_dir/tiny_moe.json
+  plan_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2
+  plan_ok --model-config "$D" --train tp=2,pp=2,dp=2 --infer tp=4 --colocate --staging 16K
+  plan_ok --model-config "$D" --train tp=1 --infer tp=8 --staging 8K
+  plan_ok --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4
+  plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K
+  plan_ok --model-config "$repo/configs/Qwen2.5-0.5B.json" --layers 1 --train tp=2,pp=1 --infer tp=2,dp=2
+  bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
+  bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
+  bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2
+  ;;
+perf_model)
+  D=$config_dir/tiny_dense.json
+  M=$config_dir/tiny_moe.json
+  perf_ok 8 2 --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 $BOTH
+  perf_ok 4 2 --model-config "$D" --train tp=2,pp=2 --infer tp=4 --colocate --staging 16K $BOTH
+  perf_ok 6 2 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 $BOTH
+  perf_ok 4 1 --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K --baseline broadcast
+  export RESHARD_PERF_HVECTOR=1
+  perf_ok 6 1 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 --baseline alltoallw
+  unset RESHARD_PERF_HVECTOR
+  ;;
+*)
+  echo "unknown case '$case_name'"
+  exit 2
+  ;;
+esac
+
+if [[ $failures -ne 0 ]]; then
+  echo "$case_name: $failures failure(s)"
+  exit 1
+fi
+echo "$case_name: passed"

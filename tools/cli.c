@@ -1,0 +1,493 @@
+/* Shared options and layouts of reshard_perf and reshard_plan. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef RESHARD_TOOLS_HAVE_MODELS
+#include "models/models.h"
+#endif
+
+int cli_have_models(void) {
+#ifdef RESHARD_TOOLS_HAVE_MODELS
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+  if (!s || !*s || isspace((unsigned char)*s)) return -1;
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || !end || *end) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_int(const char *s, int min_value, int *out) {
+  int64_t v;
+  if (parse_i64(s, &v) || v < min_value || v > 0x7fffffff) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int cli_parse_i64_list(const char *s, int64_t min_value, int max, int64_t *out, int *count) {
+  int n = 0;
+  if (!s || !*s) return -1;
+  const char *p = s;
+  for (;;) {
+    char item[32];
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == 0 || len >= sizeof item || n >= max) return -1;
+    memcpy(item, p, len);
+    item[len] = 0;
+    if (parse_i64(item, &out[n]) || out[n] < min_value) return -1;
+    n++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  *count = n;
+  return 0;
+}
+
+int cli_parse_dtype(const char *s, reshard_dtype_t *out) {
+  for (int d = 0; d < RESHARD_NUM_DTYPES; d++)
+    if (!strcmp(s, reshard_dtype_name((reshard_dtype_t)d))) {
+      *out = (reshard_dtype_t)d;
+      return 0;
+    }
+  return -1;
+}
+
+int cli_parse_placements(const char *s, reshard_placement_t *out, int *count) {
+  int n = 0;
+  if (!s || !*s) return -1;
+  const char *p = s;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (n >= RESHARD_MAX_MESH_DIMS) return -1;
+    if (len == 1 && (p[0] == 'R' || p[0] == 'r')) {
+      out[n++] = reshard_replicate();
+    } else if (len >= 2 && len < 4 && (p[0] == 'S' || p[0] == 's') && isdigit((unsigned char)p[1]) &&
+               (len == 2 || isdigit((unsigned char)p[2]))) {
+      int d = p[1] - '0';
+      if (len == 3) d = d * 10 + (p[2] - '0');
+      out[n++] = reshard_shard(d);
+    } else {
+      return -1;
+    }
+    if (!comma) break;
+    p = comma + 1;
+  }
+  *count = n;
+  return 0;
+}
+
+int cli_parse_bytes(const char *s, size_t *out) {
+  if (!s || !*s || !isdigit((unsigned char)*s)) return -1;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || !end) return -1;
+  unsigned shift = 0;
+  if (*end == 'K' || *end == 'k') shift = 10, end++;
+  else if (*end == 'M' || *end == 'm') shift = 20, end++;
+  else if (*end == 'G' || *end == 'g') shift = 30, end++;
+  if (*end == 'i' && shift) end++; /* KiB-style "Mi" */
+  if (*end == 'B' && shift) end++;
+  if (*end) return -1;
+  if (shift && v > (~0ULL >> shift)) return -1;
+  *out = (size_t)(v << shift);
+  return 0;
+}
+
+static int parse_mesh(const char *opt, const char *v, cli_mesh *m, char *err, size_t errlen) {
+  int64_t vals[RESHARD_MAX_MESH_DIMS];
+  int n = 0;
+  if (cli_parse_i64_list(v, 1, RESHARD_MAX_MESH_DIMS, vals, &n))
+    return fail(err, errlen, "%s '%s': expected 1 to %d mesh sizes >= 1 separated by commas (e.g. 2,2)", opt, v,
+                RESHARD_MAX_MESH_DIMS);
+  int64_t total = 1;
+  for (int i = 0; i < n; i++) {
+    total *= vals[i];
+    if (vals[i] > 1 << 20 || total > 1 << 24) return fail(err, errlen, "%s '%s': mesh too large", opt, v);
+    m->shape[i] = (int)vals[i];
+  }
+  m->ndim = n;
+  return 0;
+}
+
+static int parse_baselines(const char *v, cli_opts *o, char *err, size_t errlen) {
+  const char *p = v;
+  if (!*p) return fail(err, errlen, "--baseline '': expected broadcast, alltoallw or both, comma-separated");
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == 9 && !strncmp(p, "broadcast", 9)) o->baseline_broadcast = 1;
+    else if (len == 9 && !strncmp(p, "alltoallw", 9)) o->baseline_alltoallw = 1;
+    else if (len == 4 && !strncmp(p, "none", 4)) o->baseline_broadcast = o->baseline_alltoallw = 0;
+    else return fail(err, errlen, "--baseline '%s': unknown baseline '%.*s' (known: broadcast, alltoallw)", v, (int)len, p);
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return 0;
+}
+
+static const char *dtype_list(void) {
+  static char buf[160];
+  if (!buf[0])
+    for (int d = 0; d < RESHARD_NUM_DTYPES; d++) {
+      size_t n = strlen(buf);
+      snprintf(buf + n, sizeof buf - n, "%s%s", d ? ", " : "", reshard_dtype_name((reshard_dtype_t)d));
+    }
+  return buf;
+}
+
+void cli_usage(int tool, FILE *out) {
+  int perf = tool == CLI_TOOL_PERF;
+  fprintf(out,
+          "usage: %s MODE [options]\n"
+          "\n"
+          "Model mode (Megatron training layout -> vLLM inference layout)%s:\n"
+          "  --model-config FILE   HuggingFace config.json\n"
+          "  --layers N            keep only the first N layers (real shapes; default all)\n"
+          "  --train SPEC          source side, e.g. tp=2,pp=2,dp=1,ep=1 (missing keys are 1)\n"
+          "  --infer SPEC          destination side, e.g. tp=2,dp=2\n"
+          "  --dtype NAME          weights' dtype (default bf16)\n"
+          "Synthetic mode (one tensor, one mesh per side):\n"
+          "  --shape D0,D1,...     the tensor's shape\n"
+          "  --dtype NAME          %s\n"
+          "                        (default f32)\n"
+          "  --src-mesh A0,A1,...  source mesh sizes; ranks row-major, last axis fastest\n"
+          "  --src-placements P,.. one per source mesh axis: R (replicate) or S<dim> (shard dim)\n"
+          "  --dst-mesh A0,...     destination mesh sizes\n"
+          "  --dst-placements P,.. one per destination mesh axis\n"
+          "Both modes:\n"
+          "  --colocate            both sides on ranks 0.. (default: source ranks first, then\n"
+          "                        destination ranks)\n"
+          "  --staging BYTES       staging budget per rank (suffix K, M or G; default: the library's)\n",
+          perf ? "mpirun -np N reshard_perf" : "reshard_plan",
+          cli_have_models() ? "" : " [not in this build: no src/models]", dtype_list());
+  if (perf)
+    fprintf(out,
+            "reshard_perf:\n"
+            "  -n N                  timed iterations (default 20)\n"
+            "  -w N                  warm-up iterations (default 5)\n"
+            "  -c 0|1                check every destination element and the bytes around them\n"
+            "                        against values computed from global coordinates (default 0)\n"
+            "  --baseline LIST       also run, on the same data: broadcast (gather each tensor to\n"
+            "                        source rank 0, MPI_Bcast it to every destination rank, copy\n"
+            "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"
+            "                        subarray/hvector datatypes, every box from the first source\n"
+            "                        replica); comma-separated\n"
+            "  --inject-error        (testing) corrupt one destination byte after each checked\n"
+            "                        run, to show that the check catches it\n"
+            "The world size must be the source ranks plus the destination ranks, or with\n"
+            "--colocate the larger side's ranks. Time per iteration is the slowest rank's\n"
+            "(barrier, then MPI_Wtime around the call); the median is reported. algbw = bytes\n"
+            "delivered to destination buffers / time; busbw = bytes that crossed between ranks /\n"
+            "time. Exit status 1 on any wrong element or failed call, 2 on bad options.\n");
+  else
+    fprintf(out,
+            "reshard_plan:\n"
+            "  --world N             communicator size (default: the sides' ranks summed, or the\n"
+            "                        larger side's with --colocate)\n"
+            "  --rank R              plan rank R only: its figures, no coverage check\n"
+            "                        (the last line then says coverage=skipped); its chunk size\n"
+            "                        derives from its own peer count, not the largest of all ranks\n"
+            "  --check               exit 1 on any violation (coverage, reads, pair agreement)\n"
+            "  --inject-error        (testing) drop one receive copy from a plan before checking\n"
+            "Every rank's plan is computed in this one process with a fake communicator. Each\n"
+            "rank is first planned as-is in a forked child (plan_ms: wall time, cpu_ms, peak_MiB:\n"
+            "peak RSS growth); then all ranks are planned again with the chunk size a real run\n"
+            "agrees on (the smallest of the ranks'), and those plans are checked: every\n"
+            "destination byte inside a fragment written exactly once (receive and local copies),\n"
+            "none outside; every source byte read lies inside the rank's source fragments; each\n"
+            "(sender, receiver) pair agrees on the (round, size) of every message, in order.\n"
+            "Exit status 1 on a failed plan (or a violation with --check), 2 on bad options.\n");
+}
+
+static int need_value(int argc, char **argv, int i, char *err, size_t errlen) {
+  if (i + 1 >= argc) return fail(err, errlen, "option %s needs a value", argv[i]);
+  return 0;
+}
+
+int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t errlen) {
+  memset(o, 0, sizeof *o);
+  o->tool = tool;
+  o->iters = 20;
+  o->warmup = 5;
+  o->rank = -1;
+  int dtype_set = 0, have_src_pl = 0, have_dst_pl = 0, have_src_mesh = 0, have_dst_mesh = 0, have_shape = 0;
+  int have_layers = 0;
+  const char *src_pl_arg = NULL, *dst_pl_arg = NULL;
+  int perf = tool == CLI_TOOL_PERF, plan = tool == CLI_TOOL_PLAN;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define VALUE()                                             \
+  do {                                                      \
+    if (need_value(argc, argv, i, err, errlen)) return -1; \
+    i++;                                                    \
+  } while (0)
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      o->help = 1;
+    } else if (!strcmp(a, "--model-config")) {
+      VALUE();
+      o->model_config = v;
+    } else if (!strcmp(a, "--layers")) {
+      VALUE();
+      if (parse_int(v, 1, &o->layers)) return fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
+      have_layers = 1;
+    } else if (!strcmp(a, "--train")) {
+      VALUE();
+      o->train = v;
+    } else if (!strcmp(a, "--infer")) {
+      VALUE();
+      o->infer = v;
+    } else if (!strcmp(a, "--shape")) {
+      VALUE();
+      if (cli_parse_i64_list(v, 0, RESHARD_MAX_DIMS, o->shape, &o->ndim))
+        return fail(err, errlen, "--shape '%s': expected 1 to %d sizes >= 0 separated by commas (e.g. 4096,4096)", v,
+                    RESHARD_MAX_DIMS);
+      have_shape = 1;
+    } else if (!strcmp(a, "--dtype")) {
+      VALUE();
+      if (cli_parse_dtype(v, &o->dtype)) return fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
+      dtype_set = 1;
+    } else if (!strcmp(a, "--src-mesh")) {
+      VALUE();
+      if (parse_mesh(a, v, &o->src, err, errlen)) return -1;
+      have_src_mesh = 1;
+    } else if (!strcmp(a, "--dst-mesh")) {
+      VALUE();
+      if (parse_mesh(a, v, &o->dst, err, errlen)) return -1;
+      have_dst_mesh = 1;
+    } else if (!strcmp(a, "--src-placements")) {
+      VALUE();
+      src_pl_arg = v;
+      if (cli_parse_placements(v, o->src.placements, &o->src.nplacements))
+        return fail(err, errlen, "--src-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+      have_src_pl = 1;
+    } else if (!strcmp(a, "--dst-placements")) {
+      VALUE();
+      dst_pl_arg = v;
+      if (cli_parse_placements(v, o->dst.placements, &o->dst.nplacements))
+        return fail(err, errlen, "--dst-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+      have_dst_pl = 1;
+    } else if (!strcmp(a, "--colocate")) {
+      o->colocate = 1;
+    } else if (!strcmp(a, "--staging")) {
+      VALUE();
+      if (cli_parse_bytes(v, &o->staging) || o->staging == 0)
+        return fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
+    } else if (perf && !strcmp(a, "-n")) {
+      VALUE();
+      if (parse_int(v, 1, &o->iters)) return fail(err, errlen, "-n '%s': expected an integer >= 1", v);
+    } else if (perf && !strcmp(a, "-w")) {
+      VALUE();
+      if (parse_int(v, 0, &o->warmup)) return fail(err, errlen, "-w '%s': expected an integer >= 0", v);
+    } else if (perf && !strcmp(a, "-c")) {
+      VALUE();
+      if (parse_int(v, 0, &o->check) || o->check > 1) return fail(err, errlen, "-c '%s': expected 0 or 1", v);
+    } else if (perf && !strcmp(a, "--baseline")) {
+      VALUE();
+      if (parse_baselines(v, o, err, errlen)) return -1;
+    } else if (!strcmp(a, "--inject-error")) {
+      o->inject_error = 1;
+    } else if (plan && !strcmp(a, "--world")) {
+      VALUE();
+      if (parse_int(v, 1, &o->world)) return fail(err, errlen, "--world '%s': expected an integer >= 1", v);
+    } else if (plan && !strcmp(a, "--rank")) {
+      VALUE();
+      if (parse_int(v, 0, &o->rank)) return fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
+    } else if (plan && !strcmp(a, "--check")) {
+      o->strict = 1;
+    } else {
+      return fail(err, errlen, "unknown option '%s' (see --help)", a);
+    }
+#undef VALUE
+  }
+  if (o->help) return 0;
+
+  int model = o->model_config || o->train || o->infer || have_layers;
+  int synthetic = have_shape || have_src_mesh || have_dst_mesh || have_src_pl || have_dst_pl;
+  if (model && synthetic)
+    return fail(err, errlen, "model options (--model-config, --layers, --train, --infer) and synthetic options "
+                             "(--shape, --src-mesh, --src-placements, --dst-mesh, --dst-placements) cannot be mixed");
+  if (!model && !synthetic)
+    return fail(err, errlen, "no reshard described: give --model-config FILE --train SPEC --infer SPEC, or --shape, "
+                             "--src-mesh, --src-placements, --dst-mesh and --dst-placements (see --help)");
+  if (model) {
+    o->mode = CLI_MODE_MODEL;
+    if (!o->model_config) return fail(err, errlen, "model mode needs --model-config FILE");
+    if (!o->train) return fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
+    if (!o->infer) return fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
+    if (!dtype_set) o->dtype = RESHARD_BF16;
+  } else {
+    o->mode = CLI_MODE_SYNTHETIC;
+    if (!have_shape) return fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
+    if (!have_src_mesh) return fail(err, errlen, "synthetic mode needs --src-mesh (e.g. --src-mesh 4)");
+    if (!have_dst_mesh) return fail(err, errlen, "synthetic mode needs --dst-mesh (e.g. --dst-mesh 2,2)");
+    if (!have_src_pl) return fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
+    if (!have_dst_pl) return fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
+    if (!dtype_set) o->dtype = RESHARD_FP32;
+    const cli_mesh *ms[2] = {&o->src, &o->dst};
+    const char *names[2] = {"src", "dst"}, *args[2] = {src_pl_arg, dst_pl_arg};
+    for (int s = 0; s < 2; s++) {
+      if (ms[s]->nplacements != ms[s]->ndim)
+        return fail(err, errlen, "--%s-placements '%s' has %d placement%s but --%s-mesh has %d ax%s: give one per axis",
+                    names[s], args[s], ms[s]->nplacements, ms[s]->nplacements == 1 ? "" : "s", names[s], ms[s]->ndim,
+                    ms[s]->ndim == 1 ? "is" : "es");
+      for (int k = 0; k < ms[s]->nplacements; k++)
+        if (ms[s]->placements[k].kind == RESHARD_PLACEMENT_SHARD && ms[s]->placements[k].dim >= o->ndim)
+          return fail(err, errlen, "--%s-placements '%s': S%d shards dim %d but --shape has %d dim%s (0..%d)", names[s],
+                      args[s], ms[s]->placements[k].dim, ms[s]->placements[k].dim, o->ndim, o->ndim == 1 ? "" : "s",
+                      o->ndim - 1);
+    }
+  }
+  if (plan && o->rank >= 0 && o->inject_error)
+    return fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
+  return 0;
+}
+
+static int mesh_size(const cli_mesh *m) {
+  int n = 1;
+  for (int i = 0; i < m->ndim; i++) n *= m->shape[i];
+  return n;
+}
+
+static void format_mesh(char *buf, size_t len, const cli_mesh *m) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < m->ndim && n < len; i++) n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? "x" : "", m->shape[i]);
+  if (n < len) n += (size_t)snprintf(buf + n, len - n, " [");
+  for (int i = 0; i < m->nplacements && n < len; i++) {
+    const reshard_placement_t *p = &m->placements[i];
+    if (p->kind == RESHARD_PLACEMENT_REPLICATE) n += (size_t)snprintf(buf + n, len - n, "%sR", i ? "," : "");
+    else n += (size_t)snprintf(buf + n, len - n, "%sS%d", i ? "," : "", p->dim);
+  }
+  if (n < len) snprintf(buf + n, len - n, "]");
+}
+
+static int lib_fail(char *err, size_t errlen, const char *what, reshard_result_t r) {
+  return fail(err, errlen, "%s: %s: %s", what, reshard_result_string(r), reshard_last_error());
+}
+
+static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t errlen) {
+  l->nsrc = mesh_size(&o->src);
+  l->ndst = mesh_size(&o->dst);
+  l->first_dst = o->colocate ? 0 : l->nsrc;
+  const cli_mesh *ms[2] = {&o->src, &o->dst};
+  reshard_layout_t **ls[2] = {&l->src, &l->dst};
+  int first[2] = {0, l->first_dst};
+  const char *side[2] = {"source", "destination"};
+  for (int s = 0; s < 2; s++) {
+    int tid, mid, bid;
+    reshard_result_t r = reshard_layout_create(ls[s]);
+    if (!r) r = reshard_layout_add_tensor(*ls[s], "tensor", o->dtype, o->ndim, o->shape, &tid);
+    if (!r) r = reshard_layout_add_mesh_strided(*ls[s], ms[s]->ndim, ms[s]->shape, first[s], 1, &mid);
+    if (!r) r = reshard_layout_place(*ls[s], tid, mid, ms[s]->placements, &bid);
+    if (r) {
+      char what[64];
+      snprintf(what, sizeof what, "building the %s layout", side[s]);
+      return lib_fail(err, errlen, what, r);
+    }
+  }
+  char sm[128], dm[128], shape[128];
+  format_mesh(sm, sizeof sm, &o->src);
+  format_mesh(dm, sizeof dm, &o->dst);
+  size_t n = 0;
+  shape[0] = 0;
+  for (int i = 0; i < o->ndim && n < sizeof shape; i++)
+    n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", i ? "x" : "", (long long)o->shape[i]);
+  snprintf(l->desc, sizeof l->desc, "synthetic %s %s: mesh %s -> mesh %s", shape, reshard_dtype_name(o->dtype), sm, dm);
+  return 0;
+}
+
+#ifdef RESHARD_TOOLS_HAVE_MODELS
+static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errlen) {
+  rm_parallel tp, ip;
+  rm_model *m = NULL;
+  reshard_result_t r = rm_parse_parallel(o->train, &tp);
+  if (r) return fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
+  r = rm_parse_parallel(o->infer, &ip);
+  if (r) return fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
+  r = rm_model_load(o->model_config, o->layers, o->dtype, &m);
+  if (r) return fail(err, errlen, "--model-config '%s': %s", o->model_config, reshard_last_error());
+  l->nsrc = rm_parallel_ranks(&tp);
+  l->ndst = rm_parallel_ranks(&ip);
+  l->first_dst = o->colocate ? 0 : l->nsrc;
+  r = rm_megatron_layout(m, &tp, 0, &l->src);
+  if (r) {
+    fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
+    rm_model_free(m);
+    return -1;
+  }
+  r = rm_vllm_layout(m, &ip, l->first_dst, &l->dst);
+  if (r) {
+    fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
+    rm_model_free(m);
+    return -1;
+  }
+  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors, %.1f M params, %s): megatron %s -> vllm %s",
+           o->model_config, rm_model_arch(m), rm_model_layers(m), rm_model_num_tensors(m),
+           (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), o->train, o->infer);
+  rm_model_free(m);
+  return 0;
+}
+#endif
+
+int cli_build_layouts(const cli_opts *o, cli_layouts *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  int rc;
+  if (o->mode == CLI_MODE_SYNTHETIC) {
+    rc = build_synthetic(o, out, err, errlen);
+  } else if (o->mode == CLI_MODE_MODEL) {
+#ifdef RESHARD_TOOLS_HAVE_MODELS
+    rc = build_model(o, out, err, errlen);
+#else
+    rc = fail(err, errlen, "model mode: this build has no model front-end (src/models, target reshard_models)");
+#endif
+  } else {
+    rc = fail(err, errlen, "no mode");
+  }
+  if (rc) {
+    cli_layouts_free(out);
+    return -1;
+  }
+  out->world_needed = o->colocate ? (out->nsrc > out->ndst ? out->nsrc : out->ndst) : out->nsrc + out->ndst;
+  if (o->colocate) {
+    size_t n = strlen(out->desc);
+    snprintf(out->desc + n, sizeof out->desc - n, ", colocated");
+  }
+  return 0;
+}
+
+void cli_layouts_free(cli_layouts *l) {
+  reshard_layout_destroy(l->src);
+  reshard_layout_destroy(l->dst);
+  l->src = l->dst = NULL;
+}
+
+const char *cli_role(const cli_layouts *l, int rank) {
+  int in_src = rank >= 0 && rank < l->nsrc;
+  int in_dst = rank >= l->first_dst && rank < l->first_dst + l->ndst;
+  return in_src && in_dst ? "both" : in_src ? "src" : in_dst ? "dst" : "none";
+}

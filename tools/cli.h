@@ -1,0 +1,97 @@
+/* Option parsing and layout construction shared by reshard_perf and
+ * reshard_plan.
+ *
+ * Two ways to describe a reshard:
+ *   model mode      --model-config FILE [--layers N] --train SPEC --infer SPEC
+ *                   (Megatron layout on the source side, vLLM layout on the
+ *                   destination side, from src/models);
+ *   synthetic mode  --shape 4096,4096 --src-mesh 4 --src-placements S0
+ *                   --dst-mesh 2,2 --dst-placements R,S1
+ *                   (one tensor, one mesh per side, ranks row-major with the
+ *                   last axis fastest, one placement per mesh axis).
+ * Source ranks come first, then destination ranks; --colocate puts both
+ * sides on ranks 0.. instead. */
+#ifndef RESHARD_TOOLS_CLI_H
+#define RESHARD_TOOLS_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "reshard.h"
+
+enum { CLI_TOOL_PERF = 1, CLI_TOOL_PLAN = 2 };
+enum { CLI_MODE_NONE = 0, CLI_MODE_SYNTHETIC = 1, CLI_MODE_MODEL = 2 };
+
+/* One side of a synthetic reshard: a mesh and its placements. */
+typedef struct cli_mesh {
+  int ndim;
+  int shape[RESHARD_MAX_MESH_DIMS];
+  int nplacements;
+  reshard_placement_t placements[RESHARD_MAX_MESH_DIMS];
+} cli_mesh;
+
+typedef struct cli_opts {
+  int tool;
+  int mode;
+  int help;
+  /* model mode */
+  const char *model_config;
+  int layers; /* 0: all */
+  const char *train, *infer;
+  /* synthetic mode */
+  int ndim;
+  int64_t shape[RESHARD_MAX_DIMS];
+  cli_mesh src, dst;
+  /* both */
+  reshard_dtype_t dtype; /* default bf16 (model) or f32 (synthetic) */
+  int colocate;
+  size_t staging; /* 0: the library's default */
+  /* reshard_perf */
+  int iters, warmup, check;
+  int baseline_broadcast, baseline_alltoallw;
+  int inject_error; /* testing: corrupt one destination byte after a run */
+  /* reshard_plan */
+  int world; /* 0: derived */
+  int rank;  /* -1: every rank */
+  int strict; /* --check */
+} cli_opts;
+
+/* Parses argv for the given tool. Returns 0, or -1 with a message in err
+ * (which names the offending option and value). */
+int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err,
+              size_t errlen);
+void cli_usage(int tool, FILE *out);
+
+/* Parses "4096,4096" (count 1..max, each >= min_value). */
+int cli_parse_i64_list(const char *s, int64_t min_value, int max, int64_t *out,
+                       int *count);
+/* "bf16", "f32", ... (the names of reshard_dtype_name). */
+int cli_parse_dtype(const char *s, reshard_dtype_t *out);
+/* "R,S1" for a mesh of ndim axes. */
+int cli_parse_placements(const char *s, reshard_placement_t *out, int *count);
+/* "256M", "4096", "1G": bytes with an optional binary K/M/G suffix. */
+int cli_parse_bytes(const char *s, size_t *out);
+
+/* Both sides' layouts and where their ranks lie. */
+typedef struct cli_layouts {
+  reshard_layout_t *src, *dst;
+  int nsrc, ndst;     /* ranks of each side */
+  int first_dst;      /* the destination side's first rank */
+  int world_needed;   /* nsrc + ndst, or max(nsrc, ndst) when colocated */
+  char desc[512];     /* one line saying what is moved */
+} cli_layouts;
+
+/* Builds the layouts the options describe. Returns 0, or -1 with a
+ * message in err (including the library's reshard_last_error()). */
+int cli_build_layouts(const cli_opts *o, cli_layouts *out, char *err,
+                      size_t errlen);
+void cli_layouts_free(cli_layouts *l);
+
+/* "src", "dst", "both" or "none". */
+const char *cli_role(const cli_layouts *l, int rank);
+
+/* Whether this build has the model front-end (src/models). */
+int cli_have_models(void);
+
+#endif

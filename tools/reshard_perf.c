@@ -1,0 +1,969 @@
+/* reshard_perf: time a reshard on MPI ranks, nccl-tests style, against the
+ * ways weights are synced today.
+ *
+ *   mpirun -np 8 reshard_perf --shape 4096,4096 --dtype f32 \
+ *       --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 \
+ *       --baseline broadcast,alltoallw -c 1
+ *   mpirun -np 8 reshard_perf --model-config configs/qwen2.5-0.5b.json \
+ *       --layers 4 --train tp=2,pp=2 --infer tp=2,dp=2 --baseline broadcast
+ *
+ * Source ranks come first in MPI_COMM_WORLD, then destination ranks
+ * (--colocate: both sides on ranks 0..). Each method (the reshard plan,
+ * then each baseline) runs -w untimed and -n timed iterations on the same
+ * buffers; an iteration's time is the slowest rank's (barrier, MPI_Wtime
+ * around the call, max over ranks). With -c 1 each method then runs once
+ * more, outside the timed loop, on freshly seeded sources and
+ * sentinel-filled destinations, and every destination element and every
+ * byte around the fragments is checked (bench/verify.h); wrong counts are
+ * summed over ranks.
+ *
+ * Baselines:
+ *   broadcast  for each tensor: gather its full contents at source rank 0
+ *              (point-to-point from the first replica holding each box,
+ *              received straight into the full tensor through subarray
+ *              datatypes), MPI_Bcast it from there to every destination
+ *              rank, and each destination copies its fragments out;
+ *   alltoallw  one MPI_Alltoallw over MPI_COMM_WORLD, every destination box
+ *              taken from the first source replica holding it, described in
+ *              place on both sides (subarray datatypes where the buffer is
+ *              row-major with padding, nested hvectors otherwise, one struct
+ *              per peer at absolute addresses: fused and strided buffers
+ *              included; RESHARD_PERF_HVECTOR=1 in the environment forces
+ *              hvectors everywhere, to test that path).
+ * "First replica": source fragments taken in rank order, a fragment skipped
+ * when another one already taken holds the same box. A layout whose
+ * replicas partially overlap (rather than repeat) cannot be split that way;
+ * the baselines then say so and are skipped. */
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "reshard.h"
+#include "reshard_mpi.h"
+#include "verify.h"
+
+static int world_rank, world_size;
+
+static void say0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say0(const char *fmt, ...) {
+  if (world_rank) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fflush(stdout);
+}
+
+/* ------------------------------------------------------------------ */
+/* Boxes and fragments                                                 */
+/* ------------------------------------------------------------------ */
+
+static size_t tensor_esize(const reshard_layout_t *L, int t) {
+  reshard_dtype_t dt;
+  reshard_layout_tensor_info(L, t, NULL, &dt, NULL, NULL);
+  return reshard_dtype_size(dt);
+}
+
+static int64_t box_elems(int nd, const int64_t *ext) {
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= ext[d];
+  return n;
+}
+
+/* Copies a box of `ext` elements between two strided views (element
+ * strides), innermost rows with memcpy where both sides are contiguous. */
+static void box_copy(int nd, const int64_t *ext, size_t es, const unsigned char *src, const int64_t *sstr,
+                     unsigned char *dst, const int64_t *dstr) {
+  for (int d = 0; d < nd; d++)
+    if (ext[d] <= 0) return;
+  if (nd == 0) {
+    memcpy(dst, src, es);
+    return;
+  }
+  int64_t idx[RESHARD_MAX_DIMS] = {0};
+  int64_t n = ext[nd - 1];
+  int contiguous = sstr[nd - 1] == 1 && dstr[nd - 1] == 1;
+  for (;;) {
+    int64_t so = 0, dof = 0;
+    for (int d = 0; d < nd - 1; d++) {
+      so += idx[d] * sstr[d];
+      dof += idx[d] * dstr[d];
+    }
+    const unsigned char *s = src + so * (int64_t)es;
+    unsigned char *t = dst + dof * (int64_t)es;
+    if (contiguous) {
+      memcpy(t, s, (size_t)n * es);
+    } else {
+      for (int64_t i = 0; i < n; i++) memcpy(t + i * dstr[nd - 1] * (int64_t)es, s + i * sstr[nd - 1] * (int64_t)es, es);
+    }
+    int d = nd - 2;
+    while (d >= 0 && ++idx[d] == ext[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+static void dense_strides(int nd, const int64_t *ext, int64_t *str) {
+  int64_t s = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    str[d] = s;
+    s *= ext[d];
+  }
+}
+
+static int frag_is_dense(const reshard_fragment_info_t *f) {
+  int64_t s = 1;
+  for (int d = f->ndim - 1; d >= 0; d--) {
+    if (f->extent[d] > 1 && f->strides[d] != s) return 0;
+    s *= f->extent[d];
+  }
+  return 1;
+}
+
+/* Element offset (in the fragment's buffer, from its byte_offset) of
+ * global coordinate `at`. */
+static int64_t frag_elem_offset(const reshard_fragment_info_t *f, const int64_t *at) {
+  int64_t off = 0;
+  for (int d = 0; d < f->ndim; d++) off += (at[d] - f->start[d]) * f->strides[d];
+  return off;
+}
+
+static int boxes_intersect(int nd, const int64_t *as, const int64_t *ae, const int64_t *bs, const int64_t *be,
+                           int64_t *start, int64_t *ext) {
+  for (int d = 0; d < nd; d++) {
+    int64_t lo = as[d] > bs[d] ? as[d] : bs[d];
+    int64_t hi = as[d] + ae[d] < bs[d] + be[d] ? as[d] + ae[d] : bs[d] + be[d];
+    if (hi <= lo) return 0;
+    if (start) start[d] = lo, ext[d] = hi - lo;
+  }
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* The run context                                                     */
+/* ------------------------------------------------------------------ */
+
+typedef struct ctx {
+  cli_opts o;
+  cli_layouts L;
+  vf_side s, d;
+  int is_src, is_dst;
+  int64_t delivered;       /* bytes of destination fragments, all ranks */
+  int64_t delivered_elems;
+  int *src_of_dst;         /* destination tensor id -> source tensor id */
+} ctx;
+
+typedef struct method {
+  const char *name;
+  int (*run)(ctx *c, void *state); /* 0 or an error (printed by the method) */
+  void *state;
+  int64_t crossed; /* bytes that crossed between ranks per iteration, all ranks */
+  int64_t max_out, max_in; /* the busiest rank's bytes sent to / received from
+                              other ranks per iteration */
+  /* results */
+  int skipped;
+  char note[256]; /* why it was skipped */
+  char info[256]; /* how it was set up */
+  double med_us, min_us, max_us;
+  int64_t wrong;
+  int failed;
+} method;
+
+/* Collective: the largest per-rank egress and ingress. */
+static void set_peaks(method *m, int64_t out, int64_t in) {
+  int64_t v[2] = {out, in}, mx[2];
+  MPI_Allreduce(v, mx, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  m->max_out = mx[0];
+  m->max_in = mx[1];
+}
+
+static void reset_destination(ctx *c) {
+  for (int b = 0; b < c->d.nbuf; b++)
+    if (c->d.ptr[b]) memset(c->d.ptr[b], VF_SENTINEL, c->d.bytes[b]);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* One timed call of m on every rank: the slowest rank's seconds, or -1
+ * when the call failed on any rank (every rank learns it). */
+static double time_once(ctx *c, method *m) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  int err = m->run(c, m->state);
+  double dt = MPI_Wtime() - t0;
+  double v[2] = {dt, err ? 1.0 : 0.0}, mx[2];
+  MPI_Allreduce(v, mx, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return mx[1] > 0 ? -1.0 : mx[0];
+}
+
+/* The methods run interleaved, iteration by iteration, so that the load of
+ * a shared machine falls on all of them alike and their ratios mean
+ * something. Every rank makes the same calls; an error on any rank stops
+ * that method on every rank. */
+static void run_methods(ctx *c, method *ms, int nm) {
+  int n = c->o.iters;
+  double **t = calloc((size_t)nm, sizeof *t);
+  for (int k = 0; k < nm; k++) {
+    t[k] = calloc((size_t)n, sizeof **t);
+    if (!t[k]) abort();
+  }
+  for (int k = 0; k < nm; k++)
+    for (int i = 0; i < c->o.warmup && !ms[k].skipped && !ms[k].failed; i++)
+      if (time_once(c, &ms[k]) < 0) ms[k].failed = 1;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < nm; k++) {
+      if (ms[k].skipped || ms[k].failed) continue;
+      double dt = time_once(c, &ms[k]);
+      if (dt < 0) ms[k].failed = 1;
+      else t[k][i] = dt * 1e6;
+    }
+  for (int k = 0; k < nm; k++) {
+    method *m = &ms[k];
+    if (!m->skipped && !m->failed) {
+      qsort(t[k], (size_t)n, sizeof **t, cmp_double);
+      m->med_us = n % 2 ? t[k][n / 2] : 0.5 * (t[k][n / 2 - 1] + t[k][n / 2]);
+      m->min_us = t[k][0];
+      m->max_us = t[k][n - 1];
+    }
+    free(t[k]);
+    if (m->skipped || m->failed || !c->o.check) continue;
+    /* Fresh values for this method only, and destinations back to the
+     * sentinel, so that nothing an earlier run wrote can pass for this
+     * one's result. */
+    uint64_t step = (uint64_t)k + 1;
+    vf_side_fill(&c->s, c->L.src, step);
+    reset_destination(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+    int err = m->run(c, m->state);
+    int64_t bad = 0;
+    if (!err) {
+      if (c->o.inject_error && c->d.nfrags && world_rank == c->L.first_dst) {
+        const reshard_fragment_info_t *f = &c->d.frags[0];
+        c->d.ptr[f->buffer_id][f->byte_offset] ^= 0x5a;
+      }
+      bad = vf_side_check(&c->d, c->L.dst, world_rank, step, m->name);
+    }
+    int64_t v[2] = {bad, err ? 1 : 0}, sum[2];
+    MPI_Allreduce(v, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    m->wrong = sum[0];
+    if (sum[1]) m->failed = 1;
+    vf_side_fill(&c->s, c->L.src, 0);
+  }
+  free(t);
+}
+
+/* ------------------------------------------------------------------ */
+/* reshard                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct reshard_state {
+  reshard_plan_t *plan;
+} reshard_state;
+
+static int run_reshard(ctx *c, void *state) {
+  reshard_state *st = state;
+  reshard_result_t r = reshard_plan_execute(st->plan, (void *const *)c->s.ptr, (size_t)c->s.nbuf,
+                                            (void *const *)c->d.ptr, (size_t)c->d.nbuf, NULL);
+  if (r) {
+    fprintf(stderr, "reshard_perf: rank %d: reshard_plan_execute: %s: %s\n", world_rank, reshard_result_string(r),
+            reshard_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* First-replica selection (both baselines)                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct chosen {
+  int rank;
+  reshard_fragment_info_t f;
+} chosen;
+
+typedef struct selection {
+  int ntensors;
+  chosen **by_tensor;
+  int *count, *cap;
+} selection;
+
+static void selection_free(selection *sel) {
+  for (int t = 0; t < sel->ntensors; t++) free(sel->by_tensor[t]);
+  free(sel->by_tensor);
+  free(sel->count);
+  free(sel->cap);
+  memset(sel, 0, sizeof *sel);
+}
+
+/* Source fragments in rank order, skipping repeats of a box already taken.
+ * Returns 0, or -1 with why in note. */
+static int select_first_replica(ctx *c, selection *sel, char *note, size_t notelen) {
+  const reshard_layout_t *S = c->L.src;
+  sel->ntensors = reshard_layout_num_tensors(S);
+  sel->by_tensor = calloc((size_t)sel->ntensors + 1, sizeof *sel->by_tensor);
+  sel->count = calloc((size_t)sel->ntensors + 1, sizeof *sel->count);
+  sel->cap = calloc((size_t)sel->ntensors + 1, sizeof *sel->cap);
+  if (!sel->by_tensor || !sel->count || !sel->cap) return snprintf(note, notelen, "out of memory"), -1;
+  reshard_fragment_info_t *fr = NULL;
+  size_t frcap = 0;
+  for (int r = 0; r < world_size; r++) {
+    size_t n = 0;
+    if (reshard_layout_fragments(S, r, NULL, 0, &n)) return snprintf(note, notelen, "%s", reshard_last_error()), -1;
+    if (n > frcap) {
+      free(fr);
+      frcap = n;
+      fr = malloc(n * sizeof *fr);
+      if (!fr) return snprintf(note, notelen, "out of memory"), -1;
+    }
+    if (n && reshard_layout_fragments(S, r, fr, n, &n)) {
+      free(fr);
+      return snprintf(note, notelen, "%s", reshard_last_error()), -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+      const reshard_fragment_info_t *f = &fr[i];
+      int t = f->tensor_id, take = 1;
+      for (int k = 0; k < sel->count[t] && take; k++) {
+        const reshard_fragment_info_t *g = &sel->by_tensor[t][k].f;
+        if (!boxes_intersect(f->ndim, f->start, f->extent, g->start, g->extent, NULL, NULL)) continue;
+        int same = 1;
+        for (int d = 0; d < f->ndim; d++) same &= f->start[d] == g->start[d] && f->extent[d] == g->extent[d];
+        if (!same) {
+          const char *name;
+          reshard_layout_tensor_info(S, t, &name, NULL, NULL, NULL);
+          snprintf(note, notelen, "tensor '%s': source fragments of ranks %d and %d partially overlap (no first replica)",
+                   name, sel->by_tensor[t][k].rank, r);
+          free(fr);
+          return -1;
+        }
+        take = 0;
+      }
+      if (!take) continue;
+      if (sel->count[t] == sel->cap[t]) {
+        int cap = sel->cap[t] ? 2 * sel->cap[t] : 4;
+        chosen *v = realloc(sel->by_tensor[t], (size_t)cap * sizeof *v);
+        if (!v) {
+          free(fr);
+          return snprintf(note, notelen, "out of memory"), -1;
+        }
+        sel->by_tensor[t] = v;
+        sel->cap[t] = cap;
+      }
+      sel->by_tensor[t][sel->count[t]++] = (chosen){r, *f};
+    }
+  }
+  free(fr);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Baseline: gather to source rank 0, broadcast                        */
+/* ------------------------------------------------------------------ */
+
+typedef struct bcast_state {
+  selection sel;
+  MPI_Comm bcomm;          /* rank 0 and every destination rank */
+  MPI_Datatype **root_types; /* [tensor][chosen]: the box in the full tensor */
+  unsigned char *full, *pack;
+  int64_t *tensor_bytes;
+  int **dst_frags;         /* [src tensor]: indices into c->d.frags */
+  int *ndst_frags;
+} bcast_state;
+
+static void bcast_free(bcast_state *b) {
+  if (!b) return;
+  if (b->root_types)
+    for (int t = 0; t < b->sel.ntensors; t++) {
+      for (int k = 0; b->root_types[t] && k < b->sel.count[t]; k++)
+        if (b->root_types[t][k] != MPI_DATATYPE_NULL) MPI_Type_free(&b->root_types[t][k]);
+      free(b->root_types[t]);
+    }
+  free(b->root_types);
+  if (b->dst_frags)
+    for (int t = 0; t < b->sel.ntensors; t++) free(b->dst_frags[t]);
+  free(b->dst_frags);
+  free(b->ndst_frags);
+  free(b->tensor_bytes);
+  free(b->full);
+  free(b->pack);
+  if (b->bcomm != MPI_COMM_NULL) MPI_Comm_free(&b->bcomm);
+  selection_free(&b->sel);
+  free(b);
+}
+
+static MPI_Datatype elem_type(size_t es) {
+  MPI_Datatype t;
+  MPI_Type_contiguous((int)es, MPI_BYTE, &t);
+  MPI_Type_commit(&t);
+  return t;
+}
+
+static int run_broadcast(ctx *c, void *state) {
+  bcast_state *b = state;
+  const reshard_layout_t *S = c->L.src;
+  for (int t = 0; t < b->sel.ntensors; t++) {
+    int64_t bytes = b->tensor_bytes[t];
+    if (bytes == 0) continue;
+    size_t es = tensor_esize(S, t);
+    int nd;
+    int64_t shape[RESHARD_MAX_DIMS], full_str[RESHARD_MAX_DIMS];
+    reshard_layout_tensor_info(S, t, NULL, NULL, &nd, shape);
+    dense_strides(nd, shape, full_str);
+    const chosen *ch = b->sel.by_tensor[t];
+    int nch = b->sel.count[t];
+    /* gather */
+    if (world_rank == 0) {
+      MPI_Request *req = malloc((size_t)(nch + 1) * sizeof *req);
+      int nreq = 0;
+      for (int k = 0; k < nch; k++)
+        if (ch[k].rank != 0) MPI_Irecv(b->full, 1, b->root_types[t][k], ch[k].rank, 0, MPI_COMM_WORLD, &req[nreq++]);
+      for (int k = 0; k < nch; k++)
+        if (ch[k].rank == 0) {
+          const reshard_fragment_info_t *f = &ch[k].f;
+          int64_t o = 0;
+          for (int d = 0; d < nd; d++) o += f->start[d] * full_str[d];
+          box_copy(nd, f->extent, es, c->s.ptr[f->buffer_id] + f->byte_offset, f->strides, b->full + o * (int64_t)es,
+                   full_str);
+        }
+      MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
+      free(req);
+    } else {
+      for (int k = 0; k < nch; k++) {
+        if (ch[k].rank != world_rank) continue;
+        const reshard_fragment_info_t *f = &ch[k].f;
+        int64_t n = box_elems(f->ndim, f->extent);
+        const unsigned char *from = c->s.ptr[f->buffer_id] + f->byte_offset;
+        if (!frag_is_dense(f)) {
+          int64_t str[RESHARD_MAX_DIMS];
+          dense_strides(f->ndim, f->extent, str);
+          box_copy(f->ndim, f->extent, es, from, f->strides, b->pack, str);
+          from = b->pack;
+        }
+        /* one message per fragment (at most 1 GiB: see bcast_setup) */
+        MPI_Send(from, (int)(n * (int64_t)es), MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+      }
+    }
+    /* broadcast */
+    if (b->bcomm != MPI_COMM_NULL) {
+      for (int64_t off = 0; off < bytes;) {
+        int piece = bytes - off > (1 << 30) ? 1 << 30 : (int)(bytes - off);
+        MPI_Bcast(b->full + off, piece, MPI_BYTE, 0, b->bcomm);
+        off += piece;
+      }
+    }
+    /* copy out */
+    for (int i = 0; i < b->ndst_frags[t]; i++) {
+      const reshard_fragment_info_t *f = &c->d.frags[b->dst_frags[t][i]];
+      int64_t o = 0;
+      for (int d = 0; d < nd; d++) o += f->start[d] * full_str[d];
+      box_copy(nd, f->extent, es, b->full + o * (int64_t)es, full_str, c->d.ptr[f->buffer_id] + f->byte_offset,
+               f->strides);
+    }
+  }
+  return 0;
+}
+
+/* Each gather message is one source fragment, received at the root in
+ * place through a subarray datatype; fragments over 1 GiB (beyond one
+ * message's int count) skip the baseline. Returns NULL with a note when the
+ * baseline cannot run. */
+static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
+  int64_t *crossed = &m->crossed, my_out = 0, my_in = 0;
+  bcast_state *b = calloc(1, sizeof *b);
+  if (!b) return snprintf(note, notelen, "out of memory"), NULL;
+  b->bcomm = MPI_COMM_NULL;
+  int bad = select_first_replica(c, &b->sel, note, notelen) != 0;
+  const reshard_layout_t *S = c->L.src;
+  int nt = b->sel.ntensors;
+  int64_t max_tensor = 0, max_frag = 0;
+  *crossed = 0;
+  int nmembers = 1;
+  for (int r = c->L.first_dst; r < c->L.first_dst + c->L.ndst; r++) nmembers += r != 0;
+  if (!bad) {
+    b->tensor_bytes = calloc((size_t)nt + 1, sizeof *b->tensor_bytes);
+    b->root_types = calloc((size_t)nt + 1, sizeof *b->root_types);
+    b->dst_frags = calloc((size_t)nt + 1, sizeof *b->dst_frags);
+    b->ndst_frags = calloc((size_t)nt + 1, sizeof *b->ndst_frags);
+    if (!b->tensor_bytes || !b->root_types || !b->dst_frags || !b->ndst_frags) bad = 1, snprintf(note, notelen, "out of memory");
+  }
+  for (int t = 0; t < nt && !bad; t++) {
+    int nd;
+    int64_t shape[RESHARD_MAX_DIMS];
+    const char *name;
+    reshard_layout_tensor_info(S, t, &name, NULL, &nd, shape);
+    size_t es = tensor_esize(S, t);
+    int64_t vol = box_elems(nd, shape), covered = 0;
+    b->tensor_bytes[t] = vol * (int64_t)es;
+    if (b->tensor_bytes[t] > max_tensor) max_tensor = b->tensor_bytes[t];
+    b->root_types[t] = calloc((size_t)b->sel.count[t] + 1, sizeof **b->root_types);
+    if (!b->root_types[t]) {
+      bad = 1;
+      snprintf(note, notelen, "out of memory");
+      break;
+    }
+    MPI_Datatype el = elem_type(es);
+    for (int k = 0; k < b->sel.count[t]; k++) {
+      const reshard_fragment_info_t *f = &b->sel.by_tensor[t][k].f;
+      int64_t fb = box_elems(nd, f->extent) * (int64_t)es;
+      covered += box_elems(nd, f->extent);
+      b->root_types[t][k] = MPI_DATATYPE_NULL;
+      if (b->sel.by_tensor[t][k].rank != 0) {
+        *crossed += fb;
+        if (world_rank == 0) my_in += fb;
+        if (world_rank == b->sel.by_tensor[t][k].rank) my_out += fb;
+      }
+      if (fb > max_frag) max_frag = fb;
+      if (fb > (1 << 30)) {
+        bad = 1;
+        snprintf(note, notelen, "tensor '%s': a source fragment of %lld bytes exceeds one gather message", name,
+                 (long long)fb);
+        break;
+      }
+      if (world_rank != 0 || b->sel.by_tensor[t][k].rank == 0) continue;
+      if (nd == 0) {
+        MPI_Type_dup(el, &b->root_types[t][k]);
+        continue;
+      }
+      int sizes[RESHARD_MAX_DIMS], sub[RESHARD_MAX_DIMS], st[RESHARD_MAX_DIMS];
+      for (int d = 0; d < nd; d++) {
+        if (shape[d] > 0x7fffffff) {
+          bad = 1;
+          snprintf(note, notelen, "tensor '%s': dim %d exceeds MPI's int", name, d);
+        }
+        sizes[d] = (int)shape[d];
+        sub[d] = (int)f->extent[d];
+        st[d] = (int)f->start[d];
+      }
+      if (bad) break;
+      MPI_Type_create_subarray(nd, sizes, sub, st, MPI_ORDER_C, el, &b->root_types[t][k]);
+      MPI_Type_commit(&b->root_types[t][k]);
+    }
+    MPI_Type_free(&el);
+    if (!bad && covered != vol) {
+      bad = 1;
+      snprintf(note, notelen, "tensor '%s': the source fragments cover %lld of %lld elements", name, (long long)covered,
+               (long long)vol);
+    }
+    *crossed += b->tensor_bytes[t] * (nmembers - 1);
+    /* at least one copy leaves the root; every other member receives one */
+    if (world_rank == 0 && nmembers > 1) my_out += b->tensor_bytes[t];
+    if (world_rank != 0 && c->is_dst) my_in += b->tensor_bytes[t];
+  }
+  /* every rank must agree to run the baseline */
+  int v = bad, any;
+  MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any) {
+    if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
+    bcast_free(b);
+    return NULL;
+  }
+  set_peaks(m, my_out, my_in);
+  long long nfr = 0;
+  for (int t = 0; t < nt; t++) nfr += b->sel.count[t];
+  snprintf(m->info, sizeof m->info,
+           "per tensor: gather %lld first-replica fragments (of %d tensors) at rank 0, MPI_Bcast to %d ranks, copy out",
+           nfr, nt, nmembers);
+  /* destination fragments by source tensor */
+  for (size_t i = 0; i < c->d.nfrags; i++) {
+    int t = c->src_of_dst[c->d.frags[i].tensor_id];
+    int *v2 = realloc(b->dst_frags[t], (size_t)(b->ndst_frags[t] + 1) * sizeof *v2);
+    if (!v2) abort();
+    b->dst_frags[t] = v2;
+    v2[b->ndst_frags[t]++] = (int)i;
+  }
+  int member = world_rank == 0 || c->is_dst;
+  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &b->bcomm);
+  if (member) b->full = malloc((size_t)max_tensor + 1);
+  b->pack = malloc((size_t)max_frag + 1);
+  if ((member && !b->full) || !b->pack) {
+    fprintf(stderr, "reshard_perf: rank %d: out of memory for the broadcast baseline\n", world_rank);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return b;
+}
+
+/* ------------------------------------------------------------------ */
+/* Baseline: one MPI_Alltoallw                                         */
+/* ------------------------------------------------------------------ */
+
+typedef struct a2aw_state {
+  MPI_Datatype *stypes, *rtypes;
+  int *scounts, *rcounts, *sdispls, *rdispls;
+} a2aw_state;
+
+static void a2aw_free(a2aw_state *a) {
+  if (!a) return;
+  for (int r = 0; r < world_size; r++) {
+    if (a->stypes && a->scounts[r]) MPI_Type_free(&a->stypes[r]);
+    if (a->rtypes && a->rcounts[r]) MPI_Type_free(&a->rtypes[r]);
+  }
+  free(a->stypes);
+  free(a->rtypes);
+  free(a->scounts);
+  free(a->rcounts);
+  free(a->sdispls);
+  free(a->rdispls);
+  free(a);
+}
+
+/* The box [bs, bs+be) of fragment f, which lies in buf: a subarray of the
+ * fragment when its strides are row-major with padding (sizes derived from
+ * the strides), nested hvectors otherwise. *addr receives the absolute
+ * address the type is relative to. */
+static int box_datatype(const reshard_fragment_info_t *f, unsigned char *buf, const int64_t *bs, const int64_t *be,
+                        MPI_Datatype el, size_t es, MPI_Aint *addr, MPI_Datatype *out) {
+  int nd = f->ndim;
+  static int force_hvector = -1;
+  if (force_hvector < 0) force_hvector = getenv("RESHARD_PERF_HVECTOR") != NULL;
+  int sub_ok = nd > 0 && f->strides[nd - 1] == 1 && !force_hvector;
+  int sizes[RESHARD_MAX_DIMS], sub[RESHARD_MAX_DIMS], st[RESHARD_MAX_DIMS];
+  for (int d = 0; d < nd && sub_ok; d++) {
+    if (d > 0 && (f->strides[d] <= 0 || f->strides[d - 1] % f->strides[d])) {
+      sub_ok = 0;
+      break;
+    }
+    int64_t size = d == 0 ? f->extent[0] : f->strides[d - 1] / f->strides[d];
+    if (size < f->extent[d] || size > 0x7fffffff || be[d] > 0x7fffffff) sub_ok = 0;
+    sizes[d] = (int)size;
+    sub[d] = (int)be[d];
+    st[d] = (int)(bs[d] - f->start[d]);
+  }
+  if (sub_ok) {
+    MPI_Get_address(buf + f->byte_offset, addr);
+    MPI_Type_create_subarray(nd, sizes, sub, st, MPI_ORDER_C, el, out);
+    return 1;
+  }
+  MPI_Get_address(buf + f->byte_offset + (size_t)(frag_elem_offset(f, bs) * (int64_t)es), addr);
+  MPI_Datatype t;
+  MPI_Type_dup(el, &t);
+  for (int d = nd - 1; d >= 0; d--) {
+    MPI_Datatype v;
+    MPI_Type_create_hvector((int)be[d], 1, (MPI_Aint)(f->strides[d] * (int64_t)es), t, &v);
+    MPI_Type_free(&t);
+    t = v;
+  }
+  *out = t;
+  return 0;
+}
+
+typedef struct typelist {
+  MPI_Datatype *t;
+  MPI_Aint *a;
+  int n, cap;
+} typelist;
+
+static void typelist_push(typelist *l, MPI_Datatype t, MPI_Aint a) {
+  if (l->n == l->cap) {
+    l->cap = l->cap ? 2 * l->cap : 8;
+    l->t = realloc(l->t, (size_t)l->cap * sizeof *l->t);
+    l->a = realloc(l->a, (size_t)l->cap * sizeof *l->a);
+    if (!l->t || !l->a) abort();
+  }
+  l->t[l->n] = t;
+  l->a[l->n++] = a;
+}
+
+/* One struct per peer over the boxes of its list (freed). */
+static int typelist_commit(typelist *l, MPI_Datatype *out) {
+  if (!l->n) return 0;
+  int *ones = malloc((size_t)l->n * sizeof *ones);
+  if (!ones) abort();
+  for (int i = 0; i < l->n; i++) ones[i] = 1;
+  MPI_Type_create_struct(l->n, ones, l->a, l->t, out);
+  MPI_Type_commit(out);
+  for (int i = 0; i < l->n; i++) MPI_Type_free(&l->t[i]);
+  free(ones);
+  free(l->t);
+  free(l->a);
+  memset(l, 0, sizeof *l);
+  return 1;
+}
+
+static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
+  selection sel;
+  memset(&sel, 0, sizeof sel);
+  int bad = select_first_replica(c, &sel, note, notelen) != 0;
+  a2aw_state *a = calloc(1, sizeof *a);
+  typelist *sl = calloc((size_t)world_size, sizeof *sl), *rl = calloc((size_t)world_size, sizeof *rl);
+  if (!a || !sl || !rl) abort();
+  a->stypes = calloc((size_t)world_size, sizeof *a->stypes);
+  a->rtypes = calloc((size_t)world_size, sizeof *a->rtypes);
+  a->scounts = calloc((size_t)world_size, sizeof(int));
+  a->rcounts = calloc((size_t)world_size, sizeof(int));
+  a->sdispls = calloc((size_t)world_size, sizeof(int));
+  a->rdispls = calloc((size_t)world_size, sizeof(int));
+  if (!a->stypes || !a->rtypes || !a->scounts || !a->rcounts || !a->sdispls || !a->rdispls) abort();
+  int64_t my_cross = 0, my_in = 0, kinds[2] = {0, 0};
+  reshard_fragment_info_t *fr = NULL;
+  size_t frcap = 0;
+  MPI_Datatype *els = calloc(17, sizeof *els);
+  if (!els) abort();
+  /* Every rank walks every destination rank's fragments in the same order,
+   * so a pair's boxes line up on both sides. */
+  for (int d = c->L.first_dst; d < c->L.first_dst + c->L.ndst && !bad; d++) {
+    size_t n = 0;
+    reshard_layout_fragments(c->L.dst, d, NULL, 0, &n);
+    if (n > frcap) {
+      free(fr);
+      frcap = n;
+      fr = malloc(n * sizeof *fr);
+      if (!fr) abort();
+    }
+    if (n) reshard_layout_fragments(c->L.dst, d, fr, n, &n);
+    for (size_t i = 0; i < n; i++) {
+      const reshard_fragment_info_t *fd = &fr[i];
+      int t = c->src_of_dst[fd->tensor_id];
+      size_t es = tensor_esize(c->L.src, t);
+      if (es > 16) abort();
+      if (!els[es]) els[es] = elem_type(es);
+      for (int k = 0; k < sel.count[t]; k++) {
+        const chosen *ch = &sel.by_tensor[t][k];
+        int64_t bs[RESHARD_MAX_DIMS], be[RESHARD_MAX_DIMS];
+        if (fd->ndim && !boxes_intersect(fd->ndim, fd->start, fd->extent, ch->f.start, ch->f.extent, bs, be)) continue;
+        int s = ch->rank;
+        if (s != world_rank && d != world_rank) continue;
+        MPI_Datatype ty;
+        MPI_Aint addr;
+        if (s == world_rank) {
+          kinds[box_datatype(&ch->f, c->s.ptr[ch->f.buffer_id], bs, be, els[es], es, &addr, &ty)]++;
+          typelist_push(&sl[d], ty, addr);
+          if (d != s) my_cross += box_elems(fd->ndim, be) * (int64_t)es;
+        }
+        if (d == world_rank) {
+          kinds[box_datatype(fd, c->d.ptr[fd->buffer_id], bs, be, els[es], es, &addr, &ty)]++;
+          typelist_push(&rl[s], ty, addr);
+          if (d != s) my_in += box_elems(fd->ndim, be) * (int64_t)es;
+        }
+      }
+    }
+  }
+  free(fr);
+  for (int r = 0; r < world_size; r++) {
+    a->scounts[r] = typelist_commit(&sl[r], &a->stypes[r]);
+    a->rcounts[r] = typelist_commit(&rl[r], &a->rtypes[r]);
+    if (!a->scounts[r]) a->stypes[r] = MPI_BYTE;
+    if (!a->rcounts[r]) a->rtypes[r] = MPI_BYTE;
+  }
+  for (int e = 0; e <= 16; e++)
+    if (els[e]) MPI_Type_free(&els[e]);
+  free(els);
+  free(sl);
+  free(rl);
+  selection_free(&sel);
+  int v = bad, any;
+  MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any) {
+    if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
+    a2aw_free(a);
+    return NULL;
+  }
+  MPI_Allreduce(&my_cross, &m->crossed, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  set_peaks(m, my_cross, my_in);
+  int64_t k_all[2];
+  MPI_Allreduce(kinds, k_all, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  snprintf(m->info, sizeof m->info,
+           "one MPI_Alltoallw, boxes from the first source replica; %lld box sides as subarrays, %lld as hvectors "
+           "(strided)",
+           (long long)k_all[1], (long long)k_all[0]);
+  return a;
+}
+
+static int run_alltoallw(ctx *c, void *state) {
+  (void)c;
+  a2aw_state *a = state;
+  int err = MPI_Alltoallw(MPI_BOTTOM, a->scounts, a->sdispls, a->stypes, MPI_BOTTOM, a->rcounts, a->rdispls, a->rtypes,
+                          MPI_COMM_WORLD);
+  return err != MPI_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* main                                                                */
+/* ------------------------------------------------------------------ */
+
+static int finish(int rc) {
+  MPI_Finalize();
+  return rc;
+}
+
+static void print_row(const method *m, const ctx *c) {
+  if (m->skipped) {
+    say0("%12s  skipped: %s\n", m->name, m->note);
+    return;
+  }
+  if (m->failed) {
+    say0("%12s  FAILED (a call failed on some rank; see stderr)\n", m->name);
+    return;
+  }
+  double s = m->med_us * 1e-6;
+  say0("%12s %14lld %12lld %8s %12.1f %12.1f %12.1f %9.3f %9.3f %9.1f %9.1f %8lld%s\n", m->name,
+       (long long)c->delivered, (long long)c->delivered_elems, reshard_dtype_name(c->o.dtype), m->med_us, m->min_us,
+       m->max_us, (double)c->delivered / s / 1e9, (double)m->crossed / s / 1e9, (double)m->max_out / 1048576.0,
+       (double)m->max_in / 1048576.0, (long long)m->wrong, c->o.check ? "" : " (unchecked)");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  ctx c;
+  memset(&c, 0, sizeof c);
+  char err[1024];
+  if (cli_parse(CLI_TOOL_PERF, argc, argv, &c.o, err, sizeof err)) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
+    return finish(2);
+  }
+  if (c.o.help) {
+    if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
+    return finish(0);
+  }
+  if (cli_build_layouts(&c.o, &c.L, err, sizeof err)) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
+    return finish(2);
+  }
+  if (world_size != c.L.world_needed) {
+    if (!world_rank)
+      fprintf(stderr,
+              "reshard_perf: error: %d MPI ranks, but the layouts need exactly %d (%d source %s %d destination%s): "
+              "run with mpirun -np %d\n",
+              world_size, c.L.world_needed, c.L.nsrc, c.o.colocate ? "colocated with" : "+", c.L.ndst,
+              c.o.colocate ? ", on the larger side's ranks" : "", c.L.world_needed);
+    cli_layouts_free(&c.L);
+    return finish(2);
+  }
+  c.is_src = world_rank < c.L.nsrc;
+  c.is_dst = world_rank >= c.L.first_dst && world_rank < c.L.first_dst + c.L.ndst;
+
+  /* tensor ids across the sides (the plan matches them by name too) */
+  int ndt = reshard_layout_num_tensors(c.L.dst);
+  c.src_of_dst = calloc((size_t)ndt + 1, sizeof *c.src_of_dst);
+  for (int t = 0; t < ndt; t++) {
+    const char *name;
+    reshard_layout_tensor_info(c.L.dst, t, &name, NULL, NULL, NULL);
+    if (reshard_layout_find_tensor(c.L.src, name, &c.src_of_dst[t])) {
+      if (!world_rank) fprintf(stderr, "reshard_perf: error: tensor '%s' is missing on the source side\n", name);
+      return finish(2);
+    }
+  }
+
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_mpi(MPI_COMM_WORLD, &comm);
+  if (r) {
+    fprintf(stderr, "reshard_perf: rank %d: reshard_comm_create_mpi: %s\n", world_rank, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  if (c.o.staging) opts.staging_bytes = c.o.staging;
+  reshard_state rst = {NULL};
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  r = reshard_plan_create(comm, c.L.src, c.L.dst, &opts, &rst.plan);
+  double plan_s = MPI_Wtime() - t0, plan_max_s;
+  int bad = r != RESHARD_SUCCESS, any_bad;
+  if (bad)
+    fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create: %s: %s\n", world_rank, reshard_result_string(r),
+            reshard_last_error());
+  MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_bad) {
+    reshard_plan_destroy(rst.plan);
+    reshard_comm_destroy(comm);
+    return finish(1);
+  }
+  if (vf_side_alloc(&c.s, c.L.src, world_rank, 0) || vf_side_alloc(&c.d, c.L.dst, world_rank, -1)) {
+    fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+  /* figures over all ranks */
+  reshard_plan_stats_t st;
+  reshard_plan_get_stats(rst.plan, &st);
+  int64_t mine[6] = {0, 0, (int64_t)st.send_bytes, (int64_t)st.local_copy_bytes, (int64_t)st.send_messages,
+                     (int64_t)st.segments};
+  for (size_t i = 0; i < c.d.nfrags; i++) {
+    const reshard_fragment_info_t *f = &c.d.frags[i];
+    int64_t n = box_elems(f->ndim, f->extent);
+    mine[0] += n * (int64_t)tensor_esize(c.L.dst, f->tensor_id);
+    mine[1] += n;
+  }
+  int64_t sum[6];
+  MPI_Allreduce(mine, sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  int64_t mx_in[3] = {(int64_t)st.num_chunks, (int64_t)st.staging_bytes, (int64_t)st.chunk_bytes}, mx[3];
+  MPI_Allreduce(mx_in, mx, 3, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  c.delivered = sum[0];
+  c.delivered_elems = sum[1];
+
+  say0("# reshard_perf, %d MPI ranks: %s\n", world_size, c.L.desc);
+  say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
+       c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
+  say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds, staging up to %.1f MiB/rank, "
+       "%lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
+       plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (double)mx[1] / 1048576.0, (long long)sum[4],
+       (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
+
+  method ms[3];
+  memset(ms, 0, sizeof ms);
+  int nm = 0;
+  ms[nm++] = (method){.name = "reshard", .run = run_reshard, .state = &rst, .crossed = sum[2]};
+  set_peaks(&ms[0], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
+  bcast_state *bst = NULL;
+  a2aw_state *ast = NULL;
+  if (c.o.baseline_broadcast) {
+    method *m = &ms[nm++];
+    m->name = "broadcast";
+    m->run = run_broadcast;
+    bst = bcast_setup(&c, m, m->note, sizeof m->note);
+    m->state = bst;
+    m->skipped = !bst;
+  }
+  if (c.o.baseline_alltoallw) {
+    method *m = &ms[nm++];
+    m->name = "alltoallw";
+    m->run = run_alltoallw;
+    ast = a2aw_setup(&c, m, m->note, sizeof m->note);
+    m->state = ast;
+    m->skipped = !ast;
+  }
+  for (int i = 1; i < nm; i++)
+    if (!ms[i].skipped) say0("# method %s: %s\n", ms[i].name, ms[i].info);
+  run_methods(&c, ms, nm);
+
+  say0("#\n#%11s %14s %12s %8s %12s %12s %12s %9s %9s %9s %9s %8s\n", "method", "bytes", "count", "type", "time(us)",
+       "min(us)", "max(us)", "algbw", "busbw", "out(MiB)", "in(MiB)", "#wrong");
+  say0("#%11s %14s %12s %8s %12s %12s %12s %9s %9s %9s %9s %8s\n", "", "", "(elements)", "", "median", "", "", "(GB/s)",
+       "(GB/s)", "max/rank", "max/rank", "");
+  for (int i = 0; i < nm; i++) print_row(&ms[i], &c);
+  say0("#\n");
+  int64_t wrong = 0;
+  int failed = 0;
+  for (int i = 0; i < nm; i++) {
+    wrong += ms[i].wrong;
+    failed |= ms[i].failed;
+  }
+  const method *R = &ms[0];
+  if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c.delivered,
+                      (long long)R->wrong);
+  else
+    say0("# reshard_perf: bytes=%lld time_us=%.1f algbw_GBps=%.3f wrong=%lld\n", (long long)c.delivered, R->med_us,
+         (double)c.delivered / (R->med_us * 1e-6) / 1e9, (long long)R->wrong);
+  for (int i = 1; i < nm; i++) {
+    const method *m = &ms[i];
+    if (m->skipped) say0("# baseline %s: skipped (%s)\n", m->name, m->note);
+    else if (m->failed) say0("# baseline %s: time_us=nan ratio=nan\n", m->name);
+    else if (R->failed) say0("# baseline %s: time_us=%.1f ratio=nan\n", m->name, m->med_us);
+    else say0("# baseline %s: time_us=%.1f ratio=%.2f\n", m->name, m->med_us, m->med_us / R->med_us);
+  }
+
+  bcast_free(bst);
+  a2aw_free(ast);
+  vf_side_free(&c.s);
+  vf_side_free(&c.d);
+  reshard_plan_destroy(rst.plan);
+  reshard_comm_destroy(comm);
+  free(c.src_of_dst);
+  cli_layouts_free(&c.L);
+  return finish(wrong || failed ? 1 : 0);
+}
