@@ -18,6 +18,9 @@ static struct {
                               "upper bound on one message in bytes (overrides options.chunk_bytes)", 0, 0},
     [RS_PARAM_TIMEOUT_MS] = {"RESHARD_TIMEOUT_MS",
                              "deadline of every wait in ms, <= 0 for none (overrides options.timeout_ms)", 0, 0},
+    [RS_PARAM_MPI_DATATYPES] = {"RESHARD_MPI_DATATYPES",
+                                "1 (default): the MPI transport sends and receives strided boxes in place with "
+                                "derived datatypes; 0: pack into staging", 0, 0},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;

@@ -9,6 +9,7 @@ typedef enum rs_param_id {
   RS_PARAM_STAGING_BYTES = 0,
   RS_PARAM_CHUNK_BYTES,
   RS_PARAM_TIMEOUT_MS,
+  RS_PARAM_MPI_DATATYPES,
   RS_NUM_PARAMS
 } rs_param_id;
 

@@ -22,6 +22,7 @@ typedef struct exec_state {
   unsigned char *send_stage[2], *recv_stage[2];
   rs_request **sreq[2], **rreq[2];
   size_t nsreq[2], nrreq[2];
+  unsigned char *in_place[2]; /* per receive: landed in its buffers */
   int64_t deadline;
   uint64_t tag;
 } exec_state;
@@ -69,18 +70,41 @@ static reshard_result_t start_round(exec_state *st, int k) {
       const rs_msg *m = &p->recvs[i];
       rs_request **slot = &st->rreq[h][st->nrreq[h]++];
       *slot = NULL;
-      RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag, st->recv_stage[h] + m->staging_off, m->bytes, slot));
+      unsigned char *at = st->recv_stage[h] + m->staging_off;
+      const rs_copy *cps = &p->recv_copies[m->first_copy];
+      st->in_place[h][st->nrreq[h] - 1] = 1;
+      if (m->direct) {
+        at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
+      } else if (st->comm->ops->irecv_boxes) {
+        reshard_result_t r = st->comm->ops->irecv_boxes(st->comm, m->peer, tag, cps, m->ncopies, st->dst, m->bytes, slot);
+        if (r == RESHARD_SUCCESS) continue;
+        if (r != RESHARD_ERROR_UNSUPPORTED) return r;
+      }
+      st->in_place[h][st->nrreq[h] - 1] = m->direct;
+      RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot));
     }
   if (k < rounds_of(p->sends, p->nsends))
       for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
         const rs_msg *m = &p->sends[i];
-        for (uint32_t c = 0; c < m->ncopies; c++) {
-          const rs_copy *cp = &p->send_copies[m->first_copy + c];
-          rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
-        }
+        const unsigned char *at = st->send_stage[h] + m->staging_off;
         rs_request **slot = &st->sreq[h][st->nsreq[h]++];
         *slot = NULL;
-        RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag, st->send_stage[h] + m->staging_off, m->bytes, slot));
+        if (m->direct) {
+          const rs_copy *cp = &p->send_copies[m->first_copy];
+          at = (const unsigned char *)st->src[cp->src_buf] + cp->src_off;
+        } else {
+          if (st->comm->ops->isend_boxes) {
+            reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
+                                                            m->ncopies, st->src, m->bytes, slot);
+            if (r == RESHARD_SUCCESS) continue;
+            if (r != RESHARD_ERROR_UNSUPPORTED) return r;
+          }
+          for (uint32_t c = 0; c < m->ncopies; c++) {
+            const rs_copy *cp = &p->send_copies[m->first_copy + c];
+            rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
+          }
+        }
+        RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot));
       }
   return RESHARD_SUCCESS;
 }
@@ -101,6 +125,7 @@ static reshard_result_t finish_round(exec_state *st, int k) {
       return r;
     }
     st->rreq[h][i] = NULL;
+    if (st->in_place[h][i]) continue; /* landed in its buffers */
     for (uint32_t c = 0; c < m->ncopies; c++) {
       const rs_copy *cp = &p->recv_copies[m->first_copy + c];
       rs_copy_run(cp, st->recv_stage[h], st->dst[cp->dst_buf]);
@@ -161,7 +186,7 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   /* Staging and request slots in one block. */
   size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
-  size_t need = stage + nreq * sizeof(rs_request *) + 64;
+  size_t need = stage + nreq * sizeof(rs_request *) + 64 + nreq;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
   void *block = NULL;
   int cached = !__atomic_exchange_n(&mut->staging_busy, 1, __ATOMIC_ACQUIRE);
@@ -198,6 +223,8 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   st.rreq[0] = reqs + plan->max_round_sends;
   st.sreq[1] = reqs + per;
   st.rreq[1] = reqs + per + plan->max_round_sends;
+  st.in_place[0] = (unsigned char *)(reqs + nreq);
+  st.in_place[1] = st.in_place[0] + per;
   st.deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
   st.tag = plan->tag_base | (epoch & 0xffffu) << 48;
   reshard_result_t r = run_rounds(&st);

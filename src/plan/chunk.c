@@ -184,6 +184,10 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
     if (off > half) half = off;
   }
   for (int k = round + 1; k <= nrounds; k++) starts[k] = ch.nmsgs;
+  for (size_t i = 0; i < ch.nmsgs; i++) {
+    rs_msg *m = &ch.msgs[i];
+    m->direct = m->ncopies == 1 && ch.copies[m->first_copy].ndim == 0;
+  }
   if (is_send) {
     plan->sends = ch.msgs;
     plan->nsends = ch.nmsgs;

@@ -23,6 +23,11 @@ typedef struct rs_msg {
   uint64_t staging_off; /* within the round's staging area */
   uint32_t first_copy;  /* in send_copies or recv_copies */
   uint32_t ncopies;
+  /* Host executor: the message is one contiguous run of its buffer, so it
+   * is sent from (received into) the buffer itself, skipping the pack (or
+   * unpack) copy. Its staging area stays reserved for device executors,
+   * which ignore the flag. */
+  uint32_t direct;
 } rs_msg;
 
 typedef struct rs_used_buffer {

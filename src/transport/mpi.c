@@ -15,12 +15,15 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/params.h"
+#include "pack/copy.h"
 #include "reshard_mpi.h"
 #include "transport/transport.h"
 
 typedef struct rs_mpi_comm {
   MPI_Comm comm;
   int tag_ub;
+  int datatypes; /* send and receive strided boxes in place */
 } rs_mpi_comm;
 
 struct rs_request {
@@ -64,6 +67,99 @@ static reshard_result_t post(reshard_comm_t *c, int peer, uint64_t tag,
   }
   *out = r;
   return RESHARD_SUCCESS;
+}
+
+/* The datatype of one side of a box: a run of run_bytes, nested in one
+ * hvector per outer dim (innermost first), so that MPI walks the elements
+ * in the same row-major order as the staging layout. */
+static int box_type(const rs_copy *c, int dst_side, MPI_Datatype *out) {
+  if (c->run_bytes > (uint64_t)INT32_MAX) return -1;
+  MPI_Datatype t;
+  if (MPI_Type_contiguous((int)c->run_bytes, MPI_BYTE, &t) != MPI_SUCCESS) return -1;
+  for (int d = c->ndim - 1; d >= 0; d--) {
+    MPI_Datatype outer;
+    int64_t stride = dst_side ? c->dst_stride[d] : c->src_stride[d];
+    if (c->extent[d] > INT32_MAX ||
+        MPI_Type_create_hvector((int)c->extent[d], 1, (MPI_Aint)stride, t, &outer) != MPI_SUCCESS) {
+      MPI_Type_free(&t);
+      return -1;
+    }
+    MPI_Type_free(&t);
+    t = outer;
+  }
+  *out = t;
+  return 0;
+}
+
+/* One message of boxes at absolute addresses (MPI_BOTTOM). The datatype is
+ * freed as soon as the operation is posted; MPI keeps it alive until the
+ * operation completes. */
+static reshard_result_t post_boxes(reshard_comm_t *c, int peer, uint64_t tag,
+                                   const rs_copy *copies, uint32_t n,
+                                   void *const *bases, size_t bytes,
+                                   int is_recv, rs_request **out) {
+  rs_mpi_comm *m = c->impl;
+  if (!m->datatypes || n == 0 || n > 4096) return RESHARD_ERROR_UNSUPPORTED;
+  MPI_Datatype types_stack[16], *types = n <= 16 ? types_stack : malloc(n * sizeof *types);
+  MPI_Aint disp_stack[16], *disps = n <= 16 ? disp_stack : malloc(n * sizeof *disps);
+  int len_stack[16], *lens = n <= 16 ? len_stack : malloc(n * sizeof *lens);
+  reshard_result_t res = RESHARD_SUCCESS;
+  uint32_t made = 0;
+  rs_request *r = NULL;
+  if (!types || !disps || !lens) {
+    res = RESHARD_ERROR_UNSUPPORTED;
+    goto done;
+  }
+  for (; made < n; made++) {
+    const rs_copy *cp = &copies[made];
+    const char *base = is_recv ? (const char *)bases[cp->dst_buf] + cp->dst_off : (const char *)bases[cp->src_buf] + cp->src_off;
+    if (box_type(cp, is_recv, &types[made])) {
+      res = RESHARD_ERROR_UNSUPPORTED;
+      goto done;
+    }
+    MPI_Get_address(base, &disps[made]);
+    lens[made] = 1;
+  }
+  MPI_Datatype msg;
+  if (MPI_Type_create_struct((int)n, lens, disps, types, &msg) != MPI_SUCCESS || MPI_Type_commit(&msg) != MPI_SUCCESS) {
+    res = RESHARD_ERROR_UNSUPPORTED;
+    goto done;
+  }
+  r = malloc(sizeof *r);
+  if (!r) {
+    MPI_Type_free(&msg);
+    res = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory posting a message", c->rank);
+    goto done;
+  }
+  r->is_recv = is_recv;
+  r->peer = peer;
+  r->bytes = bytes;
+  int err = is_recv ? MPI_Irecv(MPI_BOTTOM, 1, msg, peer, mpi_tag(m, tag), m->comm, &r->req)
+                    : MPI_Isend(MPI_BOTTOM, 1, msg, peer, mpi_tag(m, tag), m->comm, &r->req);
+  MPI_Type_free(&msg);
+  if (err != MPI_SUCCESS) {
+    free(r);
+    r = NULL;
+    res = mpi_fail(err, is_recv ? "MPI_Irecv" : "MPI_Isend", c->rank, peer);
+    goto done;
+  }
+  *out = r;
+done:
+  for (uint32_t i = 0; i < made; i++) MPI_Type_free(&types[i]);
+  if (types != types_stack) free(types);
+  if (disps != disp_stack) free(disps);
+  if (lens != len_stack) free(lens);
+  return res;
+}
+
+static reshard_result_t mpi_isend_boxes(reshard_comm_t *c, int peer, uint64_t tag, const rs_copy *copies, uint32_t n,
+                                        void *const *bases, size_t bytes, rs_request **req) {
+  return post_boxes(c, peer, tag, copies, n, bases, bytes, 0, req);
+}
+
+static reshard_result_t mpi_irecv_boxes(reshard_comm_t *c, int peer, uint64_t tag, const rs_copy *copies, uint32_t n,
+                                        void *const *bases, size_t bytes, rs_request **req) {
+  return post_boxes(c, peer, tag, copies, n, bases, bytes, 1, req);
 }
 
 static reshard_result_t mpi_isend(reshard_comm_t *c, int peer, uint64_t tag,
@@ -171,7 +267,16 @@ static void mpi_destroy(reshard_comm_t *c) {
 }
 
 static const rs_transport_ops rs_mpi_ops = {
-    "mpi", mpi_isend, mpi_irecv, mpi_test, mpi_wait, mpi_cancel, mpi_allreduce, mpi_destroy, NULL,
+    .name = "mpi",
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .cancel = mpi_cancel,
+    .allreduce_max_u64 = mpi_allreduce,
+    .destroy = mpi_destroy,
+    .isend_boxes = mpi_isend_boxes,
+    .irecv_boxes = mpi_irecv_boxes,
 };
 
 reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {
@@ -201,6 +306,9 @@ reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {
   int *ub = NULL, flag = 0;
   MPI_Comm_get_attr(m->comm, MPI_TAG_UB, &ub, &flag);
   m->tag_ub = flag && ub && *ub > 0 ? *ub : 32767;
+  int64_t dt = 1;
+  rs_param_get(RS_PARAM_MPI_DATATYPES, &dt);
+  m->datatypes = dt != 0;
   c->ops = &rs_mpi_ops;
   c->impl = m;
   *out = c;

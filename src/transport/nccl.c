@@ -259,8 +259,15 @@ static const rs_stream_ops rs_nccl_stream_ops = {
 };
 
 static const rs_transport_ops rs_nccl_ops = {
-    "nccl",         nccl_no_isend, nccl_no_irecv, nccl_no_test, nccl_no_wait, nccl_no_cancel, nccl_allreduce,
-    nccl_destroy, &rs_nccl_stream_ops,
+    .name = "nccl",
+    .isend = nccl_no_isend,
+    .irecv = nccl_no_irecv,
+    .test = nccl_no_test,
+    .wait = nccl_no_wait,
+    .cancel = nccl_no_cancel,
+    .allreduce_max_u64 = nccl_allreduce,
+    .destroy = nccl_destroy,
+    .stream_ops = &rs_nccl_stream_ops,
 };
 
 static reshard_result_t wrap_comm(ncclComm_t comm, int owned, reshard_comm_t **out) {

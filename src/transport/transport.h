@@ -17,6 +17,7 @@
 
 typedef struct rs_request rs_request; /* owned by the transport */
 typedef struct rs_stream_ops rs_stream_ops; /* device transports only */
+struct rs_copy;                             /* src/pack/copy.h */
 
 typedef struct rs_transport_ops {
   const char *name;
@@ -47,6 +48,20 @@ typedef struct rs_transport_ops {
    * to stream_ops->execute instead of the host executor (see
    * src/device/device.h). Kept last so host transports need not name it. */
   const rs_stream_ops *stream_ops;
+  /* Optional (NULL, or RESHARD_ERROR_UNSUPPORTED for a given message: the
+   * executor then packs into staging). Sends, as one message of `bytes`
+   * bytes, the source-side boxes of copies[0..n) in order, straight from
+   * the buffers bases[copy->src_buf], the way MPI derived datatypes do:
+   * no staging copy. irecv_boxes receives into the destination-side boxes
+   * (bases[copy->dst_buf]). Same matching and completion as isend/irecv. */
+  reshard_result_t (*isend_boxes)(reshard_comm_t *comm, int peer, uint64_t tag,
+                                  const struct rs_copy *copies, uint32_t n,
+                                  void *const *bases, size_t bytes,
+                                  rs_request **req);
+  reshard_result_t (*irecv_boxes)(reshard_comm_t *comm, int peer, uint64_t tag,
+                                  const struct rs_copy *copies, uint32_t n,
+                                  void *const *bases, size_t bytes,
+                                  rs_request **req);
 } rs_transport_ops;
 
 struct reshard_comm {
