@@ -21,6 +21,9 @@ static struct {
     [RS_PARAM_MPI_DATATYPES] = {"RESHARD_MPI_DATATYPES",
                                 "1 (default): the MPI transport sends and receives strided boxes in place with "
                                 "derived datatypes; 0: pack into staging", 0, 0},
+    [RS_PARAM_NCCL_REGISTER] = {"RESHARD_NCCL_REGISTER",
+                                "1: the NCCL transport registers its staging pool (ncclCommRegister); 0 (default): not",
+                                0, 0},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;

@@ -10,6 +10,7 @@ typedef enum rs_param_id {
   RS_PARAM_CHUNK_BYTES,
   RS_PARAM_TIMEOUT_MS,
   RS_PARAM_MPI_DATATYPES,
+  RS_PARAM_NCCL_REGISTER,
   RS_NUM_PARAMS
 } rs_param_id;
 

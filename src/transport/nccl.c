@@ -22,6 +22,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/params.h"
 #include "device/device.h"
 #include "reshard_nccl.h"
 #include "transport/stream.h"
@@ -153,8 +154,8 @@ static reshard_result_t nccl_mem_alloc(reshard_comm_t *c, size_t bytes, void **p
   /* Registration (RESHARD_NCCL_REGISTER=1) lets NCCL skip its own copies
    * on some transports; it is an optimization, so a failure only costs
    * that. */
-  const char *reg = getenv("RESHARD_NCCL_REGISTER");
-  if (reg && reg[0] == '1') {
+  int64_t reg = 0;
+  if (rs_param_get(RS_PARAM_NCCL_REGISTER, &reg) && reg == 1) {
     rs_nccl_reg *r = calloc(1, sizeof *r);
     if (r && ncclCommRegister(n->comm, *ptr, bytes, &r->handle) == ncclSuccess) {
       r->ptr = *ptr;
