@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "fake_comm.h"
+#include "proc_stats.h"
 #include "models.h"
 #include "reshard.h"
 
@@ -50,38 +51,10 @@ static const scenario scenarios[] = {
 };
 #define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
 
-static double clock_ms(clockid_t id) {
-  struct timespec ts;
-  clock_gettime(id, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-static double now_ms(void) { return clock_ms(CLOCK_MONOTONIC); }
+static double now_ms(void) { return ps_clock_ms(CLOCK_MONOTONIC); }
 /* Planning is single-threaded: its CPU time is its wall time on an idle
  * machine, and unlike wall time it survives a loaded one. */
-static double cpu_ms(void) { return clock_ms(CLOCK_THREAD_CPUTIME_ID); }
-
-/* A field of /proc/self/status, in KiB; -1 if absent. */
-static long status_kib(const char *field) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long v = -1;
-  size_t n = strlen(field);
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, field, n) && line[n] == ':') {
-      v = strtol(line + n + 1, NULL, 10);
-      break;
-    }
-  fclose(f);
-  return v;
-}
-
-static int reset_peak_rss(void) {
-  FILE *f = fopen("/proc/self/clear_refs", "w");
-  if (!f) return -1;
-  int ok = fputs("5", f) >= 0;
-  return fclose(f) == 0 && ok ? 0 : -1;
-}
+static double cpu_ms(void) { return ps_clock_ms(CLOCK_THREAD_CPUTIME_ID); }
 
 typedef struct measure {
   int ok;
@@ -138,13 +111,13 @@ static void measure_memory(const reshard_layout_t *src, const reshard_layout_t *
     measure m;
     memset(&m, 0, sizeof m);
     malloc_trim(0);
-    m.peak_exact = reset_peak_rss() == 0;
-    long rss0 = status_kib("VmRSS");
+    m.peak_exact = ps_reset_peak_rss() == 0;
+    long rss0 = ps_status_kib("VmRSS");
     struct mallinfo2 h0 = mallinfo2();
     reshard_plan_t *plan = NULL;
     reshard_comm_t *comm = NULL;
     if (plan_once(src, dst, rank, nranks, &comm, &plan, &m.plan_ms, &m.plan_cpu_ms, m.err, sizeof m.err) == 0) {
-      long hwm = status_kib("VmHWM");
+      long hwm = ps_status_kib("VmHWM");
       struct mallinfo2 h1 = mallinfo2();
       m.peak_mib = (double)(hwm - rss0) / 1024.0;
       m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;

@@ -34,6 +34,7 @@
 
 #include "cli.h"
 #include "fake_comm.h"
+#include "proc_stats.h"
 #include "plan/plan.h"
 #include "reshard.h"
 
@@ -41,33 +42,6 @@
 /* Measuring one rank's plan creation                                  */
 /* ------------------------------------------------------------------ */
 
-static double clock_ms(clockid_t id) {
-  struct timespec ts;
-  clock_gettime(id, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static long status_kib(const char *field) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long v = -1;
-  size_t n = strlen(field);
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, field, n) && line[n] == ':') {
-      v = strtol(line + n + 1, NULL, 10);
-      break;
-    }
-  fclose(f);
-  return v;
-}
-
-static int reset_peak_rss(void) {
-  FILE *f = fopen("/proc/self/clear_refs", "w");
-  if (!f) return -1;
-  int ok = fputs("5", f) >= 0;
-  return fclose(f) == 0 && ok ? 0 : -1;
-}
 
 typedef struct measure {
   int ok;
@@ -106,16 +80,16 @@ static void measure_rank(const cli_layouts *L, int rank, int world, const reshar
     measure m;
     memset(&m, 0, sizeof m);
     malloc_trim(0);
-    m.peak_exact = reset_peak_rss() == 0;
-    long rss0 = status_kib("VmRSS");
+    m.peak_exact = ps_reset_peak_rss() == 0;
+    long rss0 = ps_status_kib("VmRSS");
     reshard_comm_t *comm = NULL;
     reshard_plan_t *plan = NULL;
-    double t0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_THREAD_CPUTIME_ID);
+    double t0 = ps_clock_ms(CLOCK_MONOTONIC), c0 = ps_clock_ms(CLOCK_THREAD_CPUTIME_ID);
     reshard_result_t r = plan_rank(L, rank, world, opts, &comm, &plan);
-    m.plan_ms = clock_ms(CLOCK_MONOTONIC) - t0;
-    m.cpu_ms = clock_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
+    m.plan_ms = ps_clock_ms(CLOCK_MONOTONIC) - t0;
+    m.cpu_ms = ps_clock_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
     if (r == RESHARD_SUCCESS) {
-      m.peak_mib = (double)(status_kib("VmHWM") - rss0) / 1024.0;
+      m.peak_mib = (double)(ps_status_kib("VmHWM") - rss0) / 1024.0;
       reshard_plan_get_stats(plan, &m.stats);
       m.ok = 1;
     } else {
