@@ -55,6 +55,24 @@ reshard_result_t reshard_comm_create_nccl(ncclComm_t comm,
  * declared when mpi.h is included before this header. */
 reshard_result_t reshard_comm_create_nccl_mpi(MPI_Comm comm,
                                               reshard_comm_t **out);
+
+/* A reshard communicator over the caller's NCCL communicator `nccl`
+ * (holding both sides, as in reshard_comm_create_nccl) together with the
+ * MPI communicator `mpi` it was bootstrapped from: the same ranks in the
+ * same order (MPI rank r is NCCL rank r; checked). Execution goes through
+ * NCCL; plan agreement (reshard_plan_create) runs on the host over MPI, on
+ * a duplicate of `mpi`, polled until options.timeout_ms, instead of an
+ * NCCL allreduce: no agreement work on the GPU, no scratch device memory,
+ * and a missing rank costs RESHARD_ERROR_TIMEOUT without aborting the
+ * NCCL communicator (that reshard communicator can then no longer create
+ * plans). The caller keeps ownership of both: reshard_comm_destroy
+ * destroys neither, and both must outlive the reshard communicator
+ * (destroy it before MPI_Finalize: it frees its duplicate). Collective over
+ * `mpi` (MPI_Comm_dup); either every rank gets a communicator or none
+ * does. Needs RESHARD_WITH_MPI, like reshard_comm_create_nccl_mpi. */
+reshard_result_t reshard_comm_create_nccl_with_mpi(ncclComm_t nccl,
+                                                   MPI_Comm mpi,
+                                                   reshard_comm_t **out);
 #endif
 
 #ifdef __cplusplus

@@ -2,8 +2,10 @@
 # The GPU backend's check on a machine with a GPU (one H200 in CI; under 8
 # minutes): builds the kernels for sm_90 only, runs the GPU tests (kernels
 # against the host reference, a one-rank NCCL plan), compute-sanitizer
-# memcheck on a small kernel case, the CPU-side GPU tests, and a bandwidth
-# table of pack/unpack against cudaMemcpy; prints a summary last.
+# memcheck on a small kernel case, the CPU-side GPU tests, a bandwidth
+# table of pack/unpack against cudaMemcpy, and (where MPI is installed) one
+# checked reshard_perf --backend nccl run on one rank; prints a summary
+# last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
 set -u
 cd "$(dirname "$0")/.."
@@ -35,11 +37,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 mkdir -p "$BUILD"
 TESTS=ON
 pkg-config --exists cmocka 2>/dev/null || TESTS=OFF
+# MPI only for reshard_perf (its NCCL backend bootstraps over MPI).
+MPI=OFF
+command -v mpicc >/dev/null && command -v mpirun >/dev/null && MPI=ON
 step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_WITH_CUDA=ON \
-  -DRESHARD_WITH_MPI=OFF -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
+  -DRESHARD_WITH_MPI=$MPI -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
   -DRESHARD_BUILD_GPU_TESTS=ON >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
 [ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock"
+[ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
 if [ -x "$BUILD/gpu_kernels" ]; then
@@ -56,6 +62,21 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "NCCL transport (mocked)" 60 "$BUILD/test_gpu_nccl_mock"
   fi
   step "bandwidth" 120 "$BUILD/gpu_bandwidth"
+  # One rank, colocated, training -> inference layout of two Qwen2.5-0.5B
+  # layers at tp=1: no NCCL transfer, but every tensor copied on the device
+  # (fused QKV / gate-up split apart), checked element by element (-c 1).
+  if [ ! -x "$BUILD/tools/reshard_perf" ]; then
+    note "reshard_perf --backend nccl" "SKIP (no MPI: not built)"
+  elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    note "reshard_perf --backend nccl" "SKIP (no device)"
+  else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    PERF_LOG="$BUILD/perf_nccl.log"
+    step "reshard_perf --backend nccl" 180 bash -c 'mpirun -np 1 "$0" --backend nccl --colocate \
+      --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=1 --infer tp=1 -c 1 -n 20 -w 5 \
+      2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$PERF_LOG"
+    note "  its final line" "$(grep '^# reshard_perf:' "$PERF_LOG" | tail -n 1)"
+  fi
 else
   note "GPU tests" "NOT RUN (build failed)"
 fi

@@ -3,6 +3,7 @@
 # per ctest test (registered in tools/CMakeLists.txt):
 #
 #   test_tools.sh CASE PERF|none PLAN MPIEXEC|none [CONFIG_DIR]
+#   test_tools.sh perf_nccl PERF PLAN MPIEXEC cuda|nocuda
 #
 # Every reshard_perf run checks every destination element (-c 1) on
 # oversubscribed ranks; every reshard_plan run checks coverage, reads and
@@ -199,6 +200,33 @@ perf_detects_errors)
   [[ $rc -ne 0 ]] || fail "--inject-error: exit status 0"
   perf_tail_ok 2 1 || fail "--inject-error: final lines malformed or wrong=0"
   [[ $(grep -c ' wrong$' "$err") -ge 3 ]] || fail "--inject-error: every method should report the corrupted element"
+  ;;
+perf_nccl)
+  # $5: whether this build has the CUDA backend
+  NP=1
+  S1="--shape 64,48 --dtype bf16 --src-mesh 1 --src-placements R --dst-mesh 1 --dst-placements S1 --colocate"
+  if [[ $config_dir != cuda ]]; then
+    bad perf 2 "--backend nccl: this build has no CUDA backend" $S1 --backend nccl
+  else
+    bad perf 2 "--baseline with --backend nccl: the baselines move host buffers" $S1 --backend nccl --baseline broadcast
+    bad perf 2 "--backend 'gloo': expected mpi or nccl" $S1 --backend gloo
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+      # a GPU: checked runs, local device copies only
+      perf_ok 1 0 $S1 --backend nccl
+      perf_ok 1 0 --shape 37,53,5 --dtype f32 --src-mesh 1 --src-placements S0 --dst-mesh 1 --dst-placements S2 \
+        --colocate --staging 4K --backend nccl
+    else
+      # no GPU: a clean failure naming the CUDA error, no hang
+      echo "== (no GPU: expected to fail cleanly) mpirun -np 1 reshard_perf --backend nccl"
+      timeout 120 "$mpiexec" -np 1 --oversubscribe "$perf" $S1 --backend nccl -c 1 >"$out" 2>"$err"
+      rc=$?
+      [[ $rc -ne 0 ]] || fail "--backend nccl without a GPU: exit status 0"
+      [[ $rc -ne 124 ]] || fail "--backend nccl without a GPU: hung (killed after 120 s)"
+      grep -Eq -e "--backend nccl: no usable CUDA device: cudaGetDeviceCount(: cuda[A-Za-z]+ \(| found none)" "$err" ||
+        fail "--backend nccl without a GPU: no message naming the CUDA error"
+      grep -q '^# reshard_perf:' "$out" && fail "--backend nccl without a GPU: printed a result line"
+    fi
+  fi
   ;;
 plan_model)
   D=$config_dir/tiny_dense.json

@@ -191,6 +191,10 @@ void cli_usage(int tool, FILE *out) {
             "  -w N                  warm-up iterations (default 5)\n"
             "  -c 0|1                check every destination element and the bytes around them\n"
             "                        against values computed from global coordinates (default 0)\n"
+            "  --backend mpi|nccl    mpi (default): host buffers, the MPI transport; nccl: one GPU\n"
+            "                        per rank (local rank modulo the devices), device buffers,\n"
+            "                        reshard_comm_create_nccl_mpi, execute on a CUDA stream and\n"
+            "                        synchronize it (no baselines; needs a CUDA build)\n"
             "  --baseline LIST       also run, on the same data: broadcast (gather each tensor to\n"
             "                        source rank 0, MPI_Bcast it to every destination rank, copy\n"
             "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"
@@ -306,6 +310,11 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     } else if (perf && !strcmp(a, "-c")) {
       VALUE();
       if (parse_int(v, 0, &o->check) || o->check > 1) return fail(err, errlen, "-c '%s': expected 0 or 1", v);
+    } else if (perf && !strcmp(a, "--backend")) {
+      VALUE();
+      if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
+      else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
+      else return fail(err, errlen, "--backend '%s': expected mpi or nccl", v);
     } else if (perf && !strcmp(a, "--baseline")) {
       VALUE();
       if (parse_baselines(v, o, err, errlen)) return -1;

@@ -33,7 +33,17 @@
  * "First replica": source fragments taken in rank order, a fragment skipped
  * when another one already taken holds the same box. A layout whose
  * replicas partially overlap (rather than repeat) cannot be split that way;
- * the baselines then say so and are skipped. */
+ * the baselines then say so and are skipped.
+ *
+ * --backend nccl (a build with CUDA): one GPU per rank (the local rank
+ * modulo the device count), device copies of every buffer, the
+ * communicator of reshard_comm_create_nccl_mpi(MPI_COMM_WORLD), and each
+ * call is reshard_plan_execute on a CUDA stream followed by
+ * cudaStreamSynchronize. -c 1 fills and checks host buffers as above and
+ * moves them to and from the device around the checked run. The baselines
+ * move host buffers over MPI, so they are refused (exit 2) with
+ * --backend nccl rather than compared against another kind of memory.
+ * The CUDA side lives in tools/perf_nccl.c. */
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,6 +52,7 @@
 
 #include "cli.h"
 #include "reshard.h"
+#include "perf_nccl.h"
 #include "reshard_mpi.h"
 #include "verify.h"
 
@@ -153,6 +164,7 @@ typedef struct ctx {
   int64_t delivered;       /* bytes of destination fragments, all ranks */
   int64_t delivered_elems;
   int *src_of_dst;         /* destination tensor id -> source tensor id */
+  perf_nccl *dev;          /* --backend nccl: device buffers and stream */
 } ctx;
 
 typedef struct method {
@@ -238,8 +250,23 @@ static void run_methods(ctx *c, method *ms, int nm) {
     uint64_t step = (uint64_t)k + 1;
     vf_side_fill(&c->s, c->L.src, step);
     reset_destination(c);
+    char derr[512];
+    int err = 0;
+#ifdef RESHARD_PERF_HAVE_NCCL
+    if (c->dev && perf_nccl_upload(c->dev, &c->s, &c->d, derr, sizeof derr)) {
+      fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, derr);
+      err = 1;
+    }
+#endif
     MPI_Barrier(MPI_COMM_WORLD);
-    int err = m->run(c, m->state);
+    if (!err) err = m->run(c, m->state);
+#ifdef RESHARD_PERF_HAVE_NCCL
+    if (!err && c->dev && perf_nccl_download(c->dev, &c->d, derr, sizeof derr)) {
+      fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, derr);
+      err = 1;
+    }
+#endif
+    (void)derr;
     int64_t bad = 0;
     if (!err) {
       if (c->o.inject_error && c->d.nfrags && world_rank == c->L.first_dst) {
@@ -267,6 +294,14 @@ typedef struct reshard_state {
 
 static int run_reshard(ctx *c, void *state) {
   reshard_state *st = state;
+#ifdef RESHARD_PERF_HAVE_NCCL
+  if (c->dev) {
+    char err[1024];
+    if (!perf_nccl_execute(c->dev, st->plan, err, sizeof err)) return 0;
+    fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, err);
+    return 1;
+  }
+#endif
   reshard_result_t r = reshard_plan_execute(st->plan, (void *const *)c->s.ptr, (size_t)c->s.nbuf,
                                             (void *const *)c->d.ptr, (size_t)c->d.nbuf, NULL);
   if (r) {
@@ -820,6 +855,21 @@ int main(int argc, char **argv) {
     if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
     return finish(0);
   }
+  int nccl = c.o.backend == CLI_BACKEND_NCCL;
+#ifndef RESHARD_PERF_HAVE_NCCL
+  if (nccl) {
+    if (!world_rank)
+      fprintf(stderr, "reshard_perf: error: --backend nccl: this build has no CUDA backend (configure with "
+                      "-DRESHARD_WITH_CUDA=ON and MPI)\n");
+    return finish(2);
+  }
+#endif
+  if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
+    if (!world_rank)
+      fprintf(stderr, "reshard_perf: error: --baseline with --backend nccl: the baselines move host buffers over MPI "
+                      "and cannot run on device buffers; drop --baseline (or use --backend mpi)\n");
+    return finish(2);
+  }
   if (cli_build_layouts(&c.o, &c.L, err, sizeof err)) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
     return finish(2);
@@ -850,10 +900,33 @@ int main(int argc, char **argv) {
   }
 
   reshard_comm_t *comm = NULL;
-  reshard_result_t r = reshard_comm_create_mpi(MPI_COMM_WORLD, &comm);
-  if (r) {
-    fprintf(stderr, "reshard_perf: rank %d: reshard_comm_create_mpi: %s\n", world_rank, reshard_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+  reshard_result_t r = RESHARD_SUCCESS;
+  char devdesc[256] = "";
+#ifdef RESHARD_PERF_HAVE_NCCL
+  if (nccl) {
+    /* Every rank learns whether any lacks a device, so that all exit
+     * instead of waiting in NCCL's setup for the missing one. */
+    int nodev = perf_nccl_open(&c.dev, devdesc, sizeof devdesc, err, sizeof err) != 0, any_nodev;
+    if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend nccl: %s\n", world_rank, err);
+    MPI_Allreduce(&nodev, &any_nodev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_nodev) {
+      perf_nccl_close(c.dev);
+      free(c.src_of_dst);
+      cli_layouts_free(&c.L);
+      return finish(1);
+    }
+    if (perf_nccl_comm(c.dev, &comm, err, sizeof err)) {
+      fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, err);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  } else
+#endif
+  {
+    r = reshard_comm_create_mpi(MPI_COMM_WORLD, &comm);
+    if (r) {
+      fprintf(stderr, "reshard_perf: rank %d: reshard_comm_create_mpi: %s\n", world_rank, reshard_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
   }
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (c.o.staging) opts.staging_bytes = c.o.staging;
@@ -871,12 +944,21 @@ int main(int argc, char **argv) {
   if (any_bad) {
     reshard_plan_destroy(rst.plan);
     reshard_comm_destroy(comm);
+#ifdef RESHARD_PERF_HAVE_NCCL
+    perf_nccl_close(c.dev);
+#endif
     return finish(1);
   }
   if (vf_side_alloc(&c.s, c.L.src, world_rank, 0) || vf_side_alloc(&c.d, c.L.dst, world_rank, -1)) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+#ifdef RESHARD_PERF_HAVE_NCCL
+  if (c.dev && (perf_nccl_alloc(c.dev, &c.s, &c.d, err, sizeof err) || perf_nccl_upload(c.dev, &c.s, &c.d, err, sizeof err))) {
+    fprintf(stderr, "reshard_perf: rank %d: --backend nccl: %s\n", world_rank, err);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+#endif
 
   /* figures over all ranks */
   reshard_plan_stats_t st;
@@ -899,6 +981,8 @@ int main(int argc, char **argv) {
   say0("# reshard_perf, %d MPI ranks: %s\n", world_size, c.L.desc);
   say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
+  if (nccl)
+    say0("# backend nccl: device buffers, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", devdesc);
   say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds, staging up to %.1f MiB/rank, "
        "%lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
        plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (double)mx[1] / 1048576.0, (long long)sum[4],
@@ -963,6 +1047,9 @@ int main(int argc, char **argv) {
   vf_side_free(&c.d);
   reshard_plan_destroy(rst.plan);
   reshard_comm_destroy(comm);
+#ifdef RESHARD_PERF_HAVE_NCCL
+  perf_nccl_close(c.dev);
+#endif
   free(c.src_of_dst);
   cli_layouts_free(&c.L);
   return finish(wrong || failed ? 1 : 0);

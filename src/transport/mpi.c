@@ -235,13 +235,27 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
                                       int n, int64_t deadline) {
   rs_mpi_comm *m = c->impl;
   MPI_Request req;
-  int err = MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_UINT64_T, MPI_MAX, m->comm, &req);
-  if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Iallreduce", c->rank, -1);
+  /* The reduction runs in a heap buffer of its own: after a timeout the
+   * collective stays pending and may still complete (when the late ranks
+   * arrive), so the buffer it writes must outlive this call. It is then
+   * deliberately leaked. */
+  uint64_t *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof *buf);
+  if (!buf) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for plan agreement", c->rank);
+  memcpy(buf, vals, (size_t)n * sizeof *buf);
+  int err = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_UINT64_T, MPI_MAX, m->comm, &req);
+  if (err != MPI_SUCCESS) {
+    free(buf);
+    return mpi_fail(err, "MPI_Iallreduce", c->rank, -1);
+  }
   for (unsigned spin = 0;; spin++) {
     int flag = 0;
     err = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Test(allreduce)", c->rank, -1);
-    if (flag) return RESHARD_SUCCESS;
+    if (flag) {
+      memcpy(vals, buf, (size_t)n * sizeof *buf);
+      free(buf);
+      return RESHARD_SUCCESS;
+    }
     if (spin > 64 && rs_now_ns() > deadline)
       /* A collective cannot be cancelled: the communicator is unusable
        * from here on, which the error says. */

@@ -46,8 +46,19 @@ typedef struct rs_nccl {
   rs_nccl_reg *regs;
   int owned;   /* created by reshard: destroyed with it */
   int aborted; /* ncclCommAbort freed it */
-  cudaStream_t stream; /* agreement collectives */
+  cudaStream_t stream; /* agreement collectives (none with an MPI comm) */
   uint64_t *d_scratch, *h_scratch;
+#ifdef RESHARD_HAVE_MPI
+  /* reshard_comm_create_nccl_with_mpi: plan agreement runs on the host over
+   * a duplicate of the caller's MPI communicator, not through NCCL. */
+  MPI_Comm mpi;
+  int have_mpi;
+  int mpi_stuck; /* an agreement timed out: its collective is still pending */
+  /* The agreement's buffer: not the caller's stack, since a timed-out
+   * collective may still write into it when the late ranks arrive (it is
+   * then never freed). */
+  uint64_t *mpi_buf;
+#endif
 } rs_nccl;
 
 static reshard_result_t nccl_code(ncclResult_t e) {
@@ -182,10 +193,49 @@ static void nccl_mem_free(reshard_comm_t *c, void *ptr) {
   ncclMemFree(ptr);
 }
 
+#ifdef RESHARD_HAVE_MPI
+/* Plan agreement over MPI, polled like src/transport/mpi.c's: a missing
+ * rank costs a timeout, not a hang. */
+static reshard_result_t mpi_agree(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline) {
+  rs_nccl *n = c->impl;
+  if (n->mpi_stuck)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: an earlier plan agreement over MPI timed out; this "
+                    "communicator cannot agree on plans again", c->rank);
+  if (nvals < 0 || nvals > RS_NCCL_SCRATCH_WORDS)
+    return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: allreduce of %d words", c->rank, nvals);
+  memcpy(n->mpi_buf, vals, (size_t)nvals * sizeof *vals);
+  MPI_Request req;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, n->mpi_buf, nvals, MPI_UINT64_T, MPI_MAX, n->mpi, &req);
+  if (err != MPI_SUCCESS)
+    return rs_error(RESHARD_ERROR_BACKEND, "rank %d: MPI_Iallreduce(agreement) failed (MPI error %d)", c->rank, err);
+  for (unsigned spin = 0;; spin++) {
+    int flag = 0;
+    err = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS)
+      return rs_error(RESHARD_ERROR_BACKEND, "rank %d: MPI_Test(agreement) failed (MPI error %d)", c->rank, err);
+    if (flag) {
+      memcpy(vals, n->mpi_buf, (size_t)nvals * sizeof *vals);
+      return RESHARD_SUCCESS;
+    }
+    if (spin > 64 && rs_now_ns() > deadline) {
+      /* A collective cannot be cancelled: the next one would pair with
+       * the wrong call on the other ranks. */
+      n->mpi_stuck = 1;
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement over MPI did not complete before the deadline "
+                      "(a rank is missing or stuck); this communicator cannot agree on plans again", c->rank);
+    }
+    nap(spin);
+  }
+}
+#endif
+
 static reshard_result_t nccl_allreduce(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline) {
   rs_nccl *n = c->impl;
   reshard_result_t r = nccl_check(c);
   if (r) return r;
+#ifdef RESHARD_HAVE_MPI
+  if (n->have_mpi) return mpi_agree(c, vals, nvals, deadline);
+#endif
   if (nvals < 0 || nvals > RS_NCCL_SCRATCH_WORDS)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: allreduce of %d words", c->rank, nvals);
   memcpy(n->h_scratch, vals, (size_t)nvals * sizeof *vals);
@@ -245,6 +295,13 @@ static void nccl_release(rs_nccl *n) {
   if (n->d_scratch) cudaFree(n->d_scratch);
   if (n->h_scratch) cudaFreeHost(n->h_scratch);
   if (n->owned && !n->aborted) ncclCommDestroy(n->comm);
+#ifdef RESHARD_HAVE_MPI
+  int finalized = 0;
+  if (n->have_mpi && !MPI_Finalized(&finalized) && !finalized) MPI_Comm_free(&n->mpi);
+  n->have_mpi = 0;
+  if (!n->mpi_stuck) free(n->mpi_buf);
+  n->mpi_buf = NULL;
+#endif
 }
 
 static void nccl_destroy(reshard_comm_t *c) {
@@ -271,7 +328,9 @@ static const rs_transport_ops rs_nccl_ops = {
     .stream_ops = &rs_nccl_stream_ops,
 };
 
-static reshard_result_t wrap_comm(ncclComm_t comm, int owned, reshard_comm_t **out) {
+/* mpi_agreement: no agreement resources here (the caller attaches an MPI
+ * communicator). */
+static reshard_result_t wrap_comm(ncclComm_t comm, int owned, int mpi_agreement, reshard_comm_t **out) {
   reshard_comm_t *c = calloc(1, sizeof *c);
   rs_nccl *n = calloc(1, sizeof *n);
   reshard_result_t r = RESHARD_SUCCESS;
@@ -288,9 +347,12 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int owned, reshard_comm_t **o
                  ncclGetErrorString(e));
     goto fail;
   }
-  cudaError_t ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
-  if (!ce) ce = cudaMalloc((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8);
-  if (!ce) ce = cudaMallocHost((void **)&n->h_scratch, RS_NCCL_SCRATCH_WORDS * 8);
+  cudaError_t ce = cudaSuccess;
+  if (!mpi_agreement) {
+    ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+    if (!ce) ce = cudaMalloc((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8);
+    if (!ce) ce = cudaMallocHost((void **)&n->h_scratch, RS_NCCL_SCRATCH_WORDS * 8);
+  }
   if (ce) {
     r = rs_cuda_error(ce, "comm_create_nccl: CUDA setup", c->rank);
     goto fail;
@@ -314,7 +376,7 @@ reshard_result_t reshard_comm_create_nccl(ncclComm_t comm, reshard_comm_t **out)
   if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl: out is NULL");
   *out = NULL;
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl: comm is NULL");
-  return wrap_comm(comm, 0, out);
+  return wrap_comm(comm, 0, 0, out);
 }
 
 #ifdef RESHARD_HAVE_MPI
@@ -345,8 +407,61 @@ reshard_result_t reshard_comm_create_nccl_mpi(MPI_Comm comm, reshard_comm_t **ou
   if (e != ncclSuccess)
     return rs_error(nccl_code(e), "comm_create_nccl_mpi rank %d: ncclCommInitRank failed: %s", rank,
                     ncclGetErrorString(e));
-  reshard_result_t r = wrap_comm(nc, 1, out);
+  reshard_result_t r = wrap_comm(nc, 1, 0, out);
   if (r) ncclCommDestroy(nc);
   return r;
+}
+
+reshard_result_t reshard_comm_create_nccl_with_mpi(ncclComm_t nccl, MPI_Comm mpi, reshard_comm_t **out) {
+  rs_error_clear();
+  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: out is NULL");
+  *out = NULL;
+  if (!nccl) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: nccl is NULL");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return rs_error(RESHARD_ERROR_INVALID_USAGE, "comm_create_nccl_with_mpi: MPI is not initialized");
+  if (mpi == MPI_COMM_NULL)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: mpi is MPI_COMM_NULL");
+  /* A duplicate keeps reshard's agreement out of the caller's collectives
+   * and lets it return errors rather than abort. */
+  MPI_Comm dup;
+  int err = MPI_Comm_dup(mpi, &dup);
+  if (err != MPI_SUCCESS)
+    return rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_with_mpi: MPI_Comm_dup failed (MPI error %d)", err);
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  int mrank, msize;
+  MPI_Comm_rank(dup, &mrank);
+  MPI_Comm_size(dup, &msize);
+  reshard_comm_t *c = NULL;
+  uint64_t *buf = malloc(RS_NCCL_SCRATCH_WORDS * sizeof *buf);
+  reshard_result_t r = buf ? wrap_comm(nccl, 0, 1, &c)
+                           : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_nccl_with_mpi: out of memory");
+  if (!r && (c->rank != mrank || c->size != msize))
+    r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: NCCL rank %d of %d but MPI rank %d of %d: "
+                 "the MPI communicator must have the NCCL communicator's ranks, in the same order", c->rank, c->size,
+                 mrank, msize);
+  /* Every rank learns whether any failed: either all get a communicator
+   * or none does, and a failing rank never leaves the others waiting in a
+   * later agreement. */
+  int bad = r != RESHARD_SUCCESS, any = bad;
+  err = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, dup);
+  if (!r && err != MPI_SUCCESS)
+    r = rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_with_mpi rank %d: MPI_Allreduce failed (MPI error %d)",
+                 mrank, err);
+  else if (!r && any)
+    r = rs_error(RESHARD_ERROR_REMOTE, "comm_create_nccl_with_mpi rank %d: another rank failed to create its "
+                 "communicator", mrank);
+  if (r) {
+    reshard_comm_destroy(c);
+    MPI_Comm_free(&dup);
+    free(buf);
+    return r;
+  }
+  rs_nccl *n = c->impl;
+  n->mpi = dup;
+  n->have_mpi = 1;
+  n->mpi_buf = buf;
+  *out = c;
+  return RESHARD_SUCCESS;
 }
 #endif

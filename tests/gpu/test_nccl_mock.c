@@ -10,7 +10,12 @@
  * reused early, everything after the caller's prior work and before its
  * later work, and no host synchronization. Error injection covers
  * allocation failures, ncclRemoteError, ncclSystemError, asynchronous
- * errors and a nonblocking communicator that never completes. */
+ * errors and a nonblocking communicator that never completes.
+ *
+ * Built a second time with RS_MOCK_MPI and real MPI (test_gpu_nccl_mpi_mock,
+ * run under mpirun, one mocked NCCL rank per MPI process): then only the
+ * tests of reshard_comm_create_nccl_with_mpi run, whose plan agreement goes
+ * over MPI and never through NCCL. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +29,9 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#ifdef RS_MOCK_MPI
+#include <mpi.h> /* before reshard_nccl.h: declares its MPI functions */
+#endif
 
 #include "device/device.h"
 #include "kernels/rs_kernels.h"
@@ -72,6 +80,7 @@ static _Thread_local struct {
   int fail_nccl_mem;
   int fail_malloc;              /* cudaMalloc fails */
   ncclResult_t allreduce_result;
+  int allreduce_calls;
   int malloc_async_calls;
   ncclResult_t group_end_result;
   int group_end_fail_at; /* which group (1-based) */
@@ -364,6 +373,7 @@ ncclResult_t __wrap_ncclAllReduce(const void *s, void *r, size_t n, ncclDataType
   (void)c, (void)st;
   assert_int_equal(dt, ncclUint64);
   assert_int_equal(op, ncclMax);
+  M.allreduce_calls++;
   if (M.allreduce_result) return M.allreduce_result;
   if (s != r) memcpy(r, s, n * 8);
   if (!W.n) return ncclSuccess; /* one rank alone: max is identity */
@@ -877,6 +887,215 @@ static void random_worlds(void **state) {
   assert_true(W.delivered > 1000);
 }
 
+#ifdef RS_MOCK_MPI
+/* ------------------------------------------- agreement over MPI (mpirun) */
+
+static int mpi_rank, mpi_size;
+
+/* Every rank copies locally only (nothing for the mocked NCCL to carry
+ * between processes): "w" replicated -> rows sharded, "v" rows sharded on
+ * both sides but transposed into a raw destination buffer at an odd
+ * offset. */
+static void layouts_local(reshard_layout_t **src, reshard_layout_t **dst) {
+  int n = mpi_size;
+  int64_t sw[2] = {8 * n, 6}, sv[2] = {4 * n, 10};
+  int tw, tv, m, b;
+  assert_int_equal(reshard_layout_create(src), 0);
+  assert_int_equal(reshard_layout_create(dst), 0);
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L = side ? *dst : *src;
+    assert_int_equal(reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sw, &tw), 0);
+    assert_int_equal(reshard_layout_add_tensor(L, "v", RESHARD_BF16, 2, sv, &tv), 0);
+  }
+  int sn[1] = {n};
+  reshard_placement_t r1[1] = {reshard_replicate()}, s0[1] = {reshard_shard(0)};
+  assert_int_equal(reshard_layout_add_mesh_strided(*src, 1, sn, 0, 1, &m), 0);
+  assert_int_equal(reshard_layout_place(*src, tw, m, r1, &b), 0);
+  assert_int_equal(reshard_layout_place(*src, tv, m, s0, &b), 0);
+  assert_int_equal(reshard_layout_add_mesh_strided(*dst, 1, sn, 0, 1, &m), 0);
+  assert_int_equal(reshard_layout_place(*dst, tw, m, s0, &b), 0);
+  for (int r = 0; r < n; r++) {
+    assert_int_equal(reshard_layout_add_buffer(*dst, "raw", r, 4 * 10 * 2 + 64, &b), 0);
+    int64_t start[2] = {4 * r, 0}, ext[2] = {4, 10}, colmajor[2] = {1, 4};
+    reshard_fragment_t f = {tv, b, start, ext, 6, colmajor};
+    assert_int_equal(reshard_layout_add_fragment(*dst, &f), 0);
+  }
+}
+
+static reshard_comm_t *create_with_mpi(void) {
+  mock_reset(mpi_rank, mpi_size);
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_nccl_with_mpi((ncclComm_t)0x1, MPI_COMM_WORLD, &comm);
+  if (r) fail_msg("rank %d: comm_create_nccl_with_mpi: %s", mpi_rank, reshard_last_error());
+  /* no agreement stream or scratch: the agreement is MPI's */
+  assert_int_equal(M.mem, 0);
+  assert_int_equal(M.streams, 0);
+  assert_int_equal(reshard_comm_rank(comm), mpi_rank);
+  assert_int_equal(reshard_comm_size(comm), mpi_size);
+  return comm;
+}
+
+/* Plans agreed over MPI move the right data; NCCL's allreduce is never
+ * called. */
+static void mpi_agreement_data(void **state) {
+  (void)state;
+  reshard_comm_t *comm = create_with_mpi();
+  reshard_layout_t *src, *dst;
+  layouts_local(&src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  reshard_plan_t *plan;
+  reshard_result_t r = reshard_plan_create(comm, src, dst, &o, &plan);
+  if (r) fail_msg("rank %d: plan_create: %s", mpi_rank, reshard_last_error());
+  M.plan = plan;
+  assert_int_equal(plan->nsends + plan->nrecvs, 0);
+  assert_true(plan->nlocal_copies > 0);
+  vf_side s, d;
+  for (int step = 0; step < 2; step++) {
+    assert_int_equal(vf_side_alloc(&s, src, mpi_rank, step), 0);
+    assert_int_equal(vf_side_alloc(&d, dst, mpi_rank, -1), 0);
+    M.np2p = 0;
+    assert_int_equal(reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                          (size_t)d.nbuf, (void *)0x99), 0);
+    assert_int_equal(M.np2p, 0);
+    assert_int_equal(vf_side_check(&d, dst, mpi_rank, (uint64_t)step, "mock with_mpi"), 0);
+    vf_side_free(&s);
+    vf_side_free(&d);
+  }
+  assert_int_equal(M.allreduce_calls, 0);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(comm);
+  assert_int_equal(M.mem, 0);
+  assert_int_equal(M.streams, 0);
+  assert_int_equal(M.events, 0);
+}
+
+/* Ranks that pass different options are told so on every rank, through
+ * the MPI agreement (several ranks only). */
+static void mpi_agreement_mismatch(void **state) {
+  (void)state;
+  if (mpi_size < 2) skip();
+  reshard_comm_t *comm = create_with_mpi();
+  reshard_layout_t *src, *dst;
+  layouts_local(&src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  if (mpi_rank == 1) o.staging_bytes = 1 << 20;
+  else o.staging_bytes = 2 << 20;
+  reshard_plan_t *plan = NULL;
+  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_MISMATCH);
+  assert_null(plan);
+  assert_int_equal(M.allreduce_calls, 0);
+  /* the communicator is still usable */
+  o.staging_bytes = 2 << 20;
+  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(comm);
+  assert_int_equal(M.mem, 0);
+}
+
+/* A rank that comes late: the waiting rank times out at its deadline
+ * instead of hanging, cannot agree again, and its NCCL communicator is not
+ * aborted (several ranks only). */
+static void mpi_agreement_timeout(void **state) {
+  (void)state;
+  if (mpi_size < 2) skip();
+  reshard_comm_t *comm = create_with_mpi();
+  reshard_layout_t *src, *dst;
+  layouts_local(&src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  reshard_plan_t *plan = NULL;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (mpi_rank == 0) {
+    o.timeout_ms = 200;
+    double t0 = MPI_Wtime();
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_TIMEOUT);
+    double dt = MPI_Wtime() - t0;
+    assert_true(dt >= 0.15 && dt < 1.5);
+    assert_non_null(strstr(reshard_last_error(), "over MPI did not complete"));
+    assert_int_equal(M.aborts, 0);
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_INVALID_USAGE);
+    assert_null(plan);
+  } else {
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    /* pairs with rank 0's abandoned agreement (rank 0 progresses it in
+     * the barrier below); ranks beyond 1 join the same collective */
+    o.timeout_ms = 20000;
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
+    reshard_plan_destroy(plan);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(comm);
+  assert_int_equal(M.mem, 0);
+}
+
+/* Bad arguments, a rank whose NCCL and MPI ranks differ (that rank:
+ * INVALID_ARGUMENT, the others: REMOTE; nobody gets a communicator), and
+ * an NCCL error seen before the agreement. */
+static void mpi_create_errors(void **state) {
+  (void)state;
+  mock_reset(mpi_rank, mpi_size);
+  reshard_comm_t *comm = (reshard_comm_t *)0x1;
+  assert_int_equal(reshard_comm_create_nccl_with_mpi(NULL, MPI_COMM_WORLD, &comm), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(comm);
+  assert_int_equal(reshard_comm_create_nccl_with_mpi((ncclComm_t)0x1, MPI_COMM_NULL, &comm),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(reshard_comm_create_nccl_with_mpi((ncclComm_t)0x1, MPI_COMM_WORLD, NULL),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  /* rank 0's NCCL communicator claims one rank more than MPI has */
+  if (mpi_rank == 0) M.size = mpi_size + 1;
+  reshard_result_t r = reshard_comm_create_nccl_with_mpi((ncclComm_t)0x1, MPI_COMM_WORLD, &comm);
+  assert_int_equal(r, mpi_rank == 0 ? RESHARD_ERROR_INVALID_ARGUMENT : RESHARD_ERROR_REMOTE);
+  if (mpi_rank == 0) assert_non_null(strstr(reshard_last_error(), "NCCL rank 0 of"));
+  assert_null(comm);
+  assert_int_equal(M.mem, 0);
+  assert_int_equal(M.streams, 0);
+  /* an asynchronous NCCL error: reported before any agreement, on every
+   * rank alike (no rank left waiting) */
+  comm = create_with_mpi();
+  reshard_layout_t *src, *dst;
+  layouts_local(&src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  reshard_plan_t *plan = NULL;
+  M.async_error = ncclRemoteError;
+  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_REMOTE);
+  assert_null(plan);
+  M.async_error = ncclSuccess;
+  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
+  assert_int_equal(M.allreduce_calls, 0);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(comm);
+  assert_int_equal(M.mem, 0);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(mpi_agreement_data),
+      cmocka_unit_test(mpi_agreement_mismatch),
+      cmocka_unit_test(mpi_agreement_timeout),
+      cmocka_unit_test(mpi_create_errors),
+  };
+  int r = cmocka_run_group_tests(tests, NULL, NULL);
+  /* every rank's verdict, so that mpirun fails when any rank did */
+  int any = r;
+  MPI_Allreduce(&r, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
+#else
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(call_sequence), cmocka_unit_test(local_copies_data), cmocka_unit_test(alloc_failures),
@@ -887,3 +1106,4 @@ int main(void) {
   free(reach);
   return r;
 }
+#endif

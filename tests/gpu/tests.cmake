@@ -41,6 +41,34 @@ foreach(fn ${RS_GPU_WRAPPED})
 endforeach()
 add_test(NAME test_gpu_nccl_mock COMMAND test_gpu_nccl_mock)
 set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
+
+# The same mock with real MPI: reshard_comm_create_nccl_with_mpi, whose
+# plan agreement runs over MPI, one mocked NCCL rank per MPI process (only
+# those tests run in this build of the file).
+if(RESHARD_WITH_MPI)
+  add_executable(test_gpu_nccl_mpi_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
+    ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+  target_compile_definitions(test_gpu_nccl_mpi_mock PRIVATE RS_MOCK_MPI=1)
+  # the single-process tests are compiled but not run here
+  target_compile_options(test_gpu_nccl_mpi_mock PRIVATE ${RESHARD_WARNINGS} -Wno-unused-function)
+  target_include_directories(test_gpu_nccl_mpi_mock PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(test_gpu_nccl_mpi_mock PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA MPI::MPI_C)
+  foreach(fn ${RS_GPU_WRAPPED})
+    target_link_options(test_gpu_nccl_mpi_mock PRIVATE "LINKER:--wrap=${fn}")
+  endforeach()
+  foreach(np 1 2)
+    add_test(NAME test_gpu_nccl_mpi_mock_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_gpu_nccl_mpi_mock> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_gpu_nccl_mpi_mock_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np}
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+    if(RESHARD_SANITIZE)
+      # Open MPI itself leaks at exit; memory errors are still caught.
+      set_property(TEST test_gpu_nccl_mpi_mock_np${np} APPEND PROPERTY
+                   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+    endif()
+  endforeach()
+endif()
 endif()
 
 # On a GPU: the kernels against the host reference, and a one-rank NCCL

@@ -1,0 +1,149 @@
+/* reshard_perf's NCCL backend: the only file of the tools that sees CUDA.
+ * Built only with RESHARD_WITH_CUDA and RESHARD_WITH_MPI (see
+ * tools/CMakeLists.txt). */
+#include "perf_nccl.h"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reshard_nccl.h"
+
+struct perf_nccl {
+  int device;
+  cudaStream_t stream;
+  int nsrc, ndst;
+  void **src, **dst; /* device buffers, NULL where the rank holds none */
+  size_t *src_bytes, *dst_bytes;
+};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static int cuda_fail(char *err, size_t errlen, const char *what, cudaError_t e) {
+  return fail(err, errlen, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* The launcher's word first; otherwise the rank among the ranks sharing
+ * this node's memory. */
+static int local_rank(void) {
+  MPI_Comm node;
+  int r = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  const char *env = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (env && *env) {
+    char *end;
+    long v = strtol(env, &end, 10);
+    if (!*end && v >= 0 && v < 1 << 30) r = (int)v;
+  }
+  return r;
+}
+
+int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_t errlen) {
+  *out = NULL;
+  int lr = local_rank(); /* collective: before anything can fail */
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return cuda_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount", e);
+  if (n <= 0) return fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount found none");
+  perf_nccl *p = calloc(1, sizeof *p);
+  if (!p) return fail(err, errlen, "out of memory");
+  p->device = lr % n;
+  e = cudaSetDevice(p->device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    char what[96];
+    snprintf(what, sizeof what, "device %d: cudaSetDevice/cudaStreamCreate", p->device);
+    free(p);
+    return cuda_fail(err, errlen, what, e);
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, p->device) != cudaSuccess) snprintf(prop.name, sizeof prop.name, "?");
+  snprintf(desc, desclen, "device %d (%s) of %d", p->device, prop.name, n);
+  *out = p;
+  return 0;
+}
+
+int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen) {
+  (void)p;
+  reshard_result_t r = reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, comm);
+  if (r)
+    return fail(err, errlen, "reshard_comm_create_nccl_mpi: %s: %s", reshard_result_string(r), reshard_last_error());
+  return 0;
+}
+
+static int alloc_side(const vf_side *s, void ***ptr, size_t **bytes, int *nbuf, char *err, size_t errlen) {
+  *nbuf = s->nbuf;
+  *ptr = calloc((size_t)s->nbuf + 1, sizeof **ptr);
+  *bytes = calloc((size_t)s->nbuf + 1, sizeof **bytes);
+  if (!*ptr || !*bytes) return fail(err, errlen, "out of memory");
+  for (int b = 0; b < s->nbuf; b++) {
+    if (!s->ptr[b]) continue;
+    /* cudaMalloc of 0 bytes gives NULL, which would read as "not held" */
+    cudaError_t e = cudaMalloc(&(*ptr)[b], s->bytes[b] ? s->bytes[b] : 1);
+    if (e != cudaSuccess) {
+      char what[96];
+      snprintf(what, sizeof what, "cudaMalloc of %zu bytes", s->bytes[b]);
+      return cuda_fail(err, errlen, what, e);
+    }
+    (*bytes)[b] = s->bytes[b];
+  }
+  return 0;
+}
+
+int perf_nccl_alloc(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen) {
+  if (alloc_side(src, &p->src, &p->src_bytes, &p->nsrc, err, errlen)) return -1;
+  return alloc_side(dst, &p->dst, &p->dst_bytes, &p->ndst, err, errlen);
+}
+
+static int copy_side(void **dev, unsigned char **host, const size_t *bytes, int n, int to_device, char *err,
+                     size_t errlen) {
+  for (int b = 0; b < n; b++) {
+    if (!dev[b] || !bytes[b]) continue;
+    cudaError_t e = to_device ? cudaMemcpy(dev[b], host[b], bytes[b], cudaMemcpyHostToDevice)
+                              : cudaMemcpy(host[b], dev[b], bytes[b], cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return cuda_fail(err, errlen, to_device ? "cudaMemcpy (to the device)" : "cudaMemcpy (to the host)", e);
+  }
+  return 0;
+}
+
+int perf_nccl_upload(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen) {
+  if (copy_side(p->src, src->ptr, p->src_bytes, p->nsrc, 1, err, errlen)) return -1;
+  return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 1, err, errlen);
+}
+
+int perf_nccl_download(perf_nccl *p, vf_side *dst, char *err, size_t errlen) {
+  return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 0, err, errlen);
+}
+
+int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
+  reshard_result_t r =
+      reshard_plan_execute(plan, p->src, (size_t)p->nsrc, p->dst, (size_t)p->ndst, (void *)p->stream);
+  if (r) return fail(err, errlen, "reshard_plan_execute: %s: %s", reshard_result_string(r), reshard_last_error());
+  cudaError_t e = cudaStreamSynchronize(p->stream);
+  if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaStreamSynchronize", e);
+  return 0;
+}
+
+void perf_nccl_close(perf_nccl *p) {
+  if (!p) return;
+  for (int b = 0; p->src && b < p->nsrc; b++) cudaFree(p->src[b]);
+  for (int b = 0; p->dst && b < p->ndst; b++) cudaFree(p->dst[b]);
+  free(p->src);
+  free(p->dst);
+  free(p->src_bytes);
+  free(p->dst_bytes);
+  if (p->stream) cudaStreamDestroy(p->stream);
+  free(p);
+}
