@@ -55,7 +55,7 @@ reshard_result_t bench_fake_comm_create(int rank, int size, reshard_comm_t **com
   rs_error_clear();
   if (!comm || size < 1 || rank < 0 || rank >= size)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "fake communicator: rank %d of %d (or comm NULL)", rank, size);
-  reshard_comm_t *c = malloc(sizeof *c);
+  reshard_comm_t *c = calloc(1, sizeof *c);
   if (!c) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "fake communicator: out of memory");
   c->ops = &fake_ops;
   c->rank = rank;

@@ -318,13 +318,16 @@ reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
 
 /* Plan options. Always start from RESHARD_OPTIONS_INITIALIZER so that
  * fields added later get their defaults; struct_size and version let the
- * library reject (or adapt to) a caller built against another header. All
- * ranks must pass the same values (they are part of the plan digest). */
+ * library reject (or adapt to) a caller built against another header.
+ * staging_bytes and chunk_bytes must be the same on all ranks (they are part
+ * of the plan digest); timeout_ms may differ. */
 typedef struct reshard_options {
   uint32_t struct_size; /* sizeof(reshard_options_t) */
   uint32_t version;     /* RESHARD_OPTIONS_VERSION */
   /* Staging memory per rank for packed messages, send and receive, double
-   * buffered. Bounds every message. Default 256 MiB. */
+   * buffered. Bounds every message: the bound is staging_bytes / (2 x the
+   * largest peer count of any rank), but never below 64 bytes, so a budget
+   * under 128 bytes per peer is exceeded. Default 256 MiB; minimum 4096. */
   size_t staging_bytes;
   /* Upper bound on one message (one peer, one chunk); 0: derived from the
    * staging budget and the largest peer count of any rank. */

@@ -1174,6 +1174,128 @@ static void exec_retry_after_failed_execute(void **state) {
   }
 }
 
+/* Regressions from review (each failed before its fix). */
+
+/* Fragments of different dtypes share element strides but not byte
+ * strides: f32 [2,2] at byte 0 and f16 [2,2] at byte 8 overlap at bytes
+ * 16-20 and must be rejected, not silently corrupt each other. */
+static void review_overlap_mixed_dtypes(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int a = add_t2(src, "a", RESHARD_FP32, 2, 2), bt = add_t2(src, "b", RESHARD_FP16, 2, 2);
+  int m = add_mesh1(src, 1, 0);
+  place1(src, a, m, reshard_replicate());
+  place1(src, bt, m, reshard_replicate());
+  a = add_t2(dst, "a", RESHARD_FP32, 2, 2);
+  bt = add_t2(dst, "b", RESHARD_FP16, 2, 2);
+  int buf = -1;
+  EXPECT_OK(reshard_layout_add_buffer(dst, "mixed", 1, 64, &buf));
+  int64_t st[2] = {0, 0}, ex[2] = {2, 2}, strides[2] = {4, 1};
+  reshard_fragment_t fa = {a, buf, st, ex, 0, strides}, fb = {bt, buf, st, ex, 8, strides};
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fa));
+  EXPECT_OK(reshard_layout_add_fragment(dst, &fb));
+  pcase c;
+  pcase_init(&c, 2, src, dst);
+  pcase_run(&c);
+  EXPECT_RANK(&c, 1, IA, "rank 1", "overlap", "buffer 'mixed'");
+  EXPECT_REMOTE(&c, 1, -1);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* A grouped buffer needs a real dim to group; a scalar part was accepted
+ * and lowered with uninitialised strides. */
+static void review_grouped_scalar(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int t = -1, m = add_mesh1(L, 2, 0);
+  EXPECT_OK(reshard_layout_add_tensor(L, "s", RESHARD_FP32, 0, NULL, &t));
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  reshard_part_t part = {t, m, rep, NULL};
+  int b = -1;
+  assert_int_equal(reshard_layout_add_fused(L, "fused", -1, 2, 1, &part, &b), IA);
+  assert_non_null(strstr(reshard_last_error(), "buffer 'fused'"));
+  assert_int_equal(reshard_layout_num_buffers(L), 0);
+  reshard_layout_destroy(L);
+}
+
+/* The per-group block sum of a grouped buffer must not overflow. */
+static void review_grouped_overflow(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int m = add_mesh1(L, 1, 0);
+  int64_t big = (int64_t)1 << 62;
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  reshard_part_t parts[4];
+  for (int i = 0; i < 4; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "t%d", i);
+    parts[i] = (reshard_part_t){add_t1(L, name, RESHARD_UINT8, big), m, rep, NULL};
+  }
+  int b = -1;
+  EXPECT_OK(reshard_layout_add_fused(L, "g", 0, 2, 4, parts, &b));
+  size_t bytes = 0;
+  assert_int_equal(reshard_layout_buffer_bytes(L, b, 0, &bytes), IA);
+  assert_non_null(strstr(reshard_last_error(), "overflow"));
+  reshard_layout_destroy(L);
+}
+
+/* A huge timeout means no deadline, not an overflowed one. */
+static void review_huge_timeout(void **state) {
+  (void)state;
+  reshard_layout_t *src = src_whole_on_rank0("w", 8), *dst = new_layout();
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  th_sync_args a = {.src = src, .dst = dst, .opts = RESHARD_OPTIONS_INITIALIZER, .steps = 1};
+  a.opts.timeout_ms = INT64_MAX;
+  assert_int_equal(th_sync(2, &a), 0);
+  a.opts.timeout_ms = 10000000000000LL;
+  assert_int_equal(th_sync(2, &a), 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Two plans of identical layouts on one communicator, executed in
+ * opposite orders by sender and receiver: each must get its own data
+ * (plans are told apart in message tags), not the other's. */
+typedef struct two_plans {
+  const reshard_layout_t *src, *dst;
+  int bad;
+} two_plans;
+
+static int two_plans_rank(int rank, reshard_comm_t *comm, void *p) {
+  two_plans *x = p;
+  reshard_plan_t *p1 = NULL, *p2 = NULL;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 5000;
+  if (reshard_plan_create(comm, x->src, x->dst, &o, &p1) || reshard_plan_create(comm, x->src, x->dst, &o, &p2)) return 1;
+  float s1[4] = {1, 1, 1, 1}, s2[4] = {2, 2, 2, 2}, d1[4] = {0}, d2[4] = {0};
+  void *S1[1] = {s1}, *S2[1] = {s2}, *D1[1] = {d1}, *D2[1] = {d2};
+  int rc = 0;
+  if (rank == 0) { /* the sender: plan 2 first */
+    rc |= reshard_plan_execute(p2, S2, 1, NULL, 0, NULL) != 0;
+    rc |= reshard_plan_execute(p1, S1, 1, NULL, 0, NULL) != 0;
+  } else {
+    rc |= reshard_plan_execute(p1, NULL, 0, D1, 1, NULL) != 0;
+    rc |= reshard_plan_execute(p2, NULL, 0, D2, 1, NULL) != 0;
+    for (int i = 0; i < 4; i++) x->bad += (d1[i] != 1) + (d2[i] != 2);
+  }
+  reshard_plan_destroy(p1);
+  reshard_plan_destroy(p2);
+  return rc;
+}
+
+static void review_two_plans_same_layouts(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 4), add_mesh1(src, 1, 0), reshard_replicate());
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 4), add_mesh1(dst, 1, 1), reshard_replicate());
+  two_plans x = {src, dst, 0};
+  assert_int_equal(th_run_ranks(2, two_plans_rank, &x), 0);
+  assert_int_equal(x.bad, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(layout_tensor_errors),
@@ -1185,6 +1307,11 @@ int main(void) {
       cmocka_unit_test(strings_and_versions),
       cmocka_unit_test(plan_coverage_hole),
       cmocka_unit_test(plan_raw_overlap_and_outside),
+      cmocka_unit_test(review_overlap_mixed_dtypes),
+      cmocka_unit_test(review_grouped_scalar),
+      cmocka_unit_test(review_grouped_overflow),
+      cmocka_unit_test(review_huge_timeout),
+      cmocka_unit_test(review_two_plans_same_layouts),
       cmocka_unit_test(plan_tensor_disagreements),
       cmocka_unit_test(plan_ranks_outside_comm),
       cmocka_unit_test(plan_bad_options_and_pointers),

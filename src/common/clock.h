@@ -16,7 +16,10 @@ static inline int64_t rs_now_ns(void) {
 /* The deadline timeout_ms from now; RS_NO_DEADLINE when timeout_ms <= 0. */
 static inline int64_t rs_deadline_after_ms(int64_t timeout_ms) {
   if (timeout_ms <= 0) return RS_NO_DEADLINE;
-  return rs_now_ns() + timeout_ms * 1000000LL;
+  int64_t now = rs_now_ns();
+  /* a deadline past the clock's range is no deadline */
+  if (timeout_ms > (INT64_MAX - now) / 1000000LL) return RS_NO_DEADLINE;
+  return now + timeout_ms * 1000000LL;
 }
 
 #endif

@@ -323,6 +323,10 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': needs at least one part (num_parts %d, parts %p)", name, num_parts, (const void *)parts);
   if (num_groups < 1)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': num_groups %d must be >= 1", name, num_groups);
+  if (num_groups > 1 && (parts[0].tensor_id < 0 || parts[0].tensor_id >= L->ntensors ||
+                         concat_dim < 0 || concat_dim >= L->tensors[parts[0].tensor_id].ndim))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': grouped (num_groups %d) needs concat_dim %d inside the tensors' dims",
+                    name, num_groups, concat_dim);
   const rs_tensor *t0 = NULL;
   for (int k = 0; k < num_parts; k++) {
     const rs_tensor *t;

@@ -135,7 +135,10 @@ static reshard_result_t lower_fused(const reshard_layout_t *L, int b,
     const rs_part *p = &parts[k];
     int pos = rs_mesh_position(&L->meshes[p->mesh], rank);
     loc[k].present = pos >= 0;
-    if (G > 1) block_sum += L->tensors[p->tensor].shape[cd] / G;
+    if (G > 1 && rs_add_overflow_i64(block_sum, L->tensors[p->tensor].shape[cd] / G, &block_sum)) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' rank %d: size overflows", buf->name, rank);
+      goto done;
+    }
     if (pos < 0) continue;
     RS_CHECK_GOTO(part_vbox(L, p, G, cd, pos, loc[k].vs, loc[k].ve), r, done);
     if (first < 0) {

@@ -69,10 +69,12 @@ static int cmp_footprint(const void *a, const void *b) {
 /* Exact when both fragments share strides and neither wraps in the frame
  * those strides define; otherwise conservative (byte ranges intersect
  * means overlap). */
-static int frags_overlap(const footprint *a, const footprint *b, size_t es) {
+static int frags_overlap(const footprint *a, const footprint *b, size_t es,
+                         size_t es_b) {
   if (a->hi <= b->lo || b->hi <= a->lo) return 0;
   const rs_frag *fa = a->f, *fb = b->f;
-  if (fa->ndim != fb->ndim || fa->ndim == 0) return 1;
+  /* element strides only mean the same bytes for the same element size */
+  if (fa->ndim != fb->ndim || fa->ndim == 0 || es != es_b) return 1;
   int nd = fa->ndim;
   int order[RESHARD_MAX_DIMS];
   for (int d = 0; d < nd; d++) {
@@ -144,7 +146,8 @@ static reshard_result_t validate_raw(const reshard_layout_t *L,
   for (size_t i = 0; i < frags.n; i++)
     for (size_t j = i + 1; j < frags.n && fps[j].lo < fps[i].hi; j++) {
       const rs_tensor *ti = &L->tensors[fps[i].f->tensor];
-      if (frags_overlap(&fps[i], &fps[j], reshard_dtype_size(ti->dtype))) {
+      if (frags_overlap(&fps[i], &fps[j], reshard_dtype_size(ti->dtype),
+                        reshard_dtype_size(L->tensors[fps[j].f->tensor].dtype))) {
         r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                      "rank %d: %s fragments of tensors '%s' and '%s' overlap in buffer '%s' (byte_offset/strides)",
                      fps[i].f->rank, side, ti->name, L->tensors[fps[j].f->tensor].name, buf->name);

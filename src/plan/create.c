@@ -361,6 +361,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   rs_error_clear();
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
   if (out) *out = NULL;
+  uint32_t plan_seq = comm->plans_created++;
   build_ctx c;
   memset(&c, 0, sizeof c);
   reshard_plan_t *p = calloc(1, sizeof *p);
@@ -434,14 +435,38 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
   size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
   if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
+  /* one message must stay countable in an int (MPI) */
+  if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
   chunk &= ~(size_t)63;
   if (chunk < 64) chunk = 64;
   p->digest = digest;
   p->num_src_buffers = src->nbuffers;
   p->num_dst_buffers = dst->nbuffers;
-  p->tag_base = (digest & 0xffffu) << 32;
+  /* bits 32-47 of every tag name the plan, bits 48-63 the execute call,
+   * bits 0-31 the round */
+  p->tag_base = (uint64_t)(plan_seq & 0xffffu) << 32;
   r = finish_plan(p, &c, chunk);
-  if (r != RESHARD_SUCCESS) goto fail;
+  {
+    /* Building the plan can still fail on one rank (memory): agree once
+     * more, so that no rank keeps a plan its peers do not have. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    uint64_t e = (uint64_t)r;
+    reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+    if (r != RESHARD_SUCCESS) {
+      rs_error(r, "%s", msg);
+      goto fail;
+    }
+    if (r2 != RESHARD_SUCCESS) {
+      r = r2;
+      goto fail;
+    }
+    if (e) {
+      r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed building its plan with '%s'", comm->rank,
+                   reshard_result_string((reshard_result_t)e));
+      goto fail;
+    }
+  }
   build_ctx_free(&c);
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: plan with %zu sends, %zu receives, %zu local copies, %d rounds, chunk %zu",
          p->rank, p->nsends, p->nrecvs, p->nlocal_copies, p->nrounds, p->chunk_bytes);

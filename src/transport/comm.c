@@ -1,5 +1,5 @@
 /* The transport-independent part of a communicator. Every transport
- * allocates its reshard_comm_t with malloc and fills rank, size and ops;
+ * allocates its reshard_comm_t zeroed (calloc) and fills rank, size and ops;
  * ops->destroy releases only the transport's own state, and the struct
  * itself is freed here, so that no transport can forget to. */
 #include <stdlib.h>

@@ -279,7 +279,7 @@ reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
                     "[0, %d) of the world",
                     rank, world->nranks);
 
-  reshard_comm_t *c = malloc(sizeof *c);
+  reshard_comm_t *c = calloc(1, sizeof *c);
   if (!c)
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY,
                     "reshard_comm_create_inproc: rank %d: no memory", rank);

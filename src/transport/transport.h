@@ -68,6 +68,10 @@ struct reshard_comm {
   const rs_transport_ops *ops;
   int rank;
   int size;
+  /* reshard_plan_create calls on this communicator so far: the same on
+   * every rank, since the call is collective; it tells plans apart in
+   * message tags, even plans of identical layouts. */
+  uint32_t plans_created;
   void *impl; /* the transport's own state */
 };
 

@@ -1023,11 +1023,13 @@ static void mpi_agreement_timeout(void **state) {
   } else {
     struct timespec ts = {2, 0};
     nanosleep(&ts, NULL);
-    /* pairs with rank 0's abandoned agreement (rank 0 progresses it in
-     * the barrier below); ranks beyond 1 join the same collective */
-    o.timeout_ms = 20000;
-    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
-    reshard_plan_destroy(plan);
+    /* The first agreement pairs with rank 0's abandoned one (rank 0
+     * progresses it in the barrier below; ranks beyond 1 join the same
+     * collective); the second, which confirms that every rank built its
+     * plan, never completes: no rank keeps a plan that rank 0 lacks. */
+    o.timeout_ms = 1000;
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_TIMEOUT);
+    assert_null(plan);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   reshard_layout_destroy(src);
