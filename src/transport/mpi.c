@@ -221,13 +221,21 @@ static reshard_result_t mpi_wait(reshard_comm_t *c, rs_request *r,
   }
 }
 
+/* Abandons a request on an error path. MPI may still be reading (send)
+ * or writing (receive) the caller's memory until the request completes,
+ * so it is cancelled and then polled for up to 100 ms; only a request that
+ * still has not completed is released to finish on its own (the execute
+ * call number in the tag keeps it from matching a later call). */
 static void mpi_cancel(reshard_comm_t *c, rs_request *r) {
   (void)c;
-  /* Receives are cancelled; sends are released to complete (or not) on
-   * their own: cancelling sends is deprecated, and the call number in the
-   * tag keeps a late one from matching anything. */
-  if (r->is_recv) MPI_Cancel(&r->req);
-  MPI_Request_free(&r->req);
+  MPI_Cancel(&r->req);
+  int64_t until = rs_now_ns() + 100000000LL;
+  int flag = 0;
+  while (!flag && MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && rs_now_ns() < until) {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  if (!flag && r->req != MPI_REQUEST_NULL) MPI_Request_free(&r->req);
   free(r);
 }
 
