@@ -18,15 +18,12 @@
  *   plan_bench [--scenario a|b|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]
  */
 #define _GNU_SOURCE
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "fake_comm.h"
+#include "plan_measure.h"
 #include "proc_stats.h"
 #include "models.h"
 #include "reshard.h"
@@ -55,93 +52,6 @@ static double now_ms(void) { return ps_clock_ms(CLOCK_MONOTONIC); }
 /* Planning is single-threaded: its CPU time is its wall time on an idle
  * machine, and unlike wall time it survives a loaded one. */
 static double cpu_ms(void) { return ps_clock_ms(CLOCK_THREAD_CPUTIME_ID); }
-
-typedef struct measure {
-  int ok;
-  int peak_exact; /* the peak RSS could be reset before planning */
-  double plan_ms, plan_cpu_ms;
-  double peak_mib, plan_mib;
-  reshard_plan_stats_t stats;
-  char err[256];
-} measure;
-
-/* On success *comm and *plan belong to the caller (plan_free). */
-static int plan_once(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
-                     reshard_comm_t **comm_out, reshard_plan_t **plan, double *ms, double *cms, char *err,
-                     size_t errlen) {
-  reshard_comm_t *comm;
-  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
-  double t0 = now_ms(), c0 = cpu_ms();
-  reshard_result_t r = bench_fake_comm_create(rank, nranks, &comm);
-  if (r == RESHARD_SUCCESS) {
-    r = reshard_plan_create(comm, src, dst, &opts, plan);
-    *ms = now_ms() - t0;
-    *cms = cpu_ms() - c0;
-    if (r != RESHARD_SUCCESS) {
-      snprintf(err, errlen, "%s: %s", reshard_result_string(r), reshard_last_error());
-      reshard_comm_destroy(comm);
-    } else {
-      *comm_out = comm;
-    }
-  } else {
-    snprintf(err, errlen, "fake comm: %s", reshard_last_error());
-  }
-  return r == RESHARD_SUCCESS ? 0 : -1;
-}
-
-static void plan_free(reshard_comm_t *comm, reshard_plan_t *plan) {
-  reshard_plan_destroy(plan); /* before its communicator */
-  reshard_comm_destroy(comm);
-}
-
-/* The memory measurement, in a child so that nothing the parent did
- * before (or does after) counts. */
-static void measure_memory(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
-                           measure *out) {
-  int fd[2];
-  memset(out, 0, sizeof *out);
-  if (pipe(fd)) {
-    snprintf(out->err, sizeof out->err, "pipe failed");
-    return;
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
-    measure m;
-    memset(&m, 0, sizeof m);
-    malloc_trim(0);
-    m.peak_exact = ps_reset_peak_rss() == 0;
-    long rss0 = ps_status_kib("VmRSS");
-    struct mallinfo2 h0 = mallinfo2();
-    reshard_plan_t *plan = NULL;
-    reshard_comm_t *comm = NULL;
-    if (plan_once(src, dst, rank, nranks, &comm, &plan, &m.plan_ms, &m.plan_cpu_ms, m.err, sizeof m.err) == 0) {
-      long hwm = ps_status_kib("VmHWM");
-      struct mallinfo2 h1 = mallinfo2();
-      m.peak_mib = (double)(hwm - rss0) / 1024.0;
-      m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;
-      reshard_plan_get_stats(plan, &m.stats);
-      m.ok = 1;
-    }
-    ssize_t w = write(fd[1], &m, sizeof m);
-    _exit(w == (ssize_t)sizeof m ? 0 : 1);
-  }
-  close(fd[1]);
-  if (pid < 0) {
-    close(fd[0]);
-    snprintf(out->err, sizeof out->err, "fork failed");
-    return;
-  }
-  ssize_t got = read(fd[0], out, sizeof *out);
-  close(fd[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  if (got != (ssize_t)sizeof *out) {
-    memset(out, 0, sizeof *out);
-    snprintf(out->err, sizeof out->err, "child died (status %d)", st);
-  }
-}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -212,8 +122,9 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
       printf("%6d  (outside the %d ranks: skipped)\n", rank, nranks);
       continue;
     }
-    measure m;
-    measure_memory(src, dst, rank, nranks, &m);
+    pm_result m;
+    reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+    pm_measure(src, dst, rank, nranks, &opts, &m);
     if (!m.ok) {
       printf("%6d %5s  plan failed: %s\n", rank, role(S, D, s->colocate, rank), m.err);
       failures++;
@@ -224,11 +135,15 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
     for (int k = 0; t && k < reps; k++) {
       reshard_plan_t *plan = NULL;
       reshard_comm_t *comm = NULL;
-      char err[256];
-      if (plan_once(src, dst, rank, nranks, &comm, &plan, &t[done], &c[done], err, sizeof err) == 0) done++;
-      plan_free(comm, plan);
+      double t0 = now_ms(), c0 = cpu_ms();
+      if (pm_plan_rank(src, dst, rank, nranks, &opts, &comm, &plan) == RESHARD_SUCCESS) {
+        t[done] = now_ms() - t0;
+        c[done] = cpu_ms() - c0;
+        done++;
+      }
+      pm_plan_free(comm, plan);
     }
-    double med = m.plan_ms, mn = m.plan_ms, cmed = m.plan_cpu_ms;
+    double med = m.plan_ms, mn = m.plan_ms, cmed = m.cpu_ms;
     if (done) {
       qsort(t, (size_t)done, sizeof *t, cmp_double);
       qsort(c, (size_t)done, sizeof *c, cmp_double);

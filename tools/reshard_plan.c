@@ -23,17 +23,14 @@
  *   - each (sender, receiver) pair agrees on the (round, size) of every
  *     message, in order. */
 #define _GNU_SOURCE
-#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "cli.h"
-#include "fake_comm.h"
+#include "plan_measure.h"
 #include "proc_stats.h"
 #include "plan/plan.h"
 #include "reshard.h"
@@ -43,75 +40,11 @@
 /* ------------------------------------------------------------------ */
 
 
-typedef struct measure {
-  int ok;
-  int peak_exact;
-  double plan_ms, cpu_ms, peak_mib;
-  reshard_plan_stats_t stats;
-  char err[512];
-} measure;
-
+/* One rank's plan against the fake communicator (bench/plan_measure.c,
+ * shared with plan_bench, which also measures it in a forked child). */
 static reshard_result_t plan_rank(const cli_layouts *L, int rank, int world, const reshard_options_t *opts,
                                   reshard_comm_t **comm, reshard_plan_t **plan) {
-  *plan = NULL;
-  reshard_result_t r = bench_fake_comm_create(rank, world, comm);
-  if (r) return r;
-  r = reshard_plan_create(*comm, L->src, L->dst, opts, plan);
-  if (r) {
-    reshard_comm_destroy(*comm);
-    *comm = NULL;
-  }
-  return r;
-}
-
-/* Plans `rank` in a forked child, so that its peak RSS growth is the
- * plan's alone (the method of bench/plan_bench.c). */
-static void measure_rank(const cli_layouts *L, int rank, int world, const reshard_options_t *opts, measure *out) {
-  int fd[2];
-  memset(out, 0, sizeof *out);
-  if (pipe(fd)) {
-    snprintf(out->err, sizeof out->err, "pipe failed");
-    return;
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
-    measure m;
-    memset(&m, 0, sizeof m);
-    malloc_trim(0);
-    m.peak_exact = ps_reset_peak_rss() == 0;
-    long rss0 = ps_status_kib("VmRSS");
-    reshard_comm_t *comm = NULL;
-    reshard_plan_t *plan = NULL;
-    double t0 = ps_clock_ms(CLOCK_MONOTONIC), c0 = ps_clock_ms(CLOCK_THREAD_CPUTIME_ID);
-    reshard_result_t r = plan_rank(L, rank, world, opts, &comm, &plan);
-    m.plan_ms = ps_clock_ms(CLOCK_MONOTONIC) - t0;
-    m.cpu_ms = ps_clock_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
-    if (r == RESHARD_SUCCESS) {
-      m.peak_mib = (double)(ps_status_kib("VmHWM") - rss0) / 1024.0;
-      reshard_plan_get_stats(plan, &m.stats);
-      m.ok = 1;
-    } else {
-      snprintf(m.err, sizeof m.err, "%s: %s", reshard_result_string(r), reshard_last_error());
-    }
-    ssize_t w = write(fd[1], &m, sizeof m);
-    _exit(w == (ssize_t)sizeof m ? 0 : 1);
-  }
-  close(fd[1]);
-  if (pid < 0) {
-    close(fd[0]);
-    snprintf(out->err, sizeof out->err, "fork failed");
-    return;
-  }
-  ssize_t got = read(fd[0], out, sizeof *out);
-  close(fd[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  if (got != (ssize_t)sizeof *out) {
-    memset(out, 0, sizeof *out);
-    snprintf(out->err, sizeof out->err, "the measuring child died (status %d)", st);
-  }
+  return pm_plan_rank(L->src, L->dst, rank, world, opts, comm, plan);
 }
 
 /* ------------------------------------------------------------------ */
@@ -423,7 +356,7 @@ static void print_header(void) {
          "out_MiB", "in_MiB", "local_MiB", "send_msg", "recv_msg", "to", "from", "rounds", "segments");
 }
 
-static void print_row(int rank, const char *role, const measure *m, const reshard_plan_stats_t *s) {
+static void print_row(int rank, const char *role, const pm_result *m, const reshard_plan_stats_t *s) {
   printf("%6d %5s %9.2f %9.2f %8.1f%s %10.2f %10.2f %10.2f %8zu %8zu %6d %6d %7d %9zu\n", rank, role, m->plan_ms,
          m->cpu_ms, m->peak_mib, m->peak_exact ? " " : "?", (double)s->send_bytes / 1048576.0,
          (double)s->recv_bytes / 1048576.0, (double)s->local_copy_bytes / 1048576.0, s->send_messages, s->recv_messages,
@@ -467,14 +400,14 @@ int main(int argc, char **argv) {
 
   int first = o.rank >= 0 ? o.rank : 0, last = o.rank >= 0 ? o.rank : world - 1;
   int nr = last - first + 1;
-  measure *ms = calloc((size_t)nr, sizeof *ms);
+  pm_result *ms = calloc((size_t)nr, sizeof *ms);
   if (!ms) return 1;
   int failed = 0;
   double worst_ms = 0, worst_mib = 0;
   size_t chunk = 0;
   for (int r = first; r <= last; r++) {
-    measure *m = &ms[r - first];
-    measure_rank(&L, r, world, &opts, m);
+    pm_result *m = &ms[r - first];
+    pm_measure(L.src, L.dst, r, world, &opts, m);
     if (!m->ok) {
       if (failed < 3) fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", r, m->err);
       failed++;
