@@ -19,8 +19,7 @@ int cli_have_models(void) {
 #endif
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
+int cli_fail(char *err, size_t errlen, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(err, errlen, fmt, ap);
@@ -121,12 +120,12 @@ static int parse_mesh(const char *opt, const char *v, cli_mesh *m, char *err, si
   int64_t vals[RESHARD_MAX_MESH_DIMS];
   int n = 0;
   if (cli_parse_i64_list(v, 1, RESHARD_MAX_MESH_DIMS, vals, &n))
-    return fail(err, errlen, "%s '%s': expected 1 to %d mesh sizes >= 1 separated by commas (e.g. 2,2)", opt, v,
+    return cli_fail(err, errlen, "%s '%s': expected 1 to %d mesh sizes >= 1 separated by commas (e.g. 2,2)", opt, v,
                 RESHARD_MAX_MESH_DIMS);
   int64_t total = 1;
   for (int i = 0; i < n; i++) {
     total *= vals[i];
-    if (vals[i] > 1 << 20 || total > 1 << 24) return fail(err, errlen, "%s '%s': mesh too large", opt, v);
+    if (vals[i] > 1 << 20 || total > 1 << 24) return cli_fail(err, errlen, "%s '%s': mesh too large", opt, v);
     m->shape[i] = (int)vals[i];
   }
   m->ndim = n;
@@ -135,14 +134,14 @@ static int parse_mesh(const char *opt, const char *v, cli_mesh *m, char *err, si
 
 static int parse_baselines(const char *v, cli_opts *o, char *err, size_t errlen) {
   const char *p = v;
-  if (!*p) return fail(err, errlen, "--baseline '': expected broadcast, alltoallw or both, comma-separated");
+  if (!*p) return cli_fail(err, errlen, "--baseline '': expected broadcast, alltoallw or both, comma-separated");
   for (;;) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
     if (len == 9 && !strncmp(p, "broadcast", 9)) o->baseline_broadcast = 1;
     else if (len == 9 && !strncmp(p, "alltoallw", 9)) o->baseline_alltoallw = 1;
     else if (len == 4 && !strncmp(p, "none", 4)) o->baseline_broadcast = o->baseline_alltoallw = 0;
-    else return fail(err, errlen, "--baseline '%s': unknown baseline '%.*s' (known: broadcast, alltoallw)", v, (int)len, p);
+    else return cli_fail(err, errlen, "--baseline '%s': unknown baseline '%.*s' (known: broadcast, alltoallw)", v, (int)len, p);
     if (!comma) break;
     p = comma + 1;
   }
@@ -228,7 +227,7 @@ void cli_usage(int tool, FILE *out) {
 }
 
 static int need_value(int argc, char **argv, int i, char *err, size_t errlen) {
-  if (i + 1 >= argc) return fail(err, errlen, "option %s needs a value", argv[i]);
+  if (i + 1 >= argc) return cli_fail(err, errlen, "option %s needs a value", argv[i]);
   return 0;
 }
 
@@ -257,7 +256,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       o->model_config = v;
     } else if (!strcmp(a, "--layers")) {
       VALUE();
-      if (parse_int(v, 1, &o->layers)) return fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
+      if (parse_int(v, 1, &o->layers)) return cli_fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
       have_layers = 1;
     } else if (!strcmp(a, "--train")) {
       VALUE();
@@ -268,12 +267,12 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     } else if (!strcmp(a, "--shape")) {
       VALUE();
       if (cli_parse_i64_list(v, 0, RESHARD_MAX_DIMS, o->shape, &o->ndim))
-        return fail(err, errlen, "--shape '%s': expected 1 to %d sizes >= 0 separated by commas (e.g. 4096,4096)", v,
+        return cli_fail(err, errlen, "--shape '%s': expected 1 to %d sizes >= 0 separated by commas (e.g. 4096,4096)", v,
                     RESHARD_MAX_DIMS);
       have_shape = 1;
     } else if (!strcmp(a, "--dtype")) {
       VALUE();
-      if (cli_parse_dtype(v, &o->dtype)) return fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
+      if (cli_parse_dtype(v, &o->dtype)) return cli_fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
       dtype_set = 1;
     } else if (!strcmp(a, "--src-mesh")) {
       VALUE();
@@ -287,34 +286,34 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       VALUE();
       src_pl_arg = v;
       if (cli_parse_placements(v, o->src.placements, &o->src.nplacements))
-        return fail(err, errlen, "--src-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+        return cli_fail(err, errlen, "--src-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
       have_src_pl = 1;
     } else if (!strcmp(a, "--dst-placements")) {
       VALUE();
       dst_pl_arg = v;
       if (cli_parse_placements(v, o->dst.placements, &o->dst.nplacements))
-        return fail(err, errlen, "--dst-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+        return cli_fail(err, errlen, "--dst-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
       have_dst_pl = 1;
     } else if (!strcmp(a, "--colocate")) {
       o->colocate = 1;
     } else if (!strcmp(a, "--staging")) {
       VALUE();
       if (cli_parse_bytes(v, &o->staging) || o->staging == 0)
-        return fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
+        return cli_fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
     } else if (perf && !strcmp(a, "-n")) {
       VALUE();
-      if (parse_int(v, 1, &o->iters)) return fail(err, errlen, "-n '%s': expected an integer >= 1", v);
+      if (parse_int(v, 1, &o->iters)) return cli_fail(err, errlen, "-n '%s': expected an integer >= 1", v);
     } else if (perf && !strcmp(a, "-w")) {
       VALUE();
-      if (parse_int(v, 0, &o->warmup)) return fail(err, errlen, "-w '%s': expected an integer >= 0", v);
+      if (parse_int(v, 0, &o->warmup)) return cli_fail(err, errlen, "-w '%s': expected an integer >= 0", v);
     } else if (perf && !strcmp(a, "-c")) {
       VALUE();
-      if (parse_int(v, 0, &o->check) || o->check > 1) return fail(err, errlen, "-c '%s': expected 0 or 1", v);
+      if (parse_int(v, 0, &o->check) || o->check > 1) return cli_fail(err, errlen, "-c '%s': expected 0 or 1", v);
     } else if (perf && !strcmp(a, "--backend")) {
       VALUE();
       if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
       else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
-      else return fail(err, errlen, "--backend '%s': expected mpi or nccl", v);
+      else return cli_fail(err, errlen, "--backend '%s': expected mpi or nccl", v);
     } else if (perf && !strcmp(a, "--baseline")) {
       VALUE();
       if (parse_baselines(v, o, err, errlen)) return -1;
@@ -322,14 +321,14 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       o->inject_error = 1;
     } else if (plan && !strcmp(a, "--world")) {
       VALUE();
-      if (parse_int(v, 1, &o->world)) return fail(err, errlen, "--world '%s': expected an integer >= 1", v);
+      if (parse_int(v, 1, &o->world)) return cli_fail(err, errlen, "--world '%s': expected an integer >= 1", v);
     } else if (plan && !strcmp(a, "--rank")) {
       VALUE();
-      if (parse_int(v, 0, &o->rank)) return fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
+      if (parse_int(v, 0, &o->rank)) return cli_fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
     } else if (plan && !strcmp(a, "--check")) {
       o->strict = 1;
     } else {
-      return fail(err, errlen, "unknown option '%s' (see --help)", a);
+      return cli_fail(err, errlen, "unknown option '%s' (see --help)", a);
     }
 #undef VALUE
   }
@@ -338,41 +337,41 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   int model = o->model_config || o->train || o->infer || have_layers;
   int synthetic = have_shape || have_src_mesh || have_dst_mesh || have_src_pl || have_dst_pl;
   if (model && synthetic)
-    return fail(err, errlen, "model options (--model-config, --layers, --train, --infer) and synthetic options "
+    return cli_fail(err, errlen, "model options (--model-config, --layers, --train, --infer) and synthetic options "
                              "(--shape, --src-mesh, --src-placements, --dst-mesh, --dst-placements) cannot be mixed");
   if (!model && !synthetic)
-    return fail(err, errlen, "no reshard described: give --model-config FILE --train SPEC --infer SPEC, or --shape, "
+    return cli_fail(err, errlen, "no reshard described: give --model-config FILE --train SPEC --infer SPEC, or --shape, "
                              "--src-mesh, --src-placements, --dst-mesh and --dst-placements (see --help)");
   if (model) {
     o->mode = CLI_MODE_MODEL;
-    if (!o->model_config) return fail(err, errlen, "model mode needs --model-config FILE");
-    if (!o->train) return fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
-    if (!o->infer) return fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
+    if (!o->model_config) return cli_fail(err, errlen, "model mode needs --model-config FILE");
+    if (!o->train) return cli_fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
+    if (!o->infer) return cli_fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
     if (!dtype_set) o->dtype = RESHARD_BF16;
   } else {
     o->mode = CLI_MODE_SYNTHETIC;
-    if (!have_shape) return fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
-    if (!have_src_mesh) return fail(err, errlen, "synthetic mode needs --src-mesh (e.g. --src-mesh 4)");
-    if (!have_dst_mesh) return fail(err, errlen, "synthetic mode needs --dst-mesh (e.g. --dst-mesh 2,2)");
-    if (!have_src_pl) return fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
-    if (!have_dst_pl) return fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
+    if (!have_shape) return cli_fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
+    if (!have_src_mesh) return cli_fail(err, errlen, "synthetic mode needs --src-mesh (e.g. --src-mesh 4)");
+    if (!have_dst_mesh) return cli_fail(err, errlen, "synthetic mode needs --dst-mesh (e.g. --dst-mesh 2,2)");
+    if (!have_src_pl) return cli_fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
+    if (!have_dst_pl) return cli_fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
     if (!dtype_set) o->dtype = RESHARD_FP32;
     const cli_mesh *ms[2] = {&o->src, &o->dst};
     const char *names[2] = {"src", "dst"}, *args[2] = {src_pl_arg, dst_pl_arg};
     for (int s = 0; s < 2; s++) {
       if (ms[s]->nplacements != ms[s]->ndim)
-        return fail(err, errlen, "--%s-placements '%s' has %d placement%s but --%s-mesh has %d ax%s: give one per axis",
+        return cli_fail(err, errlen, "--%s-placements '%s' has %d placement%s but --%s-mesh has %d ax%s: give one per axis",
                     names[s], args[s], ms[s]->nplacements, ms[s]->nplacements == 1 ? "" : "s", names[s], ms[s]->ndim,
                     ms[s]->ndim == 1 ? "is" : "es");
       for (int k = 0; k < ms[s]->nplacements; k++)
         if (ms[s]->placements[k].kind == RESHARD_PLACEMENT_SHARD && ms[s]->placements[k].dim >= o->ndim)
-          return fail(err, errlen, "--%s-placements '%s': S%d shards dim %d but --shape has %d dim%s (0..%d)", names[s],
+          return cli_fail(err, errlen, "--%s-placements '%s': S%d shards dim %d but --shape has %d dim%s (0..%d)", names[s],
                       args[s], ms[s]->placements[k].dim, ms[s]->placements[k].dim, o->ndim, o->ndim == 1 ? "" : "s",
                       o->ndim - 1);
     }
   }
   if (plan && o->rank >= 0 && o->inject_error)
-    return fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
+    return cli_fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
   return 0;
 }
 
@@ -396,7 +395,7 @@ static void format_mesh(char *buf, size_t len, const cli_mesh *m) {
 }
 
 static int lib_fail(char *err, size_t errlen, const char *what, reshard_result_t r) {
-  return fail(err, errlen, "%s: %s: %s", what, reshard_result_string(r), reshard_last_error());
+  return cli_fail(err, errlen, "%s: %s: %s", what, reshard_result_string(r), reshard_last_error());
 }
 
 static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t errlen) {
@@ -435,23 +434,23 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   rm_parallel tp, ip;
   rm_model *m = NULL;
   reshard_result_t r = rm_parse_parallel(o->train, &tp);
-  if (r) return fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
+  if (r) return cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
   r = rm_parse_parallel(o->infer, &ip);
-  if (r) return fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
+  if (r) return cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
   r = rm_model_load(o->model_config, o->layers, o->dtype, &m);
-  if (r) return fail(err, errlen, "--model-config '%s': %s", o->model_config, reshard_last_error());
+  if (r) return cli_fail(err, errlen, "--model-config '%s': %s", o->model_config, reshard_last_error());
   l->nsrc = rm_parallel_ranks(&tp);
   l->ndst = rm_parallel_ranks(&ip);
   l->first_dst = o->colocate ? 0 : l->nsrc;
   r = rm_megatron_layout(m, &tp, 0, &l->src);
   if (r) {
-    fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
+    cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
     rm_model_free(m);
     return -1;
   }
   r = rm_vllm_layout(m, &ip, l->first_dst, &l->dst);
   if (r) {
-    fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
+    cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
     rm_model_free(m);
     return -1;
   }
@@ -472,10 +471,10 @@ int cli_build_layouts(const cli_opts *o, cli_layouts *out, char *err, size_t err
 #ifdef RESHARD_TOOLS_HAVE_MODELS
     rc = build_model(o, out, err, errlen);
 #else
-    rc = fail(err, errlen, "model mode: this build has no model front-end (src/models, target reshard_models)");
+    rc = cli_fail(err, errlen, "model mode: this build has no model front-end (src/models, target reshard_models)");
 #endif
   } else {
-    rc = fail(err, errlen, "no mode");
+    rc = cli_fail(err, errlen, "no mode");
   }
   if (rc) {
     cli_layouts_free(out);

@@ -65,6 +65,10 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err,
               size_t errlen);
 void cli_usage(int tool, FILE *out);
 
+/* Formats an error into err (errlen bytes) and returns -1, so that error
+ * paths of the tools read `return cli_fail(err, errlen, "...", ...)`. */
+int cli_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Parses "4096,4096" (count 1..max, each >= min_value). */
 int cli_parse_i64_list(const char *s, int64_t min_value, int max, int64_t *out,
                        int *count);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "reshard_nccl.h"
 
 struct perf_nccl {
@@ -20,17 +21,8 @@ struct perf_nccl {
   size_t *src_bytes, *dst_bytes;
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
 static int cuda_fail(char *err, size_t errlen, const char *what, cudaError_t e) {
-  return fail(err, errlen, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return cli_fail(err, errlen, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 /* The launcher's word first; otherwise the rank among the ranks sharing
@@ -56,9 +48,9 @@ int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return cuda_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount", e);
-  if (n <= 0) return fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount found none");
+  if (n <= 0) return cli_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount found none");
   perf_nccl *p = calloc(1, sizeof *p);
-  if (!p) return fail(err, errlen, "out of memory");
+  if (!p) return cli_fail(err, errlen, "out of memory");
   p->device = lr % n;
   e = cudaSetDevice(p->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
@@ -79,7 +71,7 @@ int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen
   (void)p;
   reshard_result_t r = reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, comm);
   if (r)
-    return fail(err, errlen, "reshard_comm_create_nccl_mpi: %s: %s", reshard_result_string(r), reshard_last_error());
+    return cli_fail(err, errlen, "reshard_comm_create_nccl_mpi: %s: %s", reshard_result_string(r), reshard_last_error());
   return 0;
 }
 
@@ -87,7 +79,7 @@ static int alloc_side(const vf_side *s, void ***ptr, size_t **bytes, int *nbuf, 
   *nbuf = s->nbuf;
   *ptr = calloc((size_t)s->nbuf + 1, sizeof **ptr);
   *bytes = calloc((size_t)s->nbuf + 1, sizeof **bytes);
-  if (!*ptr || !*bytes) return fail(err, errlen, "out of memory");
+  if (!*ptr || !*bytes) return cli_fail(err, errlen, "out of memory");
   for (int b = 0; b < s->nbuf; b++) {
     if (!s->ptr[b]) continue;
     /* cudaMalloc of 0 bytes gives NULL, which would read as "not held" */
@@ -130,7 +122,7 @@ int perf_nccl_download(perf_nccl *p, vf_side *dst, char *err, size_t errlen) {
 int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
   reshard_result_t r =
       reshard_plan_execute(plan, p->src, (size_t)p->nsrc, p->dst, (size_t)p->ndst, (void *)p->stream);
-  if (r) return fail(err, errlen, "reshard_plan_execute: %s: %s", reshard_result_string(r), reshard_last_error());
+  if (r) return cli_fail(err, errlen, "reshard_plan_execute: %s: %s", reshard_result_string(r), reshard_last_error());
   cudaError_t e = cudaStreamSynchronize(p->stream);
   if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaStreamSynchronize", e);
   return 0;
