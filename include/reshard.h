@@ -314,7 +314,7 @@ reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
 /* Options                                                             */
 /* ------------------------------------------------------------------ */
 
-#define RESHARD_OPTIONS_VERSION 1
+#define RESHARD_OPTIONS_VERSION 2
 
 /* Plan options. Always start from RESHARD_OPTIONS_INITIALIZER so that
  * fields added later get their defaults; struct_size and version let the
@@ -335,11 +335,22 @@ typedef struct reshard_options {
   /* Deadline of every wait, in milliseconds; <= 0: wait forever (not
    * recommended). Default 60000. */
   int64_t timeout_ms;
+  /* ---- version 2 ---- */
+  /* The machine, for replica choice, relays and the cost model: a preset
+   * name ("h100-8x400g", "gb200-nvl72", "cpu") or NULL for none.
+   * RESHARD_TOPOLOGY overrides it. Same on all ranks (part of the digest). */
+  const char *topology;
+  /* Relays between destination replicas: -1 (default) lets the cost model
+   * choose per plan (direct when no topology is given), 0 never, 1 whenever
+   * destination replicas need the same bytes. RESHARD_RELAY overrides it. */
+  int relay;
+  /* RESHARD_FLAG_* bits; 0 by default. */
+  uint32_t flags;
 } reshard_options_t;
 
 #define RESHARD_OPTIONS_INITIALIZER \
   {sizeof(reshard_options_t), RESHARD_OPTIONS_VERSION, (size_t)256 << 20, 0, \
-   60000}
+   60000, NULL, -1, 0}
 
 /* ------------------------------------------------------------------ */
 /* Plans                                                               */

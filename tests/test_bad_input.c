@@ -843,6 +843,15 @@ static void plan_bad_options_and_pointers(void **state) {
     pcase_run(&c);
     EXPECT_ALL(&c, IA, "options", "version");
   }
+  /* a caller built against the version-1 header: its size, the defaults
+   * for the rest */
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) {
+    c.opts[r].struct_size = (uint32_t)(offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t));
+    c.opts[r].version = 1;
+  }
+  pcase_run(&c);
+  for (int r = 0; r < 4; r++) assert_int_equal(c.code[r], RESHARD_SUCCESS);
   pcase_init(&c, 4, src, dst);
   for (int r = 0; r < 4; r++) c.opts[r].staging_bytes = 100;
   pcase_run(&c);

@@ -28,19 +28,35 @@ typedef struct build_ctx {
   int npeers;
 } build_ctx;
 
+/* The sizes of every published version of reshard_options_t: a caller
+ * built against an older header passes its own size and gets the defaults
+ * of the fields it does not know. */
+static size_t options_size_of_version(uint32_t version) {
+  switch (version) {
+    case 1: return offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t);
+    case 2: return sizeof(reshard_options_t);
+    default: return 0;
+  }
+}
+
 static reshard_result_t read_options(const reshard_options_t *in,
                                      reshard_options_t *out) {
   reshard_options_t def = RESHARD_OPTIONS_INITIALIZER;
   *out = def;
   if (!in) return RESHARD_SUCCESS;
-  if (in->struct_size < offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t) ||
-      in->struct_size > sizeof(reshard_options_t))
+  if (in->struct_size < offsetof(reshard_options_t, staging_bytes))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "options: struct_size %u is not one this library knows (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
                     in->struct_size, sizeof(reshard_options_t));
   if (in->version < 1 || in->version > RESHARD_OPTIONS_VERSION)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: version %u unknown (library has %d)", in->version, RESHARD_OPTIONS_VERSION);
+  if (in->struct_size != options_size_of_version(in->version))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "options: struct_size %u does not match version %u (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
+                    in->struct_size, in->version, options_size_of_version(in->version));
   memcpy(out, in, in->struct_size);
+  out->struct_size = (uint32_t)sizeof(reshard_options_t);
+  out->version = RESHARD_OPTIONS_VERSION;
   return RESHARD_SUCCESS;
 }
 
@@ -400,7 +416,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   /* Agreement. */
   uint64_t digest = 0;
   if (src && dst && p) {
-    uint64_t hdr[3] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes};
+    const char *topo = p->opts.topology ? p->opts.topology : "";
+    uint64_t hdr[6] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
+                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090)};
     digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
