@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/debug.h"
 
@@ -11,6 +12,8 @@ static struct {
   const char *doc;
   int set;
   int64_t value;
+  int is_string;
+  char string[64];
 } rs_params[RS_NUM_PARAMS] = {
     [RS_PARAM_STAGING_BYTES] = {"RESHARD_STAGING_BYTES",
                                 "staging memory per rank in bytes (overrides options.staging_bytes)", 0, 0},
@@ -24,6 +27,12 @@ static struct {
     [RS_PARAM_NCCL_REGISTER] = {"RESHARD_NCCL_REGISTER",
                                 "1: the NCCL transport registers its staging pool (ncclCommRegister); 0 (default): not",
                                 0, 0},
+    [RS_PARAM_RELAY] = {"RESHARD_RELAY",
+                        "relays between destination replicas: -1 (default) the cost model chooses, 0 never, 1 always "
+                        "(overrides options.relay)", 0, 0},
+    [RS_PARAM_TOPOLOGY] = {"RESHARD_TOPOLOGY",
+                           "machine preset: h100-8x400g, gb200-nvl72, cpu, or none (overrides options.topology)", 0, 0,
+                           1, ""},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;
@@ -32,6 +41,18 @@ static void rs_params_read(void) {
   for (int i = 0; i < RS_NUM_PARAMS; i++) {
     const char *s = getenv(rs_params[i].name);
     if (!s || !*s) continue;
+    if (rs_params[i].is_string) {
+      size_t n = strlen(s);
+      if (n >= sizeof rs_params[i].string) {
+        RS_LOG(RS_LOG_WARN, RS_SUBSYS_ALL, "ignoring %s: longer than %zu characters", rs_params[i].name,
+               sizeof rs_params[i].string - 1);
+        continue;
+      }
+      memcpy(rs_params[i].string, s, n + 1);
+      rs_params[i].set = 1;
+      RS_LOG(RS_LOG_INFO, RS_SUBSYS_ALL, "%s set to %s", rs_params[i].name, s);
+      continue;
+    }
     char *end = NULL;
     errno = 0;
     long long v = strtoll(s, &end, 0);
@@ -47,9 +68,15 @@ static void rs_params_read(void) {
 
 int rs_param_get(rs_param_id id, int64_t *value) {
   pthread_once(&rs_params_once, rs_params_read);
-  if (id < 0 || id >= RS_NUM_PARAMS || !rs_params[id].set) return 0;
+  if (id < 0 || id >= RS_NUM_PARAMS || !rs_params[id].set || rs_params[id].is_string) return 0;
   *value = rs_params[id].value;
   return 1;
+}
+
+const char *rs_param_get_string(rs_param_id id) {
+  pthread_once(&rs_params_once, rs_params_read);
+  if (id < 0 || id >= RS_NUM_PARAMS || !rs_params[id].set || !rs_params[id].is_string) return NULL;
+  return rs_params[id].string;
 }
 
 const char *rs_param_name(rs_param_id id) { return id < RS_NUM_PARAMS ? rs_params[id].name : "?"; }

@@ -68,6 +68,14 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   if (rs_param_get(RS_PARAM_STAGING_BYTES, &v)) o->staging_bytes = v > 0 ? (size_t)v : 0;
   if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
   if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) o->timeout_ms = v;
+  if (rs_param_get(RS_PARAM_RELAY, &v)) o->relay = (int)(v < -1 ? -2 : v > 1 ? 2 : v);
+  const char *topo = rs_param_get_string(RS_PARAM_TOPOLOGY);
+  if (topo) o->topology = topo;
+  if (o->relay < -1 || o->relay > 1)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: relay %d is not -1 (auto), 0 (never) or 1 (always)", o->relay);
+  if (o->flags & ~RS_KNOWN_FLAGS)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags 0x%x has unknown bits 0x%x", o->flags,
+                    o->flags & ~RS_KNOWN_FLAGS);
   if (o->staging_bytes < 4096)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
   return RESHARD_SUCCESS;
@@ -407,6 +415,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
       local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: rank %d is outside the communicator of %d ranks",
                        ms >= comm->size ? "source" : "destination", ms >= comm->size ? ms : md, comm->size);
   }
+  if (!local) {
+    local = rs_topology_resolve(&p->opts, &p->topo, &p->has_topo);
+    /* the caller's string may not outlive the call */
+    p->opts.topology = p->has_topo ? p->topo.name : NULL;
+    if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
+  }
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
@@ -512,5 +526,6 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   free(p->dst_used);
   free(p->peers);
   free(p->staging_cache);
+  rs_rank_map_free(&p->map);
   free(p);
 }

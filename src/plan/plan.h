@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "layout/layout.h"
+#include "plan/topology.h"
 #include "pack/copy.h"
 #include "reshard.h"
 
@@ -42,6 +43,10 @@ struct reshard_plan {
   reshard_options_t opts;
   uint64_t digest;
   uint64_t tag_base;
+  /* The machine, when options or RESHARD_TOPOLOGY name one. */
+  int has_topo;
+  rs_topology topo;
+  rs_rank_map map; /* empty without a topology */
   size_t chunk_bytes;
 
   int nrounds;
@@ -82,6 +87,9 @@ struct reshard_plan {
   void *device;
   void (*device_free)(struct reshard_plan *plan);
 };
+
+/* The RESHARD_FLAG_* bits this library implements; others are rejected. */
+#define RS_KNOWN_FLAGS 0u
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 
