@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
@@ -91,8 +92,8 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 /* Tensors must match by name, dtype and shape on both sides. */
 static reshard_result_t match_tensors(build_ctx *c) {
   const reshard_layout_t *S = c->src, *D = c->dst;
-  c->dst2src = malloc(((size_t)D->ntensors + 1) * sizeof(int));
-  c->src2dst = malloc(((size_t)S->ntensors + 1) * sizeof(int));
+  c->dst2src = rs_malloc(((size_t)D->ntensors + 1) * sizeof(int));
+  c->src2dst = rs_malloc(((size_t)S->ntensors + 1) * sizeof(int));
   if (!c->dst2src || !c->src2dst) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   for (int i = 0; i < S->ntensors; i++) c->src2dst[i] = -1;
   for (int i = 0; i < D->ntensors; i++) {
@@ -223,7 +224,7 @@ done:
 }
 
 static int count_peers(const rs_seg_vec *v, int size) {
-  unsigned char *seen = calloc((size_t)size, 1);
+  unsigned char *seen = rs_calloc((size_t)size, 1);
   int n = 0;
   if (!seen) return size; /* overestimate is safe */
   for (size_t i = 0; i < v->n; i++)
@@ -241,7 +242,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
                                      const rs_copy *a, size_t na, int a_src,
                                      const rs_copy *b, size_t nb, int b_src,
                                      rs_used_buffer **out, int *nout) {
-  unsigned char *seen = calloc((size_t)L->nbuffers + 1, 1);
+  unsigned char *seen = rs_calloc((size_t)L->nbuffers + 1, 1);
   if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   int n = 0;
   for (size_t i = 0; i < na + nb; i++) {
@@ -253,7 +254,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
       n++;
     }
   }
-  rs_used_buffer *u = calloc((size_t)n + 1, sizeof *u);
+  rs_used_buffer *u = rs_calloc((size_t)n + 1, sizeof *u);
   if (!u) {
     free(seen);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
@@ -264,7 +265,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
     if (!seen[id]) continue;
     u[k].id = id;
     r = rs_layout_buffer_bytes(L, id, rank, &u[k].bytes);
-    u[k].name = strdup(L->buffers[id].name);
+    u[k].name = rs_strdup(L->buffers[id].name);
     if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
     k++;
   }
@@ -298,7 +299,7 @@ static void fill_stats(reshard_plan_t *p) {
 }
 
 static reshard_result_t peer_stats(reshard_plan_t *p) {
-  int *slot = malloc((size_t)p->size * sizeof *slot);
+  int *slot = rs_malloc((size_t)p->size * sizeof *slot);
   if (!slot) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   for (int i = 0; i < p->size; i++) slot[i] = -1;
   size_t n = 0;
@@ -306,7 +307,7 @@ static reshard_result_t peer_stats(reshard_plan_t *p) {
     int peer = i < p->nsends ? p->sends[i].peer : p->recvs[i - p->nsends].peer;
     if (slot[peer] < 0) slot[peer] = (int)n++;
   }
-  p->peers = calloc(n + 1, sizeof *p->peers);
+  p->peers = rs_calloc(n + 1, sizeof *p->peers);
   if (!p->peers) {
     free(slot);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
@@ -388,7 +389,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   uint32_t plan_seq = comm->plans_created++;
   build_ctx c;
   memset(&c, 0, sizeof c);
-  reshard_plan_t *p = calloc(1, sizeof *p);
+  reshard_plan_t *p = rs_calloc(1, sizeof *p);
   reshard_result_t local = RESHARD_SUCCESS;
   char local_msg[1024] = "";
   if (!p) {
