@@ -438,7 +438,11 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
   }
-  uint64_t v[AGREE_N] = {digest, ~digest, (uint64_t)local,
+  /* A rank without a digest (no plan memory, NULL layouts) has failed
+   * locally and says so itself; it sends 0, the identity of max, so that
+   * its peers report it as REMOTE rather than as a MISMATCH. */
+  const int has_digest = src && dst && p;
+  uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
                          local ? 0 : (uint64_t)(count_peers(&c.sends, comm->size) + count_peers(&c.recvs, comm->size))};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
