@@ -110,6 +110,9 @@ typedef struct plan_sweep {
   char why[1024];
   long swept;             /* faults that fired */
   unsigned long clean_allocs; /* the victim's allocations in a clean create */
+  /* per rank, from a clean plan: what the sweep covers */
+  int rounds[FL_NRANKS];
+  size_t local_bytes[FL_NRANKS], messages[FL_NRANKS];
 } plan_sweep;
 
 static void sweep_fail(plan_sweep *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -134,6 +137,12 @@ static int clean_round(plan_sweep *s, int rank, reshard_comm_t *comm, long step,
   if (r != RESHARD_SUCCESS) {
     sweep_fail(s, "%s: rank %d: clean plan_create failed: %s", label, rank, reshard_last_error());
     return (int)r;
+  }
+  reshard_plan_stats_t st;
+  if (reshard_plan_get_stats(plan, &st) == RESHARD_SUCCESS) {
+    s->rounds[rank] = st.num_chunks;
+    s->local_bytes[rank] = st.local_copy_bytes;
+    s->messages[rank] = st.send_messages + st.recv_messages;
   }
   th_side in, out;
   int bad = 0;
@@ -223,7 +232,13 @@ static void plan_create_sweep(void **state) {
     /* each allocation of a clean create was failed once */
     if ((unsigned long)s.swept != s.clean_allocs)
       fail_msg("rank %d: swept %ld allocations, a clean create makes %lu", victim, s.swept, s.clean_allocs);
-    print_message("plan creation: rank %d: swept %ld allocation calls\n", victim, s.swept);
+    print_message("plan creation: rank %d: swept %ld allocation calls (its plan: %d rounds, %zu messages, %zu bytes "
+                  "of local copies)\n",
+                  victim, s.swept, s.rounds[victim], s.messages[victim], s.local_bytes[victim]);
+    /* the plan is the non-trivial one this test claims to sweep */
+    assert_true(s.rounds[victim] >= 2);
+    assert_true(s.messages[victim] > 0);
+    if (victim == 0) assert_true(s.local_bytes[victim] > 0);
     total += s.swept;
   }
   print_message("plan creation: swept %ld allocation calls over %d ranks\n", total, FL_NRANKS);

@@ -223,10 +223,12 @@ done:
   return r;
 }
 
+/* Distinct peers in v; -1 when out of memory (guessing instead would make
+ * every rank's chunk size depend on one rank's allocator). */
 static int count_peers(const rs_seg_vec *v, int size) {
   unsigned char *seen = rs_calloc((size_t)size, 1);
   int n = 0;
-  if (!seen) return size; /* overestimate is safe */
+  if (!seen) return -1;
   for (size_t i = 0; i < v->n; i++)
     if (!seen[v->v[i].peer]) {
       seen[v->v[i].peer] = 1;
@@ -426,6 +428,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
   if (!local) local = plan_sends(&c);
+  int npeers = 0;
+  if (!local) {
+    int ns = count_peers(&c.sends, comm->size), nr = count_peers(&c.recvs, comm->size);
+    if (ns < 0 || nr < 0) local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting peers", comm->rank);
+    npeers = ns + nr;
+  }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -443,7 +451,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
-                         local ? 0 : (uint64_t)(count_peers(&c.sends, comm->size) + count_peers(&c.recvs, comm->size))};
+                         local ? 0 : (uint64_t)npeers};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {

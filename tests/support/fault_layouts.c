@@ -20,10 +20,10 @@ static reshard_result_t build_src(reshard_layout_t **out, const fl_guard *g) {
   FL(reshard_layout_create(out));
   reshard_layout_t *L = *out;
   int q, k, v, w, emb, norm, raw, step, s22, s4, id;
-  FL(reshard_layout_add_tensor(L, "q", RESHARD_FP32, 2, SHAPE(8, 6), &q));
-  FL(reshard_layout_add_tensor(L, "k", RESHARD_FP32, 2, SHAPE(4, 6), &k));
-  FL(reshard_layout_add_tensor(L, "v", RESHARD_FP32, 2, SHAPE(4, 6), &v));
-  FL(reshard_layout_add_tensor(L, "w", RESHARD_BF16, 2, SHAPE(12, 10), &w));
+  FL(reshard_layout_add_tensor(L, "q", RESHARD_FP32, 2, SHAPE(8, 12), &q));
+  FL(reshard_layout_add_tensor(L, "k", RESHARD_FP32, 2, SHAPE(4, 12), &k));
+  FL(reshard_layout_add_tensor(L, "v", RESHARD_FP32, 2, SHAPE(4, 12), &v));
+  FL(reshard_layout_add_tensor(L, "w", RESHARD_BF16, 2, SHAPE(12, 20), &w));
   FL(reshard_layout_add_tensor(L, "emb", RESHARD_FP16, 2, SHAPE(10, 4), &emb));
   FL(reshard_layout_add_tensor(L, "norm", RESHARD_FP32, 1, SHAPE(6), &norm));
   FL(reshard_layout_add_tensor(L, "raw", RESHARD_INT32, 2, SHAPE(4, 4), &raw));
@@ -55,10 +55,10 @@ static reshard_result_t build_dst(reshard_layout_t **out, const fl_guard *g) {
   int q, k, v, w, emb, norm, raw, step, d4, d22, d2, id, r1, r3;
   /* declared in another order than the source: matched by name */
   FL(reshard_layout_add_tensor(L, "step", RESHARD_INT64, 0, NULL, &step));
-  FL(reshard_layout_add_tensor(L, "w", RESHARD_BF16, 2, SHAPE(12, 10), &w));
-  FL(reshard_layout_add_tensor(L, "q", RESHARD_FP32, 2, SHAPE(8, 6), &q));
-  FL(reshard_layout_add_tensor(L, "k", RESHARD_FP32, 2, SHAPE(4, 6), &k));
-  FL(reshard_layout_add_tensor(L, "v", RESHARD_FP32, 2, SHAPE(4, 6), &v));
+  FL(reshard_layout_add_tensor(L, "w", RESHARD_BF16, 2, SHAPE(12, 20), &w));
+  FL(reshard_layout_add_tensor(L, "q", RESHARD_FP32, 2, SHAPE(8, 12), &q));
+  FL(reshard_layout_add_tensor(L, "k", RESHARD_FP32, 2, SHAPE(4, 12), &k));
+  FL(reshard_layout_add_tensor(L, "v", RESHARD_FP32, 2, SHAPE(4, 12), &v));
   FL(reshard_layout_add_tensor(L, "emb", RESHARD_FP16, 2, SHAPE(10, 4), &emb));
   FL(reshard_layout_add_tensor(L, "norm", RESHARD_FP32, 1, SHAPE(6), &norm));
   FL(reshard_layout_add_tensor(L, "raw", RESHARD_INT32, 2, SHAPE(4, 4), &raw));
@@ -101,7 +101,7 @@ reshard_result_t fl_build_mixed(reshard_layout_t **src, reshard_layout_t **dst,
 reshard_options_t fl_options(void) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = 4096;
-  o.chunk_bytes = 128;
+  o.chunk_bytes = 64;
   o.timeout_ms = 20000;
   o.topology = "h100-8x400g";
   return o;
