@@ -1,6 +1,7 @@
 #include "support/fault_layouts.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define DIMS(...) ((const int[]){__VA_ARGS__})
@@ -15,6 +16,27 @@
       fl_r_ = (call);                                                     \
     if (fl_r_ != RESHARD_SUCCESS) return fl_r_;                           \
   } while (0)
+
+/* Nine small tensors fused into one buffer: more parts than lowering keeps
+ * on the stack. */
+#define FL_NBIAS 9
+static reshard_result_t add_biases(reshard_layout_t *L, const fl_guard *g, int *ids) {
+  for (int i = 0; i < FL_NBIAS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "bias%d", i);
+    FL(reshard_layout_add_tensor(L, name, RESHARD_FP32, 1, SHAPE(3), &ids[i]));
+  }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t fuse_biases(reshard_layout_t *L, const fl_guard *g, const int *ids, int mesh,
+                                    const reshard_placement_t *pl) {
+  reshard_part_t parts[FL_NBIAS];
+  for (int i = 0; i < FL_NBIAS; i++) parts[i] = (reshard_part_t){ids[i], mesh, pl, NULL};
+  int id;
+  FL(reshard_layout_add_fused(L, "biases", 0, 1, FL_NBIAS, parts, &id));
+  return RESHARD_SUCCESS;
+}
 
 static reshard_result_t build_src(reshard_layout_t **out, const fl_guard *g) {
   FL(reshard_layout_create(out));
@@ -46,7 +68,10 @@ static reshard_result_t build_src(reshard_layout_t **out, const fl_guard *g) {
   const reshard_placement_t s1[1] = {reshard_shard(1)};
   FL(reshard_layout_place(L, raw, s4, s1, &id));
   FL(reshard_layout_place(L, step, s22, rr, &id));
-  return RESHARD_SUCCESS;
+  int bias[FL_NBIAS];
+  reshard_result_t res = add_biases(L, g, bias);
+  if (res == RESHARD_SUCCESS) res = fuse_biases(L, g, bias, s22, rr);
+  return res;
 }
 
 static reshard_result_t build_dst(reshard_layout_t **out, const fl_guard *g) {
@@ -87,7 +112,11 @@ static reshard_result_t build_dst(reshard_layout_t **out, const fl_guard *g) {
   FL(reshard_layout_add_buffer(L, "raw_r3", 3, 64, &r3));
   const reshard_fragment_t transposed = {raw, r3, SHAPE(0, 0), SHAPE(4, 4), 0, SHAPE(1, 4)};
   FL(reshard_layout_add_fragment(L, &transposed));
-  return RESHARD_SUCCESS;
+  /* rows of 3 over 4 ranks: the last rank's pieces are empty */
+  int bias[FL_NBIAS];
+  reshard_result_t res = add_biases(L, g, bias);
+  if (res == RESHARD_SUCCESS) res = fuse_biases(L, g, bias, d4, s0);
+  return res;
 }
 
 reshard_result_t fl_build_mixed(reshard_layout_t **src, reshard_layout_t **dst,
