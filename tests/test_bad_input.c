@@ -885,6 +885,13 @@ static void plan_bad_options_and_pointers(void **state) {
   pcase_run(&c);
   EXPECT_RANK(&c, 1, IA, "plan is NULL");
   EXPECT_REMOTE(&c, 1, -1);
+  /* a NULL layout on one rank only: that rank has no digest, which is a
+   * failure (REMOTE on the others), not a disagreement (MISMATCH) */
+  pcase_init(&c, 4, src, dst);
+  c.src[2] = NULL;
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "src is NULL");
+  EXPECT_REMOTE(&c, 2, -1);
   /* NULL options mean the defaults, on every rank */
   pcase_init(&c, 4, src, dst);
   for (int r = 0; r < 4; r++) c.null_opts[r] = 1;

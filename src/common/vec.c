@@ -3,6 +3,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common/alloc.h"
+
 int rs_vec_reserve(void **ptr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return 0;
   size_t n = *cap ? *cap : 16;
@@ -11,7 +13,7 @@ int rs_vec_reserve(void **ptr, size_t *cap, size_t need, size_t elem) {
     n *= 2;
   }
   if (n > SIZE_MAX / elem) return -1;
-  void *p = realloc(*ptr, n * elem);
+  void *p = rs_realloc(*ptr, n * elem);
   if (!p) return -1;
   *ptr = p;
   *cap = n;

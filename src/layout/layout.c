@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
 
@@ -20,7 +21,7 @@ static reshard_result_t rs_grow(void **ptr, size_t need, size_t *unused,
   size_t ncap = *cap ? (size_t)*cap * 2 : 16;
   while (ncap < need) ncap *= 2;
   if (ncap > INT32_MAX) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout too large");
-  void *p = realloc(*ptr, ncap * elem);
+  void *p = rs_realloc(*ptr, ncap * elem);
   if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout: out of memory growing to %zu entries", ncap);
   *ptr = p;
   *cap = (int)ncap;
@@ -51,7 +52,7 @@ uint64_t rs_hash_bytes(const void *data, size_t len, uint64_t seed) {
 /* ---------------- name map ---------------- */
 
 static reshard_result_t name_map_rehash(reshard_layout_t *L, size_t ncap) {
-  int32_t *slots = malloc(ncap * sizeof *slots);
+  int32_t *slots = rs_malloc(ncap * sizeof *slots);
   if (!slots) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout: out of memory (name index)");
   for (size_t i = 0; i < ncap; i++) slots[i] = -1;
   for (int t = 0; t < L->ntensors; t++) {
@@ -82,7 +83,7 @@ static int name_map_find(const reshard_layout_t *L, const char *name,
 reshard_result_t reshard_layout_create(reshard_layout_t **layout) {
   rs_error_clear();
   if (!layout) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "reshard_layout_create: layout is NULL");
-  reshard_layout_t *L = calloc(1, sizeof *L);
+  reshard_layout_t *L = rs_calloc(1, sizeof *L);
   if (!L) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "reshard_layout_create: out of memory");
   *layout = L;
   return RESHARD_SUCCESS;
@@ -141,7 +142,7 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
   RS_CHECK(RS_GROW(L->tensors, L->ntensors, L->cap_tensors));
   if ((size_t)(L->ntensors + 1) * 2 > L->names.cap)
     RS_CHECK(name_map_rehash(L, L->names.cap ? L->names.cap * 2 : 64));
-  char *copy = strdup(name);
+  char *copy = rs_strdup(name);
   if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
   rs_tensor *t = &L->tensors[L->ntensors];
   memset(t, 0, sizeof *t);
@@ -203,8 +204,8 @@ static reshard_result_t add_mesh(reshard_layout_t *L, int ndim,
     size *= shape[a];
     if (size > INT32_MAX) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh %d: more than 2^31 ranks", L->nmeshes);
   }
-  int *rk = malloc((size_t)size * sizeof *rk);
-  int *sorted = malloc((size_t)size * 2 * sizeof *sorted);
+  int *rk = rs_malloc((size_t)size * sizeof *rk);
+  int *sorted = rs_malloc((size_t)size * 2 * sizeof *sorted);
   if (!rk || !sorted) {
     free(rk);
     free(sorted);
@@ -302,7 +303,7 @@ static reshard_result_t check_part(const reshard_layout_t *L,
 static reshard_result_t new_buffer(reshard_layout_t *L, const char *name,
                                    rs_buffer **out) {
   RS_CHECK(RS_GROW(L->buffers, L->nbuffers, L->cap_buffers));
-  char *copy = strdup(name);
+  char *copy = rs_strdup(name);
   if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
   rs_buffer *b = &L->buffers[L->nbuffers];
   memset(b, 0, sizeof *b);
@@ -358,7 +359,7 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
         return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': grouped parts must share one mesh (part %d uses mesh %d, part 0 mesh %d)", name, k, parts[k].mesh_id, parts[0].mesh_id);
   }
   /* All checks passed: allocate everything, then commit. */
-  int64_t **pools = calloc((size_t)num_parts, sizeof *pools);
+  int64_t **pools = rs_calloc((size_t)num_parts, sizeof *pools);
   if (!pools) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
   reshard_result_t r = RESHARD_SUCCESS;
   for (int k = 0; k < num_parts; k++) {
@@ -367,7 +368,7 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
     for (int a = 0; a < m->ndim; a++)
       if (parts[k].placements[a].kind == RESHARD_PLACEMENT_SHARD && parts[k].placements[a].split_sizes)
         n += (size_t)m->shape[a];
-    if (n && !(pools[k] = malloc(n * sizeof(int64_t)))) {
+    if (n && !(pools[k] = rs_malloc(n * sizeof(int64_t)))) {
       r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
       goto fail;
     }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/vec.h"
@@ -125,7 +126,7 @@ static reshard_result_t lower_fused(const reshard_layout_t *L, int b,
   const int ndim = t0->ndim, cd = buf->concat_dim, G = buf->num_groups;
   const size_t es = reshard_dtype_size(t0->dtype);
   part_local stack_loc[8];
-  part_local *loc = buf->nparts <= 8 ? stack_loc : malloc((size_t)buf->nparts * sizeof *loc);
+  part_local *loc = buf->nparts <= 8 ? stack_loc : rs_malloc((size_t)buf->nparts * sizeof *loc);
   if (!loc) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", buf->name);
   reshard_result_t r = RESHARD_SUCCESS;
   int first = -1;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
 #include "layout/layout.h"
@@ -120,7 +121,7 @@ static reshard_result_t validate_raw(const reshard_layout_t *L,
   reshard_result_t r = RESHARD_SUCCESS;
   footprint *fps = NULL;
   RS_CHECK_GOTO(rs_layout_raw_fragments(L, b, &frags), r, done);
-  fps = malloc((frags.n ? frags.n : 1) * sizeof *fps);
+  fps = rs_malloc((frags.n ? frags.n : 1) * sizeof *fps);
   if (!fps) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory validating buffer '%s'", buf->name);
     goto done;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/vec.h"
@@ -126,7 +127,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   if (ctx->bounds_cap < per_dim * (size_t)(nd ? nd : 1)) {
     free(ctx->bounds);
     ctx->bounds_cap = per_dim * (size_t)(nd ? nd : 1) * 2;
-    ctx->bounds = malloc(ctx->bounds_cap * sizeof(int64_t));
+    ctx->bounds = rs_malloc(ctx->bounds_cap * sizeof(int64_t));
     if (!ctx->bounds) {
       ctx->bounds_cap = 0;
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
@@ -135,7 +136,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   if (ctx->cands_cap < nh + 1) {
     free(ctx->cands);
     ctx->cands_cap = (nh + 1) * 2;
-    ctx->cands = malloc(ctx->cands_cap * sizeof(int));
+    ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
     if (!ctx->cands) {
       ctx->cands_cap = 0;
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/error.h"
 #include "common/vec.h"
 #include "plan/plan.h"
@@ -130,7 +131,7 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
   ch.is_send = is_send;
   ch.cap = chunk_bytes;
   reshard_result_t r = RESHARD_SUCCESS;
-  seg_ref *refs = malloc((segs->n ? segs->n : 1) * sizeof *refs);
+  seg_ref *refs = rs_malloc((segs->n ? segs->n : 1) * sizeof *refs);
   if (!refs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
   for (size_t i = 0; i < segs->n; i++) {
     refs[i].peer = segs->v[i].peer;
@@ -160,7 +161,7 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
   if (ch.nmsgs > 1) /* ch.msgs is NULL when empty: qsort(NULL, 0) is UB */
     qsort(ch.msgs, ch.nmsgs, sizeof *ch.msgs, cmp_msg);
   int nrounds = ch.nmsgs ? ch.msgs[ch.nmsgs - 1].round + 1 : 0;
-  size_t *starts = calloc((size_t)nrounds + 1, sizeof *starts);
+  size_t *starts = rs_calloc((size_t)nrounds + 1, sizeof *starts);
   if (!starts) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
     goto fail;

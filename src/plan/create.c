@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
@@ -91,8 +92,8 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 /* Tensors must match by name, dtype and shape on both sides. */
 static reshard_result_t match_tensors(build_ctx *c) {
   const reshard_layout_t *S = c->src, *D = c->dst;
-  c->dst2src = malloc(((size_t)D->ntensors + 1) * sizeof(int));
-  c->src2dst = malloc(((size_t)S->ntensors + 1) * sizeof(int));
+  c->dst2src = rs_malloc(((size_t)D->ntensors + 1) * sizeof(int));
+  c->src2dst = rs_malloc(((size_t)S->ntensors + 1) * sizeof(int));
   if (!c->dst2src || !c->src2dst) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   for (int i = 0; i < S->ntensors; i++) c->src2dst[i] = -1;
   for (int i = 0; i < D->ntensors; i++) {
@@ -222,10 +223,12 @@ done:
   return r;
 }
 
+/* Distinct peers in v; -1 when out of memory (guessing instead would make
+ * every rank's chunk size depend on one rank's allocator). */
 static int count_peers(const rs_seg_vec *v, int size) {
-  unsigned char *seen = calloc((size_t)size, 1);
+  unsigned char *seen = rs_calloc((size_t)size, 1);
   int n = 0;
-  if (!seen) return size; /* overestimate is safe */
+  if (!seen) return -1;
   for (size_t i = 0; i < v->n; i++)
     if (!seen[v->v[i].peer]) {
       seen[v->v[i].peer] = 1;
@@ -241,7 +244,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
                                      const rs_copy *a, size_t na, int a_src,
                                      const rs_copy *b, size_t nb, int b_src,
                                      rs_used_buffer **out, int *nout) {
-  unsigned char *seen = calloc((size_t)L->nbuffers + 1, 1);
+  unsigned char *seen = rs_calloc((size_t)L->nbuffers + 1, 1);
   if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   int n = 0;
   for (size_t i = 0; i < na + nb; i++) {
@@ -253,7 +256,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
       n++;
     }
   }
-  rs_used_buffer *u = calloc((size_t)n + 1, sizeof *u);
+  rs_used_buffer *u = rs_calloc((size_t)n + 1, sizeof *u);
   if (!u) {
     free(seen);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
@@ -264,7 +267,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
     if (!seen[id]) continue;
     u[k].id = id;
     r = rs_layout_buffer_bytes(L, id, rank, &u[k].bytes);
-    u[k].name = strdup(L->buffers[id].name);
+    u[k].name = rs_strdup(L->buffers[id].name);
     if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
     k++;
   }
@@ -298,7 +301,7 @@ static void fill_stats(reshard_plan_t *p) {
 }
 
 static reshard_result_t peer_stats(reshard_plan_t *p) {
-  int *slot = malloc((size_t)p->size * sizeof *slot);
+  int *slot = rs_malloc((size_t)p->size * sizeof *slot);
   if (!slot) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   for (int i = 0; i < p->size; i++) slot[i] = -1;
   size_t n = 0;
@@ -306,7 +309,7 @@ static reshard_result_t peer_stats(reshard_plan_t *p) {
     int peer = i < p->nsends ? p->sends[i].peer : p->recvs[i - p->nsends].peer;
     if (slot[peer] < 0) slot[peer] = (int)n++;
   }
-  p->peers = calloc(n + 1, sizeof *p->peers);
+  p->peers = rs_calloc(n + 1, sizeof *p->peers);
   if (!p->peers) {
     free(slot);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
@@ -388,7 +391,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   uint32_t plan_seq = comm->plans_created++;
   build_ctx c;
   memset(&c, 0, sizeof c);
-  reshard_plan_t *p = calloc(1, sizeof *p);
+  reshard_plan_t *p = rs_calloc(1, sizeof *p);
   reshard_result_t local = RESHARD_SUCCESS;
   char local_msg[1024] = "";
   if (!p) {
@@ -425,6 +428,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
   if (!local) local = plan_sends(&c);
+  int npeers = 0;
+  if (!local) {
+    int ns = count_peers(&c.sends, comm->size), nr = count_peers(&c.recvs, comm->size);
+    if (ns < 0 || nr < 0) local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting peers", comm->rank);
+    npeers = ns + nr;
+  }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -437,8 +446,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
   }
-  uint64_t v[AGREE_N] = {digest, ~digest, (uint64_t)local,
-                         local ? 0 : (uint64_t)(count_peers(&c.sends, comm->size) + count_peers(&c.recvs, comm->size))};
+  /* A rank without a digest (no plan memory, NULL layouts) has failed
+   * locally and says so itself; it sends 0, the identity of max, so that
+   * its peers report it as REMOTE rather than as a MISMATCH. */
+  const int has_digest = src && dst && p;
+  uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
+                         local ? 0 : (uint64_t)npeers};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {

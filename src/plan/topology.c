@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/error.h"
 #include "common/params.h"
 
@@ -73,9 +74,9 @@ reshard_result_t rs_rank_map_build(const rs_topology *t,
                                    rs_rank_map *out) {
   memset(out, 0, sizeof *out);
   size_t n = nranks > 0 ? (size_t)nranks : 1;
-  out->node = calloc(n, sizeof *out->node);
-  out->domain = calloc(n, sizeof *out->domain);
-  unsigned char *side = calloc(n, 1);
+  out->node = rs_calloc(n, sizeof *out->node);
+  out->domain = rs_calloc(n, sizeof *out->domain);
+  unsigned char *side = rs_calloc(n, 1);
   if (!out->node || !out->domain || !side) {
     free(side);
     rs_rank_map_free(out);
@@ -88,7 +89,7 @@ reshard_result_t rs_rank_map_build(const rs_topology *t,
     return RESHARD_SUCCESS;
   }
   /* side[r]: 1 source (colocated included), 2 destination only, 0 neither */
-  unsigned char *on = calloc(n, 1);
+  unsigned char *on = rs_calloc(n, 1);
   if (!on) {
     free(side);
     rs_rank_map_free(out);
