@@ -17,7 +17,7 @@ static reshard_result_t tf_isend(reshard_comm_t *comm, int peer, uint64_t tag, c
   pthread_mutex_lock(&g_lock);
   tf_fault *f = g_fault;
   pthread_mutex_unlock(&g_lock);
-  if (!f || f->kind == TF_NONE || comm->rank != f->rank || bytes < f->min_bytes || f->fired || f->seen++ != f->nth)
+  if (!f || comm->rank != f->rank || f->kind == TF_NONE || bytes < f->min_bytes || f->fired || f->seen++ != f->nth)
     return g_inner->isend(comm, peer, tag, buf, bytes, req);
   f->fired = 1;
   if (f->kind == TF_FAIL_SEND)
