@@ -1196,7 +1196,7 @@ static void exec_retry_after_failed_execute(void **state) {
     } else {
       if (x.retry_code[r] != RESHARD_ERROR_INVALID_USAGE)
         fail_msg("rank %d: retry on the failed plan returned %d: %s", r, (int)x.retry_code[r], x.retry_msg[r]);
-      const char *want[] = {"failed at execute call 0", "timeout", "receive from rank 1", "destroy the plan"};
+      const char *want[] = {"failed earlier, at execute call 0", "timeout", "receive from rank 1", "destroy the plan"};
       for (int k = 0; k < 4; k++)
         if (!has(x.retry_msg[r], want[k])) fail_msg("rank %d: \"%s\" not in \"%s\"", r, want[k], x.retry_msg[r]);
     }

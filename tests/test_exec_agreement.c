@@ -155,7 +155,7 @@ static void skipped_step(void **state) {
     }
     /* the failed plan refuses, saying which call failed and why */
     assert_int_equal(x.after_code[r], RESHARD_ERROR_INVALID_USAGE);
-    EXPECT_MSG(x.after_msg[r], "failed at execute call 1", "destroy the plan");
+    EXPECT_MSG(x.after_msg[r], "failed earlier, at execute call 1", "destroy the plan");
     assert_true(x.status[r].failed);
     assert_int_equal(x.status[r].failure, x.code[r][1]);
     assert_int_equal(x.status[r].failed_call, 1);

@@ -32,7 +32,7 @@ reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p) {
   reshard_result_t r = __atomic_load_n(&p->fail_result, __ATOMIC_ACQUIRE);
   if (r == RESHARD_SUCCESS) return RESHARD_SUCCESS;
   return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                  "execute rank %d: this plan failed at execute call %llu (version %llu) with %s: %s; "
+                  "execute rank %d: this plan failed earlier, at execute call %llu (version %llu) with %s: %s; "
                   "destroy the plan and create a new one",
                   p->rank, (unsigned long long)p->fail_call, (unsigned long long)p->fail_version,
                   reshard_result_string(r), p->fail_msg);
