@@ -55,12 +55,27 @@ void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call);
 /* ---- agree.c ---- */
 
 /* The per-execute agreement with every partner (ranks this one sends to
- * or receives from): headers {magic, digest, call, version}, compared on
- * arrival (RESHARD_ERROR_MISMATCH naming both ranks), then a status word,
- * so that partners of a rank that failed its agreement return
- * RESHARD_ERROR_REMOTE at once. Host transports only. */
-reshard_result_t rs_exec_agree(const reshard_plan_t *p, uint64_t call,
-                               uint64_t version, int64_t deadline);
+ * or receives from). Host transports only. */
+typedef struct rs_agree rs_agree;
+
+/* Swaps headers {magic, digest, call, version} with every partner and
+ * compares them (RESHARD_ERROR_MISMATCH naming both ranks), then posts the
+ * status exchange: this rank's result goes to every partner, and theirs
+ * are received while the data moves. *out (NULL without partners) must be
+ * passed to rs_agree_end, whatever the result. */
+reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call,
+                                uint64_t version, int64_t deadline,
+                                rs_agree **out);
+
+/* Never blocks: RESHARD_ERROR_REMOTE if a partner's status arrived saying
+ * it failed its agreement. NULL: success. */
+reshard_result_t rs_agree_poll(rs_agree *a);
+
+/* Completes the status exchange when r (the call's result so far) is
+ * success: RESHARD_ERROR_REMOTE if a partner failed. Then cancels what is
+ * left and frees a. Returns the call's result. */
+reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r,
+                              int64_t deadline);
 
 /* ---- verify.c ---- */
 

@@ -38,7 +38,39 @@ typedef struct exec_state {
   int verify;
   rs_request **vsreq[2], **vrreq[2];
   uint64_t *send_sums, *recv_sums;
+  /* The agreement's status exchange, polled while waiting (NULL without
+   * partners). */
+  rs_agree *agree;
 } exec_state;
+
+/* How often a wait looks at the partners' statuses. */
+#define RS_STATUS_POLL_NS 2000000
+
+/* Waits for *slot until the deadline, looking at the partners' statuses
+ * every RS_STATUS_POLL_NS, so that a partner that failed its agreement
+ * (and will send nothing) ends the wait with RESHARD_ERROR_REMOTE. The
+ * slot is cleared when the request completed (and was freed); after a
+ * timeout or REMOTE it stays for cancel_all. */
+static reshard_result_t wait_slot(exec_state *st, rs_request **slot) {
+  for (;;) {
+    int64_t until = st->deadline;
+    int last = 1;
+    if (st->agree) {
+      int64_t now = rs_now_ns();
+      if (st->deadline - now > RS_STATUS_POLL_NS) {
+        until = now + RS_STATUS_POLL_NS;
+        last = 0;
+      }
+    }
+    reshard_result_t r = st->comm->ops->wait(st->comm, *slot, until);
+    if (r != RESHARD_ERROR_TIMEOUT) {
+      *slot = NULL;
+      return r;
+    }
+    if (last) return r;
+    RS_CHECK(rs_agree_poll(st->agree));
+  }
+}
 
 static reshard_result_t check_buffers(const reshard_plan_t *p,
                                       const char *side, void *const *bufs,
@@ -193,8 +225,7 @@ static reshard_result_t start_round(exec_state *st, int k) {
  * the elements that landed here. */
 static reshard_result_t check_sums(exec_state *st, const rs_msg *m, int h, size_t i, int k) {
   const reshard_plan_t *p = st->plan;
-  reshard_result_t r = st->comm->ops->wait(st->comm, st->vrreq[h][i], st->deadline);
-  if (r != RESHARD_ERROR_TIMEOUT) st->vrreq[h][i] = NULL;
+  reshard_result_t r = wait_slot(st, &st->vrreq[h][i]);
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("execute rank %d round %d (verify: receive checksums from rank %d): ", p->rank, k, m->peer);
     return r;
@@ -211,8 +242,7 @@ static reshard_result_t check_sums(exec_state *st, const rs_msg *m, int h, size_
 
 static reshard_result_t wait_send(exec_state *st, rs_request **slot, int k, const char *what) {
   if (!*slot) return RESHARD_SUCCESS;
-  reshard_result_t r = st->comm->ops->wait(st->comm, *slot, st->deadline);
-  if (r != RESHARD_ERROR_TIMEOUT) *slot = NULL;
+  reshard_result_t r = wait_slot(st, slot);
   if (r != RESHARD_SUCCESS) rs_error_prefix("execute rank %d round %d (%s): ", st->plan->rank, k, what);
   return r;
 }
@@ -226,9 +256,8 @@ static reshard_result_t finish_round(exec_state *st, int k) {
   if (k < rounds_of(p->recvs, p->nrecvs)) first = p->recv_round[k];
   for (size_t i = 0; i < st->nrreq[h]; i++) {
     const rs_msg *m = &p->recvs[first + i];
-    reshard_result_t r = st->comm->ops->wait(st->comm, st->rreq[h][i], st->deadline);
+    reshard_result_t r = wait_slot(st, &st->rreq[h][i]);
     if (r != RESHARD_SUCCESS) {
-      if (r != RESHARD_ERROR_TIMEOUT) st->rreq[h][i] = NULL; /* completed with an error: freed */
       rs_error_prefix("execute rank %d round %d (receive from rank %d): ", p->rank, k, m->peer);
       return r;
     }
@@ -372,7 +401,10 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
   if (r == RESHARD_SUCCESS) {
     version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_exec_agree(plan, call, version, st.deadline);
+    r = rs_agree_begin(plan, call, version, st.deadline, &st.agree);
+    /* before the turn passes: a concurrent call must find the plan
+     * failed rather than read this call's leftover control messages */
+    if (rs_result_fails_plan(r)) rs_plan_mark_failed(plan, call, version, r, reshard_last_error());
     rs_agree_turn_pass(plan, call);
   }
   if (dbuf) {
@@ -385,6 +417,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     r = run_rounds(&st);
     if (r != RESHARD_SUCCESS) cancel_all(&st);
   }
+  r = rs_agree_end(st.agree, r, st.deadline);
   if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version);
   if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
   else free(block);
