@@ -57,7 +57,7 @@ typedef struct run {
       fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);     \
       fprintf(stderr, __VA_ARGS__);                              \
       fprintf(stderr, "\n");                                     \
-      x->problems++;                                             \
+      __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);                                             \
     }                                                            \
   } while (0)
 
@@ -100,7 +100,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(comm, x->src, x->dst, &o, &plan)) {
     fprintf(stderr, "rank %d: plan_create: %s\n", rank, reshard_last_error());
-    x->problems++;
+    __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
     return 1;
   }
   th_side c0, c1;

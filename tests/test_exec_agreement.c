@@ -69,7 +69,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   o.timeout_ms = x->timeout_ms;
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(comm, x->src, x->dst, &o, &plan)) {
-    x->problems++;
+    __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
     return 1;
   }
   th_side d;
@@ -98,8 +98,14 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
     if (x->after_code[rank] == RESHARD_SUCCESS) x->bad[rank][3] = th_side_check(&d, x->dst, rank, v, "after");
     th_side_free(&s);
   }
+  /* a caller that did not say how large its struct is gets an error */
+  reshard_plan_status_t unsized;
+  memset(&unsized, 0, sizeof unsized);
+  if (reshard_plan_get_status(plan, &unsized) != RESHARD_ERROR_INVALID_ARGUMENT ||
+      !strstr(reshard_last_error(), "struct_size"))
+    __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
   x->status[rank].struct_size = sizeof x->status[rank];
-  if (reshard_plan_get_status(plan, &x->status[rank])) x->problems++;
+  if (reshard_plan_get_status(plan, &x->status[rank])) __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
   /* the message lives in the plan: keep a copy past destroy */
   static char keep[NR][MSG];
   snprintf(keep[rank], MSG, "%s", x->status[rank].failure_message);
@@ -180,6 +186,7 @@ static void different_versions(void **state) {
   x.timeout_ms = 500;
   for (int r = 0; r < NR; r++) x.versions[r][0] = r == 3 ? 8 : 7;
   assert_int_equal(th_run_ranks(NR, run_rank, &x), 0);
+  assert_int_equal(x.problems, 0);
   assert_int_equal(x.code[3][0], RESHARD_ERROR_MISMATCH);
   EXPECT_MSG(x.msg[3][0], "execute rank 3", "rank 2", "version 8", "received call 0 version 7");
   assert_int_equal(x.code[2][0], RESHARD_ERROR_MISMATCH);
@@ -212,6 +219,7 @@ static void versions_recorded(void **state) {
   uint64_t v[4] = {10, 20, 35};
   for (int r = 0; r < NR; r++) memcpy(x.versions[r], v, sizeof v);
   assert_int_equal(th_run_ranks(NR, run_rank, &x), 0);
+  assert_int_equal(x.problems, 0);
   for (int r = 0; r < NR; r++) {
     for (int i = 0; i < 3; i++) {
       if (x.code[r][i]) fail_msg("rank %d call %d: %s", r, i, x.msg[r][i]);

@@ -77,7 +77,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   o.flags = x->flags;
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(comm, x->src, x->dst, &o, &plan)) {
-    x->problems++;
+    __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
     return 1;
   }
   th_side s, d;
