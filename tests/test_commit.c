@@ -24,14 +24,16 @@
 /* [64, 64] f32, rows over 4 ranks -> columns over the same 4 ranks: every
  * rank sends to and receives from every other one and copies its diagonal
  * block locally; chunk_bytes 256 makes several rounds per peer. */
-static void transpose(reshard_layout_t **src, reshard_layout_t **dst) {
+static void transpose(reshard_layout_t **src, reshard_layout_t **dst, int disjoint) {
   int64_t shape[2] = {64, 64};
   reshard_layout_t *L[2];
   for (int side = 0; side < 2; side++) {
     int t, m, b;
+    /* disjoint: sources on ranks 0-1, destinations on ranks 2-3 */
+    int n = disjoint ? NR / 2 : NR, first = disjoint && side ? NR / 2 : 0;
     assert_int_equal(reshard_layout_create(&L[side]), RESHARD_SUCCESS);
     assert_int_equal(reshard_layout_add_tensor(L[side], "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
-    assert_int_equal(reshard_layout_add_mesh_strided(L[side], 1, (int[]){NR}, 0, 1, &m), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_add_mesh_strided(L[side], 1, (int[]){n}, first, 1, &m), RESHARD_SUCCESS);
     reshard_placement_t p[1] = {reshard_shard(side)};
     assert_int_equal(reshard_layout_place(L[side], t, m, p, &b), RESHARD_SUCCESS);
   }
@@ -44,6 +46,8 @@ enum { FAIL_VERSION, FAIL_SEND };
 typedef struct run {
   const reshard_layout_t *src, *dst;
   int how;
+  int disjoint;
+  int bad_rank; /* FAIL_VERSION: passes another version at step 3 */
   tf_fault fault;
   int problems;
   int inactive_written[NR]; /* step 3 wrote into copy 0 before failing */
@@ -110,7 +114,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
         st.active_copy, (unsigned long long)st.committed_version);
 
   /* the wrong number of destination buffers: refused, nothing sent */
-  {
+  if (c0.nbuf && c0.ptr[0]) {
     th_side s;
     if (th_side_alloc(&s, x->src, rank, 1)) return 1;
     reshard_result_t r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)c0.ptr,
@@ -145,7 +149,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
     if (c1.bytes[b]) memcpy(snap.ptr[b], c1.ptr[b], c1.bytes[b]);
     if (c0.bytes[b]) memcpy(snap0.ptr[b], c0.ptr[b], c0.bytes[b]);
   }
-  uint64_t v3 = x->how == FAIL_VERSION && rank == 2 ? 4 : 3;
+  uint64_t v3 = x->how == FAIL_VERSION && rank == x->bad_rank ? 4 : 3;
   if (x->how == FAIL_SEND && rank == x->fault.rank) x->fault.kind = TF_FAIL_SEND;
   x->code3[rank] = step(plan, x, rank, v3, 3, &c0, &c1);
   snprintf(x->msg3[rank], MSG, "%s", reshard_last_error());
@@ -169,19 +173,21 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   return 0;
 }
 
-static void run_case(int how) {
+static void run_case(int how, int disjoint) {
   run x;
   memset(&x, 0, sizeof x);
-  transpose((reshard_layout_t **)&x.src, (reshard_layout_t **)&x.dst);
+  transpose((reshard_layout_t **)&x.src, (reshard_layout_t **)&x.dst, disjoint);
   x.how = how;
+  x.disjoint = disjoint;
+  x.bad_rank = disjoint ? 0 : 2;
   /* rank 0's third data message (chunks are 256 bytes; control messages
    * are at most 32) */
   x.fault = (tf_fault){TF_NONE, 0, 200, 2, 0, 0};
   assert_int_equal(th_run_ranks(NR, run_rank, &x), 0);
   assert_int_equal(x.problems, 0);
   if (how == FAIL_VERSION) {
-    assert_int_equal(x.code3[2], RESHARD_ERROR_MISMATCH);
-    assert_non_null(strstr(x.msg3[2], "version 4"));
+    assert_int_equal(x.code3[x.bad_rank], RESHARD_ERROR_MISMATCH);
+    assert_non_null(strstr(x.msg3[x.bad_rank], "version 4"));
   } else {
     assert_true(x.fault.fired);
     assert_int_equal(x.code3[0], RESHARD_ERROR_BACKEND);
@@ -201,18 +207,26 @@ static void run_case(int how) {
 
 static void commit_then_version_mismatch(void **state) {
   (void)state;
-  run_case(FAIL_VERSION);
+  run_case(FAIL_VERSION, 0);
 }
 
 static void commit_then_send_failure(void **state) {
   (void)state;
-  run_case(FAIL_SEND);
+  run_case(FAIL_SEND, 0);
+}
+
+/* Source-only ranks (no destination buffers) take part in every commit;
+ * one of them is at another version. */
+static void commit_disjoint_sides(void **state) {
+  (void)state;
+  run_case(FAIL_VERSION, 1);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(commit_then_version_mismatch),
       cmocka_unit_test(commit_then_send_failure),
+      cmocka_unit_test(commit_disjoint_sides),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -331,7 +331,7 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
 
 /* The call once its arguments passed: staging, agreement, rounds, commit. */
 static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                 void *const *src_buffers, void *const *dst_buffers, uint64_t *version_out,
+                                 void *const *src_buffers, void *const *const dst_copies[2], uint64_t *version_out,
                                  uint64_t *call_out, int *target_out) {
   const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   const int verify = (plan->opts.flags & RESHARD_FLAG_VERIFY) != 0;
@@ -411,7 +411,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     int active = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
     target = active < 0 ? 0 : 1 - active;
   }
-  st.dst = dst_buffers + (size_t)target * (size_t)plan->num_dst_buffers;
+  st.dst = dst_copies[target];
   st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
   if (r == RESHARD_SUCCESS) {
     r = run_rounds(&st);
@@ -477,7 +477,12 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
                       "executes of one plan must not overlap",
                       plan->rank);
     int target = 0;
-    r = run_call(plan, explicit_version, version_in, src_buffers, dst_buffers, &version, &call, &target);
+    /* copy 1 exists only where the rank passed both copies (a rank
+     * without destination buffers may pass none) */
+    size_t nd = (size_t)plan->num_dst_buffers;
+    void *const *const copies[2] = {dst_buffers, dbuf && dst_buffers && num_dst == 2 * nd ? dst_buffers + nd
+                                                                                          : dst_buffers};
+    r = run_call(plan, explicit_version, version_in, src_buffers, copies, &version, &call, &target);
     if (r == RESHARD_SUCCESS && dbuf) __atomic_store_n(&mut->active_copy, target, __ATOMIC_RELEASE);
     if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
   }
