@@ -348,6 +348,34 @@ typedef struct reshard_options {
   uint32_t flags;
 } reshard_options_t;
 
+/* options.flags bits. */
+/* Double-buffered destinations with an atomic commit. dst_buffers then has
+ * 2 * num_dst_buffers entries: copy 0 of every destination buffer (indexed
+ * by buffer id), then copy 1 (num_dst = 2 * the layout's count). Each
+ * execute writes only into the inactive copy (copy 0 at the first execute)
+ * and, after the transfer, every rank of the communicator agrees (an
+ * allreduce with the deadline) before the copies flip: the inactive copy
+ * becomes active and the committed version advances only if every rank
+ * succeeded. After any failure the active copy still holds the previously
+ * committed version, untouched. Every rank of the communicator must call
+ * each execute (ranks without traffic too), and executes of one plan must
+ * not run concurrently (the second one gets RESHARD_ERROR_INVALID_USAGE).
+ * Host transports only (RESHARD_ERROR_UNSUPPORTED at plan creation on a
+ * device transport). reshard_plan_get_status says which copy is active. */
+#define RESHARD_FLAG_DOUBLE_BUFFER 0x1u
+/* End-to-end integrity check. For every box that crosses the network (and
+ * every local copy) both ends checksum the elements: per box, the sum mod
+ * 2^64 over its elements of a hash of (tensor, global linear element
+ * index, element bytes), the sender over its source buffer, the receiver
+ * over its destination buffer after the data landed. Senders ship their
+ * sums in a small extra message per message. A difference is
+ * RESHARD_ERROR_MISMATCH naming the tensor, the peer and the box, so it
+ * catches corrupted bytes and elements written at the wrong coordinates.
+ * Costs one more read of every element on both sides (see reshard_perf
+ * --verify). Host transports only (RESHARD_ERROR_UNSUPPORTED at plan
+ * creation on a device transport). */
+#define RESHARD_FLAG_VERIFY 0x2u
+
 #define RESHARD_OPTIONS_INITIALIZER \
   {sizeof(reshard_options_t), RESHARD_OPTIONS_VERSION, (size_t)256 << 20, 0, \
    60000, NULL, -1, 0}
@@ -377,16 +405,52 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * Bytes of destination buffers outside fragments (padding, other data) are
  * never written. Does not modify the plan: the same plan serves every step
  * and may run concurrently on different buffers, provided every rank issues
- * its calls in the same order. Like an MPI collective, every rank of the
- * plan makes the same sequence of calls, failed ones included: each call is
- * numbered, so messages of a call that failed never match a later one.
- * stream is the CUDA stream for device backends and must be NULL on host
- * transports. */
+ * its calls in the same order (not with RESHARD_FLAG_DOUBLE_BUFFER). Each
+ * call is numbered, so messages of a call that failed never match a later
+ * one. stream is the CUDA stream for device backends and must be NULL on
+ * host transports. The call's weight version is the previous call's + 1
+ * (1 for the first); see reshard_plan_execute_version. */
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
                                       void *const *src_buffers,
                                       size_t num_src,
                                       void *const *dst_buffers,
                                       size_t num_dst, void *stream);
+
+/* reshard_plan_execute with an explicit weight version (e.g. the training
+ * step): every rank passes the same version for the same step, and the
+ * agreement headers check it, so a rank that skipped a step (or is at
+ * another one) fails with RESHARD_ERROR_MISMATCH instead of mixing steps.
+ * Plain executes cannot tell a skipped step: they number calls. Versions
+ * need not be consecutive. On success the version becomes the plan's
+ * committed version (reshard_plan_get_status). On device transports the
+ * headers are not exchanged and the version is recorded when the work is
+ * enqueued. */
+reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan,
+                                              uint64_t version,
+                                              void *const *src_buffers,
+                                              size_t num_src,
+                                              void *const *dst_buffers,
+                                              size_t num_dst, void *stream);
+
+/* What the executes of a plan did so far, on this rank. */
+typedef struct reshard_plan_status {
+  uint32_t struct_size;     /* set by the caller: sizeof(reshard_plan_status_t) */
+  int failed;               /* an execute failed: the plan refuses executes */
+  reshard_result_t failure; /* the first failure's result (SUCCESS if none) */
+  uint64_t failed_call;     /* its call number (0-based) */
+  uint64_t failed_version;  /* its weight version */
+  const char *failure_message; /* why ("" if none); owned by the plan */
+  uint64_t executes_completed; /* successful executes */
+  uint64_t committed_version;  /* of the last successful execute; 0: none */
+  /* RESHARD_FLAG_DOUBLE_BUFFER: the copy (0 or 1) holding the committed
+   * version; -1 before the first commit and without the flag. */
+  int active_copy;
+} reshard_plan_status_t;
+
+/* Fills *status (status->struct_size must be set; fields past it are not
+ * written). Safe to call while executes run (values then may lag). */
+reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
+                                         reshard_plan_status_t *status);
 
 void reshard_plan_destroy(reshard_plan_t *plan); /* NULL is a no-op */
 

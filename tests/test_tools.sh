@@ -174,6 +174,12 @@ perf_np4)
   perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --baseline alltoallw
   perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline alltoallw
   unset RESHARD_PERF_HVECTOR
+  # --verify: the flagged plan runs as one more method, checked, and its
+  # cost is printed just before the result line
+  perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --verify --baseline broadcast
+  grep -Eq '^ +verify +[0-9]+ .* 0$' "$out" || fail "--verify: no checked 'verify' row"
+  grep -B1 '^# reshard_perf:' "$out" | head -n 1 | grep -Eq '^# verify: time_us=[0-9]+\.[0-9] ratio=[0-9]+\.[0-9]{2}$' ||
+    fail "--verify: no '# verify: time_us= ratio=' line before the result line"
   ;;
 perf_np8)
   # the layouts of the performance targets, small
@@ -210,6 +216,7 @@ perf_nccl)
   else
     bad perf 2 "--baseline with --backend nccl: the baselines move host buffers" $S1 --backend nccl --baseline broadcast
     bad perf 2 "--backend 'gloo': expected mpi or nccl" $S1 --backend gloo
+    bad perf 2 "--verify with --backend nccl: RESHARD_FLAG_VERIFY is host transports only" $S1 --backend nccl --verify
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
       # a GPU: checked runs, local device copies only
       perf_ok 1 0 $S1 --backend nccl

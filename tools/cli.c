@@ -199,6 +199,9 @@ void cli_usage(int tool, FILE *out) {
             "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"
             "                        subarray/hvector datatypes, every box from the first source\n"
             "                        replica); comma-separated\n"
+            "  --verify              also time a second plan with RESHARD_FLAG_VERIFY (end-to-end\n"
+            "                        box checksums), interleaved with the plain one; prints its\n"
+            "                        cost as '# verify: ... ratio=' (host backend only)\n"
             "  --inject-error        (testing) corrupt one destination byte after each checked\n"
             "                        run, to show that the check catches it\n"
             "The world size must be the source ranks plus the destination ranks, or with\n"
@@ -317,6 +320,8 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     } else if (perf && !strcmp(a, "--baseline")) {
       VALUE();
       if (parse_baselines(v, o, err, errlen)) return -1;
+    } else if (perf && !strcmp(a, "--verify")) {
+      o->verify = 1;
     } else if (!strcmp(a, "--inject-error")) {
       o->inject_error = 1;
     } else if (plan && !strcmp(a, "--world")) {

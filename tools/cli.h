@@ -52,6 +52,7 @@ typedef struct cli_opts {
   int iters, warmup, check;
   int baseline_broadcast, baseline_alltoallw;
   int inject_error; /* testing: corrupt one destination byte after a run */
+  int verify;       /* also time the plan with RESHARD_FLAG_VERIFY */
   int backend;      /* CLI_BACKEND_*: MPI over host buffers, or NCCL */
   /* reshard_plan */
   int world; /* 0: derived */

@@ -43,7 +43,14 @@
  * moves them to and from the device around the checked run. The baselines
  * move host buffers over MPI, so they are refused (exit 2) with
  * --backend nccl rather than compared against another kind of memory.
- * The CUDA side lives in tools/perf_nccl.c. */
+ * The CUDA side lives in tools/perf_nccl.c.
+ *
+ * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
+ * runs as one more method ("reshard+verify"), interleaved with the plain
+ * one (table row "verify"), and its cost is printed before the result
+ * line as
+ *   # verify: time_us=T ratio=R   (R = T / the plain plan's median)
+ * Host backend only (the flag is refused on device transports). */
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -864,6 +871,12 @@ int main(int argc, char **argv) {
     return finish(2);
   }
 #endif
+  if (nccl && c.o.verify) {
+    if (!world_rank)
+      fprintf(stderr, "reshard_perf: error: --verify with --backend nccl: RESHARD_FLAG_VERIFY is host transports only; "
+                      "drop --verify (or use --backend mpi)\n");
+    return finish(2);
+  }
   if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --baseline with --backend nccl: the baselines move host buffers over MPI "
@@ -930,7 +943,7 @@ int main(int argc, char **argv) {
   }
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (c.o.staging) opts.staging_bytes = c.o.staging;
-  reshard_state rst = {NULL};
+  reshard_state rst = {NULL}, vst = {NULL};
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
   r = reshard_plan_create(comm, c.L.src, c.L.dst, &opts, &rst.plan);
@@ -939,10 +952,20 @@ int main(int argc, char **argv) {
   if (bad)
     fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create: %s: %s\n", world_rank, reshard_result_string(r),
             reshard_last_error());
+  if (!bad && c.o.verify) {
+    reshard_options_t vopts = opts;
+    vopts.flags |= RESHARD_FLAG_VERIFY;
+    r = reshard_plan_create(comm, c.L.src, c.L.dst, &vopts, &vst.plan);
+    bad = r != RESHARD_SUCCESS;
+    if (bad)
+      fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (RESHARD_FLAG_VERIFY): %s: %s\n", world_rank,
+              reshard_result_string(r), reshard_last_error());
+  }
   MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (any_bad) {
     reshard_plan_destroy(rst.plan);
+    reshard_plan_destroy(vst.plan);
     reshard_comm_destroy(comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
     perf_nccl_close(c.dev);
@@ -988,11 +1011,19 @@ int main(int argc, char **argv) {
        plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (double)mx[1] / 1048576.0, (long long)sum[4],
        (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
 
-  method ms[3];
+  method ms[4];
   memset(ms, 0, sizeof ms);
   int nm = 0;
   ms[nm++] = (method){.name = "reshard", .run = run_reshard, .state = &rst, .crossed = sum[2]};
   set_peaks(&ms[0], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
+  int first_baseline = 1;
+  if (c.o.verify) {
+    ms[nm] = (method){.name = "verify", .run = run_reshard, .state = &vst, .crossed = sum[2]};
+    set_peaks(&ms[nm], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
+    snprintf(ms[nm].info, sizeof ms[nm].info, "the same plan with RESHARD_FLAG_VERIFY");
+    nm++;
+    first_baseline = 2;
+  }
   bcast_state *bst = NULL;
   a2aw_state *ast = NULL;
   if (c.o.baseline_broadcast) {
@@ -1028,12 +1059,18 @@ int main(int argc, char **argv) {
     failed |= ms[i].failed;
   }
   const method *R = &ms[0];
+  if (c.o.verify) {
+    const method *V = &ms[1];
+    if (V->failed) say0("# verify: time_us=nan ratio=nan\n");
+    else if (R->failed) say0("# verify: time_us=%.1f ratio=nan\n", V->med_us);
+    else say0("# verify: time_us=%.1f ratio=%.2f\n", V->med_us, V->med_us / R->med_us);
+  }
   if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c.delivered,
                       (long long)R->wrong);
   else
     say0("# reshard_perf: bytes=%lld time_us=%.1f algbw_GBps=%.3f wrong=%lld\n", (long long)c.delivered, R->med_us,
          (double)c.delivered / (R->med_us * 1e-6) / 1e9, (long long)R->wrong);
-  for (int i = 1; i < nm; i++) {
+  for (int i = first_baseline; i < nm; i++) {
     const method *m = &ms[i];
     if (m->skipped) say0("# baseline %s: skipped (%s)\n", m->name, m->note);
     else if (m->failed) say0("# baseline %s: time_us=nan ratio=nan\n", m->name);
@@ -1046,6 +1083,7 @@ int main(int argc, char **argv) {
   vf_side_free(&c.s);
   vf_side_free(&c.d);
   reshard_plan_destroy(rst.plan);
+  reshard_plan_destroy(vst.plan);
   reshard_comm_destroy(comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
   perf_nccl_close(c.dev);

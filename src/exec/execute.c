@@ -3,13 +3,21 @@
  * Round k's receives are posted and its messages packed and sent while
  * round k-1's messages are still arriving; round k-1 is unpacked next, so
  * packing, transfer and unpacking overlap with two staging halves per
- * direction. Local copies run while round 0 is in flight. */
+ * direction. Local copies run while round 0 is in flight.
+ *
+ * Around the rounds: the per-execute agreement with every partner first
+ * (agree.c), and, with RESHARD_FLAG_DOUBLE_BUFFER, a commit agreement of
+ * all ranks last. RESHARD_FLAG_VERIFY adds a checksum message per
+ * message (verify.c). A call that fails after its agreement started
+ * leaves the plan failed (state.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "exec/exec_state.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
 #include "transport/stream.h"
@@ -25,7 +33,44 @@ typedef struct exec_state {
   unsigned char *in_place[2]; /* per receive: landed in its buffers */
   int64_t deadline;
   uint64_t tag;
+  /* Verify mode: request slots parallel to sreq/rreq, the senders' box
+   * sums (per send copy) and what arrived (per receive copy). */
+  int verify;
+  rs_request **vsreq[2], **vrreq[2];
+  uint64_t *send_sums, *recv_sums;
+  /* The agreement's status exchange, polled while waiting (NULL without
+   * partners). */
+  rs_agree *agree;
 } exec_state;
+
+/* How often a wait looks at the partners' statuses. */
+#define RS_STATUS_POLL_NS 2000000
+
+/* Waits for *slot until the deadline, looking at the partners' statuses
+ * every RS_STATUS_POLL_NS, so that a partner that failed its agreement
+ * (and will send nothing) ends the wait with RESHARD_ERROR_REMOTE. The
+ * slot is cleared when the request completed (and was freed); after a
+ * timeout or REMOTE it stays for cancel_all. */
+static reshard_result_t wait_slot(exec_state *st, rs_request **slot) {
+  for (;;) {
+    int64_t until = st->deadline;
+    int last = 1;
+    if (st->agree) {
+      int64_t now = rs_now_ns();
+      if (st->deadline - now > RS_STATUS_POLL_NS) {
+        until = now + RS_STATUS_POLL_NS;
+        last = 0;
+      }
+    }
+    reshard_result_t r = st->comm->ops->wait(st->comm, *slot, until);
+    if (r != RESHARD_ERROR_TIMEOUT) {
+      *slot = NULL;
+      return r;
+    }
+    if (last) return r;
+    RS_CHECK(rs_agree_poll(st->agree));
+  }
+}
 
 static reshard_result_t check_buffers(const reshard_plan_t *p,
                                       const char *side, void *const *bufs,
@@ -50,17 +95,100 @@ static reshard_result_t check_buffers(const reshard_plan_t *p,
 
 static void cancel_all(exec_state *st) {
   for (int h = 0; h < 2; h++) {
-    for (size_t i = 0; i < st->nsreq[h]; i++)
+    for (size_t i = 0; i < st->nsreq[h]; i++) {
       if (st->sreq[h][i]) st->comm->ops->cancel(st->comm, st->sreq[h][i]);
-    for (size_t i = 0; i < st->nrreq[h]; i++)
+      if (st->verify && st->vsreq[h][i]) st->comm->ops->cancel(st->comm, st->vsreq[h][i]);
+    }
+    for (size_t i = 0; i < st->nrreq[h]; i++) {
       if (st->rreq[h][i]) st->comm->ops->cancel(st->comm, st->rreq[h][i]);
+      if (st->verify && st->vrreq[h][i]) st->comm->ops->cancel(st->comm, st->vrreq[h][i]);
+    }
     st->nsreq[h] = st->nrreq[h] = 0;
   }
 }
 
+/* Verify mode: the box sums of a message's copies on one side. */
+static void sum_copies(const reshard_plan_t *p, const rs_copy *cps, const rs_vbox *vb, uint32_t n, int dst_side,
+                       void *const *bases, uint64_t *out) {
+  for (uint32_t c = 0; c < n; c++) {
+    const rs_copy *cp = &cps[c];
+    const void *base = bases[dst_side ? cp->dst_buf : cp->src_buf];
+    out[c] = rs_box_sum(cp, dst_side, base, &vb[c], &p->vtensors[vb[c].tensor]);
+  }
+}
+
+static reshard_result_t sum_mismatch(const reshard_plan_t *p, const rs_vbox *v, const char *from, int peer,
+                                     uint64_t got, uint64_t want) {
+  char box[256];
+  rs_vbox_format(v, box, sizeof box);
+  return rs_error(RESHARD_ERROR_MISMATCH,
+                  "execute rank %d: verify: tensor '%s' box %s %s rank %d: checksum %016llx of the elements here, "
+                  "%016llx at the source (corrupted or misplaced data)",
+                  p->rank, p->vtensors[v->tensor].name, box, from, peer, (unsigned long long)got,
+                  (unsigned long long)want);
+}
+
+/* Local copies, then (verify mode) their checks. */
+static reshard_result_t run_local(exec_state *st) {
+  const reshard_plan_t *p = st->plan;
+  for (size_t i = 0; i < p->nlocal_copies; i++) {
+    const rs_copy *cp = &p->local_copies[i];
+    rs_copy_run(cp, st->src[cp->src_buf], st->dst[cp->dst_buf]);
+    if (!st->verify) continue;
+    const rs_vbox *v = &p->local_vbox[i];
+    const rs_vtensor *t = &p->vtensors[v->tensor];
+    uint64_t want = rs_box_sum(cp, 0, st->src[cp->src_buf], v, t);
+    uint64_t got = rs_box_sum(cp, 1, st->dst[cp->dst_buf], v, t);
+    if (got != want) return sum_mismatch(p, v, "copied locally on", p->rank, got, want);
+  }
+  return RESHARD_SUCCESS;
+}
+
 static int rounds_of(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
 
-/* Posts round k: receives first, then packs and sends. */
+/* Posts one receive: into its buffers when the message is one run of
+ * them (direct) or the transport takes boxes, else into staging. */
+static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i) {
+  const reshard_plan_t *p = st->plan;
+  rs_request **slot = &st->rreq[h][slot_i];
+  const rs_copy *cps = &p->recv_copies[m->first_copy];
+  unsigned char *at = st->recv_stage[h] + m->staging_off;
+  st->in_place[h][slot_i] = 1;
+  if (m->direct) {
+    at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
+  } else if (st->comm->ops->irecv_boxes) {
+    reshard_result_t r = st->comm->ops->irecv_boxes(st->comm, m->peer, tag, cps, m->ncopies, st->dst, m->bytes, slot);
+    if (r == RESHARD_SUCCESS) return r;
+    if (r != RESHARD_ERROR_UNSUPPORTED) return r;
+  }
+  st->in_place[h][slot_i] = m->direct;
+  return st->comm->ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot);
+}
+
+/* Posts one send: from its buffer (direct), as boxes, or packed. */
+static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64_t tag, rs_request **slot) {
+  const reshard_plan_t *p = st->plan;
+  const unsigned char *at = st->send_stage[h] + m->staging_off;
+  if (m->direct) {
+    const rs_copy *cp = &p->send_copies[m->first_copy];
+    at = (const unsigned char *)st->src[cp->src_buf] + cp->src_off;
+  } else {
+    if (st->comm->ops->isend_boxes) {
+      reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
+                                                      m->ncopies, st->src, m->bytes, slot);
+      if (r != RESHARD_ERROR_UNSUPPORTED) return r;
+    }
+    for (uint32_t c = 0; c < m->ncopies; c++) {
+      const rs_copy *cp = &p->send_copies[m->first_copy + c];
+      rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
+    }
+  }
+  return st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot);
+}
+
+/* Posts round k: receives first, then packs and sends. In verify mode each
+ * message is followed by its box sums, posted in the same order on both
+ * sides (transports keep per-tag order; MPI's tags ignore the round). */
 static reshard_result_t start_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
   int h = k & 1;
@@ -68,45 +196,55 @@ static reshard_result_t start_round(exec_state *st, int k) {
   if (k < rounds_of(p->recvs, p->nrecvs))
     for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++) {
       const rs_msg *m = &p->recvs[i];
-      rs_request **slot = &st->rreq[h][st->nrreq[h]++];
-      *slot = NULL;
-      unsigned char *at = st->recv_stage[h] + m->staging_off;
-      const rs_copy *cps = &p->recv_copies[m->first_copy];
-      st->in_place[h][st->nrreq[h] - 1] = 1;
-      if (m->direct) {
-        at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
-      } else if (st->comm->ops->irecv_boxes) {
-        reshard_result_t r = st->comm->ops->irecv_boxes(st->comm, m->peer, tag, cps, m->ncopies, st->dst, m->bytes, slot);
-        if (r == RESHARD_SUCCESS) continue;
-        if (r != RESHARD_ERROR_UNSUPPORTED) return r;
-      }
-      st->in_place[h][st->nrreq[h] - 1] = m->direct;
-      RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot));
+      size_t si = st->nrreq[h]++;
+      st->rreq[h][si] = NULL;
+      if (st->verify) st->vrreq[h][si] = NULL;
+      RS_CHECK(post_recv(st, m, h, tag, si));
+      if (st->verify)
+        RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
+                                      (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][si]));
     }
   if (k < rounds_of(p->sends, p->nsends))
-      for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
-        const rs_msg *m = &p->sends[i];
-        const unsigned char *at = st->send_stage[h] + m->staging_off;
-        rs_request **slot = &st->sreq[h][st->nsreq[h]++];
-        *slot = NULL;
-        if (m->direct) {
-          const rs_copy *cp = &p->send_copies[m->first_copy];
-          at = (const unsigned char *)st->src[cp->src_buf] + cp->src_off;
-        } else {
-          if (st->comm->ops->isend_boxes) {
-            reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
-                                                            m->ncopies, st->src, m->bytes, slot);
-            if (r == RESHARD_SUCCESS) continue;
-            if (r != RESHARD_ERROR_UNSUPPORTED) return r;
-          }
-          for (uint32_t c = 0; c < m->ncopies; c++) {
-            const rs_copy *cp = &p->send_copies[m->first_copy + c];
-            rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
-          }
-        }
-        RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot));
+    for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
+      const rs_msg *m = &p->sends[i];
+      size_t si = st->nsreq[h]++;
+      st->sreq[h][si] = NULL;
+      if (st->verify) st->vsreq[h][si] = NULL;
+      RS_CHECK(post_send(st, m, h, tag, &st->sreq[h][si]));
+      if (st->verify) {
+        uint64_t *sums = st->send_sums + m->first_copy;
+        sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, st->src, sums);
+        RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums,
+                                      (size_t)m->ncopies * sizeof(uint64_t), &st->vsreq[h][si]));
       }
+    }
   return RESHARD_SUCCESS;
+}
+
+/* Verify mode: the box sums a sender shipped for message m, against
+ * the elements that landed here. */
+static reshard_result_t check_sums(exec_state *st, const rs_msg *m, int h, size_t i, int k) {
+  const reshard_plan_t *p = st->plan;
+  reshard_result_t r = wait_slot(st, &st->vrreq[h][i]);
+  if (r != RESHARD_SUCCESS) {
+    rs_error_prefix("execute rank %d round %d (verify: receive checksums from rank %d): ", p->rank, k, m->peer);
+    return r;
+  }
+  for (uint32_t c = 0; c < m->ncopies; c++) {
+    size_t ci = m->first_copy + c;
+    const rs_copy *cp = &p->recv_copies[ci];
+    const rs_vbox *v = &p->recv_vbox[ci];
+    uint64_t got = rs_box_sum(cp, 1, st->dst[cp->dst_buf], v, &p->vtensors[v->tensor]);
+    if (got != st->recv_sums[ci]) return sum_mismatch(p, v, "received from", m->peer, got, st->recv_sums[ci]);
+  }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t wait_send(exec_state *st, rs_request **slot, int k, const char *what) {
+  if (!*slot) return RESHARD_SUCCESS;
+  reshard_result_t r = wait_slot(st, slot);
+  if (r != RESHARD_SUCCESS) rs_error_prefix("execute rank %d round %d (%s): ", st->plan->rank, k, what);
+  return r;
 }
 
 /* Completes round k: unpacks each message as it arrives, then makes sure
@@ -118,28 +256,23 @@ static reshard_result_t finish_round(exec_state *st, int k) {
   if (k < rounds_of(p->recvs, p->nrecvs)) first = p->recv_round[k];
   for (size_t i = 0; i < st->nrreq[h]; i++) {
     const rs_msg *m = &p->recvs[first + i];
-    reshard_result_t r = st->comm->ops->wait(st->comm, st->rreq[h][i], st->deadline);
+    reshard_result_t r = wait_slot(st, &st->rreq[h][i]);
     if (r != RESHARD_SUCCESS) {
-      if (r != RESHARD_ERROR_TIMEOUT) st->rreq[h][i] = NULL; /* completed with an error: freed */
       rs_error_prefix("execute rank %d round %d (receive from rank %d): ", p->rank, k, m->peer);
       return r;
     }
     st->rreq[h][i] = NULL;
-    if (st->in_place[h][i]) continue; /* landed in its buffers */
-    for (uint32_t c = 0; c < m->ncopies; c++) {
-      const rs_copy *cp = &p->recv_copies[m->first_copy + c];
-      rs_copy_run(cp, st->recv_stage[h], st->dst[cp->dst_buf]);
-    }
+    if (!st->in_place[h][i]) /* else it landed in its buffers */
+      for (uint32_t c = 0; c < m->ncopies; c++) {
+        const rs_copy *cp = &p->recv_copies[m->first_copy + c];
+        rs_copy_run(cp, st->recv_stage[h], st->dst[cp->dst_buf]);
+      }
+    if (st->verify) RS_CHECK(check_sums(st, m, h, i, k));
   }
   st->nrreq[h] = 0;
   for (size_t i = 0; i < st->nsreq[h]; i++) {
-    reshard_result_t r = st->comm->ops->wait(st->comm, st->sreq[h][i], st->deadline);
-    if (r != RESHARD_SUCCESS) {
-      if (r != RESHARD_ERROR_TIMEOUT) st->sreq[h][i] = NULL;
-      rs_error_prefix("execute rank %d round %d (send): ", p->rank, k);
-      return r;
-    }
-    st->sreq[h][i] = NULL;
+    RS_CHECK(wait_send(st, &st->sreq[h][i], k, "send"));
+    if (st->verify) RS_CHECK(wait_send(st, &st->vsreq[h][i], k, "verify: send checksums"));
   }
   st->nsreq[h] = 0;
   return RESHARD_SUCCESS;
@@ -149,46 +282,67 @@ static reshard_result_t run_rounds(exec_state *st) {
   const reshard_plan_t *p = st->plan;
   for (int k = 0; k < p->nrounds; k++) {
     RS_CHECK(start_round(st, k));
-    if (k == 0)
-      for (size_t i = 0; i < p->nlocal_copies; i++) {
-        const rs_copy *cp = &p->local_copies[i];
-        rs_copy_run(cp, st->src[cp->src_buf], st->dst[cp->dst_buf]);
-      }
+    if (k == 0) RS_CHECK(run_local(st));
     if (k > 0) RS_CHECK(finish_round(st, k - 1));
   }
   if (p->nrounds > 0) RS_CHECK(finish_round(st, p->nrounds - 1));
-  else
-    for (size_t i = 0; i < p->nlocal_copies; i++) {
-      const rs_copy *cp = &p->local_copies[i];
-      rs_copy_run(cp, st->src[cp->src_buf], st->dst[cp->dst_buf]);
-    }
+  else RS_CHECK(run_local(st));
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
-                                      void *const *src_buffers,
-                                      size_t num_src,
-                                      void *const *dst_buffers,
-                                      size_t num_dst, void *stream) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  /* Every call, failed or not, is one instance of the collective: tag it
-   * so that messages a failed call left in flight never match a later one. */
-  uint64_t epoch = __atomic_fetch_add(&((reshard_plan_t *)plan)->exec_calls, 1, __ATOMIC_RELAXED);
-  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
-  if (stream && !dev)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
-                    plan->rank, plan->comm->ops->name);
-  RS_CHECK(check_buffers(plan, "source", src_buffers, num_src, plan->num_src_buffers, plan->src_used, plan->nsrc_used));
-  RS_CHECK(check_buffers(plan, "destination", dst_buffers, num_dst, plan->num_dst_buffers, plan->dst_used, plan->ndst_used));
-  if (dev) return rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, epoch);
+/* Double buffering: every rank of the communicator says how its call
+ * went, and the copies flip only if all succeeded with the same call and
+ * version. The wait is one timeout past the transfer's deadline, so that
+ * a rank that gave up at that deadline still arrives in time. */
+static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshard_result_t r, uint64_t call,
+                               uint64_t version) {
+  int64_t late = deadline;
+  if (deadline != RS_NO_DEADLINE) {
+    int64_t more = rs_deadline_after_ms(p->opts.timeout_ms) - rs_now_ns();
+    late = more > 0 && deadline < RS_NO_DEADLINE - more ? deadline + more : RS_NO_DEADLINE;
+  }
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  uint64_t v[5] = {(uint64_t)r, version, ~version, call, ~call};
+  reshard_result_t rr = p->comm->ops->allreduce_max_u64(p->comm, v, 5, late);
+  if (r != RESHARD_SUCCESS) {
+    rs_error(r, "%s", msg); /* this rank's own failure is the story */
+    return r;
+  }
+  if (rr != RESHARD_SUCCESS) {
+    rs_error_prefix("execute rank %d (double-buffer commit): ", p->rank);
+    return rr;
+  }
+  if (v[0])
+    return rs_error(RESHARD_ERROR_REMOTE,
+                    "execute rank %d: another rank failed execute call %llu with '%s'; nothing committed, copy %d "
+                    "still holds version %llu",
+                    p->rank, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]),
+                    __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE),
+                    (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
+  if (v[1] != version || ~v[2] != version || v[3] != call || ~v[4] != call)
+    return rs_error(RESHARD_ERROR_MISMATCH,
+                    "execute rank %d (double-buffer commit): ranks are at different executes: this rank call %llu "
+                    "version %llu, others up to call %llu version %llu, from call %llu version %llu",
+                    p->rank, (unsigned long long)call, (unsigned long long)version, (unsigned long long)v[3],
+                    (unsigned long long)v[1], (unsigned long long)~v[4], (unsigned long long)~v[2]);
+  return RESHARD_SUCCESS;
+}
 
-  /* Staging and request slots in one block. */
+/* The call once its arguments passed: staging, agreement, rounds, commit. */
+static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                 void *const *src_buffers, void *const *const dst_copies[2], uint64_t *version_out,
+                                 uint64_t *call_out, int *target_out) {
+  const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
+  const int verify = (plan->opts.flags & RESHARD_FLAG_VERIFY) != 0;
+  /* Staging and request slots in one block; verify mode adds a second set
+   * of slots and the box sums. */
   size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
   size_t need = stage + nreq * sizeof(rs_request *) + 64 + nreq;
+  size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
-  void *block = NULL;
+  void *block = NULL, *vblock = NULL;
   int cached = !__atomic_exchange_n(&mut->staging_busy, 1, __ATOMIC_ACQUIRE);
   if (cached) {
     if (mut->staging_cache_bytes < need) {
@@ -200,16 +354,19 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   } else {
     block = malloc(need);
   }
-  if (!block) {
+  if (verify) vblock = malloc(vneed ? vneed : 1);
+  if (!block || (verify && !vblock)) {
     if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank, need);
+    else free(block);
+    free(vblock);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
+                    need + vneed);
   }
   exec_state st;
   memset(&st, 0, sizeof st);
   st.plan = plan;
   st.comm = plan->comm;
   st.src = src_buffers;
-  st.dst = dst_buffers;
   unsigned char *b = block;
   st.send_stage[0] = b;
   st.send_stage[1] = b + plan->send_half;
@@ -225,11 +382,127 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
   st.rreq[1] = reqs + per + plan->max_round_sends;
   st.in_place[0] = (unsigned char *)(reqs + nreq);
   st.in_place[1] = st.in_place[0] + per;
+  if (verify) {
+    rs_request **v = vblock;
+    st.verify = 1;
+    st.vsreq[0] = v;
+    st.vrreq[0] = v + plan->max_round_sends;
+    st.vsreq[1] = v + per;
+    st.vrreq[1] = v + per + plan->max_round_sends;
+    st.send_sums = (uint64_t *)(v + nreq);
+    st.recv_sums = st.send_sums + plan->nsend_copies;
+  }
   st.deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
-  st.tag = plan->tag_base | (epoch & 0xffffu) << 48;
-  reshard_result_t r = run_rounds(&st);
-  if (r != RESHARD_SUCCESS) cancel_all(&st);
+
+  /* From here on the call is counted: every path reaches the end. */
+  uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
+  uint64_t version = 0;
+  int target = 0;
+  reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
+  if (r == RESHARD_SUCCESS) {
+    version = rs_plan_take_version(plan, explicit_version, version_in);
+    r = rs_agree_begin(plan, call, version, st.deadline, &st.agree);
+    /* before the turn passes: a concurrent call must find the plan
+     * failed rather than read this call's leftover control messages */
+    if (rs_result_fails_plan(r)) rs_plan_mark_failed(plan, call, version, r, reshard_last_error());
+    rs_agree_turn_pass(plan, call);
+  }
+  if (dbuf) {
+    int active = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
+    target = active < 0 ? 0 : 1 - active;
+  }
+  st.dst = dst_copies[target];
+  st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
+  if (r == RESHARD_SUCCESS) {
+    r = run_rounds(&st);
+    if (r != RESHARD_SUCCESS) cancel_all(&st);
+  }
+  r = rs_agree_end(st.agree, r, st.deadline);
+  if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version);
   if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
   else free(block);
+  free(vblock);
+  *version_out = version;
+  *call_out = call;
+  *target_out = target;
   return r;
+}
+
+static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                void *const *src_buffers, size_t num_src, void *const *dst_buffers, size_t num_dst,
+                                void *stream) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
+  const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
+  if (stream && !dev)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
+                    plan->rank, plan->comm->ops->name);
+  RS_CHECK(check_buffers(plan, "source", src_buffers, num_src, plan->num_src_buffers, plan->src_used, plan->nsrc_used));
+  if (dbuf) {
+    size_t nd = (size_t)plan->num_dst_buffers;
+    if (plan->ndst_used && (!dst_buffers || num_dst != 2 * nd))
+      return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                      "execute rank %d: destination buffers: %zu given (%s); RESHARD_FLAG_DOUBLE_BUFFER needs 2 x %zu "
+                      "(copy 0 of every buffer, then copy 1)",
+                      plan->rank, dst_buffers ? num_dst : 0, dst_buffers ? "array" : "NULL", nd);
+    if (plan->ndst_used) {
+      RS_CHECK(check_buffers(plan, "destination (copy 0)", dst_buffers, nd, plan->num_dst_buffers, plan->dst_used,
+                             plan->ndst_used));
+      RS_CHECK(check_buffers(plan, "destination (copy 1)", dst_buffers + nd, nd, plan->num_dst_buffers,
+                             plan->dst_used, plan->ndst_used));
+    } else if (dst_buffers && num_dst != 0 && num_dst != 2 * nd) {
+      return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                      "execute rank %d: %zu destination buffers given, RESHARD_FLAG_DOUBLE_BUFFER needs 2 x %zu or none",
+                      plan->rank, num_dst, nd);
+    }
+  } else {
+    RS_CHECK(check_buffers(plan, "destination", dst_buffers, num_dst, plan->num_dst_buffers, plan->dst_used,
+                           plan->ndst_used));
+  }
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  uint64_t call = 0, version = 0;
+  reshard_result_t r;
+  if (dev) {
+    /* Stream-ordered: no host agreement; the version is recorded when the
+     * work is enqueued. */
+    call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
+    version = rs_plan_take_version(plan, explicit_version, version_in);
+    r = rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, call);
+  } else {
+    if (dbuf && __atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
+      return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                      "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
+                      "executes of one plan must not overlap",
+                      plan->rank);
+    int target = 0;
+    /* copy 1 exists only where the rank passed both copies (a rank
+     * without destination buffers may pass none) */
+    size_t nd = (size_t)plan->num_dst_buffers;
+    void *const *const copies[2] = {dst_buffers, dbuf && dst_buffers && num_dst == 2 * nd ? dst_buffers + nd
+                                                                                          : dst_buffers};
+    r = run_call(plan, explicit_version, version_in, src_buffers, copies, &version, &call, &target);
+    if (r == RESHARD_SUCCESS && dbuf) __atomic_store_n(&mut->active_copy, target, __ATOMIC_RELEASE);
+    if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
+  }
+  if (r == RESHARD_SUCCESS) {
+    rs_plan_record_success(plan, version);
+  } else if (rs_result_fails_plan(r)) {
+    char why[640];
+    snprintf(why, sizeof why, "%s", reshard_last_error());
+    rs_plan_mark_failed(plan, call, version, r, why);
+  }
+  return r;
+}
+
+reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
+                                      void *const *dst_buffers, size_t num_dst, void *stream) {
+  return execute(plan, 0, 0, src_buffers, num_src, dst_buffers, num_dst, stream);
+}
+
+reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64_t version,
+                                              void *const *src_buffers, size_t num_src, void *const *dst_buffers,
+                                              size_t num_dst, void *stream) {
+  return execute(plan, 1, version, src_buffers, num_src, dst_buffers, num_dst, stream);
 }

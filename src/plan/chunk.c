@@ -34,6 +34,8 @@ typedef struct chunker {
   size_t nmsgs, cap_msgs;
   rs_copy *copies;
   size_t ncopies, cap_copies;
+  rs_vbox *vboxes; /* verify mode: parallel to copies */
+  size_t cap_vboxes;
 } chunker;
 
 static reshard_result_t open_msg(chunker *ch) {
@@ -51,7 +53,7 @@ static reshard_result_t open_msg(chunker *ch) {
 /* Adds one box of at most cap bytes to the open message (opening a new
  * one when it would overflow). */
 static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
-                                const int64_t *ext) {
+                                const int64_t *ext, const int64_t *at) {
   int nd = s->ndim;
   uint64_t bytes = s->esize;
   int64_t dense[RESHARD_MAX_DIMS];
@@ -62,6 +64,18 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   if (ch->nmsgs == 0 || ch->msgs[ch->nmsgs - 1].peer != ch->peer ||
       (ch->cur > 0 && ch->cur + bytes > ch->cap))
     RS_CHECK(open_msg(ch));
+  if (ch->plan->opts.flags & RESHARD_FLAG_VERIFY) {
+    if (RS_VEC_GROW(ch->vboxes, ch->ncopies, ch->cap_vboxes))
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
+    rs_vbox *v = &ch->vboxes[ch->ncopies];
+    memset(v, 0, sizeof *v);
+    v->tensor = s->vtensor;
+    v->ndim = nd;
+    for (int d = 0; d < nd; d++) {
+      v->start[d] = s->gstart[d] + at[d];
+      v->extent[d] = ext[d];
+    }
+  }
   if (RS_VEC_GROW(ch->copies, ch->ncopies, ch->cap_copies))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
   rs_copy *c = &ch->copies[ch->ncopies++];
@@ -77,24 +91,27 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
 }
 
 /* Splits a box into sub-boxes of at most cap bytes: whole slices of the
- * outermost dim when a slice fits, otherwise recursion into the slice. */
+ * outermost dim when a slice fits, otherwise recursion into the slice.
+ * at[] is the sub-box's first element relative to the segment's. */
 static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
-                                  uint64_t off, int64_t *ext) {
+                                  uint64_t off, int64_t *ext, int64_t *at) {
   int nd = s->ndim;
   uint64_t slice = s->esize;
   for (int j = d + 1; j < nd; j++) slice *= (uint64_t)ext[j];
   uint64_t total = d < nd ? slice * (uint64_t)ext[d] : slice;
-  if (total <= ch->cap || d >= nd) return add_box(ch, s, off, ext);
+  if (total <= ch->cap || d >= nd) return add_box(ch, s, off, ext, at);
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
   for (int64_t i = 0; i < n && r == RESHARD_SUCCESS; i += step) {
     ext[d] = i + step <= n ? step : n - i;
+    at[d] = i;
     uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->esize);
-    if (step == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext);
-    else r = add_box(ch, s, o, ext);
+    if (step == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
+    else r = add_box(ch, s, o, ext, at);
   }
   ext[d] = n;
+  at[d] = 0;
   return r;
 }
 
@@ -147,9 +164,9 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
       r = open_msg(&ch);
       if (r != RESHARD_SUCCESS) break;
     }
-    int64_t ext[RESHARD_MAX_DIMS];
+    int64_t ext[RESHARD_MAX_DIMS], at[RESHARD_MAX_DIMS] = {0};
     memcpy(ext, s->extent, sizeof ext);
-    r = split_box(&ch, s, 0, s->off, ext);
+    r = split_box(&ch, s, 0, s->off, ext, at);
   }
   free(refs);
   if (r != RESHARD_SUCCESS) goto fail;
@@ -194,6 +211,7 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
     plan->nsends = ch.nmsgs;
     plan->send_round = starts;
     plan->send_copies = ch.copies;
+    plan->send_vbox = ch.vboxes;
     plan->nsend_copies = ch.ncopies;
     plan->send_half = half;
   } else {
@@ -201,6 +219,7 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
     plan->nrecvs = ch.nmsgs;
     plan->recv_round = starts;
     plan->recv_copies = ch.copies;
+    plan->recv_vbox = ch.vboxes;
     plan->nrecv_copies = ch.ncopies;
     plan->recv_half = half;
   }
@@ -208,5 +227,6 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
 fail:
   free(ch.msgs);
   free(ch.copies);
+  free(ch.vboxes);
   return r;
 }

@@ -23,7 +23,8 @@ typedef struct build_ctx {
   int *dst2src, *src2dst;
   rs_seg_vec sends, recvs;
   rs_copy *locals;
-  size_t nlocals, cap_locals;
+  rs_vbox *local_vbox; /* verify mode: parallel to locals */
+  size_t nlocals, cap_locals, cap_local_vbox;
   rs_assign_ctx actx;
   rs_piece_vec pieces;
   int npeers;
@@ -123,25 +124,64 @@ static reshard_result_t match_tensors(build_ctx *c) {
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t push_local(build_ctx *c, const rs_copy *cp) {
+static int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
+
+/* vt: the destination-layout tensor of the piece (verify mode). */
+static reshard_result_t push_local(build_ctx *c, const rs_copy *cp,
+                                   int vt, const rs_piece *piece, int ndim) {
+  if (verifying(c->plan)) {
+    if (RS_VEC_GROW(c->local_vbox, c->nlocals, c->cap_local_vbox))
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
+    rs_vbox *v = &c->local_vbox[c->nlocals];
+    memset(v, 0, sizeof *v);
+    v->tensor = vt;
+    v->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+      v->start[d] = piece->start[d];
+      v->extent[d] = piece->extent[d];
+    }
+  }
   if (RS_VEC_GROW(c->locals, c->nlocals, c->cap_locals))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
   c->locals[c->nlocals++] = *cp;
   return RESHARD_SUCCESS;
 }
 
+/* Verify mode: the destination tensors' names and index strides. */
+static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t *dst) {
+  p->vtensors = calloc((size_t)dst->ntensors + 1, sizeof *p->vtensors);
+  if (!p->vtensors) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
+  p->nvtensors = dst->ntensors;
+  for (int i = 0; i < dst->ntensors; i++) {
+    const rs_tensor *t = &dst->tensors[i];
+    rs_vtensor *v = &p->vtensors[i];
+    v->name = strdup(t->name);
+    if (!v->name) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
+    v->ndim = t->ndim;
+    v->esize = (uint32_t)reshard_dtype_size(t->dtype);
+    int64_t g = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      v->gstride[d] = g;
+      g *= t->shape[d];
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
 static void make_seg(rs_seg *s, int peer, const rs_frag *f,
-                     const rs_piece *p, size_t es) {
+                     const rs_piece *p, size_t es, int vtensor) {
   memset(s, 0, sizeof *s);
   s->peer = peer;
   s->buffer = f->buffer;
   s->ndim = f->ndim;
   s->tensor = f->tensor;
+  s->vtensor = vtensor;
   s->esize = (uint32_t)es;
   s->off = rs_frag_offset_of(f, p->start, es);
   s->bytes = es;
   for (int d = 0; d < f->ndim; d++) {
     s->extent[d] = p->extent[d];
+    s->gstart[d] = p->start[d];
     s->strides[d] = f->strides[d];
     s->bytes *= (uint64_t)p->extent[d];
   }
@@ -164,10 +204,10 @@ static reshard_result_t plan_receives(build_ctx *c) {
         rs_copy cp;
         rs_copy_init(&cp, D->ndim, p->extent, es, p->src.buffer, rs_frag_offset_of(&p->src, p->start, es), p->src.strides,
                      D->buffer, rs_frag_offset_of(D, p->start, es), D->strides);
-        RS_CHECK_GOTO(push_local(c, &cp), r, done);
+        RS_CHECK_GOTO(push_local(c, &cp, D->tensor, p, D->ndim), r, done);
       } else {
         rs_seg s;
-        make_seg(&s, p->src.rank, D, p, es);
+        make_seg(&s, p->src.rank, D, p, es, D->tensor);
         RS_CHECK_GOTO(rs_seg_vec_push(&c->recvs, &s), r, done);
       }
     }
@@ -213,7 +253,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;
       rs_seg s;
-      make_seg(&s, D->rank, &p->src, p, es);
+      make_seg(&s, D->rank, &p->src, p, es, D->tensor);
       RS_CHECK_GOTO(rs_seg_vec_push(&c->sends, &s), r, done);
     }
   }
@@ -343,7 +383,10 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   RS_CHECK(rs_chunk_streams(p, &c->recvs, 0, chunk));
   p->local_copies = c->locals;
   p->nlocal_copies = c->nlocals;
+  p->local_vbox = c->local_vbox;
   c->locals = NULL;
+  c->local_vbox = NULL;
+  if (verifying(p)) RS_CHECK(build_vtensors(p, c->dst));
   /* round arrays have nrounds+1 entries for their own direction */
   int rs = p->nsends ? p->sends[p->nsends - 1].round + 1 : 0;
   int rr = p->nrecvs ? p->recvs[p->nrecvs - 1].round + 1 : 0;
@@ -374,6 +417,7 @@ static void build_ctx_free(build_ctx *c) {
   rs_seg_vec_free(&c->sends);
   rs_seg_vec_free(&c->recvs);
   free(c->locals);
+  free(c->local_vbox);
   rs_assign_ctx_free(&c->actx);
   rs_piece_vec_free(&c->pieces);
 }
@@ -400,8 +444,16 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     p->comm = comm;
     p->rank = comm->rank;
     p->size = comm->size;
+    p->active_copy = -1;
     local = read_options(options, &p->opts);
     if (!local) local = apply_params(&p->opts);
+    /* Both flags need the host executor: verify reads elements on the
+     * host, and a commit needs to know the transfer finished. */
+    if (!local && comm->ops->stream_ops && (p->opts.flags & (RESHARD_FLAG_VERIFY | RESHARD_FLAG_DOUBLE_BUFFER)))
+      local = rs_error(RESHARD_ERROR_UNSUPPORTED,
+                       "plan_create rank %d: options.flags %s is not supported on the %s transport (host transports only)",
+                       comm->rank, (p->opts.flags & RESHARD_FLAG_VERIFY) ? "RESHARD_FLAG_VERIFY" : "RESHARD_FLAG_DOUBLE_BUFFER",
+                       comm->ops->name);
   }
   if (!local && (!src || !dst || !out))
     local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");
@@ -487,8 +539,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   p->digest = digest;
   p->num_src_buffers = src->nbuffers;
   p->num_dst_buffers = dst->nbuffers;
-  /* bits 32-47 of every tag name the plan, bits 48-63 the execute call,
-   * bits 0-31 the round */
+  /* bits 32-47 of every tag name the plan; the rest: src/exec/exec_state.h */
   p->tag_base = (uint64_t)(plan_seq & 0xffffu) << 32;
   r = finish_plan(p, &c, chunk);
   {
@@ -533,6 +584,11 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   free(p->send_copies);
   free(p->recv_copies);
   free(p->local_copies);
+  free(p->send_vbox);
+  free(p->recv_vbox);
+  free(p->local_vbox);
+  for (int i = 0; i < p->nvtensors; i++) free(p->vtensors[i].name);
+  free(p->vtensors);
   for (int i = 0; i < p->nsrc_used; i++) free(p->src_used[i].name);
   for (int i = 0; i < p->ndst_used; i++) free(p->dst_used[i].name);
   free(p->src_used);

@@ -31,6 +31,26 @@ typedef struct rs_msg {
   uint32_t direct;
 } rs_msg;
 
+/* Verify mode (RESHARD_FLAG_VERIFY): which tensor elements one copy
+ * carries, in global coordinates, so that both ends can checksum a box
+ * keyed by position. Kept per rs_copy (parallel arrays below), so any
+ * message, whatever buffers its boxes come from, can be checked. */
+typedef struct rs_vbox {
+  int32_t tensor; /* destination-layout tensor id (index in vtensors) */
+  int32_t ndim;
+  int64_t start[RESHARD_MAX_DIMS];
+  int64_t extent[RESHARD_MAX_DIMS];
+} rs_vbox;
+
+/* A tensor as verify mode needs it: its name for messages and the
+ * row-major strides of its global index. */
+typedef struct rs_vtensor {
+  char *name;
+  int32_t ndim;
+  uint32_t esize;
+  int64_t gstride[RESHARD_MAX_DIMS];
+} rs_vtensor;
+
 typedef struct rs_used_buffer {
   int32_t id;
   uint64_t bytes;
@@ -76,10 +96,34 @@ struct reshard_plan {
   void *staging_cache;
   size_t staging_cache_bytes;
 
-  /* Execute calls so far (atomic), also touched by execute: the epoch in
-   * every tag, so messages a failed call left behind never match a later
-   * call. Every rank must make the same number of calls. */
+  /* Verify mode only (NULL otherwise): one rs_vbox per copy of
+   * send_copies, recv_copies and local_copies, and the destination
+   * layout's tensors. */
+  rs_vbox *send_vbox, *recv_vbox, *local_vbox;
+  rs_vtensor *vtensors;
+  int nvtensors;
+
+  /* Per-call state, touched by execute through atomics only (the plan is
+   * const there: one plan may run concurrently on different buffers).
+   * See src/exec/exec_state.h. */
+  /* Executes that passed their argument checks (atomic): the call number
+   * in the agreement header and the epoch in every data tag, so messages
+   * a failed call left behind never match a later call. */
   uint64_t exec_calls;
+  /* The call whose agreement may run now: agreements run one at a time,
+   * in call order, so that headers (whose tag has no epoch) pair up. */
+  uint64_t agree_turn;
+  uint64_t last_version;      /* passed to the latest agreement */
+  uint64_t completed;         /* executes that succeeded */
+  uint64_t committed_version; /* of the latest successful execute */
+  int active_copy;            /* double buffering: -1 before the first commit */
+  int db_busy;                /* double buffering: an execute is running */
+  /* The first failure: claimed by CAS on fail_claim, published by the
+   * release store of fail_result (fail_msg is complete by then). */
+  int fail_claim;
+  reshard_result_t fail_result;
+  uint64_t fail_call, fail_version;
+  char fail_msg[768];
 
   /* Device backends: state cached with the plan at first execute (device
    * copies of the descriptors, staging, streams), freed by device_free
@@ -89,7 +133,7 @@ struct reshard_plan {
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
-#define RS_KNOWN_FLAGS 0u
+#define RS_KNOWN_FLAGS (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY)
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 
@@ -100,11 +144,13 @@ typedef struct rs_seg {
   int32_t buffer;
   int32_t ndim;
   int32_t tensor; /* for the dump */
+  int32_t vtensor; /* destination-layout tensor id (verify mode) */
   uint32_t esize;
   uint64_t off;
   uint64_t bytes;
   int64_t extent[RESHARD_MAX_DIMS];
   int64_t strides[RESHARD_MAX_DIMS];
+  int64_t gstart[RESHARD_MAX_DIMS]; /* the box's first element, global */
 } rs_seg;
 
 typedef struct rs_seg_vec {

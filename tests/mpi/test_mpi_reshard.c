@@ -125,6 +125,72 @@ static void model_case(reshard_comm_t *comm, const char *config, const char *tra
   rm_model_free(m);
 }
 
+/* The per-execute agreement over MPI: one step everywhere, then the last
+ * rank passes another version. Every rank partners with it (rows ->
+ * columns), so every rank gets RESHARD_ERROR_MISMATCH, before any data
+ * moves: destinations keep the first step. A new plan then works (stale
+ * control messages of the failed call do not match it). */
+static void version_mismatch_case(reshard_comm_t *comm) {
+  const char *name = "version mismatch";
+  reshard_layout_t *L[2];
+  int64_t shape[2] = {4 * (int64_t)world_size, 4 * (int64_t)world_size};
+  for (int side = 0; side < 2; side++) {
+    int t, m, b;
+    reshard_placement_t p[1] = {reshard_shard(side)};
+    if (reshard_layout_create(&L[side]) || reshard_layout_add_tensor(L[side], "w", RESHARD_FP32, 2, shape, &t) ||
+        reshard_layout_add_mesh_strided(L[side], 1, (int[]){world_size}, 0, 1, &m) ||
+        reshard_layout_place(L[side], t, m, p, &b)) {
+      fprintf(stderr, "rank %d: layouts: %s\n", world_rank, reshard_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 10000;
+  long err = 0, bad = 0;
+  vf_side s, d;
+  if (vf_side_alloc(&s, L[0], world_rank, 1) || vf_side_alloc(&d, L[1], world_rank, -1)) err = 1;
+  for (int round = 0; round < 2 && !err; round++) {
+    reshard_plan_t *plan = NULL;
+    if (reshard_plan_create(comm, L[0], L[1], &o, &plan)) {
+      fprintf(stderr, "[%s] rank %d: plan_create: %s\n", name, world_rank, reshard_last_error());
+      err = 1;
+      break;
+    }
+    reshard_result_t r = reshard_plan_execute_version(plan, 1, (void *const *)s.ptr, (size_t)s.nbuf,
+                                                      (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+    if (r) err = 1;
+    bad += vf_side_check(&d, L[1], world_rank, 1, name);
+    if (round == 0) {
+      uint64_t v = world_rank == world_size - 1 ? 3 : 2;
+      r = reshard_plan_execute_version(plan, v, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                       (size_t)d.nbuf, NULL);
+      const char *m = reshard_last_error();
+      if (world_size > 1 && (r != RESHARD_ERROR_MISMATCH || !strstr(m, "version 3") || !strstr(m, "version 2"))) {
+        fprintf(stderr, "[%s] rank %d: expected a mismatch, got %s: %s\n", name, world_rank,
+                reshard_result_string(r), m);
+        err = 1;
+      }
+      bad += vf_side_check(&d, L[1], world_rank, 1, name); /* untouched */
+    }
+    reshard_plan_destroy(plan);
+  }
+  vf_side_free(&s);
+  vf_side_free(&d);
+  reshard_layout_destroy(L[0]);
+  reshard_layout_destroy(L[1]);
+  long v[2] = {bad, err}, sum[2];
+  MPI_Allreduce(v, sum, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    if (sum[0] || sum[1]) {
+      failed++;
+      printf("FAILED %s: %ld ranks with wrong results, %ld wrong elements or bytes\n", name, sum[1], sum[0]);
+    } else {
+      passed++;
+    }
+    fflush(stdout);
+  }
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -138,6 +204,7 @@ int main(int argc, char **argv) {
   }
 
   random_cases(comm, seeds);
+  version_mismatch_case(comm);
 
   /* A dense GQA model (4 query heads per KV head), a MoE model with
    * expert parallelism on both sides, and a deepseek_v3 model (MLA, shared

@@ -1,0 +1,221 @@
+/* The per-execute agreement: before any data of an execute moves, every
+ * rank and each of its partners swap a header {magic, plan digest, call,
+ * version} and compare; then each tells its partners how that went in a
+ * status word, which travels alongside the data.
+ *
+ * The control tag carries no call number, so that the headers of ranks at
+ * different calls still meet: both sides of such a pair see the other's
+ * header and fail with RESHARD_ERROR_MISMATCH, instead of waiting for
+ * data that will never come. Agreements of concurrent executes of one plan
+ * run one at a time in call order (rs_agree_turn_wait), so headers pair
+ * up in that order on every rank (transports keep per-tag FIFO order).
+ *
+ * The status word makes one hop more fail fast without a second round
+ * trip on the success path: it is sent right after the headers, polled
+ * while the data phase waits (rs_agree_poll) and collected at the end, so
+ * a partner of a rank whose header check failed returns
+ * RESHARD_ERROR_REMOTE at once. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "exec/exec_state.h"
+#include "transport/transport.h"
+
+#define RS_HDR_MAGIC 0x3130524448535253ull /* "RSHDR01" */
+
+typedef struct rs_exec_hdr {
+  uint64_t magic, digest, call, version;
+} rs_exec_hdr;
+
+struct rs_agree {
+  const reshard_plan_t *p;
+  size_t n;                  /* partners: p->peers[i].peer */
+  rs_exec_hdr mine;          /* sent: lives until the sends complete */
+  uint64_t status;           /* likewise */
+  rs_exec_hdr *in;           /* [n] */
+  uint64_t *status_in;       /* [n] */
+  unsigned char *got;        /* [n]: header arrived */
+  rs_request **rreq, **sreq; /* [n] each */
+  reshard_result_t r;        /* first failure */
+  char msg[640];
+};
+
+static void fail(rs_agree *a, reshard_result_t r, const char *prefix) {
+  if (a->r) return;
+  a->r = r;
+  snprintf(a->msg, sizeof a->msg, "%s%s", prefix, reshard_last_error());
+}
+
+static void cancel_reqs(rs_agree *a, int recvs, int sends) {
+  for (size_t i = 0; i < a->n; i++) {
+    if (recvs && a->rreq[i]) a->p->comm->ops->cancel(a->p->comm, a->rreq[i]);
+    if (sends && a->sreq[i]) a->p->comm->ops->cancel(a->p->comm, a->sreq[i]);
+    if (recvs) a->rreq[i] = NULL;
+    if (sends) a->sreq[i] = NULL;
+  }
+}
+
+/* Waits for every pending request of one phase; a receive that completes
+ * sets got[i] when `mark`. */
+static void wait_all(rs_agree *a, int64_t deadline, const char *what, int mark) {
+  const reshard_plan_t *p = a->p;
+  char prefix[160];
+  for (size_t i = 0; i < a->n; i++) {
+    if (!a->rreq[i]) continue;
+    reshard_result_t r = p->comm->ops->wait(p->comm, a->rreq[i], deadline);
+    if (r != RESHARD_ERROR_TIMEOUT) a->rreq[i] = NULL;
+    if (r == RESHARD_SUCCESS) {
+      if (mark) a->got[i] = 1;
+    } else {
+      snprintf(prefix, sizeof prefix, "execute rank %d (agreement %s: receive from rank %d): ", p->rank, what,
+               p->peers[i].peer);
+      fail(a, r, prefix);
+    }
+  }
+  for (size_t i = 0; i < a->n; i++) {
+    if (!a->sreq[i]) continue;
+    reshard_result_t r = p->comm->ops->wait(p->comm, a->sreq[i], deadline);
+    if (r != RESHARD_ERROR_TIMEOUT) a->sreq[i] = NULL;
+    if (r != RESHARD_SUCCESS) {
+      snprintf(prefix, sizeof prefix, "execute rank %d (agreement %s: send to rank %d): ", p->rank, what,
+               p->peers[i].peer);
+      fail(a, r, prefix);
+    }
+  }
+}
+
+static void check_header(rs_agree *a, size_t i) {
+  const reshard_plan_t *p = a->p;
+  const rs_exec_hdr *h = &a->in[i], *mine = &a->mine;
+  int peer = p->peers[i].peer;
+  if (h->magic != RS_HDR_MAGIC || h->digest != p->digest) {
+    fail(a, rs_error(RESHARD_ERROR_MISMATCH,
+                     "execute rank %d: rank %d runs another plan or protocol (header magic %016llx digest %016llx, "
+                     "expected %016llx %016llx)",
+                     p->rank, peer, (unsigned long long)h->magic, (unsigned long long)h->digest,
+                     (unsigned long long)RS_HDR_MAGIC, (unsigned long long)p->digest),
+         "");
+  } else if (h->call != mine->call || h->version != mine->version) {
+    fail(a, rs_error(RESHARD_ERROR_MISMATCH,
+                     "execute rank %d: rank %d is at another execute of this plan: expected call %llu version %llu, "
+                     "received call %llu version %llu from rank %d (a rank skipped or repeated a step?)",
+                     p->rank, peer, (unsigned long long)mine->call, (unsigned long long)mine->version,
+                     (unsigned long long)h->call, (unsigned long long)h->version, peer),
+         "");
+  }
+}
+
+static reshard_result_t partner_failed(const rs_agree *a, size_t i) {
+  return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: partner rank %d failed its agreement with '%s' (see its error)",
+                  a->p->rank, a->p->peers[i].peer, reshard_result_string((reshard_result_t)a->status_in[i]));
+}
+
+reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t version, int64_t deadline,
+                                rs_agree **out) {
+  *out = NULL;
+  size_t n = p->npeers;
+  if (n == 0) return RESHARD_SUCCESS;
+  reshard_comm_t *comm = p->comm;
+  const rs_transport_ops *ops = comm->ops;
+  rs_agree *a = calloc(1, sizeof *a + n * (sizeof(rs_exec_hdr) + sizeof(uint64_t) + 2 * sizeof(rs_request *) + 1));
+  if (!a)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for the agreement with %zu partners",
+                    p->rank, n);
+  a->p = p;
+  a->n = n;
+  a->in = (rs_exec_hdr *)(a + 1);
+  a->status_in = (uint64_t *)(a->in + n);
+  a->rreq = (rs_request **)(a->status_in + n);
+  a->sreq = a->rreq + n;
+  a->got = (unsigned char *)(a->sreq + n);
+  a->mine = (rs_exec_hdr){RS_HDR_MAGIC, p->digest, call, version};
+  const uint64_t htag = p->tag_base | RS_TAG_CONTROL | RS_CTL_HEADER;
+  const uint64_t stag = p->tag_base | RS_TAG_CONTROL | RS_CTL_STATUS;
+  char prefix[160];
+  snprintf(prefix, sizeof prefix, "execute rank %d (agreement): ", p->rank);
+  *out = a;
+
+  /* Headers: receives first, so that no header waits unexpected. */
+  reshard_result_t r;
+  for (size_t i = 0; i < n && !a->r; i++)
+    if ((r = ops->irecv(comm, p->peers[i].peer, htag, &a->in[i], sizeof a->in[i], &a->rreq[i]))) {
+      a->rreq[i] = NULL;
+      fail(a, r, prefix);
+    }
+  for (size_t i = 0; i < n && !a->r; i++)
+    if ((r = ops->isend(comm, p->peers[i].peer, htag, &a->mine, sizeof a->mine, &a->sreq[i]))) {
+      a->sreq[i] = NULL;
+      fail(a, r, prefix);
+    }
+  if (!a->r) wait_all(a, deadline, "header", 1);
+  for (size_t i = 0; i < n; i++)
+    if (a->got[i]) check_header(a, i);
+  cancel_reqs(a, 1, 1);
+
+  /* Status: sent to every partner (one that arrives late still learns of
+   * a failure here); received only while this rank has nothing to report
+   * itself. Receives are posted before sends, and before this agreement
+   * hands its turn on, so control messages keep pairing in order. */
+  if (!a->r)
+    for (size_t i = 0; i < n && !a->r; i++)
+      if ((r = ops->irecv(comm, p->peers[i].peer, stag, &a->status_in[i], sizeof(uint64_t), &a->rreq[i]))) {
+        a->rreq[i] = NULL;
+        fail(a, r, prefix);
+      }
+  a->status = (uint64_t)a->r;
+  for (size_t i = 0; i < n; i++)
+    if (ops->isend(comm, p->peers[i].peer, stag, &a->status, sizeof a->status, &a->sreq[i]) != RESHARD_SUCCESS)
+      a->sreq[i] = NULL; /* best effort: the partner then stops at its deadline */
+  if (a->r) rs_error(a->r, "%s", a->msg);
+  return a->r;
+}
+
+reshard_result_t rs_agree_poll(rs_agree *a) {
+  if (!a) return RESHARD_SUCCESS;
+  for (size_t i = 0; i < a->n; i++) {
+    if (!a->rreq[i]) continue;
+    int done = 0;
+    reshard_result_t r = a->p->comm->ops->test(a->p->comm, a->rreq[i], &done);
+    if (!done) continue;
+    a->rreq[i] = NULL;
+    if (r != RESHARD_SUCCESS) {
+      rs_error_prefix("execute rank %d (agreement status: receive from rank %d): ", a->p->rank, a->p->peers[i].peer);
+      return r;
+    }
+    if (a->status_in[i]) return partner_failed(a, i);
+  }
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r, int64_t deadline) {
+  if (!a) return r;
+  if (r == RESHARD_SUCCESS) {
+    /* statuses already received were checked by rs_agree_poll, except
+     * those it had no occasion to look at */
+    for (size_t i = 0; i < a->n && r == RESHARD_SUCCESS; i++) {
+      if (!a->rreq[i]) continue;
+      r = a->p->comm->ops->wait(a->p->comm, a->rreq[i], deadline);
+      if (r != RESHARD_ERROR_TIMEOUT) a->rreq[i] = NULL;
+      if (r != RESHARD_SUCCESS)
+        rs_error_prefix("execute rank %d (agreement status: receive from rank %d): ", a->p->rank, a->p->peers[i].peer);
+      else if (a->status_in[i])
+        r = partner_failed(a, i);
+    }
+  }
+  /* The status sends get their chance to leave even after a failure:
+   * they are what tells the partners. */
+  for (size_t i = 0; i < a->n; i++) {
+    if (!a->sreq[i]) continue;
+    reshard_result_t rs = a->p->comm->ops->wait(a->p->comm, a->sreq[i], deadline);
+    if (rs != RESHARD_ERROR_TIMEOUT) a->sreq[i] = NULL;
+    if (rs != RESHARD_SUCCESS && r == RESHARD_SUCCESS) {
+      rs_error_prefix("execute rank %d (agreement status: send to rank %d): ", a->p->rank, a->p->peers[i].peer);
+      r = rs;
+    }
+  }
+  cancel_reqs(a, 1, 1);
+  free(a);
+  return r;
+}

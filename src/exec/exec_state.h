@@ -1,0 +1,92 @@
+/* What the host executor shares between its files: the per-call state of
+ * a plan (failure, versions, double-buffer copy), the per-execute
+ * agreement, and verify-mode checksums.
+ *
+ * The plan is const in execute (FFTW-style: one plan may run concurrently
+ * on different buffers), so per-call state lives in plan fields touched
+ * through atomics only. */
+#ifndef RS_EXEC_EXEC_STATE_H
+#define RS_EXEC_EXEC_STATE_H
+
+#include <stdint.h>
+
+#include "plan/plan.h"
+
+/* Tags. Bits 32-47 name the plan (tag_base), bits 48-62 the execute call
+ * (data messages), bits 0-31 the round; bit 63 marks the per-execute
+ * control messages, whose tag has no call number, so that headers of
+ * mismatched calls still meet and can be compared. Bit 31 of the round
+ * marks a verify-mode checksum message. */
+#define RS_TAG_CONTROL ((uint64_t)1 << 63)
+#define RS_TAG_EPOCH_MASK 0x7fffu
+#define RS_TAG_VERIFY ((uint64_t)1 << 31)
+enum { RS_CTL_HEADER = 1, RS_CTL_STATUS = 2 };
+
+/* ---- state.c ---- */
+
+/* Results that leave the plan failed (messages in flight, partners out of
+ * step): TIMEOUT, REMOTE, MISMATCH and BACKEND. */
+int rs_result_fails_plan(reshard_result_t r);
+
+/* Records the first failure (later ones are ignored). why: the detail. */
+void rs_plan_mark_failed(const reshard_plan_t *p, uint64_t call,
+                         uint64_t version, reshard_result_t r,
+                         const char *why);
+
+/* RESHARD_ERROR_INVALID_USAGE with the first failure's story if the plan
+ * failed, RESHARD_SUCCESS otherwise. */
+reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p);
+
+/* A successful execute of `version`. */
+void rs_plan_record_success(const reshard_plan_t *p, uint64_t version);
+
+/* The version of a call: the explicit one, or the previous call's + 1.
+ * Called in call order (under the agreement turn, or for device
+ * transports at enqueue). */
+uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version,
+                              uint64_t version);
+
+/* Agreements run one at a time in call order: waits (until deadline) for
+ * call's turn, and passes it on. */
+reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call,
+                                    int64_t deadline);
+void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call);
+
+/* ---- agree.c ---- */
+
+/* The per-execute agreement with every partner (ranks this one sends to
+ * or receives from). Host transports only. */
+typedef struct rs_agree rs_agree;
+
+/* Swaps headers {magic, digest, call, version} with every partner and
+ * compares them (RESHARD_ERROR_MISMATCH naming both ranks), then posts the
+ * status exchange: this rank's result goes to every partner, and theirs
+ * are received while the data moves. *out (NULL without partners) must be
+ * passed to rs_agree_end, whatever the result. */
+reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call,
+                                uint64_t version, int64_t deadline,
+                                rs_agree **out);
+
+/* Never blocks: RESHARD_ERROR_REMOTE if a partner's status arrived saying
+ * it failed its agreement. NULL: success. */
+reshard_result_t rs_agree_poll(rs_agree *a);
+
+/* Completes the status exchange when r (the call's result so far) is
+ * success: RESHARD_ERROR_REMOTE if a partner failed. Then cancels what is
+ * left and frees a. Returns the call's result. */
+reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r,
+                              int64_t deadline);
+
+/* ---- verify.c ---- */
+
+/* The position-keyed checksum of the elements of copy c on one side
+ * (dst_side: the destination side, else the source side) with that
+ * side's buffer at base: the sum mod 2^64 over the box of
+ * mix(tensor, global linear index, element bytes). */
+uint64_t rs_box_sum(const rs_copy *c, int dst_side, const void *base,
+                    const rs_vbox *v, const rs_vtensor *t);
+
+/* "[s0, s1) x [..)" of a box, for messages. */
+void rs_vbox_format(const rs_vbox *v, char *buf, size_t n);
+
+#endif

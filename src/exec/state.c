@@ -1,0 +1,99 @@
+/* The per-call state of a plan: its first failure, versions, completed
+ * executes, and reshard_plan_get_status. */
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "exec/exec_state.h"
+
+static reshard_plan_t *mut(const reshard_plan_t *p) { return (reshard_plan_t *)p; }
+
+int rs_result_fails_plan(reshard_result_t r) {
+  return r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_MISMATCH ||
+         r == RESHARD_ERROR_BACKEND;
+}
+
+void rs_plan_mark_failed(const reshard_plan_t *p, uint64_t call, uint64_t version, reshard_result_t r,
+                         const char *why) {
+  reshard_plan_t *m = mut(p);
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&m->fail_claim, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  m->fail_call = call;
+  m->fail_version = version;
+  snprintf(m->fail_msg, sizeof m->fail_msg, "%s", why ? why : "");
+  __atomic_store_n(&m->fail_result, r, __ATOMIC_RELEASE);
+}
+
+reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p) {
+  reshard_result_t r = __atomic_load_n(&p->fail_result, __ATOMIC_ACQUIRE);
+  if (r == RESHARD_SUCCESS) return RESHARD_SUCCESS;
+  return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                  "execute rank %d: this plan failed earlier, at execute call %llu (version %llu) with %s: %s; "
+                  "destroy the plan and create a new one",
+                  p->rank, (unsigned long long)p->fail_call, (unsigned long long)p->fail_version,
+                  reshard_result_string(r), p->fail_msg);
+}
+
+void rs_plan_record_success(const reshard_plan_t *p, uint64_t version) {
+  __atomic_store_n(&mut(p)->committed_version, version, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&mut(p)->completed, 1, __ATOMIC_ACQ_REL);
+}
+
+uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version, uint64_t version) {
+  if (explicit_version) {
+    __atomic_store_n(&mut(p)->last_version, version, __ATOMIC_RELAXED);
+    return version;
+  }
+  return __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
+}
+
+reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call, int64_t deadline) {
+  for (unsigned spin = 0;; spin++) {
+    uint64_t turn = __atomic_load_n(&p->agree_turn, __ATOMIC_ACQUIRE);
+    if (turn == call) return RESHARD_SUCCESS;
+    RS_CHECK(rs_plan_refuse_if_failed(p));
+    if (rs_now_ns() > deadline)
+      return rs_error(RESHARD_ERROR_TIMEOUT,
+                      "execute rank %d: call %llu waited past its deadline for call %llu of this plan, running "
+                      "concurrently, to finish its agreement",
+                      p->rank, (unsigned long long)call, (unsigned long long)turn);
+    if (spin < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call) {
+  __atomic_store_n(&mut(p)->agree_turn, call + 1, __ATOMIC_RELEASE);
+}
+
+reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_plan_status_t *out) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_get_status: plan is NULL");
+  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_get_status rank %d: status is NULL", plan->rank);
+  size_t want = out->struct_size;
+  if (want < offsetof(reshard_plan_status_t, failed) + sizeof(int))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "plan_get_status rank %d: status->struct_size %zu is too small; set it to sizeof(reshard_plan_status_t) = %zu",
+                    plan->rank, want, sizeof(reshard_plan_status_t));
+  reshard_plan_status_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = (uint32_t)(want < sizeof s ? want : sizeof s);
+  s.failure = __atomic_load_n(&plan->fail_result, __ATOMIC_ACQUIRE);
+  s.failed = s.failure != RESHARD_SUCCESS;
+  s.failed_call = s.failed ? plan->fail_call : 0;
+  s.failed_version = s.failed ? plan->fail_version : 0;
+  s.failure_message = s.failed ? plan->fail_msg : "";
+  s.executes_completed = __atomic_load_n(&plan->completed, __ATOMIC_ACQUIRE);
+  s.committed_version = __atomic_load_n(&plan->committed_version, __ATOMIC_ACQUIRE);
+  s.active_copy = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
+  memcpy(out, &s, s.struct_size);
+  return RESHARD_SUCCESS;
+}
