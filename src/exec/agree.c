@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
 #include "transport/transport.h"
@@ -119,7 +120,7 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
   if (n == 0) return RESHARD_SUCCESS;
   reshard_comm_t *comm = p->comm;
   const rs_transport_ops *ops = comm->ops;
-  rs_agree *a = calloc(1, sizeof *a + n * (sizeof(rs_exec_hdr) + sizeof(uint64_t) + 2 * sizeof(rs_request *) + 1));
+  rs_agree *a = rs_calloc(1, sizeof *a + n * (sizeof(rs_exec_hdr) + sizeof(uint64_t) + 2 * sizeof(rs_request *) + 1));
   if (!a)
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for the agreement with %zu partners",
                     p->rank, n);
@@ -165,9 +166,21 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
         fail(a, r, prefix);
       }
   a->status = (uint64_t)a->r;
+  /* a->status is the send buffer of every status message, so a send that
+   * fails cannot change what the others carry: the partner it was meant for
+   * stops at its deadline, and this rank reports the failure itself. */
+  reshard_result_t send_failed = RESHARD_SUCCESS;
   for (size_t i = 0; i < n; i++)
-    if (ops->isend(comm, p->peers[i].peer, stag, &a->status, sizeof a->status, &a->sreq[i]) != RESHARD_SUCCESS)
-      a->sreq[i] = NULL; /* best effort: the partner then stops at its deadline */
+    if ((r = ops->isend(comm, p->peers[i].peer, stag, &a->status, sizeof a->status, &a->sreq[i])) != RESHARD_SUCCESS) {
+      a->sreq[i] = NULL;
+      if (!send_failed) {
+        send_failed = r;
+        if (!a->r) {
+          rs_error_prefix("execute rank %d (agreement status: send to rank %d): ", p->rank, p->peers[i].peer);
+          fail(a, r, "");
+        }
+      }
+    }
   if (a->r) rs_error(a->r, "%s", a->msg);
   return a->r;
 }

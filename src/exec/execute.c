@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
@@ -347,14 +348,14 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   if (cached) {
     if (mut->staging_cache_bytes < need) {
       free(mut->staging_cache);
-      mut->staging_cache = malloc(need);
+      mut->staging_cache = rs_malloc(need);
       mut->staging_cache_bytes = mut->staging_cache ? need : 0;
     }
     block = mut->staging_cache;
   } else {
-    block = malloc(need);
+    block = rs_malloc(need);
   }
-  if (verify) vblock = malloc(vneed ? vneed : 1);
+  if (verify) vblock = rs_malloc(vneed ? vneed : 1);
   if (!block || (verify && !vblock)) {
     if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
     else free(block);
