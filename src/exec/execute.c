@@ -3,7 +3,12 @@
  * Round k's receives are posted and its messages packed and sent while
  * round k-1's messages are still arriving; round k-1 is unpacked next, so
  * packing, transfer and unpacking overlap with two staging halves per
- * direction. Local copies run while round 0 is in flight. */
+ * direction. Local copies run while round 0 is in flight.
+ *
+ * Relay forwards (rs_msg.fwd) send from the destination buffers what this
+ * rank received two rounds earlier: a receive of round q has landed in the
+ * destination buffers when finish_round(q) returns, in run_rounds'
+ * iteration q+1, before start_round(q+2) posts the forward. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +65,9 @@ static void cancel_all(exec_state *st) {
 
 static int rounds_of(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
 
+/* The buffers a send's copies read. */
+static void *const *send_bases(const exec_state *st, const rs_msg *m) { return m->fwd ? st->dst : st->src; }
+
 /* Posts round k: receives first, then packs and sends. */
 static reshard_result_t start_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
@@ -91,17 +99,17 @@ static reshard_result_t start_round(exec_state *st, int k) {
         *slot = NULL;
         if (m->direct) {
           const rs_copy *cp = &p->send_copies[m->first_copy];
-          at = (const unsigned char *)st->src[cp->src_buf] + cp->src_off;
+          at = (const unsigned char *)send_bases(st, m)[cp->src_buf] + cp->src_off;
         } else {
           if (st->comm->ops->isend_boxes) {
             reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
-                                                            m->ncopies, st->src, m->bytes, slot);
+                                                            m->ncopies, send_bases(st, m), m->bytes, slot);
             if (r == RESHARD_SUCCESS) continue;
             if (r != RESHARD_ERROR_UNSUPPORTED) return r;
           }
           for (uint32_t c = 0; c < m->ncopies; c++) {
             const rs_copy *cp = &p->send_copies[m->first_copy + c];
-            rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
+            rs_copy_run(cp, send_bases(st, m)[cp->src_buf], st->send_stage[h]);
           }
         }
         RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot));

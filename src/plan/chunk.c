@@ -1,7 +1,8 @@
-/* Coalescing and chunking: one message per (peer, round), none larger than
- * chunk_bytes. The cut depends only on the ordered boxes of a stream and
- * their element size, which sender and receiver share, never on either
- * side's strides, so both cut identically. */
+/* Coalescing and chunking: one message per (stream, round), none larger
+ * than chunk_bytes. The cut depends only on the ordered boxes of a stream
+ * and their element size, which sender and receiver (and, for relay
+ * streams, every forwarding member) share, never on either side's
+ * strides, so all cut identically. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,25 +23,41 @@ void rs_seg_vec_free(rs_seg_vec *vec) {
   vec->n = vec->cap = 0;
 }
 
+/* A message's stream key, for ordering the messages of one pair and
+ * round alike on both sides. */
+typedef struct msg_key {
+  int32_t group, origin, owner;
+} msg_key;
+
 typedef struct chunker {
   reshard_plan_t *plan;
   int is_send;
   size_t cap;
-  int32_t peer;
+  const rs_seg *stream; /* a segment of the open stream */
   int32_t round;
   uint64_t cur; /* bytes in the open message */
   rs_msg *msgs;
+  msg_key *keys; /* per message; cap_msgs entries */
   size_t nmsgs, cap_msgs;
   rs_copy *copies;
   size_t ncopies, cap_copies;
 } chunker;
 
 static reshard_result_t open_msg(chunker *ch) {
+  size_t cap = ch->cap_msgs;
   if (RS_VEC_GROW(ch->msgs, ch->nmsgs, ch->cap_msgs))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
+  if (ch->cap_msgs != cap || !ch->keys) {
+    msg_key *k = realloc(ch->keys, ch->cap_msgs * sizeof *k);
+    if (!k) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
+    ch->keys = k;
+  }
+  const rs_seg *s = ch->stream;
+  ch->keys[ch->nmsgs] = (msg_key){s->group, s->origin, s->owner};
   rs_msg *m = &ch->msgs[ch->nmsgs++];
   memset(m, 0, sizeof *m);
-  m->peer = ch->peer;
+  m->peer = s->peer;
+  m->fwd = ch->is_send && s->fwd;
   m->round = ch->round++;
   m->first_copy = (uint32_t)ch->ncopies;
   ch->cur = 0;
@@ -58,8 +75,7 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
     dense[d] = (int64_t)(bytes / s->esize);
     bytes *= (uint64_t)ext[d];
   }
-  if (ch->nmsgs == 0 || ch->msgs[ch->nmsgs - 1].peer != ch->peer ||
-      (ch->cur > 0 && ch->cur + bytes > ch->cap))
+  if (ch->nmsgs == 0 || (ch->cur > 0 && ch->cur + bytes > ch->cap))
     RS_CHECK(open_msg(ch));
   if (RS_VEC_GROW(ch->copies, ch->ncopies, ch->cap_copies))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
@@ -97,15 +113,54 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   return r;
 }
 
+static int cmp_i32(int32_t x, int32_t y) { return (x > y) - (x < y); }
+static int cmp_i64(int64_t x, int64_t y) { return (x > y) - (x < y); }
+
+static int cmp_stream(const rs_seg *x, const rs_seg *y) {
+  int c = cmp_i32(x->peer, y->peer);
+  if (!c) c = cmp_i32(x->group, y->group);
+  if (!c) c = cmp_i32(x->origin, y->origin);
+  if (!c) c = cmp_i32(x->owner, y->owner);
+  return c;
+}
+
 typedef struct seg_ref {
-  int32_t peer;
+  const rs_seg *s;
   size_t index;
 } seg_ref;
 
+/* Streams, then the stream's order: push order for direct traffic (both
+ * sides push in the receiver's canonical fragment order), the canonical
+ * (tensor, fragment box, piece) order for relay streams, whose parties
+ * push in different orders. */
 static int cmp_seg_ref(const void *a, const void *b) {
-  const seg_ref *x = a, *y = b;
-  if (x->peer != y->peer) return (x->peer > y->peer) - (x->peer < y->peer);
-  return (x->index > y->index) - (x->index < y->index);
+  const seg_ref *rx = a, *ry = b;
+  const rs_seg *x = rx->s, *y = ry->s;
+  int c = cmp_stream(x, y);
+  if (!c && x->group >= 0) {
+    c = cmp_i32(x->dst_tensor, y->dst_tensor);
+    for (int d = 0; !c && d < RESHARD_MAX_DIMS; d++) c = cmp_i64(x->box_start[d], y->box_start[d]);
+    for (int d = 0; !c && d < RESHARD_MAX_DIMS; d++) c = cmp_i64(x->box_extent[d], y->box_extent[d]);
+    if (!c) c = (x->piece > y->piece) - (x->piece < y->piece);
+  }
+  if (!c) c = (rx->index > ry->index) - (rx->index < ry->index);
+  return c;
+}
+
+static int cmp_stream_ptr(const void *a, const void *b) {
+  return cmp_stream(*(const rs_seg *const *)a, *(const rs_seg *const *)b);
+}
+
+size_t rs_count_streams(const rs_seg_vec *segs) {
+  if (segs->n == 0) return 0;
+  const rs_seg **v = malloc(segs->n * sizeof *v);
+  if (!v) return segs->n; /* an overestimate is safe */
+  for (size_t i = 0; i < segs->n; i++) v[i] = &segs->v[i];
+  qsort(v, segs->n, sizeof *v, cmp_stream_ptr);
+  size_t n = 1;
+  for (size_t i = 1; i < segs->n; i++) n += cmp_stream(v[i], v[i - 1]) != 0;
+  free(v);
+  return n;
 }
 
 /* Shifted round robin: at position i every rank sends to rank+i+1 and
@@ -115,11 +170,46 @@ static uint64_t sched_key(int rank, int size, int peer, int is_send) {
   return (uint64_t)((rank - peer + size) % size);
 }
 
-/* Before layout, staging_off holds the schedule key (see below). */
-static int cmp_msg(const void *a, const void *b) {
-  const rs_msg *x = a, *y = b;
-  if (x->round != y->round) return (x->round > y->round) - (x->round < y->round);
-  return (x->staging_off > y->staging_off) - (x->staging_off < y->staging_off);
+/* The schedule: by round, then shifted round robin, then stream key (the
+ * order in which both sides of a pair post a round's messages). */
+typedef struct sched_ref {
+  int32_t round;
+  uint64_t sched;
+  msg_key key;
+  size_t index;
+} sched_ref;
+
+static int cmp_sched(const void *a, const void *b) {
+  const sched_ref *x = a, *y = b;
+  int c = cmp_i32(x->round, y->round);
+  if (!c) c = (x->sched > y->sched) - (x->sched < y->sched);
+  if (!c) c = cmp_i32(x->key.group, y->key.group);
+  if (!c) c = cmp_i32(x->key.origin, y->key.origin);
+  if (!c) c = cmp_i32(x->key.owner, y->key.owner);
+  if (!c) c = (x->index > y->index) - (x->index < y->index);
+  return c;
+}
+
+/* Reorders ch->msgs by the schedule. */
+static reshard_result_t schedule(chunker *ch, int is_send) {
+  if (ch->nmsgs < 2) return RESHARD_SUCCESS;
+  sched_ref *refs = malloc(ch->nmsgs * sizeof *refs);
+  rs_msg *sorted = malloc(ch->nmsgs * sizeof *sorted);
+  if (!refs || !sorted) {
+    free(refs);
+    free(sorted);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory scheduling messages");
+  }
+  for (size_t i = 0; i < ch->nmsgs; i++)
+    refs[i] = (sched_ref){ch->msgs[i].round, sched_key(ch->plan->rank, ch->plan->size, ch->msgs[i].peer, is_send),
+                          ch->keys[i], i};
+  qsort(refs, ch->nmsgs, sizeof *refs, cmp_sched);
+  for (size_t i = 0; i < ch->nmsgs; i++) sorted[i] = ch->msgs[refs[i].index];
+  free(refs);
+  free(ch->msgs);
+  ch->msgs = sorted;
+  ch->cap_msgs = ch->nmsgs;
+  return RESHARD_SUCCESS;
 }
 
 reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
@@ -132,16 +222,13 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
   reshard_result_t r = RESHARD_SUCCESS;
   seg_ref *refs = malloc((segs->n ? segs->n : 1) * sizeof *refs);
   if (!refs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
-  for (size_t i = 0; i < segs->n; i++) {
-    refs[i].peer = segs->v[i].peer;
-    refs[i].index = i;
-  }
-  qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
+  for (size_t i = 0; i < segs->n; i++) refs[i] = (seg_ref){&segs->v[i], i};
+  if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
   for (size_t i = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
-    const rs_seg *s = &segs->v[refs[i].index];
-    if (i == 0 || s->peer != ch.peer) {
-      ch.peer = s->peer;
-      ch.round = 0;
+    const rs_seg *s = refs[i].s;
+    if (i == 0 || cmp_stream(s, ch.stream)) {
+      ch.stream = s;
+      ch.round = s->delay;
       ch.cur = 0;
       r = open_msg(&ch);
       if (r != RESHARD_SUCCESS) break;
@@ -151,14 +238,13 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
     r = split_box(&ch, s, 0, s->off, ext);
   }
   free(refs);
+  if (r == RESHARD_SUCCESS) r = schedule(&ch, is_send);
+  free(ch.keys);
+  ch.keys = NULL;
   if (r != RESHARD_SUCCESS) goto fail;
 
-  /* Schedule: by round, then shifted round robin; then lay each round's
-   * messages out in staging, 64-byte aligned for the copy loops. */
-  for (size_t i = 0; i < ch.nmsgs; i++)
-    ch.msgs[i].staging_off = sched_key(plan->rank, plan->size, ch.msgs[i].peer, is_send);
-  if (ch.nmsgs > 1) /* ch.msgs is NULL when empty: qsort(NULL, 0) is UB */
-    qsort(ch.msgs, ch.nmsgs, sizeof *ch.msgs, cmp_msg);
+  /* Lay each round's messages out in staging, 64-byte aligned for the
+   * copy loops. */
   int nrounds = ch.nmsgs ? ch.msgs[ch.nmsgs - 1].round + 1 : 0;
   size_t *starts = calloc((size_t)nrounds + 1, sizeof *starts);
   if (!starts) {

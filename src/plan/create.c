@@ -14,6 +14,7 @@
 #include "common/vec.h"
 #include "common/params.h"
 #include "plan/plan.h"
+#include "plan/relay.h"
 #include "transport/transport.h"
 
 typedef struct build_ctx {
@@ -26,6 +27,10 @@ typedef struct build_ctx {
   rs_assign_ctx actx;
   rs_piece_vec pieces;
   int npeers;
+  /* Relay plans (plan/relay.h): built when relay is set. */
+  int relay;
+  rs_relay_ctx rctx;
+  rs_relay_table groups;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -139,6 +144,7 @@ static void make_seg(rs_seg *s, int peer, const rs_frag *f,
   s->esize = (uint32_t)es;
   s->off = rs_frag_offset_of(f, p->start, es);
   s->bytes = es;
+  s->group = -1;
   for (int d = 0; d < f->ndim; d++) {
     s->extent[d] = p->extent[d];
     s->strides[d] = f->strides[d];
@@ -146,7 +152,51 @@ static void make_seg(rs_seg *s, int peer, const rs_frag *f,
   }
 }
 
-/* What this rank receives, and its local copies. */
+/* Marks a segment as part of relay stream (group, origin -> owner) of
+ * fragment box D, piece k of the group's assignment. */
+static void relay_seg(rs_seg *s, int32_t group, int32_t origin, int32_t owner, const rs_frag *D, size_t k) {
+  s->group = group;
+  s->origin = origin;
+  s->owner = owner;
+  s->dst_tensor = D->tensor;
+  s->piece = (uint32_t)k;
+  for (int d = 0; d < D->ndim; d++) {
+    s->box_start[d] = D->start[d];
+    s->box_extent[d] = D->extent[d];
+  }
+}
+
+/* A relayed fragment D of this rank (a member of g): the part this rank
+ * owns comes from the sources, every other part from its tree parent;
+ * this rank forwards what it owns or enters its domain with to its
+ * children (plan/relay.h). */
+static reshard_result_t relay_receive(build_ctx *c, const rs_frag *D, const rs_relay_group *g, size_t es) {
+  const int32_t me = c->plan->rank;
+  const rs_tensor *t = &c->dst->tensors[D->tensor];
+  int32_t gid;
+  RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
+  RS_CHECK(rs_assign_pieces(&c->actx, &g->canon, c->dst2src[D->tensor], t->name, g->ranks, g->m, &c->pieces));
+  RS_CHECK(rs_relay_roles(&c->rctx, g, me));
+  for (size_t k = 0; k < c->pieces.n; k++) {
+    const rs_piece *p = &c->pieces.v[k];
+    const rs_relay_role *role = &c->rctx.roles[p->owner];
+    rs_seg s;
+    make_seg(&s, role->hop == 0 ? p->src.rank : role->parent, D, p, es);
+    relay_seg(&s, gid, p->src.rank, g->ranks[p->owner], D, k);
+    s.delay = 2 * role->hop;
+    RS_CHECK(rs_seg_vec_push(&c->recvs, &s));
+    s.fwd = 1;
+    s.delay += 2;
+    for (uint32_t i = 0; i < role->nchildren; i++) {
+      s.peer = c->rctx.children[role->first_child + i];
+      RS_CHECK(rs_seg_vec_push(&c->sends, &s));
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* What this rank receives (and forwards, in relay plans), and its local
+ * copies. */
 static reshard_result_t plan_receives(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0};
@@ -156,7 +206,13 @@ static reshard_result_t plan_receives(build_ctx *c) {
     const rs_frag *D = &mine.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    rs_relay_group g = {0};
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (g.m) {
+      RS_CHECK_GOTO(relay_receive(c, D, &g, es), r, done);
+      continue;
+    }
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank == me) {
@@ -207,12 +263,23 @@ static reshard_result_t plan_sends(build_ctx *c) {
     const rs_frag *D = &cands.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    rs_relay_group g = {0};
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    /* Relayed: this rank sends D's rank only the parts D's rank owns. */
+    int32_t gid = -1, owner = 0;
+    if (g.m) {
+      RS_CHECK_GOTO(rs_relay_table_intern(&c->groups, g.ranks, g.m, &gid), r, done);
+      while (g.ranks[owner] != D->rank) owner++;
+    }
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, g.m ? &g.canon : D, c->dst2src[D->tensor], t->name, g.m ? g.ranks : NULL, g.m,
+                                   &c->pieces),
+                  r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
-      if (p->src.rank != me) continue;
+      if (p->src.rank != me || p->owner != owner) continue;
       rs_seg s;
       make_seg(&s, D->rank, &p->src, p, es);
+      if (g.m) relay_seg(&s, gid, me, D->rank, D, k);
       RS_CHECK_GOTO(rs_seg_vec_push(&c->sends, &s), r, done);
     }
   }
@@ -222,37 +289,41 @@ done:
   return r;
 }
 
-static int count_peers(const rs_seg_vec *v, int size) {
-  unsigned char *seen = calloc((size_t)size, 1);
-  int n = 0;
-  if (!seen) return size; /* overestimate is safe */
-  for (size_t i = 0; i < v->n; i++)
-    if (!seen[v->v[i].peer]) {
-      seen[v->v[i].peer] = 1;
-      n++;
-    }
-  free(seen);
-  return n;
+/* Relay segments name their group by interning id; the chunker orders
+ * streams by the group's ordinal, which every rank derives alike. */
+static reshard_result_t order_groups(build_ctx *c) {
+  if (!c->groups.n) return RESHARD_SUCCESS;
+  int32_t *ord;
+  RS_CHECK(rs_relay_table_order(&c->groups, &ord));
+  rs_seg_vec *v[2] = {&c->sends, &c->recvs};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < v[k]->n; i++)
+      if (v[k]->v[i].group >= 0) v[k]->v[i].group = ord[v[k]->v[i].group];
+  free(ord);
+  return RESHARD_SUCCESS;
+}
+
+static void mark_used(const rs_copy *c, size_t n, int src_side, unsigned char *seen) {
+  for (size_t i = 0; i < n; i++) {
+    int id = src_side ? c[i].src_buf : c[i].dst_buf;
+    if (id >= 0) seen[id] = 1;
+  }
 }
 
 /* Buffers the executor will dereference, with their sizes and names for
- * execute-time checks. */
-static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
-                                     const rs_copy *a, size_t na, int a_src,
-                                     const rs_copy *b, size_t nb, int b_src,
+ * execute-time checks. Sends read source buffers, relay forwards
+ * destination buffers; receives and local copies write destination
+ * buffers. */
+static reshard_result_t collect_used(const reshard_layout_t *L, const reshard_plan_t *p, int src_side,
                                      rs_used_buffer **out, int *nout) {
   unsigned char *seen = calloc((size_t)L->nbuffers + 1, 1);
   if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  for (size_t i = 0; i < p->nsends; i++)
+    if ((p->sends[i].fwd ? 0 : 1) == src_side) mark_used(p->send_copies + p->sends[i].first_copy, p->sends[i].ncopies, 1, seen);
+  if (!src_side) mark_used(p->recv_copies, p->nrecv_copies, 0, seen);
+  mark_used(p->local_copies, p->nlocal_copies, src_side, seen);
   int n = 0;
-  for (size_t i = 0; i < na + nb; i++) {
-    const rs_copy *c = i < na ? &a[i] : &b[i - na];
-    int src_side = i < na ? a_src : b_src;
-    int id = src_side ? c->src_buf : c->dst_buf;
-    if (id >= 0 && !seen[id]) {
-      seen[id] = 1;
-      n++;
-    }
-  }
+  for (int id = 0; id < L->nbuffers; id++) n += seen[id];
   rs_used_buffer *u = calloc((size_t)n + 1, sizeof *u);
   if (!u) {
     free(seen);
@@ -263,7 +334,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
   for (int id = 0; id < L->nbuffers && r == RESHARD_SUCCESS; id++) {
     if (!seen[id]) continue;
     u[k].id = id;
-    r = rs_layout_buffer_bytes(L, id, rank, &u[k].bytes);
+    r = rs_layout_buffer_bytes(L, id, p->rank, &u[k].bytes);
     u[k].name = strdup(L->buffers[id].name);
     if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
     k++;
@@ -356,10 +427,8 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   }
   p->max_round_sends = max_s;
   p->max_round_msgs = max_s + max_r;
-  RS_CHECK(collect_used(c->src, p->rank, p->send_copies, p->nsend_copies, 1, p->local_copies, p->nlocal_copies, 1,
-                        &p->src_used, &p->nsrc_used));
-  RS_CHECK(collect_used(c->dst, p->rank, p->recv_copies, p->nrecv_copies, 0, p->local_copies, p->nlocal_copies, 0,
-                        &p->dst_used, &p->ndst_used));
+  RS_CHECK(collect_used(c->src, p, 1, &p->src_used, &p->nsrc_used));
+  RS_CHECK(collect_used(c->dst, p, 0, &p->dst_used, &p->ndst_used));
   RS_CHECK(peer_stats(p));
   fill_stats(p);
   return RESHARD_SUCCESS;
@@ -373,6 +442,8 @@ static void build_ctx_free(build_ctx *c) {
   free(c->locals);
   rs_assign_ctx_free(&c->actx);
   rs_piece_vec_free(&c->pieces);
+  rs_relay_ctx_free(&c->rctx);
+  rs_relay_table_free(&c->groups);
 }
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
@@ -421,24 +492,36 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     p->opts.topology = p->has_topo ? p->topo.name : NULL;
     if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
   }
+  if (!local) {
+    /* Forwards read destination buffers, which only the host executor
+     * can do today: device transports plan direct (NCCL relays are
+     * future work). relay -1 (auto) plans direct until the cost model
+     * chooses. */
+    c.relay = p->opts.relay == 1 && !comm->ops->stream_ops;
+    const int32_t *domain = p->has_topo ? p->map.domain : NULL;
+    c.actx.domain = domain;
+    c.rctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
+  }
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
   if (!local) local = plan_sends(&c);
+  if (!local) local = order_groups(&c);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
   uint64_t digest = 0;
   if (src && dst && p) {
     const char *topo = p->opts.topology ? p->opts.topology : "";
-    uint64_t hdr[6] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
-                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090)};
+    uint64_t hdr[7] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
+                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
+                       rs_relay_min_part_bytes};
     digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
   }
   uint64_t v[AGREE_N] = {digest, ~digest, (uint64_t)local,
-                         local ? 0 : (uint64_t)(count_peers(&c.sends, comm->size) + count_peers(&c.recvs, comm->size))};
+                         local ? 0 : (uint64_t)(rs_count_streams(&c.sends) + rs_count_streams(&c.recvs))};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -462,8 +545,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                  reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
-  /* Every rank's busiest round fits the budget: each of its peers gets one
-   * message per round, double buffered. */
+  /* Every rank's busiest round fits the budget: each of its streams (one
+   * per peer in a direct plan) has at most one message per round, double
+   * buffered. */
   uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
   size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
   if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;

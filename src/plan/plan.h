@@ -29,6 +29,9 @@ typedef struct rs_msg {
    * unpack) copy. Its staging area stays reserved for device executors,
    * which ignore the flag. */
   uint32_t direct;
+  /* A relay forward: the copies read this rank's destination buffers
+   * (data it received in an earlier round), not its source buffers. */
+  uint32_t fwd;
 } rs_msg;
 
 typedef struct rs_used_buffer {
@@ -105,6 +108,17 @@ typedef struct rs_seg {
   uint64_t bytes;
   int64_t extent[RESHARD_MAX_DIMS];
   int64_t strides[RESHARD_MAX_DIMS];
+  /* The stream: group -1 for direct traffic (kept in push order);
+   * otherwise a relay stream (group, origin = the source rank, owner =
+   * the part's owner), whose segments every party orders by (dst_tensor,
+   * the fragment box, piece). */
+  int32_t group, origin, owner;
+  int32_t delay; /* the stream's first round */
+  int32_t fwd;   /* sends: buffer is a destination buffer */
+  int32_t dst_tensor;
+  uint32_t piece;
+  int64_t box_start[RESHARD_MAX_DIMS];
+  int64_t box_extent[RESHARD_MAX_DIMS];
 } rs_seg;
 
 typedef struct rs_seg_vec {
@@ -120,7 +134,8 @@ void rs_seg_vec_free(rs_seg_vec *vec);
 typedef struct rs_piece {
   int64_t start[RESHARD_MAX_DIMS];
   int64_t extent[RESHARD_MAX_DIMS];
-  rs_frag src; /* the chosen holder */
+  rs_frag src;   /* the chosen holder */
+  int32_t owner; /* index into the owners it was assigned for */
 } rs_piece;
 
 typedef struct rs_piece_vec {
@@ -138,6 +153,10 @@ typedef struct rs_assign_ctx {
   size_t bounds_cap;
   int *cands;
   size_t cands_cap;
+  /* rank -> NVLink domain (the plan's rank map), or NULL without a
+   * topology: a cell held in the receiver's domain is split only over
+   * those holders. */
+  const int32_t *domain;
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
@@ -145,20 +164,32 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx);
 /* Splits destination fragment D (whose tensor is src_tensor on the source
  * side) into pieces, each provided by one source rank: the box is cut into
  * cells by the source fragments' boundaries; a cell the receiver itself
- * holds is copied locally; otherwise it is split evenly along its
- * outermost non-trivial dim across all ranks holding it. Deterministic:
- * sender and receiver compute the same pieces. Appends to out (cleared
- * first). A cell no source holds is RESHARD_ERROR_INVALID_ARGUMENT. */
+ * holds is copied locally; otherwise its row-major element range is split
+ * into nowners consecutive ranges, range j for owners[j] (piece.owner =
+ * j), and each range evenly across the ranks holding the cell (those in
+ * the owner's domain when the topology puts some there). owners NULL: the
+ * one receiver D->rank (direct). A relay group passes its members and
+ * the group's canonical fragment as D, so that every member computes the
+ * same pieces. Deterministic: sender and receiver compute the same
+ * pieces. Appends to out (cleared first). A cell no source holds is
+ * RESHARD_ERROR_INVALID_ARGUMENT. */
 reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   int src_tensor, const char *name,
+                                  const int32_t *owners, int nowners,
                                   rs_piece_vec *out);
 
-/* Cuts every peer's stream (segments sorted by peer, stable) into pieces
- * of at most chunk_bytes, assigns rounds, and fills the plan's message and
- * copy arrays for one direction. is_send selects which side of the copies
- * is the staging area. */
+/* Cuts every stream (segments grouped by peer and stream key, in stream
+ * order) into pieces of at most chunk_bytes, assigns rounds from the
+ * stream's delay, and fills the plan's message and copy arrays for one
+ * direction. is_send selects which side of the copies is the staging
+ * area. Relay segments' group must already be the group's ordinal
+ * (rs_relay_table_order), so that both sides order streams alike. */
 reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
                                   int is_send, size_t chunk_bytes);
+
+/* Streams (distinct peer and stream key) among segs: what bounds the
+ * messages of one round. */
+size_t rs_count_streams(const rs_seg_vec *segs);
 
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
