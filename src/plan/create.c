@@ -21,7 +21,7 @@ typedef struct build_ctx {
   const reshard_layout_t *src, *dst;
   reshard_plan_t *plan;
   int *dst2src, *src2dst;
-  rs_seg_vec sends, recvs;
+  rs_seg_vec segs; /* sends, receives and virtual relay streams */
   rs_copy *locals;
   size_t nlocals, cap_locals;
   rs_assign_ctx actx;
@@ -31,6 +31,13 @@ typedef struct build_ctx {
   int relay;
   rs_relay_ctx rctx;
   rs_relay_table groups;
+  /* The relayed fragment boxes met, by id (rs_seg.box until
+   * order_relay turns ids into ordinals). */
+  struct relay_box {
+    int32_t tensor, ndim;
+    int64_t start[RESHARD_MAX_DIMS], extent[RESHARD_MAX_DIMS];
+  } *boxes;
+  size_t nboxes, cap_boxes;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -134,10 +141,17 @@ static reshard_result_t push_local(build_ctx *c, const rs_copy *cp) {
   return RESHARD_SUCCESS;
 }
 
-static void make_seg(rs_seg *s, int peer, const rs_frag *f,
+/* A segment of box p of fragment f (this rank's) in stream from -> to;
+ * direct traffic until relay_seg says otherwise. */
+static void make_seg(rs_seg *s, int dir, int32_t from, int32_t to, const rs_frag *f,
                      const rs_piece *p, size_t es) {
   memset(s, 0, sizeof *s);
-  s->peer = peer;
+  s->dir = dir;
+  s->from = from;
+  s->to = to;
+  s->peer = dir == RS_SEG_SEND ? to : from;
+  s->origin = -1;
+  s->dep = -1;
   s->buffer = f->buffer;
   s->ndim = f->ndim;
   s->tensor = f->tensor;
@@ -152,45 +166,88 @@ static void make_seg(rs_seg *s, int peer, const rs_frag *f,
   }
 }
 
-/* Marks a segment as part of relay stream (group, origin -> owner) of
- * fragment box D, piece k of the group's assignment. */
-static void relay_seg(rs_seg *s, int32_t group, int32_t origin, int32_t owner, const rs_frag *D, size_t k) {
-  s->group = group;
-  s->origin = origin;
-  s->owner = owner;
-  s->dst_tensor = D->tensor;
-  s->piece = (uint32_t)k;
-  for (int d = 0; d < D->ndim; d++) {
-    s->box_start[d] = D->start[d];
-    s->box_extent[d] = D->extent[d];
-  }
+/* Remembers relayed fragment box D; *id names it in segments. */
+static reshard_result_t add_box(build_ctx *c, const rs_frag *D, int32_t *id) {
+  if (RS_VEC_GROW(c->boxes, c->nboxes, c->cap_boxes))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay boxes)");
+  struct relay_box *b = &c->boxes[c->nboxes];
+  memset(b, 0, sizeof *b);
+  b->tensor = D->tensor;
+  b->ndim = D->ndim;
+  memcpy(b->start, D->start, sizeof b->start);
+  memcpy(b->extent, D->extent, sizeof b->extent);
+  *id = (int32_t)c->nboxes++;
+  return RESHARD_SUCCESS;
 }
 
-/* A relayed fragment D of this rank (a member of g): the part this rank
- * owns comes from the sources, every other part from its tree parent;
- * this rank forwards what it owns or enters its domain with to its
- * children (plan/relay.h). */
+/* Marks a segment as relay traffic of group for fragment box `box`,
+ * piece k of the group's assignment. */
+static void relay_seg(rs_seg *s, int32_t group, int32_t box, size_t k) {
+  s->group = group;
+  s->box = box;
+  s->piece = (uint32_t)k;
+}
+
+/* Re-routes relay segment s to the stream from -> to as seen by me. */
+static void route(rs_seg *s, int32_t me, int32_t from, int32_t to) {
+  s->dir = from == me ? RS_SEG_SEND : to == me ? RS_SEG_RECV : RS_SEG_VIRTUAL;
+  s->from = from;
+  s->to = to;
+  s->peer = s->dir == RS_SEG_SEND ? to : s->dir == RS_SEG_RECV ? from : -1;
+}
+
+static int32_t domain_of(const build_ctx *c, int32_t rank) { return c->rctx.domain ? c->rctx.domain[rank] : rank; }
+
+/* A forward from -> to of what from received in segment dep. */
+static reshard_result_t push_forward(build_ctx *c, rs_seg *s, int32_t from, int32_t to, size_t dep) {
+  route(s, c->plan->rank, from, to);
+  s->origin = -1;
+  s->level = domain_of(c, from) != domain_of(c, to) ? 1 : 2;
+  s->dep = (int64_t)dep;
+  s->fwd = s->dir == RS_SEG_SEND;
+  return rs_seg_vec_push(&c->segs, s);
+}
+
+/* A relayed fragment D of this rank (a member of g). Per piece: the
+ * source -> owner segment (this rank's receive when it owns the part,
+ * else virtual: the forwards wait on its round); then the part's path to
+ * this rank through its tree, and this rank's forwards to its children
+ * (plan/relay.h). Segments of other pairs are virtual, so that this rank
+ * knows when their data reaches the sender it waits on. */
 static reshard_result_t relay_receive(build_ctx *c, const rs_frag *D, const rs_relay_group *g, size_t es) {
   const int32_t me = c->plan->rank;
   const rs_tensor *t = &c->dst->tensors[D->tensor];
-  int32_t gid;
+  int32_t gid = -1, box = -1;
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
+  RS_CHECK(add_box(c, D, &box));
   RS_CHECK(rs_assign_pieces(&c->actx, &g->canon, c->dst2src[D->tensor], t->name, g->ranks, g->m, &c->pieces));
   RS_CHECK(rs_relay_roles(&c->rctx, g, me));
   for (size_t k = 0; k < c->pieces.n; k++) {
     const rs_piece *p = &c->pieces.v[k];
     const rs_relay_role *role = &c->rctx.roles[p->owner];
+    const int32_t s_rank = p->src.rank, o = g->ranks[p->owner];
     rs_seg s;
-    make_seg(&s, role->hop == 0 ? p->src.rank : role->parent, D, p, es);
-    relay_seg(&s, gid, p->src.rank, g->ranks[p->owner], D, k);
-    s.delay = 2 * role->hop;
-    RS_CHECK(rs_seg_vec_push(&c->recvs, &s));
-    s.fwd = 1;
-    s.delay += 2;
-    for (uint32_t i = 0; i < role->nchildren; i++) {
-      s.peer = c->rctx.children[role->first_child + i];
-      RS_CHECK(rs_seg_vec_push(&c->sends, &s));
+    make_seg(&s, RS_SEG_RECV, s_rank, o, D, p, es);
+    relay_seg(&s, gid, box, k);
+    route(&s, me, s_rank, o);
+    s.origin = s_rank;
+    size_t prim = c->segs.n;
+    RS_CHECK(rs_seg_vec_push(&c->segs, &s));
+    size_t got = prim; /* the segment this rank receives the piece in */
+    if (o != me) {
+      if (domain_of(c, o) == domain_of(c, me)) {
+        RS_CHECK(push_forward(c, &s, o, me, prim));
+      } else {
+        /* owner -> the entry of this rank's domain, then entry -> me */
+        int32_t entry = role->hop == 1 ? me : role->parent;
+        size_t cross = c->segs.n;
+        RS_CHECK(push_forward(c, &s, o, entry, prim));
+        got = cross;
+        if (entry != me) RS_CHECK(push_forward(c, &s, entry, me, cross));
+      }
     }
+    for (uint32_t i = 0; i < role->nchildren; i++)
+      RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], got));
   }
   return RESHARD_SUCCESS;
 }
@@ -222,8 +279,8 @@ static reshard_result_t plan_receives(build_ctx *c) {
         RS_CHECK_GOTO(push_local(c, &cp), r, done);
       } else {
         rs_seg s;
-        make_seg(&s, p->src.rank, D, p, es);
-        RS_CHECK_GOTO(rs_seg_vec_push(&c->recvs, &s), r, done);
+        make_seg(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
+        RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
       }
     }
   }
@@ -265,22 +322,25 @@ static reshard_result_t plan_sends(build_ctx *c) {
     size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
     if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rctx, D, c->dst2src[D->tensor], es, &g), r, done);
-    /* Relayed: this rank sends D's rank only the parts D's rank owns. */
-    int32_t gid = -1, owner = 0;
-    if (g.m) {
-      RS_CHECK_GOTO(rs_relay_table_intern(&c->groups, g.ranks, g.m, &gid), r, done);
-      while (g.ranks[owner] != D->rank) owner++;
-    }
+    /* Relayed: every member is a candidate; the group's lowest rank's
+     * turn sends each owner the parts it owns (only the box matters). */
+    if (g.m && D->rank != g.ranks[0]) continue;
+    int32_t gid = -1, box = -1;
+    if (g.m) RS_CHECK_GOTO(rs_relay_table_intern(&c->groups, g.ranks, g.m, &gid), r, done);
+    if (g.m) RS_CHECK_GOTO(add_box(c, D, &box), r, done);
     RS_CHECK_GOTO(rs_assign_pieces(&c->actx, g.m ? &g.canon : D, c->dst2src[D->tensor], t->name, g.m ? g.ranks : NULL, g.m,
                                    &c->pieces),
                   r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
-      if (p->src.rank != me || p->owner != owner) continue;
+      if (p->src.rank != me) continue;
       rs_seg s;
-      make_seg(&s, D->rank, &p->src, p, es);
-      if (g.m) relay_seg(&s, gid, me, D->rank, D, k);
-      RS_CHECK_GOTO(rs_seg_vec_push(&c->sends, &s), r, done);
+      make_seg(&s, RS_SEG_SEND, me, g.m ? g.ranks[p->owner] : D->rank, &p->src, p, es);
+      if (g.m) {
+        relay_seg(&s, gid, box, k);
+        s.origin = me;
+      }
+      RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
     }
   }
 done:
@@ -289,17 +349,51 @@ done:
   return r;
 }
 
-/* Relay segments name their group by interning id; the chunker orders
- * streams by the group's ordinal, which every rank derives alike. */
-static reshard_result_t order_groups(build_ctx *c) {
+typedef struct box_ref {
+  struct relay_box b;
+  int32_t id;
+} box_ref;
+
+static int cmp_box(const void *a, const void *b) {
+  const struct relay_box *x = &((const box_ref *)a)->b, *y = &((const box_ref *)b)->b;
+  if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+  for (int d = 0; d < x->ndim; d++)
+    if (x->start[d] != y->start[d]) return x->start[d] < y->start[d] ? -1 : 1;
+  for (int d = 0; d < x->ndim; d++)
+    if (x->extent[d] != y->extent[d]) return x->extent[d] < y->extent[d] ? -1 : 1;
+  return 0;
+}
+
+/* Relay segments name their group and box by id; the chunker orders
+ * streams by the group's ordinal and segments by the box's, which every
+ * rank derives alike (the relative order of two groups or boxes is the
+ * same on every rank that meets both). */
+static reshard_result_t order_relay(build_ctx *c) {
   if (!c->groups.n) return RESHARD_SUCCESS;
   int32_t *ord;
   RS_CHECK(rs_relay_table_order(&c->groups, &ord));
-  rs_seg_vec *v[2] = {&c->sends, &c->recvs};
-  for (int k = 0; k < 2; k++)
-    for (size_t i = 0; i < v[k]->n; i++)
-      if (v[k]->v[i].group >= 0) v[k]->v[i].group = ord[v[k]->v[i].group];
+  box_ref *refs = malloc((c->nboxes + 1) * sizeof *refs);
+  int32_t *bord = malloc((c->nboxes + 1) * sizeof *bord);
+  if (!refs || !bord) {
+    free(ord);
+    free(refs);
+    free(bord);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay boxes)");
+  }
+  for (size_t i = 0; i < c->nboxes; i++) refs[i] = (box_ref){c->boxes[i], (int32_t)i};
+  if (c->nboxes > 1) qsort(refs, c->nboxes, sizeof *refs, cmp_box);
+  for (size_t i = 0, n = 0; i < c->nboxes; i++) {
+    if (i && cmp_box(&refs[i], &refs[i - 1])) n++;
+    bord[refs[i].id] = (int32_t)n;
+  }
+  for (size_t i = 0; i < c->segs.n; i++)
+    if (c->segs.v[i].group >= 0) {
+      c->segs.v[i].group = ord[c->segs.v[i].group];
+      c->segs.v[i].box = bord[c->segs.v[i].box];
+    }
   free(ord);
+  free(refs);
+  free(bord);
   return RESHARD_SUCCESS;
 }
 
@@ -407,8 +501,7 @@ static reshard_result_t peer_stats(reshard_plan_t *p) {
 static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
                                     size_t chunk) {
   p->chunk_bytes = chunk;
-  RS_CHECK(rs_chunk_streams(p, &c->sends, 1, chunk));
-  RS_CHECK(rs_chunk_streams(p, &c->recvs, 0, chunk));
+  RS_CHECK(rs_chunk_plan(p, &c->segs, chunk));
   p->local_copies = c->locals;
   p->nlocal_copies = c->nlocals;
   c->locals = NULL;
@@ -437,13 +530,13 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
 static void build_ctx_free(build_ctx *c) {
   free(c->dst2src);
   free(c->src2dst);
-  rs_seg_vec_free(&c->sends);
-  rs_seg_vec_free(&c->recvs);
+  rs_seg_vec_free(&c->segs);
   free(c->locals);
   rs_assign_ctx_free(&c->actx);
   rs_piece_vec_free(&c->pieces);
   rs_relay_ctx_free(&c->rctx);
   rs_relay_table_free(&c->groups);
+  free(c->boxes);
 }
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
@@ -505,8 +598,11 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
-  if (!local) local = plan_sends(&c);
-  if (!local) local = order_groups(&c);
+  if (!local) {
+    c.rctx.memo = 1;
+    local = plan_sends(&c);
+  }
+  if (!local) local = order_relay(&c);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -521,7 +617,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     digest = rs_layout_digest(dst, digest ^ 0xd57);
   }
   uint64_t v[AGREE_N] = {digest, ~digest, (uint64_t)local,
-                         local ? 0 : (uint64_t)(rs_count_streams(&c.sends) + rs_count_streams(&c.recvs))};
+                         local ? 0 : (uint64_t)rs_count_streams(&c.segs)};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {

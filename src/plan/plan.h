@@ -98,8 +98,15 @@ struct reshard_plan {
 
 /* A box this rank packs or unpacks, before chunking: the side's buffer,
  * the byte offset of the box's first element and its element strides. */
+/* Which stream a segment belongs to, seen from this rank. */
+enum {
+  RS_SEG_RECV = 0,   /* this rank receives it */
+  RS_SEG_SEND = 1,   /* this rank sends it */
+  RS_SEG_VIRTUAL = 2 /* another pair's relay stream, cut only for its rounds */
+};
+
 typedef struct rs_seg {
-  int32_t peer;
+  int32_t peer; /* the other rank of a send or receive */
   int32_t buffer;
   int32_t ndim;
   int32_t tensor; /* for the dump */
@@ -108,17 +115,23 @@ typedef struct rs_seg {
   uint64_t bytes;
   int64_t extent[RESHARD_MAX_DIMS];
   int64_t strides[RESHARD_MAX_DIMS];
-  /* The stream: group -1 for direct traffic (kept in push order);
-   * otherwise a relay stream (group, origin = the source rank, owner =
-   * the part's owner), whose segments every party orders by (dst_tensor,
-   * the fragment box, piece). */
-  int32_t group, origin, owner;
-  int32_t delay; /* the stream's first round */
-  int32_t fwd;   /* sends: buffer is a destination buffer */
-  int32_t dst_tensor;
+  /* The stream: (from, to, group, origin). group -1: direct traffic, kept
+   * in push order. Otherwise relay traffic of a group (plan/relay.h):
+   * origin is the source rank of a source -> owner stream, -1 for
+   * forwards between members; every party orders a relay stream's
+   * segments by (fragment box, piece), box being the ordinal of the
+   * fragment's (tensor, start, extent) among those this rank met. */
+  int32_t dir, from, to;
+  int32_t group, origin;
+  /* Streams are cut in level order (0: direct and source -> owner, 1:
+   * forwards between domains, 2: forwards within a domain); a segment
+   * with dep >= 0 travels no earlier than two rounds after segment dep
+   * (what its sender receives it in) arrives. */
+  int32_t level;
+  int64_t dep;
+  int32_t fwd; /* sends: buffer is a destination buffer */
+  int32_t box;
   uint32_t piece;
-  int64_t box_start[RESHARD_MAX_DIMS];
-  int64_t box_extent[RESHARD_MAX_DIMS];
 } rs_seg;
 
 typedef struct rs_seg_vec {
@@ -178,17 +191,16 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   const int32_t *owners, int nowners,
                                   rs_piece_vec *out);
 
-/* Cuts every stream (segments grouped by peer and stream key, in stream
- * order) into pieces of at most chunk_bytes, assigns rounds from the
- * stream's delay, and fills the plan's message and copy arrays for one
- * direction. is_send selects which side of the copies is the staging
- * area. Relay segments' group must already be the group's ordinal
- * (rs_relay_table_order), so that both sides order streams alike. */
-reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
-                                  int is_send, size_t chunk_bytes);
+/* Cuts every stream into messages of at most chunk_bytes, assigns their
+ * rounds (see chunk.c), schedules them and fills the plan's message and
+ * copy arrays of both directions. Relay segments' group must already be
+ * the group's ordinal (rs_relay_table_order), so that all parties order
+ * streams alike. */
+reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
+                               size_t chunk_bytes);
 
-/* Streams (distinct peer and stream key) among segs: what bounds the
- * messages of one round. */
+/* This rank's streams among segs (virtual ones excluded): each has at
+ * most one message per round. */
 size_t rs_count_streams(const rs_seg_vec *segs);
 
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */

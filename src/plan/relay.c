@@ -9,7 +9,22 @@
 
 uint64_t rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
 
+struct rs_relay_memo {
+  int32_t tensor, m;
+  uint64_t hash;
+  int64_t start[RESHARD_MAX_DIMS], extent[RESHARD_MAX_DIMS];
+  rs_frag canon;
+  size_t off; /* into memo_ranks */
+};
+
 void rs_relay_ctx_free(rs_relay_ctx *ctx) {
+  free(ctx->memos);
+  free(ctx->memo_slots);
+  free(ctx->memo_ranks);
+  ctx->memos = NULL;
+  ctx->memo_slots = NULL;
+  ctx->memo_ranks = NULL;
+  ctx->nmemos = ctx->cap_memos = ctx->nslots = ctx->nmemo_ranks = ctx->cap_memo_ranks = 0;
   rs_frag_vec_free(&ctx->same);
   rs_frag_vec_free(&ctx->held);
   free(ctx->ranks);
@@ -55,7 +70,85 @@ static int frag_before(const rs_frag *a, const rs_frag *b) {
   return a->pos < b->pos;
 }
 
+static uint64_t box_hash(const rs_frag *D) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uint32_t)D->tensor;
+  for (int d = 0; d < D->ndim; d++) {
+    h = (h ^ (uint64_t)D->start[d]) * 0x100000001b3ULL;
+    h = (h ^ (uint64_t)D->extent[d]) * 0x100000001b3ULL;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+static int memo_is(const struct rs_relay_memo *e, const rs_frag *D, uint64_t h) {
+  if (e->hash != h || e->tensor != D->tensor) return 0;
+  for (int d = 0; d < D->ndim; d++)
+    if (e->start[d] != D->start[d] || e->extent[d] != D->extent[d]) return 0;
+  return 1;
+}
+
+static reshard_result_t memo_rehash(rs_relay_ctx *ctx) {
+  size_t ns = ctx->nslots ? ctx->nslots * 2 : 256;
+  int32_t *s = malloc(ns * sizeof *s);
+  if (!s) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay groups)");
+  for (size_t i = 0; i < ns; i++) s[i] = -1;
+  for (size_t i = 0; i < ctx->nmemos; i++) {
+    size_t at = ctx->memos[i].hash & (ns - 1);
+    while (s[at] >= 0) at = (at + 1) & (ns - 1);
+    s[at] = (int32_t)i;
+  }
+  free(ctx->memo_slots);
+  ctx->memo_slots = s;
+  ctx->nslots = ns;
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t find_group(rs_relay_ctx *ctx, const rs_frag *D,
+                                   int src_tensor, size_t esize,
+                                   rs_relay_group *g);
+
 reshard_result_t rs_relay_group_of(rs_relay_ctx *ctx, const rs_frag *D,
+                                   int src_tensor, size_t esize,
+                                   rs_relay_group *g) {
+  if (!ctx->memo) return find_group(ctx, D, src_tensor, esize, g);
+  uint64_t h = box_hash(D);
+  if (2 * (ctx->nmemos + 1) > ctx->nslots) RS_CHECK(memo_rehash(ctx));
+  size_t at = h & (ctx->nslots - 1);
+  for (; ctx->memo_slots[at] >= 0; at = (at + 1) & (ctx->nslots - 1)) {
+    const struct rs_relay_memo *e = &ctx->memos[ctx->memo_slots[at]];
+    if (!memo_is(e, D, h)) continue;
+    g->m = e->m;
+    g->ranks = ctx->memo_ranks + e->off;
+    g->canon = e->canon;
+    return RESHARD_SUCCESS;
+  }
+  RS_CHECK(find_group(ctx, D, src_tensor, esize, g));
+  while (ctx->nmemo_ranks + (size_t)g->m > ctx->cap_memo_ranks) {
+    size_t cap = ctx->cap_memo_ranks ? ctx->cap_memo_ranks * 2 : 1024;
+    int32_t *p = realloc(ctx->memo_ranks, cap * sizeof *p);
+    if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay groups)");
+    ctx->memo_ranks = p;
+    ctx->cap_memo_ranks = cap;
+  }
+  if (RS_VEC_GROW(ctx->memos, ctx->nmemos, ctx->cap_memos))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay groups)");
+  struct rs_relay_memo *e = &ctx->memos[ctx->nmemos];
+  memset(e, 0, sizeof *e);
+  e->tensor = D->tensor;
+  e->m = g->m;
+  e->hash = h;
+  memcpy(e->start, D->start, sizeof e->start);
+  memcpy(e->extent, D->extent, sizeof e->extent);
+  e->canon = g->canon;
+  e->off = ctx->nmemo_ranks;
+  if (g->m) memcpy(ctx->memo_ranks + e->off, g->ranks, (size_t)g->m * sizeof *g->ranks);
+  ctx->nmemo_ranks += (size_t)g->m;
+  ctx->memo_slots[at] = (int32_t)ctx->nmemos++;
+  if (g->m) g->ranks = ctx->memo_ranks + e->off;
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t find_group(rs_relay_ctx *ctx, const rs_frag *D,
                                    int src_tensor, size_t esize,
                                    rs_relay_group *g) {
   memset(g, 0, sizeof *g);

@@ -64,6 +64,15 @@ typedef struct rs_relay_ctx {
   int32_t *ranks, *local, *children;
   rs_relay_role *roles;
   size_t cap; /* entries of ranks, local, roles; children has 2x */
+  /* memo != 0: groups are remembered by (tensor, box), for a source rank,
+   * which meets every box once per member. */
+  int memo;
+  struct rs_relay_memo *memos;
+  size_t nmemos, cap_memos;
+  int32_t *memo_slots; /* open addressing over memos, -1 empty */
+  size_t nslots;
+  int32_t *memo_ranks;
+  size_t nmemo_ranks, cap_memo_ranks;
 } rs_relay_ctx;
 
 void rs_relay_ctx_free(rs_relay_ctx *ctx);
