@@ -26,6 +26,8 @@
  *                     direct and relays large ones; relay -1 and 0 plan
  *                     direct
  * colocated           a member holding source data stays direct
+ * stream_counts       forwards are one stream per (sender, receiver), not
+ *                     one per (source, sender, receiver)
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
  * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one. */
@@ -577,6 +579,45 @@ static void colocated(void **state) {
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
 }
 
+/* Forwards are aggregated per (sender, receiver): with 4 source replicas
+ * and 4 destination replicas (no topology), each member receives its own
+ * part from the 4 sources and one message from each other member, not
+ * one per (source, member); it sends one message to each other member. */
+static void stream_counts(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 0;
+  reshard_layout_t *S, *D;
+  int t, m, b;
+  int64_t shape[2] = {64, 256};
+  assert_int_equal(reshard_layout_create(&S), 0);
+  assert_int_equal(reshard_layout_create(&D), 0);
+  reshard_layout_t *L[2] = {S, D};
+  for (int k = 0; k < 2; k++) {
+    int n = 4;
+    assert_int_equal(reshard_layout_add_tensor(L[k], "w", RESHARD_FP32, 2, shape, &t), 0);
+    assert_int_equal(reshard_layout_add_mesh_strided(L[k], 1, &n, 4 * k, 1, &m), 0);
+    reshard_placement_t p[1] = {reshard_replicate()};
+    assert_int_equal(reshard_layout_place(L[k], t, m, p, &b), 0);
+  }
+  static run a;
+  memset(&a, 0, sizeof a);
+  a.src = S;
+  a.dst = D;
+  a.opts = relay_opts(1, 0);
+  a.steps = 2;
+  assert_int_equal(run_all(8, &a), 0);
+  for (int r = 0; r < 4; r++) assert_int_equal(a.stats[r].send_messages, 4);
+  for (int r = 4; r < 8; r++) {
+    assert_int_equal(a.stats[r].recv_messages, 4 + 3);
+    assert_int_equal(a.stats[r].send_messages, 3);
+    assert_int_equal(a.stats[r].recv_bytes, 64 * 256 * 4);
+  }
+  run_free(&a, 8);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+}
+
 /* Megatron tp=2 -> vLLM tp=2 x dp=4 of a tiny llama (fused qkv with GQA,
  * gate_up, vocabulary padding) with relay. */
 static void models(void **state) {
@@ -608,7 +649,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
-      cmocka_unit_test(models),
+      cmocka_unit_test(models),       cmocka_unit_test(stream_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
