@@ -22,13 +22,18 @@
  * every rank is its own domain, so the owner sends to every member.
  *
  * Streams and rounds: the relay stream (s -> o, G) of source s and owner
- * o holds the pieces s provides for o's parts of G's fragments, in the
- * canonical order (tensor, fragment box, piece). Its k-th message goes
- * s -> o in round k, o -> child in round k + 2 and entry -> member in
- * round k + 4: the host executor has round q's data in the destination
- * buffers before it starts round q + 2 (src/exec/execute.c). Every party
- * builds the stream from its own fragment (same boxes, its own strides)
- * and cuts it identically (src/plan/chunk.c). */
+ * o holds the pieces s provides for o's parts of G's fragments; the
+ * forward stream (p -> c, G) holds everything p forwards to c in G (parts
+ * it owns, and parts it entered its domain with). Every party orders a
+ * stream by (fragment box, piece), builds it from its own fragment (same
+ * boxes, its own strides) and cuts it identically (src/plan/chunk.c). A
+ * forwarded piece travels no earlier than two rounds after the round it
+ * arrived in at its sender: the host executor has round q's data in the
+ * destination buffers before it starts round q + 2 (src/exec/execute.c).
+ * Members also cut, without sending, the streams of other pairs whose
+ * rounds they wait on. A member has O(m) forward streams, however many
+ * source ranks there are.
+ */
 #ifndef RS_PLAN_RELAY_H
 #define RS_PLAN_RELAY_H
 
