@@ -1,9 +1,15 @@
 /* The plan: this rank's precomputed messages and copies.
  *
- * Messages are grouped in rounds (chunks). Round k carries the k-th piece
- * of every (peer) stream that has one, so sender and receiver agree on the
- * cut without talking; a piece never exceeds chunk_bytes, which the ranks
- * agree on at creation from the staging budget and the largest peer count.
+ * Messages are grouped in rounds (chunks). A stream is everything one rank
+ * sends another under one key: the direct traffic of the pair, or a relay
+ * stream (source -> owner, or forwards, of one relay group; see
+ * plan/relay.h). A stream's k-th piece travels in its k-th round (later
+ * for forwards that wait on their data; see chunk.c), so sender and
+ * receiver agree on the cut without talking; a piece never exceeds
+ * chunk_bytes, which the ranks agree on at creation from the staging
+ * budget and the largest stream count. Messages of one pair in one round
+ * share a tag; both sides order them by stream key, and transports match
+ * equal tags in posting order.
  * Execution double-buffers the staging: round k is packed while round k-1
  * is in flight, and unpacked while round k+1 is. */
 #ifndef RS_PLAN_PLAN_H
