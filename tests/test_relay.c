@@ -28,6 +28,8 @@
  * colocated           a member holding source data stays direct
  * stream_counts       forwards are one stream per (sender, receiver), not
  *                     one per (source, sender, receiver)
+ * replica_choice      with a topology, a cell held in the receiver's domain
+ *                     comes from there only (direct plans)
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
  * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one. */
@@ -618,6 +620,46 @@ static void stream_counts(void **state) {
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
 }
 
+/* Topology-aware replica choice (direct plans): two source replicas in
+ * two h100 nodes, the destination re-sharded over the same 16 ranks. A
+ * cell held in the receiver's node comes from there only, so every rank
+ * receives from its own node; without a topology both replicas serve. */
+static void replica_choice(void **state) {
+  (void)state;
+  reshard_layout_t *S, *D;
+  int t, m, b;
+  int64_t shape[2] = {512, 64};
+  int ss[2] = {2, 8}, ds[2] = {4, 4};
+  assert_int_equal(reshard_layout_create(&S), 0);
+  assert_int_equal(reshard_layout_create(&D), 0);
+  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh_strided(S, 2, ss, 0, 1, &m), 0);
+  reshard_placement_t sp[2] = {reshard_replicate(), reshard_shard(0)};
+  assert_int_equal(reshard_layout_place(S, t, m, sp, &b), 0);
+  assert_int_equal(reshard_layout_add_mesh_strided(D, 2, ds, 0, 1, &m), 0);
+  reshard_placement_t dp[2] = {reshard_replicate(), reshard_shard(1)};
+  assert_int_equal(reshard_layout_place(D, t, m, dp, &b), 0);
+  static run a;
+  for (int topo = 0; topo < 2; topo++) {
+    memset(&a, 0, sizeof a);
+    a.src = S;
+    a.dst = D;
+    a.opts = relay_opts(0, 0);
+    a.opts.topology = topo ? "h100-8x400g" : NULL;
+    a.steps = 2;
+    assert_int_equal(run_all(16, &a), 0);
+    int cross = 0;
+    for (int r = 0; r < 16; r++)
+      for (size_t i = 0; i < a.npeers[r]; i++) cross += a.peers[r][i].peer / 8 != r / 8;
+    if (topo) assert_int_equal(cross, 0);
+    else assert_true(cross > 0);
+    run_free(&a, 16);
+  }
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+}
+
 /* Megatron tp=2 -> vLLM tp=2 x dp=4 of a tiny llama (fused qkv with GQA,
  * gate_up, vocabulary padding) with relay. */
 static void models(void **state) {
@@ -649,7 +691,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
-      cmocka_unit_test(models),       cmocka_unit_test(stream_counts),
+      cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(replica_choice),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
