@@ -134,6 +134,8 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     nowners = 1;
   }
   out->n = 0;
+  if (ctx->parts) ctx->parts->n = 0;
+  int32_t nparts = 0;
   ctx->holders.n = 0;
   RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->holders));
   rs_frag *H = ctx->holders.v;
@@ -225,6 +227,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     memcpy(p.start, cs, sizeof cs);
     memcpy(p.extent, ce, sizeof ce);
     p.owner = 0;
+    p.part = -1;
     int local = -1;
     if (nowners == 1)
       for (int k = 0; k < nc; k++)
@@ -255,6 +258,9 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
         int rot = (int)((key + (uint64_t)o) % (uint64_t)ncc);
         int64_t base = np ? on / np : 0, extra = np ? on % np : 0;
         p.owner = o;
+        p.part = on ? nparts : -1;
+        if (on && ctx->parts) RS_CHECK(push_range(ctx->parts, &p, nd, cs, ce, at, at + on));
+        nparts += on > 0;
         for (int64_t i = 0; i < np; i++) {
           int64_t sz = base + (i < extra);
           p.src = H[cc[(i + rot) % ncc]];

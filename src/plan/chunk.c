@@ -317,7 +317,9 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
       c->open = 0;
       c->cur = 0;
     }
-    c->ready = s->dep >= 0 ? arrive[s->dep] + 2 : 0;
+    c->ready = 0;
+    for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
+      if (arrive[s->dep + k] + 2 > c->ready) c->ready = arrive[s->dep + k] + 2;
     int64_t ext[RESHARD_MAX_DIMS];
     memcpy(ext, s->extent, sizeof ext);
     r = split_box(c, s, 0, s->off, ext);

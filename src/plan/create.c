@@ -38,6 +38,9 @@ typedef struct build_ctx {
     int64_t start[RESHARD_MAX_DIMS], extent[RESHARD_MAX_DIMS];
   } *boxes;
   size_t nboxes, cap_boxes;
+  rs_piece_vec parts;  /* relay: the (cell, owner) ranges of a fragment */
+  size_t *part_segs;   /* relay: per range, 4 segment indices (see relay_receive) */
+  size_t cap_part_segs;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -198,57 +201,85 @@ static void route(rs_seg *s, int32_t me, int32_t from, int32_t to) {
 
 static int32_t domain_of(const build_ctx *c, int32_t rank) { return c->rctx.domain ? c->rctx.domain[rank] : rank; }
 
-/* A forward from -> to of what from received in segment dep. */
-static reshard_result_t push_forward(build_ctx *c, rs_seg *s, int32_t from, int32_t to, size_t dep) {
+/* A forward from -> to of what from received in segments dep .. dep+ndep-1. */
+static reshard_result_t push_forward(build_ctx *c, rs_seg *s, int32_t from, int32_t to, size_t dep, size_t ndep) {
   route(s, c->plan->rank, from, to);
   s->origin = -1;
   s->level = domain_of(c, from) != domain_of(c, to) ? 1 : 2;
   s->dep = (int64_t)dep;
+  s->ndep = (int32_t)ndep;
   s->fwd = s->dir == RS_SEG_SEND;
   return rs_seg_vec_push(&c->segs, s);
 }
 
-/* A relayed fragment D of this rank (a member of g). Per piece: the
- * source -> owner segment (this rank's receive when it owns the part,
- * else virtual: the forwards wait on its round); then the part's path to
- * this rank through its tree, and this rank's forwards to its children
- * (plan/relay.h). Segments of other pairs are virtual, so that this rank
- * knows when their data reaches the sender it waits on. */
+/* A relayed fragment D of this rank (a member of g). Each piece travels
+ * source -> owner: this rank's receive when it owns the part, else a
+ * virtual segment (forwards wait on its round). Forwards move each
+ * (cell, owner) range whole, whichever holders provided it: owner -> the
+ * members of its domain and the entries of the others, entry -> the
+ * members of its domain (plan/relay.h); segments of other pairs on the
+ * way to this rank are virtual. */
 static reshard_result_t relay_receive(build_ctx *c, const rs_frag *D, const rs_relay_group *g, size_t es) {
   const int32_t me = c->plan->rank;
   const rs_tensor *t = &c->dst->tensors[D->tensor];
   int32_t gid = -1, box = -1;
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
-  RS_CHECK(rs_assign_pieces(&c->actx, &g->canon, c->dst2src[D->tensor], t->name, g->ranks, g->m, &c->pieces));
+  c->actx.parts = &c->parts;
+  reshard_result_t r = rs_assign_pieces(&c->actx, &g->canon, c->dst2src[D->tensor], t->name, g->ranks, g->m, &c->pieces);
+  c->actx.parts = NULL;
+  RS_CHECK(r);
   RS_CHECK(rs_relay_roles(&c->rctx, g, me));
+  size_t nparts = c->parts.n ? (size_t)c->parts.v[c->parts.n - 1].part + 1 : 0;
+  if (4 * nparts > c->cap_part_segs) {
+    free(c->part_segs);
+    c->cap_part_segs = 8 * nparts;
+    c->part_segs = malloc(c->cap_part_segs * sizeof *c->part_segs);
+    if (!c->part_segs) {
+      c->cap_part_segs = 0;
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay parts)");
+    }
+  }
+  /* per range q: its source -> owner segments [ps[4q], ps[4q+1]) and its
+   * owner -> entry segments [ps[4q+2], ps[4q+3]) */
+  size_t *ps = c->part_segs;
+  rs_seg s;
   for (size_t k = 0; k < c->pieces.n; k++) {
     const rs_piece *p = &c->pieces.v[k];
-    const rs_relay_role *role = &c->rctx.roles[p->owner];
     const int32_t s_rank = p->src.rank, o = g->ranks[p->owner];
-    rs_seg s;
     make_seg(&s, RS_SEG_RECV, s_rank, o, D, p, es);
     relay_seg(&s, gid, box, k);
     route(&s, me, s_rank, o);
     s.origin = s_rank;
-    size_t prim = c->segs.n;
+    if (k == 0 || p->part != c->pieces.v[k - 1].part) ps[4 * p->part] = c->segs.n;
+    ps[4 * p->part + 1] = c->segs.n + 1;
     RS_CHECK(rs_seg_vec_push(&c->segs, &s));
-    size_t got = prim; /* the segment this rank receives the piece in */
-    if (o != me) {
-      if (domain_of(c, o) == domain_of(c, me)) {
-        RS_CHECK(push_forward(c, &s, o, me, prim));
-      } else {
-        /* owner -> the entry of this rank's domain, then entry -> me */
+  }
+  const int32_t mine = domain_of(c, me);
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t q = 0; q < c->parts.n; q++) {
+      const rs_piece *p = &c->parts.v[q];
+      const rs_relay_role *role = &c->rctx.roles[p->owner];
+      const int32_t o = g->ranks[p->owner];
+      const size_t *at = &ps[4 * p->part];
+      int far = o != me && domain_of(c, o) != mine;
+      make_seg(&s, RS_SEG_RECV, o, me, D, p, es);
+      relay_seg(&s, gid, box, q);
+      if (pass == 0 && !far) { /* from the owner in this domain, or mine */
+        if (o != me) RS_CHECK(push_forward(c, &s, o, me, at[0], at[1] - at[0]));
+        for (uint32_t i = 0; o == me && i < role->nchildren; i++)
+          RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], at[0], at[1] - at[0]));
+      } else if (pass == 0) { /* the owner -> this domain's entry */
         int32_t entry = role->hop == 1 ? me : role->parent;
-        size_t cross = c->segs.n;
-        RS_CHECK(push_forward(c, &s, o, entry, prim));
-        got = cross;
-        if (entry != me) RS_CHECK(push_forward(c, &s, entry, me, cross));
+        if (q == 0 || p->part != c->parts.v[q - 1].part) ps[4 * p->part + 2] = c->segs.n;
+        ps[4 * p->part + 3] = c->segs.n + 1;
+        RS_CHECK(push_forward(c, &s, o, entry, at[0], at[1] - at[0]));
+      } else if (far) { /* the entry -> the rest of this domain */
+        if (role->hop == 2) RS_CHECK(push_forward(c, &s, role->parent, me, at[2], at[3] - at[2]));
+        for (uint32_t i = 0; role->hop == 1 && i < role->nchildren; i++)
+          RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], at[2], at[3] - at[2]));
       }
     }
-    for (uint32_t i = 0; i < role->nchildren; i++)
-      RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], got));
-  }
   return RESHARD_SUCCESS;
 }
 
@@ -537,6 +568,8 @@ static void build_ctx_free(build_ctx *c) {
   rs_relay_ctx_free(&c->rctx);
   rs_relay_table_free(&c->groups);
   free(c->boxes);
+  rs_piece_vec_free(&c->parts);
+  free(c->part_segs);
 }
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };

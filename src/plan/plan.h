@@ -131,10 +131,11 @@ typedef struct rs_seg {
   int32_t group, origin;
   /* Streams are cut in level order (0: direct and source -> owner, 1:
    * forwards between domains, 2: forwards within a domain); a segment
-   * with dep >= 0 travels no earlier than two rounds after segment dep
-   * (what its sender receives it in) arrives. */
+   * with dep >= 0 travels no earlier than two rounds after the last of
+   * segments dep .. dep+ndep-1 (what its sender receives it in) arrives. */
   int32_t level;
-  int64_t dep;
+  int64_t dep;   /* the first of ndep consecutive segments */
+  int32_t ndep;
   int32_t fwd; /* sends: buffer is a destination buffer */
   int32_t box;
   uint32_t piece;
@@ -155,6 +156,7 @@ typedef struct rs_piece {
   int64_t extent[RESHARD_MAX_DIMS];
   rs_frag src;   /* the chosen holder */
   int32_t owner; /* index into the owners it was assigned for */
+  int32_t part;  /* the (cell, owner) range it belongs to; -1 local */
 } rs_piece;
 
 typedef struct rs_piece_vec {
@@ -176,6 +178,9 @@ typedef struct rs_assign_ctx {
    * topology: a cell held in the receiver's domain is split only over
    * those holders. */
   const int32_t *domain;
+  /* NULL, or receives the boxes of every (cell, owner) range (src unset):
+   * relay forwards move a range whole, whichever holders provided it. */
+  struct rs_piece_vec *parts;
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
