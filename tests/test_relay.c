@@ -30,6 +30,7 @@
  *                     one per (source, sender, receiver)
  * replica_choice      with a topology, a cell held in the receiver's domain
  *                     comes from there only (direct plans)
+ * device_transport    relay = 1 on a device transport plans direct
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
  * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one. */
@@ -50,6 +51,7 @@
 #include "reshard.h"
 #include "support/harness.h"
 #include "support/random_layout.h"
+#include "transport/transport.h"
 
 #define MAXRANKS 64
 
@@ -666,6 +668,56 @@ static void replica_choice(void **state) {
   reshard_layout_destroy(D);
 }
 
+/* On a device (stream-ordered) transport relay = 1 plans direct: the
+ * in-process transport dressed as one (plans only, never executed). */
+typedef struct device_arg {
+  const reshard_layout_t *src, *dst;
+  size_t sent[8];
+  int fails;
+} device_arg;
+
+static int device_rank(int rank, reshard_comm_t *comm, void *p) {
+  device_arg *a = p;
+  static const char not_a_device;
+  rs_transport_ops ops = *comm->ops;
+  ops.stream_ops = (const rs_stream_ops *)(const void *)&not_a_device;
+  const rs_transport_ops *saved = comm->ops;
+  comm->ops = &ops;
+  reshard_options_t o = relay_opts(1, 0);
+  reshard_plan_t *plan = NULL;
+  reshard_plan_stats_t st;
+  int bad = reshard_plan_create(comm, a->src, a->dst, &o, &plan) != RESHARD_SUCCESS;
+  if (!bad) {
+    reshard_plan_get_stats(plan, &st);
+    a->sent[rank] = st.send_bytes;
+  }
+  reshard_plan_destroy(plan);
+  comm->ops = saved;
+  return bad;
+}
+
+static void device_transport(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 0;
+  int sr[2], dr[4];
+  seq(sr, 2, 0);
+  seq(dr, 4, 2);
+  reshard_layout_t *S = train_side(sr, 1, 2), *D = infer_side(dr, 2, 2);
+  device_arg a = {S, D, {0}, 0};
+  assert_int_equal(th_run_ranks(6, device_rank, &a), 0);
+  uint64_t per_replica = 0;
+  for (int r = 0; r < 6; r++) {
+    unsigned char one[6] = {0};
+    one[r] = 1;
+    per_replica += unique_bytes(D, 6, one);
+  }
+  assert_int_equal(a.sent[0] + a.sent[1], per_replica);
+  for (int r = 2; r < 6; r++) assert_int_equal(a.sent[r], 0);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+}
+
 /* Megatron tp=2 -> vLLM tp=2 x dp=4 of a tiny llama (fused qkv with GQA,
  * gate_up, vocabulary padding) with relay. */
 static void models(void **state) {
@@ -698,6 +750,7 @@ int main(void) {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
       cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(replica_choice),
+      cmocka_unit_test(device_transport),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
