@@ -27,6 +27,29 @@ reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s) {
   return RESHARD_SUCCESS;
 }
 
+void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
+                 const rs_frag *f, const rs_piece *p, size_t es) {
+  memset(s, 0, sizeof *s);
+  s->dir = dir;
+  s->from = from;
+  s->to = to;
+  s->peer = dir == RS_SEG_SEND ? to : from;
+  s->origin = -1;
+  s->dep = -1;
+  s->buffer = f->buffer;
+  s->ndim = f->ndim;
+  s->tensor = f->tensor;
+  s->esize = (uint32_t)es;
+  s->off = rs_frag_offset_of(f, p->start, es);
+  s->bytes = es;
+  s->group = -1;
+  for (int d = 0; d < f->ndim; d++) {
+    s->extent[d] = p->extent[d];
+    s->strides[d] = f->strides[d];
+    s->bytes *= (uint64_t)p->extent[d];
+  }
+}
+
 void rs_seg_vec_free(rs_seg_vec *vec) {
   free(vec->v);
   vec->v = NULL;

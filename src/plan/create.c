@@ -29,18 +29,7 @@ typedef struct build_ctx {
   int npeers;
   /* Relay plans (plan/relay.h): built when relay is set. */
   int relay;
-  rs_relay_ctx rctx;
-  rs_relay_table groups;
-  /* The relayed fragment boxes met, by id (rs_seg.box until
-   * order_relay turns ids into ordinals). */
-  struct relay_box {
-    int32_t tensor, ndim;
-    int64_t start[RESHARD_MAX_DIMS], extent[RESHARD_MAX_DIMS];
-  } *boxes;
-  size_t nboxes, cap_boxes;
-  rs_piece_vec parts;  /* relay: the (cell, owner) ranges of a fragment */
-  size_t *part_segs;   /* relay: per range, 4 segment indices (see relay_receive) */
-  size_t cap_part_segs;
+  rs_relay_plan rp;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -144,145 +133,6 @@ static reshard_result_t push_local(build_ctx *c, const rs_copy *cp) {
   return RESHARD_SUCCESS;
 }
 
-/* A segment of box p of fragment f (this rank's) in stream from -> to;
- * direct traffic until relay_seg says otherwise. */
-static void make_seg(rs_seg *s, int dir, int32_t from, int32_t to, const rs_frag *f,
-                     const rs_piece *p, size_t es) {
-  memset(s, 0, sizeof *s);
-  s->dir = dir;
-  s->from = from;
-  s->to = to;
-  s->peer = dir == RS_SEG_SEND ? to : from;
-  s->origin = -1;
-  s->dep = -1;
-  s->buffer = f->buffer;
-  s->ndim = f->ndim;
-  s->tensor = f->tensor;
-  s->esize = (uint32_t)es;
-  s->off = rs_frag_offset_of(f, p->start, es);
-  s->bytes = es;
-  s->group = -1;
-  for (int d = 0; d < f->ndim; d++) {
-    s->extent[d] = p->extent[d];
-    s->strides[d] = f->strides[d];
-    s->bytes *= (uint64_t)p->extent[d];
-  }
-}
-
-/* Remembers relayed fragment box D; *id names it in segments. */
-static reshard_result_t add_box(build_ctx *c, const rs_frag *D, int32_t *id) {
-  if (RS_VEC_GROW(c->boxes, c->nboxes, c->cap_boxes))
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay boxes)");
-  struct relay_box *b = &c->boxes[c->nboxes];
-  memset(b, 0, sizeof *b);
-  b->tensor = D->tensor;
-  b->ndim = D->ndim;
-  memcpy(b->start, D->start, sizeof b->start);
-  memcpy(b->extent, D->extent, sizeof b->extent);
-  *id = (int32_t)c->nboxes++;
-  return RESHARD_SUCCESS;
-}
-
-/* Marks a segment as relay traffic of group for fragment box `box`,
- * piece k of the group's assignment. */
-static void relay_seg(rs_seg *s, int32_t group, int32_t box, size_t k) {
-  s->group = group;
-  s->box = box;
-  s->piece = (uint32_t)k;
-}
-
-/* Re-routes relay segment s to the stream from -> to as seen by me. */
-static void route(rs_seg *s, int32_t me, int32_t from, int32_t to) {
-  s->dir = from == me ? RS_SEG_SEND : to == me ? RS_SEG_RECV : RS_SEG_VIRTUAL;
-  s->from = from;
-  s->to = to;
-  s->peer = s->dir == RS_SEG_SEND ? to : s->dir == RS_SEG_RECV ? from : -1;
-}
-
-static int32_t domain_of(const build_ctx *c, int32_t rank) { return c->rctx.domain ? c->rctx.domain[rank] : rank; }
-
-/* A forward from -> to of what from received in segments dep .. dep+ndep-1. */
-static reshard_result_t push_forward(build_ctx *c, rs_seg *s, int32_t from, int32_t to, size_t dep, size_t ndep) {
-  route(s, c->plan->rank, from, to);
-  s->origin = -1;
-  s->level = domain_of(c, from) != domain_of(c, to) ? 1 : 2;
-  s->dep = (int64_t)dep;
-  s->ndep = (int32_t)ndep;
-  s->fwd = s->dir == RS_SEG_SEND;
-  return rs_seg_vec_push(&c->segs, s);
-}
-
-/* A relayed fragment D of this rank (a member of g). Each piece travels
- * source -> owner: this rank's receive when it owns the part, else a
- * virtual segment (forwards wait on its round). Forwards move each
- * (cell, owner) range whole, whichever holders provided it: owner -> the
- * members of its domain and the entries of the others, entry -> the
- * members of its domain (plan/relay.h); segments of other pairs on the
- * way to this rank are virtual. */
-static reshard_result_t relay_receive(build_ctx *c, const rs_frag *D, const rs_relay_group *g, size_t es) {
-  const int32_t me = c->plan->rank;
-  const rs_tensor *t = &c->dst->tensors[D->tensor];
-  int32_t gid = -1, box = -1;
-  RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
-  RS_CHECK(add_box(c, D, &box));
-  c->actx.parts = &c->parts;
-  reshard_result_t r = rs_assign_pieces(&c->actx, &g->canon, c->dst2src[D->tensor], t->name, g->ranks, g->m, &c->pieces);
-  c->actx.parts = NULL;
-  RS_CHECK(r);
-  RS_CHECK(rs_relay_roles(&c->rctx, g, me));
-  size_t nparts = c->parts.n ? (size_t)c->parts.v[c->parts.n - 1].part + 1 : 0;
-  if (4 * nparts > c->cap_part_segs) {
-    free(c->part_segs);
-    c->cap_part_segs = 8 * nparts;
-    c->part_segs = malloc(c->cap_part_segs * sizeof *c->part_segs);
-    if (!c->part_segs) {
-      c->cap_part_segs = 0;
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay parts)");
-    }
-  }
-  /* per range q: its source -> owner segments [ps[4q], ps[4q+1]) and its
-   * owner -> entry segments [ps[4q+2], ps[4q+3]) */
-  size_t *ps = c->part_segs;
-  rs_seg s;
-  for (size_t k = 0; k < c->pieces.n; k++) {
-    const rs_piece *p = &c->pieces.v[k];
-    const int32_t s_rank = p->src.rank, o = g->ranks[p->owner];
-    make_seg(&s, RS_SEG_RECV, s_rank, o, D, p, es);
-    relay_seg(&s, gid, box, k);
-    route(&s, me, s_rank, o);
-    s.origin = s_rank;
-    if (k == 0 || p->part != c->pieces.v[k - 1].part) ps[4 * p->part] = c->segs.n;
-    ps[4 * p->part + 1] = c->segs.n + 1;
-    RS_CHECK(rs_seg_vec_push(&c->segs, &s));
-  }
-  const int32_t mine = domain_of(c, me);
-  for (int pass = 0; pass < 2; pass++)
-    for (size_t q = 0; q < c->parts.n; q++) {
-      const rs_piece *p = &c->parts.v[q];
-      const rs_relay_role *role = &c->rctx.roles[p->owner];
-      const int32_t o = g->ranks[p->owner];
-      const size_t *at = &ps[4 * p->part];
-      int far = o != me && domain_of(c, o) != mine;
-      make_seg(&s, RS_SEG_RECV, o, me, D, p, es);
-      relay_seg(&s, gid, box, q);
-      if (pass == 0 && !far) { /* from the owner in this domain, or mine */
-        if (o != me) RS_CHECK(push_forward(c, &s, o, me, at[0], at[1] - at[0]));
-        for (uint32_t i = 0; o == me && i < role->nchildren; i++)
-          RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], at[0], at[1] - at[0]));
-      } else if (pass == 0) { /* the owner -> this domain's entry */
-        int32_t entry = role->hop == 1 ? me : role->parent;
-        if (q == 0 || p->part != c->parts.v[q - 1].part) ps[4 * p->part + 2] = c->segs.n;
-        ps[4 * p->part + 3] = c->segs.n + 1;
-        RS_CHECK(push_forward(c, &s, o, entry, at[0], at[1] - at[0]));
-      } else if (far) { /* the entry -> the rest of this domain */
-        if (role->hop == 2) RS_CHECK(push_forward(c, &s, role->parent, me, at[2], at[3] - at[2]));
-        for (uint32_t i = 0; role->hop == 1 && i < role->nchildren; i++)
-          RS_CHECK(push_forward(c, &s, me, c->rctx.children[role->first_child + i], at[2], at[3] - at[2]));
-      }
-    }
-  return RESHARD_SUCCESS;
-}
-
 /* What this rank receives (and forwards, in relay plans), and its local
  * copies. */
 static reshard_result_t plan_receives(build_ctx *c) {
@@ -295,9 +145,10 @@ static reshard_result_t plan_receives(build_ctx *c) {
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
     if (g.m) {
-      RS_CHECK_GOTO(relay_receive(c, D, &g, es), r, done);
+      RS_CHECK_GOTO(rs_relay_plan_member(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
+                    r, done);
       continue;
     }
     RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
@@ -310,7 +161,7 @@ static reshard_result_t plan_receives(build_ctx *c) {
         RS_CHECK_GOTO(push_local(c, &cp), r, done);
       } else {
         rs_seg s;
-        make_seg(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
+        rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
         RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
       }
     }
@@ -352,25 +203,20 @@ static reshard_result_t plan_sends(build_ctx *c) {
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rctx, D, c->dst2src[D->tensor], es, &g), r, done);
-    /* Relayed: every member is a candidate; the group's lowest rank's
-     * turn sends each owner the parts it owns (only the box matters). */
-    if (g.m && D->rank != g.ranks[0]) continue;
-    int32_t gid = -1, box = -1;
-    if (g.m) RS_CHECK_GOTO(rs_relay_table_intern(&c->groups, g.ranks, g.m, &gid), r, done);
-    if (g.m) RS_CHECK_GOTO(add_box(c, D, &box), r, done);
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, g.m ? &g.canon : D, c->dst2src[D->tensor], t->name, g.m ? g.ranks : NULL, g.m,
-                                   &c->pieces),
-                  r, done);
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (g.m) {
+      /* every member is a candidate: the group's lowest rank's turn */
+      if (D->rank == g.ranks[0])
+        RS_CHECK_GOTO(rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
+                      r, done);
+      continue;
+    }
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;
       rs_seg s;
-      make_seg(&s, RS_SEG_SEND, me, g.m ? g.ranks[p->owner] : D->rank, &p->src, p, es);
-      if (g.m) {
-        relay_seg(&s, gid, box, k);
-        s.origin = me;
-      }
+      rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
       RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
     }
   }
@@ -378,54 +224,6 @@ done:
   rs_frag_vec_free(&mine);
   rs_frag_vec_free(&cands);
   return r;
-}
-
-typedef struct box_ref {
-  struct relay_box b;
-  int32_t id;
-} box_ref;
-
-static int cmp_box(const void *a, const void *b) {
-  const struct relay_box *x = &((const box_ref *)a)->b, *y = &((const box_ref *)b)->b;
-  if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
-  for (int d = 0; d < x->ndim; d++)
-    if (x->start[d] != y->start[d]) return x->start[d] < y->start[d] ? -1 : 1;
-  for (int d = 0; d < x->ndim; d++)
-    if (x->extent[d] != y->extent[d]) return x->extent[d] < y->extent[d] ? -1 : 1;
-  return 0;
-}
-
-/* Relay segments name their group and box by id; the chunker orders
- * streams by the group's ordinal and segments by the box's, which every
- * rank derives alike (the relative order of two groups or boxes is the
- * same on every rank that meets both). */
-static reshard_result_t order_relay(build_ctx *c) {
-  if (!c->groups.n) return RESHARD_SUCCESS;
-  int32_t *ord;
-  RS_CHECK(rs_relay_table_order(&c->groups, &ord));
-  box_ref *refs = malloc((c->nboxes + 1) * sizeof *refs);
-  int32_t *bord = malloc((c->nboxes + 1) * sizeof *bord);
-  if (!refs || !bord) {
-    free(ord);
-    free(refs);
-    free(bord);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay boxes)");
-  }
-  for (size_t i = 0; i < c->nboxes; i++) refs[i] = (box_ref){c->boxes[i], (int32_t)i};
-  if (c->nboxes > 1) qsort(refs, c->nboxes, sizeof *refs, cmp_box);
-  for (size_t i = 0, n = 0; i < c->nboxes; i++) {
-    if (i && cmp_box(&refs[i], &refs[i - 1])) n++;
-    bord[refs[i].id] = (int32_t)n;
-  }
-  for (size_t i = 0; i < c->segs.n; i++)
-    if (c->segs.v[i].group >= 0) {
-      c->segs.v[i].group = ord[c->segs.v[i].group];
-      c->segs.v[i].box = bord[c->segs.v[i].box];
-    }
-  free(ord);
-  free(refs);
-  free(bord);
-  return RESHARD_SUCCESS;
 }
 
 static void mark_used(const rs_copy *c, size_t n, int src_side, unsigned char *seen) {
@@ -565,11 +363,7 @@ static void build_ctx_free(build_ctx *c) {
   free(c->locals);
   rs_assign_ctx_free(&c->actx);
   rs_piece_vec_free(&c->pieces);
-  rs_relay_ctx_free(&c->rctx);
-  rs_relay_table_free(&c->groups);
-  free(c->boxes);
-  rs_piece_vec_free(&c->parts);
-  free(c->part_segs);
+  rs_relay_plan_free(&c->rp);
 }
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
@@ -626,16 +420,16 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     c.relay = p->opts.relay == 1 && !comm->ops->stream_ops;
     const int32_t *domain = p->has_topo ? p->map.domain : NULL;
     c.actx.domain = domain;
-    c.rctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
+    c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
   }
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
   if (!local) {
-    c.rctx.memo = 1;
+    c.rp.ctx.memo = 1;
     local = plan_sends(&c);
   }
-  if (!local) local = order_relay(&c);
+  if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */

@@ -147,6 +147,12 @@ typedef struct rs_seg_vec {
 } rs_seg_vec;
 
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s);
+
+/* Segment of box p of fragment f (this rank's: its buffer and strides) in
+ * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
+struct rs_piece;
+void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
+                 const rs_frag *f, const struct rs_piece *p, size_t es);
 void rs_seg_vec_free(rs_seg_vec *vec);
 
 /* One piece of a destination fragment and the source fragment chosen to

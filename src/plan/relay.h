@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "layout/layout.h"
+#include "plan/plan.h"
 #include "reshard.h"
 
 /* A fragment is relayed only when each of its m parts has at least this
@@ -125,5 +126,45 @@ reshard_result_t rs_relay_table_order(const rs_relay_table *t,
                                       int32_t **ordinal);
 
 void rs_relay_table_free(rs_relay_table *t);
+
+/* ---- building a rank's relay segments (relay_plan.c) ---- */
+
+typedef struct rs_relay_plan {
+  rs_relay_ctx ctx;
+  rs_relay_table groups;
+  /* The relayed fragment boxes met, by id (rs_seg.box until
+   * rs_relay_plan_order turns ids into ordinals). */
+  struct rs_relay_box {
+    int32_t tensor, ndim;
+    int64_t start[RESHARD_MAX_DIMS], extent[RESHARD_MAX_DIMS];
+  } *boxes;
+  size_t nboxes, cap_boxes;
+  rs_piece_vec parts; /* the (cell, owner) ranges of a fragment */
+  size_t *part_segs;  /* per range, 4 segment indices */
+  size_t cap_part_segs;
+} rs_relay_plan;
+
+/* Relayed fragment D of member me (group g): appends the source -> owner
+ * segments of every piece (me's receives, or virtual), and me's forwards
+ * and receives of each (cell, owner) range along its tree. */
+reshard_result_t rs_relay_plan_member(rs_relay_plan *rp, rs_assign_ctx *actx,
+                                      rs_piece_vec *pieces, rs_seg_vec *segs,
+                                      int32_t me, const rs_frag *D,
+                                      const rs_relay_group *g, int src_tensor,
+                                      const char *name, size_t es);
+
+/* Source rank me: appends what it sends each owner of relayed box D
+ * (call once per box). */
+reshard_result_t rs_relay_plan_source(rs_relay_plan *rp, rs_assign_ctx *actx,
+                                      rs_piece_vec *pieces, rs_seg_vec *segs,
+                                      int32_t me, const rs_frag *D,
+                                      const rs_relay_group *g, int src_tensor,
+                                      const char *name, size_t es);
+
+/* Turns group and box ids of segs into ordinals (rs_chunk_plan orders by
+ * them). */
+reshard_result_t rs_relay_plan_order(rs_relay_plan *rp, rs_seg_vec *segs);
+
+void rs_relay_plan_free(rs_relay_plan *rp);
 
 #endif
