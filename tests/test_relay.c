@@ -33,7 +33,8 @@
  * device_transport    relay = 1 on a device transport plans direct
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
- * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one. */
+ * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one,
+ * RS_RELAY_COUNT=<n> changes the number of random cases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -436,6 +437,8 @@ static void topology_h100(void **state) {
 }
 
 static uint64_t first_seed(uint64_t dflt, int *count) {
+  const char *n = getenv("RS_RELAY_COUNT");
+  if (n && *n) *count = atoi(n);
   const char *e = getenv("RS_RELAY_SEED");
   if (e && *e) {
     *count = 1;
