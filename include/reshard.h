@@ -329,8 +329,9 @@ typedef struct reshard_options {
    * largest peer count of any rank), but never below 64 bytes, so a budget
    * under 128 bytes per peer is exceeded. Default 256 MiB; minimum 4096. */
   size_t staging_bytes;
-  /* Upper bound on one message (one peer, one chunk); 0: derived from the
-   * staging budget and the largest peer count of any rank. */
+  /* Upper bound on one message (one stream, one chunk); 0: derived from
+   * the staging budget and the largest stream count of any rank (one
+   * stream per peer in a direct plan). */
   size_t chunk_bytes;
   /* Deadline of every wait, in milliseconds; <= 0: wait forever (not
    * recommended). Default 60000. */
@@ -341,8 +342,14 @@ typedef struct reshard_options {
    * RESHARD_TOPOLOGY overrides it. Same on all ranks (part of the digest). */
   const char *topology;
   /* Relays between destination replicas: -1 (default) lets the cost model
-   * choose per plan (direct when no topology is given), 0 never, 1 whenever
-   * destination replicas need the same bytes. RESHARD_RELAY overrides it. */
+   * choose per plan (today: never), 0 never, 1 whenever destination
+   * replicas need the same bytes: each destination fragment held with the
+   * same box by m >= 2 ranks (none of which holds its source data, and
+   * each part at least 256 KiB) is split into m parts, the source side
+   * sends each part to one replica and the replicas forward to each other,
+   * entering each NVLink domain of the topology once. Host transports only:
+   * on device transports (NCCL) 1 plans direct. Stats count forwards in
+   * send_bytes and recv_bytes. RESHARD_RELAY overrides it. */
   int relay;
   /* RESHARD_FLAG_* bits; 0 by default. */
   uint32_t flags;

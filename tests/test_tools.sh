@@ -115,6 +115,10 @@ plan_synthetic)
   plan_ok --shape 5 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 8 --dst-placements S0
   plan_ok --shape 6,0 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1
   plan_ok --shape 12,10,8,3 --dtype fp8e4m3 --src-mesh 2,1,2 --src-placements S3,R,S1 --dst-mesh 2,2 --dst-placements S2,S0 --staging 4K
+  # relay plans: forwards read destination buffers, several messages of a
+  # pair share a round (fragments of 512 KiB per replica part: relayed)
+  RESHARD_RELAY=1 plan_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0
+  RESHARD_RELAY=1 plan_ok --shape 2048,512 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4,1 --dst-placements R,S1 --staging 64K
   # one rank alone: its figures, coverage skipped
   echo "== reshard_plan --rank 5"
   if "$plan" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --rank 5 --check >"$out" 2>"$err"; then

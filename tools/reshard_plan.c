@@ -197,15 +197,19 @@ static int cmp_msg(const void *a, const void *b) {
   const msgrec *x = a, *y = b;
   if (x->src != y->src) return x->src < y->src ? -1 : 1;
   if (x->dst != y->dst) return x->dst < y->dst ? -1 : 1;
-  return (x->round > y->round) - (x->round < y->round);
+  if (x->round != y->round) return x->round < y->round ? -1 : 1;
+  /* relay plans: several messages of one pair in one round */
+  return (x->bytes > y->bytes) - (x->bytes < y->bytes);
 }
 
 /* Walks one direction's messages the way execute does: each message's
  * copies must pack its staging bytes exactly once, and every copy must
  * belong to exactly one message. The buffer side of each copy is appended
  * to side_runs[buffer] (sends read source buffers, receives write
- * destination buffers). */
-static void check_messages(checker *ck, int rank, const reshard_plan_t *P, int is_send, int nbuf, ivec *side_runs) {
+ * destination buffers), or to fwd_runs[buffer] for relay forwards, which
+ * read destination buffers. */
+static void check_messages(checker *ck, int rank, const reshard_plan_t *P, int is_send, int nbuf, ivec *side_runs,
+                           int nfwd, ivec *fwd_runs) {
   const rs_msg *msgs = is_send ? P->sends : P->recvs;
   size_t n = is_send ? P->nsends : P->nrecvs;
   const rs_copy *copies = is_send ? P->send_copies : P->recv_copies;
@@ -226,8 +230,9 @@ static void check_messages(checker *ck, int rank, const reshard_plan_t *P, int i
       if (used[m->first_copy + k]++) violation(ck, "rank %d: %s copy %u belongs to two messages", rank, dir, m->first_copy + k);
       copy_runs(c, !is_send, &runs);
       int b = is_send ? c->src_buf : c->dst_buf;
-      if (b < 0 || b >= nbuf) violation(ck, "rank %d: %s copy %u touches buffer %d", rank, dir, m->first_copy + k, b);
-      else copy_runs(c, is_send, &side_runs[b]);
+      int nb = m->fwd ? nfwd : nbuf;
+      if (b < 0 || b >= nb) violation(ck, "rank %d: %s copy %u touches buffer %d", rank, dir, m->first_copy + k, b);
+      else copy_runs(c, is_send, m->fwd ? &fwd_runs[b] : &side_runs[b]);
     }
     ival o;
     size_t ov = ivec_normalize(&runs, &o);
@@ -249,7 +254,7 @@ static void check_messages(checker *ck, int rank, const reshard_plan_t *P, int i
 static void check_rank(checker *ck, const cli_layouts *L, int rank, const reshard_plan_t *P, msgvec *sends,
                        msgvec *recvs) {
   const reshard_layout_t *sides[2] = {L->src, L->dst};
-  ivec *frag[2], *touched[2];
+  ivec *frag[2], *touched[2], *forwarded;
   int nb[2];
   for (int s = 0; s < 2; s++) {
     nb[s] = reshard_layout_num_buffers(sides[s]);
@@ -265,10 +270,12 @@ static void check_rank(checker *ck, const cli_layouts *L, int rank, const reshar
     free(fr);
     for (int b = 0; b < nb[s]; b++) ivec_normalize(&frag[s][b], NULL);
   }
-  /* reads: send copies and local copies; writes: receive copies and
-   * local copies */
-  check_messages(ck, rank, P, 1, nb[0], touched[0]);
-  check_messages(ck, rank, P, 0, nb[1], touched[1]);
+  /* reads: send copies and local copies (relay forwards: destination
+   * buffers); writes: receive copies and local copies */
+  forwarded = calloc((size_t)nb[1] + 1, sizeof(ivec));
+  if (!forwarded) exit(1);
+  check_messages(ck, rank, P, 1, nb[0], touched[0], nb[1], forwarded);
+  check_messages(ck, rank, P, 0, nb[1], touched[1], 0, NULL);
   for (size_t i = 0; i < P->nlocal_copies; i++) {
     const rs_copy *c = &P->local_copies[i];
     if (c->src_buf < 0 || c->src_buf >= nb[0] || c->dst_buf < 0 || c->dst_buf >= nb[1]) {
@@ -291,6 +298,22 @@ static void check_rank(checker *ck, const cli_layouts *L, int rank, const reshar
       }
     }
   }
+  /* a forward sends what this rank received: inside its fragments */
+  for (int b = 0; b < nb[1]; b++) {
+    ivec_normalize(&forwarded[b], NULL);
+    const ivec *in = &frag[1][b], *rd = &forwarded[b];
+    size_t j = 0;
+    for (size_t i = 0; i < rd->n; i++) {
+      while (j < in->n && in->v[j].hi <= rd->v[i].lo) j++;
+      if (j == in->n || in->v[j].lo > rd->v[i].lo || in->v[j].hi < rd->v[i].hi) {
+        violation(ck, "rank %d: destination buffer %d bytes [%llu, %llu) forwarded, not all inside a fragment", rank, b,
+                  (unsigned long long)rd->v[i].lo, (unsigned long long)rd->v[i].hi);
+        break;
+      }
+    }
+    free(forwarded[b].v);
+  }
+  free(forwarded);
   for (int b = 0; b < nb[1]; b++) {
     ival o;
     if (ivec_normalize(&touched[1][b], &o))

@@ -9,7 +9,12 @@
  * (agree.c), and, with RESHARD_FLAG_DOUBLE_BUFFER, a commit agreement of
  * all ranks last. RESHARD_FLAG_VERIFY adds a checksum message per
  * message (verify.c). A call that fails after its agreement started
- * leaves the plan failed (state.c). */
+ * leaves the plan failed (state.c).
+ *
+ * Relay forwards (rs_msg.fwd) send from the destination buffers what this
+ * rank received two rounds earlier: a receive of round q has landed in the
+ * destination buffers when finish_round(q) returns, in run_rounds'
+ * iteration q+1, before start_round(q+2) posts the forward. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,22 +171,26 @@ static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64
   return st->comm->ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot);
 }
 
+/* The buffers a send's copies read: forwards (relay) read the destination
+ * buffers. */
+static void *const *send_bases(const exec_state *st, const rs_msg *m) { return m->fwd ? st->dst : st->src; }
+
 /* Posts one send: from its buffer (direct), as boxes, or packed. */
 static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64_t tag, rs_request **slot) {
   const reshard_plan_t *p = st->plan;
   const unsigned char *at = st->send_stage[h] + m->staging_off;
   if (m->direct) {
     const rs_copy *cp = &p->send_copies[m->first_copy];
-    at = (const unsigned char *)st->src[cp->src_buf] + cp->src_off;
+    at = (const unsigned char *)send_bases(st, m)[cp->src_buf] + cp->src_off;
   } else {
     if (st->comm->ops->isend_boxes) {
       reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
-                                                      m->ncopies, st->src, m->bytes, slot);
+                                                      m->ncopies, send_bases(st, m), m->bytes, slot);
       if (r != RESHARD_ERROR_UNSUPPORTED) return r;
     }
     for (uint32_t c = 0; c < m->ncopies; c++) {
       const rs_copy *cp = &p->send_copies[m->first_copy + c];
-      rs_copy_run(cp, st->src[cp->src_buf], st->send_stage[h]);
+      rs_copy_run(cp, send_bases(st, m)[cp->src_buf], st->send_stage[h]);
     }
   }
   return st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot);
@@ -214,7 +223,7 @@ static reshard_result_t start_round(exec_state *st, int k) {
       RS_CHECK(post_send(st, m, h, tag, &st->sreq[h][si]));
       if (st->verify) {
         uint64_t *sums = st->send_sums + m->first_copy;
-        sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, st->src, sums);
+        sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m), sums);
         RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums,
                                       (size_t)m->ncopies * sizeof(uint64_t), &st->vsreq[h][si]));
       }

@@ -111,11 +111,32 @@ static void format_box(char *buf, size_t n, int ndim, const int64_t *s,
   if (used < n) snprintf(buf + used, n - used, "]");
 }
 
+/* Narrows the holders c[0..nc) of a cell to those in the receiver's NVLink
+ * domain when there are any (NVLink is several times faster than the
+ * network); out needs nc entries. Sender and receiver share the rank map,
+ * so they narrow identically. */
+static int prefer_domain(const rs_assign_ctx *ctx, const rs_frag *H,
+                         const int *c, int nc, int receiver, int *out) {
+  if (!ctx->domain) return 0;
+  int n = 0;
+  for (int k = 0; k < nc; k++)
+    if (ctx->domain[H[c[k]].rank] == ctx->domain[receiver]) out[n++] = c[k];
+  return n;
+}
+
 reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   int src_tensor, const char *name,
+                                  const int32_t *owners, int nowners,
                                   rs_piece_vec *out) {
   const int nd = D->ndim;
+  const int32_t self = D->rank;
+  if (!owners || nowners < 1) {
+    owners = &self;
+    nowners = 1;
+  }
   out->n = 0;
+  if (ctx->parts) ctx->parts->n = 0;
+  int32_t nparts = 0;
   ctx->holders.n = 0;
   RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->holders));
   rs_frag *H = ctx->holders.v;
@@ -133,9 +154,9 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
     }
   }
-  if (ctx->cands_cap < nh + 1) {
+  if (ctx->cands_cap < 2 * (nh + 1)) {
     free(ctx->cands);
-    ctx->cands_cap = (nh + 1) * 2;
+    ctx->cands_cap = (nh + 1) * 4;
     ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
     if (!ctx->cands) {
       ctx->cands_cap = 0;
@@ -206,29 +227,47 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     rs_piece p;
     memcpy(p.start, cs, sizeof cs);
     memcpy(p.extent, ce, sizeof ce);
+    p.owner = 0;
+    p.part = -1;
     int local = -1;
-    for (int k = 0; k < nc; k++)
-      if (H[c[k]].rank == D->rank) local = c[k];
+    if (nowners == 1)
+      for (int k = 0; k < nc; k++)
+        if (H[c[k]].rank == owners[0]) local = c[k];
     if (local >= 0) {
       /* The receiver holds the cell itself: no transport at all. */
       p.src = H[local];
       RS_CHECK(piece_push(out, &p));
     } else {
-      /* Split the cell's row-major element range evenly: every holder
-       * provides floor or ceil of N/k elements, whatever the cell's shape
-       * (a cell with fewer rows than replicas still uses them all). */
+      /* The cell's row-major element range goes to the owners in nowners
+       * consecutive ranges (one range, the receiver's, in a direct plan);
+       * each range is split evenly over the holders: every holder
+       * provides floor or ceil of its share, whatever the cell's shape (a
+       * cell with fewer rows than replicas still uses them all). */
       int64_t n = 1;
       for (int d = 0; d < nd; d++) n *= ce[d];
-      int64_t np = rs_min_i64(nc, n);
       uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
                      mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
-      int rot = (int)(key % (uint64_t)nc);
-      int64_t base = n / np, extra = n % np, at = 0;
-      for (int64_t i = 0; i < np; i++) {
-        int64_t sz = base + (i < extra);
-        p.src = H[c[(i + rot) % nc]];
-        RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
-        at += sz;
+      int64_t obase = n / nowners, oextra = n % nowners, at = 0;
+      int *near = c + nc;
+      for (int o = 0; o < nowners; o++) {
+        int64_t on = obase + (o < oextra);
+        const int *cc = c;
+        int ncc = prefer_domain(ctx, H, c, nc, owners[o], near);
+        if (ncc) cc = near;
+        else ncc = nc;
+        int64_t np = rs_min_i64(ncc, on);
+        int rot = (int)((key + (uint64_t)o) % (uint64_t)ncc);
+        int64_t base = np ? on / np : 0, extra = np ? on % np : 0;
+        p.owner = o;
+        p.part = on ? nparts : -1;
+        if (on && ctx->parts) RS_CHECK(push_range(ctx->parts, &p, nd, cs, ce, at, at + on));
+        nparts += on > 0;
+        for (int64_t i = 0; i < np; i++) {
+          int64_t sz = base + (i < extra);
+          p.src = H[cc[(i + rot) % ncc]];
+          RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
+          at += sz;
+        }
       }
     }
     cell_no++;

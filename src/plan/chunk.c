@@ -1,7 +1,18 @@
-/* Coalescing and chunking: one message per (peer, round), none larger than
- * chunk_bytes. The cut depends only on the ordered boxes of a stream and
- * their element size, which sender and receiver share, never on either
- * side's strides, so both cut identically. */
+/* Coalescing and chunking: one message per (stream, round), none larger
+ * than chunk_bytes. The cut depends only on the ordered boxes of a stream,
+ * their element size and the rounds their data becomes ready, which every
+ * party of the stream shares, never on anyone's strides, so all cut
+ * identically.
+ *
+ * A stream's messages go in consecutive rounds from its first box's ready
+ * round; a box that becomes ready later (a relay forward, whose data the
+ * sender receives in an earlier stream) starts a message no earlier than
+ * that round. A segment's arrival is the round of the message carrying
+ * its last byte; what waits on it is ready two rounds later (the host
+ * executor has a round's data in place before it starts the round after
+ * next). Streams are cut in level order, so the segments a stream waits
+ * on have arrived, possibly in virtual streams: those of other pairs that
+ * this rank cuts only to learn their rounds. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,20 +28,55 @@ reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s) {
   return RESHARD_SUCCESS;
 }
 
+void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
+                 const rs_frag *f, const rs_piece *p, size_t es) {
+  memset(s, 0, sizeof *s);
+  s->dir = dir;
+  s->from = from;
+  s->to = to;
+  s->peer = dir == RS_SEG_SEND ? to : from;
+  s->origin = -1;
+  s->dep = -1;
+  s->buffer = f->buffer;
+  s->ndim = f->ndim;
+  s->tensor = f->tensor;
+  s->esize = (uint32_t)es;
+  s->off = rs_frag_offset_of(f, p->start, es);
+  s->bytes = es;
+  s->group = -1;
+  s->vtensor = f->tensor; /* a source fragment's callers set the destination id */
+  for (int d = 0; d < f->ndim; d++) {
+    s->extent[d] = p->extent[d];
+    s->gstart[d] = p->start[d];
+    s->strides[d] = f->strides[d];
+    s->bytes *= (uint64_t)p->extent[d];
+  }
+}
+
 void rs_seg_vec_free(rs_seg_vec *vec) {
   free(vec->v);
   vec->v = NULL;
   vec->n = vec->cap = 0;
 }
 
+/* A message's stream key, for ordering the messages of one pair and
+ * round alike on both sides. */
+typedef struct msg_key {
+  int32_t group, origin;
+} msg_key;
+
 typedef struct chunker {
   reshard_plan_t *plan;
   int is_send;
+  int dry; /* virtual streams: the cut only, no messages */
   size_t cap;
-  int32_t peer;
-  int32_t round;
-  uint64_t cur; /* bytes in the open message */
+  const rs_seg *stream; /* a segment of the open stream */
+  int open;             /* a message of the stream is open */
+  int32_t round;        /* the open message's round */
+  int32_t ready;        /* the box being added may not travel earlier */
+  uint64_t cur;         /* bytes in the open message */
   rs_msg *msgs;
+  msg_key *keys; /* per message; cap_msgs entries */
   size_t nmsgs, cap_msgs;
   rs_copy *copies;
   size_t ncopies, cap_copies;
@@ -38,20 +84,33 @@ typedef struct chunker {
   size_t cap_vboxes;
 } chunker;
 
-static reshard_result_t open_msg(chunker *ch) {
+static reshard_result_t open_msg(chunker *ch, int32_t round) {
+  ch->open = 1;
+  ch->round = round;
+  ch->cur = 0;
+  if (ch->dry) return RESHARD_SUCCESS;
+  size_t cap = ch->cap_msgs;
   if (RS_VEC_GROW(ch->msgs, ch->nmsgs, ch->cap_msgs))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
+  if (ch->cap_msgs != cap || !ch->keys) {
+    msg_key *k = rs_realloc(ch->keys, ch->cap_msgs * sizeof *k);
+    if (!k) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking messages");
+    ch->keys = k;
+  }
+  const rs_seg *s = ch->stream;
+  ch->keys[ch->nmsgs] = (msg_key){s->group, s->origin};
   rs_msg *m = &ch->msgs[ch->nmsgs++];
   memset(m, 0, sizeof *m);
-  m->peer = ch->peer;
-  m->round = ch->round++;
+  m->peer = s->peer;
+  m->fwd = ch->is_send && s->fwd;
+  m->round = round;
   m->first_copy = (uint32_t)ch->ncopies;
-  ch->cur = 0;
   return RESHARD_SUCCESS;
 }
 
 /* Adds one box of at most cap bytes to the open message (opening a new
- * one when it would overflow). */
+ * one when it would overflow, or when the box is not ready in its
+ * round). */
 static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
                                 const int64_t *ext, const int64_t *at) {
   int nd = s->ndim;
@@ -61,9 +120,16 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
     dense[d] = (int64_t)(bytes / s->esize);
     bytes *= (uint64_t)ext[d];
   }
-  if (ch->nmsgs == 0 || ch->msgs[ch->nmsgs - 1].peer != ch->peer ||
-      (ch->cur > 0 && ch->cur + bytes > ch->cap))
-    RS_CHECK(open_msg(ch));
+  if (!ch->open) {
+    RS_CHECK(open_msg(ch, ch->ready));
+  } else if (ch->cur > 0 && (ch->cur + bytes > ch->cap || ch->round < ch->ready)) {
+    RS_CHECK(open_msg(ch, ch->round + 1 > ch->ready ? ch->round + 1 : ch->ready));
+  } else if (ch->round < ch->ready) { /* still empty: it just goes later */
+    ch->round = ch->ready;
+    if (!ch->dry) ch->msgs[ch->nmsgs - 1].round = ch->ready;
+  }
+  ch->cur += bytes;
+  if (ch->dry) return RESHARD_SUCCESS;
   if (ch->plan->opts.flags & RESHARD_FLAG_VERIFY) {
     if (RS_VEC_GROW(ch->vboxes, ch->ncopies, ch->cap_vboxes))
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
@@ -79,14 +145,14 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   if (RS_VEC_GROW(ch->copies, ch->ncopies, ch->cap_copies))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
   rs_copy *c = &ch->copies[ch->ncopies++];
+  uint64_t soff = ch->cur - bytes;
   if (ch->is_send)
-    rs_copy_init(c, nd, ext, s->esize, s->buffer, off, s->strides, RS_BUF_STAGING, ch->cur, dense);
+    rs_copy_init(c, nd, ext, s->esize, s->buffer, off, s->strides, RS_BUF_STAGING, soff, dense);
   else
-    rs_copy_init(c, nd, ext, s->esize, RS_BUF_STAGING, ch->cur, dense, s->buffer, off, s->strides);
+    rs_copy_init(c, nd, ext, s->esize, RS_BUF_STAGING, soff, dense, s->buffer, off, s->strides);
   rs_msg *m = &ch->msgs[ch->nmsgs - 1];
   m->ncopies++;
   m->bytes += bytes;
-  ch->cur += bytes;
   return RESHARD_SUCCESS;
 }
 
@@ -115,15 +181,54 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   return r;
 }
 
+static int cmp_i32(int32_t x, int32_t y) { return (x > y) - (x < y); }
+/* A segment's sort key, compact so that sorting stays cheap. */
 typedef struct seg_ref {
-  int32_t peer;
+  int32_t level, from, to, group, origin, box;
+  uint32_t piece;
   size_t index;
 } seg_ref;
 
+static seg_ref ref_of(const rs_seg *s, size_t i) {
+  return (seg_ref){s->level, s->from, s->to, s->group, s->origin, s->box, s->piece, i};
+}
+
+static int cmp_ref_stream(const seg_ref *x, const seg_ref *y) {
+  int c = cmp_i32(x->from, y->from);
+  if (!c) c = cmp_i32(x->to, y->to);
+  if (!c) c = cmp_i32(x->group, y->group);
+  if (!c) c = cmp_i32(x->origin, y->origin);
+  return c;
+}
+
+/* Levels, streams, then the stream's order: push order for direct
+ * traffic (both sides push in the receiver's canonical fragment order),
+ * the canonical (fragment box, piece) order for relay streams, whose
+ * parties push in different orders. */
 static int cmp_seg_ref(const void *a, const void *b) {
   const seg_ref *x = a, *y = b;
-  if (x->peer != y->peer) return (x->peer > y->peer) - (x->peer < y->peer);
-  return (x->index > y->index) - (x->index < y->index);
+  int c = cmp_i32(x->level, y->level);
+  if (!c) c = cmp_ref_stream(x, y);
+  if (!c && x->group >= 0) {
+    c = cmp_i32(x->box, y->box);
+    if (!c) c = (x->piece > y->piece) - (x->piece < y->piece);
+  }
+  if (!c) c = (x->index > y->index) - (x->index < y->index);
+  return c;
+}
+
+static int cmp_stream_only(const void *a, const void *b) { return cmp_ref_stream(a, b); }
+
+int64_t rs_count_streams(const rs_seg_vec *segs) {
+  seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
+  if (!v) return -1;
+  size_t n = 0, k = 0;
+  for (size_t i = 0; i < segs->n; i++)
+    if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
+  if (k > 1) qsort(v, k, sizeof *v, cmp_stream_only);
+  for (size_t i = 0; i < k; i++) n += i == 0 || cmp_ref_stream(&v[i], &v[i - 1]) != 0;
+  free(v);
+  return (int64_t)n;
 }
 
 /* Shifted round robin: at position i every rank sends to rank+i+1 and
@@ -133,60 +238,61 @@ static uint64_t sched_key(int rank, int size, int peer, int is_send) {
   return (uint64_t)((rank - peer + size) % size);
 }
 
-/* Before layout, staging_off holds the schedule key (see below). */
-static int cmp_msg(const void *a, const void *b) {
-  const rs_msg *x = a, *y = b;
-  if (x->round != y->round) return (x->round > y->round) - (x->round < y->round);
-  return (x->staging_off > y->staging_off) - (x->staging_off < y->staging_off);
+/* The schedule: by round, then shifted round robin, then stream key (the
+ * order in which both sides of a pair post a round's messages, which is
+ * how the transports match messages that share a tag). */
+typedef struct sched_ref {
+  int32_t round;
+  uint64_t sched;
+  msg_key key;
+  size_t index;
+} sched_ref;
+
+static int cmp_sched(const void *a, const void *b) {
+  const sched_ref *x = a, *y = b;
+  int c = cmp_i32(x->round, y->round);
+  if (!c) c = (x->sched > y->sched) - (x->sched < y->sched);
+  if (!c) c = cmp_i32(x->key.group, y->key.group);
+  if (!c) c = cmp_i32(x->key.origin, y->key.origin);
+  if (!c) c = (x->index > y->index) - (x->index < y->index);
+  return c;
 }
 
-reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
-                                  int is_send, size_t chunk_bytes) {
-  chunker ch;
-  memset(&ch, 0, sizeof ch);
-  ch.plan = plan;
-  ch.is_send = is_send;
-  ch.cap = chunk_bytes;
-  reshard_result_t r = RESHARD_SUCCESS;
-  seg_ref *refs = rs_malloc((segs->n ? segs->n : 1) * sizeof *refs);
-  if (!refs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
-  for (size_t i = 0; i < segs->n; i++) {
-    refs[i].peer = segs->v[i].peer;
-    refs[i].index = i;
+/* Reorders ch->msgs by the schedule. */
+static reshard_result_t schedule(chunker *ch) {
+  if (ch->nmsgs < 2) return RESHARD_SUCCESS;
+  sched_ref *refs = rs_malloc(ch->nmsgs * sizeof *refs);
+  rs_msg *sorted = rs_malloc(ch->nmsgs * sizeof *sorted);
+  if (!refs || !sorted) {
+    free(refs);
+    free(sorted);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory scheduling messages");
   }
-  qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
-  for (size_t i = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
-    const rs_seg *s = &segs->v[refs[i].index];
-    if (i == 0 || s->peer != ch.peer) {
-      ch.peer = s->peer;
-      ch.round = 0;
-      ch.cur = 0;
-      r = open_msg(&ch);
-      if (r != RESHARD_SUCCESS) break;
-    }
-    int64_t ext[RESHARD_MAX_DIMS], at[RESHARD_MAX_DIMS] = {0};
-    memcpy(ext, s->extent, sizeof ext);
-    r = split_box(&ch, s, 0, s->off, ext, at);
-  }
+  for (size_t i = 0; i < ch->nmsgs; i++)
+    refs[i] = (sched_ref){ch->msgs[i].round, sched_key(ch->plan->rank, ch->plan->size, ch->msgs[i].peer, ch->is_send),
+                          ch->keys[i], i};
+  qsort(refs, ch->nmsgs, sizeof *refs, cmp_sched);
+  for (size_t i = 0; i < ch->nmsgs; i++) sorted[i] = ch->msgs[refs[i].index];
   free(refs);
-  if (r != RESHARD_SUCCESS) goto fail;
+  free(ch->msgs);
+  ch->msgs = sorted;
+  ch->cap_msgs = ch->nmsgs;
+  return RESHARD_SUCCESS;
+}
 
-  /* Schedule: by round, then shifted round robin; then lay each round's
-   * messages out in staging, 64-byte aligned for the copy loops. */
-  for (size_t i = 0; i < ch.nmsgs; i++)
-    ch.msgs[i].staging_off = sched_key(plan->rank, plan->size, ch.msgs[i].peer, is_send);
-  if (ch.nmsgs > 1) /* ch.msgs is NULL when empty: qsort(NULL, 0) is UB */
-    qsort(ch.msgs, ch.nmsgs, sizeof *ch.msgs, cmp_msg);
-  int nrounds = ch.nmsgs ? ch.msgs[ch.nmsgs - 1].round + 1 : 0;
+/* Schedules one direction's messages, lays each round out in staging
+ * (64-byte aligned for the copy loops) and hands the arrays to the plan. */
+static reshard_result_t finish_direction(chunker *ch) {
+  reshard_plan_t *plan = ch->plan;
+  const int is_send = ch->is_send;
+  RS_CHECK(schedule(ch));
+  int nrounds = ch->nmsgs ? ch->msgs[ch->nmsgs - 1].round + 1 : 0;
   size_t *starts = rs_calloc((size_t)nrounds + 1, sizeof *starts);
-  if (!starts) {
-    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
-    goto fail;
-  }
+  if (!starts) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
   uint64_t half = 0, off = 0;
   int round = -1;
-  for (size_t i = 0; i < ch.nmsgs; i++) {
-    rs_msg *m = &ch.msgs[i];
+  for (size_t i = 0; i < ch->nmsgs; i++) {
+    rs_msg *m = &ch->msgs[i];
     if (m->round != round) {
       for (int k = round + 1; k <= m->round; k++) starts[k] = i;
       round = m->round;
@@ -194,39 +300,87 @@ reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
     }
     m->staging_off = off;
     for (uint32_t k = 0; k < m->ncopies; k++) {
-      rs_copy *c = &ch.copies[m->first_copy + k];
+      rs_copy *c = &ch->copies[m->first_copy + k];
       if (is_send) c->dst_off += off;
       else c->src_off += off;
     }
     off += (m->bytes + 63) & ~(uint64_t)63;
     if (off > half) half = off;
   }
-  for (int k = round + 1; k <= nrounds; k++) starts[k] = ch.nmsgs;
-  for (size_t i = 0; i < ch.nmsgs; i++) {
-    rs_msg *m = &ch.msgs[i];
-    m->direct = m->ncopies == 1 && ch.copies[m->first_copy].ndim == 0;
+  for (int k = round + 1; k <= nrounds; k++) starts[k] = ch->nmsgs;
+  for (size_t i = 0; i < ch->nmsgs; i++) {
+    rs_msg *m = &ch->msgs[i];
+    m->direct = m->ncopies == 1 && ch->copies[m->first_copy].ndim == 0;
   }
   if (is_send) {
-    plan->sends = ch.msgs;
-    plan->nsends = ch.nmsgs;
+    plan->sends = ch->msgs;
+    plan->nsends = ch->nmsgs;
     plan->send_round = starts;
-    plan->send_copies = ch.copies;
-    plan->send_vbox = ch.vboxes;
-    plan->nsend_copies = ch.ncopies;
+    plan->send_copies = ch->copies;
+    plan->send_vbox = ch->vboxes;
+    plan->nsend_copies = ch->ncopies;
     plan->send_half = half;
   } else {
-    plan->recvs = ch.msgs;
-    plan->nrecvs = ch.nmsgs;
+    plan->recvs = ch->msgs;
+    plan->nrecvs = ch->nmsgs;
     plan->recv_round = starts;
-    plan->recv_copies = ch.copies;
-    plan->recv_vbox = ch.vboxes;
-    plan->nrecv_copies = ch.ncopies;
+    plan->recv_copies = ch->copies;
+    plan->recv_vbox = ch->vboxes;
+    plan->nrecv_copies = ch->ncopies;
     plan->recv_half = half;
   }
+  ch->msgs = NULL;
+  ch->copies = NULL;
+  ch->vboxes = NULL;
+  ch->nmsgs = ch->ncopies = 0;
   return RESHARD_SUCCESS;
-fail:
-  free(ch.msgs);
-  free(ch.copies);
-  free(ch.vboxes);
+}
+
+reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
+                               size_t chunk_bytes) {
+  chunker ch[3]; /* RS_SEG_RECV, RS_SEG_SEND, RS_SEG_VIRTUAL */
+  memset(ch, 0, sizeof ch);
+  for (int k = 0; k < 3; k++) {
+    ch[k].plan = plan;
+    ch[k].cap = chunk_bytes;
+    ch[k].is_send = k == RS_SEG_SEND;
+    ch[k].dry = k == RS_SEG_VIRTUAL;
+  }
+  reshard_result_t r = RESHARD_SUCCESS;
+  seg_ref *refs = rs_malloc((segs->n + 1) * sizeof *refs);
+  int32_t *arrive = rs_malloc((segs->n + 1) * sizeof *arrive);
+  if (!refs || !arrive) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
+    goto done;
+  }
+  for (size_t i = 0; i < segs->n; i++) refs[i] = ref_of(&segs->v[i], i);
+  if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
+  for (size_t i = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
+    const rs_seg *s = &segs->v[refs[i].index];
+    chunker *c = &ch[s->dir];
+    if (i == 0 || refs[i].level != refs[i - 1].level || cmp_ref_stream(&refs[i], &refs[i - 1])) {
+      c->stream = s;
+      c->open = 0;
+      c->cur = 0;
+    }
+    c->ready = 0;
+    for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
+      if (arrive[s->dep + k] + 2 > c->ready) c->ready = arrive[s->dep + k] + 2;
+    int64_t ext[RESHARD_MAX_DIMS], at[RESHARD_MAX_DIMS] = {0};
+    memcpy(ext, s->extent, sizeof ext);
+    r = split_box(c, s, 0, s->off, ext, at);
+    arrive[refs[i].index] = c->round;
+  }
+  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_SEND]);
+  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_RECV]);
+done:
+  free(refs);
+  free(arrive);
+  for (int k = 0; k < 3; k++) {
+    free(ch[k].msgs);
+    free(ch[k].keys);
+    free(ch[k].copies);
+    free(ch[k].vboxes);
+  }
   return r;
 }

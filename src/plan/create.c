@@ -15,19 +15,23 @@
 #include "common/vec.h"
 #include "common/params.h"
 #include "plan/plan.h"
+#include "plan/relay.h"
 #include "transport/transport.h"
 
 typedef struct build_ctx {
   const reshard_layout_t *src, *dst;
   reshard_plan_t *plan;
   int *dst2src, *src2dst;
-  rs_seg_vec sends, recvs;
+  rs_seg_vec segs; /* sends, receives and virtual relay streams */
   rs_copy *locals;
   rs_vbox *local_vbox; /* verify mode: parallel to locals */
   size_t nlocals, cap_locals, cap_local_vbox;
   rs_assign_ctx actx;
   rs_piece_vec pieces;
   int npeers;
+  /* Relay plans (plan/relay.h): built when relay is set. */
+  int relay;
+  rs_relay_plan rp;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -149,13 +153,13 @@ static reshard_result_t push_local(build_ctx *c, const rs_copy *cp,
 
 /* Verify mode: the destination tensors' names and index strides. */
 static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t *dst) {
-  p->vtensors = calloc((size_t)dst->ntensors + 1, sizeof *p->vtensors);
+  p->vtensors = rs_calloc((size_t)dst->ntensors + 1, sizeof *p->vtensors);
   if (!p->vtensors) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
   p->nvtensors = dst->ntensors;
   for (int i = 0; i < dst->ntensors; i++) {
     const rs_tensor *t = &dst->tensors[i];
     rs_vtensor *v = &p->vtensors[i];
-    v->name = strdup(t->name);
+    v->name = rs_strdup(t->name);
     if (!v->name) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
     v->ndim = t->ndim;
     v->esize = (uint32_t)reshard_dtype_size(t->dtype);
@@ -168,26 +172,8 @@ static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t
   return RESHARD_SUCCESS;
 }
 
-static void make_seg(rs_seg *s, int peer, const rs_frag *f,
-                     const rs_piece *p, size_t es, int vtensor) {
-  memset(s, 0, sizeof *s);
-  s->peer = peer;
-  s->buffer = f->buffer;
-  s->ndim = f->ndim;
-  s->tensor = f->tensor;
-  s->vtensor = vtensor;
-  s->esize = (uint32_t)es;
-  s->off = rs_frag_offset_of(f, p->start, es);
-  s->bytes = es;
-  for (int d = 0; d < f->ndim; d++) {
-    s->extent[d] = p->extent[d];
-    s->gstart[d] = p->start[d];
-    s->strides[d] = f->strides[d];
-    s->bytes *= (uint64_t)p->extent[d];
-  }
-}
-
-/* What this rank receives, and its local copies. */
+/* What this rank receives (and forwards, in relay plans), and its local
+ * copies. */
 static reshard_result_t plan_receives(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0};
@@ -197,7 +183,14 @@ static reshard_result_t plan_receives(build_ctx *c) {
     const rs_frag *D = &mine.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    rs_relay_group g = {0};
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (g.m) {
+      RS_CHECK_GOTO(rs_relay_plan_member(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
+                    r, done);
+      continue;
+    }
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank == me) {
@@ -207,8 +200,8 @@ static reshard_result_t plan_receives(build_ctx *c) {
         RS_CHECK_GOTO(push_local(c, &cp, D->tensor, p, D->ndim), r, done);
       } else {
         rs_seg s;
-        make_seg(&s, p->src.rank, D, p, es, D->tensor);
-        RS_CHECK_GOTO(rs_seg_vec_push(&c->recvs, &s), r, done);
+        rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
+        RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
       }
     }
   }
@@ -248,13 +241,23 @@ static reshard_result_t plan_sends(build_ctx *c) {
     const rs_frag *D = &cands.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, &c->pieces), r, done);
+    rs_relay_group g = {0};
+    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (g.m) {
+      /* every member is a candidate: the group's lowest rank's turn */
+      if (D->rank == g.ranks[0])
+        RS_CHECK_GOTO(rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
+                      r, done);
+      continue;
+    }
+    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;
       rs_seg s;
-      make_seg(&s, D->rank, &p->src, p, es, D->tensor);
-      RS_CHECK_GOTO(rs_seg_vec_push(&c->sends, &s), r, done);
+      rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
+      s.vtensor = D->tensor;
+      RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
     }
   }
 done:
@@ -263,39 +266,27 @@ done:
   return r;
 }
 
-/* Distinct peers in v; -1 when out of memory (guessing instead would make
- * every rank's chunk size depend on one rank's allocator). */
-static int count_peers(const rs_seg_vec *v, int size) {
-  unsigned char *seen = rs_calloc((size_t)size, 1);
-  int n = 0;
-  if (!seen) return -1;
-  for (size_t i = 0; i < v->n; i++)
-    if (!seen[v->v[i].peer]) {
-      seen[v->v[i].peer] = 1;
-      n++;
-    }
-  free(seen);
-  return n;
+static void mark_used(const rs_copy *c, size_t n, int src_side, unsigned char *seen) {
+  for (size_t i = 0; i < n; i++) {
+    int id = src_side ? c[i].src_buf : c[i].dst_buf;
+    if (id >= 0) seen[id] = 1;
+  }
 }
 
 /* Buffers the executor will dereference, with their sizes and names for
- * execute-time checks. */
-static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
-                                     const rs_copy *a, size_t na, int a_src,
-                                     const rs_copy *b, size_t nb, int b_src,
+ * execute-time checks. Sends read source buffers, relay forwards
+ * destination buffers; receives and local copies write destination
+ * buffers. */
+static reshard_result_t collect_used(const reshard_layout_t *L, const reshard_plan_t *p, int src_side,
                                      rs_used_buffer **out, int *nout) {
   unsigned char *seen = rs_calloc((size_t)L->nbuffers + 1, 1);
   if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  for (size_t i = 0; i < p->nsends; i++)
+    if ((p->sends[i].fwd ? 0 : 1) == src_side) mark_used(p->send_copies + p->sends[i].first_copy, p->sends[i].ncopies, 1, seen);
+  if (!src_side) mark_used(p->recv_copies, p->nrecv_copies, 0, seen);
+  mark_used(p->local_copies, p->nlocal_copies, src_side, seen);
   int n = 0;
-  for (size_t i = 0; i < na + nb; i++) {
-    const rs_copy *c = i < na ? &a[i] : &b[i - na];
-    int src_side = i < na ? a_src : b_src;
-    int id = src_side ? c->src_buf : c->dst_buf;
-    if (id >= 0 && !seen[id]) {
-      seen[id] = 1;
-      n++;
-    }
-  }
+  for (int id = 0; id < L->nbuffers; id++) n += seen[id];
   rs_used_buffer *u = rs_calloc((size_t)n + 1, sizeof *u);
   if (!u) {
     free(seen);
@@ -306,7 +297,7 @@ static reshard_result_t collect_used(const reshard_layout_t *L, int rank,
   for (int id = 0; id < L->nbuffers && r == RESHARD_SUCCESS; id++) {
     if (!seen[id]) continue;
     u[k].id = id;
-    r = rs_layout_buffer_bytes(L, id, rank, &u[k].bytes);
+    r = rs_layout_buffer_bytes(L, id, p->rank, &u[k].bytes);
     u[k].name = rs_strdup(L->buffers[id].name);
     if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
     k++;
@@ -379,8 +370,7 @@ static reshard_result_t peer_stats(reshard_plan_t *p) {
 static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
                                     size_t chunk) {
   p->chunk_bytes = chunk;
-  RS_CHECK(rs_chunk_streams(p, &c->sends, 1, chunk));
-  RS_CHECK(rs_chunk_streams(p, &c->recvs, 0, chunk));
+  RS_CHECK(rs_chunk_plan(p, &c->segs, chunk));
   p->local_copies = c->locals;
   p->nlocal_copies = c->nlocals;
   p->local_vbox = c->local_vbox;
@@ -402,10 +392,8 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   }
   p->max_round_sends = max_s;
   p->max_round_msgs = max_s + max_r;
-  RS_CHECK(collect_used(c->src, p->rank, p->send_copies, p->nsend_copies, 1, p->local_copies, p->nlocal_copies, 1,
-                        &p->src_used, &p->nsrc_used));
-  RS_CHECK(collect_used(c->dst, p->rank, p->recv_copies, p->nrecv_copies, 0, p->local_copies, p->nlocal_copies, 0,
-                        &p->dst_used, &p->ndst_used));
+  RS_CHECK(collect_used(c->src, p, 1, &p->src_used, &p->nsrc_used));
+  RS_CHECK(collect_used(c->dst, p, 0, &p->dst_used, &p->ndst_used));
   RS_CHECK(peer_stats(p));
   fill_stats(p);
   return RESHARD_SUCCESS;
@@ -414,12 +402,12 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
 static void build_ctx_free(build_ctx *c) {
   free(c->dst2src);
   free(c->src2dst);
-  rs_seg_vec_free(&c->sends);
-  rs_seg_vec_free(&c->recvs);
+  rs_seg_vec_free(&c->segs);
   free(c->locals);
   free(c->local_vbox);
   rs_assign_ctx_free(&c->actx);
   rs_piece_vec_free(&c->pieces);
+  rs_relay_plan_free(&c->rp);
 }
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
@@ -476,15 +464,29 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     p->opts.topology = p->has_topo ? p->topo.name : NULL;
     if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
   }
+  if (!local) {
+    /* Forwards read destination buffers, which only the host executor
+     * can do today: device transports plan direct (NCCL relays are
+     * future work). relay -1 (auto) plans direct until the cost model
+     * chooses. */
+    c.relay = p->opts.relay == 1 && !comm->ops->stream_ops;
+    const int32_t *domain = p->has_topo ? p->map.domain : NULL;
+    c.actx.domain = domain;
+    c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
+  }
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
   if (!local) local = plan_receives(&c);
-  if (!local) local = plan_sends(&c);
-  int npeers = 0;
   if (!local) {
-    int ns = count_peers(&c.sends, comm->size), nr = count_peers(&c.recvs, comm->size);
-    if (ns < 0 || nr < 0) local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting peers", comm->rank);
-    npeers = ns + nr;
+    c.rp.ctx.memo = 1;
+    local = plan_sends(&c);
+  }
+  if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
+  int64_t nstreams = 0;
+  if (!local) {
+    nstreams = rs_count_streams(&c.segs);
+    if (nstreams < 0)
+      local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting streams", comm->rank);
   }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
@@ -492,8 +494,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   uint64_t digest = 0;
   if (src && dst && p) {
     const char *topo = p->opts.topology ? p->opts.topology : "";
-    uint64_t hdr[6] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
-                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090)};
+    uint64_t hdr[7] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
+                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
+                       rs_relay_min_part_bytes};
     digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
@@ -503,7 +506,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
-                         local ? 0 : (uint64_t)npeers};
+                         local ? 0 : (uint64_t)nstreams};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -527,8 +530,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                  reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
-  /* Every rank's busiest round fits the budget: each of its peers gets one
-   * message per round, double buffered. */
+  /* Every rank's busiest round fits the budget: each of its streams (one
+   * per peer in a direct plan) has at most one message per round, double
+   * buffered. */
   uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
   size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
   if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;

@@ -49,8 +49,8 @@ reshard_result_t reshard_plan_dump(const reshard_plan_t *p, FILE *f,
   long left = max_segments < 0 ? -1 : max_segments;
   for (size_t i = 0; i < p->nsends && left; i++) {
     const rs_msg *m = &p->sends[i];
-    fprintf(f, "  round %d send to %d: %" PRIu64 " bytes at staging+%" PRIu64 ", %u segments\n", m->round, m->peer, m->bytes,
-            m->staging_off, m->ncopies);
+    fprintf(f, "  round %d %s to %d: %" PRIu64 " bytes at staging+%" PRIu64 ", %u segments\n", m->round,
+            m->fwd ? "forward" : "send", m->peer, m->bytes, m->staging_off, m->ncopies);
     for (uint32_t k = 0; k < m->ncopies && left; k++, left--) dump_copy(f, "pack", &p->send_copies[m->first_copy + k]);
   }
   for (size_t i = 0; i < p->nrecvs && left; i++) {

@@ -1,9 +1,15 @@
 /* The plan: this rank's precomputed messages and copies.
  *
- * Messages are grouped in rounds (chunks). Round k carries the k-th piece
- * of every (peer) stream that has one, so sender and receiver agree on the
- * cut without talking; a piece never exceeds chunk_bytes, which the ranks
- * agree on at creation from the staging budget and the largest peer count.
+ * Messages are grouped in rounds (chunks). A stream is everything one rank
+ * sends another under one key: the direct traffic of the pair, or a relay
+ * stream (source -> owner, or forwards, of one relay group; see
+ * plan/relay.h). A stream's k-th piece travels in its k-th round (later
+ * for forwards that wait on their data; see chunk.c), so sender and
+ * receiver agree on the cut without talking; a piece never exceeds
+ * chunk_bytes, which the ranks agree on at creation from the staging
+ * budget and the largest stream count. Messages of one pair in one round
+ * share a tag; both sides order them by stream key, and transports match
+ * equal tags in posting order.
  * Execution double-buffers the staging: round k is packed while round k-1
  * is in flight, and unpacked while round k+1 is. */
 #ifndef RS_PLAN_PLAN_H
@@ -29,6 +35,9 @@ typedef struct rs_msg {
    * unpack) copy. Its staging area stays reserved for device executors,
    * which ignore the flag. */
   uint32_t direct;
+  /* A relay forward: the copies read this rank's destination buffers
+   * (data it received in an earlier round), not its source buffers. */
+  uint32_t fwd;
 } rs_msg;
 
 /* Verify mode (RESHARD_FLAG_VERIFY): which tensor elements one copy
@@ -139,8 +148,15 @@ struct reshard_plan {
 
 /* A box this rank packs or unpacks, before chunking: the side's buffer,
  * the byte offset of the box's first element and its element strides. */
+/* Which stream a segment belongs to, seen from this rank. */
+enum {
+  RS_SEG_RECV = 0,   /* this rank receives it */
+  RS_SEG_SEND = 1,   /* this rank sends it */
+  RS_SEG_VIRTUAL = 2 /* another pair's relay stream, cut only for its rounds */
+};
+
 typedef struct rs_seg {
-  int32_t peer;
+  int32_t peer; /* the other rank of a send or receive */
   int32_t buffer;
   int32_t ndim;
   int32_t tensor; /* for the dump */
@@ -151,6 +167,24 @@ typedef struct rs_seg {
   int64_t extent[RESHARD_MAX_DIMS];
   int64_t strides[RESHARD_MAX_DIMS];
   int64_t gstart[RESHARD_MAX_DIMS]; /* the box's first element, global */
+  /* The stream: (from, to, group, origin). group -1: direct traffic, kept
+   * in push order. Otherwise relay traffic of a group (plan/relay.h):
+   * origin is the source rank of a source -> owner stream, -1 for
+   * forwards between members; every party orders a relay stream's
+   * segments by (fragment box, piece), box being the ordinal of the
+   * fragment's (tensor, start, extent) among those this rank met. */
+  int32_t dir, from, to;
+  int32_t group, origin;
+  /* Streams are cut in level order (0: direct and source -> owner, 1:
+   * forwards between domains, 2: forwards within a domain); a segment
+   * with dep >= 0 travels no earlier than two rounds after the last of
+   * segments dep .. dep+ndep-1 (what its sender receives it in) arrives. */
+  int32_t level;
+  int64_t dep;   /* the first of ndep consecutive segments */
+  int32_t ndep;
+  int32_t fwd; /* sends: buffer is a destination buffer */
+  int32_t box;
+  uint32_t piece;
 } rs_seg;
 
 typedef struct rs_seg_vec {
@@ -159,6 +193,12 @@ typedef struct rs_seg_vec {
 } rs_seg_vec;
 
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s);
+
+/* Segment of box p of fragment f (this rank's: its buffer and strides) in
+ * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
+struct rs_piece;
+void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
+                 const rs_frag *f, const struct rs_piece *p, size_t es);
 void rs_seg_vec_free(rs_seg_vec *vec);
 
 /* One piece of a destination fragment and the source fragment chosen to
@@ -166,7 +206,9 @@ void rs_seg_vec_free(rs_seg_vec *vec);
 typedef struct rs_piece {
   int64_t start[RESHARD_MAX_DIMS];
   int64_t extent[RESHARD_MAX_DIMS];
-  rs_frag src; /* the chosen holder */
+  rs_frag src;   /* the chosen holder */
+  int32_t owner; /* index into the owners it was assigned for */
+  int32_t part;  /* the (cell, owner) range it belongs to; -1 local */
 } rs_piece;
 
 typedef struct rs_piece_vec {
@@ -184,6 +226,13 @@ typedef struct rs_assign_ctx {
   size_t bounds_cap;
   int *cands;
   size_t cands_cap;
+  /* rank -> NVLink domain (the plan's rank map), or NULL without a
+   * topology: a cell held in the receiver's domain is split only over
+   * those holders. */
+  const int32_t *domain;
+  /* NULL, or receives the boxes of every (cell, owner) range (src unset):
+   * relay forwards move a range whole, whichever holders provided it. */
+  struct rs_piece_vec *parts;
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
@@ -191,20 +240,31 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx);
 /* Splits destination fragment D (whose tensor is src_tensor on the source
  * side) into pieces, each provided by one source rank: the box is cut into
  * cells by the source fragments' boundaries; a cell the receiver itself
- * holds is copied locally; otherwise it is split evenly along its
- * outermost non-trivial dim across all ranks holding it. Deterministic:
- * sender and receiver compute the same pieces. Appends to out (cleared
- * first). A cell no source holds is RESHARD_ERROR_INVALID_ARGUMENT. */
+ * holds is copied locally; otherwise its row-major element range is split
+ * into nowners consecutive ranges, range j for owners[j] (piece.owner =
+ * j), and each range evenly across the ranks holding the cell (those in
+ * the owner's domain when the topology puts some there). owners NULL: the
+ * one receiver D->rank (direct). A relay group passes its members and
+ * the group's canonical fragment as D, so that every member computes the
+ * same pieces. Deterministic: sender and receiver compute the same
+ * pieces. Appends to out (cleared first). A cell no source holds is
+ * RESHARD_ERROR_INVALID_ARGUMENT. */
 reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   int src_tensor, const char *name,
+                                  const int32_t *owners, int nowners,
                                   rs_piece_vec *out);
 
-/* Cuts every peer's stream (segments sorted by peer, stable) into pieces
- * of at most chunk_bytes, assigns rounds, and fills the plan's message and
- * copy arrays for one direction. is_send selects which side of the copies
- * is the staging area. */
-reshard_result_t rs_chunk_streams(reshard_plan_t *plan, rs_seg_vec *segs,
-                                  int is_send, size_t chunk_bytes);
+/* Cuts every stream into messages of at most chunk_bytes, assigns their
+ * rounds (see chunk.c), schedules them and fills the plan's message and
+ * copy arrays of both directions. Relay segments' group must already be
+ * the group's ordinal (rs_relay_table_order), so that all parties order
+ * streams alike. */
+reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
+                               size_t chunk_bytes);
+
+/* This rank's streams among segs (virtual ones excluded): each has at
+ * most one message per round. */
+int64_t rs_count_streams(const rs_seg_vec *segs);
 
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,

@@ -4,8 +4,9 @@
  * checks every destination element it holds and every byte around them;
  * wrong counts are summed over ranks. Cases: random layout pairs (the
  * property-test generator), Megatron -> vLLM dense GQA and MoE models with
- * expert parallelism on both sides, and colocated variants, sized to the
- * world. Run under mpirun with 2, 4 or 8 ranks (ctest does all three).
+ * expert parallelism on both sides, colocated variants, and relay plans
+ * (options.relay = 1: destination data-parallel replicas forward to each
+ * other, flat and on the h100-8x400g topology), sized to the world. Run under mpirun with 2, 4 or 8 ranks (ctest does all three).
  *
  *   mpirun -np 4 ./test_mpi_reshard [random_seeds]
  *
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "models.h"
+#include "plan/relay.h"
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "support/random_layout.h"
@@ -23,6 +25,9 @@
 
 static int world_rank, world_size;
 static int passed, failed;
+/* Options of the cases run now (relay_cases sets them). */
+static int case_relay = -1;
+static const char *case_topology;
 
 /* Runs one case on every rank; returns the summed bad count, or -1 when
  * any rank's call failed. */
@@ -32,6 +37,8 @@ static long run_case(reshard_comm_t *comm, const reshard_layout_t *src,
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (staging) opts.staging_bytes = staging;
   opts.timeout_ms = 120000;
+  opts.relay = case_relay;
+  opts.topology = case_topology;
   reshard_plan_t *plan = NULL;
   long bad = 0, err = 0;
   reshard_result_t r = reshard_plan_create(comm, src, dst, &opts, &plan);
@@ -100,7 +107,8 @@ static void model_case(reshard_comm_t *comm, const char *config, const char *tra
                        size_t staging) {
   char path[4096], name[256];
   snprintf(path, sizeof path, "%s/%s", RESHARD_TEST_DATA, config);
-  snprintf(name, sizeof name, "%s megatron %s -> vllm %s%s", config, train, infer, colocate ? " colocated" : "");
+  snprintf(name, sizeof name, "%s megatron %s -> vllm %s%s%s%s", config, train, infer, colocate ? " colocated" : "",
+           case_relay == 1 ? " relay " : "", case_topology ? case_topology : "");
   rm_model *m = NULL;
   rm_parallel tp, ip;
   reshard_layout_t *src = NULL, *dst = NULL;
@@ -191,6 +199,24 @@ static void version_mismatch_case(reshard_comm_t *comm) {
   }
 }
 
+/* Relay plans: every fragment relayed (no size threshold), destination
+ * dp replicas forwarding over MPI with messages of several streams per
+ * pair and round. */
+static void relay_cases(reshard_comm_t *comm) {
+  case_relay = 1;
+  rs_relay_min_part_bytes = 0;
+  model_case(comm, "tiny-llama.json", "tp=1", "tp=1,dp=3", 0, 0);
+  model_case(comm, "tiny-llama.json", "tp=2", "tp=1,dp=2", 0, 4096);
+  model_case(comm, "tiny-llama.json", "tp=2", "tp=2,dp=3", 0, 8192);
+  model_case(comm, "tiny-llama.json", "tp=2", "tp=2,dp=4", 1, 0);
+  model_case(comm, "tiny-qwen3-moe.json", "tp=2", "tp=1,dp=4,ep=4", 0, 0);
+  case_topology = "h100-8x400g";
+  model_case(comm, "tiny-llama.json", "tp=2", "tp=2,dp=3", 0, 0);
+  case_topology = NULL;
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  case_relay = -1;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -220,6 +246,7 @@ int main(int argc, char **argv) {
   model_case(comm, "tiny-qwen3-moe.json", "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 16384);
   model_case(comm, "tiny-deepseek-v3.json", "tp=2,pp=2,ep=2", "tp=4,ep=4", 0, 0);
   model_case(comm, "tiny-deepseek-v3.json", "pp=2,dp=4,ep=4", "tp=2,dp=4,ep=8", 1, 4096);
+  relay_cases(comm);
 
   reshard_comm_destroy(comm);
   if (world_rank == 0) printf("test_mpi_reshard (%d ranks): %d passed, %d failed\n", world_size, passed, failed);
