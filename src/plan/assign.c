@@ -169,10 +169,12 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     for (size_t i = 0; i < nh; i++) {
       int64_t s = rs_max_i64(H[i].start[d], lo);
       int64_t e = rs_min_i64(H[i].start[d] + H[i].extent[d], hi);
-      b[n++] = s;
-      b[n++] = e;
+      /* lo and hi are in already: replicas holding all of D add nothing
+       * to sort */
+      if (s != lo && s != hi) b[n++] = s;
+      if (e != lo && e != hi) b[n++] = e;
     }
-    qsort(b, n, sizeof *b, cmp_i64);
+    if (n > 2) qsort(b, n, sizeof *b, cmp_i64);
     size_t u = 0;
     for (size_t i = 0; i < n; i++)
       if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
