@@ -4,7 +4,8 @@
  * intersect the box, with the same buffer, position, box, strides and
  * byte offset. This pins the shortcuts of the holder walk (pruned mesh
  * axes, single-part buffers built without lowering the buffer again) to
- * the reference lowering. RS_HOLDERS_SEED=<seed> replays one seed. */
+ * the reference lowering. RS_HOLDERS_SEED=<seed> replays one seed.
+ * Also: the layout digest still tells names apart. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,7 +111,37 @@ static void holders_match_lowering(void **state) {
     }
 }
 
+/* The digest takes names through their hashes: a layout differing only in
+ * one tensor's name, or in the order of two names, digests differently. */
+static reshard_layout_t *two_tensors(const char *a, const char *b) {
+  reshard_layout_t *L = NULL;
+  const int64_t shape[2] = {4, 6};
+  int t, mesh, buf;
+  assert_int_equal(reshard_layout_create(&L), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(L, a, RESHARD_BF16, 2, shape, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(L, b, RESHARD_BF16, 2, shape, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh_strided(L, 1, (const int[]){2}, 0, 1, &mesh), RESHARD_SUCCESS);
+  for (t = 0; t < 2; t++)
+    assert_int_equal(reshard_layout_place(L, t, mesh, (const reshard_placement_t[]){reshard_shard(0)}, &buf),
+                     RESHARD_SUCCESS);
+  return L;
+}
+
+static void digest_sees_names(void **state) {
+  (void)state;
+  reshard_layout_t *a = two_tensors("layers.0.w", "layers.1.w"), *same = two_tensors("layers.0.w", "layers.1.w");
+  reshard_layout_t *renamed = two_tensors("layers.0.w", "layers.1.v"), *swapped = two_tensors("layers.1.w", "layers.0.w");
+  assert_true(rs_layout_digest(a, 1) == rs_layout_digest(same, 1));
+  assert_true(rs_layout_digest(a, 1) != rs_layout_digest(a, 2));
+  assert_true(rs_layout_digest(a, 1) != rs_layout_digest(renamed, 1));
+  assert_true(rs_layout_digest(a, 1) != rs_layout_digest(swapped, 1));
+  reshard_layout_destroy(a);
+  reshard_layout_destroy(same);
+  reshard_layout_destroy(renamed);
+  reshard_layout_destroy(swapped);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(holders_match_lowering)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(holders_match_lowering), cmocka_unit_test(digest_sees_names)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
