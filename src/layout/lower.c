@@ -281,23 +281,39 @@ reshard_result_t rs_layout_raw_fragments(const reshard_layout_t *L, int b,
   return lower_raw(L, b, NULL, NULL, -1, out);
 }
 
-static int buffer_on_rank(const reshard_layout_t *L, const rs_buffer *buf,
-                          int rank) {
+unsigned char *rs_layout_rank_meshes(const reshard_layout_t *L, int rank) {
+  unsigned char *in = calloc((size_t)L->nmeshes + 1, 1);
+  if (!in) {
+    rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory (meshes of rank %d)", rank);
+    return NULL;
+  }
+  for (int i = 0; i < L->nmeshes; i++) in[i] = rs_mesh_position(&L->meshes[i], rank) >= 0;
+  return in;
+}
+
+int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank, const unsigned char *in_mesh) {
+  const rs_buffer *buf = &L->buffers[b];
   if (buf->kind == RS_BUFFER_RAW) return buf->raw_rank == rank;
   for (int k = 0; k < buf->nparts; k++)
-    if (rs_mesh_position(&L->meshes[L->parts[buf->first_part + k].mesh], rank) >= 0) return 1;
+    if (in_mesh[L->parts[buf->first_part + k].mesh]) return 1;
   return 0;
 }
 
 reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
                                           rs_frag_vec *out) {
-  for (int b = 0; b < L->nbuffers; b++) {
+  /* which meshes hold the rank, once: a 100k-tensor layout has hundreds
+   * of thousands of parts, most of them on other ranks */
+  unsigned char *in_mesh = rs_layout_rank_meshes(L, rank);
+  if (!in_mesh) return RESHARD_ERROR_OUT_OF_MEMORY;
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int b = 0; b < L->nbuffers && r == RESHARD_SUCCESS; b++) {
     const rs_buffer *buf = &L->buffers[b];
-    if (!buffer_on_rank(L, buf, rank)) continue;
-    if (buf->kind == RS_BUFFER_RAW) RS_CHECK(lower_raw(L, b, NULL, NULL, -1, out));
-    else RS_CHECK(lower_fused(L, b, rank, -1, NULL, NULL, out, NULL));
+    if (!rs_layout_buffer_on_rank(L, b, rank, in_mesh)) continue;
+    if (buf->kind == RS_BUFFER_RAW) r = lower_raw(L, b, NULL, NULL, -1, out);
+    else r = lower_fused(L, b, rank, -1, NULL, NULL, out, NULL);
   }
-  return RESHARD_SUCCESS;
+  free(in_mesh);
+  return r;
 }
 
 reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,
