@@ -1,5 +1,6 @@
 /* The logical tensors of each architecture family, with their HF names
- * (see models.h for the naming of stacked experts). */
+ * (see models.h for the naming of stacked and per-expert experts and of
+ * block scales). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,8 +9,8 @@
 #include "common/error.h"
 #include "models_internal.h"
 
-/* Appends one tensor named `name`. A quantized weight (quant) of a model
- * with block scales is fp8_e4m3 and is followed by its weight_scale_inv. */
+/* Appends one tensor named `name`; count_params: it counts towards the
+ * model's parameters (block scales do not). */
 static reshard_result_t push_tensor(rm_model *m, int *id, int ndim, const int64_t *dims, const char *name,
                                     reshard_dtype_t dtype, int count_params) {
   if (m->ntensors == m->cap_tensors) {
@@ -41,6 +42,8 @@ static reshard_result_t push_tensor(rm_model *m, int *id, int ndim, const int64_
   return RESHARD_SUCCESS;
 }
 
+/* A quantized weight (quant) of a model with block scales is fp8_e4m3 and
+ * is followed by its weight_scale_inv. */
 static reshard_result_t add_tensor(rm_model *m, int *id, int quant, int ndim, int64_t a, int64_t b, int64_t c,
                                    const char *name) {
   const int64_t dims[3] = {a, b, c};
