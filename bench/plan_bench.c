@@ -15,7 +15,7 @@
  * VmRSS before planning. "plan_MiB" is the heap the finished plan retains
  * (mallinfo2 delta).
  *
- *   plan_bench [--scenario a|b|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]
+ *   plan_bench [--scenario a|b|c|d|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -34,6 +34,7 @@ typedef struct scenario {
   const char *train, *infer;
   int colocate;
   double target_ms, target_mib;
+  int per_expert, block_scales; /* the model front-end's options */
 } scenario;
 
 /* The issue's planning benchmark: real geometries from the shipped public
@@ -42,9 +43,16 @@ typedef struct scenario {
  * 384 experts of 2048, vocab 163840). */
 static const scenario scenarios[] = {
     {"a", "Llama-3-70B  megatron tp8 pp4 dp2 -> vllm tp8 dp8", "Llama-3.1-70B.json", "tp=8,pp=4,dp=2", "tp=8,dp=8",
-     0, 50.0, 64.0},
+     0, 50.0, 64.0, 0, 0},
     {"b", "1T MoE (Kimi-K2)  megatron tp2 pp8 dp16 ep32 -> vllm tp8 dp16 ep128", "Kimi-K2-Instruct.json",
-     "tp=2,pp=8,dp=16,ep=32", "tp=8,dp=16,ep=128", 0, 1000.0, 256.0},
+     "tp=2,pp=8,dp=16,ep=32", "tp=8,dp=16,ep=128", 0, 1000.0, 256.0, 0, 0},
+    /* The checkpoint's own tensors: one per expert and projection, fp8
+     * with a weight_scale_inv each (139583 tensors), on 2048 ranks; and
+     * the same colocated on 1024. */
+    {"c", "1T MoE (Kimi-K2) per-expert fp8 + block scales  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep128",
+     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64", "tp=8,dp=128,ep=128", 0, 1000.0, 256.0, 1, 1},
+    {"d", "1T MoE (Kimi-K2) per-expert fp8 + block scales, colocated  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep128",
+     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64", "tp=8,dp=128,ep=128", 1, 1000.0, 256.0, 1, 1},
 };
 #define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
 
@@ -72,7 +80,10 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
   snprintf(path, sizeof path, "%s/%s", config_dir, s->config);
   rm_model *model = NULL;
   rm_parallel tp, ip;
-  if (rm_model_load(path, 0, RESHARD_BF16, &model) || rm_parse_parallel(s->train, &tp) ||
+  rm_model_options mo = RM_MODEL_OPTIONS_INIT;
+  mo.per_expert = s->per_expert;
+  mo.block_scales = s->block_scales;
+  if (rm_model_load_ex(path, &mo, &model) || rm_parse_parallel(s->train, &tp) ||
       rm_parse_parallel(s->infer, &ip)) {
     fprintf(stderr, "scenario %s: %s\n", s->key, reshard_last_error());
     rm_model_free(model);
@@ -109,9 +120,16 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
   double worst_ms = 0, worst_mib = 0;
   int worst_ms_rank = -1, worst_mib_rank = -1;
   printf("\n# scenario %s: %s\n", s->key, s->name);
+  double model_bytes = 0; /* every tensor in its own dtype, scales included */
+  for (int i = 0; i < rm_model_num_tensors(model); i++) {
+    const rm_tensor *t = rm_model_tensor(model, i);
+    double n = (double)reshard_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) n *= (double)t->shape[d];
+    model_bytes += n;
+  }
   printf("# ranks %d (source %d, destination %d%s), tensors %d, params %.3fB (%.1f GiB), layouts built in %.2f ms\n",
          nranks, S, D, s->colocate ? ", colocated" : "", rm_model_num_tensors(model),
-         (double)rm_model_num_params(model) / 1e9, (double)rm_model_num_params(model) * 2.0 / (1 << 30), layout_ms);
+         (double)rm_model_num_params(model) / 1e9, model_bytes / (1 << 30), layout_ms);
   printf("# target: plan <= %.0f ms and <= %.0f MiB per rank\n", s->target_ms, s->target_mib);
   printf("%6s %5s %9s %9s %9s %9s %9s %10s %10s %8s %8s %8s %7s\n", "rank", "role", "cpu_ms", "plan_ms", "plan_min", "peak_MiB",
          "plan_MiB", "send_MiB", "recv_MiB", "send_msg", "recv_msg", "segments", "target");
@@ -173,9 +191,12 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--scenario a|b|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]\n"
+          "usage: %s [--scenario a|b|c|d|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR]\n"
           "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
           "  b: 1T MoE (Kimi-K2), megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
+          "  c: Kimi-K2 per-expert, fp8 + block scales (139583 tensors), megatron tp8 pp16 dp8\n"
+          "     ep64 (1024) -> vllm tp8 dp128 ep128 (1024)\n"
+          "  d: c colocated (both sides on the same 1024 ranks)\n"
           "  geometries from the shipped configs (default directory: the source tree's configs/)\n"
           "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"
           "  median wall time, plan_min the fastest; targets are judged on cpu_ms (wall\n"

@@ -248,6 +248,13 @@ plan_model)
   plan_ok --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4
   plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K
   plan_ok --model-config "$repo/configs/Qwen2.5-0.5B.json" --layers 1 --train tp=2,pp=1 --infer tp=2,dp=2
+  # the checkpoint's own tensors: one per expert, fp8 with block scales
+  Q=$repo/tests/data/tiny-deepseek-v3-fp8.json
+  plan_ok --model-config "$Q" --per-expert --train tp=2,pp=2,dp=2,ep=4 --infer tp=4,ep=4
+  plan_ok --model-config "$Q" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=2 --staging 8K
+  plan_ok --model-config "$Q" --block-scales --train tp=2,pp=2,ep=2 --infer tp=4,ep=2 --colocate
+  bad plan 2 "weight_scale_inv cannot be split" --model-config "$Q" --block-scales --train tp=4,etp=4 --infer tp=2
+  bad plan 2 "quantization_config.weight_block_size" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --block-scales --train tp=2 --infer tp=2
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2
@@ -259,6 +266,7 @@ perf_model)
   perf_ok 4 2 --model-config "$D" --train tp=2,pp=2 --infer tp=4 --colocate --staging 16K $BOTH
   perf_ok 6 2 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 $BOTH
   perf_ok 4 1 --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K --baseline broadcast
+  perf_ok 8 0 --model-config "$repo/tests/data/tiny-deepseek-v3-fp8.json" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=2
   export RESHARD_PERF_HVECTOR=1
   perf_ok 6 1 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 --baseline alltoallw
   unset RESHARD_PERF_HVECTOR

@@ -169,6 +169,12 @@ void cli_usage(int tool, FILE *out) {
           "  --train SPEC          source side, e.g. tp=2,pp=2,dp=1,ep=1 (missing keys are 1)\n"
           "  --infer SPEC          destination side, e.g. tp=2,dp=2\n"
           "  --dtype NAME          weights' dtype (default bf16)\n"
+          "  --per-expert          one tensor per routed expert and projection (the checkpoint's\n"
+          "                        model.layers.N.mlp.experts.E.gate_proj.weight, ...) instead of\n"
+          "                        one stacked [experts, ...] tensor per layer and projection\n"
+          "  --block-scales        the fp8 checkpoint format: linear weights fp8_e4m3, each with its\n"
+          "                        fp32 weight_scale_inv (quantization_config.weight_block_size);\n"
+          "                        --dtype then applies to the other tensors\n"
           "Synthetic mode (one tensor, one mesh per side):\n"
           "  --shape D0,D1,...     the tensor's shape\n"
           "  --dtype NAME          %s\n"
@@ -261,6 +267,10 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       VALUE();
       if (parse_int(v, 1, &o->layers)) return cli_fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
       have_layers = 1;
+    } else if (!strcmp(a, "--per-expert")) {
+      o->per_expert = 1;
+    } else if (!strcmp(a, "--block-scales")) {
+      o->block_scales = 1;
     } else if (!strcmp(a, "--train")) {
       VALUE();
       o->train = v;
@@ -339,10 +349,10 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   }
   if (o->help) return 0;
 
-  int model = o->model_config || o->train || o->infer || have_layers;
+  int model = o->model_config || o->train || o->infer || have_layers || o->per_expert || o->block_scales;
   int synthetic = have_shape || have_src_mesh || have_dst_mesh || have_src_pl || have_dst_pl;
   if (model && synthetic)
-    return cli_fail(err, errlen, "model options (--model-config, --layers, --train, --infer) and synthetic options "
+    return cli_fail(err, errlen, "model options (--model-config, --layers, --train, --infer, --per-expert, --block-scales) and synthetic options "
                              "(--shape, --src-mesh, --src-placements, --dst-mesh, --dst-placements) cannot be mixed");
   if (!model && !synthetic)
     return cli_fail(err, errlen, "no reshard described: give --model-config FILE --train SPEC --infer SPEC, or --shape, "
@@ -442,7 +452,12 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   if (r) return cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
   r = rm_parse_parallel(o->infer, &ip);
   if (r) return cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
-  r = rm_model_load(o->model_config, o->layers, o->dtype, &m);
+  rm_model_options mo = RM_MODEL_OPTIONS_INIT;
+  mo.layers = o->layers;
+  mo.dtype = o->dtype;
+  mo.per_expert = o->per_expert;
+  mo.block_scales = o->block_scales;
+  r = rm_model_load_ex(o->model_config, &mo, &m);
   if (r) return cli_fail(err, errlen, "--model-config '%s': %s", o->model_config, reshard_last_error());
   l->nsrc = rm_parallel_ranks(&tp);
   l->ndst = rm_parallel_ranks(&ip);
@@ -459,8 +474,9 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
     rm_model_free(m);
     return -1;
   }
-  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors, %.1f M params, %s): megatron %s -> vllm %s",
+  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): megatron %s -> vllm %s",
            o->model_config, rm_model_arch(m), rm_model_layers(m), rm_model_num_tensors(m),
+           o->per_expert ? ", per-expert" : "", o->block_scales ? ", fp8 + block scales" : "",
            (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), o->train, o->infer);
   rm_model_free(m);
   return 0;

@@ -3,6 +3,7 @@
  *
  * Two ways to describe a reshard:
  *   model mode      --model-config FILE [--layers N] --train SPEC --infer SPEC
+ *                   [--per-expert] [--block-scales]
  *                   (Megatron layout on the source side, vLLM layout on the
  *                   destination side, from src/models);
  *   synthetic mode  --shape 4096,4096 --src-mesh 4 --src-placements S0
@@ -40,6 +41,8 @@ typedef struct cli_opts {
   const char *model_config;
   int layers; /* 0: all */
   const char *train, *infer;
+  int per_expert;   /* --per-expert: one tensor per routed expert */
+  int block_scales; /* --block-scales: fp8 weights + weight_scale_inv */
   /* synthetic mode */
   int ndim;
   int64_t shape[RESHARD_MAX_DIMS];

@@ -514,8 +514,9 @@ uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
   MIX(counts, sizeof counts);
   for (int i = 0; i < L->ntensors; i++) {
     const rs_tensor *t = &L->tensors[i];
-    MIX(t->name, strlen(t->name));
-    int64_t hdr[2] = {t->dtype, t->ndim};
+    /* the name through its hash, computed once when it was declared:
+     * hashing 100k names byte by byte again costs every rank ~10 ms */
+    int64_t hdr[3] = {(int64_t)t->name_hash, t->dtype, t->ndim};
     MIX(hdr, sizeof hdr);
     MIX(t->shape, (size_t)t->ndim * sizeof(int64_t));
   }

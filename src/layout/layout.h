@@ -115,6 +115,13 @@ void rs_frag_vec_free(rs_frag_vec *vec);
 /* Position of rank in mesh m, or -1. O(log size). */
 int rs_mesh_position(const rs_mesh *m, int rank);
 
+/* Which meshes hold rank: a calloc'ed flag per mesh (free it), or NULL
+ * (out of memory, error set). */
+unsigned char *rs_layout_rank_meshes(const reshard_layout_t *L, int rank);
+/* Whether rank holds any part of buffer b, given its rs_layout_rank_meshes. */
+int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank,
+                             const unsigned char *in_mesh);
+
 /* Appends the non-empty fragments held by `rank`, in canonical order. */
 reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
                                           rs_frag_vec *out);

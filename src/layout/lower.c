@@ -113,6 +113,23 @@ static int box_empty(int ndim, const int64_t *e) {
   return 0;
 }
 
+/* Row-major element strides of a local buffer of the given shape, and its
+ * byte size; overflow is an error naming the buffer and rank. */
+static reshard_result_t dense_strides(const rs_buffer *buf, int rank, int ndim, const int64_t *shape, size_t es,
+                                      int64_t *strides, uint64_t *bytes) {
+  int64_t total = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = total;
+    if (rs_mul_overflow_i64(total, shape[d], &total))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' rank %d: element count overflows", buf->name, rank);
+  }
+  int64_t total_bytes;
+  if (rs_mul_overflow_i64(total, (int64_t)es, &total_bytes))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' rank %d: byte size overflows", buf->name, rank);
+  *bytes = (uint64_t)total_bytes;
+  return RESHARD_SUCCESS;
+}
+
 /* Lowers fused buffer b on rank: computes its byte size and, when out is
  * given, appends its non-empty fragments (only those of part only_part if
  * >= 0, only those hitting the query box if qs != NULL). */
@@ -176,20 +193,9 @@ static reshard_result_t lower_fused(const reshard_layout_t *L, int b,
     goto done;
   }
   int64_t strides[RESHARD_MAX_DIMS];
-  int64_t total = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    strides[d] = total;
-    if (rs_mul_overflow_i64(total, shape[d], &total)) {
-      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' rank %d: element count overflows", buf->name, rank);
-      goto done;
-    }
-  }
-  int64_t total_bytes;
-  if (rs_mul_overflow_i64(total, (int64_t)es, &total_bytes)) {
-    r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' rank %d: byte size overflows", buf->name, rank);
-    goto done;
-  }
-  if (bytes_out) *bytes_out = (uint64_t)total_bytes;
+  uint64_t total_bytes = 0;
+  RS_CHECK_GOTO(dense_strides(buf, rank, ndim, shape, es, strides, &total_bytes), r, done);
+  if (bytes_out) *bytes_out = total_bytes;
   if (!out) goto done;
 
   rs_frag f;
@@ -276,23 +282,39 @@ reshard_result_t rs_layout_raw_fragments(const reshard_layout_t *L, int b,
   return lower_raw(L, b, NULL, NULL, -1, out);
 }
 
-static int buffer_on_rank(const reshard_layout_t *L, const rs_buffer *buf,
-                          int rank) {
+unsigned char *rs_layout_rank_meshes(const reshard_layout_t *L, int rank) {
+  unsigned char *in = rs_calloc((size_t)L->nmeshes + 1, 1);
+  if (!in) {
+    rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory (meshes of rank %d)", rank);
+    return NULL;
+  }
+  for (int i = 0; i < L->nmeshes; i++) in[i] = rs_mesh_position(&L->meshes[i], rank) >= 0;
+  return in;
+}
+
+int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank, const unsigned char *in_mesh) {
+  const rs_buffer *buf = &L->buffers[b];
   if (buf->kind == RS_BUFFER_RAW) return buf->raw_rank == rank;
   for (int k = 0; k < buf->nparts; k++)
-    if (rs_mesh_position(&L->meshes[L->parts[buf->first_part + k].mesh], rank) >= 0) return 1;
+    if (in_mesh[L->parts[buf->first_part + k].mesh]) return 1;
   return 0;
 }
 
 reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
                                           rs_frag_vec *out) {
-  for (int b = 0; b < L->nbuffers; b++) {
+  /* which meshes hold the rank, once: a 100k-tensor layout has hundreds
+   * of thousands of parts, most of them on other ranks */
+  unsigned char *in_mesh = rs_layout_rank_meshes(L, rank);
+  if (!in_mesh) return RESHARD_ERROR_OUT_OF_MEMORY;
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int b = 0; b < L->nbuffers && r == RESHARD_SUCCESS; b++) {
     const rs_buffer *buf = &L->buffers[b];
-    if (!buffer_on_rank(L, buf, rank)) continue;
-    if (buf->kind == RS_BUFFER_RAW) RS_CHECK(lower_raw(L, b, NULL, NULL, -1, out));
-    else RS_CHECK(lower_fused(L, b, rank, -1, NULL, NULL, out, NULL));
+    if (!rs_layout_buffer_on_rank(L, b, rank, in_mesh)) continue;
+    if (buf->kind == RS_BUFFER_RAW) r = lower_raw(L, b, NULL, NULL, -1, out);
+    else r = lower_fused(L, b, rank, -1, NULL, NULL, out, NULL);
   }
-  return RESHARD_SUCCESS;
+  free(in_mesh);
+  return r;
 }
 
 reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,
@@ -315,13 +337,39 @@ typedef struct holder_walk {
   int64_t blk; /* grouped: elements per group of this part */
   const int64_t *qs, *qe;
   rs_frag_vec *out;
+  int single; /* the buffer has this one part, ungrouped */
 } holder_walk;
+
+/* The fragment of a buffer with a single ungrouped part, whose local box
+ * the walk has just computed: the same fragment lower_fused would produce
+ * (the whole local buffer, dense, at offset 0), without lowering the
+ * buffer again for every holder (replicated tensors have hundreds). */
+static reshard_result_t single_part_frag(const holder_walk *w, int rank, const int64_t *vs, const int64_t *ve) {
+  const rs_tensor *t = &w->L->tensors[w->p->tensor];
+  const rs_buffer *buf = &w->L->buffers[w->p->buffer];
+  rs_frag f;
+  memset(&f, 0, sizeof f);
+  uint64_t bytes;
+  RS_CHECK(dense_strides(buf, rank, t->ndim, ve, reshard_dtype_size(t->dtype), f.strides, &bytes));
+  for (int d = 0; d < t->ndim; d++) {
+    f.start[d] = vs[d];
+    f.extent[d] = rs_max_i64(0, rs_min_i64(vs[d] + ve[d], t->shape[d]) - vs[d]);
+  }
+  if (box_empty(t->ndim, f.extent) || !box_hits(t->ndim, f.start, f.extent, w->qs, w->qe)) return RESHARD_SUCCESS;
+  f.tensor = w->p->tensor;
+  f.rank = rank;
+  f.buffer = w->p->buffer;
+  f.ndim = t->ndim;
+  return rs_frag_vec_push(w->out, &f);
+}
 
 static reshard_result_t walk_axes(holder_walk *w, int a, int pos, int64_t *vs,
                                   int64_t *ve) {
   const rs_mesh *m = w->m;
-  if (a == m->ndim)
+  if (a == m->ndim) {
+    if (w->single) return single_part_frag(w, m->ranks[pos], vs, ve);
     return lower_fused(w->L, w->p->buffer, m->ranks[pos], w->p->index, w->qs, w->qe, w->out, NULL);
+  }
   const reshard_placement_t *pl = &w->p->pl[a];
   int n = m->shape[a];
   if (pl->kind != RESHARD_PLACEMENT_SHARD) {
@@ -364,7 +412,8 @@ reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
   for (int i = 0; i < t->nparts; i++) {
     const rs_part *p = &L->parts[t->parts[i]];
     const rs_buffer *buf = &L->buffers[p->buffer];
-    holder_walk w = {L, p, &L->meshes[p->mesh], buf->num_groups, buf->concat_dim, 1, start, extent, out};
+    holder_walk w = {L, p, &L->meshes[p->mesh], buf->num_groups, buf->concat_dim, 1, start, extent, out,
+                     buf->nparts == 1 && buf->num_groups == 1};
     if (w.G > 1) w.blk = t->shape[w.cd] / w.G;
     if (w.G > 1 && w.blk == 0) continue;
     int64_t vs[RESHARD_MAX_DIMS], ve[RESHARD_MAX_DIMS];

@@ -2,6 +2,8 @@
  * API is used. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "models_internal.h"
@@ -21,7 +23,7 @@ const char *rm_fmt(char *buf, size_t n, const char *fmt, ...) {
 reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m) {
   for (int i = 0; i < m->ntensors; i++) {
     int id;
-    RS_CHECK(reshard_layout_add_tensor(L, m->tensors[i].name, m->dtype, m->tensors[i].ndim, m->tensors[i].shape, &id));
+    RS_CHECK(reshard_layout_add_tensor(L, m->tensors[i].name, m->tensors[i].dtype, m->tensors[i].ndim, m->tensors[i].shape, &id));
     if (id != i)
       return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' got layout id %d, expected %d", m->path,
                       m->tensors[i].name, id, i);
@@ -41,4 +43,101 @@ reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name, int tensor,
   int64_t padded[2] = {vpad, hidden};
   reshard_part_t part = {tensor, mesh, pl, padded};
   return reshard_layout_add_fused(L, name, 0, 1, 1, &part, NULL);
+}
+
+void rm_builder_free(rm_builder *b) {
+  free(b->meshes);
+  b->meshes = NULL;
+  b->nmeshes = b->cap_meshes = 0;
+}
+
+static reshard_result_t record_mesh(rm_builder *b, int ndim, const int *shape, int mesh) {
+  if (mesh != b->nmeshes)
+    return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': mesh got id %d, expected %d", b->m->path, mesh, b->nmeshes);
+  if (b->nmeshes == b->cap_meshes) {
+    int cap = b->cap_meshes ? 2 * b->cap_meshes : 16;
+    struct rm_mesh_shape *v = realloc(b->meshes, (size_t)cap * sizeof *v);
+    if (!v) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "model '%s': out of memory", b->m->path);
+    b->meshes = v;
+    b->cap_meshes = cap;
+  }
+  struct rm_mesh_shape *s = &b->meshes[b->nmeshes++];
+  memset(s, 0, sizeof *s);
+  s->ndim = ndim;
+  for (int a = 0; a < ndim; a++) s->shape[a] = shape[a];
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rm_mesh_strided(rm_builder *b, int ndim, const int *shape, int start, int stride, int *mesh) {
+  RS_CHECK(reshard_layout_add_mesh_strided(b->L, ndim, shape, start, stride, mesh));
+  return record_mesh(b, ndim, shape, *mesh);
+}
+
+reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape, const int *ranks, int *mesh) {
+  RS_CHECK(reshard_layout_add_mesh(b->L, ndim, shape, ranks, mesh));
+  return record_mesh(b, ndim, shape, *mesh);
+}
+
+/* Can part k's scales be split and fused exactly like its weight? Each dim
+ * d is cut into k_d pieces (shards of every mesh axis on d, times the
+ * groups on a grouped dim); with blocks of b_d along d, whole blocks need
+ * b_d * k_d to divide the dim. In a concatenation, every part but the last
+ * must also end on a whole block, or the next part's scales would start
+ * inside a block. */
+static reshard_result_t check_scale_split(const rm_builder *b, int cd, int G, int nparts, int k,
+                                          const reshard_part_t *p) {
+  const rm_model *m = b->m;
+  const rm_tensor *w = &m->tensors[p->tensor_id];
+  const struct rm_mesh_shape *ms = &b->meshes[p->mesh_id];
+  if (p->padded_shape)
+    return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' is padded and block-scaled", m->path, w->name);
+  for (int d = 0; d < w->ndim; d++) {
+    int64_t blk = d >= w->ndim - 2 ? m->c.block[d - (w->ndim - 2)] : 1;
+    int64_t pieces = G > 1 && d == cd ? G : 1;
+    for (int a = 0; a < ms->ndim; a++)
+      if (p->placements[a].kind == RESHARD_PLACEMENT_SHARD && p->placements[a].dim == d) {
+        if (p->placements[a].split_sizes)
+          return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': uneven splits are not block-scaled", m->path,
+                          w->name);
+        pieces *= ms->shape[a];
+      }
+    int must_end_on_block = G == 1 && d == cd && k < nparts - 1;
+    if (blk > 1 && (pieces > 1 || must_end_on_block) && w->shape[d] % (pieces * blk))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "model '%s': tensor '%s': dim %d (%lld) is cut into %lld piece%s%s that are not whole blocks of "
+                      "%lld, so its weight_scale_inv cannot be split like it (choose other tp/ep/etp)",
+                      m->path, w->name, d, (long long)w->shape[d], (long long)pieces, pieces == 1 ? "" : "s",
+                      must_end_on_block ? " followed by another fused part" : "", (long long)blk);
+  }
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rm_add_weights(rm_builder *b, const char *name, int concat_dim, int num_groups, int num_parts,
+                                const reshard_part_t *parts) {
+  const rm_model *m = b->m;
+  int scaled = 0;
+  for (int k = 0; k < num_parts; k++) scaled += m->tensors[parts[k].tensor_id].scale >= 0;
+  if (scaled && scaled != num_parts)
+    return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': buffer '%s' fuses scaled and unscaled tensors", m->path, name);
+  for (int k = 0; k < num_parts && scaled; k++)
+    RS_CHECK(check_scale_split(b, concat_dim, num_groups, num_parts, k, &parts[k]));
+  RS_CHECK(reshard_layout_add_fused(b->L, name, concat_dim, num_groups, num_parts, parts, NULL));
+  if (!scaled) return RESHARD_SUCCESS;
+  reshard_part_t stack[8];
+  reshard_part_t *sp = num_parts <= 8 ? stack : malloc((size_t)num_parts * sizeof *sp);
+  if (!sp) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "model '%s': out of memory", m->path);
+  for (int k = 0; k < num_parts; k++) {
+    sp[k] = parts[k];
+    sp[k].tensor_id = m->tensors[parts[k].tensor_id].scale;
+  }
+  char sname[320];
+  snprintf(sname, sizeof sname, "%s_scale_inv", name);
+  reshard_result_t r = reshard_layout_add_fused(b->L, sname, concat_dim, num_groups, num_parts, sp, NULL);
+  if (sp != stack) free(sp);
+  return r;
+}
+
+reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor, int mesh, const reshard_placement_t *pl) {
+  reshard_part_t part = {tensor, mesh, pl, NULL};
+  return rm_add_weights(b, name, 0, 1, 1, &part);
 }

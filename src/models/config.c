@@ -269,10 +269,42 @@ static reshard_result_t read_config(const jcfg *j, rm_config *c) {
 
 /* ---------------- rm_model ---------------- */
 
+/* quantization_config.weight_block_size: [bn, bk] positive integers. */
+static reshard_result_t read_block_size(const jcfg *j, rm_config *c) {
+  json_t *q = json_object_get(j->root, "quantization_config");
+  json_t *b = q && json_is_object(q) ? json_object_get(q, "weight_block_size") : NULL;
+  if (!b)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "config '%s': block scales need key 'quantization_config.weight_block_size' ([out, in] block of "
+                    "the fp8 checkpoint), which is missing",
+                    j->path);
+  if (!json_is_array(b) || json_array_size(b) != 2)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "config '%s': key 'quantization_config.weight_block_size' must be an array of 2 integers", j->path);
+  for (int i = 0; i < 2; i++) {
+    json_t *v = json_array_get(b, (size_t)i);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > RM_DIM_MAX)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "config '%s': key 'quantization_config.weight_block_size' entry %d must be a positive integer",
+                      j->path, i);
+    c->block[i] = json_integer_value(v);
+  }
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rm_model_load(const char *config_path, int layers, reshard_dtype_t dtype, rm_model **out) {
+  rm_model_options o = RM_MODEL_OPTIONS_INIT;
+  o.layers = layers;
+  o.dtype = dtype;
+  return rm_model_load_ex(config_path, &o, out);
+}
+
+reshard_result_t rm_model_load_ex(const char *config_path, const rm_model_options *opts, rm_model **out) {
   rs_error_clear();
-  if (!config_path || !out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "rm_model_load: NULL argument");
+  if (!config_path || !opts || !out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "rm_model_load: NULL argument");
   *out = NULL;
+  const int layers = opts->layers;
+  const reshard_dtype_t dtype = opts->dtype;
   if (reshard_dtype_size(dtype) == 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': invalid dtype %d", config_path, (int)dtype);
   if (layers < 0)
@@ -300,6 +332,7 @@ reshard_result_t rm_model_load(const char *config_path, int layers, reshard_dtyp
     goto fail;
   }
   RS_CHECK_GOTO(read_config(&j, &m->c), r, fail);
+  if (opts->block_scales) RS_CHECK_GOTO(read_block_size(&j, &m->c), r, fail);
   if (layers > m->c.layers) {
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': layers %d exceeds num_hidden_layers %lld",
                  config_path, layers, (long long)m->c.layers);
@@ -307,6 +340,8 @@ reshard_result_t rm_model_load(const char *config_path, int layers, reshard_dtyp
   }
   m->layers = layers ? layers : (int)m->c.layers;
   m->dtype = dtype;
+  m->per_expert = opts->per_expert != 0;
+  m->block_scales = opts->block_scales != 0;
   RS_CHECK_GOTO(rm_build_tensors(m), r, fail);
   json_decref(root);
   *out = m;
@@ -322,6 +357,7 @@ void rm_model_free(rm_model *m) {
   for (int i = 0; i < m->ntensors; i++) free((char *)m->tensors[i].name);
   free(m->tensors);
   free(m->layer);
+  free(m->experts);
   free(m->c.dense_only);
   free(m->path);
   free(m);
@@ -331,6 +367,8 @@ const char *rm_model_arch(const rm_model *m) { return m ? rm_arch_name(m->c.arch
 int rm_model_layers(const rm_model *m) { return m ? m->layers : 0; }
 int rm_model_num_tensors(const rm_model *m) { return m ? m->ntensors : 0; }
 int64_t rm_model_num_params(const rm_model *m) { return m ? m->params : 0; }
+int rm_model_per_expert(const rm_model *m) { return m ? m->per_expert : 0; }
+int rm_model_block_scales(const rm_model *m) { return m ? m->block_scales : 0; }
 reshard_dtype_t rm_model_dtype(const rm_model *m) { return m ? m->dtype : RESHARD_NUM_DTYPES; }
 int rm_model_num_experts(const rm_model *m) { return m ? (int)m->c.experts : 0; }
 const char *rm_model_path(const rm_model *m) { return m ? m->path : ""; }

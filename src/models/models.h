@@ -48,6 +48,21 @@
  *     model.layers.N.block_sparse_moe.gate.weight          [E, H]
  *     model.layers.N.block_sparse_moe.experts.{w1,w3}.weight [E, I, H]
  *     model.layers.N.block_sparse_moe.experts.w2.weight    [E, H, I]
+ *   PER-EXPERT mode (rm_model_options.per_expert) lists instead one tensor
+ *   per expert and projection, exactly as the checkpoint names them:
+ *     model.layers.N.mlp.experts.<e>.{gate,up}_proj.weight [Im, H]
+ *     model.layers.N.mlp.experts.<e>.down_proj.weight      [H, Im]
+ *     (Mixtral: block_sparse_moe.experts.<e>.{w1,w3,w2}.weight)
+ *   in expert order e = 0..E-1 at the place of the stacked tensors. The
+ *   parameter count is the same in both modes.
+ *   BLOCK SCALES (rm_model_options.block_scales, the DeepSeek-V3 / Kimi-K2
+ *   fp8 checkpoint format, quantization_config.weight_block_size [bn, bk]):
+ *   every linear weight of the decoder layers except the router (attention
+ *   projections, dense and shared MLP, routed experts) is fp8_e4m3 and is
+ *   followed by its scale tensor <name minus ".weight">.weight_scale_inv,
+ *   fp32, shape [..., ceil(out / bn), ceil(in / bk)] (leading stacked dims
+ *   kept). Embeddings, lm_head, norms, biases and the router keep the
+ *   model's dtype.
  *   model.norm.weight                                      [H]
  *   lm_head.weight                                         [V, H] (untied only)
  * Which layers are MoE follows HF: qwen3_moe mlp_only_layers and
@@ -80,7 +95,8 @@ int rm_parallel_ranks(const rm_parallel *p); /* tp * pp * dp */
 /* Reads a config.json (architectures: llama, mistral, qwen2, qwen3,
  * qwen3_moe, mixtral, deepseek_v3). layers > 0 keeps the real shapes but
  * only that many layers (so real geometries fit a CPU machine); dtype is
- * the weights' dtype (the tools' --dtype). */
+ * the weights' dtype (the tools' --dtype). Stacked experts, no scales:
+ * rm_model_load_ex with the other defaults of RM_MODEL_OPTIONS_INIT. */
 /* Errors name the file and the key: malformed JSON (line, column),
  * missing or mistyped keys, unknown architectures are
  * RESHARD_ERROR_INVALID_ARGUMENT; features no supported model uses
@@ -89,6 +105,22 @@ int rm_parallel_ranks(const rm_parallel *p); /* tp * pp * dp */
  * else from "model_type" (kimi_k2 is deepseek_v3). */
 reshard_result_t rm_model_load(const char *config_path, int layers,
                                reshard_dtype_t dtype, rm_model **out);
+
+typedef struct rm_model_options {
+  int layers;            /* 0: all */
+  reshard_dtype_t dtype; /* of every tensor not quantized */
+  int per_expert;        /* one tensor per routed expert and projection */
+  int block_scales;      /* fp8 weights + weight_scale_inv tensors; needs
+                            quantization_config.weight_block_size */
+} rm_model_options;
+#define RM_MODEL_OPTIONS_INIT {0, RESHARD_BF16, 0, 0}
+
+/* rm_model_load with every option. block_scales on a config without
+ * quantization_config.weight_block_size is RESHARD_ERROR_INVALID_ARGUMENT
+ * naming the key; per_expert on a dense model is accepted (no experts). */
+reshard_result_t rm_model_load_ex(const char *config_path,
+                                  const rm_model_options *opts,
+                                  rm_model **out);
 void rm_model_free(rm_model *m);
 
 const char *rm_model_arch(const rm_model *m); /* "llama", ... */
@@ -97,13 +129,19 @@ const char *rm_model_path(const rm_model *m);
 int rm_model_num_experts(const rm_model *m); /* routed experts; 0: dense */
 int rm_model_layers(const rm_model *m); /* kept layers */
 int rm_model_num_tensors(const rm_model *m);
+/* Elements of every tensor but the block scales (the same in both expert
+ * modes). */
 int64_t rm_model_num_params(const rm_model *m);
+int rm_model_per_expert(const rm_model *m);
+int rm_model_block_scales(const rm_model *m);
 
 /* The logical tensors (HF names, shapes, dtype), in a stable order. */
 typedef struct rm_tensor {
   const char *name;
   int ndim;
   int64_t shape[RESHARD_MAX_DIMS];
+  reshard_dtype_t dtype;
+  int scale; /* id of its weight_scale_inv tensor, -1 when none */
 } rm_tensor;
 const rm_tensor *rm_model_tensor(const rm_model *m, int i);
 
@@ -116,7 +154,13 @@ const rm_tensor *rm_model_tensor(const rm_model *m, int i);
  * intermediate dim split over etp, replicated over expert-DP. vLLM never
  * replicates experts: the tp*dp/ep ranks that share an EP rank split each
  * expert's intermediate dim (ep=1: vLLM's default, TP flattened across DP;
- * ep=tp*dp: its expert-parallel mode), so etp must be 1 or tp*dp/ep. */
+ * ep=tp*dp: its expert-parallel mode), so etp must be 1 or tp*dp/ep.
+ * Per-expert models have the same parallel semantics: expert e lives on EP
+ * rank e / (E / ep) of its stage (both sides), split and replicated as in
+ * the stacked mode; see megatron.c and vllm.c for the buffers. With block
+ * scales, each scale tensor is split like its weight, which needs every
+ * split of a weight (and every fused part but the last) to fall on whole
+ * blocks: RESHARD_ERROR_INVALID_ARGUMENT names the tensor otherwise. */
 reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p,
                                     int first_rank, reshard_layout_t **out);
 reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,

@@ -46,6 +46,8 @@ typedef struct rm_config {
   /* MLA (deepseek_v3) */
   int mla;
   int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head;
+  /* quantization_config.weight_block_size [bn, bk]; 0 when absent */
+  int64_t block[2];
 } rm_config;
 
 /* Tensor indices of one layer's roles; -1 where the layer has none. The
@@ -68,6 +70,10 @@ struct rm_model {
   rm_config c;
   reshard_dtype_t dtype;
   int layers; /* kept */
+  int per_expert, block_scales;
+  /* per-expert mode: ids of expert e's gate, up and down of layer l at
+   * experts[(l * E + e) * 3 + k]; -1 in dense layers. NULL otherwise. */
+  int *experts;
   rm_tensor *tensors;
   int ntensors, cap_tensors;
   int64_t params;
@@ -103,6 +109,40 @@ reshard_result_t rm_buf1(reshard_layout_t *L, const char *name, int tensor,
 reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name,
                               int tensor, int mesh, int64_t vpad,
                               int64_t hidden);
+/* A layout under construction and the shapes of its meshes (the public
+ * layout API does not give them back), for the block-scale checks. */
+typedef struct rm_builder {
+  reshard_layout_t *L;
+  const rm_model *m;
+  struct rm_mesh_shape {
+    int ndim;
+    int shape[RESHARD_MAX_MESH_DIMS];
+  } *meshes;
+  int nmeshes, cap_meshes;
+} rm_builder;
+
+void rm_builder_free(rm_builder *b); /* the shapes; not the layout */
+/* reshard_layout_add_mesh_strided / _add_mesh, recording the shape. */
+reshard_result_t rm_mesh_strided(rm_builder *b, int ndim, const int *shape,
+                                 int start, int stride, int *mesh);
+reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape,
+                               const int *ranks, int *mesh);
+/* A buffer of weights, fused like reshard_layout_add_fused, and, when the
+ * parts' tensors have block scales, the buffer of their scales named
+ * `name`_scale_inv (vLLM's and the checkpoint's spelling when name ends
+ * in "weight"), split and fused the same way. Checked first: every split
+ * and every fused part but the last fall on whole blocks, otherwise the
+ * scales could not be split like their weights. */
+reshard_result_t rm_add_weights(rm_builder *b, const char *name,
+                                int concat_dim, int num_groups, int num_parts,
+                                const reshard_part_t *parts);
+/* rm_add_weights with one part. */
+reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor,
+                            int mesh, const reshard_placement_t *pl);
+/* Expert e's gate (k = 0), up (1) or down (2) in per-expert mode. */
+static inline int rm_expert(const rm_model *m, int layer, int e, int k) {
+  return m->experts[((size_t)layer * (size_t)m->c.experts + (size_t)e) * 3 + (size_t)k];
+}
 /* printf into a caller's buffer, for buffer names. */
 const char *rm_fmt(char *buf, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

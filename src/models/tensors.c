@@ -1,5 +1,6 @@
 /* The logical tensors of each architecture family, with their HF names
- * (see models.h for the naming of stacked experts). */
+ * (see models.h for the naming of stacked and per-expert experts and of
+ * block scales). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,16 +9,13 @@
 #include "common/error.h"
 #include "models_internal.h"
 
-static reshard_result_t add(rm_model *m, int *id, int ndim, int64_t a, int64_t b, int64_t c, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
-
-static reshard_result_t add(rm_model *m, int *id, int ndim, int64_t a, int64_t b, int64_t c, const char *fmt, ...) {
-  char name[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(name, sizeof name, fmt, ap);
-  va_end(ap);
+/* Appends one tensor named `name`; count_params: it counts towards the
+ * model's parameters (block scales do not). */
+static reshard_result_t push_tensor(rm_model *m, int *id, int ndim, const int64_t *dims, const char *name,
+                                    reshard_dtype_t dtype, int count_params) {
   if (m->ntensors == m->cap_tensors) {
+    if (m->cap_tensors > (1 << 28))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': more than 2^28 tensors", m->path);
     int cap = m->cap_tensors ? 2 * m->cap_tensors : 64;
     rm_tensor *t = realloc(m->tensors, (size_t)cap * sizeof *t);
     if (!t) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", m->path);
@@ -26,35 +24,81 @@ static reshard_result_t add(rm_model *m, int *id, int ndim, int64_t a, int64_t b
   }
   rm_tensor *t = &m->tensors[m->ntensors];
   memset(t, 0, sizeof *t);
+  t->scale = -1;
+  t->dtype = dtype;
   if (!(t->name = strdup(name))) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", m->path);
+  m->ntensors++; /* owned from here on: rm_model_free frees the name */
   t->ndim = ndim;
-  int64_t dims[3] = {a, b, c}, count = 1;
+  int64_t count = 1;
   for (int d = 0; d < ndim; d++) {
     t->shape[d] = dims[d];
     if (__builtin_mul_overflow(count, dims[d], &count))
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': tensor '%s' has more than 2^63 elements", m->path,
                       name);
   }
-  if (__builtin_add_overflow(m->params, count, &m->params))
+  if (count_params && __builtin_add_overflow(m->params, count, &m->params))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': more than 2^63 parameters", m->path);
-  *id = m->ntensors++;
+  *id = m->ntensors - 1;
   return RESHARD_SUCCESS;
 }
 
-#define L(l, id, nd, a, b, c, suffix) RS_CHECK(add(m, id, nd, a, b, c, "model.layers.%d." suffix, l))
+/* A quantized weight (quant) of a model with block scales is fp8_e4m3 and
+ * is followed by its weight_scale_inv. */
+static reshard_result_t add_tensor(rm_model *m, int *id, int quant, int ndim, int64_t a, int64_t b, int64_t c,
+                                   const char *name) {
+  const int64_t dims[3] = {a, b, c};
+  quant = quant && m->block_scales && ndim >= 2;
+  RS_CHECK(push_tensor(m, id, ndim, dims, name, quant ? RESHARD_FP8_E4M3 : m->dtype, 1));
+  if (!quant) return RESHARD_SUCCESS;
+  /* weight_scale_inv: one fp32 per [bn, bk] block of the last two dims */
+  char sname[300];
+  size_t n = strlen(name);
+  const char *suffix = ".weight";
+  size_t sl = strlen(suffix);
+  if (n < sl || strcmp(name + n - sl, suffix))
+    return rs_error(RESHARD_ERROR_INTERNAL, "config '%s': quantized tensor '%s' does not end in .weight", m->path, name);
+  snprintf(sname, sizeof sname, "%.*s.weight_scale_inv", (int)(n - sl), name);
+  int64_t sd[3] = {a, b, c};
+  sd[ndim - 2] = (sd[ndim - 2] + m->c.block[0] - 1) / m->c.block[0];
+  sd[ndim - 1] = (sd[ndim - 1] + m->c.block[1] - 1) / m->c.block[1];
+  int sid;
+  int wid = *id;
+  RS_CHECK(push_tensor(m, &sid, ndim, sd, sname, RESHARD_FP32, 0));
+  m->tensors[wid].scale = sid;
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t addf(rm_model *m, int *id, int quant, int ndim, int64_t a, int64_t b, int64_t c,
+                             const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static reshard_result_t addf(rm_model *m, int *id, int quant, int ndim, int64_t a, int64_t b, int64_t c,
+                             const char *fmt, ...) {
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof name, fmt, ap);
+  va_end(ap);
+  return add_tensor(m, id, quant, ndim, a, b, c, name);
+}
+
+#define add(m, id, nd, a, b, c, ...) addf(m, id, 0, nd, a, b, c, __VA_ARGS__)
+
+#define L(l, id, nd, a, b, c, suffix) RS_CHECK(addf(m, id, 0, nd, a, b, c, "model.layers.%d." suffix, l))
+/* a linear weight: quantized in fp8 checkpoints */
+#define Q(l, id, nd, a, b, c, suffix) RS_CHECK(addf(m, id, 1, nd, a, b, c, "model.layers.%d." suffix, l))
 
 /* Llama-style attention with grouped KV heads (llama, mistral, qwen2,
  * qwen3, qwen3_moe, mixtral). */
 static reshard_result_t gqa_attention(rm_model *m, int l, rm_layer *t) {
   const rm_config *c = &m->c;
   const int64_t H = c->hidden, q = c->heads * c->head_dim, kv = c->kv_heads * c->head_dim;
-  L(l, &t->q, 2, q, H, 0, "self_attn.q_proj.weight");
+  Q(l, &t->q, 2, q, H, 0, "self_attn.q_proj.weight");
   if (c->qkv_bias) L(l, &t->q_bias, 1, q, 0, 0, "self_attn.q_proj.bias");
-  L(l, &t->k, 2, kv, H, 0, "self_attn.k_proj.weight");
+  Q(l, &t->k, 2, kv, H, 0, "self_attn.k_proj.weight");
   if (c->qkv_bias) L(l, &t->k_bias, 1, kv, 0, 0, "self_attn.k_proj.bias");
-  L(l, &t->v, 2, kv, H, 0, "self_attn.v_proj.weight");
+  Q(l, &t->v, 2, kv, H, 0, "self_attn.v_proj.weight");
   if (c->qkv_bias) L(l, &t->v_bias, 1, kv, 0, 0, "self_attn.v_proj.bias");
-  L(l, &t->o, 2, H, q, 0, "self_attn.o_proj.weight");
+  Q(l, &t->o, 2, H, q, 0, "self_attn.o_proj.weight");
   if (c->o_bias) L(l, &t->o_bias, 1, H, 0, 0, "self_attn.o_proj.bias");
   if (c->qk_norm) {
     L(l, &t->q_norm, 1, c->head_dim, 0, 0, "self_attn.q_norm.weight");
@@ -68,48 +112,68 @@ static reshard_result_t mla_attention(rm_model *m, int l, rm_layer *t) {
   const rm_config *c = &m->c;
   const int64_t H = c->hidden, qk = c->heads * (c->qk_nope + c->qk_rope);
   if (c->q_lora) {
-    L(l, &t->q_a, 2, c->q_lora, H, 0, "self_attn.q_a_proj.weight");
+    Q(l, &t->q_a, 2, c->q_lora, H, 0, "self_attn.q_a_proj.weight");
     L(l, &t->q_a_norm, 1, c->q_lora, 0, 0, "self_attn.q_a_layernorm.weight");
-    L(l, &t->q_b, 2, qk, c->q_lora, 0, "self_attn.q_b_proj.weight");
+    Q(l, &t->q_b, 2, qk, c->q_lora, 0, "self_attn.q_b_proj.weight");
   } else {
-    L(l, &t->q, 2, qk, H, 0, "self_attn.q_proj.weight");
+    Q(l, &t->q, 2, qk, H, 0, "self_attn.q_proj.weight");
   }
-  L(l, &t->kv_a, 2, c->kv_lora + c->qk_rope, H, 0, "self_attn.kv_a_proj_with_mqa.weight");
+  Q(l, &t->kv_a, 2, c->kv_lora + c->qk_rope, H, 0, "self_attn.kv_a_proj_with_mqa.weight");
   L(l, &t->kv_a_norm, 1, c->kv_lora, 0, 0, "self_attn.kv_a_layernorm.weight");
-  L(l, &t->kv_b, 2, c->heads * (c->qk_nope + c->v_head), c->kv_lora, 0, "self_attn.kv_b_proj.weight");
-  L(l, &t->o, 2, H, c->heads * c->v_head, 0, "self_attn.o_proj.weight");
+  Q(l, &t->kv_b, 2, c->heads * (c->qk_nope + c->v_head), c->kv_lora, 0, "self_attn.kv_b_proj.weight");
+  Q(l, &t->o, 2, H, c->heads * c->v_head, 0, "self_attn.o_proj.weight");
   return RESHARD_SUCCESS;
 }
 
 static reshard_result_t dense_mlp(rm_model *m, int l, rm_layer *t) {
   const int64_t H = m->c.hidden, I = m->c.intermediate;
-  L(l, &t->gate, 2, I, H, 0, "mlp.gate_proj.weight");
-  L(l, &t->up, 2, I, H, 0, "mlp.up_proj.weight");
-  L(l, &t->down, 2, H, I, 0, "mlp.down_proj.weight");
+  Q(l, &t->gate, 2, I, H, 0, "mlp.gate_proj.weight");
+  Q(l, &t->up, 2, I, H, 0, "mlp.up_proj.weight");
+  Q(l, &t->down, 2, H, I, 0, "mlp.down_proj.weight");
+  return RESHARD_SUCCESS;
+}
+
+/* Routed experts: stacked [E, ...] tensors, or one tensor per expert and
+ * projection in per-expert mode (the checkpoint's own tensors). */
+static reshard_result_t routed_experts(rm_model *m, int l, rm_layer *t, const char *prefix, const char *const names[3]) {
+  const rm_config *c = &m->c;
+  const int64_t H = c->hidden, E = c->experts, I = c->moe_intermediate;
+  if (!m->per_expert) {
+    RS_CHECK(addf(m, &t->egate, 1, 3, E, I, H, "model.layers.%d.%s.experts.%s.weight", l, prefix, names[0]));
+    RS_CHECK(addf(m, &t->eup, 1, 3, E, I, H, "model.layers.%d.%s.experts.%s.weight", l, prefix, names[1]));
+    RS_CHECK(addf(m, &t->edown, 1, 3, E, H, I, "model.layers.%d.%s.experts.%s.weight", l, prefix, names[2]));
+    return RESHARD_SUCCESS;
+  }
+  int *ids = &m->experts[(size_t)l * (size_t)E * 3];
+  for (int64_t e = 0; e < E; e++) {
+    RS_CHECK(addf(m, &ids[e * 3 + 0], 1, 2, I, H, 0, "model.layers.%d.%s.experts.%lld.%s.weight", l, prefix,
+                  (long long)e, names[0]));
+    RS_CHECK(addf(m, &ids[e * 3 + 1], 1, 2, I, H, 0, "model.layers.%d.%s.experts.%lld.%s.weight", l, prefix,
+                  (long long)e, names[1]));
+    RS_CHECK(addf(m, &ids[e * 3 + 2], 1, 2, H, I, 0, "model.layers.%d.%s.experts.%lld.%s.weight", l, prefix,
+                  (long long)e, names[2]));
+  }
   return RESHARD_SUCCESS;
 }
 
 static reshard_result_t moe_mlp(rm_model *m, int l, rm_layer *t) {
   const rm_config *c = &m->c;
-  const int64_t H = c->hidden, E = c->experts, I = c->moe_intermediate, S = c->shared_intermediate;
+  const int64_t H = c->hidden, E = c->experts, S = c->shared_intermediate;
   if (c->arch == RM_ARCH_MIXTRAL) {
     /* The checkpoint's block_sparse_moe.experts.<e>.w1 (gate), w3 (up) and
-     * w2 (down), stacked over e. */
+     * w2 (down). */
+    static const char *const w[3] = {"w1", "w3", "w2"};
     L(l, &t->router, 2, E, H, 0, "block_sparse_moe.gate.weight");
-    L(l, &t->egate, 3, E, I, H, "block_sparse_moe.experts.w1.weight");
-    L(l, &t->eup, 3, E, I, H, "block_sparse_moe.experts.w3.weight");
-    L(l, &t->edown, 3, E, H, I, "block_sparse_moe.experts.w2.weight");
-    return RESHARD_SUCCESS;
+    return routed_experts(m, l, t, "block_sparse_moe", w);
   }
+  static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
   L(l, &t->router, 2, E, H, 0, "mlp.gate.weight");
   if (c->router_bias) L(l, &t->router_bias, 1, E, 0, 0, "mlp.gate.e_score_correction_bias");
-  L(l, &t->egate, 3, E, I, H, "mlp.experts.gate_proj.weight");
-  L(l, &t->eup, 3, E, I, H, "mlp.experts.up_proj.weight");
-  L(l, &t->edown, 3, E, H, I, "mlp.experts.down_proj.weight");
+  RS_CHECK(routed_experts(m, l, t, "mlp", proj));
   if (S > 0) {
-    L(l, &t->sgate, 2, S, H, 0, "mlp.shared_experts.gate_proj.weight");
-    L(l, &t->sup, 2, S, H, 0, "mlp.shared_experts.up_proj.weight");
-    L(l, &t->sdown, 2, H, S, 0, "mlp.shared_experts.down_proj.weight");
+    Q(l, &t->sgate, 2, S, H, 0, "mlp.shared_experts.gate_proj.weight");
+    Q(l, &t->sup, 2, S, H, 0, "mlp.shared_experts.up_proj.weight");
+    Q(l, &t->sdown, 2, H, S, 0, "mlp.shared_experts.down_proj.weight");
   }
   return RESHARD_SUCCESS;
 }
@@ -126,6 +190,12 @@ reshard_result_t rm_build_tensors(rm_model *m) {
     for (size_t k = 0; k < sizeof(rm_layer) / sizeof(int); k++) ids[k] = -1;
   }
   m->lm_head = -1;
+  if (m->per_expert && c->experts > 0) {
+    size_t n = (size_t)m->layers * (size_t)c->experts * 3;
+    m->experts = malloc(n * sizeof *m->experts);
+    if (!m->experts) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", m->path);
+    for (size_t i = 0; i < n; i++) m->experts[i] = -1;
+  }
   RS_CHECK(add(m, &m->embed, 2, c->vocab, c->hidden, 0, "model.embed_tokens.weight"));
   for (int l = 0; l < m->layers; l++) {
     rm_layer *t = &m->layer[l];

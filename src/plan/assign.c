@@ -92,6 +92,22 @@ static int frag_before(const rs_frag *a, const rs_frag *b) {
   return a->pos < b->pos;
 }
 
+/* Stable merge sort of holder indices into canonical order (holders come
+ * mostly sorted, one run per part, so runs already in order are kept). */
+static void sort_canonical(const rs_frag *H, int *idx, int *tmp, size_t n) {
+  for (size_t w = 1; w < n; w *= 2) {
+    for (size_t lo = 0; lo + w < n; lo += 2 * w) {
+      size_t mid = lo + w, hi = lo + 2 * w < n ? lo + 2 * w : n;
+      if (!frag_before(&H[idx[mid]], &H[idx[mid - 1]])) continue; /* in order */
+      size_t a = lo, b = mid, k = 0;
+      while (a < mid && b < hi) tmp[k++] = frag_before(&H[idx[b]], &H[idx[a]]) ? idx[b++] : idx[a++];
+      while (a < mid) tmp[k++] = idx[a++];
+      while (b < hi) tmp[k++] = idx[b++];
+      memcpy(idx + lo, tmp, k * sizeof *idx);
+    }
+  }
+}
+
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 31;
   x *= 0x7fb5d329728ea185ULL;
@@ -154,9 +170,12 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
     }
   }
-  if (ctx->cands_cap < 2 * (nh + 1)) {
+  /* cands holds four arrays of nh + 1: a cell's candidates, the holders
+   * in canonical order, the merge sort's scratch, and the candidates in
+   * the receiver's domain */
+  if (ctx->cands_cap < 4 * (nh + 1)) {
     free(ctx->cands);
-    ctx->cands_cap = (nh + 1) * 4;
+    ctx->cands_cap = 4 * (nh + 1) * 2;
     ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
     if (!ctx->cands) {
       ctx->cands_cap = 0;
@@ -173,15 +192,21 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     for (size_t i = 0; i < nh; i++) {
       int64_t s = rs_max_i64(H[i].start[d], lo);
       int64_t e = rs_min_i64(H[i].start[d] + H[i].extent[d], hi);
-      b[n++] = s;
-      b[n++] = e;
+      /* lo and hi are in already: replicas holding all of D add nothing
+       * to sort */
+      if (s != lo && s != hi) b[n++] = s;
+      if (e != lo && e != hi) b[n++] = e;
     }
-    qsort(b, n, sizeof *b, cmp_i64);
+    if (n > 2) qsort(b, n, sizeof *b, cmp_i64);
     size_t u = 0;
     for (size_t i = 0; i < n; i++)
       if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
     nb[d] = u;
   }
+
+  int *order = ctx->cands + nh + 1;
+  for (size_t i = 0; i < nh; i++) order[i] = (int)i;
+  sort_canonical(H, order, order + nh + 1, nh);
 
   /* Odometer over cells, outermost dim slowest. */
   size_t idx[RESHARD_MAX_DIMS] = {0};
@@ -192,30 +217,18 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       cs[d] = b[idx[d]];
       ce[d] = b[idx[d] + 1] - b[idx[d]];
     }
-    /* Holders of this cell, one per rank (the first in canonical order). */
+    /* Holders of this cell, one per rank (the first in canonical order),
+     * sorted by rank: walking the holders in canonical order, a rank's
+     * first holder inside the cell is the one kept. */
     int nc = 0;
     int *c = ctx->cands;
-    for (size_t i = 0; i < nh; i++) {
+    for (size_t j = 0; j < nh; j++) {
+      const int i = order[j];
       int inside = 1;
       for (int d = 0; d < nd && inside; d++)
         inside = H[i].start[d] <= cs[d] && cs[d] + ce[d] <= H[i].start[d] + H[i].extent[d];
-      if (!inside) continue;
-      /* insertion into rank-sorted list, keeping one per rank */
-      int j = nc;
-      int dup = 0;
-      for (int k = 0; k < nc; k++)
-        if (H[c[k]].rank == H[i].rank) {
-          dup = 1;
-          if (frag_before(&H[i], &H[c[k]])) c[k] = (int)i;
-          break;
-        }
-      if (dup) continue;
-      while (j > 0 && frag_before(&H[i], &H[c[j - 1]])) {
-        c[j] = c[j - 1];
-        j--;
-      }
-      c[j] = (int)i;
-      nc++;
+      if (!inside || (nc > 0 && H[c[nc - 1]].rank == H[i].rank)) continue;
+      c[nc++] = i;
     }
     if (nc == 0) {
       char box[256];
@@ -248,7 +261,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
                      mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
       int64_t obase = n / nowners, oextra = n % nowners, at = 0;
-      int *near = c + nc;
+      int *near = ctx->cands + 3 * (nh + 1);
       for (int o = 0; o < nowners; o++) {
         int64_t on = obase + (o < oextra);
         const int *cc = c;
