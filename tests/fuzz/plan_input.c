@@ -16,6 +16,7 @@
 #define FZ_MAX_OPS 12
 #define FZ_MAX_RAWS 8
 #define FZ_EXEC_BYTES (256u << 10) /* execute cases whose buffers fit */
+#define FZ_MAX_MESSAGES 1e6        /* plan cases with fewer messages */
 
 static void fz_fail(const char *fmt, ...) {
   va_list ap;
@@ -44,6 +45,12 @@ static int64_t rd_value(fz_reader *r) {
                                    INT64_MIN, (int64_t)1 << 62, 3, 16, 31, 100, 1000, -7};
   return edge[b - 240];
 }
+
+/* The decoder's own arithmetic on edge values wraps (two's complement)
+ * instead of overflowing: the library must cope with whatever comes out. */
+static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t wrap_neg(int64_t a) { return (int64_t)(0 - (uint64_t)a); }
+static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
 
 /* ------------------------------------------------------ one side's ops */
 
@@ -143,7 +150,7 @@ static int rd_placements(fz_reader *r, const fz_side *s, int t, int m, reshard_p
                     : i == k - 1 ? left
                                  : (int64_t)(rd(r) % (uint64_t)(left > 0 && left < 64 ? left + 1 : 2));
         sizes[a][i] = v;
-        left -= v;
+        if (!(b & 0x80)) left -= v; /* both in 0..left here */
       }
       pl[a] = reshard_shard_sizes(dim, sizes[a]);
       break;
@@ -181,7 +188,7 @@ static void op_fused(fz_reader *r, fz_side *s, int nt) {
       int ndim = 0;
       int64_t shape[RESHARD_MAX_DIMS] = {0};
       reshard_layout_tensor_info(s->L, t < nt ? t : 0, NULL, NULL, &ndim, shape);
-      for (int d = 0; d < RESHARD_MAX_DIMS; d++) padded[i][d] = shape[d] + (d < ndim ? (int64_t)(rd(r) % 3) : 0);
+      for (int d = 0; d < RESHARD_MAX_DIMS; d++) padded[i][d] = wrap_add(shape[d], d < ndim ? (int64_t)(rd(r) % 3) : 0);
       parts[i].padded_shape = padded[i];
     }
   }
@@ -201,7 +208,7 @@ static void op_fragment(fz_reader *r, fz_side *s, int nt, int buffer) {
   for (int d = 0; d < ndim; d++) {
     unsigned b = rd(r);
     start[d] = b >= 250 ? rd_value(r) : (int64_t)(b % (uint64_t)(shape[d] >= 0 && shape[d] < 64 ? shape[d] + 1 : 2));
-    int64_t room = shape[d] - start[d];
+    int64_t room = wrap_add(shape[d], wrap_neg(start[d]));
     b = rd(r);
     extent[d] = b >= 250 ? rd_value(r) : (int64_t)(b % (uint64_t)(room >= 0 && room < 64 ? room + 2 : 2));
   }
@@ -212,7 +219,7 @@ static void op_fragment(fz_reader *r, fz_side *s, int nt, int buffer) {
   for (int d = ndim - 1; d >= 0; d--) {
     if (mode == 1) {
       strides[d] = step;
-      step *= (extent[d] > 0 ? extent[d] : 1) + (int64_t)(rd(r) % 2);
+      step = wrap_mul(step, wrap_add(extent[d] > 0 ? extent[d] : 1, (int64_t)(rd(r) % 2)));
     } else if (mode == 3) {
       strides[d] = rd_value(r);
     }
@@ -221,7 +228,7 @@ static void op_fragment(fz_reader *r, fz_side *s, int nt, int buffer) {
     step = 1;
     for (int d = 0; d < ndim; d++) {
       strides[d] = step;
-      step *= extent[d] > 0 ? extent[d] : 1;
+      step = wrap_mul(step, extent[d] > 0 ? extent[d] : 1);
     }
   }
   unsigned ob = rd(r);
@@ -400,6 +407,27 @@ static fz_outcome plan_all(const reshard_layout_t *src, const reshard_layout_t *
   return FZ_EXECUTED;
 }
 
+/* A bound on the messages of a plan: the bytes of all tensors over the
+ * smallest chunk the options allow. The planner's memory grows with the
+ * messages, so terabyte tensors cut into 64-byte messages would only
+ * measure the machine's memory: such inputs are not planned. */
+static double messages_bound(const reshard_layout_t *L, const reshard_options_t *o) {
+  double bytes = 0;
+  for (int t = 0; t < reshard_layout_num_tensors(L); t++) {
+    reshard_dtype_t dt;
+    int ndim = 0;
+    int64_t shape[RESHARD_MAX_DIMS];
+    reshard_layout_tensor_info(L, t, NULL, &dt, &ndim, shape);
+    double n = (double)reshard_dtype_size(dt);
+    for (int d = 0; d < ndim; d++) n *= shape[d] > 0 ? (double)shape[d] : 0;
+    bytes += n;
+  }
+  double chunk = (double)o->staging_bytes / (2.0 * FZ_MAX_RANKS);
+  if (o->chunk_bytes && (double)o->chunk_bytes < chunk) chunk = (double)o->chunk_bytes;
+  if (chunk < 64) chunk = 64;
+  return bytes / chunk;
+}
+
 fz_outcome fz_plan_input(const uint8_t *data, size_t size) {
   fz_reader r = {data, size, 0};
   int nranks = 1 + (int)(rd(&r) % FZ_MAX_RANKS);
@@ -443,7 +471,8 @@ fz_outcome fz_plan_input(const uint8_t *data, size_t size) {
   decode_side(&r, &src, nt);
   decode_side(&r, &dst, reshard_layout_num_tensors(dst.L));
 
-  fz_outcome out = plan_all(src.L, dst.L, &opts, nranks);
+  fz_outcome out = FZ_SKIPPED;
+  if (messages_bound(src.L, &opts) <= FZ_MAX_MESSAGES) out = plan_all(src.L, dst.L, &opts, nranks);
   reshard_layout_destroy(src.L);
   reshard_layout_destroy(dst.L);
   return out;

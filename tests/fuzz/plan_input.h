@@ -33,7 +33,8 @@
 typedef enum fz_outcome {
   FZ_REJECTED = 0, /* plan creation failed (with a message) */
   FZ_PLANNED = 1,  /* every rank planned; too large to execute */
-  FZ_EXECUTED = 2  /* planned and executed, every byte checked */
+  FZ_EXECUTED = 2, /* planned and executed, every byte checked */
+  FZ_SKIPPED = 3   /* layouts built, too many messages to plan */
 } fz_outcome;
 
 /* Decodes and checks one input; abort()s on a violated invariant. */

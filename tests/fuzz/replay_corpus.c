@@ -14,7 +14,7 @@
 #include "plan_input.h"
 #include "reshard.h"
 
-static int outcomes[3];
+static int outcomes[4];
 
 static int replay_file(const char *path) {
   FILE *f = fopen(path, "rb");
@@ -25,7 +25,7 @@ static int replay_file(const char *path) {
   uint8_t buf[1 << 16];
   size_t n = fread(buf, 1, sizeof buf, f);
   fclose(f);
-  static const char *const said[3] = {"rejected", "planned", "planned, executed and checked"};
+  static const char *const said[4] = {"rejected", "planned", "planned, executed and checked", "not planned (too many messages)"};
   fz_outcome o = fz_plan_input(buf, n);
   outcomes[o]++;
   fprintf(stderr, "replay_corpus: %s (%zu bytes): %s%s%s\n", path, n, said[o], o == FZ_REJECTED ? ": " : "",
@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "replay_corpus: no inputs found\n");
     return 1;
   }
-  printf("replay_corpus: %d inputs replayed (%d rejected, %d planned, %d also executed)%s\n", count, outcomes[0],
-         outcomes[1], outcomes[2], rc ? ", some unreadable" : ", all invariants held");
+  printf("replay_corpus: %d inputs replayed (%d rejected, %d planned, %d also executed, %d too large to plan)%s\n", count,
+         outcomes[0], outcomes[1], outcomes[2], outcomes[3], rc ? ", some unreadable" : ", all invariants held");
   return rc;
 }
