@@ -16,7 +16,7 @@
 #define FZ_MAX_OPS 12
 #define FZ_MAX_RAWS 8
 #define FZ_EXEC_BYTES (256u << 10) /* execute cases whose buffers fit */
-#define FZ_MAX_MESSAGES 1e6        /* plan cases with fewer messages */
+#define FZ_MAX_MESSAGES 1e5        /* plan cases with fewer messages */
 
 static void fz_fail(const char *fmt, ...) {
   va_list ap;
