@@ -449,7 +449,7 @@ fz_outcome fz_plan_input(const uint8_t *data, size_t size) {
 
   int nt = 1 + (int)(rd(&r) % FZ_MAX_TENSORS);
   for (int t = 0; t < nt; t++) {
-    char name[8];
+    char name[16];
     snprintf(name, sizeof name, "t%d", t);
     reshard_dtype_t dt = (reshard_dtype_t)(rd(&r) % (RESHARD_NUM_DTYPES + 1));
     unsigned nb = rd(&r);

@@ -121,12 +121,18 @@ static int report_failed_execute(const char *what, reshard_result_t r, double ms
   return ok ? 0 : 1;
 }
 
-/* A barrier with a deadline: after a fault nothing may block forever. */
-static int guarded_barrier(double timeout_ms) {
+/* A barrier with a deadline: after a fault nothing may block forever.
+ * While waiting, SIGCONT goes to wake_pid (when > 0) every 100 ms, in case
+ * the first one arrived before that rank had stopped itself. */
+static int guarded_barrier(double timeout_ms, int wake_pid) {
   MPI_Request req;
   if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return -1;
-  double until = now_ms() + timeout_ms;
+  double until = now_ms() + timeout_ms, wake = 0;
   for (;;) {
+    if (wake_pid > 0 && now_ms() >= wake) {
+      kill((pid_t)wake_pid, SIGCONT);
+      wake = now_ms() + 100;
+    }
     int flag = 0;
     if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
     if (flag) return 0;
@@ -164,7 +170,7 @@ static int run_stop(reshard_comm_t *comm) {
     }
   }
   /* Everyone made one (failed) call; the next one must work. */
-  if (guarded_barrier(20000) != 0) {
+  if (guarded_barrier(20000, world_rank == 0 ? pids[victim] : 0) != 0) {
     printf("FAIL rank %d: barrier after the fault did not complete\n", world_rank);
     fflush(stdout);
     _exit(1);
