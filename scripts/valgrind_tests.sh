@@ -9,9 +9,10 @@
 #     -DRESHARD_WITH_CUDA=OFF -DRESHARD_WITH_MPI=OFF
 # The unit tests are the CMocka executables (tests/test_*.c) and the fuzz
 # corpus replay. Valgrind runs them 20-50x slower, so the heavy property
-# tests run with RESHARD_TEST_SCALE (default here 0.1: a tenth of their
-# seeds; tests/support/test_scale.h), which they honour without skipping
-# anything. Prints each test's time; exits non-zero if any test failed.
+# tests and the replay run with RESHARD_TEST_SCALE (default here 0.1: a
+# tenth of their seeds or inputs; tests/support/test_scale.h), which they
+# honour without skipping a test. Prints each test's time; exits non-zero
+# if any test failed.
 set -uo pipefail
 
 build=${1:?usage: valgrind_tests.sh BUILD_DIR}
