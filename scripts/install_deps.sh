@@ -3,9 +3,18 @@
 # skipping apt entirely when they are all present (fast reruns, and no root
 # needed on an already provisioned machine). Shared by scripts/test.sh and
 # .ci/run so both always agree on the list.
+#
+#   install_deps.sh        what building and testing need
+#   install_deps.sh --ci   also CI's checkers: clang with libFuzzer (the
+#                          plan fuzzer; Debian's clang only recommends
+#                          libclang-rt-14-dev, which holds libFuzzer, and
+#                          recommends are not installed) and valgrind
 set -euo pipefail
 
 RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev)
+if [ "${1:-}" = "--ci" ]; then
+  RESHARD_DEPS+=(clang libclang-rt-14-dev valgrind)
+fi
 
 missing=()
 for pkg in "${RESHARD_DEPS[@]}"; do

@@ -43,6 +43,10 @@ static int self_overlaps(const rs_frag *f) {
   int n = 0;
   for (int d = 0; d < f->ndim; d++)
     if (f->extent[d] > 1) {
+      /* -INT64_MIN does not exist; such a stride cannot bring two
+       * elements together, and footprint_of rejects it as reaching
+       * outside any buffer, which is the error to report. */
+      if (f->strides[d] == INT64_MIN) return 0;
       int64_t a = f->strides[d] < 0 ? -f->strides[d] : f->strides[d];
       int k = n++;
       while (k > 0 && s[k - 1] > a) {

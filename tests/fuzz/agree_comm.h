@@ -1,0 +1,37 @@
+/* Planning every rank of a world in one thread, exactly.
+ *
+ * bench/fake_comm.h plans one rank as if every other rank agreed with it;
+ * but plan creation agrees on values (the largest peer count of any rank,
+ * which bounds the chunk size, and error flags), so ranks planned that way
+ * may cut the same stream differently. This communicator replays the
+ * agreement instead: in a first pass (fz_agree_record) every rank's
+ * allreduce contributions are recorded, call by call; in the second
+ * (fz_agree_replay) each allreduce returns the maximum over all ranks'
+ * recorded contributions to that call, which is what a real run computes,
+ * since every rank's contributions are fixed before it calls. Like the
+ * bench's fake communicator it cannot move data. */
+#ifndef RS_FUZZ_AGREE_COMM_H
+#define RS_FUZZ_AGREE_COMM_H
+
+#include "reshard.h"
+
+#define FZ_AGREE_MAX_RANKS 64
+#define FZ_AGREE_MAX_CALLS 8
+#define FZ_AGREE_MAX_VALS 16
+
+typedef struct fz_agree_world {
+  int size;
+  int replay; /* 0: recording pass, 1: replaying */
+  int calls[FZ_AGREE_MAX_RANKS];
+  int nvals[FZ_AGREE_MAX_CALLS];
+  uint64_t max[FZ_AGREE_MAX_CALLS][FZ_AGREE_MAX_VALS];
+} fz_agree_world;
+
+void fz_agree_init(fz_agree_world *w, int size);
+/* Starts the replaying pass (after every rank planned once). */
+void fz_agree_replay(fz_agree_world *w);
+/* A communicator of rank `rank` of the world (which must outlive it). */
+reshard_result_t fz_agree_comm_create(fz_agree_world *w, int rank,
+                                      reshard_comm_t **comm);
+
+#endif

@@ -1,0 +1,313 @@
+/* MPI fault tests: reshard never hangs when a peer stops or dies, and
+ * ranks that disagree fail together before any data moves.
+ *
+ *   mpirun -np 4 ./test_mpi_faults stop      a rank is SIGSTOPped
+ *   mpirun -np 4 ./test_mpi_faults exit      a rank _exit()s mid-transfer
+ *   mpirun -np 4 ./test_mpi_faults mismatch  a rank passes another layout
+ *
+ * Every rank that is expected to report prints exactly one line
+ * "PASS rank R: ..." (with the measured return time) or "FAIL rank R: ...".
+ * tests/mpi/run_fault_test.sh runs mpirun under `timeout` and counts the
+ * PASS lines, so a hang, a crash or a missing report all fail the test.
+ *
+ * The transfer: one fp32 tensor of [64n, 64n] sharded by rows on the
+ * source and by columns on the destination, so every rank exchanges 16 KiB
+ * with every other; the 4 KiB staging budget cuts that into ~25 rounds.
+ *
+ * stop: the pids are exchanged, the plan is created (timeout_ms = 2000),
+ * the last rank raise(SIGSTOP)s; the others execute and must return
+ * TIMEOUT or REMOTE within the deadline + 1 s. Rank 0 then SIGCONTs it; the
+ * resumed rank executes (its peers are gone from that call: TIMEOUT or
+ * REMOTE, again within the deadline + 1 s). All ranks then meet in a
+ * barrier and execute a second time: the failed call's leftovers (its
+ * cancelled and unmatched messages) must not disturb the next call, which
+ * must move every byte correctly. mpirun exits 0.
+ *
+ * exit: rank 1's transport is wrapped (a copy of the MPI ops table whose
+ * isend and isend_boxes count their calls) so that it _exit(0)s on its 5th
+ * send: after its whole first round (3 peers) and the first message of its
+ * second round were posted. The survivors must return TIMEOUT, REMOTE or
+ * BACKEND within the deadline + 1 s. A process that leaves without
+ * MPI_Finalize makes Open MPI 4.1's mpirun kill the whole job at once
+ * ("exiting improperly"), before the survivors' deadline, whatever its
+ * exit status (--mca orte_abort_on_non_zero_status 0 does not help: status
+ * 0 without MPI_Finalize is still improper). So the test runs mpirun with
+ * --enable-recovery (the MCA parameter orte_enable_recovery=1), which keeps
+ * the job alive after a process dies so that the survivors can report. The
+ * survivors cannot finalize (MPI_Finalize's fence waits for the dead rank),
+ * so they print their line and _exit(0); mpirun's exit status says nothing
+ * then, and only the PASS lines count.
+ *
+ * mismatch: the last rank's destination splits the columns differently
+ * (and, in a second case, its staging budget differs): plan creation must
+ * return MISMATCH on every rank, with a message, and no plan. */
+#include <errno.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "reshard.h"
+#include "reshard_mpi.h"
+#include "transport/transport.h"
+#include "verify.h"
+
+#define TIMEOUT_MS 2000
+#define GRACE_MS 1000 /* allowed beyond the deadline */
+#define TILE 64       /* rows (columns) per rank */
+
+static int world_rank, world_size;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* One tensor "w" of [TILE*n, TILE*n] fp32 over all n ranks, sharded along
+ * dim; `uneven` gives the last rank one tile less and the first one more. */
+static reshard_layout_t *grid_layout(int dim, int uneven) {
+  reshard_layout_t *L = NULL;
+  int n = world_size, tid, mid, bid;
+  int64_t shape[2] = {(int64_t)TILE * n, (int64_t)TILE * n};
+  int64_t sizes[64];
+  for (int i = 0; i < n && i < 64; i++) sizes[i] = TILE;
+  if (uneven) {
+    sizes[0] += TILE / 2;
+    sizes[n - 1] -= TILE / 2;
+  }
+  reshard_placement_t pl = reshard_shard_sizes(dim, sizes);
+  if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &tid) ||
+      reshard_layout_add_mesh_strided(L, 1, &n, 0, 1, &mid) || reshard_layout_place(L, tid, mid, &pl, &bid)) {
+    fprintf(stderr, "rank %d: layout: %s\n", world_rank, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return L;
+}
+
+static reshard_plan_t *make_plan(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst) {
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  opts.staging_bytes = 4096;
+  opts.timeout_ms = TIMEOUT_MS;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, src, dst, &opts, &plan)) {
+    fprintf(stderr, "rank %d: plan_create: %s\n", world_rank, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return plan;
+}
+
+/* Executes once, timed. */
+static reshard_result_t timed_execute(const reshard_plan_t *plan, vf_side *s, vf_side *d, double *ms) {
+  double t0 = now_ms();
+  reshard_result_t r =
+      reshard_plan_execute(plan, (void *const *)s->ptr, (size_t)s->nbuf, (void *const *)d->ptr, (size_t)d->nbuf, NULL);
+  *ms = now_ms() - t0;
+  return r;
+}
+
+/* A failed execute must fail as a fault (not as bad input), say why, and
+ * return within the deadline + grace. Prints this rank's line. */
+static int report_failed_execute(const char *what, reshard_result_t r, double ms, int allow_backend) {
+  int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || (allow_backend && r == RESHARD_ERROR_BACKEND);
+  int ok = code_ok && ms <= TIMEOUT_MS + GRACE_MS && reshard_last_error()[0] != '\0';
+  printf("%s rank %d: %s: execute returned %s after %.0f ms (deadline %d ms + %d ms): %s\n", ok ? "PASS" : "FAIL",
+         world_rank, what, reshard_result_string(r), ms, TIMEOUT_MS, GRACE_MS, reshard_last_error());
+  fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+/* A barrier with a deadline: after a fault nothing may block forever.
+ * While waiting, SIGCONT goes to wake_pid (when > 0) every 100 ms, in case
+ * the first one arrived before that rank had stopped itself. */
+static int guarded_barrier(double timeout_ms, int wake_pid) {
+  MPI_Request req;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return -1;
+  double until = now_ms() + timeout_ms, wake = 0;
+  for (;;) {
+    if (wake_pid > 0 && now_ms() >= wake) {
+      kill((pid_t)wake_pid, SIGCONT);
+      wake = now_ms() + 100;
+    }
+    int flag = 0;
+    if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    if (flag) return 0;
+    if (now_ms() > until) return -1;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* ---------------------------------------------------------------- stop */
+
+static int run_stop(reshard_comm_t *comm) {
+  int victim = world_size - 1;
+  int pid = (int)getpid();
+  int *pids = malloc((size_t)world_size * sizeof *pids);
+  MPI_Allgather(&pid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+  reshard_layout_t *src = grid_layout(0, 0), *dst = grid_layout(1, 0);
+  reshard_plan_t *plan = make_plan(comm, src, dst);
+  vf_side s, d;
+  if (vf_side_alloc(&s, src, world_rank, 0) || vf_side_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
+  int bad = 0;
+  double ms = 0;
+  if (world_rank == victim) {
+    raise(SIGSTOP); /* until rank 0 sends SIGCONT */
+    reshard_result_t r = timed_execute(plan, &s, &d, &ms);
+    /* Its peers left this call long ago: whatever of their messages got
+     * through, the rest never comes. */
+    bad += report_failed_execute("resumed after SIGSTOP", r, ms, 0);
+  } else {
+    reshard_result_t r = timed_execute(plan, &s, &d, &ms);
+    bad += report_failed_execute("peer stopped", r, ms, 0);
+    if (world_rank == 0 && kill((pid_t)pids[victim], SIGCONT) != 0) {
+      printf("FAIL rank 0: kill(SIGCONT): %s\n", strerror(errno));
+      bad++;
+    }
+  }
+  /* Everyone made one (failed) call; the next one must work. */
+  if (guarded_barrier(20000, world_rank == 0 ? pids[victim] : 0) != 0) {
+    printf("FAIL rank %d: barrier after the fault did not complete\n", world_rank);
+    fflush(stdout);
+    _exit(1);
+  }
+  vf_side_fill(&s, src, 1);
+  reshard_result_t r = timed_execute(plan, &s, &d, &ms);
+  int64_t wrong = r == RESHARD_SUCCESS ? vf_side_check(&d, dst, world_rank, 1, "after stop") : -1;
+  int ok = r == RESHARD_SUCCESS && wrong == 0;
+  printf("%s rank %d: next execute after the fault: %s in %.0f ms, %lld wrong bytes\n", ok ? "PASS" : "FAIL", world_rank,
+         reshard_result_string(r), ms, (long long)wrong);
+  fflush(stdout);
+  bad += !ok;
+  vf_side_free(&s);
+  vf_side_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  free(pids);
+  return bad;
+}
+
+/* ---------------------------------------------------------------- exit */
+
+static const rs_transport_ops *real_ops;
+static int sends_before_exit = -1; /* the victim's: _exit on this call */
+static int sends_made;
+
+static void count_send(void) {
+  if (sends_before_exit >= 0 && ++sends_made == sends_before_exit) {
+    printf("EXIT rank %d: _exit(0) on send %d, mid-transfer\n", world_rank, sends_made);
+    fflush(stdout);
+    _exit(0);
+  }
+}
+
+static reshard_result_t dying_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
+                                    rs_request **req) {
+  count_send();
+  return real_ops->isend(c, peer, tag, buf, bytes, req);
+}
+
+static reshard_result_t dying_isend_boxes(reshard_comm_t *c, int peer, uint64_t tag, const struct rs_copy *copies,
+                                          uint32_t n, void *const *bases, size_t bytes, rs_request **req) {
+  count_send();
+  return real_ops->isend_boxes(c, peer, tag, copies, n, bases, bytes, req);
+}
+
+static int run_exit(reshard_comm_t *comm) {
+  int victim = 1;
+  static rs_transport_ops dying;
+  real_ops = comm->ops;
+  dying = *real_ops;
+  dying.isend = dying_isend;
+  if (real_ops->isend_boxes) dying.isend_boxes = dying_isend_boxes;
+  comm->ops = &dying;
+  if (world_rank == victim) sends_before_exit = world_size + 1;
+
+  reshard_layout_t *src = grid_layout(0, 0), *dst = grid_layout(1, 0);
+  reshard_plan_t *plan = make_plan(comm, src, dst);
+  reshard_plan_stats_t st;
+  reshard_plan_get_stats(plan, &st);
+  if (st.num_chunks < 3) {
+    printf("FAIL rank %d: %d rounds, the test needs several\n", world_rank, st.num_chunks);
+    return 1;
+  }
+  vf_side s, d;
+  if (vf_side_alloc(&s, src, world_rank, 0) || vf_side_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
+  double ms = 0;
+  reshard_result_t r = timed_execute(plan, &s, &d, &ms); /* the victim never returns */
+  int bad = report_failed_execute("peer exited mid-transfer", r, ms, 1);
+  /* MPI_Finalize would wait for the dead rank: leave without it. */
+  _exit(bad ? 1 : 0);
+}
+
+/* ------------------------------------------------------------ mismatch */
+
+static int expect_mismatch(reshard_comm_t *comm, const char *what, const reshard_layout_t *src,
+                           const reshard_layout_t *dst, size_t staging) {
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  opts.staging_bytes = staging;
+  opts.timeout_ms = TIMEOUT_MS;
+  reshard_plan_t *plan = NULL;
+  double t0 = now_ms();
+  reshard_result_t r = reshard_plan_create(comm, src, dst, &opts, &plan);
+  double ms = now_ms() - t0;
+  int ok = r == RESHARD_ERROR_MISMATCH && plan == NULL && reshard_last_error()[0] != '\0' && ms <= TIMEOUT_MS + GRACE_MS;
+  printf("%s rank %d: %s: plan_create returned %s after %.0f ms: %s\n", ok ? "PASS" : "FAIL", world_rank, what,
+         reshard_result_string(r), ms, reshard_last_error());
+  fflush(stdout);
+  reshard_plan_destroy(plan);
+  return !ok;
+}
+
+static int run_mismatch(reshard_comm_t *comm) {
+  int odd = world_rank == world_size - 1;
+  reshard_layout_t *src = grid_layout(0, 0), *dst = grid_layout(1, odd), *same = grid_layout(1, 0);
+  int bad = expect_mismatch(comm, "one rank splits the destination differently", src, dst, 4096);
+  bad += expect_mismatch(comm, "one rank has another staging budget", src, same, odd ? 8192 : 4096);
+  /* The communicator is still good: the same layouts everywhere plan. */
+  reshard_plan_t *plan = make_plan(comm, src, same);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(same);
+  return bad;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const char *mode = argc > 1 ? argv[1] : "";
+  if (world_size < 3 || world_size > 64) {
+    if (world_rank == 0) fprintf(stderr, "test_mpi_faults: run with 3 to 64 ranks\n");
+    MPI_Finalize();
+    return 2;
+  }
+  reshard_comm_t *comm = NULL;
+  if (reshard_comm_create_mpi(MPI_COMM_WORLD, &comm)) {
+    fprintf(stderr, "rank %d: comm_create_mpi: %s\n", world_rank, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  int bad;
+  if (!strcmp(mode, "stop")) {
+    bad = run_stop(comm);
+  } else if (!strcmp(mode, "exit")) {
+    bad = run_exit(comm);
+  } else if (!strcmp(mode, "mismatch")) {
+    bad = run_mismatch(comm);
+  } else {
+    if (world_rank == 0) fprintf(stderr, "usage: test_mpi_faults stop|exit|mismatch\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    return 2;
+  }
+  reshard_comm_destroy(comm);
+  int any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any != 0;
+}
