@@ -15,24 +15,23 @@ static struct {
   int is_string;
   char string[64];
 } rs_params[RS_NUM_PARAMS] = {
-    [RS_PARAM_STAGING_BYTES] = {"RESHARD_STAGING_BYTES",
-                                "staging memory per rank in bytes (overrides options.staging_bytes)", 0, 0},
-    [RS_PARAM_CHUNK_BYTES] = {"RESHARD_CHUNK_BYTES",
-                              "upper bound on one message in bytes (overrides options.chunk_bytes)", 0, 0},
-    [RS_PARAM_TIMEOUT_MS] = {"RESHARD_TIMEOUT_MS",
-                             "deadline of every wait in ms, <= 0 for none (overrides options.timeout_ms)", 0, 0},
-    [RS_PARAM_MPI_DATATYPES] = {"RESHARD_MPI_DATATYPES",
-                                "1 (default): the MPI transport sends and receives strided boxes in place with "
-                                "derived datatypes; 0: pack into staging", 0, 0},
-    [RS_PARAM_NCCL_REGISTER] = {"RESHARD_NCCL_REGISTER",
-                                "1: the NCCL transport registers its staging pool (ncclCommRegister); 0 (default): not",
-                                0, 0},
-    [RS_PARAM_RELAY] = {"RESHARD_RELAY",
-                        "relays between destination replicas: -1 (default) the cost model chooses, 0 never, 1 always "
-                        "(overrides options.relay)", 0, 0},
-    [RS_PARAM_TOPOLOGY] = {"RESHARD_TOPOLOGY",
-                           "machine preset: h100-8x400g, gb200-nvl72, cpu, or none (overrides options.topology)", 0, 0,
-                           1, ""},
+    [RS_PARAM_STAGING_BYTES] = {.name = "RESHARD_STAGING_BYTES",
+        .doc = "staging memory per rank in bytes (overrides options.staging_bytes)"},
+    [RS_PARAM_CHUNK_BYTES] = {.name = "RESHARD_CHUNK_BYTES",
+        .doc = "upper bound on one message in bytes (overrides options.chunk_bytes)"},
+    [RS_PARAM_TIMEOUT_MS] = {.name = "RESHARD_TIMEOUT_MS",
+        .doc = "deadline of every wait in ms, <= 0 for none (overrides options.timeout_ms)"},
+    [RS_PARAM_MPI_DATATYPES] = {.name = "RESHARD_MPI_DATATYPES",
+        .doc = "1 (default): the MPI transport sends and receives strided boxes in place with "
+                "derived datatypes; 0: pack into staging"},
+    [RS_PARAM_NCCL_REGISTER] = {.name = "RESHARD_NCCL_REGISTER",
+        .doc = "1: the NCCL transport registers its staging pool (ncclCommRegister); 0 (default): not"},
+    [RS_PARAM_RELAY] = {.name = "RESHARD_RELAY",
+        .doc = "relays between destination replicas: -1 (default) the cost model chooses, 0 never, 1 always "
+                "(overrides options.relay)"},
+    [RS_PARAM_TOPOLOGY] = {.name = "RESHARD_TOPOLOGY",
+        .doc = "machine preset: h100-8x400g, gb200-nvl72, cpu, or none (overrides options.topology)",
+        .is_string = 1},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;
