@@ -218,10 +218,10 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
        * (a cell with fewer rows than replicas still uses them all). */
       int64_t n = 1;
       for (int d = 0; d < nd; d++) n *= ce[d];
-      int64_t np = rs_min_i64(nc, n);
+      int64_t np = ctx->first_only ? 1 : rs_min_i64(nc, n);
       uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
                      mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
-      int rot = (int)(key % (uint64_t)nc);
+      int rot = ctx->first_only ? 0 : (int)(key % (uint64_t)nc);
       int64_t base = n / np, extra = n % np, at = 0;
       for (int64_t i = 0; i < np; i++) {
         int64_t sz = base + (i < extra);

@@ -89,7 +89,7 @@ struct reshard_plan {
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
-#define RS_KNOWN_FLAGS 0u
+#define RS_KNOWN_FLAGS RESHARD_FLAG_FIRST_REPLICA
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 
@@ -138,6 +138,7 @@ typedef struct rs_assign_ctx {
   size_t bounds_cap;
   int *cands;
   size_t cands_cap;
+  int first_only; /* RESHARD_FLAG_FIRST_REPLICA: the lowest holder only */
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
