@@ -80,6 +80,37 @@ plan_ok() {
     fail "last line malformed or coverage not ok for: $*"
 }
 
+# reshard_plan --topology: coverage ok, then exactly the result line and one
+# line per baseline, in order, last; the plan and every baseline are never
+# faster than the physical limit.
+plan_topo_ok() {
+  echo "== reshard_plan --topology $*"
+  if ! "$plan" --check "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: $*"
+    return
+  fi
+  grep -q VIOLATION "$out" && fail "violations reported for: $*"
+  grep -Eq '^# reshard_plan: ranks=[0-9]+ plan_ms=[0-9.]+ peak_MiB=[0-9.]+ coverage=ok$' "$out" ||
+    fail "no coverage=ok line for: $*"
+  local num='[0-9]+(\.[0-9]+)?(e[-+][0-9]+)?' rat='([0-9]+\.[0-9]{3}|inf)'
+  local lines
+  mapfile -t lines < <(tail -n 4 "$out")
+  if [[ ${lines[0]} =~ ^#\ reshard_plan:\ predicted_s=($num)\ lower_s=($num)\ ratio=$rat$ ]]; then
+    local x=${BASH_REMATCH[1]} y=${BASH_REMATCH[4]}
+    awk -v x="$x" -v y="$y" 'BEGIN { exit !(x + 0 >= y + 0 && x + 0 > 0) }' ||
+      fail "predicted_s=$x below lower_s=$y (or zero) for: $*"
+  else
+    fail "result line malformed for: $* (${lines[0]})"
+  fi
+  local names=(gather-broadcast replica0-direct balanced-direct) i
+  for i in 0 1 2; do
+    [[ ${lines[$((i + 1))]} =~ ^#\ baseline\ ${names[$i]}:\ predicted_s=$num\ ratio=$rat$ ]] ||
+      fail "baseline line $((i + 1)) malformed for: $* (${lines[$((i + 1))]})"
+    [[ ${lines[$((i + 1))]} =~ ratio=0\.([0-9]{3})$ ]] && fail "baseline ${names[$i]} faster than T_lower for: $*"
+  done
+  [[ $(grep -c '^# reshard_plan: predicted_s=' "$out") -eq 1 ]] || fail "more than one result line for: $*"
+}
+
 # bad TOOL EXPECTED_STATUS PATTERN ARGS...: expects that exit status and a
 # message matching PATTERN on stderr.
 bad() {
@@ -124,6 +155,17 @@ plan_synthetic)
   else
     fail "--rank 5 exited non-zero"
   fi
+  ;;
+plan_topology)
+  S="--shape 256,192 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1"
+  plan_topo_ok $S --topology h100-8x400g
+  plan_topo_ok $S --topology gb200-nvl72 --staging 64K
+  plan_topo_ok $S --topology cpu --relay 0
+  plan_topo_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --topology h100-8x400g
+  plan_topo_ok --shape 37,53 --dtype bf16 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 3 --dst-placements S0 --world 9 --topology cpu
+  bad plan 2 "--topology 'tpu': unknown preset" $S --topology tpu
+  bad plan 2 "--topology prices every rank's plan" $S --topology cpu --rank 1
+  bad plan 2 "--relay '2': expected -1" $S --relay 2
   ;;
 plan_detects_errors)
   echo "== reshard_plan --inject-error --check"
@@ -237,6 +279,8 @@ plan_model)
   plan_ok --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4
   plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K
   plan_ok --model-config "$repo/configs/Qwen2.5-0.5B.json" --layers 1 --train tp=2,pp=1 --infer tp=2,dp=2
+  plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --topology h100-8x400g
+  plan_topo_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 --colocate --topology cpu
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2
