@@ -457,7 +457,10 @@ typedef struct reshard_estimate {
  * NVLink directions, its local copies, and on the cpu preset the node's
  * shared memory bandwidth); the rounds add up. Rounds overlap in reality
  * (double buffering), so this slightly over-estimates. A plan without a
- * topology is RESHARD_ERROR_INVALID_USAGE. */
+ * topology is RESHARD_ERROR_INVALID_USAGE (on every rank). Costs a few
+ * small allreduces over the communicator (values per round); call it
+ * once, not every step. Every rank must call it, in the same order as its
+ * other collective calls. The plan is not modified. */
 reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan,
                                        reshard_estimate_t *out);
 

@@ -211,6 +211,12 @@ perf_np4)
   perf_ok 4 2 --shape 17,19 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 2 --dst-placements R $BOTH
   perf_ok 4 2 --shape 10,7 --dtype bool --src-mesh 1 --src-placements R --dst-mesh 3 --dst-placements S0 $BOTH
   perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline broadcast
+  # the cost model's prediction beside the measurement, final lines unchanged
+  for topo in cpu h100-8x400g; do
+    perf_ok 4 1 --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --topology $topo --baseline broadcast
+    grep -Eq "^# cost model \($topo\): predicted_us=[0-9]+\.[0-9] over [0-9]+ rounds, bound by [a-z-]+ at -?[0-9]+ \(latency [0-9.]+ us\); T_lower_us=[0-9]+\.[0-9] \([a-z-]+\)$" "$out" ||
+      fail "--topology $topo: no cost model line"
+  done
   # the alltoallw baseline's other datatype path (nested hvectors)
   export RESHARD_PERF_HVECTOR=1
   perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --baseline alltoallw
@@ -232,6 +238,7 @@ perf_bad_options)
   bad perf nonzero "S2 shards dim 2 but --shape has 2 dims" --shape 64,48 --src-mesh 3 --src-placements S2 --dst-mesh 3 --dst-placements S1 --colocate
   bad perf nonzero "unknown baseline 'nccl'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --baseline broadcast,nccl
   bad perf nonzero "-c '2': expected 0 or 1" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate -c 2
+  bad perf nonzero "--topology 'tpu': unknown preset" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --topology tpu
   bad perf nonzero "unknown option '--world'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --world 3
   ;;
 perf_detects_errors)
