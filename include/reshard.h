@@ -382,6 +382,11 @@ typedef struct reshard_options {
  * --verify). Host transports only (RESHARD_ERROR_UNSUPPORTED at plan
  * creation on a device transport). */
 #define RESHARD_FLAG_VERIFY 0x2u
+/* Every cell a destination rank needs (and does not hold itself) comes
+ * from the first source replica holding it (lowest rank) instead of being
+ * split evenly across all of them: the "direct P2P from replica 0"
+ * baseline, for comparisons (reshard_plan --topology prices it). */
+#define RESHARD_FLAG_FIRST_REPLICA 0x4u
 
 #define RESHARD_OPTIONS_INITIALIZER \
   {sizeof(reshard_options_t), RESHARD_OPTIONS_VERSION, (size_t)256 << 20, 0, \
@@ -460,6 +465,87 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
                                          reshard_plan_status_t *status);
 
 void reshard_plan_destroy(reshard_plan_t *plan); /* NULL is a no-op */
+
+/* ------------------------------------------------------------------ */
+/* Cost model and the physical limit                                   */
+/* ------------------------------------------------------------------ */
+
+#define RESHARD_ESTIMATE_VERSION 1
+
+/* What limits a time. The first six are links of the cost model; the
+ * next four are the terms of the lower bound (docs/ARCHITECTURE.md, "Cost
+ * model"); NODE_MEMORY serves both. */
+typedef enum reshard_bound {
+  RESHARD_BOUND_NONE = 0,
+  RESHARD_BOUND_NIC_EGRESS = 1,     /* a rank's share of its node's NICs */
+  RESHARD_BOUND_NIC_INGRESS = 2,
+  RESHARD_BOUND_NVLINK_EGRESS = 3,  /* a rank's link inside its domain */
+  RESHARD_BOUND_NVLINK_INGRESS = 4,
+  RESHARD_BOUND_LOCAL_COPY = 5,     /* a rank's own copies (colocated) */
+  RESHARD_BOUND_NODE_MEMORY = 6,    /* the memory a node's ranks share (cpu) */
+  RESHARD_BOUND_SOURCE_EGRESS = 7,  /* U / the source side's NICs */
+  RESHARD_BOUND_DOMAIN_INGRESS = 8, /* N(d) / domain d's NICs */
+  RESHARD_BOUND_RANK_INGRESS = 9,   /* in(r) / r's fastest ingress link */
+  RESHARD_BOUND_SOLE_HOLDER = 10,   /* bytes only s holds / s's egress */
+  RESHARD_NUM_BOUNDS = 11
+} reshard_bound_t;
+
+/* A predicted time and what it is made of. Set struct_size and version
+ * (RESHARD_ESTIMATE_INITIALIZER) before the call: the library writes only
+ * the fields the caller's version has. */
+typedef struct reshard_estimate {
+  uint32_t struct_size; /* sizeof(reshard_estimate_t) */
+  uint32_t version;     /* RESHARD_ESTIMATE_VERSION */
+  double seconds;       /* the predicted time, or the lower bound */
+  /* What limits `seconds` most: the link that bounds the longest round
+   * (plans) or the largest term (lower bound), and where: a rank, a node
+   * (NODE_MEMORY), a domain (DOMAIN_INGRESS), or -1 (SOURCE_EGRESS). */
+  reshard_bound_t bound;
+  int bound_where;
+  /* Plans: for each link kind, the summed duration of the rounds it
+   * bounded (the entries sum to seconds). Lower bound: each term's value
+   * (seconds is their maximum). */
+  double bound_seconds[RESHARD_NUM_BOUNDS];
+  /* Plans: the part of seconds spent in per-message latency on the
+   * bounding links. Lower bound: 0. */
+  double latency_seconds;
+  int num_rounds; /* plans: rounds priced; lower bound: 0 */
+  /* Plans: bytes sent between ranks plus bytes copied locally, over all
+   * ranks. Lower bound: U, the unique bytes some destination rank needs
+   * and does not hold itself. */
+  uint64_t bytes;
+} reshard_estimate_t;
+
+#define RESHARD_ESTIMATE_INITIALIZER \
+  {sizeof(reshard_estimate_t), RESHARD_ESTIMATE_VERSION, 0, RESHARD_BOUND_NONE, -1, {0}, 0, 0, 0}
+
+/* Predicted time of one execute of the plan on its topology (options'
+ * topology or RESHARD_TOPOLOGY), collective over the plan's communicator
+ * like plan creation: every rank gets the same answer. The model is
+ * round-synchronous: each round of messages lasts as long as its busiest
+ * link (bytes / bandwidth + messages x latency, over every rank's NIC and
+ * NVLink directions, its local copies, and on the cpu preset the node's
+ * shared memory bandwidth); the rounds add up. Rounds overlap in reality
+ * (double buffering), so this slightly over-estimates. A plan without a
+ * topology is RESHARD_ERROR_INVALID_USAGE (on every rank). Costs a few
+ * small allreduces over the communicator (values per round); call it
+ * once, not every step. Every rank must call it, in the same order as its
+ * other collective calls. The plan is not modified. */
+reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan,
+                                       reshard_estimate_t *out);
+
+/* The physical limit T_lower of a reshard between the two layouts on a
+ * communicator of nranks ranks placed on the named topology preset (the
+ * same placement as plan creation): no plan, relayed or not, can be
+ * faster on that machine. Not collective: every rank may call it, or a
+ * tool alone; it walks every rank's fragments (O(all fragments)). */
+reshard_result_t reshard_lower_bound(const reshard_layout_t *src,
+                                     const reshard_layout_t *dst, int nranks,
+                                     const char *topology,
+                                     reshard_estimate_t *out);
+
+/* Name of a bound ("nic-egress", ...; "invalid" when out of range). */
+const char *reshard_bound_name(reshard_bound_t bound);
 
 /* ------------------------------------------------------------------ */
 /* Introspection                                                       */

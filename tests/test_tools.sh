@@ -80,6 +80,37 @@ plan_ok() {
     fail "last line malformed or coverage not ok for: $*"
 }
 
+# reshard_plan --topology: coverage ok, then exactly the result line and one
+# line per baseline, in order, last; the plan and every baseline are never
+# faster than the physical limit.
+plan_topo_ok() {
+  echo "== reshard_plan --topology $*"
+  if ! "$plan" --check "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: $*"
+    return
+  fi
+  grep -q VIOLATION "$out" && fail "violations reported for: $*"
+  grep -Eq '^# reshard_plan: ranks=[0-9]+ plan_ms=[0-9.]+ peak_MiB=[0-9.]+ coverage=ok$' "$out" ||
+    fail "no coverage=ok line for: $*"
+  local num='[0-9]+(\.[0-9]+)?(e[-+][0-9]+)?' rat='([0-9]+\.[0-9]{3}|inf)'
+  local lines
+  mapfile -t lines < <(tail -n 4 "$out")
+  if [[ ${lines[0]} =~ ^#\ reshard_plan:\ predicted_s=($num)\ lower_s=($num)\ ratio=$rat$ ]]; then
+    local x=${BASH_REMATCH[1]} y=${BASH_REMATCH[4]}
+    awk -v x="$x" -v y="$y" 'BEGIN { exit !(x + 0 >= y + 0 && x + 0 > 0) }' ||
+      fail "predicted_s=$x below lower_s=$y (or zero) for: $*"
+  else
+    fail "result line malformed for: $* (${lines[0]})"
+  fi
+  local names=(gather-broadcast replica0-direct balanced-direct) i
+  for i in 0 1 2; do
+    [[ ${lines[$((i + 1))]} =~ ^#\ baseline\ ${names[$i]}:\ predicted_s=$num\ ratio=$rat$ ]] ||
+      fail "baseline line $((i + 1)) malformed for: $* (${lines[$((i + 1))]})"
+    [[ ${lines[$((i + 1))]} =~ ratio=0\.([0-9]{3})$ ]] && fail "baseline ${names[$i]} faster than T_lower for: $*"
+  done
+  [[ $(grep -c '^# reshard_plan: predicted_s=' "$out") -eq 1 ]] || fail "more than one result line for: $*"
+}
+
 # bad TOOL EXPECTED_STATUS PATTERN ARGS...: expects that exit status and a
 # message matching PATTERN on stderr.
 bad() {
@@ -129,6 +160,17 @@ plan_synthetic)
     fail "--rank 5 exited non-zero"
   fi
   ;;
+plan_topology)
+  S="--shape 256,192 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1"
+  plan_topo_ok $S --topology h100-8x400g
+  plan_topo_ok $S --topology gb200-nvl72 --staging 64K
+  plan_topo_ok $S --topology cpu --relay 0
+  plan_topo_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --topology h100-8x400g
+  plan_topo_ok --shape 37,53 --dtype bf16 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 3 --dst-placements S0 --world 9 --topology cpu
+  bad plan 2 "--topology 'tpu': unknown preset" $S --topology tpu
+  bad plan 2 "--topology prices every rank's plan" $S --topology cpu --rank 1
+  bad plan 2 "--relay '2': expected -1" $S --relay 2
+  ;;
 plan_detects_errors)
   echo "== reshard_plan --inject-error --check"
   "$plan" --shape 37,53 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate \
@@ -173,6 +215,12 @@ perf_np4)
   perf_ok 4 2 --shape 17,19 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 2 --dst-placements R $BOTH
   perf_ok 4 2 --shape 10,7 --dtype bool --src-mesh 1 --src-placements R --dst-mesh 3 --dst-placements S0 $BOTH
   perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline broadcast
+  # the cost model's prediction beside the measurement, final lines unchanged
+  for topo in cpu h100-8x400g; do
+    perf_ok 4 1 --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --topology $topo --baseline broadcast
+    grep -Eq "^# cost model \($topo\): predicted_us=[0-9]+\.[0-9] over [0-9]+ rounds, bound by [a-z-]+ at -?[0-9]+ \(latency [0-9.]+ us\); T_lower_us=[0-9]+\.[0-9] \([a-z-]+\)$" "$out" ||
+      fail "--topology $topo: no cost model line"
+  done
   # the alltoallw baseline's other datatype path (nested hvectors)
   export RESHARD_PERF_HVECTOR=1
   perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --baseline alltoallw
@@ -200,6 +248,7 @@ perf_bad_options)
   bad perf nonzero "S2 shards dim 2 but --shape has 2 dims" --shape 64,48 --src-mesh 3 --src-placements S2 --dst-mesh 3 --dst-placements S1 --colocate
   bad perf nonzero "unknown baseline 'nccl'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --baseline broadcast,nccl
   bad perf nonzero "-c '2': expected 0 or 1" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate -c 2
+  bad perf nonzero "--topology 'tpu': unknown preset" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --topology tpu
   bad perf nonzero "unknown option '--world'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --world 3
   ;;
 perf_detects_errors)
@@ -255,6 +304,8 @@ plan_model)
   plan_ok --model-config "$Q" --block-scales --train tp=2,pp=2,ep=2 --infer tp=4,ep=2 --colocate
   bad plan 2 "weight_scale_inv cannot be split" --model-config "$Q" --block-scales --train tp=4,etp=4 --infer tp=2
   bad plan 2 "quantization_config.weight_block_size" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --block-scales --train tp=2 --infer tp=2
+  plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --topology h100-8x400g
+  plan_topo_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 --colocate --topology cpu
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2

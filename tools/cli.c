@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/topology.h"
+
 #ifdef RESHARD_TOOLS_HAVE_MODELS
 #include "models/models.h"
 #endif
@@ -186,9 +188,17 @@ void cli_usage(int tool, FILE *out) {
           "Both modes:\n"
           "  --colocate            both sides on ranks 0.. (default: source ranks first, then\n"
           "                        destination ranks)\n"
-          "  --staging BYTES       staging budget per rank (suffix K, M or G; default: the library's)\n",
+          "  --staging BYTES       staging budget per rank (suffix K, M or G; default: the library's)\n"
+          "  --topology PRESET     the machine (h100-8x400g, gb200-nvl72, cpu): plan options'\n"
+          "                        topology; %s\n"
+          "  --relay -1|0|1        relays between destination replicas: -1 auto (default),\n"
+          "                        0 never, 1 always\n",
           perf ? "mpirun -np N reshard_perf" : "reshard_plan",
-          cli_have_models() ? "" : " [not in this build: no src/models]", dtype_list());
+          cli_have_models() ? "" : " [not in this build: no src/models]", dtype_list(),
+          perf ? "also prints the cost model's prediction\n"
+                 "                        (reshard_plan_estimate) beside the measured time"
+               : "also prices the plan with the cost model and\n"
+                 "                        prints the physical limit T_lower and the baselines");
   if (perf)
     fprintf(out,
             "reshard_perf:\n"
@@ -225,6 +235,8 @@ void cli_usage(int tool, FILE *out) {
             "                        derives from its own peer count, not the largest of all ranks\n"
             "  --check               exit 1 on any violation (coverage, reads, pair agreement)\n"
             "  --inject-error        (testing) drop one receive copy from a plan before checking\n"
+            "  --no-check            skip the checks (coverage=skipped): plan, and with --topology\n"
+            "                        price, every rank only (large models: the checks walk every row)\n"
             "Every rank's plan is computed in this one process with a fake communicator. Each\n"
             "rank is first planned as-is in a forked child (plan_ms: wall time, cpu_ms, peak_MiB:\n"
             "peak RSS growth); then all ranks are planned again with the chunk size a real run\n"
@@ -246,6 +258,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   o->iters = 20;
   o->warmup = 5;
   o->rank = -1;
+  o->relay = -1;
   int dtype_set = 0, have_src_pl = 0, have_dst_pl = 0, have_src_mesh = 0, have_dst_mesh = 0, have_shape = 0;
   int have_layers = 0;
   const char *src_pl_arg = NULL, *dst_pl_arg = NULL;
@@ -313,6 +326,17 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       VALUE();
       if (cli_parse_bytes(v, &o->staging) || o->staging == 0)
         return cli_fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
+    } else if (!strcmp(a, "--topology")) {
+      VALUE();
+      rs_topology t;
+      if (rs_topology_preset(v, &t))
+        return cli_fail(err, errlen, "--topology '%s': unknown preset (known: %s)", v, rs_topology_preset_names());
+      o->topology = v;
+    } else if (!strcmp(a, "--relay")) {
+      VALUE();
+      if (strcmp(v, "-1") && strcmp(v, "0") && strcmp(v, "1"))
+        return cli_fail(err, errlen, "--relay '%s': expected -1 (auto), 0 (never) or 1 (always)", v);
+      o->relay = atoi(v);
     } else if (perf && !strcmp(a, "-n")) {
       VALUE();
       if (parse_int(v, 1, &o->iters)) return cli_fail(err, errlen, "-n '%s': expected an integer >= 1", v);
@@ -342,6 +366,8 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       if (parse_int(v, 0, &o->rank)) return cli_fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
     } else if (plan && !strcmp(a, "--check")) {
       o->strict = 1;
+    } else if (plan && !strcmp(a, "--no-check")) {
+      o->no_check = 1;
     } else {
       return cli_fail(err, errlen, "unknown option '%s' (see --help)", a);
     }
@@ -385,6 +411,10 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
                       o->ndim - 1);
     }
   }
+  if (plan && o->rank >= 0 && o->topology)
+    return cli_fail(err, errlen, "--topology prices every rank's plan, which --rank skips");
+  if (plan && o->no_check && (o->strict || o->inject_error))
+    return cli_fail(err, errlen, "--no-check cannot be combined with --check or --inject-error");
   if (plan && o->rank >= 0 && o->inject_error)
     return cli_fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
   return 0;

@@ -51,6 +51,8 @@ typedef struct cli_opts {
   reshard_dtype_t dtype; /* default bf16 (model) or f32 (synthetic) */
   int colocate;
   size_t staging; /* 0: the library's default */
+  const char *topology; /* --topology PRESET, or NULL */
+  int relay;            /* --relay -1|0|1 (default -1: auto) */
   /* reshard_perf */
   int iters, warmup, check;
   int baseline_broadcast, baseline_alltoallw;
@@ -61,6 +63,7 @@ typedef struct cli_opts {
   int world; /* 0: derived */
   int rank;  /* -1: every rank */
   int strict; /* --check */
+  int no_check; /* --no-check: plan and price only */
 } cli_opts;
 
 /* Parses argv for the given tool. Returns 0, or -1 with a message in err

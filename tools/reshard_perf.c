@@ -943,6 +943,8 @@ int main(int argc, char **argv) {
   }
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (c.o.staging) opts.staging_bytes = c.o.staging;
+  opts.topology = c.o.topology;
+  opts.relay = c.o.relay;
   reshard_state rst = {NULL}, vst = {NULL};
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
@@ -1010,6 +1012,20 @@ int main(int argc, char **argv) {
        "%lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
        plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (double)mx[1] / 1048576.0, (long long)sum[4],
        (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
+
+  if (c.o.topology) {
+    /* the cost model's prediction (collective) and the physical limit */
+    reshard_estimate_t e = RESHARD_ESTIMATE_INITIALIZER, lb = RESHARD_ESTIMATE_INITIALIZER;
+    r = reshard_plan_estimate(rst.plan, &e);
+    if (!r) r = reshard_lower_bound(c.L.src, c.L.dst, world_size, c.o.topology, &lb);
+    if (r) {
+      fprintf(stderr, "reshard_perf: rank %d: cost model: %s: %s\n", world_rank, reshard_result_string(r), reshard_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    say0("# cost model (%s): predicted_us=%.1f over %d rounds, bound by %s at %d (latency %.1f us); T_lower_us=%.1f (%s)\n",
+         c.o.topology, e.seconds * 1e6, e.num_rounds, reshard_bound_name(e.bound), e.bound_where, e.latency_seconds * 1e6,
+         lb.seconds * 1e6, reshard_bound_name(lb.bound));
+  }
 
   method ms[4];
   memset(ms, 0, sizeof ms);

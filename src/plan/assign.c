@@ -265,11 +265,12 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       for (int o = 0; o < nowners; o++) {
         int64_t on = obase + (o < oextra);
         const int *cc = c;
-        int ncc = prefer_domain(ctx, H, c, nc, owners[o], near);
+        int ncc = ctx->first_only ? 0 : prefer_domain(ctx, H, c, nc, owners[o], near);
         if (ncc) cc = near;
         else ncc = nc;
-        int64_t np = rs_min_i64(ncc, on);
-        int rot = (int)((key + (uint64_t)o) % (uint64_t)ncc);
+        /* the baseline of RESHARD_FLAG_FIRST_REPLICA: the lowest holder */
+        int64_t np = ctx->first_only ? rs_min_i64(1, on) : rs_min_i64(ncc, on);
+        int rot = ctx->first_only ? 0 : (int)((key + (uint64_t)o) % (uint64_t)ncc);
         int64_t base = np ? on / np : 0, extra = np ? on % np : 0;
         p.owner = o;
         p.part = on ? nparts : -1;

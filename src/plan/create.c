@@ -454,6 +454,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     c.dst = dst;
     c.plan = p;
     c.actx.src = src;
+    c.actx.first_only = (p->opts.flags & RESHARD_FLAG_FIRST_REPLICA) != 0;
     local = match_tensors(&c);
   }
   if (!local) {

@@ -142,7 +142,7 @@ struct reshard_plan {
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
-#define RS_KNOWN_FLAGS (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY)
+#define RS_KNOWN_FLAGS (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA)
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 
@@ -233,6 +233,7 @@ typedef struct rs_assign_ctx {
   /* NULL, or receives the boxes of every (cell, owner) range (src unset):
    * relay forwards move a range whole, whichever holders provided it. */
   struct rs_piece_vec *parts;
+  int first_only; /* RESHARD_FLAG_FIRST_REPLICA: the lowest holder only */
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);

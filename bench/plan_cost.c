@@ -1,0 +1,84 @@
+#include "plan_cost.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "plan/cost.h"
+#include "plan/plan.h"
+#include "plan/topology.h"
+#include "plan_measure.h"
+
+struct pc_session {
+  rs_topology topo;
+  rs_rank_map map;
+  rs_cost_acc acc;
+};
+
+reshard_result_t pc_session_create(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                   const reshard_options_t *opts, pc_session **out) {
+  *out = NULL;
+  pc_session *s = calloc(1, sizeof *s);
+  if (!s) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "cost: out of memory");
+  int has = 0;
+  reshard_result_t r = rs_topology_resolve(opts, &s->topo, &has);
+  if (!r && !has) r = rs_error(RESHARD_ERROR_INVALID_USAGE, "cost: no topology (options.topology or RESHARD_TOPOLOGY)");
+  if (!r) r = rs_rank_map_build(&s->topo, src, dst, nranks, &s->map);
+  if (r) {
+    free(s);
+    return r;
+  }
+  rs_cost_acc_init(&s->acc, &s->topo, &s->map, nranks);
+  *out = s;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t pc_session_add(pc_session *s, const reshard_plan_t *plan) {
+  rs_cost_rank c;
+  RS_CHECK(rs_cost_rank_compute(plan, &c));
+  reshard_result_t r = rs_cost_acc_add(&s->acc, &c);
+  rs_cost_rank_free(&c);
+  return r;
+}
+
+void pc_session_finish(const pc_session *s, reshard_estimate_t *out) { rs_cost_acc_finish(&s->acc, out); }
+
+void pc_session_free(pc_session *s) {
+  if (!s) return;
+  rs_cost_acc_free(&s->acc);
+  rs_rank_map_free(&s->map);
+  free(s);
+}
+
+reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                    const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
+  size_t agreed = 0;
+  for (int r = 0; r < nranks; r++) {
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    RS_CHECK(pm_plan_rank(src, dst, r, nranks, opts, &comm, &plan));
+    if (!agreed || plan->chunk_bytes < agreed) agreed = plan->chunk_bytes;
+    pm_plan_free(comm, plan);
+  }
+  reshard_options_t o = *opts;
+  o.chunk_bytes = agreed;
+  pc_session *s;
+  RS_CHECK(pc_session_create(src, dst, nranks, &o, &s));
+  reshard_result_t res = RESHARD_SUCCESS;
+  for (int r = 0; r < nranks && !res; r++) {
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    res = pm_plan_rank(src, dst, r, nranks, &o, &comm, &plan);
+    if (res) break;
+    res = pc_session_add(s, plan);
+    pm_plan_free(comm, plan);
+  }
+  if (!res) {
+    reshard_estimate_t e;
+    pc_session_finish(s, &e);
+    memcpy(out, &e, sizeof e);
+  }
+  pc_session_free(s);
+  if (chunk) *chunk = agreed;
+  return res;
+}

@@ -1,0 +1,32 @@
+/* Pricing a reshard in one process: every rank's plan is created against
+ * the fake communicator (fake_comm.h) and priced with the cost model
+ * (src/plan/cost.h), exactly as reshard_plan_estimate would price the
+ * plans of a real run. */
+#ifndef RESHARD_BENCH_PLAN_COST_H
+#define RESHARD_BENCH_PLAN_COST_H
+
+#include <stddef.h>
+
+#include "reshard.h"
+
+/* Plans every rank twice: as given, to find the chunk size a real run
+ * agrees on (the smallest of the ranks'), then with that chunk; the
+ * second plans are priced. opts must name a topology (or RESHARD_TOPOLOGY
+ * must). *chunk (may be NULL) receives the agreed chunk. */
+reshard_result_t pc_estimate_global(const reshard_layout_t *src,
+                                    const reshard_layout_t *dst, int nranks,
+                                    const reshard_options_t *opts,
+                                    reshard_estimate_t *out, size_t *chunk);
+
+/* The pieces, for a caller that plans the ranks itself (reshard_plan):
+ * a pricing session over nranks ranks, fed one plan at a time. */
+typedef struct pc_session pc_session;
+reshard_result_t pc_session_create(const reshard_layout_t *src,
+                                   const reshard_layout_t *dst, int nranks,
+                                   const reshard_options_t *opts,
+                                   pc_session **out);
+reshard_result_t pc_session_add(pc_session *s, const reshard_plan_t *plan);
+void pc_session_finish(const pc_session *s, reshard_estimate_t *out);
+void pc_session_free(pc_session *s);
+
+#endif

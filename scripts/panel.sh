@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The scenario panel: one `reshard_plan --topology` run per scenario (every
+# rank planned and priced in one process, no GPU needed), printed as one
+# markdown table beside the published figures. Rerunnable: after planner
+# changes (relays), run it again and paste the table into
+# docs/PERFORMANCE.md.
+#
+#   scripts/panel.sh [BUILD_DIR]        (default: build)
+#
+# Extra reshard_plan options (e.g. --relay 1) can be passed through
+# PANEL_ARGS. Each run's full output is kept in $PANEL_LOGS (default
+# /tmp/reshard_panel).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$repo/build}
+plan=$build/tools/reshard_plan
+logs=${PANEL_LOGS:-/tmp/reshard_panel}
+extra=${PANEL_ARGS:-}
+[[ -x $plan ]] || { echo "panel.sh: $plan not built (cmake --build $build --target reshard_plan)" >&2; exit 2; }
+mkdir -p "$logs"
+
+# name | config | train | infer | topology | published
+scenarios=(
+  "DeepSeek-V3 671B|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16|tp=8,dp=16|gb200-nvl72|NCCL M2N 1.45 s hierarchical, 3.84 s direct"
+  "Qwen3-235B-A22B|Qwen3-235B-A22B.json|tp=2,pp=4,dp=8,ep=16|tp=8,dp=8|gb200-nvl72|NCCL M2N 0.99 s"
+  "Kimi-K2 1T|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (RDMA)"
+  "Llama-3.1-70B|Llama-3.1-70B.json|tp=8,pp=4|tp=8,dp=8|h100-8x400g|"
+  "Qwen3-30B-A3B|Qwen3-30B-A3B.json|tp=1,pp=2,dp=16,ep=16|tp=4,dp=8,ep=32|h100-8x400g|"
+)
+
+field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }
+
+echo "| scenario | GPUs (train + infer) | topology | T_lower s (bound) | ours s | ours / T_lower | gather-broadcast s (ratio) | replica0-direct s (ratio) | balanced-direct s (ratio) | published |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for s in "${scenarios[@]}"; do
+  IFS='|' read -r name cfg train infer topo pub <<<"$s"
+  log=$logs/$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_').txt
+  # shellcheck disable=SC2086
+  if ! "$plan" --model-config "$repo/configs/$cfg" --train "$train" --infer "$infer" --topology "$topo" --no-check \
+      $extra >"$log" 2>&1; then
+    echo "panel.sh: $name failed, see $log" >&2
+    echo "| $name | | $topo | failed | | | | | | $pub |"
+    continue
+  fi
+  world=$(sed -nE 's/^# world ([0-9]+) \(([0-9]+) source, ([0-9]+) destination.*/\2 + \3/p' "$log")
+  res=$(grep '^# reshard_plan: predicted_s=' "$log")
+  ours=$(field predicted_s <<<"$res")
+  lower=$(field lower_s <<<"$res")
+  ratio=$(field ratio <<<"$res")
+  bound=$(sed -nE 's/^# T_lower: [^,]+, bound by ([a-z-]+).*/\1/p' "$log")
+  cells=""
+  for b in gather-broadcast replica0-direct balanced-direct; do
+    line=$(grep "^# baseline $b: predicted_s=" "$log")
+    cells="$cells | $(field predicted_s <<<"$line") ($(field ratio <<<"$line"))"
+  done
+  echo "| $name: megatron $train -> vllm $infer | $world | $topo | $lower ($bound) | $ours | $ratio$cells | $pub |"
+done
