@@ -341,8 +341,9 @@ typedef struct reshard_options {
    * name ("h100-8x400g", "gb200-nvl72", "cpu") or NULL for none.
    * RESHARD_TOPOLOGY overrides it. Same on all ranks (part of the digest). */
   const char *topology;
-  /* Relays between destination replicas: -1 (default) lets the cost model
-   * choose per plan (today: never), 0 never, 1 whenever destination
+  /* Relays between destination replicas: -1 (default) with a topology
+   * builds the direct and the relay plan and keeps the one the cost model
+   * predicts faster (without a topology: direct), 0 never, 1 whenever destination
    * replicas need the same bytes: each destination fragment held with the
    * same box by m >= 2 ranks (none of which holds its source data, and
    * each part at least 256 KiB) is split into m parts, the source side

@@ -711,6 +711,75 @@ static int device_rank(int rank, reshard_comm_t *comm, void *p) {
   return bad;
 }
 
+/* relay -1 (auto) with a topology: the cost model keeps the relay plan
+ * where destination replicas would otherwise pull every byte through the
+ * source NICs, and the direct plan where nothing is replicated; either
+ * way the bytes are exact. */
+static void auto_choice(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 0;
+  enum { N = 10 };
+  int sr[2], dr[8];
+  seq(sr, 2, 0);
+  seq(dr, 8, 2);
+  unsigned char is_src[N] = {1, 1}, is_dst[N];
+  for (int r = 0; r < N; r++) is_dst[r] = r >= 2;
+  static run a, d;
+  /* one 4 MiB weight, tp=2 -> tp=2 x dp=4: four replicas of every
+   * destination box (big enough that bandwidth, not latency, decides) */
+  reshard_layout_t *S, *D;
+  int64_t shape[2] = {2048, 1024};
+  int t, m, b;
+  reshard_placement_t s0[1] = {reshard_shard(0)}, rs0[2] = {reshard_replicate(), reshard_shard(0)};
+  assert_int_equal(reshard_layout_create(&S), 0);
+  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_BF16, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){2}, sr, &m), 0);
+  assert_int_equal(reshard_layout_place(S, t, m, s0, &b), 0);
+  assert_int_equal(reshard_layout_create(&D), 0);
+  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_BF16, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(D, 2, (int[]){4, 2}, dr, &m), 0);
+  assert_int_equal(reshard_layout_place(D, t, m, rs0, &b), 0);
+  memset(&a, 0, sizeof a);
+  a.src = S;
+  a.dst = D;
+  a.opts = relay_opts(-1, 0);
+  a.opts.topology = "h100-8x400g";
+  a.steps = 2;
+  assert_int_equal(run_all(N, &a), 0);
+  check_source_egress(&a, N, is_src);
+  assert_true(sent_by(&a, N, is_dst) > 0); /* the relay plan: forwards */
+  /* the same without a topology: no cost model, direct */
+  memset(&d, 0, sizeof d);
+  d.src = S;
+  d.dst = D;
+  d.opts = relay_opts(-1, 0);
+  d.steps = 1;
+  assert_int_equal(run_all(N, &d), 0);
+  assert_int_equal(sent_by(&d, N, is_dst), 0);
+  assert_true(sent_by(&d, N, is_src) > 3 * sent_by(&a, N, is_src));
+  run_free(&a, N);
+  run_free(&d, N);
+  reshard_layout_destroy(D);
+  /* tp=2 -> tp=8: no replicas, nothing to relay: direct is kept */
+  reshard_placement_t s1[1] = {reshard_shard(1)};
+  assert_int_equal(reshard_layout_create(&D), 0);
+  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_BF16, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){8}, dr, &m), 0);
+  assert_int_equal(reshard_layout_place(D, t, m, s1, &b), 0);
+  memset(&a, 0, sizeof a);
+  a.src = S;
+  a.dst = D;
+  a.opts = relay_opts(-1, 0);
+  a.opts.topology = "h100-8x400g";
+  a.steps = 2;
+  assert_int_equal(run_all(N, &a), 0);
+  assert_int_equal(sent_by(&a, N, is_dst), 0);
+  run_free(&a, N);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+}
+
 static void device_transport(void **state) {
   (void)state;
   rs_relay_min_part_bytes = 0;
@@ -765,7 +834,7 @@ int main(void) {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
       cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(replica_choice),
-      cmocka_unit_test(device_transport),
+      cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -416,12 +416,15 @@ static void build_ctx_free(build_ctx *c) {
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
 
-reshard_result_t reshard_plan_create(reshard_comm_t *comm,
-                                     const reshard_layout_t *src,
-                                     const reshard_layout_t *dst,
-                                     const reshard_options_t *options,
-                                     reshard_plan_t **out) {
-  rs_error_clear();
+/* relay_mode: RELAY_FROM_OPTIONS, or 0 / 1 to build a direct or a relay
+ * plan whatever options.relay says (the auto choice builds both). */
+enum { RELAY_FROM_OPTIONS = -2 };
+
+static reshard_result_t plan_create_one(reshard_comm_t *comm,
+                                        const reshard_layout_t *src,
+                                        const reshard_layout_t *dst,
+                                        const reshard_options_t *options,
+                                        int relay_mode, reshard_plan_t **out) {
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
   if (out) *out = NULL;
   uint32_t plan_seq = comm->plans_created++;
@@ -472,9 +475,10 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   if (!local) {
     /* Forwards read destination buffers, which only the host executor
      * can do today: device transports plan direct (NCCL relays are
-     * future work). relay -1 (auto) plans direct until the cost model
-     * chooses. */
-    c.relay = p->opts.relay == 1 && !comm->ops->stream_ops;
+     * future work). relay -1 (auto) plans direct here; the caller
+     * builds a relay plan too when the cost model can choose. */
+    int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;
+    c.relay = want && !comm->ops->stream_ops;
     const int32_t *domain = p->has_topo ? p->map.domain : NULL;
     c.actx.domain = domain;
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
@@ -606,4 +610,48 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   free(p->staging_cache);
   rs_rank_map_free(&p->map);
   free(p);
+}
+
+/* Whether relay -1 (auto) has a choice to make: the cost model needs a
+ * topology, and only host transports relay. The same on every rank (the
+ * options and topology are part of the digest). */
+static int auto_relay(const reshard_plan_t *p) {
+  return p->opts.relay == -1 && p->has_topo && !p->comm->ops->stream_ops;
+}
+
+reshard_result_t reshard_plan_create(reshard_comm_t *comm,
+                                     const reshard_layout_t *src,
+                                     const reshard_layout_t *dst,
+                                     const reshard_options_t *options,
+                                     reshard_plan_t **out) {
+  rs_error_clear();
+  if (out) *out = NULL;
+  reshard_plan_t *direct = NULL, *relay = NULL;
+  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, out ? &direct : NULL));
+  if (!auto_relay(direct)) {
+    *out = direct;
+    return RESHARD_SUCCESS;
+  }
+  /* relay -1 with a topology: build the relay plan as well and keep the
+   * one the cost model predicts faster. Both creations and both estimates
+   * are collective and all-or-nothing, and the estimates are reduced over
+   * all ranks, so every rank keeps the same kind of plan. A tie keeps the
+   * direct plan (fewer hops, no forwarding through destination ranks). */
+  reshard_estimate_t ed = RESHARD_ESTIMATE_INITIALIZER, er = RESHARD_ESTIMATE_INITIALIZER;
+  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, &relay);
+  if (!r) r = reshard_plan_estimate(direct, &ed);
+  if (!r) r = reshard_plan_estimate(relay, &er);
+  if (r) {
+    rs_error_prefix("plan_create rank %d (choosing between a direct and a relay plan): ", comm->rank);
+    reshard_plan_destroy(direct);
+    reshard_plan_destroy(relay);
+    return r;
+  }
+  int keep_relay = er.seconds < ed.seconds;
+  RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: relay auto: direct %.6f s, relay %.6f s predicted on %s: keeping the %s plan",
+         comm->rank, ed.seconds, er.seconds, direct->topo.name, keep_relay ? "relay" : "direct");
+  reshard_plan_destroy(keep_relay ? direct : relay);
+  *out = keep_relay ? relay : direct;
+  (*out)->relay_chosen = keep_relay;
+  return RESHARD_SUCCESS;
 }

@@ -39,6 +39,8 @@ reshard_result_t reshard_plan_dump(const reshard_plan_t *p, FILE *f,
   if (!p || !f) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_dump: NULL argument");
   const reshard_plan_stats_t *s = &p->stats;
   fprintf(f, "reshard plan: rank %d of %d, transport %s, digest %016" PRIx64 "\n", p->rank, p->size, p->comm->ops->name, p->digest);
+  fprintf(f, "  topology %s, relay %s\n", p->has_topo ? p->topo.name : "none",
+          p->opts.relay == 1 ? "on" : p->opts.relay == 0 ? "off" : p->relay_chosen ? "auto: chosen by the cost model" : "auto: direct");
   fprintf(f, "  send %zu bytes in %zu messages to %d peers; receive %zu bytes in %zu messages from %d peers\n", s->send_bytes,
           s->send_messages, s->num_send_peers, s->recv_bytes, s->recv_messages, s->num_recv_peers);
   fprintf(f, "  local copies %zu bytes; %zu segments; %d rounds of at most %zu bytes per message; staging %zu bytes\n",

@@ -73,6 +73,8 @@ struct reshard_plan {
   uint64_t digest;
   uint64_t tag_base;
   /* The machine, when options or RESHARD_TOPOLOGY name one. */
+  /* relay -1 (auto) chose the relay plan over the direct one */
+  int relay_chosen;
   int has_topo;
   rs_topology topo;
   rs_rank_map map; /* empty without a topology */
