@@ -51,6 +51,7 @@
 #include "plan/topology.h"
 #include "reshard.h"
 #include "support/harness.h"
+#include "support/test_scale.h"
 #include "support/random_layout.h"
 #include "transport/transport.h"
 
@@ -188,7 +189,7 @@ static uint64_t unique_bytes(const reshard_layout_t *L, int nranks, const unsign
 /* Each byte leaves the source side once: what the source-only ranks send
  * is exactly the destination's distinct bytes. */
 static void check_source_egress(const run *a, int nranks, const unsigned char *is_src) {
-  unsigned char all[MAXRANKS];
+  unsigned char all[MAXRANKS] = {0};
   for (int r = 0; r < nranks; r++) all[r] = 1;
   uint64_t want = unique_bytes(a->dst, nranks, all), sent = 0;
   for (int r = 0; r < nranks; r++)
@@ -465,7 +466,7 @@ static uint64_t first_seed(uint64_t dflt, int *count) {
 static void random_topology(void **state) {
   (void)state;
   rs_relay_min_part_bytes = 0;
-  int count = 18;
+  int count = (int)rs_test_scaled(18);
   uint64_t seed0 = first_seed(5000, &count);
   for (int c = 0; c < count; c++) {
     uint64_t seed = seed0 + (uint64_t)c, s = seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -505,7 +506,7 @@ static void random_topology(void **state) {
 static void random_pairs(void **state) {
   (void)state;
   rs_relay_min_part_bytes = 0;
-  int count = 300, failed = 0;
+  int count = (int)rs_test_scaled(300), failed = 0;
   uint64_t seed0 = first_seed(9000000, &count);
   for (int c = 0; c < count; c++) {
     uint64_t seed = seed0 + (uint64_t)c;
