@@ -63,7 +63,8 @@ static void print_estimate(FILE *out, const char *what, const reshard_estimate_t
 
 static double ratio(double x, double lower) { return lower > 0 ? x / lower : INFINITY; }
 
-int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, const reshard_estimate_t *ours, FILE *out) {
+int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, const reshard_estimate_t *ours,
+              const reshard_estimate_t *balanced, FILE *out) {
   rs_topology t;
   int has = 0;
   if (rs_topology_resolve(opts, &t, &has) || !has) {
@@ -89,6 +90,10 @@ int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, co
     o.relay = 0;
     if (i == 0) o.flags |= RESHARD_FLAG_FIRST_REPLICA;
     base[i] = (reshard_estimate_t)RESHARD_ESTIMATE_INITIALIZER;
+    if (i == 1 && balanced) {
+      base[i] = *balanced;
+      continue;
+    }
     r = pc_estimate_global(L->src, L->dst, world, &o, &base[i], NULL);
     if (r) {
       fprintf(stderr, "reshard_plan: error: baseline %s: %s: %s\n", names[i], reshard_result_string(r), reshard_last_error());

@@ -26,8 +26,11 @@
 
 /* Prints the report for our plan's estimate `ours` (priced by the caller
  * from the plans it checked). opts: the options our plan was made with.
- * Returns 0, or -1 with a message on stderr. */
+ * balanced: the balanced-direct baseline if the caller priced it already
+ * (the relay choice does), else NULL. Returns 0, or -1 with a message on
+ * stderr. */
 int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts,
-              const reshard_estimate_t *ours, FILE *out);
+              const reshard_estimate_t *ours,
+              const reshard_estimate_t *balanced, FILE *out);
 
 #endif

@@ -421,6 +421,36 @@ int main(int argc, char **argv) {
   opts.topology = o.topology;
   opts.relay = o.relay;
 
+  /* relay -1 with a topology: reshard_plan_create builds both plans and
+   * keeps the one the cost model predicts faster, collectively. Planned
+   * here rank by rank against a fake communicator, each rank would price
+   * only its own plan, so the choice is made here, globally, by the same
+   * rule (the global and collective estimates are equal), before the
+   * ranks are planned with it. */
+  reshard_estimate_t direct_est = RESHARD_ESTIMATE_INITIALIZER;
+  int have_direct = 0;
+  if (o.rank < 0 && opts.relay == -1) {
+    rs_topology topo;
+    int has = 0;
+    if (rs_topology_resolve(&opts, &topo, &has) == RESHARD_SUCCESS && has) {
+      reshard_estimate_t relay_est = RESHARD_ESTIMATE_INITIALIZER;
+      reshard_options_t od = opts, orl = opts;
+      od.relay = 0;
+      orl.relay = 1;
+      reshard_result_t r = pc_estimate_global(L.src, L.dst, world, &od, &direct_est, NULL);
+      if (!r) r = pc_estimate_global(L.src, L.dst, world, &orl, &relay_est, NULL);
+      if (r) {
+        fprintf(stderr, "reshard_plan: error: relay choice: %s: %s\n", reshard_result_string(r), reshard_last_error());
+        cli_layouts_free(&L);
+        return 1;
+      }
+      have_direct = 1;
+      opts.relay = relay_est.seconds < direct_est.seconds ? 1 : 0;
+      printf("# relay -1 on %s: direct %.6g s, relay %.6g s predicted: the %s plan is kept\n", topo.name,
+             direct_est.seconds, relay_est.seconds, opts.relay ? "relay" : "direct");
+    }
+  }
+
   printf("# reshard_plan, one process: %s\n", L.desc);
   printf("# world %d (%d source, %d destination%s), tensors %d, staging %zu B\n", world, L.nsrc, L.ndst,
          o.colocate ? ", colocated" : "", reshard_layout_num_tensors(L.dst), opts.staging_bytes);
@@ -536,7 +566,7 @@ int main(int argc, char **argv) {
     reshard_estimate_t ours;
     pc_session_finish(cost, &ours);
     fflush(stdout);
-    if (cr_report(&L, world, &opts, &ours, stdout)) failed = 1;
+    if (cr_report(&L, world, &opts, &ours, have_direct ? &direct_est : NULL, stdout)) failed = 1;
   }
   pc_session_free(cost);
   free(agreed);
