@@ -119,7 +119,9 @@ reshard_result_t rs_relay_group_of(rs_relay_ctx *ctx, const rs_frag *D,
     const struct rs_relay_memo *e = &ctx->memos[ctx->memo_slots[at]];
     if (!memo_is(e, D, h)) continue;
     g->m = e->m;
-    g->ranks = ctx->memo_ranks + e->off;
+    /* a fragment without replicas is memoized with m = 0, and no ranks
+     * stored yet is a NULL array: no pointer arithmetic on it */
+    g->ranks = e->m ? ctx->memo_ranks + e->off : NULL;
     g->canon = e->canon;
     return RESHARD_SUCCESS;
   }
@@ -259,7 +261,7 @@ static uint64_t hash_ranks(const int32_t *r, int m) {
 
 static int entry_equals(const rs_relay_table *t, int32_t id, const int32_t *r, int m, uint64_t h) {
   const struct rs_relay_entry *e = &t->v[id];
-  return e->hash == h && e->m == m && !memcmp(t->pool + e->off, r, (size_t)m * sizeof *r);
+  return e->hash == h && e->m == m && (m == 0 || !memcmp(t->pool + e->off, r, (size_t)m * sizeof *r));
 }
 
 static reshard_result_t rehash(rs_relay_table *t) {
@@ -297,7 +299,7 @@ reshard_result_t rs_relay_table_intern(rs_relay_table *t,
     t->cap_pool = cap;
   }
   if (RS_VEC_GROW(t->v, t->n, t->cap)) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay groups)");
-  memcpy(t->pool + t->npool, ranks, (size_t)m * sizeof *ranks);
+  if (m) memcpy(t->pool + t->npool, ranks, (size_t)m * sizeof *ranks);
   t->v[t->n] = (struct rs_relay_entry){t->npool, m, h};
   t->npool += (size_t)m;
   t->slots[at] = (int32_t)t->n;
@@ -327,7 +329,7 @@ reshard_result_t rs_relay_table_order(const rs_relay_table *t,
     free(ord);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (relay groups)");
   }
-  for (size_t i = 0; i < t->n; i++) refs[i] = (order_ref){t->pool + t->v[i].off, t->v[i].m, (int32_t)i};
+  for (size_t i = 0; i < t->n; i++) refs[i] = (order_ref){t->v[i].m ? t->pool + t->v[i].off : NULL, t->v[i].m, (int32_t)i};
   if (t->n > 1) qsort(refs, t->n, sizeof *refs, cmp_order);
   for (size_t i = 0; i < t->n; i++) ord[refs[i].id] = (int32_t)i;
   free(refs);
