@@ -217,18 +217,61 @@ static int cmp_seg_ref(const void *a, const void *b) {
   return c;
 }
 
-static int cmp_stream_only(const void *a, const void *b) { return cmp_ref_stream(a, b); }
+static int cmp_ref_level_stream(const void *a, const void *b) {
+  const seg_ref *x = a, *y = b;
+  int c = cmp_i32(x->level, y->level);
+  return c ? c : cmp_ref_stream(x, y);
+}
 
-int64_t rs_count_streams(const rs_seg_vec *segs) {
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
-  if (!v) return -1;
-  size_t n = 0, k = 0;
+  uint64_t *bytes = rs_malloc((segs->n + 1) * sizeof *bytes);
+  uint64_t limit = 0;
+  if (!v || !bytes) {
+    free(v);
+    free(bytes);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing the chunk (%zu segments)", segs->n);
+  }
+  size_t k = 0, n = 0;
   for (size_t i = 0; i < segs->n; i++)
     if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
-  if (k > 1) qsort(v, k, sizeof *v, cmp_stream_only);
-  for (size_t i = 0; i < k; i++) n += i == 0 || cmp_ref_stream(&v[i], &v[i - 1]) != 0;
+  if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
+  for (size_t i = 0; i < k; i++) {
+    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) bytes[n++] = 0;
+    bytes[n - 1] += segs->v[v[i].index].bytes;
+  }
+  /* a message's staging slot is padded to 64 bytes */
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    bytes[i] = (bytes[i] + 63) & ~(uint64_t)63;
+    total += bytes[i];
+  }
+  if (total <= half) {
+    limit = UINT64_MAX;
+    goto done;
+  }
+  /* the largest c with sum(min(bytes, c)) <= half: with the streams
+   * sorted, c lies between two sizes where the sum is linear in c */
+  qsort(bytes, n, sizeof *bytes, cmp_u64);
+  uint64_t below = 0; /* sum of the streams smaller than c */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = half > below ? (half - below) / (uint64_t)(n - i) : 0;
+    if (c <= bytes[i]) {
+      limit = c & ~(uint64_t)63;
+      break;
+    }
+    below += bytes[i];
+  }
+done:
   free(v);
-  return (int64_t)n;
+  free(bytes);
+  *out = limit;
+  return RESHARD_SUCCESS;
 }
 
 /* Shifted round robin: at position i every rank sends to rank+i+1 and

@@ -414,7 +414,9 @@ static void build_ctx_free(build_ctx *c) {
   rs_relay_plan_free(&c->rp);
 }
 
-enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
+/* AGREE_CHUNK carries ~(this rank's chunk limit), so that the max is the
+ * smallest limit; a failed rank sends 0, which limits nothing. */
+enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_CHUNK, AGREE_N };
 
 /* relay_mode: RELAY_FROM_OPTIONS, or 0 / 1 to build a direct or a relay
  * plan whatever options.relay says (the auto choice builds both). */
@@ -491,12 +493,8 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     local = plan_sends(&c);
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
-  int64_t nstreams = 0;
-  if (!local) {
-    nstreams = rs_count_streams(&c.segs);
-    if (nstreams < 0)
-      local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting streams", comm->rank);
-  }
+  uint64_t limit = UINT64_MAX;
+  if (!local && p) local = rs_chunk_limit(&c.segs, p->opts.staging_bytes / 2, &limit);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -515,7 +513,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
-                         local ? 0 : (uint64_t)nstreams};
+                         local ? 0 : ~limit};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -539,11 +537,14 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
                  reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
-  /* Every rank's busiest round fits the budget: each of its streams (one
-   * per peer in a direct plan) has at most one message per round, double
-   * buffered. */
-  uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
-  size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
+  /* Every rank's busiest round fits the budget, double buffered: the
+   * chunk is the smallest of the ranks' limits (rs_chunk_limit: each
+   * stream has at most one message per round). Streams shorter than the
+   * chunk take less than a chunk, so ranks with many small streams (the
+   * norms and biases sent to every replica) no longer shrink everyone's
+   * messages as if each of their streams were long. */
+  uint64_t agreed = ~v[AGREE_CHUNK];
+  size_t chunk = (size_t)(agreed < p->opts.staging_bytes / 2 ? agreed : p->opts.staging_bytes / 2);
   if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
   /* one message must stay countable in an int (MPI) */
   if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;

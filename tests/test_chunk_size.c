@@ -1,0 +1,124 @@
+/* The derived chunk size (docs/ARCHITECTURE.md, step 5): a stream takes
+ * at most min(its bytes, chunk) of a round's staging, so a rank with one
+ * long stream and several tiny ones gets messages almost as large as its
+ * whole budget, not budget / (2 x streams), and still stays within the
+ * budget. Data is checked byte for byte with the harness. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "support/harness.h"
+
+enum { NRANKS = 5, BIG = 65536, TINY = 16 };
+#define STAGING ((size_t)65536)
+
+/* Source: "big" on rank 1, "tiny<r>" on rank r (1..4). Destination:
+ * everything on rank 0, so rank 0 has four receive streams, one long. */
+static void build(reshard_layout_t **src, reshard_layout_t **dst) {
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L;
+    assert_int_equal(reshard_layout_create(&L), RESHARD_SUCCESS);
+    int t, m, b;
+    int64_t shape = BIG;
+    assert_int_equal(reshard_layout_add_tensor(L, "big", RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+    int rank = side ? 1 : 0;
+    assert_int_equal(reshard_layout_add_mesh(L, 1, &one, &rank, &m), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_place(L, t, m, &rep, &b), RESHARD_SUCCESS);
+    for (int r = 1; r < NRANKS; r++) {
+      char name[16];
+      snprintf(name, sizeof name, "tiny%d", r);
+      shape = TINY;
+      assert_int_equal(reshard_layout_add_tensor(L, name, RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+      rank = side ? r : 0;
+      assert_int_equal(reshard_layout_add_mesh(L, 1, &one, &rank, &m), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(L, t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+    *(side ? src : dst) = L;
+  }
+}
+
+typedef struct stats_args {
+  const reshard_layout_t *src, *dst;
+  reshard_options_t opts;
+  reshard_plan_stats_t st[NRANKS];
+} stats_args;
+
+static int stats_rank(int rank, reshard_comm_t *comm, void *arg) {
+  stats_args *a = arg;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan) != RESHARD_SUCCESS) return 1;
+  int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
+  reshard_plan_destroy(plan);
+  return bad;
+}
+
+static void test_long_stream_gets_most_of_the_budget(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(&src, &dst);
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = src;
+  a.dst = dst;
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = STAGING;
+  assert_int_equal(th_run_ranks(NRANKS, stats_rank, &a), 0);
+  /* rank 0: three tiny streams of 64 bytes (one staging slot each) and
+   * the long one, which gets the rest of half the budget */
+  const size_t want = (STAGING / 2 - 3 * 64) & ~(size_t)63;
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, want);
+    assert_true(a.st[r].staging_bytes <= STAGING);
+  }
+  assert_true(want > STAGING / (2 * 4)); /* the old per-stream share */
+  const int rounds = (int)((BIG * 4 + want - 1) / want);
+  assert_int_equal(a.st[0].num_chunks, rounds);
+  assert_int_equal(a.st[1].num_chunks, rounds);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = src;
+  s.dst = dst;
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(NRANKS, &s), 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* When every stream fits at once, one round carries everything, bounded
+ * by half the budget. */
+static void test_everything_fits_in_one_round(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(&src, &dst);
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = src;
+  a.dst = dst;
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = 16 * STAGING; /* half holds all 256 KiB + 4 slots */
+  assert_int_equal(th_run_ranks(NRANKS, stats_rank, &a), 0);
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, 8 * STAGING);
+    assert_int_equal(a.st[r].num_chunks, 1);
+    assert_true(a.st[r].staging_bytes <= 16 * STAGING);
+  }
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
+      cmocka_unit_test(test_everything_fits_in_one_round),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
