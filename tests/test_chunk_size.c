@@ -2,7 +2,8 @@
  * at most min(its bytes, chunk) of a round's staging, so a rank with one
  * long stream and several tiny ones gets messages almost as large as its
  * whole budget, not budget / (2 x streams), and still stays within the
- * budget. Data is checked byte for byte with the harness. */
+ * budget. Messages are filled across box boundaries. Data is checked
+ * byte for byte with the harness. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -115,10 +116,52 @@ static void test_everything_fits_in_one_round(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* Two 24 KiB tensors in one stream with 16 KiB messages: the second box's
+ * first slab fills the room the first box left, so 48 KiB take three
+ * messages, not four. */
+static void test_boxes_fill_open_messages(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    int rank = k ? 0 : 1, m, t, b;
+    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+      int64_t shape[2] = {48, 128};
+      assert_int_equal(reshard_layout_add_tensor(side[k], i ? "b" : "a", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+  }
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.chunk_bytes = 16384;
+  assert_int_equal(th_run_ranks(2, stats_rank, &a), 0);
+  assert_int_equal(a.st[0].chunk_bytes, 16384);
+  assert_int_equal(a.st[0].recv_messages, 3);
+  assert_int_equal(a.st[1].send_messages, 3);
+  assert_int_equal(a.st[0].num_chunks, 3);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = side[0];
+  s.dst = side[1];
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(2, &s), 0);
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
       cmocka_unit_test(test_everything_fits_in_one_round),
+      cmocka_unit_test(test_boxes_fill_open_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,11 +169,16 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
-  for (int64_t i = 0; i < n && r == RESHARD_SUCCESS; i += step) {
-    ext[d] = i + step <= n ? step : n - i;
+  for (int64_t i = 0, len = step; i < n && r == RESHARD_SUCCESS; i += len) {
+    /* The first slab tops up the open message when it can (the previous
+     * box left room), so that messages stay full and few. */
+    len = step;
+    if (i == 0 && slice <= ch->cap && ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cap - ch->cur >= slice)
+      len = (int64_t)((ch->cap - ch->cur) / slice);
+    ext[d] = i + len <= n ? len : n - i;
     at[d] = i;
     uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->esize);
-    if (step == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
+    if (len == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
     else r = add_box(ch, s, o, ext, at);
   }
   ext[d] = n;
