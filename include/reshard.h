@@ -328,8 +328,10 @@ typedef struct reshard_options {
    * buffered. Bounds every message: the bound is the largest size at
    * which every rank's streams (one per peer in a direct plan, plus relay
    * streams), each sending at most min(its bytes, the bound) per round,
-   * fit staging_bytes / 2; never below 64 bytes, so a budget under 128
-   * bytes per stream can be exceeded. Default 256 MiB; minimum 4096. */
+   * fit staging_bytes / 2, or a larger size at which the actual cut of
+   * every rank still fits staging_bytes; never below 64 bytes, so a budget
+   * under 128 bytes per stream can be exceeded. Default 256 MiB; minimum
+   * 4096. */
   size_t staging_bytes;
   /* Upper bound on one message (one stream, one chunk); 0: derived from
    * the staging budget as above. */

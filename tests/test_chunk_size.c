@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan/relay.h"
 #include "support/harness.h"
 
 enum { NRANKS = 5, BIG = 65536, TINY = 16 };
@@ -157,11 +158,60 @@ static void test_boxes_fill_open_messages(void **state) {
   reshard_layout_destroy(side[1]);
 }
 
+/* A relay: rank 0 holds t (2 KiB), ranks 1 and 2 replicate it; each gets
+ * its 1 KiB part from rank 0 in round 0 and forwards it in round 2. With
+ * the minimum budget (4096: 2048 bytes a half), the three 1 KiB streams of
+ * rank 1 do not fit a half at once (chunk 640), but the cut never has more
+ * than one send and one receive of rank 1 in a round, so the whole half
+ * (one message per part) fits: staging 2 x (1024 + 1024). */
+static void test_cut_fits_more_than_all_streams_at_once(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    int n = k ? 2 : 1, ranks[2] = {k ? 1 : 0, 2}, m, t, b;
+    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &n, ranks, &m), RESHARD_SUCCESS);
+    int64_t shape = 512;
+    assert_int_equal(reshard_layout_add_tensor(side[k], "t", RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+  }
+  const uint64_t saved = rs_relay_min_part_bytes;
+  rs_relay_min_part_bytes = 0;
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = 4096;
+  a.opts.relay = 1;
+  assert_int_equal(th_run_ranks(3, stats_rank, &a), 0);
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, 2048);
+    assert_true(a.st[r].staging_bytes <= 4096);
+  }
+  assert_int_equal(a.st[1].recv_messages, 2); /* its part, the other's forward */
+  assert_int_equal(a.st[1].send_messages, 1);
+  assert_int_equal(a.st[1].staging_bytes, 4096);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = side[0];
+  s.dst = side[1];
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(3, &s), 0);
+  rs_relay_min_part_bytes = saved;
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
       cmocka_unit_test(test_everything_fits_in_one_round),
       cmocka_unit_test(test_boxes_fill_open_messages),
+      cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

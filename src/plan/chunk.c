@@ -432,3 +432,23 @@ done:
   }
   return r;
 }
+
+reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, size_t chunk, uint64_t *staging) {
+  reshard_plan_t tmp;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.rank = plan->rank;
+  tmp.size = plan->size;
+  tmp.opts = plan->opts;
+  tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
+  reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);
+  *staging = 2 * (tmp.send_half + tmp.recv_half);
+  free(tmp.sends);
+  free(tmp.send_round);
+  free(tmp.send_copies);
+  free(tmp.send_vbox);
+  free(tmp.recvs);
+  free(tmp.recv_round);
+  free(tmp.recv_copies);
+  free(tmp.recv_vbox);
+  return r;
+}

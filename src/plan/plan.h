@@ -274,6 +274,12 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
 reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half,
                                 uint64_t *out);
 
+/* The staging bytes (2 x (busiest send round + busiest receive round))
+ * this rank's plan would use when cut with `chunk`: the cut itself, on
+ * scratch arrays. */
+reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs,
+                                  size_t chunk, uint64_t *staging);
+
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
                            size_t esize);
