@@ -50,8 +50,36 @@ void pc_session_free(pc_session *s) {
   free(s);
 }
 
+static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                       const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk);
+
+reshard_result_t pc_choose_relay(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                 const reshard_options_t *opts, int *relay, double *direct_s, double *relay_s) {
+  reshard_options_t o = *opts;
+  reshard_estimate_t e[2] = {RESHARD_ESTIMATE_INITIALIZER, RESHARD_ESTIMATE_INITIALIZER};
+  for (int k = 0; k < 2; k++) {
+    o.relay = k;
+    RS_CHECK(estimate_global(src, dst, nranks, &o, &e[k], NULL));
+  }
+  *relay = e[1].seconds < e[0].seconds;
+  *direct_s = e[0].seconds;
+  *relay_s = e[1].seconds;
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                     const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
+  if (opts->relay != -1) return estimate_global(src, dst, nranks, opts, out, chunk);
+  int relay;
+  double ds, rs;
+  RS_CHECK(pc_choose_relay(src, dst, nranks, opts, &relay, &ds, &rs));
+  reshard_options_t o = *opts;
+  o.relay = relay;
+  return estimate_global(src, dst, nranks, &o, out, chunk);
+}
+
+static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                        const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   size_t agreed = 0;
   for (int r = 0; r < nranks; r++) {
     reshard_comm_t *comm;

@@ -325,13 +325,16 @@ typedef struct reshard_options {
   uint32_t struct_size; /* sizeof(reshard_options_t) */
   uint32_t version;     /* RESHARD_OPTIONS_VERSION */
   /* Staging memory per rank for packed messages, send and receive, double
-   * buffered. Bounds every message: the bound is staging_bytes / (2 x the
-   * largest peer count of any rank), but never below 64 bytes, so a budget
-   * under 128 bytes per peer is exceeded. Default 256 MiB; minimum 4096. */
+   * buffered. Bounds every message: the bound is the largest size at
+   * which every rank's streams (one per peer in a direct plan, plus relay
+   * streams), each sending at most min(its bytes, the bound) per round,
+   * fit staging_bytes / 2, or a larger size at which the actual cut of
+   * every rank still fits staging_bytes; never below 64 bytes, so a budget
+   * under 128 bytes per stream can be exceeded. Default 256 MiB; minimum
+   * 4096. */
   size_t staging_bytes;
   /* Upper bound on one message (one stream, one chunk); 0: derived from
-   * the staging budget and the largest stream count of any rank (one
-   * stream per peer in a direct plan). */
+   * the staging budget as above. */
   size_t chunk_bytes;
   /* Deadline of every wait, in milliseconds; <= 0: wait forever (not
    * recommended). Default 60000. */

@@ -169,11 +169,16 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
-  for (int64_t i = 0; i < n && r == RESHARD_SUCCESS; i += step) {
-    ext[d] = i + step <= n ? step : n - i;
+  for (int64_t i = 0, len = step; i < n && r == RESHARD_SUCCESS; i += len) {
+    /* The first slab tops up the open message when it can (the previous
+     * box left room), so that messages stay full and few. */
+    len = step;
+    if (i == 0 && slice <= ch->cap && ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cap - ch->cur >= slice)
+      len = (int64_t)((ch->cap - ch->cur) / slice);
+    ext[d] = i + len <= n ? len : n - i;
     at[d] = i;
     uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->esize);
-    if (step == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
+    if (len == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
     else r = add_box(ch, s, o, ext, at);
   }
   ext[d] = n;
@@ -217,18 +222,61 @@ static int cmp_seg_ref(const void *a, const void *b) {
   return c;
 }
 
-static int cmp_stream_only(const void *a, const void *b) { return cmp_ref_stream(a, b); }
+static int cmp_ref_level_stream(const void *a, const void *b) {
+  const seg_ref *x = a, *y = b;
+  int c = cmp_i32(x->level, y->level);
+  return c ? c : cmp_ref_stream(x, y);
+}
 
-int64_t rs_count_streams(const rs_seg_vec *segs) {
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
-  if (!v) return -1;
-  size_t n = 0, k = 0;
+  uint64_t *bytes = rs_malloc((segs->n + 1) * sizeof *bytes);
+  uint64_t limit = 0;
+  if (!v || !bytes) {
+    free(v);
+    free(bytes);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing the chunk (%zu segments)", segs->n);
+  }
+  size_t k = 0, n = 0;
   for (size_t i = 0; i < segs->n; i++)
     if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
-  if (k > 1) qsort(v, k, sizeof *v, cmp_stream_only);
-  for (size_t i = 0; i < k; i++) n += i == 0 || cmp_ref_stream(&v[i], &v[i - 1]) != 0;
+  if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
+  for (size_t i = 0; i < k; i++) {
+    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) bytes[n++] = 0;
+    bytes[n - 1] += segs->v[v[i].index].bytes;
+  }
+  /* a message's staging slot is padded to 64 bytes */
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    bytes[i] = (bytes[i] + 63) & ~(uint64_t)63;
+    total += bytes[i];
+  }
+  if (total <= half) {
+    limit = UINT64_MAX;
+    goto done;
+  }
+  /* the largest c with sum(min(bytes, c)) <= half: with the streams
+   * sorted, c lies between two sizes where the sum is linear in c */
+  qsort(bytes, n, sizeof *bytes, cmp_u64);
+  uint64_t below = 0; /* sum of the streams smaller than c */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = half > below ? (half - below) / (uint64_t)(n - i) : 0;
+    if (c <= bytes[i]) {
+      limit = c & ~(uint64_t)63;
+      break;
+    }
+    below += bytes[i];
+  }
+done:
   free(v);
-  return (int64_t)n;
+  free(bytes);
+  *out = limit;
+  return RESHARD_SUCCESS;
 }
 
 /* Shifted round robin: at position i every rank sends to rank+i+1 and
@@ -382,5 +430,25 @@ done:
     free(ch[k].copies);
     free(ch[k].vboxes);
   }
+  return r;
+}
+
+reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, size_t chunk, uint64_t *staging) {
+  reshard_plan_t tmp;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.rank = plan->rank;
+  tmp.size = plan->size;
+  tmp.opts = plan->opts;
+  tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
+  reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);
+  *staging = 2 * (tmp.send_half + tmp.recv_half);
+  free(tmp.sends);
+  free(tmp.send_round);
+  free(tmp.send_copies);
+  free(tmp.send_vbox);
+  free(tmp.recvs);
+  free(tmp.recv_round);
+  free(tmp.recv_copies);
+  free(tmp.recv_vbox);
   return r;
 }

@@ -414,7 +414,50 @@ static void build_ctx_free(build_ctx *c) {
   rs_relay_plan_free(&c->rp);
 }
 
-enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_PEERS, AGREE_N };
+/* AGREE_CHUNK carries ~(this rank's chunk limit), so that the max is the
+ * smallest limit; a failed rank sends 0, which limits nothing. */
+/* AGREE_TOO_BIG: bit j set when candidate chunk j (ladder_chunk) would
+ * exceed this rank's staging budget. */
+enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_CHUNK, AGREE_TOO_BIG, AGREE_N };
+
+/* Candidate chunks beyond the streams-all-at-once limit: half the budget
+ * times 2^(-j/4) (in integers, alike everywhere), within
+ * options.chunk_bytes and what one int counts. */
+enum { LADDER_N = 64 };
+static size_t ladder_chunk(const reshard_options_t *o, int j) {
+  static const size_t quarter[4] = {1024, 861, 724, 609}; /* 1024 x 2^(-k/4) */
+  size_t c = ((size_t)(o->staging_bytes / 2) >> (j / 4)) / 1024 * quarter[j % 4];
+  if (o->chunk_bytes && o->chunk_bytes < c) c = o->chunk_bytes;
+  if (c > ((size_t)INT32_MAX & ~(size_t)63)) c = (size_t)INT32_MAX & ~(size_t)63;
+  return c & ~(size_t)63;
+}
+
+/* Which ladder chunks this rank cannot take: most streams are short and
+ * done after a few rounds, so a round rarely holds every stream, and the
+ * actual cut (rs_chunk_staging) often fits a far larger chunk than the
+ * all-at-once bound `limit`. Candidates up to limit fit by that bound;
+ * above it they are cut, smallest first, and the first that overflows
+ * rules out the larger ones too, so every rank's feasible set is a
+ * prefix and the agreed mask picks a chunk that fits on every rank. */
+static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint64_t limit, uint64_t *mask) {
+  *mask = 0;
+  int failed = 0;
+  for (int j = LADDER_N - 1; j >= 0; j--) {
+    size_t c = ladder_chunk(&p->opts, j);
+    if (c < 64 || failed) {
+      *mask |= (uint64_t)1 << j;
+      continue;
+    }
+    if (c <= limit) continue;
+    uint64_t staging = 0;
+    RS_CHECK(rs_chunk_staging(p, segs, c, &staging));
+    if (staging > p->opts.staging_bytes) {
+      failed = 1;
+      *mask |= (uint64_t)1 << j;
+    }
+  }
+  return RESHARD_SUCCESS;
+}
 
 /* relay_mode: RELAY_FROM_OPTIONS, or 0 / 1 to build a direct or a relay
  * plan whatever options.relay says (the auto choice builds both). */
@@ -491,12 +534,10 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     local = plan_sends(&c);
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
-  int64_t nstreams = 0;
-  if (!local) {
-    nstreams = rs_count_streams(&c.segs);
-    if (nstreams < 0)
-      local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory counting streams", comm->rank);
-  }
+  uint64_t limit = UINT64_MAX;
+  uint64_t too_big = 0;
+  if (!local && p) local = rs_chunk_limit(&c.segs, p->opts.staging_bytes / 2, &limit);
+  if (!local && p) local = ladder_too_big(p, &c.segs, limit, &too_big);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -515,7 +556,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
-                         local ? 0 : (uint64_t)nstreams};
+                         local ? 0 : ~limit, local ? 0 : too_big};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -539,16 +580,24 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
                  reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
-  /* Every rank's busiest round fits the budget: each of its streams (one
-   * per peer in a direct plan) has at most one message per round, double
-   * buffered. */
-  uint64_t maxpeers = v[AGREE_PEERS] ? v[AGREE_PEERS] : 1;
-  size_t chunk = (size_t)(p->opts.staging_bytes / (2 * maxpeers));
+  /* Every rank's busiest round fits the budget, double buffered: the
+   * chunk is the smallest of the ranks' limits (rs_chunk_limit: each
+   * stream has at most one message per round). Streams shorter than the
+   * chunk take less than a chunk, so ranks with many small streams (the
+   * norms and biases sent to every replica) no longer shrink everyone's
+   * messages as if each of their streams were long. */
+  uint64_t agreed = ~v[AGREE_CHUNK];
+  size_t chunk = (size_t)(agreed < p->opts.staging_bytes / 2 ? agreed : p->opts.staging_bytes / 2);
   if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
   /* one message must stay countable in an int (MPI) */
   if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
   chunk &= ~(size_t)63;
   if (chunk < 64) chunk = 64;
+  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
+    if (!(v[AGREE_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
+      chunk = ladder_chunk(&p->opts, j);
+      break;
+    }
   p->digest = digest;
   p->num_src_buffers = src->nbuffers;
   p->num_dst_buffers = dst->nbuffers;

@@ -265,9 +265,20 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
                                size_t chunk_bytes);
 
-/* This rank's streams among segs (virtual ones excluded): each has at
- * most one message per round. */
-int64_t rs_count_streams(const rs_seg_vec *segs);
+/* The largest chunk (a multiple of 64) at which every round of this
+ * rank's streams fits `half` staging bytes: a stream has at most one
+ * message per round, of at most min(its bytes, chunk), so a round holds
+ * at most the sum over streams of min(bytes, chunk), which must not
+ * exceed half. UINT64_MAX when all the streams fit at once; 0 when even 64-byte
+ * messages would not fit. */
+reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half,
+                                uint64_t *out);
+
+/* The staging bytes (2 x (busiest send round + busiest receive round))
+ * this rank's plan would use when cut with `chunk`: the cut itself, on
+ * scratch arrays. */
+reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs,
+                                  size_t chunk, uint64_t *staging);
 
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,

@@ -1,0 +1,217 @@
+/* The derived chunk size (docs/ARCHITECTURE.md, step 5): a stream takes
+ * at most min(its bytes, chunk) of a round's staging, so a rank with one
+ * long stream and several tiny ones gets messages almost as large as its
+ * whole budget, not budget / (2 x streams), and still stays within the
+ * budget. Messages are filled across box boundaries. Data is checked
+ * byte for byte with the harness. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "plan/relay.h"
+#include "support/harness.h"
+
+enum { NRANKS = 5, BIG = 65536, TINY = 16 };
+#define STAGING ((size_t)65536)
+
+/* Source: "big" on rank 1, "tiny<r>" on rank r (1..4). Destination:
+ * everything on rank 0, so rank 0 has four receive streams, one long. */
+static void build(reshard_layout_t **src, reshard_layout_t **dst) {
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L;
+    assert_int_equal(reshard_layout_create(&L), RESHARD_SUCCESS);
+    int t, m, b;
+    int64_t shape = BIG;
+    assert_int_equal(reshard_layout_add_tensor(L, "big", RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+    int rank = side ? 1 : 0;
+    assert_int_equal(reshard_layout_add_mesh(L, 1, &one, &rank, &m), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_place(L, t, m, &rep, &b), RESHARD_SUCCESS);
+    for (int r = 1; r < NRANKS; r++) {
+      char name[16];
+      snprintf(name, sizeof name, "tiny%d", r);
+      shape = TINY;
+      assert_int_equal(reshard_layout_add_tensor(L, name, RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+      rank = side ? r : 0;
+      assert_int_equal(reshard_layout_add_mesh(L, 1, &one, &rank, &m), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(L, t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+    *(side ? src : dst) = L;
+  }
+}
+
+typedef struct stats_args {
+  const reshard_layout_t *src, *dst;
+  reshard_options_t opts;
+  reshard_plan_stats_t st[NRANKS];
+} stats_args;
+
+static int stats_rank(int rank, reshard_comm_t *comm, void *arg) {
+  stats_args *a = arg;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan) != RESHARD_SUCCESS) return 1;
+  int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
+  reshard_plan_destroy(plan);
+  return bad;
+}
+
+static void test_long_stream_gets_most_of_the_budget(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(&src, &dst);
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = src;
+  a.dst = dst;
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = STAGING;
+  assert_int_equal(th_run_ranks(NRANKS, stats_rank, &a), 0);
+  /* rank 0: three tiny streams of 64 bytes (one staging slot each) and
+   * the long one, which gets the rest of half the budget */
+  const size_t want = (STAGING / 2 - 3 * 64) & ~(size_t)63;
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, want);
+    assert_true(a.st[r].staging_bytes <= STAGING);
+  }
+  assert_true(want > STAGING / (2 * 4)); /* the old per-stream share */
+  const int rounds = (int)((BIG * 4 + want - 1) / want);
+  assert_int_equal(a.st[0].num_chunks, rounds);
+  assert_int_equal(a.st[1].num_chunks, rounds);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = src;
+  s.dst = dst;
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(NRANKS, &s), 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* When every stream fits at once, one round carries everything, bounded
+ * by half the budget. */
+static void test_everything_fits_in_one_round(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(&src, &dst);
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = src;
+  a.dst = dst;
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = 16 * STAGING; /* half holds all 256 KiB + 4 slots */
+  assert_int_equal(th_run_ranks(NRANKS, stats_rank, &a), 0);
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, 8 * STAGING);
+    assert_int_equal(a.st[r].num_chunks, 1);
+    assert_true(a.st[r].staging_bytes <= 16 * STAGING);
+  }
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Two 24 KiB tensors in one stream with 16 KiB messages: the second box's
+ * first slab fills the room the first box left, so 48 KiB take three
+ * messages, not four. */
+static void test_boxes_fill_open_messages(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    int rank = k ? 0 : 1, m, t, b;
+    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+      int64_t shape[2] = {48, 128};
+      assert_int_equal(reshard_layout_add_tensor(side[k], i ? "b" : "a", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+  }
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.chunk_bytes = 16384;
+  assert_int_equal(th_run_ranks(2, stats_rank, &a), 0);
+  assert_int_equal(a.st[0].chunk_bytes, 16384);
+  assert_int_equal(a.st[0].recv_messages, 3);
+  assert_int_equal(a.st[1].send_messages, 3);
+  assert_int_equal(a.st[0].num_chunks, 3);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = side[0];
+  s.dst = side[1];
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(2, &s), 0);
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
+/* A relay: rank 0 holds t (2 KiB), ranks 1 and 2 replicate it; each gets
+ * its 1 KiB part from rank 0 in round 0 and forwards it in round 2. With
+ * the minimum budget (4096: 2048 bytes a half), the three 1 KiB streams of
+ * rank 1 do not fit a half at once (chunk 640), but the cut never has more
+ * than one send and one receive of rank 1 in a round, so the whole half
+ * (one message per part) fits: staging 2 x (1024 + 1024). */
+static void test_cut_fits_more_than_all_streams_at_once(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    int n = k ? 2 : 1, ranks[2] = {k ? 1 : 0, 2}, m, t, b;
+    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &n, ranks, &m), RESHARD_SUCCESS);
+    int64_t shape = 512;
+    assert_int_equal(reshard_layout_add_tensor(side[k], "t", RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+  }
+  const uint64_t saved = rs_relay_min_part_bytes;
+  rs_relay_min_part_bytes = 0;
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = 4096;
+  a.opts.relay = 1;
+  assert_int_equal(th_run_ranks(3, stats_rank, &a), 0);
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(a.st[r].chunk_bytes, 2048);
+    assert_true(a.st[r].staging_bytes <= 4096);
+  }
+  assert_int_equal(a.st[1].recv_messages, 2); /* its part, the other's forward */
+  assert_int_equal(a.st[1].send_messages, 1);
+  assert_int_equal(a.st[1].staging_bytes, 4096);
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = side[0];
+  s.dst = side[1];
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(3, &s), 0);
+  rs_relay_min_part_bytes = saved;
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
+      cmocka_unit_test(test_everything_fits_in_one_round),
+      cmocka_unit_test(test_boxes_fill_open_messages),
+      cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
