@@ -454,21 +454,6 @@ int main(int argc, char **argv) {
   printf("# reshard_plan, one process: %s\n", L.desc);
   printf("# world %d (%d source, %d destination%s), tensors %d, staging %zu B\n", world, L.nsrc, L.ndst,
          o.colocate ? ", colocated" : "", reshard_layout_num_tensors(L.dst), opts.staging_bytes);
-  if (opts.relay == -1 && o.topology) {
-    /* Resolved over all ranks first: planned one at a time against the
-     * fake communicator, each rank would choose from its own share. */
-    int relay;
-    double ds, rs;
-    reshard_result_t rc = pc_choose_relay(L.src, L.dst, world, &opts, &relay, &ds, &rs);
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: relay -1: %s: %s\n", reshard_result_string(rc), reshard_last_error());
-      cli_layouts_free(&L);
-      return 1;
-    }
-    printf("# relay -1: direct %.6g s, relay %.6g s predicted over all ranks: every rank plans %s (relay %d)\n", ds, rs,
-           relay ? "relay" : "direct", relay);
-    opts.relay = relay;
-  }
 
   int first = o.rank >= 0 ? o.rank : 0, last = o.rank >= 0 ? o.rank : world - 1;
   int nr = last - first + 1;
