@@ -54,16 +54,16 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
                                        const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk);
 
 reshard_result_t pc_choose_relay(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int *relay, double *direct_s, double *relay_s) {
+                                 const reshard_options_t *opts, int *relay, reshard_estimate_t *direct,
+                                 reshard_estimate_t *relayed) {
   reshard_options_t o = *opts;
-  reshard_estimate_t e[2] = {RESHARD_ESTIMATE_INITIALIZER, RESHARD_ESTIMATE_INITIALIZER};
+  reshard_estimate_t *e[2] = {direct, relayed};
   for (int k = 0; k < 2; k++) {
     o.relay = k;
-    RS_CHECK(estimate_global(src, dst, nranks, &o, &e[k], NULL));
+    *e[k] = (reshard_estimate_t)RESHARD_ESTIMATE_INITIALIZER;
+    RS_CHECK(estimate_global(src, dst, nranks, &o, e[k], NULL));
   }
-  *relay = e[1].seconds < e[0].seconds;
-  *direct_s = e[0].seconds;
-  *relay_s = e[1].seconds;
+  *relay = relayed->seconds < direct->seconds;
   return RESHARD_SUCCESS;
 }
 
@@ -71,8 +71,8 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_l
                                     const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   if (opts->relay != -1) return estimate_global(src, dst, nranks, opts, out, chunk);
   int relay;
-  double ds, rs;
-  RS_CHECK(pc_choose_relay(src, dst, nranks, opts, &relay, &ds, &rs));
+  reshard_estimate_t ed, er;
+  RS_CHECK(pc_choose_relay(src, dst, nranks, opts, &relay, &ed, &er));
   reshard_options_t o = *opts;
   o.relay = relay;
   return estimate_global(src, dst, nranks, &o, out, chunk);

@@ -23,12 +23,13 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src,
  * choose from its own share only and the ranks would disagree (sources
  * picking relay, destinations direct). This prices the direct and the
  * relay plan over all ranks and sets *relay to the library's choice (a
- * tie keeps direct); *direct_s and *relay_s receive the two predictions.
+ * tie keeps direct); *direct and *relayed receive the two estimates.
  * opts->relay must be -1 and opts must name a topology. */
 reshard_result_t pc_choose_relay(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int *relay,
-                                 double *direct_s, double *relay_s);
+                                 reshard_estimate_t *direct,
+                                 reshard_estimate_t *relayed);
 
 /* The pieces, for a caller that plans the ranks itself (reshard_plan):
  * a pricing session over nranks ranks, fed one plan at a time. */

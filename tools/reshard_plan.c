@@ -433,21 +433,18 @@ int main(int argc, char **argv) {
     rs_topology topo;
     int has = 0;
     if (rs_topology_resolve(&opts, &topo, &has) == RESHARD_SUCCESS && has) {
-      reshard_estimate_t relay_est = RESHARD_ESTIMATE_INITIALIZER;
-      reshard_options_t od = opts, orl = opts;
-      od.relay = 0;
-      orl.relay = 1;
-      reshard_result_t r = pc_estimate_global(L.src, L.dst, world, &od, &direct_est, NULL);
-      if (!r) r = pc_estimate_global(L.src, L.dst, world, &orl, &relay_est, NULL);
+      reshard_estimate_t relay_est;
+      int relay;
+      reshard_result_t r = pc_choose_relay(L.src, L.dst, world, &opts, &relay, &direct_est, &relay_est);
       if (r) {
         fprintf(stderr, "reshard_plan: error: relay choice: %s: %s\n", reshard_result_string(r), reshard_last_error());
         cli_layouts_free(&L);
         return 1;
       }
       have_direct = 1;
-      opts.relay = relay_est.seconds < direct_est.seconds ? 1 : 0;
+      opts.relay = relay;
       printf("# relay -1 on %s: direct %.6g s, relay %.6g s predicted: the %s plan is kept\n", topo.name,
-             direct_est.seconds, relay_est.seconds, opts.relay ? "relay" : "direct");
+             direct_est.seconds, relay_est.seconds, relay ? "relay" : "direct");
     }
   }
 
