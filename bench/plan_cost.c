@@ -81,26 +81,28 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_l
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                         const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   size_t agreed = 0;
+  int32_t spread = 0;
   for (int r = 0; r < nranks; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;
     RS_CHECK(pm_plan_rank(src, dst, r, nranks, opts, &comm, &plan));
     if (!agreed || plan->chunk_bytes < agreed) agreed = plan->chunk_bytes;
+    if (plan->spread_rounds > spread) spread = plan->spread_rounds;
     pm_plan_free(comm, plan);
   }
-  reshard_options_t o = *opts;
-  o.chunk_bytes = agreed;
   pc_session *s;
-  RS_CHECK(pc_session_create(src, dst, nranks, &o, &s));
+  RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
   reshard_result_t res = RESHARD_SUCCESS;
+  rs_plan_force = (rs_plan_agreed){1, agreed, spread}; /* what the ranks would agree on */
   for (int r = 0; r < nranks && !res; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;
-    res = pm_plan_rank(src, dst, r, nranks, &o, &comm, &plan);
+    res = pm_plan_rank(src, dst, r, nranks, opts, &comm, &plan);
     if (res) break;
     res = pc_session_add(s, plan);
     pm_plan_free(comm, plan);
   }
+  rs_plan_force = (rs_plan_agreed){0, 0, 0};
   if (!res) {
     reshard_estimate_t e;
     pc_session_finish(s, &e);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "fake_comm.h"
+#include "plan/plan.h"
 #include "proc_stats.h"
 
 reshard_result_t pm_plan_rank(const reshard_layout_t *src,
@@ -60,6 +61,7 @@ void pm_measure(const reshard_layout_t *src, const reshard_layout_t *dst,
       m.peak_mib = (double)(ps_status_kib("VmHWM") - rss0) / 1024.0;
       m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;
       reshard_plan_get_stats(plan, &m.stats);
+      m.spread = plan->spread_rounds;
       m.ok = 1;
     } else {
       snprintf(m.err, sizeof m.err, "%s: %s", reshard_result_string(r), reshard_last_error());

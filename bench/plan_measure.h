@@ -22,6 +22,7 @@ typedef struct pm_result {
   double peak_mib; /* peak RSS growth while planning */
   double plan_mib; /* heap the finished plan keeps (glibc's view) */
   reshard_plan_stats_t stats;
+  int32_t spread; /* the plan's spread rounds (plan.h), to agree on */
   char err[512];
 } pm_result;
 

@@ -49,7 +49,7 @@ static void build(reshard_layout_t **src, reshard_layout_t **dst) {
 typedef struct stats_args {
   const reshard_layout_t *src, *dst;
   reshard_options_t opts;
-  reshard_plan_stats_t st[NRANKS];
+  reshard_plan_stats_t st[16];
 } stats_args;
 
 static int stats_rank(int rank, reshard_comm_t *comm, void *arg) {
@@ -73,14 +73,18 @@ static void test_long_stream_gets_most_of_the_budget(void **state) {
   a.opts.staging_bytes = STAGING;
   assert_int_equal(th_run_ranks(NRANKS, stats_rank, &a), 0);
   /* rank 0: three tiny streams of 64 bytes (one staging slot each) and
-   * the long one, which gets the rest of half the budget */
-  const size_t want = (STAGING / 2 - 3 * 64) & ~(size_t)63;
+   * the long one, which gets the rest of the three quarters of half the
+   * budget that the chunk bound may use (a quarter is for spreading long
+   * streams), or more where the trial cuts fit more */
+  const size_t bound = (STAGING / 2 / 4 * 3 - 3 * 64) & ~(size_t)63;
+  const size_t chunk = a.st[0].chunk_bytes;
   for (int r = 0; r < NRANKS; r++) {
-    assert_int_equal(a.st[r].chunk_bytes, want);
+    assert_int_equal(a.st[r].chunk_bytes, chunk);
     assert_true(a.st[r].staging_bytes <= STAGING);
   }
-  assert_true(want > STAGING / (2 * 4)); /* the old per-stream share */
-  const int rounds = (int)((BIG * 4 + want - 1) / want);
+  assert_true(chunk >= bound && chunk <= STAGING / 2);
+  assert_true(bound > STAGING / (2 * 4)); /* the old per-stream share */
+  const int rounds = (int)((BIG * 4 + chunk - 1) / chunk);
   assert_int_equal(a.st[0].num_chunks, rounds);
   assert_int_equal(a.st[1].num_chunks, rounds);
 
@@ -93,6 +97,58 @@ static void test_long_stream_gets_most_of_the_budget(void **state) {
   assert_int_equal(th_sync(NRANKS, &s), 0);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
+}
+
+/* A long stream among short ones: rank 0 receives "long" (256 KiB) from
+ * rank 1 and a 4 KiB tensor from each of ranks 2..8. The seven short
+ * streams hold the chunk to about 3 KiB, but the long stream spreads: its
+ * messages are its bytes over the spread rounds (about 7 KiB, from the
+ * quarter of the half-budget set aside), so it ends with the plan instead
+ * of trickling 3 KiB a round for twice as many rounds. */
+enum { SPREAD_RANKS = 9, SHORT = 1024 };
+static void test_long_stream_spreads(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    for (int r = 1; r < SPREAD_RANKS; r++) {
+      char name[16];
+      snprintf(name, sizeof name, r == 1 ? "long" : "short%d", r);
+      int64_t shape = r == 1 ? BIG : SHORT;
+      int rank = k ? 0 : r, m, t, b;
+      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 1, &shape, &t), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+  }
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.staging_bytes = STAGING;
+  assert_int_equal(th_run_ranks(SPREAD_RANKS, stats_rank, &a), 0);
+  const size_t chunk = a.st[0].chunk_bytes;
+  for (int r = 0; r < SPREAD_RANKS; r++) assert_true(a.st[r].staging_bytes <= STAGING);
+  assert_true(chunk < SHORT * 4); /* the short streams bind the chunk */
+  const int chunk_rounds = (int)((BIG * 4 + chunk - 1) / chunk);
+  /* 284 KiB over an eighth of the budget: 36 rounds, messages of 7296 B */
+  assert_int_equal(a.st[0].num_chunks, 36);
+  assert_int_equal(a.st[1].num_chunks, 36);
+  assert_true(2 * a.st[0].num_chunks < chunk_rounds);
+  assert_int_equal(a.st[0].recv_messages, 36 + (SPREAD_RANKS - 2) * (SHORT * 4 > chunk ? 2 : 1));
+
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = side[0];
+  s.dst = side[1];
+  s.opts = a.opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(SPREAD_RANKS, &s), 0);
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
 }
 
 /* When every stream fits at once, one round carries everything, bounded
@@ -209,6 +265,7 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
+      cmocka_unit_test(test_long_stream_spreads),
       cmocka_unit_test(test_everything_fits_in_one_round),
       cmocka_unit_test(test_boxes_fill_open_messages),
       cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),

@@ -9,7 +9,8 @@
  *       the rank's source fragments;
  *   (c) for every pair (s, d), the (round, bytes) sequence of s's sends to
  *       d equals d's receives from s;
- *   (d) no message exceeds chunk_bytes (the same on every rank), and each
+ *   (d) no message exceeds its stream's cap (chunk_bytes, or the stream's
+ *       spread share when larger; both the same on every rank), and each
  *       round's staging fits the budget when the chunk was not floored;
  *   (e) with k full source replicas and a disjoint destination, each
  *       replica provides floor(N/k) or ceil(N/k) of every destination
@@ -213,7 +214,10 @@ static void check_messages(seed_state *st, int r, const reshard_plan_t *P, int i
   if (nr > P->nrounds) violation(ck, "structure", "rank %d: %s rounds %d > nrounds %d", r, dir, nr, P->nrounds);
   unsigned char *copy_used = calloc(ncopies + 1, 1);
   int last_round_of_peer[MAXR];
+  uint64_t pair_bytes[MAXR] = {0};
   for (int i = 0; i < MAXR; i++) last_round_of_peer[i] = -1;
+  for (size_t i = 0; i < n; i++)
+    if (msgs[i].peer >= 0 && msgs[i].peer < MAXR) pair_bytes[msgs[i].peer] += msgs[i].bytes;
   for (size_t i = 0; i < n; i++) {
     const rs_msg *m = &msgs[i];
     if (m->peer < 0 || m->peer >= st->n || m->peer == r) {
@@ -231,9 +235,19 @@ static void check_messages(seed_state *st, int r, const reshard_plan_t *P, int i
                 last_round_of_peer[m->peer], m->round);
     last_round_of_peer[m->peer] = m->round;
     if (m->bytes == 0) violation(ck, "structure", "rank %d: empty %s message to/from %d", r, dir, m->peer);
-    if (m->bytes > P->chunk_bytes)
-      violation(ck, "d", "rank %d: %s message to/from %d round %d has %llu bytes > chunk_bytes %zu", r, dir, m->peer,
-                m->round, (unsigned long long)m->bytes, P->chunk_bytes);
+    /* a stream's cap: the chunk, or its spread share when larger (a
+     * stream carries at most the pair's bytes of this direction) */
+    uint64_t cap = P->chunk_bytes;
+    if (P->spread_rounds > 0) {
+      uint64_t share = (pair_bytes[m->peer] + (uint64_t)P->spread_rounds - 1) / (uint64_t)P->spread_rounds;
+      share = (share + 63) & ~(uint64_t)63;
+      if (P->opts.chunk_bytes && share > P->opts.chunk_bytes) share = P->opts.chunk_bytes & ~(size_t)63;
+      if (share > cap) cap = share;
+    }
+    if (m->bytes > cap)
+      violation(ck, "d", "rank %d: %s message to/from %d round %d has %llu bytes > its cap %llu (chunk_bytes %zu, spread %d)",
+                r, dir, m->peer, m->round, (unsigned long long)m->bytes, (unsigned long long)cap, P->chunk_bytes,
+                P->spread_rounds);
     if (m->staging_off + m->bytes > half)
       violation(ck, "structure", "rank %d: %s message round %d staging [%llu, +%llu) beyond the half %llu", r, dir,
                 m->round, (unsigned long long)m->staging_off, (unsigned long long)m->bytes,
@@ -358,6 +372,8 @@ static void check_chunking(seed_state *st) {
     const reshard_plan_t *P = st->cr.plan[r];
     if (P->chunk_bytes != chunk)
       violation(&st->ck, "d", "rank %d has chunk_bytes %zu, rank 0 %zu", r, P->chunk_bytes, chunk);
+    if (P->spread_rounds != st->cr.plan[0]->spread_rounds)
+      violation(&st->ck, "d", "rank %d has spread_rounds %d, rank 0 %d", r, P->spread_rounds, st->cr.plan[0]->spread_rounds);
     int p = count_peers(P->sends, P->nsends) + count_peers(P->recvs, P->nrecvs);
     if (p > maxpeers) maxpeers = p;
   }

@@ -459,6 +459,7 @@ int main(int argc, char **argv) {
   int failed = 0;
   double worst_ms = 0, worst_mib = 0;
   size_t chunk = 0;
+  int32_t spread = 0;
   for (int r = first; r <= last; r++) {
     pm_result *m = &ms[r - first];
     pm_measure(L.src, L.dst, r, world, &opts, m);
@@ -470,6 +471,7 @@ int main(int argc, char **argv) {
     if (m->plan_ms > worst_ms) worst_ms = m->plan_ms;
     if (m->peak_mib > worst_mib) worst_mib = m->peak_mib;
     if (!chunk || m->stats.chunk_bytes < chunk) chunk = m->stats.chunk_bytes;
+    if (m->spread > spread) spread = m->spread;
   }
 
   if (failed > 3) fprintf(stderr, "reshard_plan: error: %d more ranks failed\n", failed - 3);
@@ -494,7 +496,7 @@ int main(int argc, char **argv) {
   reshard_plan_stats_t *agreed = calloc((size_t)world, sizeof *agreed);
   if (!agreed) return 1;
   reshard_options_t opts2 = opts;
-  opts2.chunk_bytes = chunk;
+  rs_plan_force = (rs_plan_agreed){1, chunk, spread}; /* what the ranks would agree on */
   int injected = !o.inject_error;
   pc_session *cost = NULL; /* --topology: our plans, priced as checked */
   if (o.topology && !failed) {
@@ -530,6 +532,7 @@ int main(int argc, char **argv) {
     reshard_plan_destroy(plan);
     reshard_comm_destroy(comm);
   }
+  rs_plan_force = (rs_plan_agreed){0, 0, 0};
   if (!failed && !o.no_check) check_agreement(&ck, &sends, &recvs);
   free(sends.v);
   free(recvs.v);

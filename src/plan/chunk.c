@@ -384,6 +384,41 @@ static reshard_result_t finish_direction(chunker *ch) {
   return RESHARD_SUCCESS;
 }
 
+/* A stream's largest message: the agreed chunk, or its share of the
+ * spread rounds when that is larger (a long stream then keeps pace with
+ * the short ones), never above options.chunk_bytes or an int's count. */
+static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes) {
+  if (plan->spread_rounds <= 0) return chunk;
+  uint64_t share = (bytes + (uint64_t)plan->spread_rounds - 1) / (uint64_t)plan->spread_rounds;
+  share = (share + 63) & ~(uint64_t)63;
+  if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
+  if (share > ((size_t)INT32_MAX & ~(size_t)63)) share = (size_t)INT32_MAX & ~(size_t)63;
+  return share > chunk ? (size_t)share : chunk;
+}
+
+reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
+  seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
+  if (!v) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing the spread (%zu segments)", segs->n);
+  size_t k = 0;
+  for (size_t i = 0; i < segs->n; i++)
+    if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
+  if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
+  uint64_t total = 0, stream = 0; /* each stream padded to 64, as its messages are */
+  for (size_t i = 0; i < k; i++) {
+    if (i && cmp_ref_level_stream(&v[i], &v[i - 1])) {
+      total += (stream + 63) & ~(uint64_t)63;
+      stream = 0;
+    }
+    stream += segs->v[v[i].index].bytes;
+  }
+  total += (stream + 63) & ~(uint64_t)63;
+  free(v);
+  if (share < 64) share = 64;
+  uint64_t r = (total + share - 1) / share;
+  *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
                                size_t chunk_bytes) {
   chunker ch[3]; /* RS_SEG_RECV, RS_SEG_SEND, RS_SEG_VIRTUAL */
@@ -403,13 +438,17 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
   }
   for (size_t i = 0; i < segs->n; i++) refs[i] = ref_of(&segs->v[i], i);
   if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
-  for (size_t i = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
+  for (size_t i = 0, end = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
     const rs_seg *s = &segs->v[refs[i].index];
     chunker *c = &ch[s->dir];
-    if (i == 0 || refs[i].level != refs[i - 1].level || cmp_ref_stream(&refs[i], &refs[i - 1])) {
+    if (i == end) { /* a new stream: its cap from its bytes, which all its parties know */
+      uint64_t bytes = 0;
+      for (end = i; end < segs->n && (end == i || !cmp_ref_level_stream(&refs[end], &refs[i])); end++)
+        bytes += segs->v[refs[end].index].bytes;
       c->stream = s;
       c->open = 0;
       c->cur = 0;
+      c->cap = stream_cap(plan, chunk_bytes, bytes);
     }
     c->ready = 0;
     for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
@@ -439,6 +478,7 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.rank = plan->rank;
   tmp.size = plan->size;
   tmp.opts = plan->opts;
+  tmp.spread_rounds = plan->spread_rounds;
   tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
   reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);
   *staging = 2 * (tmp.send_half + tmp.recv_half);

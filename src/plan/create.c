@@ -414,11 +414,15 @@ static void build_ctx_free(build_ctx *c) {
   rs_relay_plan_free(&c->rp);
 }
 
-/* AGREE_CHUNK carries ~(this rank's chunk limit), so that the max is the
- * smallest limit; a failed rank sends 0, which limits nothing. */
-/* AGREE_TOO_BIG: bit j set when candidate chunk j (ladder_chunk) would
- * exceed this rank's staging budget. */
-enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_CHUNK, AGREE_TOO_BIG, AGREE_N };
+/* The agreement at plan creation: digests, errors, and each rank's spread
+ * rounds (the max is the spread). Then agree_chunk: CHUNK_LIMIT carries
+ * ~(this rank's chunk limit), so that the max is the smallest limit (a
+ * failed rank sends 0, which limits nothing); CHUNK_TOO_BIG has bit j set
+ * when candidate chunk j (ladder_chunk) would exceed this rank's staging
+ * budget. */
+_Thread_local rs_plan_agreed rs_plan_force;
+
+enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_N };
 
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within
@@ -456,6 +460,49 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
       *mask |= (uint64_t)1 << j;
     }
   }
+  return RESHARD_SUCCESS;
+}
+
+/* The chunk, once the spread is agreed: every rank's busiest round fits
+ * the budget, double buffered. A round holds at most the spread shares
+ * (a quarter of the half-budget) plus, per stream, min(its bytes, chunk),
+ * so rs_chunk_limit bounds the chunk with the other three quarters; the
+ * ladder's trial cuts, with the agreed spread, find larger chunks that
+ * fit. The agreed chunk is the largest every rank fits. Streams shorter
+ * than the chunk take less than a chunk, so ranks with many small streams
+ * (the norms and biases sent to every replica) do not shrink everyone's
+ * messages as if each of their streams were long. Collective; a rank that
+ * fails here (memory) makes the others return REMOTE. */
+enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_N };
+static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out) {
+  uint64_t limit = UINT64_MAX, too_big = 0;
+  reshard_result_t local = rs_chunk_limit(segs, p->opts.staging_bytes / 8 * 3, &limit);
+  if (!local) local = ladder_too_big(p, segs, limit, &too_big);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : ~limit, local ? 0 : too_big};
+  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms));
+  if (local) return rs_error(local, "%s", msg);
+  if (r != RESHARD_SUCCESS) {
+    rs_error_prefix("plan_create rank %d: agreement on the chunk failed: ", comm->rank);
+    return r;
+  }
+  if (v[CHUNK_ERROR])
+    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed sizing its chunk with '%s'", comm->rank,
+                    reshard_result_string((reshard_result_t)v[CHUNK_ERROR]));
+  uint64_t agreed = ~v[CHUNK_LIMIT];
+  size_t chunk = (size_t)(agreed < p->opts.staging_bytes / 2 ? agreed : p->opts.staging_bytes / 2);
+  if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
+  /* one message must stay countable in an int (MPI) */
+  if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
+  chunk &= ~(size_t)63;
+  if (chunk < 64) chunk = 64;
+  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
+    if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
+      chunk = ladder_chunk(&p->opts, j);
+      break;
+    }
+  *out = chunk;
   return RESHARD_SUCCESS;
 }
 
@@ -534,10 +581,8 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     local = plan_sends(&c);
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
-  uint64_t limit = UINT64_MAX;
-  uint64_t too_big = 0;
-  if (!local && p) local = rs_chunk_limit(&c.segs, p->opts.staging_bytes / 2, &limit);
-  if (!local && p) local = ladder_too_big(p, &c.segs, limit, &too_big);
+  int32_t spread = 0;
+  if (!local && p) local = rs_chunk_spread(&c.segs, p->opts.staging_bytes / 8, &spread);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -555,8 +600,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * locally and says so itself; it sends 0, the identity of max, so that
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
-  uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local,
-                         local ? 0 : ~limit, local ? 0 : too_big};
+  uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local, local ? 0 : (uint64_t)spread};
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -580,24 +624,16 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
                  reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
-  /* Every rank's busiest round fits the budget, double buffered: the
-   * chunk is the smallest of the ranks' limits (rs_chunk_limit: each
-   * stream has at most one message per round). Streams shorter than the
-   * chunk take less than a chunk, so ranks with many small streams (the
-   * norms and biases sent to every replica) no longer shrink everyone's
-   * messages as if each of their streams were long. */
-  uint64_t agreed = ~v[AGREE_CHUNK];
-  size_t chunk = (size_t)(agreed < p->opts.staging_bytes / 2 ? agreed : p->opts.staging_bytes / 2);
-  if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
-  /* one message must stay countable in an int (MPI) */
-  if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
-  chunk &= ~(size_t)63;
-  if (chunk < 64) chunk = 64;
-  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
-    if (!(v[AGREE_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
-      chunk = ladder_chunk(&p->opts, j);
-      break;
-    }
+  /* The most rounds any rank needs: with it every rank's spread shares
+   * fit a quarter of its half-budget (rs_chunk_spread). */
+  p->spread_rounds = rs_plan_force.set ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
+  size_t chunk = 0;
+  if (rs_plan_force.set) {
+    chunk = rs_plan_force.chunk;
+  } else {
+    r = agree_chunk(comm, p, &c.segs, &chunk);
+    if (r) goto fail;
+  }
   p->digest = digest;
   p->num_src_buffers = src->nbuffers;
   p->num_dst_buffers = dst->nbuffers;

@@ -79,6 +79,11 @@ struct reshard_plan {
   rs_topology topo;
   rs_rank_map map; /* empty without a topology */
   size_t chunk_bytes;
+  /* Rounds over which a long stream spreads (0: off): a stream of B bytes
+   * takes messages of up to max(chunk_bytes, B / spread_rounds), so long
+   * streams finish with the short ones instead of trickling one chunk a
+   * round after them (see chunk.c). Agreed at creation like chunk_bytes. */
+  int32_t spread_rounds;
 
   int nrounds;
   rs_msg *sends, *recvs; /* sorted by round, then schedule order */
@@ -273,6 +278,25 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
  * messages would not fit. */
 reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half,
                                 uint64_t *out);
+
+/* For the single-process planning tools (bench/), which plan every rank
+ * of a job in turn against a fake communicator whose allreduce returns
+ * the rank's own values: when `set`, plan creation takes this chunk and
+ * spread instead of the agreed ones, so that the tools reproduce the
+ * plans of a real run (the smallest chunk and the largest spread of all
+ * ranks). Per thread; never set by the library itself. */
+typedef struct rs_plan_agreed {
+  int set;
+  size_t chunk;
+  int32_t spread;
+} rs_plan_agreed;
+extern _Thread_local rs_plan_agreed rs_plan_force;
+
+/* This rank's spread (plan.h spread_rounds): the fewest rounds over which
+ * its streams, each at bytes / rounds per round, fit `share` staging
+ * bytes per round: ceil(total / share), at least 1. */
+reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share,
+                                 int32_t *rounds);
 
 /* The staging bytes (2 x (busiest send round + busiest receive round))
  * this rank's plan would use when cut with `chunk`: the cut itself, on
