@@ -6,15 +6,19 @@
  *   reshard_plan --model-config configs/qwen2.5-0.5b.json --layers 4 \
  *       --train tp=2,pp=2 --infer tp=2,dp=2 --check
  *
- * Planning is collective only through one agreement allreduce, so one
+ * Planning is collective only through its agreement allreduces, so one
  * process can play any rank with a fake communicator (bench/fake_comm.h)
- * whose allreduce returns the rank's own values. The chunk size a rank
- * derives then comes from its own peer count instead of the largest of all
- * ranks; so each rank is first planned as given (its time and memory, in a
- * forked child: the figures a real run would see, up to that chunk size),
- * and then every rank is planned again with chunk_bytes set to the
- * smallest chunk of all ranks, which is exactly the chunk a real run
- * agrees on. Those plans are checked through the internal plan struct:
+ * whose allreduce returns the rank's own values. The spread and chunk a
+ * rank derives then come from its own streams instead of all ranks'; so
+ * each rank is first planned as given (its time and memory, in a forked
+ * child: the figures a real run would see, up to those sizes), and then
+ * every rank is planned again with the largest spread and the smallest
+ * chunk of all ranks (rs_plan_force), as a real run agrees on them. A
+ * rank's chunk here was sized with its own spread, which is at most the
+ * agreed one (larger spread messages, a smaller chunk fits), so the chunk
+ * can be smaller than a real run's, never larger: the plans are valid and
+ * their predicted times err on the slow side. Those plans are checked
+ * through the internal plan struct:
  *   - every destination byte inside a fragment is written exactly once by
  *     the receive and local copies, and no byte outside fragments is;
  *   - every source byte read (send and local copies) lies inside one of the
@@ -539,8 +543,9 @@ int main(int argc, char **argv) {
 
   if (!failed) {
     printf("# per rank: plan_ms/cpu_ms/peak_MiB from planning it as given (forked child; '?': peak not resettable);\n"
-           "# traffic from the plans with the agreed chunk of %zu B (the smallest of the ranks', as a real run)\n",
-           chunk);
+           "# traffic from the plans with the agreed chunk of %zu B and spread of %d rounds (the smallest chunk and\n"
+           "# largest spread of the ranks', as a real run)\n",
+           chunk, (int)spread);
     print_header();
     reshard_plan_stats_t tot;
     memset(&tot, 0, sizeof tot);
