@@ -50,6 +50,29 @@ void pc_session_free(pc_session *s) {
   free(s);
 }
 
+reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                 const reshard_options_t *opts, int32_t *spread, size_t *chunk) {
+  /* as the two agreements: the largest spread first, then each rank's
+   * chunk with that spread, the smallest kept */
+  *spread = 0;
+  *chunk = 0;
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int pass = 0; pass < 2 && !r; pass++) {
+    rs_plan_force = (rs_plan_agreed){pass, 0, *spread, 0};
+    for (int k = 0; k < nranks && !r; k++) {
+      reshard_comm_t *comm;
+      reshard_plan_t *plan;
+      r = pm_plan_rank(src, dst, k, nranks, opts, &comm, &plan);
+      if (r) break;
+      if (pass == 0 && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
+      if (pass == 1 && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
+      pm_plan_free(comm, plan);
+    }
+  }
+  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
+  return r;
+}
+
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                        const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk);
 
@@ -82,18 +105,11 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
                                         const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   size_t agreed = 0;
   int32_t spread = 0;
-  for (int r = 0; r < nranks; r++) {
-    reshard_comm_t *comm;
-    reshard_plan_t *plan;
-    RS_CHECK(pm_plan_rank(src, dst, r, nranks, opts, &comm, &plan));
-    if (!agreed || plan->chunk_bytes < agreed) agreed = plan->chunk_bytes;
-    if (plan->spread_rounds > spread) spread = plan->spread_rounds;
-    pm_plan_free(comm, plan);
-  }
+  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &agreed));
   pc_session *s;
   RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
   reshard_result_t res = RESHARD_SUCCESS;
-  rs_plan_force = (rs_plan_agreed){1, agreed, spread}; /* what the ranks would agree on */
+  rs_plan_force = (rs_plan_agreed){1, 1, spread, agreed}; /* what the ranks would agree on */
   for (int r = 0; r < nranks && !res; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;
@@ -102,7 +118,7 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
     res = pc_session_add(s, plan);
     pm_plan_free(comm, plan);
   }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0};
+  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
   if (!res) {
     reshard_estimate_t e;
     pc_session_finish(s, &e);

@@ -9,9 +9,16 @@
 
 #include "reshard.h"
 
-/* Plans every rank twice: as given, to find the chunk size a real run
- * agrees on (the smallest of the ranks'), then with that chunk; the
- * second plans are priced. opts must name a topology (or RESHARD_TOPOLOGY
+/* The spread and chunk a real run of nranks agrees on: every rank planned
+ * as given (the largest spread), then again with that spread (the
+ * smallest chunk). */
+reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
+                                 const reshard_layout_t *dst, int nranks,
+                                 const reshard_options_t *opts,
+                                 int32_t *spread, size_t *chunk);
+
+/* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
+ * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY
  * must). *chunk (may be NULL) receives the agreed chunk. */
 reshard_result_t pc_estimate_global(const reshard_layout_t *src,
                                     const reshard_layout_t *dst, int nranks,

@@ -12,13 +12,11 @@
  * rank derives then come from its own streams instead of all ranks'; so
  * each rank is first planned as given (its time and memory, in a forked
  * child: the figures a real run would see, up to those sizes), and then
- * every rank is planned again with the largest spread and the smallest
- * chunk of all ranks (rs_plan_force), as a real run agrees on them. A
- * rank's chunk here was sized with its own spread, which is at most the
- * agreed one (larger spread messages, a smaller chunk fits), so the chunk
- * can be smaller than a real run's, never larger: the plans are valid and
- * their predicted times err on the slow side. Those plans are checked
- * through the internal plan struct:
+ * every rank is planned again with the largest spread (rs_plan_force),
+ * which gives each rank's chunk as a real run sizes it, and once more
+ * with that spread and the smallest of those chunks: exactly the spread
+ * and chunk a real run agrees on. Those plans are checked through the
+ * internal plan struct:
  *   - every destination byte inside a fragment is written exactly once by
  *     the receive and local copies, and no byte outside fragments is;
  *   - every source byte read (send and local copies) lies inside one of the
@@ -500,7 +498,25 @@ int main(int argc, char **argv) {
   reshard_plan_stats_t *agreed = calloc((size_t)world, sizeof *agreed);
   if (!agreed) return 1;
   reshard_options_t opts2 = opts;
-  rs_plan_force = (rs_plan_agreed){1, chunk, spread}; /* what the ranks would agree on */
+  if (!failed) { /* the chunk each rank sizes with the agreed spread */
+    chunk = 0;
+    rs_plan_force = (rs_plan_agreed){1, 0, spread, 0};
+    for (int r = 0; r < world && !failed; r++) {
+      reshard_comm_t *comm = NULL;
+      reshard_plan_t *plan = NULL;
+      reshard_result_t rc = plan_rank(&L, r, world, &opts2, &comm, &plan);
+      if (rc) {
+        fprintf(stderr, "reshard_plan: error: rank %d: plan with the agreed spread (%d) failed: %s: %s\n", r, (int)spread,
+                reshard_result_string(rc), reshard_last_error());
+        failed = 1;
+        break;
+      }
+      if (!chunk || plan->chunk_bytes < chunk) chunk = plan->chunk_bytes;
+      reshard_plan_destroy(plan);
+      reshard_comm_destroy(comm);
+    }
+  }
+  rs_plan_force = (rs_plan_agreed){1, 1, spread, chunk}; /* what the ranks agree on */
   int injected = !o.inject_error;
   pc_session *cost = NULL; /* --topology: our plans, priced as checked */
   if (o.topology && !failed) {
@@ -536,7 +552,7 @@ int main(int argc, char **argv) {
     reshard_plan_destroy(plan);
     reshard_comm_destroy(comm);
   }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0};
+  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
   if (!failed && !o.no_check) check_agreement(&ck, &sends, &recvs);
   free(sends.v);
   free(recvs.v);

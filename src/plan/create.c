@@ -626,9 +626,9 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   }
   /* The most rounds any rank needs: with it every rank's spread shares
    * fit a quarter of its half-budget (rs_chunk_spread). */
-  p->spread_rounds = rs_plan_force.set ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
+  p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
   size_t chunk = 0;
-  if (rs_plan_force.set) {
+  if (rs_plan_force.set_chunk) {
     chunk = rs_plan_force.chunk;
   } else {
     r = agree_chunk(comm, p, &c.segs, &chunk);

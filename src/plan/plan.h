@@ -281,14 +281,15 @@ reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half,
 
 /* For the single-process planning tools (bench/), which plan every rank
  * of a job in turn against a fake communicator whose allreduce returns
- * the rank's own values: when `set`, plan creation takes this chunk and
- * spread instead of the agreed ones, so that the tools reproduce the
- * plans of a real run (the smallest chunk and the largest spread of all
- * ranks). Per thread; never set by the library itself. */
+ * the rank's own values: plan creation takes this spread (when
+ * set_spread) and chunk (when set_chunk) instead of the agreed ones, so
+ * that the tools reproduce the plans of a real run: the largest spread of
+ * all ranks, then the smallest chunk the ranks size with that spread.
+ * Per thread; never set by the library itself. */
 typedef struct rs_plan_agreed {
-  int set;
-  size_t chunk;
+  int set_spread, set_chunk;
   int32_t spread;
+  size_t chunk;
 } rs_plan_agreed;
 extern _Thread_local rs_plan_agreed rs_plan_force;
 
