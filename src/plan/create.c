@@ -1,9 +1,12 @@
 /* reshard_plan_create: validate, plan this rank's side, agree, chunk.
  *
- * Every path past the communicator check reaches exactly one agreement
- * collective, carrying this rank's digest and error, so that a rank that
- * fails (bad input, out of memory, a coverage hole only it can see) makes
- * every other rank fail too instead of leaving them waiting. */
+ * Every path past the communicator check reaches the agreement
+ * collective, carrying this rank's digest, error and spread, so that a
+ * rank that fails (bad input, out of memory, a coverage hole only it can
+ * see) makes every other rank fail too instead of leaving them waiting.
+ * Its outcome is the same on every rank, so either all return there or
+ * all go on to the chunk agreement and the final one (after building),
+ * each of which again carries every rank's error. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
