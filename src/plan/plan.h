@@ -291,7 +291,9 @@ typedef struct rs_plan_agreed {
   int32_t spread;
   size_t chunk;
 } rs_plan_agreed;
+#ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;
+#endif
 
 /* This rank's spread (plan.h spread_rounds): the fewest rounds over which
  * its streams, each at bytes / rounds per round, fit `share` staging
