@@ -50,27 +50,38 @@ void pc_session_free(pc_session *s) {
   free(s);
 }
 
+/* Plans every rank with rs_plan_force set to *force; keeps the largest
+ * spread or the smallest chunk the ranks derive. */
+static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                  const reshard_options_t *opts, rs_plan_agreed force, int32_t *spread, size_t *chunk) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  rs_plan_force = force;
+  for (int k = 0; k < nranks && !r; k++) {
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    r = pm_plan_rank(src, dst, k, nranks, opts, &comm, &plan);
+    if (r) break;
+    if (spread && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
+    if (chunk && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
+    pm_plan_free(comm, plan);
+  }
+  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
+  return r;
+}
+
+reshard_result_t pc_agreed_chunk(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                 const reshard_options_t *opts, int32_t spread, size_t *chunk) {
+  *chunk = 0;
+  return each_rank(src, dst, nranks, opts, (rs_plan_agreed){1, 0, spread, 0}, NULL, chunk);
+}
+
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int32_t *spread, size_t *chunk) {
   /* as the two agreements: the largest spread first, then each rank's
    * chunk with that spread, the smallest kept */
   *spread = 0;
-  *chunk = 0;
-  reshard_result_t r = RESHARD_SUCCESS;
-  for (int pass = 0; pass < 2 && !r; pass++) {
-    rs_plan_force = (rs_plan_agreed){pass, 0, *spread, 0};
-    for (int k = 0; k < nranks && !r; k++) {
-      reshard_comm_t *comm;
-      reshard_plan_t *plan;
-      r = pm_plan_rank(src, dst, k, nranks, opts, &comm, &plan);
-      if (r) break;
-      if (pass == 0 && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
-      if (pass == 1 && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
-      pm_plan_free(comm, plan);
-    }
-  }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
-  return r;
+  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0, 0, 0, 0}, spread, NULL));
+  return pc_agreed_chunk(src, dst, nranks, opts, *spread, chunk);
 }
 
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,

@@ -17,6 +17,13 @@ reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
                                  const reshard_options_t *opts,
                                  int32_t *spread, size_t *chunk);
 
+/* The chunk a real run of nranks agrees on once the spread is agreed:
+ * every rank planned with that spread, the smallest chunk kept. */
+reshard_result_t pc_agreed_chunk(const reshard_layout_t *src,
+                                 const reshard_layout_t *dst, int nranks,
+                                 const reshard_options_t *opts,
+                                 int32_t spread, size_t *chunk);
+
 /* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
  * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY
  * must). *chunk (may be NULL) receives the agreed chunk. */

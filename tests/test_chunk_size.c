@@ -61,6 +61,18 @@ static int stats_rank(int rank, reshard_comm_t *comm, void *arg) {
   return bad;
 }
 
+/* Two executes on nranks, every destination element and the bytes
+ * around each fragment checked by the harness. */
+static void sync_twice(int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, const reshard_options_t *opts) {
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = src;
+  s.dst = dst;
+  s.opts = *opts;
+  s.steps = 2;
+  assert_int_equal(th_sync(nranks, &s), 0);
+}
+
 static void test_long_stream_gets_most_of_the_budget(void **state) {
   (void)state;
   reshard_layout_t *src, *dst;
@@ -88,13 +100,7 @@ static void test_long_stream_gets_most_of_the_budget(void **state) {
   assert_int_equal(a.st[0].num_chunks, rounds);
   assert_int_equal(a.st[1].num_chunks, rounds);
 
-  static th_sync_args s;
-  memset(&s, 0, sizeof s);
-  s.src = src;
-  s.dst = dst;
-  s.opts = a.opts;
-  s.steps = 2;
-  assert_int_equal(th_sync(NRANKS, &s), 0);
+  sync_twice(NRANKS, src, dst, &a.opts);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
@@ -140,13 +146,7 @@ static void test_long_stream_spreads(void **state) {
   assert_true(2 * a.st[0].num_chunks < chunk_rounds);
   assert_int_equal(a.st[0].recv_messages, 36 + (SPREAD_RANKS - 2) * (SHORT * 4 > chunk ? 2 : 1));
 
-  static th_sync_args s;
-  memset(&s, 0, sizeof s);
-  s.src = side[0];
-  s.dst = side[1];
-  s.opts = a.opts;
-  s.steps = 2;
-  assert_int_equal(th_sync(SPREAD_RANKS, &s), 0);
+  sync_twice(SPREAD_RANKS, side[0], side[1], &a.opts);
   reshard_layout_destroy(side[0]);
   reshard_layout_destroy(side[1]);
 }
@@ -203,13 +203,7 @@ static void test_boxes_fill_open_messages(void **state) {
   assert_int_equal(a.st[1].send_messages, 3);
   assert_int_equal(a.st[0].num_chunks, 3);
 
-  static th_sync_args s;
-  memset(&s, 0, sizeof s);
-  s.src = side[0];
-  s.dst = side[1];
-  s.opts = a.opts;
-  s.steps = 2;
-  assert_int_equal(th_sync(2, &s), 0);
+  sync_twice(2, side[0], side[1], &a.opts);
   reshard_layout_destroy(side[0]);
   reshard_layout_destroy(side[1]);
 }
@@ -250,13 +244,7 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
   assert_int_equal(a.st[1].send_messages, 1);
   assert_int_equal(a.st[1].staging_bytes, 4096);
 
-  static th_sync_args s;
-  memset(&s, 0, sizeof s);
-  s.src = side[0];
-  s.dst = side[1];
-  s.opts = a.opts;
-  s.steps = 2;
-  assert_int_equal(th_sync(3, &s), 0);
+  sync_twice(3, side[0], side[1], &a.opts);
   rs_relay_min_part_bytes = saved;
   reshard_layout_destroy(side[0]);
   reshard_layout_destroy(side[1]);

@@ -499,21 +499,11 @@ int main(int argc, char **argv) {
   if (!agreed) return 1;
   reshard_options_t opts2 = opts;
   if (!failed) { /* the chunk each rank sizes with the agreed spread */
-    chunk = 0;
-    rs_plan_force = (rs_plan_agreed){1, 0, spread, 0};
-    for (int r = 0; r < world && !failed; r++) {
-      reshard_comm_t *comm = NULL;
-      reshard_plan_t *plan = NULL;
-      reshard_result_t rc = plan_rank(&L, r, world, &opts2, &comm, &plan);
-      if (rc) {
-        fprintf(stderr, "reshard_plan: error: rank %d: plan with the agreed spread (%d) failed: %s: %s\n", r, (int)spread,
-                reshard_result_string(rc), reshard_last_error());
-        failed = 1;
-        break;
-      }
-      if (!chunk || plan->chunk_bytes < chunk) chunk = plan->chunk_bytes;
-      reshard_plan_destroy(plan);
-      reshard_comm_destroy(comm);
+    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, &chunk);
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: plan with the agreed spread (%d) failed: %s: %s\n", (int)spread,
+              reshard_result_string(rc), reshard_last_error());
+      failed = 1;
     }
   }
   rs_plan_force = (rs_plan_agreed){1, 1, spread, chunk}; /* what the ranks agree on */

@@ -233,49 +233,68 @@ static int cmp_u64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
+/* The bytes of each of this rank's real streams (virtual ones take no
+ * staging here), each padded to 64 as its messages' staging slots are;
+ * *total is their sum. The caller frees *bytes. */
+static reshard_result_t stream_bytes(const rs_seg_vec *segs, uint64_t **bytes, size_t *n, uint64_t *total) {
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
-  uint64_t *bytes = rs_malloc((segs->n + 1) * sizeof *bytes);
-  uint64_t limit = 0;
-  if (!v || !bytes) {
+  uint64_t *b = rs_malloc((segs->n + 1) * sizeof *b);
+  if (!v || !b) {
     free(v);
-    free(bytes);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing the chunk (%zu segments)", segs->n);
+    free(b);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu segments)", segs->n);
   }
-  size_t k = 0, n = 0;
+  size_t k = 0, m = 0;
   for (size_t i = 0; i < segs->n; i++)
     if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
   if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
   for (size_t i = 0; i < k; i++) {
-    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) bytes[n++] = 0;
-    bytes[n - 1] += segs->v[v[i].index].bytes;
+    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) b[m++] = 0;
+    b[m - 1] += segs->v[v[i].index].bytes;
   }
-  /* a message's staging slot is padded to 64 bytes */
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) {
-    bytes[i] = (bytes[i] + 63) & ~(uint64_t)63;
-    total += bytes[i];
-  }
-  if (total <= half) {
-    limit = UINT64_MAX;
-    goto done;
-  }
-  /* the largest c with sum(min(bytes, c)) <= half: with the streams
-   * sorted, c lies between two sizes where the sum is linear in c */
-  qsort(bytes, n, sizeof *bytes, cmp_u64);
-  uint64_t below = 0; /* sum of the streams smaller than c */
-  for (size_t i = 0; i < n; i++) {
-    uint64_t c = half > below ? (half - below) / (uint64_t)(n - i) : 0;
-    if (c <= bytes[i]) {
-      limit = c & ~(uint64_t)63;
-      break;
-    }
-    below += bytes[i];
-  }
-done:
   free(v);
+  *total = 0;
+  for (size_t i = 0; i < m; i++) {
+    b[i] = (b[i] + 63) & ~(uint64_t)63;
+    *total += b[i];
+  }
+  *bytes = b;
+  *n = m;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
+  uint64_t *bytes, total, limit = UINT64_MAX;
+  size_t n;
+  RS_CHECK(stream_bytes(segs, &bytes, &n, &total));
+  if (total > half) {
+    /* the largest c with sum(min(bytes, c)) <= half: with the streams
+     * sorted, c lies between two sizes where the sum is linear in c */
+    qsort(bytes, n, sizeof *bytes, cmp_u64);
+    uint64_t below = 0; /* sum of the streams smaller than c */
+    limit = 0;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t c = half > below ? (half - below) / (uint64_t)(n - i) : 0;
+      if (c <= bytes[i]) {
+        limit = c & ~(uint64_t)63;
+        break;
+      }
+      below += bytes[i];
+    }
+  }
   free(bytes);
   *out = limit;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
+  uint64_t *bytes, total;
+  size_t n;
+  RS_CHECK(stream_bytes(segs, &bytes, &n, &total));
+  free(bytes);
+  if (share < 64) share = 64;
+  uint64_t r = (total + share - 1) / share;
+  *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
   return RESHARD_SUCCESS;
 }
 
@@ -394,29 +413,6 @@ static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t byte
   if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
   if (share > ((size_t)INT32_MAX & ~(size_t)63)) share = (size_t)INT32_MAX & ~(size_t)63;
   return share > chunk ? (size_t)share : chunk;
-}
-
-reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
-  seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
-  if (!v) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing the spread (%zu segments)", segs->n);
-  size_t k = 0;
-  for (size_t i = 0; i < segs->n; i++)
-    if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
-  if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
-  uint64_t total = 0, stream = 0; /* each stream padded to 64, as its messages are */
-  for (size_t i = 0; i < k; i++) {
-    if (i && cmp_ref_level_stream(&v[i], &v[i - 1])) {
-      total += (stream + 63) & ~(uint64_t)63;
-      stream = 0;
-    }
-    stream += segs->v[v[i].index].bytes;
-  }
-  total += (stream + 63) & ~(uint64_t)63;
-  free(v);
-  if (share < 64) share = 64;
-  uint64_t r = (total + share - 1) / share;
-  *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
-  return RESHARD_SUCCESS;
 }
 
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
