@@ -31,8 +31,8 @@ scenarios=(
 
 field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }
 
-echo "| scenario | GPUs (train + infer) | topology | T_lower s (bound) | ours s | ours / T_lower | gather-broadcast s (ratio) | replica0-direct s (ratio) | balanced-direct s (ratio) | published |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| scenario | GPUs (train + infer) | topology | T_lower s (bound) | source-domain cut s (x T_lower) | ours s | ours / T_lower | gather-broadcast s (ratio) | replica0-direct s (ratio) | balanced-direct s (ratio) | published |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for s in "${scenarios[@]}"; do
   IFS='|' read -r name cfg train infer topo pub <<<"$s"
   log=$logs/$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_').txt
@@ -40,7 +40,7 @@ for s in "${scenarios[@]}"; do
   if ! "$plan" --model-config "$repo/configs/$cfg" --train "$train" --infer "$infer" --topology "$topo" --no-check \
       $extra >"$log" 2>&1; then
     echo "panel.sh: $name failed, see $log" >&2
-    echo "| $name | | $topo | failed | | | | | | $pub |"
+    echo "| $name | | $topo | failed | | | | | | | $pub |"
     continue
   fi
   world=$(sed -nE 's/^# world ([0-9]+) \(([0-9]+) source, ([0-9]+) destination.*/\2 + \3/p' "$log")
@@ -49,10 +49,13 @@ for s in "${scenarios[@]}"; do
   lower=$(field lower_s <<<"$res")
   ratio=$(field ratio <<<"$res")
   bound=$(sed -nE 's/^# T_lower: [^,]+, bound by ([a-z-]+).*/\1/p' "$log")
+  # a bound T_lower leaves out (tools/cost_report.c): what one source
+  # domain alone holds must leave through its own NICs
+  cut=$(sed -nE 's/^# source-domain cut \(not in T_lower\): ([^ ]+) s = ([^ ]+) x T_lower.*/\1 (\2)/p' "$log")
   cells=""
   for b in gather-broadcast replica0-direct balanced-direct; do
     line=$(grep "^# baseline $b: predicted_s=" "$log")
     cells="$cells | $(field predicted_s <<<"$line") ($(field ratio <<<"$line"))"
   done
-  echo "| $name: megatron $train -> vllm $infer | $world | $topo | $lower ($bound) | $ours | $ratio$cells | $pub |"
+  echo "| $name: megatron $train -> vllm $infer | $world | $topo | $lower ($bound) | ${cut:--} | $ours | $ratio$cells | $pub |"
 done

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "plan/lower_bound.h"
 #include "plan/topology.h"
 #include "plan_cost.h"
 #include "reshard.h"
@@ -208,6 +209,62 @@ static void lower_bound_terms(void **state) {
   reshard_layout_destroy(D);
 }
 
+/* The source-domain cut beside T_lower: "big" (16 KiB) sharded over
+ * domain 0's 8 source ranks, "small" (4 KiB) over domain 1's; both
+ * sharded over 16 destination ranks on domains 2 and 3. T_lower's terms
+ * give 20 KiB over 16 NICs (source egress) and 10 KiB over 8 (each
+ * destination domain); but big's 16 KiB must leave through domain 0's 8
+ * NICs, 1.6 times longer. */
+static void source_domain_cut(void **state) {
+  (void)state;
+  reshard_layout_t *L[2];
+  static const char *names[2] = {"big", "small"};
+  const int64_t n[2] = {4096, 1024};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&L[k]), 0);
+    for (int i = 0; i < 2; i++) {
+      int t, m, b, nr = k ? 16 : 8, ranks[16];
+      for (int r = 0; r < nr; r++) ranks[r] = k ? 16 + r : 8 * i + r;
+      reshard_placement_t sh = reshard_shard(0);
+      assert_int_equal(reshard_layout_add_tensor(L[k], names[i], RESHARD_FP32, 1, &n[i], &t), 0);
+      assert_int_equal(reshard_layout_add_mesh(L[k], 1, &nr, ranks, &m), 0);
+      assert_int_equal(reshard_layout_place(L[k], t, m, &sh, &b), 0);
+    }
+  }
+  reshard_estimate_t lb = RESHARD_ESTIMATE_INITIALIZER;
+  assert_int_equal(reshard_lower_bound(L[0], L[1], 32, "h100-8x400g", &lb), 0);
+  assert_close(lb.bound_seconds[RESHARD_BOUND_SOURCE_EGRESS], 20480.0 / (16 * 50e9));
+  assert_close(lb.bound_seconds[RESHARD_BOUND_DOMAIN_INGRESS], 10240.0 / (8 * 50e9));
+  assert_close(lb.seconds, 20480.0 / (16 * 50e9));
+  rs_topology t = preset("h100-8x400g");
+  rs_volume v;
+  assert_int_equal(rs_volume_compute(L[0], L[1], 32, &t, &v), 0);
+  assert_int_equal(v.domain_out[0], 16384);
+  assert_int_equal(v.domain_out[1], 4096);
+  int where = -2;
+  assert_close(rs_volume_domain_cut(&v, &where), 16384.0 / (8 * 50e9));
+  assert_int_equal(where, 0);
+  rs_volume_free(&v);
+  /* the same bytes replicated on both source domains leave either: no
+   * domain holds them alone */
+  reshard_layout_destroy(L[0]);
+  assert_int_equal(reshard_layout_create(&L[0]), 0);
+  for (int i = 0; i < 2; i++) {
+    int t, m, b, nr = 16, ranks[16];
+    for (int r = 0; r < nr; r++) ranks[r] = r;
+    reshard_placement_t rep = reshard_replicate();
+    assert_int_equal(reshard_layout_add_tensor(L[0], names[i], RESHARD_FP32, 1, &n[i], &t), 0);
+    assert_int_equal(reshard_layout_add_mesh(L[0], 1, &nr, ranks, &m), 0);
+    assert_int_equal(reshard_layout_place(L[0], t, m, &rep, &b), 0);
+  }
+  assert_int_equal(rs_volume_compute(L[0], L[1], 32, &t, &v), 0);
+  assert_close(rs_volume_domain_cut(&v, &where), 0);
+  assert_int_equal(where, -1);
+  rs_volume_free(&v);
+  reshard_layout_destroy(L[0]);
+  reshard_layout_destroy(L[1]);
+}
+
 static void bad_input(void **state) {
   (void)state;
   int r0[1] = {0}, r1[1] = {1};
@@ -335,6 +392,7 @@ int main(void) {
       cmocka_unit_test(cpu_node_memory),  cmocka_unit_test(lower_bound_terms),
       cmocka_unit_test(bad_input),        cmocka_unit_test(collective_equals_global),
       cmocka_unit_test(no_topology),      cmocka_unit_test(first_replica),
+      cmocka_unit_test(source_domain_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,6 +117,12 @@ int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, co
   for (int k = RESHARD_BOUND_NODE_MEMORY; k < RESHARD_NUM_BOUNDS; k++)
     if (lb.bound_seconds[k] > 0) fprintf(out, " %s %.4g s", reshard_bound_name((reshard_bound_t)k), lb.bound_seconds[k]);
   fprintf(out, "\n");
+  int cut_where;
+  double cut = rs_volume_domain_cut(&v, &cut_where);
+  if (cut_where >= 0)
+    fprintf(out, "# source-domain cut (not in T_lower): %.6g s = %.3f x T_lower, domain %d: %.3f GiB only its sources hold leave "
+                 "through its %d NICs; no plan is faster\n",
+            cut, ratio(cut, lb.seconds), cut_where, (double)v.domain_out[cut_where] / 1073741824.0, v.domain_ranks[cut_where]);
   char what[64];
   snprintf(what, sizeof what, "plan (relay %d)", opts->relay);
   print_estimate(out, what, ours);

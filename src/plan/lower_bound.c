@@ -42,6 +42,7 @@ void rs_volume_free(rs_volume *v) {
   free(v->in);
   free(v->only);
   free(v->domain_in);
+  free(v->domain_out);
   free(v->node_in);
   free(v->domain_ranks);
   rs_rank_map_free(&v->map);
@@ -202,6 +203,7 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_fra
     }
     uint64_t id = ++c->cell_id;
     int nsrc = 0, sole = -1, any_dst = 0, any_need = 0, net = 0, other_needs = 0, hole_rank = -1;
+    int sdom = -1, multi_dom = 0, leaves = 0; /* the holders' one domain, if one; needed outside it */
     for (size_t e = begin; e < end; e++) {
       int code = c->entries[e], r = code / 2;
       if ((code & 1) || c->src_stamp[r] == id) continue;
@@ -209,6 +211,8 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_fra
       c->dom_src_stamp[dom[r]] = id;
       nsrc++;
       sole = r;
+      if (sdom < 0) sdom = dom[r];
+      else if (dom[r] != sdom) multi_dom = 1;
     }
     for (size_t e = begin; e < end; e++) {
       int code = c->entries[e], r = code / 2;
@@ -219,6 +223,7 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_fra
       if (c->src_stamp[r] == id) continue;
       any_need = 1;
       hole_rank = r;
+      if (dom[r] != sdom) leaves = 1;
       v->in[r] += bytes;
       v->node_in[nodes[r]] += bytes;
       if (c->dom_src_stamp[dom[r]] != id && c->dom_need_stamp[dom[r]] != id) {
@@ -234,6 +239,7 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_fra
     if (any_need) v->unique += bytes;
     if (net) v->unique_net += bytes;
     if (nsrc == 1 && other_needs) v->only[sole] += bytes;
+    if (sdom >= 0 && !multi_dom && leaves) v->domain_out[sdom] += bytes;
     if (any_dst) {
       v->total += bytes;
       if (v->root >= 0 && c->src_stamp[v->root] == id) v->root_holds += bytes;
@@ -280,6 +286,7 @@ reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_la
   v->in = calloc(n, sizeof *v->in);
   v->only = calloc(n, sizeof *v->only);
   v->domain_in = calloc(ndom + 1, sizeof *v->domain_in);
+  v->domain_out = calloc(ndom + 1, sizeof *v->domain_out);
   v->node_in = calloc(nnod + 1, sizeof *v->node_in);
   v->domain_ranks = calloc(ndom + 1, sizeof *v->domain_ranks);
   c.src_stamp = calloc(n, sizeof *c.src_stamp);
@@ -287,7 +294,7 @@ reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_la
   c.dom_src_stamp = calloc(ndom + 1, sizeof *c.dom_src_stamp);
   c.dom_need_stamp = calloc(ndom + 1, sizeof *c.dom_need_stamp);
   reshard_result_t r = RESHARD_SUCCESS;
-  if (!to_src || !v->in || !v->only || !v->domain_in || !v->node_in || !v->domain_ranks || !c.src_stamp || !c.dst_stamp ||
+  if (!to_src || !v->in || !v->only || !v->domain_in || !v->domain_out || !v->node_in || !v->domain_ranks || !c.src_stamp || !c.dst_stamp ||
       !c.dom_src_stamp || !c.dom_need_stamp)
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "lower_bound: out of memory (%d ranks)", nranks);
   if (!r) r = match(src, dst, to_src);
@@ -326,6 +333,20 @@ double rs_volume_fastest_link(const rs_volume *v, int rank) {
   double nic = rs_topology_rank_nic_bw(&v->topo);
   double nvl = v->domain_ranks[v->map.domain[rank]] > 1 ? v->topo.nvlink_bw : 0;
   return nic > nvl ? nic : nvl;
+}
+
+double rs_volume_domain_cut(const rs_volume *v, int *where) {
+  const double nic = rs_topology_rank_nic_bw(&v->topo);
+  double best = 0;
+  *where = -1;
+  for (int d = 0; d < v->map.ndomains && nic > 0; d++) {
+    double s = (double)v->domain_out[d] / (nic * v->domain_ranks[d]);
+    if (v->domain_out[d] && s > best) {
+      best = s;
+      *where = d;
+    }
+  }
+  return best;
 }
 
 /* term = bytes / bw, keeping the largest and where it is */

@@ -45,6 +45,8 @@ typedef struct rs_volume {
   uint64_t *in;        /* per rank: in(r) */
   uint64_t *only;      /* per rank: bytes only r holds, needed by another */
   uint64_t *domain_in; /* per domain: N(d) */
+  uint64_t *domain_out; /* per domain: bytes only its source ranks hold,
+                           needed by a rank outside it (rs_volume_domain_cut) */
   uint64_t *node_in;   /* per node: sum of its ranks' in(r) */
   int *domain_ranks;   /* per domain: ranks placed there */
   int nsrc_ranks;      /* ranks holding source fragments */
@@ -65,6 +67,17 @@ void rs_volume_free(rs_volume *v);
 
 /* T_lower and its terms (every field of the current version). */
 void rs_lower_bound_of(const rs_volume *v, reshard_estimate_t *out);
+
+/* A bound DESIGN's T_lower leaves out, reported beside it: the bytes
+ * that only the source ranks of one domain hold, and that a rank outside
+ * the domain needs, must leave through that domain's NICs, whatever
+ * forwarding a plan does. Max over domains of domain_out(d) / (d's ranks'
+ * NIC bandwidth); *where is the domain (-1 when no byte leaves one).
+ * T_lower's source-egress term is the same cut around all source domains
+ * together, so this is larger when the sources' domains hold unequal
+ * shares (pipeline stages of different sizes placed on different
+ * domains). */
+double rs_volume_domain_cut(const rs_volume *v, int *where);
 
 /* A rank's fastest link of one direction (links are symmetric). */
 double rs_volume_fastest_link(const rs_volume *v, int rank);
