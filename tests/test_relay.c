@@ -385,8 +385,12 @@ static void dense_flat(void **state) {
 }
 
 /* Runs S -> D over n ranks on h100-8x400g with relay, checks bytes,
- * source egress and domain ingress. */
-static void topo_case(const reshard_layout_t *S, const reshard_layout_t *D, int n, size_t staging, const char *what) {
+ * domain ingress and (when egress_once) source egress: with 256-byte
+ * parts a fragment too small for one part per replica stays direct when
+ * its replicas are on different domains, and leaves the sources once per
+ * replica. */
+static void topo_case(const reshard_layout_t *S, const reshard_layout_t *D, int n, size_t staging, const char *what,
+                      int egress_once) {
   static run a;
   memset(&a, 0, sizeof a);
   a.src = S;
@@ -412,7 +416,7 @@ static void topo_case(const reshard_layout_t *S, const reshard_layout_t *D, int 
   int colocated = 0;
   for (int r = 0; r < n; r++) colocated |= is_src[r] && is_dst[r];
   if (!colocated) { /* colocated fragments copy locally, some stay direct */
-    check_source_egress(&a, n, is_src);
+    if (egress_once) check_source_egress(&a, n, is_src);
     check_domain_ingress(&a, n, map.domain, is_dst);
   }
   rs_rank_map_free(&map);
@@ -430,8 +434,8 @@ static void topology_h100(void **state) {
    * and second hops) */
   seq(dr, 32, 8);
   reshard_layout_t *S = train_side(sr, 2, 4), *D = infer_side(dr, 16, 2);
-  topo_case(S, D, N, 0, "dp16 tp2");
-  topo_case(S, D, N, 8192, "dp16 tp2 small staging");
+  topo_case(S, D, N, 0, "dp16 tp2", 1);
+  topo_case(S, D, N, 8192, "dp16 tp2 small staging", 1);
   reshard_layout_destroy(D);
   /* [dp=4, tp=8] with the ranks dealt so that groups have 1, 2 and 3
    * members in a node */
@@ -443,7 +447,69 @@ static void topology_h100(void **state) {
     dr[j] = x;
   }
   D = infer_side(dr, 4, 8);
-  topo_case(S, D, N, 0, "dp4 tp8 shuffled");
+  topo_case(S, D, N, 0, "dp4 tp8 shuffled", 1);
+  reshard_layout_destroy(D);
+  reshard_layout_destroy(S);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+}
+
+/* Parts of at least 256 bytes: the norm (256 bytes, 32 replicas, 8 in
+ * each of 4 nodes) travels as one part, the output layer's fragments
+ * (3 KiB at tp=2, 16 replicas) as 12, at tp=4 (1.5 KiB, 8 replicas) as 6;
+ * every fragment still leaves the sources once and enters each node once,
+ * byte-exact. */
+static void few_parts(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 256;
+  enum { N = 40 };
+  int sr[8], dr[32];
+  seq(sr, 8, 0);
+  seq(dr, 32, 8);
+  reshard_layout_t *S = train_side(sr, 2, 4), *D = infer_side(dr, 16, 2);
+  rs_topology t;
+  rs_rank_map map;
+  assert_int_equal(rs_topology_preset("h100-8x400g", &t), 0);
+  assert_int_equal(rs_rank_map_build(&t, S, D, N, &map), 0);
+  rs_relay_ctx ctx = {.src = S, .dst = D, .domain = map.domain, .min_part_bytes = 256};
+  size_t nf = 0;
+  assert_int_equal(reshard_layout_fragments(D, 8, NULL, 0, &nf), 0);
+  assert_true(nf > 0);
+  rs_frag_vec mine = {0};
+  assert_int_equal(rs_layout_rank_fragments(D, 8, &mine), 0);
+  int seen_one = 0;
+  for (size_t i = 0; i < mine.n; i++) {
+    rs_relay_group g;
+    int st;
+    assert_int_equal(reshard_layout_find_tensor(S, D->tensors[mine.v[i].tensor].name, &st), 0);
+    assert_int_equal(rs_relay_group_of(&ctx, &mine.v[i], st, reshard_dtype_size(D->tensors[mine.v[i].tensor].dtype), &g), 0);
+    if (!strcmp(D->tensors[mine.v[i].tensor].name, "norm")) {
+      assert_int_equal(g.m, 32);
+      assert_int_equal(g.nparts, 1);
+      seen_one = 1;
+    }
+    assert_true(g.nparts >= 1 && g.nparts <= g.m);
+  }
+  assert_true(seen_one);
+  /* without a topology every rank is its own domain: the norm, too small
+   * for 32 parts, stays direct */
+  rs_relay_ctx_free(&ctx);
+  ctx = (rs_relay_ctx){.src = S, .dst = D, .min_part_bytes = 256};
+  for (size_t i = 0; i < mine.n; i++) {
+    if (strcmp(D->tensors[mine.v[i].tensor].name, "norm")) continue;
+    rs_relay_group g;
+    int st;
+    assert_int_equal(reshard_layout_find_tensor(S, "norm", &st), 0);
+    assert_int_equal(rs_relay_group_of(&ctx, &mine.v[i], st, 4, &g), 0);
+    assert_int_equal(g.m, 0);
+  }
+  rs_frag_vec_free(&mine);
+  rs_relay_ctx_free(&ctx);
+  rs_rank_map_free(&map);
+  topo_case(S, D, N, 0, "dp16 tp2, 256-byte parts", 1);
+  topo_case(S, D, N, 8192, "dp16 tp2, 256-byte parts, small staging", 1);
+  reshard_layout_destroy(D);
+  D = infer_side(dr, 8, 4);
+  topo_case(S, D, N, 0, "dp8 tp4, 256-byte parts", 1);
   reshard_layout_destroy(D);
   reshard_layout_destroy(S);
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
@@ -465,7 +531,6 @@ static uint64_t first_seed(uint64_t dflt, int *count) {
  * destination drawn from all 40 ranks). */
 static void random_topology(void **state) {
   (void)state;
-  rs_relay_min_part_bytes = 0;
   int count = (int)rs_test_scaled(18);
   uint64_t seed0 = first_seed(5000, &count);
   for (int c = 0; c < count; c++) {
@@ -492,11 +557,14 @@ static void random_topology(void **state) {
     for (int i = 0; i < ndst; i++)
       if (dr[i] + 1 > n) n = dr[i] + 1;
     reshard_layout_t *S = train_side(sr, sdp, stp), *D = infer_side(dr, ddp, dtp);
-    char what[128];
-    snprintf(what, sizeof what, "seed %" PRIu64 ": source [%d, %d], destination [%d, %d] over %d ranks%s", seed, sdp,
-             stp, ddp, dtp, n, colocate ? ", colocated" : "");
+    /* 256-byte parts: the smallest fragments (the norm's) still relay,
+     * in fewer parts than members */
+    rs_relay_min_part_bytes = th_rand_range(&s, 0, 1) ? 256 : 0;
+    char what[160];
+    snprintf(what, sizeof what, "seed %" PRIu64 ": source [%d, %d], destination [%d, %d] over %d ranks%s, parts >= %" PRIu64 " B",
+             seed, sdp, stp, ddp, dtp, n, colocate ? ", colocated" : "", rs_relay_min_part_bytes);
     fprintf(stderr, "random_topology %s\n", what);
-    topo_case(S, D, n, th_rand_range(&s, 0, 1) ? 0 : 8192, what);
+    topo_case(S, D, n, th_rand_range(&s, 0, 1) ? 0 : 8192, what, rs_relay_min_part_bytes == 0);
     reshard_layout_destroy(S);
     reshard_layout_destroy(D);
   }
@@ -835,7 +903,7 @@ int main(void) {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
       cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(replica_choice),
-      cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),
+      cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),  cmocka_unit_test(few_parts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

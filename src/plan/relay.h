@@ -6,19 +6,28 @@
  * a fragment of D's tensor with exactly D's box (its replicas: same
  * elements, same row-major order, any buffer, offset or strides). Every
  * member, and every source rank, finds the same group from the global
- * description. D is relayed when the group has m >= 2 members, each part
- * is at least rs_relay_min_part_bytes, no member holds source data
- * intersecting D (colocated cases stay direct, they copy locally) and no
- * member holds two replicas of the box.
+ * description. D is relayed when the group has m >= 2 members, D has at
+ * least rs_relay_min_part_bytes, no member holds source data intersecting
+ * D (colocated cases stay direct, they copy locally) and no member holds
+ * two replicas of the box.
  *
- * The assignment of the group's canonical fragment (its lowest rank's)
- * splits each cell's element range over the m members ("owners") and each
+ * D is cut into n = min(m, D's bytes / rs_relay_min_part_bytes) parts
+ * (n = m when min_part is 0), so that a small fragment with many replicas
+ * (a KV head or a latent projection replicated on every rank of a TP
+ * group) still leaves the sources once instead of m times; n < m only
+ * when two members share a domain (without a topology every rank is its
+ * own domain, so never) and the members span at most
+ * RS_RELAY_FEW_PARTS_MAX_DOMAINS domains: otherwise D stays direct. Part j's owner
+ * is G[(rot + j * m / n) mod m], with rot = 0 when n = m and otherwise a
+ * hash of D's box, so that small fragments do not all land on the lowest
+ * rank. The assignment of the group's canonical fragment (its lowest
+ * rank's) splits each cell's element range over the n owners and each
  * owner's range over the source holders, so source egress stays balanced
  * and every party computes the same pieces. A source sends part j only to
- * its owner G[j]. Forward tree of part j: the owner sends to every other
- * member of its domain and to one entry member of each other domain that
- * has members (round robin by j over that domain's members, by rank); an
- * entry sends to the other members of its domain. Without a topology
+ * its owner. Forward tree of part j: the owner sends to every other member
+ * of its domain and to one entry member of each other domain that has
+ * members (round robin by j + rot over that domain's members, by rank);
+ * an entry sends to the other members of its domain. Without a topology
  * every rank is its own domain, so the owner sends to every member.
  *
  * Streams and rounds: the relay stream (s -> o, G) of source s and owner
@@ -44,14 +53,19 @@
 #include "plan/plan.h"
 #include "reshard.h"
 
-/* A fragment is relayed only when each of its m parts has at least this
- * many bytes. Relaying adds a hop (one more message latency, ~5 us over
- * the network) to the bytes it forwards; a 256 KiB part is about that
- * much NIC time (at 50 GB/s per GPU), so smaller parts save less egress
- * time than their extra hop costs and stay direct. Tests lower it to
+/* A relayed fragment's parts have at least this many bytes (a fragment
+ * smaller than one part stays direct). Relaying adds a hop (one more
+ * message latency, ~5 us over the network) to the bytes it forwards; a
+ * 256 KiB part is about that much NIC time (at 50 GB/s per GPU), so
+ * smaller parts save less egress time than their extra hop costs. Tests lower it to
  * relay tiny tensors; it must be the same on every rank (it is part of
  * the plan digest). */
 #define RS_RELAY_MIN_PART_DEFAULT ((uint64_t)256 << 10)
+
+/* Fewer parts than members only across this many domains at most (see
+ * few_parts_pay in relay.c): the panel's Kimi-K2 spans 16 destination
+ * domains, the 2048-rank planning benchmark 128. */
+#define RS_RELAY_FEW_PARTS_MAX_DOMAINS 16
 extern uint64_t rs_relay_min_part_bytes;
 
 typedef struct rs_relay_role {
@@ -67,9 +81,9 @@ typedef struct rs_relay_ctx {
   const int32_t *domain; /* rank -> domain, or NULL: every rank its own */
   uint64_t min_part_bytes;
   rs_frag_vec same, held;
-  int32_t *ranks, *local, *children;
+  int32_t *ranks, *local, *children, *owners;
   rs_relay_role *roles;
-  size_t cap; /* entries of ranks, local, roles; children has 2x */
+  size_t cap; /* entries of ranks, local, owners, roles; children has 2x */
   /* memo != 0: groups are remembered by (tensor, box), for a source rank,
    * which meets every box once per member. */
   int memo;
@@ -85,9 +99,20 @@ void rs_relay_ctx_free(rs_relay_ctx *ctx);
 
 typedef struct rs_relay_group {
   int m;                /* members; 0: D stays direct */
+  int nparts;           /* 1 .. m */
+  int rot;              /* 0 .. m-1: where the owners start */
   const int32_t *ranks; /* m ranks, ascending (ctx scratch) */
   rs_frag canon;        /* the lowest rank's replica: the assignment's D */
 } rs_relay_group;
+
+/* The owner of part j < g->nparts. */
+static inline int32_t rs_relay_owner(const rs_relay_group *g, int j) {
+  return g->ranks[(g->rot + (int)((int64_t)j * g->m / g->nparts)) % g->m];
+}
+
+/* The owners of g's parts, in part order (ctx scratch, valid until the
+ * next call). */
+const int32_t *rs_relay_owners(rs_relay_ctx *ctx, const rs_relay_group *g);
 
 /* The relay group of D (whose tensor is src_tensor on the source side,
  * elements of esize bytes); g->m = 0 when D stays direct. */
@@ -96,7 +121,7 @@ reshard_result_t rs_relay_group_of(rs_relay_ctx *ctx, const rs_frag *D,
                                    rs_relay_group *g);
 
 /* This rank's place in the forward tree of every part of g: fills
- * ctx->roles[j] for j < g->m (me must be a member). */
+ * ctx->roles[j] for j < g->nparts (me must be a member). */
 reshard_result_t rs_relay_roles(rs_relay_ctx *ctx, const rs_relay_group *g,
                                 int32_t me);
 

@@ -68,7 +68,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
   actx->parts = &c->parts;
-  reshard_result_t r = rs_assign_pieces(actx, &g->canon, src_tensor, name, g->ranks, g->m, pieces);
+  reshard_result_t r = rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces);
   actx->parts = NULL;
   RS_CHECK(r);
   RS_CHECK(rs_relay_roles(&c->ctx, g, me));
@@ -88,7 +88,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
   rs_seg s;
   for (size_t k = 0; k < pieces->n; k++) {
     const rs_piece *p = &pieces->v[k];
-    const int32_t s_rank = p->src.rank, o = g->ranks[p->owner];
+    const int32_t s_rank = p->src.rank, o = rs_relay_owner(g, p->owner);
     rs_seg_init(&s, RS_SEG_RECV, s_rank, o, D, p, es);
     relay_seg(&s, gid, box, k);
     route(&s, me, s_rank, o);
@@ -102,7 +102,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
     for (size_t q = 0; q < c->parts.n; q++) {
       const rs_piece *p = &c->parts.v[q];
       const rs_relay_role *role = &c->ctx.roles[p->owner];
-      const int32_t o = g->ranks[p->owner];
+      const int32_t o = rs_relay_owner(g, p->owner);
       const size_t *at = &ps[4 * p->part];
       int far = o != me && domain_of(c, o) != mine;
       rs_seg_init(&s, RS_SEG_RECV, o, me, D, p, es);
@@ -134,12 +134,12 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
   int32_t gid = -1, box = -1;
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
-  RS_CHECK(rs_assign_pieces(actx, &g->canon, src_tensor, name, g->ranks, g->m, pieces));
+  RS_CHECK(rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces));
   for (size_t k = 0; k < pieces->n; k++) {
     const rs_piece *p = &pieces->v[k];
     if (p->src.rank != me) continue;
     rs_seg s;
-    rs_seg_init(&s, RS_SEG_SEND, me, g->ranks[p->owner], &p->src, p, es);
+    rs_seg_init(&s, RS_SEG_SEND, me, rs_relay_owner(g, p->owner), &p->src, p, es);
     s.vtensor = D->tensor;
     relay_seg(&s, gid, box, k);
     s.origin = me;
