@@ -250,6 +250,80 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
   reshard_layout_destroy(side[1]);
 }
 
+typedef struct peers_args {
+  const reshard_layout_t *src, *dst;
+  reshard_options_t opts;
+  reshard_plan_stats_t st;
+  reshard_peer_stats_t peers[4];
+  size_t npeers;
+} peers_args;
+
+static int peers_rank(int rank, reshard_comm_t *comm, void *arg) {
+  peers_args *a = arg;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan) != RESHARD_SUCCESS) return 1;
+  int bad = 0;
+  if (rank == 0) {
+    bad |= reshard_plan_get_stats(plan, &a->st) != RESHARD_SUCCESS;
+    bad |= reshard_plan_get_peer_stats(plan, a->peers, 4, &a->npeers) != RESHARD_SUCCESS;
+  }
+  reshard_plan_destroy(plan);
+  return bad;
+}
+
+/* Inside an NVLink domain, messages are chunk / 4 on h100-8x400g: rank 0
+ * sends "near" (256 KiB) to rank 1, in its domain (rank 1 holds a source
+ * fragment, so it is placed with the sources), and "far" (256 KiB) to
+ * rank 2, a destination-only rank on the next node. With the topology the
+ * near stream takes four times as many messages as the far one, and the
+ * chunk both share grows by the staging the near stream leaves; without
+ * one they match. Both sync byte for byte within the budget. */
+static void test_domain_streams_take_smaller_messages(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  static const char *names[3] = {"near", "far", "pad"};
+  const int src_rank[3] = {0, 0, 1}, dst_rank[3] = {1, 2, 2};
+  const int64_t shape[3] = {BIG, BIG, TINY};
+  int one = 1;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    for (int i = 0; i < 3; i++) {
+      int rank = k ? dst_rank[i] : src_rank[i], m, t, b;
+      assert_int_equal(reshard_layout_add_tensor(side[k], names[i], RESHARD_FP32, 1, &shape[i], &t), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+  }
+  static peers_args a[2];
+  size_t msgs[2][2];
+  for (int topo = 0; topo < 2; topo++) {
+    memset(&a[topo], 0, sizeof a[topo]);
+    a[topo].src = side[0];
+    a[topo].dst = side[1];
+    a[topo].opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+    a[topo].opts.staging_bytes = STAGING;
+    a[topo].opts.topology = topo ? "h100-8x400g" : NULL;
+    assert_int_equal(th_run_ranks(3, peers_rank, &a[topo]), 0);
+    assert_true(a[topo].st.staging_bytes <= STAGING);
+    assert_int_equal(a[topo].npeers, 2);
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(a[topo].peers[i].peer, i + 1);
+      assert_int_equal(a[topo].peers[i].send_bytes, BIG * 4);
+      msgs[topo][i] = a[topo].peers[i].send_messages;
+    }
+    sync_twice(3, side[0], side[1], &a[topo].opts);
+  }
+  const size_t chunk = a[1].st.chunk_bytes;
+  assert_int_equal(msgs[0][0], msgs[0][1]);
+  assert_int_equal(msgs[1][1], (BIG * 4 + chunk - 1) / chunk);
+  assert_int_equal(msgs[1][0], (BIG * 4 + chunk / 4 / 64 * 64 - 1) / (chunk / 4 / 64 * 64));
+  assert_true(msgs[1][0] >= 3 * msgs[1][1]);
+  assert_true(chunk > a[0].st.chunk_bytes);
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_long_stream_gets_most_of_the_budget),
@@ -257,6 +331,7 @@ int main(void) {
       cmocka_unit_test(test_everything_fits_in_one_round),
       cmocka_unit_test(test_boxes_fill_open_messages),
       cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),
+      cmocka_unit_test(test_domain_streams_take_smaller_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -228,20 +228,42 @@ static int cmp_ref_level_stream(const void *a, const void *b) {
   return c ? c : cmp_ref_stream(x, y);
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return (x > y) - (x < y);
+/* Whether the stream from -> to stays inside one NVLink domain, where its
+ * messages are chunk / domain_div. */
+static int in_domain(const reshard_plan_t *plan, int32_t from, int32_t to) {
+  return plan->domain_div > 1 && plan->map.domain && plan->map.domain[from] == plan->map.domain[to];
+}
+
+/* A stream's largest message: the chunk (divided inside a domain), or
+ * its share of the spread rounds when that is larger (a long stream then
+ * keeps pace with the short ones), never above options.chunk_bytes or an
+ * int's count. `bytes` may be padded to 64: the cap only grows with it. */
+static uint64_t cap_of(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
+  if (inside && plan->domain_div > 1) {
+    chunk = (chunk / (uint64_t)plan->domain_div) & ~(uint64_t)63;
+    if (chunk < 64) chunk = 64;
+  }
+  if (plan->spread_rounds <= 0) return chunk;
+  uint64_t share = (bytes + (uint64_t)plan->spread_rounds - 1) / (uint64_t)plan->spread_rounds;
+  share = (share + 63) & ~(uint64_t)63;
+  if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
+  if (share > ((uint64_t)INT32_MAX & ~(uint64_t)63)) share = (uint64_t)INT32_MAX & ~(uint64_t)63;
+  return share > chunk ? share : chunk;
 }
 
 /* The bytes of each of this rank's real streams (virtual ones take no
  * staging here), each padded to 64 as its messages' staging slots are;
- * *total is their sum. The caller frees *bytes. */
-static reshard_result_t stream_bytes(const rs_seg_vec *segs, uint64_t **bytes, size_t *n, uint64_t *total) {
+ * *total is their sum; inside[i] (when wanted) says whether stream i stays
+ * in a domain. The caller frees *bytes and *inside. */
+static reshard_result_t stream_bytes(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t **bytes,
+                                     unsigned char **inside, size_t *n, uint64_t *total) {
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
   uint64_t *b = rs_malloc((segs->n + 1) * sizeof *b);
-  if (!v || !b) {
+  unsigned char *in = inside ? rs_malloc(segs->n + 1) : NULL;
+  if (!v || !b || (inside && !in)) {
     free(v);
     free(b);
+    free(in);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu segments)", segs->n);
   }
   size_t k = 0, m = 0;
@@ -249,7 +271,10 @@ static reshard_result_t stream_bytes(const rs_seg_vec *segs, uint64_t **bytes, s
     if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
   if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
   for (size_t i = 0; i < k; i++) {
-    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) b[m++] = 0;
+    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) {
+      if (in) in[m] = (unsigned char)in_domain(plan, v[i].from, v[i].to);
+      b[m++] = 0;
+    }
     b[m - 1] += segs->v[v[i].index].bytes;
   }
   free(v);
@@ -259,39 +284,58 @@ static reshard_result_t stream_bytes(const rs_seg_vec *segs, uint64_t **bytes, s
     *total += b[i];
   }
   *bytes = b;
+  if (inside) *inside = in;
   *n = m;
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
+/* A round's most staging at chunk c: a stream has at most one message a
+ * round, of at most min(its bytes, its cap), in a 64-byte slot. */
+static uint64_t round_load(const reshard_plan_t *plan, const uint64_t *bytes, const unsigned char *inside, size_t n,
+                           uint64_t c) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t cap = cap_of(plan, c, bytes[i], inside[i]);
+    sum += bytes[i] < cap ? bytes[i] : cap;
+  }
+  return sum;
+}
+
+reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
   uint64_t *bytes, total, limit = UINT64_MAX;
+  unsigned char *inside;
   size_t n;
-  RS_CHECK(stream_bytes(segs, &bytes, &n, &total));
+  RS_CHECK(stream_bytes(plan, segs, &bytes, &inside, &n, &total));
   if (total > half) {
-    /* the largest c with sum(min(bytes, c)) <= half: with the streams
-     * sorted, c lies between two sizes where the sum is linear in c */
-    qsort(bytes, n, sizeof *bytes, cmp_u64);
-    uint64_t below = 0; /* sum of the streams smaller than c */
-    limit = 0;
-    for (size_t i = 0; i < n; i++) {
-      uint64_t c = half > below ? (half - below) / (uint64_t)(n - i) : 0;
-      if (c <= bytes[i]) {
-        limit = c & ~(uint64_t)63;
-        break;
-      }
-      below += bytes[i];
+    /* the largest multiple of 64 whose round load fits: the load grows
+     * with c and reaches total (> half) once every cap exceeds its
+     * stream, so bisect between a c that fits (0 does) and one that
+     * does not */
+    uint64_t lo = 0, hi = 64;
+    while (round_load(plan, bytes, inside, n, hi) <= half) {
+      lo = hi;
+      hi *= 2;
     }
+    while (hi - lo > 64) {
+      uint64_t mid = (lo + (hi - lo) / 2) & ~(uint64_t)63;
+      if (round_load(plan, bytes, inside, n, mid) <= half) lo = mid;
+      else hi = mid;
+    }
+    limit = lo;
   }
   free(bytes);
+  free(inside);
   *out = limit;
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
+reshard_result_t rs_chunk_spread(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
   uint64_t *bytes, total;
   size_t n;
-  RS_CHECK(stream_bytes(segs, &bytes, &n, &total));
+  unsigned char *inside;
+  RS_CHECK(stream_bytes(plan, segs, &bytes, &inside, &n, &total));
   free(bytes);
+  free(inside);
   if (share < 64) share = 64;
   uint64_t r = (total + share - 1) / share;
   *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
@@ -403,16 +447,8 @@ static reshard_result_t finish_direction(chunker *ch) {
   return RESHARD_SUCCESS;
 }
 
-/* A stream's largest message: the agreed chunk, or its share of the
- * spread rounds when that is larger (a long stream then keeps pace with
- * the short ones), never above options.chunk_bytes or an int's count. */
-static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes) {
-  if (plan->spread_rounds <= 0) return chunk;
-  uint64_t share = (bytes + (uint64_t)plan->spread_rounds - 1) / (uint64_t)plan->spread_rounds;
-  share = (share + 63) & ~(uint64_t)63;
-  if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
-  if (share > ((size_t)INT32_MAX & ~(size_t)63)) share = (size_t)INT32_MAX & ~(size_t)63;
-  return share > chunk ? (size_t)share : chunk;
+static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, int32_t from, int32_t to) {
+  return (size_t)cap_of(plan, chunk, bytes, in_domain(plan, from, to));
 }
 
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
@@ -444,7 +480,7 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
       c->stream = s;
       c->open = 0;
       c->cur = 0;
-      c->cap = stream_cap(plan, chunk_bytes, bytes);
+      c->cap = stream_cap(plan, chunk_bytes, bytes, s->from, s->to);
     }
     c->ready = 0;
     for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
@@ -475,6 +511,8 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.size = plan->size;
   tmp.opts = plan->opts;
   tmp.spread_rounds = plan->spread_rounds;
+  tmp.domain_div = plan->domain_div;
+  tmp.map = plan->map; /* borrowed: tmp is freed field by field below */
   tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
   reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);
   *staging = 2 * (tmp.send_half + tmp.recv_half);

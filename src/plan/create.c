@@ -467,11 +467,12 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
 }
 
 /* The chunk, once the spread is agreed: every rank's busiest round fits
- * the budget, double buffered. A round holds at most the spread shares
- * (a quarter of the half-budget) plus, per stream, min(its bytes, chunk),
- * so rs_chunk_limit bounds the chunk with the other three quarters; the
- * ladder's trial cuts, with the agreed spread, find larger chunks that
- * fit. The agreed chunk is the largest every rank fits. Streams shorter
+ * the budget, double buffered. A round holds at most, per stream,
+ * min(its bytes, its cap), the cap being the chunk (divided inside a
+ * domain) or the stream's spread share when larger; rs_chunk_limit finds
+ * the largest chunk at which that sum fits half the budget (the spread
+ * shares alone take at most a quarter of it); the ladder's trial cuts,
+ * with the agreed spread, find larger chunks that fit. The agreed chunk is the largest every rank fits. Streams shorter
  * than the chunk take less than a chunk, so ranks with many small streams
  * (the norms and biases sent to every replica) do not shrink everyone's
  * messages as if each of their streams were long. Collective; a rank that
@@ -479,7 +480,7 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
 enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_N };
 static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out) {
   uint64_t limit = UINT64_MAX, too_big = 0;
-  reshard_result_t local = rs_chunk_limit(segs, p->opts.staging_bytes / 8 * 3, &limit);
+  reshard_result_t local = rs_chunk_limit(p, segs, p->opts.staging_bytes / 2, &limit);
   if (!local) local = ladder_too_big(p, segs, limit, &too_big);
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
@@ -564,6 +565,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     /* the caller's string may not outlive the call */
     p->opts.topology = p->has_topo ? p->topo.name : NULL;
     if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
+    p->domain_div = p->has_topo ? rs_topology_domain_chunk_div(&p->topo) : 1;
   }
   if (!local) {
     /* Forwards read destination buffers, which only the host executor
@@ -585,7 +587,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   int32_t spread = 0;
-  if (!local && p) local = rs_chunk_spread(&c.segs, p->opts.staging_bytes / 8, &spread);
+  if (!local && p) local = rs_chunk_spread(p, &c.segs, p->opts.staging_bytes / 8, &spread);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */

@@ -84,6 +84,10 @@ struct reshard_plan {
    * streams finish with the short ones instead of trickling one chunk a
    * round after them (see chunk.c). Agreed at creation like chunk_bytes. */
   int32_t spread_rounds;
+  /* Streams between two ranks of one NVLink domain take messages of up
+   * to chunk_bytes / domain_div (rs_topology_domain_chunk_div; 1 without
+   * a topology), before the spread. */
+  int32_t domain_div;
 
   int nrounds;
   rs_msg *sends, *recvs; /* sorted by round, then schedule order */
@@ -272,12 +276,13 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
 
 /* The largest chunk (a multiple of 64) at which every round of this
  * rank's streams fits `half` staging bytes: a stream has at most one
- * message per round, of at most min(its bytes, chunk), so a round holds
- * at most the sum over streams of min(bytes, chunk), which must not
- * exceed half. UINT64_MAX when all the streams fit at once; 0 when even 64-byte
- * messages would not fit. */
-reshard_result_t rs_chunk_limit(const rs_seg_vec *segs, uint64_t half,
-                                uint64_t *out);
+ * message per round, of at most min(its bytes, its cap), the cap being
+ * the chunk or, inside a domain, the chunk / plan->domain_div; so a round
+ * holds at most the sum over streams of min(bytes, cap), which must not
+ * exceed half. UINT64_MAX when all the streams fit at once; 0 when even
+ * 64-byte messages would not fit. */
+reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs,
+                                uint64_t half, uint64_t *out);
 
 /* For the single-process planning tools (bench/), which plan every rank
  * of a job in turn against a fake communicator whose allreduce returns
@@ -298,8 +303,8 @@ extern _Thread_local rs_plan_agreed rs_plan_force;
 /* This rank's spread (plan.h spread_rounds): the fewest rounds over which
  * its streams, each at bytes / rounds per round, fit `share` staging
  * bytes per round: ceil(total / share), at least 1. */
-reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share,
-                                 int32_t *rounds);
+reshard_result_t rs_chunk_spread(const reshard_plan_t *plan, const rs_seg_vec *segs,
+                                 uint64_t share, int32_t *rounds);
 
 /* The staging bytes (2 x (busiest send round + busiest receive round))
  * this rank's plan would use when cut with `chunk`: the cut itself, on

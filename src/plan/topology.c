@@ -51,6 +51,13 @@ double rs_topology_rank_nic_bw(const rs_topology *t) {
   return t->nic_bw * t->nics_per_node / t->ranks_per_node;
 }
 
+int rs_topology_domain_chunk_div(const rs_topology *t) {
+  double nic = rs_topology_rank_nic_bw(t);
+  if (!(nic > 0) || !(t->nvlink_bw > 0)) return 1;
+  double k = t->nvlink_bw / (2 * nic);
+  return k >= 8 ? 8 : k < 1 ? 1 : (int)k;
+}
+
 /* Marks the ranks a side's meshes (those some part uses) and raw buffers
  * name. */
 static void mark_side(const reshard_layout_t *L, int nranks, unsigned char *on) {

@@ -49,6 +49,15 @@ reshard_result_t rs_topology_resolve(const reshard_options_t *options,
 /* NIC bandwidth available to one rank, per direction. */
 double rs_topology_rank_nic_bw(const rs_topology *t);
 
+/* How many times smaller than the chunk a plan cuts the messages of
+ * streams inside one NVLink domain: floor(NVLink / (2 x a rank's NIC
+ * share)), within 1 .. 8 (4 on h100-8x400g, 8 on gb200-nvl72; 1 without a
+ * network, as on the cpu preset). Such a message still takes at most half
+ * the link time of a network chunk, and the staging it frees goes to the
+ * network streams: relay forwards inside a domain otherwise shrink the
+ * chunk of every stream. */
+int rs_topology_domain_chunk_div(const rs_topology *t);
+
 /* Where every rank of the communicator sits. */
 typedef struct rs_rank_map {
   int nranks;
