@@ -250,6 +250,44 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
   reshard_layout_destroy(side[1]);
 }
 
+/* Four 12 KiB tensors in one stream with 16 KiB messages: a box under the
+ * cap that does not fit what is left of the open message tops it up with
+ * whole rows and goes on in the next, so 48 KiB take three full messages,
+ * not four three-quarter ones. */
+static void test_medium_boxes_top_up(void **state) {
+  (void)state;
+  reshard_layout_t *side[2];
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
+    int rank = k ? 0 : 1, m, t, b;
+    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
+    for (int i = 0; i < 4; i++) {
+      char name[8];
+      snprintf(name, sizeof name, "m%d", i);
+      int64_t shape[2] = {48, 64};
+      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
+    }
+  }
+  static stats_args a;
+  memset(&a, 0, sizeof a);
+  a.src = side[0];
+  a.dst = side[1];
+  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a.opts.chunk_bytes = 16384;
+  assert_int_equal(th_run_ranks(2, stats_rank, &a), 0);
+  assert_int_equal(a.st[0].chunk_bytes, 16384);
+  assert_int_equal(a.st[0].recv_messages, 3);
+  assert_int_equal(a.st[1].send_messages, 3);
+  assert_int_equal(a.st[0].num_chunks, 3);
+
+  sync_twice(2, side[0], side[1], &a.opts);
+  reshard_layout_destroy(side[0]);
+  reshard_layout_destroy(side[1]);
+}
+
 typedef struct peers_args {
   const reshard_layout_t *src, *dst;
   reshard_options_t opts;
@@ -332,6 +370,7 @@ int main(void) {
       cmocka_unit_test(test_boxes_fill_open_messages),
       cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),
       cmocka_unit_test(test_domain_streams_take_smaller_messages),
+      cmocka_unit_test(test_medium_boxes_top_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -156,6 +156,14 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   return RESHARD_SUCCESS;
 }
 
+/* Whether the open message has room for at least one slice but not for
+ * the whole box: the box then tops it up with whole slices and goes on in
+ * the next message, instead of leaving the room empty (boxes a little
+ * under the cap would otherwise take a message each, half full). */
+static int tops_up(const chunker *ch, uint64_t slice, uint64_t total) {
+  return ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cur + total > ch->cap && ch->cap - ch->cur >= slice;
+}
+
 /* Splits a box into sub-boxes of at most cap bytes: whole slices of the
  * outermost dim when a slice fits, otherwise recursion into the slice.
  * at[] is the sub-box's first element relative to the segment's. */
@@ -165,7 +173,7 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   uint64_t slice = s->esize;
   for (int j = d + 1; j < nd; j++) slice *= (uint64_t)ext[j];
   uint64_t total = d < nd ? slice * (uint64_t)ext[d] : slice;
-  if (total <= ch->cap || d >= nd) return add_box(ch, s, off, ext, at);
+  if (d >= nd || (total <= ch->cap && !tops_up(ch, slice, total))) return add_box(ch, s, off, ext, at);
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
