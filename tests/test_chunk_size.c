@@ -173,11 +173,10 @@ static void test_everything_fits_in_one_round(void **state) {
   reshard_layout_destroy(dst);
 }
 
-/* Two 24 KiB tensors in one stream with 16 KiB messages: the second box's
- * first slab fills the room the first box left, so 48 KiB take three
- * messages, not four. */
-static void test_boxes_fill_open_messages(void **state) {
-  (void)state;
+/* n f32 tensors of rows x cols, all from rank 1 to rank 0 (one stream),
+ * cut with chunk_bytes = chunk: want messages each way and rounds, then a
+ * byte-exact sync. */
+static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want) {
   reshard_layout_t *side[2];
   reshard_placement_t rep = reshard_replicate();
   int one = 1;
@@ -185,9 +184,11 @@ static void test_boxes_fill_open_messages(void **state) {
     assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
     int rank = k ? 0 : 1, m, t, b;
     assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
-    for (int i = 0; i < 2; i++) {
-      int64_t shape[2] = {48, 128};
-      assert_int_equal(reshard_layout_add_tensor(side[k], i ? "b" : "a", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+    for (int i = 0; i < n; i++) {
+      char name[8];
+      snprintf(name, sizeof name, "t%d", i);
+      int64_t shape[2] = {rows, cols};
+      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
       assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
     }
   }
@@ -196,16 +197,24 @@ static void test_boxes_fill_open_messages(void **state) {
   a.src = side[0];
   a.dst = side[1];
   a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
-  a.opts.chunk_bytes = 16384;
+  a.opts.chunk_bytes = chunk;
   assert_int_equal(th_run_ranks(2, stats_rank, &a), 0);
-  assert_int_equal(a.st[0].chunk_bytes, 16384);
-  assert_int_equal(a.st[0].recv_messages, 3);
-  assert_int_equal(a.st[1].send_messages, 3);
-  assert_int_equal(a.st[0].num_chunks, 3);
+  assert_int_equal(a.st[0].chunk_bytes, chunk);
+  assert_int_equal(a.st[0].recv_messages, want);
+  assert_int_equal(a.st[1].send_messages, want);
+  assert_int_equal(a.st[0].num_chunks, want);
 
   sync_twice(2, side[0], side[1], &a.opts);
   reshard_layout_destroy(side[0]);
   reshard_layout_destroy(side[1]);
+}
+
+/* Two 24 KiB tensors in one stream with 16 KiB messages: the second box's
+ * first slab fills the room the first box left, so 48 KiB take three
+ * messages, not four. */
+static void test_boxes_fill_open_messages(void **state) {
+  (void)state;
+  one_stream(2, 48, 128, 16384, 3);
 }
 
 /* A relay: rank 0 holds t (2 KiB), ranks 1 and 2 replicate it; each gets
@@ -256,36 +265,7 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
  * not four three-quarter ones. */
 static void test_medium_boxes_top_up(void **state) {
   (void)state;
-  reshard_layout_t *side[2];
-  reshard_placement_t rep = reshard_replicate();
-  int one = 1;
-  for (int k = 0; k < 2; k++) {
-    assert_int_equal(reshard_layout_create(&side[k]), RESHARD_SUCCESS);
-    int rank = k ? 0 : 1, m, t, b;
-    assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
-    for (int i = 0; i < 4; i++) {
-      char name[8];
-      snprintf(name, sizeof name, "m%d", i);
-      int64_t shape[2] = {48, 64};
-      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
-      assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
-    }
-  }
-  static stats_args a;
-  memset(&a, 0, sizeof a);
-  a.src = side[0];
-  a.dst = side[1];
-  a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
-  a.opts.chunk_bytes = 16384;
-  assert_int_equal(th_run_ranks(2, stats_rank, &a), 0);
-  assert_int_equal(a.st[0].chunk_bytes, 16384);
-  assert_int_equal(a.st[0].recv_messages, 3);
-  assert_int_equal(a.st[1].send_messages, 3);
-  assert_int_equal(a.st[0].num_chunks, 3);
-
-  sync_twice(2, side[0], side[1], &a.opts);
-  reshard_layout_destroy(side[0]);
-  reshard_layout_destroy(side[1]);
+  one_stream(4, 48, 64, 16384, 3);
 }
 
 typedef struct peers_args {

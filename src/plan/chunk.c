@@ -156,12 +156,10 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   return RESHARD_SUCCESS;
 }
 
-/* Whether the open message has room for at least one slice but not for
- * the whole box: the box then tops it up with whole slices and goes on in
- * the next message, instead of leaving the room empty (boxes a little
- * under the cap would otherwise take a message each, half full). */
-static int tops_up(const chunker *ch, uint64_t slice, uint64_t total) {
-  return ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cur + total > ch->cap && ch->cap - ch->cur >= slice;
+/* Whether the open message, already holding data and ready in its round,
+ * has room for at least one slice. */
+static int room_for(const chunker *ch, uint64_t slice) {
+  return ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cap - ch->cur >= slice;
 }
 
 /* Splits a box into sub-boxes of at most cap bytes: whole slices of the
@@ -173,7 +171,12 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   uint64_t slice = s->esize;
   for (int j = d + 1; j < nd; j++) slice *= (uint64_t)ext[j];
   uint64_t total = d < nd ? slice * (uint64_t)ext[d] : slice;
-  if (d >= nd || (total <= ch->cap && !tops_up(ch, slice, total))) return add_box(ch, s, off, ext, at);
+  /* A box within the cap goes whole, unless it does not fit the open
+   * message but a slice does: it then tops the message up with whole
+   * slices and goes on in the next, instead of leaving the room empty
+   * (boxes a little under the cap would take a message each, half full). */
+  if (d >= nd || (total <= ch->cap && !(ch->cur + total > ch->cap && room_for(ch, slice))))
+    return add_box(ch, s, off, ext, at);
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
@@ -181,7 +184,7 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
     /* The first slab tops up the open message when it can (the previous
      * box left room), so that messages stay full and few. */
     len = step;
-    if (i == 0 && slice <= ch->cap && ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cap - ch->cur >= slice)
+    if (i == 0 && slice <= ch->cap && room_for(ch, slice))
       len = (int64_t)((ch->cap - ch->cur) / slice);
     ext[d] = i + len <= n ? len : n - i;
     at[d] = i;
@@ -261,8 +264,8 @@ static uint64_t cap_of(const reshard_plan_t *plan, uint64_t chunk, uint64_t byte
 
 /* The bytes of each of this rank's real streams (virtual ones take no
  * staging here), each padded to 64 as its messages' staging slots are;
- * *total is their sum; inside[i] (when wanted) says whether stream i stays
- * in a domain. The caller frees *bytes and *inside. */
+ * *total is their sum; inside[i] (when wanted, with plan) says whether
+ * stream i stays in a domain. The caller frees *bytes and *inside. */
 static reshard_result_t stream_bytes(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t **bytes,
                                      unsigned char **inside, size_t *n, uint64_t *total) {
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
@@ -337,13 +340,11 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_chunk_spread(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
+reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
   uint64_t *bytes, total;
   size_t n;
-  unsigned char *inside;
-  RS_CHECK(stream_bytes(plan, segs, &bytes, &inside, &n, &total));
+  RS_CHECK(stream_bytes(NULL, segs, &bytes, NULL, &n, &total));
   free(bytes);
-  free(inside);
   if (share < 64) share = 64;
   uint64_t r = (total + share - 1) / share;
   *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;

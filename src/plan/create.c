@@ -472,8 +472,9 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
  * domain) or the stream's spread share when larger; rs_chunk_limit finds
  * the largest chunk at which that sum fits half the budget (the spread
  * shares alone take at most a quarter of it); the ladder's trial cuts,
- * with the agreed spread, find larger chunks that fit. The agreed chunk is the largest every rank fits. Streams shorter
- * than the chunk take less than a chunk, so ranks with many small streams
+ * with the agreed spread, find larger chunks that fit. The agreed chunk
+ * is the largest every rank fits. Streams shorter than the chunk take
+ * less than a chunk, so ranks with many small streams
  * (the norms and biases sent to every replica) do not shrink everyone's
  * messages as if each of their streams were long. Collective; a rank that
  * fails here (memory) makes the others return REMOTE. */
@@ -587,7 +588,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   int32_t spread = 0;
-  if (!local && p) local = rs_chunk_spread(p, &c.segs, p->opts.staging_bytes / 8, &spread);
+  if (!local && p) local = rs_chunk_spread(&c.segs, p->opts.staging_bytes / 8, &spread);
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */

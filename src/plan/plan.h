@@ -303,8 +303,8 @@ extern _Thread_local rs_plan_agreed rs_plan_force;
 /* This rank's spread (plan.h spread_rounds): the fewest rounds over which
  * its streams, each at bytes / rounds per round, fit `share` staging
  * bytes per round: ceil(total / share), at least 1. */
-reshard_result_t rs_chunk_spread(const reshard_plan_t *plan, const rs_seg_vec *segs,
-                                 uint64_t share, int32_t *rounds);
+reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share,
+                                 int32_t *rounds);
 
 /* The staging bytes (2 x (busiest send round + busiest receive round))
  * this rank's plan would use when cut with `chunk`: the cut itself, on
