@@ -185,7 +185,7 @@ static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want
     int rank = k ? 0 : 1, m, t, b;
     assert_int_equal(reshard_layout_add_mesh(side[k], 1, &one, &rank, &m), RESHARD_SUCCESS);
     for (int i = 0; i < n; i++) {
-      char name[8];
+      char name[16];
       snprintf(name, sizeof name, "t%d", i);
       int64_t shape[2] = {rows, cols};
       assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
