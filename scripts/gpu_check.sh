@@ -7,6 +7,10 @@
 # checked reshard_perf --backend nccl run on one rank; prints a summary
 # last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
+# A bare GPU machine that cannot reach a package mirror may lack Jansson
+# (the model front-end) and CMocka: .deb files of them placed in .gpu/
+# beforehand (apt-get download libjansson4 libjansson-dev libcmocka0
+# libcmocka-dev) are unpacked into / when the headers are missing.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpucheck}
@@ -33,6 +37,25 @@ step() { # name timeout cmd...: runs, records PASS/FAIL/SKIP
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: no GPU visible"
 
+if [ ! -e /usr/include/jansson.h ] && ls .gpu/*.deb >/dev/null 2>&1; then
+  for deb in .gpu/*.deb; do dpkg -x "$deb" /; done
+  ldconfig
+fi
+
+# NCCL: under the CUDA installation here; on a machine where it only comes
+# with Python's nvidia-nccl wheel (libnccl.so.2, no libnccl.so), point CMake
+# at that library, and at a carried .gpu/include/nccl.h if the wheel has no
+# header.
+NCCL_ARGS=()
+if [ ! -e /usr/local/cuda/include/nccl.h ] && [ -z "${NCCL_HOME:-}" ]; then
+  NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+  NCCL_LIB=$(ls "$NCCL_DIR"/lib/libnccl.so* 2>/dev/null | head -n 1)
+  NCCL_INC="$NCCL_DIR/include"
+  [ -e "$NCCL_INC/nccl.h" ] || NCCL_INC="$PWD/.gpu/include"
+  echo "NCCL from the Python wheel: ${NCCL_LIB:-none}, headers $NCCL_INC"
+  [ -n "$NCCL_LIB" ] && NCCL_ARGS=(-DRESHARD_NCCL_LIBRARY="$NCCL_LIB" -DRESHARD_NCCL_INCLUDE_DIR="$NCCL_INC")
+fi
+
 # CMocka may be missing on the GPU machine: then only the GPU programs.
 mkdir -p "$BUILD"
 TESTS=ON
@@ -42,7 +65,7 @@ MPI=OFF
 command -v mpicc >/dev/null && command -v mpirun >/dev/null && MPI=ON
 step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_WITH_CUDA=ON \
   -DRESHARD_WITH_MPI=$MPI -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
-  -DRESHARD_BUILD_GPU_TESTS=ON >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
+  -DRESHARD_BUILD_GPU_TESTS=ON "${NCCL_ARGS[@]}" >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
 [ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock"
 [ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
