@@ -50,10 +50,12 @@ void pc_session_free(pc_session *s) {
   free(s);
 }
 
-/* Plans every rank with rs_plan_force set to *force; keeps the largest
- * spread or the smallest chunk the ranks derive. */
+/* Plans every rank with rs_plan_force set to force; keeps the largest
+ * spread and phase estimates (each rank's own, against the fake
+ * communicator), or the smallest chunk the ranks derive. */
 static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                  const reshard_options_t *opts, rs_plan_agreed force, int32_t *spread, size_t *chunk) {
+                                  const reshard_options_t *opts, rs_plan_agreed force, int32_t *spread,
+                                  uint64_t *est, size_t *chunk) {
   reshard_result_t r = RESHARD_SUCCESS;
   rs_plan_force = force;
   for (int k = 0; k < nranks && !r; k++) {
@@ -62,26 +64,31 @@ static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_lay
     r = pm_plan_rank(src, dst, k, nranks, opts, &comm, &plan);
     if (r) break;
     if (spread && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
+    for (int j = 0; est && j < RS_PHASE_CANDIDATES; j++)
+      if (plan->phase_est[j] > est[j]) est[j] = plan->phase_est[j];
     if (chunk && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
     pm_plan_free(comm, plan);
   }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
+  rs_plan_force = (rs_plan_agreed){0};
   return r;
 }
 
 reshard_result_t pc_agreed_chunk(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t spread, size_t *chunk) {
+                                 const reshard_options_t *opts, int32_t spread, int32_t phases, size_t *chunk) {
   *chunk = 0;
-  return each_rank(src, dst, nranks, opts, (rs_plan_agreed){1, 0, spread, 0}, NULL, chunk);
+  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases};
+  return each_rank(src, dst, nranks, opts, force, NULL, NULL, chunk);
 }
 
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t *spread, size_t *chunk) {
-  /* as the two agreements: the largest spread first, then each rank's
-   * chunk with that spread, the smallest kept */
+                                 const reshard_options_t *opts, int32_t *spread, int32_t *phases, size_t *chunk) {
+  /* as the two agreements: the largest spread and phase estimates first,
+   * then each rank's chunk with those, the smallest kept */
+  uint64_t est[RS_PHASE_CANDIDATES] = {0};
   *spread = 0;
-  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0, 0, 0, 0}, spread, NULL));
-  return pc_agreed_chunk(src, dst, nranks, opts, *spread, chunk);
+  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0}, spread, est, NULL));
+  *phases = rs_phases_choose(est);
+  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, chunk);
 }
 
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
@@ -115,12 +122,14 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_l
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                         const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   size_t agreed = 0;
-  int32_t spread = 0;
-  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &agreed));
+  int32_t spread = 0, phases = 1;
+  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &agreed));
   pc_session *s;
   RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
   reshard_result_t res = RESHARD_SUCCESS;
-  rs_plan_force = (rs_plan_agreed){1, 1, spread, agreed}; /* what the ranks would agree on */
+  /* what the ranks would agree on */
+  rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = agreed,
+                                   .set_phases = 1, .phases = phases};
   for (int r = 0; r < nranks && !res; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;
@@ -129,7 +138,7 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
     res = pc_session_add(s, plan);
     pm_plan_free(comm, plan);
   }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
+  rs_plan_force = (rs_plan_agreed){0};
   if (!res) {
     reshard_estimate_t e;
     pc_session_finish(s, &e);

@@ -9,20 +9,22 @@
 
 #include "reshard.h"
 
-/* The spread and chunk a real run of nranks agrees on: every rank planned
- * as given (the largest spread), then again with that spread (the
- * smallest chunk). */
+/* The spread, phases and chunk a real run of nranks agrees on: every
+ * rank planned as given (the largest spread; the phases from the largest
+ * phase estimates), then again with those (the smallest chunk). */
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
-                                 int32_t *spread, size_t *chunk);
+                                 int32_t *spread, int32_t *phases,
+                                 size_t *chunk);
 
-/* The chunk a real run of nranks agrees on once the spread is agreed:
- * every rank planned with that spread, the smallest chunk kept. */
+/* The chunk a real run of nranks agrees on once the spread and phases
+ * are agreed: every rank planned with them, the smallest chunk kept. */
 reshard_result_t pc_agreed_chunk(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
-                                 int32_t spread, size_t *chunk);
+                                 int32_t spread, int32_t phases,
+                                 size_t *chunk);
 
 /* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
  * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY

@@ -62,6 +62,7 @@ void pm_measure(const reshard_layout_t *src, const reshard_layout_t *dst,
       m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;
       reshard_plan_get_stats(plan, &m.stats);
       m.spread = plan->spread_rounds;
+      memcpy(m.phase_est, plan->phase_est, sizeof m.phase_est);
       m.ok = 1;
     } else {
       snprintf(m.err, sizeof m.err, "%s: %s", reshard_result_string(r), reshard_last_error());

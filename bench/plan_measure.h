@@ -4,6 +4,7 @@
 #ifndef RESHARD_BENCH_PLAN_MEASURE_H
 #define RESHARD_BENCH_PLAN_MEASURE_H
 
+#include "plan/plan.h"
 #include "reshard.h"
 
 /* Creates rank's plan; on success *comm and *plan belong to the caller
@@ -23,6 +24,7 @@ typedef struct pm_result {
   double plan_mib; /* heap the finished plan keeps (glibc's view) */
   reshard_plan_stats_t stats;
   int32_t spread; /* the plan's spread rounds (plan.h), to agree on */
+  uint64_t phase_est[RS_PHASE_CANDIDATES]; /* its phase estimates (plan.h), likewise */
   char err[512];
 } pm_result;
 

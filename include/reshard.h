@@ -568,6 +568,8 @@ typedef struct reshard_plan_stats {
   size_t segments;            /* boxes packed, unpacked or copied */
   size_t chunk_bytes;         /* the message size bound in force */
   size_t staging_bytes;       /* staging memory execute uses */
+  int phases;                 /* a stream sends one round in this many (1:
+                                 every round; RESHARD_MAX_PHASES) */
 } reshard_plan_stats_t;
 
 reshard_result_t reshard_plan_get_stats(const reshard_plan_t *plan,

@@ -8,14 +8,15 @@
  *
  * Planning is collective only through its agreement allreduces, so one
  * process can play any rank with a fake communicator (bench/fake_comm.h)
- * whose allreduce returns the rank's own values. The spread and chunk a
- * rank derives then come from its own streams instead of all ranks'; so
- * each rank is first planned as given (its time and memory, in a forked
- * child: the figures a real run would see, up to those sizes), and then
- * every rank is planned again with the largest spread (rs_plan_force),
- * which gives each rank's chunk as a real run sizes it, and once more
- * with that spread and the smallest of those chunks: exactly the spread
- * and chunk a real run agrees on. Those plans are checked through the
+ * whose allreduce returns the rank's own values. The spread, phases and
+ * chunk a rank derives then come from its own streams instead of all
+ * ranks'; so each rank is first planned as given (its time and memory, in
+ * a forked child: the figures a real run would see, up to those sizes),
+ * and then every rank is planned again with the largest spread and the
+ * phases of the largest phase estimates (rs_plan_force), which gives each
+ * rank's chunk as a real run sizes it, and once more with those and the
+ * smallest of those chunks: exactly the spread, phases and chunk a real
+ * run agrees on. Those plans are checked through the
  * internal plan struct:
  *   - every destination byte inside a fragment is written exactly once by
  *     the receive and local copies, and no byte outside fragments is;
@@ -462,6 +463,7 @@ int main(int argc, char **argv) {
   double worst_ms = 0, worst_mib = 0;
   size_t chunk = 0;
   int32_t spread = 0;
+  uint64_t est[RS_PHASE_CANDIDATES] = {0};
   for (int r = first; r <= last; r++) {
     pm_result *m = &ms[r - first];
     pm_measure(L.src, L.dst, r, world, &opts, m);
@@ -474,6 +476,8 @@ int main(int argc, char **argv) {
     if (m->peak_mib > worst_mib) worst_mib = m->peak_mib;
     if (!chunk || m->stats.chunk_bytes < chunk) chunk = m->stats.chunk_bytes;
     if (m->spread > spread) spread = m->spread;
+    for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
+      if (m->phase_est[k] > est[k]) est[k] = m->phase_est[k];
   }
 
   if (failed > 3) fprintf(stderr, "reshard_plan: error: %d more ranks failed\n", failed - 3);
@@ -498,15 +502,18 @@ int main(int argc, char **argv) {
   reshard_plan_stats_t *agreed = calloc((size_t)world, sizeof *agreed);
   if (!agreed) return 1;
   reshard_options_t opts2 = opts;
+  int32_t phases = rs_phases_choose(est);
   if (!failed) { /* the chunk each rank sizes with the agreed spread */
-    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, &chunk);
+    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, &chunk);
     if (rc) {
       fprintf(stderr, "reshard_plan: error: plan with the agreed spread (%d) failed: %s: %s\n", (int)spread,
               reshard_result_string(rc), reshard_last_error());
       failed = 1;
     }
   }
-  rs_plan_force = (rs_plan_agreed){1, 1, spread, chunk}; /* what the ranks agree on */
+  /* what the ranks agree on */
+  rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = chunk,
+                                   .set_phases = 1, .phases = phases};
   int injected = !o.inject_error;
   pc_session *cost = NULL; /* --topology: our plans, priced as checked */
   if (o.topology && !failed) {
@@ -542,16 +549,21 @@ int main(int argc, char **argv) {
     reshard_plan_destroy(plan);
     reshard_comm_destroy(comm);
   }
-  rs_plan_force = (rs_plan_agreed){0, 0, 0, 0};
+  rs_plan_force = (rs_plan_agreed){0};
   if (!failed && !o.no_check) check_agreement(&ck, &sends, &recvs);
   free(sends.v);
   free(recvs.v);
 
   if (!failed) {
     printf("# per rank: plan_ms/cpu_ms/peak_MiB from planning it as given (forked child; '?': peak not resettable);\n"
-           "# traffic from the plans with the agreed chunk of %zu B and spread of %d rounds (the smallest chunk and\n"
-           "# largest spread of the ranks', as a real run)\n",
-           chunk, (int)spread);
+           "# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
+           "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
+           chunk, (int)spread, (int)phases);
+    if (est[1] != UINT64_MAX) { /* what chose the phases */
+      printf("# phase estimates (the busiest rank's busiest link, s):");
+      for (int k = 0; k < RS_PHASE_CANDIDATES && est[k] != UINT64_MAX; k++) printf(" %d:%.4g", 1 << k, (double)est[k] * 1e-12);
+      printf("\n");
+    }
     print_header();
     reshard_plan_stats_t tot;
     memset(&tot, 0, sizeof tot);

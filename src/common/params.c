@@ -32,6 +32,9 @@ static struct {
     [RS_PARAM_TOPOLOGY] = {.name = "RESHARD_TOPOLOGY",
         .doc = "machine preset: h100-8x400g, gb200-nvl72, cpu, or none (overrides options.topology)",
         .is_string = 1},
+    [RS_PARAM_MAX_PHASES] = {.name = "RESHARD_MAX_PHASES",
+        .doc = "the most phases a plan with a topology may take (1 to 64, default 64; 1: every stream "
+                "sends every round)"},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;

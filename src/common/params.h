@@ -13,6 +13,7 @@ typedef enum rs_param_id {
   RS_PARAM_NCCL_REGISTER,
   RS_PARAM_RELAY,
   RS_PARAM_TOPOLOGY, /* a string */
+  RS_PARAM_MAX_PHASES,
   RS_NUM_PARAMS
 } rs_param_id;
 

@@ -74,6 +74,7 @@ typedef struct chunker {
   int open;             /* a message of the stream is open */
   int32_t round;        /* the open message's round */
   int32_t ready;        /* the box being added may not travel earlier */
+  int32_t phase;        /* the open stream's phase (plan->phases > 1) */
   uint64_t cur;         /* bytes in the open message */
   rs_msg *msgs;
   msg_key *keys; /* per message; cap_msgs entries */
@@ -108,6 +109,13 @@ static reshard_result_t open_msg(chunker *ch, int32_t round) {
   return RESHARD_SUCCESS;
 }
 
+/* The first round at or after `round` in the open stream's phase. */
+static int32_t in_phase(const chunker *ch, int32_t round) {
+  int32_t n = ch->plan->phases;
+  if (n <= 1) return round;
+  return round + ((ch->phase - round % n) % n + n) % n;
+}
+
 /* Adds one box of at most cap bytes to the open message (opening a new
  * one when it would overflow, or when the box is not ready in its
  * round). */
@@ -121,12 +129,12 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
     bytes *= (uint64_t)ext[d];
   }
   if (!ch->open) {
-    RS_CHECK(open_msg(ch, ch->ready));
+    RS_CHECK(open_msg(ch, in_phase(ch, ch->ready)));
   } else if (ch->cur > 0 && (ch->cur + bytes > ch->cap || ch->round < ch->ready)) {
-    RS_CHECK(open_msg(ch, ch->round + 1 > ch->ready ? ch->round + 1 : ch->ready));
+    RS_CHECK(open_msg(ch, in_phase(ch, ch->round + 1 > ch->ready ? ch->round + 1 : ch->ready)));
   } else if (ch->round < ch->ready) { /* still empty: it just goes later */
-    ch->round = ch->ready;
-    if (!ch->dry) ch->msgs[ch->nmsgs - 1].round = ch->ready;
+    ch->round = in_phase(ch, ch->ready);
+    if (!ch->dry) ch->msgs[ch->nmsgs - 1].round = ch->round;
   }
   ch->cur += bytes;
   if (ch->dry) return RESHARD_SUCCESS;
@@ -249,32 +257,32 @@ static int in_domain(const reshard_plan_t *plan, int32_t from, int32_t to) {
  * its share of the spread rounds when that is larger (a long stream then
  * keeps pace with the short ones), never above options.chunk_bytes or an
  * int's count. `bytes` may be padded to 64: the cap only grows with it. */
-static uint64_t cap_of(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
+uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
   if (inside && plan->domain_div > 1) {
     chunk = (chunk / (uint64_t)plan->domain_div) & ~(uint64_t)63;
     if (chunk < 64) chunk = 64;
   }
   if (plan->spread_rounds <= 0) return chunk;
-  uint64_t share = (bytes + (uint64_t)plan->spread_rounds - 1) / (uint64_t)plan->spread_rounds;
+  /* a stream sends in one round of every `phases` */
+  uint64_t rounds = (uint64_t)plan->spread_rounds;
+  if (plan->phases > 1) rounds = rounds / (uint64_t)plan->phases ? rounds / (uint64_t)plan->phases : 1;
+  uint64_t share = (bytes + rounds - 1) / rounds;
   share = (share + 63) & ~(uint64_t)63;
   if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
   if (share > ((uint64_t)INT32_MAX & ~(uint64_t)63)) share = (uint64_t)INT32_MAX & ~(uint64_t)63;
   return share > chunk ? share : chunk;
 }
 
-/* The bytes of each of this rank's real streams (virtual ones take no
- * staging here), each padded to 64 as its messages' staging slots are;
- * *total is their sum; inside[i] (when wanted, with plan) says whether
- * stream i stays in a domain. The caller frees *bytes and *inside. */
-static reshard_result_t stream_bytes(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t **bytes,
-                                     unsigned char **inside, size_t *n, uint64_t *total) {
+reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out) {
+  memset(out, 0, sizeof *out);
   seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
-  uint64_t *b = rs_malloc((segs->n + 1) * sizeof *b);
-  unsigned char *in = inside ? rs_malloc(segs->n + 1) : NULL;
-  if (!v || !b || (inside && !in)) {
+  out->bytes = rs_malloc((segs->n + 1) * sizeof *out->bytes);
+  out->inside = rs_malloc(segs->n + 1);
+  out->from = rs_malloc((segs->n + 1) * sizeof *out->from);
+  out->to = rs_malloc((segs->n + 1) * sizeof *out->to);
+  if (!v || !out->bytes || !out->inside || !out->from || !out->to) {
     free(v);
-    free(b);
-    free(in);
+    rs_streams_free(out);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu segments)", segs->n);
   }
   size_t k = 0, m = 0;
@@ -283,68 +291,91 @@ static reshard_result_t stream_bytes(const reshard_plan_t *plan, const rs_seg_ve
   if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
   for (size_t i = 0; i < k; i++) {
     if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) {
-      if (in) in[m] = (unsigned char)in_domain(plan, v[i].from, v[i].to);
-      b[m++] = 0;
+      out->inside[m] = (unsigned char)(plan && in_domain(plan, v[i].from, v[i].to));
+      out->from[m] = v[i].from;
+      out->to[m] = v[i].to;
+      out->bytes[m++] = 0;
     }
-    b[m - 1] += segs->v[v[i].index].bytes;
+    out->bytes[m - 1] += segs->v[v[i].index].bytes;
   }
   free(v);
-  *total = 0;
   for (size_t i = 0; i < m; i++) {
-    b[i] = (b[i] + 63) & ~(uint64_t)63;
-    *total += b[i];
+    out->bytes[i] = (out->bytes[i] + 63) & ~(uint64_t)63;
+    out->total += out->bytes[i];
   }
-  *bytes = b;
-  if (inside) *inside = in;
-  *n = m;
+  out->n = m;
   return RESHARD_SUCCESS;
 }
 
+void rs_streams_free(rs_streams *s) {
+  free(s->bytes);
+  free(s->inside);
+  free(s->from);
+  free(s->to);
+  memset(s, 0, sizeof *s);
+}
+
 /* A round's most staging at chunk c: a stream has at most one message a
- * round, of at most min(its bytes, its cap), in a 64-byte slot. */
-static uint64_t round_load(const reshard_plan_t *plan, const uint64_t *bytes, const unsigned char *inside, size_t n,
-                           uint64_t c) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t cap = cap_of(plan, c, bytes[i], inside[i]);
-    sum += bytes[i] < cap ? bytes[i] : cap;
+ * round, of at most min(its bytes, its cap), in a 64-byte slot; with
+ * phases, the busiest phase's streams. sums: plan->phases scratch. */
+static uint64_t round_load(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t c,
+                           uint64_t *sums) {
+  int np = plan->phases > 1 ? plan->phases : 1;
+  memset(sums, 0, (size_t)np * sizeof *sums);
+  for (size_t i = 0; i < st->n; i++) {
+    uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i]);
+    sums[phase ? phase[i] : 0] += st->bytes[i] < cap ? st->bytes[i] : cap;
   }
-  return sum;
+  uint64_t most = 0;
+  for (int k = 0; k < np; k++)
+    if (sums[k] > most) most = sums[k];
+  return most;
+}
+
+uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t half,
+                          uint64_t *sums) {
+  if (st->total <= half || round_load(plan, st, phase, UINT64_MAX / 2, sums) <= half) return UINT64_MAX;
+  /* the largest multiple of 64 whose round load fits: the load grows
+   * with c and exceeds half once every cap exceeds its stream, so bisect
+   * between a c that fits (0 does) and one that does not */
+  uint64_t lo = 0, hi = 64;
+  while (round_load(plan, st, phase, hi, sums) <= half) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 64) {
+    uint64_t mid = (lo + (hi - lo) / 2) & ~(uint64_t)63;
+    if (round_load(plan, st, phase, mid, sums) <= half) lo = mid;
+    else hi = mid;
+  }
+  return lo;
 }
 
 reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
-  uint64_t *bytes, total, limit = UINT64_MAX;
-  unsigned char *inside;
-  size_t n;
-  RS_CHECK(stream_bytes(plan, segs, &bytes, &inside, &n, &total));
-  if (total > half) {
-    /* the largest multiple of 64 whose round load fits: the load grows
-     * with c and reaches total (> half) once every cap exceeds its
-     * stream, so bisect between a c that fits (0 does) and one that
-     * does not */
-    uint64_t lo = 0, hi = 64;
-    while (round_load(plan, bytes, inside, n, hi) <= half) {
-      lo = hi;
-      hi *= 2;
-    }
-    while (hi - lo > 64) {
-      uint64_t mid = (lo + (hi - lo) / 2) & ~(uint64_t)63;
-      if (round_load(plan, bytes, inside, n, mid) <= half) lo = mid;
-      else hi = mid;
-    }
-    limit = lo;
+  rs_streams st;
+  RS_CHECK(rs_streams_size(plan, segs, &st));
+  int np = plan->phases > 1 ? plan->phases : 1;
+  uint64_t *sums = rs_malloc((size_t)np * sizeof *sums);
+  int32_t *phase = rs_malloc((st.n + 1) * sizeof *phase);
+  if (!sums || !phase) {
+    free(sums);
+    free(phase);
+    rs_streams_free(&st);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu streams)", st.n);
   }
-  free(bytes);
-  free(inside);
-  *out = limit;
+  for (size_t i = 0; i < st.n; i++) phase[i] = rs_chunk_phase(plan, st.from[i], st.to[i]);
+  *out = rs_streams_limit(plan, &st, phase, half, sums);
+  free(sums);
+  free(phase);
+  rs_streams_free(&st);
   return RESHARD_SUCCESS;
 }
 
 reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
-  uint64_t *bytes, total;
-  size_t n;
-  RS_CHECK(stream_bytes(NULL, segs, &bytes, NULL, &n, &total));
-  free(bytes);
+  rs_streams st;
+  RS_CHECK(rs_streams_size(NULL, segs, &st));
+  uint64_t total = st.total;
+  rs_streams_free(&st);
   if (share < 64) share = 64;
   uint64_t r = (total + share - 1) / share;
   *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
@@ -457,7 +488,7 @@ static reshard_result_t finish_direction(chunker *ch) {
 }
 
 static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, int32_t from, int32_t to) {
-  return (size_t)cap_of(plan, chunk, bytes, in_domain(plan, from, to));
+  return (size_t)rs_chunk_cap(plan, chunk, bytes, in_domain(plan, from, to));
 }
 
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
@@ -490,6 +521,7 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
       c->open = 0;
       c->cur = 0;
       c->cap = stream_cap(plan, chunk_bytes, bytes, s->from, s->to);
+      c->phase = rs_chunk_phase(plan, s->from, s->to);
     }
     c->ready = 0;
     for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
@@ -521,6 +553,7 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.opts = plan->opts;
   tmp.spread_rounds = plan->spread_rounds;
   tmp.domain_div = plan->domain_div;
+  tmp.phases = plan->phases;
   tmp.map = plan->map; /* borrowed: tmp is freed field by field below */
   tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
   reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);

@@ -321,6 +321,7 @@ static void fill_stats(reshard_plan_t *p) {
   s->rank = p->rank;
   s->num_chunks = p->nrounds;
   s->chunk_bytes = p->chunk_bytes;
+  s->phases = p->phases;
   s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
   s->send_messages = p->nsends;
   s->recv_messages = p->nrecvs;
@@ -425,7 +426,8 @@ static void build_ctx_free(build_ctx *c) {
  * budget. */
 _Thread_local rs_plan_agreed rs_plan_force;
 
-enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_N };
+enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
+       AGREE_N = AGREE_PHASE_EST + RS_PHASE_CANDIDATES };
 
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within
@@ -567,6 +569,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->opts.topology = p->has_topo ? p->topo.name : NULL;
     if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
     p->domain_div = p->has_topo ? rs_topology_domain_chunk_div(&p->topo) : 1;
+    p->phases = 1;
   }
   if (!local) {
     /* Forwards read destination buffers, which only the host executor
@@ -589,6 +592,11 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   int32_t spread = 0;
   if (!local && p) local = rs_chunk_spread(&c.segs, p->opts.staging_bytes / 8, &spread);
+  if (!local && p) {
+    int64_t most = 64;
+    if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
+    local = rs_phase_estimates(p, &c.segs, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
+  }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
@@ -607,6 +615,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * its peers report it as REMOTE rather than as a MISMATCH. */
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local, local ? 0 : (uint64_t)spread};
+  for (int k = 0; k < RS_PHASE_CANDIDATES && !local && p; k++) v[AGREE_PHASE_EST + k] = p->phase_est[k];
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -633,6 +642,9 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   /* The most rounds any rank needs: with it every rank's spread shares
    * fit a quarter of its half-budget (rs_chunk_spread). */
   p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
+  /* The phases from the ranks' estimates (phases.c). */
+  memcpy(p->phase_est, &v[AGREE_PHASE_EST], sizeof p->phase_est);
+  p->phases = rs_plan_force.set_phases ? rs_plan_force.phases : rs_phases_choose(p->phase_est);
   size_t chunk = 0;
   if (rs_plan_force.set_chunk) {
     chunk = rs_plan_force.chunk;

@@ -43,8 +43,8 @@ reshard_result_t reshard_plan_dump(const reshard_plan_t *p, FILE *f,
           p->opts.relay == 1 ? "on" : p->opts.relay == 0 ? "off" : p->relay_chosen ? "auto: chosen by the cost model" : "auto: direct");
   fprintf(f, "  send %zu bytes in %zu messages to %d peers; receive %zu bytes in %zu messages from %d peers\n", s->send_bytes,
           s->send_messages, s->num_send_peers, s->recv_bytes, s->recv_messages, s->num_recv_peers);
-  fprintf(f, "  local copies %zu bytes; %zu segments; %d rounds of at most %zu bytes per message; staging %zu bytes\n",
-          s->local_copy_bytes, s->segments, s->num_chunks, s->chunk_bytes, s->staging_bytes);
+  fprintf(f, "  local copies %zu bytes; %zu segments; %d rounds of at most %zu bytes per message, %d phases; staging %zu bytes\n",
+          s->local_copy_bytes, s->segments, s->num_chunks, s->chunk_bytes, s->phases, s->staging_bytes);
   for (size_t i = 0; i < p->npeers; i++)
     fprintf(f, "  peer %d: send %zu bytes / %zu msgs, receive %zu bytes / %zu msgs\n", p->peers[i].peer, p->peers[i].send_bytes,
             p->peers[i].send_messages, p->peers[i].recv_bytes, p->peers[i].recv_messages);

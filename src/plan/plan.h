@@ -66,6 +66,8 @@ typedef struct rs_used_buffer {
   char *name;
 } rs_used_buffer;
 
+enum { RS_PHASE_CANDIDATES = 7 }; /* phase counts 1, 2, 4, ..., 64 */
+
 struct reshard_plan {
   reshard_comm_t *comm;
   int rank, size;
@@ -88,6 +90,15 @@ struct reshard_plan {
    * to chunk_bytes / domain_div (rs_topology_domain_chunk_div; 1 without
    * a topology), before the spread. */
   int32_t domain_div;
+  /* Phases (1: off): the stream from -> to sends only in the rounds
+   * congruent to rs_chunk_phase(plan, from, to) modulo phases, so that a
+   * rank has about 1/phases of its streams in flight a round, each with
+   * a chunk phases times larger: as many bytes a round in fewer, larger
+   * messages (see chunk.c). Agreed at creation like chunk_bytes. */
+  int32_t phases;
+  /* rs_phase_estimates of this rank, then their maxima over the ranks
+   * (after the agreement: what chose phases). */
+  uint64_t phase_est[RS_PHASE_CANDIDATES];
 
   int nrounds;
   rs_msg *sends, *recvs; /* sorted by round, then schedule order */
@@ -274,6 +285,49 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
                                size_t chunk_bytes);
 
+/* The phase of the stream from -> to: its messages go in rounds
+ * congruent to it modulo plan->phases (0 when phases <= 1). */
+int32_t rs_chunk_phase(const reshard_plan_t *plan, int32_t from, int32_t to);
+
+/* Phases (phases.c): the candidates are 2^k, k < RS_PHASE_CANDIDATES
+ * (1 to 64). est[k] is this rank's estimate of its busiest link's time
+ * at 2^k phases, in picoseconds: the bytes of the link's busiest phase,
+ * 2^k times, over its bandwidth, plus its messages at the chunk this
+ * rank would size (with this rank's spread) times the link's latency.
+ * UINT64_MAX marks 2^k as no candidate: over `most`, or no topology with
+ * links (est[0] is then 0). */
+reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec *segs, int32_t spread, int32_t most,
+                                    uint64_t *est);
+
+/* The phases for estimates that are the maxima over all ranks: the
+ * candidate with the lowest, the fewer phases on a tie. */
+int32_t rs_phases_choose(const uint64_t *est);
+
+/* This rank's streams (one per pair and relay group, virtual ones
+ * excluded: they take no staging here), each with its bytes padded to
+ * 64 as its staging slots are, whether it stays inside an NVLink domain
+ * (with a plan whose domain_div > 1), and its ends. */
+typedef struct rs_streams {
+  size_t n;
+  uint64_t total;
+  uint64_t *bytes;
+  unsigned char *inside;
+  int32_t *from, *to;
+} rs_streams;
+reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out);
+void rs_streams_free(rs_streams *s);
+
+/* A stream's largest message at chunk c: the chunk (divided by
+ * domain_div inside a domain), or its share of the spread rounds (a
+ * stream sends one round in `phases`) when that is larger, never above
+ * options.chunk_bytes or an int's count. */
+uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside);
+
+/* rs_chunk_limit on sized streams, stream i in phase[i] (NULL: all in
+ * phase 0) of plan->phases; sums: plan->phases scratch. */
+uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t half,
+                          uint64_t *sums);
+
 /* The largest chunk (a multiple of 64) at which every round of this
  * rank's streams fits `half` staging bytes: a stream has at most one
  * message per round, of at most min(its bytes, its cap), the cap being
@@ -292,9 +346,10 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
  * all ranks, then the smallest chunk the ranks size with that spread.
  * Per thread; never set by the library itself. */
 typedef struct rs_plan_agreed {
-  int set_spread, set_chunk;
+  int set_spread, set_chunk, set_phases;
   int32_t spread;
   size_t chunk;
+  int32_t phases;
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;

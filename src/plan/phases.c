@@ -1,0 +1,145 @@
+/* Phases: which rounds a stream sends in, and how many phases a plan
+ * takes (plan.h, reshard_plan_t.phases).
+ *
+ * A rank with S long streams and half-budget H sends S messages of about
+ * H / S a round, each paying the per-message latency. With P phases the
+ * stream from -> to sends only in the rounds congruent to its phase
+ * modulo P: a round holds about S / P streams, each with messages up to P
+ * times larger, so the bytes a round stay the same and the messages drop
+ * P-fold. That holds only while every link's bytes spread evenly over the
+ * phases: a link whose busiest phase carries more than 1/P of its bytes
+ * stretches by that much, since a phase has 1/P of the rounds. So every
+ * rank estimates, per candidate P, its busiest link's time (the bytes of
+ * its busiest phase, P times) plus that link's messages at the chunk it
+ * would size at P, times the latency; the plan takes the P whose worst
+ * estimate over the ranks is lowest. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/error.h"
+#include "plan/plan.h"
+#include "plan/topology.h"
+
+/* The phase of from -> to among P: the sum of both ranks' base-P digits,
+ * mod P. A rank's peers are mostly arithmetic runs (the replicas, TP
+ * shards or pipeline stages of a layout); with (from + to) mod P a run
+ * whose step shares a factor with P (8 TP shards apart, P = 16) would
+ * land in few phases, while the digit sum spreads it through the higher
+ * digits, and a run of consecutive ranks still covers every phase. */
+static int32_t phase_of(int64_t P, int32_t from, int32_t to) {
+  if (P <= 1) return 0;
+  int64_t sum = 0;
+  for (int64_t x = from; x > 0; x /= P) sum += x % P;
+  for (int64_t x = to; x > 0; x /= P) sum += x % P;
+  return (int32_t)(sum % P);
+}
+
+int32_t rs_chunk_phase(const reshard_plan_t *plan, int32_t from, int32_t to) {
+  return phase_of(plan->phases, from, to);
+}
+
+enum { MAX_P = 1 << (RS_PHASE_CANDIDATES - 1) };
+
+/* Links of a rank: out or in, over the network or inside a domain. */
+static int link_of(const reshard_plan_t *plan, int32_t from, int32_t to) {
+  int inside = plan->map.domain && plan->map.domain[from] == plan->map.domain[to];
+  return (from == plan->rank) * 2 + inside;
+}
+
+static uint64_t to_ps(double s) {
+  double ps = s * 1e12;
+  return ps < 1.8e19 ? (uint64_t)ps : (uint64_t)1.8e19;
+}
+
+/* The busiest link's time at P phases, seconds: its busiest phase's
+ * bytes over the link's bandwidth, P times. */
+static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int64_t P, const double *bw) {
+  double t[4][MAX_P];
+  memset(t, 0, sizeof t);
+  for (size_t i = 0; i < st->n; i++) {
+    int l = link_of(plan, st->from[i], st->to[i]);
+    t[l][phase_of(P, st->from[i], st->to[i])] += (double)st->bytes[i] / bw[l & 1];
+  }
+  double worst = 0;
+  for (int l = 0; l < 4; l++)
+    for (int64_t q = 0; q < P; q++)
+      if (t[l][q] > worst) worst = t[l][q];
+  return worst * (double)P;
+}
+
+/* The busiest link's latency at P phases, seconds: its messages, each
+ * stream cut at its cap for the chunk this rank would size. -1 when P
+ * does not fit the staging at all: a stream's spread share is its bytes
+ * over the spread rounds a phase gets, and when a phase holds more than
+ * its part of the bytes, those shares alone can overflow the round. */
+static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, int64_t P, int32_t *phase, uint64_t *sums) {
+  tmp->phases = (int32_t)P;
+  for (size_t i = 0; i < st->n; i++) phase[i] = phase_of(P, st->from[i], st->to[i]);
+  uint64_t half = tmp->opts.staging_bytes / 2;
+  uint64_t chunk = rs_streams_limit(tmp, st, phase, half, sums);
+  if (chunk < 64 && P > 1) return -1;
+  if (chunk > half) chunk = half;
+  if (tmp->opts.chunk_bytes && chunk > tmp->opts.chunk_bytes) chunk = tmp->opts.chunk_bytes;
+  chunk &= ~(uint64_t)63;
+  if (chunk < 64) chunk = 64;
+  double msgs[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < st->n; i++) {
+    uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i]);
+    msgs[link_of(tmp, st->from[i], st->to[i])] += (double)((st->bytes[i] + cap - 1) / cap);
+  }
+  double worst = 0;
+  for (int l = 0; l < 4; l++) {
+    double t = msgs[l] * ((l & 1) ? tmp->topo.nvlink_latency_s : tmp->topo.net_latency_s);
+    if (t > worst) worst = t;
+  }
+  return worst;
+}
+
+reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec *segs, int32_t spread, int32_t most,
+                                    uint64_t *est) {
+  est[0] = 0;
+  for (int c = 1; c < RS_PHASE_CANDIDATES; c++) est[c] = UINT64_MAX;
+  /* Phases need link speeds; on one host's memory (node_copy_bw, the
+   * cpu preset) ranks copy rather than post messages over links, and the
+   * estimate would not describe them. */
+  if (!plan->has_topo || plan->topo.node_copy_bw > 0) return RESHARD_SUCCESS;
+  double bw[2] = {rs_topology_rank_nic_bw(&plan->topo), plan->topo.nvlink_bw};
+  if (!(bw[0] > 0)) bw[0] = bw[1];
+  if (!(bw[1] > 0)) bw[1] = bw[0];
+  if (!(bw[0] > 0)) return RESHARD_SUCCESS;
+  rs_streams st;
+  RS_CHECK(rs_streams_size(plan, segs, &st));
+  uint64_t *sums = rs_malloc(MAX_P * sizeof *sums);
+  int32_t *phase = rs_malloc((st.n + 1) * sizeof *phase);
+  reshard_plan_t *tmp = rs_malloc(sizeof *tmp);
+  if (!sums || !phase || !tmp) {
+    free(sums);
+    free(phase);
+    free(tmp);
+    rs_streams_free(&st);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory estimating phases (%zu streams)", st.n);
+  }
+  *tmp = *plan; /* read only, but for spread and phases */
+  tmp->spread_rounds = spread;
+  for (int c = 0; c < RS_PHASE_CANDIDATES; c++) {
+    int64_t P = (int64_t)1 << c;
+    if (P > most) break;
+    /* this rank's spread is at most the agreed one, whose shares are
+     * smaller: a P that fits here fits the plan */
+    double lat = busiest_latency(tmp, &st, P, phase, sums);
+    if (lat >= 0) est[c] = to_ps(busiest_link(plan, &st, P, bw) + lat);
+  }
+  free(sums);
+  free(phase);
+  free(tmp);
+  rs_streams_free(&st);
+  return RESHARD_SUCCESS;
+}
+
+int32_t rs_phases_choose(const uint64_t *est) {
+  int best = 0;
+  for (int c = 1; c < RS_PHASE_CANDIDATES; c++)
+    if (est[c] < est[best]) best = c;
+  return (int32_t)1 << best;
+}

@@ -1,0 +1,195 @@
+/* Phases (phases.c): with a topology, a plan whose ranks spread their
+ * links' bytes evenly over P digit-sum phases sends each stream one round
+ * in P, with messages up to P times larger: as many bytes a round in
+ * fewer messages. Checked here: the choice (the lowest estimate), every
+ * message in its stream's phase, far fewer messages than without phases
+ * within the same staging, a layout that cannot be spread keeping one
+ * phase, and data byte for byte (direct and relay plans) with the
+ * harness. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "plan/plan.h"
+#include "support/harness.h"
+
+#define STAGING ((size_t)65536)
+enum { NSRC = 8, MAXR = 24, ROWS = 256, COLS = 4096 };
+
+static void test_choose(void **state) {
+  (void)state;
+  const uint64_t M = UINT64_MAX;
+  uint64_t falling[RS_PHASE_CANDIDATES] = {1600, 1500, 1400, 1300, 1200, 1100, 1000};
+  assert_int_equal(rs_phases_choose(falling), 64);
+  uint64_t dip[RS_PHASE_CANDIDATES] = {1600, 1500, 1700, 1450, 3000, M, M};
+  assert_int_equal(rs_phases_choose(dip), 8); /* the lowest, past a worse one */
+  uint64_t tie[RS_PHASE_CANDIDATES] = {1600, 1600, 1600, M, M, M, M};
+  assert_int_equal(rs_phases_choose(tie), 1); /* fewer phases on a tie */
+  uint64_t none[RS_PHASE_CANDIDATES] = {0, M, M, M, M, M, M};
+  assert_int_equal(rs_phases_choose(none), 1);
+}
+
+/* "w" [ROWS, COLS] fp32 sharded by rows over ranks 0..7 (node 0).
+ * Destination: by columns over each of `replicas` groups of 8 ranks, one
+ * node each (replicas x 8 placed as (R, S1)); rows_dst != 0 shards the
+ * destination by rows instead (each source then feeds one rank of each
+ * group). */
+static void build(int replicas, int rows_dst, reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t shape[2] = {ROWS, COLS};
+  int t, m, b;
+  assert_int_equal(reshard_layout_create(src), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(*src, "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+  int sr[NSRC], n = NSRC;
+  for (int i = 0; i < NSRC; i++) sr[i] = i;
+  assert_int_equal(reshard_layout_add_mesh(*src, 1, &n, sr, &m), RESHARD_SUCCESS);
+  reshard_placement_t s0 = reshard_shard(0);
+  assert_int_equal(reshard_layout_place(*src, t, m, &s0, &b), RESHARD_SUCCESS);
+
+  assert_int_equal(reshard_layout_create(dst), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(*dst, "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+  int dr[MAXR], dims[2] = {replicas, NSRC};
+  for (int i = 0; i < replicas * NSRC; i++) dr[i] = NSRC + i;
+  assert_int_equal(reshard_layout_add_mesh(*dst, 2, dims, dr, &m), RESHARD_SUCCESS);
+  reshard_placement_t p[2] = {reshard_replicate(), rows_dst ? reshard_shard(0) : reshard_shard(1)};
+  assert_int_equal(reshard_layout_place(*dst, t, m, p, &b), RESHARD_SUCCESS);
+}
+
+typedef struct phase_args {
+  const reshard_layout_t *src, *dst;
+  reshard_options_t opts;
+  int force_one; /* plan as RESHARD_MAX_PHASES=1 would */
+  reshard_plan_stats_t st[MAXR];
+  int off_phase[MAXR]; /* messages outside their stream's phase */
+} phase_args;
+
+static int count_off_phase(const reshard_plan_t *plan) {
+  int off = 0, P = plan->phases;
+  for (size_t i = 0; i < plan->nsends; i++)
+    off += (plan->sends[i].round - rs_chunk_phase(plan, plan->rank, plan->sends[i].peer)) % P != 0;
+  for (size_t i = 0; i < plan->nrecvs; i++)
+    off += (plan->recvs[i].round - rs_chunk_phase(plan, plan->recvs[i].peer, plan->rank)) % P != 0;
+  return off;
+}
+
+static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
+  phase_args *a = arg;
+  /* per thread: this rank's planning only */
+  if (a->force_one) rs_plan_force = (rs_plan_agreed){.set_phases = 1, .phases = 1};
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan);
+  rs_plan_force = (rs_plan_agreed){0};
+  if (r != RESHARD_SUCCESS) return 1;
+  int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
+  a->off_phase[rank] = count_off_phase(plan);
+  reshard_plan_destroy(plan);
+  return bad;
+}
+
+static void plan_all(phase_args *a, int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay,
+                     int force_one) {
+  memset(a, 0, sizeof *a);
+  a->src = src;
+  a->dst = dst;
+  a->opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  a->opts.staging_bytes = STAGING;
+  a->opts.topology = "h100-8x400g";
+  a->opts.relay = relay;
+  a->force_one = force_one;
+  assert_int_equal(th_run_ranks(nranks, phase_rank, a), 0);
+  for (int r = 0; r < nranks; r++) {
+    assert_int_equal(a->st[r].phases, a->st[0].phases);
+    assert_int_equal(a->off_phase[r], 0);
+    assert_true(a->st[r].staging_bytes <= STAGING);
+  }
+}
+
+static size_t messages(const phase_args *a, int nranks) {
+  size_t n = 0;
+  for (int r = 0; r < nranks; r++) n += a->st[r].send_messages;
+  return n;
+}
+
+/* Two executes on nranks, every destination element and the bytes
+ * around each fragment checked by the harness. */
+static void sync_twice(int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay) {
+  static th_sync_args s;
+  memset(&s, 0, sizeof s);
+  s.src = src;
+  s.dst = dst;
+  s.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  s.opts.staging_bytes = STAGING;
+  s.opts.topology = "h100-8x400g";
+  s.opts.relay = relay;
+  s.steps = 2;
+  assert_int_equal(th_sync(nranks, &s), 0);
+}
+
+/* Every source sends 64 KiB to each of 8 destinations on the next node:
+ * each link's 8 equal streams fill the 8 digit-sum phases exactly (16
+ * would leave half of them empty, doubling the link's time), and with one
+ * stream a round per link its messages take the whole half-budget (32
+ * KiB): 2 per stream, against 4 at 4 phases and 16 at one. */
+static void test_all_to_all_takes_eight(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(1, 0, &src, &dst);
+  static phase_args on, off;
+  plan_all(&on, 2 * NSRC, src, dst, 0, 0);
+  plan_all(&off, 2 * NSRC, src, dst, 0, 1);
+  assert_int_equal(on.st[0].phases, 8);
+  assert_int_equal(off.st[0].phases, 1);
+  printf("all-to-all: %zu messages in 8 phases (chunk %zu B), %zu in one (chunk %zu B)\n", messages(&on, 2 * NSRC),
+         on.st[0].chunk_bytes, messages(&off, 2 * NSRC), off.st[0].chunk_bytes);
+  assert_true(4 * messages(&on, 2 * NSRC) <= messages(&off, 2 * NSRC));
+  for (int r = 0; r < 2 * NSRC; r++) {
+    assert_int_equal(on.st[r].send_bytes, off.st[r].send_bytes);
+    assert_int_equal(on.st[r].recv_bytes, off.st[r].recv_bytes);
+  }
+  sync_twice(2 * NSRC, src, dst, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Each source feeds one destination: a link's one stream sits in one
+ * phase whatever P, so any P > 1 would stretch it P times: one phase. */
+static void test_one_stream_per_link_keeps_one(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(1, 1, &src, &dst);
+  static phase_args a;
+  plan_all(&a, 2 * NSRC, src, dst, 0, 0);
+  assert_int_equal(a.st[0].phases, 1);
+  sync_twice(2 * NSRC, src, dst, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Two destination replicas on two nodes, relayed: forwards wait for
+ * their stream's phase too; every message in phase, bytes exact. */
+static void test_relay_in_phases(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build(2, 0, &src, &dst);
+  static phase_args a;
+  plan_all(&a, 3 * NSRC, src, dst, 1, 0);
+  printf("relay: %d phases, %zu messages, chunk %zu B\n", a.st[0].phases, messages(&a, 3 * NSRC), a.st[0].chunk_bytes);
+  assert_true(a.st[0].phases > 1);
+  sync_twice(3 * NSRC, src, dst, 1);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_choose),
+      cmocka_unit_test(test_all_to_all_takes_eight),
+      cmocka_unit_test(test_one_stream_per_link_keeps_one),
+      cmocka_unit_test(test_relay_in_phases),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
