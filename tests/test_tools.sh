@@ -240,6 +240,10 @@ perf_np8)
   perf_ok 8 2 --shape 61,37,3 --dtype fp8e5m2 --src-mesh 2,2 --src-placements S2,S0 --dst-mesh 2,2 --dst-placements R,S1 --staging 4K $BOTH
   perf_ok 8 2 --shape 96,40 --dtype u32 --src-mesh 2,4 --src-placements R,S1 --dst-mesh 8 --dst-placements S0 --colocate $BOTH
   perf_ok 8 2 --shape 50,50 --dtype bf16 --src-mesh 4 --src-placements S1 --dst-mesh 2,2 --dst-placements S0,S0 $BOTH
+  # an all-to-all between two nodes in 64K of staging: the plan takes phases
+  # (a stream sends one round in 4), every element still checked over MPI
+  perf_ok 8 0 --shape 256,4096 --src-mesh 4 --src-placements S0 --dst-mesh 4 --dst-placements S1 --topology h100-8x400g --staging 64K
+  grep -Eq '^# plan: .* in [2-9][0-9]* phases' "$out" || fail "--topology all-to-all: expected more than one phase"
   ;;
 perf_bad_options)
   NP=3

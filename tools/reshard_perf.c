@@ -998,8 +998,8 @@ int main(int argc, char **argv) {
   }
   int64_t sum[6];
   MPI_Allreduce(mine, sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  int64_t mx_in[3] = {(int64_t)st.num_chunks, (int64_t)st.staging_bytes, (int64_t)st.chunk_bytes}, mx[3];
-  MPI_Allreduce(mx_in, mx, 3, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  int64_t mx_in[4] = {(int64_t)st.num_chunks, (int64_t)st.staging_bytes, (int64_t)st.chunk_bytes, st.phases}, mx[4];
+  MPI_Allreduce(mx_in, mx, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
   c.delivered = sum[0];
   c.delivered_elems = sum[1];
 
@@ -1008,9 +1008,9 @@ int main(int argc, char **argv) {
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
   if (nccl)
     say0("# backend nccl: device buffers, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", devdesc);
-  say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds, staging up to %.1f MiB/rank, "
-       "%lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
-       plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (double)mx[1] / 1048576.0, (long long)sum[4],
+  say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds in %lld phases, staging up to %.1f "
+       "MiB/rank, %lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
+       plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (long long)mx[3], (double)mx[1] / 1048576.0, (long long)sum[4],
        (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
 
   if (c.o.topology) {
