@@ -316,20 +316,25 @@ void rs_streams_free(rs_streams *s) {
 }
 
 /* A round's most staging at chunk c: a stream has at most one message a
- * round, of at most min(its bytes, its cap), in a 64-byte slot; with
- * phases, the busiest phase's streams. sums: plan->phases scratch. */
+ * round, of at most min(its bytes, its cap), in a 64-byte slot. Sends and
+ * receives stage in separate halves, each as large as its direction's
+ * busiest round; with phases those rounds can fall in different phases,
+ * so the bound is the busiest send phase plus the busiest receive phase
+ * (with one phase: all streams). sums: 2 x plan->phases scratch. */
 static uint64_t round_load(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t c,
                            uint64_t *sums) {
   int np = plan->phases > 1 ? plan->phases : 1;
-  memset(sums, 0, (size_t)np * sizeof *sums);
+  memset(sums, 0, 2 * (size_t)np * sizeof *sums);
   for (size_t i = 0; i < st->n; i++) {
     uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i]);
-    sums[phase ? phase[i] : 0] += st->bytes[i] < cap ? st->bytes[i] : cap;
+    int send = st->from[i] == plan->rank;
+    sums[send * np + (phase ? phase[i] : 0)] += st->bytes[i] < cap ? st->bytes[i] : cap;
   }
-  uint64_t most = 0;
-  for (int k = 0; k < np; k++)
-    if (sums[k] > most) most = sums[k];
-  return most;
+  uint64_t most[2] = {0, 0};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < np; k++)
+      if (sums[d * np + k] > most[d]) most[d] = sums[d * np + k];
+  return most[0] + most[1];
 }
 
 uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t half,
@@ -355,7 +360,7 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
   rs_streams st;
   RS_CHECK(rs_streams_size(plan, segs, &st));
   int np = plan->phases > 1 ? plan->phases : 1;
-  uint64_t *sums = rs_malloc((size_t)np * sizeof *sums);
+  uint64_t *sums = rs_malloc(2 * (size_t)np * sizeof *sums);
   int32_t *phase = rs_malloc((st.n + 1) * sizeof *phase);
   if (!sums || !phase) {
     free(sums);

@@ -110,7 +110,7 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec
   if (!(bw[0] > 0)) return RESHARD_SUCCESS;
   rs_streams st;
   RS_CHECK(rs_streams_size(plan, segs, &st));
-  uint64_t *sums = rs_malloc(MAX_P * sizeof *sums);
+  uint64_t *sums = rs_malloc(2 * MAX_P * sizeof *sums);
   int32_t *phase = rs_malloc((st.n + 1) * sizeof *phase);
   reshard_plan_t *tmp = rs_malloc(sizeof *tmp);
   if (!sums || !phase || !tmp) {

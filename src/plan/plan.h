@@ -324,7 +324,7 @@ void rs_streams_free(rs_streams *s);
 uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside);
 
 /* rs_chunk_limit on sized streams, stream i in phase[i] (NULL: all in
- * phase 0) of plan->phases; sums: plan->phases scratch. */
+ * phase 0) of plan->phases; sums: 2 x plan->phases scratch. */
 uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t half,
                           uint64_t *sums);
 
@@ -333,8 +333,11 @@ uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, cons
  * message per round, of at most min(its bytes, its cap), the cap being
  * the chunk or, inside a domain, the chunk / plan->domain_div; so a round
  * holds at most the sum over streams of min(bytes, cap), which must not
- * exceed half. UINT64_MAX when all the streams fit at once; 0 when even
- * 64-byte messages would not fit. */
+ * exceed half. With phases, the send half and the receive half are each
+ * their direction's busiest phase, so the sum is that of the busiest
+ * send phase's streams plus the busiest receive phase's. UINT64_MAX when
+ * all the streams fit at once; 0 when even 64-byte messages would not
+ * fit. */
 reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs,
                                 uint64_t half, uint64_t *out);
 
