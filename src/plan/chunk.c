@@ -376,15 +376,19 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share, int32_t *rounds) {
-  rs_streams st;
-  RS_CHECK(rs_streams_size(NULL, segs, &st));
-  uint64_t total = st.total;
-  rs_streams_free(&st);
+int32_t rs_chunk_spread(const rs_streams *st, uint64_t share) {
   if (share < 64) share = 64;
-  uint64_t r = (total + share - 1) / share;
-  *rounds = r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
-  return RESHARD_SUCCESS;
+  uint64_t r = (st->total + share - 1) / share;
+  return r < 1 ? 1 : r > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)r;
+}
+
+size_t rs_chunk_bound(const reshard_options_t *o, uint64_t limit) {
+  size_t chunk = (size_t)(limit < o->staging_bytes / 2 ? limit : o->staging_bytes / 2);
+  if (o->chunk_bytes && o->chunk_bytes < chunk) chunk = o->chunk_bytes;
+  /* one message must stay countable in an int (MPI) */
+  if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
+  chunk &= ~(size_t)63;
+  return chunk < 64 ? 64 : chunk;
 }
 
 /* Shifted round robin: at position i every rank sends to rank+i+1 and

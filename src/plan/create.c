@@ -497,13 +497,7 @@ static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_
   if (v[CHUNK_ERROR])
     return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed sizing its chunk with '%s'", comm->rank,
                     reshard_result_string((reshard_result_t)v[CHUNK_ERROR]));
-  uint64_t agreed = ~v[CHUNK_LIMIT];
-  size_t chunk = (size_t)(agreed < p->opts.staging_bytes / 2 ? agreed : p->opts.staging_bytes / 2);
-  if (p->opts.chunk_bytes && p->opts.chunk_bytes < chunk) chunk = p->opts.chunk_bytes;
-  /* one message must stay countable in an int (MPI) */
-  if (chunk > ((size_t)INT32_MAX & ~(size_t)63)) chunk = (size_t)INT32_MAX & ~(size_t)63;
-  chunk &= ~(size_t)63;
-  if (chunk < 64) chunk = 64;
+  size_t chunk = rs_chunk_bound(&p->opts, ~v[CHUNK_LIMIT]);
   for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
     if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
       chunk = ladder_chunk(&p->opts, j);
@@ -591,11 +585,16 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   }
   if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   int32_t spread = 0;
-  if (!local && p) local = rs_chunk_spread(&c.segs, p->opts.staging_bytes / 8, &spread);
-  if (!local && p) {
-    int64_t most = 64;
-    if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
-    local = rs_phase_estimates(p, &c.segs, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
+  if (!local && p) { /* the spread and the phase estimates, from one sizing of the streams */
+    rs_streams st;
+    local = rs_streams_size(p, &c.segs, &st);
+    if (!local) {
+      spread = rs_chunk_spread(&st, p->opts.staging_bytes / 8);
+      int64_t most = 64;
+      if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
+      local = rs_phase_estimates(p, &st, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
+      rs_streams_free(&st);
+    }
   }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 

@@ -76,13 +76,9 @@ static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int
 static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, int64_t P, int32_t *phase, uint64_t *sums) {
   tmp->phases = (int32_t)P;
   for (size_t i = 0; i < st->n; i++) phase[i] = phase_of(P, st->from[i], st->to[i]);
-  uint64_t half = tmp->opts.staging_bytes / 2;
-  uint64_t chunk = rs_streams_limit(tmp, st, phase, half, sums);
-  if (chunk < 64 && P > 1) return -1;
-  if (chunk > half) chunk = half;
-  if (tmp->opts.chunk_bytes && chunk > tmp->opts.chunk_bytes) chunk = tmp->opts.chunk_bytes;
-  chunk &= ~(uint64_t)63;
-  if (chunk < 64) chunk = 64;
+  uint64_t limit = rs_streams_limit(tmp, st, phase, tmp->opts.staging_bytes / 2, sums);
+  if (limit < 64 && P > 1) return -1;
+  uint64_t chunk = rs_chunk_bound(&tmp->opts, limit);
   double msgs[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < st->n; i++) {
     uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i]);
@@ -96,7 +92,7 @@ static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, int64_t
   return worst;
 }
 
-reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec *segs, int32_t spread, int32_t most,
+reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams *st, int32_t spread, int32_t most,
                                     uint64_t *est) {
   est[0] = 0;
   for (int c = 1; c < RS_PHASE_CANDIDATES; c++) est[c] = UINT64_MAX;
@@ -108,17 +104,14 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec
   if (!(bw[0] > 0)) bw[0] = bw[1];
   if (!(bw[1] > 0)) bw[1] = bw[0];
   if (!(bw[0] > 0)) return RESHARD_SUCCESS;
-  rs_streams st;
-  RS_CHECK(rs_streams_size(plan, segs, &st));
   uint64_t *sums = rs_malloc(2 * MAX_P * sizeof *sums);
-  int32_t *phase = rs_malloc((st.n + 1) * sizeof *phase);
+  int32_t *phase = rs_malloc((st->n + 1) * sizeof *phase);
   reshard_plan_t *tmp = rs_malloc(sizeof *tmp);
   if (!sums || !phase || !tmp) {
     free(sums);
     free(phase);
     free(tmp);
-    rs_streams_free(&st);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory estimating phases (%zu streams)", st.n);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory estimating phases (%zu streams)", st->n);
   }
   *tmp = *plan; /* read only, but for spread and phases */
   tmp->spread_rounds = spread;
@@ -127,13 +120,12 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec
     if (P > most) break;
     /* this rank's spread is at most the agreed one, whose shares are
      * smaller: a P that fits here fits the plan */
-    double lat = busiest_latency(tmp, &st, P, phase, sums);
-    if (lat >= 0) est[c] = to_ps(busiest_link(plan, &st, P, bw) + lat);
+    double lat = busiest_latency(tmp, st, P, phase, sums);
+    if (lat >= 0) est[c] = to_ps(busiest_link(plan, st, P, bw) + lat);
   }
   free(sums);
   free(phase);
   free(tmp);
-  rs_streams_free(&st);
   return RESHARD_SUCCESS;
 }
 

@@ -289,20 +289,6 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
  * congruent to it modulo plan->phases (0 when phases <= 1). */
 int32_t rs_chunk_phase(const reshard_plan_t *plan, int32_t from, int32_t to);
 
-/* Phases (phases.c): the candidates are 2^k, k < RS_PHASE_CANDIDATES
- * (1 to 64). est[k] is this rank's estimate of its busiest link's time
- * at 2^k phases, in picoseconds: the bytes of the link's busiest phase,
- * 2^k times, over its bandwidth, plus its messages at the chunk this
- * rank would size (with this rank's spread) times the link's latency.
- * UINT64_MAX marks 2^k as no candidate: over `most`, or no topology with
- * links (est[0] is then 0). */
-reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_seg_vec *segs, int32_t spread, int32_t most,
-                                    uint64_t *est);
-
-/* The phases for estimates that are the maxima over all ranks: the
- * candidate with the lowest, the fewer phases on a tie. */
-int32_t rs_phases_choose(const uint64_t *est);
-
 /* This rank's streams (one per pair and relay group, virtual ones
  * excluded: they take no staging here), each with its bytes padded to
  * 64 as its staging slots are, whether it stays inside an NVLink domain
@@ -316,6 +302,21 @@ typedef struct rs_streams {
 } rs_streams;
 reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out);
 void rs_streams_free(rs_streams *s);
+
+/* Phases (phases.c): the candidates are 2^k, k < RS_PHASE_CANDIDATES
+ * (1 to 64). est[k] is this rank's estimate of its busiest link's time
+ * at 2^k phases, in picoseconds: the bytes of the link's busiest phase,
+ * 2^k times, over its bandwidth, plus its messages at the chunk this
+ * rank would size (with this rank's spread) times the link's latency.
+ * UINT64_MAX marks 2^k as no candidate: over `most`, or no topology with
+ * links (est[0] is then 0). */
+reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams *st, int32_t spread, int32_t most,
+                                    uint64_t *est);
+
+/* The phases for estimates that are the maxima over all ranks: the
+ * candidate with the lowest, the fewer phases on a tie. */
+int32_t rs_phases_choose(const uint64_t *est);
+
 
 /* A stream's largest message at chunk c: the chunk (divided by
  * domain_div inside a domain), or its share of the spread rounds (a
@@ -361,8 +362,12 @@ extern _Thread_local rs_plan_agreed rs_plan_force;
 /* This rank's spread (plan.h spread_rounds): the fewest rounds over which
  * its streams, each at bytes / rounds per round, fit `share` staging
  * bytes per round: ceil(total / share), at least 1. */
-reshard_result_t rs_chunk_spread(const rs_seg_vec *segs, uint64_t share,
-                                 int32_t *rounds);
+int32_t rs_chunk_spread(const rs_streams *st, uint64_t share);
+
+/* The chunk for a limit (rs_chunk_limit's, or the agreed smallest): at
+ * most half the staging and options.chunk_bytes, a multiple of 64 that an
+ * int counts, at least 64. */
+size_t rs_chunk_bound(const reshard_options_t *o, uint64_t limit);
 
 /* The staging bytes (2 x (busiest send round + busiest receive round))
  * this rank's plan would use when cut with `chunk`: the cut itself, on
