@@ -74,21 +74,23 @@ static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_lay
 }
 
 reshard_result_t pc_agreed_chunk(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t spread, int32_t phases, size_t *chunk) {
+                                 const reshard_options_t *opts, int32_t spread, int32_t phases, uint64_t wide,
+                                 size_t *chunk) {
   *chunk = 0;
-  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases};
+  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases, .wide = wide};
   return each_rank(src, dst, nranks, opts, force, NULL, NULL, chunk);
 }
 
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t *spread, int32_t *phases, size_t *chunk) {
+                                 const reshard_options_t *opts, int32_t *spread, int32_t *phases, uint64_t *wide,
+                                 size_t *chunk) {
   /* as the two agreements: the largest spread and phase estimates first,
    * then each rank's chunk with those, the smallest kept */
   uint64_t est[RS_PHASE_CANDIDATES] = {0};
   *spread = 0;
   RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0}, spread, est, NULL));
-  *phases = rs_phases_choose(est);
-  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, chunk);
+  *phases = rs_phases_choose(est, wide);
+  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, *wide, chunk);
 }
 
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
@@ -123,13 +125,14 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
                                         const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
   size_t agreed = 0;
   int32_t spread = 0, phases = 1;
-  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &agreed));
+  uint64_t wide = 0;
+  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &wide, &agreed));
   pc_session *s;
   RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
   reshard_result_t res = RESHARD_SUCCESS;
   /* what the ranks would agree on */
   rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = agreed,
-                                   .set_phases = 1, .phases = phases};
+                                   .set_phases = 1, .phases = phases, .wide = wide};
   for (int r = 0; r < nranks && !res; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;

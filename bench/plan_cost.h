@@ -9,22 +9,24 @@
 
 #include "reshard.h"
 
-/* The spread, phases and chunk a real run of nranks agrees on: every
- * rank planned as given (the largest spread; the phases from the largest
- * phase estimates), then again with those (the smallest chunk). */
+/* The spread, phases, wide-stream threshold and chunk a real run of
+ * nranks agrees on: every rank planned as given (the largest spread; the
+ * phases and threshold from the largest phase estimates), then again
+ * with those (the smallest chunk). */
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
                                  int32_t *spread, int32_t *phases,
-                                 size_t *chunk);
+                                 uint64_t *wide, size_t *chunk);
 
-/* The chunk a real run of nranks agrees on once the spread and phases
- * are agreed: every rank planned with them, the smallest chunk kept. */
+/* The chunk a real run of nranks agrees on once the spread, phases and
+ * threshold are agreed: every rank planned with them, the smallest chunk
+ * kept. */
 reshard_result_t pc_agreed_chunk(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
                                  int32_t spread, int32_t phases,
-                                 size_t *chunk);
+                                 uint64_t wide, size_t *chunk);
 
 /* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
  * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY

@@ -570,6 +570,8 @@ typedef struct reshard_plan_stats {
   size_t staging_bytes;       /* staging memory execute uses */
   int phases;                 /* a stream sends one round in this many (1:
                                  every round; RESHARD_MAX_PHASES) */
+  size_t wide_bytes;          /* with phases, a stream of more bytes sends
+                                 in every round (0: none) */
 } reshard_plan_stats_t;
 
 reshard_result_t reshard_plan_get_stats(const reshard_plan_t *plan,

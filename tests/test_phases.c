@@ -4,8 +4,9 @@
  * fewer messages. Checked here: the choice (the lowest estimate), every
  * message in its stream's phase, far fewer messages than without phases
  * within the same staging, a layout that cannot be spread keeping one
- * phase, and data byte for byte (direct and relay plans) with the
- * harness. */
+ * phase, a long stream going wide (every phase) rather than
+ * overloading its own, and data byte for byte (direct and relay plans)
+ * with the harness. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,18 +22,43 @@
 #define STAGING ((size_t)65536)
 enum { NSRC = 8, MAXR = 24, ROWS = 256, COLS = 4096 };
 
+/* Candidate c of 2^k phases and wide threshold w. */
+static int cand(int k, int w) { return k * RS_WIDE_CANDIDATES + w; }
+
+/* est at the counts' no-wide candidates from `by_count` (M: none),
+ * every wide candidate none. */
+static void fill(uint64_t *est, const uint64_t *by_count) {
+  for (int c = 0; c < RS_PHASE_CANDIDATES; c++) est[c] = UINT64_MAX;
+  for (int k = 0; k < RS_PHASE_COUNTS; k++) est[cand(k, 0)] = by_count[k];
+}
+
 static void test_choose(void **state) {
   (void)state;
   const uint64_t M = UINT64_MAX;
-  uint64_t falling[RS_PHASE_CANDIDATES] = {1600, 1500, 1400, 1300, 1200, 1100, 1000};
-  assert_int_equal(rs_phases_choose(falling), 64);
-  uint64_t dip[RS_PHASE_CANDIDATES] = {1600, 1500, 1700, 1450, 3000, M, M};
-  assert_int_equal(rs_phases_choose(dip), 8); /* the lowest, past a worse one */
-  uint64_t tie[RS_PHASE_CANDIDATES] = {1600, 1600, 1600, M, M, M, M};
-  assert_int_equal(rs_phases_choose(tie), 1); /* fewer phases on a tie */
-  uint64_t none[RS_PHASE_CANDIDATES] = {0, M, M, M, M, M, M};
-  assert_int_equal(rs_phases_choose(none), 1);
+  uint64_t est[RS_PHASE_CANDIDATES], wide = 1;
+  fill(est, (uint64_t[]){1600, 1500, 1400, 1300, 1200, 1100, 1000});
+  assert_int_equal(rs_phases_choose(est, &wide), 64);
+  assert_int_equal(wide, 0);
+  fill(est, (uint64_t[]){1600, 1500, 1700, 1450, 3000, M, M});
+  assert_int_equal(rs_phases_choose(est, &wide), 8); /* the lowest, past a worse one */
+  fill(est, (uint64_t[]){1600, 1600, 1600, M, M, M, M});
+  assert_int_equal(rs_phases_choose(est, &wide), 1); /* fewer phases on a tie */
+  fill(est, (uint64_t[]){0, M, M, M, M, M, M});
+  assert_int_equal(rs_phases_choose(est, &wide), 1);
+  /* a wide threshold that lowers 4 phases below 8 */
+  fill(est, (uint64_t[]){1600, 1500, 1400, 1300, M, M, M});
+  est[cand(2, 3)] = 1200;
+  est[cand(2, 4)] = 1200; /* a tie: the larger threshold, fewer wide streams */
+  est[cand(3, 5)] = 1250;
+  assert_int_equal(rs_phases_choose(est, &wide), 4);
+  assert_int_equal(wide, rs_phase_wide_bytes(cand(2, 3)));
+  assert_int_equal(wide, (uint64_t)256 << 20);
+  assert_int_equal(rs_phase_wide_bytes(cand(5, 0)), 0);
+  assert_int_equal(rs_phase_wide_bytes(cand(1, 1)), (uint64_t)1 << 30);
+  assert_int_equal(rs_phase_wide_bytes(cand(1, RS_WIDE_CANDIDATES - 1)), (uint64_t)1 << 20);
 }
+
+static void build_big(int replicas, int rows_dst, int big_rows, reshard_layout_t **src, reshard_layout_t **dst);
 
 /* "w" [ROWS, COLS] fp32 sharded by rows over ranks 0..7 (node 0).
  * Destination: by columns over each of `replicas` groups of 8 ranks, one
@@ -40,6 +66,13 @@ static void test_choose(void **state) {
  * destination by rows instead (each source then feeds one rank of each
  * group). */
 static void build(int replicas, int rows_dst, reshard_layout_t **src, reshard_layout_t **dst) {
+  build_big(replicas, rows_dst, 0, src, dst);
+}
+
+/* build, plus with big_rows > 0 a tensor "big" [NSRC * big_rows, COLS]
+ * sharded by rows on both sides of one replica: source i sends its
+ * big_rows x COLS block to destination i alone, one long stream. */
+static void build_big(int replicas, int rows_dst, int big_rows, reshard_layout_t **src, reshard_layout_t **dst) {
   int64_t shape[2] = {ROWS, COLS};
   int t, m, b;
   assert_int_equal(reshard_layout_create(src), RESHARD_SUCCESS);
@@ -57,6 +90,14 @@ static void build(int replicas, int rows_dst, reshard_layout_t **src, reshard_la
   assert_int_equal(reshard_layout_add_mesh(*dst, 2, dims, dr, &m), RESHARD_SUCCESS);
   reshard_placement_t p[2] = {reshard_replicate(), rows_dst ? reshard_shard(0) : reshard_shard(1)};
   assert_int_equal(reshard_layout_place(*dst, t, m, p, &b), RESHARD_SUCCESS);
+  if (big_rows <= 0) return;
+  int64_t big[2] = {(int64_t)NSRC * big_rows, COLS};
+  assert_int_equal(reshard_layout_add_tensor(*src, "big", RESHARD_FP32, 2, big, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh(*src, 1, &n, sr, &m), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place(*src, t, m, &s0, &b), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(*dst, "big", RESHARD_FP32, 2, big, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh(*dst, 1, &n, dr, &m), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place(*dst, t, m, &s0, &b), RESHARD_SUCCESS);
 }
 
 typedef struct phase_args {
@@ -65,14 +106,42 @@ typedef struct phase_args {
   int force_one; /* plan as RESHARD_MAX_PHASES=1 would */
   reshard_plan_stats_t st[MAXR];
   int off_phase[MAXR]; /* messages outside their stream's phase */
+  int wide_phases[MAXR]; /* the most phases a wide stream's sends used */
 } phase_args;
 
-static int count_off_phase(const reshard_plan_t *plan) {
+/* The bytes this rank sends to (dir 0) or receives from (1) peer. */
+static uint64_t pair_bytes(const reshard_plan_t *plan, int dir, int peer) {
+  const rs_msg *m = dir ? plan->recvs : plan->sends;
+  size_t n = dir ? plan->nrecvs : plan->nsends;
+  uint64_t b = 0;
+  for (size_t i = 0; i < n; i++)
+    if (m[i].peer == peer) b += m[i].bytes;
+  return b;
+}
+
+/* Messages outside their stream's phase. A pair's bytes are its
+ * stream's, or (relay levels) more: a pair over the wide threshold sends
+ * in any round, unchecked. *wide_phases: the most phases a wide pair's
+ * sends used. */
+static int count_off_phase(const reshard_plan_t *plan, int *wide_phases) {
   int off = 0, P = plan->phases;
-  for (size_t i = 0; i < plan->nsends; i++)
-    off += (plan->sends[i].round - rs_chunk_phase(plan, plan->rank, plan->sends[i].peer)) % P != 0;
-  for (size_t i = 0; i < plan->nrecvs; i++)
-    off += (plan->recvs[i].round - rs_chunk_phase(plan, plan->recvs[i].peer, plan->rank)) % P != 0;
+  *wide_phases = 0;
+  for (size_t i = 0; i < plan->nsends; i++) {
+    int peer = plan->sends[i].peer, seen[64] = {0}, used = 0;
+    if (rs_stream_phase(plan, plan->rank, peer, pair_bytes(plan, 0, peer)) >= 0 || P > 64) continue;
+    for (size_t j = 0; j < plan->nsends; j++)
+      if (plan->sends[j].peer == peer && !seen[plan->sends[j].round % P]) seen[plan->sends[j].round % P] = 1, used++;
+    if (used > *wide_phases) *wide_phases = used;
+  }
+  for (int dir = 0; dir < 2; dir++) {
+    const rs_msg *m = dir ? plan->recvs : plan->sends;
+    size_t n = dir ? plan->nrecvs : plan->nsends;
+    for (size_t i = 0; i < n; i++) {
+      int from = dir ? m[i].peer : plan->rank, to = dir ? plan->rank : m[i].peer;
+      int32_t q = rs_stream_phase(plan, from, to, pair_bytes(plan, dir, m[i].peer));
+      off += q >= 0 && (m[i].round - q) % P != 0;
+    }
+  }
   return off;
 }
 
@@ -85,7 +154,7 @@ static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
   rs_plan_force = (rs_plan_agreed){0};
   if (r != RESHARD_SUCCESS) return 1;
   int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
-  a->off_phase[rank] = count_off_phase(plan);
+  a->off_phase[rank] = count_off_phase(plan, &a->wide_phases[rank]);
   reshard_plan_destroy(plan);
   return bad;
 }
@@ -184,6 +253,29 @@ static void test_relay_in_phases(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* The all-to-all of test_all_to_all_takes_eight plus 2 MiB more from
+ * each source to one destination (its stream: 2 MiB + 64 KiB): in one
+ * phase that stream would make its phase 33x its links' others, so 8
+ * phases with it narrow lose to the same with it wide (over a threshold
+ * below its bytes: spread over every phase), which also beats one
+ * phase's 8 streams a round in small messages. Its messages then use
+ * every phase; the 64 KiB streams stay in theirs; bytes exact. */
+static void test_long_stream_goes_wide(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build_big(1, 0, 128, &src, &dst);
+  static phase_args a;
+  plan_all(&a, 2 * NSRC, src, dst, 0, 0);
+  printf("long stream: %d phases, wide over %zu B, %zu messages, a wide stream in %d phases\n", a.st[0].phases,
+         a.st[0].wide_bytes, messages(&a, 2 * NSRC), a.wide_phases[0]);
+  assert_true(a.st[0].phases > 1);
+  assert_true(a.st[0].wide_bytes >= 65536 && a.st[0].wide_bytes < ((size_t)2 << 20) + 65536);
+  for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_phases[r], a.st[0].phases);
+  sync_twice(2 * NSRC, src, dst, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Colocated ranks whose send and receive peers differ (each of K
  * tensors sharded by rows over ranks 0..15, and over a shuffled order of
  * them on the destination side): a rank's busiest send round and busiest
@@ -262,6 +354,7 @@ int main(void) {
       cmocka_unit_test(test_all_to_all_takes_eight),
       cmocka_unit_test(test_one_stream_per_link_keeps_one),
       cmocka_unit_test(test_relay_in_phases),
+      cmocka_unit_test(test_long_stream_goes_wide),
       cmocka_unit_test(test_send_and_receive_halves_fit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

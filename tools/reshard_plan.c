@@ -379,6 +379,20 @@ static void check_agreement(checker *ck, msgvec *sends, msgvec *recvs) {
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
+/* What chose the phases: per phase count, the estimate without wide
+ * streams and the best with them (the busiest rank's busiest link). */
+static void print_phase_estimates(const uint64_t *est) {
+  printf("# phase estimates (the busiest rank's busiest link, s; /wide: with streams over that many MiB wide):");
+  for (int k = 0; k < RS_PHASE_COUNTS && est[k * RS_WIDE_CANDIDATES] != UINT64_MAX; k++) {
+    int c = k * RS_WIDE_CANDIDATES, best = c;
+    for (int w = 1; w < RS_WIDE_CANDIDATES; w++)
+      if (est[c + w] < est[best]) best = c + w;
+    printf(" %d:%.4g", 1 << k, (double)est[c] * 1e-12);
+    if (best != c) printf("/%llu:%.4g", (unsigned long long)(rs_phase_wide_bytes(best) >> 20), (double)est[best] * 1e-12);
+  }
+  printf("\n");
+}
+
 static void print_header(void) {
   printf("%6s %5s %9s %9s %9s %10s %10s %10s %8s %8s %6s %6s %7s %9s\n", "rank", "role", "plan_ms", "cpu_ms", "peak_MiB",
          "out_MiB", "in_MiB", "local_MiB", "send_msg", "recv_msg", "to", "from", "rounds", "segments");
@@ -502,9 +516,10 @@ int main(int argc, char **argv) {
   reshard_plan_stats_t *agreed = calloc((size_t)world, sizeof *agreed);
   if (!agreed) return 1;
   reshard_options_t opts2 = opts;
-  int32_t phases = rs_phases_choose(est);
+  uint64_t wide = 0;
+  int32_t phases = rs_phases_choose(est, &wide);
   if (!failed) { /* the chunk each rank sizes with the agreed spread */
-    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, &chunk);
+    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, wide, &chunk);
     if (rc) {
       fprintf(stderr, "reshard_plan: error: plan with the agreed spread (%d) failed: %s: %s\n", (int)spread,
               reshard_result_string(rc), reshard_last_error());
@@ -513,7 +528,7 @@ int main(int argc, char **argv) {
   }
   /* what the ranks agree on */
   rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = chunk,
-                                   .set_phases = 1, .phases = phases};
+                                   .set_phases = 1, .phases = phases, .wide = wide};
   int injected = !o.inject_error;
   pc_session *cost = NULL; /* --topology: our plans, priced as checked */
   if (o.topology && !failed) {
@@ -559,11 +574,8 @@ int main(int argc, char **argv) {
            "# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
            "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
            chunk, (int)spread, (int)phases);
-    if (est[1] != UINT64_MAX) { /* what chose the phases */
-      printf("# phase estimates (the busiest rank's busiest link, s):");
-      for (int k = 0; k < RS_PHASE_CANDIDATES && est[k] != UINT64_MAX; k++) printf(" %d:%.4g", 1 << k, (double)est[k] * 1e-12);
-      printf("\n");
-    }
+    if (wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(wide >> 20));
+    if (est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(est);
     print_header();
     reshard_plan_stats_t tot;
     memset(&tot, 0, sizeof tot);

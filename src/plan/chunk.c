@@ -74,7 +74,7 @@ typedef struct chunker {
   int open;             /* a message of the stream is open */
   int32_t round;        /* the open message's round */
   int32_t ready;        /* the box being added may not travel earlier */
-  int32_t phase;        /* the open stream's phase (plan->phases > 1) */
+  int32_t phase;        /* the open stream's phase (plan->phases > 1; -1: wide) */
   uint64_t cur;         /* bytes in the open message */
   rs_msg *msgs;
   msg_key *keys; /* per message; cap_msgs entries */
@@ -112,7 +112,7 @@ static reshard_result_t open_msg(chunker *ch, int32_t round) {
 /* The first round at or after `round` in the open stream's phase. */
 static int32_t in_phase(const chunker *ch, int32_t round) {
   int32_t n = ch->plan->phases;
-  if (n <= 1) return round;
+  if (n <= 1 || ch->phase < 0) return round;
   return round + ((ch->phase - round % n) % n + n) % n;
 }
 
@@ -263,9 +263,10 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
     if (chunk < 64) chunk = 64;
   }
   if (plan->spread_rounds <= 0) return chunk;
-  /* a stream sends in one round of every `phases` */
+  /* a stream sends in one round of every `phases`, a wide one in all */
   uint64_t rounds = (uint64_t)plan->spread_rounds;
-  if (plan->phases > 1) rounds = rounds / (uint64_t)plan->phases ? rounds / (uint64_t)plan->phases : 1;
+  if (rs_stream_phase(plan, 0, 0, bytes) >= 0 && plan->phases > 1)
+    rounds = rounds / (uint64_t)plan->phases ? rounds / (uint64_t)plan->phases : 1;
   uint64_t share = (bytes + rounds - 1) / rounds;
   share = (share + 63) & ~(uint64_t)63;
   if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
@@ -320,21 +321,25 @@ void rs_streams_free(rs_streams *s) {
  * receives stage in separate halves, each as large as its direction's
  * busiest round; with phases those rounds can fall in different phases,
  * so the bound is the busiest send phase plus the busiest receive phase
- * (with one phase: all streams). sums: 2 x plan->phases scratch. */
+ * (with one phase: all streams); a wide stream (phase -1) is in every
+ * phase. sums: 2 x plan->phases scratch. */
 static uint64_t round_load(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t c,
                            uint64_t *sums) {
   int np = plan->phases > 1 ? plan->phases : 1;
   memset(sums, 0, 2 * (size_t)np * sizeof *sums);
+  uint64_t all[2] = {0, 0};
   for (size_t i = 0; i < st->n; i++) {
     uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i]);
     int send = st->from[i] == plan->rank;
-    sums[send * np + (phase ? phase[i] : 0)] += st->bytes[i] < cap ? st->bytes[i] : cap;
+    uint64_t most = st->bytes[i] < cap ? st->bytes[i] : cap;
+    if (phase && phase[i] < 0) all[send] += most;
+    else sums[send * np + (phase ? phase[i] : 0)] += most;
   }
   uint64_t most[2] = {0, 0};
   for (int d = 0; d < 2; d++)
     for (int k = 0; k < np; k++)
       if (sums[d * np + k] > most[d]) most[d] = sums[d * np + k];
-  return most[0] + most[1];
+  return most[0] + all[0] + most[1] + all[1];
 }
 
 uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, const int32_t *phase, uint64_t half,
@@ -368,7 +373,7 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
     rs_streams_free(&st);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu streams)", st.n);
   }
-  for (size_t i = 0; i < st.n; i++) phase[i] = rs_chunk_phase(plan, st.from[i], st.to[i]);
+  for (size_t i = 0; i < st.n; i++) phase[i] = rs_stream_phase(plan, st.from[i], st.to[i], st.bytes[i]);
   *out = rs_streams_limit(plan, &st, phase, half, sums);
   free(sums);
   free(phase);
@@ -530,7 +535,7 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
       c->open = 0;
       c->cur = 0;
       c->cap = stream_cap(plan, chunk_bytes, bytes, s->from, s->to);
-      c->phase = rs_chunk_phase(plan, s->from, s->to);
+      c->phase = rs_stream_phase(plan, s->from, s->to, bytes);
     }
     c->ready = 0;
     for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
@@ -563,6 +568,7 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.spread_rounds = plan->spread_rounds;
   tmp.domain_div = plan->domain_div;
   tmp.phases = plan->phases;
+  tmp.wide_bytes = plan->wide_bytes;
   tmp.map = plan->map; /* borrowed: tmp is freed field by field below */
   tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
   reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);

@@ -322,6 +322,7 @@ static void fill_stats(reshard_plan_t *p) {
   s->num_chunks = p->nrounds;
   s->chunk_bytes = p->chunk_bytes;
   s->phases = p->phases;
+  s->wide_bytes = p->phases > 1 ? p->wide_bytes : 0;
   s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
   s->send_messages = p->nsends;
   s->recv_messages = p->nrecvs;
@@ -643,7 +644,11 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
   /* The phases from the ranks' estimates (phases.c). */
   memcpy(p->phase_est, &v[AGREE_PHASE_EST], sizeof p->phase_est);
-  p->phases = rs_plan_force.set_phases ? rs_plan_force.phases : rs_phases_choose(p->phase_est);
+  p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
+  if (rs_plan_force.set_phases) {
+    p->phases = rs_plan_force.phases;
+    p->wide_bytes = rs_plan_force.wide;
+  }
   size_t chunk = 0;
   if (rs_plan_force.set_chunk) {
     chunk = rs_plan_force.chunk;

@@ -12,7 +12,15 @@
  * rank estimates, per candidate P, its busiest link's time (the bytes of
  * its busiest phase, P times) plus that link's messages at the chunk it
  * would size at P, times the latency; the plan takes the P whose worst
- * estimate over the ranks is lowest. */
+ * estimate over the ranks is lowest.
+ *
+ * Ranks in phases balance a link only as finely as its streams: a rank
+ * that receives 64 streams of 80 MB and one of 230 MB (a relay forward)
+ * has one phase 17% heavier than the rest at P = 8. So a stream longer
+ * than a threshold is wide: it sends in every round, its bytes spread
+ * over all phases. Its two ends know its bytes, so they agree on it; the
+ * threshold is a candidate beside P (none, 1 GiB, 512 MiB, ... 1 MiB),
+ * estimated and agreed with it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,11 +43,21 @@ static int32_t phase_of(int64_t P, int32_t from, int32_t to) {
   return (int32_t)(sum % P);
 }
 
-int32_t rs_chunk_phase(const reshard_plan_t *plan, int32_t from, int32_t to) {
-  return phase_of(plan->phases, from, to);
+/* Wide: over the threshold, as rounded to 64 bytes or not (a multiple
+ * of 64 answers both alike). */
+static int is_wide(uint64_t wide, uint64_t bytes) { return wide && bytes > wide; }
+
+int32_t rs_stream_phase(const reshard_plan_t *plan, int32_t from, int32_t to, uint64_t bytes) {
+  if (plan->phases <= 1) return 0;
+  return is_wide(plan->wide_bytes, bytes) ? -1 : phase_of(plan->phases, from, to);
 }
 
-enum { MAX_P = 1 << (RS_PHASE_CANDIDATES - 1) };
+uint64_t rs_phase_wide_bytes(int c) {
+  int w = c % RS_WIDE_CANDIDATES;
+  return w ? (uint64_t)1 << (30 - (w - 1)) : 0;
+}
+
+enum { MAX_P = 1 << (RS_PHASE_COUNTS - 1) };
 
 /* Links of a rank: out or in, over the network or inside a domain. */
 static int link_of(const reshard_plan_t *plan, int32_t from, int32_t to) {
@@ -53,18 +71,22 @@ static uint64_t to_ps(double s) {
 }
 
 /* The busiest link's time at P phases, seconds: its busiest phase's
- * bytes over the link's bandwidth, P times. */
-static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int64_t P, const double *bw) {
-  double t[4][MAX_P];
+ * bytes over the link's bandwidth, P times; phase[i] as rs_stream_phase
+ * (-1: wide, a P-th of its bytes in each phase). */
+static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int64_t P, const int32_t *phase,
+                           const double *bw) {
+  double t[4][MAX_P], all[4] = {0, 0, 0, 0};
   memset(t, 0, sizeof t);
   for (size_t i = 0; i < st->n; i++) {
     int l = link_of(plan, st->from[i], st->to[i]);
-    t[l][phase_of(P, st->from[i], st->to[i])] += (double)st->bytes[i] / bw[l & 1];
+    double s = (double)st->bytes[i] / bw[l & 1];
+    if (phase[i] < 0) all[l] += s / (double)P;
+    else t[l][phase[i]] += s;
   }
   double worst = 0;
   for (int l = 0; l < 4; l++)
     for (int64_t q = 0; q < P; q++)
-      if (t[l][q] > worst) worst = t[l][q];
+      if (t[l][q] + all[l] > worst) worst = t[l][q] + all[l];
   return worst * (double)P;
 }
 
@@ -73,9 +95,8 @@ static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int
  * does not fit the staging at all: a stream's spread share is its bytes
  * over the spread rounds a phase gets, and when a phase holds more than
  * its part of the bytes, those shares alone can overflow the round. */
-static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, int64_t P, int32_t *phase, uint64_t *sums) {
-  tmp->phases = (int32_t)P;
-  for (size_t i = 0; i < st->n; i++) phase[i] = phase_of(P, st->from[i], st->to[i]);
+static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, const int32_t *phase, uint64_t *sums) {
+  int64_t P = tmp->phases;
   uint64_t limit = rs_streams_limit(tmp, st, phase, tmp->opts.staging_bytes / 2, sums);
   if (limit < 64 && P > 1) return -1;
   uint64_t chunk = rs_chunk_bound(&tmp->opts, limit);
@@ -113,15 +134,28 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams
     free(tmp);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory estimating phases (%zu streams)", st->n);
   }
-  *tmp = *plan; /* read only, but for spread and phases */
+  *tmp = *plan; /* read only, but for spread, phases and wide_bytes */
   tmp->spread_rounds = spread;
-  for (int c = 0; c < RS_PHASE_CANDIDATES; c++) {
-    int64_t P = (int64_t)1 << c;
+  uint64_t longest = 0;
+  for (size_t i = 0; i < st->n; i++)
+    if (st->bytes[i] > longest) longest = st->bytes[i];
+  for (int k = 0; k < RS_PHASE_COUNTS; k++) {
+    int64_t P = (int64_t)1 << k;
     if (P > most) break;
-    /* this rank's spread is at most the agreed one, whose shares are
-     * smaller: a P that fits here fits the plan */
-    double lat = busiest_latency(tmp, st, P, phase, sums);
-    if (lat >= 0) est[c] = to_ps(busiest_link(plan, st, P, bw) + lat);
+    for (int w = 0; w < RS_WIDE_CANDIDATES && (w == 0 || P > 1); w++) {
+      int c = k * RS_WIDE_CANDIDATES + w;
+      tmp->phases = (int32_t)P;
+      tmp->wide_bytes = rs_phase_wide_bytes(c);
+      if (w > 0 && !is_wide(tmp->wide_bytes, longest)) {
+        est[c] = est[k * RS_WIDE_CANDIDATES]; /* no stream of this rank is wide: the same plan */
+        continue;
+      }
+      for (size_t i = 0; i < st->n; i++) phase[i] = rs_stream_phase(tmp, st->from[i], st->to[i], st->bytes[i]);
+      /* this rank's spread is at most the agreed one, whose shares are
+       * smaller: a candidate that fits here fits the plan */
+      double lat = busiest_latency(tmp, st, phase, sums);
+      if (lat >= 0) est[c] = to_ps(busiest_link(plan, st, P, phase, bw) + lat);
+    }
   }
   free(sums);
   free(phase);
@@ -129,9 +163,11 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams
   return RESHARD_SUCCESS;
 }
 
-int32_t rs_phases_choose(const uint64_t *est) {
+int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide) {
   int best = 0;
   for (int c = 1; c < RS_PHASE_CANDIDATES; c++)
     if (est[c] < est[best]) best = c;
-  return (int32_t)1 << best;
+  int32_t P = (int32_t)1 << (best / RS_WIDE_CANDIDATES);
+  *wide = P > 1 ? rs_phase_wide_bytes(best) : 0;
+  return P;
 }

@@ -66,7 +66,10 @@ typedef struct rs_used_buffer {
   char *name;
 } rs_used_buffer;
 
-enum { RS_PHASE_CANDIDATES = 7 }; /* phase counts 1, 2, 4, ..., 64 */
+/* Phase candidates (phases.c): the counts 1, 2, 4, ..., 64, each with
+ * every wide-stream threshold: none, then 1 GiB down to 1 MiB by 2x.
+ * Candidate k * RS_WIDE_CANDIDATES + w is 2^k phases, threshold w. */
+enum { RS_PHASE_COUNTS = 7, RS_WIDE_CANDIDATES = 12, RS_PHASE_CANDIDATES = RS_PHASE_COUNTS * RS_WIDE_CANDIDATES };
 
 struct reshard_plan {
   reshard_comm_t *comm;
@@ -91,13 +94,17 @@ struct reshard_plan {
    * a topology), before the spread. */
   int32_t domain_div;
   /* Phases (1: off): the stream from -> to sends only in the rounds
-   * congruent to rs_chunk_phase(plan, from, to) modulo phases, so that a
+   * congruent to rs_stream_phase(plan, ...) modulo phases, so that a
    * rank has about 1/phases of its streams in flight a round, each with
    * a chunk phases times larger: as many bytes a round in fewer, larger
    * messages (see chunk.c). Agreed at creation like chunk_bytes. */
   int32_t phases;
+  /* With phases, a stream of more than wide_bytes (a multiple of 64; 0:
+   * none) sends in every round rather than in its phase's: one long
+   * stream in one phase would make that phase its links' busiest. */
+  uint64_t wide_bytes;
   /* rs_phase_estimates of this rank, then their maxima over the ranks
-   * (after the agreement: what chose phases). */
+   * (after the agreement: what chose phases and wide_bytes). */
   uint64_t phase_est[RS_PHASE_CANDIDATES];
 
   int nrounds;
@@ -285,9 +292,11 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
 reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
                                size_t chunk_bytes);
 
-/* The phase of the stream from -> to: its messages go in rounds
- * congruent to it modulo plan->phases (0 when phases <= 1). */
-int32_t rs_chunk_phase(const reshard_plan_t *plan, int32_t from, int32_t to);
+/* The phase of the stream from -> to of `bytes` (all its segments' bytes,
+ * or those padded to 64: the same answer): its messages go in rounds
+ * congruent to it modulo plan->phases (0 when phases <= 1); -1 for a
+ * wide stream (over plan->wide_bytes), which sends in every round. */
+int32_t rs_stream_phase(const reshard_plan_t *plan, int32_t from, int32_t to, uint64_t bytes);
 
 /* This rank's streams (one per pair and relay group, virtual ones
  * excluded: they take no staging here), each with its bytes padded to
@@ -303,19 +312,24 @@ typedef struct rs_streams {
 reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out);
 void rs_streams_free(rs_streams *s);
 
-/* Phases (phases.c): the candidates are 2^k, k < RS_PHASE_CANDIDATES
- * (1 to 64). est[k] is this rank's estimate of its busiest link's time
- * at 2^k phases, in picoseconds: the bytes of the link's busiest phase,
- * 2^k times, over its bandwidth, plus its messages at the chunk this
- * rank would size (with this rank's spread) times the link's latency.
- * UINT64_MAX marks 2^k as no candidate: over `most`, or no topology with
- * links (est[0] is then 0). */
+/* Phases (phases.c). est[c] is this rank's estimate, in picoseconds, of
+ * its busiest link's time at candidate c (RS_PHASE_CANDIDATES): the
+ * bytes of the link's busiest phase, times the phases, over its
+ * bandwidth (a wide stream's bytes spread over every phase), plus its
+ * messages at the chunk this rank would size (with this rank's spread)
+ * times the link's latency. UINT64_MAX marks c as no candidate: over
+ * `most` phases, a threshold at one phase, or no topology with links
+ * (est[0] is then 0). */
 reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams *st, int32_t spread, int32_t most,
                                     uint64_t *est);
 
-/* The phases for estimates that are the maxima over all ranks: the
- * candidate with the lowest, the fewer phases on a tie. */
-int32_t rs_phases_choose(const uint64_t *est);
+/* Candidate c's wide-stream threshold in bytes (0: none). */
+uint64_t rs_phase_wide_bytes(int c);
+
+/* The phases and wide threshold for estimates that are the maxima over
+ * all ranks: the candidate with the lowest, on a tie the fewer phases,
+ * then the fewer wide streams. Returns the phases; *wide its threshold. */
+int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide);
 
 
 /* A stream's largest message at chunk c: the chunk (divided by
@@ -354,6 +368,7 @@ typedef struct rs_plan_agreed {
   int32_t spread;
   size_t chunk;
   int32_t phases;
+  uint64_t wide; /* with set_phases: wide_bytes */
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;
