@@ -383,11 +383,13 @@ static void check_agreement(checker *ck, msgvec *sends, msgvec *recvs) {
  * streams and the best with them (the busiest rank's busiest link). */
 static void print_phase_estimates(const uint64_t *est) {
   printf("# phase estimates (the busiest rank's busiest link, s; /wide: with streams over that many MiB wide):");
-  for (int k = 0; k < RS_PHASE_COUNTS && est[k * RS_WIDE_CANDIDATES] != UINT64_MAX; k++) {
+  for (int k = 0; k < RS_PHASE_COUNTS; k++) {
     int c = k * RS_WIDE_CANDIDATES, best = c;
     for (int w = 1; w < RS_WIDE_CANDIDATES; w++)
       if (est[c + w] < est[best]) best = c + w;
-    printf(" %d:%.4g", 1 << k, (double)est[c] * 1e-12);
+    if (est[best] == UINT64_MAX) continue; /* over RESHARD_MAX_PHASES, or no P that fits */
+    if (est[c] == UINT64_MAX) printf(" %d:-", 1 << k);
+    else printf(" %d:%.4g", 1 << k, (double)est[c] * 1e-12);
     if (best != c) printf("/%llu:%.4g", (unsigned long long)(rs_phase_wide_bytes(best) >> 20), (double)est[best] * 1e-12);
   }
   printf("\n");
@@ -575,7 +577,7 @@ int main(int argc, char **argv) {
            "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
            chunk, (int)spread, (int)phases);
     if (wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(wide >> 20));
-    if (est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(est);
+    if (phases > 1 || est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(est);
     print_header();
     reshard_plan_stats_t tot;
     memset(&tot, 0, sizeof tot);

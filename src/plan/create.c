@@ -429,6 +429,7 @@ _Thread_local rs_plan_agreed rs_plan_force;
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
        AGREE_N = AGREE_PHASE_EST + RS_PHASE_CANDIDATES };
+_Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within

@@ -36,6 +36,7 @@
  * capacity keeps the barrier free of allocation, which could otherwise fail
  * half-way through a collective and leave the ranks out of step. */
 #define RS_INPROC_MAX_REDUCE 256
+_Static_assert(RS_INPROC_MAX_REDUCE >= RS_AGREE_MAX_WORDS, "inproc reduces fewer words than transport.h promises");
 
 typedef struct rs_inproc_msg {
   struct rs_inproc_msg *next;

@@ -32,8 +32,8 @@
 #error "reshard's NCCL transport needs NCCL 2.19 or later (ncclMemAlloc)"
 #endif
 
-/* Plan agreement exchanges a handful of words. */
-#define RS_NCCL_SCRATCH_WORDS 64
+/* Plan agreement exchanges at most this many words (transport.h). */
+#define RS_NCCL_SCRATCH_WORDS RS_AGREE_MAX_WORDS
 
 /* A staging block registered with the communicator (optional). */
 typedef struct rs_nccl_reg {

@@ -19,6 +19,12 @@ typedef struct rs_request rs_request; /* owned by the transport */
 typedef struct rs_stream_ops rs_stream_ops; /* device transports only */
 struct rs_copy;                             /* src/pack/copy.h */
 
+
+/* The most words one allreduce_max_u64 carries (plan creation's first
+ * agreement, src/plan/create.c, is the largest); fixed so that device
+ * transports can keep a preallocated scratch. */
+#define RS_AGREE_MAX_WORDS 128
+
 typedef struct rs_transport_ops {
   const char *name;
   /* Starts sending bytes from buf to peer; buf must stay valid until the
@@ -39,7 +45,8 @@ typedef struct rs_transport_ops {
   /* Abandons a request on an error path and frees it; never blocks. */
   void (*cancel)(reshard_comm_t *comm, rs_request *req);
   /* Element-wise maximum of n values over all ranks of comm, in place.
-   * Collective; used for plan agreement (digests, error flags, sizes). */
+   * Collective; used for plan agreement (digests, error flags, sizes,
+   * phase estimates). Every transport takes n up to RS_AGREE_MAX_WORDS. */
   reshard_result_t (*allreduce_max_u64)(reshard_comm_t *comm, uint64_t *vals,
                                         int n, int64_t deadline_ns);
   /* Frees the transport's state of this communicator. */

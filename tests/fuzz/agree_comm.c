@@ -7,6 +7,8 @@
 #include "common/error.h"
 #include "transport/transport.h"
 
+_Static_assert(FZ_AGREE_MAX_VALS >= RS_AGREE_MAX_WORDS, "the fuzz communicator must take every agreement");
+
 static reshard_result_t no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
                                  rs_request **req) {
   (void)c, (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
