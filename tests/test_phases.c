@@ -53,6 +53,19 @@ static void test_choose(void **state) {
   assert_int_equal(rs_phases_choose(est, &wide), 4);
   assert_int_equal(wide, rs_phase_wide_bytes(cand(2, 3)));
   assert_int_equal(wide, (uint64_t)256 << 20);
+  /* more phases must be lower by 1/RS_PHASE_MARGIN (1%): less is noise */
+  fill(est, (uint64_t[]){1000, 995, 992, M, M, M, M});
+  assert_int_equal(rs_phases_choose(est, &wide), 1);
+  fill(est, (uint64_t[]){1000, 985, 980, M, M, M, M});
+  assert_int_equal(rs_phases_choose(est, &wide), 2);
+  fill(est, (uint64_t[]){1000, M, M, M, M, M, M});
+  est[cand(1, 2)] = 995; /* wide at 2 phases: a margin too */
+  assert_int_equal(rs_phases_choose(est, &wide), 1);
+  assert_int_equal(wide, 0);
+  fill(est, (uint64_t[]){1000, 980, M, M, M, M, M});
+  est[cand(1, 2)] = 978; /* but not against narrow at the same count */
+  assert_int_equal(rs_phases_choose(est, &wide), 2);
+  assert_int_equal(wide, rs_phase_wide_bytes(cand(1, 2)));
   assert_int_equal(rs_phase_wide_bytes(cand(5, 0)), 0);
   assert_int_equal(rs_phase_wide_bytes(cand(1, 1)), (uint64_t)1 << 30);
   assert_int_equal(rs_phase_wide_bytes(cand(1, RS_WIDE_CANDIDATES - 1)), (uint64_t)1 << 20);

@@ -69,6 +69,7 @@ typedef struct rs_used_buffer {
 /* Phase candidates (phases.c): the counts 1, 2, 4, ..., 64, each with
  * every wide-stream threshold: none, then 1 GiB down to 1 MiB by 2x.
  * Candidate k * RS_WIDE_CANDIDATES + w is 2^k phases, threshold w. */
+enum { RS_PHASE_MARGIN = 100 }; /* more phases must estimate 1/100 lower (rs_phases_choose) */
 enum { RS_PHASE_COUNTS = 7, RS_WIDE_CANDIDATES = 12, RS_PHASE_CANDIDATES = RS_PHASE_COUNTS * RS_WIDE_CANDIDATES };
 
 struct reshard_plan {
@@ -327,14 +328,16 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams
 uint64_t rs_phase_wide_bytes(int c);
 
 /* The phases and wide threshold for estimates that are the maxima over
- * all ranks: the candidate with the lowest, on a tie the fewer phases,
- * then the fewer wide streams. Returns the phases; *wide its threshold. */
+ * all ranks: the candidate with the lowest, where more phases must be
+ * lower by 1/RS_PHASE_MARGIN; on a tie the fewer phases, then the fewer
+ * wide streams. Returns the phases; *wide its threshold. */
 int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide);
 
 
 /* A stream's largest message at chunk c: the chunk (divided by
  * domain_div inside a domain), or its share of the spread rounds (a
- * stream sends one round in `phases`) when that is larger, never above
+ * stream sends one round in `phases`, a wide one every round) when that
+ * is larger, never above
  * options.chunk_bytes or an int's count. */
 uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside);
 
@@ -350,7 +353,8 @@ uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, cons
  * holds at most the sum over streams of min(bytes, cap), which must not
  * exceed half. With phases, the send half and the receive half are each
  * their direction's busiest phase, so the sum is that of the busiest
- * send phase's streams plus the busiest receive phase's. UINT64_MAX when
+ * send phase's streams plus the busiest receive phase's, each with the
+ * wide streams of its direction (in every phase). UINT64_MAX when
  * all the streams fit at once; 0 when even 64-byte messages would not
  * fit. */
 reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs,
