@@ -39,6 +39,7 @@
 #include "reshard.h"
 #include "reshard_nccl.h"
 #include "support/random_layout.h"
+#include "transport/transport.h"
 #include "verify.h"
 
 /* ------------------------------------------------------------ the mock */
@@ -297,7 +298,7 @@ static struct {
   pthread_cond_t cv;
   mail *head[MAXR][MAXR], **tail[MAXR][MAXR];
   pthread_barrier_t bar;
-  uint64_t red[MAXR][16];
+  uint64_t red[MAXR][RS_AGREE_MAX_WORDS];
   int bad_size;
   long delivered; /* messages, over all worlds */
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -377,7 +378,7 @@ ncclResult_t __wrap_ncclAllReduce(const void *s, void *r, size_t n, ncclDataType
   if (M.allreduce_result) return M.allreduce_result;
   if (s != r) memcpy(r, s, n * 8);
   if (!W.n) return ncclSuccess; /* one rank alone: max is identity */
-  assert_true(n <= 16);
+  assert_true(n <= RS_AGREE_MAX_WORDS);
   memcpy(W.red[M.rank], r, n * 8);
   pthread_barrier_wait(&W.bar);
   uint64_t *v = r;
