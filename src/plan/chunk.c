@@ -265,7 +265,7 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
   if (plan->spread_rounds <= 0) return chunk;
   /* a stream sends in one round of every `phases`, a wide one in all */
   uint64_t rounds = (uint64_t)plan->spread_rounds;
-  if (rs_stream_phase(plan, 0, 0, bytes) >= 0 && plan->phases > 1)
+  if (plan->phases > 1 && !rs_stream_wide(plan, bytes))
     rounds = rounds / (uint64_t)plan->phases ? rounds / (uint64_t)plan->phases : 1;
   uint64_t share = (bytes + rounds - 1) / rounds;
   share = (share + 63) & ~(uint64_t)63;

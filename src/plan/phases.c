@@ -47,9 +47,13 @@ static int32_t phase_of(int64_t P, int32_t from, int32_t to) {
  * of 64 answers both alike). */
 static int is_wide(uint64_t wide, uint64_t bytes) { return wide && bytes > wide; }
 
+int rs_stream_wide(const reshard_plan_t *plan, uint64_t bytes) {
+  return plan->phases > 1 && is_wide(plan->wide_bytes, bytes);
+}
+
 int32_t rs_stream_phase(const reshard_plan_t *plan, int32_t from, int32_t to, uint64_t bytes) {
   if (plan->phases <= 1) return 0;
-  return is_wide(plan->wide_bytes, bytes) ? -1 : phase_of(plan->phases, from, to);
+  return rs_stream_wide(plan, bytes) ? -1 : phase_of(plan->phases, from, to);
 }
 
 uint64_t rs_phase_wide_bytes(int c) {

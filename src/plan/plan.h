@@ -299,6 +299,9 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
  * wide stream (over plan->wide_bytes), which sends in every round. */
 int32_t rs_stream_phase(const reshard_plan_t *plan, int32_t from, int32_t to, uint64_t bytes);
 
+/* Whether a stream of `bytes` is wide: phases > 1 and over wide_bytes. */
+int rs_stream_wide(const reshard_plan_t *plan, uint64_t bytes);
+
 /* This rank's streams (one per pair and relay group, virtual ones
  * excluded: they take no staging here), each with its bytes padded to
  * 64 as its staging slots are, whether it stays inside an NVLink domain
