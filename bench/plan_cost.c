@@ -55,7 +55,7 @@ void pc_session_free(pc_session *s) {
  * communicator), or the smallest chunk the ranks derive. */
 static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                   const reshard_options_t *opts, rs_plan_agreed force, int32_t *spread,
-                                  uint64_t *est, size_t *chunk) {
+                                  uint64_t *est, rs_pace *pace, size_t *chunk) {
   reshard_result_t r = RESHARD_SUCCESS;
   rs_plan_force = force;
   for (int k = 0; k < nranks && !r; k++) {
@@ -66,6 +66,11 @@ static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_lay
     if (spread && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
     for (int j = 0; est && j < RS_PHASE_CANDIDATES; j++)
       if (plan->phase_est[j] > est[j]) est[j] = plan->phase_est[j];
+    for (int j = 0; pace && j < RS_WIDE_CANDIDATES; j++)
+    {
+      if (plan->pace_cand[j].narrow > pace[j].narrow) pace[j].narrow = plan->pace_cand[j].narrow;
+      if (plan->pace_cand[j].wide > pace[j].wide) pace[j].wide = plan->pace_cand[j].wide;
+    }
     if (chunk && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
     pm_plan_free(comm, plan);
   }
@@ -75,22 +80,24 @@ static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_lay
 
 reshard_result_t pc_agreed_chunk(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int32_t spread, int32_t phases, uint64_t wide,
-                                 size_t *chunk) {
+                                 rs_pace pace, size_t *chunk) {
   *chunk = 0;
-  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases, .wide = wide};
-  return each_rank(src, dst, nranks, opts, force, NULL, NULL, chunk);
+  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
+  return each_rank(src, dst, nranks, opts, force, NULL, NULL, NULL, chunk);
 }
 
 reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int32_t *spread, int32_t *phases, uint64_t *wide,
-                                 size_t *chunk) {
+                                 rs_pace *pace, size_t *chunk) {
   /* as the two agreements: the largest spread and phase estimates first,
    * then each rank's chunk with those, the smallest kept */
   uint64_t est[RS_PHASE_CANDIDATES] = {0};
+  rs_pace cand[RS_WIDE_CANDIDATES] = {{0, 0}};
   *spread = 0;
-  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0}, spread, est, NULL));
+  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0}, spread, est, cand, NULL));
   *phases = rs_phases_choose(est, wide);
-  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, *wide, chunk);
+  *pace = rs_pace_choose(cand, *wide);
+  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, *wide, *pace, chunk);
 }
 
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
@@ -126,13 +133,14 @@ static reshard_result_t estimate_global(const reshard_layout_t *src, const resha
   size_t agreed = 0;
   int32_t spread = 0, phases = 1;
   uint64_t wide = 0;
-  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &wide, &agreed));
+  rs_pace pace = {0, 0};
+  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &wide, &pace, &agreed));
   pc_session *s;
   RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
   reshard_result_t res = RESHARD_SUCCESS;
   /* what the ranks would agree on */
   rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = agreed,
-                                   .set_phases = 1, .phases = phases, .wide = wide};
+                                   .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
   for (int r = 0; r < nranks && !res; r++) {
     reshard_comm_t *comm;
     reshard_plan_t *plan;

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "plan/plan.h" /* rs_pace */
 #include "reshard.h"
 
 /* The spread, phases, wide-stream threshold and chunk a real run of
@@ -17,7 +18,7 @@ reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
                                  int32_t *spread, int32_t *phases,
-                                 uint64_t *wide, size_t *chunk);
+                                 uint64_t *wide, rs_pace *pace, size_t *chunk);
 
 /* The chunk a real run of nranks agrees on once the spread, phases and
  * threshold are agreed: every rank planned with them, the smallest chunk
@@ -26,7 +27,7 @@ reshard_result_t pc_agreed_chunk(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts,
                                  int32_t spread, int32_t phases,
-                                 uint64_t wide, size_t *chunk);
+                                 uint64_t wide, rs_pace pace, size_t *chunk);
 
 /* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
  * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY

@@ -63,6 +63,7 @@ void pm_measure(const reshard_layout_t *src, const reshard_layout_t *dst,
       reshard_plan_get_stats(plan, &m.stats);
       m.spread = plan->spread_rounds;
       memcpy(m.phase_est, plan->phase_est, sizeof m.phase_est);
+      memcpy(m.pace_cand, plan->pace_cand, sizeof m.pace_cand);
       m.ok = 1;
     } else {
       snprintf(m.err, sizeof m.err, "%s: %s", reshard_result_string(r), reshard_last_error());

@@ -25,6 +25,7 @@ typedef struct pm_result {
   reshard_plan_stats_t stats;
   int32_t spread; /* the plan's spread rounds (plan.h), to agree on */
   uint64_t phase_est[RS_PHASE_CANDIDATES]; /* its phase estimates (plan.h), likewise */
+  rs_pace pace_cand[RS_WIDE_CANDIDATES];   /* its pace candidates (plan.h), likewise */
   char err[512];
 } pm_result;
 

@@ -20,7 +20,7 @@
 #include "support/harness.h"
 
 #define STAGING ((size_t)65536)
-enum { NSRC = 8, MAXR = 24, ROWS = 256, COLS = 4096 };
+enum { NSRC = 8, MAXR = 32, ROWS = 256, COLS = 4096 };
 
 /* Candidate c of 2^k phases and wide threshold w. */
 static int cand(int k, int w) { return k * RS_WIDE_CANDIDATES + w; }
@@ -71,7 +71,7 @@ static void test_choose(void **state) {
   assert_int_equal(rs_phase_wide_bytes(cand(1, RS_WIDE_CANDIDATES - 1)), (uint64_t)1 << 20);
 }
 
-static void build_big(int replicas, int rows_dst, int big_rows, reshard_layout_t **src, reshard_layout_t **dst);
+static void build_big(int replicas, int rows_dst, int w_rows, int big_rows, reshard_layout_t **src, reshard_layout_t **dst);
 
 /* "w" [ROWS, COLS] fp32 sharded by rows over ranks 0..7 (node 0).
  * Destination: by columns over each of `replicas` groups of 8 ranks, one
@@ -79,14 +79,14 @@ static void build_big(int replicas, int rows_dst, int big_rows, reshard_layout_t
  * destination by rows instead (each source then feeds one rank of each
  * group). */
 static void build(int replicas, int rows_dst, reshard_layout_t **src, reshard_layout_t **dst) {
-  build_big(replicas, rows_dst, 0, src, dst);
+  build_big(replicas, rows_dst, ROWS, 0, src, dst);
 }
 
-/* build, plus with big_rows > 0 a tensor "big" [NSRC * big_rows, COLS]
+/* build with "w" of w_rows rows, plus with big_rows > 0 a tensor "big" [NSRC * big_rows, COLS]
  * sharded by rows on both sides of one replica: source i sends its
  * big_rows x COLS block to destination i alone, one long stream. */
-static void build_big(int replicas, int rows_dst, int big_rows, reshard_layout_t **src, reshard_layout_t **dst) {
-  int64_t shape[2] = {ROWS, COLS};
+static void build_big(int replicas, int rows_dst, int w_rows, int big_rows, reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t shape[2] = {w_rows, COLS};
   int t, m, b;
   assert_int_equal(reshard_layout_create(src), RESHARD_SUCCESS);
   assert_int_equal(reshard_layout_add_tensor(*src, "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
@@ -117,7 +117,14 @@ typedef struct phase_args {
   const reshard_layout_t *src, *dst;
   reshard_options_t opts;
   int force_one; /* plan as RESHARD_MAX_PHASES=1 would */
+  rs_plan_agreed force; /* with force.set_phases (and not force_one): these phases, wide and pace */
+  size_t staging;       /* 0: STAGING */
   reshard_plan_stats_t st[MAXR];
+  rs_pace pace[MAXR];
+  int32_t last_inside[MAXR]; /* the last round of a message inside this rank's domain */
+  int32_t last_network[MAXR]; /* ... and between domains */
+  int over_pace[MAXR];        /* sends of a wide network stream larger than its paced share */
+  uint64_t wide_most[MAXR];   /* the largest send of a wide network stream */
   int off_phase[MAXR]; /* messages outside their stream's phase */
   int wide_phases[MAXR]; /* the most phases a wide stream's sends used */
 } phase_args;
@@ -162,23 +169,49 @@ static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
   phase_args *a = arg;
   /* per thread: this rank's planning only */
   if (a->force_one) rs_plan_force = (rs_plan_agreed){.set_phases = 1, .phases = 1};
+  else if (a->force.set_phases) rs_plan_force = a->force;
   reshard_plan_t *plan = NULL;
   reshard_result_t r = reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan);
   rs_plan_force = (rs_plan_agreed){0};
   if (r != RESHARD_SUCCESS) return 1;
   int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
   a->off_phase[rank] = count_off_phase(plan, &a->wide_phases[rank]);
+  a->pace[rank] = plan->pace;
+  a->last_inside[rank] = a->last_network[rank] = -1;
+  uint64_t horizon = rs_pace_rounds(plan, plan->chunk_bytes);
+  for (size_t i = 0; i < plan->nsends && horizon; i++) {
+    uint64_t b = pair_bytes(plan, 0, plan->sends[i].peer);
+    int inside = plan->map.domain && plan->map.domain[plan->sends[i].peer] == plan->map.domain[rank];
+    if (!inside && rs_stream_wide(plan, b)) a->over_pace[rank] += plan->sends[i].bytes > ((b + horizon - 1) / horizon + 63) / 64 * 64;
+  }
+  for (size_t i = 0; i < plan->nsends; i++) {
+    int inside = plan->map.domain && plan->map.domain[plan->sends[i].peer] == plan->map.domain[rank];
+    if (!inside && rs_stream_wide(plan, pair_bytes(plan, 0, plan->sends[i].peer)) && plan->sends[i].bytes > a->wide_most[rank])
+      a->wide_most[rank] = plan->sends[i].bytes;
+  }
+  for (int dir = 0; dir < 2; dir++) {
+    const rs_msg *m = dir ? plan->recvs : plan->sends;
+    size_t n = dir ? plan->nrecvs : plan->nsends;
+    for (size_t i = 0; i < n; i++) {
+      int inside = plan->map.domain && plan->map.domain[m[i].peer] == plan->map.domain[rank];
+      int32_t *last = inside ? &a->last_inside[rank] : &a->last_network[rank];
+      if (m[i].round > *last) *last = m[i].round;
+    }
+  }
   reshard_plan_destroy(plan);
   return bad;
 }
 
 static void plan_all(phase_args *a, int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay,
                      int force_one) {
+  rs_plan_agreed force = a->force;
+  size_t staging = a->staging ? a->staging : STAGING;
   memset(a, 0, sizeof *a);
+  a->force = force;
   a->src = src;
   a->dst = dst;
   a->opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
-  a->opts.staging_bytes = STAGING;
+  a->opts.staging_bytes = staging;
   a->opts.topology = "h100-8x400g";
   a->opts.relay = relay;
   a->force_one = force_one;
@@ -186,8 +219,11 @@ static void plan_all(phase_args *a, int nranks, const reshard_layout_t *src, con
   for (int r = 0; r < nranks; r++) {
     assert_int_equal(a->st[r].phases, a->st[0].phases);
     assert_int_equal(a->st[r].wide_bytes, a->st[0].wide_bytes);
+    assert_int_equal(a->pace[r].narrow, a->pace[0].narrow);
+    assert_int_equal(a->pace[r].wide, a->pace[0].wide);
+    assert_int_equal(a->st[r].pace_rounds, a->st[0].pace_rounds);
     assert_int_equal(a->off_phase[r], 0);
-    assert_true(a->st[r].staging_bytes <= STAGING);
+    assert_true(a->st[r].staging_bytes <= staging);
   }
 }
 
@@ -199,17 +235,22 @@ static size_t messages(const phase_args *a, int nranks) {
 
 /* Two executes on nranks, every destination element and the bytes
  * around each fragment checked by the harness. */
-static void sync_twice(int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay) {
+static void sync_twice_staged(int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay,
+                              size_t staging) {
   static th_sync_args s;
   memset(&s, 0, sizeof s);
   s.src = src;
   s.dst = dst;
   s.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
-  s.opts.staging_bytes = STAGING;
+  s.opts.staging_bytes = staging;
   s.opts.topology = "h100-8x400g";
   s.opts.relay = relay;
   s.steps = 2;
   assert_int_equal(th_sync(nranks, &s), 0);
+}
+
+static void sync_twice(int nranks, const reshard_layout_t *src, const reshard_layout_t *dst, int relay) {
+  sync_twice_staged(nranks, src, dst, relay, STAGING);
 }
 
 /* Every source sends 64 KiB to each of 8 destinations on the next node:
@@ -273,11 +314,12 @@ static void test_relay_in_phases(void **state) {
  * phases with it narrow lose to the same with it wide (over a threshold
  * below its bytes: spread over every phase), which also beats one
  * phase's 8 streams a round in small messages. Its messages then use
- * every phase; the 64 KiB streams stay in theirs; bytes exact. */
+ * every phase, none larger than its bytes over the pace's horizon; the
+ * 64 KiB streams stay in their phases; bytes exact. */
 static void test_long_stream_goes_wide(void **state) {
   (void)state;
   reshard_layout_t *src, *dst;
-  build_big(1, 0, 128, &src, &dst);
+  build_big(1, 0, ROWS, 128, &src, &dst);
   static phase_args a;
   plan_all(&a, 2 * NSRC, src, dst, 0, 0);
   printf("long stream: %d phases, wide over %zu B, %zu messages, a wide stream in %d phases\n", a.st[0].phases,
@@ -285,7 +327,101 @@ static void test_long_stream_goes_wide(void **state) {
   assert_true(a.st[0].phases > 1);
   assert_true(a.st[0].wide_bytes > 65536 && a.st[0].wide_bytes < ((size_t)2 << 20) + 65536);
   for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_phases[r], a.st[0].phases);
+  /* paced: its sends spread over the horizon instead of a chunk a round */
+  assert_true(a.st[0].pace_rounds > 0);
+  for (int r = 0; r < NSRC; r++) assert_int_equal(a.over_pace[r], 0);
   sync_twice(2 * NSRC, src, dst, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Two destination replicas on one node (an NVLink domain), columns
+ * sharded 4 ways, relayed: each fragment's two parts come over the
+ * network, one to each replica, which forwards its part to the other
+ * over NVLink. Cut alone, at chunk / 4 one round in P, such a forward
+ * (a whole part: 8 sources' streams) outlasts the network's streams
+ * many times over; paced (unforced), its messages grow (up to 4 chunks)
+ * and the rounds it runs past the network's last at least halve, while
+ * staging stays within the budget (plan_all) and the bytes are exact. */
+enum { DOM_SHARDS = 4, DOM_REPLICAS = 2, DOM_RANKS = NSRC + DOM_SHARDS * DOM_REPLICAS };
+static void build_domains(reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t shape[2] = {ROWS, COLS};
+  int t, m, b, sr[NSRC], n = NSRC, dr[DOM_SHARDS * DOM_REPLICAS], dims[2] = {DOM_REPLICAS, DOM_SHARDS};
+  for (int i = 0; i < NSRC; i++) sr[i] = i;
+  for (int i = 0; i < DOM_SHARDS * DOM_REPLICAS; i++) dr[i] = NSRC + i;
+  reshard_placement_t s0 = reshard_shard(0), p[2] = {reshard_replicate(), reshard_shard(1)};
+  assert_int_equal(reshard_layout_create(src), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(*src, "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh(*src, 1, &n, sr, &m), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place(*src, t, m, &s0, &b), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_create(dst), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(*dst, "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh(*dst, 2, dims, dr, &m), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place(*dst, t, m, p, &b), RESHARD_SUCCESS);
+}
+
+static int32_t most(const int32_t *v, int n) {
+  int32_t x = -1;
+  for (int i = 0; i < n; i++)
+    if (v[i] > x) x = v[i];
+  return x;
+}
+
+static void test_domain_forwards_keep_pace(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build_domains(&src, &dst);
+  static phase_args on, off;
+  memset(&on, 0, sizeof on);
+  plan_all(&on, DOM_RANKS, src, dst, 1, 0);
+  memset(&off, 0, sizeof off);
+  off.force = (rs_plan_agreed){.set_phases = 1, .phases = on.st[0].phases, .wide = on.st[0].wide_bytes, .pace = {0, 0}};
+  plan_all(&off, DOM_RANKS, src, dst, 1, 0);
+  int32_t in_on = most(on.last_inside, DOM_RANKS), net_on = most(on.last_network, DOM_RANKS);
+  int32_t in_off = most(off.last_inside, DOM_RANKS), net_off = most(off.last_network, DOM_RANKS);
+  printf("domains: %d phases, chunk %zu B, paced over %d rounds (longest narrow %llu B): last round inside a domain %d, "
+         "between %d; unpaced (chunk %zu B): %d, %d\n",
+         on.st[0].phases, on.st[0].chunk_bytes, on.st[0].pace_rounds, (unsigned long long)on.pace[0].narrow, in_on, net_on,
+         off.st[0].chunk_bytes, in_off, net_off);
+  assert_true(on.pace[0].narrow > 0 && on.st[0].pace_rounds > 0);
+  assert_int_equal(off.pace[0].narrow, 0);
+  assert_int_equal(off.st[0].pace_rounds, 0);
+  assert_true(in_off > 2 * net_off); /* the case pacing is for */
+  assert_true(2 * (in_on - net_on) <= in_off - net_off);
+  sync_twice(DOM_RANKS, src, dst, 1);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* An all-to-all of 192 KiB streams plus 1.125 MiB more from each source
+ * to one destination: that stream goes wide (over 1 MiB), yet it is
+ * shorter than the P rounds' worth of the others, so cut alone, at a
+ * chunk every round, it would be done long before them and load its
+ * rounds. Paced, its sends are at most its bytes over the horizon
+ * (smaller than unpaced, same phases and threshold forced), and the
+ * bytes are exact. */
+static void test_wide_stream_paced(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build_big(1, 0, 3 * ROWS, 72, &src, &dst);
+  static phase_args on, off;
+  const size_t staging = (size_t)1 << 20; /* messages long enough that bytes outweigh latency */
+  memset(&on, 0, sizeof on);
+  on.staging = staging;
+  plan_all(&on, 2 * NSRC, src, dst, 0, 0);
+  memset(&off, 0, sizeof off);
+  off.staging = staging;
+  off.force = (rs_plan_agreed){.set_phases = 1, .phases = on.st[0].phases, .wide = on.st[0].wide_bytes, .pace = {0, 0}};
+  plan_all(&off, 2 * NSRC, src, dst, 0, 0);
+  printf("wide paced: %d phases, wide over %zu B, paced over %d rounds, largest wide send %llu B (unpaced %llu B)\n",
+         on.st[0].phases, on.st[0].wide_bytes, on.st[0].pace_rounds, (unsigned long long)on.wide_most[0],
+         (unsigned long long)off.wide_most[0]);
+  assert_true(on.st[0].phases > 1 && on.st[0].wide_bytes > 0 && on.st[0].pace_rounds > 0);
+  for (int r = 0; r < NSRC; r++) {
+    assert_int_equal(on.over_pace[r], 0);
+    assert_true(on.wide_most[r] > 0 && on.wide_most[r] < off.wide_most[r]);
+  }
+  sync_twice_staged(2 * NSRC, src, dst, 0, staging);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
@@ -370,6 +506,8 @@ int main(void) {
       cmocka_unit_test(test_relay_in_phases),
       cmocka_unit_test(test_long_stream_goes_wide),
       cmocka_unit_test(test_send_and_receive_halves_fit),
+      cmocka_unit_test(test_domain_forwards_keep_pace),
+      cmocka_unit_test(test_wide_stream_paced),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

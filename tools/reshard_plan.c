@@ -480,6 +480,7 @@ int main(int argc, char **argv) {
   size_t chunk = 0;
   int32_t spread = 0;
   uint64_t est[RS_PHASE_CANDIDATES] = {0};
+  rs_pace pace_cand[RS_WIDE_CANDIDATES] = {{0, 0}};
   for (int r = first; r <= last; r++) {
     pm_result *m = &ms[r - first];
     pm_measure(L.src, L.dst, r, world, &opts, m);
@@ -494,6 +495,11 @@ int main(int argc, char **argv) {
     if (m->spread > spread) spread = m->spread;
     for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
       if (m->phase_est[k] > est[k]) est[k] = m->phase_est[k];
+    for (int k = 0; k < RS_WIDE_CANDIDATES; k++)
+    {
+      if (m->pace_cand[k].narrow > pace_cand[k].narrow) pace_cand[k].narrow = m->pace_cand[k].narrow;
+      if (m->pace_cand[k].wide > pace_cand[k].wide) pace_cand[k].wide = m->pace_cand[k].wide;
+    }
   }
 
   if (failed > 3) fprintf(stderr, "reshard_plan: error: %d more ranks failed\n", failed - 3);
@@ -520,8 +526,9 @@ int main(int argc, char **argv) {
   reshard_options_t opts2 = opts;
   uint64_t wide = 0;
   int32_t phases = rs_phases_choose(est, &wide);
+  rs_pace pace = rs_pace_choose(pace_cand, wide);
   if (!failed) { /* the chunk each rank sizes with the agreed spread */
-    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, wide, &chunk);
+    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, wide, pace, &chunk);
     if (rc) {
       fprintf(stderr, "reshard_plan: error: plan with the agreed spread (%d) failed: %s: %s\n", (int)spread,
               reshard_result_string(rc), reshard_last_error());
@@ -530,7 +537,7 @@ int main(int argc, char **argv) {
   }
   /* what the ranks agree on */
   rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = chunk,
-                                   .set_phases = 1, .phases = phases, .wide = wide};
+                                   .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
   int injected = !o.inject_error;
   pc_session *cost = NULL; /* --topology: our plans, priced as checked */
   if (o.topology && !failed) {
@@ -577,6 +584,10 @@ int main(int argc, char **argv) {
            "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
            chunk, (int)spread, (int)phases);
     if (wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(wide >> 20));
+    if (world > 0 && agreed[0].pace_rounds)
+      printf("# paced over %d rounds (the longest network streams: narrow %.1f MiB, wide %.1f MiB): streams inside an\n"
+             "# NVLink domain finish within them, wide network streams spread over them\n",
+             agreed[0].pace_rounds, (double)pace.narrow / (1 << 20), (double)pace.wide / (1 << 20));
     if (phases > 1 || est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(est);
     print_header();
     reshard_plan_stats_t tot;

@@ -253,11 +253,10 @@ static int in_domain(const reshard_plan_t *plan, int32_t from, int32_t to) {
   return plan->domain_div > 1 && plan->map.domain && plan->map.domain[from] == plan->map.domain[to];
 }
 
-/* A stream's largest message: the chunk (divided inside a domain), or
- * its share of the spread rounds when that is larger (a long stream then
- * keeps pace with the short ones), never above options.chunk_bytes or an
- * int's count. `bytes` may be padded to 64: the cap only grows with it. */
-uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
+/* The cap before pacing: the chunk (divided inside a domain), or the
+ * stream's share of the spread rounds when that is larger, never above
+ * options.chunk_bytes or an int's count. */
+static uint64_t spread_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
   if (inside && plan->domain_div > 1) {
     chunk = (chunk / (uint64_t)plan->domain_div) & ~(uint64_t)63;
     if (chunk < 64) chunk = 64;
@@ -272,6 +271,63 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
   if (plan->opts.chunk_bytes && share > plan->opts.chunk_bytes) share = plan->opts.chunk_bytes & ~(size_t)63;
   if (share > ((uint64_t)INT32_MAX & ~(uint64_t)63)) share = (uint64_t)INT32_MAX & ~(uint64_t)63;
   return share > chunk ? share : chunk;
+}
+
+/* The horizon is what the longest network streams take at their caps:
+ * the narrow one's messages one round in `phases`, the wide one's every
+ * round. Every rank derives it from the agreed pace and the chunk alike, so both ends of a stream
+ * (and the ranks that cut it only to learn its rounds) cut it alike. */
+uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
+  uint64_t h = 0;
+  if (plan->pace.narrow) {
+    uint64_t cap = spread_cap(plan, chunk, plan->pace.narrow, 0);
+    h = (plan->pace.narrow + cap - 1) / cap;
+    if (plan->phases > 1) h *= (uint64_t)plan->phases;
+  }
+  if (plan->pace.wide) {
+    uint64_t cap = spread_cap(plan, chunk, plan->pace.wide, 0);
+    uint64_t n = (plan->pace.wide + cap - 1) / cap;
+    if (n > h) h = n;
+  }
+  return h;
+}
+
+/* Pacing. The network's streams set the plan's rounds; two kinds of
+ * stream were cut as if they were alone. A stream inside a domain, at
+ * chunk / domain_div in one round of `phases`, took many times the
+ * network's rounds to move bytes that NVLink carries in a fraction of
+ * them: DeepSeek-V3's forwards to the other 63 ranks of a domain (37 MB
+ * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
+ * It now takes at least its bytes over its rounds within the horizon.
+ * A wide network stream (a relay forward between domains) whose data is
+ * ready early sent a chunk every round and piled onto its receiver's
+ * first rounds; it now takes at most its bytes over the horizon.
+ * Smaller caps never raise a round's staging, and round_load and the
+ * ladder's cuts price the larger ones, so the chunk agreed stays within
+ * the budget. `bytes` may be padded to 64: the cap only grows with it. */
+uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
+  uint64_t cap = spread_cap(plan, chunk, bytes, inside);
+  uint64_t horizon = rs_pace_rounds(plan, chunk);
+  int wide = rs_stream_wide(plan, bytes);
+  if (horizon && (inside || wide)) {
+    /* the rounds this stream sends in within the horizon, and the bytes
+     * a message needs to be done by its end */
+    uint64_t rounds = plan->phases > 1 && !wide ? horizon / (uint64_t)plan->phases : horizon;
+    if (!rounds) rounds = 1;
+    uint64_t need = ((bytes + rounds - 1) / rounds + 63) & ~(uint64_t)63;
+    if (inside) { /* NVLink keeps pace with the network, in messages up to domain_div chunks */
+      uint64_t most = plan->domain_div > 1 && chunk <= UINT64_MAX / 4 / (uint64_t)plan->domain_div
+                          ? chunk * (uint64_t)plan->domain_div
+                          : chunk;
+      if (plan->opts.chunk_bytes && most > plan->opts.chunk_bytes) most = plan->opts.chunk_bytes;
+      if (most > ((uint64_t)INT32_MAX & ~(uint64_t)63)) most = (uint64_t)INT32_MAX & ~(uint64_t)63;
+      if (need > most) need = most & ~(uint64_t)63;
+      if (need > cap) cap = need;
+    } else if (need < cap) { /* a wide network stream spreads over the horizon */
+      cap = need;
+    }
+  }
+  return cap;
 }
 
 reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out) {
@@ -569,6 +625,7 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.domain_div = plan->domain_div;
   tmp.phases = plan->phases;
   tmp.wide_bytes = plan->wide_bytes;
+  tmp.pace = plan->pace;
   tmp.map = plan->map; /* borrowed: tmp is freed field by field below */
   tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
   reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);

@@ -323,6 +323,8 @@ static void fill_stats(reshard_plan_t *p) {
   s->chunk_bytes = p->chunk_bytes;
   s->phases = p->phases;
   s->wide_bytes = p->phases > 1 ? p->wide_bytes : 0;
+  uint64_t horizon = rs_pace_rounds(p, p->chunk_bytes);
+  s->pace_rounds = horizon > INT32_MAX ? INT32_MAX : (int)horizon;
   s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
   s->send_messages = p->nsends;
   s->recv_messages = p->nrecvs;
@@ -428,7 +430,7 @@ static void build_ctx_free(build_ctx *c) {
 _Thread_local rs_plan_agreed rs_plan_force;
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
-       AGREE_N = AGREE_PHASE_EST + RS_PHASE_CANDIDATES };
+       AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_N = AGREE_PACE + 2 * RS_WIDE_CANDIDATES };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
@@ -595,6 +597,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
       int64_t most = 64;
       if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
       local = rs_phase_estimates(p, &st, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
+      if (p->has_topo) rs_pace_candidates(&st, p->pace_cand); /* pacing serves links of a topology */
       rs_streams_free(&st);
     }
   }
@@ -617,6 +620,10 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   const int has_digest = src && dst && p;
   uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local, local ? 0 : (uint64_t)spread};
   for (int k = 0; k < RS_PHASE_CANDIDATES && !local && p; k++) v[AGREE_PHASE_EST + k] = p->phase_est[k];
+  for (int k = 0; k < RS_WIDE_CANDIDATES && !local && p; k++) {
+    v[AGREE_PACE + 2 * k] = p->pace_cand[k].narrow;
+    v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
+  }
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -645,10 +652,13 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
   /* The phases from the ranks' estimates (phases.c). */
   memcpy(p->phase_est, &v[AGREE_PHASE_EST], sizeof p->phase_est);
+  for (int k = 0; k < RS_WIDE_CANDIDATES; k++) p->pace_cand[k] = (rs_pace){v[AGREE_PACE + 2 * k], v[AGREE_PACE + 2 * k + 1]};
   p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
+  p->pace = rs_pace_choose(p->pace_cand, p->wide_bytes);
   if (rs_plan_force.set_phases) {
     p->phases = rs_plan_force.phases;
     p->wide_bytes = rs_plan_force.wide;
+    p->pace = rs_plan_force.pace;
   }
   size_t chunk = 0;
   if (rs_plan_force.set_chunk) {

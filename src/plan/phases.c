@@ -184,3 +184,22 @@ int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide) {
   *wide = P > 1 ? rs_phase_wide_bytes(best) : 0;
   return P;
 }
+
+void rs_pace_candidates(const rs_streams *st, rs_pace *cand) {
+  for (int w = 0; w < RS_WIDE_CANDIDATES; w++) {
+    uint64_t wide = rs_phase_wide_bytes(w);
+    rs_pace most = {0, 0};
+    for (size_t i = 0; i < st->n; i++) {
+      if (st->inside[i]) continue;
+      uint64_t *m = is_wide(wide, st->bytes[i]) ? &most.wide : &most.narrow;
+      if (st->bytes[i] > *m) *m = st->bytes[i];
+    }
+    cand[w] = most;
+  }
+}
+
+rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide) {
+  for (int w = 0; w < RS_WIDE_CANDIDATES; w++)
+    if (rs_phase_wide_bytes(w) == wide) return cand[w];
+  return (rs_pace){0, 0};
+}

@@ -72,6 +72,12 @@ typedef struct rs_used_buffer {
 enum { RS_PHASE_MARGIN = 100 }; /* more phases must estimate 1/100 lower (rs_phases_choose) */
 enum { RS_PHASE_COUNTS = 7, RS_WIDE_CANDIDATES = 12, RS_PHASE_CANDIDATES = RS_PHASE_COUNTS * RS_WIDE_CANDIDATES };
 
+/* What sets a plan's network horizon (rs_pace_rounds): the bytes of its
+ * longest narrow network stream and of its longest wide one (0: none). */
+typedef struct rs_pace {
+  uint64_t narrow, wide;
+} rs_pace;
+
 struct reshard_plan {
   reshard_comm_t *comm;
   int rank, size;
@@ -107,6 +113,14 @@ struct reshard_plan {
   /* rs_phase_estimates of this rank, then their maxima over the ranks
    * (after the agreement: what chose phases and wide_bytes). */
   uint64_t phase_est[RS_PHASE_CANDIDATES];
+  /* Pace: the longest narrow and wide network streams of the plan
+   * (agreed as the maxima over the ranks, for the chosen wide_bytes;
+   * zeros: no pacing). The rounds they take at a chunk are the plan's
+   * network horizon, within which streams inside a domain finish and
+   * over which wide network streams spread (rs_chunk_cap). pace_cand:
+   * this rank's per wide candidate, then their maxima over the ranks. */
+  rs_pace pace;
+  rs_pace pace_cand[RS_WIDE_CANDIDATES];
 
   int nrounds;
   rs_msg *sends, *recvs; /* sorted by round, then schedule order */
@@ -302,6 +316,11 @@ int32_t rs_stream_phase(const reshard_plan_t *plan, int32_t from, int32_t to, ui
 /* Whether a stream of `bytes` is wide: phases > 1 and over wide_bytes. */
 int rs_stream_wide(const reshard_plan_t *plan, uint64_t bytes);
 
+/* The plan's network horizon at `chunk`: the rounds its longest narrow
+ * network stream spans (one in `phases`), or its longest wide one (every
+ * round) when that is more; 0 without pacing. */
+uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk);
+
 /* This rank's streams (one per pair and relay group, virtual ones
  * excluded: they take no staging here), each with its bytes padded to
  * 64 as its staging slots are, whether it stays inside an NVLink domain
@@ -330,6 +349,14 @@ reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams
 /* Candidate c's wide-stream threshold in bytes (0: none). */
 uint64_t rs_phase_wide_bytes(int c);
 
+/* This rank's pace candidates: per wide candidate w (threshold
+ * rs_phase_wide_bytes(w)), its longest network streams that are narrow
+ * and wide under it (streams inside a domain do not count). */
+void rs_pace_candidates(const rs_streams *st, rs_pace *cand);
+
+/* The pace for the chosen wide_bytes from the agreed candidates. */
+rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide);
+
 /* The phases and wide threshold for estimates that are the maxima over
  * all ranks: the candidate with the lowest, where more phases must be
  * lower by 1/RS_PHASE_MARGIN; on a tie the fewer phases, then the fewer
@@ -340,8 +367,10 @@ int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide);
 /* A stream's largest message at chunk c: the chunk (divided by
  * domain_div inside a domain), or its share of the spread rounds (a
  * stream sends one round in `phases`, a wide one every round) when that
- * is larger, never above
- * options.chunk_bytes or an int's count. */
+ * is larger, never above options.chunk_bytes or an int's count. With a
+ * pace (plan->pace): a stream inside a domain takes at least, and a wide
+ * network stream at most, what finishes it within the horizon
+ * (rs_pace_rounds), never above c. */
 uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside);
 
 /* rs_chunk_limit on sized streams, stream i in phase[i] (NULL: all in
@@ -376,6 +405,7 @@ typedef struct rs_plan_agreed {
   size_t chunk;
   int32_t phases;
   uint64_t wide; /* with set_phases: wide_bytes */
+  rs_pace pace;  /* with set_phases: plan->pace */
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;
