@@ -573,10 +573,11 @@ typedef struct reshard_plan_stats {
   size_t wide_bytes;          /* with phases, a stream of more bytes sends
                                  in every round (0: none) */
   int pace_rounds;            /* with a topology: the network's horizon
-                                 (its longest narrow stream's rounds), within
-                                 which streams inside an NVLink domain finish
-                                 and over which wide network streams spread
-                                 (0: no pacing) */
+                                 (the rounds of its longest narrow stream, one
+                                 in `phases`, or of its longest wide one),
+                                 within which streams inside an NVLink domain
+                                 finish and over which wide network streams
+                                 spread (0: no pacing) */
 } reshard_plan_stats_t;
 
 reshard_result_t reshard_plan_get_stats(const reshard_plan_t *plan,

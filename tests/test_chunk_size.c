@@ -280,8 +280,10 @@ typedef struct peers_args {
 static int peers_rank(int rank, reshard_comm_t *comm, void *arg) {
   peers_args *a = arg;
   reshard_plan_t *plan = NULL;
-  /* one phase, as RESHARD_MAX_PHASES=1: the counts below are per round
-   * (with phases, this latency-bound pair would take 2; test_phases) */
+  /* one phase, as RESHARD_MAX_PHASES=1, and no pacing: the counts below
+   * are per round (with phases, this latency-bound pair would take 2;
+   * paced, the stream inside the domain would take the chunk to keep
+   * pace with the other; test_phases) */
   rs_plan_force = (rs_plan_agreed){.set_phases = 1, .phases = 1};
   reshard_result_t r = reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan);
   rs_plan_force = (rs_plan_agreed){0};
@@ -295,7 +297,7 @@ static int peers_rank(int rank, reshard_comm_t *comm, void *arg) {
   return bad;
 }
 
-/* Inside an NVLink domain, messages are chunk / 4 on h100-8x400g: rank 0
+/* Inside an NVLink domain, unpaced messages are chunk / 4 on h100-8x400g: rank 0
  * sends "near" (256 KiB) to rank 1, in its domain (rank 1 holds a source
  * fragment, so it is placed with the sources), and "far" (256 KiB) to
  * rank 2, a destination-only rank on the next node. With the topology the

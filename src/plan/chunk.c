@@ -298,7 +298,9 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * network's rounds to move bytes that NVLink carries in a fraction of
  * them: DeepSeek-V3's forwards to the other 63 ranks of a domain (37 MB
  * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
- * It now takes at least its bytes over its rounds within the horizon.
+ * It now takes at least its bytes over its rounds within the horizon, up
+ * to the chunk (larger messages would take staging from the network's
+ * streams, and with it their chunk, which nothing here prices).
  * A wide network stream (a relay forward between domains) whose data is
  * ready early sent a chunk every round and piled onto its receiver's
  * first rounds; it now takes at most its bytes over the horizon.
@@ -315,17 +317,9 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
     uint64_t rounds = plan->phases > 1 && !wide ? horizon / (uint64_t)plan->phases : horizon;
     if (!rounds) rounds = 1;
     uint64_t need = ((bytes + rounds - 1) / rounds + 63) & ~(uint64_t)63;
-    if (inside) { /* NVLink keeps pace with the network, in messages up to domain_div chunks */
-      uint64_t most = plan->domain_div > 1 && chunk <= UINT64_MAX / 4 / (uint64_t)plan->domain_div
-                          ? chunk * (uint64_t)plan->domain_div
-                          : chunk;
-      if (plan->opts.chunk_bytes && most > plan->opts.chunk_bytes) most = plan->opts.chunk_bytes;
-      if (most > ((uint64_t)INT32_MAX & ~(uint64_t)63)) most = (uint64_t)INT32_MAX & ~(uint64_t)63;
-      if (need > most) need = most & ~(uint64_t)63;
-      if (need > cap) cap = need;
-    } else if (need < cap) { /* a wide network stream spreads over the horizon */
-      cap = need;
-    }
+    if (need > chunk) need = chunk & ~(uint64_t)63;
+    if (inside && need > cap) cap = need;       /* NVLink keeps pace with the network */
+    else if (!inside && need < cap) cap = need; /* a wide network stream spreads over the horizon */
   }
   return cap;
 }

@@ -323,7 +323,8 @@ static void fill_stats(reshard_plan_t *p) {
   s->chunk_bytes = p->chunk_bytes;
   s->phases = p->phases;
   s->wide_bytes = p->phases > 1 ? p->wide_bytes : 0;
-  uint64_t horizon = rs_pace_rounds(p, p->chunk_bytes);
+  /* the horizon paces streams inside a domain (domain_div > 1) and wide ones */
+  uint64_t horizon = p->domain_div > 1 || s->wide_bytes ? rs_pace_rounds(p, p->chunk_bytes) : 0;
   s->pace_rounds = horizon > INT32_MAX ? INT32_MAX : (int)horizon;
   s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
   s->send_messages = p->nsends;
