@@ -40,14 +40,12 @@ static reshard_result_t agree_max(reshard_comm_t *c, uint64_t *vals, int n, int6
   int k = w->calls[c->rank]++;
   if (k >= FZ_AGREE_MAX_CALLS || n > FZ_AGREE_MAX_VALS || n < 0)
     return rs_error(RESHARD_ERROR_INTERNAL, "agreement replay communicator: call %d of %d values is beyond its table", k, n);
-  if (!w->replay) {
-    if (n > w->nvals[k]) w->nvals[k] = n;
-    for (int i = 0; i < n; i++)
-      if (vals[i] > w->max[k][i]) w->max[k][i] = vals[i];
-    return RESHARD_SUCCESS;
-  }
+  if (n > w->rec_nvals[k]) w->rec_nvals[k] = n;
   for (int i = 0; i < n; i++)
-    if (w->max[k][i] > vals[i]) vals[i] = w->max[k][i];
+    if (vals[i] > w->rec[k][i]) w->rec[k][i] = vals[i];
+  if (w->replay)
+    for (int i = 0; i < n; i++)
+      if (w->max[k][i] > vals[i]) vals[i] = w->max[k][i];
   return RESHARD_SUCCESS;
 }
 
@@ -72,6 +70,14 @@ void fz_agree_init(fz_agree_world *w, int size) {
 void fz_agree_replay(fz_agree_world *w) {
   w->replay = 1;
   memset(w->calls, 0, sizeof w->calls);
+  memcpy(w->max, w->rec, sizeof w->max);
+  memcpy(w->nvals, w->rec_nvals, sizeof w->nvals);
+  memset(w->rec, 0, sizeof w->rec);
+  memset(w->rec_nvals, 0, sizeof w->rec_nvals);
+}
+
+int fz_agree_settled(const fz_agree_world *w) {
+  return w->replay && !memcmp(w->max, w->rec, sizeof w->max) && !memcmp(w->nvals, w->rec_nvals, sizeof w->nvals);
 }
 
 reshard_result_t fz_agree_comm_create(fz_agree_world *w, int rank, reshard_comm_t **comm) {

@@ -351,8 +351,11 @@ static fz_outcome plan_all(const reshard_layout_t *src, const reshard_layout_t *
   reshard_comm_t *comms[FZ_MAX_RANKS] = {0};
   reshard_plan_t *plans[FZ_MAX_RANKS] = {0};
   int planned = 0;
-  reshard_result_t first = RESHARD_SUCCESS;
-  for (int pass = 0; pass < 2; pass++) {
+  reshard_result_t res_of[FZ_MAX_RANKS];
+  /* every agreement call's contributions follow the calls before it, so
+   * the passes settle within one more than the calls (agree_comm.h) */
+  for (int pass = 0;; pass++) {
+    if (pass > FZ_AGREE_MAX_CALLS + 1) fz_fail("the agreement did not settle in %d passes", pass);
     if (pass) fz_agree_replay(&w);
     planned = 0;
     for (int r = 0; r < nranks; r++) {
@@ -365,18 +368,20 @@ static fz_outcome plan_all(const reshard_layout_t *src, const reshard_layout_t *
       } else {
         planned++;
       }
-      if (pass && r == 0) first = res;
-      if (pass && (res == RESHARD_SUCCESS) != (first == RESHARD_SUCCESS))
-        fz_fail("rank %d planned %s but rank 0 %s: ranks disagree after agreement", r, reshard_result_string(res),
-                reshard_result_string(first));
-      if (!pass) {
-        reshard_plan_destroy(plans[r]);
-        plans[r] = NULL;
-        reshard_comm_destroy(comms[r]);
-        comms[r] = NULL;
-      }
+      res_of[r] = res;
+    }
+    if (pass && fz_agree_settled(&w)) break;
+    for (int r = 0; r < nranks; r++) {
+      reshard_plan_destroy(plans[r]);
+      plans[r] = NULL;
+      reshard_comm_destroy(comms[r]);
+      comms[r] = NULL;
     }
   }
+  for (int r = 1; r < nranks; r++)
+    if ((res_of[r] == RESHARD_SUCCESS) != (res_of[0] == RESHARD_SUCCESS))
+      fz_fail("rank %d planned %s but rank 0 %s: ranks disagree after agreement", r, reshard_result_string(res_of[r]),
+              reshard_result_string(res_of[0]));
   if (planned == nranks) {
     fz_rank_traffic t[FZ_MAX_RANKS];
     memset(t, 0, sizeof t);
