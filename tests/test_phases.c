@@ -314,18 +314,26 @@ static void test_relay_in_phases(void **state) {
  * phases with it narrow lose to the same with it wide (over a threshold
  * below its bytes: spread over every phase), which also beats one
  * phase's 8 streams a round in small messages. Its messages then use
- * every phase; the 64 KiB streams stay in theirs; bytes exact. */
+ * every phase, as large as without pacing (it sets the horizon); the
+ * 64 KiB streams stay in theirs; bytes exact. */
 static void test_long_stream_goes_wide(void **state) {
   (void)state;
   reshard_layout_t *src, *dst;
   build_big(1, 0, ROWS, 128, &src, &dst);
-  static phase_args a;
+  static phase_args a, off;
   plan_all(&a, 2 * NSRC, src, dst, 0, 0);
-  printf("long stream: %d phases, wide over %zu B, %zu messages, a wide stream in %d phases\n", a.st[0].phases,
-         a.st[0].wide_bytes, messages(&a, 2 * NSRC), a.wide_phases[0]);
+  memset(&off, 0, sizeof off);
+  off.force = (rs_plan_agreed){.set_phases = 1, .phases = a.st[0].phases, .wide = a.st[0].wide_bytes, .pace = {0, 0}};
+  plan_all(&off, 2 * NSRC, src, dst, 0, 0);
+  printf("long stream: %d phases, wide over %zu B, %zu messages, a wide stream in %d phases, largest send %llu B "
+         "(unpaced %llu B)\n",
+         a.st[0].phases, a.st[0].wide_bytes, messages(&a, 2 * NSRC), a.wide_phases[0],
+         (unsigned long long)a.wide_most[0], (unsigned long long)off.wide_most[0]);
   assert_true(a.st[0].phases > 1);
   assert_true(a.st[0].wide_bytes > 65536 && a.st[0].wide_bytes < ((size_t)2 << 20) + 65536);
   for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_phases[r], a.st[0].phases);
+  /* longer than the horizon (it is the horizon): pacing leaves it its share */
+  for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_most[r], off.wide_most[r]);
   sync_twice(2 * NSRC, src, dst, 0);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);

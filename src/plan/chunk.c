@@ -317,9 +317,12 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
     uint64_t rounds = plan->phases > 1 && !wide ? horizon / (uint64_t)plan->phases : horizon;
     if (!rounds) rounds = 1;
     uint64_t need = ((bytes + rounds - 1) / rounds + 63) & ~(uint64_t)63;
-    if (need > chunk) need = chunk & ~(uint64_t)63;
-    if (inside && need > cap) cap = need;       /* NVLink keeps pace with the network */
-    else if (!inside && need < cap) cap = need; /* a wide network stream spreads over the horizon */
+    if (inside) { /* NVLink keeps pace with the network */
+      if (need > chunk) need = chunk & ~(uint64_t)63;
+      if (need > cap) cap = need;
+    } else if (need < cap) { /* a wide network stream spreads over the horizon; one */
+      cap = need;            /* longer than it keeps its spread share */
+    }
   }
   return cap;
 }
