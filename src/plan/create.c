@@ -476,7 +476,8 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
 /* The chunk, once the spread is agreed: every rank's busiest round fits
  * the budget, double buffered. A round holds at most, per stream,
  * min(its bytes, its cap), the cap being the chunk (divided inside a
- * domain) or the stream's spread share when larger; rs_chunk_limit finds
+ * domain) or the stream's spread share when larger, then paced
+ * (rs_chunk_cap); rs_chunk_limit finds
  * the largest chunk at which that sum fits half the budget (the spread
  * shares alone take at most a quarter of it); the ladder's trial cuts,
  * with the agreed spread, find larger chunks that fit. The agreed chunk

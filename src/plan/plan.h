@@ -98,7 +98,7 @@ struct reshard_plan {
   int32_t spread_rounds;
   /* Streams between two ranks of one NVLink domain take messages of up
    * to chunk_bytes / domain_div (rs_topology_domain_chunk_div; 1 without
-   * a topology), before the spread. */
+   * a topology), before the spread and the pace (rs_chunk_cap). */
   int32_t domain_div;
   /* Phases (1: off): the stream from -> to sends only in the rounds
    * congruent to rs_stream_phase(plan, ...) modulo phases, so that a
