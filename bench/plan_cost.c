@@ -66,10 +66,7 @@ static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_lay
     if (spread && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
     for (int j = 0; est && j < RS_PHASE_CANDIDATES; j++)
       if (plan->phase_est[j] > est[j]) est[j] = plan->phase_est[j];
-    for (int j = 0; pace && j < RS_WIDE_CANDIDATES; j++) {
-      if (plan->pace_cand[j].narrow > pace[j].narrow) pace[j].narrow = plan->pace_cand[j].narrow;
-      if (plan->pace_cand[j].wide > pace[j].wide) pace[j].wide = plan->pace_cand[j].wide;
-    }
+    if (pace) rs_pace_merge(pace, plan->pace_cand);
     if (chunk && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
     pm_plan_free(comm, plan);
   }

@@ -179,15 +179,12 @@ static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
   a->pace[rank] = plan->pace;
   a->last_inside[rank] = a->last_network[rank] = -1;
   uint64_t horizon = rs_pace_rounds(plan, plan->chunk_bytes);
-  for (size_t i = 0; i < plan->nsends && horizon; i++) {
-    uint64_t b = pair_bytes(plan, 0, plan->sends[i].peer);
+  for (size_t i = 0; i < plan->nsends; i++) { /* sends of wide network streams */
+    uint64_t b = pair_bytes(plan, 0, plan->sends[i].peer), sent = plan->sends[i].bytes;
     int inside = plan->map.domain && plan->map.domain[plan->sends[i].peer] == plan->map.domain[rank];
-    if (!inside && rs_stream_wide(plan, b)) a->over_pace[rank] += plan->sends[i].bytes > ((b + horizon - 1) / horizon + 63) / 64 * 64;
-  }
-  for (size_t i = 0; i < plan->nsends; i++) {
-    int inside = plan->map.domain && plan->map.domain[plan->sends[i].peer] == plan->map.domain[rank];
-    if (!inside && rs_stream_wide(plan, pair_bytes(plan, 0, plan->sends[i].peer)) && plan->sends[i].bytes > a->wide_most[rank])
-      a->wide_most[rank] = plan->sends[i].bytes;
+    if (inside || !rs_stream_wide(plan, b)) continue;
+    if (sent > a->wide_most[rank]) a->wide_most[rank] = sent;
+    if (horizon) a->over_pace[rank] += sent > ((b + horizon - 1) / horizon + 63) / 64 * 64;
   }
   for (int dir = 0; dir < 2; dir++) {
     const rs_msg *m = dir ? plan->recvs : plan->sends;

@@ -495,10 +495,7 @@ int main(int argc, char **argv) {
     if (m->spread > spread) spread = m->spread;
     for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
       if (m->phase_est[k] > est[k]) est[k] = m->phase_est[k];
-    for (int k = 0; k < RS_WIDE_CANDIDATES; k++) {
-      if (m->pace_cand[k].narrow > pace_cand[k].narrow) pace_cand[k].narrow = m->pace_cand[k].narrow;
-      if (m->pace_cand[k].wide > pace_cand[k].wide) pace_cand[k].wide = m->pace_cand[k].wide;
-    }
+    rs_pace_merge(pace_cand, m->pace_cand);
   }
 
   if (failed > 3) fprintf(stderr, "reshard_plan: error: %d more ranks failed\n", failed - 3);

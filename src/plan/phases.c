@@ -198,6 +198,13 @@ void rs_pace_candidates(const rs_streams *st, rs_pace *cand) {
   }
 }
 
+void rs_pace_merge(rs_pace *into, const rs_pace *from) {
+  for (int w = 0; w < RS_WIDE_CANDIDATES; w++) {
+    if (from[w].narrow > into[w].narrow) into[w].narrow = from[w].narrow;
+    if (from[w].wide > into[w].wide) into[w].wide = from[w].wide;
+  }
+}
+
 rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide) {
   for (int w = 0; w < RS_WIDE_CANDIDATES; w++)
     if (rs_phase_wide_bytes(w) == wide) return cand[w];

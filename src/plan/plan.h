@@ -354,6 +354,10 @@ uint64_t rs_phase_wide_bytes(int c);
  * and wide under it (streams inside a domain do not count). */
 void rs_pace_candidates(const rs_streams *st, rs_pace *cand);
 
+/* into = the maxima of into and from, candidate by candidate (what the
+ * agreement computes; the single-process tools merge ranks with it). */
+void rs_pace_merge(rs_pace *into, const rs_pace *from);
+
 /* The pace for the chosen wide_bytes from the agreed candidates. */
 rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide);
 
