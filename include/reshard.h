@@ -236,6 +236,30 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *layout,
                                           const reshard_part_t *parts,
                                           int *buffer_id);
 
+/* reshard_layout_add_fused (num_groups 1) where a part may hold a window
+ * of its tensor instead of the whole tensor. origins has num_parts entries:
+ * NULL for a whole tensor (as in reshard_layout_add_fused), or the window's
+ * first element, one coordinate per tensor dim in [0, shape]. A windowed
+ * part's padded_shape is the window's shape (NULL: up to the end of every
+ * dim); its placements split the box [origin, origin + window shape), and
+ * elements of that box past the tensor's shape are padding. A tensor may
+ * appear in several parts of one buffer when no rank holds an element twice:
+ * their windows are disjoint, or their meshes share no rank.
+ *
+ * Example, Megatron-core's grouped experts (TEGroupedMLP): parameter
+ * decoder.layers.N.mlp.experts.linear_fc1.weight<i> is one tensor per
+ * local expert i; on EP rank r it holds expert r * E/ep + i. Over stacked
+ * gate and up tensors [E, I, H], that buffer is, for every EP rank r, the
+ * parts (gate, r) and (up, r) on r's [expert-DP, ETP] mesh with placements
+ * (Replicate, Shard(1)), origin (r * E/ep + i, 0, 0) and window shape
+ * (1, I, H), concatenated along dim 1. */
+reshard_result_t reshard_layout_add_windows(reshard_layout_t *layout,
+                                            const char *name, int concat_dim,
+                                            int num_parts,
+                                            const reshard_part_t *parts,
+                                            const int64_t *const *origins,
+                                            int *buffer_id);
+
 /* The escape hatch: a raw buffer of `bytes` bytes on one rank, filled by
  * explicit fragments. */
 reshard_result_t reshard_layout_add_buffer(reshard_layout_t *layout,

@@ -729,6 +729,103 @@ static void moe_experts(void **state) {
   reshard_layout_destroy(L);
 }
 
+/* Windows: Megatron-core's grouped experts (TEGroupedMLP,
+ * megatron/core/transformer/moe/experts.py) keep one parameter per local
+ * expert, linear_fc1.weight<i>, holding on EP rank r expert r * E/ep + i
+ * ([gate shard; up shard] over ETP). Stacked gate/up [E=4, I=6, H=4], ep 2
+ * x etp 2 over ranks 0..3 (etp fastest): buffer weight<i> is, per EP rank
+ * r, the windows (r*2+i, 0, 0) + (1, 6, 4) of gate and up on ranks
+ * {2r, 2r+1} with (Replicate, Shard(1)) over [expert-DP 1, etp 2]. */
+static void windows_grouped_experts(void **state) {
+  (void)state;
+  enum { E = 4, I = 6, H = 4 };
+  tspec ts[] = {{"gate", RESHARD_FP16, 3, {E, I, H}}, {"up", RESHARD_FP16, 3, {E, I, H}},
+                {"router", RESHARD_FP32, 2, {E, H}}};
+  reshard_layout_t *L = new_layout();
+  add_tensors(L, ts, 3);
+  int em[2] = {mesh_strided(L, 2, RANKS(1, 2), 0, 1), mesh_strided(L, 2, RANKS(1, 2), 2, 1)};
+  reshard_placement_t rs1[2] = {reshard_replicate(), reshard_shard(1)};
+  int64_t org[2][2][3];
+  const int64_t win[3] = {1, I, H};
+  int bw[2];
+  for (int i = 0; i < 2; i++) {
+    reshard_part_t parts[4];
+    const int64_t *origins[4];
+    for (int r = 0; r < 2; r++) {
+      org[i][r][0] = r * 2 + i;
+      org[i][r][1] = org[i][r][2] = 0;
+      parts[2 * r] = (reshard_part_t){0, em[r], rs1, win};
+      parts[2 * r + 1] = (reshard_part_t){1, em[r], rs1, win};
+      origins[2 * r] = origins[2 * r + 1] = org[i][r];
+    }
+    char name[32];
+    snprintf(name, sizeof name, "linear_fc1.weight%d", i);
+    reshard_result_t res = reshard_layout_add_windows(L, name, 1, 4, parts, origins, &bw[i]);
+    if (res) fail_msg("add_windows: %s", reshard_last_error());
+  }
+  /* EPLB-style: overlapping windows of the router on meshes without a
+   * common rank: rows 0..2 on rank 0, rows 1..5 on rank 3 (one of them
+   * padding). */
+  int m0 = mesh_ranks(L, 1, RANKS(1), RANKS(0)), m3 = mesh_ranks(L, 1, RANKS(1), RANKS(3));
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  reshard_part_t slot[2] = {{2, m0, rep, SHAPE(2, H)}, {2, m3, rep, SHAPE(4, H)}};
+  const int64_t *so[2] = {SHAPE(0, 0), SHAPE(1, 0)};
+  int bs = -1;
+  assert_int_equal(reshard_layout_add_windows(L, "slot", 0, 2, slot, so, &bs), RESHARD_SUCCESS);
+  for (int rank = 0; rank < 4; rank++) {
+    int r = rank / 2, t = rank % 2;
+    xf want[5];
+    size_t n = 0;
+    for (int i = 0; i < 2; i++) { /* local [1, 3 + 3, 4] fp16 */
+      want[n++] = (xf){0, bw[i], 3, {r * 2 + i, 3 * t, 0}, {1, 3, 4}, {24, 4, 1}, 0};
+      want[n++] = (xf){1, bw[i], 3, {r * 2 + i, 3 * t, 0}, {1, 3, 4}, {24, 4, 1}, 3 * 4 * 2};
+      EXPECT_BYTES(L, bw[i], rank, 6 * 4 * 2);
+    }
+    if (rank == 0) want[n++] = (xf){2, bs, 2, {0, 0}, {2, 4}, {4, 1}, 0};
+    if (rank == 3) want[n++] = (xf){2, bs, 2, {1, 0}, {3, 4}, {4, 1}, 0};
+    EXPECT_FRAGS(L, rank, want, n);
+    EXPECT_BYTES(L, bs, rank, rank == 0 ? 2 * 4 * 4 : rank == 3 ? 4 * 4 * 4 : 0);
+  }
+  roundtrip(ts, 3, L, 4, "grouped experts");
+  reshard_layout_destroy(L);
+
+  /* What windows refuse, leaving the layout unchanged. */
+  L = new_layout();
+  add_tensors(L, ts, 3);
+  int m = mesh_strided(L, 1, RANKS(2), 0, 1);
+  reshard_placement_t s0[1] = {reshard_shard(0)};
+  const struct {
+    reshard_part_t parts[2];
+    const int64_t *origins[2];
+    int nparts, groups;
+    const char *says;
+  } bad[] = {
+      {{{0, m, s0, SHAPE(2, I, H)}, {0, m, s0, SHAPE(2, I, H)}}, {SHAPE(0, 0, 0), SHAPE(1, 0, 0)}, 2, 1,
+       "overlapping windows of tensor 'gate'"},
+      {{{0, m, s0, SHAPE(1, I, H)}, {0, m, s0, NULL}}, {SHAPE(0, 0, 0), NULL}, 2, 1, "appears twice"},
+      {{{0, m, s0, SHAPE(1, I, H)}}, {SHAPE(5, 0, 0)}, 1, 1, "origin[0] = 5"},
+      {{{0, m, s0, SHAPE(1, I, H)}}, {SHAPE(0, -1, 0)}, 1, 1, "origin[1] = -1"},
+      {{{0, m, s0, SHAPE(1, -2, H)}}, {SHAPE(0, 0, 0)}, 1, 1, "window shape[1] = -2"},
+  };
+  for (size_t k = 0; k < NELEM(bad); k++) {
+    int b = -7;
+    reshard_result_t res = reshard_layout_add_windows(L, "bad", 0, bad[k].nparts, bad[k].parts, bad[k].origins, &b);
+    if (res != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[k].says))
+      fail_msg("bad window %zu: result %d, '%s' (expected to say '%s')", k, res, reshard_last_error(), bad[k].says);
+    assert_int_equal(b, -7);
+    assert_int_equal(reshard_layout_num_buffers(L), 0);
+  }
+  /* disjoint windows of one tensor on one rank are fine */
+  reshard_part_t two[2] = {{0, m, s0, SHAPE(1, I, H)}, {0, m, s0, SHAPE(1, I, H)}};
+  const int64_t *o2[2] = {SHAPE(3, 0, 0), SHAPE(0, 0, 0)};
+  assert_int_equal(reshard_layout_add_windows(L, "two", 0, 2, two, o2, NULL), RESHARD_SUCCESS);
+  /* rank 0 holds the first row of each window, rank 1 nothing (1 row split 2 ways) */
+  xf w0[] = {{0, 0, 3, {3, 0, 0}, {1, I, H}, {I * H, H, 1}, 0}, {0, 0, 3, {0, 0, 0}, {1, I, H}, {I * H, H, 1}, I * H * 2}};
+  EXPECT_FRAGS(L, 0, w0, 2);
+  EXPECT_NO_FRAGS(L, 1);
+  reshard_layout_destroy(L);
+}
+
 /* ------------------------------------------------------------------ */
 /* Small and degenerate tensors                                        */
 /* ------------------------------------------------------------------ */
@@ -928,6 +1025,7 @@ int main(void) {
       cmocka_unit_test(concat_dim1),
       cmocka_unit_test(padded_vocab),
       cmocka_unit_test(moe_experts),
+      cmocka_unit_test(windows_grouped_experts),
       cmocka_unit_test(norms_biases_scalars),
       cmocka_unit_test(zero_size),
       cmocka_unit_test(mesh_rank_lists),

@@ -263,8 +263,8 @@ reshard_result_t reshard_layout_add_mesh_strided(reshard_layout_t *L,
 
 static reshard_result_t check_part(const reshard_layout_t *L,
                                    const char *bname, int k,
-                                   const reshard_part_t *p, int concat_dim,
-                                   int num_groups) {
+                                   const reshard_part_t *p, const int64_t *origin,
+                                   int concat_dim, int num_groups) {
   if (p->tensor_id < 0 || p->tensor_id >= L->ntensors)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d: tensor_id %d is not a tensor of this layout", bname, k, p->tensor_id);
   const rs_tensor *t = &L->tensors[p->tensor_id];
@@ -285,10 +285,21 @@ static reshard_result_t check_part(const reshard_layout_t *L,
         if (pl->split_sizes[i] < 0)
           return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': split_sizes[%d] of mesh axis %d is negative", t->name, i, a);
   }
-  if (p->padded_shape)
+  if (origin) {
+    if (num_groups > 1)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d (tensor '%s'): windows need num_groups 1, not %d", bname, k, t->name, num_groups);
+    for (int d = 0; d < t->ndim; d++) {
+      int64_t end;
+      if (origin[d] < 0 || origin[d] > t->shape[d])
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d (tensor '%s'): window origin[%d] = %lld lies outside [0, %lld]", bname, k, t->name, d, (long long)origin[d], (long long)t->shape[d]);
+      if (p->padded_shape && (p->padded_shape[d] < 0 || rs_add_overflow_i64(origin[d], p->padded_shape[d], &end)))
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s' part %d (tensor '%s'): window shape[%d] = %lld is negative or overflows", bname, k, t->name, d, (long long)p->padded_shape[d]);
+    }
+  } else if (p->padded_shape) {
     for (int d = 0; d < t->ndim; d++)
       if (p->padded_shape[d] < t->shape[d])
         return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': padded_shape[%d] = %lld is smaller than shape %lld", t->name, d, (long long)p->padded_shape[d], (long long)t->shape[d]);
+  }
   if (num_groups > 1) {
     if (t->ndim <= concat_dim)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': concat_dim %d out of range", t->name, concat_dim);
@@ -312,11 +323,35 @@ static reshard_result_t new_buffer(reshard_layout_t *L, const char *name,
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
-                                          const char *name, int concat_dim,
-                                          int num_groups, int num_parts,
-                                          const reshard_part_t *parts,
-                                          int *buffer_id) {
+/* The box [lo, hi) a part holds of its tensor, clipped to the shape. */
+static void window_box(const rs_tensor *t, const reshard_part_t *p, const int64_t *origin, int64_t *lo, int64_t *hi) {
+  for (int d = 0; d < t->ndim; d++) {
+    lo[d] = origin ? origin[d] : 0;
+    int64_t n = p->padded_shape ? p->padded_shape[d] : t->shape[d] - lo[d];
+    hi[d] = rs_min_i64(t->shape[d], lo[d] + n);
+  }
+}
+
+/* Parts j and k hold the same tensor: allowed only when no rank could hold
+ * an element twice in this buffer, i.e. their windows are disjoint or
+ * their meshes share no rank (an expert replicated on two EP ranks). */
+static int parts_collide(const reshard_layout_t *L, const reshard_part_t *pj, const int64_t *oj,
+                         const reshard_part_t *pk, const int64_t *ok) {
+  const rs_tensor *t = &L->tensors[pk->tensor_id];
+  int64_t jl[RESHARD_MAX_DIMS], jh[RESHARD_MAX_DIMS], kl[RESHARD_MAX_DIMS], kh[RESHARD_MAX_DIMS];
+  window_box(t, pj, oj, jl, jh);
+  window_box(t, pk, ok, kl, kh);
+  for (int d = 0; d < t->ndim; d++)
+    if (jh[d] <= kl[d] || kh[d] <= jl[d]) return 0;
+  const rs_mesh *a = &L->meshes[pj->mesh_id], *b = &L->meshes[pk->mesh_id];
+  for (int i = 0; i < a->size; i++)
+    if (rs_mesh_position(b, a->ranks[i]) >= 0) return 1;
+  return 0;
+}
+
+static reshard_result_t add_fused(reshard_layout_t *L, const char *name, int concat_dim, int num_groups,
+                                  int num_parts, const reshard_part_t *parts, const int64_t *const *origins,
+                                  int *buffer_id) {
   rs_error_clear();
   if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_fused: layout is NULL");
   if (!name) name = "(unnamed)";
@@ -346,10 +381,18 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
     }
     if (t->ndim == 0 && num_parts > 1)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': scalar tensor '%s' cannot be fused", name, t->name);
-    RS_CHECK(check_part(L, name, k, &parts[k], concat_dim, num_groups));
-    for (int j = 0; j < k; j++)
-      if (parts[j].tensor_id == parts[k].tensor_id)
+    const int64_t *ok = origins ? origins[k] : NULL;
+    RS_CHECK(check_part(L, name, k, &parts[k], ok, concat_dim, num_groups));
+    for (int j = 0; j < k; j++) {
+      if (parts[j].tensor_id != parts[k].tensor_id) continue;
+      const int64_t *oj = origins ? origins[j] : NULL;
+      if (!oj || !ok)
         return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': tensor '%s' appears twice", name, t->name);
+      if (parts_collide(L, &parts[j], oj, &parts[k], ok))
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                        "buffer '%s': parts %d and %d hold overlapping windows of tensor '%s' on a common rank",
+                        name, j, k, t->name);
+    }
   }
   if (num_groups > 1) {
     /* Every part shards the same grid of groups: same mesh, same
@@ -407,8 +450,11 @@ reshard_result_t reshard_layout_add_fused(reshard_layout_t *L,
         used += (size_t)m->shape[a];
       }
     }
-    for (int d = 0; d < t->ndim; d++)
-      p->vshape[d] = parts[k].padded_shape ? parts[k].padded_shape[d] : t->shape[d];
+    const int64_t *origin = origins ? origins[k] : NULL;
+    for (int d = 0; d < t->ndim; d++) {
+      p->vstart[d] = origin ? origin[d] : 0;
+      p->vshape[d] = parts[k].padded_shape ? parts[k].padded_shape[d] : t->shape[d] - p->vstart[d];
+    }
     t->parts[t->nparts++] = L->nparts;
     L->nparts++;
   }
@@ -420,6 +466,17 @@ fail:
   for (int k = 0; k < num_parts; k++) free(pools[k]);
   free(pools);
   return r;
+}
+
+reshard_result_t reshard_layout_add_fused(reshard_layout_t *L, const char *name, int concat_dim, int num_groups,
+                                          int num_parts, const reshard_part_t *parts, int *buffer_id) {
+  return add_fused(L, name, concat_dim, num_groups, num_parts, parts, NULL, buffer_id);
+}
+
+reshard_result_t reshard_layout_add_windows(reshard_layout_t *L, const char *name, int concat_dim,
+                                            int num_parts, const reshard_part_t *parts,
+                                            const int64_t *const *origins, int *buffer_id) {
+  return add_fused(L, name, concat_dim, 1, num_parts, parts, origins, buffer_id);
 }
 
 reshard_result_t reshard_layout_place(reshard_layout_t *L, int tensor_id,
@@ -536,6 +593,7 @@ uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
       MIX(pl, sizeof pl);
       if (p->pl[a].split_sizes) MIX(p->pl[a].split_sizes, (size_t)m->shape[a] * sizeof(int64_t));
     }
+    MIX(p->vstart, (size_t)L->tensors[p->tensor].ndim * sizeof(int64_t));
     MIX(p->vshape, (size_t)L->tensors[p->tensor].ndim * sizeof(int64_t));
   }
   for (int i = 0; i < L->nbuffers; i++) {

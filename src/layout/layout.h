@@ -42,7 +42,12 @@ typedef struct rs_part {
   int index; /* position in its buffer */
   reshard_placement_t pl[RESHARD_MAX_MESH_DIMS];
   int64_t *split_pool; /* copies of the split sizes, owned */
-  int64_t vshape[RESHARD_MAX_DIMS]; /* padded (virtual) shape */
+  /* The box of the tensor the placements split: [vstart, vstart + vshape).
+   * vstart is 0 unless the part is a window (reshard_layout_add_windows);
+   * vshape is the padded (virtual) shape, or the window's. Elements past
+   * the tensor's shape are padding. */
+  int64_t vstart[RESHARD_MAX_DIMS];
+  int64_t vshape[RESHARD_MAX_DIMS];
 } rs_part;
 
 enum { RS_BUFFER_FUSED = 0, RS_BUFFER_RAW = 1 };

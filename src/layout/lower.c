@@ -54,7 +54,7 @@ static void part_root_box(const reshard_layout_t *L, const rs_part *p, int G,
                           int cd, int64_t *vs, int64_t *ve) {
   const rs_tensor *t = &L->tensors[p->tensor];
   for (int d = 0; d < t->ndim; d++) {
-    vs[d] = 0;
+    vs[d] = p->vstart[d];
     ve[d] = p->vshape[d];
   }
   if (G > 1) ve[cd] = G;
