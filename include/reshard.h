@@ -285,6 +285,21 @@ reshard_result_t reshard_layout_add_fragment(reshard_layout_t *layout,
  * to reshard_plan_execute. */
 int reshard_layout_num_buffers(const reshard_layout_t *layout);
 
+/* A buffer's name (owned by the layout; the name given when it was added,
+ * the tensor's for reshard_layout_place). */
+reshard_result_t reshard_layout_buffer_name(const reshard_layout_t *layout,
+                                            int buffer_id, const char **name);
+
+/* The buffer named `name` that `rank` holds. Names need not be unique in a
+ * layout (the model front-end names buffers as the framework names its
+ * parameters, and Megatron numbers layers from 0 on every pipeline stage),
+ * but a rank holds at most one buffer of a name. rank < 0: the only buffer
+ * of that name (RESHARD_ERROR_INVALID_ARGUMENT when there are several).
+ * RESHARD_ERROR_INVALID_ARGUMENT naming the buffer and rank when none. */
+reshard_result_t reshard_layout_find_buffer(const reshard_layout_t *layout,
+                                            const char *name, int rank,
+                                            int *buffer_id);
+
 /* Bytes of buffer_id on rank (0 when that rank holds no part of it). */
 reshard_result_t reshard_layout_buffer_bytes(const reshard_layout_t *layout,
                                              int buffer_id, int rank,

@@ -49,33 +49,18 @@ uint64_t rs_hash_bytes(const void *data, size_t len, uint64_t seed) {
   return h;
 }
 
-/* ---------------- name map ---------------- */
+/* ---------------- names ---------------- */
 
-static reshard_result_t name_map_rehash(reshard_layout_t *L, size_t ncap) {
-  int32_t *slots = rs_malloc(ncap * sizeof *slots);
-  if (!slots) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout: out of memory (name index)");
-  for (size_t i = 0; i < ncap; i++) slots[i] = -1;
-  for (int t = 0; t < L->ntensors; t++) {
-    size_t j = L->tensors[t].name_hash & (ncap - 1);
-    while (slots[j] >= 0) j = (j + 1) & (ncap - 1);
-    slots[j] = t;
-  }
-  free(L->names.slots);
-  L->names.slots = slots;
-  L->names.cap = ncap;
-  return RESHARD_SUCCESS;
+static const char *tensor_name(const void *ctx, int32_t id) {
+  return ((const reshard_layout_t *)ctx)->tensors[id].name;
 }
 
-static int name_map_find(const reshard_layout_t *L, const char *name,
-                         uint64_t h) {
-  if (!L->names.cap) return -1;
-  size_t j = h & (L->names.cap - 1);
-  while (L->names.slots[j] >= 0) {
-    const rs_tensor *t = &L->tensors[L->names.slots[j]];
-    if (t->name_hash == h && !strcmp(t->name, name)) return L->names.slots[j];
-    j = (j + 1) & (L->names.cap - 1);
-  }
-  return -1;
+static const char *buffer_name(const void *ctx, int32_t id) {
+  return ((const reshard_layout_t *)ctx)->buffers[id].name;
+}
+
+int32_t rs_layout_first_buffer_named(const reshard_layout_t *L, const char *name) {
+  return rs_name_map_find(&L->bnames, name, rs_name_hash(name), buffer_name, L);
 }
 
 /* ---------------- create / destroy ---------------- */
@@ -110,7 +95,8 @@ void reshard_layout_destroy(reshard_layout_t *L) {
   free(L->parts);
   free(L->buffers);
   free(L->raws);
-  free(L->names.slots);
+  rs_name_map_free(&L->names);
+  rs_name_map_free(&L->bnames);
   free(L);
 }
 
@@ -136,12 +122,11 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
     if (rs_mul_overflow_i64(bytes, shape[d], &bytes))
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': byte size overflows int64 at shape[%d]", name, d);
   }
-  uint64_t h = rs_hash_bytes(name, strlen(name), 0);
-  if (name_map_find(L, name, h) >= 0)
+  uint64_t h = rs_name_hash(name);
+  if (rs_name_map_find(&L->names, name, h, tensor_name, L) >= 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': name already declared in this layout", name);
   RS_CHECK(RS_GROW(L->tensors, L->ntensors, L->cap_tensors));
-  if ((size_t)(L->ntensors + 1) * 2 > L->names.cap)
-    RS_CHECK(name_map_rehash(L, L->names.cap ? L->names.cap * 2 : 64));
+  RS_CHECK(rs_name_map_reserve(&L->names, (size_t)L->ntensors + 1));
   char *copy = rs_strdup(name);
   if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
   rs_tensor *t = &L->tensors[L->ntensors];
@@ -152,9 +137,7 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
   t->ndim = ndim;
   for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
   int id = L->ntensors++;
-  size_t j = h & (L->names.cap - 1);
-  while (L->names.slots[j] >= 0) j = (j + 1) & (L->names.cap - 1);
-  L->names.slots[j] = id;
+  rs_name_map_put(&L->names, id, h);
   if (tensor_id) *tensor_id = id;
   return RESHARD_SUCCESS;
 }
@@ -164,7 +147,7 @@ reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *L,
   rs_error_clear();
   if (!L || !name || !tensor_id)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_tensor: NULL argument");
-  int id = name_map_find(L, name, rs_hash_bytes(name, strlen(name), 0));
+  int id = rs_name_map_find(&L->names, name, rs_name_hash(name), tensor_name, L);
   if (id < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_tensor: no tensor named '%s'", name);
   *tensor_id = id;
   return RESHARD_SUCCESS;
@@ -311,14 +294,27 @@ static reshard_result_t check_part(const reshard_layout_t *L,
   return RESHARD_SUCCESS;
 }
 
+/* The buffer that will get id L->nbuffers, named and indexed by name
+ * (the last step of an add: nothing after it can fail). */
 static reshard_result_t new_buffer(reshard_layout_t *L, const char *name,
                                    rs_buffer **out) {
   RS_CHECK(RS_GROW(L->buffers, L->nbuffers, L->cap_buffers));
+  uint64_t h = rs_name_hash(name);
+  int32_t same = rs_name_map_find(&L->bnames, name, h, buffer_name, L);
+  if (same < 0) RS_CHECK(rs_name_map_reserve(&L->bnames, L->bnames.n + 1));
   char *copy = rs_strdup(name);
   if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "buffer '%s': out of memory", name);
   rs_buffer *b = &L->buffers[L->nbuffers];
   memset(b, 0, sizeof *b);
   b->name = copy;
+  b->name_hash = h;
+  b->next_same_name = -1;
+  if (same < 0) {
+    rs_name_map_put(&L->bnames, L->nbuffers, h);
+  } else {
+    while (L->buffers[same].next_same_name >= 0) same = L->buffers[same].next_same_name;
+    L->buffers[same].next_same_name = L->nbuffers;
+  }
   *out = b;
   return RESHARD_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layout/name_map.h"
 #include "reshard.h"
 
 typedef struct rs_tensor {
@@ -54,6 +55,8 @@ enum { RS_BUFFER_FUSED = 0, RS_BUFFER_RAW = 1 };
 
 typedef struct rs_buffer {
   char *name;
+  uint64_t name_hash;
+  int32_t next_same_name; /* the next buffer of this name, or -1 */
   int kind;
   /* fused */
   int concat_dim;
@@ -75,12 +78,6 @@ typedef struct rs_raw {
   uint64_t byte_offset;
 } rs_raw;
 
-/* Hash map from tensor name to id (open addressing). */
-typedef struct rs_name_map {
-  int32_t *slots; /* -1: empty */
-  size_t cap;
-} rs_name_map;
-
 struct reshard_layout {
   rs_tensor *tensors;
   int ntensors, cap_tensors;
@@ -92,7 +89,8 @@ struct reshard_layout {
   int nbuffers, cap_buffers;
   rs_raw *raws;
   int nraws, cap_raws;
-  rs_name_map names;
+  rs_name_map names;   /* tensors */
+  rs_name_map bnames;  /* buffers: the first of each name */
 };
 
 /* A lowered fragment. `key` orders fragments canonically within a rank:
@@ -142,6 +140,10 @@ reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
 /* Appends the non-empty fragments of raw buffer b, in the order added. */
 reshard_result_t rs_layout_raw_fragments(const reshard_layout_t *L, int b,
                                          rs_frag_vec *out);
+
+/* The first buffer named `name` (the others follow through
+ * next_same_name), or -1. */
+int32_t rs_layout_first_buffer_named(const reshard_layout_t *L, const char *name);
 
 /* Byte size of buffer b on rank (0 if not held). */
 reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,

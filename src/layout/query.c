@@ -65,3 +65,49 @@ reshard_result_t reshard_layout_tensor_info(const reshard_layout_t *L,
   if (shape) memcpy(shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
   return RESHARD_SUCCESS;
 }
+
+reshard_result_t reshard_layout_buffer_name(const reshard_layout_t *L, int buffer_id, const char **name) {
+  rs_error_clear();
+  if (!L || !name) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer_name: NULL argument");
+  if (buffer_id < 0 || buffer_id >= L->nbuffers)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer_name: buffer_id %d is not a buffer of this layout", buffer_id);
+  *name = L->buffers[buffer_id].name;
+  return RESHARD_SUCCESS;
+}
+
+/* Does rank hold any part of buffer b? */
+static int holds(const reshard_layout_t *L, int b, int rank) {
+  const rs_buffer *buf = &L->buffers[b];
+  if (buf->kind == RS_BUFFER_RAW) return buf->raw_rank == rank;
+  for (int k = 0; k < buf->nparts; k++)
+    if (rs_mesh_position(&L->meshes[L->parts[buf->first_part + k].mesh], rank) >= 0) return 1;
+  return 0;
+}
+
+reshard_result_t reshard_layout_find_buffer(const reshard_layout_t *L, const char *name, int rank, int *buffer_id) {
+  rs_error_clear();
+  if (!L || !name || !buffer_id) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_buffer: NULL argument");
+  int32_t b = rs_layout_first_buffer_named(L, name);
+  if (b < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_buffer: no buffer named '%s' in this layout", name);
+  if (rank < 0) {
+    if (L->buffers[b].next_same_name >= 0)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "find_buffer: several buffers are named '%s' (buffers %d and %d, e.g. one per pipeline stage): "
+                      "give the rank",
+                      name, b, L->buffers[b].next_same_name);
+    *buffer_id = b;
+    return RESHARD_SUCCESS;
+  }
+  int found = -1;
+  for (; b >= 0; b = L->buffers[b].next_same_name) {
+    if (!holds(L, b, rank)) continue;
+    if (found >= 0)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_buffer: rank %d holds two buffers named '%s' (%d and %d)",
+                      rank, name, found, b);
+    found = b;
+  }
+  if (found < 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "find_buffer: rank %d holds no buffer named '%s'", rank, name);
+  *buffer_id = found;
+  return RESHARD_SUCCESS;
+}
