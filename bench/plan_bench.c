@@ -25,7 +25,7 @@
 
 #include "plan_measure.h"
 #include "proc_stats.h"
-#include "models.h"
+#include "reshard_models.h"
 #include "reshard.h"
 
 typedef struct scenario {
@@ -45,14 +45,14 @@ static const scenario scenarios[] = {
     {"a", "Llama-3-70B  megatron tp8 pp4 dp2 -> vllm tp8 dp8", "Llama-3.1-70B.json", "tp=8,pp=4,dp=2", "tp=8,dp=8",
      0, 50.0, 64.0, 0, 0},
     {"b", "1T MoE (Kimi-K2)  megatron tp2 pp8 dp16 ep32 -> vllm tp8 dp16 ep128", "Kimi-K2-Instruct.json",
-     "tp=2,pp=8,dp=16,ep=32", "tp=8,dp=16,ep=128", 0, 1000.0, 256.0, 0, 0},
+     "tp=2,pp=8,dp=16,ep=32,etp=1,first=5", "tp=8,dp=16,ep=128", 0, 1000.0, 256.0, 0, 0},
     /* The checkpoint's own tensors: one per expert and projection, fp8
      * with a weight_scale_inv each (139583 tensors), on 2048 ranks; and
      * the same colocated on 1024. */
-    {"c", "1T MoE (Kimi-K2) per-expert fp8 + block scales  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep128",
-     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64", "tp=8,dp=128,ep=128", 0, 1000.0, 256.0, 1, 1},
-    {"d", "1T MoE (Kimi-K2) per-expert fp8 + block scales, colocated  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep128",
-     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64", "tp=8,dp=128,ep=128", 1, 1000.0, 256.0, 1, 1},
+    {"c", "1T MoE (Kimi-K2) per-expert fp8 + block scales  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep1024",
+     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64,etp=1,first=1", "tp=8,dp=128,ep=1024", 0, 1000.0, 256.0, 1, 1},
+    {"d", "1T MoE (Kimi-K2) per-expert fp8 + block scales, colocated  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep1024",
+     "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64,etp=1,first=1", "tp=8,dp=128,ep=1024", 1, 1000.0, 256.0, 1, 1},
 };
 #define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
 
@@ -195,7 +195,7 @@ static void usage(const char *argv0) {
           "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
           "  b: 1T MoE (Kimi-K2), megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
           "  c: Kimi-K2 per-expert, fp8 + block scales (139583 tensors), megatron tp8 pp16 dp8\n"
-          "     ep64 (1024) -> vllm tp8 dp128 ep128 (1024)\n"
+          "     ep64 etp1 first=1 (1024) -> vllm tp8 dp128 ep1024 (1024)\n"
           "  d: c colocated (both sides on the same 1024 ranks)\n"
           "  geometries from the shipped configs (default directory: the source tree's configs/)\n"
           "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models.h"
+#include "reshard_models.h"
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "verify.h"

@@ -21,10 +21,13 @@ extra=${PANEL_ARGS:-}
 mkdir -p "$logs"
 
 # name | config | train | infer | topology | published
+# (Megatron-core needs pp to divide the layers unless the first/last
+# stage's count is given: DeepSeek-V3's and Kimi-K2's 61 layers, Qwen3's
+# 94; expert TP defaults to tp, so etp=1 where tp x dp / ep is smaller)
 scenarios=(
-  "DeepSeek-V3 671B|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16|tp=8,dp=16|gb200-nvl72|NCCL M2N 1.45 s hierarchical, 3.84 s direct"
-  "Qwen3-235B-A22B|Qwen3-235B-A22B.json|tp=2,pp=4,dp=8,ep=16|tp=8,dp=8|gb200-nvl72|NCCL M2N 0.99 s"
-  "Kimi-K2 1T|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (RDMA)"
+  "DeepSeek-V3 671B|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16,first=16|tp=8,dp=16|gb200-nvl72|NCCL M2N 1.45 s hierarchical, 3.84 s direct"
+  "Qwen3-235B-A22B|Qwen3-235B-A22B.json|tp=2,pp=4,dp=8,ep=16,etp=1,first=23,last=23|tp=8,dp=8|gb200-nvl72|NCCL M2N 0.99 s"
+  "Kimi-K2 1T|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32,etp=1,first=5|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (RDMA)"
   "Llama-3.1-70B|Llama-3.1-70B.json|tp=8,pp=4|tp=8,dp=8|h100-8x400g|"
   "Qwen3-30B-A3B|Qwen3-30B-A3B.json|tp=1,pp=2,dp=16,ep=16|tp=4,dp=8,ep=32|h100-8x400g|"
 )

@@ -9,7 +9,7 @@
 
 #include <stdio.h>
 
-#include "models.h"
+#include "reshard_models.h"
 #include "reshard.h"
 #include "support/harness.h"
 
@@ -54,17 +54,28 @@ static void tp2pp2dp2_to_tp4_kv_replication(void **state) {
   run_pair("tiny-llama.json", "tp=2,pp=2,dp=2", "tp=4", 0, 0, 12);
 }
 
-/* Megatron EP4 (over tp2 x dp2 of each stage) -> vLLM EP2 x TP2, with a
- * staging budget small enough for many rounds. */
-static void moe_ep4_to_ep2_tp2_small_staging(void **state) {
+/* Megatron EP4 (over tp2 x dp2 of each stage, one TEGroupedMLP buffer per
+ * local expert) -> vLLM EP4 over tp2 x dp2 with pp2 (vLLM's DP-outermost
+ * rank order), with a staging budget small enough for many rounds. */
+static void moe_ep4_to_ep4_pp2_small_staging(void **state) {
   (void)state;
-  run_pair("tiny-qwen3-moe.json", "tp=2,pp=2,dp=2,ep=4", "tp=2,dp=2,ep=2", 0, 8192, 12);
+  run_pair("tiny-qwen3-moe.json", "tp=2,pp=2,dp=2,ep=4,etp=1", "tp=2,pp=2,dp=2,ep=4", 0, 8192, 16);
 }
 
-/* MLA, shared experts and dense first layers. */
+/* MLA, shared experts (replicated in vLLM under sequence-parallel MoE:
+ * ep > 1, tp > 1, dp > 1) and dense first layers; Megatron's uneven
+ * stages (first=) and padded vocabulary (vocab=). */
 static void deepseek_v3_ep(void **state) {
   (void)state;
-  run_pair("tiny-deepseek-v3.json", "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 0, 8);
+  run_pair("tiny-deepseek-v3.json", "tp=2,pp=2,ep=2,etp=1", "tp=2,dp=2,ep=4", 0, 0, 8);
+  run_pair("tiny-deepseek-v3.json", "tp=2,pp=3,ep=2,etp=1,first=2,vocab=1024", "tp=2,pp=2,dp=2,ep=4,sp_moe=0", 0,
+           0, 14);
+}
+
+/* 8 experts over vLLM's 6 EP ranks: the first two hold two. */
+static void uneven_experts(void **state) {
+  (void)state;
+  run_pair("tiny-qwen3-moe.json", "tp=2,ep=2,etp=1", "tp=2,dp=3,ep=6", 0, 0, 8);
 }
 
 /* Both sides on the same four ranks: local copies and messages mixed. */
@@ -77,7 +88,8 @@ static void colocated(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(llama_tp2pp2_to_tp2dp2),   cmocka_unit_test(tp2pp2dp2_to_tp4_kv_replication),
-      cmocka_unit_test(moe_ep4_to_ep2_tp2_small_staging), cmocka_unit_test(deepseek_v3_ep),
+      cmocka_unit_test(moe_ep4_to_ep4_pp2_small_staging), cmocka_unit_test(deepseek_v3_ep),
+      cmocka_unit_test(uneven_experts),
       cmocka_unit_test(colocated),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

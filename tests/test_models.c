@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "layout/layout.h"
-#include "models.h"
+#include "reshard_models.h"
 #include "reshard.h"
 #include "support/harness.h"
 
@@ -124,94 +124,6 @@ static reshard_layout_t *vllm(const rm_model *m, const char *spec, int first) {
   if (r) print_error("vllm %s: %s\n", spec, reshard_last_error());
   assert_int_equal(r, RESHARD_SUCCESS);
   return L;
-}
-
-/* The nth buffer (0-based) named `name`, or -1. */
-static int find_buffer(const reshard_layout_t *L, const char *name, int nth) {
-  for (int b = 0; b < L->nbuffers; b++)
-    if (!strcmp(L->buffers[b].name, name) && nth-- == 0) return b;
-  return -1;
-}
-
-static size_t buffer_bytes(const reshard_layout_t *L, const char *name, int rank) {
-  int b = find_buffer(L, name, 0);
-  if (b < 0) print_error("no buffer '%s'\n", name);
-  assert_true(b >= 0);
-  size_t bytes = 0;
-  assert_int_equal(reshard_layout_buffer_bytes(L, b, rank, &bytes), RESHARD_SUCCESS);
-  return bytes;
-}
-
-#define EXPECT_BYTES(L, name, rank, expected)                                                          \
-  do {                                                                                                 \
-    size_t got_ = buffer_bytes(L, name, rank), want_ = (size_t)(expected);                             \
-    if (got_ != want_) print_error("buffer '%s' rank %d: %zu bytes, expected %zu\n", name, rank, got_, want_); \
-    assert_int_equal(got_, want_);                                                                     \
-  } while (0)
-
-/* Checks the k-th fragment of buffer `bname` on `rank`: its tensor, box and
- * byte offset, i.e. where the framework keeps that slice in memory (the
- * byte-exact reshards cannot see a wrong arrangement: both sides would
- * agree with their own descriptions). */
-static void expect_frag(const reshard_layout_t *L, int rank, const char *bname, int k, const char *tensor, int ndim,
-                        const int64_t *start, const int64_t *extent, size_t byte_offset) {
-  int buffer = find_buffer(L, bname, 0);
-  if (buffer < 0) print_error("no buffer '%s'\n", bname);
-  assert_true(buffer >= 0);
-  size_t n;
-  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), 0);
-  reshard_fragment_info_t *f = calloc(n ? n : 1, sizeof *f);
-  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), 0);
-  int seen = 0, t;
-  assert_int_equal(reshard_layout_find_tensor(L, tensor, &t), 0);
-  for (size_t i = 0; i < n; i++) {
-    if (f[i].buffer_id != buffer || seen++ != k) continue;
-    if (f[i].tensor_id != t) print_error("rank %d %s fragment %d: tensor %d, expected %s\n", rank, bname, k, f[i].tensor_id, tensor);
-    assert_int_equal(f[i].tensor_id, t);
-    assert_int_equal(f[i].ndim, ndim);
-    for (int d = 0; d < ndim; d++) {
-      if (f[i].start[d] != start[d] || f[i].extent[d] != extent[d])
-        print_error("rank %d %s fragment %d dim %d: [%lld +%lld), expected [%lld +%lld)\n", rank, bname, k, d,
-                    (long long)f[i].start[d], (long long)f[i].extent[d], (long long)start[d], (long long)extent[d]);
-      assert_int_equal(f[i].start[d], start[d]);
-      assert_int_equal(f[i].extent[d], extent[d]);
-    }
-    assert_int_equal(f[i].byte_offset, byte_offset);
-    free(f);
-    return;
-  }
-  free(f);
-  print_error("rank %d %s: no fragment %d (%d in the buffer)\n", rank, bname, k, seen);
-  fail();
-}
-
-#define BOX(...) ((const int64_t[]){__VA_ARGS__})
-
-/* The fragment of `tensor` starting at `start` in buffer `bname` on
- * `rank`, wherever it comes in the canonical order: its extent and byte
- * offset. */
-static void expect_frag_at(const reshard_layout_t *L, int rank, const char *bname, const char *tensor, int ndim,
-                           const int64_t *start, const int64_t *extent, size_t byte_offset) {
-  int buffer = find_buffer(L, bname, 0), t;
-  assert_true(buffer >= 0);
-  assert_int_equal(reshard_layout_find_tensor(L, tensor, &t), 0);
-  size_t n;
-  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), 0);
-  reshard_fragment_info_t *f = calloc(n ? n : 1, sizeof *f);
-  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), 0);
-  for (size_t i = 0; i < n; i++) {
-    if (f[i].buffer_id != buffer || f[i].tensor_id != t || memcmp(f[i].start, start, (size_t)ndim * sizeof *start))
-      continue;
-    for (int d = 0; d < ndim; d++) assert_int_equal(f[i].extent[d], extent[d]);
-    if (f[i].byte_offset != byte_offset)
-      print_error("rank %d %s: %s at offset %zu, expected %zu\n", rank, bname, tensor, f[i].byte_offset, byte_offset);
-    assert_int_equal(f[i].byte_offset, byte_offset);
-    free(f);
-    return;
-  }
-  free(f);
-  print_error("rank %d %s: no fragment of %s at the given start\n", rank, bname, tensor);
-  fail();
 }
 
 /* Every element of every tensor is held by some rank of [0, nranks): a
@@ -451,128 +363,6 @@ static void layer_truncation(void **state) {
   rm_model_free(full);
 }
 
-/* ------------------------------------------- layouts of real geometries */
-
-static void expect_layout_error(const rm_model *m, int vllm_side, const char *spec, int first, const char *says);
-
-static void shipped_layout_buffer_sizes(void **state) {
-  (void)state;
-  rm_model *m = load(shipped("Llama-3.1-70B.json"), 0);
-  /* Megatron tp8 pp4 dp2: 64 ranks, 20 layers per stage. Vocabulary
-   * 128256 padded to a multiple of 1024: 129024, 16128 rows per rank. */
-  reshard_layout_t *L = megatron(m, "tp=8,pp=4,dp=2", 0);
-  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 0, 16128LL * 8192 * 2);
-  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 16, 0);
-  /* One KV group per rank: 8 q heads + k + v = 1280 rows. */
-  EXPECT_BYTES(L, "decoder.layers.0.self_attention.linear_qkv.weight", 9, 1280LL * 8192 * 2);
-  EXPECT_BYTES(L, "decoder.layers.0.mlp.linear_fc1.weight", 3, 2LL * 3584 * 8192 * 2);
-  EXPECT_BYTES(L, "decoder.layers.0.mlp.linear_fc2.weight", 3, 8192LL * 3584 * 2);
-  EXPECT_BYTES(L, "decoder.layers.20.input_layernorm.weight", 16, 8192 * 2);
-  EXPECT_BYTES(L, "decoder.layers.20.input_layernorm.weight", 15, 0);
-  EXPECT_BYTES(L, "output_layer.weight", 63, 16128LL * 8192 * 2);
-  EXPECT_BYTES(L, "output_layer.weight", 47, 0);
-  reshard_layout_destroy(L);
-  /* vLLM tp8 dp2: vocabulary padded to 64 only (128256 already is). */
-  L = vllm(m, "tp=8,dp=2", 64);
-  EXPECT_BYTES(L, "model.embed_tokens.weight", 64 + 15, 16032LL * 8192 * 2);
-  EXPECT_BYTES(L, "model.layers.79.self_attn.qkv_proj.weight", 64, 1280LL * 8192 * 2);
-  EXPECT_BYTES(L, "lm_head.weight", 64, 16032LL * 8192 * 2);
-  EXPECT_BYTES(L, "lm_head.weight", 63, 0);
-  reshard_layout_destroy(L);
-  rm_model_free(m);
-
-  /* Llama-3.2-1B, 8 KV heads, vLLM tp16: each KV head on 2 ranks; q 128
-   * rows + k 64 + v 64; tied: no lm_head buffer. */
-  m = load(shipped("Llama-3.2-1B.json"), 0);
-  L = vllm(m, "tp=16", 0);
-  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.weight", 15, 256LL * 2048 * 2);
-  EXPECT_BYTES(L, "model.embed_tokens.weight", 15, 8016LL * 2048 * 2);
-  assert_int_equal(find_buffer(L, "lm_head.weight", 0), -1);
-  reshard_layout_destroy(L);
-  rm_model_free(m);
-
-  /* Qwen2.5-0.5B (14 heads, 2 KV heads), vLLM tp2: q 448 rows + k 64 +
-   * v 64, the biases likewise. tp4 divides neither the heads nor (for
-   * Megatron) the KV groups. */
-  m = load(shipped("Qwen2.5-0.5B.json"), 0);
-  L = vllm(m, "tp=2", 0);
-  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.weight", 1, 576LL * 896 * 2);
-  EXPECT_BYTES(L, "model.layers.0.self_attn.qkv_proj.bias", 1, 576 * 2);
-  EXPECT_BYTES(L, "model.embed_tokens.weight", 0, 75968LL * 896 * 2);
-  reshard_layout_destroy(L);
-  expect_layout_error(m, 1, "tp=4", 0, "14 attention heads");
-  /* Megatron tp2 pp2: 151936 padded to 152064; the last stage keeps a
-   * copy of the tied embedding as output layer. */
-  L = megatron(m, "tp=2,pp=2", 0);
-  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 1, 76032LL * 896 * 2);
-  EXPECT_BYTES(L, "output_layer.weight", 3, 76032LL * 896 * 2);
-  int t;
-  assert_int_equal(reshard_layout_find_tensor(L, "model.embed_tokens.weight", &t), 0);
-  assert_int_equal(L->parts[L->buffers[find_buffer(L, "output_layer.weight", 0)].first_part].tensor, t);
-  reshard_layout_destroy(L);
-  rm_model_free(m);
-
-  /* DeepSeek-V3, vLLM tp8 dp4 ep32 (32 ranks): 8 experts per rank. */
-  m = load(shipped("DeepSeek-V3.json"), 0);
-  L = vllm(m, "tp=8,dp=4,ep=32", 0);
-  EXPECT_BYTES(L, "model.layers.3.mlp.experts.w13_weight", 31, 8LL * 4096 * 7168 * 2);
-  EXPECT_BYTES(L, "model.layers.60.mlp.experts.w2_weight", 0, 8LL * 7168 * 2048 * 2);
-  EXPECT_BYTES(L, "model.layers.3.self_attn.fused_qkv_a_proj.weight", 17, (1536LL + 576) * 7168 * 2);
-  EXPECT_BYTES(L, "model.layers.3.self_attn.q_b_proj.weight", 17, 3072LL * 1536 * 2);
-  EXPECT_BYTES(L, "model.layers.3.self_attn.kv_b_proj.weight", 17, 4096LL * 512 * 2);
-  EXPECT_BYTES(L, "model.layers.3.self_attn.o_proj.weight", 17, 7168LL * 2048 * 2);
-  EXPECT_BYTES(L, "model.layers.0.mlp.gate_up_proj.weight", 17, 4608LL * 7168 * 2);
-  EXPECT_BYTES(L, "model.layers.3.mlp.shared_experts.gate_up_proj.weight", 17, 512LL * 7168 * 2);
-  EXPECT_BYTES(L, "model.layers.3.mlp.gate.e_score_correction_bias", 17, 256 * 2);
-  reshard_layout_destroy(L);
-  /* Megatron tp8 pp8 dp4 ep8 etp2: expert-DP 2; 32 experts per rank, each
-   * half of gate and half of up. 61 layers: stages 0-4 hold 8. */
-  L = megatron(m, "tp=8,pp=8,dp=4,ep=8,etp=2", 0);
-  EXPECT_BYTES(L, "decoder.layers.3.mlp.experts.linear_fc1.weight", 5, 32LL * 2048 * 7168 * 2);
-  EXPECT_BYTES(L, "decoder.layers.3.mlp.experts.linear_fc2.weight", 5, 32LL * 7168 * 1024 * 2);
-  EXPECT_BYTES(L, "decoder.layers.3.self_attention.linear_q_down_proj.weight", 5, 1536LL * 7168 * 2);
-  EXPECT_BYTES(L, "decoder.layers.3.self_attention.linear_kv_up_proj.weight", 5, 4096LL * 512 * 2);
-  EXPECT_BYTES(L, "decoder.layers.8.input_layernorm.weight", 32, 7168 * 2);
-  EXPECT_BYTES(L, "decoder.layers.54.input_layernorm.weight", 7 * 32 - 1, 0);
-  EXPECT_BYTES(L, "decoder.layers.54.input_layernorm.weight", 7 * 32, 7168 * 2);
-  reshard_layout_destroy(L);
-  rm_model_free(m);
-
-  /* Kimi-K2 on 128 vLLM ranks with EP 128: 3 experts per rank. */
-  m = load(shipped("Kimi-K2-Instruct.json"), 0);
-  L = vllm(m, "tp=8,dp=16,ep=128", 0);
-  EXPECT_BYTES(L, "model.layers.1.mlp.experts.w13_weight", 127, 3LL * 4096 * 7168 * 2);
-  reshard_layout_destroy(L);
-  rm_model_free(m);
-}
-
-/* Pipeline stages: Megatron gives the remainder layers to the first stages,
- * vLLM (get_pp_indices) to the stages before the last. 6 layers, pp 4:
- * Megatron [2, 2, 1, 1], vLLM [1, 2, 2, 1]. */
-static void pipeline_stage_split(void **state) {
-  (void)state;
-  rm_model *m = load(shipped("Llama-3.2-1B.json"), 6);
-  reshard_layout_t *S = megatron(m, "pp=4", 0), *D = vllm(m, "pp=4", 0);
-  const int mstage[6] = {0, 0, 1, 1, 2, 3}, vstage[6] = {0, 1, 1, 2, 2, 3};
-  char n[128];
-  for (int l = 0; l < 6; l++) {
-    snprintf(n, sizeof n, "decoder.layers.%d.input_layernorm.weight", l);
-    for (int r = 0; r < 4; r++) EXPECT_BYTES(S, n, r, r == mstage[l] ? 2048 * 2 : 0);
-    snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
-    for (int r = 0; r < 4; r++) EXPECT_BYTES(D, n, r, r == vstage[l] ? 2048 * 2 : 0);
-  }
-  /* Tied with pp > 1: vLLM also builds embed_tokens on the last stage. */
-  EXPECT_BYTES(D, "model.embed_tokens.weight", 0, 128256LL * 2048 * 2);
-  int b = find_buffer(D, "model.embed_tokens.weight", 1);
-  assert_true(b >= 0);
-  size_t bytes;
-  assert_int_equal(reshard_layout_buffer_bytes(D, b, 3, &bytes), 0);
-  assert_int_equal(bytes, 128256LL * 2048 * 2);
-  reshard_layout_destroy(S);
-  reshard_layout_destroy(D);
-  rm_model_free(m);
-}
-
 /* ------------------------------------------------ synthetic configs */
 
 static const char *LLAMA =
@@ -766,7 +556,7 @@ static void parallel_spec_parsing(void **state) {
   assert_int_equal(p.pp, 2);
   assert_int_equal(p.dp, 2);
   assert_int_equal(p.ep, 8);
-  assert_int_equal(p.etp, 1);
+  assert_int_equal(p.etp, 0); /* the framework's default */
   assert_int_equal(rm_parallel_ranks(&p), 16);
   p = par("etp=2, dp = 3 ,tp=1");
   assert_int_equal(p.etp, 2);
@@ -776,8 +566,19 @@ static void parallel_spec_parsing(void **state) {
   assert_int_equal(p.ep, 1);
   assert_int_equal(rm_parallel_ranks(&p), 3);
   p = par("");
+  const rm_parallel init = RM_PARALLEL_INIT;
+  assert_true(p.tp == init.tp && p.pp == init.pp && p.dp == init.dp && p.ep == init.ep && p.etp == init.etp &&
+              p.vocab == init.vocab && p.first == init.first && p.last == init.last);
   assert_int_equal(rm_parallel_ranks(&p), 1);
-  assert_int_equal(p.ep + p.etp, 2);
+  assert_int_equal(p.grouped_gemm, 1);
+  assert_int_equal(p.sp_moe, -1);
+  p = par("vocab=152064,first=3,last=2,grouped_gemm=0,sp_moe=1");
+  assert_int_equal(p.vocab, 152064);
+  assert_int_equal(p.first, 3);
+  assert_int_equal(p.last, 2);
+  assert_int_equal(p.grouped_gemm, 0);
+  assert_int_equal(p.sp_moe, 1);
+  assert_int_equal(par("vocab=2147483647").vocab, 2147483647LL);
 
   const struct {
     const char *spec, *says;
@@ -785,10 +586,11 @@ static void parallel_spec_parsing(void **state) {
       {"tp=0", "'tp'"},         {"tp=-2", "'tp'"},         {"tp=abc", "'tp'"},     {"tp=2x", "'tp'"},
       {"tq=2", "'tq'"},         {"tp", "'tp'"},            {"tp=2,,pp=2", "''"},   {"tp=2,", "''"},
       {"tp=2,tp=4", "twice"},   {"pp=99999999999", "'pp'"}, {"dp=", "'dp'"},       {"ep=4=4", "'ep'"},
-      {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},
+      {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},          {"vocab=0", "'vocab'"}, {"sp_moe=2", "'sp_moe'"},
+      {"grouped_gemm=-1", "'grouped_gemm'"}, {"first=0", "'first'"}, {"vocab=2147483648", "'vocab'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rm_parallel q = {7, 7, 7, 7, 7};
+    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
     reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
     if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
       print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),
@@ -802,7 +604,9 @@ static void parallel_spec_parsing(void **state) {
   assert_int_equal(rm_parallel_ranks(NULL), 0);
 }
 
-/* Both builders reject what the frameworks reject, naming the setting. */
+/* Both builders reject what the frameworks reject, naming the setting (the
+ * rules of issue-level importance, with their upstream sources, are in
+ * test_model_layouts.c). */
 static void expect_layout_error(const rm_model *m, int vllm_side, const char *spec, int first, const char *says) {
   rm_parallel p = par(spec);
   reshard_layout_t *L = (reshard_layout_t *)(uintptr_t)1;
@@ -829,6 +633,7 @@ static void invalid_parallel_combinations(void **state) {
   expect_layout_error(m, 0, "tp=2", -1, "first rank");
   expect_layout_error(m, 1, "tp=1024,pp=4,dp=1024", 0, "attention heads");
   expect_layout_error(m, 0, "tp=2048,pp=2,dp=1048576", 0, "overflow");
+  expect_layout_error(m, 1, "dp=2,ep=2", 0, "dense");
   {
     reshard_layout_t *L = NULL;
     rm_parallel p = par("");
@@ -839,15 +644,17 @@ static void invalid_parallel_combinations(void **state) {
   rm_model_free(m);
 
   m = load(write_config("qwen3_moe.json", QWEN3_MOE), 0); /* 8 experts, expert I 32 */
-  expect_layout_error(m, 0, "tp=2,dp=2,ep=8", 0, "ep 8 x etp 1 does not divide tp x dp = 4");
+  expect_layout_error(m, 0, "tp=2,dp=2,ep=8,etp=1", 0, "ep 8 x etp 1 does not divide tp x dp = 4");
+  expect_layout_error(m, 0, "tp=2,dp=2,ep=4", 0, "ep 4 x etp 2 does not divide tp x dp = 4"); /* etp = tp */
   expect_layout_error(m, 1, "tp=2,dp=2,ep=8", 0, "tp x dp = 4");
   expect_layout_error(m, 0, "tp=2,dp=2,ep=2,etp=4", 0, "etp 4");
-  expect_layout_error(m, 0, "tp=2,dp=3,ep=3", 0, "ep 3 does not divide the 8 experts");
-  expect_layout_error(m, 1, "tp=2,dp=2,ep=2,etp=4", 0, "etp 4");
-  expect_layout_error(m, 1, "tp=4,dp=2,ep=2,etp=2", 0, "say etp=1 or etp=4"); /* vLLM: 1 or tp*dp/ep */
+  expect_layout_error(m, 0, "tp=2,dp=3,ep=3,etp=1", 0, "ep 3 does not divide the 8 experts");
+  expect_layout_error(m, 1, "tp=2,dp=2,ep=4,etp=4", 0, "etp 4"); /* vLLM: tp x dp / ep */
+  expect_layout_error(m, 1, "tp=4,dp=2,etp=2", 0, "say etp=8");
+  expect_layout_error(m, 1, "tp=2048,pp=2,dp=1048576", 0, "overflow"); /* tp x dp beyond int */
   rm_model_free(m);
 
-  /* Megatron etp must divide the expert intermediate size (48 / 32 no). */
+  /* etp must divide the expert intermediate size (20 / 8 no). */
   m = load(write_config("mixtral_odd.json",
                         "{'architectures': ['MixtralForCausalLM'], 'vocab_size': 100, 'hidden_size': 32,"
                         " 'intermediate_size': 20, 'num_hidden_layers': 1, 'num_attention_heads': 4,"
@@ -857,142 +664,28 @@ static void invalid_parallel_combinations(void **state) {
   expect_layout_error(m, 1, "tp=4,dp=2", 0, "tp x dp / ep = 8 does not divide the expert intermediate size 20");
   rm_model_free(m);
 
-  /* vLLM: the padded vocabulary (1000 -> 1024) must split over tp. */
+  /* vLLM: the padded vocabulary (1000 -> 1024) must split over tp;
+   * Megatron: the rows given (default vocab_size) must. */
   m = load(write_config("heads6.json",
                         "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 1000, 'hidden_size': 48,"
                         " 'intermediate_size': 96, 'num_hidden_layers': 1, 'num_attention_heads': 6,"
                         " 'num_key_value_heads': 3}"),
            0);
   expect_layout_error(m, 1, "tp=3", 0, "padded vocabulary 1024");
-  reshard_layout_t *L = megatron(m, "tp=3", 0); /* Megatron pads to 128 x 3: 1152 */
-  EXPECT_BYTES(L, "embedding.word_embeddings.weight", 2, 384LL * 48 * 2);
+  expect_layout_error(m, 0, "tp=3", 0, "say vocab=<rows>");
+  reshard_layout_t *L = megatron(m, "tp=3,vocab=1152", 0); /* Megatron-LM: 128 x 3 */
+  int b;
+  size_t bytes;
+  assert_int_equal(reshard_layout_find_buffer(L, "embedding.word_embeddings.weight", 2, &b), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_buffer_bytes(L, b, 2, &bytes), RESHARD_SUCCESS);
+  assert_int_equal(bytes, 384LL * 48 * 2);
   reshard_layout_destroy(L);
   rm_model_free(m);
 
   m = load(write_config("deepseek.json", DEEPSEEK), 0); /* shared intermediate 32, dense I 96 */
-  expect_layout_error(m, 0, "tp=4,ep=8", 0, "ep 8 x etp 1 does not divide tp x dp = 4");
-  reshard_layout_t *ok = megatron(m, "tp=4,ep=4", 0); /* MLA: no KV-group constraint */
+  expect_layout_error(m, 0, "tp=4,ep=8", 0, "ep 8 x etp 4 does not divide tp x dp = 4");
+  reshard_layout_t *ok = megatron(m, "tp=4,ep=4,etp=1", 0); /* MLA: no KV-group constraint */
   reshard_layout_destroy(ok);
-  rm_model_free(m);
-}
-
-/* ----------------------------------------- framework arrangements */
-
-static void framework_arrangements(void **state) {
-  (void)state;
-  const size_t e = 2; /* bf16 */
-  rm_model *m = load(write_config("deepseek.json", DEEPSEEK), 0);
-  /* vLLM tp2: fused_qkv_a_proj = [q_a_proj (24 rows); kv_a_proj_with_mqa
-   * (16 + 4 rows)], whole on every rank; q_b / kv_b split by heads. */
-  reshard_layout_t *D = vllm(m, "tp=2", 0);
-  expect_frag(D, 1, "model.layers.1.self_attn.fused_qkv_a_proj.weight", 0, "model.layers.1.self_attn.q_a_proj.weight",
-              2, BOX(0, 0), BOX(24, 64), 0);
-  expect_frag(D, 1, "model.layers.1.self_attn.fused_qkv_a_proj.weight", 1,
-              "model.layers.1.self_attn.kv_a_proj_with_mqa.weight", 2, BOX(0, 0), BOX(20, 64), 24 * 64 * e);
-  expect_frag(D, 1, "model.layers.1.self_attn.q_b_proj.weight", 0, "model.layers.1.self_attn.q_b_proj.weight", 2,
-              BOX(24, 0), BOX(24, 24), 0);
-  expect_frag(D, 1, "model.layers.1.self_attn.kv_b_proj.weight", 0, "model.layers.1.self_attn.kv_b_proj.weight", 2,
-              BOX(32, 0), BOX(32, 16), 0);
-  expect_frag(D, 1, "model.layers.1.self_attn.o_proj.weight", 0, "model.layers.1.self_attn.o_proj.weight", 2,
-              BOX(0, 16), BOX(64, 16), 0);
-  /* ep=1: w13 splits every expert's intermediate over the 2 ranks. */
-  expect_frag(D, 1, "model.layers.1.mlp.experts.w13_weight", 1, "model.layers.1.mlp.experts.up_proj.weight", 3,
-              BOX(0, 8, 0), BOX(8, 8, 64), 8 * 64 * e);
-  expect_frag(D, 0, "model.layers.1.mlp.shared_experts.gate_up_proj.weight", 1,
-              "model.layers.1.mlp.shared_experts.up_proj.weight", 2, BOX(0, 0), BOX(16, 64), 16 * 64 * e);
-  reshard_layout_destroy(D);
-
-  /* Megatron tp2 dp2 ep2 etp2: expert grid [1, 2, 2]; rank 3 is EP 1,
-   * ETP 1: experts 4..8, intermediate rows 8..16 of gate and of up. */
-  reshard_layout_t *S = megatron(m, "tp=2,dp=2,ep=2,etp=2", 0);
-  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
-              3, BOX(4, 8, 0), BOX(4, 8, 64), 0);
-  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc1.weight", 1, "model.layers.2.mlp.experts.up_proj.weight", 3,
-              BOX(4, 8, 0), BOX(4, 8, 64), 8 * 64 * e);
-  expect_frag(S, 3, "decoder.layers.2.mlp.experts.linear_fc2.weight", 0, "model.layers.2.mlp.experts.down_proj.weight",
-              3, BOX(4, 0, 8), BOX(4, 64, 8), 0);
-  expect_frag(S, 1, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
-              3, BOX(0, 8, 0), BOX(4, 8, 64), 0);
-  reshard_layout_destroy(S);
-  /* ep 4 != etp 2 over tp2 x dp4 (expert grid [1, 4, 2]): rank 5 is EP 2,
-   * ETP 1: experts 4..6, rows 8..16. */
-  S = megatron(m, "tp=2,dp=4,ep=4,etp=2", 0);
-  expect_frag(S, 5, "decoder.layers.2.mlp.experts.linear_fc1.weight", 0, "model.layers.2.mlp.experts.gate_proj.weight",
-              3, BOX(4, 8, 0), BOX(2, 8, 64), 0);
-  reshard_layout_destroy(S);
-  /* Expert-DP 2 (grid [2, 2, 2]): rank 5 is EDP 1, EP 0, ETP 1. */
-  S = megatron(m, "tp=2,dp=4,ep=2,etp=2", 0);
-  expect_frag(S, 5, "decoder.layers.2.mlp.experts.linear_fc2.weight", 0, "model.layers.2.mlp.experts.down_proj.weight",
-              3, BOX(0, 0, 8), BOX(4, 64, 8), 0);
-  reshard_layout_destroy(S);
-  S = megatron(m, "tp=2,dp=2,ep=2,etp=2", 0);
-  /* MLA: down projections replicated, up projections split by heads. */
-  expect_frag(S, 3, "decoder.layers.0.self_attention.linear_q_down_proj.weight", 0,
-              "model.layers.0.self_attn.q_a_proj.weight", 2, BOX(0, 0), BOX(24, 64), 0);
-  expect_frag(S, 3, "decoder.layers.0.self_attention.linear_kv_up_proj.weight", 0,
-              "model.layers.0.self_attn.kv_b_proj.weight", 2, BOX(32, 0), BOX(32, 16), 0);
-  expect_frag(S, 2, "decoder.layers.1.mlp.router.expert_bias", 0, "model.layers.1.mlp.gate.e_score_correction_bias", 1,
-              BOX(0), BOX(8), 0);
-  expect_frag(S, 2, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight", 1,
-              "model.layers.1.mlp.shared_experts.up_proj.weight", 2, BOX(0, 0), BOX(16, 64), 16 * 64 * e);
-  reshard_layout_destroy(S);
-  rm_model_free(m);
-
-  /* Qwen2 biases: Megatron's fused bias is interleaved per KV group like
-   * the weight (rank 1 of tp2 holds group 1: q 32..64, k 8..16, v 8..16);
-   * vLLM tp4 replicates KV head 1 on ranks 2 and 3. */
-  m = load(write_config("qwen2.json", QWEN2), 0);
-  S = megatron(m, "tp=2", 0);
-  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 0, "model.layers.0.self_attn.q_proj.bias", 1,
-              BOX(32), BOX(32), 0);
-  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 1, "model.layers.0.self_attn.k_proj.bias", 1,
-              BOX(8), BOX(8), 32 * e);
-  expect_frag(S, 1, "decoder.layers.0.self_attention.linear_qkv.bias", 2, "model.layers.0.self_attn.v_proj.bias", 1,
-              BOX(8), BOX(8), 40 * e);
-  expect_frag(S, 1, "decoder.layers.3.self_attention.linear_qkv.weight", 1, "model.layers.3.self_attn.k_proj.weight", 2,
-              BOX(8, 0), BOX(8, 64), 32 * 64 * e);
-  /* linear_fc1 = [gate shard; up shard]; linear_fc2 row-parallel. */
-  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc1.weight", 0, "model.layers.3.mlp.gate_proj.weight", 2, BOX(48, 0),
-              BOX(48, 64), 0);
-  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc1.weight", 1, "model.layers.3.mlp.up_proj.weight", 2, BOX(48, 0),
-              BOX(48, 64), 48 * 64 * e);
-  expect_frag(S, 1, "decoder.layers.3.mlp.linear_fc2.weight", 0, "model.layers.3.mlp.down_proj.weight", 2, BOX(0, 48),
-              BOX(64, 48), 0);
-  reshard_layout_destroy(S);
-  /* tp1: both KV groups on one rank, interleaved [q0 k0 v0 q1 k1 v1]. */
-  S = megatron(m, "pp=2", 0);
-  const char *qkv = "decoder.layers.0.self_attention.linear_qkv.weight";
-  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.q_proj.weight", 2, BOX(0, 0), BOX(32, 64), 0);
-  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.k_proj.weight", 2, BOX(0, 0), BOX(8, 64), 32 * 64 * e);
-  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.v_proj.weight", 2, BOX(0, 0), BOX(8, 64), 40 * 64 * e);
-  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.q_proj.weight", 2, BOX(32, 0), BOX(32, 64), 48 * 64 * e);
-  expect_frag_at(S, 0, qkv, "model.layers.0.self_attn.v_proj.weight", 2, BOX(8, 0), BOX(8, 64), 88 * 64 * e);
-  reshard_layout_destroy(S);
-  D = vllm(m, "tp=4", 0);
-  expect_frag(D, 2, "model.layers.0.self_attn.qkv_proj.bias", 1, "model.layers.0.self_attn.k_proj.bias", 1, BOX(8),
-              BOX(8), 16 * e);
-  expect_frag(D, 2, "model.layers.1.mlp.gate_up_proj.weight", 0, "model.layers.1.mlp.gate_proj.weight", 2, BOX(48, 0),
-              BOX(24, 64), 0);
-  expect_frag(D, 2, "model.layers.1.mlp.gate_up_proj.weight", 1, "model.layers.1.mlp.up_proj.weight", 2, BOX(48, 0),
-              BOX(24, 64), 24 * 64 * e);
-  expect_frag(D, 2, "model.layers.1.mlp.down_proj.weight", 0, "model.layers.1.mlp.down_proj.weight", 2, BOX(0, 48),
-              BOX(64, 24), 0);
-  expect_frag(D, 3, "model.layers.0.self_attn.qkv_proj.bias", 2, "model.layers.0.self_attn.v_proj.bias", 1, BOX(8),
-              BOX(8), 24 * e);
-  reshard_layout_destroy(D);
-  rm_model_free(m);
-
-  /* Mixtral keeps block_sparse_moe in vLLM's buffer names; w13 = [w1; w3]
-   * per expert. ep 4 over tp2 x dp2: one expert per rank. */
-  m = load(write_config("mixtral.json", MIXTRAL), 0);
-  D = vllm(m, "tp=2,dp=2,ep=4", 0);
-  expect_frag(D, 2, "model.layers.1.block_sparse_moe.experts.w13_weight", 0,
-              "model.layers.1.block_sparse_moe.experts.w1.weight", 3, BOX(2, 0, 0), BOX(1, 48, 64), 0);
-  expect_frag(D, 2, "model.layers.1.block_sparse_moe.experts.w13_weight", 1,
-              "model.layers.1.block_sparse_moe.experts.w3.weight", 3, BOX(2, 0, 0), BOX(1, 48, 64), 48 * 64 * e);
-  expect_frag(D, 2, "model.layers.1.block_sparse_moe.gate.weight", 0, "model.layers.1.block_sparse_moe.gate.weight", 2,
-              BOX(0, 0), BOX(4, 64), 0);
-  reshard_layout_destroy(D);
   rm_model_free(m);
 }
 
@@ -1050,26 +743,28 @@ static void e2e_qwen3_qk_norm(void **state) {
 
 static void e2e_qwen3_moe(void **state) {
   (void)state;
-  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4", "tp=2,dp=2,ep=4", 0, 0);
-  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,pp=2,dp=2,ep=2,etp=2", "tp=4", 0, 0);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4,etp=1", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,pp=2,dp=2,ep=2,etp=2,first=1", "tp=4", 0, 0);
   reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=2", "tp=4,ep=4", 1, 8192);
-  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4", "tp=2,pp=2,dp=2,ep=2", 0, 0);
+  reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4,etp=1", "tp=2,pp=3,dp=2,ep=4", 0, 0);
 }
 
 static void e2e_mixtral(void **state) {
   (void)state;
-  reshard("mixtral.json", MIXTRAL, "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("mixtral.json", MIXTRAL, "tp=2,pp=2,ep=2,etp=1", "tp=2,dp=2,ep=4", 0, 0);
   reshard("mixtral.json", MIXTRAL, "tp=2,etp=2", "tp=2,ep=2", 0, 0);
-  reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=4", "tp=4,etp=4", 1, 0);
+  reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=2,grouped_gemm=0", "tp=2,pp=2,dp=2,ep=4", 0, 0);
+  reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=4,etp=1", "tp=4,etp=4", 1, 0);
 }
 
 static void e2e_deepseek_v3(void **state) {
   (void)state;
-  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=2,dp=2,ep=4", "tp=4,ep=4", 0, 0);
-  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2", 0, 0);
-  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=2,ep=2", "tp=4,ep=4", 1, 8192);
-  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=4", "tp=2,pp=2,ep=2", 0, 0);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=3,dp=2,ep=4,etp=1", "tp=4,ep=4", 0, 0);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,pp=3,ep=2,etp=1,vocab=1024", "tp=4,ep=4", 1, 8192);
+  reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=4,etp=1", "tp=2,pp=2,dp=2,ep=4", 0, 0);
   reshard("deepseek_noq.json", DEEPSEEK_NOQ, "tp=2,pp=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("deepseek_noq.json", DEEPSEEK_NOQ, "dp=2,ep=2", "tp=2,dp=2,ep=4,sp_moe=0", 0, 0);
 }
 
 int main(void) {
@@ -1078,13 +773,10 @@ int main(void) {
       cmocka_unit_test(published_non_embedding_totals),
       cmocka_unit_test(shipped_tensor_shapes),
       cmocka_unit_test(layer_truncation),
-      cmocka_unit_test(shipped_layout_buffer_sizes),
-      cmocka_unit_test(pipeline_stage_split),
       cmocka_unit_test(synthetic_tensor_lists),
       cmocka_unit_test(config_errors),
       cmocka_unit_test(parallel_spec_parsing),
       cmocka_unit_test(invalid_parallel_combinations),
-      cmocka_unit_test(framework_arrangements),
       cmocka_unit_test(e2e_llama),
       cmocka_unit_test(e2e_qwen2_bias_tied),
       cmocka_unit_test(e2e_qwen3_qk_norm),

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "layout/layout.h"
-#include "models.h"
+#include "reshard_models.h"
 #include "reshard.h"
 #include "support/harness.h"
 
@@ -170,7 +170,8 @@ static void block_scale_tensors(void **state) {
         scales++;
         assert_int_equal(t->dtype, RESHARD_FP32);
       } else {
-        assert_int_equal(t->dtype, RESHARD_BF16);
+        /* e_score_correction_bias is fp32 in the checkpoint, vLLM and Megatron */
+        assert_int_equal(t->dtype, strstr(t->name, "e_score_correction_bias") ? RESHARD_FP32 : RESHARD_BF16);
         assert_int_equal(t->scale, -1);
         assert_null(strstr(t->name, "_proj.weight")); /* every projection is quantized */
       }
@@ -225,8 +226,9 @@ static void block_scale_errors(void **state) {
 
 /* ------------------------------------ buffers: the stacked mode's bytes */
 
-/* The fragment of `tensor` on rank in layout L, or fails. */
-static reshard_fragment_info_t frag_of(const reshard_layout_t *L, int rank, const char *tensor) {
+/* The fragment of `tensor` in buffer `buffer` on rank in layout L, or
+ * fails. */
+static reshard_fragment_info_t frag_of(const reshard_layout_t *L, int rank, const char *tensor, int buffer) {
   int id;
   assert_int_equal(reshard_layout_find_tensor(L, tensor, &id), RESHARD_SUCCESS);
   size_t n = 0;
@@ -235,32 +237,32 @@ static reshard_fragment_info_t frag_of(const reshard_layout_t *L, int rank, cons
   assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), RESHARD_SUCCESS);
   int found = 0;
   for (size_t i = 0; i < n; i++)
-    if (f[i].tensor_id == id) out = f[i], found++;
-  if (found != 1) print_error("rank %d: %d fragments of '%s'\n", rank, found, tensor);
+    if (f[i].tensor_id == id && f[i].buffer_id == buffer) out = f[i], found++;
+  if (found != 1) print_error("rank %d: %d fragments of '%s' in buffer %d\n", rank, found, tensor, buffer);
   assert_int_equal(found, 1);
   free(f);
   return out;
 }
 
-static int buffer_named(const reshard_layout_t *L, const char *name) {
-  for (int b = 0; b < L->nbuffers; b++)
-    if (!strcmp(L->buffers[b].name, name)) return b;
-  print_error("no buffer '%s'\n", name);
-  fail();
-  return -1;
+static int buffer_named(const reshard_layout_t *L, const char *name, int rank) {
+  int b = -1;
+  if (reshard_layout_find_buffer(L, name, rank, &b)) {
+    print_error("%s\n", reshard_last_error());
+    fail();
+  }
+  return b;
 }
 
 /* Per-expert fragment of projection k of expert e on rank against the
- * stacked fragment on the same rank: the same element strides, and the
- * byte offset of element (e, i, h) of the stacked buffer minus `base`. */
+ * stacked fragment in the same buffer on the same rank: the same element
+ * strides, and the byte offset of element (e, i, h) of the stacked
+ * fragment. */
 static void expect_same_bytes(const reshard_layout_t *P, const reshard_layout_t *S, const char *layer_prefix, int e,
-                              const char *proj, int rank, int pbuf, int sbuf, size_t base, size_t es) {
+                              const char *proj, int rank, int buf, size_t es) {
   char pn[256], sn[256];
   snprintf(pn, sizeof pn, "%s.experts.%d.%s.weight", layer_prefix, e, proj);
   snprintf(sn, sizeof sn, "%s.experts.%s.weight", layer_prefix, proj);
-  reshard_fragment_info_t pf = frag_of(P, rank, pn), sf = frag_of(S, rank, sn);
-  assert_int_equal(pf.buffer_id, pbuf);
-  assert_int_equal(sf.buffer_id, sbuf);
+  reshard_fragment_info_t pf = frag_of(P, rank, pn, buf), sf = frag_of(S, rank, sn, buf);
   assert_true(sf.start[0] <= e && e < sf.start[0] + sf.extent[0]);
   assert_int_equal(pf.ndim, 2);
   for (int d = 0; d < 2; d++) {
@@ -269,7 +271,22 @@ static void expect_same_bytes(const reshard_layout_t *P, const reshard_layout_t 
     assert_int_equal(pf.strides[d], sf.strides[d + 1]);
   }
   size_t at = sf.byte_offset + (size_t)(e - sf.start[0]) * (size_t)sf.strides[0] * es;
-  assert_int_equal(pf.byte_offset + base, at);
+  assert_int_equal(pf.byte_offset, at);
+}
+
+/* Both expert modes give the same buffers: the same names and sizes on
+ * every rank, every expert's bytes at the same place. */
+static void expect_same_buffers(const reshard_layout_t *P, const reshard_layout_t *S, int nranks) {
+  assert_int_equal(reshard_layout_num_buffers(P), reshard_layout_num_buffers(S));
+  for (int b = 0; b < S->nbuffers; b++) {
+    assert_string_equal(P->buffers[b].name, S->buffers[b].name);
+    for (int r = 0; r < nranks; r++) {
+      size_t x, y;
+      assert_int_equal(reshard_layout_buffer_bytes(S, b, r, &x), 0);
+      assert_int_equal(reshard_layout_buffer_bytes(P, b, r, &y), 0);
+      assert_int_equal(x, y);
+    }
+  }
 }
 
 static void buffers_match_stacked(void **state) {
@@ -277,63 +294,45 @@ static void buffers_match_stacked(void **state) {
   rm_model *s = load(DATA("tiny-qwen3-moe.json"), 0, 0, 0), *p = load(DATA("tiny-qwen3-moe.json"), 0, 1, 0);
   const int E = 8;
   const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
-  /* vLLM: the same buffers, the same sizes on every rank */
-  const char *vspecs[] = {"tp=4,ep=2", "tp=2,dp=2,ep=4", "tp=4", "tp=2,pp=2,dp=2,ep=2"};
+  /* vLLM: w13 / w2 hold EP rank r's experts (linear placement), the EP
+   * ranks of stage 0 being the ranks f % tp + tp * pp * (f / tp) */
+  const char *vspecs[] = {"tp=4,ep=4", "tp=2,dp=2,ep=4", "tp=4", "tp=2,pp=2,dp=2,ep=4", "tp=2,dp=3,ep=6"};
   for (size_t v = 0; v < sizeof vspecs / sizeof *vspecs; v++) {
     reshard_layout_t *VS = layout(s, 1, vspecs[v], 0), *VP = layout(p, 1, vspecs[v], 0);
     rm_parallel pp = par(vspecs[v]);
-    int n = rm_parallel_ranks(&pp);
-    assert_int_equal(reshard_layout_num_buffers(VP), reshard_layout_num_buffers(VS));
-    for (int b = 0; b < VS->nbuffers; b++) {
-      assert_string_equal(VP->buffers[b].name, VS->buffers[b].name);
-      for (int r = 0; r < n; r++) {
-        size_t x, y;
-        assert_int_equal(reshard_layout_buffer_bytes(VS, b, r, &x), 0);
-        assert_int_equal(reshard_layout_buffer_bytes(VP, b, r, &y), 0);
-        assert_int_equal(x, y);
+    const int flat = pp.tp * pp.dp, per_ep = flat / pp.ep, base = E / pp.ep, rem = E % pp.ep;
+    expect_same_buffers(VP, VS, rm_parallel_ranks(&pp));
+    for (int e = 0; e < E; e++) {
+      /* EP rank of e: the first `rem` ranks hold base + 1 */
+      int er = e < rem * (base + 1) ? e / (base + 1) : rem + (e - rem * (base + 1)) / base;
+      for (int j = 0; j < per_ep; j++) {
+        int f = er * per_ep + j, rank = f % pp.tp + pp.tp * pp.pp * (f / pp.tp);
+        /* layer 1 lies on the first stage in every spec here */
+        int w13 = buffer_named(VS, "model.layers.1.mlp.experts.routed_experts.w13_weight", rank);
+        int w2 = buffer_named(VS, "model.layers.1.mlp.experts.routed_experts.w2_weight", rank);
+        for (int k = 0; k < 3; k++) expect_same_bytes(VP, VS, "model.layers.1.mlp", e, proj[k], rank, k < 2 ? w13 : w2, 2);
       }
     }
-    /* layer 1 lies on the first stage in every spec here */
-    int w13 = buffer_named(VS, "model.layers.1.mlp.experts.w13_weight");
-    int w2 = buffer_named(VS, "model.layers.1.mlp.experts.w2_weight");
-    int per_ep = n / pp.pp / pp.ep;
-    for (int e = 0; e < E; e++)
-      for (int j = 0; j < per_ep; j++) {
-        int rank = (e / (E / pp.ep)) * per_ep + j; /* EP rank e / (E/ep) */
-        for (int k = 0; k < 3; k++)
-          expect_same_bytes(VP, VS, "model.layers.1.mlp", e, proj[k], rank, k < 2 ? w13 : w2, k < 2 ? w13 : w2, 0, 2);
-      }
     reshard_layout_destroy(VS);
     reshard_layout_destroy(VP);
   }
-  /* Megatron: local_experts.<i> holds expert r * E/ep + i of EP rank r,
-   * the i-th expert-slice of the stacked buffer */
-  const char *mspecs[] = {"tp=2,dp=2,ep=4", "tp=2,pp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2"};
+  /* Megatron (TEGroupedMLP): linear_fc{1,2}.weight<i> holds expert
+   * r * E/ep + i on EP rank r, in both modes */
+  const char *mspecs[] = {"tp=2,dp=2,ep=4,etp=1", "tp=2,pp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2"};
   for (size_t v = 0; v < sizeof mspecs / sizeof *mspecs; v++) {
     reshard_layout_t *MS = layout(s, 0, mspecs[v], 0), *MP = layout(p, 0, mspecs[v], 0);
     rm_parallel pp = par(mspecs[v]);
-    const int elocal = E / pp.ep, stage = pp.tp * pp.dp;
-    int fc1 = buffer_named(MS, "decoder.layers.1.mlp.experts.linear_fc1.weight");
-    int fc2 = buffer_named(MS, "decoder.layers.1.mlp.experts.linear_fc2.weight");
+    const int etp = pp.etp ? pp.etp : pp.tp, elocal = E / pp.ep, stage = pp.tp * pp.dp;
+    expect_same_buffers(MP, MS, rm_parallel_ranks(&pp));
     for (int rank = 0; rank < stage; rank++) {
-      int er = (rank / pp.etp) % pp.ep; /* grid [edp, ep, etp], etp fastest */
-      size_t b1, b2;
-      assert_int_equal(reshard_layout_buffer_bytes(MS, fc1, rank, &b1), 0);
-      assert_int_equal(reshard_layout_buffer_bytes(MS, fc2, rank, &b2), 0);
+      int er = (rank / etp) % pp.ep; /* grid [edp, ep, etp], etp fastest */
       for (int i = 0; i < elocal; i++) {
         char n1[128], n2[128];
-        snprintf(n1, sizeof n1, "decoder.layers.1.mlp.experts.local_experts.%d.linear_fc1.weight", i);
-        snprintf(n2, sizeof n2, "decoder.layers.1.mlp.experts.local_experts.%d.linear_fc2.weight", i);
-        int p1 = buffer_named(MP, n1), p2 = buffer_named(MP, n2);
-        size_t x1, x2;
-        assert_int_equal(reshard_layout_buffer_bytes(MP, p1, rank, &x1), 0);
-        assert_int_equal(reshard_layout_buffer_bytes(MP, p2, rank, &x2), 0);
-        assert_int_equal(x1 * (size_t)elocal, b1);
-        assert_int_equal(x2 * (size_t)elocal, b2);
-        int e = er * elocal + i;
-        /* stacked fc1 is [E_local, gate; up] per rank: expert slice i */
-        for (int k = 0; k < 2; k++) expect_same_bytes(MP, MS, "model.layers.1.mlp", e, proj[k], rank, p1, fc1, i * x1, 2);
-        expect_same_bytes(MP, MS, "model.layers.1.mlp", e, proj[2], rank, p2, fc2, i * x2, 2);
+        snprintf(n1, sizeof n1, "decoder.layers.1.mlp.experts.linear_fc1.weight%d", i);
+        snprintf(n2, sizeof n2, "decoder.layers.1.mlp.experts.linear_fc2.weight%d", i);
+        int p1 = buffer_named(MS, n1, rank), p2 = buffer_named(MS, n2, rank), e = er * elocal + i;
+        for (int k = 0; k < 2; k++) expect_same_bytes(MP, MS, "model.layers.1.mlp", e, proj[k], rank, p1, 2);
+        expect_same_bytes(MP, MS, "model.layers.1.mlp", e, proj[2], rank, p2, 2);
       }
     }
     reshard_layout_destroy(MS);
@@ -382,24 +381,25 @@ static void reshard(const char *config, int block_scales, const char *src, const
 
 static void e2e_qwen3_moe_per_expert(void **state) {
   (void)state;
-  reshard("tiny-qwen3-moe.json", 0, "tp=2,dp=2,ep=4", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("tiny-qwen3-moe.json", 0, "tp=2,dp=2,ep=4,etp=1", "tp=2,dp=2,ep=4", 0, 0);
   reshard("tiny-qwen3-moe.json", 0, "tp=2,pp=2,dp=2,ep=2,etp=2", "tp=4", 0, 0);
   reshard("tiny-qwen3-moe.json", 0, "tp=2,dp=2,ep=2", "tp=4,ep=4", 1, 8192);
-  reshard("tiny-qwen3-moe.json", 0, "tp=2,dp=2,ep=4", "tp=2,pp=2,dp=2,ep=2", 0, 0);
+  reshard("tiny-qwen3-moe.json", 0, "tp=2,dp=2,ep=4,etp=1", "tp=2,pp=2,dp=2,ep=4", 0, 0);
+  reshard("tiny-qwen3-moe.json", 0, "tp=2,ep=2,etp=1,grouped_gemm=0", "tp=2,dp=3,ep=6", 0, 0);
 }
 
 static void e2e_deepseek_v3_per_expert(void **state) {
   (void)state;
-  reshard("tiny-deepseek-v3.json", 0, "tp=2,pp=2,dp=2,ep=4", "tp=4,ep=4", 0, 0);
-  reshard("tiny-deepseek-v3.json", 0, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2", 0, 0);
-  reshard("tiny-deepseek-v3.json", 0, "tp=2,pp=2,ep=2", "tp=4,ep=4", 1, 8192);
+  reshard("tiny-deepseek-v3.json", 0, "tp=2,pp=2,dp=2,ep=4,etp=1", "tp=4,ep=4", 0, 0);
+  reshard("tiny-deepseek-v3.json", 0, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("tiny-deepseek-v3.json", 0, "tp=2,pp=2,ep=2,etp=1", "tp=4,ep=4", 1, 8192);
 }
 
 static void e2e_deepseek_v3_fp8_block_scales(void **state) {
   (void)state;
-  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,pp=2,dp=2,ep=4", "tp=4,ep=2", 0, 0);
-  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=2", 0, 0);
-  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,pp=2,ep=2", "tp=4,ep=4", 1, 8192);
+  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,pp=2,dp=2,ep=4,etp=1", "tp=4,ep=4", 0, 0);
+  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=4", 0, 0);
+  reshard("tiny-deepseek-v3-fp8.json", 1, "tp=2,pp=2,ep=2,etp=1", "tp=4,ep=4", 1, 8192);
 }
 
 int main(void) {

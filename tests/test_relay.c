@@ -46,7 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models.h"
+#include "reshard_models.h"
 #include "plan/relay.h"
 #include "plan/topology.h"
 #include "reshard.h"

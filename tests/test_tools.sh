@@ -133,11 +133,30 @@ bad() {
   grep -Eq -e "$pattern" "$err" || fail "no message matching '$pattern' for: $*"
 }
 
+# show_ok ARGS...: reshard_plan --show-layout exits 0 and prints only '#'
+# lines and fragment lines of the documented format.
+show_ok() {
+  echo "== reshard_plan $*"
+  if ! "$plan" "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: $*"
+    return
+  fi
+  grep -Evq '^#|^rank=[0-9]+ name=[^ ]+ tensor=[^ ]+ dtype=[a-z0-9_]+ box=([0-9]+:[0-9]+(,[0-9]+:[0-9]+)*)? offset=[0-9]+$' "$out" &&
+    fail "a line neither '#' nor a fragment line for: $*"
+  grep -q '^rank=' "$out" || fail "no fragment line for: $*"
+}
+
+# has LINE: the last run printed exactly this line.
+has() { grep -Fxq -- "$1" "$out" || fail "missing line: $1"; }
+
 BOTH="--baseline broadcast,alltoallw"
 
 case $case_name in
 plan_synthetic)
   plan_ok --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1
+  show_ok --shape 8,6 --src-mesh 2 --src-placements S0 --dst-mesh 3 --dst-placements S1 --show-layout dst
+  has "rank=2 name=tensor tensor=tensor dtype=f32 box=0:8,0:2 offset=0"
+  has "rank=4 name=tensor tensor=tensor dtype=f32 box=0:8,4:6 offset=0"
   plan_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --staging 4096
   plan_ok --shape 37,53,5 --dtype bf16 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 3 --dst-placements S2 --staging 4K
   plan_ok --shape 37,53 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K
@@ -298,32 +317,47 @@ plan_model)
   plan_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2
   plan_ok --model-config "$D" --train tp=2,pp=2,dp=2 --infer tp=4 --colocate --staging 16K
   plan_ok --model-config "$D" --train tp=1 --infer tp=8 --staging 8K
-  plan_ok --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4
-  plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K
+  plan_ok --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4
+  plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=1,pp=2,dp=2,ep=2 --colocate --staging 8K
   plan_ok --model-config "$repo/configs/Qwen2.5-0.5B.json" --layers 1 --train tp=2,pp=1 --infer tp=2,dp=2
   # the checkpoint's own tensors: one per expert, fp8 with block scales
   Q=$repo/tests/data/tiny-deepseek-v3-fp8.json
-  plan_ok --model-config "$Q" --per-expert --train tp=2,pp=2,dp=2,ep=4 --infer tp=4,ep=4
-  plan_ok --model-config "$Q" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=2 --staging 8K
-  plan_ok --model-config "$Q" --block-scales --train tp=2,pp=2,ep=2 --infer tp=4,ep=2 --colocate
+  plan_ok --model-config "$Q" --per-expert --train tp=2,pp=2,dp=2,ep=4,etp=1 --infer tp=4,ep=4
+  plan_ok --model-config "$Q" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=4 --staging 8K
+  plan_ok --model-config "$Q" --block-scales --train tp=2,pp=2,ep=2,etp=1 --infer tp=4,ep=4 --colocate
   bad plan 2 "weight_scale_inv cannot be split" --model-config "$Q" --block-scales --train tp=4,etp=4 --infer tp=2
   bad plan 2 "quantization_config.weight_block_size" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --block-scales --train tp=2 --infer tp=2
-  plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --topology h100-8x400g
+  plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=4 --topology h100-8x400g
   plan_topo_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 --colocate --topology cpu
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2
+  # --show-layout: the framework's names on each rank (golden lines of
+  # tests/test_model_layouts.c; destination ranks follow the 4 source ranks)
+  T=$repo/tests/data/tiny-deepseek-v3.json
+  show_ok --model-config "$T" --train tp=2,pp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 --show-layout dst --rank 7
+  has "rank=7 name=model.layers.1.mlp.experts.routed_experts.w13_weight tensor=model.layers.1.mlp.experts.gate_proj.weight dtype=bf16 box=6:8,0:16,0:64 offset=0"
+  has "rank=7 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.up_proj.weight dtype=bf16 box=0:32,0:64 offset=4096"
+  grep '^rank=' "$out" | grep -vq '^rank=7 ' && fail "--rank 7 printed another rank"
+  show_ok --model-config "$T" --train tp=2,pp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 --show-layout src
+  has "rank=3 name=decoder.layers.1.mlp.router.expert_bias tensor=model.layers.3.mlp.gate.e_score_correction_bias dtype=f32 box=0:8 offset=0"
+  has "rank=0 name=embedding.word_embeddings.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:500,0:64 offset=0"
+  [[ $(grep -c '^rank=' "$out") -eq $(grep -c '^rank=[0-3] ' "$out") ]] || fail "--show-layout src printed a destination rank"
+  "$plan" --model-config "$T" --train tp=2 --infer tp=2 --show-layout dst --rank 1 >"$out" 2>"$err" || fail "--rank on the other side"
+  grep -q '^# rank 1 holds nothing on the destination side' "$out" || fail "no word for a rank outside the side"
+  bad plan 2 "--show-layout 'both': expected src or dst" --model-config "$T" --train tp=2 --infer tp=2 --show-layout both
+  bad plan 2 "plans nothing" --model-config "$T" --train tp=2 --infer tp=2 --show-layout src --topology cpu
   ;;
 perf_model)
   D=$config_dir/tiny_dense.json
   M=$config_dir/tiny_moe.json
   perf_ok 8 2 --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 $BOTH
   perf_ok 4 2 --model-config "$D" --train tp=2,pp=2 --infer tp=4 --colocate --staging 16K $BOTH
-  perf_ok 6 2 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 $BOTH
-  perf_ok 4 1 --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=2 --colocate --staging 8K --baseline broadcast
-  perf_ok 8 0 --model-config "$repo/tests/data/tiny-deepseek-v3-fp8.json" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=2
+  perf_ok 6 2 --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 $BOTH
+  perf_ok 4 1 --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=1,pp=2,dp=2,ep=2 --colocate --staging 8K --baseline broadcast
+  perf_ok 8 0 --model-config "$repo/tests/data/tiny-deepseek-v3-fp8.json" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=4
   export RESHARD_PERF_HVECTOR=1
-  perf_ok 6 1 --model-config "$M" --train tp=2,ep=2 --infer tp=2,dp=2,ep=4 --baseline alltoallw
+  perf_ok 6 1 --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 --baseline alltoallw
   unset RESHARD_PERF_HVECTOR
   ;;
 *)

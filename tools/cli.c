@@ -10,7 +10,7 @@
 #include "plan/topology.h"
 
 #ifdef RESHARD_TOOLS_HAVE_MODELS
-#include "models/models.h"
+#include "reshard_models.h"
 #endif
 
 int cli_have_models(void) {
@@ -237,6 +237,12 @@ void cli_usage(int tool, FILE *out) {
             "  --inject-error        (testing) drop one receive copy from a plan before checking\n"
             "  --no-check            skip the checks (coverage=skipped): plan, and with --topology\n"
             "                        price, every rank only (large models: the checks walk every row)\n"
+            "  --show-layout src|dst print what each rank of that side holds (with --rank R: rank R\n"
+            "                        only), one line per fragment, and exit without planning:\n"
+            "                        rank=R name=N tensor=T dtype=D box=lo0:hi0,lo1:hi1,... offset=B\n"
+            "                        (N: the buffer's name; in model mode the framework's parameter\n"
+            "                        name on that rank; boxes half-open in tensor coordinates; B: the\n"
+            "                        byte offset in the buffer; ranks global, source side first)\n"
             "Every rank's plan is computed in this one process with a fake communicator. Each\n"
             "rank is first planned as-is in a forked child (plan_ms: wall time, cpu_ms, peak_MiB:\n"
             "peak RSS growth); then all ranks are planned again with the chunk size a real run\n"
@@ -368,6 +374,11 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       o->strict = 1;
     } else if (plan && !strcmp(a, "--no-check")) {
       o->no_check = 1;
+    } else if (plan && !strcmp(a, "--show-layout")) {
+      VALUE();
+      if (!strcmp(v, "src")) o->show_layout = 1;
+      else if (!strcmp(v, "dst")) o->show_layout = 2;
+      else return cli_fail(err, errlen, "--show-layout '%s': expected src or dst", v);
     } else {
       return cli_fail(err, errlen, "unknown option '%s' (see --help)", a);
     }
@@ -410,6 +421,12 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
                       args[s], ms[s]->placements[k].dim, ms[s]->placements[k].dim, o->ndim, o->ndim == 1 ? "" : "s",
                       o->ndim - 1);
     }
+  }
+  if (plan && o->show_layout) {
+    if (o->topology || o->strict || o->no_check || o->inject_error || o->relay != -1)
+      return cli_fail(err, errlen, "--show-layout prints the layout and plans nothing: --topology, --relay, --check, "
+                                   "--no-check and --inject-error do not apply");
+    return 0;
   }
   if (plan && o->rank >= 0 && o->topology)
     return cli_fail(err, errlen, "--topology prices every rank's plan, which --rank skips");
@@ -549,4 +566,59 @@ const char *cli_role(const cli_layouts *l, int rank) {
   int in_src = rank >= 0 && rank < l->nsrc;
   int in_dst = rank >= l->first_dst && rank < l->first_dst + l->ndst;
   return in_src && in_dst ? "both" : in_src ? "src" : in_dst ? "dst" : "none";
+}
+
+int cli_format_fragment(const reshard_layout_t *L, int rank, const reshard_fragment_info_t *f, char *buf,
+                        size_t len) {
+  const char *bname = NULL, *tname = NULL;
+  reshard_dtype_t dt;
+  if (reshard_layout_buffer_name(L, f->buffer_id, &bname) ||
+      reshard_layout_tensor_info(L, f->tensor_id, &tname, &dt, NULL, NULL))
+    return -1;
+  size_t n = (size_t)snprintf(buf, len, "rank=%d name=%s tensor=%s dtype=%s box=", rank, bname, tname,
+                              reshard_dtype_name(dt));
+  for (int d = 0; d < f->ndim && n < len; d++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%lld:%lld", d ? "," : "", (long long)f->start[d],
+                          (long long)(f->start[d] + f->extent[d]));
+  if (n < len) n += (size_t)snprintf(buf + n, len - n, " offset=%zu", f->byte_offset);
+  return n < len ? 0 : -1;
+}
+
+int cli_show_layout(const cli_layouts *l, int side, int rank, FILE *out, char *err, size_t errlen) {
+  const reshard_layout_t *L = side == 1 ? l->src : l->dst;
+  const int lo = side == 1 ? 0 : l->first_dst, n = side == 1 ? l->nsrc : l->ndst;
+  const char *what = side == 1 ? "source" : "destination";
+  fprintf(out, "# %s\n# %s side: ranks %d..%d; one line per fragment: rank name tensor dtype box offset\n", l->desc,
+          what, lo, lo + n - 1);
+  if (rank >= 0 && (rank < lo || rank >= lo + n)) {
+    fprintf(out, "# rank %d holds nothing on the %s side\n", rank, what);
+    return 0;
+  }
+  size_t cap = 0, count = 0;
+  reshard_fragment_info_t *f = NULL;
+  int r0 = rank >= 0 ? rank : lo, r1 = rank >= 0 ? rank : lo + n - 1;
+  int rc = 0;
+  char line[2048];
+  for (int r = r0; r <= r1 && !rc; r++) {
+    reshard_result_t res = reshard_layout_fragments(L, r, f, cap, &count);
+    if (!res && count > cap) {
+      free(f);
+      cap = count;
+      f = malloc(cap * sizeof *f);
+      if (!f) return cli_fail(err, errlen, "--show-layout: out of memory");
+      res = reshard_layout_fragments(L, r, f, cap, &count);
+    }
+    if (res) {
+      rc = lib_fail(err, errlen, "--show-layout", res);
+      break;
+    }
+    for (size_t i = 0; i < count && !rc; i++) {
+      if (cli_format_fragment(L, r, &f[i], line, sizeof line))
+        rc = cli_fail(err, errlen, "--show-layout: rank %d fragment %zu: %s", r, i, reshard_last_error());
+      else
+        fprintf(out, "%s\n", line);
+    }
+  }
+  free(f);
+  return rc;
 }

@@ -64,6 +64,7 @@ typedef struct cli_opts {
   int rank;  /* -1: every rank */
   int strict; /* --check */
   int no_check; /* --no-check: plan and price only */
+  int show_layout; /* --show-layout: 0 no, 1 src, 2 dst */
 } cli_opts;
 
 /* Parses argv for the given tool. Returns 0, or -1 with a message in err
@@ -103,6 +104,19 @@ void cli_layouts_free(cli_layouts *l);
 
 /* "src", "dst", "both" or "none". */
 const char *cli_role(const cli_layouts *l, int rank);
+
+/* --show-layout: one line per fragment that `rank` (every rank of the
+ * side when < 0) holds on the side (1 source, 2 destination):
+ *   rank=R name=N tensor=T dtype=D box=lo0:hi0,lo1:hi1,... offset=B
+ * (N: the buffer's name, the framework's parameter name in model mode;
+ * boxes half-open, in tensor coordinates; B: byte offset in the buffer),
+ * after '#' lines that say what is shown. Returns 0, or -1 with a message
+ * in err. */
+int cli_show_layout(const cli_layouts *l, int side, int rank, FILE *out, char *err, size_t errlen);
+/* One such line (no newline) for fragment f of L held by rank, into buf;
+ * -1 when it does not fit or the ids are not L's. */
+int cli_format_fragment(const reshard_layout_t *L, int rank, const reshard_fragment_info_t *f, char *buf,
+                        size_t len);
 
 /* Whether this build has the model front-end (src/models). */
 int cli_have_models(void);

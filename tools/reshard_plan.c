@@ -435,6 +435,12 @@ int main(int argc, char **argv) {
     cli_layouts_free(&L);
     return 2;
   }
+  if (o.show_layout) {
+    int rc = cli_show_layout(&L, o.show_layout, o.rank, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "reshard_plan: error: %s\n", err);
+    cli_layouts_free(&L);
+    return rc ? 1 : 0;
+  }
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (o.staging) opts.staging_bytes = o.staging;
   opts.topology = o.topology;

@@ -31,12 +31,6 @@ reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m) {
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rm_buf1(reshard_layout_t *L, const char *name, int tensor, int mesh,
-                         const reshard_placement_t *pl) {
-  reshard_part_t part = {tensor, mesh, pl, NULL};
-  return reshard_layout_add_fused(L, name, 0, 1, 1, &part, NULL);
-}
-
 reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name, int tensor, int mesh, int64_t vpad,
                               int64_t hidden) {
   const reshard_placement_t pl[2] = {reshard_replicate(), reshard_shard(0)};
@@ -83,22 +77,26 @@ reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape, const 
  * groups on a grouped dim); with blocks of b_d along d, whole blocks need
  * b_d * k_d to divide the dim. In a concatenation, every part but the last
  * must also end on a whole block, or the next part's scales would start
- * inside a block. */
+ * inside a block. A window (origin given) must cover its tensor whole on
+ * the blocked dims: only the leading (expert) dims are windowed. */
 static reshard_result_t check_scale_split(const rm_builder *b, int cd, int G, int nparts, int k,
-                                          const reshard_part_t *p) {
+                                          const reshard_part_t *p, const int64_t *origin) {
   const rm_model *m = b->m;
   const rm_tensor *w = &m->tensors[p->tensor_id];
   const struct rm_mesh_shape *ms = &b->meshes[p->mesh_id];
-  if (p->padded_shape)
+  if (p->padded_shape && !origin)
     return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' is padded and block-scaled", m->path, w->name);
   for (int d = 0; d < w->ndim; d++) {
     int64_t blk = d >= w->ndim - 2 ? m->c.block[d - (w->ndim - 2)] : 1;
+    if (origin && blk > 1 && (origin[d] != 0 || (p->padded_shape && p->padded_shape[d] != w->shape[d])))
+      return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': a window cuts blocked dim %d", m->path,
+                      w->name, d);
     int64_t pieces = G > 1 && d == cd ? G : 1;
     for (int a = 0; a < ms->ndim; a++)
       if (p->placements[a].kind == RESHARD_PLACEMENT_SHARD && p->placements[a].dim == d) {
-        if (p->placements[a].split_sizes)
-          return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': uneven splits are not block-scaled", m->path,
-                          w->name);
+        if (p->placements[a].split_sizes && blk > 1)
+          return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': uneven splits of blocked dim %d", m->path,
+                          w->name, d);
         pieces *= ms->shape[a];
       }
     int must_end_on_block = G == 1 && d == cd && k < nparts - 1;
@@ -112,32 +110,58 @@ static reshard_result_t check_scale_split(const rm_builder *b, int cd, int G, in
   return RESHARD_SUCCESS;
 }
 
+/* The scale buffer's parts: each weight part with its scale tensor, and a
+ * window of the scales where the weight has one (the same leading dims,
+ * every block of the last two). */
+static void scale_parts(const rm_builder *b, int num_parts, const reshard_part_t *parts, const int64_t *const *origins,
+                        reshard_part_t *sp, int64_t (*wshape)[RESHARD_MAX_DIMS]) {
+  const rm_model *m = b->m;
+  for (int k = 0; k < num_parts; k++) {
+    sp[k] = parts[k];
+    sp[k].tensor_id = m->tensors[parts[k].tensor_id].scale;
+    if (!origins || !origins[k]) continue;
+    const rm_tensor *s = &m->tensors[sp[k].tensor_id];
+    for (int d = 0; d < s->ndim; d++)
+      wshape[k][d] = d < s->ndim - 2 && parts[k].padded_shape ? parts[k].padded_shape[d] : s->shape[d] - origins[k][d];
+    sp[k].padded_shape = wshape[k];
+  }
+}
+
 reshard_result_t rm_add_weights(rm_builder *b, const char *name, int concat_dim, int num_groups, int num_parts,
-                                const reshard_part_t *parts) {
+                                const reshard_part_t *parts, const int64_t *const *origins) {
   const rm_model *m = b->m;
   int scaled = 0;
   for (int k = 0; k < num_parts; k++) scaled += m->tensors[parts[k].tensor_id].scale >= 0;
   if (scaled && scaled != num_parts)
     return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': buffer '%s' fuses scaled and unscaled tensors", m->path, name);
   for (int k = 0; k < num_parts && scaled; k++)
-    RS_CHECK(check_scale_split(b, concat_dim, num_groups, num_parts, k, &parts[k]));
-  RS_CHECK(reshard_layout_add_fused(b->L, name, concat_dim, num_groups, num_parts, parts, NULL));
-  if (!scaled) return RESHARD_SUCCESS;
-  reshard_part_t stack[8];
-  reshard_part_t *sp = num_parts <= 8 ? stack : malloc((size_t)num_parts * sizeof *sp);
-  if (!sp) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "model '%s': out of memory", m->path);
-  for (int k = 0; k < num_parts; k++) {
-    sp[k] = parts[k];
-    sp[k].tensor_id = m->tensors[parts[k].tensor_id].scale;
+    RS_CHECK(check_scale_split(b, concat_dim, num_groups, num_parts, k, &parts[k], origins ? origins[k] : NULL));
+  if (origins) {
+    if (num_groups != 1)
+      return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': buffer '%s': windows and groups", m->path, name);
+    RS_CHECK(reshard_layout_add_windows(b->L, name, concat_dim, num_parts, parts, origins, NULL));
+  } else {
+    RS_CHECK(reshard_layout_add_fused(b->L, name, concat_dim, num_groups, num_parts, parts, NULL));
   }
+  if (!scaled) return RESHARD_SUCCESS;
+  reshard_part_t *sp = malloc((size_t)num_parts * sizeof *sp);
+  int64_t(*wshape)[RESHARD_MAX_DIMS] = origins ? malloc((size_t)num_parts * sizeof *wshape) : NULL;
+  if (!sp || (origins && !wshape)) {
+    free(sp);
+    free(wshape);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "model '%s': out of memory", m->path);
+  }
+  scale_parts(b, num_parts, parts, origins, sp, wshape);
   char sname[320];
   snprintf(sname, sizeof sname, "%s_scale_inv", name);
-  reshard_result_t r = reshard_layout_add_fused(b->L, sname, concat_dim, num_groups, num_parts, sp, NULL);
-  if (sp != stack) free(sp);
+  reshard_result_t r = origins ? reshard_layout_add_windows(b->L, sname, concat_dim, num_parts, sp, origins, NULL)
+                               : reshard_layout_add_fused(b->L, sname, concat_dim, num_groups, num_parts, sp, NULL);
+  free(sp);
+  free(wshape);
   return r;
 }
 
 reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor, int mesh, const reshard_placement_t *pl) {
   reshard_part_t part = {tensor, mesh, pl, NULL};
-  return rm_add_weights(b, name, 0, 1, 1, &part);
+  return rm_add_weights(b, name, 0, 1, 1, &part, NULL);
 }

@@ -222,8 +222,13 @@ static reshard_result_t read_config(const jcfg *j, rm_config *c) {
       break;
     case RM_ARCH_QWEN3:
     case RM_ARCH_QWEN3_MOE:
+      /* vLLM's Qwen3Attention (vllm/model_executor/models/qwen3.py) builds
+       * qkv_proj with bias=attention_bias and o_proj with bias=False, so
+       * neither side holds an o_proj.bias, whatever the config says. */
       c->qk_norm = 1;
-      /* fall through */
+      RS_CHECK(get_bool(j, "attention_bias", 0, &attention_bias));
+      c->qkv_bias = attention_bias;
+      break;
     case RM_ARCH_LLAMA:
       RS_CHECK(get_bool(j, "attention_bias", 0, &attention_bias));
       c->qkv_bias = c->o_bias = attention_bias;
@@ -358,6 +363,7 @@ void rm_model_free(rm_model *m) {
   free(m->tensors);
   free(m->layer);
   free(m->experts);
+  free(m->role);
   free(m->c.dense_only);
   free(m->path);
   free(m);

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "models.h"
+#include "reshard_models.h"
 
 typedef enum rm_arch {
   RM_ARCH_LLAMA = 0,
@@ -79,6 +79,15 @@ struct rm_model {
   int64_t params;
   int embed, norm, lm_head; /* lm_head -1 when tied */
   rm_layer *layer;          /* [layers] */
+  unsigned char *role;      /* [ntensors]: RM_ROLE_* bits (tensors.c) */
+};
+
+/* What a tensor is, for what frameworks do to it after loading
+ * (rm_after_load); a block scale has its weight's bits and RM_ROLE_FP8. */
+enum {
+  RM_ROLE_KV_B = 1,   /* MLA kv_b_proj */
+  RM_ROLE_EXPERT = 2, /* a routed expert's gate, up or down */
+  RM_ROLE_FP8 = 4     /* block-quantized: fp8 weight or its scales */
 };
 
 const char *rm_arch_name(rm_arch arch);
@@ -89,21 +98,19 @@ reshard_result_t rm_build_tensors(rm_model *m);
 
 /* parallel.c */
 /* Checks what both sides share: positive sizes, rank count in int range,
- * pp <= layers, tp dividing the heads, ep/etp only on MoE models, experts
- * divisible by ep. `side` names the builder in messages. */
-reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p,
-                                 int first_rank, const char *side);
-/* Contiguous layer ranges per stage. Megatron: the first L % pp stages get
- * one layer more. vLLM (get_pp_indices): the stages just before the last
- * get them, the last one (lm_head) never does. */
-void rm_stage_layers(int layers, int pp, int stage, int vllm_style,
-                     int *first, int *count);
+ * pp <= layers, tp dividing the heads, ep/etp only on MoE models, ep x etp
+ * dividing tp x dp. etp: the side's resolved
+ * expert tensor parallelism. `side` names the builder in messages. */
+reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int etp, int first_rank,
+                                 const char *side);
+/* Megatron's layers per stage: stage s holds [start[s], start[s+1]);
+ * start has pp + 1 entries. Refuses what get_num_layers_to_build refuses. */
+reshard_result_t rm_megatron_stages(const rm_model *m, const rm_parallel *p, int *start);
+/* vLLM's layers per stage (get_pp_indices). */
+void rm_vllm_stage_layers(int layers, int pp, int stage, int *first, int *count);
 
 /* build.c */
 reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m);
-/* One-part buffer. */
-reshard_result_t rm_buf1(reshard_layout_t *L, const char *name, int tensor,
-                         int mesh, const reshard_placement_t *pl);
 /* Vocabulary-parallel buffer on a [dp, tp] mesh: rows padded to vpad,
  * Shard(0) over tp, replicated over dp. */
 reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name,
@@ -127,15 +134,15 @@ reshard_result_t rm_mesh_strided(rm_builder *b, int ndim, const int *shape,
                                  int start, int stride, int *mesh);
 reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape,
                                const int *ranks, int *mesh);
-/* A buffer of weights, fused like reshard_layout_add_fused, and, when the
- * parts' tensors have block scales, the buffer of their scales named
- * `name`_scale_inv (vLLM's and the checkpoint's spelling when name ends
- * in "weight"), split and fused the same way. Checked first: every split
- * and every fused part but the last fall on whole blocks, otherwise the
- * scales could not be split like their weights. */
-reshard_result_t rm_add_weights(rm_builder *b, const char *name,
-                                int concat_dim, int num_groups, int num_parts,
-                                const reshard_part_t *parts);
+/* A buffer of weights, fused like reshard_layout_add_fused (or, with
+ * origins, reshard_layout_add_windows), and, when the parts' tensors have
+ * block scales, the buffer of their scales named `name`_scale_inv (vLLM's
+ * and the checkpoint's spelling when name ends in "weight"), split and
+ * fused the same way. Checked first: every split and every fused part but
+ * the last fall on whole blocks, otherwise the scales could not be split
+ * like their weights. */
+reshard_result_t rm_add_weights(rm_builder *b, const char *name, int concat_dim, int num_groups, int num_parts,
+                                const reshard_part_t *parts, const int64_t *const *origins);
 /* rm_add_weights with one part. */
 reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor,
                             int mesh, const reshard_placement_t *pl);

@@ -3,19 +3,42 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
 #include "models_internal.h"
 
+/* The keys of a parallel spec: which field, its range, and whose key it
+ * is (the builders refuse a framework's key on the other side when it is
+ * set to anything but its default). */
+static const struct spec_key {
+  const char *name;
+  size_t offset;
+  int is64;
+  int64_t min, max;
+} spec_keys[] = {
+    {"tp", offsetof(rm_parallel, tp), 0, 1, 1 << 20},
+    {"pp", offsetof(rm_parallel, pp), 0, 1, 1 << 20},
+    {"dp", offsetof(rm_parallel, dp), 0, 1, 1 << 20},
+    {"ep", offsetof(rm_parallel, ep), 0, 1, 1 << 20},
+    {"etp", offsetof(rm_parallel, etp), 0, 1, 1 << 20},
+    {"vocab", offsetof(rm_parallel, vocab), 1, 1, INT32_MAX},
+    {"first", offsetof(rm_parallel, first), 0, 1, 1 << 20},
+    {"last", offsetof(rm_parallel, last), 0, 1, 1 << 20},
+    {"grouped_gemm", offsetof(rm_parallel, grouped_gemm), 0, 0, 1},
+    {"sp_moe", offsetof(rm_parallel, sp_moe), 0, 0, 1},
+};
+#define NKEYS ((int)(sizeof spec_keys / sizeof spec_keys[0]))
+#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe"
+
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
   rs_error_clear();
   if (!spec || !out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec: NULL argument");
-  rm_parallel p = {1, 1, 1, 1, 1};
-  static const char *const keys[5] = {"tp", "pp", "dp", "ep", "etp"};
-  int *fields[5] = {&p.tp, &p.pp, &p.dp, &p.ep, &p.etp};
-  int seen[5] = {0};
+  rm_parallel p = RM_PARALLEL_INIT;
+  int seen[NKEYS] = {0};
   const char *s = spec;
   while (*s == ' ') s++;
   if (*s == '\0') {
@@ -31,27 +54,30 @@ reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': item '%.*s' is not key=value", spec,
                       (int)strcspn(item, ","), item);
     int k = -1;
-    for (int i = 0; i < 5; i++)
-      if (strlen(keys[i]) == klen && !strncmp(s, keys[i], klen)) k = i;
+    for (int i = 0; i < NKEYS; i++)
+      if (strlen(spec_keys[i].name) == klen && !strncmp(s, spec_keys[i].name, klen)) k = i;
     if (k < 0)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': unknown key '%.*s' (keys: tp, pp, dp, ep, etp)",
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': unknown key '%.*s' (keys: " KEY_LIST ")",
                       spec, (int)klen, s);
+    const struct spec_key *key = &spec_keys[k];
     if (seen[k]++)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' given twice", spec, keys[k]);
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' given twice", spec, key->name);
     const char *v = after_key + 1;
     while (*v == ' ') v++;
     char *end = NULL;
     errno = 0;
-    long x = isdigit((unsigned char)*v) ? strtol(v, &end, 10) : 0;
+    long long x = isdigit((unsigned char)*v) ? strtoll(v, &end, 10) : 0;
     if (end)
       while (*end == ' ') end++;
     if (!end || end == v || (*end != ',' && *end != '\0'))
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' needs a positive integer, found '%.*s'",
-                      spec, keys[k], (int)strcspn(v, ","), v);
-    if (errno == ERANGE || x < 1 || x > (1 << 20))
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' = %.*s is outside [1, %d]", spec,
-                      keys[k], (int)strcspn(v, ","), v, 1 << 20);
-    *fields[k] = (int)x;
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' needs an integer, found '%.*s'",
+                      spec, key->name, (int)strcspn(v, ","), v);
+    if (errno == ERANGE || x < key->min || x > key->max)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "parallel spec '%s': key '%s' = %.*s is outside [%lld, %lld]",
+                      spec, key->name, (int)strcspn(v, ","), v, (long long)key->min, (long long)key->max);
+    char *field = (char *)&p + key->offset;
+    if (key->is64) *(int64_t *)(void *)field = (int64_t)x;
+    else *(int *)(void *)field = (int)x;
     if (*end == '\0') break;
     s = end + 1;
     while (*s == ' ') s++;
@@ -66,10 +92,10 @@ int rm_parallel_ranks(const rm_parallel *p) {
   return n > INT_MAX ? 0 : (int)n;
 }
 
-reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int first_rank, const char *side) {
-  if (p->tp < 1 || p->pp < 1 || p->dp < 1 || p->ep < 1 || p->etp < 1)
+reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int etp, int first_rank, const char *side) {
+  if (p->tp < 1 || p->pp < 1 || p->dp < 1 || p->ep < 1 || etp < 1)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp %d, pp %d, dp %d, ep %d and etp %d must be >= 1",
-                    side, p->tp, p->pp, p->dp, p->ep, p->etp);
+                    side, p->tp, p->pp, p->dp, p->ep, etp);
   if (first_rank < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: first rank %d is negative", side, first_rank);
   int64_t n = (int64_t)p->tp * p->pp * p->dp;
   if (n + first_rank > INT_MAX)
@@ -81,27 +107,63 @@ reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int fi
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp %d does not divide the %lld attention heads", side,
                     p->tp, (long long)m->c.heads);
   if (m->c.experts == 0) {
-    if (p->ep != 1 || p->etp != 1)
+    if (p->ep != 1 || p->etp > 1)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d / etp %d given for the dense model '%s'",
                       side, p->ep, p->etp, m->path);
     return RESHARD_SUCCESS;
   }
   int64_t stage = (int64_t)p->tp * p->dp;
-  if (stage % ((int64_t)p->ep * p->etp))
+  if (stage % ((int64_t)p->ep * etp))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d x etp %d does not divide tp x dp = %lld", side,
-                    p->ep, p->etp, (long long)stage);
-  if (m->c.experts % p->ep)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d does not divide the %lld experts", side, p->ep,
-                    (long long)m->c.experts);
+                    p->ep, etp, (long long)stage);
   return RESHARD_SUCCESS;
 }
 
-void rm_stage_layers(int layers, int pp, int stage, int vllm_style, int *first, int *count) {
+/* Megatron-core, megatron/core/transformer/transformer_block.py
+ * get_num_layers_to_build: without num_layers_in_first/last_pipeline_stage
+ * every stage builds num_layers / pp layers (asserting pp divides them);
+ * with them, the given stages build that many and the stages left share
+ * the rest evenly (asserting it divides). */
+reshard_result_t rm_megatron_stages(const rm_model *m, const rm_parallel *p, int *start) {
+  const int L = m->layers, pp = p->pp;
+  if (!p->first && !p->last) {
+    if (L % pp)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "megatron layout: pp %d does not divide the %d layers; Megatron-core needs that unless the "
+                      "first or last stage's layer count is given (say first=<n> and/or last=<n>, "
+                      "num_layers_in_first/last_pipeline_stage)",
+                      pp, L);
+    for (int s = 0; s <= pp; s++) start[s] = s * (L / pp);
+    return RESHARD_SUCCESS;
+  }
+  if (pp < 2)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: first=%d / last=%d need pp > 1", p->first,
+                    p->last);
+  int64_t rest = (int64_t)L - p->first - p->last;
+  int left = pp - (p->first > 0) - (p->last > 0);
+  if (rest < 0 || (left == 0 && rest != 0) || (left > 0 && (rest == 0 || rest % left)))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "megatron layout: first=%d, last=%d: the %lld layers left do not split evenly over the %d other "
+                    "stage%s of pp %d (%d layers in all; get_num_layers_to_build)",
+                    p->first, p->last, (long long)rest, left, left == 1 ? "" : "s", pp, L);
+  const int mid = left ? (int)(rest / left) : 0;
+  start[0] = 0;
+  for (int s = 0; s < pp; s++) {
+    int n = s == 0 && p->first ? p->first : s == pp - 1 && p->last ? p->last : mid;
+    start[s + 1] = start[s] + n;
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* vLLM, vllm/distributed/utils.py get_pp_indices (no
+ * VLLM_PP_LAYER_PARTITION): num_layers // pp each, the remainder one more
+ * each on the stages just before the last (the last stage holds the
+ * lm_head and never gets one). */
+void rm_vllm_stage_layers(int layers, int pp, int stage, int *first, int *count) {
   int base = layers / pp, rem = layers % pp;
   int f = 0;
   for (int s = 0; s <= stage; s++) {
-    int extra = vllm_style ? (s >= pp - 1 - rem && s <= pp - 2) : (s < rem);
-    int n = base + extra;
+    int n = base + (s >= pp - 1 - rem && s <= pp - 2);
     if (s == stage) {
       *first = f;
       *count = n;

@@ -168,12 +168,45 @@ static reshard_result_t moe_mlp(rm_model *m, int l, rm_layer *t) {
   }
   static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
   L(l, &t->router, 2, E, H, 0, "mlp.gate.weight");
-  if (c->router_bias) L(l, &t->router_bias, 1, E, 0, 0, "mlp.gate.e_score_correction_bias");
+  /* fp32 whatever the model's dtype: the checkpoint's, vLLM's
+   * (DeepseekV2MoE: nn.Parameter(torch.empty(n_routed_experts,
+   * dtype=torch.float32))) and Megatron-core's (TopKRouter.expert_bias,
+   * torch.float32). Under aux-loss-free balancing it changes every step. */
+  if (c->router_bias) {
+    const int64_t dims[1] = {E};
+    char name[128];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+    RS_CHECK(push_tensor(m, &t->router_bias, 1, dims, name, RESHARD_FP32, 1));
+  }
   RS_CHECK(routed_experts(m, l, t, "mlp", proj));
   if (S > 0) {
     Q(l, &t->sgate, 2, S, H, 0, "mlp.shared_experts.gate_proj.weight");
     Q(l, &t->sup, 2, S, H, 0, "mlp.shared_experts.up_proj.weight");
     Q(l, &t->sdown, 2, H, S, 0, "mlp.shared_experts.down_proj.weight");
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* Sets bits on tensor id (when there is one) and on its block scales. */
+static void tag(rm_model *m, int id, unsigned char bits) {
+  if (id < 0) return;
+  m->role[id] |= bits;
+  if (m->tensors[id].scale >= 0) m->role[m->tensors[id].scale] |= bits | RM_ROLE_FP8;
+}
+
+static reshard_result_t tag_roles(rm_model *m) {
+  m->role = calloc((size_t)m->ntensors + 1, 1);
+  if (!m->role) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", m->path);
+  for (int i = 0; i < m->ntensors; i++)
+    if (m->tensors[i].dtype == RESHARD_FP8_E4M3 || m->tensors[i].scale >= 0) tag(m, i, RM_ROLE_FP8);
+  for (int l = 0; l < m->layers; l++) {
+    const rm_layer *t = &m->layer[l];
+    tag(m, t->kv_b, RM_ROLE_KV_B);
+    tag(m, t->egate, RM_ROLE_EXPERT);
+    tag(m, t->eup, RM_ROLE_EXPERT);
+    tag(m, t->edown, RM_ROLE_EXPERT);
+    for (int64_t e = 0; m->experts && e < m->c.experts; e++)
+      for (int k = 0; k < 3; k++) tag(m, rm_expert(m, l, (int)e, k), RM_ROLE_EXPERT);
   }
   return RESHARD_SUCCESS;
 }
@@ -206,5 +239,5 @@ reshard_result_t rm_build_tensors(rm_model *m) {
   }
   RS_CHECK(add(m, &m->norm, 1, c->hidden, 0, 0, "model.norm.weight"));
   if (!c->tied) RS_CHECK(add(m, &m->lm_head, 2, c->vocab, c->hidden, 0, "lm_head.weight"));
-  return RESHARD_SUCCESS;
+  return tag_roles(m);
 }

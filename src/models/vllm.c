@@ -1,28 +1,65 @@
-/* The vLLM (inference) layout of a model; conventions in models.h.
+/* The vLLM (inference) layout of a model. Sources (vLLM 0.33.0, 4ba787ec9;
+ * names of the routed experts from 0.24 on):
+ *   rank order       vllm/distributed/parallel_state.py
+ *                    initialize_model_parallel: ranks reshaped (DP, PP, PCP,
+ *                    TP), TP fastest: rank = tp_i + tp * (pp_i + pp * dp_i)
+ *                    (PCP 1); the EP group of a stage orders its ranks
+ *                    dp-major, ep_rank = dp_i * tp + tp_i
+ *   MoE sharding     vllm/model_executor/layers/fused_moe/config.py
+ *                    FusedMoEParallelConfig.make: EP off: ep 1, each expert
+ *                    split over the tp x dp ranks (flattened tp rank
+ *                    dp_i * tp + tp_i); EP on: ep = tp x dp, experts whole.
+ *                    Nothing else exists.
+ *   expert placement fused_moe/expert_map_manager.py determine_expert_map,
+ *                    "linear" (the default): EP rank r holds experts
+ *                    [r * (E/ep) + min(r, E % ep), ...), the first E % ep
+ *                    ranks one more
+ *   w13 / w2         fused_moe/unquantized_fused_moe_method.py
+ *                    create_weights, routed_experts.py _load_w13:
+ *                    w13 [E_local, 2 I_local, H] = [gate (w1); up (w3)],
+ *                    w2 [E_local, H, I_local]
+ *   fused linears    vllm/model_executor/layers/linear.py QKVParallelLinear
+ *                    ([q; k; v] shards, KV heads replicated on tp / kv
+ *                    consecutive ranks when tp > kv), MergedColumnParallel
+ *                    Linear ([gate; up] shards)
+ *   vocabulary       vocab_parallel_embedding.py: rows padded to a
+ *                    multiple of 64 (DEFAULT_VOCAB_PADDING_SIZE), split
+ *                    evenly over tp
+ *   stages           vllm/distributed/utils.py get_pp_indices (see
+ *                    rm_vllm_stage_layers); models/utils.py make_layers:
+ *                    parameter names keep the global layer index
+ *   tied embeddings  models/llama.py, qwen2.py: the last stage builds its
+ *                    own embed_tokens when tie_word_embeddings
+ *   DeepSeek MLA/MoE models/deepseek_v2.py DeepseekV2MLAAttention
+ *                    (fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa]
+ *                    replicated), DeepseekV2MoE (gate replicated,
+ *                    e_score_correction_bias fp32 when topk_method is
+ *                    noaux_tc, shared experts DeepseekV2MLP with
+ *                    disable_tp under sequence-parallel MoE:
+ *                    vllm/config/parallel.py use_sequence_parallel_moe =
+ *                    EP on, tp > 1, dp > 1 and an all2all backend among
+ *                    them the default allgather_reducescatter)
  *
- * Per pipeline stage (layers split like vLLM's get_pp_indices), the mesh
- * [dp, tp] carries:
- *   QKVParallelLinear qkv_proj = [q shard; k shard; v shard], the KV heads
- *     replicated on tp / kv consecutive TP ranks when tp > kv (their own
- *     mesh [dp, kv, tp/kv] with (Replicate, Shard(0), Replicate));
- *   MergedColumnParallelLinear gate_up_proj = [gate shard; up shard];
- *   RowParallelLinear o_proj, down_proj (Shard(1));
- *   VocabParallelEmbedding / ParallelLMHead, padded to a multiple of 64;
- *   MLA: fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa] replicated
- *     (when q_lora_rank is set), q_b_proj / kv_b_proj column-parallel,
- *     o_proj row-parallel, the layernorms replicated.
- * FusedMoE experts over the stage's tp*dp ranks as [ep, tp*dp/ep]: w13 =
- * per expert [gate (w1); up (w3)] stacked [E, 2I, H] with (Shard(0),
- * Shard(1)), w2 [E, H, I] with (Shard(0), Shard(2)). vLLM never replicates
- * experts: the ranks that share an EP coordinate split the intermediate
- * dim (ep = 1 is vLLM's default "TP flattened across DP", ep = tp*dp its
- * expert-parallel mode).
+ * Per pipeline stage, the mesh [dp, tp] carries:
+ *   qkv_proj = [q shard; k shard; v shard], the KV heads replicated on
+ *     tp / kv consecutive TP ranks when tp > kv (their own mesh
+ *     [dp, kv, tp/kv] with (Replicate, Shard(0), Replicate));
+ *   gate_up_proj = [gate shard; up shard];
+ *   o_proj, down_proj row-parallel (Shard(1));
+ *   embed_tokens / lm_head, padded to a multiple of 64;
+ *   MLA: fused_qkv_a_proj replicated (when q_lora_rank is set), q_b_proj /
+ *     kv_b_proj column-parallel, o_proj row-parallel, the layernorms
+ *     replicated; shared experts column/row-parallel, or replicated under
+ *     sequence-parallel MoE (spec key sp_moe, default vLLM's rule).
+ * Routed experts over the stage's tp*dp ranks in EP order as [ep,
+ * tp*dp/ep]: w13 [E, 2I, H] with (Shard(0), Shard(1)) (the first E % ep
+ * EP ranks one expert more), w2 with (Shard(0), Shard(2)).
  * Per-expert models: the same w13_weight / w2_weight buffers (FusedMoE
  * loads each checkpoint expert into its slot of them), described as the
  * concatenation along dim 0 of every expert's parts, each on the mesh
- * [tp*dp/ep] of its EP rank (expert e on EP rank e / (E/ep)): [gate_e
- * shard; up_e shard] per local expert for w13 (Shard(0)), down_e shards
- * for w2 (Shard(1)); byte for byte the stacked mode's buffers.
+ * [tp*dp/ep] of its EP rank: [gate_e shard; up_e shard] per local expert
+ * for w13 (Shard(0)), down_e shards for w2 (Shard(1)); byte for byte the
+ * stacked mode's buffers.
  * Block scales: every weight buffer is followed by its "<name>_scale_inv"
  * buffer (vLLM's weight_scale_inv, w13_weight_scale_inv, ...), the
  * weights' scales arranged the same way. */
@@ -41,6 +78,11 @@
 static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p) {
   const rm_config *c = &m->c;
   const int tp = p->tp;
+  if (p->vocab || p->first || p->last || !p->grouped_gemm)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "vllm layout: key '%s' is Megatron's (vLLM pads the vocabulary to 64, splits stages with "
+                    "get_pp_indices and has one kind of MoE layer)",
+                    p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : "grouped_gemm");
   if (!c->mla && (tp > c->kv_heads ? tp % c->kv_heads : c->kv_heads % tp))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "vllm layout: tp %d and num_key_value_heads %lld: one must divide the other (QKVParallelLinear)",
@@ -58,11 +100,17 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p) {
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: tp %d does not divide the shared experts' intermediate size %lld",
                     tp, (long long)c->shared_intermediate);
   if (c->experts > 0) {
-    int etp = tp * p->dp / p->ep;
-    if (p->etp != 1 && p->etp != etp)
+    const int flat = tp * p->dp;
+    if (p->sp_moe == 1 && p->ep == 1)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "vllm layout: sp_moe=1 needs expert parallelism (ep=%d): vLLM's use_sequence_parallel_moe "
+                      "requires enable_expert_parallel",
+                      flat);
+    int etp = flat / p->ep;
+    if (p->etp && p->etp != etp)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                       "vllm layout: etp %d: vLLM splits each expert over the tp x dp / ep = %d ranks that share an "
-                      "EP rank (say etp=1 or etp=%d)",
+                      "EP rank (say etp=%d or leave it out)",
                       p->etp, etp, etp);
     if (c->moe_intermediate % etp)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
@@ -72,59 +120,80 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p) {
   return RESHARD_SUCCESS;
 }
 
+/* The first expert of EP rank r under vLLM's linear placement. */
+static int expert_start(int E, int ep, int r) { return r * (E / ep) + (r < E % ep ? r : E % ep); }
+
 reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int first_rank, reshard_layout_t **out) {
   rs_error_clear();
   if (!m || !p || !out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: NULL argument");
   *out = NULL;
-  RS_CHECK(rm_check_common(m, p, first_rank, "vllm"));
-  RS_CHECK(check_vllm(m, p));
   const rm_config *c = &m->c;
-  const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, kv = (int)c->kv_heads;
+  const int64_t flat64 = (int64_t)p->tp * p->dp;
+  if (c->experts > 0 && p->ep != 1 && p->ep != flat64 && p->tp >= 1 && p->dp >= 1)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "vllm layout: ep %d: vLLM has expert parallelism off (ep=1) or over all tp x dp = %lld ranks of a "
+                    "stage (ep=%lld), nothing between (FusedMoEParallelConfig.make)",
+                    p->ep, (long long)flat64, (long long)flat64);
+  /* etp is implied (ep x etp = tp x dp): nothing to check against it */
+  RS_CHECK(rm_check_common(m, p, 1, first_rank, "vllm"));
+  const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, kv = (int)c->kv_heads, flat = tp * dp;
+  RS_CHECK(check_vllm(m, p));
   const int64_t H = c->hidden, vpad = rm_round_up(c->vocab, 64);
+  const int E = (int)c->experts;
+  /* use_sequence_parallel_moe with the default all2all backend */
+  const int sp_moe = p->sp_moe >= 0 ? p->sp_moe : ep > 1 && tp > 1 && dp > 1;
   reshard_layout_t *L = NULL;
   rm_builder B = {NULL, m, NULL, 0, 0};
-  int *emeshes = NULL;
+  int *ranks = malloc((size_t)flat * sizeof *ranks), *emeshes = NULL;
+  int64_t *esplit = NULL;
   reshard_part_t *xparts = NULL;
   reshard_result_t r;
+  if (!ranks) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "vllm layout: out of memory");
   CK(reshard_layout_create(&L));
   B.L = L;
   CK(rm_declare_tensors(L, m));
-  const int per_expert = m->per_expert && c->experts > 0;
-  if (per_expert) {
+  const int per_expert = m->per_expert && E > 0;
+  if (E > 0) {
     emeshes = malloc((size_t)ep * sizeof *emeshes);
-    xparts = malloc((size_t)c->experts * 2 * sizeof *xparts);
-    if (!emeshes || !xparts) CK(rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "vllm layout: out of memory"));
+    esplit = malloc((size_t)ep * sizeof *esplit);
+    xparts = per_expert ? malloc((size_t)E * 2 * sizeof *xparts) : NULL;
+    if (!emeshes || !esplit || (per_expert && !xparts))
+      CK(rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "vllm layout: out of memory"));
+    for (int er = 0; er < ep; er++) esplit[er] = expert_start(E, ep, er + 1) - expert_start(E, ep, er);
   }
 
   const reshard_placement_t rep[2] = {reshard_replicate(), reshard_replicate()};
   const reshard_placement_t col[2] = {reshard_replicate(), reshard_shard(0)};
   const reshard_placement_t row[2] = {reshard_replicate(), reshard_shard(1)};
   const reshard_placement_t kvrep[3] = {reshard_replicate(), reshard_shard(0), reshard_replicate()};
-  const reshard_placement_t w13[2] = {reshard_shard(0), reshard_shard(1)};
-  const reshard_placement_t w2[2] = {reshard_shard(0), reshard_shard(2)};
+  /* uneven experts (E % ep) only happen with ep = tp x dp */
+  const int64_t *sizes = E > 0 && E % ep ? esplit : NULL;
+  const reshard_placement_t w13[2] = {reshard_shard_sizes(0, sizes), reshard_shard(1)};
+  const reshard_placement_t w2[2] = {reshard_shard_sizes(0, sizes), reshard_shard(2)};
   const reshard_placement_t xw13[1] = {reshard_shard(0)}, xw2[1] = {reshard_shard(1)};
+  const reshard_placement_t *shared_col = sp_moe ? rep : col, *shared_row = sp_moe ? rep : row;
   char n[256];
   for (int s = 0; s < pp; s++) {
-    const int start = first_rank + s * tp * dp;
+    /* The stage's ranks in (dp, tp) order, which is also the EP order. */
+    for (int f = 0; f < flat; f++) ranks[f] = first_rank + f % tp + tp * (s + pp * (f / tp));
     int mesh, kvmesh, emesh = -1;
-    CK(rm_mesh_strided(&B, 2, (const int[]){dp, tp}, start, 1, &mesh));
+    CK(rm_mesh_ranks(&B, 2, (const int[]){dp, tp}, ranks, &mesh));
     const reshard_placement_t *kvpl = col;
     kvmesh = mesh;
     if (!c->mla && tp > kv) {
-      CK(rm_mesh_strided(&B, 3, (const int[]){dp, kv, tp / kv}, start, 1, &kvmesh));
+      CK(rm_mesh_ranks(&B, 3, (const int[]){dp, kv, tp / kv}, ranks, &kvmesh));
       kvpl = kvrep;
     }
-    if (c->experts > 0 && !per_expert)
-      CK(rm_mesh_strided(&B, 2, (const int[]){ep, tp * dp / ep}, start, 1, &emesh));
+    if (E > 0 && !per_expert) CK(rm_mesh_ranks(&B, 2, (const int[]){ep, flat / ep}, ranks, &emesh));
     for (int er = 0; per_expert && er < ep; er++)
-      CK(rm_mesh_strided(&B, 1, (const int[]){tp * dp / ep}, start + er * (tp * dp / ep), 1, &emeshes[er]));
+      CK(rm_mesh_ranks(&B, 1, (const int[]){flat / ep}, ranks + er * (flat / ep), &emeshes[er]));
     /* vLLM builds embed_tokens on the first stage, and on the last one too
      * when the lm_head is tied to it. */
     if (s == 0 || (s == pp - 1 && m->lm_head < 0))
       CK(rm_buf_vocab(L, "model.embed_tokens.weight", m->embed, mesh, vpad, H));
     const char *moe = c->arch == RM_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
     int l0, nl;
-    rm_stage_layers(m->layers, pp, s, 1, &l0, &nl);
+    rm_vllm_stage_layers(m->layers, pp, s, &l0, &nl);
     for (int l = l0; l < l0 + nl; l++) {
       const rm_layer *t = &m->layer[l];
 #define BUF(suffix) rm_fmt(n, sizeof n, "model.layers.%d.%s", l, suffix)
@@ -132,10 +201,10 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
       CK(rm_weight1(&B, BUF("input_layernorm.weight"), t->ln1, mesh, rep));
       if (!c->mla) {
         reshard_part_t qkv[3] = {{t->q, mesh, col, NULL}, {t->k, kvmesh, kvpl, NULL}, {t->v, kvmesh, kvpl, NULL}};
-        CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.weight"), 0, 1, 3, qkv));
+        CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.weight"), 0, 1, 3, qkv, NULL));
         if (t->q_bias >= 0) {
           reshard_part_t b[3] = {{t->q_bias, mesh, col, NULL}, {t->k_bias, kvmesh, kvpl, NULL}, {t->v_bias, kvmesh, kvpl, NULL}};
-          CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.bias"), 0, 1, 3, b));
+          CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.bias"), 0, 1, 3, b, NULL));
         }
         if (t->q_norm >= 0) {
           CK(rm_weight1(&B, BUF("self_attn.q_norm.weight"), t->q_norm, mesh, rep));
@@ -144,7 +213,7 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
       } else {
         if (t->q_a >= 0) {
           reshard_part_t qkv_a[2] = {{t->q_a, mesh, rep, NULL}, {t->kv_a, mesh, rep, NULL}};
-          CK(rm_add_weights(&B, BUF("self_attn.fused_qkv_a_proj.weight"), 0, 1, 2, qkv_a));
+          CK(rm_add_weights(&B, BUF("self_attn.fused_qkv_a_proj.weight"), 0, 1, 2, qkv_a, NULL));
           CK(rm_weight1(&B, BUF("self_attn.q_a_layernorm.weight"), t->q_a_norm, mesh, rep));
           CK(rm_weight1(&B, BUF("self_attn.q_b_proj.weight"), t->q_b, mesh, col));
         } else {
@@ -159,29 +228,31 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
       CK(rm_weight1(&B, BUF("post_attention_layernorm.weight"), t->ln2, mesh, rep));
       if (t->gate >= 0) {
         reshard_part_t gu[2] = {{t->gate, mesh, col, NULL}, {t->up, mesh, col, NULL}};
-        CK(rm_add_weights(&B, BUF("mlp.gate_up_proj.weight"), 0, 1, 2, gu));
+        CK(rm_add_weights(&B, BUF("mlp.gate_up_proj.weight"), 0, 1, 2, gu, NULL));
         CK(rm_weight1(&B, BUF("mlp.down_proj.weight"), t->down, mesh, row));
       } else {
         CK(rm_weight1(&B, MOEBUF("gate.weight"), t->router, mesh, rep));
         if (t->router_bias >= 0) CK(rm_weight1(&B, MOEBUF("gate.e_score_correction_bias"), t->router_bias, mesh, rep));
         if (per_expert) {
-          const int E = (int)c->experts, elocal = E / ep;
-          for (int e = 0; e < E; e++) {
-            xparts[2 * e] = (reshard_part_t){rm_expert(m, l, e, 0), emeshes[e / elocal], xw13, NULL};
-            xparts[2 * e + 1] = (reshard_part_t){rm_expert(m, l, e, 1), emeshes[e / elocal], xw13, NULL};
-          }
-          CK(rm_add_weights(&B, MOEBUF("experts.w13_weight"), 0, 1, 2 * E, xparts));
-          for (int e = 0; e < E; e++) xparts[e] = (reshard_part_t){rm_expert(m, l, e, 2), emeshes[e / elocal], xw2, NULL};
-          CK(rm_add_weights(&B, MOEBUF("experts.w2_weight"), 0, 1, E, xparts));
+          for (int er = 0; er < ep; er++)
+            for (int e = expert_start(E, ep, er); e < expert_start(E, ep, er + 1); e++) {
+              xparts[2 * e] = (reshard_part_t){rm_expert(m, l, e, 0), emeshes[er], xw13, NULL};
+              xparts[2 * e + 1] = (reshard_part_t){rm_expert(m, l, e, 1), emeshes[er], xw13, NULL};
+            }
+          CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w13_weight"), 0, 1, 2 * E, xparts, NULL));
+          for (int er = 0; er < ep; er++)
+            for (int e = expert_start(E, ep, er); e < expert_start(E, ep, er + 1); e++)
+              xparts[e] = (reshard_part_t){rm_expert(m, l, e, 2), emeshes[er], xw2, NULL};
+          CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w2_weight"), 0, 1, E, xparts, NULL));
         } else {
           reshard_part_t gu[2] = {{t->egate, emesh, w13, NULL}, {t->eup, emesh, w13, NULL}};
-          CK(rm_add_weights(&B, MOEBUF("experts.w13_weight"), 1, 1, 2, gu));
-          CK(rm_weight1(&B, MOEBUF("experts.w2_weight"), t->edown, emesh, w2));
+          CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w13_weight"), 1, 1, 2, gu, NULL));
+          CK(rm_weight1(&B, MOEBUF("experts.routed_experts.w2_weight"), t->edown, emesh, w2));
         }
         if (t->sgate >= 0) {
-          reshard_part_t sgu[2] = {{t->sgate, mesh, col, NULL}, {t->sup, mesh, col, NULL}};
-          CK(rm_add_weights(&B, BUF("mlp.shared_experts.gate_up_proj.weight"), 0, 1, 2, sgu));
-          CK(rm_weight1(&B, BUF("mlp.shared_experts.down_proj.weight"), t->sdown, mesh, row));
+          reshard_part_t sgu[2] = {{t->sgate, mesh, shared_col, NULL}, {t->sup, mesh, shared_col, NULL}};
+          CK(rm_add_weights(&B, BUF("mlp.shared_experts.gate_up_proj.weight"), 0, 1, 2, sgu, NULL));
+          CK(rm_weight1(&B, BUF("mlp.shared_experts.down_proj.weight"), t->sdown, mesh, shared_row));
         }
       }
 #undef BUF
@@ -193,13 +264,17 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
     }
   }
   rm_builder_free(&B);
+  free(ranks);
   free(emeshes);
+  free(esplit);
   free(xparts);
   *out = L;
   return RESHARD_SUCCESS;
 fail:
   rm_builder_free(&B);
+  free(ranks);
   free(emeshes);
+  free(esplit);
   free(xparts);
   reshard_layout_destroy(L);
   return r;

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models.h"
+#include "reshard_models.h"
 #include "plan/relay.h"
 #include "reshard.h"
 #include "reshard_mpi.h"
@@ -238,13 +238,13 @@ int main(int argc, char **argv) {
   model_case(comm, "tiny-llama.json", "tp=1", "tp=1", 0, 0);
   model_case(comm, "tiny-llama.json", "tp=2", "tp=2", 1, 4096);
   model_case(comm, "tiny-qwen3-moe.json", "tp=1,pp=2", "tp=2", 0, 0);
-  model_case(comm, "tiny-qwen3-moe.json", "dp=4,ep=4", "tp=2,dp=2,ep=2", 1, 8192);
+  model_case(comm, "tiny-qwen3-moe.json", "dp=4,ep=4", "tp=2,dp=2,ep=4", 1, 8192);
   model_case(comm, "tiny-deepseek-v3.json", "tp=2", "tp=2", 0, 0);
   model_case(comm, "tiny-llama.json", "tp=2,pp=2", "tp=4", 1, 0);
   model_case(comm, "tiny-llama.json", "tp=2,pp=2", "tp=2,dp=2", 0, 0);
   model_case(comm, "tiny-llama.json", "tp=2,pp=2,dp=2", "tp=4,dp=2", 1, 0);
-  model_case(comm, "tiny-qwen3-moe.json", "tp=2,pp=2,ep=2", "tp=2,dp=2,ep=4", 0, 16384);
-  model_case(comm, "tiny-deepseek-v3.json", "tp=2,pp=2,ep=2", "tp=4,ep=4", 0, 0);
+  model_case(comm, "tiny-qwen3-moe.json", "tp=2,pp=2,ep=2,etp=1", "tp=2,dp=2,ep=4", 0, 16384);
+  model_case(comm, "tiny-deepseek-v3.json", "tp=2,pp=2,ep=2,etp=1", "tp=4,ep=4", 0, 0);
   model_case(comm, "tiny-deepseek-v3.json", "pp=2,dp=4,ep=4", "tp=2,dp=4,ep=8", 1, 4096);
   relay_cases(comm);
 

@@ -1,0 +1,279 @@
+/*
+ * reshard model front-end: HuggingFace config.json -> logical tensors, and
+ * the Megatron-core (training) and vLLM (inference) layouts over them,
+ * with each framework's own parameter names.
+ *
+ * Copyright (c) 2026, the reshard authors. BSD-3-Clause (see LICENSE).
+ *
+ * Installed as libreshard_models (shared and static; pkg-config
+ * reshard_models, CMake reshard::reshard_models) beside libreshard, which it
+ * uses; the core library never depends on it. Errors are reported like the
+ * core's: a result code and reshard_last_error().
+ *
+ * In five lines:
+ *   rm_model *m;  rm_model_load("config.json", 0, RESHARD_BF16, &m);
+ *   rm_parallel t, v;  rm_parse_parallel("tp=4,pp=2", &t);  rm_parse_parallel("tp=2,dp=2", &v);
+ *   rm_megatron_layout(m, &t, 0, &src);   ranks 0 .. 7
+ *   rm_vllm_layout(m, &v, 8, &dst);       ranks 8 .. 11
+ *   reshard_layout_find_buffer(dst, "model.layers.3.self_attn.qkv_proj.weight", rank, &id);
+ *
+ * RANKS. A side holds tp x pp x dp ranks from first_rank on, numbered as
+ * the framework numbers them:
+ *   Megatron-core (parallel_state.py, order "tp-cp-ep-dp-pp"):
+ *     rank = first_rank + tp_i + tp * (dp_i + dp * pp_i); experts inside a
+ *     stage: etp fastest, then ep, then expert-DP.
+ *   vLLM (parallel_state.py initialize_model_parallel, DP x PP x TP):
+ *     rank = first_rank + tp_i + tp * (pp_i + pp * dp_i); an RL framework
+ *     that launches one engine per DP replica numbers them the same way.
+ *
+ * BUFFERS ARE PARAMETERS. Every buffer is named exactly as the framework
+ * names that parameter on the ranks that hold it (model.named_parameters()
+ * on that rank; Megatron's router expert_bias is in named_buffers()):
+ *   Megatron-core, Transformer Engine spec: layers numbered from 0 on every
+ *     pipeline stage (decoder.layers.0.self_attention.linear_qkv.weight on
+ *     each stage), input_layernorm fused into linear_qkv.layer_norm_weight
+ *     (GQA layers), pre_mlp_layernorm into mlp.linear_fc1.layer_norm_weight
+ *     (dense MLPs), grouped experts mlp.experts.linear_fc1.weight<i> per
+ *     local expert i (TEGroupedMLP; grouped_gemm=0: SequentialMLP's
+ *     mlp.experts.local_experts.<i>.linear_fc1.weight);
+ *   vLLM: its modules' names with global layer numbers
+ *     (model.layers.2.self_attn.qkv_proj.weight, ...mlp.gate_up_proj...,
+ *     ...mlp.experts.routed_experts.w13_weight: vLLM >= 0.24; older
+ *     versions name it ...mlp.experts.w13_weight).
+ * So names repeat across stages: (rank, name) -> buffer is
+ * reshard_layout_find_buffer(L, name, rank, &id); buffer -> name on a rank
+ * is rm_parameter_name. megatron.c and vllm.c list the sources (upstream
+ * files and functions) of every rule.
+ *
+ * LOGICAL TENSORS carry the HF checkpoint names (N: global layer):
+ *   model.embed_tokens.weight                              [V, H]
+ *   model.layers.N.input_layernorm.weight                  [H]
+ *   GQA attention (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral):
+ *     model.layers.N.self_attn.q_proj.weight               [heads*hd, H]
+ *     model.layers.N.self_attn.{k,v}_proj.weight           [kv*hd, H]
+ *     model.layers.N.self_attn.{q,k,v}_proj.bias           qwen2 always,
+ *                                     llama/qwen3 when attention_bias
+ *     model.layers.N.self_attn.o_proj.weight               [H, heads*hd]
+ *     model.layers.N.self_attn.o_proj.bias                 [H] (llama with
+ *                   attention_bias; vLLM's Qwen3 has none whatever it says)
+ *     model.layers.N.self_attn.{q,k}_norm.weight           [hd] (qwen3*)
+ *   MLA attention (deepseek_v3, kimi_k2), with dq = qk_nope + qk_rope:
+ *     model.layers.N.self_attn.q_a_proj.weight             [q_lora, H]
+ *     model.layers.N.self_attn.q_a_layernorm.weight        [q_lora]
+ *     model.layers.N.self_attn.q_b_proj.weight             [heads*dq, q_lora]
+ *       (q_proj.weight [heads*dq, H] instead when q_lora_rank is null)
+ *     model.layers.N.self_attn.kv_a_proj_with_mqa.weight   [kv_lora+qk_rope, H]
+ *     model.layers.N.self_attn.kv_a_layernorm.weight       [kv_lora]
+ *     model.layers.N.self_attn.kv_b_proj.weight            [heads*(qk_nope+v), kv_lora]
+ *     model.layers.N.self_attn.o_proj.weight               [H, heads*v]
+ *   model.layers.N.post_attention_layernorm.weight         [H]
+ *   dense MLP: model.layers.N.mlp.{gate,up}_proj.weight    [I, H]
+ *              model.layers.N.mlp.down_proj.weight         [H, I]
+ *   MoE (qwen3_moe, deepseek_v3): router and STACKED experts, one logical
+ *   tensor per layer and projection where the checkpoint has one per
+ *   expert (model.layers.N.mlp.experts.<e>.gate_proj.weight is row e):
+ *     model.layers.N.mlp.gate.weight                       [E, H]
+ *     model.layers.N.mlp.gate.e_score_correction_bias      [E] fp32, whatever
+ *                    the model's dtype (deepseek_v3 with topk_method noaux_tc)
+ *     model.layers.N.mlp.experts.{gate,up}_proj.weight     [E, Im, H]
+ *     model.layers.N.mlp.experts.down_proj.weight          [E, H, Im]
+ *     model.layers.N.mlp.shared_experts.{gate,up}_proj.weight [S, H]
+ *     model.layers.N.mlp.shared_experts.down_proj.weight   [H, S]
+ *       (deepseek_v3: S = n_shared_experts * moe_intermediate_size)
+ *   Mixtral keeps its checkpoint's block_sparse_moe names, stacked likewise
+ *   (w1 = gate, w3 = up, w2 = down):
+ *     model.layers.N.block_sparse_moe.gate.weight          [E, H]
+ *     model.layers.N.block_sparse_moe.experts.{w1,w3}.weight [E, I, H]
+ *     model.layers.N.block_sparse_moe.experts.w2.weight    [E, H, I]
+ *   PER-EXPERT mode (rm_model_options.per_expert) lists instead one tensor
+ *   per expert and projection, exactly as the checkpoint names them:
+ *     model.layers.N.mlp.experts.<e>.{gate,up}_proj.weight [Im, H]
+ *     model.layers.N.mlp.experts.<e>.down_proj.weight      [H, Im]
+ *     (Mixtral: block_sparse_moe.experts.<e>.{w1,w3,w2}.weight)
+ *   in expert order e = 0..E-1 at the place of the stacked tensors. The
+ *   parameter count and the buffers are the same in both modes.
+ *   BLOCK SCALES (rm_model_options.block_scales, the DeepSeek-V3 / Kimi-K2
+ *   fp8 checkpoint format, quantization_config.weight_block_size [bn, bk]):
+ *   every linear weight of the decoder layers except the router (attention
+ *   projections, dense and shared MLP, routed experts) is fp8_e4m3 and is
+ *   followed by its scale tensor <name minus ".weight">.weight_scale_inv,
+ *   fp32, shape [..., ceil(out / bn), ceil(in / bk)] (leading stacked dims
+ *   kept). Embeddings, lm_head, norms, biases and the router keep the
+ *   model's dtype.
+ *   model.norm.weight                                      [H]
+ *   lm_head.weight                                         [V, H] (untied only)
+ * Which layers are MoE follows HF: qwen3_moe mlp_only_layers and
+ * decoder_sparse_step, deepseek_v3 first_k_dense_replace and
+ * moe_layer_freq. DeepSeek's multi-token-prediction layers
+ * (num_nextn_predict_layers) are not part of the main model and are not
+ * listed. Every other tensor has the model's dtype.
+ *
+ * NOT MODELLED: vLLM's EPLB redundant experts, round_robin expert
+ * placement, VLLM_PP_LAYER_PARTITION, added (LoRA) vocabulary, prefill
+ * context parallelism; Megatron's virtual pipeline stages,
+ * pipeline_model_parallel_layout, context parallelism,
+ * account_for_embedding/loss_in_pipeline_split, fused MLA down projections
+ * (mla_down_proj_fusion) and linear_q_proj.layer_norm_weight (MLA without
+ * q_lora, Megatron-LM after 2026-07), moe_single_grouped_weight; fp8
+ * parameters inside Transformer Engine (the *_scale_inv buffers of the
+ * Megatron side are not Megatron's names).
+ */
+#ifndef RESHARD_MODELS_H
+#define RESHARD_MODELS_H
+
+#include <stdint.h>
+
+#include "reshard.h"
+
+typedef struct rm_model rm_model; /* opaque */
+
+/* One side's parallel settings. Use RM_PARALLEL_INIT or rm_parse_parallel:
+ * some defaults are not zero. */
+typedef struct rm_parallel {
+  int tp, pp, dp, ep; /* >= 1 */
+  /* Expert tensor parallelism; 0: the framework's default. Megatron-core
+   * defaults expert_tensor_parallel_size to tp; vLLM splits each expert
+   * over the tp x dp / ep ranks that share an EP rank (the only etp it
+   * has). */
+  int etp;
+  /* Megatron: the embedding and output rows the trainer built (Megatron-LM
+   * pads the tokenizer's vocabulary to a multiple of
+   * make_vocab_size_divisible_by x tp; Megatron-Bridge does not pad);
+   * 0: vocab_size, unpadded. Not derivable from config.json. */
+  int64_t vocab;
+  /* Megatron: num_layers_in_first_pipeline_stage / _last_; 0: not given
+   * (then pp must divide the layers). */
+  int first, last;
+  /* Megatron: 1 (default) grouped experts, TEGroupedMLP (parameters
+   * mlp.experts.linear_fc1.weight<i>); 0: SequentialMLP
+   * (mlp.experts.local_experts.<i>.linear_fc1.weight). */
+  int grouped_gemm;
+  /* vLLM: -1 (default) sequence-parallel MoE as vLLM decides it; 0 or 1:
+   * forced (see rm_vllm_layout). */
+  int sp_moe;
+} rm_parallel;
+#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1}
+
+/* Parses "tp=4,pp=2,dp=2,ep=8" (any order; missing keys keep their
+ * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (both sides);
+ * vocab, first, last, grouped_gemm (Megatron); sp_moe (vLLM). A layout
+ * builder refuses the other framework's keys when they are set.
+ * RESHARD_ERROR_INVALID_ARGUMENT with a message naming the bad key. */
+reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);
+int rm_parallel_ranks(const rm_parallel *p); /* tp * pp * dp */
+
+/* Reads a config.json (architectures: llama, mistral, qwen2, qwen3,
+ * qwen3_moe, mixtral, deepseek_v3). layers > 0 keeps the real shapes but
+ * only that many layers (so real geometries fit a CPU machine); dtype is
+ * the weights' dtype (the tools' --dtype). Stacked experts, no scales:
+ * rm_model_load_ex with the other defaults of RM_MODEL_OPTIONS_INIT. */
+/* Errors name the file and the key: malformed JSON (line, column),
+ * missing or mistyped keys, unknown architectures are
+ * RESHARD_ERROR_INVALID_ARGUMENT; features no supported model uses
+ * (llama mlp_bias, deepseek attention_bias) RESHARD_ERROR_UNSUPPORTED.
+ * The architecture comes from "architectures"[0] (LlamaForCausalLM, ...),
+ * else from "model_type" (kimi_k2 is deepseek_v3). */
+reshard_result_t rm_model_load(const char *config_path, int layers,
+                               reshard_dtype_t dtype, rm_model **out);
+
+typedef struct rm_model_options {
+  int layers;            /* 0: all */
+  reshard_dtype_t dtype; /* of every tensor not quantized */
+  int per_expert;        /* one tensor per routed expert and projection */
+  int block_scales;      /* fp8 weights + weight_scale_inv tensors; needs
+                            quantization_config.weight_block_size */
+} rm_model_options;
+#define RM_MODEL_OPTIONS_INIT {0, RESHARD_BF16, 0, 0}
+
+/* rm_model_load with every option. block_scales on a config without
+ * quantization_config.weight_block_size is RESHARD_ERROR_INVALID_ARGUMENT
+ * naming the key; per_expert on a dense model is accepted (no experts). */
+reshard_result_t rm_model_load_ex(const char *config_path,
+                                  const rm_model_options *opts,
+                                  rm_model **out);
+void rm_model_free(rm_model *m);
+
+const char *rm_model_arch(const rm_model *m); /* "llama", ... */
+reshard_dtype_t rm_model_dtype(const rm_model *m);
+const char *rm_model_path(const rm_model *m);
+int rm_model_num_experts(const rm_model *m); /* routed experts; 0: dense */
+int rm_model_layers(const rm_model *m); /* kept layers */
+int rm_model_num_tensors(const rm_model *m);
+/* Elements of every tensor but the block scales (the same in both expert
+ * modes). */
+int64_t rm_model_num_params(const rm_model *m);
+int rm_model_per_expert(const rm_model *m);
+int rm_model_block_scales(const rm_model *m);
+
+/* The logical tensors (HF names, shapes, dtype), in a stable order. */
+typedef struct rm_tensor {
+  const char *name;
+  int ndim;
+  int64_t shape[RESHARD_MAX_DIMS];
+  reshard_dtype_t dtype;
+  int scale; /* id of its weight_scale_inv tensor, -1 when none */
+} rm_tensor;
+const rm_tensor *rm_model_tensor(const rm_model *m, int i);
+
+/* Layouts over ranks first_rank .. first_rank + rm_parallel_ranks(p) - 1,
+ * numbered as above. The layouts declare exactly the model's tensors, in
+ * the model's order (layout tensor id i is rm_model_tensor i). What the
+ * framework refuses is RESHARD_ERROR_INVALID_ARGUMENT naming the setting
+ * and the rule: tp not dividing the heads (or, Megatron, the KV groups),
+ * ep x etp not dividing tp x dp, pp > layers, the other framework's keys.
+ *
+ * Megatron-core: etp defaults to tp (ModelParallelConfig; Megatron-Bridge
+ * sets 1 when ep > 1: say etp=1 there); expert grid [tp*dp/(ep*etp), ep,
+ * etp] per stage, each expert's intermediate dim split over etp,
+ * replicated over expert-DP; ep must divide the experts; pp must divide
+ * the layers unless first=<n> and/or last=<n> give the first / last
+ * stage's (the stages left share the rest evenly, get_num_layers_to_build);
+ * the embedding and output rows are vocab=<rows>, default vocab_size (no
+ * padding, as Megatron-Bridge; Megatron-LM pads the tokenizer's vocabulary
+ * to a multiple of make_vocab_size_divisible_by x tp: pass that), at least
+ * vocab_size and divisible by tp.
+ *
+ * vLLM: ep is 1 (each expert split over all tp x dp ranks of a stage,
+ * flattened dp-major) or tp x dp (whole experts, the first E % ep EP ranks
+ * holding one more), nothing else (FusedMoEParallelConfig.make); etp is
+ * then implied (tp x dp / ep; a given etp must equal it). Shared experts
+ * are replicated instead of TP-sharded under sequence-parallel MoE: by
+ * default (vLLM's use_sequence_parallel_moe with its default all2all
+ * backend) when ep > 1, tp > 1 and dp > 1; sp_moe=0 / sp_moe=1 force it
+ * (other all2all backends). Pipeline stages follow get_pp_indices.
+ *
+ * Both: per-expert models have the same parallel semantics; with block
+ * scales, each scale tensor is split like its weight, which needs every
+ * split of a weight (and every fused part but the last) to fall on whole
+ * blocks: RESHARD_ERROR_INVALID_ARGUMENT names the tensor otherwise. */
+reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p,
+                                    int first_rank, reshard_layout_t **out);
+reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
+                                int first_rank, reshard_layout_t **out);
+
+/* The framework's name of buffer_id on `rank`: the buffer's name when the
+ * rank holds any part of it (see BUFFERS ARE PARAMETERS), else
+ * RESHARD_ERROR_INVALID_ARGUMENT naming the buffer and the rank, and *name
+ * NULL. Works on any layout. */
+reshard_result_t rm_parameter_name(const reshard_layout_t *layout,
+                                   int buffer_id, int rank,
+                                   const char **name);
+
+typedef enum rm_framework {
+  RM_FRAMEWORK_MEGATRON = 0,
+  RM_FRAMEWORK_VLLM = 1
+} rm_framework;
+
+/* Whether the framework rewrites or copies the parameter of buffer_id (of
+ * a layout built for m by that framework's builder) after loading, so that
+ * writing the checkpoint's values into it is wrong or incomplete until
+ * the caller re-runs the framework's post-load step: NULL when not, else
+ * a static string saying what the framework does, where, and what to
+ * re-run. vLLM (0.33): MLA's kv_b_proj (W_UK_T / W_UV), the routed
+ * experts' w13 / w2 (fused-MoE backends that reorder, pad or shuffle),
+ * every fp8 block-quantized weight and scale (DeepGEMM's UE8M0
+ * requantization). Megatron: none. */
+const char *rm_after_load(const rm_model *m, rm_framework framework,
+                          const reshard_layout_t *layout, int buffer_id);
+
+#endif

@@ -1,0 +1,701 @@
+/* Golden layouts of the model front-end: what each rank of a Megatron-core
+ * or vLLM job holds, buffer by buffer, against expectations worked out by
+ * hand from the upstream source. Each expectation names the file and the
+ * function it follows (Megatron-LM d98e8a64, Megatron-Bridge 067f987d, vLLM
+ * 0.33.0 4ba787ec9), and is written in reshard_plan --show-layout's line
+ * format:
+ *   rank=R name=<parameter name on R> tensor=<HF tensor> dtype=D
+ *   box=lo0:hi0,... offset=<byte offset in the parameter>
+ * The byte-exact reshards of test_models and test_e2e_models cannot see a
+ * wrong arrangement (both sides would agree with their own descriptions);
+ * these tests can. The shipped configs give real geometries, the tiny ones
+ * in tests/data hand-checkable ones:
+ *   tiny-llama      H 64, 8 heads of 8, 2 KV heads, I 96, 4 layers, V 1000
+ *   tiny-qwen3-moe  the same attention (+ q/k norms), 8 experts of I 32
+ *   tiny-mixtral    H 64, 8 heads of 8, 2 KV heads, 4 experts of I 48,
+ *                   2 layers
+ *   tiny-deepseek-v3 H 64, 4 heads, q_lora 24, kv_lora 16, nope 8, rope 4,
+ *                   v 8, layer 0 dense (I 96), 8 experts of I 16, 2 shared
+ *   tiny-qwen3-bias qwen3 with attention_bias, 4 heads of 16, 2 KV heads */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "reshard.h"
+#include "reshard_models.h"
+
+#define DATA(file) RESHARD_TEST_DATA "/" file
+#define SHIPPED(file) RESHARD_CONFIG_DIR "/" file
+
+static rm_model *load(const char *path, int layers) {
+  rm_model *m = NULL;
+  reshard_result_t r = rm_model_load(path, layers, RESHARD_BF16, &m);
+  if (r) print_error("rm_model_load(%s): %s\n", path, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return m;
+}
+
+static rm_model *load_fp8(const char *path) {
+  rm_model_options o = RM_MODEL_OPTIONS_INIT;
+  o.block_scales = 1;
+  rm_model *m = NULL;
+  reshard_result_t r = rm_model_load_ex(path, &o, &m);
+  if (r) print_error("rm_model_load_ex(%s): %s\n", path, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return m;
+}
+
+enum { MEGATRON = 0, VLLM = 1 };
+
+static reshard_layout_t *layout(const rm_model *m, int side, const char *spec) {
+  rm_parallel p;
+  reshard_result_t r = rm_parse_parallel(spec, &p);
+  if (r) print_error("rm_parse_parallel(%s): %s\n", spec, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  reshard_layout_t *L = NULL;
+  r = side == VLLM ? rm_vllm_layout(m, &p, 0, &L) : rm_megatron_layout(m, &p, 0, &L);
+  if (r) print_error("%s %s: %s\n", side == VLLM ? "vllm" : "megatron", spec, reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  return L;
+}
+
+/* The builder refuses spec with INVALID_ARGUMENT, a message saying `says`,
+ * and no layout. */
+static void refused(const rm_model *m, int side, const char *spec, const char *says) {
+  rm_parallel p;
+  assert_int_equal(rm_parse_parallel(spec, &p), RESHARD_SUCCESS);
+  reshard_layout_t *L = (reshard_layout_t *)(uintptr_t)1;
+  reshard_result_t r = side == VLLM ? rm_vllm_layout(m, &p, 0, &L) : rm_megatron_layout(m, &p, 0, &L);
+  if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), says))
+    print_error("%s %s: result %d, '%s' (expected to say '%s')\n", side == VLLM ? "vllm" : "megatron", spec, r,
+                reshard_last_error(), says);
+  assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(L);
+  assert_non_null(strstr(reshard_last_error(), says));
+}
+
+/* Every --show-layout line of rank whose name starts with `prefix`, in
+ * order, must be exactly want[0 .. NULL). */
+static void expect_lines(const reshard_layout_t *L, int rank, const char *prefix, const char *const *want) {
+  size_t n = 0;
+  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), RESHARD_SUCCESS);
+  reshard_fragment_info_t *f = calloc(n + 1, sizeof *f);
+  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), RESHARD_SUCCESS);
+  char want_prefix[512], line[1024];
+  snprintf(want_prefix, sizeof want_prefix, "rank=%d name=%s", rank, prefix);
+  size_t k = 0;
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(cli_format_fragment(L, rank, &f[i], line, sizeof line), 0);
+    if (strncmp(line, want_prefix, strlen(want_prefix))) continue;
+    if (!want[k] || strcmp(line, want[k])) {
+      print_error("rank %d, line %zu under '%s':\n  got  %s\n  want %s\n", rank, k, prefix, line,
+                  want[k] ? want[k] : "(no more lines)");
+      bad = 1;
+      break;
+    }
+    k++;
+  }
+  if (!bad && want[k]) {
+    print_error("rank %d under '%s': missing line %s\n", rank, prefix, want[k]);
+    bad = 1;
+  }
+  free(f);
+  if (bad) fail();
+}
+#define LINES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* The parameter `name` on rank: its byte size (0: the rank has no such
+ * parameter). */
+static size_t param_bytes(const reshard_layout_t *L, const char *name, int rank) {
+  int b;
+  if (reshard_layout_find_buffer(L, name, rank, &b)) return 0;
+  const char *back = NULL;
+  assert_int_equal(rm_parameter_name(L, b, rank, &back), RESHARD_SUCCESS);
+  assert_string_equal(back, name);
+  size_t bytes = 0;
+  assert_int_equal(reshard_layout_buffer_bytes(L, b, rank, &bytes), RESHARD_SUCCESS);
+  assert_true(bytes > 0);
+  return bytes;
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. vLLM's rank order: DP outermost, then PP, then TP                 */
+/* ------------------------------------------------------------------ */
+
+/* vllm/distributed/parallel_state.py initialize_model_parallel:
+ * all_ranks = arange(world).reshape(-1, dp, pp, pcp, tp), so rank =
+ * tp_i + tp * (pp_i + pp * dp_i). tp2 pp2 dp2: rank 2 is (tp 0, pp 1,
+ * dp 0) and holds layers 2-3; rank 4 is (tp 0, pp 0, dp 1). */
+static void vllm_rank_order(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-llama.json"), 0);
+  reshard_layout_t *L = layout(m, VLLM, "tp=2,pp=2,dp=2");
+  /* QKVParallelLinear (vllm/model_executor/layers/linear.py): [q; k; v]
+   * shards of TP rank 0: q rows 0:32, KV head 0 (rows 0:8) */
+  expect_lines(L, 2, "model.layers.2.self_attn.qkv_proj.weight",
+               LINES("rank=2 name=model.layers.2.self_attn.qkv_proj.weight tensor=model.layers.2.self_attn.q_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                     "rank=2 name=model.layers.2.self_attn.qkv_proj.weight tensor=model.layers.2.self_attn.k_proj.weight dtype=bf16 box=0:8,0:64 offset=4096",
+                     "rank=2 name=model.layers.2.self_attn.qkv_proj.weight tensor=model.layers.2.self_attn.v_proj.weight dtype=bf16 box=0:8,0:64 offset=5120"));
+  assert_int_equal(param_bytes(L, "model.layers.0.input_layernorm.weight", 2), 0);
+  assert_int_equal(param_bytes(L, "model.layers.0.input_layernorm.weight", 4), 64 * 2);
+  /* vocab_parallel_embedding.py: 1000 rows padded to 1024, 512 a TP rank */
+  expect_lines(L, 5, "model.embed_tokens.weight",
+               LINES("rank=5 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0"));
+  expect_lines(L, 7, "lm_head.weight",
+               LINES("rank=7 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=512:1000,0:64 offset=0"));
+  assert_int_equal(param_bytes(L, "lm_head.weight", 5), 0);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* The EP group of a stage orders its ranks dp-major (all_ranks
+   * .transpose(1, 2).reshape(-1, dp * pcp * tp)): EP rank 2 of stage 0 is
+   * global rank 4, and holds experts 4 and 5 (determine_expert_map,
+   * linear). */
+  m = load(DATA("tiny-qwen3-moe.json"), 0);
+  L = layout(m, VLLM, "tp=2,pp=2,dp=2,ep=4");
+  expect_lines(L, 4, "model.layers.0.mlp.experts.",
+               LINES("rank=4 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=0",
+                     "rank=4 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=4096",
+                     "rank=4 name=model.layers.0.mlp.experts.routed_experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=4:6,0:64,0:32 offset=0"));
+  /* rank 2 is stage 1: layer 2's experts 0 and 1 */
+  expect_lines(L, 2, "model.layers.2.mlp.experts.routed_experts.w2_weight",
+               LINES("rank=2 name=model.layers.2.mlp.experts.routed_experts.w2_weight tensor=model.layers.2.mlp.experts.down_proj.weight dtype=bf16 box=0:2,0:64,0:32 offset=0"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 2. Megatron's vocabulary rows: a spec key, default vocab_size        */
+/* ------------------------------------------------------------------ */
+
+/* Megatron-Bridge gpt_provider.py GPTModelProvider: should_pad_vocab False,
+ * rows = vocab_size; Megatron-LM vocab_utils.py
+ * calculate_padded_vocab_size: round up to make_vocab_size_divisible_by
+ * (128) x tp. megatron/core/tensor_parallel/utils.py
+ * vocab_range_from_global_vocab_size: even contiguous rows per TP rank,
+ * divide() asserting divisibility. Qwen3-8B: 151936 rows, tp 2. */
+static void megatron_vocab_rows(void **state) {
+  (void)state;
+  rm_model *m = load(SHIPPED("Qwen3-8B.json"), 1);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2");
+  expect_lines(L, 1, "embedding.word_embeddings.weight",
+               LINES("rank=1 name=embedding.word_embeddings.weight tensor=model.embed_tokens.weight dtype=bf16 box=75968:151936,0:4096 offset=0"));
+  assert_int_equal(param_bytes(L, "output_layer.weight", 1), 75968LL * 4096 * 2);
+  reshard_layout_destroy(L);
+  /* Megatron-LM's padding, 151936 -> 152064 (a multiple of 256) */
+  L = layout(m, MEGATRON, "tp=2,vocab=152064");
+  expect_lines(L, 1, "output_layer.weight",
+               LINES("rank=1 name=output_layer.weight tensor=lm_head.weight dtype=bf16 box=76032:151936,0:4096 offset=0"));
+  assert_int_equal(param_bytes(L, "embedding.word_embeddings.weight", 0), 76032LL * 4096 * 2);
+  reshard_layout_destroy(L);
+  refused(m, MEGATRON, "tp=2,vocab=151935", "at least vocab_size 151936");
+  refused(m, MEGATRON, "tp=2,vocab=151937", "divisible by tp 2");
+  refused(m, VLLM, "tp=2,vocab=152064", "key 'vocab' is Megatron's");
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 3. The router's correction bias is fp32                              */
+/* ------------------------------------------------------------------ */
+
+/* vLLM deepseek_v2.py DeepseekV2MoE: e_score_correction_bias =
+ * nn.Parameter(torch.empty(n_routed_experts, dtype=torch.float32)) when
+ * topk_method == "noaux_tc"; Megatron moe/router.py TopKRouter:
+ * register_buffer('expert_bias', torch.zeros(E, dtype=torch.float32)).
+ * Both in a bf16 model. */
+static void router_bias_fp32(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-deepseek-v3.json"), 0);
+  reshard_layout_t *S = layout(m, MEGATRON, "tp=2"), *D = layout(m, VLLM, "tp=2");
+  expect_lines(S, 1, "decoder.layers.1.mlp.router.expert_bias",
+               LINES("rank=1 name=decoder.layers.1.mlp.router.expert_bias tensor=model.layers.1.mlp.gate.e_score_correction_bias dtype=f32 box=0:8 offset=0"));
+  expect_lines(D, 0, "model.layers.3.mlp.gate.e_score_correction_bias",
+               LINES("rank=0 name=model.layers.3.mlp.gate.e_score_correction_bias tensor=model.layers.3.mlp.gate.e_score_correction_bias dtype=f32 box=0:8 offset=0"));
+  assert_int_equal(param_bytes(D, "model.layers.3.mlp.gate.e_score_correction_bias", 1), 8 * 4);
+  /* the router weight keeps the model's dtype (params_dtype / GateLinear) */
+  expect_lines(D, 0, "model.layers.3.mlp.gate.weight",
+               LINES("rank=0 name=model.layers.3.mlp.gate.weight tensor=model.layers.3.mlp.gate.weight dtype=bf16 box=0:8,0:64 offset=0"));
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 4. Megatron's expert TP defaults to TP                               */
+/* ------------------------------------------------------------------ */
+
+/* megatron/core/model_parallel_config.py ModelParallelConfig.__post_init__:
+ * expert_tensor_parallel_size = tensor_model_parallel_size when unset.
+ * tp2 dp2 ep2: expert grid [expert-DP 1, ep 2, etp 2], etp fastest
+ * (parallel_state.py, expert order "tp-ep-dp-pp"): rank 3 is EP 1, ETP 1:
+ * experts 4..7, intermediate rows 16:32 of gate and of up. One parameter
+ * per local expert (moe_module_specs.py TEGroupedMLP: linear_fc1.weight<i>),
+ * [gate shard; up shard] (mlp.py). */
+static void megatron_etp_default(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-qwen3-moe.json"), 0);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2,dp=2,ep=2");
+  expect_lines(L, 3, "decoder.layers.0.mlp.experts.linear_fc1.weight0",
+               LINES("rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:5,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:5,16:32,0:64 offset=2048"));
+  expect_lines(L, 3, "decoder.layers.0.mlp.experts.linear_fc2.weight3",
+               LINES("rank=3 name=decoder.layers.0.mlp.experts.linear_fc2.weight3 tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=7:8,0:64,16:32 offset=0"));
+  reshard_layout_destroy(L);
+  /* ep 2 x etp 2 needs 4 ranks a stage */
+  refused(m, MEGATRON, "tp=2,ep=2", "ep 2 x etp 2 does not divide tp x dp = 2");
+  /* etp=1 (Megatron-Bridge's default with ep > 1): rank 1 holds expert 4 whole */
+  L = layout(m, MEGATRON, "tp=2,ep=2,etp=1");
+  expect_lines(L, 1, "decoder.layers.0.mlp.experts.linear_fc1.weight0",
+               LINES("rank=1 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:5,0:32,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:5,0:32,0:64 offset=4096"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 5. vLLM's shared experts under sequence-parallel MoE                 */
+/* ------------------------------------------------------------------ */
+
+/* vllm/config/parallel.py ParallelConfig.use_sequence_parallel_moe: the
+ * all2all backend (default "allgather_reducescatter") among its list,
+ * enable_expert_parallel, tp > 1 and dp > 1; deepseek_v2.py DeepseekV2MoE
+ * then builds DeepseekV2MLP(is_sequence_parallel=True), whose
+ * gate_up_proj and down_proj have disable_tp: whole on every rank. Shared
+ * intermediate 2 x 16 = 32. */
+static void vllm_shared_experts_sp_moe(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-deepseek-v3.json"), 0);
+  reshard_layout_t *L = layout(m, VLLM, "tp=2,dp=2,ep=4");
+  expect_lines(L, 3, "model.layers.1.mlp.shared_experts.",
+               LINES("rank=3 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.gate_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                     "rank=3 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.up_proj.weight dtype=bf16 box=0:32,0:64 offset=4096",
+                     "rank=3 name=model.layers.1.mlp.shared_experts.down_proj.weight tensor=model.layers.1.mlp.shared_experts.down_proj.weight dtype=bf16 box=0:64,0:32 offset=0"));
+  reshard_layout_destroy(L);
+  /* another all2all backend (sp_moe=0), or dp 1: MergedColumnParallelLinear
+   * / RowParallelLinear over TP */
+  const char *sharded[] = {"tp=2,dp=2,ep=4,sp_moe=0", "tp=2,ep=2"};
+  for (int i = 0; i < 2; i++) {
+    L = layout(m, VLLM, sharded[i]);
+    expect_lines(L, 1, "model.layers.1.mlp.shared_experts.",
+                 LINES("rank=1 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.gate_proj.weight dtype=bf16 box=16:32,0:64 offset=0",
+                       "rank=1 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.up_proj.weight dtype=bf16 box=16:32,0:64 offset=2048",
+                       "rank=1 name=model.layers.1.mlp.shared_experts.down_proj.weight tensor=model.layers.1.mlp.shared_experts.down_proj.weight dtype=bf16 box=0:64,16:32 offset=0"));
+    reshard_layout_destroy(L);
+  }
+  refused(m, VLLM, "tp=2,sp_moe=1", "requires enable_expert_parallel");
+  refused(m, MEGATRON, "tp=2,sp_moe=0", "key 'sp_moe' is vLLM's");
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 6. What the frameworks refuse                                        */
+/* ------------------------------------------------------------------ */
+
+static void invalid_settings(void **state) {
+  (void)state;
+  /* vllm/model_executor/layers/fused_moe/config.py
+   * FusedMoEParallelConfig.make: ep 1 or tp x dp */
+  rm_model *m = load(DATA("tiny-qwen3-moe.json"), 0);
+  refused(m, VLLM, "tp=2,dp=2,ep=2", "FusedMoEParallelConfig.make");
+  refused(m, VLLM, "tp=2,dp=2,ep=8", "ep=4");
+  refused(m, VLLM, "tp=4,etp=2", "say etp=4");
+  /* megatron moe_layer.py: num_moe_experts % ep == 0 (vLLM allows it) */
+  refused(m, MEGATRON, "dp=3,ep=3", "ep 3 does not divide the 8 experts");
+  rm_model_free(m);
+  /* megatron/core/transformer/transformer_block.py get_num_layers_to_build:
+   * pp divides the layers unless first / last stage counts are given; the
+   * stages left share the rest evenly */
+  m = load(DATA("tiny-llama.json"), 0);
+  refused(m, MEGATRON, "pp=3", "pp 3 does not divide the 4 layers");
+  refused(m, MEGATRON, "pp=3,first=1", "do not split evenly");
+  refused(m, MEGATRON, "pp=2,first=1,last=2", "do not split evenly");
+  refused(m, MEGATRON, "first=1", "need pp > 1");
+  refused(m, VLLM, "pp=2,first=1", "key 'first' is Megatron's");
+  /* first=2: stages [2, 1, 1]; layer 2 is the first of stage 1 (rank 1),
+   * named from 0 there (TransformerBlock's ModuleList is per stage) */
+  reshard_layout_t *L = layout(m, MEGATRON, "pp=3,first=2");
+  expect_lines(L, 1, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+               LINES("rank=1 name=decoder.layers.0.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.2.input_layernorm.weight dtype=bf16 box=0:64 offset=0"));
+  expect_lines(L, 2, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+               LINES("rank=2 name=decoder.layers.0.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.3.input_layernorm.weight dtype=bf16 box=0:64 offset=0"));
+  assert_int_equal(param_bytes(L, "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight", 0), 64 * 2);
+  assert_int_equal(param_bytes(L, "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight", 1), 0);
+  reshard_layout_destroy(L);
+  /* last=2: [1, 1, 2] */
+  L = layout(m, MEGATRON, "pp=3,last=2");
+  expect_lines(L, 2, "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight",
+               LINES("rank=2 name=decoder.layers.1.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.3.input_layernorm.weight dtype=bf16 box=0:64 offset=0"));
+  reshard_layout_destroy(L);
+  /* vLLM's get_pp_indices has no such rule: 4 layers over 3 stages give
+   * [1, 2, 1] (the extra layer on stage pp - 2) */
+  L = layout(m, VLLM, "pp=3");
+  assert_int_equal(param_bytes(L, "model.layers.2.input_layernorm.weight", 1), 64 * 2);
+  assert_int_equal(param_bytes(L, "model.layers.3.input_layernorm.weight", 2), 64 * 2);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 7. Names: each framework's own, per rank; golden layers per family   */
+/* ------------------------------------------------------------------ */
+
+/* Dense GQA. Megatron-core TE spec (gpt_layer_specs.py
+ * get_gpt_layer_with_transformer_engine_submodules): input_layernorm fused
+ * into linear_qkv (layer_norm_weight), pre_mlp_layernorm into linear_fc1;
+ * linear_qkv per query group [q (4 heads x 8); k (8); v (8)]
+ * (attention.py get_query_key_value_tensors), tp 2 holds group 1 on rank
+ * 1; linear_proj row-parallel; linear_fc1 = [gate shard; up shard]. */
+static void golden_dense_gqa(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-llama.json"), 0);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2,pp=2");
+  /* rank 3: stage 1 (layers 2, 3), TP rank 1; layer 3 is its layer 1 */
+  expect_lines(L, 3, "decoder.layers.1.",
+               LINES("rank=3 name=decoder.layers.1.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.3.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                     "rank=3 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120",
+                     "rank=3 name=decoder.layers.1.self_attention.linear_proj.weight tensor=model.layers.3.self_attn.o_proj.weight dtype=bf16 box=0:64,32:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.linear_fc1.layer_norm_weight tensor=model.layers.3.post_attention_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.linear_fc1.weight tensor=model.layers.3.mlp.gate_proj.weight dtype=bf16 box=48:96,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.linear_fc1.weight tensor=model.layers.3.mlp.up_proj.weight dtype=bf16 box=48:96,0:64 offset=6144",
+                     "rank=3 name=decoder.layers.1.mlp.linear_fc2.weight tensor=model.layers.3.mlp.down_proj.weight dtype=bf16 box=0:64,48:96 offset=0"));
+  expect_lines(L, 3, "decoder.final_layernorm.weight",
+               LINES("rank=3 name=decoder.final_layernorm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0"));
+  /* (rank, name) -> buffer differs per stage; buffer -> name needs a rank
+   * that holds it */
+  int b0, b2;
+  assert_int_equal(reshard_layout_find_buffer(L, "decoder.layers.0.self_attention.linear_qkv.weight", 0, &b0), 0);
+  assert_int_equal(reshard_layout_find_buffer(L, "decoder.layers.0.self_attention.linear_qkv.weight", 2, &b2), 0);
+  assert_int_not_equal(b0, b2);
+  int any;
+  assert_int_equal(reshard_layout_find_buffer(L, "decoder.layers.0.self_attention.linear_qkv.weight", -1, &any),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "give the rank"));
+  assert_int_equal(reshard_layout_find_buffer(L, "decoder.layers.2.self_attention.linear_qkv.weight", 0, &any),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  const char *name = "";
+  assert_int_equal(rm_parameter_name(L, b2, 1, &name), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(name);
+  assert_non_null(strstr(reshard_last_error(), "rank 1 holds no part of buffer"));
+  reshard_layout_destroy(L);
+
+  /* vLLM tp 4 > 2 KV heads: QKVParallelLinear gives each KV head to 2
+   * consecutive ranks (num_kv_head_replicas); rank 3: q rows 48:64, KV head
+   * 1; MergedColumnParallelLinear gate_up_proj = [gate; up] rows 72:96 */
+  L = layout(m, VLLM, "tp=4");
+  expect_lines(L, 3, "model.layers.0.",
+               LINES("rank=3 name=model.layers.0.input_layernorm.weight tensor=model.layers.0.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=48:64,0:64 offset=0",
+                     "rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=2048",
+                     "rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=3072",
+                     "rank=3 name=model.layers.0.self_attn.o_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,48:64 offset=0",
+                     "rank=3 name=model.layers.0.post_attention_layernorm.weight tensor=model.layers.0.post_attention_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.gate_proj.weight dtype=bf16 box=72:96,0:64 offset=0",
+                     "rank=3 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.up_proj.weight dtype=bf16 box=72:96,0:64 offset=3072",
+                     "rank=3 name=model.layers.0.mlp.down_proj.weight tensor=model.layers.0.mlp.down_proj.weight dtype=bf16 box=0:64,72:96 offset=0"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* Qwen3 with attention_bias: vLLM qwen3.py Qwen3Attention builds o_proj
+   * with bias=False (qkv_proj with bias=attention_bias): no o_proj.bias on
+   * either side. Tied embeddings, pp 2: vLLM builds embed_tokens on the
+   * last stage too (qwen2.py Qwen2Model), lm_head being that parameter. */
+  m = load(DATA("tiny-qwen3-bias.json"), 0);
+  L = layout(m, VLLM, "tp=2,pp=2");
+  expect_lines(L, 1, "model.layers.0.self_attn.",
+               LINES("rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=16:32,0:64 offset=4096",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=16:32,0:64 offset=6144",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.bias tensor=model.layers.0.self_attn.q_proj.bias dtype=bf16 box=32:64 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.bias tensor=model.layers.0.self_attn.k_proj.bias dtype=bf16 box=16:32 offset=64",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.bias tensor=model.layers.0.self_attn.v_proj.bias dtype=bf16 box=16:32 offset=96",
+                     "rank=1 name=model.layers.0.self_attn.q_norm.weight tensor=model.layers.0.self_attn.q_norm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.k_norm.weight tensor=model.layers.0.self_attn.k_norm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.o_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,32:64 offset=0"));
+  expect_lines(L, 3, "model.embed_tokens.weight",
+               LINES("rank=3 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0"));
+  reshard_layout_destroy(L);
+  /* Megatron: linear_qkv.bias interleaved per group like the weight, no
+   * linear_proj.bias; q/k norms are q_layernorm / k_layernorm */
+  L = layout(m, MEGATRON, "tp=2");
+  expect_lines(L, 1, "decoder.layers.0.self_attention.",
+               LINES("rank=1 name=decoder.layers.0.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.0.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=16:32,0:64 offset=4096",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=16:32,0:64 offset=6144",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.bias tensor=model.layers.0.self_attn.q_proj.bias dtype=bf16 box=32:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.bias tensor=model.layers.0.self_attn.k_proj.bias dtype=bf16 box=16:32 offset=64",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.bias tensor=model.layers.0.self_attn.v_proj.bias dtype=bf16 box=16:32 offset=96",
+                     "rank=1 name=decoder.layers.0.self_attention.q_layernorm.weight tensor=model.layers.0.self_attn.q_norm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.k_layernorm.weight tensor=model.layers.0.self_attn.k_norm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,32:64 offset=0"));
+  reshard_layout_destroy(L);
+  int t;
+  reshard_layout_t *D = layout(m, VLLM, "");
+  assert_int_equal(reshard_layout_find_tensor(D, "model.layers.0.self_attn.o_proj.bias", &t),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+}
+
+/* Qwen3-MoE. Megatron tp2 dp2 ep2 (etp 2): rank 3 is TP 1 / DP 1 for the
+ * dense part and EP 1 / ETP 1 for the experts (experts 4..7, rows 16:32);
+ * MoE layers keep pre_mlp_layernorm (TENorm) and name the router
+ * mlp.router.weight. vLLM tp2 dp2 ep4: EP rank 2 = rank 2, experts 4, 5
+ * whole (FusedMoEParallelConfig.make, use_ep: moe tp 1). */
+static void golden_qwen3_moe(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-qwen3-moe.json"), 0);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2,dp=2,ep=2");
+  expect_lines(L, 3, "decoder.layers.0.",
+               LINES("rank=3 name=decoder.layers.0.self_attention.linear_qkv.layer_norm_weight tensor=model.layers.0.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                     "rank=3 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120",
+                     "rank=3 name=decoder.layers.0.self_attention.q_layernorm.weight tensor=model.layers.0.self_attn.q_norm.weight dtype=bf16 box=0:8 offset=0",
+                     "rank=3 name=decoder.layers.0.self_attention.k_layernorm.weight tensor=model.layers.0.self_attn.k_norm.weight dtype=bf16 box=0:8 offset=0",
+                     "rank=3 name=decoder.layers.0.self_attention.linear_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,32:64 offset=0",
+                     "rank=3 name=decoder.layers.0.pre_mlp_layernorm.weight tensor=model.layers.0.post_attention_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.router.weight tensor=model.layers.0.mlp.gate.weight dtype=bf16 box=0:8,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:5,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:5,16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc2.weight0 tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=4:5,0:64,16:32 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight1 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=5:6,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight1 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=5:6,16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc2.weight1 tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=5:6,0:64,16:32 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight2 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=6:7,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight2 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=6:7,16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc2.weight2 tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=6:7,0:64,16:32 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight3 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=7:8,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight3 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=7:8,16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.0.mlp.experts.linear_fc2.weight3 tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=7:8,0:64,16:32 offset=0"));
+  reshard_layout_destroy(L);
+  /* SequentialMLP (moe_grouped_gemm off): local_experts.<i> */
+  L = layout(m, MEGATRON, "tp=2,dp=2,ep=2,grouped_gemm=0");
+  expect_lines(L, 3, "decoder.layers.0.mlp.experts.local_experts.3.",
+               LINES("rank=3 name=decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=7:8,16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=7:8,16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.0.mlp.experts.local_experts.3.linear_fc2.weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=7:8,0:64,16:32 offset=0"));
+  reshard_layout_destroy(L);
+  L = layout(m, VLLM, "tp=2,dp=2,ep=4");
+  expect_lines(L, 2, "model.layers.0.",
+               LINES("rank=2 name=model.layers.0.input_layernorm.weight tensor=model.layers.0.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=2 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                     "rank=2 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=0:8,0:64 offset=4096",
+                     "rank=2 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=0:8,0:64 offset=5120",
+                     "rank=2 name=model.layers.0.self_attn.q_norm.weight tensor=model.layers.0.self_attn.q_norm.weight dtype=bf16 box=0:8 offset=0",
+                     "rank=2 name=model.layers.0.self_attn.k_norm.weight tensor=model.layers.0.self_attn.k_norm.weight dtype=bf16 box=0:8 offset=0",
+                     "rank=2 name=model.layers.0.self_attn.o_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,0:32 offset=0",
+                     "rank=2 name=model.layers.0.post_attention_layernorm.weight tensor=model.layers.0.post_attention_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=2 name=model.layers.0.mlp.gate.weight tensor=model.layers.0.mlp.gate.weight dtype=bf16 box=0:8,0:64 offset=0",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=0",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=4096",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=4:6,0:64,0:32 offset=0"));
+  reshard_layout_destroy(L);
+  /* EP off, dp 2 (flatten_tp_across_dp_and_pcp): each expert's rows split
+   * over the 4 ranks, flattened TP rank dp_i * tp + tp_i: rank 3 holds
+   * rows 24:32 of every expert */
+  L = layout(m, VLLM, "tp=2,dp=2");
+  expect_lines(L, 3, "model.layers.0.mlp.experts.routed_experts.w13_weight",
+               LINES("rank=3 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=0:8,24:32,0:64 offset=0",
+                     "rank=3 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=0:8,24:32,0:64 offset=1024"));
+  reshard_layout_destroy(L);
+  /* 8 experts over 6 EP ranks (determine_expert_map): ranks 0 and 1 hold
+   * two, the others one; rank 5 holds expert 7 */
+  L = layout(m, VLLM, "tp=2,dp=3,ep=6");
+  expect_lines(L, 1, "model.layers.0.mlp.experts.routed_experts.w2_weight",
+               LINES("rank=1 name=model.layers.0.mlp.experts.routed_experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=2:4,0:64,0:32 offset=0"));
+  expect_lines(L, 5, "model.layers.0.mlp.experts.routed_experts.w2_weight",
+               LINES("rank=5 name=model.layers.0.mlp.experts.routed_experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=7:8,0:64,0:32 offset=0"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* Mixtral. vLLM mixtral.py keeps block_sparse_moe (gate, experts with
+ * ckpt_names w1/w2/w3: w13 = [w1; w3]); tp 2, ep off: each expert's
+ * rows split in two. Megatron: the same modules as Qwen3-MoE. */
+static void golden_mixtral(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-mixtral.json"), 0);
+  reshard_layout_t *L = layout(m, VLLM, "tp=2");
+  expect_lines(L, 1, "model.layers.1.block_sparse_moe.",
+               LINES("rank=1 name=model.layers.1.block_sparse_moe.gate.weight tensor=model.layers.1.block_sparse_moe.gate.weight dtype=bf16 box=0:4,0:64 offset=0",
+                     "rank=1 name=model.layers.1.block_sparse_moe.experts.routed_experts.w13_weight tensor=model.layers.1.block_sparse_moe.experts.w1.weight dtype=bf16 box=0:4,24:48,0:64 offset=0",
+                     "rank=1 name=model.layers.1.block_sparse_moe.experts.routed_experts.w13_weight tensor=model.layers.1.block_sparse_moe.experts.w3.weight dtype=bf16 box=0:4,24:48,0:64 offset=3072",
+                     "rank=1 name=model.layers.1.block_sparse_moe.experts.routed_experts.w2_weight tensor=model.layers.1.block_sparse_moe.experts.w2.weight dtype=bf16 box=0:4,0:64,24:48 offset=0"));
+  reshard_layout_destroy(L);
+  /* Megatron tp2 ep2 etp1: expert grid [1, 2, 1], rank 1 is EP 1: experts
+   * 2 and 3 whole */
+  L = layout(m, MEGATRON, "tp=2,ep=2,etp=1");
+  expect_lines(L, 1, "decoder.layers.1.mlp.",
+               LINES("rank=1 name=decoder.layers.1.mlp.router.weight tensor=model.layers.1.block_sparse_moe.gate.weight dtype=bf16 box=0:4,0:64 offset=0",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc1.weight0 tensor=model.layers.1.block_sparse_moe.experts.w1.weight dtype=bf16 box=2:3,0:48,0:64 offset=0",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc1.weight0 tensor=model.layers.1.block_sparse_moe.experts.w3.weight dtype=bf16 box=2:3,0:48,0:64 offset=6144",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc2.weight0 tensor=model.layers.1.block_sparse_moe.experts.w2.weight dtype=bf16 box=2:3,0:64,0:48 offset=0",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc1.weight1 tensor=model.layers.1.block_sparse_moe.experts.w1.weight dtype=bf16 box=3:4,0:48,0:64 offset=0",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc1.weight1 tensor=model.layers.1.block_sparse_moe.experts.w3.weight dtype=bf16 box=3:4,0:48,0:64 offset=6144",
+                     "rank=1 name=decoder.layers.1.mlp.experts.linear_fc2.weight1 tensor=model.layers.1.block_sparse_moe.experts.w2.weight dtype=bf16 box=3:4,0:64,0:48 offset=0"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* DeepSeek-V3 MLA. Megatron TE spec with multi_latent_attention: separate
+ * input_layernorm; linear_q_down_proj / linear_kv_down_proj duplicated
+ * (multi_latent_attention.py parallel_mode "duplicated"), the q_a / kv_a
+ * layernorms fused into linear_q_up_proj / linear_kv_up_proj
+ * (layer_norm_weight), up projections split by heads; dense layers (layer 0)
+ * fuse pre_mlp_layernorm into linear_fc1. vLLM deepseek_v2.py
+ * DeepseekV2MLAAttention: fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa]
+ * replicated. Megatron tp2 pp2 ep2 etp1: rank 1 = stage 0 TP 1; rank 3 =
+ * stage 1 TP 1 / EP 1 (experts 4..7), layer 3 being its layer 1. */
+static void golden_deepseek_v3(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-deepseek-v3.json"), 0);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2,pp=2,ep=2,etp=1");
+  expect_lines(L, 1, "decoder.layers.0.",
+               LINES("rank=1 name=decoder.layers.0.input_layernorm.weight tensor=model.layers.0.input_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_q_down_proj.weight tensor=model.layers.0.self_attn.q_a_proj.weight dtype=bf16 box=0:24,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight tensor=model.layers.0.self_attn.q_a_layernorm.weight dtype=bf16 box=0:24 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_q_up_proj.weight tensor=model.layers.0.self_attn.q_b_proj.weight dtype=bf16 box=24:48,0:24 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_kv_down_proj.weight tensor=model.layers.0.self_attn.kv_a_proj_with_mqa.weight dtype=bf16 box=0:20,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight tensor=model.layers.0.self_attn.kv_a_layernorm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_kv_up_proj.weight tensor=model.layers.0.self_attn.kv_b_proj.weight dtype=bf16 box=32:64,0:16 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_proj.weight tensor=model.layers.0.self_attn.o_proj.weight dtype=bf16 box=0:64,16:32 offset=0",
+                     "rank=1 name=decoder.layers.0.mlp.linear_fc1.layer_norm_weight tensor=model.layers.0.post_attention_layernorm.weight dtype=bf16 box=0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.mlp.linear_fc1.weight tensor=model.layers.0.mlp.gate_proj.weight dtype=bf16 box=48:96,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.mlp.linear_fc1.weight tensor=model.layers.0.mlp.up_proj.weight dtype=bf16 box=48:96,0:64 offset=6144",
+                     "rank=1 name=decoder.layers.0.mlp.linear_fc2.weight tensor=model.layers.0.mlp.down_proj.weight dtype=bf16 box=0:64,48:96 offset=0"));
+  /* shared experts over TP, not ETP (moe_module_specs.py SharedExpertMLP,
+   * tp_group pg_collection.tp) */
+  expect_lines(L, 3, "decoder.layers.1.mlp.",
+               LINES("rank=3 name=decoder.layers.1.mlp.router.weight tensor=model.layers.3.mlp.gate.weight dtype=bf16 box=0:8,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.router.expert_bias tensor=model.layers.3.mlp.gate.e_score_correction_bias dtype=f32 box=0:8 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight0 tensor=model.layers.3.mlp.experts.gate_proj.weight dtype=bf16 box=4:5,0:16,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight0 tensor=model.layers.3.mlp.experts.up_proj.weight dtype=bf16 box=4:5,0:16,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc2.weight0 tensor=model.layers.3.mlp.experts.down_proj.weight dtype=bf16 box=4:5,0:64,0:16 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight1 tensor=model.layers.3.mlp.experts.gate_proj.weight dtype=bf16 box=5:6,0:16,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight1 tensor=model.layers.3.mlp.experts.up_proj.weight dtype=bf16 box=5:6,0:16,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc2.weight1 tensor=model.layers.3.mlp.experts.down_proj.weight dtype=bf16 box=5:6,0:64,0:16 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight2 tensor=model.layers.3.mlp.experts.gate_proj.weight dtype=bf16 box=6:7,0:16,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight2 tensor=model.layers.3.mlp.experts.up_proj.weight dtype=bf16 box=6:7,0:16,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc2.weight2 tensor=model.layers.3.mlp.experts.down_proj.weight dtype=bf16 box=6:7,0:64,0:16 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight3 tensor=model.layers.3.mlp.experts.gate_proj.weight dtype=bf16 box=7:8,0:16,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc1.weight3 tensor=model.layers.3.mlp.experts.up_proj.weight dtype=bf16 box=7:8,0:16,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.1.mlp.experts.linear_fc2.weight3 tensor=model.layers.3.mlp.experts.down_proj.weight dtype=bf16 box=7:8,0:64,0:16 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.shared_experts.linear_fc1.weight tensor=model.layers.3.mlp.shared_experts.gate_proj.weight dtype=bf16 box=16:32,0:64 offset=0",
+                     "rank=3 name=decoder.layers.1.mlp.shared_experts.linear_fc1.weight tensor=model.layers.3.mlp.shared_experts.up_proj.weight dtype=bf16 box=16:32,0:64 offset=2048",
+                     "rank=3 name=decoder.layers.1.mlp.shared_experts.linear_fc2.weight tensor=model.layers.3.mlp.shared_experts.down_proj.weight dtype=bf16 box=0:64,16:32 offset=0"));
+  reshard_layout_destroy(L);
+  /* vLLM tp2 dp2 ep4: rank 3 is TP 1 and EP 3 (experts 6, 7) */
+  L = layout(m, VLLM, "tp=2,dp=2,ep=4");
+  expect_lines(L, 3, "model.layers.1.self_attn.",
+               LINES("rank=3 name=model.layers.1.self_attn.fused_qkv_a_proj.weight tensor=model.layers.1.self_attn.q_a_proj.weight dtype=bf16 box=0:24,0:64 offset=0",
+                     "rank=3 name=model.layers.1.self_attn.fused_qkv_a_proj.weight tensor=model.layers.1.self_attn.kv_a_proj_with_mqa.weight dtype=bf16 box=0:20,0:64 offset=3072",
+                     "rank=3 name=model.layers.1.self_attn.q_a_layernorm.weight tensor=model.layers.1.self_attn.q_a_layernorm.weight dtype=bf16 box=0:24 offset=0",
+                     "rank=3 name=model.layers.1.self_attn.q_b_proj.weight tensor=model.layers.1.self_attn.q_b_proj.weight dtype=bf16 box=24:48,0:24 offset=0",
+                     "rank=3 name=model.layers.1.self_attn.kv_a_layernorm.weight tensor=model.layers.1.self_attn.kv_a_layernorm.weight dtype=bf16 box=0:16 offset=0",
+                     "rank=3 name=model.layers.1.self_attn.kv_b_proj.weight tensor=model.layers.1.self_attn.kv_b_proj.weight dtype=bf16 box=32:64,0:16 offset=0",
+                     "rank=3 name=model.layers.1.self_attn.o_proj.weight tensor=model.layers.1.self_attn.o_proj.weight dtype=bf16 box=0:64,16:32 offset=0"));
+  expect_lines(L, 3, "model.layers.1.mlp.experts.",
+               LINES("rank=3 name=model.layers.1.mlp.experts.routed_experts.w13_weight tensor=model.layers.1.mlp.experts.gate_proj.weight dtype=bf16 box=6:8,0:16,0:64 offset=0",
+                     "rank=3 name=model.layers.1.mlp.experts.routed_experts.w13_weight tensor=model.layers.1.mlp.experts.up_proj.weight dtype=bf16 box=6:8,0:16,0:64 offset=2048",
+                     "rank=3 name=model.layers.1.mlp.experts.routed_experts.w2_weight tensor=model.layers.1.mlp.experts.down_proj.weight dtype=bf16 box=6:8,0:64,0:16 offset=0"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* Real geometries: sizes of a few parameters of shipped configs. */
+static void golden_shipped_sizes(void **state) {
+  (void)state;
+  /* Llama-3.1-70B Megatron tp8 pp4 dp2, vocabulary 128256 unpadded:
+   * 16032 rows a TP rank; one KV group a rank: 8 q heads + k + v = 1280 rows */
+  rm_model *m = load(SHIPPED("Llama-3.1-70B.json"), 0);
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=8,pp=4,dp=2");
+  assert_int_equal(param_bytes(L, "embedding.word_embeddings.weight", 0), 16032LL * 8192 * 2);
+  assert_int_equal(param_bytes(L, "embedding.word_embeddings.weight", 16), 0);
+  assert_int_equal(param_bytes(L, "decoder.layers.0.self_attention.linear_qkv.weight", 9), 1280LL * 8192 * 2);
+  assert_int_equal(param_bytes(L, "decoder.layers.19.mlp.linear_fc1.weight", 63), 2LL * 3584 * 8192 * 2);
+  assert_int_equal(param_bytes(L, "decoder.layers.20.mlp.linear_fc1.weight", 63), 0);
+  assert_int_equal(param_bytes(L, "output_layer.weight", 63), 16032LL * 8192 * 2);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+  /* DeepSeek-V3, 61 layers: Megatron pp 8 needs first/last (first=5: 5 +
+   * 7 x 8); tp8 dp4 ep8 etp2: expert-DP 2, 32 local experts, each half of
+   * its gate and up */
+  m = load(SHIPPED("DeepSeek-V3.json"), 0);
+  refused(m, MEGATRON, "tp=8,pp=8,dp=4,ep=8,etp=2", "pp 8 does not divide the 61 layers");
+  L = layout(m, MEGATRON, "tp=8,pp=8,dp=4,ep=8,etp=2,first=5");
+  assert_int_equal(param_bytes(L, "decoder.layers.4.mlp.experts.linear_fc1.weight31", 5), 2048LL * 7168 * 2);
+  assert_int_equal(param_bytes(L, "decoder.layers.5.mlp.experts.linear_fc1.weight0", 5), 0);
+  assert_int_equal(param_bytes(L, "decoder.layers.7.mlp.experts.linear_fc2.weight0", 32), 7168LL * 1024 * 2);
+  reshard_layout_destroy(L);
+  /* vLLM tp8 dp4 ep32: 8 experts per rank; shared experts whole (SP MoE) */
+  L = layout(m, VLLM, "tp=8,dp=4,ep=32");
+  assert_int_equal(param_bytes(L, "model.layers.3.mlp.experts.routed_experts.w13_weight", 31), 8LL * 4096 * 7168 * 2);
+  assert_int_equal(param_bytes(L, "model.layers.3.mlp.shared_experts.gate_up_proj.weight", 17), 4096LL * 7168 * 2);
+  assert_int_equal(param_bytes(L, "model.layers.3.mlp.gate.e_score_correction_bias", 17), 256 * 4);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 8. What vLLM rewrites after loading                                  */
+/* ------------------------------------------------------------------ */
+
+static const char *after_load(const rm_model *m, rm_framework fw, const reshard_layout_t *L, const char *name) {
+  int b;
+  assert_int_equal(reshard_layout_find_buffer(L, name, 0, &b), RESHARD_SUCCESS);
+  return rm_after_load(m, fw, L, b);
+}
+
+/* vLLM mla_attention.py MLAAttention.process_weights_after_loading
+ * (W_UK_T / W_UV from kv_b_proj), fused_moe/oracle convert_to_*_moe_kernel_
+ * format (swap_w13_to_w31 and friends), deep_gemm.py
+ * deepgemm_post_process_fp8_weight_block (UE8M0). */
+static void after_load_flags(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-deepseek-v3.json"), 0);
+  reshard_layout_t *D = layout(m, VLLM, "tp=2"), *S = layout(m, MEGATRON, "tp=2");
+  assert_non_null(strstr(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.self_attn.kv_b_proj.weight"), "W_UK_T"));
+  assert_non_null(strstr(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.mlp.experts.routed_experts.w13_weight"),
+                         "swap_w13_to_w31"));
+  assert_non_null(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.mlp.experts.routed_experts.w2_weight"));
+  assert_null(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.self_attn.q_b_proj.weight"));
+  assert_null(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.mlp.gate.e_score_correction_bias"));
+  assert_null(after_load(m, RM_FRAMEWORK_MEGATRON, S, "decoder.layers.1.self_attention.linear_kv_up_proj.weight"));
+  assert_null(rm_after_load(m, RM_FRAMEWORK_VLLM, D, -1));
+  reshard_layout_destroy(D);
+  reshard_layout_destroy(S);
+  rm_model_free(m);
+  m = load_fp8(DATA("tiny-deepseek-v3-fp8.json"));
+  D = layout(m, VLLM, "tp=2");
+  assert_non_null(strstr(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.self_attn.q_b_proj.weight"), "DeepGEMM"));
+  assert_non_null(strstr(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.self_attn.q_b_proj.weight_scale_inv"),
+                         "UE8M0"));
+  assert_non_null(strstr(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.mlp.experts.routed_experts.w13_weight_scale_inv"),
+                         "DeepGEMM"));
+  assert_null(after_load(m, RM_FRAMEWORK_VLLM, D, "model.layers.1.input_layernorm.weight"));
+  reshard_layout_destroy(D);
+  rm_model_free(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(vllm_rank_order),          cmocka_unit_test(megatron_vocab_rows),
+      cmocka_unit_test(router_bias_fp32),         cmocka_unit_test(megatron_etp_default),
+      cmocka_unit_test(vllm_shared_experts_sp_moe), cmocka_unit_test(invalid_settings),
+      cmocka_unit_test(golden_dense_gqa),         cmocka_unit_test(golden_qwen3_moe),
+      cmocka_unit_test(golden_mixtral),           cmocka_unit_test(golden_deepseek_v3),
+      cmocka_unit_test(golden_shipped_sizes),     cmocka_unit_test(after_load_flags),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
