@@ -64,7 +64,7 @@ static int check_side(uint64_t seed, const reshard_layout_t *L, int nranks, uint
         empty |= qe[d] == 0;
       }
       rs_frag_vec got = {0}, want = {0};
-      assert_int_equal(rs_layout_find_holders(L, t, qs, qe, &got), RESHARD_SUCCESS);
+      assert_int_equal(rs_layout_find_holders(L, t, qs, qe, NULL, &got), RESHARD_SUCCESS);
       for (size_t i = 0; i < all.n && !empty; i++)
         if (all.v[i].tensor == t && hits(&all.v[i], qs, qe)) assert_int_equal(rs_frag_vec_push(&want, &all.v[i]), 0);
       if (got.n > 1) qsort(got.v, got.n, sizeof *got.v, cmp_frag);

@@ -129,12 +129,27 @@ int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank,
 reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
                                           rs_frag_vec *out);
 
+/* Lowered fused buffers by (buffer, rank), for rs_layout_find_holders: a
+ * holder in a buffer of several parts needs its whole buffer lowered on
+ * its rank, and a planner asks for the same ones again and again (a stacked
+ * expert tensor held in a window per expert: every destination fragment
+ * finds every window). Bounded: emptied when full. One per thread. */
+typedef struct rs_lower_cache {
+  uint64_t *keys; /* (buffer << 32 | rank) + 1; 0: empty */
+  uint32_t *first, *count; /* their fragments in frags */
+  size_t cap, n;
+  rs_frag_vec frags;
+} rs_lower_cache;
+void rs_lower_cache_free(rs_lower_cache *c);
+
 /* Appends every non-empty fragment of `tensor` (any rank) whose box
  * intersects [start, start+extent). Output-sensitive for placement parts:
- * only mesh coordinates whose shard intersects the box are visited. */
+ * only mesh coordinates whose shard intersects the box are visited, and
+ * windows that miss the box are skipped. cache may be NULL. */
 reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
                                         const int64_t *start,
                                         const int64_t *extent,
+                                        rs_lower_cache *cache,
                                         rs_frag_vec *out);
 
 /* Appends the non-empty fragments of raw buffer b, in the order added. */

@@ -336,9 +336,92 @@ typedef struct holder_walk {
   int G, cd;
   int64_t blk; /* grouped: elements per group of this part */
   const int64_t *qs, *qe;
+  rs_lower_cache *cache;
   rs_frag_vec *out;
   int single; /* the buffer has this one part, ungrouped */
 } holder_walk;
+
+void rs_lower_cache_free(rs_lower_cache *c) {
+  free(c->keys);
+  free(c->first);
+  free(c->count);
+  rs_frag_vec_free(&c->frags);
+  memset(c, 0, sizeof *c);
+}
+
+/* Bounds: the table grows to RS_LOWER_CACHE_SLOTS and holds at most
+ * RS_LOWER_CACHE_FRAGS fragments (~28 MiB), then is emptied. A source rank
+ * of DeepSeek-V3 (61 layers over 4 stages, 256 experts a layer in a window
+ * each) touches ~17k (buffer, rank) pairs, destination rank by destination
+ * rank. */
+#define RS_LOWER_CACHE_SLOTS ((size_t)1 << 16)
+#define RS_LOWER_CACHE_FRAGS ((size_t)1 << 17)
+
+static size_t cache_slot(uint64_t key, size_t cap) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  return (size_t)key & (cap - 1);
+}
+
+/* Resizes the (emptied, or to be rehashed) table to cap slots. */
+static reshard_result_t cache_resize(rs_lower_cache *c, size_t cap) {
+  uint64_t *keys = rs_calloc(cap, sizeof *keys);
+  uint32_t *first = rs_malloc(cap * sizeof *first), *count = rs_malloc(cap * sizeof *count);
+  if (!keys || !first || !count) {
+    free(keys);
+    free(first);
+    free(count);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory (lowering cache of %zu)", cap);
+  }
+  for (size_t i = 0; i < c->cap; i++) {
+    if (!c->keys[i]) continue;
+    size_t j = cache_slot(c->keys[i], cap);
+    while (keys[j]) j = (j + 1) & (cap - 1);
+    keys[j] = c->keys[i];
+    first[j] = c->first[i];
+    count[j] = c->count[i];
+  }
+  free(c->keys);
+  free(c->first);
+  free(c->count);
+  c->keys = keys;
+  c->first = first;
+  c->count = count;
+  c->cap = cap;
+  return RESHARD_SUCCESS;
+}
+
+/* The fragments of buffer b on rank, lowered once per cache fill. */
+static reshard_result_t cached_lowering(const reshard_layout_t *L, rs_lower_cache *c, int b, int rank,
+                                        const rs_frag **frags, size_t *nfrags) {
+  if (!c->cap) RS_CHECK(cache_resize(c, 1024));
+  uint64_t key = ((uint64_t)(uint32_t)b << 32 | (uint32_t)rank) + 1;
+  size_t j = cache_slot(key, c->cap);
+  for (; c->keys[j]; j = (j + 1) & (c->cap - 1))
+    if (c->keys[j] == key) {
+      *frags = c->frags.v + c->first[j];
+      *nfrags = c->count[j];
+      return RESHARD_SUCCESS;
+    }
+  if (c->frags.n >= RS_LOWER_CACHE_FRAGS || (c->n * 2 >= c->cap && c->cap >= RS_LOWER_CACHE_SLOTS)) {
+    memset(c->keys, 0, c->cap * sizeof *c->keys);
+    c->n = 0;
+    c->frags.n = 0;
+  } else if (c->n * 2 >= c->cap) {
+    RS_CHECK(cache_resize(c, c->cap * 2));
+  }
+  for (j = cache_slot(key, c->cap); c->keys[j];) j = (j + 1) & (c->cap - 1);
+  size_t first = c->frags.n;
+  RS_CHECK(lower_fused(L, b, rank, -1, NULL, NULL, &c->frags, NULL));
+  c->keys[j] = key;
+  c->first[j] = (uint32_t)first;
+  c->count[j] = (uint32_t)(c->frags.n - first);
+  c->n++;
+  *frags = c->frags.v + first;
+  *nfrags = c->frags.n - first;
+  return RESHARD_SUCCESS;
+}
 
 /* The fragment of a buffer with a single ungrouped part, whose local box
  * the walk has just computed: the same fragment lower_fused would produce
@@ -368,7 +451,15 @@ static reshard_result_t walk_axes(holder_walk *w, int a, int pos, int64_t *vs,
   const rs_mesh *m = w->m;
   if (a == m->ndim) {
     if (w->single) return single_part_frag(w, m->ranks[pos], vs, ve);
-    return lower_fused(w->L, w->p->buffer, m->ranks[pos], w->p->index, w->qs, w->qe, w->out, NULL);
+    if (!w->cache) return lower_fused(w->L, w->p->buffer, m->ranks[pos], w->p->index, w->qs, w->qe, w->out, NULL);
+    const rs_frag *f;
+    size_t n;
+    RS_CHECK(cached_lowering(w->L, w->cache, w->p->buffer, m->ranks[pos], &f, &n));
+    const int nparts = w->L->buffers[w->p->buffer].nparts;
+    for (size_t i = 0; i < n; i++)
+      if (f[i].pos % nparts == w->p->index && box_hits(f[i].ndim, f[i].start, f[i].extent, w->qs, w->qe))
+        RS_CHECK(rs_frag_vec_push(w->out, &f[i]));
+    return RESHARD_SUCCESS;
   }
   const reshard_placement_t *pl = &w->p->pl[a];
   int n = m->shape[a];
@@ -406,18 +497,22 @@ static reshard_result_t walk_axes(holder_walk *w, int a, int pos, int64_t *vs,
 reshard_result_t rs_layout_find_holders(const reshard_layout_t *L, int tensor,
                                         const int64_t *start,
                                         const int64_t *extent,
+                                        rs_lower_cache *cache,
                                         rs_frag_vec *out) {
   const rs_tensor *t = &L->tensors[tensor];
   if (box_empty(t->ndim, extent)) return RESHARD_SUCCESS;
   for (int i = 0; i < t->nparts; i++) {
     const rs_part *p = &L->parts[t->parts[i]];
     const rs_buffer *buf = &L->buffers[p->buffer];
-    holder_walk w = {L, p, &L->meshes[p->mesh], buf->num_groups, buf->concat_dim, 1, start, extent, out,
+    holder_walk w = {L, p, &L->meshes[p->mesh], buf->num_groups, buf->concat_dim, 1, start, extent, cache, out,
                      buf->nparts == 1 && buf->num_groups == 1};
     if (w.G > 1) w.blk = t->shape[w.cd] / w.G;
     if (w.G > 1 && w.blk == 0) continue;
     int64_t vs[RESHARD_MAX_DIMS], ve[RESHARD_MAX_DIMS];
     part_root_box(L, p, w.G, w.cd, vs, ve);
+    /* a window that misses the box holds none of it: the walk prunes only
+     * sharded dims, and a stacked tensor has a window per expert */
+    if (w.G == 1 && !box_hits(t->ndim, vs, ve, start, extent)) continue;
     RS_CHECK(walk_axes(&w, 0, 0, vs, ve));
   }
   for (int i = 0; i < t->nraws; i++) {

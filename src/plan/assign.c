@@ -20,11 +20,64 @@ void rs_piece_vec_free(rs_piece_vec *vec) {
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx) {
   rs_frag_vec_free(&ctx->holders);
+  rs_lower_cache_free(&ctx->lowered);
   free(ctx->bounds);
   free(ctx->cands);
+  free(ctx->bucket_at);
+  free(ctx->bucket);
   ctx->bounds = NULL;
   ctx->cands = NULL;
-  ctx->bounds_cap = ctx->cands_cap = 0;
+  ctx->bucket_at = ctx->bucket = NULL;
+  ctx->bounds_cap = ctx->cands_cap = ctx->bucket_at_cap = ctx->bucket_cap = 0;
+}
+
+static int grow_ints(int **v, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  free(*v);
+  *cap = need * 2;
+  *v = rs_malloc(*cap * sizeof **v);
+  if (!*v) *cap = 0;
+  return *v ? 0 : -1;
+}
+
+/* Buckets the holders (in canonical order) by the intervals of dim 0 they
+ * cover: the cells of interval k have their holders among bucket
+ * [bucket_at[k], bucket_at[k+1]), still in canonical order. A stacked
+ * tensor held in one window per expert then costs a cell its expert's few
+ * holders instead of all of them. */
+static reshard_result_t bucket_holders(rs_assign_ctx *ctx, const rs_frag *H, const int *order, size_t nh,
+                                       const int64_t *b0, size_t nb0, const char *name) {
+  size_t nint = nb0 - 1, total = 0;
+  if (grow_ints(&ctx->bucket_at, &ctx->bucket_at_cap, nint + 1))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+  int *at = ctx->bucket_at;
+  memset(at, 0, (nint + 1) * sizeof *at);
+  /* interval k is [b0[k], b0[k+1]); a holder covers those from the first
+   * that starts at or after its start (the bounds include it, clipped)
+   * until its end */
+  for (int pass = 0; pass < 2; pass++) {
+    int *fill = ctx->cands + 4 * (nh + 1);
+    if (pass) memcpy(fill, at, nint * sizeof *fill);
+    for (size_t j = 0; j < nh; j++) {
+      const rs_frag *h = &H[order[j]];
+      size_t lo = 0, hi = nint;
+      while (lo < hi) { /* the first interval with b0[k] >= h's start */
+        size_t mid = (lo + hi) / 2;
+        if (b0[mid] < h->start[0]) lo = mid + 1;
+        else hi = mid;
+      }
+      for (size_t k = lo; k < nint && b0[k] < h->start[0] + h->extent[0]; k++) {
+        if (pass) ctx->bucket[fill[k]++] = order[j];
+        else at[k + 1]++, total++;
+      }
+    }
+    if (!pass) {
+      for (size_t k = 0; k < nint; k++) at[k + 1] += at[k];
+      if (grow_ints(&ctx->bucket, &ctx->bucket_cap, total + 1))
+        return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+    }
+  }
+  return RESHARD_SUCCESS;
 }
 
 static reshard_result_t piece_push(rs_piece_vec *vec, const rs_piece *p) {
@@ -154,7 +207,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   if (ctx->parts) ctx->parts->n = 0;
   int32_t nparts = 0;
   ctx->holders.n = 0;
-  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->holders));
+  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->lowered, &ctx->holders));
   rs_frag *H = ctx->holders.v;
   const size_t nh = ctx->holders.n;
 
@@ -172,10 +225,10 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   }
   /* cands holds four arrays of nh + 1: a cell's candidates, the holders
    * in canonical order, the merge sort's scratch, and the candidates in
-   * the receiver's domain */
-  if (ctx->cands_cap < 4 * (nh + 1)) {
+   * the receiver's domain; then per_dim for bucket_holders */
+  if (ctx->cands_cap < 4 * (nh + 1) + per_dim) {
     free(ctx->cands);
-    ctx->cands_cap = 4 * (nh + 1) * 2;
+    ctx->cands_cap = (4 * (nh + 1) + per_dim) * 2;
     ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
     if (!ctx->cands) {
       ctx->cands_cap = 0;
@@ -207,6 +260,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   int *order = ctx->cands + nh + 1;
   for (size_t i = 0; i < nh; i++) order[i] = (int)i;
   sort_canonical(H, order, order + nh + 1, nh);
+  if (nd) RS_CHECK(bucket_holders(ctx, H, order, nh, ctx->bounds, nb[0], name));
 
   /* Odometer over cells, outermost dim slowest. */
   size_t idx[RESHARD_MAX_DIMS] = {0};
@@ -222,8 +276,10 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
      * first holder inside the cell is the one kept. */
     int nc = 0;
     int *c = ctx->cands;
-    for (size_t j = 0; j < nh; j++) {
-      const int i = order[j];
+    const int *cell_order = nd ? ctx->bucket + ctx->bucket_at[idx[0]] : order;
+    const size_t ncell = nd ? (size_t)(ctx->bucket_at[idx[0] + 1] - ctx->bucket_at[idx[0]]) : nh;
+    for (size_t j = 0; j < ncell; j++) {
+      const int i = cell_order[j];
       int inside = 1;
       for (int d = 0; d < nd && inside; d++)
         inside = H[i].start[d] <= cs[d] && cs[d] + ce[d] <= H[i].start[d] + H[i].extent[d];

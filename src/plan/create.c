@@ -235,7 +235,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
   for (size_t i = 0; i < mine.n; i++) {
     const rs_frag *S = &mine.v[i];
     size_t before = cands.n;
-    RS_CHECK_GOTO(rs_layout_find_holders(c->dst, c->src2dst[S->tensor], S->start, S->extent, &cands), r, done);
+    RS_CHECK_GOTO(rs_layout_find_holders(c->dst, c->src2dst[S->tensor], S->start, S->extent, NULL, &cands), r, done);
     size_t w = before;
     for (size_t k = before; k < cands.n; k++)
       if (cands.v[k].rank != me) cands.v[w++] = cands.v[k];

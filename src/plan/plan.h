@@ -266,10 +266,15 @@ void rs_piece_vec_free(rs_piece_vec *vec);
 typedef struct rs_assign_ctx {
   const reshard_layout_t *src;
   rs_frag_vec holders;
+  rs_lower_cache lowered; /* of src */
   int64_t *bounds; /* per-dim boundary lists */
   size_t bounds_cap;
   int *cands;
   size_t cands_cap;
+  /* holders by interval of the outermost dim (CSR over the canonical
+   * order): a cell looks only at those covering its outermost interval */
+  int *bucket_at, *bucket;
+  size_t bucket_at_cap, bucket_cap;
   /* rank -> NVLink domain (the plan's rank map), or NULL without a
    * topology: a cell held in the receiver's domain is split only over
    * those holders. */

@@ -183,7 +183,7 @@ static reshard_result_t find_group(rs_relay_ctx *ctx, const rs_frag *D,
                                    rs_relay_group *g) {
   memset(g, 0, sizeof *g);
   ctx->same.n = 0;
-  RS_CHECK(rs_layout_find_holders(ctx->dst, D->tensor, D->start, D->extent, &ctx->same));
+  RS_CHECK(rs_layout_find_holders(ctx->dst, D->tensor, D->start, D->extent, NULL, &ctx->same));
   size_t m = 0;
   const rs_frag *canon = NULL;
   for (size_t i = 0; i < ctx->same.n; i++) {
@@ -209,7 +209,7 @@ static reshard_result_t find_group(rs_relay_ctx *ctx, const rs_frag *D,
     if (ctx->ranks[i] == ctx->ranks[i - 1]) return RESHARD_SUCCESS;
   /* A member holding source data of D copies it locally: stay direct. */
   ctx->held.n = 0;
-  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->held));
+  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, NULL, &ctx->held));
   for (size_t i = 0; i < ctx->held.n; i++)
     if (bsearch(&ctx->held.v[i].rank, ctx->ranks, m, sizeof *ctx->ranks, cmp_i32)) return RESHARD_SUCCESS;
   if (nparts < m && !few_parts_pay(ctx, m)) return RESHARD_SUCCESS;
