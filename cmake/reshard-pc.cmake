@@ -1,4 +1,5 @@
-# Writes and installs reshard.pc. Runs at install time (from install(CODE)
+# Writes and installs a pkg-config file (reshard.pc, reshard_models.pc). Runs
+# at install time (from install(CODE)
 # in CMakeLists.txt), because only then is the real prefix known:
 # `cmake --install --prefix DIR` overrides the configure-time one. Paths in
 # the file are absolute, so pkg-config recognises system directories and

@@ -125,6 +125,10 @@
 
 #include "reshard.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct rm_model rm_model; /* opaque */
 
 /* One side's parallel settings. Use RM_PARALLEL_INIT or rm_parse_parallel:
@@ -276,4 +280,8 @@ typedef enum rm_framework {
 const char *rm_after_load(const rm_model *m, rm_framework framework,
                           const reshard_layout_t *layout, int buffer_id);
 
+#ifdef __cplusplus
+}
 #endif
+
+#endif /* RESHARD_MODELS_H */

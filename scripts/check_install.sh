@@ -40,10 +40,15 @@ soname=$(readelf -d "$libdir/libreshard.so" |
 [ -n "$soname" ] || fail "libreshard.so has no SONAME"
 [ -e "$libdir/$soname" ] || fail "SONAME $soname not installed in $libdir"
 echo "check_install: SONAME $soname"
-# Tests and the static library are build-tree only.
-stray=$(find "$prefix" \( -name 'test_*' -o -name '*.a' \
+# Tests and the core's static library are build-tree only; the model
+# front-end is installed both ways.
+stray=$(find "$prefix" \( -name 'test_*' -o \( -name '*.a' ! -name libreshard_models.a \) \
                          -o -name '*reshard_static*' \) -print)
 [ -z "$stray" ] || fail "installed files that should not be: $stray"
+[ -f "$prefix/include/reshard_models.h" ] || fail "include/reshard_models.h not installed"
+[ -f "$libdir/libreshard_models.a" ] || fail "libreshard_models.a not installed"
+[ -L "$libdir/libreshard_models.so" ] || fail "no libreshard_models.so link in $libdir"
+[ -f "$libdir/pkgconfig/reshard_models.pc" ] || fail "reshard_models.pc not installed"
 
 # --- the consumer ------------------------------------------------------
 mkdir -p "$work/src"
@@ -64,17 +69,63 @@ int main(void) {
   return 0;
 }
 C
+# The model front-end: a config, both frameworks' layouts, a parameter
+# looked up by (rank, name) and back, what vLLM rewrites after loading.
+cat >"$work/src/models.c" <<'C'
+#include <reshard_models.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CHECK(call) do { reshard_result_t r_ = (call); if (r_) { \
+  fprintf(stderr, "%s: %s\\n", #call, reshard_last_error()); return 1; } } while (0)
+
+int main(int argc, char **argv) {
+  if (argc != 2) return 2;
+  rm_model *m = NULL;
+  rm_parallel t = RM_PARALLEL_INIT, v = RM_PARALLEL_INIT;
+  reshard_layout_t *src = NULL, *dst = NULL;
+  CHECK(rm_model_load(argv[1], 0, RESHARD_BF16, &m));
+  CHECK(rm_parse_parallel("tp=2,pp=2", &t));
+  CHECK(rm_parse_parallel("tp=2,dp=2", &v));
+  CHECK(rm_megatron_layout(m, &t, 0, &src));
+  CHECK(rm_vllm_layout(m, &v, 4, &dst));
+  int b = -1;
+  const char *name = NULL;
+  /* stage 1 (ranks 2, 3) numbers its layers from 0 */
+  CHECK(reshard_layout_find_buffer(src, "decoder.layers.0.self_attention.linear_qkv.weight", 3, &b));
+  CHECK(rm_parameter_name(src, b, 3, &name));
+  CHECK(reshard_layout_find_buffer(dst, "model.layers.3.self_attn.qkv_proj.weight", 7, &b));
+  const char *why = rm_after_load(m, RM_FRAMEWORK_VLLM, dst, b);
+  printf("models consumer: %s, %d tensors, %s on rank 3; after load: %s\n", rm_model_arch(m),
+         rm_model_num_tensors(m), name, why ? why : "nothing");
+  int ok = !strcmp(name, "decoder.layers.0.self_attention.linear_qkv.weight") && !why;
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  rm_model_free(m);
+  return ok ? 0 : 1;
+}
+C
+config="$PWD/tests/data/tiny-llama.json"
+
 cat >"$work/src/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.24)
 project(reshard_consumer LANGUAGES C)
 find_package(reshard 0.1 REQUIRED CONFIG)
-if(NOT TARGET reshard::reshard)
-  message(FATAL_ERROR "find_package(reshard) gave no reshard::reshard")
-endif()
+foreach(t reshard::reshard reshard::reshard_models reshard::reshard_models_static)
+  if(NOT TARGET ${t})
+    message(FATAL_ERROR "find_package(reshard) gave no ${t}")
+  endif()
+endforeach()
 message(STATUS "consumer: reshard ${reshard_VERSION} from ${reshard_DIR}")
 add_executable(consumer main.c)
 target_compile_options(consumer PRIVATE -Wall -Wextra -Werror)
 target_link_libraries(consumer PRIVATE reshard::reshard)
+add_executable(models models.c)
+target_compile_options(models PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(models PRIVATE reshard::reshard_models)
+add_executable(models_static models.c)
+target_compile_options(models_static PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(models_static PRIVATE reshard::reshard_models_static)
 CM
 
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -100,6 +151,13 @@ cmake --build "$work/build-cmake" >"$work/build.log" ||
   { cat "$work/build.log"; fail "consumer build (find_package)"; }
 check_links_to_prefix "$work/build-cmake/consumer"
 "$work/build-cmake/consumer" || fail "consumer (find_package) failed"
+check_links_to_prefix "$work/build-cmake/models"
+ldd "$work/build-cmake/models" | grep -q "$libdir/libreshard_models.so" ||
+  fail "models consumer does not load $libdir/libreshard_models.so"
+"$work/build-cmake/models" "$config" || fail "models consumer (find_package, shared) failed"
+ldd "$work/build-cmake/models_static" | grep -q libreshard_models.so &&
+  fail "models_static consumer loads libreshard_models.so"
+"$work/build-cmake/models_static" "$config" || fail "models consumer (find_package, static) failed"
 
 echo "check_install: consumer via pkg-config"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
@@ -116,6 +174,12 @@ cc -std=c11 -Wall -Wextra -Werror "$work/src/main.c" -o "$work/consumer-pc" \
   $flags || fail "consumer build (pkg-config)"
 check_links_to_prefix "$work/consumer-pc"
 "$work/consumer-pc" || fail "consumer (pkg-config) failed"
+mflags=$(pkg-config --cflags --libs reshard_models) || fail "pkg-config reshard_models"
+echo "  pkg-config --cflags --libs reshard_models: $mflags"
+# shellcheck disable=SC2086 # flags are meant to split
+cc -std=c11 -Wall -Wextra -Werror "$work/src/models.c" -o "$work/models-pc" $mflags ||
+  fail "models consumer build (pkg-config)"
+"$work/models-pc" "$config" || fail "models consumer (pkg-config) failed"
 
 # The header promises extern "C": it must at least parse as C++.
 if command -v c++ >/dev/null 2>&1; then
@@ -123,6 +187,10 @@ if command -v c++ >/dev/null 2>&1; then
   # shellcheck disable=SC2046 # flags are meant to split
   c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/main.c" \
     $(pkg-config --cflags reshard) || fail "reshard.h does not parse as C++"
+  echo "check_install: reshard_models.h as C++"
+  # shellcheck disable=SC2046 # flags are meant to split
+  c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/models.c" \
+    $(pkg-config --cflags reshard_models) || fail "reshard_models.h does not parse as C++"
 fi
 
 echo "check_install: OK"
