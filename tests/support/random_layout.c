@@ -446,6 +446,66 @@ static int place_pair(gen *g, side *s, int all_replicate) {
   return 0;
 }
 
+/* Tensor t in 1..3 windows along dim 0, one buffer concatenated along
+ * dim 0, on one mesh with the same placements (a shard of dim 0 even, so
+ * that each window splits its own rows): the windows cut [0, rows) in
+ * consecutive ranges (some empty), the last one sometimes reaching past
+ * the end (padding); sometimes a range is left out. */
+static int place_windows(gen *g, side *s) {
+  int cand[RL_MAX_T], nc = 0;
+  for (int i = 0; i < g->nt; i++)
+    if (g->t[i].ndim > 0 && g->t[i].shape[0] > 0) cand[nc++] = i;
+  if (!nc) return 0;
+  const int t = cand[rnd(g, 0, nc - 1)];
+  const rl_tensor *T = &g->t[t];
+  const int k = rnd(g, 1, 3), m = rnd(g, 0, s->nmesh - 1);
+  int64_t rows[3], org[3][RL_MAX_TDIM], win[3][RL_MAX_TDIM];
+  random_sizes(g, T->shape[0], k, rows);
+  int64_t root[RL_MAX_TDIM];
+  for (int d = 0; d < T->ndim; d++) root[d] = T->shape[d];
+  root[0] = -1; /* windows differ in rows: no split sizes on dim 0 */
+  reshard_placement_t pl[RL_MAX_AXES];
+  int64_t sizes[RL_MAX_AXES][RL_MAX_W];
+  gen_placements(g, T->ndim, root, s->naxes[m], s->shape[m], pl, sizes, 0);
+  for (int a = 0; a < s->naxes[m]; a++)
+    if (pl[a].kind == RESHARD_PLACEMENT_SHARD && pl[a].dim == 0) pl[a].split_sizes = NULL;
+  reshard_part_t parts[3];
+  const int64_t *origins[3];
+  int np = 0;
+  int64_t at = 0;
+  const int skip = k > 1 && chance(g, 30) ? rnd(g, 0, k - 1) : -1;
+  for (int j = 0; j < k; j++) {
+    if (j != skip) {
+      for (int d = 0; d < T->ndim; d++) {
+        org[np][d] = 0;
+        win[np][d] = T->shape[d];
+      }
+      org[np][0] = at;
+      win[np][0] = rows[j] + (j == k - 1 && chance(g, 30) ? rnd(g, 1, 3) : 0);
+      if (win[np][0] > rows[j]) g->p->features |= RL_F_PADDED;
+      parts[np] = (reshard_part_t){g->tid[t], s->mesh_id[m], pl, win[np]};
+      origins[np] = org[np];
+      np++;
+    }
+    at += rows[j];
+  }
+  int b = g->nbuf++;
+  char name[48], buf[400] = "", o[64], w[64];
+  snprintf(name, sizeof name, "%s.windows%d", s->tag, b);
+  fmt_placements(buf, sizeof buf, pl, s->naxes[m], s->shape[m]);
+  logf_(g->p, "%s: buffer %d windows(concat_dim 0) of tensor %d mesh %d %s:", s->tag, b, t, m, buf);
+  for (int j = 0; j < np; j++) {
+    o[0] = w[0] = 0;
+    fmt_i64s(o, sizeof o, org[j], T->ndim);
+    fmt_i64s(w, sizeof w, win[j], T->ndim);
+    logf_(g->p, "    window %d origin %s shape %s", j, o, w);
+  }
+  RL_TRY(g->p, reshard_layout_add_windows(s->L, name, 0, np, parts, origins, NULL), "add_windows");
+  if (s->L == g->p->src && replicates(pl, s->naxes[m], s->shape[m])) g->p->features |= RL_F_SRC_REPLICAS;
+  g->p->features |= RL_F_WINDOWS;
+  return 0;
+}
+
 /* A raw buffer on one rank of the side with 1..2 explicit fragments:
  * random boxes, dims in a random memory order, padded rows, sometimes a
  * reversed dim (negative stride), gaps (some of them not element-aligned). */
@@ -534,6 +594,7 @@ static int build_side(gen *g, side *s, int is_src, int full_replicas) {
     if (place_one(g, s, t, 0)) return -1;
     if (is_src) g->p->features |= RL_F_SRC_REPLICAS;
   }
+  if (chance(g, 15) && place_windows(g, s)) return -1;
   if (chance(g, 20) && add_raw(g, s)) return -1;
   return 0;
 }
@@ -621,6 +682,7 @@ void rl_pair_print(const rl_pair *p, FILE *out) {
 const char *rl_feature_name(int i) {
   static const char *names[RL_F_NUM] = {"colocated", "disjoint",   "fused",         "grouped",
                                         "padded",    "split_sizes", "same_dim",     "raw",
-                                        "src_replicas", "strided_mesh", "empty_tensor", "scalar"};
+                                        "src_replicas", "strided_mesh", "empty_tensor", "scalar",
+                                        "windows"};
   return i >= 0 && i < RL_F_NUM ? names[i] : "?";
 }

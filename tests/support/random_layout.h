@@ -11,7 +11,8 @@
  *     several axes often sharding the same dim;
  *   - sometimes a fused buffer (tensors 0 and 1 concatenated, or grouped
  *     Megatron-style), padded shapes, a tensor placed twice, raw buffers
- *     with explicit strided fragments;
+ *     with explicit strided fragments, a buffer of windows of one tensor
+ *     (consecutive row ranges, one part each);
  *   - the source side always places every tensor at least once through a
  *     placement (which covers the whole tensor), so every destination
  *     element is held by some source rank and plan creation must succeed.
@@ -52,7 +53,8 @@ enum {
   RL_F_STRIDED_MESH = 1u << 9,
   RL_F_EMPTY_TENSOR = 1u << 10, /* a tensor with zero elements */
   RL_F_SCALAR = 1u << 11,       /* a 0-dim tensor */
-  RL_F_NUM = 12
+  RL_F_WINDOWS = 1u << 12,      /* a buffer of windows of one tensor */
+  RL_F_NUM = 13
 };
 
 typedef struct rl_pair {
