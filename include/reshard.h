@@ -292,10 +292,11 @@ reshard_result_t reshard_layout_buffer_name(const reshard_layout_t *layout,
 
 /* The buffer named `name` that `rank` holds. Names need not be unique in a
  * layout (the model front-end names buffers as the framework names its
- * parameters, and Megatron numbers layers from 0 on every pipeline stage),
- * but a rank holds at most one buffer of a name. rank < 0: the only buffer
- * of that name (RESHARD_ERROR_INVALID_ARGUMENT when there are several).
- * RESHARD_ERROR_INVALID_ARGUMENT naming the buffer and rank when none. */
+ * parameters, and Megatron numbers layers from 0 on every pipeline stage);
+ * rank < 0: the only buffer of that name. RESHARD_ERROR_INVALID_ARGUMENT
+ * naming the buffer and rank when there is none, or several (two that the
+ * rank holds, or several names with rank < 0: give names a rank can tell
+ * apart). */
 reshard_result_t reshard_layout_find_buffer(const reshard_layout_t *layout,
                                             const char *name, int rank,
                                             int *buffer_id);

@@ -108,7 +108,8 @@
  * (num_nextn_predict_layers) are not part of the main model and are not
  * listed. Every other tensor has the model's dtype.
  *
- * NOT MODELLED: vLLM's EPLB redundant experts, round_robin expert
+ * NOT MODELLED: Megatron with tp not dividing the KV heads (linear_qkv
+ * then split evenly across groups), vLLM's EPLB redundant experts, round_robin expert
  * placement, VLLM_PP_LAYER_PARTITION, added (LoRA) vocabulary, prefill
  * context parallelism; Megatron's virtual pipeline stages,
  * pipeline_model_parallel_layout, context parallelism,
@@ -257,8 +258,8 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
 
 /* The framework's name of buffer_id on `rank`: the buffer's name when the
  * rank holds any part of it (see BUFFERS ARE PARAMETERS), else
- * RESHARD_ERROR_INVALID_ARGUMENT naming the buffer and the rank, and *name
- * NULL. Works on any layout. */
+ * RESHARD_ERROR_INVALID_ARGUMENT naming the buffer and the rank (*name is
+ * NULL on every failure). Works on any layout. */
 reshard_result_t rm_parameter_name(const reshard_layout_t *layout,
                                    int buffer_id, int rank,
                                    const char **name);

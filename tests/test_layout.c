@@ -815,6 +815,25 @@ static void windows_grouped_experts(void **state) {
     assert_int_equal(b, -7);
     assert_int_equal(reshard_layout_num_buffers(L), 0);
   }
+  /* an empty window beside others: refused at once (its extents off the
+   * concat dim could not match theirs), not at lowering time */
+  {
+    reshard_part_t two[2] = {{0, m, s0, SHAPE(1, I, H)}, {0, m, s0, NULL}};
+    const int64_t *o2[2] = {SHAPE(0, 0, 0), SHAPE(E, I, H)};
+    assert_int_equal(reshard_layout_add_windows(L, "empty", 0, 2, two, o2, NULL), RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(reshard_last_error(), "the window is empty on dim 1"));
+    /* empty along the concat dim only: no element, no overlap */
+    reshard_part_t rows[2] = {{0, m, s0, SHAPE(1, I, H)}, {0, m, s0, SHAPE(0, I, H)}};
+    const int64_t *o3[2] = {SHAPE(2, 0, 0), SHAPE(2, 0, 0)};
+    int b = -1;
+    assert_int_equal(reshard_layout_add_windows(L, "zero-rows", 0, 2, rows, o3, &b), RESHARD_SUCCESS);
+    xf z[] = {{0, b, 3, {2, 0, 0}, {1, I, H}, {I * H, H, 1}, 0}};
+    EXPECT_FRAGS(L, 0, z, 1);
+    reshard_layout_destroy(L);
+    L = new_layout();
+    add_tensors(L, ts, 3);
+    m = mesh_strided(L, 1, RANKS(2), 0, 1);
+  }
   /* disjoint windows of one tensor on one rank are fine */
   reshard_part_t two[2] = {{0, m, s0, SHAPE(1, I, H)}, {0, m, s0, SHAPE(1, I, H)}};
   const int64_t *o2[2] = {SHAPE(3, 0, 0), SHAPE(0, 0, 0)};
@@ -823,6 +842,48 @@ static void windows_grouped_experts(void **state) {
   xf w0[] = {{0, 0, 3, {3, 0, 0}, {1, I, H}, {I * H, H, 1}, 0}, {0, 0, 3, {0, 0, 0}, {1, I, H}, {I * H, H, 1}, I * H * 2}};
   EXPECT_FRAGS(L, 0, w0, 2);
   EXPECT_NO_FRAGS(L, 1);
+  reshard_layout_destroy(L);
+}
+
+/* One tensor in more windows of one buffer than its holder list had room
+ * for (it grows by doubling from 16): every window recorded (ASan found the
+ * list written past its end once, with ep >= 32 experts' windows). 40 rows,
+ * one window each, alternating between two ranks, plus earlier buffers of
+ * the tensor; every row round-trips. */
+static void windows_many_of_one_tensor(void **state) {
+  (void)state;
+  enum { R = 40, C = 3 };
+  tspec ts[] = {{"stack", RESHARD_INT32, 2, {R, C}}};
+  reshard_layout_t *L = new_layout();
+  add_tensors(L, ts, 1);
+  int mr[2] = {mesh_ranks(L, 1, RANKS(1), RANKS(0)), mesh_ranks(L, 1, RANKS(1), RANKS(1))};
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  for (int k = 0; k < 14; k++) place(L, 0, mr[k % 2], rep);
+  reshard_part_t parts[R];
+  int64_t org[R][2];
+  const int64_t *origins[R];
+  const int64_t win[2] = {1, C};
+  for (int r = 0; r < R; r++) {
+    org[r][0] = r;
+    org[r][1] = 0;
+    origins[r] = org[r];
+    parts[r] = (reshard_part_t){0, mr[r % 2], rep, win};
+  }
+  int b = -1;
+  assert_int_equal(reshard_layout_add_windows(L, "rows", 0, R, parts, origins, &b), RESHARD_SUCCESS);
+  for (int rank = 0; rank < 2; rank++) { /* after the 14 whole copies, rows rank, rank + 2, ... */
+    reshard_fragment_info_t f[14 + R];
+    size_t n = 0;
+    assert_int_equal(reshard_layout_fragments(L, rank, f, 14 + R, &n), RESHARD_SUCCESS);
+    assert_int_equal(n, 7 + R / 2);
+    for (int k = 0; k < R / 2; k++) {
+      assert_int_equal(f[7 + k].buffer_id, b);
+      assert_int_equal(f[7 + k].start[0], 2 * k + rank);
+      assert_int_equal(f[7 + k].byte_offset, (size_t)k * C * 4);
+    }
+  }
+  EXPECT_BYTES(L, b, 0, (R / 2) * C * 4);
+  roundtrip(ts, 1, L, 2, "many windows");
   reshard_layout_destroy(L);
 }
 
@@ -1026,6 +1087,7 @@ int main(void) {
       cmocka_unit_test(padded_vocab),
       cmocka_unit_test(moe_experts),
       cmocka_unit_test(windows_grouped_experts),
+      cmocka_unit_test(windows_many_of_one_tensor),
       cmocka_unit_test(norms_biases_scalars),
       cmocka_unit_test(zero_size),
       cmocka_unit_test(mesh_rank_lists),

@@ -622,7 +622,7 @@ static void expect_layout_error(const rm_model *m, int vllm_side, const char *sp
 static void invalid_parallel_combinations(void **state) {
   (void)state;
   rm_model *m = load(write_config("llama.json", LLAMA), 0); /* 8 heads, 2 KV heads, 4 layers */
-  expect_layout_error(m, 0, "tp=4", 0, "query groups");  /* Megatron shards whole KV groups */
+  expect_layout_error(m, 0, "tp=4", 0, "query groups");  /* not modelled: groups split across ranks */
   expect_layout_error(m, 1, "tp=3", 0, "tp 3");          /* neither divides the other */
   expect_layout_error(m, 0, "tp=16", 0, "attention heads");
   expect_layout_error(m, 1, "tp=16", 0, "attention heads");
@@ -680,6 +680,21 @@ static void invalid_parallel_combinations(void **state) {
   assert_int_equal(reshard_layout_buffer_bytes(L, b, 2, &bytes), RESHARD_SUCCESS);
   assert_int_equal(bytes, 384LL * 48 * 2);
   reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* vLLM replicates the shared experts under sequence-parallel MoE
+   * (DeepseekV2MLP disable_tp): tp need not divide their intermediate size
+   * (16 here) then, and must otherwise. */
+  m = load(write_config("deepseek6.json",
+                        "{'architectures': ['DeepseekV3ForCausalLM'], 'vocab_size': 960, 'hidden_size': 48,"
+                        " 'moe_intermediate_size': 16, 'num_hidden_layers': 1, 'num_attention_heads': 6,"
+                        " 'q_lora_rank': 24, 'kv_lora_rank': 16, 'qk_nope_head_dim': 8, 'qk_rope_head_dim': 4,"
+                        " 'v_head_dim': 8, 'n_routed_experts': 6, 'n_shared_experts': 1,"
+                        " 'first_k_dense_replace': 0, 'topk_method': 'noaux_tc'}"),
+           0);
+  L = vllm(m, "tp=3,dp=2,ep=6", 0);
+  reshard_layout_destroy(L);
+  expect_layout_error(m, 1, "tp=3,dp=2,ep=6,sp_moe=0", 0, "shared experts' intermediate size 16");
   rm_model_free(m);
 
   m = load(write_config("deepseek.json", DEEPSEEK), 0); /* shared intermediate 32, dense I 96 */

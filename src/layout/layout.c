@@ -309,11 +309,12 @@ static reshard_result_t new_buffer(reshard_layout_t *L, const char *name,
   b->name = copy;
   b->name_hash = h;
   b->next_same_name = -1;
+  b->last_same_name = L->nbuffers;
   if (same < 0) {
     rs_name_map_put(&L->bnames, L->nbuffers, h);
-  } else {
-    while (L->buffers[same].next_same_name >= 0) same = L->buffers[same].next_same_name;
-    L->buffers[same].next_same_name = L->nbuffers;
+  } else { /* append to the chain in O(1): its head knows its tail */
+    L->buffers[L->buffers[same].last_same_name].next_same_name = L->nbuffers;
+    L->buffers[same].last_same_name = L->nbuffers;
   }
   *out = b;
   return RESHARD_SUCCESS;
@@ -337,8 +338,8 @@ static int parts_collide(const reshard_layout_t *L, const reshard_part_t *pj, co
   int64_t jl[RESHARD_MAX_DIMS], jh[RESHARD_MAX_DIMS], kl[RESHARD_MAX_DIMS], kh[RESHARD_MAX_DIMS];
   window_box(t, pj, oj, jl, jh);
   window_box(t, pk, ok, kl, kh);
-  for (int d = 0; d < t->ndim; d++)
-    if (jh[d] <= kl[d] || kh[d] <= jl[d]) return 0;
+  for (int d = 0; d < t->ndim; d++) /* disjoint, or either one empty */
+    if (jh[d] <= kl[d] || kh[d] <= jl[d] || jh[d] <= jl[d] || kh[d] <= kl[d]) return 0;
   const rs_mesh *a = &L->meshes[pj->mesh_id], *b = &L->meshes[pk->mesh_id];
   for (int i = 0; i < a->size; i++)
     if (rs_mesh_position(b, a->ranks[i]) >= 0) return 1;
@@ -379,6 +380,14 @@ static reshard_result_t add_fused(reshard_layout_t *L, const char *name, int con
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "buffer '%s': scalar tensor '%s' cannot be fused", name, t->name);
     const int64_t *ok = origins ? origins[k] : NULL;
     RS_CHECK(check_part(L, name, k, &parts[k], ok, concat_dim, num_groups));
+    for (int d = 0; ok && num_parts > 1 && d < t->ndim; d++) {
+      int64_t w = parts[k].padded_shape ? parts[k].padded_shape[d] : t->shape[d] - ok[d];
+      if (d != concat_dim && w == 0 && t->shape[d] > 0)
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                        "buffer '%s' part %d (tensor '%s'): the window is empty on dim %d beside other parts, whose "
+                        "extents off the concat dim %d it would have to match",
+                        name, k, t->name, d, concat_dim);
+    }
     for (int j = 0; j < k; j++) {
       if (parts[j].tensor_id != parts[k].tensor_id) continue;
       const int64_t *oj = origins ? origins[j] : NULL;
@@ -415,7 +424,9 @@ static reshard_result_t add_fused(reshard_layout_t *L, const char *name, int con
   RS_CHECK_GOTO(RS_GROW(L->parts, L->nparts + num_parts - 1, L->cap_parts), r, fail);
   for (int k = 0; k < num_parts; k++) {
     rs_tensor *t = &L->tensors[parts[k].tensor_id];
-    RS_CHECK_GOTO(rs_grow_i32(&t->parts, t->nparts, &t->cap_parts), r, fail);
+    int32_t more = 0; /* a tensor may appear in several windows */
+    for (int j = 0; j < k; j++) more += parts[j].tensor_id == parts[k].tensor_id;
+    RS_CHECK_GOTO(rs_grow_i32(&t->parts, t->nparts + more, &t->cap_parts), r, fail);
   }
   rs_buffer *b;
   RS_CHECK_GOTO(new_buffer(L, name, &b), r, fail);

@@ -57,6 +57,7 @@ typedef struct rs_buffer {
   char *name;
   uint64_t name_hash;
   int32_t next_same_name; /* the next buffer of this name, or -1 */
+  int32_t last_same_name; /* on the first of a name: the last one */
   int kind;
   /* fused */
   int concat_dim;

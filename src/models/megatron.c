@@ -73,8 +73,8 @@ static reshard_result_t check_megatron(const rm_model *m, const rm_parallel *p, 
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key 'sp_moe' is vLLM's, not Megatron's");
   if (!c->mla && c->kv_heads % p->tp)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "megatron layout: tp %d does not divide the %lld query groups (num_key_value_heads); Megatron-core "
-                    "shards whole KV groups",
+                    "megatron layout: tp %d does not divide the %lld query groups (num_key_value_heads): not modelled "
+                    "(Megatron-core then splits linear_qkv evenly across groups and gathers them back)",
                     p->tp, (long long)c->kv_heads);
   if (vocab < c->vocab || vocab % p->tp)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,

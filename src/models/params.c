@@ -9,7 +9,9 @@
 reshard_result_t rm_parameter_name(const reshard_layout_t *L, int buffer_id, int rank, const char **name) {
   rs_error_clear();
   if (!L || !name) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "rm_parameter_name: NULL argument");
-  RS_CHECK(reshard_layout_buffer_name(L, buffer_id, name));
+  *name = NULL;
+  const char *n = NULL;
+  RS_CHECK(reshard_layout_buffer_name(L, buffer_id, &n));
   size_t bytes = 0;
   RS_CHECK(reshard_layout_buffer_bytes(L, buffer_id, rank, &bytes));
   int held = bytes > 0;
@@ -19,12 +21,10 @@ reshard_result_t rm_parameter_name(const reshard_layout_t *L, int buffer_id, int
     held = rs_layout_buffer_on_rank(L, buffer_id, rank, in);
     free(in);
   }
-  if (!held) {
-    const char *n = *name;
-    *name = NULL;
+  if (!held)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "rm_parameter_name: rank %d holds no part of buffer %d ('%s')",
                     rank, buffer_id, n);
-  }
+  *name = n;
   return RESHARD_SUCCESS;
 }
 

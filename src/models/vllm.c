@@ -75,7 +75,11 @@
     if (r != RESHARD_SUCCESS) goto fail; \
   } while (0)
 
-static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p) {
+/* use_sequence_parallel_moe (vllm/config/parallel.py) with the default
+ * all2all backend, unless the spec says otherwise */
+static int sp_moe_of(const rm_parallel *p) { return p->sp_moe >= 0 ? p->sp_moe : p->ep > 1 && p->tp > 1 && p->dp > 1; }
+
+static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int sp_moe) {
   const rm_config *c = &m->c;
   const int tp = p->tp;
   if (p->vocab || p->first || p->last || !p->grouped_gemm)
@@ -96,7 +100,7 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p) {
   if (dense && c->intermediate % tp)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: tp %d does not divide intermediate_size %lld", tp,
                     (long long)c->intermediate);
-  if (c->shared_intermediate % tp)
+  if (c->shared_intermediate % tp && !sp_moe) /* replicated under sequence-parallel MoE */
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: tp %d does not divide the shared experts' intermediate size %lld",
                     tp, (long long)c->shared_intermediate);
   if (c->experts > 0) {
@@ -137,11 +141,10 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
   /* etp is implied (ep x etp = tp x dp): nothing to check against it */
   RS_CHECK(rm_check_common(m, p, 1, first_rank, "vllm"));
   const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, kv = (int)c->kv_heads, flat = tp * dp;
-  RS_CHECK(check_vllm(m, p));
+  const int sp_moe = sp_moe_of(p);
+  RS_CHECK(check_vllm(m, p, sp_moe));
   const int64_t H = c->hidden, vpad = rm_round_up(c->vocab, 64);
   const int E = (int)c->experts;
-  /* use_sequence_parallel_moe with the default all2all backend */
-  const int sp_moe = p->sp_moe >= 0 ? p->sp_moe : ep > 1 && tp > 1 && dp > 1;
   reshard_layout_t *L = NULL;
   rm_builder B = {NULL, m, NULL, 0, 0};
   int *ranks = malloc((size_t)flat * sizeof *ranks), *emeshes = NULL;

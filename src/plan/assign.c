@@ -25,10 +25,59 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx) {
   free(ctx->cands);
   free(ctx->bucket_at);
   free(ctx->bucket);
+  free(ctx->marks);
   ctx->bounds = NULL;
   ctx->cands = NULL;
   ctx->bucket_at = ctx->bucket = NULL;
-  ctx->bounds_cap = ctx->cands_cap = ctx->bucket_at_cap = ctx->bucket_cap = 0;
+  ctx->marks = NULL;
+  ctx->bounds_cap = ctx->cands_cap = ctx->bucket_at_cap = ctx->bucket_cap = ctx->marks_cap = 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Sorts and dedups the n boundaries b[0..n) of [lo, hi] (all inside it):
+ * by marking them when the range is small against n (a stacked tensor's
+ * windows give one boundary per expert), by qsort otherwise. Returns the
+ * count left. */
+static size_t sort_bounds(rs_assign_ctx *ctx, int64_t *b, size_t n, int64_t lo, int64_t hi) {
+  uint64_t range = (uint64_t)(hi - lo) + 1;
+  if (n > 16 && range <= 8 * (uint64_t)n) {
+    if (range > ctx->marks_cap) {
+      unsigned char *m = rs_malloc(range);
+      if (m) {
+        free(ctx->marks);
+        ctx->marks = m;
+        ctx->marks_cap = range;
+      }
+    }
+    if (range <= ctx->marks_cap) {
+      memset(ctx->marks, 0, range);
+      for (size_t i = 0; i < n; i++) ctx->marks[b[i] - lo] = 1;
+      size_t u = 0;
+      for (uint64_t x = 0; x < range; x++)
+        if (ctx->marks[x]) b[u++] = lo + (int64_t)x;
+      return u;
+    }
+  }
+  if (n > 2) qsort(b, n, sizeof *b, cmp_i64);
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++)
+    if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
+  return u;
+}
+
+/* The first of the n sorted bounds b that is >= x. */
+static size_t bound_index(const int64_t *b, size_t n, int64_t x) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (b[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 static int grow_ints(int **v, size_t *cap, size_t need) {
@@ -131,11 +180,6 @@ uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
   for (int d = 0; d < f->ndim; d++)
     off += (start[d] - f->start[d]) * f->strides[d] * (int64_t)esize;
   return (uint64_t)off;
-}
-
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
 }
 
 /* Canonical order of holders: rank, then buffer, then position. */
@@ -250,11 +294,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       if (s != lo && s != hi) b[n++] = s;
       if (e != lo && e != hi) b[n++] = e;
     }
-    if (n > 2) qsort(b, n, sizeof *b, cmp_i64);
-    size_t u = 0;
-    for (size_t i = 0; i < n; i++)
-      if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
-    nb[d] = u;
+    nb[d] = sort_bounds(ctx, b, n, lo, hi);
   }
 
   int *order = ctx->cands + nh + 1;
@@ -262,9 +302,42 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   sort_canonical(H, order, order + nh + 1, nh);
   if (nd) RS_CHECK(bucket_holders(ctx, H, order, nh, ctx->bounds, nb[0], name));
 
-  /* Odometer over cells, outermost dim slowest. */
-  size_t idx[RESHARD_MAX_DIMS] = {0};
+  /* Odometer over cells, outermost dim slowest; cell_no is the cell's
+   * row-major index in the whole grid (a key of the split, so a sender that
+   * walks only its own cells numbers them like the receiver). */
+  size_t idx[RESHARD_MAX_DIMS] = {0}, ilo[RESHARD_MAX_DIMS] = {0}, ihi[RESHARD_MAX_DIMS];
+  uint64_t stride[RESHARD_MAX_DIMS];
+  for (int d = nd - 1; d >= 0; d--) {
+    ihi[d] = nb[d] - 1;
+    stride[d] = d == nd - 1 ? 1 : stride[d + 1] * (uint64_t)(nb[d + 1] - 1);
+  }
+  if (ctx->sender && nd) {
+    /* the cells inside the hull of the sender's holders */
+    int any = 0;
+    int64_t hlo[RESHARD_MAX_DIMS], hhi[RESHARD_MAX_DIMS];
+    for (size_t i = 0; i < nh; i++) {
+      if (H[i].rank != ctx->sender - 1) continue;
+      for (int d = 0; d < nd; d++) {
+        int64_t s0 = rs_max_i64(H[i].start[d], D->start[d]);
+        int64_t e0 = rs_min_i64(H[i].start[d] + H[i].extent[d], D->start[d] + D->extent[d]);
+        hlo[d] = any ? rs_min_i64(hlo[d], s0) : s0;
+        hhi[d] = any ? rs_max_i64(hhi[d], e0) : e0;
+      }
+      any = 1;
+    }
+    if (!any) return RESHARD_SUCCESS;
+    for (int d = 0; d < nd; d++) {
+      const int64_t *b = ctx->bounds + (size_t)d * per_dim;
+      ilo[d] = bound_index(b, nb[d], hlo[d]);
+      ihi[d] = bound_index(b, nb[d], hhi[d]);
+      if (ilo[d] >= ihi[d]) return RESHARD_SUCCESS;
+    }
+  }
   uint64_t cell_no = 0;
+  for (int d = 0; d < nd; d++) {
+    idx[d] = ilo[d];
+    cell_no += idx[d] * stride[d];
+  }
   for (;;) {
     for (int d = 0; d < nd; d++) {
       const int64_t *b = ctx->bounds + (size_t)d * per_dim;
@@ -340,10 +413,14 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
         }
       }
     }
-    cell_no++;
     int d = nd - 1;
-    while (d >= 0 && ++idx[d] + 1 >= nb[d]) idx[d--] = 0;
+    for (; d >= 0; d--) {
+      if (++idx[d] < ihi[d]) break;
+      idx[d] = ilo[d];
+    }
     if (d < 0) break;
+    cell_no = 0;
+    for (int k = 0; k < nd; k++) cell_no += idx[k] * stride[k];
   }
   return RESHARD_SUCCESS;
 }

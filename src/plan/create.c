@@ -257,7 +257,10 @@ static reshard_result_t plan_sends(build_ctx *c) {
                       r, done);
       continue;
     }
-    RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
+    c->actx.sender = me + 1; /* only the cells this rank may provide */
+    r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
+    c->actx.sender = 0;
+    RS_CHECK_GOTO(r, r, done);
     for (size_t k = 0; k < c->pieces.n; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;

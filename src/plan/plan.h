@@ -283,6 +283,12 @@ typedef struct rs_assign_ctx {
    * relay forwards move a range whole, whichever holders provided it. */
   struct rs_piece_vec *parts;
   int first_only; /* RESHARD_FLAG_FIRST_REPLICA: the lowest holder only */
+  /* 0: every cell; r + 1: only the cells inside the hull of rank r's
+   * holders (a sender's own pieces; the other cells are skipped, the
+   * pieces of the cells computed are the same). Not with parts. */
+  int32_t sender;
+  unsigned char *marks; /* scratch of the boundary sort */
+  size_t marks_cap;
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
