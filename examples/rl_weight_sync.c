@@ -1,7 +1,8 @@
 /* rl_weight_sync: the weight sync of an RL post-training loop, on MPI ranks.
  *
  * Trainer ranks hold a model in Megatron layout (fused QKV interleaved per
- * KV group, fused gate_up, vocabulary padded to 128 x TP, pipeline stages);
+ * KV group, fused gate_up, the vocabulary as the trainer built it (spec key
+ * vocab=, default unpadded), pipeline stages, Megatron-core parameter names);
  * inference ranks want it in vLLM layout (qkv_proj with KV-head
  * replication, gate_up_proj, vocabulary padded to 64, DP replicas). The
  * geometry comes from a HuggingFace config.json (real shapes, fewer layers
