@@ -206,6 +206,13 @@ plan_detects_errors)
   ;;
 plan_bad_options)
   S="--shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2,2"
+  # an unusable RESHARD_* value is said on stderr without RESHARD_DEBUG, and
+  # the default stays in force (the run succeeds)
+  echo "== RESHARD_TIMEOUT_MS=abc RESHARD_DEBUG=LOUD reshard_plan ..."
+  RESHARD_TIMEOUT_MS=abc RESHARD_DEBUG=LOUD "$plan" $S --dst-placements R,S1 >"$out" 2>"$err" ||
+    fail "a malformed RESHARD_TIMEOUT_MS failed the run"
+  grep -q "ignoring RESHARD_TIMEOUT_MS=abc: not an integer" "$err" || fail "no warning for RESHARD_TIMEOUT_MS=abc"
+  grep -q "ignoring RESHARD_DEBUG=LOUD" "$err" || fail "no warning for RESHARD_DEBUG=LOUD"
   bad plan 2 "S5 shards dim 5 but --shape has 2 dims" $S --dst-placements R,S5
   bad plan 2 "expected R or S<dim>" $S --dst-placements R,X1
   bad plan 2 "has 1 placement but --dst-mesh has 2 axes" $S --dst-placements S1

@@ -15,10 +15,12 @@ static pthread_once_t rs_log_once = PTHREAD_ONCE_INIT;
 static void rs_log_read_env(void) {
   const char *lvl = getenv("RESHARD_DEBUG");
   int level = RS_LOG_NONE;
-  if (lvl) {
+  int bad_level = 0;
+  if (lvl && *lvl) {
     if (!strcasecmp(lvl, "WARN")) level = RS_LOG_WARN;
     else if (!strcasecmp(lvl, "INFO")) level = RS_LOG_INFO;
     else if (!strcasecmp(lvl, "TRACE")) level = RS_LOG_TRACE;
+    else if (strcasecmp(lvl, "NONE") && strcasecmp(lvl, "OFF")) bad_level = 1;
   }
   const char *sub = getenv("RESHARD_DEBUG_SUBSYS");
   if (sub && *sub) {
@@ -31,11 +33,21 @@ static void rs_log_read_env(void) {
     snprintf(buf, sizeof buf, "%s", sub);
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save))
+         tok = strtok_r(NULL, ",", &save)) {
+      unsigned bit = 0;
       for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcasecmp(tok, names[i].name)) mask |= names[i].bit;
+        if (!strcasecmp(tok, names[i].name)) bit = names[i].bit;
+      if (!bit)
+        fprintf(stderr, "[%d] reshard WARN ignoring '%s' in RESHARD_DEBUG_SUBSYS (known: LAYOUT, PLAN, EXEC, TRANSPORT, ALL)\n",
+                (int)getpid(), tok);
+      mask |= bit;
+    }
     rs_log_subsys = mask;
   }
+  /* said whatever the level, like the other unusable RESHARD_* values */
+  if (bad_level)
+    fprintf(stderr, "[%d] reshard WARN ignoring RESHARD_DEBUG=%s (known: NONE, WARN, INFO, TRACE)\n", (int)getpid(),
+            lvl);
   __atomic_store_n(&rs_log_level, level, __ATOMIC_RELEASE);
 }
 

@@ -29,7 +29,7 @@ const char *reshard_result_string(reshard_result_t r) {
     case RESHARD_ERROR_REMOTE:
       return "remote failure: another rank failed; see its error";
     case RESHARD_ERROR_TIMEOUT:
-      return "timeout: a peer did not answer before options.timeout_ms";
+      return "timeout: a peer did not answer before the deadline (options.timeout_ms, or RESHARD_TIMEOUT_MS when set)";
     case RESHARD_ERROR_UNSUPPORTED:
       return "unsupported: this build or version cannot serve the request";
     case RESHARD_ERROR_INTERNAL:

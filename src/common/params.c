@@ -39,6 +39,11 @@ static struct {
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;
 
+/* A value that cannot be used is said on stderr whatever RESHARD_DEBUG
+ * says (as NCCL does): a typo must not silently leave the default in
+ * force. */
+#define RS_PARAM_WARN(...) rs_log(RS_LOG_WARN, RS_SUBSYS_ALL, __VA_ARGS__)
+
 static void rs_params_read(void) {
   for (int i = 0; i < RS_NUM_PARAMS; i++) {
     const char *s = getenv(rs_params[i].name);
@@ -46,8 +51,7 @@ static void rs_params_read(void) {
     if (rs_params[i].is_string) {
       size_t n = strlen(s);
       if (n >= sizeof rs_params[i].string) {
-        RS_LOG(RS_LOG_WARN, RS_SUBSYS_ALL, "ignoring %s: longer than %zu characters", rs_params[i].name,
-               sizeof rs_params[i].string - 1);
+        RS_PARAM_WARN("ignoring %s: longer than %zu characters", rs_params[i].name, sizeof rs_params[i].string - 1);
         continue;
       }
       memcpy(rs_params[i].string, s, n + 1);
@@ -59,7 +63,7 @@ static void rs_params_read(void) {
     errno = 0;
     long long v = strtoll(s, &end, 0);
     if (errno || !end || *end) {
-      RS_LOG(RS_LOG_WARN, RS_SUBSYS_ALL, "ignoring %s=%s: not an integer", rs_params[i].name, s);
+      RS_PARAM_WARN("ignoring %s=%s: not an integer (the default stays in force)", rs_params[i].name, s);
       continue;
     }
     rs_params[i].set = 1;
