@@ -138,6 +138,15 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
                                            const int64_t *shape,
                                            int *tensor_id);
 
+/* By default every tensor declared on a side must be held whole by that
+ * side's buffers, so that a destination tensor declared but placed nowhere
+ * (or only in part) fails plan creation with RESHARD_ERROR_INVALID_ARGUMENT
+ * naming it and a box no rank holds, instead of going silently undelivered.
+ * This marks tensor_id as one the side may hold only part of, or none of
+ * (a tensor the inference engine does not load, a slice a rank needs). */
+reshard_result_t reshard_layout_allow_partial(reshard_layout_t *layout,
+                                              int tensor_id);
+
 /* Looks a tensor up by name; RESHARD_ERROR_INVALID_ARGUMENT if absent. */
 reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *layout,
                                             const char *name, int *tensor_id);

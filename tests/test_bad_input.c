@@ -592,13 +592,60 @@ static void expect_remote(const char *file, int line, const pcase *c,
 }
 #define EXPECT_REMOTE(c, except, except2) expect_remote(__FILE__, __LINE__, (c), (except), (except2))
 
-/* w[8] f32 held only as [0, 4) by rank 0; the destination splits it over
- * ranks 1 and 2, so rank 2's whole fragment [4, 8) has no source. Rank 3
- * takes part in nothing. */
+/* Every tensor a side declares must be held whole by that side, unless
+ * reshard_layout_allow_partial says otherwise: w[8] f32 held only as
+ * [0, 4) by rank 0 fails on every rank naming the box no source holds; a
+ * destination tensor declared and placed nowhere (the silently undelivered
+ * tensor a user meets as NaNs later) fails naming it. */
+static void plan_tensor_not_covered(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int ws = add_t1(src, "w", RESHARD_FP32, 8);
+  int b0 = -1;
+  EXPECT_OK(reshard_layout_add_buffer(src, "s0", 0, 16, &b0));
+  int64_t st[1] = {0}, ex[1] = {4};
+  reshard_fragment_t f = {ws, b0, st, ex, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(src, &f));
+  int wd = add_t1(dst, "w", RESHARD_FP32, 8);
+  place1(dst, wd, add_mesh1(dst, 2, 1), reshard_shard(0));
+  pcase c;
+  pcase_init(&c, 4, src, dst);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'w'", "source side holds none of box [4:8]", "reshard_layout_allow_partial");
+
+  /* v declared on both sides, placed by the source only */
+  reshard_layout_t *src2 = new_layout(), *dst2 = new_layout();
+  int v = add_t1(src2, "v", RESHARD_FP32, 8);
+  place1(src2, v, add_mesh1(src2, 1, 0), reshard_replicate());
+  add_t1(dst2, "v", RESHARD_FP32, 8);
+  int w2 = add_t1(src2, "w", RESHARD_FP32, 4), wd2 = add_t1(dst2, "w", RESHARD_FP32, 4);
+  place1(src2, w2, add_mesh1(src2, 1, 0), reshard_replicate());
+  place1(dst2, wd2, add_mesh1(dst2, 1, 1), reshard_replicate());
+  pcase_init(&c, 2, src2, dst2);
+  pcase_run(&c);
+  EXPECT_ALL(&c, IA, "tensor 'v'", "destination side but placed nowhere", "reshard_layout_allow_partial");
+  /* the opt-out: v is not delivered, w is */
+  EXPECT_OK(reshard_layout_allow_partial(dst2, 0));
+  pcase_init(&c, 2, src2, dst2);
+  pcase_run(&c);
+  for (int r = 0; r < 2; r++) assert_int_equal(c.code[r], RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_allow_partial(dst2, 7), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(reshard_layout_allow_partial(NULL, 0), RESHARD_ERROR_INVALID_ARGUMENT);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_layout_destroy(src2);
+  reshard_layout_destroy(dst2);
+}
+
+/* Partial sources (allow_partial) whose holes a destination needs: w[8]
+ * f32 held only as [0, 4) by rank 0; the destination splits it over ranks
+ * 1 and 2, so rank 2's whole fragment [4, 8) has no source. Rank 3 takes
+ * part in nothing. */
 static void plan_coverage_hole(void **state) {
   (void)state;
   reshard_layout_t *src = new_layout(), *dst = new_layout();
   int ws = add_t1(src, "w", RESHARD_FP32, 8);
+  EXPECT_OK(reshard_layout_allow_partial(src, ws));
   int b0 = -1;
   EXPECT_OK(reshard_layout_add_buffer(src, "s0", 0, 16, &b0));
   int64_t st[1] = {0}, ex[1] = {4};
@@ -618,6 +665,7 @@ static void plan_coverage_hole(void **state) {
    * it learns of the hole through the agreement like the others. */
   reshard_layout_t *src2 = new_layout(), *dst2 = new_layout();
   int w2 = add_t2(src2, "w2", RESHARD_FP32, 4, 6);
+  EXPECT_OK(reshard_layout_allow_partial(src2, w2));
   EXPECT_OK(reshard_layout_add_buffer(src2, "s0", 0, 64, &b0));
   int64_t st2[2] = {0, 0}, ex2[2] = {4, 4};
   reshard_fragment_t f2 = {w2, b0, st2, ex2, 0, NULL};
@@ -1361,6 +1409,7 @@ int main(void) {
       cmocka_unit_test(layout_raw_errors),
       cmocka_unit_test(layout_query_errors),
       cmocka_unit_test(strings_and_versions),
+      cmocka_unit_test(plan_tensor_not_covered),
       cmocka_unit_test(plan_coverage_hole),
       cmocka_unit_test(plan_raw_overlap_and_outside),
       cmocka_unit_test(review_overlap_mixed_dtypes),

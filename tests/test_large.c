@@ -79,11 +79,12 @@ static void moves_past_2_32(void **state) {
   assert_int_equal(reshard_layout_create(&dst), 0);
   assert_int_equal(reshard_layout_add_tensor(src, "long", RESHARD_INT8, 1, &n, &t), 0);
   assert_int_equal(reshard_layout_add_tensor(dst, "long", RESHARD_INT8, 1, &n, &t), 0);
-  /* The source covers the whole tensor logically (the planner must find a
-   * holder for every wanted element) through two raw fragments: a tiny one
-   * at the start on rank 0 and the tail on rank 1; the middle is never
-   * requested. */
+  /* The source holds two raw fragments, a tiny one at the start on rank 0
+   * and the tail on rank 1 (the planner must find a holder for every
+   * wanted element); the middle is never requested. */
   int64_t s0 = 0, e0 = 16, s1 = n - 4096, e1 = 4096;
+  assert_int_equal(reshard_layout_allow_partial(src, t), 0); /* both sides hold slices only */
+  assert_int_equal(reshard_layout_allow_partial(dst, t), 0);
   assert_int_equal(reshard_layout_add_buffer(src, "head", 0, 16, &b), 0);
   reshard_fragment_t f0 = {t, b, &s0, &e0, 0, NULL};
   assert_int_equal(reshard_layout_add_fragment(src, &f0), 0);

@@ -401,6 +401,7 @@ static void shard_split_sizes_bad(void **state) {
   assert_int_equal(reshard_layout_add_buffer(half, "half", 4, 40, &hb), RESHARD_SUCCESS);
   reshard_fragment_t hf = {0, hb, SHAPE(5, 0), SHAPE(5, 2), 0, NULL};
   assert_int_equal(reshard_layout_add_fragment(half, &hf), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_allow_partial(half, 0), RESHARD_SUCCESS);
   bad_plan_arg a5 = {half, bad, 4, 0};
   assert_int_equal(th_run_ranks(5, bad_plan_rank, &a5), 0);
   reshard_layout_destroy(half);

@@ -556,6 +556,15 @@ reshard_result_t reshard_layout_add_fragment(reshard_layout_t *L,
   return RESHARD_SUCCESS;
 }
 
+reshard_result_t reshard_layout_allow_partial(reshard_layout_t *L, int tensor_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "allow_partial: layout is NULL");
+  if (tensor_id < 0 || tensor_id >= L->ntensors)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "allow_partial: tensor_id %d is not a tensor of this layout", tensor_id);
+  L->tensors[tensor_id].partial = 1;
+  return RESHARD_SUCCESS;
+}
+
 int reshard_layout_num_buffers(const reshard_layout_t *L) {
   return L ? L->nbuffers : 0;
 }
@@ -580,7 +589,7 @@ uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
     const rs_tensor *t = &L->tensors[i];
     /* the name through its hash, computed once when it was declared:
      * hashing 100k names byte by byte again costs every rank ~10 ms */
-    int64_t hdr[3] = {(int64_t)t->name_hash, t->dtype, t->ndim};
+    int64_t hdr[4] = {(int64_t)t->name_hash, t->dtype, t->ndim, t->partial};
     MIX(hdr, sizeof hdr);
     MIX(t->shape, (size_t)t->ndim * sizeof(int64_t));
   }

@@ -26,6 +26,7 @@ typedef struct rs_tensor {
   int32_t nparts, cap_parts;
   int32_t *raws;
   int32_t nraws, cap_raws;
+  int partial; /* reshard_layout_allow_partial: need not be held whole */
 } rs_tensor;
 
 typedef struct rs_mesh {
@@ -173,6 +174,12 @@ int rs_layout_max_rank(const reshard_layout_t *L);
  * given rank's buffers only (each rank checks its own). */
 reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
                                          const char *side, int rank);
+
+/* Every tensor of the side not allowed to be partial is held whole by the
+ * union of its parts (their windows) and raw fragments: otherwise
+ * RESHARD_ERROR_INVALID_ARGUMENT naming the tensor, the side and a box no
+ * rank holds. The same answer on every rank. */
+reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char *side);
 
 /* 64-bit digest of the whole description. */
 uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed);

@@ -185,3 +185,133 @@ reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
   free(in_mesh);
   return r;
 }
+
+/* The boxes that hold tensor t somewhere: its parts' windows (clipped to
+ * the shape) and its raw fragments. NULL-free: *n may be 0. */
+static reshard_result_t tensor_boxes(const reshard_layout_t *L, int t, int64_t **out, size_t *n, int *whole) {
+  const rs_tensor *T = &L->tensors[t];
+  const int nd = T->ndim;
+  size_t cap = (size_t)T->nparts + (size_t)T->nraws;
+  int64_t *b = rs_malloc((cap ? cap : 1) * 2 * (size_t)(nd ? nd : 1) * sizeof *b);
+  if (!b) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory checking tensor '%s'", T->name);
+  size_t k = 0;
+  *whole = 0;
+  for (int i = 0; i < T->nparts && !*whole; i++) {
+    const rs_part *p = &L->parts[T->parts[i]];
+    int64_t *lo = b + k * 2 * (size_t)nd, *hi = lo + nd;
+    int full = 1, empty = 0;
+    for (int d = 0; d < nd; d++) {
+      lo[d] = p->vstart[d];
+      hi[d] = rs_min_i64(T->shape[d], p->vstart[d] + p->vshape[d]);
+      full &= lo[d] == 0 && hi[d] == T->shape[d];
+      empty |= hi[d] <= lo[d];
+    }
+    if (full) *whole = 1;
+    if (!empty) k++;
+  }
+  for (int i = 0; i < T->nraws && !*whole; i++) {
+    const rs_raw *r = &L->raws[T->raws[i]];
+    int64_t *lo = b + k * 2 * (size_t)nd, *hi = lo + nd;
+    int empty = 0;
+    for (int d = 0; d < nd; d++) {
+      lo[d] = r->start[d];
+      hi[d] = r->start[d] + r->extent[d];
+      empty |= hi[d] <= lo[d];
+    }
+    if (!empty) k++;
+  }
+  *out = b;
+  *n = k;
+  return RESHARD_SUCCESS;
+}
+
+static int cmp_i64v(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char *side) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  int64_t *cuts = NULL;
+  for (int t = 0; t < L->ntensors && r == RESHARD_SUCCESS; t++) {
+    const rs_tensor *T = &L->tensors[t];
+    const int nd = T->ndim;
+    int64_t numel = 1;
+    for (int d = 0; d < nd; d++) numel = T->shape[d] ? numel : 0;
+    if (T->partial || numel == 0) continue;
+    int64_t *box = NULL;
+    size_t nbox = 0;
+    int whole = 0;
+    RS_CHECK(tensor_boxes(L, t, &box, &nbox, &whole));
+    if (whole) {
+      free(box);
+      continue;
+    }
+    if (nbox == 0) {
+      free(box);
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "tensor '%s': declared on the %s side but placed nowhere there (place it, or say "
+                      "reshard_layout_allow_partial when this side does not need it)",
+                      T->name, side);
+    }
+    /* the grid of every box boundary; each cell must lie in some box */
+    size_t per = 2 * nbox + 2, nb[RESHARD_MAX_DIMS];
+    cuts = rs_malloc(per * (size_t)(nd ? nd : 1) * sizeof *cuts);
+    if (!cuts) {
+      free(box);
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory checking tensor '%s'", T->name);
+    }
+    for (int d = 0; d < nd; d++) {
+      int64_t *c = cuts + (size_t)d * per;
+      size_t n = 0;
+      c[n++] = 0;
+      c[n++] = T->shape[d];
+      for (size_t i = 0; i < nbox; i++) {
+        c[n++] = box[i * 2 * (size_t)nd + (size_t)d];
+        c[n++] = box[i * 2 * (size_t)nd + (size_t)nd + (size_t)d];
+      }
+      qsort(c, n, sizeof *c, cmp_i64v);
+      size_t u = 0;
+      for (size_t i = 0; i < n; i++)
+        if (!u || c[i] != c[u - 1]) c[u++] = c[i];
+      nb[d] = u;
+    }
+    size_t idx[RESHARD_MAX_DIMS] = {0};
+    for (;;) {
+      int covered = 0;
+      for (size_t i = 0; i < nbox && !covered; i++) {
+        const int64_t *lo = box + i * 2 * (size_t)nd, *hi = lo + nd;
+        int in = 1;
+        for (int d = 0; d < nd && in; d++) {
+          const int64_t *c = cuts + (size_t)d * per;
+          in = lo[d] <= c[idx[d]] && c[idx[d] + 1] <= hi[d];
+        }
+        covered = in;
+      }
+      if (!covered) {
+        char where[256];
+        size_t u = 0;
+        for (int d = 0; d < nd && u < sizeof where; d++) {
+          const int64_t *c = cuts + (size_t)d * per;
+          u += (size_t)snprintf(where + u, sizeof where - u, "%s%lld:%lld", d ? ", " : "", (long long)c[idx[d]],
+                                (long long)c[idx[d] + 1]);
+        }
+        r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                     "tensor '%s': the %s side holds none of box [%s] (place all of it, or say "
+                     "reshard_layout_allow_partial when this side needs only part)",
+                     T->name, side, where);
+        break;
+      }
+      int d = nd - 1;
+      for (; d >= 0; d--) {
+        if (++idx[d] + 1 < nb[d]) break;
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+    free(box);
+    free(cuts);
+    cuts = NULL;
+  }
+  return r;
+}

@@ -587,6 +587,8 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   }
   if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
   if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
+  if (!local) local = rs_layout_check_coverage(src, "source");
+  if (!local) local = rs_layout_check_coverage(dst, "destination");
   if (!local) local = plan_receives(&c);
   if (!local) {
     c.rp.ctx.memo = 1;

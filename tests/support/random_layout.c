@@ -581,7 +581,8 @@ static int build_side(gen *g, side *s, int is_src, int full_replicas) {
   int fuse = g->pair_cd >= 0 && chance(g, 65);
   for (int t = fuse ? 2 : 0; t < g->nt; t++) {
     if (!is_src && chance(g, 6)) {
-      logf_(g->p, "%s: tensor %d not placed", s->tag, t);
+      logf_(g->p, "%s: tensor %d not placed (allow_partial)", s->tag, t);
+      RL_TRY(g->p, reshard_layout_allow_partial(s->L, g->tid[t]), "allow_partial");
       continue;
     }
     if (place_one(g, s, t, full_replicas)) return -1;
