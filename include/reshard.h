@@ -497,6 +497,28 @@ reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan,
                                               void *const *dst_buffers,
                                               size_t num_dst, void *stream);
 
+/* A buffer and its size in bytes, for reshard_plan_execute_sized. */
+typedef struct reshard_buffer {
+  void *ptr;
+  size_t bytes;
+} reshard_buffer_t;
+
+/* reshard_plan_execute (version 0) or reshard_plan_execute_version
+ * (version > 0) with each buffer's size: before anything moves, every
+ * buffer this rank's plan reads or writes is checked to be at least as
+ * large as the layout says it is on this rank (reshard_layout_buffer_bytes),
+ * else RESHARD_ERROR_INVALID_ARGUMENT naming the side, the buffer id and
+ * name, and both sizes; nothing is sent, received or written. The way to
+ * call execute from a binding that knows its tensors' sizes (a short
+ * buffer otherwise faults inside the transport). With
+ * RESHARD_FLAG_DOUBLE_BUFFER, dst holds both copies as for execute. */
+reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan,
+                                            uint64_t version,
+                                            const reshard_buffer_t *src,
+                                            size_t num_src,
+                                            const reshard_buffer_t *dst,
+                                            size_t num_dst, void *stream);
+
 /* What the executes of a plan did so far, on this rank. */
 typedef struct reshard_plan_status {
   uint32_t struct_size;     /* set by the caller: sizeof(reshard_plan_status_t) */

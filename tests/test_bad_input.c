@@ -1260,6 +1260,73 @@ static void exec_retry_after_failed_execute(void **state) {
   }
 }
 
+/* reshard_plan_execute_sized: w[8] f32 from rank 0 to rank 1. A short
+ * buffer on either side is refused before anything moves (its bytes and
+ * the partner's untouched); then both ranks execute with the right sizes
+ * and every element arrives. The refused calls take no call number, so
+ * the partners still pair up. */
+typedef struct sized_case {
+  const reshard_layout_t *src, *dst;
+  pthread_barrier_t bar;
+  reshard_result_t short_code[2];
+  char short_msg[2][MSG_LEN];
+  int untouched[2], delivered;
+} sized_case;
+
+static int sized_rank(int rank, reshard_comm_t *comm, void *arg) {
+  sized_case *c = arg;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
+  float w[8], got[8];
+  for (int i = 0; i < 8; i++) w[i] = (float)i + 0.5f, got[i] = -1;
+  reshard_buffer_t sb = {w, sizeof w}, db = {got, sizeof got};
+  reshard_buffer_t short_b = rank == 0 ? (reshard_buffer_t){w, 16} : (reshard_buffer_t){got, 31};
+  /* one rank at a time refuses a short buffer alone */
+  for (int turn = 0; turn < 2; turn++) {
+    if (turn == rank) {
+      c->short_code[rank] = rank == 0 ? reshard_plan_execute_sized(plan, 0, &short_b, 1, NULL, 0, NULL)
+                                      : reshard_plan_execute_sized(plan, 0, NULL, 0, &short_b, 1, NULL);
+      snprintf(c->short_msg[rank], MSG_LEN, "%s", reshard_last_error());
+      c->untouched[rank] = rank == 0 ? w[3] == 3.5f : got[0] == -1 && got[7] == -1;
+    }
+    pthread_barrier_wait(&c->bar);
+  }
+  reshard_result_t r = rank == 0 ? reshard_plan_execute_sized(plan, 7, &sb, 1, NULL, 0, NULL)
+                                 : reshard_plan_execute_sized(plan, 7, NULL, 0, &db, 1, NULL);
+  if (rank == 1 && r == RESHARD_SUCCESS) {
+    c->delivered = 1;
+    for (int i = 0; i < 8; i++) c->delivered &= got[i] == (float)i + 0.5f;
+  }
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(plan, &st);
+  reshard_plan_destroy(plan);
+  return r != RESHARD_SUCCESS || st.committed_version != 7;
+}
+
+static void exec_sized_buffers(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  sized_case c = {.src = src, .dst = dst};
+  pthread_barrier_init(&c.bar, NULL, 2);
+  assert_int_equal(th_run_ranks(2, sized_rank, &c), 0);
+  pthread_barrier_destroy(&c.bar);
+  const char *want[2][2] = {{"source buffer 0 'w' is 16 bytes", "needs 32"},
+                            {"destination buffer 0 'w' is 31 bytes", "needs 32"}};
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(c.short_code[r], RESHARD_ERROR_INVALID_ARGUMENT);
+    for (int k = 0; k < 2; k++)
+      if (!has(c.short_msg[r], want[r][k])) fail_msg("rank %d: \"%s\" not in \"%s\"", r, want[r][k], c.short_msg[r]);
+    assert_true(c.untouched[r]);
+  }
+  assert_true(c.delivered);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Regressions from review (each failed before its fix). */
 
 /* Fragments of different dtypes share element strides but not byte
@@ -1425,6 +1492,7 @@ int main(void) {
       cmocka_unit_test(exec_bad_args),
       cmocka_unit_test(exec_null_buffer_one_rank),
       cmocka_unit_test(exec_retry_after_failed_execute),
+      cmocka_unit_test(exec_sized_buffers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

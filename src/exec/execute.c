@@ -516,3 +516,41 @@ reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64
                                               size_t num_dst, void *stream) {
   return execute(plan, 1, version, src_buffers, num_src, dst_buffers, num_dst, stream);
 }
+
+/* The sizes of every buffer the plan uses, against the layout's. */
+static reshard_result_t check_sizes(const reshard_plan_t *p, const char *side, const reshard_buffer_t *b, size_t n,
+                                    size_t base, const rs_used_buffer *used, int nused) {
+  for (int i = 0; i < nused; i++) {
+    size_t k = base + (size_t)used[i].id;
+    if (k >= n || !b[k].ptr) continue; /* the count and NULL checks say why */
+    if (b[k].bytes < used[i].bytes)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "execute rank %d: %s buffer %d '%s' is %zu bytes, the layout needs %llu on this rank", p->rank,
+                      side, used[i].id, used[i].name, b[k].bytes, (unsigned long long)used[i].bytes);
+  }
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t version, const reshard_buffer_t *src,
+                                            size_t num_src, const reshard_buffer_t *dst, size_t num_dst,
+                                            void *stream) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  if ((num_src && !src) || (num_dst && !dst))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffers are NULL with a count of %zu",
+                    plan->rank, num_src && !src ? "source" : "destination", num_src && !src ? num_src : num_dst);
+  RS_CHECK(check_sizes(plan, "source", src, num_src, 0, plan->src_used, plan->nsrc_used));
+  const size_t nd = (size_t)plan->num_dst_buffers;
+  const int two = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) && num_dst == 2 * nd;
+  RS_CHECK(check_sizes(plan, two ? "destination (copy 0)" : "destination", dst, num_dst, 0, plan->dst_used,
+                       plan->ndst_used));
+  if (two) RS_CHECK(check_sizes(plan, "destination (copy 1)", dst, num_dst, nd, plan->dst_used, plan->ndst_used));
+  void **ptrs = rs_malloc((num_src + num_dst + 1) * sizeof *ptrs);
+  if (!ptrs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", plan->rank);
+  for (size_t i = 0; i < num_src; i++) ptrs[i] = src[i].ptr;
+  for (size_t i = 0; i < num_dst; i++) ptrs[num_src + i] = dst[i].ptr;
+  reshard_result_t r = execute(plan, version != 0, version, src ? ptrs : NULL, num_src, dst ? ptrs + num_src : NULL,
+                               num_dst, stream);
+  free(ptrs);
+  return r;
+}
