@@ -215,6 +215,14 @@ reshard_result_t reshard_layout_place(reshard_layout_t *layout, int tensor_id,
                                       const reshard_placement_t *placements,
                                       int *buffer_id);
 
+/* reshard_layout_place with the buffer's name (NULL: the tensor's), e.g.
+ * the framework's parameter name, for reshard_layout_find_buffer. */
+reshard_result_t reshard_layout_place_named(reshard_layout_t *layout,
+                                            const char *name, int tensor_id,
+                                            int mesh_id,
+                                            const reshard_placement_t *placements,
+                                            int *buffer_id);
+
 /* One tensor's share of a fused buffer. */
 typedef struct reshard_part {
   int tensor_id;

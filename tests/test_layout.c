@@ -888,6 +888,47 @@ static void windows_many_of_one_tensor(void **state) {
   reshard_layout_destroy(L);
 }
 
+/* Buffers by name: place_named, a name repeated on two meshes (one per
+ * pipeline stage), lookups by (name, rank) and back. */
+static void buffer_names(void **state) {
+  (void)state;
+  reshard_layout_t *L = new_layout();
+  int a = add_tensor(L, "a", RESHARD_FP32, 1, SHAPE(4)), b = add_tensor(L, "b", RESHARD_FP32, 1, SHAPE(4));
+  int m0 = mesh_strided(L, 1, RANKS(2), 0, 1), m1 = mesh_strided(L, 1, RANKS(2), 2, 1);
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  int pa = -1, pb = -1, pc = -1;
+  assert_int_equal(reshard_layout_place_named(L, "layers.0.weight", a, m0, rep, &pa), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place_named(L, "layers.0.weight", b, m1, rep, &pb), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place_named(L, NULL, a, m1, rep, &pc), RESHARD_SUCCESS);
+  const char *n = NULL;
+  assert_int_equal(reshard_layout_buffer_name(L, pc, &n), RESHARD_SUCCESS);
+  assert_string_equal(n, "a"); /* NULL: the tensor's name */
+  int id = -1;
+  assert_int_equal(reshard_layout_find_buffer(L, "layers.0.weight", 1, &id), RESHARD_SUCCESS);
+  assert_int_equal(id, pa);
+  assert_int_equal(reshard_layout_find_buffer(L, "layers.0.weight", 3, &id), RESHARD_SUCCESS);
+  assert_int_equal(id, pb);
+  assert_int_equal(reshard_layout_find_buffer(L, "a", 2, &id), RESHARD_SUCCESS);
+  assert_int_equal(id, pc);
+  assert_int_equal(reshard_layout_find_buffer(L, "a", -1, &id), RESHARD_SUCCESS); /* the only one */
+  assert_int_equal(reshard_layout_find_buffer(L, "layers.0.weight", -1, &id), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "give the rank"));
+  assert_int_equal(reshard_layout_find_buffer(L, "a", 0, &id), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "rank 0 holds no buffer named 'a'"));
+  assert_int_equal(reshard_layout_find_buffer(L, "nope", 0, &id), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "no buffer named 'nope'"));
+  /* a third of the name on ranks 0-1: rank 1 then holds two */
+  int pd = -1;
+  assert_int_equal(reshard_layout_place_named(L, "layers.0.weight", b, m0, rep, &pd), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_find_buffer(L, "layers.0.weight", 1, &id), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "holds two buffers named"));
+  assert_int_equal(reshard_layout_find_buffer(L, "layers.0.weight", 2, &id), RESHARD_SUCCESS);
+  assert_int_equal(id, pb);
+  assert_int_equal(reshard_layout_buffer_name(L, 99, &n), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(reshard_layout_find_buffer(NULL, "a", 0, &id), RESHARD_ERROR_INVALID_ARGUMENT);
+  reshard_layout_destroy(L);
+}
+
 /* ------------------------------------------------------------------ */
 /* Small and degenerate tensors                                        */
 /* ------------------------------------------------------------------ */
@@ -1089,6 +1130,7 @@ int main(void) {
       cmocka_unit_test(moe_experts),
       cmocka_unit_test(windows_grouped_experts),
       cmocka_unit_test(windows_many_of_one_tensor),
+      cmocka_unit_test(buffer_names),
       cmocka_unit_test(norms_biases_scalars),
       cmocka_unit_test(zero_size),
       cmocka_unit_test(mesh_rank_lists),

@@ -486,16 +486,21 @@ reshard_result_t reshard_layout_add_windows(reshard_layout_t *L, const char *nam
   return add_fused(L, name, concat_dim, 1, num_parts, parts, origins, buffer_id);
 }
 
+reshard_result_t reshard_layout_place_named(reshard_layout_t *L, const char *name, int tensor_id, int mesh_id,
+                                            const reshard_placement_t *placements, int *buffer_id) {
+  if (L && tensor_id >= 0 && tensor_id < L->ntensors) {
+    reshard_part_t part = {tensor_id, mesh_id, placements, NULL};
+    return reshard_layout_add_fused(L, name ? name : L->tensors[tensor_id].name, 0, 1, 1, &part, buffer_id);
+  }
+  rs_error_clear();
+  return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "place: %s", L ? "tensor_id is not a tensor of this layout" : "layout is NULL");
+}
+
 reshard_result_t reshard_layout_place(reshard_layout_t *L, int tensor_id,
                                       int mesh_id,
                                       const reshard_placement_t *placements,
                                       int *buffer_id) {
-  if (L && tensor_id >= 0 && tensor_id < L->ntensors) {
-    reshard_part_t part = {tensor_id, mesh_id, placements, NULL};
-    return reshard_layout_add_fused(L, L->tensors[tensor_id].name, 0, 1, 1, &part, buffer_id);
-  }
-  rs_error_clear();
-  return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "place: %s", L ? "tensor_id is not a tensor of this layout" : "layout is NULL");
+  return reshard_layout_place_named(L, NULL, tensor_id, mesh_id, placements, buffer_id);
 }
 
 reshard_result_t reshard_layout_add_buffer(reshard_layout_t *L,
