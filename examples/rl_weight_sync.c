@@ -14,7 +14,11 @@
  *   mpirun -np 8 rl_weight_sync --model-config configs/Qwen2.5-0.5B.json \
  *       --layers 4 --train tp=2,pp=2 --infer tp=2,dp=2 --steps 5
  *
- * Trainer ranks come first in MPI_COMM_WORLD, then inference ranks. */
+ * Trainer ranks come first in MPI_COMM_WORLD, then inference ranks. It uses
+ * only installed headers (reshard.h, reshard_mpi.h, reshard_models.h,
+ * reshard_selftest.h): copy it from share/reshard/examples and build it
+ * against an installed reshard (README, "Use reshard from your own
+ * project"). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +27,7 @@
 #include "reshard_models.h"
 #include "reshard.h"
 #include "reshard_mpi.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 typedef struct args {
   const char *config;
@@ -104,9 +108,14 @@ int main(int argc, char **argv) {
   MPI_Reduce(&plan_s, &plan_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
   /* This rank's weights (trainer) or inference buffers. */
-  vf_side train_bufs, infer_bufs;
-  if (vf_side_alloc(&train_bufs, src, rank, -1) || vf_side_alloc(&infer_bufs, dst, rank, -1))
+  reshard_selftest_t train_bufs, infer_bufs;
+  if (reshard_selftest_alloc(&train_bufs, src, rank, -1) || reshard_selftest_alloc(&infer_bufs, dst, rank, -1))
     die("allocating buffers", RESHARD_ERROR_OUT_OF_MEMORY);
+  reshard_buffer_t *src_bufs = calloc((size_t)train_bufs.nbuf + 1, sizeof *src_bufs);
+  reshard_buffer_t *dst_bufs = calloc((size_t)infer_bufs.nbuf + 1, sizeof *dst_bufs);
+  if (!src_bufs || !dst_bufs) die("allocating buffer tables", RESHARD_ERROR_OUT_OF_MEMORY);
+  for (int b = 0; b < train_bufs.nbuf; b++) src_bufs[b] = (reshard_buffer_t){train_bufs.ptr[b], train_bufs.bytes[b]};
+  for (int b = 0; b < infer_bufs.nbuf; b++) dst_bufs[b] = (reshard_buffer_t){infer_bufs.ptr[b], infer_bufs.bytes[b]};
   double mine = 0, delivered = 0;
   for (size_t i = 0; i < infer_bufs.nfrags; i++) {
     double n = (double)reshard_dtype_size(RESHARD_BF16);
@@ -135,14 +144,16 @@ int main(int argc, char **argv) {
 
   long total_wrong = 0;
   for (int step = 0; step < a.steps; step++) {
-    vf_side_fill(&train_bufs, src, (uint64_t)step); /* the optimizer step */
+    reshard_selftest_fill(&train_bufs, src, (uint64_t)step); /* the optimizer step */
     MPI_Barrier(MPI_COMM_WORLD);
     double s0 = MPI_Wtime();
-    r = reshard_plan_execute(plan, (void *const *)train_bufs.ptr, (size_t)train_bufs.nbuf, (void *const *)infer_bufs.ptr,
-                             (size_t)infer_bufs.nbuf, NULL);
+    /* each buffer with its size (a short one is refused before anything
+     * moves), the step as the weight version (versions start at 1) */
+    r = reshard_plan_execute_sized(plan, (uint64_t)step + 1, src_bufs, (size_t)train_bufs.nbuf, dst_bufs,
+                                   (size_t)infer_bufs.nbuf, NULL);
     double s = MPI_Wtime() - s0, smax;
     if (r) die("plan_execute", r);
-    long bad = (long)vf_side_check(&infer_bufs, dst, rank, (uint64_t)step, "rl_weight_sync"), wrong;
+    long bad = (long)reshard_selftest_check(&infer_bufs, dst, rank, (uint64_t)step, "rl_weight_sync"), wrong;
     MPI_Reduce(&s, &smax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Allreduce(&bad, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     total_wrong += wrong;
@@ -155,8 +166,10 @@ int main(int argc, char **argv) {
            total_wrong ? "FAILED" : "OK", a.steps);
 
   free(all);
-  vf_side_free(&train_bufs);
-  vf_side_free(&infer_bufs);
+  free(src_bufs);
+  free(dst_bufs);
+  reshard_selftest_free(&train_bufs);
+  reshard_selftest_free(&infer_bufs);
   reshard_plan_destroy(plan);
   reshard_comm_destroy(comm);
   reshard_layout_destroy(src);

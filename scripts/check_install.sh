@@ -15,7 +15,7 @@ fi
 
 prefix=$(mktemp -d /tmp/reshard-install-XXXX)
 work=$(mktemp -d /tmp/reshard-consumer-XXXX)
-cleanup() { rm -rf "$prefix" "$work"; }
+cleanup() { [ -n "${KEEP_WORK:-}" ] || rm -rf "$prefix" "$work"; }
 trap cleanup EXIT
 
 fail() { echo "check_install: FAIL: $*" >&2; exit 1; }
@@ -46,6 +46,7 @@ stray=$(find "$prefix" \( -name 'test_*' -o \( -name '*.a' ! -name libreshard_mo
                          -o -name '*reshard_static*' \) -print)
 [ -z "$stray" ] || fail "installed files that should not be: $stray"
 [ -f "$prefix/include/reshard_models.h" ] || fail "include/reshard_models.h not installed"
+[ -f "$prefix/include/reshard_selftest.h" ] || fail "include/reshard_selftest.h not installed"
 [ -f "$libdir/libreshard_models.a" ] || fail "libreshard_models.a not installed"
 [ -L "$libdir/libreshard_models.so" ] || fail "no libreshard_models.so link in $libdir"
 [ -f "$libdir/pkgconfig/reshard_models.pc" ] || fail "reshard_models.pc not installed"
@@ -152,11 +153,12 @@ cmake --build "$work/build-cmake" >"$work/build.log" ||
 check_links_to_prefix "$work/build-cmake/consumer"
 "$work/build-cmake/consumer" || fail "consumer (find_package) failed"
 check_links_to_prefix "$work/build-cmake/models"
-ldd "$work/build-cmake/models" | grep -q "$libdir/libreshard_models.so" ||
+libs=$(ldd "$work/build-cmake/models") # not piped into grep -q: pipefail sees ldd's SIGPIPE
+grep -q "$libdir/libreshard_models.so" <<<"$libs" ||
   fail "models consumer does not load $libdir/libreshard_models.so"
 "$work/build-cmake/models" "$config" || fail "models consumer (find_package, shared) failed"
-ldd "$work/build-cmake/models_static" | grep -q libreshard_models.so &&
-  fail "models_static consumer loads libreshard_models.so"
+libs=$(ldd "$work/build-cmake/models_static")
+grep -q libreshard_models.so <<<"$libs" && fail "models_static consumer loads libreshard_models.so"
 "$work/build-cmake/models_static" "$config" || fail "models consumer (find_package, static) failed"
 
 echo "check_install: consumer via pkg-config"
@@ -167,7 +169,8 @@ echo "  pkg-config --cflags --libs reshard: $flags"
   's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' \
   "$(dirname "$cfg")/reshard-config-version.cmake")" ] ||
   fail "pkg-config and CMake package disagree on the version"
-pkg-config --static --libs reshard | grep -q -- '-lpthread' ||
+static_libs=$(pkg-config --static --libs reshard)
+grep -q -- '-lpthread' <<<"$static_libs" ||
   fail "pkg-config --static lacks -lpthread"
 # shellcheck disable=SC2086 # flags are meant to split
 cc -std=c11 -Wall -Wextra -Werror "$work/src/main.c" -o "$work/consumer-pc" \
@@ -181,12 +184,37 @@ cc -std=c11 -Wall -Wextra -Werror "$work/src/models.c" -o "$work/models-pc" $mfl
   fail "models consumer build (pkg-config)"
 "$work/models-pc" "$config" || fail "models consumer (pkg-config) failed"
 
+# The installed MPI example, built out of the tree as the README's "Use
+# reshard from your own project" says (mpicc + pkg-config + rpath), and run
+# as a real weight sync on 8 ranks from the installed configs.
+if [ -f "$prefix/include/reshard_mpi.h" ] && command -v mpicc >/dev/null 2>&1 &&
+   command -v mpirun >/dev/null 2>&1; then
+  echo "check_install: the installed MPI example (mpicc + pkg-config, mpirun -np 8)"
+  share="$prefix/share/reshard"
+  [ -f "$share/examples/rl_weight_sync.c" ] || fail "share/reshard/examples/rl_weight_sync.c not installed"
+  [ -f "$share/configs/Qwen2.5-0.5B.json" ] || fail "share/reshard/configs not installed"
+  cp "$share/examples/rl_weight_sync.c" "$work/"
+  # shellcheck disable=SC2046 # flags are meant to split
+  mpicc -std=c11 -Wall -Wextra -Werror "$work/rl_weight_sync.c" -o "$work/rl_weight_sync" \
+    $(pkg-config --cflags --libs reshard_models) -Wl,-rpath,"$libdir" ||
+    fail "building the installed rl_weight_sync.c"
+  (unset LD_LIBRARY_PATH
+   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
+     mpirun --oversubscribe -np 8 "$work/rl_weight_sync" \
+     --model-config "$share/configs/Qwen2.5-0.5B.json" --layers 2 --steps 2) >"$work/sync.log" 2>&1 ||
+    { cat "$work/sync.log"; fail "the installed rl_weight_sync (mpirun -np 8)"; }
+  grep '^# rl_weight_sync: OK' "$work/sync.log" || { cat "$work/sync.log"; fail "rl_weight_sync did not say OK"; }
+fi
+
 # The header promises extern "C": it must at least parse as C++.
 if command -v c++ >/dev/null 2>&1; then
   echo "check_install: reshard.h as C++"
   # shellcheck disable=SC2046 # flags are meant to split
   c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/main.c" \
     $(pkg-config --cflags reshard) || fail "reshard.h does not parse as C++"
+  echo "check_install: reshard_selftest.h as C++"
+  echo '#include <reshard_selftest.h>' | c++ -fsyntax-only -Wall -Wextra -Werror -x c++ - \
+    $(pkg-config --cflags reshard) || fail "reshard_selftest.h does not parse as C++"
   echo "check_install: reshard_models.h as C++"
   # shellcheck disable=SC2046 # flags are meant to split
   c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/models.c" \

@@ -75,7 +75,7 @@ int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen
   return 0;
 }
 
-static int alloc_side(const vf_side *s, void ***ptr, size_t **bytes, int *nbuf, char *err, size_t errlen) {
+static int alloc_side(const reshard_selftest_t *s, void ***ptr, size_t **bytes, int *nbuf, char *err, size_t errlen) {
   *nbuf = s->nbuf;
   *ptr = calloc((size_t)s->nbuf + 1, sizeof **ptr);
   *bytes = calloc((size_t)s->nbuf + 1, sizeof **bytes);
@@ -94,7 +94,7 @@ static int alloc_side(const vf_side *s, void ***ptr, size_t **bytes, int *nbuf, 
   return 0;
 }
 
-int perf_nccl_alloc(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen) {
+int perf_nccl_alloc(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen) {
   if (alloc_side(src, &p->src, &p->src_bytes, &p->nsrc, err, errlen)) return -1;
   return alloc_side(dst, &p->dst, &p->dst_bytes, &p->ndst, err, errlen);
 }
@@ -110,12 +110,12 @@ static int copy_side(void **dev, unsigned char **host, const size_t *bytes, int 
   return 0;
 }
 
-int perf_nccl_upload(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen) {
+int perf_nccl_upload(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen) {
   if (copy_side(p->src, src->ptr, p->src_bytes, p->nsrc, 1, err, errlen)) return -1;
   return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 1, err, errlen);
 }
 
-int perf_nccl_download(perf_nccl *p, vf_side *dst, char *err, size_t errlen) {
+int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t errlen) {
   return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 0, err, errlen);
 }
 

@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 #include "reshard.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 typedef struct perf_nccl perf_nccl;
 
@@ -22,11 +22,11 @@ int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_
  * Collective. */
 int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen);
 /* cudaMalloc of every buffer the two host sides hold (the same sizes). */
-int perf_nccl_alloc(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen);
+int perf_nccl_alloc(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);
 /* Host -> device copies of both sides' buffers. */
-int perf_nccl_upload(perf_nccl *p, const vf_side *src, const vf_side *dst, char *err, size_t errlen);
+int perf_nccl_upload(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);
 /* Device -> host copy of the destination buffers. */
-int perf_nccl_download(perf_nccl *p, vf_side *dst, char *err, size_t errlen);
+int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t errlen);
 /* reshard_plan_execute on the device buffers and the stream, then
  * cudaStreamSynchronize (so that a timed call covers the whole reshard). */
 int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen);

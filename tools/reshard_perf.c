@@ -14,7 +14,7 @@
  * around the call, max over ranks). With -c 1 each method then runs once
  * more, outside the timed loop, on freshly seeded sources and
  * sentinel-filled destinations, and every destination element and every
- * byte around the fragments is checked (bench/verify.h); wrong counts are
+ * byte around the fragments is checked (reshard_selftest.h); wrong counts are
  * summed over ranks.
  *
  * Baselines:
@@ -61,7 +61,7 @@
 #include "reshard.h"
 #include "perf_nccl.h"
 #include "reshard_mpi.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 static int world_rank, world_size;
 
@@ -166,7 +166,7 @@ static int boxes_intersect(int nd, const int64_t *as, const int64_t *ae, const i
 typedef struct ctx {
   cli_opts o;
   cli_layouts L;
-  vf_side s, d;
+  reshard_selftest_t s, d;
   int is_src, is_dst;
   int64_t delivered;       /* bytes of destination fragments, all ranks */
   int64_t delivered_elems;
@@ -200,7 +200,7 @@ static void set_peaks(method *m, int64_t out, int64_t in) {
 
 static void reset_destination(ctx *c) {
   for (int b = 0; b < c->d.nbuf; b++)
-    if (c->d.ptr[b]) memset(c->d.ptr[b], VF_SENTINEL, c->d.bytes[b]);
+    if (c->d.ptr[b]) memset(c->d.ptr[b], RESHARD_SELFTEST_SENTINEL, c->d.bytes[b]);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -255,7 +255,7 @@ static void run_methods(ctx *c, method *ms, int nm) {
      * sentinel, so that nothing an earlier run wrote can pass for this
      * one's result. */
     uint64_t step = (uint64_t)k + 1;
-    vf_side_fill(&c->s, c->L.src, step);
+    reshard_selftest_fill(&c->s, c->L.src, step);
     reset_destination(c);
     char derr[512];
     int err = 0;
@@ -280,13 +280,13 @@ static void run_methods(ctx *c, method *ms, int nm) {
         const reshard_fragment_info_t *f = &c->d.frags[0];
         c->d.ptr[f->buffer_id][f->byte_offset] ^= 0x5a;
       }
-      bad = vf_side_check(&c->d, c->L.dst, world_rank, step, m->name);
+      bad = reshard_selftest_check(&c->d, c->L.dst, world_rank, step, m->name);
     }
     int64_t v[2] = {bad, err ? 1 : 0}, sum[2];
     MPI_Allreduce(v, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     m->wrong = sum[0];
     if (sum[1]) m->failed = 1;
-    vf_side_fill(&c->s, c->L.src, 0);
+    reshard_selftest_fill(&c->s, c->L.src, 0);
   }
   free(t);
 }
@@ -974,7 +974,7 @@ int main(int argc, char **argv) {
 #endif
     return finish(1);
   }
-  if (vf_side_alloc(&c.s, c.L.src, world_rank, 0) || vf_side_alloc(&c.d, c.L.dst, world_rank, -1)) {
+  if (reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) || reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1)) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1096,8 +1096,8 @@ int main(int argc, char **argv) {
 
   bcast_free(bst);
   a2aw_free(ast);
-  vf_side_free(&c.s);
-  vf_side_free(&c.d);
+  reshard_selftest_free(&c.s);
+  reshard_selftest_free(&c.d);
   reshard_plan_destroy(rst.plan);
   reshard_plan_destroy(vst.plan);
   reshard_comm_destroy(comm);

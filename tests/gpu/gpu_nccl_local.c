@@ -13,7 +13,7 @@
 #include "gpu/gpu_common.h"
 #include "reshard.h"
 #include "reshard_nccl.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 #define RS(call)                                                          \
   do {                                                                    \
@@ -55,7 +55,7 @@ static void layouts(reshard_layout_t **src, reshard_layout_t **dst) {
   RS(reshard_layout_place(*dst, tu, m, r1, &b));
 }
 
-static void **to_device(const vf_side *s) {
+static void **to_device(const reshard_selftest_t *s) {
   void **d = calloc((size_t)s->nbuf, sizeof *d);
   for (int i = 0; i < s->nbuf; i++)
     if (s->ptr[i]) {
@@ -96,11 +96,11 @@ int main(void) {
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   int64_t bad = 0;
-  vf_side s, d;
-  if (vf_side_alloc(&d, dst, 0, -1)) return 1;
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&d, dst, 0, -1)) return 1;
   void **dd = to_device(&d);
   for (int step = 0; step < 3; step++) {
-    if (vf_side_alloc(&s, src, 0, step)) return 1;
+    if (reshard_selftest_alloc(&s, src, 0, step)) return 1;
     void **sd = to_device(&s);
     if (step == 2) { /* new destination addresses: table re-upload */
       free_device(dd, d.nbuf);
@@ -110,12 +110,12 @@ int main(void) {
     CK(cudaStreamSynchronize(stream));
     for (int i = 0; i < d.nbuf; i++)
       if (d.ptr[i]) CK(cudaMemcpy(d.ptr[i], dd[i], d.bytes[i], cudaMemcpyDeviceToHost));
-    bad += vf_side_check(&d, dst, 0, (uint64_t)step, "gpu_nccl_local");
+    bad += reshard_selftest_check(&d, dst, 0, (uint64_t)step, "gpu_nccl_local");
     free_device(sd, s.nbuf);
-    vf_side_free(&s);
+    reshard_selftest_free(&s);
   }
   free_device(dd, d.nbuf);
-  vf_side_free(&d);
+  reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   reshard_comm_destroy(comm);
   ncclCommDestroy(nc);

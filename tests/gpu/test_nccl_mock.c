@@ -40,7 +40,7 @@
 #include "reshard_nccl.h"
 #include "support/random_layout.h"
 #include "transport/transport.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 /* ------------------------------------------------------------ the mock */
 
@@ -626,18 +626,18 @@ static void local_copies_data(void **state) {
   M.plan = plan;
   assert_int_equal(plan->nsends + plan->nrecvs, 0);
   assert_true(plan->nlocal_copies > 0);
-  vf_side s, d;
+  reshard_selftest_t s, d;
   for (int step = 0; step < 2; step++) {
-    assert_int_equal(vf_side_alloc(&s, src, 0, step), 0);
-    assert_int_equal(vf_side_alloc(&d, dst, 0, -1), 0);
+    assert_int_equal(reshard_selftest_alloc(&s, src, 0, step), 0);
+    assert_int_equal(reshard_selftest_alloc(&d, dst, 0, -1), 0);
     M.np2p = 0;
     /* new buffer addresses each step: the table is uploaded again */
     assert_int_equal(reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                           (size_t)d.nbuf, (void *)0x99), 0);
     assert_int_equal(M.np2p, 0); /* no NCCL self-send */
-    assert_int_equal(vf_side_check(&d, dst, 0, (uint64_t)step, "mock local"), 0);
-    vf_side_free(&s);
-    vf_side_free(&d);
+    assert_int_equal(reshard_selftest_check(&d, dst, 0, (uint64_t)step, "mock local"), 0);
+    reshard_selftest_free(&s);
+    reshard_selftest_free(&d);
   }
   reshard_plan_destroy(plan);
   reshard_layout_destroy(src);
@@ -818,10 +818,10 @@ static void *rank_main(void *vp) {
     return NULL;
   }
   M.plan = plan;
-  vf_side s, d;
-  if (vf_side_alloc(&d, a->pair->dst, a->rank, -1)) a->failed = 1;
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&d, a->pair->dst, a->rank, -1)) a->failed = 1;
   for (int step = 0; step < 2 && !a->failed; step++) {
-    if (vf_side_alloc(&s, a->pair->src, a->rank, step)) {
+    if (reshard_selftest_alloc(&s, a->pair->src, a->rank, step)) {
       a->failed = 1;
       break;
     }
@@ -831,11 +831,11 @@ static void *rank_main(void *vp) {
       fprintf(stderr, "rank %d: execute: %s\n", a->rank, reshard_last_error());
       a->failed = 1;
     } else {
-      a->bad += vf_side_check(&d, a->pair->dst, a->rank, (uint64_t)step, "mock world");
+      a->bad += reshard_selftest_check(&d, a->pair->dst, a->rank, (uint64_t)step, "mock world");
     }
-    vf_side_free(&s);
+    reshard_selftest_free(&s);
   }
-  vf_side_free(&d);
+  reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   reshard_comm_destroy(comm);
   if (M.mem || M.streams || M.events) a->failed = 1; /* leaks */
@@ -951,17 +951,17 @@ static void mpi_agreement_data(void **state) {
   M.plan = plan;
   assert_int_equal(plan->nsends + plan->nrecvs, 0);
   assert_true(plan->nlocal_copies > 0);
-  vf_side s, d;
+  reshard_selftest_t s, d;
   for (int step = 0; step < 2; step++) {
-    assert_int_equal(vf_side_alloc(&s, src, mpi_rank, step), 0);
-    assert_int_equal(vf_side_alloc(&d, dst, mpi_rank, -1), 0);
+    assert_int_equal(reshard_selftest_alloc(&s, src, mpi_rank, step), 0);
+    assert_int_equal(reshard_selftest_alloc(&d, dst, mpi_rank, -1), 0);
     M.np2p = 0;
     assert_int_equal(reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                           (size_t)d.nbuf, (void *)0x99), 0);
     assert_int_equal(M.np2p, 0);
-    assert_int_equal(vf_side_check(&d, dst, mpi_rank, (uint64_t)step, "mock with_mpi"), 0);
-    vf_side_free(&s);
-    vf_side_free(&d);
+    assert_int_equal(reshard_selftest_check(&d, dst, mpi_rank, (uint64_t)step, "mock with_mpi"), 0);
+    reshard_selftest_free(&s);
+    reshard_selftest_free(&d);
   }
   assert_int_equal(M.allreduce_calls, 0);
   reshard_plan_destroy(plan);

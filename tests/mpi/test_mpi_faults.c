@@ -54,7 +54,7 @@
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "transport/transport.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 #define TIMEOUT_MS 2000
 #define GRACE_MS 1000 /* allowed beyond the deadline */
@@ -102,7 +102,7 @@ static reshard_plan_t *make_plan(reshard_comm_t *comm, const reshard_layout_t *s
 }
 
 /* Executes once, timed. */
-static reshard_result_t timed_execute(const reshard_plan_t *plan, vf_side *s, vf_side *d, double *ms) {
+static reshard_result_t timed_execute(const reshard_plan_t *plan, reshard_selftest_t *s, reshard_selftest_t *d, double *ms) {
   double t0 = now_ms();
   reshard_result_t r =
       reshard_plan_execute(plan, (void *const *)s->ptr, (size_t)s->nbuf, (void *const *)d->ptr, (size_t)d->nbuf, NULL);
@@ -151,8 +151,8 @@ static int run_stop(reshard_comm_t *comm) {
   MPI_Allgather(&pid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
   reshard_layout_t *src = grid_layout(0, 0), *dst = grid_layout(1, 0);
   reshard_plan_t *plan = make_plan(comm, src, dst);
-  vf_side s, d;
-  if (vf_side_alloc(&s, src, world_rank, 0) || vf_side_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&s, src, world_rank, 0) || reshard_selftest_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
   int bad = 0;
   double ms = 0;
   if (world_rank == victim) {
@@ -176,7 +176,7 @@ static int run_stop(reshard_comm_t *comm) {
     fflush(stdout);
     _exit(1);
   }
-  vf_side_fill(&s, src, 1);
+  reshard_selftest_fill(&s, src, 1);
   reshard_result_t r = timed_execute(plan, &s, &d, &ms);
   if (r != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "failed")) {
     printf("FAIL rank %d: the failed plan executed again: %s: %s\n", world_rank, reshard_result_string(r),
@@ -186,14 +186,14 @@ static int run_stop(reshard_comm_t *comm) {
   reshard_plan_destroy(plan);
   plan = make_plan(comm, src, dst);
   r = timed_execute(plan, &s, &d, &ms);
-  int64_t wrong = r == RESHARD_SUCCESS ? vf_side_check(&d, dst, world_rank, 1, "after stop") : -1;
+  int64_t wrong = r == RESHARD_SUCCESS ? reshard_selftest_check(&d, dst, world_rank, 1, "after stop") : -1;
   int ok = r == RESHARD_SUCCESS && wrong == 0;
   printf("%s rank %d: next execute after the fault: %s in %.0f ms, %lld wrong bytes\n", ok ? "PASS" : "FAIL", world_rank,
          reshard_result_string(r), ms, (long long)wrong);
   fflush(stdout);
   bad += !ok;
-  vf_side_free(&s);
-  vf_side_free(&d);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
@@ -245,8 +245,8 @@ static int run_exit(reshard_comm_t *comm) {
     printf("FAIL rank %d: %d rounds, the test needs several\n", world_rank, st.num_chunks);
     return 1;
   }
-  vf_side s, d;
-  if (vf_side_alloc(&s, src, world_rank, 0) || vf_side_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&s, src, world_rank, 0) || reshard_selftest_alloc(&d, dst, world_rank, -1)) MPI_Abort(MPI_COMM_WORLD, 2);
   double ms = 0;
   reshard_result_t r = timed_execute(plan, &s, &d, &ms); /* the victim never returns */
   int bad = report_failed_execute("peer exited mid-transfer", r, ms, 1);

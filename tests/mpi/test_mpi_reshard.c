@@ -21,7 +21,7 @@
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "support/random_layout.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
 static int world_rank, world_size;
 static int passed, failed;
@@ -46,10 +46,10 @@ static long run_case(reshard_comm_t *comm, const reshard_layout_t *src,
     fprintf(stderr, "[%s] rank %d: plan_create: %s: %s\n", name, world_rank, reshard_result_string(r), reshard_last_error());
     err = 1;
   }
-  vf_side s, d;
-  if (vf_side_alloc(&s, src, world_rank, -1) || vf_side_alloc(&d, dst, world_rank, -1)) err = 1;
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&s, src, world_rank, -1) || reshard_selftest_alloc(&d, dst, world_rank, -1)) err = 1;
   for (int step = 0; step < steps && plan; step++) {
-    vf_side_fill(&s, src, (uint64_t)step);
+    reshard_selftest_fill(&s, src, (uint64_t)step);
     r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
     if (r) {
       fprintf(stderr, "[%s] rank %d step %d: execute: %s: %s\n", name, world_rank, step, reshard_result_string(r),
@@ -57,10 +57,10 @@ static long run_case(reshard_comm_t *comm, const reshard_layout_t *src,
       err = 1;
       break;
     }
-    bad += vf_side_check(&d, dst, world_rank, (uint64_t)step, name);
+    bad += reshard_selftest_check(&d, dst, world_rank, (uint64_t)step, name);
   }
-  vf_side_free(&s);
-  vf_side_free(&d);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   long v[2] = {bad, err}, sum[2];
   MPI_Allreduce(v, sum, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -155,8 +155,8 @@ static void version_mismatch_case(reshard_comm_t *comm) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 10000;
   long err = 0, bad = 0;
-  vf_side s, d;
-  if (vf_side_alloc(&s, L[0], world_rank, 1) || vf_side_alloc(&d, L[1], world_rank, -1)) err = 1;
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&s, L[0], world_rank, 1) || reshard_selftest_alloc(&d, L[1], world_rank, -1)) err = 1;
   for (int round = 0; round < 2 && !err; round++) {
     reshard_plan_t *plan = NULL;
     if (reshard_plan_create(comm, L[0], L[1], &o, &plan)) {
@@ -167,7 +167,7 @@ static void version_mismatch_case(reshard_comm_t *comm) {
     reshard_result_t r = reshard_plan_execute_version(plan, 1, (void *const *)s.ptr, (size_t)s.nbuf,
                                                       (void *const *)d.ptr, (size_t)d.nbuf, NULL);
     if (r) err = 1;
-    bad += vf_side_check(&d, L[1], world_rank, 1, name);
+    bad += reshard_selftest_check(&d, L[1], world_rank, 1, name);
     if (round == 0) {
       uint64_t v = world_rank == world_size - 1 ? 3 : 2;
       r = reshard_plan_execute_version(plan, v, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
@@ -178,12 +178,12 @@ static void version_mismatch_case(reshard_comm_t *comm) {
                 reshard_result_string(r), m);
         err = 1;
       }
-      bad += vf_side_check(&d, L[1], world_rank, 1, name); /* untouched */
+      bad += reshard_selftest_check(&d, L[1], world_rank, 1, name); /* untouched */
     }
     reshard_plan_destroy(plan);
   }
-  vf_side_free(&s);
-  vf_side_free(&d);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
   reshard_layout_destroy(L[0]);
   reshard_layout_destroy(L[1]);
   long v[2] = {bad, err}, sum[2];

@@ -9,26 +9,27 @@
 #include <stdint.h>
 
 #include "reshard.h"
-#include "verify.h"
+#include "reshard_selftest.h"
 
-/* Seeded values and byte-exact checks live in bench/verify.h (shared with
- * the tools and examples); the th_ names are the tests' spelling of them. */
-typedef vf_side th_side;
-#define TH_SENTINEL VF_SENTINEL
+/* Seeded values and byte-exact checks are the public self-test
+ * (include/reshard_selftest.h, shared with the tools and examples); the
+ * th_ names are the tests' spelling of them. */
+typedef reshard_selftest_t th_side;
+#define TH_SENTINEL RESHARD_SELFTEST_SENTINEL
 
 static inline void th_expected(const char *name, uint64_t step, int64_t linear,
                                size_t esize, unsigned char *out) {
-  vf_expected(name, step, linear, esize, out);
+  reshard_selftest_expected(name, step, linear, esize, out);
 }
 static inline int th_side_alloc(th_side *s, const reshard_layout_t *L,
                                 int rank, int64_t fill_step) {
-  return vf_side_alloc(s, L, rank, fill_step);
+  return reshard_selftest_alloc(s, L, rank, fill_step);
 }
-static inline void th_side_free(th_side *s) { vf_side_free(s); }
+static inline void th_side_free(th_side *s) { reshard_selftest_free(s); }
 static inline int64_t th_side_check(const th_side *s,
                                     const reshard_layout_t *L, int rank,
                                     uint64_t step, const char *label) {
-  return vf_side_check(s, L, rank, step, label);
+  return reshard_selftest_check(s, L, rank, step, label);
 }
 
 /* Runs fn(rank, comm, arg) on nranks threads of a fresh in-process world;

@@ -1,8 +1,12 @@
-#include "verify.h"
+/* The self-test of include/reshard_selftest.h: seeded values from global
+ * coordinates, byte-exact checks. */
+#include "reshard_selftest.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/error.h"
 
 static uint64_t mix(uint64_t x) {
   x ^= x >> 30;
@@ -38,10 +42,10 @@ static inline void elem_bytes(uint64_t seed, int64_t linear, size_t esize,
     out[i] = (unsigned char)(v >> (8 * (i % 8)));
   }
   /* a one-byte value equal to the sentinel would hide a missed write */
-  if (esize == 1 && out[0] == VF_SENTINEL) out[0] ^= 0x5a;
+  if (esize == 1 && out[0] == RESHARD_SELFTEST_SENTINEL) out[0] ^= 0x5a;
 }
 
-void vf_expected(const char *name, uint64_t step, int64_t linear,
+void reshard_selftest_expected(const char *name, uint64_t step, int64_t linear,
                  size_t esize, unsigned char *out) {
   elem_bytes(tensor_seed(name, step), linear, esize, out);
 }
@@ -122,37 +126,44 @@ static void visit(const reshard_layout_t *L, const reshard_fragment_info_t *f,
   for_each_row(f, shape, what, c);
 }
 
-int vf_side_alloc(vf_side *s, const reshard_layout_t *L, int rank,
-                  int64_t fill_step) {
+reshard_result_t reshard_selftest_alloc(reshard_selftest_t *s, const reshard_layout_t *L, int rank,
+                                        int64_t fill_step) {
+  if (!s) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "selftest_alloc: NULL argument");
   memset(s, 0, sizeof *s);
+  if (!L || rank < 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "selftest_alloc: %s", L ? "negative rank" : "layout is NULL");
   s->nbuf = reshard_layout_num_buffers(L);
   s->ptr = calloc((size_t)s->nbuf + 1, sizeof *s->ptr);
   s->mask = calloc((size_t)s->nbuf + 1, sizeof *s->mask);
   s->bytes = calloc((size_t)s->nbuf + 1, sizeof *s->bytes);
-  if (!s->ptr || !s->mask || !s->bytes) return -1;
+  if (!s->ptr || !s->mask || !s->bytes)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "selftest_alloc rank %d: out of memory", rank);
   for (int b = 0; b < s->nbuf; b++) {
-    if (reshard_layout_buffer_bytes(L, b, rank, &s->bytes[b])) return -1;
+    RS_CHECK(reshard_layout_buffer_bytes(L, b, rank, &s->bytes[b]));
     if (!s->bytes[b]) continue;
     s->ptr[b] = malloc(s->bytes[b]);
     s->mask[b] = calloc(s->bytes[b], 1);
-    if (!s->ptr[b] || !s->mask[b]) return -1;
-    memset(s->ptr[b], VF_SENTINEL, s->bytes[b]);
+    if (!s->ptr[b] || !s->mask[b])
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "selftest_alloc rank %d: out of memory (buffer %d, %zu bytes)", rank,
+                      b, s->bytes[b]);
+    memset(s->ptr[b], RESHARD_SELFTEST_SENTINEL, s->bytes[b]);
   }
   size_t n = 0;
-  if (reshard_layout_fragments(L, rank, NULL, 0, &n)) return -1;
+  RS_CHECK(reshard_layout_fragments(L, rank, NULL, 0, &n));
   s->frags = calloc(n + 1, sizeof *s->frags);
-  if (!s->frags || reshard_layout_fragments(L, rank, s->frags, n, &s->nfrags)) return -1;
+  if (!s->frags) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "selftest_alloc rank %d: out of memory", rank);
+  RS_CHECK(reshard_layout_fragments(L, rank, s->frags, n, &s->nfrags));
   for (size_t i = 0; i < s->nfrags; i++) {
     elem_ctx c = {0};
     c.mask = s->mask[s->frags[i].buffer_id];
     c.rank = rank;
     visit(L, &s->frags[i], VISIT_MASK, 0, &c);
   }
-  if (fill_step >= 0) vf_side_fill(s, L, (uint64_t)fill_step);
-  return 0;
+  if (fill_step >= 0) reshard_selftest_fill(s, L, (uint64_t)fill_step);
+  return RESHARD_SUCCESS;
 }
 
-void vf_side_fill(vf_side *s, const reshard_layout_t *L, uint64_t step) {
+void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L, uint64_t step) {
   for (size_t i = 0; i < s->nfrags; i++) {
     elem_ctx c = {0};
     c.buf = s->ptr[s->frags[i].buffer_id];
@@ -160,7 +171,7 @@ void vf_side_fill(vf_side *s, const reshard_layout_t *L, uint64_t step) {
   }
 }
 
-int64_t vf_side_check(const vf_side *s, const reshard_layout_t *L, int rank,
+int64_t reshard_selftest_check(const reshard_selftest_t *s, const reshard_layout_t *L, int rank,
                       uint64_t step, const char *label) {
   int64_t bad = 0;
   for (size_t i = 0; i < s->nfrags; i++) {
@@ -174,17 +185,18 @@ int64_t vf_side_check(const vf_side *s, const reshard_layout_t *L, int rank,
   }
   for (int b = 0; b < s->nbuf; b++)
     for (size_t k = 0; k < s->bytes[b]; k++)
-      if (!s->mask[b][k] && s->ptr[b][k] != VF_SENTINEL) {
+      if (!s->mask[b][k] && s->ptr[b][k] != RESHARD_SELFTEST_SENTINEL) {
         if (bad < 5) fprintf(stderr, "%s: rank %d buffer %d byte %zu outside fragments was written\n", label, rank, b, k);
         bad++;
       }
   return bad;
 }
 
-void vf_side_free(vf_side *s) {
-  for (int b = 0; b < s->nbuf; b++) {
+void reshard_selftest_free(reshard_selftest_t *s) {
+  if (!s) return;
+  for (int b = 0; s->ptr && b < s->nbuf; b++) {
     free(s->ptr[b]);
-    free(s->mask[b]);
+    if (s->mask) free(s->mask[b]);
   }
   free(s->ptr);
   free(s->mask);

@@ -1,0 +1,73 @@
+/*
+ * reshard self-test: prove a layout before wiring real weights.
+ *
+ * Copyright (c) 2026, the reshard authors. BSD-3-Clause (see LICENSE).
+ *
+ * Every element gets a value that is a function of (tensor name, step,
+ * global row-major index), independent of any layout, so a destination can
+ * be checked without knowing where its bytes came from; bytes of a buffer
+ * outside its fragments (padding, gaps) are filled with a sentinel and
+ * must stay so. Part of libreshard; the tools, tests and examples use it.
+ *
+ *   reshard_selftest_t src, dst;
+ *   reshard_selftest_alloc(&src, src_layout, rank, step);  sources filled
+ *   reshard_selftest_alloc(&dst, dst_layout, rank, -1);    sentinel only
+ *   ... execute the plan with src.ptr / dst.ptr (and their bytes) ...
+ *   int64_t wrong = reshard_selftest_check(&dst, dst_layout, rank, step, "sync");
+ *   reshard_selftest_free(&src);  reshard_selftest_free(&dst);
+ */
+#ifndef RESHARD_SELFTEST_H
+#define RESHARD_SELFTEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RESHARD_SELFTEST_SENTINEL 0xA5
+
+/* One rank's buffers for one side of a layout. ptr, bytes and nbuf are
+ * the caller's to read (ptr[b] NULL where the rank holds nothing of
+ * buffer b); the rest is the library's. */
+typedef struct reshard_selftest {
+  int nbuf;
+  unsigned char **ptr;
+  size_t *bytes;
+  unsigned char **mask; /* 1 where a fragment element lives */
+  reshard_fragment_info_t *frags;
+  size_t nfrags;
+} reshard_selftest_t;
+
+/* The bytes of element `linear` (global row-major index) of tensor `name`
+ * at `step`. */
+void reshard_selftest_expected(const char *name, uint64_t step, int64_t linear,
+                               size_t esize, unsigned char *out);
+
+/* Allocates this rank's buffers of layout L (the sizes of
+ * reshard_layout_buffer_bytes), sentinel-filled; when fill_step >= 0 also
+ * writes that step's values into every fragment. On failure
+ * (RESHARD_ERROR_OUT_OF_MEMORY, or the layout's own error) *s holds
+ * nothing: free it all the same. */
+reshard_result_t reshard_selftest_alloc(reshard_selftest_t *s,
+                                        const reshard_layout_t *L, int rank,
+                                        int64_t fill_step);
+/* Writes step's values into every fragment (a "training" update). */
+void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L,
+                           uint64_t step);
+/* Wrong fragment elements plus modified bytes outside fragments (0: all
+ * correct); prints the first few to stderr with the tensor name, prefixed
+ * by label. */
+int64_t reshard_selftest_check(const reshard_selftest_t *s,
+                               const reshard_layout_t *L, int rank,
+                               uint64_t step, const char *label);
+void reshard_selftest_free(reshard_selftest_t *s); /* zeroed: NULL-safe */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RESHARD_SELFTEST_H */
