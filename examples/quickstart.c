@@ -74,7 +74,7 @@ static void *rank_main(void *arg) {
   CHECK(reshard_layout_buffer_bytes(dst, 0, rank, &dst_bytes));
   float *sbuf = src_bytes ? malloc(src_bytes) : NULL;
   float *dbuf = dst_bytes ? malloc(dst_bytes) : NULL;
-  void *src_ptrs[1] = {sbuf}, *dst_ptrs[1] = {dbuf};
+  reshard_buffer_t src_bufs[1] = {{sbuf, src_bytes}}, dst_bufs[1] = {{dbuf, dst_bytes}};
 
   long wrong = 0;
   for (int step = 0; step < 3; step++) {
@@ -82,7 +82,8 @@ static void *rank_main(void *arg) {
       for (int64_t i = 0; i < ROWS / 4; i++)
         for (int64_t j = 0; j < COLS; j++)
           sbuf[i * COLS + j] = value(rank * (ROWS / 4) + i, j, step);
-    CHECK(reshard_plan_execute(plan, src_ptrs, 1, dst_ptrs, 1, NULL));
+    /* the step is the weight version (from 1); sizes are checked first */
+    CHECK(reshard_plan_execute_sized(plan, (uint64_t)step + 1, src_bufs, 1, dst_bufs, 1, NULL));
     if (dbuf) /* rank 4+2d+t holds columns [t*512, (t+1)*512) */
       for (int64_t i = 0; i < ROWS; i++)
         for (int64_t j = 0; j < COLS / 2; j++)
