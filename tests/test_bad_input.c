@@ -957,32 +957,55 @@ static void plan_rank_disagreement(void **state) {
   place1(dst, add_t2(dst, "w", RESHARD_FP32, 8, 4), add_mesh1(dst, 2, 2), reshard_shard(1));
   /* valid on its own: another placement of the same tensor */
   place1(other, add_t2(other, "w", RESHARD_FP32, 8, 4), add_mesh1(other, 2, 0), reshard_shard(1));
+  /* every rank names the first rank that differs from rank 0 and what
+   * differs: the buffer, the tensor, the option or the count */
   pcase_init(&c, 4, src, dst);
   c.src[2] = other;
   pcase_run(&c);
-  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts", "ranks 0 and 2 describe source buffer 0 differently",
+             "'w'");
   /* a source rank disagreeing */
   pcase_init(&c, 4, src, dst);
   c.src[0] = other;
   pcase_run(&c);
-  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts", "ranks 0 and 1 describe source buffer 0");
   /* the destination description differs on one rank */
   pcase_init(&c, 4, src, dst);
   c.dst[3] = other;
   pcase_run(&c);
-  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts");
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "different layouts", "ranks 0 and 3 describe destination buffer 0");
   /* options that enter the digest */
   pcase_init(&c, 4, src, dst);
   c.opts[1].staging_bytes = (size_t)1 << 20;
   pcase_run(&c);
-  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options");
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options", "ranks 0 and 1 differ in options.staging_bytes");
   pcase_init(&c, 4, src, dst);
   c.opts[0].chunk_bytes = 4096;
   pcase_run(&c);
-  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options");
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options", "ranks 0 and 1 differ in options.chunk_bytes (4096 and 0)");
+  /* a tensor of another shape on both sides of rank 1; a tensor more on
+   * rank 3's destination */
+  reshard_layout_t *src5 = new_layout(), *dst5 = new_layout(), *dst_more = new_layout();
+  place1(src5, add_t2(src5, "w", RESHARD_FP32, 8, 5), add_mesh1(src5, 2, 0), reshard_shard(0));
+  place1(dst5, add_t2(dst5, "w", RESHARD_FP32, 8, 5), add_mesh1(dst5, 2, 2), reshard_shard(1));
+  place1(dst_more, add_t2(dst_more, "w", RESHARD_FP32, 8, 4), add_mesh1(dst_more, 2, 2), reshard_shard(1));
+  EXPECT_OK(reshard_layout_allow_partial(dst_more, add_t1(dst_more, "x", RESHARD_FP32, 2)));
+  pcase_init(&c, 4, src, dst);
+  c.src[1] = src5;
+  c.dst[1] = dst5;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "ranks 0 and 1 describe source tensor 0 differently");
+  pcase_init(&c, 4, src, dst);
+  c.dst[3] = dst_more;
+  c.src[3] = src;
+  pcase_run(&c);
+  EXPECT_RANK(&c, 3, IA, "tensor 'x'", "not in the source layout");
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   reshard_layout_destroy(other);
+  reshard_layout_destroy(src5);
+  reshard_layout_destroy(dst5);
+  reshard_layout_destroy(dst_more);
 }
 
 /* split_sizes {3, 4} for a dim of 8: caught where the pieces are computed,

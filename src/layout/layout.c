@@ -585,6 +585,52 @@ int rs_layout_max_rank(const reshard_layout_t *L) {
   return mx;
 }
 
+uint64_t rs_layout_tensor_digest(const reshard_layout_t *L, int t) {
+  const rs_tensor *T = &L->tensors[t];
+  int64_t hdr[4] = {(int64_t)T->name_hash, T->dtype, T->ndim, T->partial};
+  uint64_t h = rs_hash_bytes(hdr, sizeof hdr, 0x7e4);
+  return rs_hash_bytes(T->shape, (size_t)T->ndim * sizeof(int64_t), h);
+}
+
+uint64_t rs_layout_buffer_digest(const reshard_layout_t *L, int b) {
+  const rs_buffer *B = &L->buffers[b];
+  int64_t hdr[6] = {B->kind, B->concat_dim, B->num_groups, B->nparts, B->raw_rank, (int64_t)B->raw_bytes};
+  uint64_t h = rs_hash_bytes(hdr, sizeof hdr, B->name_hash);
+  for (int k = 0; B->kind == RS_BUFFER_FUSED && k < B->nparts; k++) {
+    const rs_part *p = &L->parts[B->first_part + k];
+    const rs_mesh *m = &L->meshes[p->mesh];
+    int n = L->tensors[p->tensor].ndim;
+    h = rs_hash_bytes(&p->tensor, sizeof p->tensor, h);
+    h = rs_hash_bytes(m->shape, (size_t)m->ndim * sizeof(int), h);
+    h = rs_hash_bytes(m->ranks, (size_t)m->size * sizeof(int), h);
+    for (int a = 0; a < m->ndim; a++) {
+      int pl[2] = {(int)p->pl[a].kind, p->pl[a].dim};
+      h = rs_hash_bytes(pl, sizeof pl, h);
+      if (p->pl[a].split_sizes) h = rs_hash_bytes(p->pl[a].split_sizes, (size_t)m->shape[a] * sizeof(int64_t), h);
+    }
+    h = rs_hash_bytes(p->vstart, (size_t)n * sizeof(int64_t), h);
+    h = rs_hash_bytes(p->vshape, (size_t)n * sizeof(int64_t), h);
+  }
+  for (int i = 0; B->kind == RS_BUFFER_RAW && i < B->nraws; i++) {
+    const rs_raw *r = &L->raws[B->raws[i]];
+    int n = L->tensors[r->tensor].ndim;
+    h = rs_hash_bytes(&r->tensor, sizeof r->tensor, h);
+    h = rs_hash_bytes(r->start, (size_t)n * sizeof(int64_t), h);
+    h = rs_hash_bytes(r->extent, (size_t)n * sizeof(int64_t), h);
+    h = rs_hash_bytes(r->strides, (size_t)n * sizeof(int64_t), h);
+    h = rs_hash_bytes(&r->byte_offset, sizeof r->byte_offset, h);
+  }
+  return h;
+}
+
+void rs_layout_counts(const reshard_layout_t *L, uint64_t out[5]) {
+  out[0] = (uint64_t)L->ntensors;
+  out[1] = (uint64_t)L->nmeshes;
+  out[2] = (uint64_t)L->nparts;
+  out[3] = (uint64_t)L->nbuffers;
+  out[4] = (uint64_t)L->nraws;
+}
+
 uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
   uint64_t h = seed;
 #define MIX(ptr, len) (h = rs_hash_bytes((ptr), (len), h))

@@ -181,6 +181,14 @@ reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
  * rank holds. The same answer on every rank. */
 reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char *side);
 
+/* Digests of parts of the description, to name where two ranks' layouts
+ * differ: a tensor (name, dtype, shape, partial), a buffer (its kind,
+ * name, parts with their meshes' ranks, placements and windows, raw
+ * fragments), and the counts of everything. */
+uint64_t rs_layout_tensor_digest(const reshard_layout_t *L, int t);
+uint64_t rs_layout_buffer_digest(const reshard_layout_t *L, int b);
+void rs_layout_counts(const reshard_layout_t *L, uint64_t out[5]);
+
 /* 64-bit digest of the whole description. */
 uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed);
 

@@ -437,6 +437,102 @@ enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_ES
        AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_N = AGREE_PACE + 2 * RS_WIDE_CANDIDATES };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
+/* ---- naming a disagreement ----
+ * Run by every rank when the digests differ and no rank failed on its own
+ * (both facts come from the agreement, so all ranks enter): a few more
+ * allreduces find the lowest rank f whose description differs from rank
+ * 0's, then the first thing that differs between the two: an option, a
+ * count, a tensor or a buffer (bisecting their indices, one word pair a
+ * step). Writes the answer into msg. */
+
+/* out[0..n) = rank a's words, out[n..2n) = rank b's (max with zeros). */
+static reshard_result_t pair_words(reshard_comm_t *comm, int a, int b, const uint64_t *mine, int n, uint64_t *out,
+                                   int64_t deadline) {
+  memset(out, 0, 2 * (size_t)n * sizeof *out);
+  if (comm->rank == a) memcpy(out, mine, (size_t)n * sizeof *out);
+  if (comm->rank == b) memcpy(out + n, mine, (size_t)n * sizeof *out);
+  return comm->ops->allreduce_max_u64(comm, out, 2 * n, deadline);
+}
+
+typedef uint64_t (*item_digest)(const reshard_layout_t *L, int i);
+
+/* The first index in [0, n) whose item differs between ranks 0 and f, or
+ * -1 when none does. */
+static reshard_result_t first_difference(reshard_comm_t *comm, int f, const reshard_layout_t *L, int n,
+                                         item_digest dig, int64_t deadline, int *at) {
+  int lo = 0, hi = n;
+  *at = -1;
+  for (int whole = 1; hi - lo >= 1; whole = 0) {
+    int mid = whole ? hi : lo + (hi - lo + 1) / 2; /* first the whole range, then halves */
+    uint64_t h = 0x51ed, v[2];
+    for (int i = lo; i < mid; i++) h = rs_hash_bytes(&(uint64_t){dig(L, i)}, sizeof(uint64_t), h);
+    RS_CHECK(pair_words(comm, 0, f, &h, 1, v, deadline));
+    if (v[0] != v[1]) {
+      if (mid - lo == 1) {
+        *at = lo;
+        return RESHARD_SUCCESS;
+      }
+      hi = mid;
+    } else {
+      if (whole) return RESHARD_SUCCESS;
+      lo = mid;
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t explain_mismatch(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
+                                         const uint64_t *hdr, uint64_t digest, int64_t deadline, char *msg, size_t len) {
+  uint64_t v[2 * 17];
+  /* rank 0's digest, then the lowest rank that differs from it */
+  RS_CHECK(pair_words(comm, 0, -1, &digest, 1, v, deadline));
+  uint64_t mine = digest != v[0] ? UINT64_MAX - (uint64_t)comm->rank : 0;
+  RS_CHECK(comm->ops->allreduce_max_u64(comm, &mine, 1, deadline));
+  const int f = (int)(UINT64_MAX - mine);
+  /* options and counts */
+  uint64_t words[17];
+  memcpy(words, hdr, 7 * sizeof *words);
+  rs_layout_counts(src, words + 7);
+  rs_layout_counts(dst, words + 12);
+  RS_CHECK(pair_words(comm, 0, f, words, 17, v, deadline));
+  static const char *const what[17] = {
+      "the communicator size", "options.staging_bytes", "options.chunk_bytes", "options.relay", "options.flags",
+      "options.topology", "the relay part size (rs_relay_min_part_bytes)",
+      "the source layout's tensor count", "the source layout's mesh count", "the source layout's part count",
+      "the source layout's buffer count", "the source layout's raw fragment count",
+      "the destination layout's tensor count", "the destination layout's mesh count",
+      "the destination layout's part count", "the destination layout's buffer count",
+      "the destination layout's raw fragment count"};
+  for (int i = 0; i < 17; i++)
+    if (v[i] != v[17 + i]) {
+      if (i == 5) snprintf(msg, len, "ranks 0 and %d differ in %s", f, what[i]);
+      else snprintf(msg, len, "ranks 0 and %d differ in %s (%llu and %llu)", f, what[i], (unsigned long long)v[i],
+                    (unsigned long long)v[17 + i]);
+      return RESHARD_SUCCESS;
+    }
+  const reshard_layout_t *sides[2] = {src, dst};
+  const char *names[2] = {"source", "destination"};
+  for (int s = 0; s < 2; s++) {
+    const reshard_layout_t *L = sides[s];
+    int at;
+    RS_CHECK(first_difference(comm, f, L, L->ntensors, rs_layout_tensor_digest, deadline, &at));
+    if (at >= 0) {
+      const rs_tensor *t = &L->tensors[at];
+      snprintf(msg, len, "ranks 0 and %d describe %s tensor %d differently (on this rank '%s', %s, %d dims; name, "
+               "dtype, shape or allow_partial differ)", f, names[s], at, t->name, reshard_dtype_name(t->dtype), t->ndim);
+      return RESHARD_SUCCESS;
+    }
+    RS_CHECK(first_difference(comm, f, L, L->nbuffers, rs_layout_buffer_digest, deadline, &at));
+    if (at >= 0) {
+      snprintf(msg, len, "ranks 0 and %d describe %s buffer %d differently (on this rank '%s'; its name, parts, "
+               "meshes, placements, windows or raw fragments differ)", f, names[s], at, L->buffers[at].name);
+      return RESHARD_SUCCESS;
+    }
+  }
+  snprintf(msg, len, "ranks 0 and %d differ in a way not named here (mesh ids or order)", f);
+  return RESHARD_SUCCESS;
+}
+
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within
  * options.chunk_bytes and what one int counts. */
@@ -611,12 +707,13 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
-  uint64_t digest = 0;
+  uint64_t digest = 0, hdr[7] = {0};
   if (src && dst && p) {
     const char *topo = p->opts.topology ? p->opts.topology : "";
-    uint64_t hdr[7] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
-                       (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
-                       rs_relay_min_part_bytes};
+    const uint64_t h[7] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
+                           (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
+                           rs_relay_min_part_bytes};
+    memcpy(hdr, h, sizeof hdr);
     digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
     digest = rs_layout_digest(src, digest);
     digest = rs_layout_digest(dst, digest ^ 0xd57);
@@ -643,10 +740,16 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     goto fail;
   }
   if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
+    /* every rank sees the digests differ and that no rank failed alone:
+     * all of them narrow it down together */
+    char why[512] = "";
+    if (!v[AGREE_ERROR] && explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
+      snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
     r = rs_error(RESHARD_ERROR_MISMATCH,
-                 "plan_create rank %d: ranks passed different layouts or options (digest %016llx, others range %016llx..%016llx)",
-                 comm->rank, (unsigned long long)digest, (unsigned long long)~v[AGREE_NOT_DIGEST],
-                 (unsigned long long)v[AGREE_DIGEST]);
+                 "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others range "
+                 "%016llx..%016llx)",
+                 comm->rank, why[0] ? why : "the digests differ", (unsigned long long)digest,
+                 (unsigned long long)~v[AGREE_NOT_DIGEST], (unsigned long long)v[AGREE_DIGEST]);
     goto fail;
   }
   if (v[AGREE_ERROR]) {
