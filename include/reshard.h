@@ -481,7 +481,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * its calls in the same order (not with RESHARD_FLAG_DOUBLE_BUFFER). Each
  * call is numbered, so messages of a call that failed never match a later
  * one. stream is the CUDA stream for device backends and must be NULL on
- * host transports. The call's weight version is the previous call's + 1
+ * host transports. On host transports a call this rank rejects (its
+ * arguments, its staging memory) writes nothing but still takes its place:
+ * its partners fail with RESHARD_ERROR_REMOTE naming this rank and why,
+ * and the plan fails on every rank (see reshard_plan_get_status); with no
+ * partners and no double buffering it returns and the plan stays usable.
+ * The call's weight version is the previous call's + 1
  * (1 for the first); see reshard_plan_execute_version. */
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
                                       void *const *src_buffers,

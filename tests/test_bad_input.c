@@ -1099,12 +1099,12 @@ static reshard_plan_t *xcase_plan(xcase *x, int rank, reshard_comm_t *comm) {
   return plan;
 }
 
-/* Bad execute arguments passed by every rank alike: each call fails before
- * any message moves, so the ranks stay in step and a valid call works. */
+/* Bad execute arguments passed by every rank alike: each call is refused
+ * before any data moves, naming the argument; it takes its place in the
+ * agreement (telling its partners) and fails the plan, which then refuses
+ * at once; a new plan works. */
 static int exec_bad_args_rank(int rank, reshard_comm_t *comm, void *arg) {
   xcase *x = arg;
-  reshard_plan_t *plan = xcase_plan(x, rank, comm);
-  if (!plan) return 1;
   th_side s, ref, d;
   TCHECK(x, rank, !th_side_alloc(&s, x->src, rank, 0) && !th_side_alloc(&ref, x->src, rank, 0) &&
                       !th_side_alloc(&d, x->dst, rank, -1),
@@ -1132,17 +1132,28 @@ static int exec_bad_args_rank(int rank, reshard_comm_t *comm, void *arg) {
       {(void *const[]){NULL, s.ptr[1]}, 2, dp, 2, NULL, IA, {"source buffer 0 'a'", "is NULL", NULL}},
       {sp, 2, (void *const[]){d.ptr[0], NULL}, 2, NULL, IA, {"destination buffer 1 'b'", "is NULL", NULL}},
   };
+  reshard_plan_t *plan = NULL;
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    plan = xcase_plan(x, rank, comm);
+    if (!plan) return 1;
     reshard_result_t r = reshard_plan_execute(plan, bad[i].src, bad[i].ns, bad[i].dst, bad[i].nd, bad[i].stream);
     const char *m = reshard_last_error();
     TCHECK(x, rank, r == bad[i].want, "bad call %zu returned %d, expected %d (%s)", i, (int)r, (int)bad[i].want, m);
     TCHECK(x, rank, has(m, rk), "bad call %zu: message does not name %s: \"%s\"", i, rk, m);
+    TCHECK(x, rank, has(m, "partners were told"), "bad call %zu: \"partners were told\" not in \"%s\"", i, m);
     for (int k = 0; k < 3 && bad[i].sub[k]; k++)
       TCHECK(x, rank, has(m, bad[i].sub[k]), "bad call %zu: \"%s\" not in \"%s\"", i, bad[i].sub[k], m);
     TCHECK(x, rank, bytes_not_sentinel(&d) == 0, "bad call %zu wrote destination bytes", i);
     TCHECK(x, rank, sides_equal(&s, &ref), "bad call %zu changed source bytes", i);
+    /* the plan failed with the call: refused at once, saying why */
+    r = reshard_plan_execute(plan, (void *const *)s.ptr, 2, (void *const *)d.ptr, 2, NULL);
+    TCHECK(x, rank, r == IU && has(reshard_last_error(), "failed earlier, at execute call 0"),
+           "after bad call %zu: %d %s", i, (int)r, reshard_last_error());
+    reshard_plan_destroy(plan);
   }
-  /* the plan is intact: two valid steps deliver exactly their data */
+  /* a new plan: two valid steps deliver exactly their data */
+  plan = xcase_plan(x, rank, comm);
+  if (!plan) return 1;
   for (int step = 0; step < 2; step++) {
     if (step) {
       th_side_free(&s);
@@ -1241,15 +1252,19 @@ static void run_one_null(xcase *x, int retry) {
   EXPECT_RANK(x, 1, IA, "rank 1", "destination buffer 1 'b'", "is NULL");
   if (x->secs[1] > 1.0) fail_msg("rank 1 took %.2f s to reject its arguments", x->secs[1]);
   assert_int_equal(x->dst_written[1], 0);
-  /* the others wait for rank 1's messages until their deadline */
+  EXPECT_RANK(x, 1, IA, "partners were told");
+  /* its partners hear of it in the agreement, at once: REMOTE naming rank
+   * 1 and why, well before their deadline; a rank that exchanges nothing
+   * with rank 1 learns of it from its own partners' statuses */
   for (int r = 0; r < 4; r++) {
     if (r == 1) continue;
     char rk[32];
     snprintf(rk, sizeof rk, "execute rank %d", r);
-    EXPECT_RANK(x, r, RESHARD_ERROR_TIMEOUT, rk, "receive from rank 1", "timed out");
-    if (x->secs[r] < 1.9 || x->secs[r] > 15.0)
-      fail_msg("rank %d gave up after %.2f s with timeout_ms = 2000", r, x->secs[r]);
+    EXPECT_RANK(x, r, RESHARD_ERROR_REMOTE, rk);
+    if (x->secs[r] > 1.0) fail_msg("rank %d took %.2f s to learn of rank 1's rejected call", r, x->secs[r]);
   }
+  if (!has(x->msg[0], "rank 1 rejected execute call 0") || !has(x->msg[0], "destination buffer 1 'b'"))
+    fail_msg("rank 0 does not name rank 1 and its buffer: %s", x->msg[0]);
 }
 
 static void exec_null_buffer_one_rank(void **state) {
@@ -1259,25 +1274,19 @@ static void exec_null_buffer_one_rank(void **state) {
 }
 
 /* After such a failure every rank retries the step with valid buffers.
- * The ranks that timed out have failed plans, which refuse at once saying
- * why; rank 1 (whose call was only rejected) runs its agreement and learns
- * from the stale status of its partners that they failed. With new plans
+ * Every plan failed with the call (rank 1's with its rejection, the
+ * others' with REMOTE): each refuses at once saying why. With new plans
  * the step delivers its own data. */
 static void exec_retry_after_failed_execute(void **state) {
   (void)state;
   xcase x;
   run_one_null(&x, 1);
   for (int r = 0; r < 4; r++) {
-    if (r == 1) {
-      if (x.retry_code[r] != RESHARD_ERROR_REMOTE && x.retry_code[r] != RESHARD_ERROR_TIMEOUT)
-        fail_msg("rank 1: retry on the old plan returned %d: %s", (int)x.retry_code[r], x.retry_msg[r]);
-    } else {
-      if (x.retry_code[r] != RESHARD_ERROR_INVALID_USAGE)
-        fail_msg("rank %d: retry on the failed plan returned %d: %s", r, (int)x.retry_code[r], x.retry_msg[r]);
-      const char *want[] = {"failed earlier, at execute call 0", "timeout", "receive from rank 1", "destroy the plan"};
-      for (int k = 0; k < 4; k++)
-        if (!has(x.retry_msg[r], want[k])) fail_msg("rank %d: \"%s\" not in \"%s\"", r, want[k], x.retry_msg[r]);
-    }
+    if (x.retry_code[r] != RESHARD_ERROR_INVALID_USAGE)
+      fail_msg("rank %d: retry on the failed plan returned %d: %s", r, (int)x.retry_code[r], x.retry_msg[r]);
+    const char *want[] = {"failed earlier, at execute call 0", r == 1 ? "is NULL" : "remote", "destroy the plan"};
+    for (int k = 0; k < 3; k++)
+      if (!has(x.retry_msg[r], want[k])) fail_msg("rank %d: \"%s\" not in \"%s\"", r, want[k], x.retry_msg[r]);
     if (x.fresh_code[r] != RESHARD_SUCCESS) fail_msg("rank %d: the new plan returned %d", r, (int)x.fresh_code[r]);
     if (x.retry_bad[r]) fail_msg("rank %d: retry left %lld wrong destination elements", r, (long long)x.retry_bad[r]);
   }
@@ -1285,14 +1294,14 @@ static void exec_retry_after_failed_execute(void **state) {
 
 /* reshard_plan_execute_sized: w[8] f32 from rank 0 to rank 1. A short
  * buffer on either side is refused before anything moves (its bytes and
- * the partner's untouched); then both ranks execute with the right sizes
- * and every element arrives. The refused calls take no call number, so
- * the partners still pair up. */
+ * the partner's untouched) and the partner learns of it at once (REMOTE
+ * naming the buffer); then, on a new plan, both ranks execute with the
+ * right sizes and every element arrives. */
 typedef struct sized_case {
   const reshard_layout_t *src, *dst;
   pthread_barrier_t bar;
-  reshard_result_t short_code[2];
-  char short_msg[2][MSG_LEN];
+  reshard_result_t short_code[2], partner_code[2];
+  char short_msg[2][MSG_LEN], partner_msg[2][MSG_LEN];
   int untouched[2], delivered;
 } sized_case;
 
@@ -1301,21 +1310,28 @@ static int sized_rank(int rank, reshard_comm_t *comm, void *arg) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 20000;
   reshard_plan_t *plan = NULL;
-  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
   float w[8], got[8];
   for (int i = 0; i < 8; i++) w[i] = (float)i + 0.5f, got[i] = -1;
   reshard_buffer_t sb = {w, sizeof w}, db = {got, sizeof got};
   reshard_buffer_t short_b = rank == 0 ? (reshard_buffer_t){w, 16} : (reshard_buffer_t){got, 31};
-  /* one rank at a time refuses a short buffer alone */
+  /* in turn, one rank passes a short buffer while the other is right */
   for (int turn = 0; turn < 2; turn++) {
+    if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
+    const reshard_buffer_t *mine = turn == rank ? &short_b : rank == 0 ? &sb : &db;
+    reshard_result_t r = rank == 0 ? reshard_plan_execute_sized(plan, 0, mine, 1, NULL, 0, NULL)
+                                   : reshard_plan_execute_sized(plan, 0, NULL, 0, mine, 1, NULL);
     if (turn == rank) {
-      c->short_code[rank] = rank == 0 ? reshard_plan_execute_sized(plan, 0, &short_b, 1, NULL, 0, NULL)
-                                      : reshard_plan_execute_sized(plan, 0, NULL, 0, &short_b, 1, NULL);
+      c->short_code[rank] = r;
       snprintf(c->short_msg[rank], MSG_LEN, "%s", reshard_last_error());
-      c->untouched[rank] = rank == 0 ? w[3] == 3.5f : got[0] == -1 && got[7] == -1;
+    } else {
+      c->partner_code[rank] = r;
+      snprintf(c->partner_msg[rank], MSG_LEN, "%s", reshard_last_error());
     }
+    c->untouched[rank] += rank == 0 ? w[3] == 3.5f : got[0] == -1 && got[7] == -1;
+    reshard_plan_destroy(plan);
     pthread_barrier_wait(&c->bar);
   }
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
   reshard_result_t r = rank == 0 ? reshard_plan_execute_sized(plan, 7, &sb, 1, NULL, 0, NULL)
                                  : reshard_plan_execute_sized(plan, 7, NULL, 0, &db, 1, NULL);
   if (rank == 1 && r == RESHARD_SUCCESS) {
@@ -1343,7 +1359,13 @@ static void exec_sized_buffers(void **state) {
     assert_int_equal(c.short_code[r], RESHARD_ERROR_INVALID_ARGUMENT);
     for (int k = 0; k < 2; k++)
       if (!has(c.short_msg[r], want[r][k])) fail_msg("rank %d: \"%s\" not in \"%s\"", r, want[r][k], c.short_msg[r]);
-    assert_true(c.untouched[r]);
+    assert_int_equal(c.untouched[r], 2);
+    /* the partner of the short one: REMOTE, naming it and the buffer */
+    assert_int_equal(c.partner_code[1 - r], RESHARD_ERROR_REMOTE);
+    char who[64];
+    snprintf(who, sizeof who, "rank %d rejected execute call 0", r);
+    if (!has(c.partner_msg[1 - r], who) || !has(c.partner_msg[1 - r], want[r][0]))
+      fail_msg("rank %d: \"%s\" / \"%s\" not in \"%s\"", 1 - r, who, want[r][0], c.partner_msg[1 - r]);
   }
   assert_true(c.delivered);
   reshard_layout_destroy(src);

@@ -113,15 +113,28 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   CHECK(st.active_copy == -1 && st.committed_version == 0, "before any execute: active %d version %llu",
         st.active_copy, (unsigned long long)st.committed_version);
 
-  /* the wrong number of destination buffers: refused, nothing sent */
-  if (c0.nbuf && c0.ptr[0]) {
+  /* the wrong number of destination buffers (on a plan of its own: a
+   * rejected call takes its place, tells its partners and fails the plan):
+   * refused, nothing written; every rank calls, as every execute of a
+   * double-buffered plan must, and none succeeds */
+  {
+    reshard_plan_t *once = NULL;
+    if (reshard_plan_create(comm, x->src, x->dst, &o, &once)) return 1;
     th_side s;
     if (th_side_alloc(&s, x->src, rank, 1)) return 1;
-    reshard_result_t r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)c0.ptr,
-                                              (size_t)c0.nbuf, NULL);
-    CHECK(r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "2 x 1"), "single copy: %d %s", (int)r,
-          reshard_last_error());
+    const int holds = c0.nbuf && c0.ptr[0];
+    reshard_result_t r = reshard_plan_execute(once, (void *const *)s.ptr, (size_t)s.nbuf,
+                                              holds ? (void *const *)c0.ptr : NULL, holds ? (size_t)c0.nbuf : 0, NULL);
+    if (holds)
+      CHECK(r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "2 x 1") &&
+                strstr(reshard_last_error(), "partners were told"),
+            "single copy: %d %s", (int)r, reshard_last_error());
+    else
+      CHECK(r != RESHARD_SUCCESS, "a partner's rejected call succeeded here");
+    for (int b = 0; b < c0.nbuf; b++)
+      for (size_t k = 0; k < c0.bytes[b]; k++) CHECK(c0.ptr[b][k] == TH_SENTINEL, "the rejected call wrote copy 0");
     th_side_free(&s);
+    reshard_plan_destroy(once);
   }
 
   /* step 1 lands in copy 0 */

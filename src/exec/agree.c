@@ -28,6 +28,8 @@
 
 typedef struct rs_exec_hdr {
   uint64_t magic, digest, call, version;
+  uint64_t abort;  /* the sender rejected this call: its result code */
+  char why[216];   /* and why (the start of its reshard_last_error()) */
 } rs_exec_hdr;
 
 struct rs_agree {
@@ -89,9 +91,16 @@ static void wait_all(rs_agree *a, int64_t deadline, const char *what, int mark) 
 
 static void check_header(rs_agree *a, size_t i) {
   const reshard_plan_t *p = a->p;
-  const rs_exec_hdr *h = &a->in[i], *mine = &a->mine;
+  rs_exec_hdr *h = &a->in[i];
+  const rs_exec_hdr *mine = &a->mine;
   int peer = p->peers[i].peer;
-  if (h->magic != RS_HDR_MAGIC || h->digest != p->digest) {
+  if (h->magic == RS_HDR_MAGIC && h->digest == p->digest && h->abort) {
+    h->why[sizeof h->why - 1] = '\0';
+    fail(a, rs_error(RESHARD_ERROR_REMOTE,
+                     "execute rank %d: rank %d rejected execute call %llu with '%s': %s", p->rank, peer,
+                     (unsigned long long)h->call, reshard_result_string((reshard_result_t)h->abort), h->why),
+         "");
+  } else if (h->magic != RS_HDR_MAGIC || h->digest != p->digest) {
     fail(a, rs_error(RESHARD_ERROR_MISMATCH,
                      "execute rank %d: rank %d runs another plan or protocol (header magic %016llx digest %016llx, "
                      "expected %016llx %016llx)",
@@ -114,10 +123,12 @@ static reshard_result_t partner_failed(const rs_agree *a, size_t i) {
 }
 
 reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t version, int64_t deadline,
-                                rs_agree **out) {
+                                reshard_result_t abort, rs_agree **out) {
   *out = NULL;
   size_t n = p->npeers;
-  if (n == 0) return RESHARD_SUCCESS;
+  if (n == 0) return abort;
+  char own[640] = "";
+  if (abort) snprintf(own, sizeof own, "%s", reshard_last_error());
   reshard_comm_t *comm = p->comm;
   const rs_transport_ops *ops = comm->ops;
   rs_agree *a = rs_calloc(1, sizeof *a + n * (sizeof(rs_exec_hdr) + sizeof(uint64_t) + 2 * sizeof(rs_request *) + 1));
@@ -131,7 +142,8 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
   a->rreq = (rs_request **)(a->status_in + n);
   a->sreq = a->rreq + n;
   a->got = (unsigned char *)(a->sreq + n);
-  a->mine = (rs_exec_hdr){RS_HDR_MAGIC, p->digest, call, version};
+  a->mine = (rs_exec_hdr){RS_HDR_MAGIC, p->digest, call, version, (uint64_t)abort, ""};
+  snprintf(a->mine.why, sizeof a->mine.why, "%s", own);
   const uint64_t htag = p->tag_base | RS_TAG_CONTROL | RS_CTL_HEADER;
   const uint64_t stag = p->tag_base | RS_TAG_CONTROL | RS_CTL_STATUS;
   char prefix[160];
@@ -151,6 +163,10 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
       fail(a, r, prefix);
     }
   if (!a->r) wait_all(a, deadline, "header", 1);
+  if (abort) { /* this rank's own rejection is the story, whatever else happened */
+    a->r = abort;
+    snprintf(a->msg, sizeof a->msg, "%s", own);
+  }
   for (size_t i = 0; i < n; i++)
     if (a->got[i]) check_header(a, i);
   cancel_reqs(a, 1, 1);

@@ -58,14 +58,18 @@ void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call);
  * or receives from). Host transports only. */
 typedef struct rs_agree rs_agree;
 
-/* Swaps headers {magic, digest, call, version} with every partner and
- * compares them (RESHARD_ERROR_MISMATCH naming both ranks), then posts the
- * status exchange: this rank's result goes to every partner, and theirs
- * are received while the data moves. *out (NULL without partners) must be
- * passed to rs_agree_end, whatever the result. */
+/* Swaps headers {magic, digest, call, version, abort} with every partner
+ * and compares them (RESHARD_ERROR_MISMATCH naming both ranks), then posts
+ * the status exchange: this rank's result goes to every partner, and
+ * theirs are received while the data moves. abort (0: none) is this
+ * rank's own rejection of the call (its arguments, its memory), sent with
+ * the first words of reshard_last_error() in the header: its partners fail
+ * with RESHARD_ERROR_REMOTE naming it as soon as the header arrives, and
+ * this call returns abort. *out (NULL without partners) must be passed to
+ * rs_agree_end, whatever the result. */
 reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call,
                                 uint64_t version, int64_t deadline,
-                                rs_agree **out);
+                                reshard_result_t abort, rs_agree **out);
 
 /* Never blocks: RESHARD_ERROR_REMOTE if a partner's status arrived saying
  * it failed its agreement. NULL: success. */

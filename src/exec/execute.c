@@ -339,6 +339,35 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
   return RESHARD_SUCCESS;
 }
 
+/* A call this rank rejects (its arguments, its memory) still takes its
+ * number and its place in the agreement, carrying the rejection, so that
+ * its partners fail at once with RESHARD_ERROR_REMOTE naming it instead of
+ * waiting for data until their deadline; with double buffering it joins
+ * the commit too, which then fails everywhere. Returns `why` with the
+ * rejection's message (the last error when called). */
+static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                   reshard_result_t why, uint64_t *version_out, uint64_t *call_out) {
+  char msg[640];
+  snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  const int64_t deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
+  const uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
+  uint64_t version = 0;
+  rs_agree *agree = NULL;
+  reshard_result_t r = rs_agree_turn_wait(plan, call, deadline);
+  if (r == RESHARD_SUCCESS) {
+    version = rs_plan_take_version(plan, explicit_version, version_in);
+    rs_error(why, "%s", msg); /* what the header carries */
+    r = rs_agree_begin(plan, call, version, deadline, why, &agree);
+    rs_agree_turn_pass(plan, call);
+  }
+  r = rs_agree_end(agree, r, deadline);
+  if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) commit(plan, deadline, why, call, version);
+  *version_out = version;
+  *call_out = call;
+  return rs_error(why, "%s (its partners were told)", msg);
+}
+
 /* The call once its arguments passed: staging, agreement, rounds, commit. */
 static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                  void *const *src_buffers, void *const *const dst_copies[2], uint64_t *version_out,
@@ -369,8 +398,12 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
     else free(block);
     free(vblock);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
-                    need + vneed);
+    rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
+             need + vneed);
+    *target_out = 0;
+    if (plan->npeers == 0 && !(plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
+      return RESHARD_ERROR_OUT_OF_MEMORY; /* nobody to tell: retry later */
+    return abort_call(plan, explicit_version, version_in, RESHARD_ERROR_OUT_OF_MEMORY, version_out, call_out);
   }
   exec_state st;
   memset(&st, 0, sizeof st);
@@ -411,7 +444,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
   if (r == RESHARD_SUCCESS) {
     version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_agree_begin(plan, call, version, st.deadline, &st.agree);
+    r = rs_agree_begin(plan, call, version, st.deadline, RESHARD_SUCCESS, &st.agree);
     /* before the turn passes: a concurrent call must find the plan
      * failed rather than read this call's leftover control messages */
     if (rs_result_fails_plan(r)) rs_plan_mark_failed(plan, call, version, r, reshard_last_error());
@@ -438,20 +471,33 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   return r;
 }
 
-static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                void *const *src_buffers, size_t num_src, void *const *dst_buffers, size_t num_dst,
-                                void *stream) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  RS_CHECK(rs_plan_refuse_if_failed(plan));
+/* The sizes of every buffer the plan uses, against the layout's. */
+static reshard_result_t check_sizes(const reshard_plan_t *p, const char *side, const size_t *bytes, void *const *bufs,
+                                    size_t n, size_t base, const rs_used_buffer *used, int nused) {
+  for (int i = 0; bytes && i < nused; i++) {
+    size_t k = base + (size_t)used[i].id;
+    if (k >= n || !bufs[k]) continue; /* the count and NULL checks say why */
+    if (bytes[k] < used[i].bytes)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "execute rank %d: %s buffer %d '%s' is %zu bytes, the layout needs %llu on this rank", p->rank,
+                      side, used[i].id, used[i].name, bytes[k], (unsigned long long)used[i].bytes);
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* What execute checks of its arguments before anything moves. */
+static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
+                                   const size_t *src_bytes, void *const *dst_buffers, size_t num_dst,
+                                   const size_t *dst_bytes, void *stream) {
   const rs_stream_ops *dev = plan->comm->ops->stream_ops;
   const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   if (stream && !dev)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
                     plan->rank, plan->comm->ops->name);
   RS_CHECK(check_buffers(plan, "source", src_buffers, num_src, plan->num_src_buffers, plan->src_used, plan->nsrc_used));
+  RS_CHECK(check_sizes(plan, "source", src_bytes, src_buffers, num_src, 0, plan->src_used, plan->nsrc_used));
+  const size_t nd = (size_t)plan->num_dst_buffers;
   if (dbuf) {
-    size_t nd = (size_t)plan->num_dst_buffers;
     if (plan->ndst_used && (!dst_buffers || num_dst != 2 * nd))
       return rs_error(RESHARD_ERROR_INVALID_USAGE,
                       "execute rank %d: destination buffers: %zu given (%s); RESHARD_FLAG_DOUBLE_BUFFER needs 2 x %zu "
@@ -462,6 +508,10 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
                              plan->ndst_used));
       RS_CHECK(check_buffers(plan, "destination (copy 1)", dst_buffers + nd, nd, plan->num_dst_buffers,
                              plan->dst_used, plan->ndst_used));
+      RS_CHECK(check_sizes(plan, "destination (copy 0)", dst_bytes, dst_buffers, num_dst, 0, plan->dst_used,
+                           plan->ndst_used));
+      RS_CHECK(check_sizes(plan, "destination (copy 1)", dst_bytes, dst_buffers, num_dst, nd, plan->dst_used,
+                           plan->ndst_used));
     } else if (dst_buffers && num_dst != 0 && num_dst != 2 * nd) {
       return rs_error(RESHARD_ERROR_INVALID_USAGE,
                       "execute rank %d: %zu destination buffers given, RESHARD_FLAG_DOUBLE_BUFFER needs 2 x %zu or none",
@@ -470,10 +520,33 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   } else {
     RS_CHECK(check_buffers(plan, "destination", dst_buffers, num_dst, plan->num_dst_buffers, plan->dst_used,
                            plan->ndst_used));
+    RS_CHECK(check_sizes(plan, "destination", dst_bytes, dst_buffers, num_dst, 0, plan->dst_used, plan->ndst_used));
   }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                void *const *src_buffers, size_t num_src, const size_t *src_bytes,
+                                void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
+  const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   uint64_t call = 0, version = 0;
-  reshard_result_t r;
+  reshard_result_t r = check_args(plan, src_buffers, num_src, src_bytes, dst_buffers, num_dst, dst_bytes, stream);
+  if (r != RESHARD_SUCCESS) {
+    /* Nothing moves, but the partners must hear of it: the call takes its
+     * place in the agreement (host transports; nobody to tell without
+     * partners or a commit), and the plan fails like theirs. */
+    if (dev || (plan->npeers == 0 && !dbuf)) return r;
+    r = abort_call(plan, explicit_version, version_in, r, &version, &call);
+    char why[640];
+    snprintf(why, sizeof why, "%s", reshard_last_error());
+    rs_plan_mark_failed(plan, call, version, r, why);
+    return rs_error(r, "%s", why);
+  }
   if (dev) {
     /* Stream-ordered: no host agreement; the version is recorded when the
      * work is enqueued. */
@@ -498,7 +571,9 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   }
   if (r == RESHARD_SUCCESS) {
     rs_plan_record_success(plan, version);
-  } else if (rs_result_fails_plan(r)) {
+  } else if (rs_result_fails_plan(r) || (r == RESHARD_ERROR_OUT_OF_MEMORY && !dev && (plan->npeers || dbuf))) {
+    /* a host call that ran out of staging told its partners (abort_call):
+     * their plans fail, so does this one */
     char why[640];
     snprintf(why, sizeof why, "%s", reshard_last_error());
     rs_plan_mark_failed(plan, call, version, r, why);
@@ -508,27 +583,13 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
 
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
                                       void *const *dst_buffers, size_t num_dst, void *stream) {
-  return execute(plan, 0, 0, src_buffers, num_src, dst_buffers, num_dst, stream);
+  return execute(plan, 0, 0, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream);
 }
 
 reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64_t version,
                                               void *const *src_buffers, size_t num_src, void *const *dst_buffers,
                                               size_t num_dst, void *stream) {
-  return execute(plan, 1, version, src_buffers, num_src, dst_buffers, num_dst, stream);
-}
-
-/* The sizes of every buffer the plan uses, against the layout's. */
-static reshard_result_t check_sizes(const reshard_plan_t *p, const char *side, const reshard_buffer_t *b, size_t n,
-                                    size_t base, const rs_used_buffer *used, int nused) {
-  for (int i = 0; i < nused; i++) {
-    size_t k = base + (size_t)used[i].id;
-    if (k >= n || !b[k].ptr) continue; /* the count and NULL checks say why */
-    if (b[k].bytes < used[i].bytes)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                      "execute rank %d: %s buffer %d '%s' is %zu bytes, the layout needs %llu on this rank", p->rank,
-                      side, used[i].id, used[i].name, b[k].bytes, (unsigned long long)used[i].bytes);
-  }
-  return RESHARD_SUCCESS;
+  return execute(plan, 1, version, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream);
 }
 
 reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t version, const reshard_buffer_t *src,
@@ -539,18 +600,19 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
   if ((num_src && !src) || (num_dst && !dst))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffers are NULL with a count of %zu",
                     plan->rank, num_src && !src ? "source" : "destination", num_src && !src ? num_src : num_dst);
-  RS_CHECK(check_sizes(plan, "source", src, num_src, 0, plan->src_used, plan->nsrc_used));
-  const size_t nd = (size_t)plan->num_dst_buffers;
-  const int two = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) && num_dst == 2 * nd;
-  RS_CHECK(check_sizes(plan, two ? "destination (copy 0)" : "destination", dst, num_dst, 0, plan->dst_used,
-                       plan->ndst_used));
-  if (two) RS_CHECK(check_sizes(plan, "destination (copy 1)", dst, num_dst, nd, plan->dst_used, plan->ndst_used));
-  void **ptrs = rs_malloc((num_src + num_dst + 1) * sizeof *ptrs);
-  if (!ptrs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", plan->rank);
-  for (size_t i = 0; i < num_src; i++) ptrs[i] = src[i].ptr;
-  for (size_t i = 0; i < num_dst; i++) ptrs[num_src + i] = dst[i].ptr;
-  reshard_result_t r = execute(plan, version != 0, version, src ? ptrs : NULL, num_src, dst ? ptrs + num_src : NULL,
-                               num_dst, stream);
+  const size_t n = num_src + num_dst;
+  void **ptrs = rs_malloc((n + 1) * sizeof *ptrs);
+  size_t *bytes = rs_malloc((n + 1) * sizeof *bytes);
+  reshard_result_t r;
+  if (!ptrs || !bytes) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", plan->rank);
+  } else {
+    for (size_t i = 0; i < num_src; i++) ptrs[i] = src[i].ptr, bytes[i] = src[i].bytes;
+    for (size_t i = 0; i < num_dst; i++) ptrs[num_src + i] = dst[i].ptr, bytes[num_src + i] = dst[i].bytes;
+    r = execute(plan, version != 0, version, src ? ptrs : NULL, num_src, bytes, dst ? ptrs + num_src : NULL, num_dst,
+                bytes + num_src, stream);
+  }
   free(ptrs);
+  free(bytes);
   return r;
 }

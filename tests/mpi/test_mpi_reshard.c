@@ -6,7 +6,8 @@
  * property-test generator), Megatron -> vLLM dense GQA and MoE models with
  * expert parallelism on both sides, colocated variants, and relay plans
  * (options.relay = 1: destination data-parallel replicas forward to each
- * other, flat and on the h100-8x400g topology), sized to the world. Run under mpirun with 2, 4 or 8 ranks (ctest does all three).
+ * other, flat and on the h100-8x400g topology), sized to the world; a
+ * version mismatch and a call one rank rejects (its partners are told). Run under mpirun with 2, 4 or 8 ranks (ctest does all three).
  *
  *   mpirun -np 4 ./test_mpi_reshard [random_seeds]
  *
@@ -138,9 +139,9 @@ static void model_case(reshard_comm_t *comm, const char *config, const char *tra
  * columns), so every rank gets RESHARD_ERROR_MISMATCH, before any data
  * moves: destinations keep the first step. A new plan then works (stale
  * control messages of the failed call do not match it). */
-static void version_mismatch_case(reshard_comm_t *comm) {
-  const char *name = "version mismatch";
-  reshard_layout_t *L[2];
+/* Rows sharded on the source, columns on the destination: every rank
+ * sends to every other one. */
+static void all_to_all_layouts(reshard_layout_t *L[2]) {
   int64_t shape[2] = {4 * (int64_t)world_size, 4 * (int64_t)world_size};
   for (int side = 0; side < 2; side++) {
     int t, m, b;
@@ -152,6 +153,26 @@ static void version_mismatch_case(reshard_comm_t *comm) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
+}
+
+static void report(const char *name, long bad, long err) {
+  long v[2] = {bad, err}, sum[2];
+  MPI_Allreduce(v, sum, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    if (sum[0] || sum[1]) {
+      failed++;
+      printf("FAILED %s: %ld ranks with wrong results, %ld wrong elements or bytes\n", name, sum[1], sum[0]);
+    } else {
+      passed++;
+    }
+    fflush(stdout);
+  }
+}
+
+static void version_mismatch_case(reshard_comm_t *comm) {
+  const char *name = "version mismatch";
+  reshard_layout_t *L[2];
+  all_to_all_layouts(L);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 10000;
   long err = 0, bad = 0;
@@ -186,17 +207,64 @@ static void version_mismatch_case(reshard_comm_t *comm) {
   reshard_selftest_free(&d);
   reshard_layout_destroy(L[0]);
   reshard_layout_destroy(L[1]);
-  long v[2] = {bad, err}, sum[2];
-  MPI_Allreduce(v, sum, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-  if (world_rank == 0) {
-    if (sum[0] || sum[1]) {
-      failed++;
-      printf("FAILED %s: %ld ranks with wrong results, %ld wrong elements or bytes\n", name, sum[1], sum[0]);
-    } else {
-      passed++;
-    }
-    fflush(stdout);
+  report(name, bad, err);
+}
+
+/* One rank passes a wrong buffer count: it gets its own error, and its
+ * partners RESHARD_ERROR_REMOTE naming it at once (not their 10-second
+ * deadline); no destination byte changes anywhere, and the plan is failed
+ * on every rank. */
+static void rejected_call_case(reshard_comm_t *comm) {
+  const char *name = "rejected call";
+  if (world_size < 2) return;
+  reshard_layout_t *L[2];
+  all_to_all_layouts(L);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 10000;
+  long err = 0, bad = 0;
+  const int culprit = world_size - 1;
+  reshard_selftest_t s, d;
+  reshard_plan_t *plan = NULL;
+  if (reshard_selftest_alloc(&s, L[0], world_rank, 1) || reshard_selftest_alloc(&d, L[1], world_rank, -1) ||
+      reshard_plan_create(comm, L[0], L[1], &o, &plan)) {
+    fprintf(stderr, "[%s] rank %d: setup: %s\n", name, world_rank, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  if (reshard_plan_execute_version(plan, 1, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                   (size_t)d.nbuf, NULL))
+    err = 1;
+  bad += reshard_selftest_check(&d, L[1], world_rank, 1, name);
+  const size_t nsrc = (size_t)s.nbuf + (world_rank == culprit); /* one too many */
+  const double t0 = MPI_Wtime();
+  reshard_result_t r =
+      reshard_plan_execute_version(plan, 2, (void *const *)s.ptr, nsrc, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+  const double took = MPI_Wtime() - t0;
+  const char *m = reshard_last_error();
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", culprit);
+  if (world_rank == culprit ? (r == RESHARD_SUCCESS || r == RESHARD_ERROR_REMOTE || !strstr(m, "source buffers"))
+                            : (r != RESHARD_ERROR_REMOTE || !strstr(m, want) || !strstr(m, "source buffers"))) {
+    fprintf(stderr, "[%s] rank %d: got %s: %s\n", name, world_rank, reshard_result_string(r), m);
+    err = 1;
+  }
+  if (took > 5.0) { /* the deadline is 10 s; being told takes milliseconds */
+    fprintf(stderr, "[%s] rank %d: the rejection took %.1f s to arrive\n", name, world_rank, took);
+    err = 1;
+  }
+  bad += reshard_selftest_check(&d, L[1], world_rank, 1, name); /* untouched: still step 1 */
+  r = reshard_plan_execute_version(plan, 3, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                   (size_t)d.nbuf, NULL);
+  if (r == RESHARD_SUCCESS) {
+    fprintf(stderr, "[%s] rank %d: the plan still runs after a rejected call\n", name, world_rank);
+    err = 1;
+  }
+  bad += reshard_selftest_check(&d, L[1], world_rank, 1, name);
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_layout_destroy(L[0]);
+  reshard_layout_destroy(L[1]);
+  report(name, bad, err);
 }
 
 /* Relay plans: every fragment relayed (no size threshold), destination
@@ -231,6 +299,7 @@ int main(int argc, char **argv) {
 
   random_cases(comm, seeds);
   version_mismatch_case(comm);
+  rejected_call_case(comm);
 
   /* A dense GQA model (4 query heads per KV head), a MoE model with
    * expert parallelism on both sides, and a deepseek_v3 model (MLA, shared

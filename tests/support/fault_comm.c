@@ -1,5 +1,7 @@
 #include "support/fault_comm.h"
 
+#include "exec/exec_state.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +19,10 @@ static reshard_result_t tf_isend(reshard_comm_t *comm, int peer, uint64_t tag, c
   pthread_mutex_lock(&g_lock);
   tf_fault *f = g_fault;
   pthread_mutex_unlock(&g_lock);
-  if (!f || comm->rank != f->rank || f->kind == TF_NONE || bytes < f->min_bytes || f->fired || f->seen++ != f->nth)
+  /* data messages only: the agreement's control messages (headers,
+   * statuses) are not what these faults are about */
+  if (!f || comm->rank != f->rank || f->kind == TF_NONE || (tag & RS_TAG_CONTROL) || bytes < f->min_bytes ||
+      f->fired || f->seen++ != f->nth)
     return g_inner->isend(comm, peer, tag, buf, bytes, req);
   f->fired = 1;
   if (f->kind == TF_FAIL_SEND)

@@ -16,7 +16,8 @@ typedef enum tf_kind {
   TF_FAIL_SEND       /* isend returns RESHARD_ERROR_BACKEND */
 } tf_kind;
 
-/* One fault: the `nth` (0-based) send of at least min_bytes bytes from
+/* One fault: the `nth` (0-based) data send (control messages of the
+ * per-execute agreement are not counted) of at least min_bytes bytes from
  * rank `rank`. fired is set once it acted. */
 typedef struct tf_fault {
   tf_kind kind;
