@@ -277,6 +277,66 @@ reshard_result_t reshard_layout_add_windows(reshard_layout_t *layout,
                                             const int64_t *const *origins,
                                             int *buffer_id);
 
+/* ---- Builders: the fused layouts of Megatron-core and vLLM from the
+ * model's own numbers. They do the group arithmetic that a hand-written
+ * reshard_layout_add_fused gets wrong without a trace (num_groups = query
+ * heads instead of KV heads moves every byte, to the wrong place), and
+ * refuse tensors whose shapes disagree with the numbers, naming the buffer,
+ * tensor and field. reshard_layout_add_fused remains for everything else.
+ *
+ * Each builder places its parts on mesh_id with Shard on axis tp_axis (the
+ * tensor-parallel axis; every other axis holds replicas, e.g. data
+ * parallelism), or replicated on the whole mesh when tp_axis is -1. */
+
+/* The Q, K and V projections of one attention layer (GQA, MQA or MHA):
+ * tensor ids q [num_heads * head_dim, ...], k and v [num_kv_heads *
+ * head_dim, ...], with equal trailing dims (weights [rows, hidden]; biases
+ * [rows]). */
+typedef struct reshard_attention {
+  int q, k, v;
+  int num_heads;    /* num_attention_heads */
+  int num_kv_heads; /* num_key_value_heads (Megatron: num_query_groups) */
+  int64_t head_dim; /* rows per head (Megatron: kv_channels) */
+} reshard_attention_t;
+
+/* Megatron-core's linear_qkv (megatron/core/transformer/attention.py,
+ * SelfAttention.get_query_key_value_tensors): rows grouped per KV group,
+ * [q of g (num_heads / num_kv_heads heads); k of g; v of g] for g = 0 ..
+ * num_kv_heads - 1, split column-parallel so that each TP rank holds
+ * num_kv_heads / tp whole groups. Needs num_heads % num_kv_heads == 0 and
+ * num_kv_heads % tp == 0 (with fewer groups than ranks Megatron splits
+ * the rows evenly and gathers them back in the forward: not modelled). */
+reshard_result_t reshard_layout_add_megatron_qkv(reshard_layout_t *layout,
+                                                 const char *name,
+                                                 const reshard_attention_t *attn,
+                                                 int mesh_id, int tp_axis,
+                                                 int *buffer_id);
+
+/* vLLM's qkv_proj (vllm/model_executor/layers/linear.py,
+ * QKVParallelLinear): [q shard; k shard; v shard] on each TP rank, with
+ * num_heads / tp query heads; when tp > num_kv_heads each KV head is
+ * replicated on tp / num_kv_heads consecutive TP ranks (the rank holds KV
+ * head tp_rank / (tp / num_kv_heads)), else each rank holds num_kv_heads /
+ * tp of them. Needs tp | num_heads, and tp and num_kv_heads to divide one
+ * another. With replication the builder adds a mesh to the layout (the TP
+ * axis split into [num_kv_heads, tp / num_kv_heads], same ranks), or
+ * reuses an identical one. */
+reshard_result_t reshard_layout_add_vllm_qkv(reshard_layout_t *layout,
+                                             const char *name,
+                                             const reshard_attention_t *attn,
+                                             int mesh_id, int tp_axis,
+                                             int *buffer_id);
+
+/* A gated MLP's [gate shard; up shard]: Megatron-core's linear_fc1 with
+ * gated_linear_unit (megatron/core/transformer/mlp.py: the forward chunks
+ * it in two) and vLLM's gate_up_proj (MergedColumnParallelLinear). gate
+ * and up are tensor ids of one shape [intermediate, ...]; tp must divide
+ * intermediate. */
+reshard_result_t reshard_layout_add_gate_up(reshard_layout_t *layout,
+                                            const char *name, int gate,
+                                            int up, int mesh_id, int tp_axis,
+                                            int *buffer_id);
+
 /* The escape hatch: a raw buffer of `bytes` bytes on one rank, filled by
  * explicit fragments. */
 reshard_result_t reshard_layout_add_buffer(reshard_layout_t *layout,
@@ -317,6 +377,11 @@ reshard_result_t reshard_layout_buffer_name(const reshard_layout_t *layout,
 reshard_result_t reshard_layout_find_buffer(const reshard_layout_t *layout,
                                             const char *name, int rank,
                                             int *buffer_id);
+
+/* A mesh's shape: *ndim axes in shape[0 .. *ndim) (room for
+ * RESHARD_MAX_MESH_DIMS). */
+reshard_result_t reshard_layout_mesh_shape(const reshard_layout_t *layout,
+                                           int mesh_id, int *ndim, int *shape);
 
 /* Bytes of buffer_id on rank (0 when that rank holds no part of it). */
 reshard_result_t reshard_layout_buffer_bytes(const reshard_layout_t *layout,

@@ -228,6 +228,13 @@ fail:
   return r;
 }
 
+void rs_layout_drop_last_mesh(reshard_layout_t *L) {
+  rs_mesh *m = &L->meshes[--L->nmeshes];
+  free(m->ranks);
+  free(m->sorted);
+  memset(m, 0, sizeof *m);
+}
+
 reshard_result_t reshard_layout_add_mesh(reshard_layout_t *L, int ndim,
                                          const int *shape, const int *ranks,
                                          int *mesh_id) {

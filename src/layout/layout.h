@@ -117,6 +117,10 @@ typedef struct rs_frag_vec {
 reshard_result_t rs_frag_vec_push(rs_frag_vec *vec, const rs_frag *f);
 void rs_frag_vec_free(rs_frag_vec *vec);
 
+/* Removes the layout's last mesh, which nothing may use yet (a builder
+ * undoing the mesh it added when its buffer is refused). */
+void rs_layout_drop_last_mesh(reshard_layout_t *L);
+
 /* Position of rank in mesh m, or -1. O(log size). */
 int rs_mesh_position(const rs_mesh *m, int rank);
 

@@ -1,4 +1,5 @@
-/* Public layout queries: buffer sizes and lowered fragments per rank. */
+/* Public layout queries: buffer sizes, mesh shapes and lowered fragments
+ * per rank. */
 #include <string.h>
 
 #include "common/error.h"
@@ -15,6 +16,18 @@ reshard_result_t reshard_layout_buffer_bytes(const reshard_layout_t *L,
   uint64_t b;
   RS_CHECK(rs_layout_buffer_bytes(L, buffer_id, rank, &b));
   *bytes = (size_t)b;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_mesh_shape(const reshard_layout_t *L, int mesh_id, int *ndim, int *shape) {
+  rs_error_clear();
+  if (!L || !ndim || !shape) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh_shape: NULL argument");
+  if (mesh_id < 0 || mesh_id >= L->nmeshes)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "mesh_shape: mesh_id %d is not a mesh of this layout (%d meshes)",
+                    mesh_id, L->nmeshes);
+  const rs_mesh *m = &L->meshes[mesh_id];
+  *ndim = m->ndim;
+  memcpy(shape, m->shape, (size_t)m->ndim * sizeof *shape);
   return RESHARD_SUCCESS;
 }
 

@@ -39,39 +39,6 @@ reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name, int tensor,
   return reshard_layout_add_fused(L, name, 0, 1, 1, &part, NULL);
 }
 
-void rm_builder_free(rm_builder *b) {
-  free(b->meshes);
-  b->meshes = NULL;
-  b->nmeshes = b->cap_meshes = 0;
-}
-
-static reshard_result_t record_mesh(rm_builder *b, int ndim, const int *shape, int mesh) {
-  if (mesh != b->nmeshes)
-    return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': mesh got id %d, expected %d", b->m->path, mesh, b->nmeshes);
-  if (b->nmeshes == b->cap_meshes) {
-    int cap = b->cap_meshes ? 2 * b->cap_meshes : 16;
-    struct rm_mesh_shape *v = realloc(b->meshes, (size_t)cap * sizeof *v);
-    if (!v) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "model '%s': out of memory", b->m->path);
-    b->meshes = v;
-    b->cap_meshes = cap;
-  }
-  struct rm_mesh_shape *s = &b->meshes[b->nmeshes++];
-  memset(s, 0, sizeof *s);
-  s->ndim = ndim;
-  for (int a = 0; a < ndim; a++) s->shape[a] = shape[a];
-  return RESHARD_SUCCESS;
-}
-
-reshard_result_t rm_mesh_strided(rm_builder *b, int ndim, const int *shape, int start, int stride, int *mesh) {
-  RS_CHECK(reshard_layout_add_mesh_strided(b->L, ndim, shape, start, stride, mesh));
-  return record_mesh(b, ndim, shape, *mesh);
-}
-
-reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape, const int *ranks, int *mesh) {
-  RS_CHECK(reshard_layout_add_mesh(b->L, ndim, shape, ranks, mesh));
-  return record_mesh(b, ndim, shape, *mesh);
-}
-
 /* Can part k's scales be split and fused exactly like its weight? Each dim
  * d is cut into k_d pieces (shards of every mesh axis on d, times the
  * groups on a grouped dim); with blocks of b_d along d, whole blocks need
@@ -83,7 +50,8 @@ static reshard_result_t check_scale_split(const rm_builder *b, int cd, int G, in
                                           const reshard_part_t *p, const int64_t *origin) {
   const rm_model *m = b->m;
   const rm_tensor *w = &m->tensors[p->tensor_id];
-  const struct rm_mesh_shape *ms = &b->meshes[p->mesh_id];
+  int mnd, mshape[RESHARD_MAX_MESH_DIMS];
+  RS_CHECK(reshard_layout_mesh_shape(b->L, p->mesh_id, &mnd, mshape));
   if (p->padded_shape && !origin)
     return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' is padded and block-scaled", m->path, w->name);
   for (int d = 0; d < w->ndim; d++) {
@@ -92,12 +60,12 @@ static reshard_result_t check_scale_split(const rm_builder *b, int cd, int G, in
       return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': a window cuts blocked dim %d", m->path,
                       w->name, d);
     int64_t pieces = G > 1 && d == cd ? G : 1;
-    for (int a = 0; a < ms->ndim; a++)
+    for (int a = 0; a < mnd; a++)
       if (p->placements[a].kind == RESHARD_PLACEMENT_SHARD && p->placements[a].dim == d) {
         if (p->placements[a].split_sizes && blk > 1)
           return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s': uneven splits of blocked dim %d", m->path,
                           w->name, d);
-        pieces *= ms->shape[a];
+        pieces *= mshape[a];
       }
     int must_end_on_block = G == 1 && d == cd && k < nparts - 1;
     if (blk > 1 && (pieces > 1 || must_end_on_block) && w->shape[d] % (pieces * blk))
@@ -164,4 +132,56 @@ reshard_result_t rm_add_weights(rm_builder *b, const char *name, int concat_dim,
 reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor, int mesh, const reshard_placement_t *pl) {
   reshard_part_t part = {tensor, mesh, pl, NULL};
   return rm_add_weights(b, name, 0, 1, 1, &part, NULL);
+}
+
+/* The scale tensors of parts' tensors: 1 and ids in s[] when all have
+ * them, 0 when none, an error when some. */
+static reshard_result_t scales_of(const rm_builder *b, const char *name, int n, const int *ids, int *s, int *scaled) {
+  int k = 0;
+  for (int i = 0; i < n; i++) k += (s[i] = b->m->tensors[ids[i]].scale) >= 0;
+  if (k && k != n)
+    return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': buffer '%s' fuses scaled and unscaled tensors", b->m->path,
+                    name);
+  *scaled = k != 0;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rm_add_qkv(rm_builder *b, const char *name, int vllm, int q, int k, int v, int mesh, int tp_axis) {
+  const rm_config *c = &b->m->c;
+  reshard_result_t (*add)(reshard_layout_t *, const char *, const reshard_attention_t *, int, int, int *) =
+      vllm ? reshard_layout_add_vllm_qkv : reshard_layout_add_megatron_qkv;
+  reshard_attention_t a = {q, k, v, (int)c->heads, (int)c->kv_heads, c->head_dim};
+  RS_CHECK(add(b->L, name, &a, mesh, tp_axis, NULL));
+  int ids[3] = {q, k, v}, s[3], scaled = 0;
+  RS_CHECK(scales_of(b, name, 3, ids, s, &scaled));
+  if (!scaled) return RESHARD_SUCCESS;
+  /* Every cut of q, k and v falls between heads (or KV groups): with whole
+   * blocks per head the scales split like their weights, in blocks. */
+  if (c->head_dim % c->block[0])
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "model '%s': buffer '%s': head_dim %lld is not whole blocks of %lld rows, so the weight_scale_inv "
+                    "of q, k and v cannot be split per head (not modelled)",
+                    b->m->path, name, (long long)c->head_dim, (long long)c->block[0]);
+  reshard_attention_t sa = {s[0], s[1], s[2], (int)c->heads, (int)c->kv_heads, c->head_dim / c->block[0]};
+  char sname[320];
+  snprintf(sname, sizeof sname, "%s_scale_inv", name);
+  return add(b->L, sname, &sa, mesh, tp_axis, NULL);
+}
+
+reshard_result_t rm_add_gate_up(rm_builder *b, const char *name, int gate, int up, int mesh, int tp_axis) {
+  RS_CHECK(reshard_layout_add_gate_up(b->L, name, gate, up, mesh, tp_axis, NULL));
+  int ids[2] = {gate, up}, s[2], scaled = 0;
+  RS_CHECK(scales_of(b, name, 2, ids, s, &scaled));
+  if (!scaled) return RESHARD_SUCCESS;
+  /* the whole-block checks of rm_add_weights, on the parts the builder
+   * made: Shard(0) on tp_axis, Replicate elsewhere */
+  int nd, shape[RESHARD_MAX_MESH_DIMS];
+  RS_CHECK(reshard_layout_mesh_shape(b->L, mesh, &nd, shape));
+  reshard_placement_t pl[RESHARD_MAX_MESH_DIMS];
+  for (int a = 0; a < nd; a++) pl[a] = a == tp_axis ? reshard_shard(0) : reshard_replicate();
+  const reshard_part_t parts[2] = {{gate, mesh, pl, NULL}, {up, mesh, pl, NULL}};
+  for (int i = 0; i < 2; i++) RS_CHECK(check_scale_split(b, 0, 1, 2, i, &parts[i], NULL));
+  char sname[320];
+  snprintf(sname, sizeof sname, "%s_scale_inv", name);
+  return reshard_layout_add_gate_up(b->L, sname, s[0], s[1], mesh, tp_axis, NULL);
 }

@@ -168,7 +168,7 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
   int *stage_start = malloc(((size_t)pp + 1) * sizeof *stage_start);
   if (!stage_start) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "megatron layout: out of memory");
   reshard_layout_t *L = NULL;
-  rm_builder B = {NULL, m, NULL, 0, 0};
+  rm_builder B = {NULL, m};
   int *eranks = NULL, *emeshes = NULL;
   reshard_result_t r;
   CK(rm_megatron_stages(m, p, stage_start));
@@ -189,11 +189,11 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
   for (int s = 0; s < pp; s++) {
     const int start = first_rank + s * tp * dp;
     int mesh;
-    CK(rm_mesh_strided(&B, 2, (const int[]){dp, tp}, start, 1, &mesh));
+    CK(reshard_layout_add_mesh_strided(L, 2, (const int[]){dp, tp}, start, 1, &mesh));
     for (int er = 0; c->experts > 0 && er < ep; er++) {
       for (int i = 0; i < edp; i++)
         for (int j = 0; j < etp; j++) eranks[i * etp + j] = start + i * ep * etp + er * etp + j;
-      CK(rm_mesh_ranks(&B, 2, (const int[]){edp, etp}, eranks, &emeshes[er]));
+      CK(reshard_layout_add_mesh(L, 2, (const int[]){edp, etp}, eranks, &emeshes[er]));
     }
     if (s == 0) CK(rm_buf_vocab(L, "embedding.word_embeddings.weight", m->embed, mesh, vocab, H));
     for (int l = stage_start[s]; l < stage_start[s + 1]; l++) {
@@ -202,12 +202,9 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
 #define BUF(suffix) rm_fmt(n, sizeof n, "decoder.layers.%d.%s", local, suffix)
       if (!c->mla) {
         CK(rm_weight1(&B, BUF("self_attention.linear_qkv.layer_norm_weight"), t->ln1, mesh, rep));
-        reshard_part_t qkv[3] = {{t->q, mesh, col, NULL}, {t->k, mesh, col, NULL}, {t->v, mesh, col, NULL}};
-        CK(rm_add_weights(&B, BUF("self_attention.linear_qkv.weight"), 0, (int)c->kv_heads, 3, qkv, NULL));
-        if (t->q_bias >= 0) {
-          reshard_part_t b[3] = {{t->q_bias, mesh, col, NULL}, {t->k_bias, mesh, col, NULL}, {t->v_bias, mesh, col, NULL}};
-          CK(rm_add_weights(&B, BUF("self_attention.linear_qkv.bias"), 0, (int)c->kv_heads, 3, b, NULL));
-        }
+        CK(rm_add_qkv(&B, BUF("self_attention.linear_qkv.weight"), 0, t->q, t->k, t->v, mesh, 1));
+        if (t->q_bias >= 0)
+          CK(rm_add_qkv(&B, BUF("self_attention.linear_qkv.bias"), 0, t->q_bias, t->k_bias, t->v_bias, mesh, 1));
         if (t->q_norm >= 0) {
           CK(rm_weight1(&B, BUF("self_attention.q_layernorm.weight"), t->q_norm, mesh, rep));
           CK(rm_weight1(&B, BUF("self_attention.k_layernorm.weight"), t->k_norm, mesh, rep));
@@ -229,8 +226,7 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
       if (t->o_bias >= 0) CK(rm_weight1(&B, BUF("self_attention.linear_proj.bias"), t->o_bias, mesh, rep));
       if (t->gate >= 0) {
         CK(rm_weight1(&B, BUF("mlp.linear_fc1.layer_norm_weight"), t->ln2, mesh, rep));
-        reshard_part_t fc1[2] = {{t->gate, mesh, col, NULL}, {t->up, mesh, col, NULL}};
-        CK(rm_add_weights(&B, BUF("mlp.linear_fc1.weight"), 0, 1, 2, fc1, NULL));
+        CK(rm_add_gate_up(&B, BUF("mlp.linear_fc1.weight"), t->gate, t->up, mesh, 1));
         CK(rm_weight1(&B, BUF("mlp.linear_fc2.weight"), t->down, mesh, row));
       } else {
         CK(rm_weight1(&B, BUF("pre_mlp_layernorm.weight"), t->ln2, mesh, rep));
@@ -238,8 +234,7 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
         if (t->router_bias >= 0) CK(rm_weight1(&B, BUF("mlp.router.expert_bias"), t->router_bias, mesh, rep));
         CK(expert_buffers(&B, l, local, elocal, p->grouped_gemm, emeshes));
         if (t->sgate >= 0) {
-          reshard_part_t sfc1[2] = {{t->sgate, mesh, col, NULL}, {t->sup, mesh, col, NULL}};
-          CK(rm_add_weights(&B, BUF("mlp.shared_experts.linear_fc1.weight"), 0, 1, 2, sfc1, NULL));
+          CK(rm_add_gate_up(&B, BUF("mlp.shared_experts.linear_fc1.weight"), t->sgate, t->sup, mesh, 1));
           CK(rm_weight1(&B, BUF("mlp.shared_experts.linear_fc2.weight"), t->sdown, mesh, row));
         }
       }
@@ -254,14 +249,12 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
       else if (pp > 1) CK(rm_buf_vocab(L, "output_layer.weight", m->embed, mesh, vocab, H));
     }
   }
-  rm_builder_free(&B);
   free(stage_start);
   free(eranks);
   free(emeshes);
   *out = L;
   return RESHARD_SUCCESS;
 fail:
-  rm_builder_free(&B);
   free(stage_start);
   free(eranks);
   free(emeshes);

@@ -116,24 +116,12 @@ reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m);
 reshard_result_t rm_buf_vocab(reshard_layout_t *L, const char *name,
                               int tensor, int mesh, int64_t vpad,
                               int64_t hidden);
-/* A layout under construction and the shapes of its meshes (the public
- * layout API does not give them back), for the block-scale checks. */
+/* A layout under construction, of a model. */
 typedef struct rm_builder {
   reshard_layout_t *L;
   const rm_model *m;
-  struct rm_mesh_shape {
-    int ndim;
-    int shape[RESHARD_MAX_MESH_DIMS];
-  } *meshes;
-  int nmeshes, cap_meshes;
 } rm_builder;
 
-void rm_builder_free(rm_builder *b); /* the shapes; not the layout */
-/* reshard_layout_add_mesh_strided / _add_mesh, recording the shape. */
-reshard_result_t rm_mesh_strided(rm_builder *b, int ndim, const int *shape,
-                                 int start, int stride, int *mesh);
-reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape,
-                               const int *ranks, int *mesh);
 /* A buffer of weights, fused like reshard_layout_add_fused (or, with
  * origins, reshard_layout_add_windows), and, when the parts' tensors have
  * block scales, the buffer of their scales named `name`_scale_inv (vLLM's
@@ -143,6 +131,15 @@ reshard_result_t rm_mesh_ranks(rm_builder *b, int ndim, const int *shape,
  * like their weights. */
 reshard_result_t rm_add_weights(rm_builder *b, const char *name, int concat_dim, int num_groups, int num_parts,
                                 const reshard_part_t *parts, const int64_t *const *origins);
+/* Attention q, k, v (weights or biases) as Megatron-core's linear_qkv
+ * (vllm = 0) or vLLM's qkv_proj (vllm = 1), through the core's builders
+ * (reshard_layout_add_megatron_qkv / _vllm_qkv), on mesh's axis tp_axis;
+ * with block scales, the scales the same way in units of blocks (whole
+ * blocks per head). */
+reshard_result_t rm_add_qkv(rm_builder *b, const char *name, int vllm, int q, int k, int v, int mesh, int tp_axis);
+/* [gate; up] through reshard_layout_add_gate_up (tp_axis -1: replicated),
+ * scales likewise after rm_add_weights' whole-block checks. */
+reshard_result_t rm_add_gate_up(rm_builder *b, const char *name, int gate, int up, int mesh, int tp_axis);
 /* rm_add_weights with one part. */
 reshard_result_t rm_weight1(rm_builder *b, const char *name, int tensor,
                             int mesh, const reshard_placement_t *pl);

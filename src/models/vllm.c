@@ -42,9 +42,9 @@
  *
  * Per pipeline stage, the mesh [dp, tp] carries:
  *   qkv_proj = [q shard; k shard; v shard], the KV heads replicated on
- *     tp / kv consecutive TP ranks when tp > kv (their own mesh
- *     [dp, kv, tp/kv] with (Replicate, Shard(0), Replicate));
- *   gate_up_proj = [gate shard; up shard];
+ *     tp / kv consecutive TP ranks when tp > kv
+ *     (reshard_layout_add_vllm_qkv, src/layout/builders.c);
+ *   gate_up_proj = [gate shard; up shard] (reshard_layout_add_gate_up);
  *   o_proj, down_proj row-parallel (Shard(1));
  *   embed_tokens / lm_head, padded to a multiple of 64;
  *   MLA: fused_qkv_a_proj replicated (when q_lora_rank is set), q_b_proj /
@@ -140,13 +140,13 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
                     p->ep, (long long)flat64, (long long)flat64);
   /* etp is implied (ep x etp = tp x dp): nothing to check against it */
   RS_CHECK(rm_check_common(m, p, 1, first_rank, "vllm"));
-  const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, kv = (int)c->kv_heads, flat = tp * dp;
+  const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, flat = tp * dp;
   const int sp_moe = sp_moe_of(p);
   RS_CHECK(check_vllm(m, p, sp_moe));
   const int64_t H = c->hidden, vpad = rm_round_up(c->vocab, 64);
   const int E = (int)c->experts;
   reshard_layout_t *L = NULL;
-  rm_builder B = {NULL, m, NULL, 0, 0};
+  rm_builder B = {NULL, m};
   int *ranks = malloc((size_t)flat * sizeof *ranks), *emeshes = NULL;
   int64_t *esplit = NULL;
   reshard_part_t *xparts = NULL;
@@ -168,28 +168,21 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
   const reshard_placement_t rep[2] = {reshard_replicate(), reshard_replicate()};
   const reshard_placement_t col[2] = {reshard_replicate(), reshard_shard(0)};
   const reshard_placement_t row[2] = {reshard_replicate(), reshard_shard(1)};
-  const reshard_placement_t kvrep[3] = {reshard_replicate(), reshard_shard(0), reshard_replicate()};
   /* uneven experts (E % ep) only happen with ep = tp x dp */
   const int64_t *sizes = E > 0 && E % ep ? esplit : NULL;
   const reshard_placement_t w13[2] = {reshard_shard_sizes(0, sizes), reshard_shard(1)};
   const reshard_placement_t w2[2] = {reshard_shard_sizes(0, sizes), reshard_shard(2)};
   const reshard_placement_t xw13[1] = {reshard_shard(0)}, xw2[1] = {reshard_shard(1)};
-  const reshard_placement_t *shared_col = sp_moe ? rep : col, *shared_row = sp_moe ? rep : row;
+  const reshard_placement_t *shared_row = sp_moe ? rep : row;
   char n[256];
   for (int s = 0; s < pp; s++) {
     /* The stage's ranks in (dp, tp) order, which is also the EP order. */
     for (int f = 0; f < flat; f++) ranks[f] = first_rank + f % tp + tp * (s + pp * (f / tp));
-    int mesh, kvmesh, emesh = -1;
-    CK(rm_mesh_ranks(&B, 2, (const int[]){dp, tp}, ranks, &mesh));
-    const reshard_placement_t *kvpl = col;
-    kvmesh = mesh;
-    if (!c->mla && tp > kv) {
-      CK(rm_mesh_ranks(&B, 3, (const int[]){dp, kv, tp / kv}, ranks, &kvmesh));
-      kvpl = kvrep;
-    }
-    if (E > 0 && !per_expert) CK(rm_mesh_ranks(&B, 2, (const int[]){ep, flat / ep}, ranks, &emesh));
+    int mesh, emesh = -1;
+    CK(reshard_layout_add_mesh(L, 2, (const int[]){dp, tp}, ranks, &mesh));
+    if (E > 0 && !per_expert) CK(reshard_layout_add_mesh(L, 2, (const int[]){ep, flat / ep}, ranks, &emesh));
     for (int er = 0; per_expert && er < ep; er++)
-      CK(rm_mesh_ranks(&B, 1, (const int[]){flat / ep}, ranks + er * (flat / ep), &emeshes[er]));
+      CK(reshard_layout_add_mesh(L, 1, (const int[]){flat / ep}, ranks + er * (flat / ep), &emeshes[er]));
     /* vLLM builds embed_tokens on the first stage, and on the last one too
      * when the lm_head is tied to it. */
     if (s == 0 || (s == pp - 1 && m->lm_head < 0))
@@ -203,12 +196,9 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
 #define MOEBUF(suffix) rm_fmt(n, sizeof n, "model.layers.%d.%s.%s", l, moe, suffix)
       CK(rm_weight1(&B, BUF("input_layernorm.weight"), t->ln1, mesh, rep));
       if (!c->mla) {
-        reshard_part_t qkv[3] = {{t->q, mesh, col, NULL}, {t->k, kvmesh, kvpl, NULL}, {t->v, kvmesh, kvpl, NULL}};
-        CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.weight"), 0, 1, 3, qkv, NULL));
-        if (t->q_bias >= 0) {
-          reshard_part_t b[3] = {{t->q_bias, mesh, col, NULL}, {t->k_bias, kvmesh, kvpl, NULL}, {t->v_bias, kvmesh, kvpl, NULL}};
-          CK(rm_add_weights(&B, BUF("self_attn.qkv_proj.bias"), 0, 1, 3, b, NULL));
-        }
+        CK(rm_add_qkv(&B, BUF("self_attn.qkv_proj.weight"), 1, t->q, t->k, t->v, mesh, 1));
+        if (t->q_bias >= 0)
+          CK(rm_add_qkv(&B, BUF("self_attn.qkv_proj.bias"), 1, t->q_bias, t->k_bias, t->v_bias, mesh, 1));
         if (t->q_norm >= 0) {
           CK(rm_weight1(&B, BUF("self_attn.q_norm.weight"), t->q_norm, mesh, rep));
           CK(rm_weight1(&B, BUF("self_attn.k_norm.weight"), t->k_norm, mesh, rep));
@@ -230,8 +220,7 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
       if (t->o_bias >= 0) CK(rm_weight1(&B, BUF("self_attn.o_proj.bias"), t->o_bias, mesh, rep));
       CK(rm_weight1(&B, BUF("post_attention_layernorm.weight"), t->ln2, mesh, rep));
       if (t->gate >= 0) {
-        reshard_part_t gu[2] = {{t->gate, mesh, col, NULL}, {t->up, mesh, col, NULL}};
-        CK(rm_add_weights(&B, BUF("mlp.gate_up_proj.weight"), 0, 1, 2, gu, NULL));
+        CK(rm_add_gate_up(&B, BUF("mlp.gate_up_proj.weight"), t->gate, t->up, mesh, 1));
         CK(rm_weight1(&B, BUF("mlp.down_proj.weight"), t->down, mesh, row));
       } else {
         CK(rm_weight1(&B, MOEBUF("gate.weight"), t->router, mesh, rep));
@@ -253,8 +242,8 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
           CK(rm_weight1(&B, MOEBUF("experts.routed_experts.w2_weight"), t->edown, emesh, w2));
         }
         if (t->sgate >= 0) {
-          reshard_part_t sgu[2] = {{t->sgate, mesh, shared_col, NULL}, {t->sup, mesh, shared_col, NULL}};
-          CK(rm_add_weights(&B, BUF("mlp.shared_experts.gate_up_proj.weight"), 0, 1, 2, sgu, NULL));
+          CK(rm_add_gate_up(&B, BUF("mlp.shared_experts.gate_up_proj.weight"), t->sgate, t->sup, mesh,
+                            sp_moe ? -1 : 1));
           CK(rm_weight1(&B, BUF("mlp.shared_experts.down_proj.weight"), t->sdown, mesh, shared_row));
         }
       }
@@ -266,7 +255,6 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
       if (m->lm_head >= 0) CK(rm_buf_vocab(L, "lm_head.weight", m->lm_head, mesh, vpad, H));
     }
   }
-  rm_builder_free(&B);
   free(ranks);
   free(emeshes);
   free(esplit);
@@ -274,7 +262,6 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
   *out = L;
   return RESHARD_SUCCESS;
 fail:
-  rm_builder_free(&B);
   free(ranks);
   free(emeshes);
   free(esplit);

@@ -64,6 +64,11 @@ def fused(concat, groups, *parts):
     return [2, concat, g, len(parts) - 1] + [b for p in parts for b in p]
 
 
+def builder(kind, m, tp_axis, t, heads=0, kv=0, hd=0):
+    # kind 0: reshard_layout_add_megatron_qkv, 1: _vllm_qkv, 2: _gate_up (t[0], t[1])
+    return [2, 250, kind, m, tp_axis + 1] + list(t) + [heads, kv, hd]
+
+
 def frag(t, start, extent, offset_elems, strides=None):
     out = [t]
     for s, e in zip(start, extent):
@@ -108,6 +113,15 @@ SEEDS = {
     "grouped-qkv": header(4, [(FP32, [4, 2]), (FP32, [2, 2])])
     + side(mesh_strided([2]), fused(0, 2, part(0, 0, S(0)), part(1, 0, S(0))))
     + side(mesh_strided([2], start=2), place(0, 0, R), place(1, 0, S(1))),
+    # the builders: Megatron linear_qkv on TP 2 (ranks 0-1) -> vLLM
+    # qkv_proj with its KV heads replicated on TP 4 (ranks 2-5)
+    "builders-qkv": header(6, [(BF16, [8, 4]), (BF16, [4, 4]), (BF16, [4, 4])])
+    + side(mesh_strided([2]), builder(0, 0, 0, [0, 1, 2], 4, 2, 2))
+    + side(mesh_strided([4], start=2), builder(1, 0, 0, [0, 1, 2], 4, 2, 2)),
+    # [gate; up] on TP 2 x DP 2 -> replicated (tp_axis -1)
+    "builders-gate-up": header(4, [(FP32, [4, 3]), (FP32, [4, 3])])
+    + side(mesh_strided([2, 2]), builder(2, 0, 1, [0, 1, 0]))
+    + side(mesh_strided([4]), builder(2, 0, -1, [0, 1, 0])),
     # padded vocabulary in a fused buffer
     "padded-vocab": header(2, [(FP32, [7, 3])])
     + side(mesh_strided([1]), place(0, 0, R))

@@ -172,8 +172,27 @@ static void op_place(fz_reader *r, fz_side *s, int nt) {
   FZ_CALL(s, "place", reshard_layout_place(s->L, t, m, pl, &id));
 }
 
+/* The fused-layout builders with decoded numbers, edges included. */
+static void op_builder(fz_reader *r, fz_side *s, int nt) {
+  int kind = (int)(rd(r) % 3), m = (int)(rd(r) % (unsigned)(s->nmesh + 1)), tp_axis = (int)(rd(r) % 4) - 1;
+  int t[3];
+  for (int i = 0; i < 3; i++) t[i] = (int)(rd(r) % (unsigned)(nt + 1));
+  reshard_attention_t a = {t[0], t[1], t[2], (int)rd_value(r), (int)rd_value(r), rd_value(r)};
+  char name[32];
+  snprintf(name, sizeof name, "built%d", s->nfused++);
+  int id = -1;
+  if (kind == 0) FZ_CALL(s, "add_megatron_qkv", reshard_layout_add_megatron_qkv(s->L, name, &a, m, tp_axis, &id));
+  else if (kind == 1) FZ_CALL(s, "add_vllm_qkv", reshard_layout_add_vllm_qkv(s->L, name, &a, m, tp_axis, &id));
+  else FZ_CALL(s, "add_gate_up", reshard_layout_add_gate_up(s->L, name, t[0], t[1], m, tp_axis, &id));
+}
+
 static void op_fused(fz_reader *r, fz_side *s, int nt) {
-  int concat = (int)(rd(r) % 3);
+  unsigned c = rd(r);
+  if (c >= 250) { /* rare, so that older corpus inputs keep their meaning */
+    op_builder(r, s, nt);
+    return;
+  }
+  int concat = (int)(c % 3);
   unsigned g = rd(r);
   int groups = g % 4 == 3 ? 2 + (int)(g / 4 % 3) : 1;
   int nparts = 1 + (int)(rd(r) % 3);
