@@ -1300,8 +1300,8 @@ static void exec_retry_after_failed_execute(void **state) {
 typedef struct sized_case {
   const reshard_layout_t *src, *dst;
   pthread_barrier_t bar;
-  reshard_result_t short_code[2], partner_code[2];
-  char short_msg[2][MSG_LEN], partner_msg[2][MSG_LEN];
+  reshard_result_t short_code[2], partner_code[2], null_code[2];
+  char short_msg[2][MSG_LEN], partner_msg[2][MSG_LEN], null_msg[2][MSG_LEN];
   int untouched[2], delivered;
 } sized_case;
 
@@ -1331,6 +1331,14 @@ static int sized_rank(int rank, reshard_comm_t *comm, void *arg) {
     reshard_plan_destroy(plan);
     pthread_barrier_wait(&c->bar);
   }
+  /* rank 1 passes a NULL array with a count of 1: refused like a short
+   * buffer, and rank 0 told (not left to its 20 s deadline) */
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
+  c->null_code[rank] = rank == 0 ? reshard_plan_execute_sized(plan, 0, &sb, 1, NULL, 0, NULL)
+                                 : reshard_plan_execute_sized(plan, 0, NULL, 0, NULL, 1, NULL);
+  snprintf(c->null_msg[rank], MSG_LEN, "%s", reshard_last_error());
+  reshard_plan_destroy(plan);
+  pthread_barrier_wait(&c->bar);
   if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
   reshard_result_t r = rank == 0 ? reshard_plan_execute_sized(plan, 7, &sb, 1, NULL, 0, NULL)
                                  : reshard_plan_execute_sized(plan, 7, NULL, 0, &db, 1, NULL);
@@ -1367,6 +1375,10 @@ static void exec_sized_buffers(void **state) {
     if (!has(c.partner_msg[1 - r], who) || !has(c.partner_msg[1 - r], want[r][0]))
       fail_msg("rank %d: \"%s\" / \"%s\" not in \"%s\"", 1 - r, who, want[r][0], c.partner_msg[1 - r]);
   }
+  assert_int_equal(c.null_code[1], RESHARD_ERROR_INVALID_USAGE);
+  if (!has(c.null_msg[1], "destination buffers: 1 given (NULL)")) fail_msg("rank 1: %s", c.null_msg[1]);
+  assert_int_equal(c.null_code[0], RESHARD_ERROR_REMOTE);
+  if (!has(c.null_msg[0], "rank 1 rejected execute call 0")) fail_msg("rank 0: %s", c.null_msg[0]);
   assert_true(c.delivered);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);

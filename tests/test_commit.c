@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
+#include "exec/exec_state.h"
+#include "plan/plan.h"
 #include "reshard.h"
 #include "support/fault_comm.h"
 #include "support/harness.h"
@@ -123,8 +126,17 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
     th_side s;
     if (th_side_alloc(&s, x->src, rank, 1)) return 1;
     const int holds = c0.nbuf && c0.ptr[0];
+    /* while another execute of the plan runs, even a call with bad
+     * arguments is refused locally for the overlap: no call number, no
+     * agreement, no commit beside the running one's */
+    once->db_busy = 1;
     reshard_result_t r = reshard_plan_execute(once, (void *const *)s.ptr, (size_t)s.nbuf,
                                               holds ? (void *const *)c0.ptr : NULL, holds ? (size_t)c0.nbuf : 0, NULL);
+    CHECK(r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "must not overlap") && once->exec_calls == 0,
+          "overlapping call: %d %s, %llu calls", (int)r, reshard_last_error(), (unsigned long long)once->exec_calls);
+    once->db_busy = 0;
+    r = reshard_plan_execute(once, (void *const *)s.ptr, (size_t)s.nbuf, holds ? (void *const *)c0.ptr : NULL,
+                             holds ? (size_t)c0.nbuf : 0, NULL);
     if (holds)
       CHECK(r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "2 x 1") &&
                 strstr(reshard_last_error(), "partners were told"),
@@ -133,6 +145,13 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
       CHECK(r != RESHARD_SUCCESS, "a partner's rejected call succeeded here");
     for (int b = 0; b < c0.nbuf; b++)
       for (size_t k = 0; k < c0.bytes[b]; k++) CHECK(c0.ptr[b][k] == TH_SENTINEL, "the rejected call wrote copy 0");
+    /* the plan was failed before the turn passed: a concurrent next call
+     * is refused at its turn instead of starting an agreement */
+    if (holds) {
+      r = rs_agree_turn_wait(once, 1, rs_deadline_after_ms(100));
+      CHECK(r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "failed earlier"),
+            "next call's turn: %d %s", (int)r, reshard_last_error());
+    }
     th_side_free(&s);
     reshard_plan_destroy(once);
   }

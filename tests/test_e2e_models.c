@@ -13,14 +13,18 @@
 #include "reshard.h"
 #include "support/harness.h"
 
-static void run_pair(const char *config, const char *train, const char *infer, int colocate, size_t staging,
-                     int expect_nranks) {
+/* block_scales: the fp8 checkpoint format (fp8 weights and fp32
+ * weight_scale_inv tensors fused like them). */
+static void run_pair_ex(const char *config, int block_scales, const char *train, const char *infer, int colocate,
+                        size_t staging, int expect_nranks) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", RESHARD_TEST_DATA, config);
   rm_model *m = NULL;
   rm_parallel tp, ip;
   reshard_layout_t *src = NULL, *dst = NULL;
-  reshard_result_t r = rm_model_load(path, 0, RESHARD_BF16, &m);
+  rm_model_options o = RM_MODEL_OPTIONS_INIT;
+  o.block_scales = block_scales;
+  reshard_result_t r = rm_model_load_ex(path, &o, &m);
   if (!r) r = rm_parse_parallel(train, &tp);
   if (!r) r = rm_parse_parallel(infer, &ip);
   int S = r ? 0 : rm_parallel_ranks(&tp), D = r ? 0 : rm_parallel_ranks(&ip);
@@ -37,10 +41,15 @@ static void run_pair(const char *config, const char *train, const char *infer, i
    * was received or copied (at least one full copy of every parameter). */
   size_t moved = 0;
   for (int i = 0; i < nranks; i++) moved += a.recv_bytes[i] + a.local_bytes[i];
-  assert_true(moved >= (size_t)rm_model_num_params(m) * 2);
+  assert_true(moved >= (size_t)rm_model_num_params(m) * (block_scales ? 1 : 2));
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   rm_model_free(m);
+}
+
+static void run_pair(const char *config, const char *train, const char *infer, int colocate, size_t staging,
+                     int expect_nranks) {
+  run_pair_ex(config, 0, train, infer, colocate, staging, expect_nranks);
 }
 
 static void llama_tp2pp2_to_tp2dp2(void **state) {
@@ -52,6 +61,15 @@ static void llama_tp2pp2_to_tp2dp2(void **state) {
 static void tp2pp2dp2_to_tp4_kv_replication(void **state) {
   (void)state;
   run_pair("tiny-llama.json", "tp=2,pp=2,dp=2", "tp=4", 0, 0, 12);
+}
+
+/* fp8 with block scales: q/k/v and their scales through the builders,
+ * Megatron's KV groups to vLLM's replicated KV heads (tp 4 > 2), and
+ * gate/up with theirs. */
+static void fp8_block_scales_tp2_to_tp4(void **state) {
+  (void)state;
+  run_pair_ex("tiny-llama-fp8.json", 1, "tp=2", "tp=4", 0, 0, 6);
+  run_pair_ex("tiny-llama-fp8.json", 1, "tp=2,dp=2", "tp=2,dp=2", 1, 4096, 4);
 }
 
 /* Megatron EP4 (over tp2 x dp2 of each stage, one TEGroupedMLP buffer per
@@ -89,7 +107,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(llama_tp2pp2_to_tp2dp2),   cmocka_unit_test(tp2pp2dp2_to_tp4_kv_replication),
       cmocka_unit_test(moe_ep4_to_ep4_pp2_small_staging), cmocka_unit_test(deepseek_v3_ep),
-      cmocka_unit_test(uneven_experts),
+      cmocka_unit_test(uneven_experts),           cmocka_unit_test(fp8_block_scales_tp2_to_tp4),
       cmocka_unit_test(colocated),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -688,6 +688,59 @@ static void after_load_flags(void **state) {
   rm_model_free(m);
 }
 
+/* ------------------------------------------------------------------ */
+/* 9. fp8 block scales of a fused q/k/v                                 */
+/* ------------------------------------------------------------------ */
+
+/* The scales follow their weights in blocks of rows. With whole blocks per
+ * head (tiny-llama-fp8: head_dim 8, blocks 8 x 8) every cut is between
+ * blocks: Megatron's groups (attention.py get_query_key_value_tensors)
+ * and vLLM's replicated KV heads (linear.py QKVParallelLinear) alike.
+ * Without (tiny-llama-fp8-coarse: head_dim 8, blocks 16 x 8) only vLLM
+ * without replication splits, and only where q's and k/v's per-rank rows
+ * are whole blocks: vllm/model_executor/layers/quantization/utils/
+ * fp8_utils.py validate_fp8_block_shape refuses the rest too. */
+static void golden_fp8_qkv_scales(void **state) {
+  (void)state;
+  rm_model *m = load_fp8(DATA("tiny-llama-fp8.json"));
+  reshard_layout_t *L = layout(m, MEGATRON, "tp=2");
+  /* rank 1: KV group 1 = q heads 4-7 (rows 32:64, scale rows 4:8), k/v
+   * head 1 (rows 8:16, scale row 1) */
+  expect_lines(L, 1, "decoder.layers.0.self_attention.linear_qkv.weight",
+               LINES("rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=fp8e4m3 box=32:64,0:64 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=fp8e4m3 box=8:16,0:64 offset=2048",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=fp8e4m3 box=8:16,0:64 offset=2560",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight_scale_inv tensor=model.layers.0.self_attn.q_proj.weight_scale_inv dtype=f32 box=4:8,0:8 offset=0",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight_scale_inv tensor=model.layers.0.self_attn.k_proj.weight_scale_inv dtype=f32 box=1:2,0:8 offset=128",
+                     "rank=1 name=decoder.layers.0.self_attention.linear_qkv.weight_scale_inv tensor=model.layers.0.self_attn.v_proj.weight_scale_inv dtype=f32 box=1:2,0:8 offset=160"));
+  reshard_layout_destroy(L);
+  /* vLLM tp 4 > 2 KV heads: rank 1 has q heads 2, 3 and KV head 0 */
+  L = layout(m, VLLM, "tp=4");
+  expect_lines(L, 1, "model.layers.0.self_attn.qkv_proj.weight",
+               LINES("rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=fp8e4m3 box=16:32,0:64 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=fp8e4m3 box=0:8,0:64 offset=1024",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=fp8e4m3 box=0:8,0:64 offset=1536",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.q_proj.weight_scale_inv dtype=f32 box=2:4,0:8 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.k_proj.weight_scale_inv dtype=f32 box=0:1,0:8 offset=64",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.v_proj.weight_scale_inv dtype=f32 box=0:1,0:8 offset=96"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  m = load_fp8(DATA("tiny-llama-fp8-coarse.json"));
+  /* vLLM tp 2 <= 4 KV heads: q rows 32:64 (scale rows 2:4 of 4), k/v
+   * heads 2, 3 (rows 16:32, scale row 1 of 2) */
+  L = layout(m, VLLM, "tp=2");
+  expect_lines(L, 1, "model.layers.0.self_attn.qkv_proj.weight_scale_inv",
+               LINES("rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.q_proj.weight_scale_inv dtype=f32 box=2:4,0:8 offset=0",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.k_proj.weight_scale_inv dtype=f32 box=1:2,0:8 offset=64",
+                     "rank=1 name=model.layers.0.self_attn.qkv_proj.weight_scale_inv tensor=model.layers.0.self_attn.v_proj.weight_scale_inv dtype=f32 box=1:2,0:8 offset=96"));
+  reshard_layout_destroy(L);
+  refused(m, MEGATRON, "tp=1", "Megatron interleaves q, k and v per KV group");
+  refused(m, VLLM, "tp=4", "nor are q's and k/v's rows cut in tp pieces");
+  refused(m, VLLM, "tp=8", "each TP rank holds one replicated KV head");
+  rm_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vllm_rank_order),          cmocka_unit_test(megatron_vocab_rows),
@@ -696,6 +749,7 @@ int main(void) {
       cmocka_unit_test(golden_dense_gqa),         cmocka_unit_test(golden_qwen3_moe),
       cmocka_unit_test(golden_mixtral),           cmocka_unit_test(golden_deepseek_v3),
       cmocka_unit_test(golden_shipped_sizes),     cmocka_unit_test(after_load_flags),
+      cmocka_unit_test(golden_fp8_qkv_scales),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,7 +24,7 @@
 #include "exec/exec_state.h"
 #include "transport/transport.h"
 
-#define RS_HDR_MAGIC 0x3130524448535253ull /* "RSHDR01" */
+#define RS_HDR_MAGIC 0x3230524448535253ull /* "RSHDR02": 256 bytes, with abort and why */
 
 typedef struct rs_exec_hdr {
   uint64_t magic, digest, call, version;
@@ -42,6 +42,7 @@ struct rs_agree {
   unsigned char *got;        /* [n]: header arrived */
   rs_request **rreq, **sreq; /* [n] each */
   reshard_result_t r;        /* first failure */
+  int sent;                  /* the header exchange completed */
   char msg[640];
 };
 
@@ -163,6 +164,7 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
       fail(a, r, prefix);
     }
   if (!a->r) wait_all(a, deadline, "header", 1);
+  a->sent = !a->r; /* every header went out (and every partner's came in) */
   if (abort) { /* this rank's own rejection is the story, whatever else happened */
     a->r = abort;
     snprintf(a->msg, sizeof a->msg, "%s", own);
@@ -217,6 +219,8 @@ reshard_result_t rs_agree_poll(rs_agree *a) {
   }
   return RESHARD_SUCCESS;
 }
+
+int rs_agree_sent(const rs_agree *a) { return a && a->sent; }
 
 reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r, int64_t deadline) {
   if (!a) return r;

@@ -71,6 +71,10 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call,
                                 uint64_t version, int64_t deadline,
                                 reshard_result_t abort, rs_agree **out);
 
+/* Whether rs_agree_begin exchanged headers with every partner (so a
+ * rejection it carried reached them); 0 for NULL. */
+int rs_agree_sent(const rs_agree *a);
+
 /* Never blocks: RESHARD_ERROR_REMOTE if a partner's status arrived saying
  * it failed its agreement. NULL: success. */
 reshard_result_t rs_agree_poll(rs_agree *a);

@@ -91,7 +91,7 @@ static reshard_result_t check_buffers(const reshard_plan_t *p,
   }
   if (!bufs || n != (size_t)expected)
     return rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: %s buffers: %zu given (%s), the layout has %d",
-                    p->rank, side, bufs ? n : 0, bufs ? "array" : "NULL", expected);
+                    p->rank, side, n, bufs ? "array" : "NULL", expected);
   for (int i = 0; i < nused; i++)
     if (!bufs[used[i].id] && used[i].bytes)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffer %d '%s' (%llu bytes) is NULL",
@@ -343,13 +343,17 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
  * number and its place in the agreement, carrying the rejection, so that
  * its partners fail at once with RESHARD_ERROR_REMOTE naming it instead of
  * waiting for data until their deadline; with double buffering it joins
- * the commit too, which then fails everywhere. Returns `why` with the
- * rejection's message (the last error when called). */
+ * the commit too, which then fails everywhere. The plan is marked failed
+ * before the agreement turn passes, so that a concurrent later call finds
+ * it failed (as run_call does). Returns `why` with the rejection's message
+ * (the last error when called). */
 static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                   reshard_result_t why, uint64_t *version_out, uint64_t *call_out) {
-  char msg[640];
+                                   reshard_result_t why) {
+  char msg[640], full[700];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  snprintf(full, sizeof full, "%s", msg);
   reshard_plan_t *mut = (reshard_plan_t *)plan;
+  const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   const int64_t deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
   const uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
   uint64_t version = 0;
@@ -359,13 +363,15 @@ static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_vers
     version = rs_plan_take_version(plan, explicit_version, version_in);
     rs_error(why, "%s", msg); /* what the header carries */
     r = rs_agree_begin(plan, call, version, deadline, why, &agree);
+    if (rs_agree_sent(agree) || dbuf) snprintf(full, sizeof full, "%s (its partners were told)", msg);
+    rs_plan_mark_failed(plan, call, version, why, full);
     rs_agree_turn_pass(plan, call);
+  } else {
+    rs_plan_mark_failed(plan, call, version, why, full); /* the first failure stays */
   }
   r = rs_agree_end(agree, r, deadline);
-  if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) commit(plan, deadline, why, call, version);
-  *version_out = version;
-  *call_out = call;
-  return rs_error(why, "%s (its partners were told)", msg);
+  if (dbuf) commit(plan, deadline, why, call, version);
+  return rs_error(why, "%s", full);
 }
 
 /* The call once its arguments passed: staging, agreement, rounds, commit. */
@@ -401,9 +407,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
              need + vneed);
     *target_out = 0;
-    if (plan->npeers == 0 && !(plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
-      return RESHARD_ERROR_OUT_OF_MEMORY; /* nobody to tell: retry later */
-    return abort_call(plan, explicit_version, version_in, RESHARD_ERROR_OUT_OF_MEMORY, version_out, call_out);
+    if (plan->npeers == 0 && !dbuf) return RESHARD_ERROR_OUT_OF_MEMORY; /* nobody to tell: retry later */
+    return abort_call(plan, explicit_version, version_in, RESHARD_ERROR_OUT_OF_MEMORY);
   }
   exec_state st;
   memset(&st, 0, sizeof st);
@@ -525,27 +530,34 @@ static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_
   return RESHARD_SUCCESS;
 }
 
+/* rejected: an error the caller already found (and set), or SUCCESS for
+ * execute to check the arguments itself. */
 static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                 void *const *src_buffers, size_t num_src, const size_t *src_bytes,
-                                void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream) {
-  rs_error_clear();
+                                void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
+                                reshard_result_t rejected) {
+  if (!rejected) rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
   RS_CHECK(rs_plan_refuse_if_failed(plan));
   const rs_stream_ops *dev = plan->comm->ops->stream_ops;
-  const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
+  const int dbuf = !dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan;
+  if (dbuf && __atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
+                    "executes of one plan must not overlap",
+                    plan->rank);
   uint64_t call = 0, version = 0;
-  reshard_result_t r = check_args(plan, src_buffers, num_src, src_bytes, dst_buffers, num_dst, dst_bytes, stream);
+  reshard_result_t r =
+      rejected ? rejected
+               : check_args(plan, src_buffers, num_src, src_bytes, dst_buffers, num_dst, dst_bytes, stream);
   if (r != RESHARD_SUCCESS) {
     /* Nothing moves, but the partners must hear of it: the call takes its
-     * place in the agreement (host transports; nobody to tell without
-     * partners or a commit), and the plan fails like theirs. */
-    if (dev || (plan->npeers == 0 && !dbuf)) return r;
-    r = abort_call(plan, explicit_version, version_in, r, &version, &call);
-    char why[640];
-    snprintf(why, sizeof why, "%s", reshard_last_error());
-    rs_plan_mark_failed(plan, call, version, r, why);
-    return rs_error(r, "%s", why);
+     * place in the agreement and the plan fails like theirs (host
+     * transports; without partners or a commit there is nobody to tell). */
+    if (!dev && (plan->npeers || dbuf)) r = abort_call(plan, explicit_version, version_in, r);
+    if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
+    return r;
   }
   if (dev) {
     /* Stream-ordered: no host agreement; the version is recorded when the
@@ -554,11 +566,6 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
     version = rs_plan_take_version(plan, explicit_version, version_in);
     r = rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, call);
   } else {
-    if (dbuf && __atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
-      return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                      "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
-                      "executes of one plan must not overlap",
-                      plan->rank);
     int target = 0;
     /* copy 1 exists only where the rank passed both copies (a rank
      * without destination buffers may pass none) */
@@ -571,9 +578,7 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   }
   if (r == RESHARD_SUCCESS) {
     rs_plan_record_success(plan, version);
-  } else if (rs_result_fails_plan(r) || (r == RESHARD_ERROR_OUT_OF_MEMORY && !dev && (plan->npeers || dbuf))) {
-    /* a host call that ran out of staging told its partners (abort_call):
-     * their plans fail, so does this one */
+  } else if (rs_result_fails_plan(r)) {
     char why[640];
     snprintf(why, sizeof why, "%s", reshard_last_error());
     rs_plan_mark_failed(plan, call, version, r, why);
@@ -583,13 +588,14 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
 
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
                                       void *const *dst_buffers, size_t num_dst, void *stream) {
-  return execute(plan, 0, 0, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream);
+  return execute(plan, 0, 0, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream, RESHARD_SUCCESS);
 }
 
 reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64_t version,
                                               void *const *src_buffers, size_t num_src, void *const *dst_buffers,
                                               size_t num_dst, void *stream) {
-  return execute(plan, 1, version, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream);
+  return execute(plan, 1, version, src_buffers, num_src, NULL, dst_buffers, num_dst, NULL, stream,
+                 RESHARD_SUCCESS);
 }
 
 reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t version, const reshard_buffer_t *src,
@@ -597,21 +603,23 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
                                             void *stream) {
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  if ((num_src && !src) || (num_dst && !dst))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffers are NULL with a count of %zu",
-                    plan->rank, num_src && !src ? "source" : "destination", num_src && !src ? num_src : num_dst);
+  /* NULL arrays go on as NULL pointer arrays, for execute's own checks
+   * (accepted where this rank has no buffers on that side); running out of
+   * memory for the copies is a rejection execute tells the partners of */
   const size_t n = num_src + num_dst;
   void **ptrs = rs_malloc((n + 1) * sizeof *ptrs);
   size_t *bytes = rs_malloc((n + 1) * sizeof *bytes);
-  reshard_result_t r;
+  reshard_result_t rejected = RESHARD_SUCCESS;
   if (!ptrs || !bytes) {
-    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", plan->rank);
+    rejected = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for %zu buffer entries",
+                        plan->rank, n);
   } else {
-    for (size_t i = 0; i < num_src; i++) ptrs[i] = src[i].ptr, bytes[i] = src[i].bytes;
-    for (size_t i = 0; i < num_dst; i++) ptrs[num_src + i] = dst[i].ptr, bytes[num_src + i] = dst[i].bytes;
-    r = execute(plan, version != 0, version, src ? ptrs : NULL, num_src, bytes, dst ? ptrs + num_src : NULL, num_dst,
-                bytes + num_src, stream);
+    for (size_t i = 0; src && i < num_src; i++) ptrs[i] = src[i].ptr, bytes[i] = src[i].bytes;
+    for (size_t i = 0; dst && i < num_dst; i++) ptrs[num_src + i] = dst[i].ptr, bytes[num_src + i] = dst[i].bytes;
   }
+  reshard_result_t r = execute(plan, version != 0, version, src && ptrs ? ptrs : NULL, num_src, bytes,
+                               dst && ptrs ? ptrs + num_src : NULL, num_dst, bytes ? bytes + num_src : NULL, stream,
+                               rejected);
   free(ptrs);
   free(bytes);
   return r;

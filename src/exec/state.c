@@ -53,9 +53,12 @@ uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version, uin
 
 reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call, int64_t deadline) {
   for (unsigned spin = 0;; spin++) {
+    /* failure first: the call before this one marks the plan failed
+     * before it passes the turn, and this call must not start an
+     * agreement its partners will never answer */
+    RS_CHECK(rs_plan_refuse_if_failed(p));
     uint64_t turn = __atomic_load_n(&p->agree_turn, __ATOMIC_ACQUIRE);
     if (turn == call) return RESHARD_SUCCESS;
-    RS_CHECK(rs_plan_refuse_if_failed(p));
     if (rs_now_ns() > deadline)
       return rs_error(RESHARD_ERROR_TIMEOUT,
                       "execute rank %d: call %llu waited past its deadline for call %llu of this plan, running "

@@ -155,14 +155,32 @@ reshard_result_t rm_add_qkv(rm_builder *b, const char *name, int vllm, int q, in
   int ids[3] = {q, k, v}, s[3], scaled = 0;
   RS_CHECK(scales_of(b, name, 3, ids, s, &scaled));
   if (!scaled) return RESHARD_SUCCESS;
-  /* Every cut of q, k and v falls between heads (or KV groups): with whole
-   * blocks per head the scales split like their weights, in blocks. */
-  if (c->head_dim % c->block[0])
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "model '%s': buffer '%s': head_dim %lld is not whole blocks of %lld rows, so the weight_scale_inv "
-                    "of q, k and v cannot be split per head (not modelled)",
-                    b->m->path, name, (long long)c->head_dim, (long long)c->block[0]);
-  reshard_attention_t sa = {s[0], s[1], s[2], (int)c->heads, (int)c->kv_heads, c->head_dim / c->block[0]};
+  /* The scales split like their weights in blocks of rows. With whole
+   * blocks per head every cut (between heads, KV groups or TP pieces) is a
+   * block boundary: the same numbers, head_dim in blocks. Otherwise only
+   * vLLM without KV replication can be split, as plain rows: q and k/v cut
+   * evenly into tp pieces of whole blocks, which vLLM requires too
+   * (vllm/model_executor/layers/quantization/utils/fp8_utils.py,
+   * validate_fp8_block_shape: every output partition, q's and k/v's per
+   * rank, a multiple of block_n), i.e. heads and KV heads of one row of
+   * blocks each. */
+  const int64_t blk = c->block[0];
+  int nd, shape[RESHARD_MAX_MESH_DIMS];
+  RS_CHECK(reshard_layout_mesh_shape(b->L, mesh, &nd, shape));
+  const int64_t tp = tp_axis < 0 ? 1 : shape[tp_axis];
+  reshard_attention_t sa = {s[0], s[1], s[2], (int)c->heads, (int)c->kv_heads, c->head_dim / blk};
+  if (c->head_dim % blk) {
+    const int64_t qrows = c->heads * c->head_dim, kvrows = c->kv_heads * c->head_dim;
+    if (!vllm || tp > c->kv_heads || qrows % (tp * blk) || kvrows % (tp * blk))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "model '%s': buffer '%s': head_dim %lld is not whole blocks of %lld rows%s, so the "
+                      "weight_scale_inv of q, k and v cannot be split like them (choose another tp)",
+                      b->m->path, name, (long long)c->head_dim, (long long)blk,
+                      !vllm ? " (Megatron interleaves q, k and v per KV group)"
+                      : tp > c->kv_heads ? " (each TP rank holds one replicated KV head)"
+                                         : ", nor are q's and k/v's rows cut in tp pieces");
+    sa = (reshard_attention_t){s[0], s[1], s[2], (int)(qrows / blk), (int)(kvrows / blk), 1};
+  }
   char sname[320];
   snprintf(sname, sizeof sname, "%s_scale_inv", name);
   return add(b->L, sname, &sa, mesh, tp_axis, NULL);
