@@ -144,7 +144,8 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
   a->sreq = a->rreq + n;
   a->got = (unsigned char *)(a->sreq + n);
   a->mine = (rs_exec_hdr){RS_HDR_MAGIC, p->digest, call, version, (uint64_t)abort, ""};
-  snprintf(a->mine.why, sizeof a->mine.why, "%s", own);
+  /* the start of the message; the initializer above left the rest NUL */
+  memcpy(a->mine.why, own, strnlen(own, sizeof a->mine.why - 1));
   const uint64_t htag = p->tag_base | RS_TAG_CONTROL | RS_CTL_HEADER;
   const uint64_t stag = p->tag_base | RS_TAG_CONTROL | RS_CTL_STATUS;
   char prefix[160];
