@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 #include "plan/topology.h"
 #include "plan_measure.h"
+#include "plan_world.h"
 
 struct pc_session {
   rs_topology topo;
@@ -50,108 +51,81 @@ void pc_session_free(pc_session *s) {
   free(s);
 }
 
-/* Plans every rank with rs_plan_force set to force; keeps the largest
- * spread and phase estimates (each rank's own, against the fake
- * communicator), or the smallest chunk the ranks derive. */
-static reshard_result_t each_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                  const reshard_options_t *opts, rs_plan_agreed force, int32_t *spread,
-                                  uint64_t *est, rs_pace *pace, size_t *chunk) {
-  reshard_result_t r = RESHARD_SUCCESS;
-  rs_plan_force = force;
-  for (int k = 0; k < nranks && !r; k++) {
-    reshard_comm_t *comm;
-    reshard_plan_t *plan;
-    r = pm_plan_rank(src, dst, k, nranks, opts, &comm, &plan);
-    if (r) break;
-    if (spread && plan->spread_rounds > *spread) *spread = plan->spread_rounds;
-    for (int j = 0; est && j < RS_PHASE_CANDIDATES; j++)
-      if (plan->phase_est[j] > est[j]) est[j] = plan->phase_est[j];
-    if (pace) rs_pace_merge(pace, plan->pace_cand);
-    if (chunk && (!*chunk || plan->chunk_bytes < *chunk)) *chunk = plan->chunk_bytes;
-    pm_plan_free(comm, plan);
+/* Pass 3 of a run, priced: each rank's share is added as its plan is
+ * built (the sums and maxima do not depend on the order), then the plan
+ * goes to the caller's `also`. */
+typedef struct price_pass {
+  pc_session *s;
+  pw_plan_fn also;
+  void *also_arg;
+} price_pass;
+
+static reshard_result_t add_plan(int rank, reshard_plan_t *plan, void *arg) {
+  price_pass *pp = arg;
+  RS_CHECK(pc_session_add(pp->s, plan));
+  return pp->also ? pp->also(rank, plan, pp->also_arg) : RESHARD_SUCCESS;
+}
+
+reshard_result_t pc_price_run(pw_run *run, const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                              const reshard_options_t *opts, pw_plan_fn also, void *also_arg, reshard_estimate_t *out) {
+  price_pass pp = {NULL, also, also_arg};
+  RS_CHECK(pc_session_create(src, dst, nranks, opts, &pp.s));
+  reshard_result_t r = pw_run_plans(run, NULL, add_plan, &pp);
+  if (!r) {
+    reshard_estimate_t e;
+    pc_session_finish(pp.s, &e);
+    memcpy(out, &e, sizeof e);
   }
-  rs_plan_force = (rs_plan_agreed){0};
+  pc_session_free(pp.s);
   return r;
 }
 
-reshard_result_t pc_agreed_chunk(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t spread, int32_t phases, uint64_t wide,
-                                 rs_pace pace, size_t *chunk) {
-  *chunk = 0;
-  rs_plan_agreed force = {.set_spread = 1, .spread = spread, .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
-  return each_rank(src, dst, nranks, opts, force, NULL, NULL, NULL, chunk);
-}
-
-reshard_result_t pc_agreed_sizes(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts, int32_t *spread, int32_t *phases, uint64_t *wide,
-                                 rs_pace *pace, size_t *chunk) {
-  /* as the two agreements: the largest spread and phase estimates first,
-   * then each rank's chunk with those, the smallest kept */
-  uint64_t est[RS_PHASE_CANDIDATES] = {0};
-  rs_pace cand[RS_WIDE_CANDIDATES] = {{0, 0}};
-  *spread = 0;
-  RS_CHECK(each_rank(src, dst, nranks, opts, (rs_plan_agreed){0}, spread, est, cand, NULL));
-  *phases = rs_phases_choose(est, wide);
-  *pace = rs_pace_choose(cand, *wide);
-  return pc_agreed_chunk(src, dst, nranks, opts, *spread, *phases, *wide, *pace, chunk);
-}
-
 static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                       const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk);
+                                        const reshard_options_t *opts, pw_plan_fn also, void *also_arg,
+                                        reshard_estimate_t *out, size_t *chunk, pw_run **keep) {
+  pw_run *run;
+  RS_CHECK(pw_run_create(src, dst, nranks, opts, &run));
+  reshard_result_t r = pc_price_run(run, src, dst, nranks, opts, also, also_arg, out);
+  if (chunk) *chunk = pw_run_agreed(run)->chunk;
+  if (!r && keep) *keep = run;
+  else pw_run_free(run);
+  return r;
+}
 
 reshard_result_t pc_choose_relay(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int *relay, reshard_estimate_t *direct,
-                                 reshard_estimate_t *relayed) {
+                                 reshard_estimate_t *relayed, pw_plan_fn also, void *const *also_args,
+                                 pw_run **kept) {
   reshard_options_t o = *opts;
   reshard_estimate_t *e[2] = {direct, relayed};
-  for (int k = 0; k < 2; k++) {
+  pw_run *runs[2] = {NULL, NULL};
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int k = 0; k < 2 && !r; k++) {
     o.relay = k;
     *e[k] = (reshard_estimate_t)RESHARD_ESTIMATE_INITIALIZER;
-    RS_CHECK(estimate_global(src, dst, nranks, &o, e[k], NULL));
+    r = estimate_global(src, dst, nranks, &o, also, also ? also_args[k] : NULL, e[k], NULL, kept ? &runs[k] : NULL);
   }
-  *relay = relayed->seconds < direct->seconds;
-  return RESHARD_SUCCESS;
+  if (!r) {
+    *relay = relayed->seconds < direct->seconds;
+    if (kept) {
+      *kept = runs[*relay];
+      runs[*relay] = NULL;
+    }
+  }
+  pw_run_free(runs[0]);
+  pw_run_free(runs[1]);
+  return r;
 }
 
 reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                     const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
-  if (opts->relay != -1) return estimate_global(src, dst, nranks, opts, out, chunk);
+  if (opts->relay != -1) return estimate_global(src, dst, nranks, opts, NULL, NULL, out, chunk, NULL);
   int relay;
+  pw_run *run = NULL;
   reshard_estimate_t ed, er;
-  RS_CHECK(pc_choose_relay(src, dst, nranks, opts, &relay, &ed, &er));
-  reshard_options_t o = *opts;
-  o.relay = relay;
-  return estimate_global(src, dst, nranks, &o, out, chunk);
-}
-
-static reshard_result_t estimate_global(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                                        const reshard_options_t *opts, reshard_estimate_t *out, size_t *chunk) {
-  size_t agreed = 0;
-  int32_t spread = 0, phases = 1;
-  uint64_t wide = 0;
-  rs_pace pace = {0, 0};
-  RS_CHECK(pc_agreed_sizes(src, dst, nranks, opts, &spread, &phases, &wide, &pace, &agreed));
-  pc_session *s;
-  RS_CHECK(pc_session_create(src, dst, nranks, opts, &s));
-  reshard_result_t res = RESHARD_SUCCESS;
-  /* what the ranks would agree on */
-  rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = agreed,
-                                   .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
-  for (int r = 0; r < nranks && !res; r++) {
-    reshard_comm_t *comm;
-    reshard_plan_t *plan;
-    res = pm_plan_rank(src, dst, r, nranks, opts, &comm, &plan);
-    if (res) break;
-    res = pc_session_add(s, plan);
-    pm_plan_free(comm, plan);
-  }
-  rs_plan_force = (rs_plan_agreed){0};
-  if (!res) {
-    reshard_estimate_t e;
-    pc_session_finish(s, &e);
-    memcpy(out, &e, sizeof e);
-  }
-  pc_session_free(s);
-  if (chunk) *chunk = agreed;
-  return res;
+  RS_CHECK(pc_choose_relay(src, dst, nranks, opts, &relay, &ed, &er, NULL, NULL, &run));
+  *out = relay ? er : ed;
+  if (chunk) *chunk = pw_run_agreed(run)->chunk;
+  pw_run_free(run);
+  return RESHARD_SUCCESS;
 }

@@ -8,30 +8,13 @@
 #include <stddef.h>
 
 #include "plan/plan.h" /* rs_pace */
+#include "plan_world.h"
 #include "reshard.h"
 
-/* The spread, phases, wide-stream threshold and chunk a real run of
- * nranks agrees on: every rank planned as given (the largest spread; the
- * phases and threshold from the largest phase estimates), then again
- * with those (the smallest chunk). */
-reshard_result_t pc_agreed_sizes(const reshard_layout_t *src,
-                                 const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts,
-                                 int32_t *spread, int32_t *phases,
-                                 uint64_t *wide, rs_pace *pace, size_t *chunk);
-
-/* The chunk a real run of nranks agrees on once the spread, phases and
- * threshold are agreed: every rank planned with them, the smallest chunk
- * kept. */
-reshard_result_t pc_agreed_chunk(const reshard_layout_t *src,
-                                 const reshard_layout_t *dst, int nranks,
-                                 const reshard_options_t *opts,
-                                 int32_t spread, int32_t phases,
-                                 uint64_t wide, rs_pace pace, size_t *chunk);
-
-/* Plans every rank with the agreed spread and chunk (pc_agreed_sizes) and
+/* Plans every rank with what the ranks agree on (plan_world.h) and
  * prices the plans. opts must name a topology (or RESHARD_TOPOLOGY
- * must). *chunk (may be NULL) receives the agreed chunk. */
+ * must). *chunk (may be NULL) receives the agreed chunk. With relay -1,
+ * the plan pc_choose_relay keeps is priced. */
 reshard_result_t pc_estimate_global(const reshard_layout_t *src,
                                     const reshard_layout_t *dst, int nranks,
                                     const reshard_options_t *opts,
@@ -43,12 +26,24 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src,
  * picking relay, destinations direct). This prices the direct and the
  * relay plan over all ranks and sets *relay to the library's choice (a
  * tie keeps direct); *direct and *relayed receive the two estimates.
- * opts->relay must be -1 and opts must name a topology. */
+ * opts->relay must be -1 and opts must name a topology. Each plan priced
+ * also goes, in rank order, to also(rank, plan, also_args[relay]) (also
+ * may be NULL). kept (may be NULL) receives the run of the plan kept,
+ * for more passes over it. */
 reshard_result_t pc_choose_relay(const reshard_layout_t *src,
                                  const reshard_layout_t *dst, int nranks,
                                  const reshard_options_t *opts, int *relay,
                                  reshard_estimate_t *direct,
-                                 reshard_estimate_t *relayed);
+                                 reshard_estimate_t *relayed, pw_plan_fn also,
+                                 void *const *also_args, pw_run **kept);
+
+/* Prices the plans of a run (its pass 3), as pc_estimate_global; each
+ * plan also goes to also(rank, plan, also_arg) in rank order (also may
+ * be NULL). */
+reshard_result_t pc_price_run(pw_run *run, const reshard_layout_t *src,
+                              const reshard_layout_t *dst, int nranks,
+                              const reshard_options_t *opts, pw_plan_fn also,
+                              void *also_arg, reshard_estimate_t *out);
 
 /* The pieces, for a caller that plans the ranks itself (reshard_plan):
  * a pricing session over nranks ranks, fed one plan at a time. */

@@ -243,13 +243,24 @@ void cli_usage(int tool, FILE *out) {
             "                        (N: the buffer's name; in model mode the framework's parameter\n"
             "                        name on that rank; boxes half-open in tensor coordinates; B: the\n"
             "                        byte offset in the buffer; ranks global, source side first)\n"
-            "Every rank's plan is computed in this one process with a fake communicator. Each\n"
-            "rank is first planned as-is in a forked child (plan_ms: wall time, cpu_ms, peak_MiB:\n"
-            "peak RSS growth); then all ranks are planned again with the chunk size a real run\n"
-            "agrees on (the smallest of the ranks'), and those plans are checked: every\n"
-            "destination byte inside a fragment written exactly once (receive and local copies),\n"
-            "none outside; every source byte read lies inside the rank's source fragments; each\n"
-            "(sender, receiver) pair agrees on the (round, size) of every message, in order.\n"
+            "  --threads N           planning threads (default: the CPUs online)\n"
+            "  --time-all            time every rank's planning (default: a sample, the first and\n"
+            "                        the busiest rank of each role; '-' for the others)\n"
+            "  --digest              print a hash of each rank's plan (its messages and copies,\n"
+            "                        field by field): '# digest rank R HEX'\n"
+            "  --profile             print where the time went: per pass over the ranks (first\n"
+            "                        stages, chunks, plans) wall seconds, and per role CPU seconds\n"
+            "Every rank's plan is computed in this one process with a fake communicator, as a\n"
+            "real run agrees on it: each rank's first stage (the replica choice and relay trees,\n"
+            "nearly all the work) once, kept in a temporary file in $TMPDIR; the ranks' largest\n"
+            "spread and phase estimates, then their smallest chunk with those; then each rank's\n"
+            "plan with all of them, and those plans are checked: every destination byte inside\n"
+            "a fragment written exactly once (receive and local copies), none outside; every\n"
+            "source byte read lies inside the rank's source fragments; each (sender, receiver)\n"
+            "pair agrees on the (round, size) of every message, in order. Timed ranks are\n"
+            "planned as-is in a forked child (plan_ms: wall time, cpu_ms, peak_MiB: peak RSS\n"
+            "growth). With --topology and --relay -1 the direct and relay plans are both priced\n"
+            "and the faster kept, as the library chooses.\n"
             "Exit status 1 on a failed plan (or a violation with --check), 2 on bad options.\n");
 }
 
@@ -374,6 +385,16 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       o->strict = 1;
     } else if (plan && !strcmp(a, "--no-check")) {
       o->no_check = 1;
+    } else if (plan && !strcmp(a, "--threads")) {
+      VALUE();
+      if (parse_int(v, 1, &o->threads) || o->threads > 64)
+        return cli_fail(err, errlen, "--threads '%s': expected an integer from 1 to 64", v);
+    } else if (plan && !strcmp(a, "--time-all")) {
+      o->time_all = 1;
+    } else if (plan && !strcmp(a, "--digest")) {
+      o->digest = 1;
+    } else if (plan && !strcmp(a, "--profile")) {
+      o->profile = 1;
     } else if (plan && !strcmp(a, "--show-layout")) {
       VALUE();
       if (!strcmp(v, "src")) o->show_layout = 1;
@@ -434,6 +455,8 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     return cli_fail(err, errlen, "--no-check cannot be combined with --check or --inject-error");
   if (plan && o->rank >= 0 && o->inject_error)
     return cli_fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
+  if (plan && o->rank >= 0 && o->time_all)
+    return cli_fail(err, errlen, "--time-all times every rank, which --rank skips");
   return 0;
 }
 

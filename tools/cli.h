@@ -65,6 +65,10 @@ typedef struct cli_opts {
   int strict; /* --check */
   int no_check; /* --no-check: plan and price only */
   int show_layout; /* --show-layout: 0 no, 1 src, 2 dst */
+  int threads;     /* --threads N: planning threads (0: the CPUs online) */
+  int time_all;    /* --time-all: time every rank, not a sample */
+  int digest;      /* --digest: print a hash of each rank's plan */
+  int profile;     /* --profile: where the time went */
 } cli_opts;
 
 /* Parses argv for the given tool. Returns 0, or -1 with a message in err

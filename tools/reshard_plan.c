@@ -8,15 +8,15 @@
  *
  * Planning is collective only through its agreement allreduces, so one
  * process can play any rank with a fake communicator (bench/fake_comm.h)
- * whose allreduce returns the rank's own values. The spread, phases and
- * chunk a rank derives then come from its own streams instead of all
- * ranks'; so each rank is first planned as given (its time and memory, in
- * a forked child: the figures a real run would see, up to those sizes),
- * and then every rank is planned again with the largest spread and the
- * phases of the largest phase estimates (rs_plan_force), which gives each
- * rank's chunk as a real run sizes it, and once more with those and the
- * smallest of those chunks: exactly the spread, phases and chunk a real
- * run agrees on. Those plans are checked through the
+ * whose allreduce returns the rank's own values. What a real run agrees
+ * on is found in passes over the ranks (bench/plan_world.h), each rank's
+ * first stage (nearly all the work) computed once and stored: the ranks'
+ * largest spread and phase estimates, then their smallest chunk with
+ * those; then every rank's plan with all of them, exactly the plan a real
+ * run executes. The passes run on --threads threads. A sample of ranks
+ * (--time-all: every rank) is also planned as given in a forked child,
+ * for the time and memory a real run's creation takes on that rank.
+ * The plans a real run executes are checked through the
  * internal plan struct:
  *   - every destination byte inside a fragment is written exactly once by
  *     the receive and local copies, and no byte outside fragments is;
@@ -26,6 +26,7 @@
  *   - each (sender, receiver) pair agrees on the (round, size) of every
  *     message, in order. */
 #define _GNU_SOURCE
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,20 +38,9 @@
 #include "plan_cost.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
+#include "layout/layout.h" /* rs_hash_bytes */
 #include "plan/plan.h"
 #include "reshard.h"
-
-/* ------------------------------------------------------------------ */
-/* Measuring one rank's plan creation                                  */
-/* ------------------------------------------------------------------ */
-
-
-/* One rank's plan against the fake communicator (bench/plan_measure.c,
- * shared with plan_bench, which also measures it in a forked child). */
-static reshard_result_t plan_rank(const cli_layouts *L, int rank, int world, const reshard_options_t *opts,
-                                  reshard_comm_t **comm, reshard_plan_t **plan) {
-  return pm_plan_rank(L->src, L->dst, rank, world, opts, comm, plan);
-}
 
 /* ------------------------------------------------------------------ */
 /* Checking plans                                                      */
@@ -401,13 +391,169 @@ static void print_header(void) {
 }
 
 static void print_row(int rank, const char *role, const pm_result *m, const reshard_plan_stats_t *s) {
-  printf("%6d %5s %9.2f %9.2f %8.1f%s %10.2f %10.2f %10.2f %8zu %8zu %6d %6d %7d %9zu\n", rank, role, m->plan_ms,
-         m->cpu_ms, m->peak_mib, m->peak_exact ? " " : "?", (double)s->send_bytes / 1048576.0,
-         (double)s->recv_bytes / 1048576.0, (double)s->local_copy_bytes / 1048576.0, s->send_messages, s->recv_messages,
-         s->num_send_peers, s->num_recv_peers, s->num_chunks, s->segments);
+  char t[3][32];
+  if (m->ok) {
+    snprintf(t[0], sizeof t[0], "%.2f", m->plan_ms);
+    snprintf(t[1], sizeof t[1], "%.2f", m->cpu_ms);
+    snprintf(t[2], sizeof t[2], "%.1f%s", m->peak_mib, m->peak_exact ? " " : "?");
+  } else { /* not timed */
+    snprintf(t[0], sizeof t[0], "-");
+    snprintf(t[1], sizeof t[1], "-");
+    snprintf(t[2], sizeof t[2], "- ");
+  }
+  printf("%6d %5s %9s %9s %9s %10.2f %10.2f %10.2f %8zu %8zu %6d %6d %7d %9zu\n", rank, role, t[0], t[1], t[2],
+         (double)s->send_bytes / 1048576.0, (double)s->recv_bytes / 1048576.0, (double)s->local_copy_bytes / 1048576.0,
+         s->send_messages, s->recv_messages, s->num_send_peers, s->num_recv_peers, s->num_chunks, s->segments);
+}
+
+/* --digest: a hash of everything a rank's plan executes (its messages
+ * and copies, field by field), to show that two versions of the planner
+ * or of this tool make the same plans byte for byte. */
+static uint64_t digest_words(uint64_t h, const uint64_t *w, size_t n) { return rs_hash_bytes(w, n * sizeof *w, h); }
+
+static uint64_t digest_copies(uint64_t h, const rs_copy *c, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t w[6 + 3 * RS_COPY_MAX_DIMS];
+    size_t k = 0;
+    w[k++] = c[i].src_off;
+    w[k++] = c[i].dst_off;
+    w[k++] = c[i].run_bytes;
+    w[k++] = (uint64_t)(int64_t)c[i].src_buf;
+    w[k++] = (uint64_t)(int64_t)c[i].dst_buf;
+    w[k++] = (uint64_t)c[i].ndim;
+    for (int d = 0; d < c[i].ndim && d < RS_COPY_MAX_DIMS; d++) {
+      w[k++] = (uint64_t)c[i].extent[d];
+      w[k++] = (uint64_t)c[i].src_stride[d];
+      w[k++] = (uint64_t)c[i].dst_stride[d];
+    }
+    h = digest_words(h, w, k);
+  }
+  return h;
+}
+
+static uint64_t digest_msgs(uint64_t h, const rs_msg *m, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t w[8] = {(uint64_t)(int64_t)m[i].peer, (uint64_t)(int64_t)m[i].round, m[i].bytes, m[i].staging_off,
+                           m[i].first_copy, m[i].ncopies, m[i].direct, m[i].fwd};
+    h = digest_words(h, w, 8);
+  }
+  return h;
+}
+
+static uint64_t plan_digest(const reshard_plan_t *p) {
+  const uint64_t w[8] = {(uint64_t)p->nrounds, p->chunk_bytes, p->nsends, p->nrecvs, p->nlocal_copies,
+                         p->send_half, p->recv_half, (uint64_t)p->phases};
+  uint64_t h = digest_words(0x5eed, w, 8);
+  h = digest_msgs(h, p->sends, p->nsends);
+  h = digest_copies(h, p->send_copies, p->nsend_copies);
+  h = digest_msgs(h, p->recvs, p->nrecvs);
+  h = digest_copies(h, p->recv_copies, p->nrecv_copies);
+  return digest_copies(h, p->local_copies, p->nlocal_copies);
+}
+
+/* The plans a real run executes (plan_world.h pass 3), one rank at a
+ * time in rank order: their stats and digests, and with check_now the
+ * checks. The pass that prices them serves for the stats; the checks,
+ * when asked for, take one more pass over the plan kept. */
+typedef struct final_pass {
+  const cli_layouts *L;
+  const cli_opts *o;
+  size_t chunk;
+  reshard_plan_stats_t *agreed; /* per rank */
+  uint64_t *digest;             /* --digest: per rank */
+  int check_now;
+  checker ck;
+  msgvec sends, recvs;
+  int injected;
+} final_pass;
+
+static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
+  final_pass *f = arg;
+  reshard_plan_get_stats(plan, &f->agreed[r]);
+  if (f->digest) f->digest[r] = plan_digest(plan);
+  if (!f->check_now) return RESHARD_SUCCESS;
+  if (plan->chunk_bytes != f->chunk)
+    violation(&f->ck, "rank %d: planned with chunk %zu B, not the agreed %zu B", r, plan->chunk_bytes, f->chunk);
+  if (!f->injected) { /* testing the checker: lose one copy */
+    if (plan->nrecvs && plan->recvs[0].ncopies) plan->recvs[0].ncopies--, f->injected = 1;
+    else if (plan->nlocal_copies) plan->nlocal_copies--, f->injected = 1;
+    if (f->injected) printf("# --inject-error: dropped one copy from rank %d's plan\n", r);
+  }
+  if (!f->o->no_check) check_rank(&f->ck, f->L, r, plan, &f->sends, &f->recvs);
+  return RESHARD_SUCCESS;
+}
+
+static int final_init(final_pass *f, const cli_layouts *L, const cli_opts *o, int world) {
+  memset(f, 0, sizeof *f);
+  f->L = L;
+  f->o = o;
+  f->injected = !o->inject_error;
+  f->agreed = calloc((size_t)world + 1, sizeof *f->agreed);
+  if (o->digest) f->digest = calloc((size_t)world + 1, sizeof *f->digest);
+  return f->agreed && (!o->digest || f->digest) ? 0 : -1;
+}
+
+static void final_free(final_pass *f) {
+  free(f->agreed);
+  free(f->digest);
+  free(f->sends.v);
+  free(f->recvs.v);
+  memset(f, 0, sizeof *f);
+}
+
+/* --profile: the time of the passes over the ranks, by role. */
+static int role_class(int rank, void *arg) {
+  const char *role = cli_role(arg, rank);
+  return !strcmp(role, "src") ? 0 : !strcmp(role, "dst") ? 1 : !strcmp(role, "both") ? 2 : 3;
+}
+
+static void print_profile(double total_s) {
+  static const char *pass_names[PW_PASSES] = {"stage", "chunk", "plans"};
+  static const char *role_names[PW_CLASSES] = {"src", "dst", "both", "none"};
+  pw_profile pf;
+  pw_get_profile(&pf);
+  double in_passes = 0;
+  printf("# profile: %.1f s in all, %d threads; per pass kind: passes, wall s, then per role: ranks, CPU s, most one "
+         "rank took (s)\n",
+         total_s, pw_threads());
+  for (int k = 0; k < PW_PASSES; k++) {
+    in_passes += pf.wall_s[k];
+    printf("# profile %-5s: %d passes, %.2f s wall;", pass_names[k], pf.passes[k], pf.wall_s[k]);
+    for (int c = 0; c < PW_CLASSES; c++)
+      if (pf.ranks[k][c])
+        printf(" %s %ld ranks %.2f s (%.3f)", role_names[c], pf.ranks[k][c], pf.cpu_s[k][c], pf.max_rank_s[k][c]);
+    printf("\n");
+  }
+  printf("# profile other: %.2f s wall (layouts, timing the sample, T_lower, single-threaded work)\n", total_s - in_passes);
+}
+
+/* Which ranks to time: every one with --time-all, else per role the
+ * first rank and the one with the most segments (the most planning). */
+static void pick_timed(const cli_layouts *L, const pw_run *run, int world, int all, unsigned char *timed) {
+  if (all) {
+    memset(timed, 1, (size_t)world);
+    return;
+  }
+  static const char *roles[] = {"src", "dst", "both", "none"};
+  for (int k = 0; k < 4; k++) {
+    int first = -1, busiest = -1;
+    for (int r = 0; r < world; r++) {
+      if (strcmp(cli_role(L, r), roles[k])) continue;
+      if (first < 0) first = r;
+      if (busiest < 0 || pw_run_segments(run, r) > pw_run_segments(run, busiest)) busiest = r;
+    }
+    if (first >= 0) timed[first] = timed[busiest] = 1;
+  }
 }
 
 int main(int argc, char **argv) {
+  struct timespec t_start;
+  clock_gettime(CLOCK_MONOTONIC, &t_start);
+  /* Thousands of plan creations each allocate and free tens of MiB:
+   * keep freed memory for the next instead of returning it to the
+   * kernel and faulting it in again (the timed children trim first) */
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   cli_opts o;
   char err[1024];
   if (cli_parse(CLI_TOOL_PLAN, argc, argv, &o, err, sizeof err)) {
@@ -452,21 +598,36 @@ int main(int argc, char **argv) {
    * only its own plan, so the choice is made here, globally, by the same
    * rule (the global and collective estimates are equal), before the
    * ranks are planned with it. */
-  reshard_estimate_t direct_est = RESHARD_ESTIMATE_INITIALIZER;
-  int have_direct = 0;
+  reshard_estimate_t direct_est = RESHARD_ESTIMATE_INITIALIZER, ours = RESHARD_ESTIMATE_INITIALIZER;
+  int have_direct = 0, priced = 0;
+  pw_run *run = NULL; /* every rank's first stage, and what the ranks agree on */
+  pw_set_threads(o.threads);
+  pw_set_rank_class(role_class, &L);
+  final_pass fs[2], *f = &fs[0]; /* the direct and the relay plans' figures; f: those kept */
+  if (final_init(&fs[0], &L, &o, world) || final_init(&fs[1], &L, &o, world)) {
+    fprintf(stderr, "reshard_plan: error: out of memory\n");
+    return 1;
+  }
   if (o.rank < 0 && opts.relay == -1) {
     rs_topology topo;
     int has = 0;
     if (rs_topology_resolve(&opts, &topo, &has) == RESHARD_SUCCESS && has) {
       reshard_estimate_t relay_est;
       int relay;
-      reshard_result_t r = pc_choose_relay(L.src, L.dst, world, &opts, &relay, &direct_est, &relay_est);
+      void *const args[2] = {&fs[0], &fs[1]};
+      reshard_result_t r =
+          pc_choose_relay(L.src, L.dst, world, &opts, &relay, &direct_est, &relay_est, final_rank, args, &run);
       if (r) {
         fprintf(stderr, "reshard_plan: error: relay choice: %s: %s\n", reshard_result_string(r), reshard_last_error());
+        final_free(&fs[0]);
+        final_free(&fs[1]);
         cli_layouts_free(&L);
         return 1;
       }
-      have_direct = 1;
+      have_direct = priced = 1;
+      ours = relay ? relay_est : direct_est;
+      f = &fs[relay];
+      final_free(&fs[!relay]);
       opts.relay = relay;
       printf("# relay -1 on %s: direct %.6g s, relay %.6g s predicted: the %s plan is kept\n", topo.name,
              direct_est.seconds, relay_est.seconds, relay ? "relay" : "direct");
@@ -477,120 +638,90 @@ int main(int argc, char **argv) {
   printf("# world %d (%d source, %d destination%s), tensors %d, staging %zu B\n", world, L.nsrc, L.ndst,
          o.colocate ? ", colocated" : "", reshard_layout_num_tensors(L.dst), opts.staging_bytes);
 
-  int first = o.rank >= 0 ? o.rank : 0, last = o.rank >= 0 ? o.rank : world - 1;
-  int nr = last - first + 1;
-  pm_result *ms = calloc((size_t)nr, sizeof *ms);
-  if (!ms) return 1;
-  int failed = 0;
-  double worst_ms = 0, worst_mib = 0;
-  size_t chunk = 0;
-  int32_t spread = 0;
-  uint64_t est[RS_PHASE_CANDIDATES] = {0};
-  rs_pace pace_cand[RS_WIDE_CANDIDATES] = {{0, 0}};
-  for (int r = first; r <= last; r++) {
-    pm_result *m = &ms[r - first];
-    pm_measure(L.src, L.dst, r, world, &opts, m);
-    if (!m->ok) {
-      if (failed < 3) fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", r, m->err);
-      failed++;
-      continue;
-    }
-    if (m->plan_ms > worst_ms) worst_ms = m->plan_ms;
-    if (m->peak_mib > worst_mib) worst_mib = m->peak_mib;
-    if (!chunk || m->stats.chunk_bytes < chunk) chunk = m->stats.chunk_bytes;
-    if (m->spread > spread) spread = m->spread;
-    for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
-      if (m->phase_est[k] > est[k]) est[k] = m->phase_est[k];
-    rs_pace_merge(pace_cand, m->pace_cand);
-  }
-
-  if (failed > 3) fprintf(stderr, "reshard_plan: error: %d more ranks failed\n", failed - 3);
-  if (o.rank >= 0) {
-    if (!failed) {
+  if (o.rank >= 0) { /* one rank, as given: its figures, no agreement */
+    pm_result m;
+    pm_measure(L.src, L.dst, o.rank, world, &opts, &m);
+    if (!m.ok) {
+      fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", o.rank, m.err);
+    } else {
       printf("# rank %d alone: its chunk size (%zu B) derives from its own peer count; a real run may use a\n"
              "# smaller one (more messages, the same bytes); no coverage check\n",
-             o.rank, ms[0].stats.chunk_bytes);
+             o.rank, m.stats.chunk_bytes);
       print_header();
-      print_row(o.rank, cli_role(&L, o.rank), &ms[0], &ms[0].stats);
+      print_row(o.rank, cli_role(&L, o.rank), &m, &m.stats);
     }
-    printf("# reshard_plan: ranks=1 plan_ms=%.2f peak_MiB=%.1f coverage=skipped\n", worst_ms, worst_mib);
-    free(ms);
+    printf("# reshard_plan: ranks=1 plan_ms=%.2f peak_MiB=%.1f coverage=skipped\n", m.ok ? m.plan_ms : 0.0,
+           m.ok ? m.peak_mib : 0.0);
+    final_free(&fs[0]);
+    final_free(&fs[1]);
     cli_layouts_free(&L);
-    return failed ? 1 : 0;
+    return m.ok ? 0 : 1;
   }
 
-  /* Every rank again with the agreed chunk: these plans are the ones a
-   * real run executes, and the ones checked. */
-  checker ck = {0};
-  msgvec sends = {0}, recvs = {0};
-  reshard_plan_stats_t *agreed = calloc((size_t)world, sizeof *agreed);
-  if (!agreed) return 1;
-  reshard_options_t opts2 = opts;
-  uint64_t wide = 0;
-  int32_t phases = rs_phases_choose(est, &wide);
-  rs_pace pace = rs_pace_choose(pace_cand, wide);
-  if (!failed) { /* the chunk each rank sizes with the agreed spread */
-    reshard_result_t rc = pc_agreed_chunk(L.src, L.dst, world, &opts2, spread, phases, wide, pace, &chunk);
+  int failed = 0;
+  if (!run) {
+    reshard_result_t rc = pw_run_create(L.src, L.dst, world, &opts, &run);
+    if (!rc && o.topology) { /* priced, and the figures taken, in one pass */
+      rc = pc_price_run(run, L.src, L.dst, world, &opts, final_rank, f, &ours);
+      priced = 1;
+    }
     if (rc) {
-      fprintf(stderr, "reshard_plan: error: plan with the agreed spread (%d) failed: %s: %s\n", (int)spread,
+      fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(rc), reshard_last_error());
+      failed = 1;
+    }
+  }
+
+  /* Planning time and memory, each timed rank planned as given in a
+   * forked child: what that rank's creation costs in a real run. */
+  pm_result *ms = calloc((size_t)world + 1, sizeof *ms);
+  unsigned char *timed = calloc((size_t)world + 1, 1);
+  if (!ms || !timed) return 1;
+  double worst_ms = 0, worst_mib = 0;
+  int ntimed = 0;
+  if (!failed) {
+    pick_timed(&L, run, world, o.time_all, timed);
+    for (int r = 0; r < world && !failed; r++) {
+      if (!timed[r]) continue;
+      pm_measure(L.src, L.dst, r, world, &opts, &ms[r]);
+      if (!ms[r].ok) {
+        fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", r, ms[r].err);
+        failed = 1;
+      }
+      if (ms[r].plan_ms > worst_ms) worst_ms = ms[r].plan_ms;
+      if (ms[r].peak_mib > worst_mib) worst_mib = ms[r].peak_mib;
+      ntimed++;
+    }
+  }
+
+  /* The plans a real run executes: their figures (unless the pricing
+   * took them) and the checks. */
+  const pw_agreed *ag = failed ? NULL : pw_run_agreed(run);
+  if (ag) f->chunk = ag->chunk;
+  f->check_now = !o.no_check || o.inject_error;
+  if (!failed && (f->check_now || !priced)) {
+    reshard_result_t rc = pw_run_plans(run, NULL, final_rank, f);
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: plan with the agreed chunk (%zu B): %s: %s\n", f->chunk,
               reshard_result_string(rc), reshard_last_error());
       failed = 1;
     }
   }
-  /* what the ranks agree on */
-  rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = spread, .set_chunk = 1, .chunk = chunk,
-                                   .set_phases = 1, .phases = phases, .wide = wide, .pace = pace};
-  int injected = !o.inject_error;
-  pc_session *cost = NULL; /* --topology: our plans, priced as checked */
-  if (o.topology && !failed) {
-    reshard_result_t rc = pc_session_create(L.src, L.dst, world, &opts2, &cost);
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: cost model: %s: %s\n", reshard_result_string(rc), reshard_last_error());
-      failed = 1;
-    }
-  }
-  for (int r = 0; r < world && !failed; r++) {
-    reshard_comm_t *comm = NULL;
-    reshard_plan_t *plan = NULL;
-    reshard_result_t rc = plan_rank(&L, r, world, &opts2, &comm, &plan);
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: rank %d: plan with the agreed chunk (%zu B) failed: %s: %s\n", r, chunk,
-              reshard_result_string(rc), reshard_last_error());
-      failed = 1;
-      break;
-    }
-    reshard_plan_get_stats(plan, &agreed[r]);
-    if (cost && (rc = pc_session_add(cost, plan))) {
-      fprintf(stderr, "reshard_plan: error: rank %d: cost model: %s: %s\n", r, reshard_result_string(rc), reshard_last_error());
-      failed = 1;
-    }
-    if (plan->chunk_bytes != chunk)
-      violation(&ck, "rank %d: planned with chunk %zu B, not the agreed %zu B", r, plan->chunk_bytes, chunk);
-    if (!injected) { /* testing the checker: lose one copy */
-      if (plan->nrecvs && plan->recvs[0].ncopies) plan->recvs[0].ncopies--, injected = 1;
-      else if (plan->nlocal_copies) plan->nlocal_copies--, injected = 1;
-      if (injected) printf("# --inject-error: dropped one copy from rank %d's plan\n", r);
-    }
-    if (!o.no_check) check_rank(&ck, &L, r, plan, &sends, &recvs);
-    reshard_plan_destroy(plan);
-    reshard_comm_destroy(comm);
-  }
-  rs_plan_force = (rs_plan_agreed){0};
-  if (!failed && !o.no_check) check_agreement(&ck, &sends, &recvs);
-  free(sends.v);
-  free(recvs.v);
+  if (!failed && !o.no_check) check_agreement(&f->ck, &f->sends, &f->recvs);
+  const reshard_plan_stats_t *agreed = f->agreed;
 
   if (!failed) {
-    printf("# per rank: plan_ms/cpu_ms/peak_MiB from planning it as given (forked child; '?': peak not resettable);\n"
-           "# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
+    printf("# timed: %d of %d ranks (%s), each planned as given in a forked child\n"
+           "# (plan_ms, cpu_ms, peak_MiB; '?': peak not resettable; '-': not timed, --time-all times all);\n",
+           ntimed, world, o.time_all ? "--time-all" : "the first and the busiest of each role");
+    printf("# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
            "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
-           chunk, (int)spread, (int)phases);
-    if (wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(wide >> 20));
+           ag->chunk, (int)ag->spread, (int)ag->phases);
+    if (ag->wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(ag->wide >> 20));
     if (world > 0 && agreed[0].pace_rounds)
       printf("# paced over %d rounds (the longest network streams: narrow %.1f MiB, wide %.1f MiB): streams inside an\n"
              "# NVLink domain finish within them, wide network streams spread over them\n",
-             agreed[0].pace_rounds, (double)pace.narrow / (1 << 20), (double)pace.wide / (1 << 20));
-    if (phases > 1 || est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(est);
+             agreed[0].pace_rounds, (double)ag->pace.narrow / (1 << 20), (double)ag->pace.wide / (1 << 20));
+    if (ag->phases > 1 || ag->est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(ag->est);
     print_header();
     reshard_plan_stats_t tot;
     memset(&tot, 0, sizeof tot);
@@ -606,20 +737,29 @@ int main(int argc, char **argv) {
     printf("%6s %5s %9s %9s %9s %10.2f %10.2f %10.2f %8zu %8zu %6s %6s %7s %9zu\n", "total", "", "", "", "",
            (double)tot.send_bytes / 1048576.0, (double)tot.recv_bytes / 1048576.0,
            (double)tot.local_copy_bytes / 1048576.0, tot.send_messages, tot.recv_messages, "", "", "", tot.segments);
+    for (int r = 0; r < world && f->digest; r++) printf("# digest rank %d %016llx\n", r, (unsigned long long)f->digest[r]);
     if (o.no_check) printf("# checks: skipped (--no-check)\n");
-    else printf("# checks: %ld violation%s\n", ck.violations, ck.violations == 1 ? "" : "s");
+    else printf("# checks: %ld violation%s\n", f->ck.violations, f->ck.violations == 1 ? "" : "s");
   }
-  int ok = !failed && ck.violations == 0;
+  int ok = !failed && f->ck.violations == 0;
   printf("# reshard_plan: ranks=%d plan_ms=%.2f peak_MiB=%.1f coverage=%s\n", world, worst_ms, worst_mib,
          o.no_check && !failed ? "skipped" : ok ? "ok" : "FAILED");
-  if (cost && !failed) {
-    reshard_estimate_t ours;
-    pc_session_finish(cost, &ours);
+  if (o.topology && !failed) {
     fflush(stdout);
-    if (cr_report(&L, world, &opts, &ours, have_direct ? &direct_est : NULL, stdout)) failed = 1;
+    /* the balanced-direct baseline is the direct plan: priced already
+     * when the relay choice priced it, or when it is ours */
+    const reshard_estimate_t *direct = have_direct ? &direct_est : opts.relay == 0 ? &ours : NULL;
+    if (cr_report(&L, world, &opts, &ours, direct, stdout)) failed = 1;
   }
-  pc_session_free(cost);
-  free(agreed);
+  if (o.profile) {
+    struct timespec t_end;
+    clock_gettime(CLOCK_MONOTONIC, &t_end);
+    print_profile((double)(t_end.tv_sec - t_start.tv_sec) + 1e-9 * (double)(t_end.tv_nsec - t_start.tv_nsec));
+  }
+  final_free(&fs[0]);
+  final_free(&fs[1]);
+  pw_run_free(run);
+  free(timed);
   free(ms);
   cli_layouts_free(&L);
   if (failed) return 1;

@@ -26,6 +26,9 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx) {
   free(ctx->bucket_at);
   free(ctx->bucket);
   free(ctx->marks);
+  rs_frag_vec_free(&ctx->tix);
+  ctx->tix_valid = 0;
+  ctx->prep_valid = 0;
   ctx->bounds = NULL;
   ctx->cands = NULL;
   ctx->bucket_at = ctx->bucket = NULL;
@@ -237,6 +240,136 @@ static int prefer_domain(const rs_assign_ctx *ctx, const rs_frag *H,
   return n;
 }
 
+/* Whether fragment f meets the box [qs, qs + qe) (the layout's test). */
+static int hits(const rs_frag *f, const int64_t *qs, const int64_t *qe) {
+  for (int d = 0; d < f->ndim; d++)
+    if (f->start[d] >= qs[d] + qe[d] || qs[d] >= f->start[d] + f->extent[d]) return 0;
+  return 1;
+}
+
+/* Senders: every holder of source tensor t (its whole box), in the order
+ * rs_layout_find_holders gives them, so that each destination box of t
+ * scans them instead of walking the layout again (plan_sends assigns the
+ * boxes tensor by tensor); filtered by the box they are the holders of
+ * that box, in that order. *ok 0: not kept (raw fragments, or too many),
+ * walk the layout. */
+enum { RS_TENSOR_HOLDERS_MAX = 1 << 16 };
+static reshard_result_t tensor_holders(rs_assign_ctx *ctx, int t, int *ok) {
+  *ok = 0;
+  if (ctx->tix_valid && ctx->tix_tensor == t) {
+    *ok = 1;
+    return RESHARD_SUCCESS;
+  }
+  const rs_tensor *T = &ctx->src->tensors[t];
+  if (T->nraws) return RESHARD_SUCCESS;
+  int64_t zero[RESHARD_MAX_DIMS] = {0};
+  ctx->tix_valid = 0;
+  ctx->tix.n = 0;
+  RS_CHECK(rs_layout_find_holders(ctx->src, t, zero, T->shape, &ctx->lowered, &ctx->tix));
+  if (ctx->tix.n > RS_TENSOR_HOLDERS_MAX) return RESHARD_SUCCESS;
+  ctx->tix_valid = 1;
+  ctx->tix_tensor = t;
+  *ok = 1;
+  return RESHARD_SUCCESS;
+}
+
+/* What the cells of box D need, whoever receives it: its holders in
+ * ctx->holders, each dim's cell bounds in ctx->bounds (nb[d] of them, dim
+ * d at d * *per_dim), the holders in canonical order and by outermost
+ * interval (ctx->cands, ctx->bucket). A sender keeps only the holders
+ * that meet the hull of its own (the cells it walks lie inside the hull,
+ * and any holder of such a cell meets it); the bounds come from all. */
+static reshard_result_t prep_box(rs_assign_ctx *ctx, const rs_frag *D, int src_tensor, const char *name, size_t *nb,
+                                 size_t *per_dim_out) {
+  const int nd = D->ndim;
+  const int32_t me = ctx->sender - 1;
+  int indexed = 0;
+  if (ctx->sender) RS_CHECK(tensor_holders(ctx, src_tensor, &indexed));
+  const rs_frag *A;
+  size_t na;
+  if (indexed) {
+    A = ctx->tix.v;
+    na = ctx->tix.n;
+  } else {
+    ctx->holders.n = 0;
+    RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->lowered, &ctx->holders));
+    A = ctx->holders.v;
+    na = ctx->holders.n;
+  }
+  const size_t per_dim = 2 * na + 2;
+  *per_dim_out = per_dim;
+  if (ctx->bounds_cap < per_dim * (size_t)(nd ? nd : 1)) {
+    free(ctx->bounds);
+    ctx->bounds_cap = per_dim * (size_t)(nd ? nd : 1) * 2;
+    ctx->bounds = rs_malloc(ctx->bounds_cap * sizeof(int64_t));
+    if (!ctx->bounds) {
+      ctx->bounds_cap = 0;
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+    }
+  }
+  /* Clip every holder to D so that cells stay inside D; the sender's
+   * hull on the way. */
+  size_t n[RESHARD_MAX_DIMS];
+  int64_t hlo[RESHARD_MAX_DIMS], hhi[RESHARD_MAX_DIMS];
+  int any = 0;
+  for (int d = 0; d < nd; d++) {
+    int64_t *b = ctx->bounds + (size_t)d * per_dim;
+    n[d] = 0;
+    b[n[d]++] = D->start[d];
+    b[n[d]++] = D->start[d] + D->extent[d];
+  }
+  for (size_t i = 0; i < na; i++) {
+    const rs_frag *h = &A[i];
+    if (indexed && !hits(h, D->start, D->extent)) continue;
+    for (int d = 0; d < nd; d++) {
+      int64_t *b = ctx->bounds + (size_t)d * per_dim;
+      int64_t lo = D->start[d], hi = D->start[d] + D->extent[d];
+      int64_t s = rs_max_i64(h->start[d], lo);
+      int64_t e = rs_min_i64(h->start[d] + h->extent[d], hi);
+      /* lo and hi are in already: replicas holding all of D add nothing
+       * to sort */
+      if (s != lo && s != hi) b[n[d]++] = s;
+      if (e != lo && e != hi) b[n[d]++] = e;
+      if (h->rank == me) {
+        hlo[d] = any ? rs_min_i64(hlo[d], s) : s;
+        hhi[d] = any ? rs_max_i64(hhi[d], e) : e;
+      }
+    }
+    if (h->rank == me) any = 1;
+  }
+  for (int d = 0; d < nd; d++) nb[d] = sort_bounds(ctx, ctx->bounds + (size_t)d * per_dim, n[d], D->start[d],
+                                                   D->start[d] + D->extent[d]);
+  if (indexed) { /* the holders that meet the sender's hull (none: it sends nothing of D) */
+    ctx->holders.n = 0;
+    for (size_t i = 0; i < na && any; i++) {
+      const rs_frag *h = &A[i];
+      int meet = hits(h, D->start, D->extent);
+      for (int d = 0; d < nd && meet; d++)
+        meet = rs_max_i64(h->start[d], hlo[d]) < rs_min_i64(h->start[d] + h->extent[d], hhi[d]);
+      if (meet) RS_CHECK(rs_frag_vec_push(&ctx->holders, h));
+    }
+  }
+  const size_t nh = ctx->holders.n;
+  /* cands holds four arrays of nh + 1: a cell's candidates, the holders
+   * in canonical order, the merge sort's scratch, and the candidates in
+   * the receiver's domain; then per_dim for bucket_holders */
+  if (ctx->cands_cap < 4 * (nh + 1) + per_dim) {
+    free(ctx->cands);
+    ctx->cands_cap = (4 * (nh + 1) + per_dim) * 2;
+    ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
+    if (!ctx->cands) {
+      ctx->cands_cap = 0;
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
+    }
+  }
+  const rs_frag *H = ctx->holders.v;
+  int *order = ctx->cands + nh + 1;
+  for (size_t i = 0; i < nh; i++) order[i] = (int)i;
+  sort_canonical(H, order, order + nh + 1, nh);
+  if (nd) RS_CHECK(bucket_holders(ctx, H, order, nh, ctx->bounds, nb[0], name));
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   int src_tensor, const char *name,
                                   const int32_t *owners, int nowners,
@@ -250,57 +383,28 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   out->n = 0;
   if (ctx->parts) ctx->parts->n = 0;
   int32_t nparts = 0;
-  ctx->holders.n = 0;
-  RS_CHECK(rs_layout_find_holders(ctx->src, src_tensor, D->start, D->extent, &ctx->lowered, &ctx->holders));
+  size_t nb[RESHARD_MAX_DIMS], per_dim;
+  int same = ctx->prep_valid && ctx->prep_tensor == src_tensor && ctx->prep_ndim == nd;
+  for (int d = 0; d < nd && same; d++) same = ctx->prep_start[d] == D->start[d] && ctx->prep_extent[d] == D->extent[d];
+  if (same) { /* the box of the previous call (another receiver's): its scratch is intact */
+    memcpy(nb, ctx->prep_nb, sizeof nb);
+    per_dim = ctx->prep_per_dim;
+  } else {
+    ctx->prep_valid = 0;
+    RS_CHECK(prep_box(ctx, D, src_tensor, name, nb, &per_dim));
+    ctx->prep_valid = 1;
+    ctx->prep_tensor = src_tensor;
+    ctx->prep_ndim = nd;
+    for (int d = 0; d < nd; d++) {
+      ctx->prep_start[d] = D->start[d];
+      ctx->prep_extent[d] = D->extent[d];
+    }
+    memcpy(ctx->prep_nb, nb, sizeof nb);
+    ctx->prep_per_dim = per_dim;
+  }
   rs_frag *H = ctx->holders.v;
   const size_t nh = ctx->holders.n;
-
-  /* Clip every holder to D so that cells stay inside D. */
   int64_t cs[RESHARD_MAX_DIMS], ce[RESHARD_MAX_DIMS];
-  size_t per_dim = 2 * nh + 2;
-  if (ctx->bounds_cap < per_dim * (size_t)(nd ? nd : 1)) {
-    free(ctx->bounds);
-    ctx->bounds_cap = per_dim * (size_t)(nd ? nd : 1) * 2;
-    ctx->bounds = rs_malloc(ctx->bounds_cap * sizeof(int64_t));
-    if (!ctx->bounds) {
-      ctx->bounds_cap = 0;
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
-    }
-  }
-  /* cands holds four arrays of nh + 1: a cell's candidates, the holders
-   * in canonical order, the merge sort's scratch, and the candidates in
-   * the receiver's domain; then per_dim for bucket_holders */
-  if (ctx->cands_cap < 4 * (nh + 1) + per_dim) {
-    free(ctx->cands);
-    ctx->cands_cap = (4 * (nh + 1) + per_dim) * 2;
-    ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
-    if (!ctx->cands) {
-      ctx->cands_cap = 0;
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning tensor '%s'", name);
-    }
-  }
-  size_t nb[RESHARD_MAX_DIMS];
-  for (int d = 0; d < nd; d++) {
-    int64_t *b = ctx->bounds + (size_t)d * per_dim;
-    size_t n = 0;
-    int64_t lo = D->start[d], hi = D->start[d] + D->extent[d];
-    b[n++] = lo;
-    b[n++] = hi;
-    for (size_t i = 0; i < nh; i++) {
-      int64_t s = rs_max_i64(H[i].start[d], lo);
-      int64_t e = rs_min_i64(H[i].start[d] + H[i].extent[d], hi);
-      /* lo and hi are in already: replicas holding all of D add nothing
-       * to sort */
-      if (s != lo && s != hi) b[n++] = s;
-      if (e != lo && e != hi) b[n++] = e;
-    }
-    nb[d] = sort_bounds(ctx, b, n, lo, hi);
-  }
-
-  int *order = ctx->cands + nh + 1;
-  for (size_t i = 0; i < nh; i++) order[i] = (int)i;
-  sort_canonical(H, order, order + nh + 1, nh);
-  if (nd) RS_CHECK(bucket_holders(ctx, H, order, nh, ctx->bounds, nb[0], name));
 
   /* Odometer over cells, outermost dim slowest; cell_no is the cell's
    * row-major index in the whole grid (a key of the split, so a sender that
@@ -349,7 +453,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
      * first holder inside the cell is the one kept. */
     int nc = 0;
     int *c = ctx->cands;
-    const int *cell_order = nd ? ctx->bucket + ctx->bucket_at[idx[0]] : order;
+    const int *cell_order = nd ? ctx->bucket + ctx->bucket_at[idx[0]] : ctx->cands + nh + 1;
     const size_t ncell = nd ? (size_t)(ctx->bucket_at[idx[0] + 1] - ctx->bucket_at[idx[0]]) : nh;
     for (size_t j = 0; j < ncell; j++) {
       const int i = cell_order[j];
@@ -378,7 +482,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     if (local >= 0) {
       /* The receiver holds the cell itself: no transport at all. */
       p.src = H[local];
-      RS_CHECK(piece_push(out, &p));
+      if (!ctx->sender || p.src.rank == ctx->sender - 1) RS_CHECK(piece_push(out, &p));
     } else {
       /* The cell's row-major element range goes to the owners in nowners
        * consecutive ranges (one range, the receiver's, in a direct plan);
@@ -408,7 +512,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
         for (int64_t i = 0; i < np; i++) {
           int64_t sz = base + (i < extra);
           p.src = H[cc[(i + rot) % ncc]];
-          RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
+          if (!ctx->sender || p.src.rank == ctx->sender - 1) RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
           at += sz;
         }
       }

@@ -21,7 +21,13 @@
 #include "common/vec.h"
 #include "plan/plan.h"
 
+void rs_seg_vec_changed(rs_seg_vec *vec) {
+  free(vec->sorted);
+  vec->sorted = NULL;
+}
+
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s) {
+  if (vec->sorted) rs_seg_vec_changed(vec);
   if (RS_VEC_GROW(vec->v, vec->n, vec->cap))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory planning segments (%zu)", vec->n + 1);
   vec->v[vec->n++] = *s;
@@ -54,6 +60,7 @@ void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
 }
 
 void rs_seg_vec_free(rs_seg_vec *vec) {
+  rs_seg_vec_changed(vec);
   free(vec->v);
   vec->v = NULL;
   vec->n = vec->cap = 0;
@@ -69,6 +76,7 @@ typedef struct chunker {
   reshard_plan_t *plan;
   int is_send;
   int dry; /* virtual streams: the cut only, no messages */
+  int measure; /* rs_chunk_staging: messages and their bytes, no copies */
   size_t cap;
   const rs_seg *stream; /* a segment of the open stream */
   int open;             /* a message of the stream is open */
@@ -138,6 +146,10 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
   }
   ch->cur += bytes;
   if (ch->dry) return RESHARD_SUCCESS;
+  if (ch->measure) {
+    ch->msgs[ch->nmsgs - 1].bytes += bytes;
+    return RESHARD_SUCCESS;
+  }
   if (ch->plan->opts.flags & RESHARD_FLAG_VERIFY) {
     if (RS_VEC_GROW(ch->vboxes, ch->ncopies, ch->cap_vboxes))
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
@@ -210,11 +222,13 @@ static int cmp_i32(int32_t x, int32_t y) { return (x > y) - (x < y); }
 typedef struct seg_ref {
   int32_t level, from, to, group, origin, box;
   uint32_t piece;
+  int32_t dir;
   size_t index;
+  uint64_t bytes; /* the segment's, so that summing a stream stays in the refs */
 } seg_ref;
 
 static seg_ref ref_of(const rs_seg *s, size_t i) {
-  return (seg_ref){s->level, s->from, s->to, s->group, s->origin, s->box, s->piece, i};
+  return (seg_ref){s->level, s->from, s->to, s->group, s->origin, s->box, s->piece, s->dir, i, s->bytes};
 }
 
 static int cmp_ref_stream(const seg_ref *x, const seg_ref *y) {
@@ -245,6 +259,51 @@ static int cmp_ref_level_stream(const void *a, const void *b) {
   const seg_ref *x = a, *y = b;
   int c = cmp_i32(x->level, y->level);
   return c ? c : cmp_ref_stream(x, y);
+}
+
+int rs_seg_vec_order(const rs_seg_vec *vec, size_t *perm) {
+  const seg_ref *refs = vec->sorted;
+  if (!refs) return -1;
+  for (size_t i = 0; i < vec->n; i++) perm[i] = refs[i].index;
+  return 0;
+}
+
+reshard_result_t rs_seg_vec_set_order(rs_seg_vec *vec, const size_t *perm) {
+  rs_seg_vec_changed(vec);
+  seg_ref *refs = rs_malloc((vec->n + 1) * sizeof *refs);
+  unsigned char *seen = rs_calloc(vec->n + 1, 1);
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (!refs || !seen) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory ordering %zu segments", vec->n);
+  for (size_t i = 0; i < vec->n && !r; i++) {
+    if (perm[i] >= vec->n || seen[perm[i]]++) {
+      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: index %zu at %zu is out of range or repeated", perm[i], i);
+      break;
+    }
+    refs[i] = ref_of(&vec->v[perm[i]], perm[i]);
+    if (i && cmp_seg_ref(&refs[i - 1], &refs[i]) >= 0)
+      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: segments %zu and %zu are out of order", perm[i - 1], perm[i]);
+  }
+  free(seen);
+  if (r) {
+    free(refs);
+    return r;
+  }
+  vec->sorted = refs;
+  return RESHARD_SUCCESS;
+}
+
+/* The segments' refs in cmp_seg_ref order: sorted once, kept in the
+ * vector (the chunk sizing cuts the same segments several times). */
+static reshard_result_t sorted_refs(rs_seg_vec *segs, const seg_ref **out) {
+  if (!segs->sorted) {
+    seg_ref *refs = rs_malloc((segs->n + 1) * sizeof *refs);
+    if (!refs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sorting %zu segments", segs->n);
+    for (size_t i = 0; i < segs->n; i++) refs[i] = ref_of(&segs->v[i], i);
+    if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
+    segs->sorted = refs;
+  }
+  *out = segs->sorted;
+  return RESHARD_SUCCESS;
 }
 
 /* Whether the stream from -> to stays inside one NVLink domain, where its
@@ -327,32 +386,33 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
   return cap;
 }
 
-reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out) {
+reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, rs_streams *out) {
   memset(out, 0, sizeof *out);
-  seg_ref *v = rs_malloc((segs->n + 1) * sizeof *v);
+  const seg_ref *v = NULL;
+  RS_CHECK(sorted_refs(segs, &v));
   out->bytes = rs_malloc((segs->n + 1) * sizeof *out->bytes);
   out->inside = rs_malloc(segs->n + 1);
   out->from = rs_malloc((segs->n + 1) * sizeof *out->from);
   out->to = rs_malloc((segs->n + 1) * sizeof *out->to);
-  if (!v || !out->bytes || !out->inside || !out->from || !out->to) {
-    free(v);
+  if (!out->bytes || !out->inside || !out->from || !out->to) {
     rs_streams_free(out);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu segments)", segs->n);
   }
-  size_t k = 0, m = 0;
-  for (size_t i = 0; i < segs->n; i++)
-    if (segs->v[i].dir != RS_SEG_VIRTUAL) v[k++] = ref_of(&segs->v[i], i);
-  if (k > 1) qsort(v, k, sizeof *v, cmp_ref_level_stream);
-  for (size_t i = 0; i < k; i++) {
-    if (i == 0 || cmp_ref_level_stream(&v[i], &v[i - 1])) {
+  /* the streams in (level, stream) order; virtual segments (other
+   * pairs' streams) take no staging here */
+  size_t m = 0;
+  const seg_ref *prev = NULL;
+  for (size_t i = 0; i < segs->n; i++) {
+    if (v[i].dir == RS_SEG_VIRTUAL) continue;
+    if (!prev || cmp_ref_level_stream(&v[i], prev)) {
       out->inside[m] = (unsigned char)(plan && in_domain(plan, v[i].from, v[i].to));
       out->from[m] = v[i].from;
       out->to[m] = v[i].to;
       out->bytes[m++] = 0;
     }
-    out->bytes[m - 1] += segs->v[v[i].index].bytes;
+    out->bytes[m - 1] += v[i].bytes;
+    prev = &v[i];
   }
-  free(v);
   for (size_t i = 0; i < m; i++) {
     out->bytes[i] = (out->bytes[i] + 63) & ~(uint64_t)63;
     out->total += out->bytes[i];
@@ -414,7 +474,7 @@ uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, cons
   return lo;
 }
 
-reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs, uint64_t half, uint64_t *out) {
+reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, rs_seg_vec *segs, uint64_t half, uint64_t *out) {
   rs_streams st;
   RS_CHECK(rs_streams_size(plan, segs, &st));
   int np = plan->phases > 1 ? plan->phases : 1;
@@ -558,32 +618,40 @@ static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t byte
   return (size_t)rs_chunk_cap(plan, chunk, bytes, in_domain(plan, from, to));
 }
 
-reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
-                               size_t chunk_bytes) {
-  chunker ch[3]; /* RS_SEG_RECV, RS_SEG_SEND, RS_SEG_VIRTUAL */
-  memset(ch, 0, sizeof ch);
+enum { RS_CUT_PREFETCH = 8 };
+
+/* Cuts every stream into messages: ch[RS_SEG_RECV], ch[RS_SEG_SEND] and
+ * ch[RS_SEG_VIRTUAL] (dry) receive them; measure: messages and their
+ * bytes only, no copies. */
+static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size_t chunk_bytes, int measure,
+                                    chunker *ch) {
+  memset(ch, 0, 3 * sizeof *ch);
   for (int k = 0; k < 3; k++) {
     ch[k].plan = plan;
     ch[k].cap = chunk_bytes;
     ch[k].is_send = k == RS_SEG_SEND;
     ch[k].dry = k == RS_SEG_VIRTUAL;
+    ch[k].measure = measure;
   }
+  const seg_ref *refs = NULL;
+  RS_CHECK(sorted_refs(segs, &refs));
   reshard_result_t r = RESHARD_SUCCESS;
-  seg_ref *refs = rs_malloc((segs->n + 1) * sizeof *refs);
   int32_t *arrive = rs_malloc((segs->n + 1) * sizeof *arrive);
-  if (!refs || !arrive) {
-    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
-    goto done;
-  }
-  for (size_t i = 0; i < segs->n; i++) refs[i] = ref_of(&segs->v[i], i);
-  if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
+  if (!arrive) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
   for (size_t i = 0, end = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
+    /* segments come in stream order, scattered in memory: ask for the
+     * ones a few steps ahead now (the start, the dims and the stream key
+     * of an rs_seg) */
+    if (i + RS_CUT_PREFETCH < segs->n) {
+      const char *ahead = (const char *)&segs->v[refs[i + RS_CUT_PREFETCH].index];
+      for (size_t at = 0; at < sizeof(rs_seg); at += 64) __builtin_prefetch(ahead + at);
+    }
     const rs_seg *s = &segs->v[refs[i].index];
     chunker *c = &ch[s->dir];
     if (i == end) { /* a new stream: its cap from its bytes, which all its parties know */
       uint64_t bytes = 0;
       for (end = i; end < segs->n && (end == i || !cmp_ref_level_stream(&refs[end], &refs[i])); end++)
-        bytes += segs->v[refs[end].index].bytes;
+        bytes += refs[end].bytes;
       c->stream = s;
       c->open = 0;
       c->cur = 0;
@@ -598,18 +666,46 @@ reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
     r = split_box(c, s, 0, s->off, ext, at);
     arrive[refs[i].index] = c->round;
   }
-  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_SEND]);
-  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_RECV]);
-done:
-  free(refs);
   free(arrive);
+  return r;
+}
+
+static void free_chunkers(chunker *ch) {
   for (int k = 0; k < 3; k++) {
     free(ch[k].msgs);
     free(ch[k].keys);
     free(ch[k].copies);
     free(ch[k].vboxes);
   }
+}
+
+reshard_result_t rs_chunk_plan(reshard_plan_t *plan, rs_seg_vec *segs,
+                               size_t chunk_bytes) {
+  chunker ch[3]; /* RS_SEG_RECV, RS_SEG_SEND, RS_SEG_VIRTUAL */
+  reshard_result_t r = cut_streams(plan, segs, chunk_bytes, 0, ch);
+  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_SEND]);
+  if (r == RESHARD_SUCCESS) r = finish_direction(&ch[RS_SEG_RECV]);
+  free_chunkers(ch);
   return r;
+}
+
+/* One direction's staging half: its busiest round's messages, each
+ * padded to 64 bytes (as finish_direction lays them out; the sum does not
+ * depend on their order). */
+static reshard_result_t measured_half(const chunker *ch, uint64_t *half) {
+  *half = 0;
+  int32_t nrounds = 0;
+  for (size_t i = 0; i < ch->nmsgs; i++)
+    if (ch->msgs[i].round + 1 > nrounds) nrounds = ch->msgs[i].round + 1;
+  uint64_t *sum = rs_calloc((size_t)nrounds + 1, sizeof *sum);
+  if (!sum) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing staging (%d rounds)", (int)nrounds);
+  for (size_t i = 0; i < ch->nmsgs; i++) {
+    uint64_t *x = &sum[ch->msgs[i].round];
+    *x += (ch->msgs[i].bytes + 63) & ~(uint64_t)63;
+    if (*x > *half) *half = *x;
+  }
+  free(sum);
+  return RESHARD_SUCCESS;
 }
 
 reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, size_t chunk, uint64_t *staging) {
@@ -623,17 +719,14 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   tmp.phases = plan->phases;
   tmp.wide_bytes = plan->wide_bytes;
   tmp.pace = plan->pace;
-  tmp.map = plan->map; /* borrowed: tmp is freed field by field below */
-  tmp.opts.flags &= ~(uint32_t)RESHARD_FLAG_VERIFY; /* checksums boxes only: same cut */
-  reshard_result_t r = rs_chunk_plan(&tmp, segs, chunk);
-  *staging = 2 * (tmp.send_half + tmp.recv_half);
-  free(tmp.sends);
-  free(tmp.send_round);
-  free(tmp.send_copies);
-  free(tmp.send_vbox);
-  free(tmp.recvs);
-  free(tmp.recv_round);
-  free(tmp.recv_copies);
-  free(tmp.recv_vbox);
+  tmp.map = plan->map; /* borrowed */
+  /* the cut alone: the same messages as rs_chunk_plan, without copies */
+  chunker ch[3];
+  uint64_t send_half = 0, recv_half = 0;
+  reshard_result_t r = cut_streams(&tmp, segs, chunk, 1, ch);
+  if (!r) r = measured_half(&ch[RS_SEG_SEND], &send_half);
+  if (!r) r = measured_half(&ch[RS_SEG_RECV], &recv_half);
+  free_chunkers(ch);
+  *staging = 2 * (send_half + recv_half);
   return r;
 }

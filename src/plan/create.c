@@ -224,12 +224,40 @@ static int cmp_frag_key(const void *a, const void *b) {
   return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
+/* Direct destination fragments in the order plan_sends assigns them: by
+ * box (tensor, start, extent), so that the replicas of one box (every
+ * destination DP replica holds the same boxes) come one after another and
+ * rs_assign_pieces finds the box's holders once; then canonically. */
+typedef struct box_sort {
+  const rs_frag *frags;
+  const int *dst2src;
+} box_sort;
+static _Thread_local box_sort box_sort_ctx;
+
+static int cmp_frag_box(const void *a, const void *b) {
+  const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  const rs_frag *f = &box_sort_ctx.frags[x], *g = &box_sort_ctx.frags[y];
+  int tf = box_sort_ctx.dst2src[f->tensor], tg = box_sort_ctx.dst2src[g->tensor];
+  if (tf != tg) return tf < tg ? -1 : 1;
+  if (f->ndim != g->ndim) return f->ndim < g->ndim ? -1 : 1;
+  for (int d = 0; d < f->ndim; d++) {
+    if (f->start[d] != g->start[d]) return f->start[d] < g->start[d] ? -1 : 1;
+    if (f->extent[d] != g->extent[d]) return f->extent[d] < g->extent[d] ? -1 : 1;
+  }
+  return (x > y) - (x < y);
+}
+
 /* What this rank sends: the destination fragments that touch its source
- * fragments, in the receivers' canonical order, and the pieces of them
- * assigned to this rank. */
+ * fragments, and the pieces of them assigned to this rank. A direct
+ * stream's segments must be pushed in the receiver's canonical fragment
+ * order (the receiver pushes its own that way; chunk.c cuts both alike):
+ * the fragments are assigned box by box (cmp_frag_box) and their
+ * segments then put back in canonical order. */
 static reshard_result_t plan_sends(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0}, cands = {0};
+  rs_seg_vec direct = {0};
+  size_t *order = NULL, *seg_of = NULL, *at = NULL;
   reshard_result_t r;
   RS_CHECK_GOTO(rs_layout_rank_fragments(c->src, me, &mine), r, done);
   for (size_t i = 0; i < mine.n; i++) {
@@ -243,8 +271,18 @@ static reshard_result_t plan_sends(build_ctx *c) {
   }
   if (cands.n > 1) /* cands.v is NULL when empty: qsort(NULL, 0) is UB */
     qsort(cands.v, cands.n, sizeof *cands.v, cmp_frag_key);
-  for (size_t i = 0; i < cands.n; i++) {
-    if (i && !cmp_frag_key(&cands.v[i], &cands.v[i - 1])) continue;
+  size_t nd = 0; /* distinct fragments, in canonical order */
+  for (size_t i = 0; i < cands.n; i++)
+    if (!i || cmp_frag_key(&cands.v[i], &cands.v[nd - 1])) cands.v[nd++] = cands.v[i];
+  cands.n = nd;
+  order = rs_malloc((nd + 1) * sizeof *order);
+  at = rs_calloc(nd + 2, sizeof *at);
+  if (!order || !at) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
+    goto done;
+  }
+  size_t ndirect = 0;
+  for (size_t i = 0; i < nd; i++) {
     const rs_frag *D = &cands.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
@@ -257,22 +295,53 @@ static reshard_result_t plan_sends(build_ctx *c) {
                       r, done);
       continue;
     }
-    c->actx.sender = me + 1; /* only the cells this rank may provide */
+    order[ndirect++] = i;
+  }
+  box_sort_ctx = (box_sort){cands.v, c->dst2src};
+  if (ndirect > 1) qsort(order, ndirect, sizeof *order, cmp_frag_box);
+  /* segments of fragment i: direct.v[seg_of[at[i]] .. seg_of[at[i+1]]) once
+   * sorted; counted first, placed after */
+  c->actx.sender = me + 1; /* only the cells this rank may provide */
+  for (size_t j = 0; j < ndirect; j++) {
+    const rs_frag *D = &cands.v[order[j]];
+    const rs_tensor *t = &c->dst->tensors[D->tensor];
+    size_t es = reshard_dtype_size(t->dtype);
     r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
-    c->actx.sender = 0;
-    RS_CHECK_GOTO(r, r, done);
-    for (size_t k = 0; k < c->pieces.n; k++) {
+    if (r) break;
+    for (size_t k = 0; k < c->pieces.n && !r; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;
       rs_seg s;
       rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
       s.vtensor = D->tensor;
-      RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
+      /* which fragment: in piece, rewritten below */
+      s.piece = (uint32_t)order[j];
+      r = rs_seg_vec_push(&direct, &s);
+      at[order[j] + 1]++;
     }
+  }
+  c->actx.sender = 0;
+  RS_CHECK_GOTO(r, r, done);
+  /* back in canonical order, each fragment's segments in their order */
+  for (size_t i = 0; i < nd; i++) at[i + 1] += at[i];
+  seg_of = rs_malloc((direct.n + 1) * sizeof *seg_of);
+  if (!seg_of) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
+    goto done;
+  }
+  for (size_t k = 0; k < direct.n; k++) seg_of[at[direct.v[k].piece]++] = k;
+  for (size_t k = 0; k < direct.n && !r; k++) {
+    rs_seg s = direct.v[seg_of[k]];
+    s.piece = 0; /* as rs_seg_init left it: direct segments have no piece */
+    r = rs_seg_vec_push(&c->segs, &s);
   }
 done:
   rs_frag_vec_free(&mine);
   rs_frag_vec_free(&cands);
+  rs_seg_vec_free(&direct);
+  free(order);
+  free(seg_of);
+  free(at);
   return r;
 }
 
@@ -412,6 +481,13 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   RS_CHECK(peer_stats(p));
   fill_stats(p);
   return RESHARD_SUCCESS;
+}
+
+void rs_plan_stage_free(rs_plan_stage *s) {
+  rs_seg_vec_free(&s->segs);
+  free(s->locals);
+  free(s->local_vbox);
+  memset(s, 0, sizeof *s);
 }
 
 static void build_ctx_free(build_ctx *c) {
@@ -616,6 +692,23 @@ static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_
  * plan whatever options.relay says (the auto choice builds both). */
 enum { RELAY_FROM_OPTIONS = -2 };
 
+/* What the ranks' descriptions must agree on: the options that shape the
+ * plan (in hdr, for explain_mismatch) and both layouts, hashed; `known`
+ * (non-zero) is that digest, computed by an earlier creation of the same
+ * layouts and options (the tools' stages), so not hashed again. */
+static uint64_t creation_digest(const reshard_plan_t *p, const reshard_layout_t *src, const reshard_layout_t *dst,
+                                uint64_t known, uint64_t *hdr) {
+  const char *topo = p->opts.topology ? p->opts.topology : "";
+  const uint64_t h[7] = {(uint64_t)p->size, p->opts.staging_bytes, p->opts.chunk_bytes,
+                         (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
+                         rs_relay_min_part_bytes};
+  memcpy(hdr, h, sizeof h);
+  if (known) return known;
+  uint64_t digest = rs_hash_bytes(h, sizeof h, 0x5eed);
+  digest = rs_layout_digest(src, digest);
+  return rs_layout_digest(dst, digest ^ 0xd57);
+}
+
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
@@ -681,43 +774,71 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     c.actx.domain = domain;
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
   }
-  if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
-  if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
-  if (!local) local = rs_layout_check_coverage(src, "source");
-  if (!local) local = rs_layout_check_coverage(dst, "destination");
-  if (!local) local = plan_receives(&c);
-  if (!local) {
-    c.rp.ctx.memo = 1;
-    local = plan_sends(&c);
-  }
-  if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
   int32_t spread = 0;
-  if (!local && p) { /* the spread and the phase estimates, from one sizing of the streams */
-    rs_streams st;
-    local = rs_streams_size(p, &c.segs, &st);
+  uint64_t use_digest = 0; /* with `use`: the digest its creation computed */
+  rs_plan_stage *use = rs_plan_force.use;
+  if (!local && use) { /* the tools: the first stage as an earlier creation kept it */
+    c.segs = use->segs;
+    c.locals = use->locals;
+    c.local_vbox = use->local_vbox;
+    c.nlocals = c.cap_locals = use->nlocals;
+    c.cap_local_vbox = use->local_vbox ? use->nlocals : 0;
+    spread = use->spread;
+    use_digest = use->digest;
+    memcpy(p->phase_est, use->phase_est, sizeof p->phase_est);
+    memcpy(p->pace_cand, use->pace_cand, sizeof p->pace_cand);
+    memset(use, 0, sizeof *use);
+  } else {
+    if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
+    if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
+    if (!local) local = rs_layout_check_coverage(src, "source");
+    if (!local) local = rs_layout_check_coverage(dst, "destination");
+    if (!local) local = plan_receives(&c);
     if (!local) {
-      spread = rs_chunk_spread(&st, p->opts.staging_bytes / 8);
-      int64_t most = 64;
-      if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
-      local = rs_phase_estimates(p, &st, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
-      if (p->has_topo) rs_pace_candidates(&st, p->pace_cand); /* pacing serves links of a topology */
-      rs_streams_free(&st);
+      c.rp.ctx.memo = 1;
+      local = plan_sends(&c);
     }
+    if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
+    if (!local && p) { /* the spread and the phase estimates, from one sizing of the streams */
+      rs_streams st;
+      local = rs_streams_size(p, &c.segs, &st);
+      if (!local) {
+        spread = rs_chunk_spread(&st, p->opts.staging_bytes / 8);
+        int64_t most = 64;
+        if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
+        local = rs_phase_estimates(p, &st, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
+        if (p->has_topo) rs_pace_candidates(&st, p->pace_cand); /* pacing serves links of a topology */
+        rs_streams_free(&st);
+      }
+    }
+  }
+  if (!local && rs_plan_force.stop == RS_PLAN_STOP_STAGE) {
+    rs_plan_stage *k = rs_plan_force.keep;
+    if (k) { /* the tools: the first stage, kept for later creations */
+      rs_plan_stage_free(k);
+      k->segs = c.segs;
+      k->locals = c.locals;
+      k->local_vbox = c.local_vbox;
+      k->nlocals = c.nlocals;
+      k->spread = spread;
+      uint64_t hdr[7];
+      k->digest = creation_digest(p, src, dst, 0, hdr);
+      memcpy(k->phase_est, p->phase_est, sizeof k->phase_est);
+      memcpy(k->pace_cand, p->pace_cand, sizeof k->pace_cand);
+      c.segs = (rs_seg_vec){0};
+      c.locals = NULL;
+      c.local_vbox = NULL;
+    }
+    p->spread_rounds = spread;
+    build_ctx_free(&c);
+    *out = p;
+    return RESHARD_SUCCESS;
   }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 
   /* Agreement. */
   uint64_t digest = 0, hdr[7] = {0};
-  if (src && dst && p) {
-    const char *topo = p->opts.topology ? p->opts.topology : "";
-    const uint64_t h[7] = {(uint64_t)comm->size, p->opts.staging_bytes, p->opts.chunk_bytes,
-                           (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
-                           rs_relay_min_part_bytes};
-    memcpy(hdr, h, sizeof hdr);
-    digest = rs_hash_bytes(hdr, sizeof hdr, 0x5eed);
-    digest = rs_layout_digest(src, digest);
-    digest = rs_layout_digest(dst, digest ^ 0xd57);
-  }
+  if (src && dst && p) digest = creation_digest(p, src, dst, use_digest, hdr);
   /* A rank without a digest (no plan memory, NULL layouts) has failed
    * locally and says so itself; it sends 0, the identity of max, so that
    * its peers report it as REMOTE rather than as a MISMATCH. */
@@ -776,6 +897,12 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   } else {
     r = agree_chunk(comm, p, &c.segs, &chunk);
     if (r) goto fail;
+  }
+  if (rs_plan_force.stop == RS_PLAN_STOP_CHUNK) {
+    p->chunk_bytes = chunk;
+    build_ctx_free(&c);
+    *out = p;
+    return RESHARD_SUCCESS;
   }
   p->digest = digest;
   p->num_src_buffers = src->nbuffers;

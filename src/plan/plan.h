@@ -234,9 +234,22 @@ typedef struct rs_seg {
 typedef struct rs_seg_vec {
   rs_seg *v;
   size_t n, cap;
+  /* chunk.c's sort of the segments (by level, stream, then their order
+   * in the stream), made once and kept while they do not change: a push
+   * drops it, and so must code that rewrites segments in place
+   * (rs_seg_vec_changed). */
+  void *sorted;
 } rs_seg_vec;
 
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s);
+/* Drops the kept sort after segments were rewritten in place. */
+void rs_seg_vec_changed(rs_seg_vec *vec);
+/* The kept sort as segment indices into perm (vec->n of them); 0, or -1
+ * when none is kept. And installing one (the tools' stage store: a sort
+ * made once travels with its segments): INTERNAL when perm is not the
+ * segments' order, which is checked (n - 1 comparisons). */
+int rs_seg_vec_order(const rs_seg_vec *vec, size_t *perm);
+reshard_result_t rs_seg_vec_set_order(rs_seg_vec *vec, const size_t *perm);
 
 /* Segment of box p of fragment f (this rank's: its buffer and strides) in
  * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
@@ -283,12 +296,24 @@ typedef struct rs_assign_ctx {
    * relay forwards move a range whole, whichever holders provided it. */
   struct rs_piece_vec *parts;
   int first_only; /* RESHARD_FLAG_FIRST_REPLICA: the lowest holder only */
-  /* 0: every cell; r + 1: only the cells inside the hull of rank r's
-   * holders (a sender's own pieces; the other cells are skipped, the
-   * pieces of the cells computed are the same). Not with parts. */
+  /* 0: every cell; r + 1: only rank r's pieces, of the cells inside the
+   * hull of its holders (a sender's own; the other cells are skipped,
+   * the pieces kept are the same as without). Not with parts. */
   int32_t sender;
   unsigned char *marks; /* scratch of the boundary sort */
   size_t marks_cap;
+  /* The box whose holders, cell bounds, canonical order and buckets the
+   * scratch above holds (they depend on the box alone, not on who
+   * receives it): a call for the same box again reuses them. */
+  int prep_valid;
+  int32_t prep_tensor, prep_ndim;
+  int64_t prep_start[RESHARD_MAX_DIMS], prep_extent[RESHARD_MAX_DIMS];
+  size_t prep_nb[RESHARD_MAX_DIMS], prep_per_dim;
+  /* Senders: every holder of one source tensor (assign.c
+   * tensor_holders). */
+  rs_frag_vec tix;
+  int tix_valid;
+  int32_t tix_tensor;
 } rs_assign_ctx;
 
 void rs_assign_ctx_free(rs_assign_ctx *ctx);
@@ -343,7 +368,7 @@ typedef struct rs_streams {
   unsigned char *inside;
   int32_t *from, *to;
 } rs_streams;
-reshard_result_t rs_streams_size(const reshard_plan_t *plan, const rs_seg_vec *segs, rs_streams *out);
+reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, rs_streams *out);
 void rs_streams_free(rs_streams *s);
 
 /* Phases (phases.c). est[c] is this rank's estimate, in picoseconds, of
@@ -404,7 +429,7 @@ uint64_t rs_streams_limit(const reshard_plan_t *plan, const rs_streams *st, cons
  * wide streams of its direction (in every phase). UINT64_MAX when
  * all the streams fit at once; 0 when even 64-byte messages would not
  * fit. */
-reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *segs,
+reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, rs_seg_vec *segs,
                                 uint64_t half, uint64_t *out);
 
 /* For the single-process planning tools (bench/), which plan every rank
@@ -414,6 +439,34 @@ reshard_result_t rs_chunk_limit(const reshard_plan_t *plan, const rs_seg_vec *se
  * that the tools reproduce the plans of a real run: the largest spread of
  * all ranks, then the smallest chunk the ranks size with that spread.
  * Per thread; never set by the library itself. */
+/* A plan's first stage: what this rank sends, receives and forwards
+ * (segments, relay groups already ordinals) and its local copies, before
+ * any agreement, with what it brings to the agreement. The expensive
+ * part of planning (replica choice, relay trees); what follows (the
+ * agreed chunk, the cut into rounds) is cheap beside it. */
+typedef struct rs_plan_stage {
+  rs_seg_vec segs;
+  rs_copy *locals;
+  rs_vbox *local_vbox; /* verify mode, parallel to locals; else NULL */
+  size_t nlocals;
+  int32_t spread;
+  uint64_t phase_est[RS_PHASE_CANDIDATES];
+  rs_pace pace_cand[RS_WIDE_CANDIDATES];
+  uint64_t digest; /* of the layouts and options (the agreement's) */
+} rs_plan_stage;
+void rs_plan_stage_free(rs_plan_stage *s);
+
+/* Where plan creation stops for the tools (rs_plan_agreed.stop). */
+enum {
+  RS_PLAN_STOP_NONE = 0,
+  /* after the first stage: the plan has spread_rounds, phase_est and
+   * pace_cand (this rank's own) and nothing else; no agreement ran */
+  RS_PLAN_STOP_STAGE,
+  /* after the chunk agreement: the plan has chunk_bytes (this rank's,
+   * against the fake communicator) too, but no messages */
+  RS_PLAN_STOP_CHUNK
+};
+
 typedef struct rs_plan_agreed {
   int set_spread, set_chunk, set_phases;
   int32_t spread;
@@ -421,6 +474,18 @@ typedef struct rs_plan_agreed {
   int32_t phases;
   uint64_t wide; /* with set_phases: wide_bytes */
   rs_pace pace;  /* with set_phases: plan->pace */
+  /* A tool plans each rank several times (to learn what the ranks agree
+   * on, then with it); these let it compute the first stage once:
+   * with stop RS_PLAN_STOP_STAGE, keep (non-NULL) receives the rank's
+   * first stage, moved out of the creation; use (non-NULL) is moved into
+   * a later creation instead of computing the first stage (and its
+   * layout checks, which the creation that kept it ran), and is left
+   * empty; the options must be the same. stop: RS_PLAN_STOP_*; a plan
+   * stopped early serves only to read those fields and to be destroyed.
+   * Not with options.relay -1 and a topology, where a creation builds
+   * two plans. */
+  int stop;
+  rs_plan_stage *keep, *use;
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;

@@ -190,6 +190,7 @@ reshard_result_t rs_relay_plan_order(rs_relay_plan *c, rs_seg_vec *segs) {
       segs->v[i].group = ord[segs->v[i].group];
       segs->v[i].box = bord[segs->v[i].box];
     }
+  rs_seg_vec_changed(segs);
   free(ord);
   free(refs);
   free(bord);

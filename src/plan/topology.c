@@ -60,15 +60,21 @@ int rs_topology_domain_chunk_div(const rs_topology *t) {
 
 /* Marks the ranks a side's meshes (those some part uses) and raw buffers
  * name. */
-static void mark_side(const reshard_layout_t *L, int nranks, unsigned char *on) {
-  for (int i = 0; i < L->nparts; i++) {
-    const rs_mesh *m = &L->meshes[L->parts[i].mesh];
-    for (int k = 0; k < m->size; k++)
+static reshard_result_t mark_side(const reshard_layout_t *L, int nranks, unsigned char *on) {
+  /* each mesh once: a model's thousands of parts share a few meshes */
+  unsigned char *used = rs_calloc((size_t)L->nmeshes + 1, 1);
+  if (!used) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (rank map)");
+  for (int i = 0; i < L->nparts; i++) used[L->parts[i].mesh] = 1;
+  for (int i = 0; i < L->nmeshes; i++) {
+    const rs_mesh *m = &L->meshes[i];
+    for (int k = 0; used[i] && k < m->size; k++)
       if (m->ranks[k] >= 0 && m->ranks[k] < nranks) on[m->ranks[k]] = 1;
   }
+  free(used);
   for (int b = 0; b < L->nbuffers; b++)
     if (L->buffers[b].kind == RS_BUFFER_RAW && L->buffers[b].raw_rank >= 0 && L->buffers[b].raw_rank < nranks)
       on[L->buffers[b].raw_rank] = 1;
+  return RESHARD_SUCCESS;
 }
 
 void rs_rank_map_free(rs_rank_map *m) {
@@ -105,10 +111,16 @@ reshard_result_t rs_rank_map_build(const rs_topology *t,
     rs_rank_map_free(out);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (rank map of %d ranks)", nranks);
   }
-  mark_side(src, nranks, on);
+  reshard_result_t r0 = mark_side(src, nranks, on);
   for (int r = 0; r < nranks; r++) side[r] = on[r] ? 1 : 0;
   memset(on, 0, n);
-  mark_side(dst, nranks, on);
+  if (!r0) r0 = mark_side(dst, nranks, on);
+  if (r0) {
+    free(on);
+    free(side);
+    rs_rank_map_free(out);
+    return r0;
+  }
   for (int r = 0; r < nranks; r++)
     if (!side[r] && on[r]) side[r] = 2;
   free(on);

@@ -1,0 +1,253 @@
+/* The passes of plan_world.h. */
+#include "plan_world.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "plan_measure.h"
+#include "stage_store.h"
+
+static int pw_nthreads;
+
+void pw_set_threads(int n) { pw_nthreads = n > 0 ? n : 0; }
+
+int pw_threads(void) {
+  if (pw_nthreads > 0) return pw_nthreads;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+struct pw_run {
+  const reshard_layout_t *src, *dst;
+  int nranks;
+  reshard_options_t opts;
+  ss_store *store;
+  pw_agreed agreed;
+};
+
+/* ---- running one pass over the ranks on the threads ---- */
+
+enum { PASS_STAGE = PW_PASS_STAGE, PASS_CHUNK = PW_PASS_CHUNK, PASS_PLAN = PW_PASS_PLANS };
+
+static pthread_mutex_t prof_lock = PTHREAD_MUTEX_INITIALIZER;
+static pw_profile prof;
+static int (*prof_class)(int, void *);
+static void *prof_arg;
+
+void pw_set_rank_class(int (*class_of)(int rank, void *arg), void *arg) {
+  prof_class = class_of;
+  prof_arg = arg;
+}
+
+void pw_get_profile(pw_profile *out) {
+  pthread_mutex_lock(&prof_lock);
+  *out = prof;
+  pthread_mutex_unlock(&prof_lock);
+}
+
+static double now_s(clockid_t c) {
+  struct timespec t;
+  clock_gettime(c, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct pass {
+  pw_run *run;
+  int kind;
+  pw_plan_fn each, in_order;
+  void *arg;
+  pthread_mutex_t lock;
+  pthread_cond_t turn_moved;
+  int next; /* the next rank to plan */
+  int turn; /* the rank whose in_order call is next */
+  /* the first failure: its rank, result and message */
+  int failed_rank;
+  reshard_result_t failed;
+  char msg[1024];
+  /* reductions (under lock) */
+  int32_t spread;
+  uint64_t est[RS_PHASE_CANDIDATES];
+  rs_pace pace[RS_WIDE_CANDIDATES];
+  size_t chunk;
+} pass;
+
+static void pass_fail(pass *ps, int rank, reshard_result_t r) {
+  pthread_mutex_lock(&ps->lock);
+  if (!ps->failed || rank < ps->failed_rank) {
+    ps->failed = r;
+    ps->failed_rank = rank;
+    snprintf(ps->msg, sizeof ps->msg, "%s", reshard_last_error());
+  }
+  pthread_cond_broadcast(&ps->turn_moved);
+  pthread_mutex_unlock(&ps->lock);
+}
+
+/* One rank of a pass: its creation against a fake communicator, as the
+ * pass's kind wants it. */
+static reshard_result_t pass_rank(pass *ps, int rank) {
+  pw_run *run = ps->run;
+  const pw_agreed *a = &run->agreed;
+  rs_plan_stage stage = {0};
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (ps->kind == PASS_STAGE) {
+    rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage};
+  } else {
+    r = ss_store_get(run->store, rank, &stage);
+    if (r) return r;
+    rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = a->spread, .set_phases = 1, .phases = a->phases,
+                                     .wide = a->wide, .pace = a->pace, .use = &stage};
+    if (ps->kind == PASS_CHUNK) rs_plan_force.stop = RS_PLAN_STOP_CHUNK;
+    else rs_plan_force.set_chunk = 1, rs_plan_force.chunk = a->chunk;
+  }
+  reshard_comm_t *comm = NULL;
+  reshard_plan_t *plan = NULL;
+  r = pm_plan_rank(run->src, run->dst, rank, run->nranks, &run->opts, &comm, &plan);
+  rs_plan_force = (rs_plan_agreed){0};
+  if (!r && ps->kind == PASS_STAGE) r = ss_store_put(run->store, rank, &stage);
+  rs_plan_stage_free(&stage);
+  if (r) {
+    rs_error_prefix("rank %d: ", rank);
+    if (plan) pm_plan_free(comm, plan);
+    return r;
+  }
+  if (ps->kind == PASS_STAGE || ps->kind == PASS_CHUNK) {
+    pthread_mutex_lock(&ps->lock);
+    if (ps->kind == PASS_STAGE) {
+      if (plan->spread_rounds > ps->spread) ps->spread = plan->spread_rounds;
+      for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
+        if (plan->phase_est[k] > ps->est[k]) ps->est[k] = plan->phase_est[k];
+      rs_pace_merge(ps->pace, plan->pace_cand);
+    } else if (!ps->chunk || plan->chunk_bytes < ps->chunk) {
+      ps->chunk = plan->chunk_bytes;
+    }
+    pthread_mutex_unlock(&ps->lock);
+    pm_plan_free(comm, plan);
+    return RESHARD_SUCCESS;
+  }
+  if (ps->each) r = ps->each(rank, plan, ps->arg);
+  if (!r && ps->in_order) {
+    pthread_mutex_lock(&ps->lock);
+    while (ps->turn != rank && !ps->failed) pthread_cond_wait(&ps->turn_moved, &ps->lock);
+    int go = !ps->failed;
+    pthread_mutex_unlock(&ps->lock);
+    if (go) r = ps->in_order(rank, plan, ps->arg);
+    else r = RESHARD_SUCCESS; /* another rank failed: it reports */
+    pthread_mutex_lock(&ps->lock);
+    ps->turn = rank + 1;
+    pthread_cond_broadcast(&ps->turn_moved);
+    pthread_mutex_unlock(&ps->lock);
+  }
+  pm_plan_free(comm, plan);
+  return r;
+}
+
+static void *pass_worker(void *arg) {
+  pass *ps = arg;
+  for (;;) {
+    pthread_mutex_lock(&ps->lock);
+    int rank = ps->failed ? ps->run->nranks : ps->next++;
+    pthread_mutex_unlock(&ps->lock);
+    if (rank >= ps->run->nranks) return NULL;
+    double t0 = now_s(CLOCK_THREAD_CPUTIME_ID);
+    reshard_result_t r = pass_rank(ps, rank);
+    double t = now_s(CLOCK_THREAD_CPUTIME_ID) - t0;
+    int cls = prof_class ? prof_class(rank, prof_arg) : 0;
+    if (cls < 0 || cls >= PW_CLASSES) cls = 0;
+    pthread_mutex_lock(&prof_lock);
+    prof.cpu_s[ps->kind][cls] += t;
+    prof.ranks[ps->kind][cls]++;
+    if (t > prof.max_rank_s[ps->kind][cls]) prof.max_rank_s[ps->kind][cls] = t;
+    pthread_mutex_unlock(&prof_lock);
+    if (r) pass_fail(ps, rank, r);
+  }
+}
+
+static reshard_result_t run_pass(pass *ps) {
+  double w0 = now_s(CLOCK_MONOTONIC);
+  pthread_mutex_init(&ps->lock, NULL);
+  pthread_cond_init(&ps->turn_moved, NULL);
+  int nt = pw_threads();
+  if (nt > ps->run->nranks) nt = ps->run->nranks;
+  pthread_t th[64];
+  int started = 0;
+  for (int t = 1; t < nt; t++) { /* this thread is the first worker */
+    if (pthread_create(&th[started], NULL, pass_worker, ps)) break;
+    started++;
+  }
+  pass_worker(ps);
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  pthread_cond_destroy(&ps->turn_moved);
+  pthread_mutex_destroy(&ps->lock);
+  pthread_mutex_lock(&prof_lock);
+  prof.wall_s[ps->kind] += now_s(CLOCK_MONOTONIC) - w0;
+  prof.passes[ps->kind]++;
+  pthread_mutex_unlock(&prof_lock);
+  if (ps->failed) return rs_error(ps->failed, "%s", ps->msg);
+  return RESHARD_SUCCESS;
+}
+
+/* ---- the run ---- */
+
+reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                               const reshard_options_t *opts, pw_run **out) {
+  *out = NULL;
+  pw_run *run = calloc(1, sizeof *run);
+  if (!run) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan world: out of memory");
+  run->src = src;
+  run->dst = dst;
+  run->nranks = nranks;
+  run->opts = *opts;
+  reshard_result_t r = ss_store_create(nranks, &run->store);
+  pass ps;
+  if (!r) {
+    memset(&ps, 0, sizeof ps);
+    ps.run = run;
+    ps.kind = PASS_STAGE;
+    r = run_pass(&ps);
+  }
+  if (!r) {
+    /* as the first agreement: the largest spread and estimates */
+    pw_agreed *a = &run->agreed;
+    a->spread = ps.spread;
+    memcpy(a->est, ps.est, sizeof a->est);
+    a->phases = rs_phases_choose(a->est, &a->wide);
+    a->pace = rs_pace_choose(ps.pace, a->wide);
+    memset(&ps, 0, sizeof ps);
+    ps.run = run;
+    ps.kind = PASS_CHUNK;
+    r = run_pass(&ps);
+    a->chunk = ps.chunk; /* as the chunk agreement: the smallest */
+  }
+  if (r) {
+    pw_run_free(run);
+    return r;
+  }
+  *out = run;
+  return RESHARD_SUCCESS;
+}
+
+const pw_agreed *pw_run_agreed(const pw_run *run) { return &run->agreed; }
+
+size_t pw_run_segments(const pw_run *run, int rank) { return ss_store_segments(run->store, rank); }
+
+reshard_result_t pw_run_plans(pw_run *run, pw_plan_fn each, pw_plan_fn in_order, void *arg) {
+  pass ps;
+  memset(&ps, 0, sizeof ps);
+  ps.run = run;
+  ps.kind = PASS_PLAN;
+  ps.each = each;
+  ps.in_order = in_order;
+  ps.arg = arg;
+  return run_pass(&ps);
+}
+
+void pw_run_free(pw_run *run) {
+  if (!run) return;
+  ss_store_free(run->store);
+  free(run);
+}

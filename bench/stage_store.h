@@ -1,0 +1,34 @@
+/* Every rank's first planning stage (rs_plan_stage, plan/plan.h), kept
+ * between the passes of a single-process planning tool: computed once,
+ * read back by each later pass.
+ *
+ * A stage is encoded compactly (variable-length integers; only the dims a
+ * segment has) and appended to an unlinked temporary file in $TMPDIR (or
+ * /tmp): a job of thousands of ranks holds gigabytes of segments, which
+ * the page cache keeps in memory while it fits and the disk takes when it
+ * does not. Thread-safe: ranks may be put and got concurrently. */
+#ifndef RESHARD_BENCH_STAGE_STORE_H
+#define RESHARD_BENCH_STAGE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan/plan.h"
+#include "reshard.h"
+
+typedef struct ss_store ss_store;
+
+reshard_result_t ss_store_create(int nranks, ss_store **out);
+/* Stores rank's stage (once per rank); the stage is left as it was. */
+reshard_result_t ss_store_put(ss_store *s, int rank, const rs_plan_stage *stage);
+/* Decodes rank's stage into *out (freed first with rs_plan_stage_free;
+ * the caller frees it, or hands it to a creation through
+ * rs_plan_force.use). */
+reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out);
+/* Segments in rank's stage (0 before it is put). */
+size_t ss_store_segments(const ss_store *s, int rank);
+/* Bytes the store holds. */
+uint64_t ss_store_bytes(const ss_store *s);
+void ss_store_free(ss_store *s);
+
+#endif
