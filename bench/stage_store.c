@@ -20,7 +20,9 @@ struct ss_store {
   size_t *nsegs;                  /* per rank */
 };
 
-/* ---- encoding: LEB128, signed values zigzagged ---- */
+/* ---- encoding: LEB128, signed values zigzagged ----
+ * The writer reserves room for a whole segment at once (at most 10 bytes
+ * a value), so that each value is a few stores without bounds checks. */
 
 typedef struct wbuf {
   unsigned char *p;
@@ -28,48 +30,55 @@ typedef struct wbuf {
   int oom;
 } wbuf;
 
-static void put_bytes(wbuf *b, const void *x, size_t n) {
-  if (b->oom) return;
-  if (b->n + n > b->cap) {
+/* Room for `need` more bytes; returns where to write, or NULL. */
+static unsigned char *reserve(wbuf *b, size_t need) {
+  if (b->oom) return NULL;
+  if (b->n + need > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + n) cap *= 2;
+    while (cap < b->n + need) cap *= 2;
     unsigned char *p = realloc(b->p, cap);
     if (!p) {
       b->oom = 1;
-      return;
+      return NULL;
     }
     b->p = p;
     b->cap = cap;
   }
-  memcpy(b->p + b->n, x, n);
+  return b->p + b->n;
+}
+
+static inline unsigned char *w_u(unsigned char *at, uint64_t v) {
+  while (v >= 0x80) {
+    *at++ = (unsigned char)(v | 0x80);
+    v >>= 7;
+  }
+  *at++ = (unsigned char)v;
+  return at;
+}
+
+static inline unsigned char *w_s(unsigned char *at, int64_t v) { return w_u(at, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63)); }
+
+static void put_u(wbuf *b, uint64_t v) {
+  unsigned char *at = reserve(b, 10);
+  if (at) b->n = (size_t)(w_u(at, v) - b->p);
+}
+
+static void put_bytes(wbuf *b, const void *x, size_t n) {
+  unsigned char *at = reserve(b, n);
+  if (!at) return;
+  memcpy(at, x, n);
   b->n += n;
 }
 
-static void put_u(wbuf *b, uint64_t v) {
-  unsigned char t[10];
-  int n = 0;
-  do {
-    t[n] = (unsigned char)(v & 0x7f);
-    v >>= 7;
-    if (v) t[n] |= 0x80;
-    n++;
-  } while (v);
-  put_bytes(b, t, (size_t)n);
-}
-
-static void put_s(wbuf *b, int64_t v) { put_u(b, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63)); }
-
 typedef struct rbuf {
-  const unsigned char *p;
-  size_t n, at;
+  const unsigned char *p, *end;
   int bad;
 } rbuf;
 
-static uint64_t get_u(rbuf *b) {
+static inline uint64_t get_u(rbuf *b) {
   uint64_t v = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    if (b->at >= b->n) break;
-    unsigned char c = b->p[b->at++];
+  for (int shift = 0; shift < 64 && b->p < b->end; shift += 7) {
+    unsigned char c = *b->p++;
     v |= (uint64_t)(c & 0x7f) << shift;
     if (!(c & 0x80)) return v;
   }
@@ -77,71 +86,80 @@ static uint64_t get_u(rbuf *b) {
   return 0;
 }
 
-static int64_t get_s(rbuf *b) {
+static inline int64_t get_s(rbuf *b) {
   uint64_t u = get_u(b);
   return (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
 }
 
 static void get_bytes(rbuf *b, void *x, size_t n) {
-  if (b->bad || b->n - b->at < n) {
+  if (b->bad || (size_t)(b->end - b->p) < n) {
     b->bad = 1;
     return;
   }
-  memcpy(x, b->p + b->at, n);
-  b->at += n;
+  memcpy(x, b->p, n);
+  b->p += n;
 }
+
+/* Most bytes one segment takes: 21 values and 3 per dim. */
+enum { SEG_MAX_BYTES = 10 * (21 + 3 * RESHARD_MAX_DIMS) };
 
 static void encode(wbuf *b, const rs_plan_stage *st) {
   put_u(b, st->segs.n);
   put_u(b, st->nlocals);
   put_u(b, st->local_vbox != NULL);
-  put_s(b, st->spread);
+  put_u(b, ((uint64_t)st->spread << 1) ^ (uint64_t)((int64_t)st->spread >> 63));
   put_u(b, st->digest);
   for (int k = 0; k < RS_PHASE_CANDIDATES; k++) put_u(b, st->phase_est[k]);
   for (int k = 0; k < RS_WIDE_CANDIDATES; k++) {
     put_u(b, st->pace_cand[k].narrow);
     put_u(b, st->pace_cand[k].wide);
   }
-  for (size_t i = 0; i < st->segs.n; i++) {
-    const rs_seg *s = &st->segs.v[i];
-    put_s(b, s->peer);
-    put_s(b, s->buffer);
-    put_u(b, (uint64_t)s->ndim);
-    put_s(b, s->tensor);
-    put_s(b, s->vtensor);
-    put_u(b, s->esize);
-    put_u(b, s->off);
-    put_u(b, s->bytes);
-    for (int d = 0; d < s->ndim; d++) {
-      put_s(b, s->extent[d]);
-      put_s(b, s->strides[d]);
-      put_s(b, s->gstart[d]);
-    }
-    put_s(b, s->dir);
-    put_s(b, s->from);
-    put_s(b, s->to);
-    put_s(b, s->group);
-    put_s(b, s->origin);
-    put_s(b, s->level);
-    put_s(b, s->dep);
-    put_s(b, s->ndep);
-    put_s(b, s->fwd);
-    put_s(b, s->box);
-    put_u(b, s->piece);
-  }
-  /* the segments' sort, when the creation made it (it does, sizing its
-   * streams): later creations need not sort again */
-  size_t *perm = st->segs.n ? malloc(st->segs.n * sizeof *perm) : NULL;
-  int sorted = perm && rs_seg_vec_order(&st->segs, perm) == 0;
+  /* in stream order, with each segment's push order, when the creation
+   * sorted them (it does, sizing its streams): later creations then
+   * neither sort nor read them out of sequence */
+  const size_t n = st->segs.n;
+  uint32_t *index_of = n ? malloc(n * sizeof *index_of) : NULL, *orig_of = n ? malloc(n * sizeof *orig_of) : NULL;
+  if (n && (!index_of || !orig_of)) b->oom = 1;
+  int sorted = index_of && orig_of && rs_seg_vec_order(&st->segs, index_of, orig_of) == 0;
   put_u(b, (uint64_t)sorted);
-  for (size_t i = 0; sorted && i < st->segs.n; i++) put_u(b, perm[i]);
-  free(perm);
-  if (st->segs.n && !perm) b->oom = 1;
+  for (size_t k = 0; k < n; k++) {
+    const rs_seg *s = &st->segs.v[sorted ? index_of[k] : k];
+    unsigned char *at = reserve(b, SEG_MAX_BYTES + 10);
+    if (!at) break;
+    if (sorted) at = w_u(at, orig_of[k]);
+    at = w_s(at, s->peer);
+    at = w_s(at, s->buffer);
+    at = w_u(at, (uint64_t)s->ndim);
+    at = w_s(at, s->tensor);
+    at = w_s(at, s->vtensor);
+    at = w_u(at, s->esize);
+    at = w_u(at, s->off);
+    at = w_u(at, s->bytes);
+    for (int d = 0; d < s->ndim; d++) {
+      at = w_s(at, s->extent[d]);
+      at = w_s(at, s->strides[d]);
+      at = w_s(at, s->gstart[d]);
+    }
+    at = w_s(at, s->dir);
+    at = w_s(at, s->from);
+    at = w_s(at, s->to);
+    at = w_s(at, s->group);
+    at = w_s(at, s->origin);
+    at = w_s(at, s->level);
+    at = w_s(at, s->dep);
+    at = w_s(at, s->ndep);
+    at = w_s(at, s->fwd);
+    at = w_s(at, s->box);
+    at = w_u(at, s->piece);
+    b->n = (size_t)(at - b->p);
+  }
+  free(index_of);
+  free(orig_of);
   if (st->nlocals) put_bytes(b, st->locals, st->nlocals * sizeof *st->locals);
   if (st->nlocals && st->local_vbox) put_bytes(b, st->local_vbox, st->nlocals * sizeof *st->local_vbox);
 }
 
-static reshard_result_t decode(rbuf *b, rs_plan_stage *st, int rank) {
+static reshard_result_t decode(rbuf *b, size_t len, rs_plan_stage *st, int rank) {
   size_t nsegs = (size_t)get_u(b), nlocals = (size_t)get_u(b);
   int vbox = get_u(b) != 0;
   st->spread = (int32_t)get_s(b);
@@ -151,16 +169,21 @@ static reshard_result_t decode(rbuf *b, rs_plan_stage *st, int rank) {
     st->pace_cand[k].narrow = get_u(b);
     st->pace_cand[k].wide = get_u(b);
   }
-  if (b->bad || nsegs > b->n || nlocals > b->n)
+  if (b->bad || nsegs > len || nlocals > len)
     return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d: corrupt header", rank);
-  st->segs.v = calloc(nsegs + 1, sizeof *st->segs.v);
+  st->segs.v = malloc((nsegs + 1) * sizeof *st->segs.v);
   st->locals = calloc(nlocals + 1, sizeof *st->locals);
   st->local_vbox = vbox ? calloc(nlocals + 1, sizeof *st->local_vbox) : NULL;
   if (!st->segs.v || !st->locals || (vbox && !st->local_vbox))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "stage store: rank %d: out of memory reading %zu segments", rank, nsegs);
   st->segs.cap = nsegs + 1;
+  const int sorted = get_u(b) != 0;
+  uint32_t *orig_of = sorted ? malloc((nsegs + 1) * sizeof *orig_of) : NULL;
+  if (sorted && !orig_of)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "stage store: rank %d: out of memory reading %zu segments", rank, nsegs);
   for (size_t i = 0; i < nsegs && !b->bad; i++) {
     rs_seg *s = &st->segs.v[i];
+    if (sorted) orig_of[i] = (uint32_t)get_u(b);
     s->peer = (int32_t)get_s(b);
     s->buffer = (int32_t)get_s(b);
     uint64_t nd = get_u(b);
@@ -179,6 +202,7 @@ static reshard_result_t decode(rbuf *b, rs_plan_stage *st, int rank) {
       s->strides[d] = get_s(b);
       s->gstart[d] = get_s(b);
     }
+    for (int d = s->ndim; d < RESHARD_MAX_DIMS; d++) s->extent[d] = s->strides[d] = s->gstart[d] = 0;
     s->dir = (int32_t)get_s(b);
     s->from = (int32_t)get_s(b);
     s->to = (int32_t)get_s(b);
@@ -192,19 +216,17 @@ static reshard_result_t decode(rbuf *b, rs_plan_stage *st, int rank) {
     s->piece = (uint32_t)get_u(b);
     st->segs.n = i + 1;
   }
-  size_t *perm = NULL;
-  if (get_u(b)) {
-    perm = malloc((nsegs + 1) * sizeof *perm);
-    if (!perm) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "stage store: rank %d: out of memory reading %zu segments", rank, nsegs);
-    for (size_t i = 0; i < nsegs; i++) perm[i] = (size_t)get_u(b);
+  if (sorted && !b->bad && st->segs.n == nsegs) {
+    reshard_result_t r = rs_seg_vec_set_laid_out(&st->segs, orig_of);
+    free(orig_of);
+    if (r) return r;
+  } else {
+    free(orig_of);
   }
-  reshard_result_t r = perm && !b->bad ? rs_seg_vec_set_order(&st->segs, perm) : RESHARD_SUCCESS;
-  free(perm);
-  if (r) return r;
   if (nlocals) get_bytes(b, st->locals, nlocals * sizeof *st->locals);
   if (nlocals && vbox) get_bytes(b, st->local_vbox, nlocals * sizeof *st->local_vbox);
   st->nlocals = nlocals;
-  if (b->bad || b->at != b->n) return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d: corrupt stage", rank);
+  if (b->bad || b->p != b->end) return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d: corrupt stage", rank);
   return RESHARD_SUCCESS;
 }
 
@@ -283,8 +305,8 @@ reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out) {
     }
     done += (size_t)r;
   }
-  rbuf b = {p, n, 0, 0};
-  reshard_result_t r = decode(&b, out, rank);
+  rbuf b = {p, p + n, 0};
+  reshard_result_t r = decode(&b, n, out, rank);
   free(p);
   if (r) rs_plan_stage_free(out);
   return r;

@@ -9,7 +9,7 @@
 #
 # Extra reshard_plan options (e.g. --relay 1) can be passed through
 # PANEL_ARGS. Each run's full output is kept in $PANEL_LOGS (default
-# /tmp/reshard_panel).
+# /tmp/reshard_panel); how long each took goes to stderr.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,12 +36,17 @@ field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }
 
 echo "| scenario | GPUs (train + infer) | topology | T_lower s (bound) | source-domain cut s (x T_lower) | ours s | ours / T_lower | gather-broadcast s (ratio) | replica0-direct s (ratio) | balanced-direct s (ratio) | published |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
+start_all=$SECONDS
 for s in "${scenarios[@]}"; do
   IFS='|' read -r name cfg train infer topo pub <<<"$s"
   log=$logs/$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_').txt
+  start=$SECONDS
   # shellcheck disable=SC2086
-  if ! "$plan" --model-config "$repo/configs/$cfg" --train "$train" --infer "$infer" --topology "$topo" --no-check \
-      $extra >"$log" 2>&1; then
+  ok=1
+  "$plan" --model-config "$repo/configs/$cfg" --train "$train" --infer "$infer" --topology "$topo" --no-check \
+    $extra >"$log" 2>&1 || ok=0
+  echo "panel.sh: $name: $((SECONDS - start)) s" >&2
+  if [[ $ok == 0 ]]; then
     echo "panel.sh: $name failed, see $log" >&2
     echo "| $name | | $topo | failed | | | | | | | $pub |"
     continue
@@ -62,3 +67,4 @@ for s in "${scenarios[@]}"; do
   done
   echo "| $name: megatron $train -> vllm $infer | $world | $topo | $lower ($bound) | ${cut:--} | $ours | $ratio$cells | $pub |"
 done
+echo "panel.sh: all scenarios: $((SECONDS - start_all)) s" >&2

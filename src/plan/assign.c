@@ -511,8 +511,11 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
         nparts += on > 0;
         for (int64_t i = 0; i < np; i++) {
           int64_t sz = base + (i < extra);
-          p.src = H[cc[(i + rot) % ncc]];
-          if (!ctx->sender || p.src.rank == ctx->sender - 1) RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
+          const rs_frag *h = &H[cc[(i + rot) % ncc]];
+          if (!ctx->sender || h->rank == ctx->sender - 1) {
+            p.src = *h;
+            RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
+          }
           at += sz;
         }
       }

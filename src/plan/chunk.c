@@ -223,12 +223,16 @@ typedef struct seg_ref {
   int32_t level, from, to, group, origin, box;
   uint32_t piece;
   int32_t dir;
-  size_t index;
+  /* index: where the segment is in the vector; orig: its push order (the
+   * order within a direct stream, and what dep counts in). The same
+   * unless rs_seg_vec_set_order laid the vector out in stream order. */
+  uint32_t index, orig;
   uint64_t bytes; /* the segment's, so that summing a stream stays in the refs */
 } seg_ref;
 
 static seg_ref ref_of(const rs_seg *s, size_t i) {
-  return (seg_ref){s->level, s->from, s->to, s->group, s->origin, s->box, s->piece, s->dir, i, s->bytes};
+  return (seg_ref){s->level, s->from, s->to, s->group, s->origin, s->box, s->piece, s->dir, (uint32_t)i, (uint32_t)i,
+                   s->bytes};
 }
 
 static int cmp_ref_stream(const seg_ref *x, const seg_ref *y) {
@@ -251,7 +255,7 @@ static int cmp_seg_ref(const void *a, const void *b) {
     c = cmp_i32(x->box, y->box);
     if (!c) c = (x->piece > y->piece) - (x->piece < y->piece);
   }
-  if (!c) c = (x->index > y->index) - (x->index < y->index);
+  if (!c) c = (x->orig > y->orig) - (x->orig < y->orig);
   return c;
 }
 
@@ -261,27 +265,33 @@ static int cmp_ref_level_stream(const void *a, const void *b) {
   return c ? c : cmp_ref_stream(x, y);
 }
 
-int rs_seg_vec_order(const rs_seg_vec *vec, size_t *perm) {
+int rs_seg_vec_order(const rs_seg_vec *vec, uint32_t *index_of, uint32_t *orig_of) {
   const seg_ref *refs = vec->sorted;
   if (!refs) return -1;
-  for (size_t i = 0; i < vec->n; i++) perm[i] = refs[i].index;
+  for (size_t k = 0; k < vec->n; k++) {
+    index_of[k] = refs[k].index;
+    orig_of[k] = refs[k].orig;
+  }
   return 0;
 }
 
-reshard_result_t rs_seg_vec_set_order(rs_seg_vec *vec, const size_t *perm) {
+reshard_result_t rs_seg_vec_set_laid_out(rs_seg_vec *vec, const uint32_t *orig_of) {
   rs_seg_vec_changed(vec);
+  if (vec->n > UINT32_MAX) return rs_error(RESHARD_ERROR_INVALID_USAGE, "segment order: %zu segments", vec->n);
   seg_ref *refs = rs_malloc((vec->n + 1) * sizeof *refs);
   unsigned char *seen = rs_calloc(vec->n + 1, 1);
   reshard_result_t r = RESHARD_SUCCESS;
   if (!refs || !seen) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory ordering %zu segments", vec->n);
-  for (size_t i = 0; i < vec->n && !r; i++) {
-    if (perm[i] >= vec->n || seen[perm[i]]++) {
-      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: index %zu at %zu is out of range or repeated", perm[i], i);
+  for (size_t k = 0; k < vec->n && !r; k++) {
+    if (orig_of[k] >= vec->n || seen[orig_of[k]]++) {
+      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: push order %u of place %zu is out of range or repeated",
+                   (unsigned)orig_of[k], k);
       break;
     }
-    refs[i] = ref_of(&vec->v[perm[i]], perm[i]);
-    if (i && cmp_seg_ref(&refs[i - 1], &refs[i]) >= 0)
-      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: segments %zu and %zu are out of order", perm[i - 1], perm[i]);
+    refs[k] = ref_of(&vec->v[k], k);
+    refs[k].orig = orig_of[k];
+    if (k && cmp_seg_ref(&refs[k - 1], &refs[k]) >= 0)
+      r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: places %zu and %zu are out of order", k - 1, k);
   }
   free(seen);
   if (r) {
@@ -292,14 +302,111 @@ reshard_result_t rs_seg_vec_set_order(rs_seg_vec *vec, const size_t *perm) {
   return RESHARD_SUCCESS;
 }
 
+/* The refs of n segments in cmp_seg_ref order, without comparing most of
+ * them: each segment's stream (level, from, to, group, origin) gets a
+ * bucket through a hash table, the few distinct streams are sorted, the
+ * segments placed stream by stream in index order (a stable counting
+ * sort), and only relay streams, ordered by (box, piece, index), are then
+ * sorted inside. The same order as a qsort by cmp_seg_ref. */
+static uint64_t stream_hash(const seg_ref *r) {
+  uint64_t h = (uint64_t)(uint32_t)r->level * 0x9e3779b97f4a7c15ULL;
+  h = (h ^ (uint32_t)r->from) * 0xff51afd7ed558ccdULL;
+  h = (h ^ (uint32_t)r->to) * 0xc4ceb9fe1a85ec53ULL;
+  h = (h ^ (uint32_t)r->group) * 0x9e3779b97f4a7c15ULL;
+  h = (h ^ (uint32_t)r->origin) * 0xff51afd7ed558ccdULL;
+  return h ^ (h >> 29);
+}
+
+static int cmp_stream_first(const void *a, const void *b) {
+  /* buckets are represented by their first segment's ref */
+  return cmp_ref_level_stream(a, b);
+}
+
+static reshard_result_t sort_refs(seg_ref *refs, size_t n) {
+  if (n < 2) return RESHARD_SUCCESS;
+  size_t cap = 1024, nb = 0, cap_b = 256;
+  uint32_t *slot = rs_malloc(cap * sizeof *slot);      /* bucket + 1, 0 empty */
+  uint32_t *bucket = rs_malloc(n * sizeof *bucket);    /* per segment */
+  seg_ref *first = rs_malloc(cap_b * sizeof *first);   /* per bucket */
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (!slot || !bucket || !first) goto oom;
+  memset(slot, 0, cap * sizeof *slot);
+  for (size_t i = 0; i < n; i++) {
+    if (2 * (nb + 1) > cap) { /* grow and rehash */
+      size_t ncap = 2 * cap;
+      uint32_t *ns = rs_calloc(ncap, sizeof *ns);
+      if (!ns) goto oom;
+      for (size_t b = 0; b < nb; b++) {
+        size_t j = stream_hash(&first[b]) & (ncap - 1);
+        while (ns[j]) j = (j + 1) & (ncap - 1);
+        ns[j] = (uint32_t)b + 1;
+      }
+      free(slot);
+      slot = ns;
+      cap = ncap;
+    }
+    size_t j = stream_hash(&refs[i]) & (cap - 1);
+    for (; slot[j]; j = (j + 1) & (cap - 1))
+      if (!cmp_ref_level_stream(&first[slot[j] - 1], &refs[i])) break;
+    if (!slot[j]) {
+      if (nb == cap_b) {
+        seg_ref *nf = rs_realloc(first, 2 * cap_b * sizeof *nf);
+        if (!nf) goto oom;
+        first = nf;
+        cap_b *= 2;
+      }
+      first[nb] = refs[i];
+      first[nb].index = nb; /* the bucket, once the firsts are sorted */
+      slot[j] = (uint32_t)++nb;
+    }
+    bucket[i] = slot[j] - 1;
+  }
+  free(slot);
+  slot = NULL;
+  /* buckets in stream order; start[b]: where bucket b's segments go */
+  qsort(first, nb, sizeof *first, cmp_stream_first);
+  size_t *start = rs_calloc(nb + 1, sizeof *start), *pos_of = rs_malloc((nb + 1) * sizeof *pos_of);
+  seg_ref *out = rs_malloc(n * sizeof *out);
+  if (!start || !pos_of || !out) {
+    free(start);
+    free(pos_of);
+    free(out);
+    goto oom;
+  }
+  for (size_t k = 0; k < nb; k++) pos_of[first[k].index] = k;
+  for (size_t i = 0; i < n; i++) start[pos_of[bucket[i]] + 1]++;
+  for (size_t k = 0; k < nb; k++) start[k + 1] += start[k];
+  for (size_t i = 0; i < n; i++) out[start[pos_of[bucket[i]]]++] = refs[i]; /* stable: index order */
+  /* start[k] is now the end of bucket k; relay streams sort inside */
+  for (size_t k = 0, lo = 0; k < nb; lo = start[k++])
+    if (first[k].group >= 0 && start[k] - lo > 1) qsort(out + lo, start[k] - lo, sizeof *out, cmp_seg_ref);
+  memcpy(refs, out, n * sizeof *out);
+  free(out);
+  free(start);
+  free(pos_of);
+  free(bucket);
+  free(first);
+  return r;
+oom:
+  free(slot);
+  free(bucket);
+  free(first);
+  return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sorting %zu segments", n);
+}
+
 /* The segments' refs in cmp_seg_ref order: sorted once, kept in the
  * vector (the chunk sizing cuts the same segments several times). */
 static reshard_result_t sorted_refs(rs_seg_vec *segs, const seg_ref **out) {
   if (!segs->sorted) {
+    if (segs->n > UINT32_MAX) return rs_error(RESHARD_ERROR_INVALID_USAGE, "chunking: %zu segments", segs->n);
     seg_ref *refs = rs_malloc((segs->n + 1) * sizeof *refs);
     if (!refs) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sorting %zu segments", segs->n);
     for (size_t i = 0; i < segs->n; i++) refs[i] = ref_of(&segs->v[i], i);
-    if (segs->n > 1) qsort(refs, segs->n, sizeof *refs, cmp_seg_ref);
+    reshard_result_t r = sort_refs(refs, segs->n);
+    if (r) {
+      free(refs);
+      return r;
+    }
     segs->sorted = refs;
   }
   *out = segs->sorted;
@@ -664,7 +771,7 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
     int64_t ext[RESHARD_MAX_DIMS], at[RESHARD_MAX_DIMS] = {0};
     memcpy(ext, s->extent, sizeof ext);
     r = split_box(c, s, 0, s->off, ext, at);
-    arrive[refs[i].index] = c->round;
+    arrive[refs[i].orig] = c->round;
   }
   free(arrive);
   return r;

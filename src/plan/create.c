@@ -257,7 +257,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0}, cands = {0};
   rs_seg_vec direct = {0};
-  size_t *order = NULL, *seg_of = NULL, *at = NULL;
+  size_t *order = NULL, *first = NULL, *count = NULL;
   reshard_result_t r;
   RS_CHECK_GOTO(rs_layout_rank_fragments(c->src, me, &mine), r, done);
   for (size_t i = 0; i < mine.n; i++) {
@@ -276,8 +276,9 @@ static reshard_result_t plan_sends(build_ctx *c) {
     if (!i || cmp_frag_key(&cands.v[i], &cands.v[nd - 1])) cands.v[nd++] = cands.v[i];
   cands.n = nd;
   order = rs_malloc((nd + 1) * sizeof *order);
-  at = rs_calloc(nd + 2, sizeof *at);
-  if (!order || !at) {
+  first = rs_calloc(nd + 1, sizeof *first);
+  count = rs_calloc(nd + 1, sizeof *count);
+  if (!order || !first || !count) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
     goto done;
   }
@@ -299,8 +300,8 @@ static reshard_result_t plan_sends(build_ctx *c) {
   }
   box_sort_ctx = (box_sort){cands.v, c->dst2src};
   if (ndirect > 1) qsort(order, ndirect, sizeof *order, cmp_frag_box);
-  /* segments of fragment i: direct.v[seg_of[at[i]] .. seg_of[at[i+1]]) once
-   * sorted; counted first, placed after */
+  /* the segments of fragment i are direct.v[first[i] .. first[i] + count[i]):
+   * a fragment's segments are pushed together */
   c->actx.sender = me + 1; /* only the cells this rank may provide */
   for (size_t j = 0; j < ndirect; j++) {
     const rs_frag *D = &cands.v[order[j]];
@@ -308,40 +309,36 @@ static reshard_result_t plan_sends(build_ctx *c) {
     size_t es = reshard_dtype_size(t->dtype);
     r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
     if (r) break;
+    first[order[j]] = direct.n;
     for (size_t k = 0; k < c->pieces.n && !r; k++) {
       const rs_piece *p = &c->pieces.v[k];
       if (p->src.rank != me) continue;
       rs_seg s;
       rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
       s.vtensor = D->tensor;
-      /* which fragment: in piece, rewritten below */
-      s.piece = (uint32_t)order[j];
       r = rs_seg_vec_push(&direct, &s);
-      at[order[j] + 1]++;
+      count[order[j]]++;
     }
   }
   c->actx.sender = 0;
   RS_CHECK_GOTO(r, r, done);
-  /* back in canonical order, each fragment's segments in their order */
-  for (size_t i = 0; i < nd; i++) at[i + 1] += at[i];
-  seg_of = rs_malloc((direct.n + 1) * sizeof *seg_of);
-  if (!seg_of) {
+  /* back in canonical order, each fragment's segments as a block */
+  if (rs_vec_reserve((void **)&c->segs.v, &c->segs.cap, c->segs.n + direct.n + 1, sizeof *c->segs.v)) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
     goto done;
   }
-  for (size_t k = 0; k < direct.n; k++) seg_of[at[direct.v[k].piece]++] = k;
-  for (size_t k = 0; k < direct.n && !r; k++) {
-    rs_seg s = direct.v[seg_of[k]];
-    s.piece = 0; /* as rs_seg_init left it: direct segments have no piece */
-    r = rs_seg_vec_push(&c->segs, &s);
+  rs_seg_vec_changed(&c->segs);
+  for (size_t i = 0; i < nd; i++) {
+    memcpy(c->segs.v + c->segs.n, direct.v + first[i], count[i] * sizeof *direct.v);
+    c->segs.n += count[i];
   }
 done:
   rs_frag_vec_free(&mine);
   rs_frag_vec_free(&cands);
   rs_seg_vec_free(&direct);
   free(order);
-  free(seg_of);
-  free(at);
+  free(first);
+  free(count);
   return r;
 }
 

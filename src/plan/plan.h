@@ -244,12 +244,17 @@ typedef struct rs_seg_vec {
 reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s);
 /* Drops the kept sort after segments were rewritten in place. */
 void rs_seg_vec_changed(rs_seg_vec *vec);
-/* The kept sort as segment indices into perm (vec->n of them); 0, or -1
- * when none is kept. And installing one (the tools' stage store: a sort
- * made once travels with its segments): INTERNAL when perm is not the
- * segments' order, which is checked (n - 1 comparisons). */
-int rs_seg_vec_order(const rs_seg_vec *vec, size_t *perm);
-reshard_result_t rs_seg_vec_set_order(rs_seg_vec *vec, const size_t *perm);
+/* The kept sort: for each place k in it, the segment's index in the
+ * vector and its push order (what a direct stream's order and dep count
+ * in); 0, or -1 when none is kept. */
+int rs_seg_vec_order(const rs_seg_vec *vec, uint32_t *index_of, uint32_t *orig_of);
+/* Installs the sort of a vector already laid out in it (the tools' stage
+ * store writes segments in stream order, so that later cuts read them in
+ * sequence): orig_of[k] is segment k's push order. INTERNAL when the
+ * segments are out of order or orig_of is not a permutation (checked).
+ * Code that reads segments by push order must go through the sort
+ * (chunk.c does). */
+reshard_result_t rs_seg_vec_set_laid_out(rs_seg_vec *vec, const uint32_t *orig_of);
 
 /* Segment of box p of fragment f (this rank's: its buffer and strides) in
  * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
