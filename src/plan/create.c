@@ -329,6 +329,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
   }
   rs_seg_vec_changed(&c->segs);
   for (size_t i = 0; i < nd; i++) {
+    if (!count[i]) continue; /* direct.v is NULL when nothing was pushed */
     memcpy(c->segs.v + c->segs.n, direct.v + first[i], count[i] * sizeof *direct.v);
     c->segs.n += count[i];
   }
