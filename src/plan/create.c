@@ -303,7 +303,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
   /* the segments of fragment i are direct.v[first[i] .. first[i] + count[i]):
    * a fragment's segments are pushed together */
   c->actx.sender = me + 1; /* only the cells this rank may provide */
-  for (size_t j = 0; j < ndirect; j++) {
+  for (size_t j = 0; j < ndirect && !r; j++) {
     const rs_frag *D = &cands.v[order[j]];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
