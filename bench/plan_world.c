@@ -14,12 +14,14 @@
 
 static int pw_nthreads;
 
-void pw_set_threads(int n) { pw_nthreads = n > 0 ? n : 0; }
+enum { PW_MAX_THREADS = 64 };
+
+void pw_set_threads(int n) { pw_nthreads = n > 0 ? (n < PW_MAX_THREADS ? n : PW_MAX_THREADS) : 0; }
 
 int pw_threads(void) {
   if (pw_nthreads > 0) return pw_nthreads;
   long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+  return n < 1 ? 1 : n > PW_MAX_THREADS ? PW_MAX_THREADS : (int)n;
 }
 
 struct pw_run {
@@ -173,7 +175,7 @@ static reshard_result_t run_pass(pass *ps) {
   pthread_cond_init(&ps->turn_moved, NULL);
   int nt = pw_threads();
   if (nt > ps->run->nranks) nt = ps->run->nranks;
-  pthread_t th[64];
+  pthread_t th[PW_MAX_THREADS];
   int started = 0;
   for (int t = 1; t < nt; t++) { /* this thread is the first worker */
     if (pthread_create(&th[started], NULL, pass_worker, ps)) break;

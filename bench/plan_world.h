@@ -26,8 +26,8 @@
 #include "plan/plan.h"
 #include "reshard.h"
 
-/* Threads of every later run: n >= 1, or 0 for the CPUs online (the
- * default). */
+/* Threads of every later run: n >= 1 (at most 64), or 0 for the CPUs
+ * online (the default, at most 64). */
 void pw_set_threads(int n);
 int pw_threads(void);
 

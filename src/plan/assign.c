@@ -256,8 +256,8 @@ static int hits(const rs_frag *f, const int64_t *qs, const int64_t *qe) {
 enum { RS_TENSOR_HOLDERS_MAX = 1 << 16 };
 static reshard_result_t tensor_holders(rs_assign_ctx *ctx, int t, int *ok) {
   *ok = 0;
-  if (ctx->tix_valid && ctx->tix_tensor == t) {
-    *ok = 1;
+  if (ctx->tix_tensor == t && ctx->tix_valid) { /* 1: kept; -1: too many, walk */
+    *ok = ctx->tix_valid > 0;
     return RESHARD_SUCCESS;
   }
   const rs_tensor *T = &ctx->src->tensors[t];
@@ -266,9 +266,13 @@ static reshard_result_t tensor_holders(rs_assign_ctx *ctx, int t, int *ok) {
   ctx->tix_valid = 0;
   ctx->tix.n = 0;
   RS_CHECK(rs_layout_find_holders(ctx->src, t, zero, T->shape, &ctx->lowered, &ctx->tix));
-  if (ctx->tix.n > RS_TENSOR_HOLDERS_MAX) return RESHARD_SUCCESS;
-  ctx->tix_valid = 1;
   ctx->tix_tensor = t;
+  if (ctx->tix.n > RS_TENSOR_HOLDERS_MAX) {
+    ctx->tix_valid = -1;
+    ctx->tix.n = 0;
+    return RESHARD_SUCCESS;
+  }
+  ctx->tix_valid = 1;
   *ok = 1;
   return RESHARD_SUCCESS;
 }
@@ -384,7 +388,9 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   if (ctx->parts) ctx->parts->n = 0;
   int32_t nparts = 0;
   size_t nb[RESHARD_MAX_DIMS], per_dim;
-  int same = ctx->prep_valid && ctx->prep_tensor == src_tensor && ctx->prep_ndim == nd;
+  /* a sender's prep keeps only the holders meeting its hull: the sender
+   * is part of the key */
+  int same = ctx->prep_valid && ctx->prep_tensor == src_tensor && ctx->prep_ndim == nd && ctx->prep_sender == ctx->sender;
   for (int d = 0; d < nd && same; d++) same = ctx->prep_start[d] == D->start[d] && ctx->prep_extent[d] == D->extent[d];
   if (same) { /* the box of the previous call (another receiver's): its scratch is intact */
     memcpy(nb, ctx->prep_nb, sizeof nb);
@@ -394,6 +400,7 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     RS_CHECK(prep_box(ctx, D, src_tensor, name, nb, &per_dim));
     ctx->prep_valid = 1;
     ctx->prep_tensor = src_tensor;
+    ctx->prep_sender = ctx->sender;
     ctx->prep_ndim = nd;
     for (int d = 0; d < nd; d++) {
       ctx->prep_start[d] = D->start[d];

@@ -985,6 +985,16 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
     *out = direct;
     return RESHARD_SUCCESS;
   }
+  if (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use) {
+    /* the tools' staged creations hold one first stage: they resolve
+     * the relay choice themselves, and an environment that asks for it
+     * again cannot be followed */
+    reshard_plan_destroy(direct);
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "plan_create rank %d: staged planning needs relay 0 or 1, but relay is -1 with a topology "
+                    "(RESHARD_RELAY=-1 in the environment?)",
+                    comm->rank);
+  }
   /* relay -1 with a topology: build the relay plan as well and keep the
    * one the cost model predicts faster. Both creations and both estimates
    * are collective and all-or-nothing, and the estimates are reduced over

@@ -311,11 +311,11 @@ typedef struct rs_assign_ctx {
    * scratch above holds (they depend on the box alone, not on who
    * receives it): a call for the same box again reuses them. */
   int prep_valid;
-  int32_t prep_tensor, prep_ndim;
+  int32_t prep_tensor, prep_ndim, prep_sender;
   int64_t prep_start[RESHARD_MAX_DIMS], prep_extent[RESHARD_MAX_DIMS];
   size_t prep_nb[RESHARD_MAX_DIMS], prep_per_dim;
   /* Senders: every holder of one source tensor (assign.c
-   * tensor_holders). */
+   * tensor_holders); tix_valid 1 kept, -1 too many (walk per box). */
   rs_frag_vec tix;
   int tix_valid;
   int32_t tix_tensor;
