@@ -70,7 +70,7 @@ reshard_result_t pc_price_run(pw_run *run, const reshard_layout_t *src, const re
                               const reshard_options_t *opts, pw_plan_fn also, void *also_arg, reshard_estimate_t *out) {
   price_pass pp = {NULL, also, also_arg};
   RS_CHECK(pc_session_create(src, dst, nranks, opts, &pp.s));
-  reshard_result_t r = pw_run_plans(run, NULL, add_plan, &pp);
+  reshard_result_t r = pw_run_plans(run, add_plan, &pp);
   if (!r) {
     reshard_estimate_t e;
     pc_session_finish(pp.s, &e);

@@ -61,9 +61,6 @@ void pm_measure(const reshard_layout_t *src, const reshard_layout_t *dst,
       m.peak_mib = (double)(ps_status_kib("VmHWM") - rss0) / 1024.0;
       m.plan_mib = ((double)(h1.uordblks + h1.hblkhd) - (double)(h0.uordblks + h0.hblkhd)) / 1048576.0;
       reshard_plan_get_stats(plan, &m.stats);
-      m.spread = plan->spread_rounds;
-      memcpy(m.phase_est, plan->phase_est, sizeof m.phase_est);
-      memcpy(m.pace_cand, plan->pace_cand, sizeof m.pace_cand);
       m.ok = 1;
     } else {
       snprintf(m.err, sizeof m.err, "%s: %s", reshard_result_string(r), reshard_last_error());

@@ -23,9 +23,6 @@ typedef struct pm_result {
   double peak_mib; /* peak RSS growth while planning */
   double plan_mib; /* heap the finished plan keeps (glibc's view) */
   reshard_plan_stats_t stats;
-  int32_t spread; /* the plan's spread rounds (plan.h), to agree on */
-  uint64_t phase_est[RS_PHASE_CANDIDATES]; /* its phase estimates (plan.h), likewise */
-  rs_pace pace_cand[RS_WIDE_CANDIDATES];   /* its pace candidates (plan.h), likewise */
   char err[512];
 } pm_result;
 

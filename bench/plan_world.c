@@ -61,7 +61,7 @@ static double now_s(clockid_t c) {
 typedef struct pass {
   pw_run *run;
   int kind;
-  pw_plan_fn each, in_order;
+  pw_plan_fn in_order;
   void *arg;
   pthread_mutex_t lock;
   pthread_cond_t turn_moved;
@@ -131,8 +131,7 @@ static reshard_result_t pass_rank(pass *ps, int rank) {
     pm_plan_free(comm, plan);
     return RESHARD_SUCCESS;
   }
-  if (ps->each) r = ps->each(rank, plan, ps->arg);
-  if (!r && ps->in_order) {
+  if (ps->in_order) {
     pthread_mutex_lock(&ps->lock);
     while (ps->turn != rank && !ps->failed) pthread_cond_wait(&ps->turn_moved, &ps->lock);
     int go = !ps->failed;
@@ -237,12 +236,11 @@ const pw_agreed *pw_run_agreed(const pw_run *run) { return &run->agreed; }
 
 size_t pw_run_segments(const pw_run *run, int rank) { return ss_store_segments(run->store, rank); }
 
-reshard_result_t pw_run_plans(pw_run *run, pw_plan_fn each, pw_plan_fn in_order, void *arg) {
+reshard_result_t pw_run_plans(pw_run *run, pw_plan_fn in_order, void *arg) {
   pass ps;
   memset(&ps, 0, sizeof ps);
   ps.run = run;
   ps.kind = PASS_PLAN;
-  ps.each = each;
   ps.in_order = in_order;
   ps.arg = arg;
   return run_pass(&ps);

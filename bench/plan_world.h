@@ -51,13 +51,12 @@ const pw_agreed *pw_run_agreed(const pw_run *run);
 /* Segments of rank's first stage: a measure of its planning work. */
 size_t pw_run_segments(const pw_run *run, int rank);
 
-/* Pass 3: each rank's plan, given to each(rank, plan, arg) on the thread
- * that built it (concurrently with other ranks), then to in_order(rank,
- * plan, arg) one rank at a time in rank order; either may be NULL, and
- * returns non-zero to stop the pass (with reshard's error set). The plan
- * is destroyed after. Can be run again. */
+/* Pass 3: each rank's plan, built on the threads, given to
+ * in_order(rank, plan, arg) one rank at a time in rank order; it returns
+ * non-zero to stop the pass (with reshard's error set). The plan is
+ * destroyed after. Can be run again. */
 typedef reshard_result_t (*pw_plan_fn)(int rank, reshard_plan_t *plan, void *arg);
-reshard_result_t pw_run_plans(pw_run *run, pw_plan_fn each, pw_plan_fn in_order, void *arg);
+reshard_result_t pw_run_plans(pw_run *run, pw_plan_fn in_order, void *arg);
 
 void pw_run_free(pw_run *run);
 

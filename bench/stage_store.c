@@ -314,8 +314,6 @@ reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out) {
 
 size_t ss_store_segments(const ss_store *s, int rank) { return s->nsegs[rank]; }
 
-uint64_t ss_store_bytes(const ss_store *s) { return s->end; }
-
 void ss_store_free(ss_store *s) {
   if (!s) return;
   if (s->fd >= 0) {

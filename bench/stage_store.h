@@ -27,8 +27,6 @@ reshard_result_t ss_store_put(ss_store *s, int rank, const rs_plan_stage *stage)
 reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out);
 /* Segments in rank's stage (0 before it is put). */
 size_t ss_store_segments(const ss_store *s, int rank);
-/* Bytes the store holds. */
-uint64_t ss_store_bytes(const ss_store *s);
 void ss_store_free(ss_store *s);
 
 #endif

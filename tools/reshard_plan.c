@@ -699,7 +699,7 @@ int main(int argc, char **argv) {
   if (ag) f->chunk = ag->chunk;
   f->check_now = !o.no_check || o.inject_error;
   if (!failed && (f->check_now || !priced)) {
-    reshard_result_t rc = pw_run_plans(run, NULL, final_rank, f);
+    reshard_result_t rc = pw_run_plans(run, final_rank, f);
     if (rc) {
       fprintf(stderr, "reshard_plan: error: plan with the agreed chunk (%zu B): %s: %s\n", f->chunk,
               reshard_result_string(rc), reshard_last_error());
