@@ -86,7 +86,9 @@ static void for_each_row(const reshard_fragment_info_t *f,
     if (f->extent[d] == 0) return;
   const int64_t es = (int64_t)x->es;
   const int64_t n = nd ? f->extent[nd - 1] : 1;
-  const int64_t step = nd ? f->strides[nd - 1] * es : 0;
+  /* the innermost stride of a one-element row is any value (layouts
+   * accept a huge one there): only a row that steps uses it */
+  const int64_t step = nd && n > 1 ? f->strides[nd - 1] * es : 0;
   for (;;) {
     int64_t lin = 0, off = (int64_t)f->byte_offset;
     for (int d = 0; d < nd; d++) {
