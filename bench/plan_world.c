@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "layout/layout.h"
 #include "plan_measure.h"
 #include "stage_store.h"
 
@@ -76,6 +77,7 @@ typedef struct pass {
   uint64_t est[RS_PHASE_CANDIDATES];
   rs_pace pace[RS_WIDE_CANDIDATES];
   size_t chunk;
+  uint64_t digest; /* the creation digest, once a rank has computed it */
 } pass;
 
 static void pass_fail(pass *ps, int rank, reshard_result_t r) {
@@ -91,18 +93,27 @@ static void pass_fail(pass *ps, int rank, reshard_result_t r) {
 
 /* One rank of a pass: its creation against a fake communicator, as the
  * pass's kind wants it. */
-static reshard_result_t pass_rank(pass *ps, int rank) {
+static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
   pw_run *run = ps->run;
   const pw_agreed *a = &run->agreed;
   rs_plan_stage stage = {0};
   reshard_result_t r = RESHARD_SUCCESS;
   if (ps->kind == PASS_STAGE) {
-    rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage};
+    /* the layouts' coverage was checked once (pw_run_create); their
+     * digest is the same for every rank: from the first rank done */
+    pthread_mutex_lock(&ps->lock);
+    const uint64_t digest = ps->digest;
+    pthread_mutex_unlock(&ps->lock);
+    rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage, .covered = 1, .digest = digest};
   } else {
-    r = ss_store_get(run->store, rank, &stage);
+    /* decoded into the thread's scratch, whose segment memory the
+     * creation hands back for the next rank */
+    r = ss_store_get(run->store, rank, scratch);
     if (r) return r;
+    stage = *scratch;
+    *scratch = (rs_plan_stage){0};
     rs_plan_force = (rs_plan_agreed){.set_spread = 1, .spread = a->spread, .set_phases = 1, .phases = a->phases,
-                                     .wide = a->wide, .pace = a->pace, .use = &stage};
+                                     .wide = a->wide, .pace = a->pace, .use = &stage, .back = scratch};
     if (ps->kind == PASS_CHUNK) rs_plan_force.stop = RS_PLAN_STOP_CHUNK;
     else rs_plan_force.set_chunk = 1, rs_plan_force.chunk = a->chunk;
   }
@@ -110,7 +121,12 @@ static reshard_result_t pass_rank(pass *ps, int rank) {
   reshard_plan_t *plan = NULL;
   r = pm_plan_rank(run->src, run->dst, rank, run->nranks, &run->opts, &comm, &plan);
   rs_plan_force = (rs_plan_agreed){0};
-  if (!r && ps->kind == PASS_STAGE) r = ss_store_put(run->store, rank, &stage);
+  if (!r && ps->kind == PASS_STAGE) {
+    pthread_mutex_lock(&ps->lock);
+    ps->digest = stage.digest;
+    pthread_mutex_unlock(&ps->lock);
+    r = ss_store_put(run->store, rank, &stage);
+  }
   rs_plan_stage_free(&stage);
   if (r) {
     rs_error_prefix("rank %d: ", rank);
@@ -149,13 +165,14 @@ static reshard_result_t pass_rank(pass *ps, int rank) {
 
 static void *pass_worker(void *arg) {
   pass *ps = arg;
+  rs_plan_stage scratch = {0};
   for (;;) {
     pthread_mutex_lock(&ps->lock);
     int rank = ps->failed ? ps->run->nranks : ps->next++;
     pthread_mutex_unlock(&ps->lock);
-    if (rank >= ps->run->nranks) return NULL;
+    if (rank >= ps->run->nranks) break;
     double t0 = now_s(CLOCK_THREAD_CPUTIME_ID);
-    reshard_result_t r = pass_rank(ps, rank);
+    reshard_result_t r = pass_rank(ps, rank, &scratch);
     double t = now_s(CLOCK_THREAD_CPUTIME_ID) - t0;
     int cls = prof_class ? prof_class(rank, prof_arg) : 0;
     if (cls < 0 || cls >= PW_CLASSES) cls = 0;
@@ -166,6 +183,8 @@ static void *pass_worker(void *arg) {
     pthread_mutex_unlock(&prof_lock);
     if (r) pass_fail(ps, rank, r);
   }
+  rs_plan_stage_free(&scratch);
+  return NULL;
 }
 
 static reshard_result_t run_pass(pass *ps) {
@@ -187,6 +206,7 @@ static reshard_result_t run_pass(pass *ps) {
   pthread_mutex_lock(&prof_lock);
   prof.wall_s[ps->kind] += now_s(CLOCK_MONOTONIC) - w0;
   prof.passes[ps->kind]++;
+  if (getenv("PW_TRACE")) fprintf(stderr, "PW pass kind %d relay %d flags %u wall %.2f\n", ps->kind, ps->run->opts.relay, (unsigned)ps->run->opts.flags, now_s(CLOCK_MONOTONIC) - w0);
   pthread_mutex_unlock(&prof_lock);
   if (ps->failed) return rs_error(ps->failed, "%s", ps->msg);
   return RESHARD_SUCCESS;
@@ -203,7 +223,10 @@ reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout
   run->dst = dst;
   run->nranks = nranks;
   run->opts = *opts;
-  reshard_result_t r = ss_store_create(nranks, &run->store);
+  /* the same for every rank: checked once here, not by each creation */
+  reshard_result_t r = rs_layout_check_coverage(src, "source");
+  if (!r) r = rs_layout_check_coverage(dst, "destination");
+  if (!r) r = ss_store_create(nranks, &run->store);
   pass ps;
   if (!r) {
     memset(&ps, 0, sizeof ps);

@@ -8,7 +8,9 @@
  *   1. each rank's first stage (plan.h rs_plan_stage: the replica choice,
  *      the relay trees; nearly all of the planning work), kept in a stage
  *      store (stage_store.h); the largest spread, and the phases, wide
- *      threshold and pace from the largest estimates;
+ *      threshold and pace from the largest estimates. What is the same
+ *      for every rank is done once: the layouts' coverage check (before
+ *      the pass) and the creation digest (the first rank's);
  *   2. each rank's chunk with those, from its stored stage: the smallest
  *      is the agreed chunk;
  *   3. each rank's plan with all of them, from its stored stage: exactly

@@ -100,8 +100,65 @@ static void get_bytes(rbuf *b, void *x, size_t n) {
   b->p += n;
 }
 
-/* Most bytes one segment takes: 21 values and 3 per dim. */
-enum { SEG_MAX_BYTES = 10 * (21 + 3 * RESHARD_MAX_DIMS) };
+/* ---- segments: each as its differences from the one before ----
+ * Segments come in stream order, where neighbours mostly share their
+ * stream, tensor, buffer, strides and shape: a segment is a mask of the
+ * fields that differ from their prediction (the previous segment's value;
+ * its push order and piece plus one), then each such field's difference,
+ * zigzagged. A typical segment takes a few bytes instead of dozens, and
+ * decoding it is a copy of the previous one and a few additions. */
+enum {
+  /* the fields that change most often first: their mask fits a byte */
+  F_OFF, F_GSTART0, F_GSTART1, F_PIECE, F_BOX, F_BYTES, F_ORIG,
+  F_PEER, F_BUFFER, F_NDIM, F_TENSOR, F_VTENSOR, F_ESIZE, F_DIR, F_FROM, F_TO, F_GROUP, F_ORIGIN, F_LEVEL,
+  F_DEP, F_NDEP, F_FWD,
+  F_GSTART2, /* gstart[2 ..], then extent[], then strides[] */
+  F_EXTENT = F_GSTART2 + RESHARD_MAX_DIMS - 2,
+  F_STRIDES = F_EXTENT + RESHARD_MAX_DIMS,
+  F_N = F_STRIDES + RESHARD_MAX_DIMS
+};
+_Static_assert(F_N <= 64, "one mask word per segment");
+
+/* Most bytes one segment takes: its mask and a difference per field. */
+enum { SEG_MAX_BYTES = 10 * (F_N + 1) };
+
+static int f_gstart(int d) { return d == 0 ? F_GSTART0 : d == 1 ? F_GSTART1 : F_GSTART2 + d - 2; }
+
+/* A segment's fields as numbers (dims past ndim: 0). */
+static void seg_fields(const rs_seg *s, uint32_t orig, int64_t *f) {
+  f[F_ORIG] = orig;
+  f[F_PEER] = s->peer;
+  f[F_BUFFER] = s->buffer;
+  f[F_NDIM] = s->ndim;
+  f[F_TENSOR] = s->tensor;
+  f[F_VTENSOR] = s->vtensor;
+  f[F_ESIZE] = s->esize;
+  f[F_OFF] = (int64_t)s->off;
+  f[F_BYTES] = (int64_t)s->bytes;
+  f[F_DIR] = s->dir;
+  f[F_FROM] = s->from;
+  f[F_TO] = s->to;
+  f[F_GROUP] = s->group;
+  f[F_ORIGIN] = s->origin;
+  f[F_LEVEL] = s->level;
+  f[F_DEP] = s->dep;
+  f[F_NDEP] = s->ndep;
+  f[F_FWD] = s->fwd;
+  f[F_BOX] = s->box;
+  f[F_PIECE] = s->piece;
+  for (int d = 0; d < RESHARD_MAX_DIMS; d++) {
+    const int in = d < s->ndim;
+    f[f_gstart(d)] = in ? s->gstart[d] : 0;
+    f[F_EXTENT + d] = in ? s->extent[d] : 0;
+    f[F_STRIDES + d] = in ? s->strides[d] : 0;
+  }
+}
+
+/* The predictions for the segment after one with fields f. */
+static void predict(int64_t *f) {
+  f[F_ORIG]++;
+  f[F_PIECE]++;
+}
 
 static void encode(wbuf *b, const rs_plan_stage *st) {
   put_u(b, st->segs.n);
@@ -122,35 +179,26 @@ static void encode(wbuf *b, const rs_plan_stage *st) {
   if (n && (!index_of || !orig_of)) b->oom = 1;
   int sorted = index_of && orig_of && rs_seg_vec_order(&st->segs, index_of, orig_of) == 0;
   put_u(b, (uint64_t)sorted);
-  for (size_t k = 0; k < n; k++) {
-    const rs_seg *s = &st->segs.v[sorted ? index_of[k] : k];
-    unsigned char *at = reserve(b, SEG_MAX_BYTES + 10);
-    if (!at) break;
-    if (sorted) at = w_u(at, orig_of[k]);
-    at = w_s(at, s->peer);
-    at = w_s(at, s->buffer);
-    at = w_u(at, (uint64_t)s->ndim);
-    at = w_s(at, s->tensor);
-    at = w_s(at, s->vtensor);
-    at = w_u(at, s->esize);
-    at = w_u(at, s->off);
-    at = w_u(at, s->bytes);
-    for (int d = 0; d < s->ndim; d++) {
-      at = w_s(at, s->extent[d]);
-      at = w_s(at, s->strides[d]);
-      at = w_s(at, s->gstart[d]);
+  int64_t prev[F_N] = {0}, cur[F_N];
+  for (size_t k = 0; k < n && !b->oom; k++) {
+    if (sorted && k + 16 < n) { /* scattered in memory: ask for a later one now */
+      const char *ahead = (const char *)&st->segs.v[index_of[k + 16]];
+      for (size_t at = 0; at < sizeof(rs_seg); at += 64) __builtin_prefetch(ahead + at);
     }
-    at = w_s(at, s->dir);
-    at = w_s(at, s->from);
-    at = w_s(at, s->to);
-    at = w_s(at, s->group);
-    at = w_s(at, s->origin);
-    at = w_s(at, s->level);
-    at = w_s(at, s->dep);
-    at = w_s(at, s->ndep);
-    at = w_s(at, s->fwd);
-    at = w_s(at, s->box);
-    at = w_u(at, s->piece);
+    unsigned char *at = reserve(b, SEG_MAX_BYTES);
+    if (!at) break;
+    const size_t i = sorted ? index_of[k] : k;
+    seg_fields(&st->segs.v[i], sorted ? orig_of[k] : (uint32_t)k, cur);
+    predict(prev);
+    uint64_t mask = 0;
+    for (int f = 0; f < F_N; f++)
+      if (cur[f] != prev[f]) mask |= (uint64_t)1 << f;
+    at = w_u(at, mask);
+    for (uint64_t m = mask; m; m &= m - 1) {
+      const int f = __builtin_ctzll(m);
+      at = w_s(at, (int64_t)((uint64_t)cur[f] - (uint64_t)prev[f]));
+    }
+    memcpy(prev, cur, sizeof prev);
     b->n = (size_t)(at - b->p);
   }
   free(index_of);
@@ -171,58 +219,65 @@ static reshard_result_t decode(rbuf *b, size_t len, rs_plan_stage *st, int rank)
   }
   if (b->bad || nsegs > len || nlocals > len)
     return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d: corrupt header", rank);
-  st->segs.v = malloc((nsegs + 1) * sizeof *st->segs.v);
+  if (st->segs.cap < nsegs + 1) { /* else the memory given (ss_store_get) is reused */
+    free(st->segs.v);
+    st->segs.v = malloc((nsegs + 1) * sizeof *st->segs.v);
+    st->segs.cap = st->segs.v ? nsegs + 1 : 0;
+  }
+  st->segs.n = 0;
   st->locals = calloc(nlocals + 1, sizeof *st->locals);
   st->local_vbox = vbox ? calloc(nlocals + 1, sizeof *st->local_vbox) : NULL;
   if (!st->segs.v || !st->locals || (vbox && !st->local_vbox))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "stage store: rank %d: out of memory reading %zu segments", rank, nsegs);
-  st->segs.cap = nsegs + 1;
   const int sorted = get_u(b) != 0;
-  uint32_t *orig_of = sorted ? malloc((nsegs + 1) * sizeof *orig_of) : NULL;
-  if (sorted && !orig_of)
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "stage store: rank %d: out of memory reading %zu segments", rank, nsegs);
+  /* the creation's sort, installed as the segments are decoded */
+  if (sorted) RS_CHECK(rs_seg_vec_lay_out_begin(&st->segs, nsegs));
+  int64_t f[F_N] = {0};
   for (size_t i = 0; i < nsegs && !b->bad; i++) {
-    rs_seg *s = &st->segs.v[i];
-    if (sorted) orig_of[i] = (uint32_t)get_u(b);
-    s->peer = (int32_t)get_s(b);
-    s->buffer = (int32_t)get_s(b);
-    uint64_t nd = get_u(b);
-    if (nd > RESHARD_MAX_DIMS) {
+    predict(f);
+    const uint64_t mask = get_u(b);
+    if (mask >> F_N) {
       b->bad = 1;
       break;
     }
-    s->ndim = (int32_t)nd;
-    s->tensor = (int32_t)get_s(b);
-    s->vtensor = (int32_t)get_s(b);
-    s->esize = (uint32_t)get_u(b);
-    s->off = get_u(b);
-    s->bytes = get_u(b);
-    for (int d = 0; d < s->ndim; d++) {
-      s->extent[d] = get_s(b);
-      s->strides[d] = get_s(b);
-      s->gstart[d] = get_s(b);
+    for (uint64_t m = mask; m; m &= m - 1) {
+      const int k = __builtin_ctzll(m);
+      f[k] = (int64_t)((uint64_t)f[k] + (uint64_t)get_s(b));
     }
-    for (int d = s->ndim; d < RESHARD_MAX_DIMS; d++) s->extent[d] = s->strides[d] = s->gstart[d] = 0;
-    s->dir = (int32_t)get_s(b);
-    s->from = (int32_t)get_s(b);
-    s->to = (int32_t)get_s(b);
-    s->group = (int32_t)get_s(b);
-    s->origin = (int32_t)get_s(b);
-    s->level = (int32_t)get_s(b);
-    s->dep = get_s(b);
-    s->ndep = (int32_t)get_s(b);
-    s->fwd = (int32_t)get_s(b);
-    s->box = (int32_t)get_s(b);
-    s->piece = (uint32_t)get_u(b);
+    if (f[F_NDIM] < 0 || f[F_NDIM] > RESHARD_MAX_DIMS || f[F_ORIG] < 0 || (uint64_t)f[F_ORIG] >= nsegs) {
+      b->bad = 1;
+      break;
+    }
+    rs_seg *s = &st->segs.v[i];
+    s->peer = (int32_t)f[F_PEER];
+    s->buffer = (int32_t)f[F_BUFFER];
+    s->ndim = (int32_t)f[F_NDIM];
+    s->tensor = (int32_t)f[F_TENSOR];
+    s->vtensor = (int32_t)f[F_VTENSOR];
+    s->esize = (uint32_t)f[F_ESIZE];
+    s->off = (uint64_t)f[F_OFF];
+    s->bytes = (uint64_t)f[F_BYTES];
+    for (int d = 0; d < RESHARD_MAX_DIMS; d++) {
+      s->gstart[d] = f[f_gstart(d)];
+      s->extent[d] = f[F_EXTENT + d];
+      s->strides[d] = f[F_STRIDES + d];
+    }
+    s->dir = (int32_t)f[F_DIR];
+    s->from = (int32_t)f[F_FROM];
+    s->to = (int32_t)f[F_TO];
+    s->group = (int32_t)f[F_GROUP];
+    s->origin = (int32_t)f[F_ORIGIN];
+    s->level = (int32_t)f[F_LEVEL];
+    s->dep = f[F_DEP];
+    s->ndep = (int32_t)f[F_NDEP];
+    s->fwd = (int32_t)f[F_FWD];
+    s->box = (int32_t)f[F_BOX];
+    s->piece = (uint32_t)f[F_PIECE];
+    if (sorted) rs_seg_vec_lay_out_put(&st->segs, i, (uint32_t)f[F_ORIG]);
     st->segs.n = i + 1;
   }
-  if (sorted && !b->bad && st->segs.n == nsegs) {
-    reshard_result_t r = rs_seg_vec_set_laid_out(&st->segs, orig_of);
-    free(orig_of);
-    if (r) return r;
-  } else {
-    free(orig_of);
-  }
+  if (sorted && !b->bad && st->segs.n == nsegs) RS_CHECK(rs_seg_vec_lay_out_end(&st->segs));
+  else if (sorted) rs_seg_vec_changed(&st->segs); /* a partial sort: none */
   if (nlocals) get_bytes(b, st->locals, nlocals * sizeof *st->locals);
   if (nlocals && vbox) get_bytes(b, st->local_vbox, nlocals * sizeof *st->local_vbox);
   st->nlocals = nlocals;
@@ -290,7 +345,11 @@ reshard_result_t ss_store_put(ss_store *s, int rank, const rs_plan_stage *stage)
 }
 
 reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out) {
+  rs_seg_vec keep = out->segs; /* its memory is reused */
+  rs_seg_vec_changed(&keep);
+  out->segs = (rs_seg_vec){0};
   rs_plan_stage_free(out);
+  out->segs = keep;
   size_t n = (size_t)s->len[rank];
   if (!n) return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d was never stored", rank);
   unsigned char *p = malloc(n);

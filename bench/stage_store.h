@@ -21,9 +21,10 @@ typedef struct ss_store ss_store;
 reshard_result_t ss_store_create(int nranks, ss_store **out);
 /* Stores rank's stage (once per rank); the stage is left as it was. */
 reshard_result_t ss_store_put(ss_store *s, int rank, const rs_plan_stage *stage);
-/* Decodes rank's stage into *out (freed first with rs_plan_stage_free;
- * the caller frees it, or hands it to a creation through
- * rs_plan_force.use). */
+/* Decodes rank's stage into *out (freed first with rs_plan_stage_free,
+ * except that the memory of its segment vector is reused when it is large
+ * enough); the caller frees it, or hands it to a creation through
+ * rs_plan_force.use (and .back, to have the memory back). */
 reshard_result_t ss_store_get(ss_store *s, int rank, rs_plan_stage *out);
 /* Segments in rank's stage (0 before it is put). */
 size_t ss_store_segments(const ss_store *s, int rank);

@@ -275,31 +275,39 @@ int rs_seg_vec_order(const rs_seg_vec *vec, uint32_t *index_of, uint32_t *orig_o
   return 0;
 }
 
-reshard_result_t rs_seg_vec_set_laid_out(rs_seg_vec *vec, const uint32_t *orig_of) {
+reshard_result_t rs_seg_vec_lay_out_begin(rs_seg_vec *vec, size_t n) {
   rs_seg_vec_changed(vec);
-  if (vec->n > UINT32_MAX) return rs_error(RESHARD_ERROR_INVALID_USAGE, "segment order: %zu segments", vec->n);
-  seg_ref *refs = rs_malloc((vec->n + 1) * sizeof *refs);
-  unsigned char *seen = rs_calloc(vec->n + 1, 1);
+  if (n > UINT32_MAX || n > vec->cap) return rs_error(RESHARD_ERROR_INVALID_USAGE, "segment order: %zu segments", n);
+  vec->sorted = rs_malloc((n + 1) * sizeof(seg_ref));
+  if (!vec->sorted) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory ordering %zu segments", n);
+  return RESHARD_SUCCESS;
+}
+
+void rs_seg_vec_lay_out_put(rs_seg_vec *vec, size_t k, uint32_t orig) {
+  seg_ref *refs = vec->sorted;
+  refs[k] = ref_of(&vec->v[k], k);
+  refs[k].orig = orig;
+}
+
+reshard_result_t rs_seg_vec_lay_out_end(rs_seg_vec *vec) {
+  const seg_ref *refs = vec->sorted;
+  const size_t n = vec->n;
+  uint64_t *seen = rs_calloc(n / 64 + 1, sizeof *seen); /* a bit per push order: it stays in cache */
   reshard_result_t r = RESHARD_SUCCESS;
-  if (!refs || !seen) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory ordering %zu segments", vec->n);
-  for (size_t k = 0; k < vec->n && !r; k++) {
-    if (orig_of[k] >= vec->n || seen[orig_of[k]]++) {
+  if (!seen) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory ordering %zu segments", n);
+  for (size_t k = 0; k < n && !r; k++) {
+    const uint32_t o = refs[k].orig;
+    if (o >= n || (seen[o / 64] >> (o % 64) & 1))
       r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: push order %u of place %zu is out of range or repeated",
-                   (unsigned)orig_of[k], k);
-      break;
-    }
-    refs[k] = ref_of(&vec->v[k], k);
-    refs[k].orig = orig_of[k];
-    if (k && cmp_seg_ref(&refs[k - 1], &refs[k]) >= 0)
+                   (unsigned)o, k);
+    else if (k && cmp_seg_ref(&refs[k - 1], &refs[k]) >= 0)
       r = rs_error(RESHARD_ERROR_INTERNAL, "segment order: places %zu and %zu are out of order", k - 1, k);
+    else
+      seen[o / 64] |= (uint64_t)1 << (o % 64);
   }
   free(seen);
-  if (r) {
-    free(refs);
-    return r;
-  }
-  vec->sorted = refs;
-  return RESHARD_SUCCESS;
+  if (r) rs_seg_vec_changed(vec);
+  return r;
 }
 
 /* The refs of n segments in cmp_seg_ref order, without comparing most of

@@ -35,6 +35,7 @@ typedef struct build_ctx {
   /* Relay plans (plan/relay.h): built when relay is set. */
   int relay;
   rs_relay_plan rp;
+  rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -290,10 +291,15 @@ static reshard_result_t plan_sends(build_ctx *c) {
     rs_relay_group g = {0};
     if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
     if (g.m) {
-      /* every member is a candidate: the group's lowest rank's turn */
-      if (D->rank == g.ranks[0])
-        RS_CHECK_GOTO(rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
-                      r, done);
+      /* every member is a candidate: the group's lowest rank's turn; only
+       * the cells this rank may provide (their pieces come in the order
+       * the members see them in, which is all a stream's order needs) */
+      if (D->rank == g.ranks[0]) {
+        c->actx.sender = me + 1;
+        r = rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es);
+        c->actx.sender = 0;
+        RS_CHECK_GOTO(r, r, done);
+      }
       continue;
     }
     order[ndirect++] = i;
@@ -491,6 +497,13 @@ void rs_plan_stage_free(rs_plan_stage *s) {
 static void build_ctx_free(build_ctx *c) {
   free(c->dst2src);
   free(c->src2dst);
+  if (c->back) { /* the tools reuse the memory (rs_plan_agreed.back) */
+    rs_seg_vec_free(c->back);
+    rs_seg_vec_changed(&c->segs);
+    *c->back = c->segs;
+    c->back->n = 0;
+    c->segs = (rs_seg_vec){0};
+  }
   rs_seg_vec_free(&c->segs);
   free(c->locals);
   free(c->local_vbox);
@@ -786,11 +799,12 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     memcpy(p->phase_est, use->phase_est, sizeof p->phase_est);
     memcpy(p->pace_cand, use->pace_cand, sizeof p->pace_cand);
     memset(use, 0, sizeof *use);
+    if (rs_plan_force.back) c.back = &rs_plan_force.back->segs;
   } else {
     if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
     if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
-    if (!local) local = rs_layout_check_coverage(src, "source");
-    if (!local) local = rs_layout_check_coverage(dst, "destination");
+    if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(src, "source");
+    if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(dst, "destination");
     if (!local) local = plan_receives(&c);
     if (!local) {
       c.rp.ctx.memo = 1;
@@ -820,7 +834,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
       k->nlocals = c.nlocals;
       k->spread = spread;
       uint64_t hdr[7];
-      k->digest = creation_digest(p, src, dst, 0, hdr);
+      k->digest = creation_digest(p, src, dst, rs_plan_force.digest, hdr);
       memcpy(k->phase_est, p->phase_est, sizeof k->phase_est);
       memcpy(k->pace_cand, p->pace_cand, sizeof k->pace_cand);
       c.segs = (rs_seg_vec){0};

@@ -250,11 +250,16 @@ void rs_seg_vec_changed(rs_seg_vec *vec);
 int rs_seg_vec_order(const rs_seg_vec *vec, uint32_t *index_of, uint32_t *orig_of);
 /* Installs the sort of a vector already laid out in it (the tools' stage
  * store writes segments in stream order, so that later cuts read them in
- * sequence): orig_of[k] is segment k's push order. INTERNAL when the
- * segments are out of order or orig_of is not a permutation (checked).
+ * sequence), segment by segment while each is still in cache: begin for
+ * n segments (n <= vec->cap), put(k, orig) once vec->v[k] is written
+ * (orig: its push order), then end with vec->n = n, which checks that the
+ * segments are in order and the push orders a permutation (else INTERNAL,
+ * and no sort is kept). Until end succeeds the sort is not to be used.
  * Code that reads segments by push order must go through the sort
  * (chunk.c does). */
-reshard_result_t rs_seg_vec_set_laid_out(rs_seg_vec *vec, const uint32_t *orig_of);
+reshard_result_t rs_seg_vec_lay_out_begin(rs_seg_vec *vec, size_t n);
+void rs_seg_vec_lay_out_put(rs_seg_vec *vec, size_t k, uint32_t orig);
+reshard_result_t rs_seg_vec_lay_out_end(rs_seg_vec *vec);
 
 /* Segment of box p of fragment f (this rank's: its buffer and strides) in
  * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
@@ -491,6 +496,19 @@ typedef struct rs_plan_agreed {
    * two plans. */
   int stop;
   rs_plan_stage *keep, *use;
+  /* With use: where the creation hands use's segment memory when it ends
+   * (the vector emptied, its capacity kept) instead of freeing it, so
+   * that a tool decodes the next rank's stage into memory it has already
+   * touched (a vector of tens of MiB is mapped afresh by every malloc).
+   * May be use itself. */
+  rs_plan_stage *back;
+  /* A tool that plans every rank of one job in one process does the
+   * work that is the same for all of them once: covered (non-zero) says
+   * both layouts passed rs_layout_check_coverage, which the creation
+   * then skips; digest (non-zero) is the creation digest of these
+   * layouts and options (rs_plan_stage.digest of an earlier creation). */
+  int covered;
+  uint64_t digest;
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;

@@ -179,7 +179,10 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *rp, rs_assign_ctx *actx,
                                       const char *name, size_t es);
 
 /* Source rank me: appends what it sends each owner of relayed box D
- * (call once per box). */
+ * (call once per box). With actx->sender = me + 1 only me's cells are
+ * assigned: its segments' piece numbers are then their ordinals among
+ * me's pieces, in the order the members' full assignment numbers them,
+ * which is all the order of a stream from me needs. */
 reshard_result_t rs_relay_plan_source(rs_relay_plan *rp, rs_assign_ctx *actx,
                                       rs_piece_vec *pieces, rs_seg_vec *segs,
                                       int32_t me, const rs_frag *D,
