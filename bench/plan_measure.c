@@ -46,6 +46,12 @@ void pm_measure(const reshard_layout_t *src, const reshard_layout_t *dst,
     close(fd[0]);
     pm_result m;
     memset(&m, 0, sizeof m);
+    /* the allocator as a real run has it (glibc's defaults; the tools
+     * keep freed memory across creations, which one creation must not
+     * measure) */
+    mallopt(M_MMAP_MAX, 65536);
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
     malloc_trim(0);
     m.peak_exact = ps_reset_peak_rss() == 0;
     long rss0 = ps_status_kib("VmRSS");

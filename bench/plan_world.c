@@ -78,6 +78,12 @@ typedef struct pass {
   rs_pace pace[RS_WIDE_CANDIDATES];
   size_t chunk;
   uint64_t digest; /* the creation digest, once a rank has computed it */
+  /* A stage pass that also keeps the first-replica twin (pw_share_first_replica) */
+  pw_run *twin;
+  int32_t twin_spread;
+  uint64_t twin_est[RS_PHASE_CANDIDATES];
+  rs_pace twin_pace[RS_WIDE_CANDIDATES];
+  uint64_t twin_digest;
 } pass;
 
 static void pass_fail(pass *ps, int rank, reshard_result_t r) {
@@ -96,15 +102,16 @@ static void pass_fail(pass *ps, int rank, reshard_result_t r) {
 static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
   pw_run *run = ps->run;
   const pw_agreed *a = &run->agreed;
-  rs_plan_stage stage = {0};
+  rs_plan_stage stage = {0}, twin = {0};
   reshard_result_t r = RESHARD_SUCCESS;
   if (ps->kind == PASS_STAGE) {
     /* the layouts' coverage was checked once (pw_run_create); their
      * digest is the same for every rank: from the first rank done */
     pthread_mutex_lock(&ps->lock);
-    const uint64_t digest = ps->digest;
+    const uint64_t digest = ps->digest, twin_digest = ps->twin_digest;
     pthread_mutex_unlock(&ps->lock);
-    rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage, .covered = 1, .digest = digest};
+    rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage, .covered = 1, .digest = digest,
+                                     .twin = ps->twin ? &twin : NULL, .twin_digest = twin_digest};
   } else {
     /* decoded into the thread's scratch, whose segment memory the
      * creation hands back for the next rank */
@@ -124,10 +131,19 @@ static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
   if (!r && ps->kind == PASS_STAGE) {
     pthread_mutex_lock(&ps->lock);
     ps->digest = stage.digest;
+    if (ps->twin) { /* the twin's agreement, as the first one's below */
+      ps->twin_digest = twin.digest;
+      if (twin.spread > ps->twin_spread) ps->twin_spread = twin.spread;
+      for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
+        if (twin.phase_est[k] > ps->twin_est[k]) ps->twin_est[k] = twin.phase_est[k];
+      rs_pace_merge(ps->twin_pace, twin.pace_cand);
+    }
     pthread_mutex_unlock(&ps->lock);
     r = ss_store_put(run->store, rank, &stage);
+    if (!r && ps->twin) r = ss_store_put(ps->twin->store, rank, &twin);
   }
   rs_plan_stage_free(&stage);
+  rs_plan_stage_free(&twin);
   if (r) {
     rs_error_prefix("rank %d: ", rank);
     if (plan) pm_plan_free(comm, plan);
@@ -214,8 +230,33 @@ static reshard_result_t run_pass(pass *ps) {
 
 /* ---- the run ---- */
 
-reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
-                               const reshard_options_t *opts, pw_run **out) {
+/* The first-replica twin of the last direct run (pw_share_first_replica),
+ * until a run for it claims it. */
+static int share_first;
+static pw_run *stash;
+
+void pw_share_first_replica(int on) {
+  share_first = on;
+  if (!on) {
+    pw_run_free(stash);
+    stash = NULL;
+  }
+}
+
+static int same_topology(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+/* Whether run was made for these layouts and options. */
+static int made_for(const pw_run *run, const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                    const reshard_options_t *o) {
+  const reshard_options_t *r = &run->opts;
+  return run->src == src && run->dst == dst && run->nranks == nranks && r->struct_size == o->struct_size &&
+         r->version == o->version && r->staging_bytes == o->staging_bytes && r->chunk_bytes == o->chunk_bytes &&
+         r->timeout_ms == o->timeout_ms && same_topology(r->topology, o->topology) && r->relay == o->relay &&
+         r->flags == o->flags;
+}
+
+static reshard_result_t run_new(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                const reshard_options_t *opts, pw_run **out) {
   *out = NULL;
   pw_run *run = calloc(1, sizeof *run);
   if (!run) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan world: out of memory");
@@ -223,33 +264,74 @@ reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout
   run->dst = dst;
   run->nranks = nranks;
   run->opts = *opts;
+  reshard_result_t r = ss_store_create(nranks, &run->store);
+  if (r) {
+    free(run);
+    return r;
+  }
+  *out = run;
+  return RESHARD_SUCCESS;
+}
+
+/* What the first agreement computes from the stage pass's maxima. */
+static void agree_stage(pw_agreed *a, int32_t spread, const uint64_t *est, const rs_pace *pace) {
+  a->spread = spread;
+  memcpy(a->est, est, sizeof a->est);
+  a->phases = rs_phases_choose(a->est, &a->wide);
+  a->pace = rs_pace_choose(pace, a->wide);
+}
+
+/* Pass 2: the chunk agreement (the smallest of the ranks' chunks). */
+static reshard_result_t chunk_pass(pw_run *run) {
+  pass ps;
+  memset(&ps, 0, sizeof ps);
+  ps.run = run;
+  ps.kind = PASS_CHUNK;
+  RS_CHECK(run_pass(&ps));
+  run->agreed.chunk = ps.chunk;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                               const reshard_options_t *opts, pw_run **out) {
+  *out = NULL;
+  if (stash && made_for(stash, src, dst, nranks, opts)) { /* made with the direct run */
+    *out = stash;
+    stash = NULL;
+    return RESHARD_SUCCESS;
+  }
   /* the same for every rank: checked once here, not by each creation */
   reshard_result_t r = rs_layout_check_coverage(src, "source");
   if (!r) r = rs_layout_check_coverage(dst, "destination");
-  if (!r) r = ss_store_create(nranks, &run->store);
+  pw_run *run = NULL, *twin = NULL;
+  if (!r) r = run_new(src, dst, nranks, opts, &run);
+  if (!r && share_first && opts->relay == 0 && !(opts->flags & RESHARD_FLAG_FIRST_REPLICA)) {
+    reshard_options_t o = *opts;
+    o.flags |= RESHARD_FLAG_FIRST_REPLICA;
+    r = run_new(src, dst, nranks, &o, &twin);
+  }
   pass ps;
   if (!r) {
     memset(&ps, 0, sizeof ps);
     ps.run = run;
     ps.kind = PASS_STAGE;
+    ps.twin = twin;
     r = run_pass(&ps);
   }
   if (!r) {
-    /* as the first agreement: the largest spread and estimates */
-    pw_agreed *a = &run->agreed;
-    a->spread = ps.spread;
-    memcpy(a->est, ps.est, sizeof a->est);
-    a->phases = rs_phases_choose(a->est, &a->wide);
-    a->pace = rs_pace_choose(ps.pace, a->wide);
-    memset(&ps, 0, sizeof ps);
-    ps.run = run;
-    ps.kind = PASS_CHUNK;
-    r = run_pass(&ps);
-    a->chunk = ps.chunk; /* as the chunk agreement: the smallest */
+    agree_stage(&run->agreed, ps.spread, ps.est, ps.pace);
+    if (twin) agree_stage(&twin->agreed, ps.twin_spread, ps.twin_est, ps.twin_pace);
+    r = chunk_pass(run);
   }
+  if (!r && twin) r = chunk_pass(twin);
   if (r) {
     pw_run_free(run);
+    pw_run_free(twin);
     return r;
+  }
+  if (twin) {
+    pw_run_free(stash);
+    stash = twin;
   }
   *out = run;
   return RESHARD_SUCCESS;

@@ -50,6 +50,15 @@ typedef struct pw_run pw_run;
 reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                const reshard_options_t *opts, pw_run **out);
 const pw_agreed *pw_run_agreed(const pw_run *run);
+
+/* on: a direct run (relay 0, no RESHARD_FLAG_FIRST_REPLICA) also makes,
+ * in the same stage pass, the run of its options with
+ * RESHARD_FLAG_FIRST_REPLICA (the cost model's replica0 baseline): each
+ * box's holders are prepared once for both plans (plan.h
+ * rs_plan_agreed.twin). The next pw_run_create for exactly those options
+ * and layouts takes it instead of planning (one is kept: the last). off:
+ * no more, and one not taken is freed. */
+void pw_share_first_replica(int on);
 /* Segments of rank's first stage: a measure of its planning work. */
 size_t pw_run_segments(const pw_run *run, int rank);
 

@@ -1,8 +1,11 @@
-/* The tools' stage store (bench/stage_store.h): a stage read back is the
- * stage put, field by field, for random segments (every field over its
- * range, any dims, negative strides, 64-bit offsets), laid out in stream
- * order with its push order when the creation had sorted it, and the same
- * when decoded into memory of an earlier, larger or smaller, stage. The
+/* The tools' first stages: the stage store (bench/stage_store.h) gives
+ * back the stage put, field by field, for random segments (every field
+ * over its range, any dims, negative strides, 64-bit offsets), laid out in
+ * stream order with its push order when the creation had sorted it, and
+ * the same when decoded into memory of an earlier, larger or smaller,
+ * stage; a creation's first-replica twin (plan.h rs_plan_agreed.twin) is
+ * the stage a creation with RESHARD_FLAG_FIRST_REPLICA keeps, and leaves
+ * the creation's own stage as it is without one, on random layouts. The
  * seed is printed on failure. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +17,9 @@
 #include <cmocka.h>
 
 #include "plan/plan.h"
+#include "plan_measure.h"
 #include "stage_store.h"
+#include "support/random_layout.h"
 
 static uint64_t rng_state;
 
@@ -189,10 +194,95 @@ static void missing_rank(void **state) {
   ss_store_free(store);
 }
 
+/* The first stage a creation of rank keeps (and its twin, when asked). */
+static void stage_of(const rl_pair *pair, int rank, const reshard_options_t *o, rs_plan_stage *keep, rs_plan_stage *twin,
+                     uint64_t seed) {
+  memset(keep, 0, sizeof *keep);
+  if (twin) memset(twin, 0, sizeof *twin);
+  rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = keep, .twin = twin};
+  reshard_comm_t *comm = NULL;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = pm_plan_rank(pair->src, pair->dst, rank, pair->nranks, o, &comm, &plan);
+  rs_plan_force = (rs_plan_agreed){0};
+  if (r) {
+    rl_pair_print(pair, stderr);
+    fail_msg("seed %llu rank %d: the stage failed: %s", (unsigned long long)seed, rank, reshard_last_error());
+  }
+  pm_plan_free(comm, plan);
+}
+
+/* Two stages pushed alike: every segment, local copy and figure. */
+static void check_equal_stages(const rs_plan_stage *got, const rs_plan_stage *want, const rl_pair *pair, int rank,
+                               uint64_t seed, const char *what) {
+  int same = got->segs.n == want->segs.n && got->nlocals == want->nlocals && got->spread == want->spread &&
+             got->digest == want->digest && !memcmp(got->phase_est, want->phase_est, sizeof got->phase_est) &&
+             !memcmp(got->pace_cand, want->pace_cand, sizeof got->pace_cand) &&
+             (!want->nlocals || !memcmp(got->locals, want->locals, want->nlocals * sizeof *want->locals));
+  for (size_t k = 0; k < want->segs.n && same; k++) same = same_seg(&got->segs.v[k], &want->segs.v[k]);
+  if (!same) {
+    rl_pair_print(pair, stderr);
+    fail_msg("seed %llu rank %d: %s differs (%zu segments, %zu locals; want %zu, %zu)", (unsigned long long)seed, rank,
+             what, got->segs.n, got->nlocals, want->segs.n, want->nlocals);
+  }
+}
+
+static void twin_is_first_replica_stage(void **state) {
+  (void)state;
+  const char *env = getenv("RESHARD_TEST_SEED");
+  const uint64_t seed0 = env ? strtoull(env, NULL, 0) : 4242;
+  for (uint64_t seed = seed0; seed < seed0 + 80; seed++) {
+    rl_pair pair;
+    if (rl_pair_make(seed, seed % 3 ? RL_ANY : RL_FULL_REPLICAS, &pair)) fail_msg("seed %llu: no layout pair", (unsigned long long)seed);
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.relay = 0;
+    if (seed % 2) o.topology = "h100-8x400g"; /* the domains steer the direct plan's holders */
+    reshard_options_t first = o;
+    first.flags |= RESHARD_FLAG_FIRST_REPLICA;
+    for (int r = 0; r < pair.nranks; r++) {
+      rs_plan_stage with, twin, alone, flagged;
+      stage_of(&pair, r, &o, &with, &twin, seed);
+      stage_of(&pair, r, &o, &alone, NULL, seed);
+      stage_of(&pair, r, &first, &flagged, NULL, seed);
+      check_equal_stages(&twin, &flagged, &pair, r, seed, "the twin stage");
+      check_equal_stages(&with, &alone, &pair, r, seed, "the stage made with a twin");
+      rs_plan_stage_free(&with);
+      rs_plan_stage_free(&twin);
+      rs_plan_stage_free(&alone);
+      rs_plan_stage_free(&flagged);
+    }
+    rl_pair_free(&pair);
+  }
+}
+
+/* A twin is refused, changing nothing, where it has no meaning. */
+static void twin_refused(void **state) {
+  (void)state;
+  rl_pair pair;
+  assert_int_equal(rl_pair_make(7, RL_FULL_REPLICAS, &pair), 0);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.relay = 0;
+  o.flags = RESHARD_FLAG_FIRST_REPLICA;
+  rs_plan_stage keep = {0}, twin = {0};
+  rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &keep, .twin = &twin};
+  reshard_comm_t *comm = NULL;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = pm_plan_rank(pair.src, pair.dst, 0, pair.nranks, &o, &comm, &plan);
+  rs_plan_force = (rs_plan_agreed){0};
+  assert_int_equal(r, RESHARD_ERROR_INVALID_USAGE);
+  assert_non_null(strstr(reshard_last_error(), "twin"));
+  assert_int_equal(twin.segs.n, 0);
+  assert_null(plan);
+  rs_plan_stage_free(&keep);
+  rs_plan_stage_free(&twin);
+  rl_pair_free(&pair);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip),
       cmocka_unit_test(missing_rank),
+      cmocka_unit_test(twin_is_first_replica_stage),
+      cmocka_unit_test(twin_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -549,10 +549,14 @@ static void pick_timed(const cli_layouts *L, const pw_run *run, int world, int a
 int main(int argc, char **argv) {
   struct timespec t_start;
   clock_gettime(CLOCK_MONOTONIC, &t_start);
-  /* Thousands of plan creations each allocate and free tens of MiB:
-   * keep freed memory for the next instead of returning it to the
-   * kernel and faulting it in again (the timed children trim first) */
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  /* Thousands of plan creations each allocate and free tens to hundreds
+   * of MiB: keep freed memory for the next instead of returning it to
+   * the kernel and faulting it in again (the timed children trim first).
+   * glibc maps blocks over 32 MiB (its highest mmap threshold) afresh at
+   * every malloc and unmaps them at free: no mmap at all, so that they
+   * come from the heap, which keeps them (a thread's arena that cannot
+   * hold one passes it to the main arena). */
+  mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   cli_opts o;
   char err[1024];
@@ -603,6 +607,9 @@ int main(int argc, char **argv) {
   pw_run *run = NULL; /* every rank's first stage, and what the ranks agree on */
   pw_set_threads(o.threads);
   pw_set_rank_class(role_class, &L);
+  /* the report's replica0 baseline is the direct plan with
+   * RESHARD_FLAG_FIRST_REPLICA: planned with the direct one */
+  pw_share_first_replica(o.topology != NULL && o.rank < 0);
   final_pass fs[2], *f = &fs[0]; /* the direct and the relay plans' figures; f: those kept */
   if (final_init(&fs[0], &L, &o, world) || final_init(&fs[1], &L, &o, world)) {
     fprintf(stderr, "reshard_plan: error: out of memory\n");
@@ -759,6 +766,7 @@ int main(int argc, char **argv) {
   final_free(&fs[0]);
   final_free(&fs[1]);
   pw_run_free(run);
+  pw_share_first_replica(0);
   free(timed);
   free(ms);
   cli_layouts_free(&L);

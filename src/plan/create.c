@@ -36,6 +36,11 @@ typedef struct build_ctx {
   int relay;
   rs_relay_plan rp;
   rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
+  /* The tools' twin (rs_plan_agreed.twin): the first stage under
+   * RESHARD_FLAG_FIRST_REPLICA too, its pieces assigned right after this
+   * plan's, box by box, so that each box's holders are prepared once.
+   * Only its segs and locals are used. */
+  struct build_ctx *twin;
 } build_ctx;
 
 /* The sizes of every published version of reshard_options_t: a caller
@@ -182,6 +187,26 @@ static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t
 
 /* What this rank receives (and forwards, in relay plans), and its local
  * copies. */
+/* The pieces of D just assigned (c->pieces), into out's local copies and
+ * receive segments. */
+static reshard_result_t receive_pieces(build_ctx *c, build_ctx *out, const rs_frag *D, size_t es) {
+  const int me = c->plan->rank;
+  for (size_t k = 0; k < c->pieces.n; k++) {
+    const rs_piece *p = &c->pieces.v[k];
+    if (p->src.rank == me) {
+      rs_copy cp;
+      rs_copy_init(&cp, D->ndim, p->extent, es, p->src.buffer, rs_frag_offset_of(&p->src, p->start, es), p->src.strides,
+                   D->buffer, rs_frag_offset_of(D, p->start, es), D->strides);
+      RS_CHECK(push_local(out, &cp, D->tensor, p, D->ndim));
+    } else {
+      rs_seg s;
+      rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
+      RS_CHECK(rs_seg_vec_push(&out->segs, &s));
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
 static reshard_result_t plan_receives(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0};
@@ -199,18 +224,13 @@ static reshard_result_t plan_receives(build_ctx *c) {
       continue;
     }
     RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
-    for (size_t k = 0; k < c->pieces.n; k++) {
-      const rs_piece *p = &c->pieces.v[k];
-      if (p->src.rank == me) {
-        rs_copy cp;
-        rs_copy_init(&cp, D->ndim, p->extent, es, p->src.buffer, rs_frag_offset_of(&p->src, p->start, es), p->src.strides,
-                     D->buffer, rs_frag_offset_of(D, p->start, es), D->strides);
-        RS_CHECK_GOTO(push_local(c, &cp, D->tensor, p, D->ndim), r, done);
-      } else {
-        rs_seg s;
-        rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
-        RS_CHECK_GOTO(rs_seg_vec_push(&c->segs, &s), r, done);
-      }
+    RS_CHECK_GOTO(receive_pieces(c, c, D, es), r, done);
+    if (c->twin) { /* the same box again: its holders are prepared (the plan itself has no flag) */
+      c->actx.first_only = 1;
+      r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
+      c->actx.first_only = 0;
+      RS_CHECK_GOTO(r, r, done);
+      RS_CHECK_GOTO(receive_pieces(c, c->twin, D, es), r, done);
     }
   }
 done:
@@ -257,8 +277,9 @@ static int cmp_frag_box(const void *a, const void *b) {
 static reshard_result_t plan_sends(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0}, cands = {0};
-  rs_seg_vec direct = {0};
-  size_t *order = NULL, *first = NULL, *count = NULL;
+  rs_seg_vec direct[2] = {{0}, {0}}; /* this plan's, the twin's */
+  size_t *order = NULL, *first[2] = {NULL, NULL}, *count[2] = {NULL, NULL};
+  const int outs = c->twin ? 2 : 1;
   reshard_result_t r;
   RS_CHECK_GOTO(rs_layout_rank_fragments(c->src, me, &mine), r, done);
   for (size_t i = 0; i < mine.n; i++) {
@@ -277,9 +298,11 @@ static reshard_result_t plan_sends(build_ctx *c) {
     if (!i || cmp_frag_key(&cands.v[i], &cands.v[nd - 1])) cands.v[nd++] = cands.v[i];
   cands.n = nd;
   order = rs_malloc((nd + 1) * sizeof *order);
-  first = rs_calloc(nd + 1, sizeof *first);
-  count = rs_calloc(nd + 1, sizeof *count);
-  if (!order || !first || !count) {
+  for (int o = 0; o < outs; o++) {
+    first[o] = rs_calloc(nd + 1, sizeof *first[o]);
+    count[o] = rs_calloc(nd + 1, sizeof *count[o]);
+  }
+  if (!order || !first[0] || !count[0] || !first[outs - 1] || !count[outs - 1]) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
     goto done;
   }
@@ -313,39 +336,49 @@ static reshard_result_t plan_sends(build_ctx *c) {
     const rs_frag *D = &cands.v[order[j]];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
-    r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
-    if (r) break;
-    first[order[j]] = direct.n;
-    for (size_t k = 0; k < c->pieces.n && !r; k++) {
-      const rs_piece *p = &c->pieces.v[k];
-      if (p->src.rank != me) continue;
-      rs_seg s;
-      rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
-      s.vtensor = D->tensor;
-      r = rs_seg_vec_push(&direct, &s);
-      count[order[j]]++;
+    for (int o = 0; o < outs && !r; o++) { /* the twin: the same box again, its holders prepared */
+      const int first_only = c->actx.first_only;
+      if (o) c->actx.first_only = 1;
+      r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
+      c->actx.first_only = first_only;
+      if (r) break;
+      first[o][order[j]] = direct[o].n;
+      for (size_t k = 0; k < c->pieces.n && !r; k++) {
+        const rs_piece *p = &c->pieces.v[k];
+        if (p->src.rank != me) continue;
+        rs_seg s;
+        rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
+        s.vtensor = D->tensor;
+        r = rs_seg_vec_push(&direct[o], &s);
+        count[o][order[j]]++;
+      }
     }
   }
   c->actx.sender = 0;
   RS_CHECK_GOTO(r, r, done);
   /* back in canonical order, each fragment's segments as a block */
-  if (rs_vec_reserve((void **)&c->segs.v, &c->segs.cap, c->segs.n + direct.n + 1, sizeof *c->segs.v)) {
-    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
-    goto done;
-  }
-  rs_seg_vec_changed(&c->segs);
-  for (size_t i = 0; i < nd; i++) {
-    if (!count[i]) continue; /* direct.v is NULL when nothing was pushed */
-    memcpy(c->segs.v + c->segs.n, direct.v + first[i], count[i] * sizeof *direct.v);
-    c->segs.n += count[i];
+  for (int o = 0; o < outs; o++) {
+    rs_seg_vec *segs = o ? &c->twin->segs : &c->segs;
+    if (rs_vec_reserve((void **)&segs->v, &segs->cap, segs->n + direct[o].n + 1, sizeof *segs->v)) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory planning sends", me);
+      goto done;
+    }
+    rs_seg_vec_changed(segs);
+    for (size_t i = 0; i < nd; i++) {
+      if (!count[o][i]) continue; /* direct.v is NULL when nothing was pushed */
+      memcpy(segs->v + segs->n, direct[o].v + first[o][i], count[o][i] * sizeof *direct[o].v);
+      segs->n += count[o][i];
+    }
   }
 done:
   rs_frag_vec_free(&mine);
   rs_frag_vec_free(&cands);
-  rs_seg_vec_free(&direct);
+  for (int o = 0; o < 2; o++) {
+    rs_seg_vec_free(&direct[o]);
+    free(first[o]);
+    free(count[o]);
+  }
   free(order);
-  free(first);
-  free(count);
   return r;
 }
 
@@ -720,6 +753,21 @@ static uint64_t creation_digest(const reshard_plan_t *p, const reshard_layout_t 
   return rs_layout_digest(dst, digest ^ 0xd57);
 }
 
+/* A first stage's spread, phase estimates and pace candidates, from one
+ * sizing of its streams. */
+static reshard_result_t stage_figures(reshard_plan_t *p, rs_seg_vec *segs, int32_t *spread, uint64_t *phase_est,
+                                      rs_pace *pace_cand) {
+  rs_streams st;
+  RS_CHECK(rs_streams_size(p, segs, &st));
+  *spread = rs_chunk_spread(&st, p->opts.staging_bytes / 8);
+  int64_t most = 64;
+  if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
+  reshard_result_t r = rs_phase_estimates(p, &st, *spread, most > 64 ? 64 : (int32_t)most, phase_est);
+  if (p->has_topo) rs_pace_candidates(&st, pace_cand); /* pacing serves links of a topology */
+  rs_streams_free(&st);
+  return r;
+}
+
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
@@ -786,6 +834,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
   }
   int32_t spread = 0;
+  build_ctx *twin = NULL; /* rs_plan_force.twin's */
   uint64_t use_digest = 0; /* with `use`: the digest its creation computed */
   rs_plan_stage *use = rs_plan_force.use;
   if (!local && use) { /* the tools: the first stage as an earlier creation kept it */
@@ -805,24 +854,24 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
     if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(src, "source");
     if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(dst, "destination");
+    if (!local && rs_plan_force.twin) {
+      if (rs_plan_force.stop != RS_PLAN_STOP_STAGE || !rs_plan_force.keep || c.relay || c.actx.first_only)
+        local = rs_error(RESHARD_ERROR_INVALID_USAGE,
+                         "plan_create rank %d: a twin first stage needs a stopped, kept, direct creation without "
+                         "RESHARD_FLAG_FIRST_REPLICA",
+                         comm->rank);
+      else if (!(twin = rs_calloc(1, sizeof *twin)))
+        local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+      else
+        *twin = (build_ctx){.src = src, .dst = dst, .plan = p}, c.twin = twin;
+    }
     if (!local) local = plan_receives(&c);
     if (!local) {
       c.rp.ctx.memo = 1;
       local = plan_sends(&c);
     }
     if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
-    if (!local && p) { /* the spread and the phase estimates, from one sizing of the streams */
-      rs_streams st;
-      local = rs_streams_size(p, &c.segs, &st);
-      if (!local) {
-        spread = rs_chunk_spread(&st, p->opts.staging_bytes / 8);
-        int64_t most = 64;
-        if (rs_param_get(RS_PARAM_MAX_PHASES, &most) && most < 1) most = 1;
-        local = rs_phase_estimates(p, &st, spread, most > 64 ? 64 : (int32_t)most, p->phase_est);
-        if (p->has_topo) rs_pace_candidates(&st, p->pace_cand); /* pacing serves links of a topology */
-        rs_streams_free(&st);
-      }
-    }
+    if (!local && p) local = stage_figures(p, &c.segs, &spread, p->phase_est, p->pace_cand);
   }
   if (!local && rs_plan_force.stop == RS_PLAN_STOP_STAGE) {
     rs_plan_stage *k = rs_plan_force.keep;
@@ -841,10 +890,43 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
       c.locals = NULL;
       c.local_vbox = NULL;
     }
+    rs_plan_stage *t = twin ? rs_plan_force.twin : NULL;
+    if (t) { /* the twin: its figures, and its digest under the flag */
+      rs_plan_stage_free(t);
+      reshard_result_t r = stage_figures(p, &twin->segs, &t->spread, t->phase_est, t->pace_cand);
+      if (r) {
+        build_ctx_free(twin);
+        free(twin);
+        build_ctx_free(&c);
+        reshard_plan_destroy(p);
+        return r;
+      }
+      const uint32_t flags = p->opts.flags;
+      p->opts.flags |= RESHARD_FLAG_FIRST_REPLICA;
+      uint64_t hdr[7];
+      t->digest = creation_digest(p, src, dst, rs_plan_force.twin_digest, hdr);
+      p->opts.flags = flags;
+      t->segs = twin->segs;
+      t->locals = twin->locals;
+      t->local_vbox = twin->local_vbox;
+      t->nlocals = twin->nlocals;
+      twin->segs = (rs_seg_vec){0};
+      twin->locals = NULL;
+      twin->local_vbox = NULL;
+    }
+    if (twin) {
+      build_ctx_free(twin);
+      free(twin);
+    }
     p->spread_rounds = spread;
     build_ctx_free(&c);
     *out = p;
     return RESHARD_SUCCESS;
+  }
+  if (twin) {
+    build_ctx_free(twin);
+    free(twin);
+    c.twin = NULL;
   }
   if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
 

@@ -509,6 +509,14 @@ typedef struct rs_plan_agreed {
    * layouts and options (rs_plan_stage.digest of an earlier creation). */
   int covered;
   uint64_t digest;
+  /* With stop RS_PLAN_STOP_STAGE, keep and a direct plan (relay 0, no
+   * RESHARD_FLAG_FIRST_REPLICA): twin (non-NULL) receives the first stage
+   * the same creation with RESHARD_FLAG_FIRST_REPLICA would keep (the
+   * replica0 baseline), its pieces assigned right after this plan's, box
+   * by box, from the same prepared holders; twin_digest, when non-zero,
+   * is its creation digest. */
+  rs_plan_stage *twin;
+  uint64_t twin_digest;
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;
