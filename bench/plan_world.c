@@ -111,7 +111,7 @@ static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
     const uint64_t digest = ps->digest, twin_digest = ps->twin_digest;
     pthread_mutex_unlock(&ps->lock);
     rs_plan_force = (rs_plan_agreed){.stop = RS_PLAN_STOP_STAGE, .keep = &stage, .covered = 1, .digest = digest,
-                                     .twin = ps->twin ? &twin : NULL, .twin_digest = twin_digest};
+                                     .twin = ps->twin ? &twin : NULL, .twin_digest = twin_digest, .back = scratch};
   } else {
     /* decoded into the thread's scratch, whose segment memory the
      * creation hands back for the next rank */
@@ -141,6 +141,13 @@ static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
     pthread_mutex_unlock(&ps->lock);
     r = ss_store_put(run->store, rank, &stage);
     if (!r && ps->twin) r = ss_store_put(ps->twin->store, rank, &twin);
+  }
+  if (ps->kind == PASS_STAGE) { /* the segment memory, for the next rank's stage */
+    rs_seg_vec_free(&scratch->segs);
+    rs_seg_vec_changed(&stage.segs);
+    scratch->segs = stage.segs;
+    scratch->segs.n = 0;
+    stage.segs = (rs_seg_vec){0};
   }
   rs_plan_stage_free(&stage);
   rs_plan_stage_free(&twin);

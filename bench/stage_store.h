@@ -2,9 +2,10 @@
  * between the passes of a single-process planning tool: computed once,
  * read back by each later pass.
  *
- * A stage is encoded compactly (variable-length integers; only the dims a
- * segment has) and appended to an unlinked temporary file in $TMPDIR (or
- * /tmp): a job of thousands of ranks holds gigabytes of segments, which
+ * A stage is encoded compactly (its segments in stream order, each as its
+ * differences from the one before: 12 to 20 bytes a segment) and
+ * appended to an unlinked temporary file in $TMPDIR (or /tmp): a job of
+ * thousands of ranks holds gigabytes of segments, which
  * the page cache keeps in memory while it fits and the disk takes when it
  * does not. Thread-safe: ranks may be put and got concurrently. */
 #ifndef RESHARD_BENCH_STAGE_STORE_H

@@ -386,8 +386,12 @@ static reshard_result_t sort_refs(seg_ref *refs, size_t n) {
   for (size_t k = 0; k < nb; k++) start[k + 1] += start[k];
   for (size_t i = 0; i < n; i++) out[start[pos_of[bucket[i]]]++] = refs[i]; /* stable: index order */
   /* start[k] is now the end of bucket k; relay streams sort inside */
-  for (size_t k = 0, lo = 0; k < nb; lo = start[k++])
-    if (first[k].group >= 0 && start[k] - lo > 1) qsort(out + lo, start[k] - lo, sizeof *out, cmp_seg_ref);
+  for (size_t k = 0, lo = 0; k < nb; lo = start[k++]) {
+    if (first[k].group < 0 || start[k] - lo < 2) continue;
+    size_t i = lo + 1; /* often in order already (boxes pushed in their order): a look is cheaper than a sort */
+    while (i < start[k] && cmp_seg_ref(&out[i - 1], &out[i]) < 0) i++;
+    if (i < start[k]) qsort(out + lo, start[k] - lo, sizeof *out, cmp_seg_ref);
+  }
   memcpy(refs, out, n * sizeof *out);
   free(out);
   free(start);

@@ -854,6 +854,12 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
     if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(src, "source");
     if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(dst, "destination");
+    if (!local && rs_plan_force.back && rs_plan_force.keep) { /* the tools: memory of an earlier stage, reused */
+      c.segs = rs_plan_force.back->segs;
+      rs_plan_force.back->segs = (rs_seg_vec){0};
+      rs_seg_vec_changed(&c.segs);
+      c.segs.n = 0;
+    }
     if (!local && rs_plan_force.twin) {
       if (rs_plan_force.stop != RS_PLAN_STOP_STAGE || !rs_plan_force.keep || c.relay || c.actx.first_only)
         local = rs_error(RESHARD_ERROR_INVALID_USAGE,

@@ -499,8 +499,10 @@ typedef struct rs_plan_agreed {
   /* With use: where the creation hands use's segment memory when it ends
    * (the vector emptied, its capacity kept) instead of freeing it, so
    * that a tool decodes the next rank's stage into memory it has already
-   * touched (a vector of tens of MiB is mapped afresh by every malloc).
-   * May be use itself. */
+   * touched (a vector of hundreds of MiB, grown by doubling, is copied
+   * and faulted in again otherwise). May be use itself. With keep: the
+   * creation builds its segments in back's segment memory (taken, and
+   * moved to keep with the stage). */
   rs_plan_stage *back;
   /* A tool that plans every rank of one job in one process does the
    * work that is the same for all of them once: covered (non-zero) says
