@@ -608,8 +608,10 @@ int main(int argc, char **argv) {
   pw_set_threads(o.threads);
   pw_set_rank_class(role_class, &L);
   /* the report's replica0 baseline is the direct plan with
-   * RESHARD_FLAG_FIRST_REPLICA: planned with the direct one */
-  pw_share_first_replica(o.topology != NULL && o.rank < 0);
+   * RESHARD_FLAG_FIRST_REPLICA: planned with the direct one, when that
+   * comes first (relay -1 prices it, relay 0 is it; with relay 1 the
+   * report's balanced-direct baseline comes after the replica0 one) */
+  pw_share_first_replica(o.topology != NULL && o.rank < 0 && o.relay != 1);
   final_pass fs[2], *f = &fs[0]; /* the direct and the relay plans' figures; f: those kept */
   if (final_init(&fs[0], &L, &o, world) || final_init(&fs[1], &L, &o, world)) {
     fprintf(stderr, "reshard_plan: error: out of memory\n");
