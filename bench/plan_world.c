@@ -59,6 +59,20 @@ static double now_s(clockid_t c) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* What the first agreement reduces from the ranks' first stages. */
+typedef struct stage_max {
+  int32_t spread;
+  uint64_t est[RS_PHASE_CANDIDATES];
+  rs_pace pace[RS_WIDE_CANDIDATES];
+} stage_max;
+
+static void stage_max_add(stage_max *m, const rs_plan_stage *st) {
+  if (st->spread > m->spread) m->spread = st->spread;
+  for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
+    if (st->phase_est[k] > m->est[k]) m->est[k] = st->phase_est[k];
+  rs_pace_merge(m->pace, st->pace_cand);
+}
+
 typedef struct pass {
   pw_run *run;
   int kind;
@@ -72,18 +86,13 @@ typedef struct pass {
   int failed_rank;
   reshard_result_t failed;
   char msg[1024];
-  /* reductions (under lock) */
-  int32_t spread;
-  uint64_t est[RS_PHASE_CANDIDATES];
-  rs_pace pace[RS_WIDE_CANDIDATES];
+  /* reductions (under lock): the stages' maxima, the run's and its
+   * twin's (a stage pass that also keeps the first-replica twin,
+   * pw_share_first_replica), and the smallest chunk */
+  stage_max most, twin_most;
   size_t chunk;
-  uint64_t digest; /* the creation digest, once a rank has computed it */
-  /* A stage pass that also keeps the first-replica twin (pw_share_first_replica) */
+  uint64_t digest, twin_digest; /* the creation digests, once a rank has computed them */
   pw_run *twin;
-  int32_t twin_spread;
-  uint64_t twin_est[RS_PHASE_CANDIDATES];
-  rs_pace twin_pace[RS_WIDE_CANDIDATES];
-  uint64_t twin_digest;
 } pass;
 
 static void pass_fail(pass *ps, int rank, reshard_result_t r) {
@@ -131,12 +140,10 @@ static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
   if (!r && ps->kind == PASS_STAGE) {
     pthread_mutex_lock(&ps->lock);
     ps->digest = stage.digest;
-    if (ps->twin) { /* the twin's agreement, as the first one's below */
+    stage_max_add(&ps->most, &stage);
+    if (ps->twin) {
       ps->twin_digest = twin.digest;
-      if (twin.spread > ps->twin_spread) ps->twin_spread = twin.spread;
-      for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
-        if (twin.phase_est[k] > ps->twin_est[k]) ps->twin_est[k] = twin.phase_est[k];
-      rs_pace_merge(ps->twin_pace, twin.pace_cand);
+      stage_max_add(&ps->twin_most, &twin);
     }
     pthread_mutex_unlock(&ps->lock);
     r = ss_store_put(run->store, rank, &stage);
@@ -158,14 +165,7 @@ static reshard_result_t pass_rank(pass *ps, int rank, rs_plan_stage *scratch) {
   }
   if (ps->kind == PASS_STAGE || ps->kind == PASS_CHUNK) {
     pthread_mutex_lock(&ps->lock);
-    if (ps->kind == PASS_STAGE) {
-      if (plan->spread_rounds > ps->spread) ps->spread = plan->spread_rounds;
-      for (int k = 0; k < RS_PHASE_CANDIDATES; k++)
-        if (plan->phase_est[k] > ps->est[k]) ps->est[k] = plan->phase_est[k];
-      rs_pace_merge(ps->pace, plan->pace_cand);
-    } else if (!ps->chunk || plan->chunk_bytes < ps->chunk) {
-      ps->chunk = plan->chunk_bytes;
-    }
+    if (ps->kind == PASS_CHUNK && (!ps->chunk || plan->chunk_bytes < ps->chunk)) ps->chunk = plan->chunk_bytes;
     pthread_mutex_unlock(&ps->lock);
     pm_plan_free(comm, plan);
     return RESHARD_SUCCESS;
@@ -281,11 +281,11 @@ static reshard_result_t run_new(const reshard_layout_t *src, const reshard_layou
 }
 
 /* What the first agreement computes from the stage pass's maxima. */
-static void agree_stage(pw_agreed *a, int32_t spread, const uint64_t *est, const rs_pace *pace) {
-  a->spread = spread;
-  memcpy(a->est, est, sizeof a->est);
+static void agree_stage(pw_agreed *a, const stage_max *m) {
+  a->spread = m->spread;
+  memcpy(a->est, m->est, sizeof a->est);
   a->phases = rs_phases_choose(a->est, &a->wide);
-  a->pace = rs_pace_choose(pace, a->wide);
+  a->pace = rs_pace_choose(m->pace, a->wide);
 }
 
 /* Pass 2: the chunk agreement (the smallest of the ranks' chunks). */
@@ -326,8 +326,8 @@ reshard_result_t pw_run_create(const reshard_layout_t *src, const reshard_layout
     r = run_pass(&ps);
   }
   if (!r) {
-    agree_stage(&run->agreed, ps.spread, ps.est, ps.pace);
-    if (twin) agree_stage(&twin->agreed, ps.twin_spread, ps.twin_est, ps.twin_pace);
+    agree_stage(&run->agreed, &ps.most);
+    if (twin) agree_stage(&twin->agreed, &ps.twin_most);
     r = chunk_pass(run);
   }
   if (!r && twin) r = chunk_pass(twin);
