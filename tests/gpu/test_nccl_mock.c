@@ -34,6 +34,7 @@
 #endif
 
 #include "device/device.h"
+#include "gpu/mock_device.h"
 #include "kernels/rs_kernels.h"
 #include "plan/plan.h"
 #include "reshard.h"
@@ -41,363 +42,6 @@
 #include "support/random_layout.h"
 #include "transport/transport.h"
 #include "reshard_selftest.h"
-
-/* ------------------------------------------------------------ the mock */
-
-enum { OP_LAUNCH, OP_GROUP, OP_WAIT, OP_REC, OP_MEMCPY, OP_SYNC, OP_CALLER };
-
-typedef struct mop {
-  int kind;
-  void *stream;
-  void *ev;   /* OP_REC / OP_WAIT */
-  int kind2;  /* OP_LAUNCH: 0 pack, 1 unpack, 2 local; */
-  int round;  /* OP_LAUNCH / OP_GROUP */
-  int first_send, nsend, first_recv, nrecv; /* OP_GROUP: into p2p log */
-} mop;
-
-typedef struct mp2p {
-  int peer, is_recv;
-  size_t bytes;
-  void *stream;
-  void *buf;
-} mp2p;
-
-#define MAXOPS 4096
-/* Per thread: the multi-rank test runs one rank per thread. */
-static _Thread_local struct {
-  int log_off; /* the multi-rank test: no op log */
-  mop ops[MAXOPS];
-  int nops;
-  mp2p p2p[MAXOPS];
-  int np2p;
-  int in_group, group_first;
-  int rank, size;
-  /* live resources */
-  long mem, streams, events;
-  long syncs; /* host synchronizations */
-  int aborts;
-  /* injection */
-  int fail_malloc_async_at; /* n-th cudaMallocAsync fails (1-based) */
-  int fail_nccl_mem;
-  int fail_malloc;              /* cudaMalloc fails */
-  ncclResult_t allreduce_result;
-  int allreduce_calls;
-  int malloc_async_calls;
-  ncclResult_t group_end_result;
-  int group_end_fail_at; /* which group (1-based) */
-  int groups;
-  ncclResult_t async_error;
-  int inprogress_polls; /* ncclInProgress this many polls, -1: forever */
-  const reshard_plan_t *plan; /* to classify launches */
-} M;
-
-static void mock_reset(int rank, int size) {
-  memset(&M, 0, sizeof M);
-  M.rank = rank;
-  M.size = size;
-  M.group_end_result = ncclSuccess;
-  M.async_error = ncclSuccess;
-}
-
-static mop *log_op(int kind, void *stream) {
-  static _Thread_local mop sink;
-  if (M.log_off) return &sink;
-  assert_true(M.nops < MAXOPS);
-  mop *o = &M.ops[M.nops++];
-  memset(o, 0, sizeof *o);
-  o->kind = kind;
-  o->stream = stream;
-  o->round = -1;
-  return o;
-}
-
-static void *dev_alloc(size_t n) {
-  M.mem++;
-  return calloc(1, n ? n : 1);
-}
-static void dev_free(void *p) {
-  if (!p) return;
-  M.mem--;
-  free(p);
-}
-
-cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
-  if (M.fail_malloc) return cudaErrorMemoryAllocation;
-  *p = dev_alloc(n);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
-  (void)s;
-  if (++M.malloc_async_calls == M.fail_malloc_async_at) return cudaErrorMemoryAllocation;
-  *p = dev_alloc(n);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaMallocHost(void **p, size_t n) {
-  *p = dev_alloc(n);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaFree(void *p) {
-  dev_free(p);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
-  (void)s;
-  dev_free(p);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaFreeHost(void *p) {
-  dev_free(p);
-  return cudaSuccess;
-}
-ncclResult_t __wrap_ncclMemAlloc(void **p, size_t n) {
-  if (M.fail_nccl_mem) return ncclSystemError;
-  *p = dev_alloc(n);
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclMemFree(void *p) {
-  dev_free(p);
-  return ncclSuccess;
-}
-static char stream_ids[64], event_ids[64];
-static _Thread_local int next_stream, next_event;
-cudaError_t __wrap_cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
-  (void)f;
-  M.streams++;
-  *s = (cudaStream_t)&stream_ids[next_stream++ % 64];
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaStreamDestroy(cudaStream_t s) {
-  (void)s;
-  M.streams--;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
-  (void)f;
-  M.events++;
-  *e = (cudaEvent_t)&event_ids[next_event++ % 64];
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaEventDestroy(cudaEvent_t e) {
-  (void)e;
-  M.events--;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
-  M.syncs++;
-  log_op(OP_SYNC, s);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaDeviceSynchronize(void) {
-  M.syncs++;
-  log_op(OP_SYNC, NULL);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
-  (void)e;
-  M.syncs++;
-  log_op(OP_SYNC, NULL);
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaEventQuery(cudaEvent_t e) {
-  (void)e;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  log_op(OP_REC, s)->ev = e;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
-  (void)f;
-  log_op(OP_WAIT, s)->ev = e;
-  return cudaSuccess;
-}
-cudaError_t __wrap_cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
-  (void)k;
-  memcpy(d, s, n);
-  log_op(OP_MEMCPY, st);
-  return cudaSuccess;
-}
-
-/* Which launch this is, from its first tile's descriptor: send copies come
- * first in the device array, then receive copies, then local ones. */
-static void classify(mop *o, const rs_tile *t) {
-  const reshard_plan_t *p = M.plan;
-  uint32_t d = t->desc;
-  const rs_msg *m;
-  size_t n;
-  if (d < p->nsend_copies) {
-    o->kind2 = 0, m = p->sends, n = p->nsends;
-  } else if (d < p->nsend_copies + p->nrecv_copies) {
-    o->kind2 = 1, m = p->recvs, n = p->nrecvs, d -= (uint32_t)p->nsend_copies;
-  } else {
-    o->kind2 = 2;
-    return;
-  }
-  for (size_t i = 0; i < n; i++)
-    if (d >= m[i].first_copy && d < m[i].first_copy + m[i].ncopies) o->round = m[i].round;
-}
-
-int __wrap_rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies,
-                                 void *const *src_tab, void *const *dst_tab, void *staging, void *stream) {
-  assert_true(ntiles > 0);
-  mop *o = log_op(OP_LAUNCH, stream);
-  if (M.plan) classify(o, &tiles[0]);
-  /* the kernel, emulated: every tile by 32 threads */
-  for (uint64_t i = 0; i < ntiles; i++) {
-    const rs_copy *c = &copies[tiles[i].desc];
-    const unsigned char *s = c->src_buf == RS_BUF_STAGING ? staging : src_tab[c->src_buf];
-    unsigned char *d = c->dst_buf == RS_BUF_STAGING ? staging : dst_tab[c->dst_buf];
-    for (unsigned t = 0; t < 32; t++) rs_tile_copy(c, &tiles[i], s, d, t, 32);
-  }
-  return 0;
-}
-
-ncclResult_t __wrap_ncclGroupStart(void) {
-  assert_false(M.in_group);
-  M.in_group = 1;
-  M.group_first = M.np2p;
-  return ncclSuccess;
-}
-static ncclResult_t p2p(int is_recv, size_t count, ncclDataType_t dt, int peer, cudaStream_t s) {
-  assert_true(M.in_group);
-  assert_int_equal(dt, ncclInt8);
-  if (M.np2p == MAXOPS) M.np2p = M.group_first = 0; /* log_off: only the group matters */
-  M.p2p[M.np2p++] = (mp2p){peer, is_recv, count, s, NULL};
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclSend(const void *b, size_t count, ncclDataType_t dt, int peer, ncclComm_t c,
-                             cudaStream_t s) {
-  (void)c;
-  ncclResult_t r = p2p(0, count, dt, peer, s);
-  M.p2p[M.np2p - 1].buf = (void *)b;
-  return r;
-}
-ncclResult_t __wrap_ncclRecv(void *b, size_t count, ncclDataType_t dt, int peer, ncclComm_t c, cudaStream_t s) {
-  (void)c;
-  ncclResult_t r = p2p(1, count, dt, peer, s);
-  M.p2p[M.np2p - 1].buf = b;
-  return r;
-}
-
-/* The multi-rank world: messages through mailboxes (eager sends, blocking
- * receives at group end: the group's sends are all deposited first, so
- * ranks never wait on each other in a cycle), and a real max-allreduce. */
-#define MAXR 64
-typedef struct mail {
-  struct mail *next;
-  size_t bytes;
-  unsigned char data[];
-} mail;
-static struct {
-  int n;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  mail *head[MAXR][MAXR], **tail[MAXR][MAXR];
-  pthread_barrier_t bar;
-  uint64_t red[MAXR][RS_AGREE_MAX_WORDS];
-  int bad_size;
-  long delivered; /* messages, over all worlds */
-} W = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static void world_deliver(int first, int end) {
-  for (int i = first; i < end; i++) {
-    mp2p *x = &M.p2p[i];
-    if (x->is_recv) continue;
-    mail *m = malloc(sizeof *m + x->bytes);
-    m->next = NULL;
-    m->bytes = x->bytes;
-    memcpy(m->data, x->buf, x->bytes);
-    pthread_mutex_lock(&W.mu);
-    if (!W.tail[M.rank][x->peer]) W.tail[M.rank][x->peer] = &W.head[M.rank][x->peer];
-    *W.tail[M.rank][x->peer] = m;
-    W.tail[M.rank][x->peer] = &m->next;
-    pthread_cond_broadcast(&W.cv);
-    pthread_mutex_unlock(&W.mu);
-  }
-  for (int i = first; i < end; i++) {
-    mp2p *x = &M.p2p[i];
-    if (!x->is_recv) continue;
-    pthread_mutex_lock(&W.mu);
-    while (!W.head[x->peer][M.rank]) pthread_cond_wait(&W.cv, &W.mu);
-    mail *m = W.head[x->peer][M.rank];
-    W.head[x->peer][M.rank] = m->next;
-    if (!m->next) W.tail[x->peer][M.rank] = &W.head[x->peer][M.rank];
-    pthread_mutex_unlock(&W.mu);
-    if (m->bytes != x->bytes) W.bad_size = 1;
-    __atomic_fetch_add(&W.delivered, 1, __ATOMIC_RELAXED);
-    memcpy(x->buf, m->data, m->bytes < x->bytes ? m->bytes : x->bytes);
-    free(m);
-  }
-}
-ncclResult_t __wrap_ncclGroupEnd(void) {
-  assert_true(M.in_group);
-  M.in_group = 0;
-  M.groups++;
-  if (M.group_end_fail_at == M.groups) return M.group_end_result;
-  if (M.group_first == M.np2p) return ncclSuccess;
-  if (W.n) world_deliver(M.group_first, M.np2p);
-  mop *o = log_op(OP_GROUP, M.p2p[M.group_first].stream);
-  o->first_send = M.group_first;
-  o->nsend = M.np2p - M.group_first; /* sends and receives together */
-  if (M.inprogress_polls) return ncclInProgress;
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st) {
-  (void)c;
-  if (M.inprogress_polls) {
-    if (M.inprogress_polls > 0) M.inprogress_polls--;
-    *st = ncclInProgress;
-    return ncclSuccess;
-  }
-  *st = M.async_error;
-  return ncclSuccess;
-}
-const char *__wrap_ncclGetLastError(ncclComm_t c) {
-  (void)c;
-  return "mock detail";
-}
-ncclResult_t __wrap_ncclCommAbort(ncclComm_t c) {
-  (void)c;
-  M.aborts++;
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclCommDestroy(ncclComm_t c) {
-  (void)c;
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                                  ncclComm_t c, cudaStream_t st) {
-  (void)c, (void)st;
-  assert_int_equal(dt, ncclUint64);
-  assert_int_equal(op, ncclMax);
-  M.allreduce_calls++;
-  if (M.allreduce_result) return M.allreduce_result;
-  if (s != r) memcpy(r, s, n * 8);
-  if (!W.n) return ncclSuccess; /* one rank alone: max is identity */
-  assert_true(n <= RS_AGREE_MAX_WORDS);
-  memcpy(W.red[M.rank], r, n * 8);
-  pthread_barrier_wait(&W.bar);
-  uint64_t *v = r;
-  for (int k = 0; k < W.n; k++)
-    for (size_t i = 0; i < n; i++)
-      if (W.red[k][i] > v[i]) v[i] = W.red[k][i];
-  pthread_barrier_wait(&W.bar);
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclCommCount(ncclComm_t c, int *n) {
-  (void)c;
-  *n = M.size;
-  return ncclSuccess;
-}
-ncclResult_t __wrap_ncclCommUserRank(ncclComm_t c, int *r) {
-  (void)c;
-  *r = M.rank;
-  return ncclSuccess;
-}
 
 /* ------------------------------------------------------------ layouts */
 
@@ -528,11 +172,11 @@ static void call_sequence(void **state) {
     assert_int_equal(exec(&f, caller), 0); /* first: sets up */
     /* the second execute is the steady state */
     M.nops = 0, M.np2p = 0, M.syncs = 0;
-    mop *start = log_op(OP_CALLER, caller);
+    mop *start = mock_log(OP_CALLER, caller);
     (void)start;
     assert_int_equal(exec(&f, caller), 0);
     assert_int_equal(M.syncs, 0); /* no host synchronization */
-    log_op(OP_CALLER, caller);
+    mock_log(OP_CALLER, caller);
     int n = M.nops;
     /* rounds: label groups in order */
     int g = 0;
@@ -635,6 +279,7 @@ static void local_copies_data(void **state) {
     assert_int_equal(reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                           (size_t)d.nbuf, (void *)0x99), 0);
     assert_int_equal(M.np2p, 0); /* no NCCL self-send */
+    assert_int_equal(mock_stream_drain((void *)0x99), 0);
     assert_int_equal(reshard_selftest_check(&d, dst, 0, (uint64_t)step, "mock local"), 0);
     reshard_selftest_free(&s);
     reshard_selftest_free(&d);
@@ -830,6 +475,8 @@ static void *rank_main(void *vp) {
     if (r) {
       fprintf(stderr, "rank %d: execute: %s\n", a->rank, reshard_last_error());
       a->failed = 1;
+    } else if (mock_stream_drain(NULL)) {
+      a->failed = 1;
     } else {
       a->bad += reshard_selftest_check(&d, a->pair->dst, a->rank, (uint64_t)step, "mock world");
     }
@@ -844,16 +491,17 @@ static void *rank_main(void *vp) {
 
 static void random_worlds(void **state) {
   (void)state;
-  uint64_t seed0 = (uint64_t)time(NULL);
-  for (int it = 0; it < 300; it++) {
+  /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 104729) */
+  const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  int iters = ei ? atoi(ei) : 300, it0 = ef ? atoi(ef) : 0;
+  for (int it = it0; it < it0 + iters; it++) {
     uint64_t seed = seed0 + (uint64_t)it * 104729;
     rl_pair pair;
     if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
     int n = pair.nranks;
     assert_true(n <= MAXR);
-    W.n = n;
-    W.bad_size = 0;
-    pthread_barrier_init(&W.bar, NULL, (unsigned)n);
+    mock_world_begin(n, it % 2 ? 1 : 0); /* channels of one message, or unbounded */
     rank_arg args[MAXR];
     pthread_t th[MAXR];
     size_t staging = it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384; /* few or many rounds */
@@ -868,24 +516,19 @@ static void random_worlds(void **state) {
       bad += args[r].bad;
       failed += args[r].failed;
     }
-    pthread_barrier_destroy(&W.bar);
-    for (int i = 0; i < MAXR; i++)
-      for (int j = 0; j < MAXR; j++) {
-        if (W.head[i][j]) failed++; /* a message nobody received */
-        W.head[i][j] = NULL;
-        W.tail[i][j] = NULL;
-      }
-    W.n = 0;
-    if (bad || failed || W.bad_size) {
+    long bad_size = world.bad_size, hangs = world.hangs;
+    mock_world_end();
+    failed += (int)world.leftover; /* a message nobody received */
+    if (bad || failed || bad_size || hangs) {
       rl_pair_print(&pair, stderr);
-      fail_msg("seed %llu (%d ranks, staging %zu): %lld wrong, %d ranks failed, size mismatch %d",
-               (unsigned long long)seed, n, staging, (long long)bad, failed, W.bad_size);
+      fail_msg("seed %llu (%d ranks, staging %zu): %lld wrong, %d ranks failed, %ld size mismatches, %ld hangs",
+               (unsigned long long)seed, n, staging, (long long)bad, failed, bad_size, hangs);
     }
     rl_pair_free(&pair);
   }
   /* the worlds did exchange data (not only local copies) */
-  printf("random worlds: %ld messages delivered\n", W.delivered);
-  assert_true(W.delivered > 1000);
+  printf("random worlds: %ld messages delivered\n", world.delivered);
+  if (iters >= 300) assert_true(world.delivered > 1000);
 }
 
 #ifdef RS_MOCK_MPI
@@ -959,6 +602,7 @@ static void mpi_agreement_data(void **state) {
     assert_int_equal(reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                           (size_t)d.nbuf, (void *)0x99), 0);
     assert_int_equal(M.np2p, 0);
+    assert_int_equal(mock_stream_drain((void *)0x99), 0);
     assert_int_equal(reshard_selftest_check(&d, dst, mpi_rank, (uint64_t)step, "mock with_mpi"), 0);
     reshard_selftest_free(&s);
     reshard_selftest_free(&d);

@@ -25,14 +25,15 @@ set_tests_properties(test_gpu_tiles_emul PROPERTIES TIMEOUT 300)
 set(RS_GPU_WRAPPED
   ncclSend ncclRecv ncclGroupStart ncclGroupEnd ncclCommGetAsyncError
   ncclGetLastError ncclCommAbort ncclMemAlloc ncclMemFree ncclAllReduce
-  ncclCommCount ncclCommUserRank ncclCommDestroy
+  ncclCommCount ncclCommUserRank ncclCommDestroy ncclCommSplit ncclCommFinalize
+  ncclCommCuDevice ncclGroupSimulateEnd cudaGetDevice
   cudaMemcpyAsync cudaMallocAsync cudaMalloc cudaMallocHost cudaFree
   cudaFreeAsync cudaFreeHost cudaStreamCreateWithFlags cudaStreamDestroy
   cudaStreamSynchronize cudaStreamQuery cudaStreamWaitEvent
   cudaEventCreateWithFlags cudaEventDestroy cudaEventRecord cudaEventQuery
   cudaEventSynchronize cudaDeviceSynchronize rs_cuda_launch_copies)
 add_executable(test_gpu_nccl_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
-  ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+  ${RS_GPU_TEST_DIR}/mock_device.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
 target_compile_options(test_gpu_nccl_mock PRIVATE ${RESHARD_WARNINGS})
 target_include_directories(test_gpu_nccl_mock PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(test_gpu_nccl_mock PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
@@ -47,7 +48,7 @@ set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
 # those tests run in this build of the file).
 if(RESHARD_WITH_MPI)
   add_executable(test_gpu_nccl_mpi_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
-    ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+    ${RS_GPU_TEST_DIR}/mock_device.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
   target_compile_definitions(test_gpu_nccl_mpi_mock PRIVATE RS_MOCK_MPI=1)
   # the single-process tests are compiled but not run here
   target_compile_options(test_gpu_nccl_mpi_mock PRIVATE ${RESHARD_WARNINGS} -Wno-unused-function)

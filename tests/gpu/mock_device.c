@@ -1,0 +1,973 @@
+/* The emulated CUDA device and NCCL of the CPU-side GPU tests; see
+ * mock_device.h for the model. Every wrapper takes one global lock; work
+ * runs in progress(), called after each enqueue and from every host
+ * query, whichever rank's thread calls it. */
+#include "gpu/mock_device.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/rs_kernels.h"
+#include "kernels/rs_tile.h"
+#include "transport/transport.h"
+
+_Thread_local mock_thread M;
+mock_world world = {.chan_cap = 1 << 30, .hang_ms = 3000};
+
+/* ------------------------------------------------------------ state */
+
+typedef struct mstream mstream;
+typedef struct mcomm mcomm;
+
+enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE };
+
+typedef struct dp2p {
+  int peer, is_recv, done;
+  void *buf;
+  size_t bytes;
+} dp2p;
+
+typedef struct dop {
+  int kind;
+  mstream *ws; /* D_WAIT: the stream and position waited for */
+  uint64_t wtarget;
+  /* D_KERNEL */
+  const rs_tile *tiles;
+  uint64_t ntiles;
+  const rs_copy *copies;
+  void *const *src_tab, *const *dst_tab;
+  void *staging;
+  int64_t ns, started;
+  /* D_MEMCPY (snap: the pageable source, taken at the call) / D_FREE */
+  void *dst;
+  const void *src;
+  size_t n;
+  unsigned char *snap;
+  long *mem; /* D_FREE: the owner's counter */
+  /* D_GROUP / D_ALLRED */
+  mcomm *comm;
+  uint64_t ticket;
+  dp2p *p;
+  int np;
+  uint64_t *vals;
+  int nvals, arrived;
+  uint64_t coll;
+} dop;
+
+struct mstream {
+  void *key; /* the handle the caller passes */
+  int rank, created, live;
+  dop *q;
+  size_t cap;
+  uint64_t base, enq, done; /* q[i - base] is op i; done <= enq */
+};
+
+typedef struct mevent {
+  mstream *s; /* NULL: never recorded (complete) */
+  uint64_t target;
+} mevent;
+
+typedef struct mgroup {
+  int gid, size;
+  int split_arrived;
+  unsigned char req[MAXR][MAXR]; /* req[a][b]: a asked to connect to b */
+  struct mgroup *next;
+} mgroup;
+
+struct mcomm {
+  int gid, rank, size, blocking;
+  int aborted, destroyed, init_pending, finalizing;
+  int splits; /* children split off so far */
+  uint64_t nccl_issued, nccl_done, coll_issued;
+  mcomm *next;
+};
+
+typedef struct mail {
+  struct mail *next;
+  size_t bytes;
+  unsigned char data[];
+} mail;
+
+typedef struct mchan {
+  int gid, src, dst, count;
+  mail *head, **tail;
+  struct mchan *next;
+} mchan;
+
+typedef struct mcoll {
+  int gid, arrived, consumed, done;
+  uint64_t coll;
+  int n;
+  uint64_t *bufs[MAXR];
+  struct mcoll *next;
+} mcoll;
+
+typedef struct mpin {
+  void *p;
+  size_t n;
+  int nccl; /* ncclMemAlloc (staging accounting) rather than pinned host */
+  struct mpin *next;
+} mpin;
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  mstream **streams;
+  size_t nstreams, capstreams;
+  mgroup *groups;
+  mcomm *comms; /* split children, kept until reset (use after free) */
+  mcomm parents[MAXR];
+  int parent_init[MAXR];
+  mchan *chans;
+  mcoll *colls;
+  mpin *pins;
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#define LOCK() pthread_mutex_lock(&G.mu)
+#define UNLOCK() pthread_mutex_unlock(&G.mu)
+
+/* ------------------------------------------------------------ tables */
+
+static void free_stream(mstream *s) {
+  for (uint64_t i = s->done; i < s->enq; i++) {
+    dop *o = &s->q[i - s->base];
+    free(o->snap);
+    free(o->p);
+  }
+  free(s->q);
+  free(s);
+}
+
+/* Drops every stream, communicator, channel and collective. */
+static void reset_tables(void) {
+  for (size_t i = 0; i < G.nstreams; i++) free_stream(G.streams[i]);
+  G.nstreams = 0;
+  for (mgroup *g = G.groups, *nx; g; g = nx) nx = g->next, free(g);
+  G.groups = NULL;
+  for (mcomm *c = G.comms, *nx; c; c = nx) nx = c->next, free(c);
+  G.comms = NULL;
+  memset(G.parent_init, 0, sizeof G.parent_init);
+  for (mchan *c = G.chans, *nx; c; c = nx) {
+    nx = c->next;
+    for (mail *m = c->head, *mn; m; m = mn) mn = m->next, free(m);
+    free(c);
+  }
+  G.chans = NULL;
+  for (mcoll *c = G.colls, *nx; c; c = nx) nx = c->next, free(c);
+  G.colls = NULL;
+}
+
+static mstream *new_stream(void *key);
+
+static mstream *stream_of(void *key) {
+  for (size_t i = 0; i < G.nstreams; i++) {
+    mstream *s = G.streams[i];
+    if (s->key == key && (s->created || s->rank == M.rank)) return s;
+  }
+  /* a caller's stream (fake handle, or NULL: the legacy stream) */
+  return new_stream(key);
+}
+
+static mstream *new_stream(void *key) {
+  mstream *s = calloc(1, sizeof *s);
+  s->key = key;
+  s->rank = M.rank;
+  s->live = 1;
+  if (G.nstreams == G.capstreams) {
+    G.capstreams = G.capstreams ? 2 * G.capstreams : 64;
+    G.streams = realloc(G.streams, G.capstreams * sizeof *G.streams);
+  }
+  G.streams[G.nstreams++] = s;
+  return s;
+}
+
+static dop *push(mstream *s, int kind) {
+  if (s->enq - s->base == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 16;
+    s->q = realloc(s->q, s->cap * sizeof *s->q);
+  }
+  dop *o = &s->q[s->enq - s->base];
+  s->enq++;
+  memset(o, 0, sizeof *o);
+  o->kind = kind;
+  return o;
+}
+
+static mgroup *group_of(int gid, int size) {
+  for (mgroup *g = G.groups; g; g = g->next)
+    if (g->gid == gid) return g;
+  mgroup *g = calloc(1, sizeof *g);
+  g->gid = gid;
+  g->size = size;
+  g->next = G.groups;
+  G.groups = g;
+  return g;
+}
+
+static mcomm *comm_of(ncclComm_t c) {
+  if (c == MOCK_PARENT) {
+    int r = M.rank;
+    if (!G.parent_init[r]) {
+      memset(&G.parents[r], 0, sizeof G.parents[r]);
+      G.parents[r].rank = r;
+      G.parents[r].size = M.size;
+      G.parents[r].blocking = 1;
+      G.parent_init[r] = 1;
+    }
+    return &G.parents[r];
+  }
+  return (mcomm *)c;
+}
+
+/* Whether c is usable; counts a use after abort or destroy. */
+static int usable(mcomm *c) {
+  if (c->aborted || c->destroyed) {
+    world.use_after_free++;
+    return 0;
+  }
+  return 1;
+}
+
+static mchan *chan_of(int gid, int src, int dst) {
+  for (mchan *c = G.chans; c; c = c->next)
+    if (c->gid == gid && c->src == src && c->dst == dst) return c;
+  mchan *c = calloc(1, sizeof *c);
+  c->gid = gid, c->src = src, c->dst = dst;
+  c->tail = &c->head;
+  c->next = G.chans;
+  G.chans = c;
+  return c;
+}
+
+static int alone(const mcomm *c) { return world.n == 0 || c->size <= 1; }
+
+static int connected(const mcomm *c, int peer) {
+  if (alone(c)) return 1;
+  mgroup *g = group_of(c->gid, c->size);
+  return g->req[c->rank][peer] && g->req[peer][c->rank];
+}
+
+/* Whether every peer this communicator asked for has answered. */
+static int all_connected(const mcomm *c) {
+  if (alone(c)) return 1;
+  mgroup *g = group_of(c->gid, c->size);
+  for (int p = 0; p < c->size; p++)
+    if (g->req[c->rank][p] && !g->req[p][c->rank]) return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------ progress */
+
+static void run_kernel(dop *o) {
+  for (uint64_t i = 0; i < o->ntiles; i++) {
+    const rs_copy *c = &o->copies[o->tiles[i].desc];
+    const unsigned char *s = c->src_buf == RS_BUF_STAGING ? o->staging : o->src_tab[c->src_buf];
+    unsigned char *d = c->dst_buf == RS_BUF_STAGING ? o->staging : o->dst_tab[c->dst_buf];
+    for (unsigned t = 0; t < 32; t++) rs_tile_copy(c, &o->tiles[i], s, d, t, 32);
+  }
+}
+
+static int step_group(dop *o) {
+  mcomm *c = o->comm;
+  if (c->aborted || c->destroyed) return 1; /* abort drops pending work */
+  if (c->nccl_done != o->ticket) return 0;  /* issue order */
+  if (alone(c)) {
+    c->nccl_done++;
+    return 1;
+  }
+  int all = 1;
+  for (int i = 0; i < o->np; i++) {
+    dp2p *x = &o->p[i];
+    if (x->done) continue;
+    if (!connected(c, x->peer)) {
+      all = 0;
+      continue;
+    }
+    if (!x->is_recv) {
+      mchan *ch = chan_of(c->gid, c->rank, x->peer);
+      if (ch->count >= world.chan_cap) {
+        all = 0;
+        continue;
+      }
+      mail *m = malloc(sizeof *m + x->bytes);
+      m->next = NULL;
+      m->bytes = x->bytes;
+      memcpy(m->data, x->buf, x->bytes);
+      *ch->tail = m;
+      ch->tail = &m->next;
+      ch->count++;
+      x->done = 1;
+    } else {
+      mchan *ch = chan_of(c->gid, x->peer, c->rank);
+      mail *m = ch->head;
+      if (!m) {
+        all = 0;
+        continue;
+      }
+      ch->head = m->next;
+      if (!ch->head) ch->tail = &ch->head;
+      ch->count--;
+      if (m->bytes != x->bytes) world.bad_size++;
+      if (getenv("MOCK_TRACE"))
+        fprintf(stderr, "trace: gid %d %d -> %d: %zu bytes into a receive of %zu\n", c->gid, x->peer, c->rank,
+                m->bytes, x->bytes);
+      world.delivered++;
+      memcpy(x->buf, m->data, m->bytes < x->bytes ? m->bytes : x->bytes);
+      free(m);
+      x->done = 1;
+    }
+  }
+  if (!all) return 0;
+  c->nccl_done++;
+  return 1;
+}
+
+static int step_allreduce(dop *o) {
+  mcomm *c = o->comm;
+  if (c->aborted || c->destroyed) return 1;
+  if (c->nccl_done != o->ticket) return 0;
+  if (alone(c)) {
+    c->nccl_done++;
+    return 1;
+  }
+  mcoll *k = G.colls;
+  while (k && !(k->gid == c->gid && k->coll == o->coll)) k = k->next;
+  if (!k) {
+    k = calloc(1, sizeof *k);
+    k->gid = c->gid, k->coll = o->coll, k->n = o->nvals;
+    k->next = G.colls;
+    G.colls = k;
+  }
+  if (!o->arrived) {
+    o->arrived = 1;
+    k->bufs[c->rank] = o->vals;
+    if (++k->arrived == c->size) {
+      uint64_t mx[RS_AGREE_MAX_WORDS] = {0};
+      for (int r = 0; r < c->size; r++)
+        for (int i = 0; i < k->n; i++)
+          if (k->bufs[r][i] > mx[i]) mx[i] = k->bufs[r][i];
+      for (int r = 0; r < c->size; r++) memcpy(k->bufs[r], mx, (size_t)k->n * 8);
+      k->done = 1;
+    }
+  }
+  if (!k->done) return 0;
+  if (++k->consumed == c->size) {
+    for (mcoll **pk = &G.colls; *pk; pk = &(*pk)->next)
+      if (*pk == k) {
+        *pk = k->next;
+        break;
+      }
+    free(k);
+  }
+  c->nccl_done++;
+  return 1;
+}
+
+/* Runs the head op of s if it can run; 1 if it did. */
+static int step(mstream *s) {
+  if (s->done == s->enq) return 0;
+  dop *o = &s->q[s->done - s->base];
+  switch (o->kind) {
+  case D_WAIT:
+    if (o->ws->done < o->wtarget) return 0;
+    break;
+  case D_KERNEL:
+    if (o->ns > 0) {
+      int64_t t = now_ns();
+      if (!o->started) o->started = t;
+      if (t - o->started < o->ns) return 0;
+    }
+    run_kernel(o);
+    break;
+  case D_MEMCPY:
+    memcpy(o->dst, o->snap ? o->snap : o->src, o->n);
+    free(o->snap);
+    break;
+  case D_FREE:
+    free(o->dst);
+    (*o->mem)--;
+    break;
+  case D_GROUP:
+    if (!step_group(o)) return 0;
+    free(o->p);
+    break;
+  case D_ALLRED:
+    if (!step_allreduce(o)) return 0;
+    break;
+  }
+  s->done++;
+  if (s->done == s->enq) s->base = s->enq;
+  return 1;
+}
+
+static void progress(void) {
+  int any = 0;
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (size_t i = 0; i < G.nstreams; i++)
+      while (step(G.streams[i])) changed = any = 1;
+  }
+  if (any) pthread_cond_broadcast(&G.cv);
+}
+
+/* Waits (lock held) until done(arg) or hang_ms: 0, or -1 for a hang. */
+static int wait_for(int (*done)(void *), void *arg, const char *what) {
+  int64_t t0 = now_ns();
+  for (;;) {
+    progress();
+    if (done(arg)) return 0;
+    if (now_ns() - t0 > world.hang_ms * 1000000LL) {
+      world.hangs++;
+      fprintf(stderr, "mock: rank %d: %s would never end (cut after %lld ms)\n", M.rank, what,
+              (long long)world.hang_ms);
+      return -1;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&G.cv, &G.mu, &ts);
+  }
+}
+
+static int stream_done(void *a) {
+  mstream *s = a;
+  return s->done == s->enq;
+}
+static int event_done(void *a) {
+  mevent *e = a;
+  return !e->s || e->s->done >= e->target;
+}
+static int rank_done(void *a) {
+  (void)a;
+  for (size_t i = 0; i < G.nstreams; i++)
+    if (G.streams[i]->rank == M.rank && G.streams[i]->done != G.streams[i]->enq) return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------ harness */
+
+void mock_reset(int rank, int size) {
+  LOCK();
+  if (world.n == 0) reset_tables(); /* single-rank tests: one thread */
+  UNLOCK();
+  memset(&M, 0, sizeof M);
+  M.rank = rank;
+  M.size = size;
+  M.group_end_result = ncclSuccess;
+  M.async_error = ncclSuccess;
+}
+
+void mock_world_begin(int n, int chan_cap) {
+  LOCK();
+  reset_tables();
+  world.n = n;
+  world.chan_cap = chan_cap > 0 ? chan_cap : 1 << 30;
+  world.hangs = world.bad_size = world.use_after_free = 0;
+  world.parent_aborts = world.parent_destroys = world.leftover = 0;
+  UNLOCK();
+}
+
+void mock_world_end(void) {
+  LOCK();
+  for (mchan *c = G.chans; c; c = c->next) world.leftover += c->count;
+  reset_tables();
+  world.n = 0;
+  UNLOCK();
+}
+
+mop *mock_log(int kind, void *stream) {
+  static _Thread_local mop sink;
+  if (M.log_off || M.nops == MAXOPS) return &sink;
+  mop *o = &M.ops[M.nops++];
+  memset(o, 0, sizeof *o);
+  o->kind = kind;
+  o->stream = stream;
+  o->round = -1;
+  return o;
+}
+
+int mock_stream_drain(void *stream) {
+  LOCK();
+  int r = wait_for(stream_done, stream_of(stream), "mock_stream_drain");
+  UNLOCK();
+  return r;
+}
+
+/* ------------------------------------------------------------ CUDA */
+
+static void *dev_alloc(size_t n) {
+  M.mem++;
+  return calloc(1, n ? n : 1);
+}
+
+cudaError_t __wrap_cudaGetDevice(int *d) {
+  *d = M.device;
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
+  if (M.fail_malloc) return cudaErrorMemoryAllocation;
+  LOCK();
+  *p = dev_alloc(n);
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+  (void)s;
+  if (++M.malloc_async_calls == M.fail_malloc_async_at) return cudaErrorMemoryAllocation;
+  LOCK();
+  *p = dev_alloc(n);
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaMallocHost(void **p, size_t n) {
+  LOCK();
+  *p = dev_alloc(n);
+  mpin *q = calloc(1, sizeof *q);
+  q->p = *p, q->n = n, q->next = G.pins;
+  G.pins = q;
+  UNLOCK();
+  return cudaSuccess;
+}
+static mpin *unpin(void *p) {
+  for (mpin **q = &G.pins; *q; q = &(*q)->next)
+    if ((*q)->p == p) {
+      mpin *x = *q;
+      *q = x->next;
+      return x;
+    }
+  return NULL;
+}
+cudaError_t __wrap_cudaFree(void *p) {
+  if (!p) return cudaSuccess;
+  LOCK();
+  progress();
+  M.mem--;
+  free(p);
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
+  if (!p) return cudaSuccess;
+  LOCK();
+  dop *o = push(stream_of(s), D_FREE);
+  o->dst = p;
+  o->mem = &M.mem;
+  progress();
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  LOCK();
+  free(unpin(p));
+  M.mem--;
+  free(p);
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaStreamCreateWithFlags(cudaStream_t *out, unsigned f) {
+  (void)f;
+  LOCK();
+  M.streams++;
+  mstream *s = new_stream(NULL);
+  s->key = s;
+  s->created = 1;
+  *out = (cudaStream_t)s;
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaStreamDestroy(cudaStream_t s) {
+  (void)s;
+  /* pending work still runs (CUDA semantics); the entry stays */
+  LOCK();
+  M.streams--;
+  stream_of(s)->live = 0;
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
+  (void)f;
+  LOCK();
+  M.events++;
+  *e = (cudaEvent_t)calloc(1, sizeof(mevent));
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaEventDestroy(cudaEvent_t e) {
+  LOCK();
+  M.events--;
+  free(e);
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
+  M.syncs++;
+  mock_log(OP_SYNC, s);
+  LOCK();
+  int r = wait_for(stream_done, stream_of(s), "cudaStreamSynchronize");
+  UNLOCK();
+  return r ? cudaErrorLaunchTimeout : cudaSuccess;
+}
+cudaError_t __wrap_cudaDeviceSynchronize(void) {
+  M.syncs++;
+  mock_log(OP_SYNC, NULL);
+  LOCK();
+  int r = wait_for(rank_done, NULL, "cudaDeviceSynchronize");
+  UNLOCK();
+  return r ? cudaErrorLaunchTimeout : cudaSuccess;
+}
+cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
+  M.syncs++;
+  mock_log(OP_SYNC, NULL);
+  LOCK();
+  int r = wait_for(event_done, e, "cudaEventSynchronize");
+  UNLOCK();
+  return r ? cudaErrorLaunchTimeout : cudaSuccess;
+}
+cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
+  LOCK();
+  progress();
+  int d = stream_done(stream_of(s));
+  UNLOCK();
+  return d ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t __wrap_cudaEventQuery(cudaEvent_t e) {
+  LOCK();
+  progress();
+  int d = event_done(e);
+  UNLOCK();
+  return d ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t __wrap_cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  mock_log(OP_REC, s)->ev = e;
+  LOCK();
+  mevent *ev = (mevent *)e;
+  ev->s = stream_of(s);
+  ev->target = ev->s->enq;
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
+  (void)f;
+  mock_log(OP_WAIT, s)->ev = e;
+  LOCK();
+  mevent *ev = (mevent *)e;
+  if (ev->s) { /* waiting for a never-recorded event is a no-op */
+    mstream *ws = ev->s;
+    uint64_t target = ev->target;
+    dop *o = push(stream_of(s), D_WAIT);
+    o->ws = ws;
+    o->wtarget = target;
+    progress();
+  }
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
+  mock_log(OP_MEMCPY, st);
+  LOCK();
+  int pinned = 0;
+  for (mpin *q = G.pins; q; q = q->next)
+    if ((const unsigned char *)s >= (unsigned char *)q->p && (const unsigned char *)s < (unsigned char *)q->p + q->n)
+      pinned = 1;
+  dop *o = push(stream_of(st), D_MEMCPY);
+  o->dst = d;
+  o->src = s;
+  o->n = n;
+  if (k == cudaMemcpyHostToDevice && !pinned) { /* pageable host memory is read at the call */
+    o->snap = malloc(n ? n : 1);
+    memcpy(o->snap, s, n);
+  }
+  progress();
+  UNLOCK();
+  return cudaSuccess;
+}
+
+/* Which launch this is, from its first tile's descriptor: send copies come
+ * first in the device array, then receive copies, then local ones. */
+static void classify(mop *o, const rs_tile *t) {
+  const reshard_plan_t *p = M.plan;
+  uint32_t d = t->desc;
+  const rs_msg *m;
+  size_t n;
+  if (d < p->nsend_copies) {
+    o->kind2 = 0, m = p->sends, n = p->nsends;
+  } else if (d < p->nsend_copies + p->nrecv_copies) {
+    o->kind2 = 1, m = p->recvs, n = p->nrecvs, d -= (uint32_t)p->nsend_copies;
+  } else {
+    o->kind2 = 2;
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (d >= m[i].first_copy && d < m[i].first_copy + m[i].ncopies) o->round = m[i].round;
+}
+
+int __wrap_rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies,
+                                 void *const *src_tab, void *const *dst_tab, void *staging, void *stream) {
+  if (++M.launches == M.fail_launch_at) return (int)cudaErrorLaunchOutOfResources;
+  mop *lg = mock_log(OP_LAUNCH, stream);
+  LOCK();
+  mstream *s = stream_of(stream);
+  progress(); /* the tiles' upload, if it can run */
+  if (M.plan && ntiles) classify(lg, &tiles[0]);
+  dop *o = push(s, D_KERNEL);
+  o->tiles = tiles, o->ntiles = ntiles, o->copies = copies;
+  o->src_tab = src_tab, o->dst_tab = dst_tab, o->staging = staging;
+  o->ns = M.kernel_ns;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+/* ------------------------------------------------------------ NCCL */
+
+ncclResult_t __wrap_ncclMemAlloc(void **p, size_t n) {
+  if (M.fail_nccl_mem) return ncclSystemError;
+  LOCK();
+  *p = dev_alloc(n);
+  mpin *q = calloc(1, sizeof *q);
+  q->p = *p, q->n = n, q->nccl = 1, q->next = G.pins;
+  G.pins = q;
+  world.staging_live += n;
+  if (world.staging_live > world.staging_peak) world.staging_peak = world.staging_live;
+  UNLOCK();
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclMemFree(void *p) {
+  if (!p) return ncclSuccess;
+  LOCK();
+  progress();
+  mpin *q = unpin(p);
+  if (q) world.staging_live -= q->n;
+  free(q);
+  M.mem--;
+  free(p);
+  UNLOCK();
+  return ncclSuccess;
+}
+
+ncclResult_t __wrap_ncclGroupStart(void) {
+  if (M.group_depth++ == 0) M.group_first = M.np2p;
+  return ncclSuccess;
+}
+
+static ncclResult_t p2p(int is_recv, void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t c,
+                        cudaStream_t s) {
+  if (M.group_depth == 0 || dt != ncclInt8) {
+    fprintf(stderr, "mock: ncclSend/ncclRecv outside a group or not in bytes\n");
+    abort();
+  }
+  LOCK();
+  int ok = usable(comm_of(c));
+  UNLOCK();
+  if (!ok) return ncclInvalidArgument;
+  if (M.np2p == MAXOPS) {
+    /* log full (worlds without logging): keep only the open group */
+    int k = M.np2p - M.group_first;
+    memmove(M.p2p, M.p2p + M.group_first, (size_t)k * sizeof *M.p2p);
+    M.np2p = k, M.group_first = 0;
+    if (k == MAXOPS) abort();
+  }
+  M.p2p[M.np2p++] = (mp2p){peer, is_recv, count, s, buf, c};
+  return M.p2p_inprogress ? ncclInProgress : ncclSuccess;
+}
+ncclResult_t __wrap_ncclSend(const void *b, size_t count, ncclDataType_t dt, int peer, ncclComm_t c,
+                             cudaStream_t s) {
+  return p2p(0, (void *)b, count, dt, peer, c, s);
+}
+ncclResult_t __wrap_ncclRecv(void *b, size_t count, ncclDataType_t dt, int peer, ncclComm_t c, cudaStream_t s) {
+  return p2p(1, b, count, dt, peer, c, s);
+}
+
+static int conn_done(void *a) { return all_connected(a); }
+
+ncclResult_t __wrap_ncclGroupEnd(void) {
+  if (M.group_depth == 0) return ncclInvalidUsage;
+  if (--M.group_depth > 0) return ncclSuccess; /* nested: launches nothing yet */
+  M.groups++;
+  int first = M.group_first, n = M.np2p - first;
+  if (M.group_end_fail_at == M.groups) {
+    M.np2p = first; /* the failed group is dropped */
+    return M.group_end_result;
+  }
+  if (n == 0) return ncclSuccess;
+  mop *lg = mock_log(OP_GROUP, M.p2p[first].stream);
+  lg->first_send = first;
+  lg->nsend = n;
+  ncclComm_t handle = M.p2p[first].comm;
+  LOCK();
+  mcomm *c = comm_of(handle);
+  dop *o = push(stream_of(M.p2p[first].stream), D_GROUP);
+  o->comm = c;
+  o->ticket = c->nccl_issued++;
+  o->p = calloc((size_t)n, sizeof *o->p);
+  o->np = n;
+  mgroup *g = alone(c) ? NULL : group_of(c->gid, c->size);
+  for (int i = 0; i < n; i++) {
+    mp2p *x = &M.p2p[first + i];
+    o->p[i] = (dp2p){x->peer, x->is_recv, 0, x->buf, x->bytes};
+    if (getenv("MOCK_TRACE"))
+      fprintf(stderr, "trace: rank %d gid %d ticket %llu: %s %d, %zu bytes\n", c->rank, c->gid,
+              (unsigned long long)o->ticket, x->is_recv ? "recv from" : "send to", x->peer, x->bytes);
+    if (g) g->req[c->rank][x->peer] = 1; /* connect lazily */
+  }
+  progress();
+  pthread_cond_broadcast(&G.cv);
+  ncclResult_t r = ncclSuccess;
+  if (!c->blocking || M.inprogress_polls) {
+    r = ncclInProgress; /* the caller polls ncclCommGetAsyncError */
+  } else if (!all_connected(c) && wait_for(conn_done, c, "ncclGroupEnd (connecting peers)")) {
+    r = ncclSystemError; /* (a hang, counted) */
+  }
+  UNLOCK();
+  return r;
+}
+
+ncclResult_t __wrap_ncclGroupSimulateEnd(ncclSimInfo_t *si) {
+  if (M.group_depth == 0) return ncclInvalidUsage;
+  if (--M.group_depth > 0) return ncclSuccess;
+  M.np2p = M.group_first;
+  return si->magic == 0x74685283 ? ncclSuccess : ncclInvalidArgument;
+}
+
+static int split_complete(mcomm *c) {
+  if (M.split_never) return 0;
+  if (!c->init_pending) return 1;
+  if (world.n == 0 || group_of(c->gid, c->size)->split_arrived >= c->size) c->init_pending = 0;
+  return !c->init_pending;
+}
+
+static int split_done(void *a) { return split_complete(a); }
+
+ncclResult_t __wrap_ncclCommGetAsyncError(ncclComm_t h, ncclResult_t *st) {
+  LOCK();
+  mcomm *c = comm_of(h);
+  int ok = usable(c);
+  progress();
+  ncclResult_t r = M.async_error;
+  if (M.inprogress_polls) {
+    if (M.inprogress_polls > 0) M.inprogress_polls--;
+    r = ncclInProgress;
+  } else if (!split_complete(c)) {
+    r = ncclInProgress;
+  } else if (!c->blocking && !all_connected(c)) {
+    r = ncclInProgress;
+  } else if (c->finalizing && c->nccl_done < c->nccl_issued) {
+    r = ncclInProgress;
+  }
+  UNLOCK();
+  *st = r;
+  return ok ? ncclSuccess : ncclInvalidArgument;
+}
+const char *__wrap_ncclGetLastError(ncclComm_t c) {
+  (void)c;
+  return "mock detail";
+}
+ncclResult_t __wrap_ncclCommAbort(ncclComm_t h) {
+  LOCK();
+  M.aborts++;
+  if (h == MOCK_PARENT) world.parent_aborts++;
+  mcomm *c = comm_of(h);
+  usable(c);
+  c->aborted = 1;
+  progress();
+  pthread_cond_broadcast(&G.cv);
+  UNLOCK();
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclCommDestroy(ncclComm_t h) {
+  LOCK();
+  if (h == MOCK_PARENT) world.parent_destroys++;
+  mcomm *c = comm_of(h);
+  usable(c);
+  c->destroyed = 1;
+  progress();
+  UNLOCK();
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclCommFinalize(ncclComm_t h) {
+  LOCK();
+  mcomm *c = comm_of(h);
+  int ok = usable(c);
+  c->finalizing = 1;
+  UNLOCK();
+  return ok ? (c->blocking ? ncclSuccess : ncclInProgress) : ncclInvalidArgument;
+}
+ncclResult_t __wrap_ncclCommSplit(ncclComm_t h, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
+  (void)color, (void)key; /* reshard splits everyone into one, in rank order */
+  LOCK();
+  mcomm *p = comm_of(h);
+  if (!usable(p)) {
+    UNLOCK();
+    return ncclInvalidArgument;
+  }
+  M.splits++;
+  mcomm *c = calloc(1, sizeof *c);
+  c->gid = (p->gid + 1) * 100 + ++p->splits;
+  c->rank = p->rank;
+  c->size = p->size;
+  c->blocking = !(cfg && cfg->blocking == 0);
+  c->init_pending = 1;
+  c->next = G.comms;
+  G.comms = c;
+  group_of(c->gid, c->size)->split_arrived++;
+  pthread_cond_broadcast(&G.cv);
+  ncclResult_t r = ncclSuccess;
+  if (!c->blocking) {
+    r = ncclInProgress;
+  } else if (wait_for(split_done, c, "ncclCommSplit")) {
+    r = ncclSystemError; /* (a hang, counted) */
+  }
+  UNLOCK();
+  *out = (ncclComm_t)c;
+  return r;
+}
+ncclResult_t __wrap_ncclCommCuDevice(ncclComm_t h, int *d) {
+  (void)h;
+  *d = M.comm_device;
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t dt, ncclRedOp_t op,
+                                  ncclComm_t h, cudaStream_t st) {
+  if (dt != ncclUint64 || op != ncclMax || n > RS_AGREE_MAX_WORDS) abort();
+  M.allreduce_calls++;
+  if (M.allreduce_result) return M.allreduce_result;
+  LOCK();
+  mcomm *c = comm_of(h);
+  if (!usable(c)) {
+    UNLOCK();
+    return ncclInvalidArgument;
+  }
+  if (s != r) memcpy(r, s, n * 8);
+  dop *o = push(stream_of(st), D_ALLRED);
+  o->comm = c;
+  o->ticket = c->nccl_issued++;
+  o->coll = c->coll_issued++;
+  o->vals = r;
+  o->nvals = (int)n;
+  progress();
+  UNLOCK();
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclCommCount(ncclComm_t h, int *n) {
+  LOCK();
+  *n = comm_of(h)->size;
+  UNLOCK();
+  return ncclSuccess;
+}
+ncclResult_t __wrap_ncclCommUserRank(ncclComm_t h, int *r) {
+  LOCK();
+  *r = comm_of(h)->rank;
+  UNLOCK();
+  return ncclSuccess;
+}
