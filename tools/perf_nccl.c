@@ -26,12 +26,13 @@ static int cuda_fail(char *err, size_t errlen, const char *what, cudaError_t e) 
 }
 
 /* The launcher's word first; otherwise the rank among the ranks sharing
- * this node's memory. */
-static int local_rank(void) {
+ * this node's memory. *local_size: how many ranks share the node. */
+static int local_rank(int *local_size) {
   MPI_Comm node;
   int r = 0;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, local_size);
   MPI_Comm_free(&node);
   const char *env = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   if (env && *env) {
@@ -44,11 +45,17 @@ static int local_rank(void) {
 
 int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_t errlen) {
   *out = NULL;
-  int lr = local_rank(); /* collective: before anything can fail */
+  int ln = 1;
+  int lr = local_rank(&ln); /* collective: before anything can fail */
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return cuda_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount", e);
   if (n <= 0) return cli_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount found none");
+  /* Local rank modulo the devices would put two ranks on one GPU, which
+   * NCCL refuses (ncclCommInitRank fails, or hangs its peers). */
+  if (ln > n)
+    return cli_fail(err, errlen, "%d ranks on this node but %d CUDA device%s: --backend nccl needs one GPU per rank "
+                    "(start at most %d ranks per node)", ln, n, n == 1 ? "" : "s", n);
   perf_nccl *p = calloc(1, sizeof *p);
   if (!p) return cli_fail(err, errlen, "out of memory");
   p->device = lr % n;

@@ -2,6 +2,7 @@
 #ifndef RS_COMMON_CLOCK_H
 #define RS_COMMON_CLOCK_H
 
+#include <sched.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -20,6 +21,19 @@ static inline int64_t rs_deadline_after_ms(int64_t timeout_ms) {
   /* a deadline past the clock's range is no deadline */
   if (timeout_ms > (INT64_MAX - now) / 1000000LL) return RS_NO_DEADLINE;
   return now + timeout_ms * 1000000LL;
+}
+
+/* The back-off of a polling loop at its spin-th turn: busy at first, then
+ * yielding, then 20 us naps (a poll answers within tens of microseconds
+ * and costs no core while a wait is long). */
+static inline void rs_nap(unsigned spin) {
+  if (spin < 64) return;
+  if (spin < 256) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
 }
 
 #endif

@@ -26,7 +26,14 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan,
                                    void *const *dst, size_t ndst,
                                    void *stream, uint64_t epoch);
 
-/* plan->device_free: releases what rs_device_execute cached. */
+/* stream_ops->prepare_local and prepare_peers of device transports. */
+reshard_result_t rs_device_prepare_local(reshard_plan_t *plan);
+reshard_result_t rs_device_prepare_peers(reshard_plan_t *plan);
+
+/* stream_ops->poll of device transports (reshard_plan_get_status). */
+void rs_device_poll(const reshard_plan_t *plan);
+
+/* plan->device_free: releases what rs_device_prepare_local set up. */
 void rs_device_plan_free(reshard_plan_t *plan);
 
 /* Maps a CUDA error to a result code with detail ("what" failed);

@@ -9,9 +9,21 @@
  * k waits for unpack k-2 (its receive half). Local copies are packed on
  * the pack stream after round 0's pack, so they overlap its transfer.
  *
- * Everything per plan (descriptors, tiles, staging, streams, events) is
- * set up at the first execute and cached with the plan, so an execute
- * costs a few launches and one group per round, and no per-segment work. */
+ * Everything per plan (descriptors, tiles, streams, events) is set up
+ * while the plan is created (rs_device_prepare_local, before creation's
+ * last agreement, so that a rank that cannot set up fails creation on
+ * every rank), and its peers are connected then (rs_device_prepare_peers);
+ * an execute costs a few launches and one group per round, and no
+ * per-segment work. The staging is the communicator's pool, shared by its
+ * plans, whose executes therefore run one after another.
+ *
+ * No host wait is without a deadline: setup polls its upload, a full
+ * buffer-table ring is polled, and destroy waits for the plan's last
+ * execute until that execute's deadline, then poisons the communicator
+ * (NCCL then ends the work) and frees what the GPU no longer uses. Any
+ * failure or refusal of an execute with partners poisons the
+ * communicator: its peers may have queued their half, and NCCL would pair
+ * the next call's work with it. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,6 +34,7 @@
 #include "common/error.h"
 #include "device/device.h"
 #include "kernels/rs_kernels.h"
+#include "exec/exec_state.h"
 #include "transport/stream.h"
 
 enum { S_PACK, S_XFER, S_UNPACK, S_COUNT };
@@ -33,6 +46,8 @@ typedef struct rs_dev {
    * failed) cannot run again: execute then returns INVALID_USAGE. */
   reshard_result_t failed;
   char failed_msg[200];
+  int pool_held;          /* a user of the communicator's staging pool */
+  int64_t last_deadline;  /* of the last execute enqueued (0: none) */
 
   rs_copy *d_copies; /* send | recv | local descriptors */
   rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
@@ -49,8 +64,8 @@ typedef struct rs_dev {
   size_t ntab;
   int tab_uploaded, tab_cur;
 
-  unsigned char *staging; /* send halves, then receive halves */
-  rs_p2p *p2p;            /* one round's group */
+  size_t staging_bytes; /* send halves, then receive halves, in the pool */
+  rs_p2p *p2p;          /* one round's group */
 
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
@@ -75,12 +90,41 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
     }                                                                      \
   } while (0)
 
+/* Polls until the plan's streams are idle or the deadline passes. */
+static int streams_idle(rs_dev *d, int64_t deadline) {
+  for (unsigned spin = 0;; spin++) {
+    int busy = 0;
+    for (int i = 0; i < S_COUNT; i++)
+      if (d->s[i] && cudaStreamQuery(d->s[i]) == cudaErrorNotReady) busy = 1;
+    if (!busy) return 1;
+    if (rs_now_ns() > deadline) return 0;
+    rs_nap(spin);
+  }
+}
+
 static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   if (!d) return;
-  /* Work of earlier executes may still read the descriptors and staging;
-   * destroy is allowed to wait for it (execute never does). */
-  for (int i = 0; i < S_COUNT; i++)
-    if (d->s[i]) cudaStreamSynchronize(d->s[i]);
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  /* Work of earlier executes may still read the descriptors and staging:
+   * wait for it until the last execute's deadline. Past it the peers are
+   * not coming: poison the communicator (NCCL ends its work) and give the
+   * GPU one more timeout to let go. If even then it does not, the device
+   * memory is left allocated rather than freed under running work. */
+  int idle = 1;
+  if (d->last_deadline) {
+    idle = streams_idle(d, d->last_deadline);
+    if (!idle) {
+      RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: plan destroyed while its last execute is not done past its "
+             "deadline: poisoning the communicator", p->rank);
+      so->poison(p->comm);
+      idle = streams_idle(d, rs_deadline_after_ms(p->opts.timeout_ms > 0 ? p->opts.timeout_ms : 60000));
+    }
+  }
+  if (!idle) {
+    RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
+           "abort: its device memory is not freed", p->rank);
+    return;
+  }
   /* Stream-ordered allocations go back the same way (they exist only if
    * the pack stream does). */
   if (d->s[S_PACK]) {
@@ -88,7 +132,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_tiles) cudaFreeAsync(d->d_tiles, d->s[S_PACK]);
     for (int i = 0; i < RS_TAB_SLOTS; i++)
       if (d->d_tab[i]) cudaFreeAsync(d->d_tab[i], d->s[S_PACK]);
-    cudaStreamSynchronize(d->s[S_PACK]);
+    streams_idle(d, RS_NO_DEADLINE); /* frees only: nothing to wait for */
   }
   for (int i = 0; i < S_COUNT; i++)
     if (d->s[i]) cudaStreamDestroy(d->s[i]);
@@ -97,7 +141,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
                         &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) cudaEventDestroy(*evs[i]);
-  if (d->staging) p->comm->ops->stream_ops->mem_free(p->comm, d->staging);
+  if (d->pool_held) so->staging_release(p->comm);
   for (int i = 0; i < RS_TAB_SLOTS; i++)
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
   free(d->pack_start);
@@ -146,6 +190,7 @@ static void build_dir(const rs_msg *m, size_t n, const size_t *round, const rs_c
 
 static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   reshard_result_t r = RESHARD_SUCCESS;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_copy *hc = NULL;
   rs_tile *ht = NULL;
   rs_dev *d = calloc(1, sizeof *d);
@@ -206,13 +251,28 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   }
   CU(cudaMemcpyAsync(d->d_copies, hc, ncop * sizeof *hc, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(descriptors)");
   CU(cudaMemcpyAsync(d->d_tiles, ht, nt * sizeof *ht, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(tiles)");
-  /* The one host wait of a plan's life: the pageable upload must finish
-   * before its source is freed. It waits for reshard's own stream only,
-   * never the caller's. */
-  CU(cudaStreamSynchronize(d->s[S_PACK]), "cudaStreamSynchronize(upload)");
+  /* The pageable upload must finish before its source is freed: polled
+   * (reshard's own stream only, never the caller's) until the deadline. */
+  {
+    int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+    for (unsigned spin = 0;; spin++) {
+      cudaError_t q = cudaStreamQuery(d->s[S_PACK]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) CU(q, "cudaStreamQuery(upload)");
+      if (rs_now_ns() > deadline) {
+        r = rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: the upload of the plan's descriptors did not finish before "
+                     "the deadline", p->rank);
+        goto fail;
+      }
+      rs_nap(spin);
+    }
+  }
 
-  size_t stage = (size_t)(2 * (p->send_half + p->recv_half));
-  if (stage) RS_CHECK_GOTO(p->comm->ops->stream_ops->mem_alloc(p->comm, stage, (void **)&d->staging), r, fail);
+  d->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
+  if (d->staging_bytes) {
+    RS_CHECK_GOTO(so->staging_acquire(p->comm, d->staging_bytes), r, fail);
+    d->pool_held = 1;
+  }
   free(hc);
   free(ht);
   *out = d;
@@ -221,7 +281,7 @@ fail:
   free(hc);
   free(ht);
   dev_free(p, d);
-  rs_error_prefix("execute rank %d (device setup): ", p->rank);
+  rs_error_prefix("plan_create rank %d (device setup): ", p->rank);
   return r;
 }
 
@@ -243,12 +303,15 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   cudaEvent_t ev_start = d->ev_end[S_PACK]; /* reused: recorded again at the end */
 
-  /* Start after the caller's work and after this plan's previous execute
-   * (which shares the staging and the buffer table). */
+  /* Start after the caller's work, after this plan's previous execute
+   * (the buffer table) and after the communicator's previous execute of
+   * any plan (the staging pool). */
+  unsigned char *staging = NULL;
   CU(cudaEventRecord(ev_start, caller), "cudaEventRecord(start)");
   CU(cudaStreamWaitEvent(d->s[S_PACK], ev_start, 0), "cudaStreamWaitEvent(start)");
   CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_XFER], 0), "cudaStreamWaitEvent(previous)");
   CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(previous)");
+  RS_CHECK_GOTO(so->begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
 
   int changed = !d->tab_uploaded;
   for (size_t i = 0; i < d->ntab && !changed; i++) {
@@ -263,8 +326,19 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * device table of the slot is overwritten in stream order, after
      * every earlier execute of the plan (see the waits above). */
     int slot = d->tab_uploaded ? (d->tab_cur + 1) % RS_TAB_SLOTS : 0;
-    if (cudaEventQuery(d->tab_ev[slot]) == cudaErrorNotReady)
-      CU(cudaEventSynchronize(d->tab_ev[slot]), "cudaEventSynchronize(buffer table)");
+    for (unsigned spin = 0;; spin++) {
+      cudaError_t q = cudaEventQuery(d->tab_ev[slot]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) CU(q, "cudaEventQuery(buffer table)");
+      RS_CHECK_GOTO(so->check(p->comm), r, fail);
+      if (rs_now_ns() > deadline) {
+        r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back "
+                     "(addresses changed on each) is still in use past the deadline: earlier executes are not "
+                     "finishing", p->rank, RS_TAB_SLOTS);
+        goto fail;
+      }
+      rs_nap(spin);
+    }
     size_t ns = (size_t)p->num_src_buffers;
     void **h = d->h_tab[slot];
     for (size_t i = 0; i < d->ntab; i++)
@@ -279,8 +353,8 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
 
-  unsigned char *send_stage[2] = {d->staging, d->staging + p->send_half};
-  unsigned char *recv_stage[2] = {d->staging + 2 * p->send_half, d->staging + 2 * p->send_half + p->recv_half};
+  unsigned char *send_stage[2] = {staging, staging + p->send_half};
+  unsigned char *recv_stage[2] = {staging + 2 * p->send_half, staging + 2 * p->send_half + p->recv_half};
   int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
   for (int k = 0; k < p->nrounds; k++) {
     int h = k & 1;
@@ -314,6 +388,8 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaEventRecord(d->ev_end[i], d->s[i]), "cudaEventRecord(end)");
     CU(cudaStreamWaitEvent(caller, d->ev_end[i], 0), "cudaStreamWaitEvent(caller)");
   }
+  RS_CHECK_GOTO(so->end(p->comm, caller, deadline), r, fail);
+  d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
   return RESHARD_SUCCESS;
 fail:
   return r;
@@ -323,42 +399,100 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
                                    void *const *dst, size_t ndst, void *stream, uint64_t epoch) {
   (void)epoch; /* NCCL matches in posting order: no tags */
   const reshard_plan_t *p = plan;
-  reshard_plan_t *mut = (reshard_plan_t *)plan; /* the device cache only */
-  reshard_result_t r;
-  /* The first execute creates the cache; a process-wide lock keeps two
-   * concurrent first executes of one plan from both creating it. A failed
-   * setup caches nothing: the plan stays usable (e.g. after freeing
-   * memory). */
-  static pthread_mutex_t setup_mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_mutex_lock(&setup_mu);
-  if (!mut->device) {
-    rs_dev *nd = NULL;
-    r = dev_setup(p, &nd);
-    if (r == RESHARD_SUCCESS) {
-      mut->device = nd;
-      mut->device_free = rs_device_plan_free;
-    }
-  } else {
-    r = RESHARD_SUCCESS;
-  }
-  pthread_mutex_unlock(&setup_mu);
-  if (r != RESHARD_SUCCESS) return r;
-  rs_dev *d = mut->device;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  rs_dev *d = p->device;
+  if (!d) return rs_error(RESHARD_ERROR_INTERNAL, "execute rank %d: the plan was not prepared for the device", p->rank);
   pthread_mutex_lock(&d->mu);
+  reshard_result_t r;
   if (d->failed) {
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: this plan failed earlier (%s); destroy it",
                  p->rank, d->failed_msg);
     pthread_mutex_unlock(&d->mu);
     return r;
   }
-  r = p->comm->ops->stream_ops->check(p->comm);
+  r = so->check(p->comm);
   if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream);
   if (r != RESHARD_SUCCESS) {
-    /* Some of this call may be enqueued, and the communicator may hold
-     * unmatched transfers: the plan cannot be trusted again. */
+    /* Some of this call may be enqueued, and the peers may have queued
+     * their half of it: nothing this rank sends later on the communicator
+     * could be trusted to pair with the right call. */
+    if (p->nsends + p->nrecvs) so->poison(p->comm);
     d->failed = r;
     snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
   }
   pthread_mutex_unlock(&d->mu);
+  return r;
+}
+
+void rs_device_poll(const reshard_plan_t *p) {
+  rs_dev *d = p->device;
+  if (!d) return;
+  pthread_mutex_lock(&d->mu);
+  if (!d->failed && d->last_deadline && rs_now_ns() > d->last_deadline && !streams_idle(d, 0)) {
+    p->comm->ops->stream_ops->poison(p->comm);
+    d->failed = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its "
+                         "deadline (a peer did not run its part, or issued its calls in another order); reshard's "
+                         "NCCL communicator was aborted, which ends the work", p->rank);
+    snprintf(d->failed_msg, sizeof d->failed_msg, "%s", reshard_last_error());
+    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
+    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, RESHARD_ERROR_TIMEOUT, d->failed_msg);
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+reshard_result_t rs_device_prepare_local(reshard_plan_t *p) {
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  RS_CHECK(so->check(p->comm));
+  rs_dev *d = NULL;
+  RS_CHECK(dev_setup(p, &d));
+  p->device = d;
+  p->device_free = rs_device_plan_free;
+  return RESHARD_SUCCESS;
+}
+
+/* NCCL connects a peer lazily, inside the first ncclGroupEnd that names
+ * it, and then sets up every point-to-point channel of that peer and
+ * direction whatever the message size (NCCL src/enqueue.cc, the p2p task
+ * append: "Mark channels that need pre-connect"). A one-byte exchange
+ * with each of the plan's peers, in the plan's directions, while every
+ * rank is in plan creation, makes the first execute connect nothing: a
+ * peer that comes late to it only delays the GPU. */
+reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  rs_dev *d = p->device;
+  if (!d || !(p->nsends + p->nrecvs)) return RESHARD_SUCCESS;
+  reshard_result_t r = so->drain(p->comm); /* the pool is about to be used */
+  if (r) return r;
+  size_t n = p->nsends + p->nrecvs;
+  rs_p2p *ops = calloc(n, sizeof *ops);
+  unsigned char *seen = calloc((size_t)p->comm->size, 2);
+  if (!ops || !seen) {
+    free(ops);
+    free(seen);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory", p->rank);
+  }
+  unsigned char *pool = NULL;
+  r = so->begin(p->comm, d->s[S_XFER], (void **)&pool);
+  size_t k = 0, nrecv = 0;
+  for (size_t i = 0; !r && i < n; i++) {
+    const rs_msg *m = i < p->nrecvs ? &p->recvs[i] : &p->sends[i - p->nrecvs];
+    int recv = i < p->nrecvs;
+    unsigned char *mark = &seen[2 * (size_t)m->peer + (size_t)recv];
+    if (*mark) continue;
+    *mark = 1;
+    /* receives into distinct bytes after the one every send reads */
+    unsigned char *buf = recv ? pool + 1 + nrecv++ % (d->staging_bytes - 1) : pool;
+    ops[k++] = (rs_p2p){m->peer, recv, buf, 1};
+  }
+  int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+  if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline);
+  if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
+  if (!r) r = so->drain(p->comm);
+  free(ops);
+  free(seen);
+  if (r) {
+    so->poison(p->comm);
+    rs_error_prefix("plan_create rank %d (connecting the plan's peers): ", p->rank);
+  }
   return r;
 }

@@ -556,6 +556,13 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
      * place in the agreement and the plan fails like theirs (host
      * transports; without partners or a commit there is nobody to tell). */
     if (!dev && (plan->npeers || dbuf)) r = abort_call(plan, explicit_version, version_in, r);
+    /* Device transports cannot tell the partners (no headers yet): their
+     * half of this call may be queued already, and NCCL would pair it with
+     * this rank's next call. The communicator is poisoned instead. */
+    if (dev && (plan->nsends + plan->nrecvs)) {
+      dev->poison(plan->comm);
+      rs_error_prefix("(reshard's NCCL communicator is now aborted: its peers may have queued this call) ");
+    }
     if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
     return r;
   }

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
+#include "transport/stream.h"
 
 static reshard_plan_t *mut(const reshard_plan_t *p) { return (reshard_plan_t *)p; }
 
@@ -86,6 +87,8 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_pla
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "plan_get_status rank %d: status->struct_size %zu is too small; set it to sizeof(reshard_plan_status_t) = %zu",
                     plan->rank, want, sizeof(reshard_plan_status_t));
+  const rs_stream_ops *so = plan->comm->ops->stream_ops;
+  if (so) so->poll(plan); /* device transports: the deadline of enqueued work */
   reshard_plan_status_t s;
   memset(&s, 0, sizeof s);
   s.struct_size = (uint32_t)(want < sizeof s ? want : sizeof s);

@@ -19,6 +19,7 @@
 #include "common/params.h"
 #include "plan/plan.h"
 #include "plan/relay.h"
+#include "transport/stream.h"
 #include "transport/transport.h"
 
 typedef struct build_ctx {
@@ -1010,6 +1011,12 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   /* bits 32-47 of every tag name the plan; the rest: src/exec/exec_state.h */
   p->tag_base = (uint64_t)(plan_seq & 0xffffu) << 32;
   r = finish_plan(p, &c, chunk);
+  /* Device transports set up everything an execute needs now, before the
+   * agreement below: a rank that cannot (memory, a wrong device) fails
+   * creation on every rank, instead of failing its first execute while its
+   * peers queue theirs and wait forever. */
+  const rs_stream_ops *so = comm->ops->stream_ops;
+  if (r == RESHARD_SUCCESS && so) r = so->prepare_local(p);
   {
     /* Building the plan can still fail on one rank (memory): agree once
      * more, so that no rank keeps a plan its peers do not have. */
@@ -1028,6 +1035,29 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     if (e) {
       r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed building its plan with '%s'", comm->rank,
                    reshard_result_string((reshard_result_t)e));
+      goto fail;
+    }
+  }
+  if (so) {
+    /* Connect the plan's peers while every rank is here (collective), and
+     * agree on the outcome: a rank whose peers did not all answer poisons
+     * its communicator, and its partners must not keep the plan either. */
+    r = so->prepare_peers(p);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    uint64_t e = (uint64_t)r;
+    reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+    if (r != RESHARD_SUCCESS) {
+      rs_error(r, "%s", msg);
+      goto fail;
+    }
+    if (r2 != RESHARD_SUCCESS) {
+      r = r2;
+      goto fail;
+    }
+    if (e) {
+      r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed connecting its plan's peers with "
+                   "'%s'", comm->rank, reshard_result_string((reshard_result_t)e));
       goto fail;
     }
   }

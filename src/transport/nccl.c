@@ -5,10 +5,18 @@
  * the executor's transfer stream. The host half (isend, irecv, ...) is
  * never used: execute dispatches to the device executor.
  *
- * Every NCCL call's result is checked. ncclInProgress (nonblocking
- * communicators) is polled with ncclCommGetAsyncError until the deadline,
- * then the communicator is aborted: a peer that never shows up costs a
- * timeout, not a hang. */
+ * reshard never uses the caller's NCCL communicator for its traffic: it
+ * splits a private one off it (ncclCommSplit, nonblocking), which it alone
+ * may abort. That is what makes a failure safe: NCCL pairs point-to-point
+ * work by issue order, without tags, so once one rank's work stops
+ * matching its peers' (a call failed halfway, or was refused while peers
+ * queued theirs), the only safe move is to abort the communicator that
+ * carries it, and the caller's must survive that.
+ *
+ * Every NCCL call's result is checked. Every wait (ncclInProgress of the
+ * nonblocking communicator, the agreement, the previous executes' work)
+ * is polled until a deadline; past it the private communicator is aborted:
+ * a peer that never shows up costs a timeout, not a hang. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sched.h>
@@ -35,19 +43,23 @@
 /* Plan agreement exchanges at most this many words (transport.h). */
 #define RS_NCCL_SCRATCH_WORDS RS_AGREE_MAX_WORDS
 
-/* A staging block registered with the communicator (optional). */
-typedef struct rs_nccl_reg {
-  void *ptr, *handle;
-  struct rs_nccl_reg *next;
-} rs_nccl_reg;
-
 typedef struct rs_nccl {
-  ncclComm_t comm;
-  rs_nccl_reg *regs;
-  int owned;   /* created by reshard: destroyed with it */
-  int aborted; /* ncclCommAbort freed it */
+  ncclComm_t comm; /* reshard's private communicator (nonblocking) */
+  int aborted;     /* ncclCommAbort freed it (poisoned) */
+  int device;      /* its CUDA device */
   cudaStream_t stream; /* agreement collectives (none with an MPI comm) */
   uint64_t *d_scratch, *h_scratch;
+  /* Executes of every plan on this communicator run one after another
+   * (NCCL runs a communicator's work in issue order anyway; the plans
+   * share the staging pool): the last one's end, recorded on its caller's
+   * stream, and its deadline. */
+  cudaEvent_t last_end;
+  int have_last;
+  int64_t last_deadline;
+  /* The staging pool: as large as the largest live plan needs. */
+  void *pool, *pool_reg;
+  size_t pool_bytes;
+  int pool_users;
 #ifdef RESHARD_HAVE_MPI
   /* reshard_comm_create_nccl_with_mpi: plan agreement runs on the host over
    * a duplicate of the caller's MPI communicator, not through NCCL. */
@@ -60,6 +72,14 @@ typedef struct rs_nccl {
   uint64_t *mpi_buf;
 #endif
 } rs_nccl;
+
+/* Default deadline of communicator creation and destruction, which take
+ * no options: RESHARD_TIMEOUT_MS when set, else the options' default. */
+static int64_t comm_deadline(void) {
+  int64_t ms = 60000;
+  rs_param_get(RS_PARAM_TIMEOUT_MS, &ms);
+  return rs_deadline_after_ms(ms);
+}
 
 static reshard_result_t nccl_code(ncclResult_t e) {
   switch (e) {
@@ -76,21 +96,14 @@ static reshard_result_t nccl_fail(ncclResult_t e, const char *what, int rank, rs
                   last && *last ? ": " : "", last && *last ? last : "");
 }
 
+/* Only ever reshard's private communicator (see the top). */
 static void nccl_abort(rs_nccl *n) {
   if (n->aborted) return;
   ncclCommAbort(n->comm);
   n->aborted = 1;
 }
 
-static void nap(unsigned spin) {
-  if (spin < 64) return;
-  if (spin < 256) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, 20000};
-  nanosleep(&ts, NULL);
-}
+static void nccl_poison(reshard_comm_t *c) { nccl_abort(c->impl); }
 
 /* Waits for a nonblocking communicator's pending operation. */
 static reshard_result_t wait_in_progress(reshard_comm_t *c, const char *what, int64_t deadline) {
@@ -108,21 +121,70 @@ static reshard_result_t wait_in_progress(reshard_comm_t *c, const char *what, in
     if (spin > 64 && rs_now_ns() > deadline) {
       nccl_abort(n);
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s did not complete before the deadline; "
-                      "the NCCL communicator was aborted", c->rank, what);
+                      "reshard's NCCL communicator was aborted (yours is untouched)", c->rank, what);
     }
-    nap(spin);
+    rs_nap(spin);
   }
 }
 
-static reshard_result_t nccl_check(reshard_comm_t *c) {
+/* Whether the calling thread is inside the caller's own
+ * ncclGroupStart/ncclGroupEnd: reshard's ncclGroupEnd would then launch
+ * nothing (NCCL launches at the outermost end) while its events and
+ * unpacks went ahead. NCCL has no query for the depth; a probe tells:
+ * ncclGroupSimulateEnd checks its argument only when it closes the
+ * outermost group (NCCL src/group.cc, ncclGroupEndInternal: the depth is
+ * decremented and nested ends return before the NCCL_SIM_INFO_INITIALIZER
+ * magic is checked; so since 2.22, the first release with
+ * ncclGroupSimulateEnd). An invalid magic thus returns ncclInvalidArgument
+ * at depth 0 (nothing was queued: no effect) and ncclSuccess inside a
+ * group (the depth is back where it was). */
+static int in_caller_group(void) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 22, 0)
+  ncclSimInfo_t probe;
+  memset(&probe, 0, sizeof probe);
+  probe.size = sizeof probe; /* magic 0: invalid on purpose */
+  if (ncclGroupStart() != ncclSuccess) return 0;
+  return ncclGroupSimulateEnd(&probe) == ncclSuccess;
+#else
+  return 0;
+#endif
+}
+
+/* Whether the communicator is alive: not poisoned, no asynchronous error
+ * (which NCCL says must end in an abort). */
+static reshard_result_t nccl_health(reshard_comm_t *c) {
   rs_nccl *n = c->impl;
   if (n->aborted)
-    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the NCCL communicator was aborted after an earlier failure",
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: reshard's NCCL communicator was aborted after an earlier "
+                    "failure; destroy the plans and the reshard communicator (your NCCL communicator is untouched)",
                     c->rank);
   ncclResult_t st = ncclSuccess;
   ncclResult_t e = ncclCommGetAsyncError(n->comm, &st);
   if (e != ncclSuccess) return nccl_fail(e, "ncclCommGetAsyncError", c->rank, n);
-  if (st != ncclSuccess && st != ncclInProgress) return nccl_fail(st, "NCCL communicator (asynchronous error)", c->rank, n);
+  if (st != ncclSuccess && st != ncclInProgress) {
+    reshard_result_t r = nccl_fail(st, "NCCL communicator (asynchronous error)", c->rank, n);
+    nccl_abort(n);
+    return r;
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* nccl_health, and the caller's side: the current device is the
+ * communicator's, and no ncclGroupStart of the caller's is open. */
+static reshard_result_t nccl_check(reshard_comm_t *c) {
+  rs_nccl *n = c->impl;
+  RS_CHECK(nccl_health(c));
+  int dev = -1;
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce) return rs_cuda_error(ce, "cudaGetDevice", c->rank);
+  if (dev != n->device)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the current CUDA device is device %d but the NCCL "
+                    "communicator's is device %d; call cudaSetDevice(%d) before every reshard call on it",
+                    c->rank, dev, n->device, n->device);
+  if (in_caller_group())
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: called between your ncclGroupStart and ncclGroupEnd; "
+                    "reshard's transfers would not be launched before its unpacks: call it outside the group",
+                    c->rank);
   return RESHARD_SUCCESS;
 }
 
@@ -136,61 +198,106 @@ static reshard_result_t nccl_group(reshard_comm_t *c, const rs_p2p *ops, size_t 
                       ops[i].peer);
   ncclResult_t e = ncclGroupStart();
   if (e != ncclSuccess) return nccl_fail(e, "ncclGroupStart", c->rank, n);
-  for (size_t i = 0; i < nops && e == ncclSuccess; i++) {
+  /* ncclInProgress (a nonblocking communicator still busy) is not a
+   * failure: every operation of the round is posted, whatever it returns,
+   * until one fails outright. */
+  ncclResult_t bad = ncclSuccess;
+  for (size_t i = 0; i < nops && (bad == ncclSuccess); i++) {
     /* ncclInt8 counts bytes: size_t counts cover any message. */
     if (ops[i].is_recv)
       e = ncclRecv(ops[i].buf, (size_t)ops[i].bytes, ncclInt8, ops[i].peer, n->comm, (cudaStream_t)stream);
     else
       e = ncclSend(ops[i].buf, (size_t)ops[i].bytes, ncclInt8, ops[i].peer, n->comm, (cudaStream_t)stream);
+    if (e != ncclSuccess && e != ncclInProgress) bad = e;
   }
   /* The group must be closed even after a failed call inside it. */
   ncclResult_t ge = ncclGroupEnd();
-  if (e != ncclSuccess && e != ncclInProgress) return nccl_fail(e, "ncclSend/ncclRecv", c->rank, n);
+  if (bad != ncclSuccess) return nccl_fail(bad, "ncclSend/ncclRecv", c->rank, n);
   if (ge == ncclInProgress) return wait_in_progress(c, "ncclGroupEnd", deadline);
   if (ge != ncclSuccess) return nccl_fail(ge, "ncclGroupEnd", c->rank, n);
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t nccl_mem_alloc(reshard_comm_t *c, size_t bytes, void **ptr) {
+/* Waits for the work of the communicator's last execute, until its
+ * deadline. Used before anything that must not queue behind it on the
+ * GPU (plan agreement over NCCL: NCCL would run it after that work, so a
+ * deadline of its own would measure the backlog) or that replaces what it
+ * uses (the staging pool). */
+static reshard_result_t nccl_drain(reshard_comm_t *c) {
   rs_nccl *n = c->impl;
-  *ptr = NULL;
-  ncclResult_t e = ncclMemAlloc(ptr, bytes);
-  if (e != ncclSuccess) {
-    *ptr = NULL;
-    /* ncclMemAlloc reports a failed cuMem allocation as a CUDA or system
-     * error: at this point it can only be the memory. */
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: ncclMemAlloc of %zu bytes of staging failed: %s", c->rank,
-                    bytes, ncclGetErrorString(e));
-  }
-  /* Registration (RESHARD_NCCL_REGISTER=1) lets NCCL skip its own copies
-   * on some transports; it is an optimization, so a failure only costs
-   * that. */
-  int64_t reg = 0;
-  if (rs_param_get(RS_PARAM_NCCL_REGISTER, &reg) && reg == 1) {
-    rs_nccl_reg *r = calloc(1, sizeof *r);
-    if (r && ncclCommRegister(n->comm, *ptr, bytes, &r->handle) == ncclSuccess) {
-      r->ptr = *ptr;
-      r->next = n->regs;
-      n->regs = r;
-    } else {
-      free(r);
+  if (!n->have_last) return RESHARD_SUCCESS;
+  for (unsigned spin = 0;; spin++) {
+    cudaError_t ce = cudaEventQuery(n->last_end);
+    if (ce == cudaSuccess) break;
+    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, "cudaEventQuery(previous execute)", c->rank);
+    RS_CHECK(nccl_health(c));
+    if (spin > 64 && rs_now_ns() > n->last_deadline) {
+      nccl_abort(n);
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: an earlier execute on this communicator did not finish "
+                      "before its deadline (a peer is missing or its calls come in another order); reshard's NCCL "
+                      "communicator was aborted", c->rank);
     }
+    rs_nap(spin);
   }
+  n->have_last = 0;
   return RESHARD_SUCCESS;
 }
 
-static void nccl_mem_free(reshard_comm_t *c, void *ptr) {
+static reshard_result_t nccl_begin(reshard_comm_t *c, void *stream, void **staging) {
   rs_nccl *n = c->impl;
-  if (!ptr) return;
-  for (rs_nccl_reg **pr = &n->regs; *pr; pr = &(*pr)->next)
-    if ((*pr)->ptr == ptr) {
-      rs_nccl_reg *r = *pr;
-      if (!n->aborted) ncclCommDeregister(n->comm, r->handle);
-      *pr = r->next;
-      free(r);
-      break;
-    }
-  ncclMemFree(ptr);
+  *staging = n->pool;
+  if (!n->have_last) return RESHARD_SUCCESS;
+  cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)stream, n->last_end, 0);
+  if (ce) return rs_cuda_error(ce, "cudaStreamWaitEvent(previous execute)", c->rank);
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t nccl_end(reshard_comm_t *c, void *stream, int64_t deadline) {
+  rs_nccl *n = c->impl;
+  cudaError_t ce = cudaEventRecord(n->last_end, (cudaStream_t)stream);
+  if (ce) return rs_cuda_error(ce, "cudaEventRecord(execute end)", c->rank);
+  n->have_last = 1;
+  n->last_deadline = deadline;
+  return RESHARD_SUCCESS;
+}
+
+static void pool_free(rs_nccl *n) {
+  if (n->pool_reg && !n->aborted) ncclCommDeregister(n->comm, n->pool_reg);
+  n->pool_reg = NULL;
+  if (n->pool) ncclMemFree(n->pool);
+  n->pool = NULL;
+  n->pool_bytes = 0;
+}
+
+static reshard_result_t nccl_staging_acquire(reshard_comm_t *c, size_t bytes) {
+  rs_nccl *n = c->impl;
+  if (bytes > n->pool_bytes) {
+    /* the old pool may still feed earlier executes */
+    RS_CHECK(nccl_drain(c));
+    pool_free(n);
+    void *p = NULL;
+    ncclResult_t e = ncclMemAlloc(&p, bytes);
+    if (e != ncclSuccess)
+      /* ncclMemAlloc reports a failed cuMem allocation as a CUDA or system
+       * error: at this point it can only be the memory. */
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: ncclMemAlloc of %zu bytes of staging failed: %s", c->rank,
+                      bytes, ncclGetErrorString(e));
+    n->pool = p;
+    n->pool_bytes = bytes;
+    /* Registration (RESHARD_NCCL_REGISTER=1) lets NCCL skip its own copies
+     * on some transports; it is an optimization, so a failure only costs
+     * that. */
+    int64_t reg = 0;
+    if (rs_param_get(RS_PARAM_NCCL_REGISTER, &reg) && reg == 1 && ncclCommRegister(n->comm, p, bytes, &n->pool_reg))
+      n->pool_reg = NULL;
+  }
+  n->pool_users++;
+  return RESHARD_SUCCESS;
+}
+
+static void nccl_staging_release(reshard_comm_t *c) {
+  rs_nccl *n = c->impl;
+  if (n->pool_users > 0 && --n->pool_users == 0) pool_free(n);
 }
 
 #ifdef RESHARD_HAVE_MPI
@@ -224,18 +331,44 @@ static reshard_result_t mpi_agree(reshard_comm_t *c, uint64_t *vals, int nvals, 
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement over MPI did not complete before the deadline "
                       "(a rank is missing or stuck); this communicator cannot agree on plans again", c->rank);
     }
-    nap(spin);
+    rs_nap(spin);
   }
 }
 #endif
 
+static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline);
+
+/* Plan agreement. Runs on the communicator's device whatever the current
+ * one (restored after): a rank on the wrong device then still takes part,
+ * and learns of its mistake with everybody else at the agreement on its
+ * device setup (prepare_local). */
 static reshard_result_t nccl_allreduce(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline) {
   rs_nccl *n = c->impl;
-  reshard_result_t r = nccl_check(c);
+  int dev = -1;
+  if (cudaGetDevice(&dev) || dev == n->device) return nccl_allreduce_on_device(c, vals, nvals, deadline);
+  cudaError_t ce = cudaSetDevice(n->device);
+  if (ce) return rs_cuda_error(ce, "cudaSetDevice(the communicator's)", c->rank);
+  reshard_result_t r = nccl_allreduce_on_device(c, vals, nvals, deadline);
+  cudaSetDevice(dev);
+  return r;
+}
+
+static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline) {
+  rs_nccl *n = c->impl;
+  reshard_result_t r = nccl_health(c);
   if (r) return r;
 #ifdef RESHARD_HAVE_MPI
   if (n->have_mpi) return mpi_agree(c, vals, nvals, deadline);
 #endif
+  /* NCCL would run the allreduce after the executes already queued on
+   * this communicator: wait for them (until their own deadline) so that
+   * the agreement's deadline measures the agreement. The peers drain
+   * theirs too, which may end later than this rank's (up to the same
+   * deadline): the agreement's timeout then counts from there. */
+  int64_t t0 = rs_now_ns(), busy_until = n->have_last ? n->last_deadline : 0;
+  RS_CHECK(nccl_drain(c));
+  if (busy_until > t0 && deadline != RS_NO_DEADLINE && busy_until < RS_NO_DEADLINE - (deadline - t0))
+    deadline = busy_until + (deadline - t0);
   if (nvals < 0 || nvals > RS_NCCL_SCRATCH_WORDS)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: allreduce of %d words", c->rank, nvals);
   memcpy(n->h_scratch, vals, (size_t)nvals * sizeof *vals);
@@ -255,13 +388,13 @@ static reshard_result_t nccl_allreduce(reshard_comm_t *c, uint64_t *vals, int nv
     ce = cudaStreamQuery(n->stream);
     if (ce == cudaSuccess) break;
     if (ce != cudaErrorNotReady) return rs_cuda_error(ce, "cudaStreamQuery(agreement)", c->rank);
-    RS_CHECK(nccl_check(c));
+    RS_CHECK(nccl_health(c));
     if (spin > 64 && rs_now_ns() > deadline) {
       nccl_abort(n);
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement over NCCL did not complete before the deadline "
-                      "(a rank is missing or stuck); the NCCL communicator was aborted", c->rank);
+                      "(a rank is missing or stuck); reshard's NCCL communicator was aborted", c->rank);
     }
-    nap(spin);
+    rs_nap(spin);
   }
   memcpy(vals, n->h_scratch, (size_t)nvals * sizeof *vals);
   return RESHARD_SUCCESS;
@@ -290,11 +423,32 @@ static reshard_result_t nccl_no_wait(reshard_comm_t *c, rs_request *req, int64_t
 }
 static void nccl_no_cancel(reshard_comm_t *c, rs_request *req) { (void)c, (void)req; }
 
+/* Finalizes and destroys reshard's private communicator, polled until
+ * the deadline (then aborted): destruction never hangs either. */
+static void close_private(rs_nccl *n) {
+  if (!n->comm || n->aborted) return;
+  int64_t deadline = comm_deadline();
+  ncclResult_t e = ncclCommFinalize(n->comm);
+  for (unsigned spin = 0; e == ncclInProgress || e == ncclSuccess; spin++) {
+    ncclResult_t st = ncclInProgress;
+    if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) break;
+    if (st == ncclSuccess) {
+      ncclCommDestroy(n->comm);
+      return;
+    }
+    if (st != ncclInProgress || (spin > 64 && rs_now_ns() > deadline)) break;
+    rs_nap(spin);
+  }
+  nccl_abort(n);
+}
+
 static void nccl_release(rs_nccl *n) {
   if (n->stream) cudaStreamDestroy(n->stream);
   if (n->d_scratch) cudaFree(n->d_scratch);
   if (n->h_scratch) cudaFreeHost(n->h_scratch);
-  if (n->owned && !n->aborted) ncclCommDestroy(n->comm);
+  if (n->last_end) cudaEventDestroy(n->last_end);
+  pool_free(n); /* plans still alive (leaked by the caller) lose theirs */
+  close_private(n);
 #ifdef RESHARD_HAVE_MPI
   int finalized = 0;
   if (n->have_mpi && !MPI_Finalized(&finalized) && !finalized) MPI_Comm_free(&n->mpi);
@@ -313,7 +467,18 @@ static void nccl_destroy(reshard_comm_t *c) {
 }
 
 static const rs_stream_ops rs_nccl_stream_ops = {
-    rs_device_execute, nccl_group, nccl_mem_alloc, nccl_mem_free, nccl_check,
+    .execute = rs_device_execute,
+    .prepare_local = rs_device_prepare_local,
+    .prepare_peers = rs_device_prepare_peers,
+    .group = nccl_group,
+    .staging_acquire = nccl_staging_acquire,
+    .staging_release = nccl_staging_release,
+    .begin = nccl_begin,
+    .end = nccl_end,
+    .drain = nccl_drain,
+    .check = nccl_check,
+    .poll = rs_device_poll,
+    .poison = nccl_poison,
 };
 
 static const rs_transport_ops rs_nccl_ops = {
@@ -328,27 +493,95 @@ static const rs_transport_ops rs_nccl_ops = {
     .stream_ops = &rs_nccl_stream_ops,
 };
 
-/* mpi_agreement: no agreement resources here (the caller attaches an MPI
+/* Waits until a nonblocking communicator being created is ready (or
+ * fails, or the deadline passes: then it is aborted, being reshard's). */
+static reshard_result_t wait_ready(ncclComm_t nc, const char *what, int64_t deadline) {
+  for (unsigned spin = 0;; spin++) {
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t e = ncclCommGetAsyncError(nc, &st);
+    if (e == ncclSuccess && st == ncclSuccess) return RESHARD_SUCCESS;
+    if (e != ncclSuccess || st != ncclInProgress) {
+      ncclCommAbort(nc);
+      return rs_error(nccl_code(e != ncclSuccess ? e : st), "%s failed: %s", what,
+                      ncclGetErrorString(e != ncclSuccess ? e : st));
+    }
+    if (spin > 64 && rs_now_ns() > deadline) {
+      ncclCommAbort(nc);
+      return rs_error(RESHARD_ERROR_TIMEOUT, "%s did not complete before the deadline (RESHARD_TIMEOUT_MS, default "
+                      "60 s): a rank did not call it", what);
+    }
+    rs_nap(spin);
+  }
+}
+
+/* reshard's private communicator: the caller's split into one (every rank,
+ * in rank order), nonblocking, sharing nothing with it (not even the abort
+ * flag, which splitShare would share: NCCL src/init.cc,
+ * ncclCommInitChildComm). Collective over `parent`, like ncclCommSplit:
+ * it blocks as the parent's own calls do (NCCL launches the split with the
+ * parent's blocking mode); a nonblocking parent is polled until the
+ * deadline. */
+static reshard_result_t split_private(ncclComm_t parent, const char *who, ncclComm_t *out) {
+  *out = NULL;
+  int rank = 0;
+  ncclResult_t e = ncclCommUserRank(parent, &rank);
+  if (e != ncclSuccess)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: not a usable NCCL communicator: %s", who,
+                    ncclGetErrorString(e));
+  const char *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (share && atoi(share) == 1)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "%s rank %d: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 makes split "
+                    "communicators share the parent's abort flag, so reshard could not abort its own without "
+                    "aborting yours; unset it (or create your communicator with splitShare = 0)", who, rank);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.splitShare = 0;
+  ncclComm_t child = NULL;
+  e = ncclCommSplit(parent, 0, rank, &child, &cfg);
+  if (e != ncclSuccess && e != ncclInProgress)
+    return rs_error(nccl_code(e), "%s rank %d: ncclCommSplit failed: %s", who, rank, ncclGetErrorString(e));
+  int64_t deadline = comm_deadline();
+  /* A nonblocking parent: the new communicator appears when the split is
+   * done (NCCL stores it then). */
+  for (unsigned spin = 0; !__atomic_load_n(&child, __ATOMIC_ACQUIRE); spin++) {
+    if (spin > 64 && rs_now_ns() > deadline)
+      return rs_error(RESHARD_ERROR_TIMEOUT, "%s rank %d: ncclCommSplit did not complete before the deadline: a "
+                      "rank did not call it; your communicator then still has the split pending (abort it)", who,
+                      rank);
+    rs_nap(spin);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "%s rank %d: ncclCommSplit", who, rank);
+  RS_CHECK(wait_ready(child, what, deadline));
+  *out = child;
+  return RESHARD_SUCCESS;
+}
+
+/* Wraps reshard's private communicator `comm` (destroyed on failure).
+ * mpi_agreement: no agreement resources here (the caller attaches an MPI
  * communicator). */
-static reshard_result_t wrap_comm(ncclComm_t comm, int owned, int mpi_agreement, reshard_comm_t **out) {
+static reshard_result_t wrap_comm(ncclComm_t comm, int mpi_agreement, reshard_comm_t **out) {
   reshard_comm_t *c = calloc(1, sizeof *c);
   rs_nccl *n = calloc(1, sizeof *n);
   reshard_result_t r = RESHARD_SUCCESS;
   if (!c || !n) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_nccl: out of memory");
+    if (n) free(n);
+    n = NULL;
+    ncclCommAbort(comm);
     goto fail;
   }
   n->comm = comm;
-  n->owned = owned;
   ncclResult_t e = ncclCommCount(comm, &c->size);
   if (e == ncclSuccess) e = ncclCommUserRank(comm, &c->rank);
+  if (e == ncclSuccess) e = ncclCommCuDevice(comm, &n->device);
   if (e != ncclSuccess) {
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl: not a usable NCCL communicator: %s",
                  ncclGetErrorString(e));
     goto fail;
   }
-  cudaError_t ce = cudaSuccess;
-  if (!mpi_agreement) {
+  cudaError_t ce = cudaEventCreateWithFlags(&n->last_end, cudaEventDisableTiming);
+  if (!ce && !mpi_agreement) {
     ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (!ce) ce = cudaMalloc((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8);
     if (!ce) ce = cudaMallocHost((void **)&n->h_scratch, RS_NCCL_SCRATCH_WORDS * 8);
@@ -362,10 +595,7 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int owned, int mpi_agreement,
   *out = c;
   return RESHARD_SUCCESS;
 fail:
-  if (n) {
-    n->owned = 0; /* the caller's comm on failure paths, or destroyed below */
-    nccl_release(n);
-  }
+  if (n) nccl_release(n);
   free(n);
   free(c);
   return r;
@@ -376,7 +606,9 @@ reshard_result_t reshard_comm_create_nccl(ncclComm_t comm, reshard_comm_t **out)
   if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl: out is NULL");
   *out = NULL;
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl: comm is NULL");
-  return wrap_comm(comm, 0, 0, out);
+  ncclComm_t mine = NULL;
+  RS_CHECK(split_private(comm, "comm_create_nccl", &mine));
+  return wrap_comm(mine, 0, out);
 }
 
 #ifdef RESHARD_HAVE_MPI
@@ -402,14 +634,20 @@ reshard_result_t reshard_comm_create_nccl_mpi(MPI_Comm comm, reshard_comm_t **ou
   int err = MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, comm);
   if (err != MPI_SUCCESS) return rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_mpi rank %d: MPI_Bcast failed", rank);
   if (!msg.ok) return rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_mpi rank %d: ncclGetUniqueId failed on rank 0", rank);
+  /* reshard's own communicator from the start: nonblocking, polled. */
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
   ncclComm_t nc = NULL;
-  ncclResult_t e = ncclCommInitRank(&nc, size, msg.id, rank);
-  if (e != ncclSuccess)
-    return rs_error(nccl_code(e), "comm_create_nccl_mpi rank %d: ncclCommInitRank failed: %s", rank,
+  ncclResult_t e = ncclCommInitRankConfig(&nc, size, msg.id, rank, &cfg);
+  if (e != ncclSuccess && e != ncclInProgress) {
+    if (nc) ncclCommAbort(nc);
+    return rs_error(nccl_code(e), "comm_create_nccl_mpi rank %d: ncclCommInitRankConfig failed: %s", rank,
                     ncclGetErrorString(e));
-  reshard_result_t r = wrap_comm(nc, 1, 0, out);
-  if (r) ncclCommDestroy(nc);
-  return r;
+  }
+  char what[96];
+  snprintf(what, sizeof what, "comm_create_nccl_mpi rank %d: ncclCommInitRankConfig", rank);
+  RS_CHECK(wait_ready(nc, what, comm_deadline()));
+  return wrap_comm(nc, 0, out);
 }
 
 reshard_result_t reshard_comm_create_nccl_with_mpi(ncclComm_t nccl, MPI_Comm mpi, reshard_comm_t **out) {
@@ -429,28 +667,41 @@ reshard_result_t reshard_comm_create_nccl_with_mpi(ncclComm_t nccl, MPI_Comm mpi
   if (err != MPI_SUCCESS)
     return rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_with_mpi: MPI_Comm_dup failed (MPI error %d)", err);
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  int mrank, msize;
+  int mrank, msize, nrank = -1, nsize = -1;
   MPI_Comm_rank(dup, &mrank);
   MPI_Comm_size(dup, &msize);
-  reshard_comm_t *c = NULL;
-  uint64_t *buf = malloc(RS_NCCL_SCRATCH_WORDS * sizeof *buf);
-  reshard_result_t r = buf ? wrap_comm(nccl, 0, 1, &c)
-                           : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_nccl_with_mpi: out of memory");
-  if (!r && (c->rank != mrank || c->size != msize))
+  reshard_result_t r = RESHARD_SUCCESS;
+  ncclResult_t e = ncclCommCount(nccl, &nsize);
+  if (e == ncclSuccess) e = ncclCommUserRank(nccl, &nrank);
+  if (e != ncclSuccess)
+    r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: not a usable NCCL communicator: %s",
+                 ncclGetErrorString(e));
+  else if (nrank != mrank || nsize != msize)
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_nccl_with_mpi: NCCL rank %d of %d but MPI rank %d of %d: "
-                 "the MPI communicator must have the NCCL communicator's ranks, in the same order", c->rank, c->size,
+                 "the MPI communicator must have the NCCL communicator's ranks, in the same order", nrank, nsize,
                  mrank, msize);
-  /* Every rank learns whether any failed: either all get a communicator
-   * or none does, and a failing rank never leaves the others waiting in a
-   * later agreement. */
-  int bad = r != RESHARD_SUCCESS, any = bad;
-  err = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, dup);
-  if (!r && err != MPI_SUCCESS)
-    r = rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_with_mpi rank %d: MPI_Allreduce failed (MPI error %d)",
-                 mrank, err);
-  else if (!r && any)
-    r = rs_error(RESHARD_ERROR_REMOTE, "comm_create_nccl_with_mpi rank %d: another rank failed to create its "
-                 "communicator", mrank);
+  /* Every rank learns whether any failed, before the split (collective
+   * over NCCL, it would wait for a rank that gave up) and after it: either
+   * all get a communicator or none does. */
+  reshard_comm_t *c = NULL;
+  uint64_t *buf = NULL;
+  for (int stage = 0; stage < 2; stage++) {
+    if (stage == 1 && !r) {
+      buf = malloc(RS_NCCL_SCRATCH_WORDS * sizeof *buf);
+      ncclComm_t mine = NULL;
+      r = buf ? split_private(nccl, "comm_create_nccl_with_mpi", &mine)
+              : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_nccl_with_mpi: out of memory");
+      if (!r) r = wrap_comm(mine, 1, &c);
+    }
+    int bad = r != RESHARD_SUCCESS, any = bad;
+    err = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, dup);
+    if (!r && err != MPI_SUCCESS)
+      r = rs_error(RESHARD_ERROR_BACKEND, "comm_create_nccl_with_mpi rank %d: MPI_Allreduce failed (MPI error %d)",
+                   mrank, err);
+    else if (!r && any)
+      r = rs_error(RESHARD_ERROR_REMOTE, "comm_create_nccl_with_mpi rank %d: another rank failed to create its "
+                   "communicator", mrank);
+  }
   if (r) {
     reshard_comm_destroy(c);
     MPI_Comm_free(&dup);

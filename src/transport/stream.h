@@ -32,17 +32,50 @@ struct rs_stream_ops {
                               void *const *src, size_t nsrc,
                               void *const *dst, size_t ndst, void *stream,
                               uint64_t epoch);
+  /* Plan creation, in two steps around an agreement (src/plan/create.c):
+   * prepare_local sets up everything an execute needs that only this rank
+   * can fail at (device copies of the descriptors, staging, streams), so
+   * that a failure fails creation on every rank instead of stranding the
+   * peers at the first execute; prepare_peers then connects the plan's
+   * peers (collective), so that a late peer at the first execute costs a
+   * wait on the GPU, never a host wait or an abort. */
+  reshard_result_t (*prepare_local)(reshard_plan_t *plan);
+  reshard_result_t (*prepare_peers)(reshard_plan_t *plan);
   /* Enqueues one group of transfers (all of one round) on `stream`. A
    * nonblocking communicator may need to finish enqueueing: that wait ends
-   * at deadline_ns (then the communicator is aborted: TIMEOUT). */
+   * at deadline_ns (then reshard's communicator is aborted: TIMEOUT). */
   reshard_result_t (*group)(reshard_comm_t *comm, const rs_p2p *ops,
                             size_t n, void *stream, int64_t deadline_ns);
-  /* Staging memory suited to the transport (ncclMemAlloc). */
-  reshard_result_t (*mem_alloc)(reshard_comm_t *comm, size_t bytes,
-                                void **ptr);
-  void (*mem_free)(reshard_comm_t *comm, void *ptr);
-  /* Never blocks: the communicator's asynchronous error, if any. */
+  /* The communicator's staging pool, shared by its plans (their executes
+   * run one after another, see begin): acquire makes it at least `bytes`
+   * (waiting for earlier executes' work first, see drain) and counts a
+   * user; release drops one (the last frees it). */
+  reshard_result_t (*staging_acquire)(reshard_comm_t *comm, size_t bytes);
+  void (*staging_release)(reshard_comm_t *comm);
+  /* An execute starts: `stream` waits for the previous execute of any plan
+   * on the communicator; *staging is the pool. end records the execute's
+   * end (the work on `stream` so far) and its deadline. */
+  reshard_result_t (*begin)(reshard_comm_t *comm, void *stream,
+                            void **staging);
+  reshard_result_t (*end)(reshard_comm_t *comm, void *stream,
+                          int64_t deadline_ns);
+  /* Waits for the last execute's work until its deadline (past it:
+   * TIMEOUT, and the communicator is poisoned). */
+  reshard_result_t (*drain)(reshard_comm_t *comm);
+  /* Never blocks: whether reshard may use the communicator now (not
+   * poisoned, no asynchronous error, the current device is its device,
+   * not inside the caller's ncclGroupStart). */
   reshard_result_t (*check)(reshard_comm_t *comm);
+  /* reshard_plan_get_status: never blocks. A plan whose last execute is
+   * not done past its deadline fails with TIMEOUT, and the communicator is
+   * poisoned (which ends the work on the GPU): the way to wait for an
+   * execute without hanging on a peer that never comes. */
+  void (*poll)(const reshard_plan_t *plan);
+  /* reshard's work on the communicator can no longer pair with its peers'
+   * (a call failed or was refused after peers may have queued theirs):
+   * aborts reshard's private communicator, never the caller's. Later
+   * calls fail with INVALID_USAGE. */
+  void (*poison)(reshard_comm_t *comm);
 };
 
 static inline reshard_result_t rs_stream_execute(

@@ -3,10 +3,16 @@
  * misaligned raw destination and a fused one, executed on a user stream
  * without host synchronization, then checked byte for byte (every
  * destination element and every byte around the fragments). Three steps
- * with new values; buffers change address on the last one. Exit 77
- * without a device. */
+ * with new values; buffers change address on the last one. Then, on the
+ * real NCCL, the rules the mocked multi-rank tests check (issue 23): plan
+ * creation behind a long GPU backlog is not timed against it; an execute
+ * inside the caller's ncclGroupStart is refused (and at depth 0 the probe
+ * that tells has no effect: every execute above went through it); the
+ * caller's communicator is neither aborted nor destroyed by reshard and
+ * still works afterwards. Exit 77 without a device. */
 #include <nccl.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +76,19 @@ static void free_device(void **d, int n) {
   free(d);
 }
 
+/* A host function on the stream: the GPU work behind it waits 1.5 s. */
+static void CUDART_CB stall(void *arg) {
+  (void)arg;
+  struct timespec ts = {1, 500000000L};
+  nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int main(void) {
   gpu_require_device("gpu_nccl_local");
   int dev = 0;
@@ -114,14 +133,62 @@ int main(void) {
     free_device(sd, s.nbuf);
     reshard_selftest_free(&s);
   }
+  int fails = 0;
+  {
+    /* a backlog: an execute queued behind 1.5 s of stalled stream, then a
+     * plan created with a 300 ms timeout: it waits for the backlog (until
+     * that execute's own deadline), then agrees in time */
+    reshard_selftest_alloc(&s, src, 0, 7);
+    void **sd = to_device(&s);
+    CK(cudaLaunchHostFunc(stream, stall, NULL));
+    RS(reshard_plan_execute(plan, sd, (size_t)s.nbuf, dd, (size_t)d.nbuf, stream));
+    reshard_options_t quick = o;
+    quick.timeout_ms = 300;
+    reshard_plan_t *plan2 = NULL;
+    double t0 = now_s();
+    reshard_result_t r = reshard_plan_create(comm, src, dst, &quick, &plan2);
+    double dt = now_s() - t0;
+    printf("gpu_nccl_local: plan_create behind a 1.5 s backlog: %s in %.2f s\n", reshard_result_string(r), dt);
+    if (r) {
+      fprintf(stderr, "FAIL: plan_create behind the backlog: %s\n", reshard_last_error());
+      fails++;
+    }
+    CK(cudaStreamSynchronize(stream));
+    /* inside the caller's own group: refused */
+    if (plan2) {
+      ncclGroupStart();
+      r = reshard_plan_execute(plan2, sd, (size_t)s.nbuf, dd, (size_t)d.nbuf, stream);
+      ncclGroupEnd();
+      printf("gpu_nccl_local: execute inside ncclGroupStart: %s\n", reshard_result_string(r));
+      if (r != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "ncclGroupStart")) {
+        fprintf(stderr, "FAIL: execute inside the caller's group: %s (%s)\n", reshard_result_string(r),
+                reshard_last_error());
+        fails++;
+      }
+      reshard_plan_destroy(plan2);
+    }
+    free_device(sd, s.nbuf);
+    reshard_selftest_free(&s);
+  }
   free_device(dd, d.nbuf);
   reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   reshard_comm_destroy(comm);
+  {
+    /* the caller's communicator is still the caller's, and works */
+    float *x;
+    CK(cudaMalloc((void **)&x, sizeof *x));
+    ncclResult_t e = ncclAllReduce(x, x, 1, ncclFloat, ncclSum, nc, stream);
+    if (e == ncclSuccess) CK(cudaStreamSynchronize(stream));
+    printf("gpu_nccl_local: the caller's communicator after reshard_comm_destroy: %s\n", ncclGetErrorString(e));
+    if (e != ncclSuccess) fails++;
+    cudaFree(x);
+  }
   ncclCommDestroy(nc);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   CK(cudaStreamDestroy(stream));
-  printf("gpu_nccl_local: %lld wrong bytes/elements: %s\n", (long long)bad, bad ? "FAILED" : "passed");
-  return bad ? 1 : 0;
+  printf("gpu_nccl_local: %lld wrong bytes/elements, %d other failures: %s\n", (long long)bad, fails,
+         bad || fails ? "FAILED" : "passed");
+  return bad || fails ? 1 : 0;
 }

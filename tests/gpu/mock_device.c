@@ -514,6 +514,10 @@ cudaError_t __wrap_cudaGetDevice(int *d) {
   *d = M.device;
   return cudaSuccess;
 }
+cudaError_t __wrap_cudaSetDevice(int d) {
+  M.device = d;
+  return cudaSuccess;
+}
 cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
   if (M.fail_malloc) return cudaErrorMemoryAllocation;
   LOCK();
@@ -922,8 +926,12 @@ ncclResult_t __wrap_ncclCommSplit(ncclComm_t h, int color, int key, ncclComm_t *
   G.comms = c;
   group_of(c->gid, c->size)->split_arrived++;
   pthread_cond_broadcast(&G.cv);
+  /* NCCL runs the split in the parent's blocking mode (src/init.cc,
+   * ncclCommInitChildComm launches it on the parent); the child's own
+   * config governs the child afterwards. A nonblocking parent's split
+   * stores the child once it is done: here at once, polled as pending. */
   ncclResult_t r = ncclSuccess;
-  if (!c->blocking) {
+  if (!p->blocking) {
     r = ncclInProgress;
   } else if (wait_for(split_done, c, "ncclCommSplit")) {
     r = ncclSystemError; /* (a hang, counted) */

@@ -20,8 +20,9 @@
  *   only once that peer has posted to this rank too;
  * - nested ncclGroupStart launches nothing until the outermost
  *   ncclGroupEnd; ncclGroupSimulateEnd validates its argument only there;
- * - ncclCommSplit makes a new communicator (nonblocking when its config
- *   says so: complete once every rank of the world has split);
+ * - ncclCommSplit makes a new communicator once every rank of the world
+ *   has split (blocking as the parent is; the child nonblocking when its
+ *   config says so);
  *   ncclCommAbort drops the communicator's pending work; any later use of
  *   an aborted or destroyed communicator is counted as a use after free.
  *

@@ -75,6 +75,9 @@ static void setup_plan(fixture *f, int rank, size_t staging) {
   memset(f, 0, sizeof *f);
   mock_reset(rank, 4);
   assert_int_equal(reshard_comm_create_nccl((ncclComm_t)0x1, &f->comm), 0);
+  /* what the communicator alone holds (the plan's device state, set up
+   * with the plan, goes with it) */
+  f->mem0 = M.mem, f->streams0 = M.streams, f->events0 = M.events;
   layouts_4(&f->src, &f->dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = staging;
@@ -82,7 +85,6 @@ static void setup_plan(fixture *f, int rank, size_t staging) {
   reshard_result_t r = reshard_plan_create(f->comm, f->src, f->dst, &o, &f->plan);
   if (r) fail_msg("plan_create: %s", reshard_last_error());
   M.plan = f->plan;
-  f->mem0 = M.mem, f->streams0 = M.streams, f->events0 = M.events;
   f->sp[0] = f->sbuf;
   f->dp[0] = f->dbuf;
 }
@@ -293,24 +295,43 @@ static void local_copies_data(void **state) {
   assert_int_equal(M.events, 0);
 }
 
-/* Allocation failures at setup: OUT_OF_MEMORY, nothing leaked, nothing
- * cached, and the plan works once memory is back. */
+/* Allocation failures of the device setup, which runs while the plan is
+ * created: OUT_OF_MEMORY from plan_create, nothing leaked, and the
+ * communicator serves once memory is back. */
 static void alloc_failures(void **state) {
   (void)state;
   for (int which = 0; which < 4; which++) {
-    fixture f;
-    setup_plan(&f, 1, 4096);
+    mock_reset(1, 4);
+    reshard_comm_t *comm;
+    assert_int_equal(reshard_comm_create_nccl((ncclComm_t)0x1, &comm), 0);
+    long mem0 = M.mem, streams0 = M.streams, events0 = M.events;
+    reshard_layout_t *src, *dst;
+    layouts_4(&src, &dst);
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.staging_bytes = 4096;
+    o.timeout_ms = 200;
     if (which < 3) M.fail_malloc_async_at = M.malloc_async_calls + which + 1;
     else M.fail_nccl_mem = 1;
-    assert_int_equal(exec(&f, NULL), RESHARD_ERROR_OUT_OF_MEMORY);
+    reshard_plan_t *plan = NULL;
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_OUT_OF_MEMORY);
     assert_non_null(strstr(reshard_last_error(), which < 3 ? "cudaMallocAsync" : "ncclMemAlloc"));
-    assert_null(f.plan->device);
-    assert_int_equal(M.mem, f.mem0);
-    assert_int_equal(M.streams, f.streams0);
-    assert_int_equal(M.events, f.events0);
+    assert_null(plan);
+    assert_int_equal(M.mem, mem0);
+    assert_int_equal(M.streams, streams0);
+    assert_int_equal(M.events, events0);
     M.fail_malloc_async_at = 0, M.fail_nccl_mem = 0;
-    assert_int_equal(exec(&f, NULL), 0); /* reusable */
-    teardown_plan(&f);
+    assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
+    float sbuf[1024] = {0}, dbuf[1024] = {0};
+    void *sp[1] = {sbuf}, *dp[1] = {dbuf};
+    assert_int_equal(reshard_plan_execute(plan, sp, 1, dp, 1, NULL), 0);
+    reshard_plan_destroy(plan);
+    assert_int_equal(M.mem, mem0);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    reshard_comm_destroy(comm);
+    assert_int_equal(M.mem, 0);
+    assert_int_equal(M.streams, 0);
+    assert_int_equal(M.events, 0);
   }
 }
 
@@ -705,7 +726,8 @@ static void mpi_create_errors(void **state) {
   assert_int_equal(M.mem, 0);
   assert_int_equal(M.streams, 0);
   /* an asynchronous NCCL error: reported before any agreement, on every
-   * rank alike (no rank left waiting) */
+   * rank alike (no rank left waiting); NCCL requires the communicator's
+   * abort then, so reshard's is gone and later plans are refused */
   comm = create_with_mpi();
   reshard_layout_t *src, *dst;
   layouts_local(&src, &dst);
@@ -716,9 +738,11 @@ static void mpi_create_errors(void **state) {
   assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_REMOTE);
   assert_null(plan);
   M.async_error = ncclSuccess;
-  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), 0);
+  assert_int_equal(M.aborts, 1);
+  assert_int_equal(reshard_plan_create(comm, src, dst, &o, &plan), RESHARD_ERROR_INVALID_USAGE);
+  assert_non_null(strstr(reshard_last_error(), "aborted"));
+  assert_null(plan);
   assert_int_equal(M.allreduce_calls, 0);
-  reshard_plan_destroy(plan);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   reshard_comm_destroy(comm);

@@ -26,7 +26,7 @@ set(RS_GPU_WRAPPED
   ncclSend ncclRecv ncclGroupStart ncclGroupEnd ncclCommGetAsyncError
   ncclGetLastError ncclCommAbort ncclMemAlloc ncclMemFree ncclAllReduce
   ncclCommCount ncclCommUserRank ncclCommDestroy ncclCommSplit ncclCommFinalize
-  ncclCommCuDevice ncclGroupSimulateEnd cudaGetDevice
+  ncclCommCuDevice ncclGroupSimulateEnd cudaGetDevice cudaSetDevice
   cudaMemcpyAsync cudaMallocAsync cudaMalloc cudaMallocHost cudaFree
   cudaFreeAsync cudaFreeHost cudaStreamCreateWithFlags cudaStreamDestroy
   cudaStreamSynchronize cudaStreamQuery cudaStreamWaitEvent
@@ -42,6 +42,17 @@ foreach(fn ${RS_GPU_WRAPPED})
 endforeach()
 add_test(NAME test_gpu_nccl_mock COMMAND test_gpu_nccl_mock)
 set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
+
+# The multi-rank hazards of the NCCL path (issue 23) on the emulated device.
+add_executable(test_gpu_nccl_hazards ${RS_GPU_TEST_DIR}/test_nccl_hazards.c ${RS_GPU_TEST_DIR}/mock_device.c)
+target_compile_options(test_gpu_nccl_hazards PRIVATE ${RESHARD_WARNINGS})
+target_include_directories(test_gpu_nccl_hazards PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(test_gpu_nccl_hazards PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
+foreach(fn ${RS_GPU_WRAPPED})
+  target_link_options(test_gpu_nccl_hazards PRIVATE "LINKER:--wrap=${fn}")
+endforeach()
+add_test(NAME test_gpu_nccl_hazards COMMAND test_gpu_nccl_hazards)
+set_tests_properties(test_gpu_nccl_hazards PROPERTIES TIMEOUT 300)
 
 # The same mock with real MPI: reshard_comm_create_nccl_with_mpi, whose
 # plan agreement runs over MPI, one mocked NCCL rank per MPI process (only

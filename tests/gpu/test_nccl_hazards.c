@@ -1,0 +1,570 @@
+/* The NCCL path's multi-rank hazards (issue 23), each against the emulated
+ * device (mock_device.h): ranks as threads over one mocked NCCL world in
+ * which work runs in stream order, NCCL work of a communicator in issue
+ * order, channels hold few messages, peers connect lazily, and a host wait
+ * that could never end is cut and counted as a hang.
+ *
+ * Every test moves real data where data moves (checked byte for byte with
+ * the public self-test) and asserts what must never happen: a hang, a
+ * message matched to a receive of another size, an abort or destroy of
+ * the caller's communicator, a use of a communicator after its abort. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "gpu/mock_device.h"
+#include "reshard.h"
+#include "reshard_nccl.h"
+#include "reshard_selftest.h"
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* A tensor of rows x cols fp32 named `name`, rows sharded over `ranks` on
+ * the source and columns over the same ranks in reverse on the
+ * destination: every rank of the list exchanges with every other. */
+static void add_exchange(reshard_layout_t *src, reshard_layout_t *dst, const char *name, int64_t rows,
+                         int64_t cols, const int *ranks, int n) {
+  int64_t shape[2] = {rows, cols};
+  int t, m, b, sn[1] = {n};
+  int rev[MAXR];
+  for (int i = 0; i < n; i++) rev[i] = ranks[n - 1 - i];
+  reshard_placement_t p0[1] = {reshard_shard(0)}, p1[1] = {reshard_shard(1)};
+  assert_int_equal(reshard_layout_add_tensor(src, name, RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_tensor(dst, name, RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(src, 1, sn, ranks, &m), 0);
+  assert_int_equal(reshard_layout_place(src, t, m, p0, &b), 0);
+  assert_int_equal(reshard_layout_add_mesh(dst, 1, sn, rev, &m), 0);
+  assert_int_equal(reshard_layout_place(dst, t, m, p1, &b), 0);
+}
+
+/* All n ranks exchange one 32n x 32n tensor. */
+static void layouts_all(int n, reshard_layout_t **src, reshard_layout_t **dst) {
+  int ranks[MAXR];
+  for (int i = 0; i < n; i++) ranks[i] = i;
+  assert_int_equal(reshard_layout_create(src), 0);
+  assert_int_equal(reshard_layout_create(dst), 0);
+  add_exchange(*src, *dst, "w", 32 * n, 32 * n, ranks, n);
+}
+
+/* ------------------------------------------------------------ worlds */
+
+typedef struct hz_rank {
+  int rank, n;
+  void *ctx;
+  int failed;
+  char why[256];
+} hz_rank;
+
+typedef void (*hz_fn)(hz_rank *r);
+
+static hz_fn cur_fn;
+static void *thread_main(void *p) {
+  hz_rank *r = p;
+  mock_reset(r->rank, r->n);
+  M.log_off = 1;
+  cur_fn(r);
+  return NULL;
+}
+
+#define RFAIL(r, ...)                                                   \
+  do {                                                                  \
+    if (!(r)->failed) snprintf((r)->why, sizeof (r)->why, __VA_ARGS__); \
+    (r)->failed = 1;                                                    \
+  } while (0)
+
+/* Runs fn on n rank threads of a fresh world; fails the test if any rank
+ * failed, or on a hang, a size mismatch or a use after abort. */
+static void run_world(int n, int chan_cap, hz_fn fn, void *ctx) {
+  mock_world_begin(n, chan_cap);
+  world.hang_ms = 1500;
+  hz_rank r[MAXR];
+  pthread_t th[MAXR];
+  cur_fn = fn;
+  for (int i = 0; i < n; i++) {
+    r[i] = (hz_rank){i, n, ctx, 0, ""};
+    pthread_create(&th[i], NULL, thread_main, &r[i]);
+  }
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+  long hangs = world.hangs, bad = world.bad_size, uaf = world.use_after_free;
+  long pab = world.parent_aborts, pde = world.parent_destroys;
+  mock_world_end();
+  world.hang_ms = 3000;
+  for (int i = 0; i < n; i++)
+    if (r[i].failed) fail_msg("rank %d: %s", i, r[i].why);
+  if (hangs || bad || uaf || pab || pde)
+    fail_msg("%ld hangs, %ld size mismatches, %ld uses after abort, %ld aborts and %ld destroys of the "
+             "caller's communicator", hangs, bad, uaf, pab, pde);
+}
+
+typedef struct hz_plan {
+  reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  reshard_selftest_t s, d;
+} hz_plan;
+
+static reshard_result_t make_plan(reshard_comm_t *c, hz_plan *p, int n, size_t staging, int64_t timeout_ms) {
+  memset(p, 0, sizeof *p);
+  layouts_all(n, &p->src, &p->dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = staging;
+  o.timeout_ms = timeout_ms;
+  return reshard_plan_create(c, p->src, p->dst, &o, &p->plan);
+}
+
+static reshard_result_t run_plan(hz_plan *p, int rank, int step) {
+  reshard_selftest_free(&p->s);
+  if (reshard_selftest_alloc(&p->s, p->src, rank, step)) return RESHARD_ERROR_OUT_OF_MEMORY;
+  if (!p->d.nbuf && reshard_selftest_alloc(&p->d, p->dst, rank, -1)) return RESHARD_ERROR_OUT_OF_MEMORY;
+  return reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                              (size_t)p->d.nbuf, NULL);
+}
+
+static void free_plan(hz_plan *p) {
+  reshard_plan_destroy(p->plan);
+  reshard_selftest_free(&p->s);
+  reshard_selftest_free(&p->d);
+  reshard_layout_destroy(p->src);
+  reshard_layout_destroy(p->dst);
+}
+
+/* --------------------------------------------------- 1. setup failures */
+
+/* One rank cannot allocate its staging: before, plan creation succeeded,
+ * that rank's first execute failed with nothing queued and its peers'
+ * queued transfers waited forever (destroy then hung). Now the staging is
+ * allocated while the plan is created, before its last agreement: every
+ * rank fails creation (OUT_OF_MEMORY there, REMOTE elsewhere). */
+static void setup_oom_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  if (r->rank == 2) M.fail_nccl_mem = 1;
+  hz_plan p;
+  reshard_result_t e = make_plan(c, &p, r->n, 4096, 500);
+  reshard_result_t want = r->rank == 2 ? RESHARD_ERROR_OUT_OF_MEMORY : RESHARD_ERROR_REMOTE;
+  if (e != want) {
+    RFAIL(r, "plan_create gave %s (%s), expected %s", reshard_result_string(e), reshard_last_error(),
+          reshard_result_string(want));
+    if (!e && run_plan(&p, r->rank, 0) == RESHARD_SUCCESS) mock_stream_drain(NULL);
+  }
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void setup_failure_fails_creation(void **state) {
+  (void)state;
+  run_world(4, 1, setup_oom_rank, NULL);
+}
+
+/* One rank fails partway through queuing an execute (its second round):
+ * its peers queued everything and returned. Nobody may hang: the failed
+ * rank aborts reshard's private communicator; the peers' destroy waits
+ * for their work until the deadline, then aborts theirs. */
+static void partial_queue_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 300)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  if (p.plan->nrounds < 3) RFAIL(r, "only %d rounds", p.plan->nrounds);
+  if (r->rank == 1) {
+    M.group_end_result = ncclSystemError;
+    M.group_end_fail_at = M.groups + 2;
+  }
+  reshard_result_t e = run_plan(&p, r->rank, 0);
+  if (r->rank == 1 && e != RESHARD_ERROR_BACKEND)
+    RFAIL(r, "execute gave %s, expected BACKEND", reshard_result_string(e));
+  if (r->rank != 1 && e != RESHARD_SUCCESS) RFAIL(r, "execute: %s", reshard_last_error());
+  int64_t t0 = ms_now();
+  free_plan(&p);
+  reshard_comm_destroy(c);
+  int64_t dt = ms_now() - t0;
+  if (dt > 2500) RFAIL(r, "destroy took %lld ms (deadline 300 ms)", (long long)dt);
+  if (mock_stream_drain(NULL)) RFAIL(r, "the caller's stream never completes");
+}
+
+static void partial_queue_failure_no_hang(void **state) {
+  (void)state;
+  run_world(4, 1, partial_queue_rank, NULL);
+}
+
+/* ------------------------------------------ 2. the caller's communicator */
+
+/* A nonblocking enqueue that never completes: TIMEOUT, and reshard aborts
+ * only what it created. The caller's communicator stays alive (another
+ * reshard communicator over it still moves data), reshard_comm_destroy
+ * never destroys it, and nothing uses the aborted communicator again. */
+static void caller_comm_rank(hz_rank *r) {
+  reshard_comm_t *c1 = NULL, *c2 = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c1) || reshard_comm_create_nccl(MOCK_PARENT, &c2))
+    { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p1, p2;
+  if (make_plan(c1, &p1, r->n, 4096, 200) || make_plan(c2, &p2, r->n, 4096, 5000))
+    { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  if (r->rank == 0) {
+    M.inprogress_polls = -1;
+    reshard_result_t e = run_plan(&p1, r->rank, 0);
+    M.inprogress_polls = 0;
+    if (e != RESHARD_ERROR_TIMEOUT) RFAIL(r, "execute gave %s, expected TIMEOUT", reshard_result_string(e));
+    e = run_plan(&p1, r->rank, 0);
+    if (e != RESHARD_ERROR_INVALID_USAGE) RFAIL(r, "execute after the failure gave %s", reshard_result_string(e));
+  }
+  free_plan(&p1);
+  reshard_comm_destroy(c1);
+  /* the other reshard communicator over the same NCCL communicator */
+  if (run_plan(&p2, r->rank, 1) || mock_stream_drain(NULL))
+    { RFAIL(r, "execute on the second communicator: %s", reshard_last_error()); return; }
+  if (reshard_selftest_check(&p2.d, p2.dst, r->rank, 1, "second comm"))
+    RFAIL(r, "wrong data on the second communicator");
+  free_plan(&p2);
+  reshard_comm_destroy(c2);
+}
+
+static void caller_comm_never_aborted(void **state) {
+  (void)state;
+  run_world(2, 0, caller_comm_rank, NULL);
+}
+
+/* ------------------------------------------- 3. ncclInProgress mid-group */
+
+/* ncclSend/ncclRecv returning ncclInProgress (a nonblocking communicator)
+ * is not a reason to stop posting the round. */
+static void inprogress_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 2000)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  M.p2p_inprogress = 1;
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    if (run_plan(&p, r->rank, step) || mock_stream_drain(NULL))
+      RFAIL(r, "execute %d: %s", step, reshard_last_error());
+    else if (reshard_selftest_check(&p.d, p.dst, r->rank, (uint64_t)step, "in progress"))
+      RFAIL(r, "wrong data at step %d", step);
+  }
+  M.p2p_inprogress = 0;
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void inprogress_posts_whole_round(void **state) {
+  (void)state;
+  run_world(3, 1, inprogress_rank, NULL);
+}
+
+/* ------------------------------------------------- 4. issue order */
+
+/* Three plans over one communicator, each between two ranks in both
+ * directions, executed in rotated orders: NCCL runs a communicator's work
+ * in issue order, so the three ranks wait on each other in a cycle. The
+ * rule (one issue order per communicator) is the caller's; what reshard
+ * guarantees is that nobody hangs: reshard_plan_get_status fails the plan
+ * at its execute's deadline (and ends the work), destroy ends then too. */
+static void rotated_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  reshard_layout_t *src[3], *dst[3];
+  reshard_plan_t *plan[3];
+  reshard_selftest_t s[3], d[3];
+  for (int k = 0; k < 3; k++) {
+    int pair[2] = {k, (k + 1) % 3};
+    assert_int_equal(reshard_layout_create(&src[k]), 0);
+    assert_int_equal(reshard_layout_create(&dst[k]), 0);
+    add_exchange(src[k], dst[k], "x", 64, 64, pair, 2);
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.staging_bytes = 4096;
+    o.timeout_ms = 300;
+    if (reshard_plan_create(c, src[k], dst[k], &o, &plan[k])) { RFAIL(r, "plan %d: %s", k, reshard_last_error()); return; }
+    reshard_selftest_alloc(&s[k], src[k], r->rank, 0);
+    reshard_selftest_alloc(&d[k], dst[k], r->rank, -1);
+  }
+  /* rank i runs plan i, then plan i-1: the two it takes part in, rotated */
+  int order[2] = {r->rank, (r->rank + 2) % 3};
+  for (int j = 0; j < 2; j++) {
+    int k = order[j];
+    reshard_result_t e = reshard_plan_execute(plan[k], (void *const *)s[k].ptr, (size_t)s[k].nbuf,
+                                              (void *const *)d[k].ptr, (size_t)d[k].nbuf, NULL);
+    if (e) RFAIL(r, "execute of plan %d: %s", k, reshard_last_error());
+  }
+  /* waiting the way that cannot hang: polling the status, which fails the
+   * plan at its execute's deadline and ends the work */
+  int64_t t0 = ms_now();
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  while (ms_now() - t0 < 3000 && !reshard_plan_get_status(plan[order[1]], &st) && !st.failed)
+    if (cudaStreamQuery(NULL) == cudaSuccess) break;
+  int64_t dt = ms_now() - t0;
+  if (!st.failed || st.failure != RESHARD_ERROR_TIMEOUT || dt > 2500)
+    RFAIL(r, "status after %lld ms: failed %d with %s (%s)", (long long)dt, st.failed,
+          reshard_result_string(st.failure), st.failure_message);
+  t0 = ms_now();
+  for (int k = 0; k < 3; k++) reshard_plan_destroy(plan[k]);
+  reshard_comm_destroy(c);
+  dt = ms_now() - t0;
+  if (dt > 2500) RFAIL(r, "destroy took %lld ms (deadline 300 ms)", (long long)dt);
+  mock_stream_drain(NULL);
+  for (int k = 0; k < 3; k++) {
+    reshard_selftest_free(&s[k]);
+    reshard_selftest_free(&d[k]);
+    reshard_layout_destroy(src[k]);
+    reshard_layout_destroy(dst[k]);
+  }
+}
+
+static void rotated_order_never_hangs(void **state) {
+  (void)state;
+  run_world(3, 0, rotated_rank, NULL);
+}
+
+/* Plan creation right after an execute whose work takes long on the GPU:
+ * its agreement must not be timed against that backlog (NCCL would run
+ * the agreement's allreduce only after the execute's transfers). */
+static void backlog_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan a, b;
+  if (make_plan(c, &a, r->n, 4096, 10000)) { RFAIL(r, "plan_create a: %s", reshard_last_error()); return; }
+  if (a.plan->nrounds < 4) RFAIL(r, "only %d rounds", a.plan->nrounds);
+  M.kernel_ns = 60 * 1000000LL; /* every pack and unpack: 60 ms of GPU time */
+  if (run_plan(&a, r->rank, 0)) RFAIL(r, "execute a: %s", reshard_last_error());
+  reshard_result_t e = make_plan(c, &b, r->n, 8192, 250);
+  if (e) RFAIL(r, "plan_create b behind the backlog: %s: %s", reshard_result_string(e), reshard_last_error());
+  M.kernel_ns = 0;
+  if (mock_stream_drain(NULL)) RFAIL(r, "execute a never completes");
+  else if (reshard_selftest_check(&a.d, a.dst, r->rank, 0, "backlog")) RFAIL(r, "wrong data");
+  free_plan(&a);
+  free_plan(&b);
+  reshard_comm_destroy(c);
+}
+
+static void agreement_independent_of_backlog(void **state) {
+  (void)state;
+  run_world(2, 0, backlog_rank, NULL);
+}
+
+/* ------------------------------------------------- 5. late peers */
+
+/* A peer that comes to its first execute later than the deadline (the
+ * inference ranks waiting for the trainers): the early rank's execute
+ * only enqueues, it neither waits for the peer to connect nor aborts;
+ * the data arrives once the peer runs. */
+static void late_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 300)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  if (r->rank == 1) sleep_ms(700);
+  int64_t t0 = ms_now();
+  reshard_result_t e = run_plan(&p, r->rank, 0);
+  int64_t dt = ms_now() - t0;
+  if (e) RFAIL(r, "execute: %s", reshard_last_error());
+  if (dt > 400) RFAIL(r, "execute took %lld ms to enqueue", (long long)dt);
+  if (mock_stream_drain(NULL)) RFAIL(r, "the execute never completes");
+  else if (reshard_selftest_check(&p.d, p.dst, r->rank, 0, "late peer")) RFAIL(r, "wrong data");
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void late_peer_first_execute(void **state) {
+  (void)state;
+  run_world(2, 0, late_rank, NULL);
+}
+
+/* ------------------------------------------------- 6. the buffer table */
+
+/* Executes with new buffer addresses each time, faster than the GPU (here:
+ * never, the peer does not come): once the table ring is full, execute
+ * must not wait without a deadline. */
+static void table_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 300)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  if (r->rank == 0) {
+    /* every execute with its own source buffers (all kept alive) */
+    reshard_selftest_t s[8];
+    reshard_selftest_alloc(&p.d, p.dst, r->rank, -1);
+    reshard_result_t e = RESHARD_SUCCESS;
+    int64_t t0 = ms_now();
+    int k = 0;
+    for (; k < 8 && !e; k++) {
+      reshard_selftest_alloc(&s[k], p.src, r->rank, k);
+      e = reshard_plan_execute(p.plan, (void *const *)s[k].ptr, (size_t)s[k].nbuf, (void *const *)p.d.ptr,
+                               (size_t)p.d.nbuf, NULL);
+    }
+    int64_t dt = ms_now() - t0;
+    if (e != RESHARD_ERROR_TIMEOUT || !strstr(reshard_last_error(), "buffer table"))
+      RFAIL(r, "executes gave %s (%s), expected TIMEOUT", reshard_result_string(e), reshard_last_error());
+    if (dt > 2500) RFAIL(r, "executes took %lld ms (deadline 300 ms)", (long long)dt);
+    free_plan(&p);
+    reshard_comm_destroy(c);
+    mock_stream_drain(NULL);
+    while (k-- > 0) reshard_selftest_free(&s[k]);
+    return;
+  }
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void table_ring_wait_has_deadline(void **state) {
+  (void)state;
+  run_world(2, 0, table_rank, NULL);
+}
+
+/* ------------------------------------------ 7. staging per communicator */
+
+/* Several plans on one communicator (one per layer group) share one
+ * staging pool: GPU memory does not grow with the number of plans. */
+static void pool_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p[4];
+  size_t most = 0;
+  for (int k = 0; k < 4; k++) {
+    if (make_plan(c, &p[k], r->n, (size_t)16384 << (k & 1), 2000))
+      { RFAIL(r, "plan_create %d: %s", k, reshard_last_error()); return; }
+    size_t need = 2 * (p[k].plan->send_half + p[k].plan->recv_half);
+    if (need > most) most = need;
+  }
+  for (int step = 0; step < 2 && !r->failed; step++)
+    for (int k = 0; k < 4 && !r->failed; k++) {
+      if (run_plan(&p[k], r->rank, step)) RFAIL(r, "execute %d: %s", k, reshard_last_error());
+      else if (mock_stream_drain(NULL)) RFAIL(r, "execute %d never completes", k);
+      else if (reshard_selftest_check(&p[k].d, p[k].dst, r->rank, (uint64_t)step, "pool")) RFAIL(r, "wrong data");
+    }
+  /* two ranks, each at most one pool of the largest plan's size */
+  if (world.staging_peak > 2 * most)
+    RFAIL(r, "staging peaked at %zu bytes for 2 ranks; one pool each is %zu", world.staging_peak, most);
+  for (int k = 0; k < 4; k++) free_plan(&p[k]);
+  reshard_comm_destroy(c);
+}
+
+static void staging_pool_per_comm(void **state) {
+  (void)state;
+  world.staging_peak = world.staging_live = 0;
+  run_world(2, 0, pool_rank, NULL);
+}
+
+/* ------------------------------------------------- 9, 10. misuse */
+
+/* An execute inside the caller's own ncclGroupStart would launch nothing
+ * (NCCL launches at the outermost ncclGroupEnd), and its unpacks would
+ * run before the data: refused, nothing enqueued, and (its partner having
+ * queued its half) the communicator poisoned; nobody hangs. */
+static void inside_caller_group_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 300)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  /* rank 1 runs its call normally, rank 0 inside its own group */
+  if (r->rank == 0) ncclGroupStart();
+  reshard_result_t e = run_plan(&p, r->rank, 0);
+  if (r->rank == 0) {
+    ncclGroupEnd();
+    if (e != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "ncclGroupStart"))
+      RFAIL(r, "execute inside a group gave %s (%s)", reshard_result_string(e), reshard_last_error());
+    /* the partner queued its half: this rank's communicator is poisoned,
+     * so no later call can pair with it */
+    e = run_plan(&p, r->rank, 1);
+    if (e != RESHARD_ERROR_INVALID_USAGE) RFAIL(r, "execute after the refusal gave %s", reshard_result_string(e));
+  } else if (e) {
+    RFAIL(r, "execute: %s", reshard_last_error());
+  }
+  int64_t t0 = ms_now();
+  free_plan(&p);
+  reshard_comm_destroy(c);
+  if (ms_now() - t0 > 2500) RFAIL(r, "destroy took %lld ms (deadline 300 ms)", (long long)(ms_now() - t0));
+  mock_stream_drain(NULL);
+}
+
+static void execute_inside_caller_group(void **state) {
+  (void)state;
+  run_world(2, 0, inside_caller_group_rank, NULL);
+}
+
+/* The current device must be the communicator's: refused with both named,
+ * at plan creation (on every rank: the others hear of it through the
+ * agreement) and at execute. */
+static void device_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (r->rank == 1) M.device = 1; /* the communicator's is 0 */
+  reshard_result_t e = make_plan(c, &p, r->n, 4096, 2000);
+  M.device = 0;
+  if (r->rank == 1 && (e != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "device 1")))
+    RFAIL(r, "plan_create on the wrong device gave %s (%s)", reshard_result_string(e), reshard_last_error());
+  if (r->rank == 0 && e != RESHARD_ERROR_REMOTE)
+    RFAIL(r, "plan_create with a peer on the wrong device gave %s (%s)", reshard_result_string(e),
+          reshard_last_error());
+  free_plan(&p);
+  /* nothing was queued: the communicator still serves */
+  if (make_plan(c, &p, r->n, 4096, 300)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    if (run_plan(&p, r->rank, step) || mock_stream_drain(NULL)) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (reshard_selftest_check(&p.d, p.dst, r->rank, (uint64_t)step, "device")) RFAIL(r, "wrong data");
+  }
+  if (r->rank == 1) M.device = 1;
+  e = run_plan(&p, r->rank, 2);
+  M.device = 0;
+  if (r->rank == 1 && (e != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "device 1")))
+    RFAIL(r, "execute on the wrong device gave %s (%s)", reshard_result_string(e), reshard_last_error());
+  free_plan(&p);
+  reshard_comm_destroy(c);
+  mock_stream_drain(NULL);
+}
+
+static void wrong_device_refused(void **state) {
+  (void)state;
+  run_world(2, 0, device_rank, NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(setup_failure_fails_creation),
+      cmocka_unit_test(partial_queue_failure_no_hang),
+      cmocka_unit_test(caller_comm_never_aborted),
+      cmocka_unit_test(inprogress_posts_whole_round),
+      cmocka_unit_test(rotated_order_never_hangs),
+      cmocka_unit_test(agreement_independent_of_backlog),
+      cmocka_unit_test(late_peer_first_execute),
+      cmocka_unit_test(table_ring_wait_has_deadline),
+      cmocka_unit_test(staging_pool_per_comm),
+      cmocka_unit_test(execute_inside_caller_group),
+      cmocka_unit_test(wrong_device_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
