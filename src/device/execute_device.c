@@ -52,6 +52,7 @@ typedef struct rs_dev {
   rs_copy *d_copies; /* send | recv | local descriptors */
   rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
   uint64_t *pack_start, *unpack_start; /* nrounds + 1 tile indices */
+  unsigned char *fwd_round; /* nrounds: the round sends relay forwards */
   uint64_t local_start, local_end;
 
   /* Buffer base addresses, source then destination: the only per-call
@@ -146,6 +147,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
   free(d->pack_start);
   free(d->unpack_start);
+  free(d->fwd_round);
   free(d->p2p);
   pthread_mutex_destroy(&d->mu);
   free(d);
@@ -199,10 +201,11 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   int nr = p->nrounds;
   d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
   d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
+  d->fwd_round = calloc((size_t)nr + 1, 1);
   d->p2p = calloc(p->max_round_msgs ? p->max_round_msgs : 1, sizeof *d->p2p);
   size_t ncop = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
   hc = malloc((ncop ? ncop : 1) * sizeof *hc);
-  if (!d->pack_start || !d->unpack_start || !d->p2p || !hc) {
+  if (!d->pack_start || !d->unpack_start || !d->fwd_round || !d->p2p || !hc) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
     goto fail;
   }
@@ -215,6 +218,19 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   if (p->nrecv_copies) memcpy(hc + p->nsend_copies, p->recv_copies, p->nrecv_copies * sizeof *hc);
   if (p->nlocal_copies)
     memcpy(hc + p->nsend_copies + p->nrecv_copies, p->local_copies, p->nlocal_copies * sizeof *hc);
+  /* A relay forward's copies read this rank's destination buffers: on the
+   * device their source index points past the source buffers into the
+   * one table (source buffers, then destination buffers) that every
+   * launch gets as its source table. Its round's pack waits for the
+   * unpacks that wrote the data (below). */
+  for (size_t i = 0; i < p->nsends; i++) {
+    if (!p->sends[i].fwd) continue;
+    d->fwd_round[p->sends[i].round] = 1;
+    for (uint32_t k = 0; k < p->sends[i].ncopies; k++) {
+      rs_copy *c = &hc[p->sends[i].first_copy + k];
+      if (c->src_buf != RS_BUF_STAGING) c->src_buf += p->num_src_buffers;
+    }
+  }
 
   /* Rounds are numbered per direction from 0; a direction with fewer
    * rounds simply has empty later ones. */
@@ -359,6 +375,11 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   for (int k = 0; k < p->nrounds; k++) {
     int h = k & 1;
     if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(send half)");
+    /* Forwards leave two rounds after their data arrives (plan/chunk.c):
+     * unpack k-2, the last recorded on this half, and the unpacks before
+     * it (one stream) have written what they read. */
+    if (k >= 2 && d->fwd_round[k])
+      CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
     RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, "pack launch"), r, fail);
     CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
     if (k == 0) RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, "local copy launch"), r, fail);

@@ -824,12 +824,13 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->phases = 1;
   }
   if (!local) {
-    /* Forwards read destination buffers, which only the host executor
-     * can do today: device transports plan direct (NCCL relays are
-     * future work). relay -1 (auto) plans direct here; the caller
+    /* Device transports plan direct: the device executor runs forwards
+     * (tests/gpu/test_nccl_hazards.c drives it with device_relay) but
+     * they are not turned on before they have run on GPUs (the
+     * one-executor issue). relay -1 (auto) plans direct here; the caller
      * builds a relay plan too when the cost model can choose. */
     int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;
-    c.relay = want && !comm->ops->stream_ops;
+    c.relay = want && (!comm->ops->stream_ops || rs_plan_force.device_relay);
     const int32_t *domain = p->has_topo ? p->map.domain : NULL;
     c.actx.domain = domain;
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};

@@ -23,9 +23,12 @@
 #include <nccl.h>
 
 #include "gpu/mock_device.h"
+#include "plan/plan.h"
+#include "plan/relay.h"
 #include "reshard.h"
 #include "reshard_nccl.h"
 #include "reshard_selftest.h"
+#include "support/random_layout.h"
 
 static int64_t ms_now(void) {
   struct timespec ts;
@@ -466,6 +469,126 @@ static void staging_pool_per_comm(void **state) {
   run_world(2, 0, pool_rank, NULL);
 }
 
+/* ------------------------------------------------- 8. relay forwards */
+
+/* Relay plans through the device executor (forced: device transports plan
+ * direct until the forwards have run on GPUs): a forward reads this
+ * rank's destination buffers, so its copies must resolve against the
+ * destination table, and its round's pack must wait for the unpacks that
+ * wrote the data, not only for the transfer that freed its staging half.
+ * Random layout pairs, several rounds (small staging), byte for byte. */
+typedef struct relay_ctx {
+  const rl_pair *pair;
+  size_t staging;
+  long forwards;
+  pthread_mutex_t mu;
+} relay_ctx;
+
+static void relay_rank(hz_rank *r) {
+  relay_ctx *x = r->ctx;
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = x->staging;
+  o.relay = 1;
+  o.timeout_ms = 2000;
+  rs_plan_force.device_relay = 1;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t e = reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan);
+  rs_plan_force.device_relay = 0;
+  if (e) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    reshard_comm_destroy(c);
+    return;
+  }
+  long fw = 0;
+  for (size_t i = 0; i < plan->nsends; i++) fw += plan->sends[i].fwd != 0;
+  pthread_mutex_lock(&x->mu);
+  x->forwards += fw;
+  pthread_mutex_unlock(&x->mu);
+  reshard_selftest_t s, d;
+  memset(&s, 0, sizeof s);
+  if (reshard_selftest_alloc(&d, x->pair->dst, r->rank, -1)) RFAIL(r, "alloc");
+  M.kernel_ns = r->rank % 2 ? 1000000 : 0; /* some ranks' GPUs slower */
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    reshard_selftest_free(&s);
+    if (reshard_selftest_alloc(&s, x->pair->src, r->rank, step)) {
+      RFAIL(r, "alloc");
+      break;
+    }
+    if (reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf,
+                             NULL) ||
+        mock_stream_drain(NULL))
+      RFAIL(r, "execute %d: %s", step, reshard_last_error());
+    else if (reshard_selftest_check(&d, x->pair->dst, r->rank, (uint64_t)step, "device relay"))
+      RFAIL(r, "wrong data at step %d", step);
+  }
+  M.kernel_ns = 0;
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_comm_destroy(c);
+}
+
+/* tp=2 -> tp=2 x dp=4 (ranks 0-1 -> 2-9): every destination replica
+ * relays, two tensors of different element sizes. */
+static void relay_layouts(rl_pair *pair) {
+  memset(pair, 0, sizeof *pair);
+  pair->nranks = 10;
+  assert_int_equal(reshard_layout_create(&pair->src), 0);
+  assert_int_equal(reshard_layout_create(&pair->dst), 0);
+  int64_t sw[2] = {64, 48}, sb[1] = {1000};
+  int tw, tb, m, b;
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L = side ? pair->dst : pair->src;
+    assert_int_equal(reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sw, &tw), 0);
+    assert_int_equal(reshard_layout_add_tensor(L, "b", RESHARD_BF16, 1, sb, &tb), 0);
+  }
+  int s2[1] = {2}, d42[2] = {4, 2};
+  reshard_placement_t p0[1] = {reshard_shard(0)}, rs1[2] = {reshard_replicate(), reshard_shard(1)};
+  reshard_placement_t rs0[2] = {reshard_replicate(), reshard_shard(0)};
+  assert_int_equal(reshard_layout_add_mesh_strided(pair->src, 1, s2, 0, 1, &m), 0);
+  assert_int_equal(reshard_layout_place(pair->src, tw, m, p0, &b), 0);
+  assert_int_equal(reshard_layout_place(pair->src, tb, m, p0, &b), 0);
+  assert_int_equal(reshard_layout_add_mesh_strided(pair->dst, 2, d42, 2, 1, &m), 0);
+  assert_int_equal(reshard_layout_place(pair->dst, tw, m, rs1, &b), 0);
+  assert_int_equal(reshard_layout_place(pair->dst, tb, m, rs0, &b), 0);
+}
+
+static void relay_forwards_on_device(void **state) {
+  (void)state;
+  relay_ctx x = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  rs_relay_min_part_bytes = 0; /* relay every part, however small */
+  for (int k = 0; k < 4; k++) {
+    rl_pair pair;
+    relay_layouts(&pair);
+    x.pair = &pair;
+    x.staging = k < 2 ? 4096 : 65536;
+    run_world(pair.nranks, k % 2, relay_rank, &x);
+    reshard_layout_destroy(pair.src);
+    reshard_layout_destroy(pair.dst);
+  }
+  long fixed = x.forwards;
+  assert_true(fixed > 0);
+  const char *e0 = getenv("RS_SEED0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  for (int it = 0; it < 40; it++) {
+    uint64_t seed = seed0 + (uint64_t)it * 7919;
+    rl_pair pair;
+    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    x.pair = &pair;
+    x.staging = 4096;
+    printf("relay seed %llu (RS_SEED0=%llu replays from here)\n", (unsigned long long)seed, (unsigned long long)seed);
+    run_world(pair.nranks, it % 2, relay_rank, &x);
+    rl_pair_free(&pair);
+  }
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  printf("relay forwards on the device: %ld forward messages (%ld in the fixed layouts)\n", x.forwards, fixed);
+}
+
 /* ------------------------------------------------- 9, 10. misuse */
 
 /* An execute inside the caller's own ncclGroupStart would launch nothing
@@ -563,6 +686,7 @@ int main(void) {
       cmocka_unit_test(late_peer_first_execute),
       cmocka_unit_test(table_ring_wait_has_deadline),
       cmocka_unit_test(staging_pool_per_comm),
+      cmocka_unit_test(relay_forwards_on_device),
       cmocka_unit_test(execute_inside_caller_group),
       cmocka_unit_test(wrong_device_refused),
   };

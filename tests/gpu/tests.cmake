@@ -44,7 +44,8 @@ add_test(NAME test_gpu_nccl_mock COMMAND test_gpu_nccl_mock)
 set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
 
 # The multi-rank hazards of the NCCL path (issue 23) on the emulated device.
-add_executable(test_gpu_nccl_hazards ${RS_GPU_TEST_DIR}/test_nccl_hazards.c ${RS_GPU_TEST_DIR}/mock_device.c)
+add_executable(test_gpu_nccl_hazards ${RS_GPU_TEST_DIR}/test_nccl_hazards.c ${RS_GPU_TEST_DIR}/mock_device.c
+  ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
 target_compile_options(test_gpu_nccl_hazards PRIVATE ${RESHARD_WARNINGS})
 target_include_directories(test_gpu_nccl_hazards PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(test_gpu_nccl_hazards PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
