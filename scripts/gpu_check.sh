@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU backend's check on a machine with a GPU (one H200 in CI; under 8
 # minutes): builds the kernels for sm_90 only, runs the GPU tests (kernels
-# against the host reference, a one-rank NCCL plan), compute-sanitizer
-# memcheck on a small kernel case, the CPU-side GPU tests, a bandwidth
-# table of pack/unpack against cudaMemcpy, and (where MPI is installed) one
-# checked reshard_perf --backend nccl run on one rank; prints a summary
-# last.
+# against the host reference, a one-rank NCCL plan with the real NCCL's
+# split, finalize, group probe and a plan created behind a GPU backlog),
+# compute-sanitizer memcheck on a small kernel case, the CPU-side GPU
+# tests, a bandwidth table of pack/unpack against cudaMemcpy, and (where
+# MPI is installed) one checked reshard_perf --backend nccl run on one
+# rank; prints a summary last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
 # A bare GPU machine that cannot reach a package mirror may lack Jansson
 # (the model front-end) and CMocka: .deb files of them placed in .gpu/
@@ -67,7 +68,7 @@ step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_W
   -DRESHARD_WITH_MPI=$MPI -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
   -DRESHARD_BUILD_GPU_TESTS=ON "${NCCL_ARGS[@]}" >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
-[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock"
+[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards"
 [ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
@@ -83,6 +84,7 @@ if [ -x "$BUILD/gpu_kernels" ]; then
   if [ "$TESTS" = ON ]; then
     step "CPU emulation of the tiles" 60 "$BUILD/test_gpu_tiles_emul"
     step "NCCL transport (mocked)" 60 "$BUILD/test_gpu_nccl_mock"
+    step "NCCL multi-rank hazards (emulated)" 120 "$BUILD/test_gpu_nccl_hazards"
   fi
   step "bandwidth" 120 "$BUILD/gpu_bandwidth"
   # One rank, colocated, training -> inference layout of two Qwen2.5-0.5B
