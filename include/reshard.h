@@ -545,8 +545,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * and may run concurrently on different buffers, provided every rank issues
  * its calls in the same order (not with RESHARD_FLAG_DOUBLE_BUFFER). Each
  * call is numbered, so messages of a call that failed never match a later
- * one. stream is the CUDA stream for device backends and must be NULL on
- * host transports. On host transports a call this rank rejects (its
+ * one (on NCCL, which has no tags, a failed call aborts reshard's private
+ * communicator instead: see reshard_nccl.h). stream is the CUDA stream for
+ * device backends and must be NULL on host transports. On host transports a call this rank rejects (its
  * arguments, its staging memory) writes nothing but still takes its place:
  * its partners fail with RESHARD_ERROR_REMOTE naming this rank and why,
  * and the plan fails on every rank (see reshard_plan_get_status); with no
@@ -613,7 +614,11 @@ typedef struct reshard_plan_status {
 } reshard_plan_status_t;
 
 /* Fills *status (status->struct_size must be set; fields past it are not
- * written). Safe to call while executes run (values then may lag). */
+ * written). Safe to call while executes run (values then may lag). Never
+ * blocks. On device transports executes count as completed when enqueued,
+ * and the call also checks the plan's last execute against its deadline:
+ * one still running past it fails the plan with RESHARD_ERROR_TIMEOUT and
+ * ends its work (see reshard_nccl.h, Deadlines). */
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
                                          reshard_plan_status_t *status);
 
