@@ -53,6 +53,7 @@
 #include "support/harness.h"
 #include "support/test_scale.h"
 #include "support/random_layout.h"
+#include "transport/stream.h"
 #include "transport/transport.h"
 
 #define MAXRANKS 64
@@ -760,11 +761,18 @@ typedef struct device_arg {
   int fails;
 } device_arg;
 
+/* A device transport as far as plan creation sees it: it sets nothing up
+ * (the plan is never executed). */
+static reshard_result_t no_device_setup(reshard_plan_t *plan) {
+  (void)plan;
+  return RESHARD_SUCCESS;
+}
+
 static int device_rank(int rank, reshard_comm_t *comm, void *p) {
   device_arg *a = p;
-  static const char not_a_device;
+  static const rs_stream_ops not_a_device = {.prepare_local = no_device_setup, .prepare_peers = no_device_setup};
   rs_transport_ops ops = *comm->ops;
-  ops.stream_ops = (const rs_stream_ops *)(const void *)&not_a_device;
+  ops.stream_ops = &not_a_device;
   const rs_transport_ops *saved = comm->ops;
   comm->ops = &ops;
   reshard_options_t o = relay_opts(1, 0);

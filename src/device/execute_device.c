@@ -111,29 +111,27 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
    * not coming: poison the communicator (NCCL ends its work) and give the
    * GPU one more timeout to let go. If even then it does not, the device
    * memory is left allocated rather than freed under running work. */
-  int idle = 1;
-  if (d->last_deadline) {
-    idle = streams_idle(d, d->last_deadline);
-    if (!idle) {
-      RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: plan destroyed while its last execute is not done past its "
-             "deadline: poisoning the communicator", p->rank);
-      so->poison(p->comm);
-      idle = streams_idle(d, rs_deadline_after_ms(p->opts.timeout_ms > 0 ? p->opts.timeout_ms : 60000));
-    }
+  int idle = streams_idle(d, d->last_deadline ? d->last_deadline : rs_now_ns());
+  if (!idle) {
+    RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: plan destroyed while its last execute is not done past its "
+           "deadline: poisoning the communicator", p->rank);
+    so->poison(p->comm);
+    idle = streams_idle(d, rs_deadline_after_ms(p->opts.timeout_ms > 0 ? p->opts.timeout_ms : 60000));
   }
   if (!idle) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
-           "abort: its device memory is not freed", p->rank);
+           "abort: its device memory and the staging pool are not freed", p->rank);
+    if (d->pool_held) so->staging_release(p->comm, 1);
     return;
   }
   /* Stream-ordered allocations go back the same way (they exist only if
-   * the pack stream does). */
+   * the pack stream does); the streams are idle, and a stream destroyed
+   * with work pending releases it when the work is done. */
   if (d->s[S_PACK]) {
     if (d->d_copies) cudaFreeAsync(d->d_copies, d->s[S_PACK]);
     if (d->d_tiles) cudaFreeAsync(d->d_tiles, d->s[S_PACK]);
     for (int i = 0; i < RS_TAB_SLOTS; i++)
       if (d->d_tab[i]) cudaFreeAsync(d->d_tab[i], d->s[S_PACK]);
-    streams_idle(d, RS_NO_DEADLINE); /* frees only: nothing to wait for */
   }
   for (int i = 0; i < S_COUNT; i++)
     if (d->s[i]) cudaStreamDestroy(d->s[i]);
@@ -142,7 +140,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
                         &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) cudaEventDestroy(*evs[i]);
-  if (d->pool_held) so->staging_release(p->comm);
+  if (d->pool_held) so->staging_release(p->comm, 0);
   for (int i = 0; i < RS_TAB_SLOTS; i++)
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
   free(d->pack_start);
@@ -318,6 +316,9 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   cudaEvent_t ev_start = d->ev_end[S_PACK]; /* reused: recorded again at the end */
+  /* From the first thing enqueued, destroy may wait for this call's work
+   * until its deadline, even if the call fails halfway. */
+  d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
 
   /* Start after the caller's work, after this plan's previous execute
    * (the buffer table) and after the communicator's previous execute of
@@ -346,7 +347,6 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
       cudaError_t q = cudaEventQuery(d->tab_ev[slot]);
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) CU(q, "cudaEventQuery(buffer table)");
-      RS_CHECK_GOTO(so->check(p->comm), r, fail);
       if (rs_now_ns() > deadline) {
         r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back "
                      "(addresses changed on each) is still in use past the deadline: earlier executes are not "
@@ -410,7 +410,6 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaStreamWaitEvent(caller, d->ev_end[i], 0), "cudaStreamWaitEvent(caller)");
   }
   RS_CHECK_GOTO(so->end(p->comm, caller, deadline), r, fail);
-  d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
   return RESHARD_SUCCESS;
 fail:
   return r;
@@ -506,6 +505,7 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
     ops[k++] = (rs_p2p){m->peer, recv, buf, 1};
   }
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+  d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
   if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);

@@ -56,10 +56,12 @@ typedef struct rs_nccl {
   cudaEvent_t last_end;
   int have_last;
   int64_t last_deadline;
-  /* The staging pool: as large as the largest live plan needs. */
+  /* The staging pool: as large as the largest live plan needs. abandoned:
+   * a plan was destroyed while the GPU still ran its work (see
+   * src/device/execute_device.c, dev_free): the pool is never freed. */
   void *pool, *pool_reg;
   size_t pool_bytes;
-  int pool_users;
+  int pool_users, pool_abandoned;
 #ifdef RESHARD_HAVE_MPI
   /* reshard_comm_create_nccl_with_mpi: plan agreement runs on the host over
    * a duplicate of the caller's MPI communicator, not through NCCL. */
@@ -90,8 +92,11 @@ static reshard_result_t nccl_code(ncclResult_t e) {
   }
 }
 
+#define PROBE_WARNING "ncclSimInfo_t" /* what NCCL records of in_caller_group's probe */
+
 static reshard_result_t nccl_fail(ncclResult_t e, const char *what, int rank, rs_nccl *n) {
   const char *last = n && !n->aborted ? ncclGetLastError(n->comm) : NULL;
+  if (last && strstr(last, PROBE_WARNING)) last = NULL; /* not about this failure */
   return rs_error(nccl_code(e), "rank %d: %s failed: %s%s%s", rank, what, ncclGetErrorString(e),
                   last && *last ? ": " : "", last && *last ? last : "");
 }
@@ -137,7 +142,10 @@ static reshard_result_t wait_in_progress(reshard_comm_t *c, const char *what, in
  * magic is checked; so since 2.22, the first release with
  * ncclGroupSimulateEnd). An invalid magic thus returns ncclInvalidArgument
  * at depth 0 (nothing was queued: no effect) and ncclSuccess inside a
- * group (the depth is back where it was). */
+ * group (the depth is back where it was). Its one side effect: at depth 0
+ * NCCL records its warning as the thread's last NCCL error (printed with
+ * NCCL_DEBUG=WARN), so it runs once per call that enqueues, never in a
+ * polling loop, and nccl_fail leaves that text out. */
 static int in_caller_group(void) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 22, 0)
   ncclSimInfo_t probe;
@@ -264,7 +272,7 @@ static reshard_result_t nccl_end(reshard_comm_t *c, void *stream, int64_t deadli
 static void pool_free(rs_nccl *n) {
   if (n->pool_reg && !n->aborted) ncclCommDeregister(n->comm, n->pool_reg);
   n->pool_reg = NULL;
-  if (n->pool) ncclMemFree(n->pool);
+  if (n->pool && !n->pool_abandoned) ncclMemFree(n->pool);
   n->pool = NULL;
   n->pool_bytes = 0;
 }
@@ -272,9 +280,9 @@ static void pool_free(rs_nccl *n) {
 static reshard_result_t nccl_staging_acquire(reshard_comm_t *c, size_t bytes) {
   rs_nccl *n = c->impl;
   if (bytes > n->pool_bytes) {
-    /* the old pool may still feed earlier executes */
-    RS_CHECK(nccl_drain(c));
-    pool_free(n);
+    /* The new pool first: when it cannot be had, the plans alive keep the
+     * old one. The old one may still feed earlier executes: freed after
+     * them. */
     void *p = NULL;
     ncclResult_t e = ncclMemAlloc(&p, bytes);
     if (e != ncclSuccess)
@@ -282,6 +290,12 @@ static reshard_result_t nccl_staging_acquire(reshard_comm_t *c, size_t bytes) {
        * error: at this point it can only be the memory. */
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: ncclMemAlloc of %zu bytes of staging failed: %s", c->rank,
                       bytes, ncclGetErrorString(e));
+    reshard_result_t r = nccl_drain(c);
+    if (r) {
+      ncclMemFree(p);
+      return r;
+    }
+    pool_free(n);
     n->pool = p;
     n->pool_bytes = bytes;
     /* Registration (RESHARD_NCCL_REGISTER=1) lets NCCL skip its own copies
@@ -295,8 +309,9 @@ static reshard_result_t nccl_staging_acquire(reshard_comm_t *c, size_t bytes) {
   return RESHARD_SUCCESS;
 }
 
-static void nccl_staging_release(reshard_comm_t *c) {
+static void nccl_staging_release(reshard_comm_t *c, int in_use) {
   rs_nccl *n = c->impl;
+  if (in_use) n->pool_abandoned = 1; /* leaked rather than freed under running work */
   if (n->pool_users > 0 && --n->pool_users == 0) pool_free(n);
 }
 
@@ -355,11 +370,15 @@ static reshard_result_t nccl_allreduce(reshard_comm_t *c, uint64_t *vals, int nv
 
 static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *vals, int nvals, int64_t deadline) {
   rs_nccl *n = c->impl;
-  reshard_result_t r = nccl_health(c);
-  if (r) return r;
 #ifdef RESHARD_HAVE_MPI
+  /* Over MPI the agreement needs nothing of NCCL: even a poisoned rank
+   * takes part, so that its partners learn of its failure from the
+   * values it brings (plan creation fails on it at prepare_local, and the
+   * last agreement carries that), instead of waiting for it. */
   if (n->have_mpi) return mpi_agree(c, vals, nvals, deadline);
 #endif
+  reshard_result_t r = nccl_health(c);
+  if (r) return r;
   /* NCCL would run the allreduce after the executes already queued on
    * this communicator: wait for them (until their own deadline) so that
    * the agreement's deadline measures the agreement. The peers drain
@@ -367,8 +386,8 @@ static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *va
    * deadline): the agreement's timeout then counts from there. */
   int64_t t0 = rs_now_ns(), busy_until = n->have_last ? n->last_deadline : 0;
   RS_CHECK(nccl_drain(c));
-  if (busy_until > t0 && deadline != RS_NO_DEADLINE && busy_until < RS_NO_DEADLINE - (deadline - t0))
-    deadline = busy_until + (deadline - t0);
+  int64_t span = deadline > t0 ? deadline - t0 : 0;
+  if (busy_until > t0 && deadline != RS_NO_DEADLINE && busy_until < RS_NO_DEADLINE - span) deadline = busy_until + span;
   if (nvals < 0 || nvals > RS_NCCL_SCRATCH_WORDS)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: allreduce of %d words", c->rank, nvals);
   memcpy(n->h_scratch, vals, (size_t)nvals * sizeof *vals);
@@ -443,12 +462,14 @@ static void close_private(rs_nccl *n) {
 }
 
 static void nccl_release(rs_nccl *n) {
+  /* The communicator first: if any of its work is still stuck, finalize
+   * times out and the abort ends it, before anything it uses is freed. */
+  close_private(n);
+  if (n->d_scratch) cudaFreeAsync(n->d_scratch, n->stream); /* no device-wide sync, unlike cudaFree */
   if (n->stream) cudaStreamDestroy(n->stream);
-  if (n->d_scratch) cudaFree(n->d_scratch);
   if (n->h_scratch) cudaFreeHost(n->h_scratch);
   if (n->last_end) cudaEventDestroy(n->last_end);
   pool_free(n); /* plans still alive (leaked by the caller) lose theirs */
-  close_private(n);
 #ifdef RESHARD_HAVE_MPI
   int finalized = 0;
   if (n->have_mpi && !MPI_Finalized(&finalized) && !finalized) MPI_Comm_free(&n->mpi);
@@ -528,28 +549,57 @@ static reshard_result_t split_private(ncclComm_t parent, const char *who, ncclCo
   if (e != ncclSuccess)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: not a usable NCCL communicator: %s", who,
                     ncclGetErrorString(e));
-  const char *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  /* Two settings of the environment would break the promises reshard
+   * makes: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 shares the parent's abort flag
+   * with the child (splitShare is the parent's setting, NCCL src/init.cc,
+   * ncclCommInitChildComm: a parent created with config.splitShare = 1 is
+   * the caller's to avoid), and NCCL_COMM_BLOCKING=1 overrides the child's
+   * nonblocking config (envConfigOverride), so its waits could not have
+   * deadlines. */
+  const char *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES"), *blocking = getenv("NCCL_COMM_BLOCKING");
   if (share && atoi(share) == 1)
     return rs_error(RESHARD_ERROR_INVALID_USAGE, "%s rank %d: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 makes split "
                     "communicators share the parent's abort flag, so reshard could not abort its own without "
-                    "aborting yours; unset it (or create your communicator with splitShare = 0)", who, rank);
+                    "aborting yours; unset it (and create your communicator with splitShare = 0)", who, rank);
+  if (blocking && atoi(blocking) == 1)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "%s rank %d: NCCL_COMM_BLOCKING=1 would make reshard's NCCL "
+                    "communicator blocking, and its waits could then not end at a deadline; unset it", who, rank);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   cfg.splitShare = 0;
-  ncclComm_t child = NULL;
-  e = ncclCommSplit(parent, 0, rank, &child, &cfg);
-  if (e != ncclSuccess && e != ncclInProgress)
+  /* NCCL stores the new communicator when the split is done, which with a
+   * nonblocking parent may be after a timeout here: the slot is on the
+   * heap and is given up (never freed) then. */
+  ncclComm_t *slot = calloc(1, sizeof *slot);
+  if (!slot) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "%s rank %d: out of memory", who, rank);
+  e = ncclCommSplit(parent, 0, rank, slot, &cfg);
+  if (e != ncclSuccess && e != ncclInProgress) {
+    free(slot);
     return rs_error(nccl_code(e), "%s rank %d: ncclCommSplit failed: %s", who, rank, ncclGetErrorString(e));
+  }
   int64_t deadline = comm_deadline();
-  /* A nonblocking parent: the new communicator appears when the split is
-   * done (NCCL stores it then). */
-  for (unsigned spin = 0; !__atomic_load_n(&child, __ATOMIC_ACQUIRE); spin++) {
+  /* A nonblocking parent: the split's progress and result are the
+   * parent's asynchronous state (NCCL launches the split on the parent). */
+  for (unsigned spin = 0; e == ncclInProgress; spin++) {
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(parent, &st);
+    if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+      ncclResult_t bad = q != ncclSuccess ? q : st;
+      if (__atomic_load_n(slot, __ATOMIC_ACQUIRE)) ncclCommAbort(*slot);
+      free(slot);
+      return rs_error(nccl_code(bad), "%s rank %d: ncclCommSplit failed: %s", who, rank, ncclGetErrorString(bad));
+    }
+    if (st == ncclSuccess) break;
     if (spin > 64 && rs_now_ns() > deadline)
       return rs_error(RESHARD_ERROR_TIMEOUT, "%s rank %d: ncclCommSplit did not complete before the deadline: a "
                       "rank did not call it; your communicator then still has the split pending (abort it)", who,
                       rank);
     rs_nap(spin);
   }
+  ncclComm_t child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  free(slot);
+  if (!child)
+    return rs_error(RESHARD_ERROR_BACKEND, "%s rank %d: ncclCommSplit returned no communicator", who, rank);
   char what[96];
   snprintf(what, sizeof what, "%s rank %d: ncclCommSplit", who, rank);
   RS_CHECK(wait_ready(child, what, deadline));
@@ -583,7 +633,7 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int mpi_agreement, reshard_co
   cudaError_t ce = cudaEventCreateWithFlags(&n->last_end, cudaEventDisableTiming);
   if (!ce && !mpi_agreement) {
     ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
-    if (!ce) ce = cudaMalloc((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8);
+    if (!ce) ce = cudaMallocAsync((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8, n->stream);
     if (!ce) ce = cudaMallocHost((void **)&n->h_scratch, RS_NCCL_SCRATCH_WORDS * 8);
   }
   if (ce) {

@@ -49,9 +49,10 @@ struct rs_stream_ops {
   /* The communicator's staging pool, shared by its plans (their executes
    * run one after another, see begin): acquire makes it at least `bytes`
    * (waiting for earlier executes' work first, see drain) and counts a
-   * user; release drops one (the last frees it). */
+   * user; release drops one (the last frees it; in_use: the GPU may still
+   * run work on it, so it is never freed). */
   reshard_result_t (*staging_acquire)(reshard_comm_t *comm, size_t bytes);
-  void (*staging_release)(reshard_comm_t *comm);
+  void (*staging_release)(reshard_comm_t *comm, int in_use);
   /* An execute starts: `stream` waits for the previous execute of any plan
    * on the communicator; *staging is the pool. end records the execute's
    * end (the work on `stream` so far) and its deadline. */

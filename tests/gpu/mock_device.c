@@ -81,6 +81,8 @@ struct mcomm {
   int gid, rank, size, blocking;
   int aborted, destroyed, init_pending, finalizing;
   int splits; /* children split off so far */
+  mcomm *split_child; /* a nonblocking parent's pending split */
+  ncclComm_t *split_out; /* where it stores the child when done */
   uint64_t nccl_issued, nccl_done, coll_issued;
   mcomm *next;
 };
@@ -220,7 +222,7 @@ static mcomm *comm_of(ncclComm_t c) {
       memset(&G.parents[r], 0, sizeof G.parents[r]);
       G.parents[r].rank = r;
       G.parents[r].size = M.size;
-      G.parents[r].blocking = 1;
+      G.parents[r].blocking = !M.parent_nonblocking;
       G.parent_init[r] = 1;
     }
     return &G.parents[r];
@@ -844,6 +846,9 @@ ncclResult_t __wrap_ncclGroupSimulateEnd(ncclSimInfo_t *si) {
   return si->magic == 0x74685283 ? ncclSuccess : ncclInvalidArgument;
 }
 
+static int split_complete(mcomm *c);
+static int split_done(void *a) { return split_complete(a); }
+
 static int split_complete(mcomm *c) {
   if (M.split_never) return 0;
   if (!c->init_pending) return 1;
@@ -851,15 +856,23 @@ static int split_complete(mcomm *c) {
   return !c->init_pending;
 }
 
-static int split_done(void *a) { return split_complete(a); }
-
 ncclResult_t __wrap_ncclCommGetAsyncError(ncclComm_t h, ncclResult_t *st) {
   LOCK();
   mcomm *c = comm_of(h);
   int ok = usable(c);
   progress();
   ncclResult_t r = M.async_error;
-  if (M.inprogress_polls) {
+  if (c->split_child) { /* a nonblocking parent's split: its state is the parent's */
+    if (M.split_result) {
+      r = M.split_result;
+      c->split_child = NULL;
+    } else if (split_complete(c->split_child)) {
+      __atomic_store_n(c->split_out, (ncclComm_t)c->split_child, __ATOMIC_RELEASE);
+      c->split_child = NULL;
+    } else {
+      r = ncclInProgress;
+    }
+  } else if (M.inprogress_polls) {
     if (M.inprogress_polls > 0) M.inprogress_polls--;
     r = ncclInProgress;
   } else if (!split_complete(c)) {
@@ -932,10 +945,15 @@ ncclResult_t __wrap_ncclCommSplit(ncclComm_t h, int color, int key, ncclComm_t *
    * stores the child once it is done: here at once, polled as pending. */
   ncclResult_t r = ncclSuccess;
   if (!p->blocking) {
-    r = ncclInProgress;
-  } else if (wait_for(split_done, c, "ncclCommSplit")) {
-    r = ncclSystemError; /* (a hang, counted) */
+    /* the child is stored when the split is done (seen by polling the
+     * parent), as NCCL does */
+    p->split_child = c;
+    p->split_out = out;
+    *out = NULL;
+    UNLOCK();
+    return ncclInProgress;
   }
+  if (wait_for(split_done, c, "ncclCommSplit")) r = ncclSystemError; /* (a hang, counted) */
   UNLOCK();
   *out = (ncclComm_t)c;
   return r;

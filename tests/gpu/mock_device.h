@@ -97,6 +97,8 @@ typedef struct mock_thread {
   int inprogress_polls; /* ncclInProgress for this many polls, -1: forever */
   int p2p_inprogress;   /* ncclSend/ncclRecv return ncclInProgress */
   int split_never;      /* a nonblocking split never completes */
+  int parent_nonblocking; /* the caller's communicator is nonblocking */
+  ncclResult_t split_result; /* a nonblocking parent's split fails so */
   int splits;           /* ncclCommSplit calls */
   int64_t kernel_ns;    /* device time of every copy kernel */
   const reshard_plan_t *plan; /* to classify launches in the log */

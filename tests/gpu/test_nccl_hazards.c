@@ -245,6 +245,44 @@ static void caller_comm_never_aborted(void **state) {
   run_world(2, 0, caller_comm_rank, NULL);
 }
 
+/* A nonblocking caller's communicator: NCCL runs the split in the parent's
+ * mode and reports its progress and outcome on the parent, storing the
+ * child when done. A failed split is an error, not a half-made
+ * communicator. */
+static void nonblocking_parent_rank(hz_rank *r) {
+  M.parent_nonblocking = 1;
+  reshard_comm_t *c = NULL;
+  if (r->rank == 1) M.split_result = ncclSystemError;
+  reshard_result_t e = reshard_comm_create_nccl(MOCK_PARENT, &c);
+  M.split_result = ncclSuccess;
+  if (r->rank == 1) {
+    if (e != RESHARD_ERROR_BACKEND || c) RFAIL(r, "a failed split gave %s", reshard_result_string(e));
+  } else if (e) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+  } else {
+    reshard_comm_destroy(c);
+  }
+  /* both split again: a working communicator moves data */
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 2000)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  if (run_plan(&p, r->rank, 0) || mock_stream_drain(NULL)) RFAIL(r, "execute: %s", reshard_last_error());
+  else if (reshard_selftest_check(&p.d, p.dst, r->rank, 0, "nonblocking parent")) RFAIL(r, "wrong data");
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void nonblocking_caller_comm(void **state) {
+  (void)state;
+  run_world(2, 0, nonblocking_parent_rank, NULL);
+}
+
 /* ------------------------------------------- 3. ncclInProgress mid-group */
 
 /* ncclSend/ncclRecv returning ncclInProgress (a nonblocking communicator)
@@ -680,6 +718,7 @@ int main(void) {
       cmocka_unit_test(setup_failure_fails_creation),
       cmocka_unit_test(partial_queue_failure_no_hang),
       cmocka_unit_test(caller_comm_never_aborted),
+      cmocka_unit_test(nonblocking_caller_comm),
       cmocka_unit_test(inprogress_posts_whole_round),
       cmocka_unit_test(rotated_order_never_hangs),
       cmocka_unit_test(agreement_independent_of_backlog),

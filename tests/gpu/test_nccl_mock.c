@@ -341,12 +341,14 @@ static void create_failures(void **state) {
   (void)state;
   mock_reset(0, 4);
   reshard_comm_t *comm = NULL;
-  M.fail_malloc = 1;
+  M.fail_malloc_async_at = M.malloc_async_calls + 1; /* the agreement's scratch */
   assert_int_equal(reshard_comm_create_nccl((ncclComm_t)0x1, &comm), RESHARD_ERROR_OUT_OF_MEMORY);
   assert_null(comm);
   assert_int_equal(M.mem, 0);
   assert_int_equal(M.streams, 0);
-  M.fail_malloc = 0;
+  assert_int_equal(M.events, 0);
+  assert_int_equal(world.parent_aborts + world.parent_destroys, 0); /* never the caller's */
+  M.fail_malloc_async_at = 0;
   assert_int_equal(reshard_comm_create_nccl(NULL, &comm), RESHARD_ERROR_INVALID_ARGUMENT);
   assert_int_equal(reshard_comm_create_nccl((ncclComm_t)0x1, &comm), 0);
   reshard_layout_t *src, *dst;
