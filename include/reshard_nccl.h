@@ -13,7 +13,9 @@
  * reshard ever aborts. Yours stays usable whatever happens to reshard's,
  * must outlive the reshard communicator, and is yours to destroy. Do not
  * create it with splitShare = 1 (or NCCL_COMM_SPLIT_SHARE_RESOURCES=1,
- * refused): a child would then share your abort flag.
+ * refused): a child would then share your abort flag. NCCL_COMM_BLOCKING=1
+ * is refused too (it would make reshard's communicator blocking, and its
+ * waits could not end at a deadline).
  *
  * Execution. reshard_plan_execute takes device buffers and a cudaStream_t
  * (NULL: the legacy default stream) as `stream`. It enqueues the whole
