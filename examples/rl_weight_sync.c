@@ -16,9 +16,15 @@
  *
  * Trainer ranks come first in MPI_COMM_WORLD, then inference ranks. It uses
  * only installed headers (reshard.h, reshard_mpi.h, reshard_models.h,
- * reshard_selftest.h): copy it from share/reshard/examples and build it
- * against an installed reshard (README, "Use reshard from your own
- * project"). */
+ * reshard_selftest.h) and watchdog.h beside it: copy both from
+ * share/reshard/examples and build against an installed reshard (README,
+ * "Use reshard from your own project").
+ *
+ * It never hangs: reshard's calls end at their deadline, any failure ends
+ * the job (MPI_Abort), and the example's own MPI calls are under the
+ * watchdog (watchdog.h), so a rank that stops ends mpirun non-zero within
+ * RESHARD_TIMEOUT_MS + 5 s. */
+#define _POSIX_C_SOURCE 200809L /* watchdog.h: clock_gettime, nanosleep (with -std=c11) */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +34,7 @@
 #include "reshard.h"
 #include "reshard_mpi.h"
 #include "reshard_selftest.h"
+#include "watchdog.h"
 
 typedef struct args {
   const char *config;
@@ -74,6 +81,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  wd_start(rank);
   args a;
   parse(argc, argv, &a);
 
@@ -97,15 +105,17 @@ int main(int argc, char **argv) {
   if ((r = rm_vllm_layout(model, &ip, ntrain, &dst))) die("vllm layout", r);
 
   reshard_comm_t *comm;
+  wd_enter("reshard_comm_create_mpi (MPI_Comm_dup)");
   if ((r = reshard_comm_create_mpi(MPI_COMM_WORLD, &comm))) die("comm_create_mpi", r);
+  wd_leave();
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   opts.staging_bytes = a.staging;
   reshard_plan_t *plan;
-  MPI_Barrier(MPI_COMM_WORLD);
+  WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
   double t0 = MPI_Wtime();
   if ((r = reshard_plan_create(comm, src, dst, &opts, &plan))) die("plan_create", r);
   double plan_s = MPI_Wtime() - t0, plan_max;
-  MPI_Reduce(&plan_s, &plan_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  WD_CALL(MPI_Reduce(&plan_s, &plan_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
 
   /* This rank's weights (trainer) or inference buffers. */
   reshard_selftest_t train_bufs, infer_bufs;
@@ -122,12 +132,12 @@ int main(int argc, char **argv) {
     for (int d = 0; d < infer_bufs.frags[i].ndim; d++) n *= (double)infer_bufs.frags[i].extent[d];
     mine += n;
   }
-  MPI_Allreduce(&mine, &delivered, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(&mine, &delivered, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 
   reshard_plan_stats_t st;
   reshard_plan_get_stats(plan, &st);
   reshard_plan_stats_t *all = rank == 0 ? calloc((size_t)nranks, sizeof *all) : NULL;
-  MPI_Gather(&st, (int)sizeof st, MPI_BYTE, all, (int)sizeof st, MPI_BYTE, 0, MPI_COMM_WORLD);
+  WD_CALL(MPI_Gather(&st, (int)sizeof st, MPI_BYTE, all, (int)sizeof st, MPI_BYTE, 0, MPI_COMM_WORLD));
   if (rank == 0) {
     printf("# rl_weight_sync: %s (%s), %d layers, %.1f M parameters, %d tensors, bf16\n", a.config, rm_model_arch(model),
            rm_model_layers(model), (double)rm_model_num_params(model) / 1e6, rm_model_num_tensors(model));
@@ -145,7 +155,7 @@ int main(int argc, char **argv) {
   long total_wrong = 0;
   for (int step = 0; step < a.steps; step++) {
     reshard_selftest_fill(&train_bufs, src, (uint64_t)step); /* the optimizer step */
-    MPI_Barrier(MPI_COMM_WORLD);
+    WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
     double s0 = MPI_Wtime();
     /* each buffer with its size (a short one is refused before anything
      * moves), the step as the weight version (versions start at 1) */
@@ -154,8 +164,8 @@ int main(int argc, char **argv) {
     double s = MPI_Wtime() - s0, smax;
     if (r) die("plan_execute", r);
     long bad = (long)reshard_selftest_check(&infer_bufs, dst, rank, (uint64_t)step, "rl_weight_sync"), wrong;
-    MPI_Reduce(&s, &smax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    MPI_Allreduce(&bad, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    WD_CALL(MPI_Reduce(&s, &smax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
+    WD_CALL(MPI_Allreduce(&bad, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     total_wrong += wrong;
     if (rank == 0)
       printf("   %4d   %13.2f   %7.2f   %10.2f   %5ld\n", step, delivered / 1048576.0, 1e3 * smax, delivered / smax / 1e9,
@@ -175,6 +185,6 @@ int main(int argc, char **argv) {
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   rm_model_free(model);
-  MPI_Finalize();
+  WD_CALL(MPI_Finalize());
   return total_wrong != 0;
 }

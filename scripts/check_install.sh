@@ -193,9 +193,10 @@ if [ -f "$prefix/include/reshard_mpi.h" ] && command -v mpicc >/dev/null 2>&1 &&
   share="$prefix/share/reshard"
   [ -f "$share/examples/rl_weight_sync.c" ] || fail "share/reshard/examples/rl_weight_sync.c not installed"
   [ -f "$share/configs/Qwen2.5-0.5B.json" ] || fail "share/reshard/configs not installed"
-  cp "$share/examples/rl_weight_sync.c" "$work/"
+  [ -f "$share/examples/watchdog.h" ] || fail "share/reshard/examples/watchdog.h not installed"
+  cp "$share/examples/rl_weight_sync.c" "$share/examples/watchdog.h" "$work/"
   # shellcheck disable=SC2046 # flags are meant to split
-  mpicc -std=c11 -Wall -Wextra -Werror "$work/rl_weight_sync.c" -o "$work/rl_weight_sync" \
+  mpicc -std=c11 -pthread -Wall -Wextra -Werror "$work/rl_weight_sync.c" -o "$work/rl_weight_sync" \
     $(pkg-config --cflags --libs reshard_models) -Wl,-rpath,"$libdir" ||
     fail "building the installed rl_weight_sync.c"
   (unset LD_LIBRARY_PATH

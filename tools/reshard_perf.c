@@ -59,6 +59,7 @@
 
 #include "cli.h"
 #include "reshard.h"
+#include "watchdog.h" /* examples/: every blocking MPI call of the tool ends at a deadline */
 #include "perf_nccl.h"
 #include "reshard_mpi.h"
 #include "reshard_selftest.h"
@@ -193,7 +194,7 @@ typedef struct method {
 /* Collective: the largest per-rank egress and ingress. */
 static void set_peaks(method *m, int64_t out, int64_t in) {
   int64_t v[2] = {out, in}, mx[2];
-  MPI_Allreduce(v, mx, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(v, mx, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   m->max_out = mx[0];
   m->max_in = mx[1];
 }
@@ -211,12 +212,12 @@ static int cmp_double(const void *a, const void *b) {
 /* One timed call of m on every rank: the slowest rank's seconds, or -1
  * when the call failed on any rank (every rank learns it). */
 static double time_once(ctx *c, method *m) {
-  MPI_Barrier(MPI_COMM_WORLD);
+  WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
   double t0 = MPI_Wtime();
   int err = m->run(c, m->state);
   double dt = MPI_Wtime() - t0;
   double v[2] = {dt, err ? 1.0 : 0.0}, mx[2];
-  MPI_Allreduce(v, mx, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(v, mx, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return mx[1] > 0 ? -1.0 : mx[0];
 }
 
@@ -265,7 +266,7 @@ static void run_methods(ctx *c, method *ms, int nm) {
       err = 1;
     }
 #endif
-    MPI_Barrier(MPI_COMM_WORLD);
+    WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
     if (!err) err = m->run(c, m->state);
 #ifdef RESHARD_PERF_HAVE_NCCL
     if (!err && c->dev && perf_nccl_download(c->dev, &c->d, derr, sizeof derr)) {
@@ -283,7 +284,7 @@ static void run_methods(ctx *c, method *ms, int nm) {
       bad = reshard_selftest_check(&c->d, c->L.dst, world_rank, step, m->name);
     }
     int64_t v[2] = {bad, err ? 1 : 0}, sum[2];
-    MPI_Allreduce(v, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    WD_CALL(MPI_Allreduce(v, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
     m->wrong = sum[0];
     if (sum[1]) m->failed = 1;
     reshard_selftest_fill(&c->s, c->L.src, 0);
@@ -314,6 +315,9 @@ static int run_reshard(ctx *c, void *state) {
   if (r) {
     fprintf(stderr, "reshard_perf: rank %d: reshard_plan_execute: %s: %s\n", world_rank, reshard_result_string(r),
             reshard_last_error());
+    /* A partner that stopped or failed: waiting in the tool's own
+     * collectives for it would only end at the watchdog. */
+    if (r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
   return 0;
@@ -471,7 +475,7 @@ static int run_broadcast(ctx *c, void *state) {
           box_copy(nd, f->extent, es, c->s.ptr[f->buffer_id] + f->byte_offset, f->strides, b->full + o * (int64_t)es,
                    full_str);
         }
-      MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
+      WD_CALL(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE));
       free(req);
     } else {
       for (int k = 0; k < nch; k++) {
@@ -486,14 +490,14 @@ static int run_broadcast(ctx *c, void *state) {
           from = b->pack;
         }
         /* one message per fragment (at most 1 GiB: see bcast_setup) */
-        MPI_Send(from, (int)(n * (int64_t)es), MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+        WD_CALL(MPI_Send(from, (int)(n * (int64_t)es), MPI_BYTE, 0, 0, MPI_COMM_WORLD));
       }
     }
     /* broadcast */
     if (b->bcomm != MPI_COMM_NULL) {
       for (int64_t off = 0; off < bytes;) {
         int piece = bytes - off > (1 << 30) ? 1 << 30 : (int)(bytes - off);
-        MPI_Bcast(b->full + off, piece, MPI_BYTE, 0, b->bcomm);
+        WD_CALL(MPI_Bcast(b->full + off, piece, MPI_BYTE, 0, b->bcomm));
         off += piece;
       }
     }
@@ -597,7 +601,7 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
   }
   /* every rank must agree to run the baseline */
   int v = bad, any;
-  MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (any) {
     if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
     bcast_free(b);
@@ -618,7 +622,7 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
     v2[b->ndst_frags[t]++] = (int)i;
   }
   int member = world_rank == 0 || c->is_dst;
-  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &b->bcomm);
+  WD_CALL(MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &b->bcomm));
   if (member) b->full = malloc((size_t)max_tensor + 1);
   b->pack = malloc((size_t)max_frag + 1);
   if ((member && !b->full) || !b->pack) {
@@ -797,16 +801,16 @@ static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
   free(rl);
   selection_free(&sel);
   int v = bad, any;
-  MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (any) {
     if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
     a2aw_free(a);
     return NULL;
   }
-  MPI_Allreduce(&my_cross, &m->crossed, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(&my_cross, &m->crossed, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   set_peaks(m, my_cross, my_in);
   int64_t k_all[2];
-  MPI_Allreduce(kinds, k_all, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(kinds, k_all, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   snprintf(m->info, sizeof m->info,
            "one MPI_Alltoallw, boxes from the first source replica; %lld box sides as subarrays, %lld as hvectors "
            "(strided)",
@@ -817,8 +821,10 @@ static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
 static int run_alltoallw(ctx *c, void *state) {
   (void)c;
   a2aw_state *a = state;
+  wd_enter("MPI_Alltoallw (baseline)");
   int err = MPI_Alltoallw(MPI_BOTTOM, a->scounts, a->sdispls, a->stypes, MPI_BOTTOM, a->rcounts, a->rdispls, a->rtypes,
                           MPI_COMM_WORLD);
+  wd_leave();
   return err != MPI_SUCCESS;
 }
 
@@ -827,7 +833,7 @@ static int run_alltoallw(ctx *c, void *state) {
 /* ------------------------------------------------------------------ */
 
 static int finish(int rc) {
-  MPI_Finalize();
+  WD_CALL(MPI_Finalize());
   return rc;
 }
 
@@ -851,6 +857,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  wd_start(world_rank);
   ctx c;
   memset(&c, 0, sizeof c);
   char err[1024];
@@ -919,9 +926,11 @@ int main(int argc, char **argv) {
   if (nccl) {
     /* Every rank learns whether any lacks a device, so that all exit
      * instead of waiting in NCCL's setup for the missing one. */
+    wd_enter("perf_nccl_open (MPI_Comm_split_type)");
     int nodev = perf_nccl_open(&c.dev, devdesc, sizeof devdesc, err, sizeof err) != 0, any_nodev;
+    wd_leave();
     if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend nccl: %s\n", world_rank, err);
-    MPI_Allreduce(&nodev, &any_nodev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    WD_CALL(MPI_Allreduce(&nodev, &any_nodev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (any_nodev) {
       perf_nccl_close(c.dev);
       free(c.src_of_dst);
@@ -946,7 +955,7 @@ int main(int argc, char **argv) {
   opts.topology = c.o.topology;
   opts.relay = c.o.relay;
   reshard_state rst = {NULL}, vst = {NULL};
-  MPI_Barrier(MPI_COMM_WORLD);
+  WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
   double t0 = MPI_Wtime();
   r = reshard_plan_create(comm, c.L.src, c.L.dst, &opts, &rst.plan);
   double plan_s = MPI_Wtime() - t0, plan_max_s;
@@ -963,8 +972,8 @@ int main(int argc, char **argv) {
       fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (RESHARD_FLAG_VERIFY): %s: %s\n", world_rank,
               reshard_result_string(r), reshard_last_error());
   }
-  MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  WD_CALL(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (any_bad) {
     reshard_plan_destroy(rst.plan);
     reshard_plan_destroy(vst.plan);
@@ -997,9 +1006,9 @@ int main(int argc, char **argv) {
     mine[1] += n;
   }
   int64_t sum[6];
-  MPI_Allreduce(mine, sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(mine, sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   int64_t mx_in[4] = {(int64_t)st.num_chunks, (int64_t)st.staging_bytes, (int64_t)st.chunk_bytes, st.phases}, mx[4];
-  MPI_Allreduce(mx_in, mx, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  WD_CALL(MPI_Allreduce(mx_in, mx, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   c.delivered = sum[0];
   c.delivered_elems = sum[1];
 
