@@ -30,7 +30,8 @@
  *                     one per (source, sender, receiver)
  * replica_choice      with a topology, a cell held in the receiver's domain
  *                     comes from there only (direct plans)
- * device_transport    relay = 1 on a device transport plans direct
+ * device_transport    relay = 1 on a device transport plans the same relay
+ *                     plan as on a host transport (same bytes per rank)
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
  * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one,
@@ -759,6 +760,7 @@ typedef struct device_arg {
   const reshard_layout_t *src, *dst;
   size_t sent[8];
   int fails;
+  int host; /* plan on the transport as it is, not as a device transport */
 } device_arg;
 
 /* A device transport as far as plan creation sees it: it sets nothing up
@@ -774,7 +776,7 @@ static int device_rank(int rank, reshard_comm_t *comm, void *p) {
   rs_transport_ops ops = *comm->ops;
   ops.stream_ops = &not_a_device;
   const rs_transport_ops *saved = comm->ops;
-  comm->ops = &ops;
+  if (!a->host) comm->ops = &ops;
   reshard_options_t o = relay_opts(1, 0);
   reshard_plan_t *plan = NULL;
   reshard_plan_stats_t st;
@@ -864,16 +866,20 @@ static void device_transport(void **state) {
   seq(sr, 2, 0);
   seq(dr, 4, 2);
   reshard_layout_t *S = train_side(sr, 1, 2), *D = infer_side(dr, 2, 2);
-  device_arg a = {S, D, {0}, 0};
-  assert_int_equal(th_run_ranks(6, device_rank, &a), 0);
-  uint64_t per_replica = 0;
+  device_arg dev = {S, D, {0}, 0, 0}, host = {S, D, {0}, 0, 1};
+  assert_int_equal(th_run_ranks(6, device_rank, &dev), 0);
+  assert_int_equal(th_run_ranks(6, device_rank, &host), 0);
+  /* the same plan: every rank sends the same bytes, and the destination
+   * replicas forward (the sources send each byte once, not per replica) */
+  uint64_t src_sent = 0, fwd = 0;
   for (int r = 0; r < 6; r++) {
-    unsigned char one[6] = {0};
-    one[r] = 1;
-    per_replica += unique_bytes(D, 6, one);
+    assert_int_equal(dev.sent[r], host.sent[r]);
+    if (r < 2) src_sent += dev.sent[r];
+    else fwd += dev.sent[r];
   }
-  assert_int_equal(a.sent[0] + a.sent[1], per_replica);
-  for (int r = 2; r < 6; r++) assert_int_equal(a.sent[r], 0);
+  assert_true(fwd > 0);
+  unsigned char all[6] = {0, 0, 1, 1, 1, 1};
+  assert_int_equal(src_sent, unique_bytes(D, 6, all));
   reshard_layout_destroy(S);
   reshard_layout_destroy(D);
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;

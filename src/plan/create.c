@@ -824,13 +824,12 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->phases = 1;
   }
   if (!local) {
-    /* Device transports plan direct: the device executor runs forwards
-     * (tests/gpu/test_nccl_hazards.c drives it with device_relay) but
-     * they are not turned on before they have run on GPUs (the
-     * one-executor issue). relay -1 (auto) plans direct here; the caller
+    /* Every transport relays: the host executor and the device executor
+     * both send forwards from the destination buffers two rounds after
+     * their data arrived. relay -1 (auto) plans direct here; the caller
      * builds a relay plan too when the cost model can choose. */
     int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;
-    c.relay = want && (!comm->ops->stream_ops || rs_plan_force.device_relay);
+    c.relay = want;
     const int32_t *domain = p->has_topo ? p->map.domain : NULL;
     c.actx.domain = domain;
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
@@ -1099,11 +1098,9 @@ void reshard_plan_destroy(reshard_plan_t *p) {
 }
 
 /* Whether relay -1 (auto) has a choice to make: the cost model needs a
- * topology, and only host transports relay. The same on every rank (the
- * options and topology are part of the digest). */
-static int auto_relay(const reshard_plan_t *p) {
-  return p->opts.relay == -1 && p->has_topo && !p->comm->ops->stream_ops;
-}
+ * topology. The same on every rank (the options and topology are part of
+ * the digest). */
+static int auto_relay(const reshard_plan_t *p) { return p->opts.relay == -1 && p->has_topo; }
 
 reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                                      const reshard_layout_t *src,

@@ -12,9 +12,9 @@
 #include "plan/plan.h"
 #include "transport/transport.h"
 
-/* In slices: transports bound one reduction (the in-process one to 256
- * values, the size plan agreement needs). One deadline for the whole. */
-#define REDUCE_SLICE 256
+/* In slices: transports bound one reduction to RS_AGREE_MAX_WORDS values
+ * (transport.h; NCCL's preallocated scratch). One deadline for the whole. */
+#define REDUCE_SLICE RS_AGREE_MAX_WORDS
 
 static reshard_result_t reduce(const reshard_plan_t *plan, uint64_t *v, size_t n) {
   reshard_comm_t *comm = plan->comm;

@@ -519,9 +519,6 @@ typedef struct rs_plan_agreed {
    * is its creation digest. */
   rs_plan_stage *twin;
   uint64_t twin_digest;
-  /* Tests: relay plans on device transports too (which plan direct until
-   * the device executor's forwards are turned on; see create.c). */
-  int device_relay;
 } rs_plan_agreed;
 #ifndef __cplusplus /* the CUDA tests include this header; they never use it */
 extern _Thread_local rs_plan_agreed rs_plan_force;

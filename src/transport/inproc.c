@@ -34,9 +34,11 @@
 
 /* Plan agreement reduces a handful of words (digests, flags, sizes); a fixed
  * capacity keeps the barrier free of allocation, which could otherwise fail
- * half-way through a collective and leave the ranks out of step. */
-#define RS_INPROC_MAX_REDUCE 256
-_Static_assert(RS_INPROC_MAX_REDUCE >= RS_AGREE_MAX_WORDS, "inproc reduces fewer words than transport.h promises");
+ * half-way through a collective and leave the ranks out of step. Exactly
+ * the seam's bound (transport.h), so that a caller reducing more fails
+ * here, in the host tests, and not only on NCCL, whose scratch has that
+ * size. */
+#define RS_INPROC_MAX_REDUCE RS_AGREE_MAX_WORDS
 
 typedef struct rs_inproc_msg {
   struct rs_inproc_msg *next;

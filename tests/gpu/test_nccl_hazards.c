@@ -509,12 +509,12 @@ static void staging_pool_per_comm(void **state) {
 
 /* ------------------------------------------------- 8. relay forwards */
 
-/* Relay plans through the device executor (forced: device transports plan
- * direct until the forwards have run on GPUs): a forward reads this
- * rank's destination buffers, so its copies must resolve against the
- * destination table, and its round's pack must wait for the unpacks that
- * wrote the data, not only for the transfer that freed its staging half.
- * Random layout pairs, several rounds (small staging), byte for byte. */
+/* Relay plans through the device executor: a forward reads this rank's
+ * destination buffers, so its copies must resolve against the destination
+ * table, and its round's pack must wait for the unpacks that wrote the
+ * data, not only for the transfer that freed its staging half. A fixed
+ * tp=2 -> tp=2 x dp=4 layout and random layout pairs, several rounds
+ * (small staging), byte for byte. */
 typedef struct relay_ctx {
   const rl_pair *pair;
   size_t staging;
@@ -533,10 +533,8 @@ static void relay_rank(hz_rank *r) {
   o.staging_bytes = x->staging;
   o.relay = 1;
   o.timeout_ms = 2000;
-  rs_plan_force.device_relay = 1;
   reshard_plan_t *plan = NULL;
   reshard_result_t e = reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan);
-  rs_plan_force.device_relay = 0;
   if (e) {
     RFAIL(r, "plan_create: %s", reshard_last_error());
     reshard_comm_destroy(c);

@@ -37,6 +37,7 @@
 #include "gpu/mock_device.h"
 #include "kernels/rs_kernels.h"
 #include "plan/plan.h"
+#include "plan/relay.h"
 #include "reshard.h"
 #include "reshard_nccl.h"
 #include "support/random_layout.h"
@@ -463,6 +464,8 @@ static void stream_argument(void **state) {
 typedef struct rank_arg {
   const rl_pair *pair;
   size_t staging;
+  int relay;           /* options.relay */
+  const char *topology; /* options.topology */
   int rank;
   int64_t bad;
   int failed;
@@ -477,6 +480,8 @@ static void *rank_main(void *vp) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = a->staging;
   o.timeout_ms = 20000;
+  o.relay = a->relay;
+  o.topology = a->topology;
   if (reshard_comm_create_nccl((ncclComm_t)0x1, &comm) ||
       reshard_plan_create(comm, a->pair->src, a->pair->dst, &o, &plan)) {
     fprintf(stderr, "rank %d: %s\n", a->rank, reshard_last_error());
@@ -528,8 +533,13 @@ static void random_worlds(void **state) {
     rank_arg args[MAXR];
     pthread_t th[MAXR];
     size_t staging = it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384; /* few or many rounds */
+    /* direct, relay (every part, however small), or the cost model's
+     * choice on a topology */
+    int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
+    const char *topo = it % 4 == 3 ? "h100-8x400g" : NULL;
+    rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     for (int r = 0; r < n; r++) {
-      args[r] = (rank_arg){&pair, staging, r, 0, 0};
+      args[r] = (rank_arg){&pair, staging, relay, topo, r, 0, 0};
       pthread_create(&th[r], NULL, rank_main, &args[r]);
     }
     int64_t bad = 0;
@@ -544,13 +554,14 @@ static void random_worlds(void **state) {
     failed += (int)world.leftover; /* a message nobody received */
     if (bad || failed || bad_size || hangs) {
       rl_pair_print(&pair, stderr);
-      fail_msg("seed %llu (%d ranks, staging %zu): %lld wrong, %d ranks failed, %ld size mismatches, %ld hangs",
-               (unsigned long long)seed, n, staging, (long long)bad, failed, bad_size, hangs);
+      fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %d ranks failed, %ld size mismatches, "
+               "%ld hangs", (unsigned long long)seed, n, staging, relay, (long long)bad, failed, bad_size, hangs);
     }
     rl_pair_free(&pair);
   }
   /* the worlds did exchange data (not only local copies) */
   printf("random worlds: %ld messages delivered\n", world.delivered);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
   if (iters >= 300) assert_true(world.delivered > 1000);
 }
 
