@@ -567,8 +567,10 @@ reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
  * Plain executes cannot tell a skipped step: they number calls. Versions
  * need not be consecutive. On success the version becomes the plan's
  * committed version (reshard_plan_get_status). On device transports the
- * headers are not exchanged and the version is recorded when the work is
- * enqueued. */
+ * headers are checked on the device (no host wait): the version is
+ * recorded when the work is enqueued, and a mismatch is reported by the
+ * next execute or reshard_plan_get_status (see reshard_nccl.h); no
+ * destination byte of the mismatched call is written. */
 reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan,
                                               uint64_t version,
                                               void *const *src_buffers,

@@ -38,6 +38,15 @@
  * creation waits for the communicator's earlier executes first, so its
  * own deadline measures the agreement, not the GPU backlog.
  *
+ * Agreement. Every execute swaps a header (plan digest, call number,
+ * weight version) with each partner ahead of its data, checked on the
+ * GPU: ranks out of step (a skipped execute, another version) write no
+ * destination byte of that call or any later one, and the next execute
+ * or reshard_plan_get_status returns RESHARD_ERROR_MISMATCH naming the
+ * partner and both calls and versions. Pass the training step with
+ * reshard_plan_execute_version: plain executes number calls, which a
+ * skipped step does not change.
+ *
  * Deadlines. Every execute must finish within options.timeout_ms of being
  * enqueued (waiting for earlier ones included). reshard_plan_get_status
  * never blocks and fails a plan whose last execute is not done past that

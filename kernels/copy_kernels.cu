@@ -10,7 +10,10 @@ namespace {
 __global__ void __launch_bounds__(RS_KERNEL_THREADS)
 rs_copy_kernel(const rs_tile *__restrict__ tiles, uint64_t ntiles,
                const rs_copy *__restrict__ copies, void *const *src_tab,
-               void *const *dst_tab, unsigned char *staging) {
+               void *const *dst_tab, unsigned char *staging,
+               const uint32_t *gate) {
+  /* the agreement's verdict, written by an earlier kernel in stream order */
+  if (gate && !*(const volatile uint32_t *)gate) return;
   for (uint64_t i = blockIdx.x; i < ntiles; i += gridDim.x) {
     const rs_tile t = tiles[i];
     const rs_copy *c = &copies[t.desc];
@@ -24,19 +27,53 @@ rs_copy_kernel(const rs_tile *__restrict__ tiles, uint64_t ntiles,
   }
 }
 
+__global__ void rs_agree_stamp_kernel(rs_dev_hdr *out, rs_dev_hdr mine) {
+  *out = mine;
+}
+
+__global__ void rs_agree_check_kernel(const rs_dev_hdr *in, uint32_t n,
+                                      rs_dev_hdr want, rs_dev_agree *st) {
+  rs_dev_agree_check(in, n, &want, st);
+}
+
 } // namespace
+
+extern "C" int rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine,
+                                   void *stream) {
+  rs_agree_stamp_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(out, mine);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n,
+                                   rs_dev_hdr want, rs_dev_agree *st,
+                                   void *stream) {
+  rs_agree_check_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(in, n, want, st);
+  return (int)cudaGetLastError();
+}
 
 extern "C" int rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles,
                                      const rs_copy *copies,
                                      void *const *src_tab,
                                      void *const *dst_tab, void *staging,
                                      void *stream) {
+  return rs_cuda_launch_copies_gated(tiles, ntiles, copies, src_tab, dst_tab,
+                                     staging, NULL, stream);
+}
+
+extern "C" int rs_cuda_launch_copies_gated(const rs_tile *tiles,
+                                           uint64_t ntiles,
+                                           const rs_copy *copies,
+                                           void *const *src_tab,
+                                           void *const *dst_tab,
+                                           void *staging,
+                                           const uint32_t *gate,
+                                           void *stream) {
   if (ntiles == 0) return (int)cudaSuccess;
   /* Enough blocks to fill any current GPU several times over; beyond that
    * blocks loop over tiles, which keeps gridDim.x far from its limit. */
   const uint64_t max_blocks = 65536;
   unsigned blocks = (unsigned)(ntiles < max_blocks ? ntiles : max_blocks);
   rs_copy_kernel<<<blocks, RS_KERNEL_THREADS, 0, (cudaStream_t)stream>>>(
-      tiles, ntiles, copies, src_tab, dst_tab, (unsigned char *)staging);
+      tiles, ntiles, copies, src_tab, dst_tab, (unsigned char *)staging, gate);
   return (int)cudaGetLastError();
 }

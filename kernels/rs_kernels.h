@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "kernels/rs_agree.h"
 #include "kernels/rs_tile.h"
 #include "pack/copy.h"
 
@@ -25,6 +26,22 @@ extern "C" {
 int rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles,
                           const rs_copy *copies, void *const *src_tab,
                           void *const *dst_tab, void *staging, void *stream);
+
+/* The same, gated: when gate (device memory) is non-NULL and reads 0 when
+ * the launch runs, nothing is written (the agreement failed). */
+int rs_cuda_launch_copies_gated(const rs_tile *tiles, uint64_t ntiles,
+                                const rs_copy *copies, void *const *src_tab,
+                                void *const *dst_tab, void *staging,
+                                const uint32_t *gate, void *stream);
+
+/* The agreement (kernels/rs_agree.h): writes `mine` to out (device
+ * memory), one header, on `stream`. */
+int rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine, void *stream);
+
+/* Checks the n headers at in (device memory) against want, sticky, into
+ * *st (device memory), on `stream`. */
+int rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want,
+                        rs_dev_agree *st, void *stream);
 
 #ifdef __cplusplus
 }

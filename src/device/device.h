@@ -24,7 +24,8 @@ void rs_tiles_build(const rs_copy *c, size_t n, uint32_t desc_base,
 reshard_result_t rs_device_execute(const reshard_plan_t *plan,
                                    void *const *src, size_t nsrc,
                                    void *const *dst, size_t ndst,
-                                   void *stream, uint64_t epoch);
+                                   void *stream, uint64_t call,
+                                   uint64_t version);
 
 /* stream_ops->prepare_local and prepare_peers of device transports. */
 reshard_result_t rs_device_prepare_local(reshard_plan_t *plan);

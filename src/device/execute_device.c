@@ -68,6 +68,15 @@ typedef struct rs_dev {
   size_t staging_bytes; /* send halves, then receive halves, in the pool */
   rs_p2p *p2p;          /* one round's group */
 
+  /* The agreement with the plan's partners (kernels/rs_agree.h): this
+   * rank's header, the partners', the sticky verdict on the device and its
+   * copy in pinned memory, read by the host once ev_agreed completed. */
+  rs_dev_hdr *d_hdr_out, *d_hdr_in;
+  rs_dev_agree *d_agree, *h_agree;
+  rs_p2p *hdr_p2p; /* 2 x npeers: receive then send per partner */
+  cudaEvent_t ev_checked, ev_agreed;
+  int agreed_once;
+
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
   cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2];
@@ -132,17 +141,23 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_tiles) cudaFreeAsync(d->d_tiles, d->s[S_PACK]);
     for (int i = 0; i < RS_TAB_SLOTS; i++)
       if (d->d_tab[i]) cudaFreeAsync(d->d_tab[i], d->s[S_PACK]);
+    if (d->d_hdr_out) cudaFreeAsync(d->d_hdr_out, d->s[S_PACK]);
+    if (d->d_hdr_in) cudaFreeAsync(d->d_hdr_in, d->s[S_PACK]);
+    if (d->d_agree) cudaFreeAsync(d->d_agree, d->s[S_PACK]);
   }
   for (int i = 0; i < S_COUNT; i++)
     if (d->s[i]) cudaStreamDestroy(d->s[i]);
-  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2], &d->tab_ev[3], &d->ev_begin,
-                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2], &d->ev_packed[0], &d->ev_packed[1],
-                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
+  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2],     &d->tab_ev[3],     &d->ev_begin,
+                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2],     &d->ev_packed[0],  &d->ev_packed[1],
+                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1], &d->ev_checked,
+                        &d->ev_agreed};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) cudaEventDestroy(*evs[i]);
   if (d->pool_held) so->staging_release(p->comm, 0);
   for (int i = 0; i < RS_TAB_SLOTS; i++)
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
+  if (d->h_agree) cudaFreeHost(d->h_agree);
+  free(d->hdr_p2p);
   free(d->pack_start);
   free(d->unpack_start);
   free(d->fwd_round);
@@ -249,9 +264,10 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
 
   for (int i = 0; i < S_COUNT; i++)
     CU(cudaStreamCreateWithFlags(&d->s[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2], &d->tab_ev[3], &d->ev_begin,
-                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2], &d->ev_packed[0], &d->ev_packed[1],
-                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1]};
+  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2],     &d->tab_ev[3],     &d->ev_begin,
+                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2],     &d->ev_packed[0],  &d->ev_packed[1],
+                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1], &d->ev_checked,
+                        &d->ev_agreed};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     CU(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
 
@@ -262,6 +278,27 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
     CU(cudaMallocAsync((void **)&d->d_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *), d->s[S_PACK]),
        "cudaMallocAsync(buffer table)");
     CU(cudaMallocHost((void **)&d->h_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *)), "cudaMallocHost(buffer table)");
+  }
+  if (p->npeers) {
+    size_t np = p->npeers;
+    d->hdr_p2p = calloc(2 * np, sizeof *d->hdr_p2p);
+    if (!d->hdr_p2p) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
+      goto fail;
+    }
+    CU(cudaMallocAsync((void **)&d->d_hdr_out, sizeof(rs_dev_hdr), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    CU(cudaMallocAsync((void **)&d->d_hdr_in, np * sizeof(rs_dev_hdr), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    CU(cudaMallocAsync((void **)&d->d_agree, sizeof(rs_dev_agree), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    CU(cudaMallocHost((void **)&d->h_agree, sizeof(rs_dev_agree)), "cudaMallocHost(agreement)");
+    memset(d->h_agree, 0, sizeof *d->h_agree);
+    d->h_agree->ok = 1;
+    /* pinned: copied when the stream gets there, before the wait below */
+    CU(cudaMemcpyAsync(d->d_agree, d->h_agree, sizeof *d->h_agree, cudaMemcpyHostToDevice, d->s[S_PACK]),
+       "cudaMemcpyAsync(agreement)");
+    for (size_t i = 0; i < np; i++) {
+      d->hdr_p2p[2 * i] = (rs_p2p){p->peers[i].peer, 1, d->d_hdr_in + i, sizeof(rs_dev_hdr)};
+      d->hdr_p2p[2 * i + 1] = (rs_p2p){p->peers[i].peer, 0, d->d_hdr_out, sizeof(rs_dev_hdr)};
+    }
   }
   CU(cudaMemcpyAsync(d->d_copies, hc, ncop * sizeof *hc, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(descriptors)");
   CU(cudaMemcpyAsync(d->d_tiles, ht, nt * sizeof *ht, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(tiles)");
@@ -300,18 +337,44 @@ fail:
 }
 
 /* Enqueues one launch over tiles [a, b). */
+/* Enqueues one launch over tiles [a, b). gated: it writes destination
+ * buffers (unpacks, local copies), so it writes nothing once the
+ * agreement failed. */
 static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
-                               void *staging, int stream, const char *what) {
+                               void *staging, int stream, int gated, const char *what) {
   if (a == b) return RESHARD_SUCCESS;
   void *const *src = d->d_tab[d->tab_cur];
   void *const *dst = d->d_tab[d->tab_cur] + p->num_src_buffers;
-  int e = rs_cuda_launch_copies(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, d->s[stream]);
+  const uint32_t *gate = gated && d->d_agree ? &d->d_agree->ok : NULL;
+  int e = rs_cuda_launch_copies_gated(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, gate, d->s[stream]);
   if (e) return rs_cuda_error(e, what, p->rank);
   return RESHARD_SUCCESS;
 }
 
+/* The verdict of the agreement of the plan's latest finished execute:
+ * MISMATCH naming the partner, the calls and the versions, once a
+ * partner's header differed (sticky: the first difference). Never
+ * blocks. */
+static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
+  if (!d->h_agree || !d->agreed_once || cudaEventQuery(d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
+  const volatile rs_dev_agree *a = d->h_agree;
+  if (a->ok) return RESHARD_SUCCESS;
+  int peer = a->bad_index < p->npeers ? p->peers[a->bad_index].peer : -1;
+  char digests[96] = "";
+  if (a->got.digest != a->want.digest || a->got.magic != a->want.magic)
+    snprintf(digests, sizeof digests, "; plan digests %016llx here, %016llx there (another plan)",
+             (unsigned long long)a->want.digest, (unsigned long long)a->got.digest);
+  return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: agreement with partner rank %d failed: it is at call %llu "
+                  "(weight version %llu), this rank at call %llu (version %llu)%s; the ranks are out of step (a "
+                  "skipped or extra execute, or another step); no destination byte of that call or a later one "
+                  "was written", p->rank, peer, (unsigned long long)a->got.call,
+                  (unsigned long long)a->got.version, (unsigned long long)a->want.call,
+                  (unsigned long long)a->want.version, digests);
+}
+
 static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
-                                void *const *dst, size_t ndst, cudaStream_t caller) {
+                                void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
+                                uint64_t version) {
   reshard_result_t r = RESHARD_SUCCESS;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
@@ -369,6 +432,30 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
 
+  /* The agreement, ahead of round 0 on the transfer stream: this rank's
+   * header to every partner, theirs back, checked on the device. Unpacks
+   * (after it in stream order) and local copies (which wait for it) read
+   * the verdict as their gate: on a difference nothing is written. */
+  if (d->d_agree) {
+    rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, p->digest, call, version};
+    int e = rs_cuda_agree_stamp(d->d_hdr_out, mine, d->s[S_XFER]);
+    if (e) {
+      r = rs_cuda_error(e, "agreement header launch", p->rank);
+      goto fail;
+    }
+    RS_CHECK_GOTO(so->group(p->comm, d->hdr_p2p, 2 * p->npeers, d->s[S_XFER], deadline), r, fail);
+    e = rs_cuda_agree_check(d->d_hdr_in, (uint32_t)p->npeers, mine, d->d_agree, d->s[S_XFER]);
+    if (e) {
+      r = rs_cuda_error(e, "agreement check launch", p->rank);
+      goto fail;
+    }
+    CU(cudaEventRecord(d->ev_checked, d->s[S_XFER]), "cudaEventRecord(checked)");
+    CU(cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, d->s[S_XFER]),
+       "cudaMemcpyAsync(agreement verdict)");
+    CU(cudaEventRecord(d->ev_agreed, d->s[S_XFER]), "cudaEventRecord(agreed)");
+    d->agreed_once = 1;
+  }
+
   unsigned char *send_stage[2] = {staging, staging + p->send_half};
   unsigned char *recv_stage[2] = {staging + 2 * p->send_half, staging + 2 * p->send_half + p->recv_half};
   int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
@@ -380,9 +467,13 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * it (one stream) have written what they read. */
     if (k >= 2 && d->fwd_round[k])
       CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
-    RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, "pack launch"), r, fail);
+    RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 0, "pack launch"), r,
+                  fail);
     CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
-    if (k == 0) RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, "local copy launch"), r, fail);
+    if (k == 0 && d->local_end > d->local_start) {
+      if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
+      RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+    }
 
     size_t n = 0;
     if (k < nrs)
@@ -397,12 +488,13 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaEventRecord(d->ev_xfer[h], d->s[S_XFER]), "cudaEventRecord(transfer)");
 
     CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
-    RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, "unpack launch"),
+    RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, 1,
+                         "unpack launch"),
                   r, fail);
     CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
   }
   if (p->nrounds == 0)
-    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, "local copy launch"), r, fail);
+    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
 
   /* Completion becomes visible on the caller's stream. */
   for (int i = 0; i < S_COUNT; i++) {
@@ -416,8 +508,8 @@ fail:
 }
 
 reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src, size_t nsrc,
-                                   void *const *dst, size_t ndst, void *stream, uint64_t epoch) {
-  (void)epoch; /* NCCL matches in posting order: no tags */
+                                   void *const *dst, size_t ndst, void *stream, uint64_t call,
+                                   uint64_t version) {
   const reshard_plan_t *p = plan;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_dev *d = p->device;
@@ -430,8 +522,9 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     pthread_mutex_unlock(&d->mu);
     return r;
   }
-  r = so->check(p->comm);
-  if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream);
+  r = agreement_verdict(p, d);
+  if (r == RESHARD_SUCCESS) r = so->check(p->comm);
+  if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version);
   if (r != RESHARD_SUCCESS) {
     /* Some of this call may be enqueued, and the peers may have queued
      * their half of it: nothing this rank sends later on the communicator
@@ -448,6 +541,15 @@ void rs_device_poll(const reshard_plan_t *p) {
   rs_dev *d = p->device;
   if (!d) return;
   pthread_mutex_lock(&d->mu);
+  reshard_result_t v = d->failed ? RESHARD_SUCCESS : agreement_verdict(p, d);
+  if (v) {
+    /* out of step: the partners' next calls would pair with this plan's */
+    p->comm->ops->stream_ops->poison(p->comm);
+    d->failed = v;
+    snprintf(d->failed_msg, sizeof d->failed_msg, "%s", reshard_last_error());
+    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
+    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, v, d->failed_msg);
+  }
   if (!d->failed && d->last_deadline && rs_now_ns() > d->last_deadline && !streams_idle(d, 0)) {
     p->comm->ops->stream_ops->poison(p->comm);
     d->failed = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its "

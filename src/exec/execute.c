@@ -571,7 +571,7 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
      * work is enqueued. */
     call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
     version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, call);
+    r = rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, call, version);
   } else {
     int target = 0;
     /* copy 1 exists only where the rank passed both copies (a rank

@@ -27,11 +27,12 @@ typedef struct rs_p2p {
 struct rs_stream_ops {
   /* Enqueues the whole plan after the work already on `stream` (a
    * cudaStream_t; NULL: the legacy default stream); completion is visible
-   * on `stream`. Buffers were checked by the caller. */
+   * on `stream`. Buffers were checked by the caller. call and version go
+   * into the agreement headers the partners check on the device. */
   reshard_result_t (*execute)(const reshard_plan_t *plan,
                               void *const *src, size_t nsrc,
                               void *const *dst, size_t ndst, void *stream,
-                              uint64_t epoch);
+                              uint64_t call, uint64_t version);
   /* Plan creation, in two steps around an agreement (src/plan/create.c):
    * prepare_local sets up everything an execute needs that only this rank
    * can fail at (device copies of the descriptors, staging, streams), so
@@ -81,9 +82,10 @@ struct rs_stream_ops {
 
 static inline reshard_result_t rs_stream_execute(
     const reshard_plan_t *plan, void *const *src, size_t nsrc,
-    void *const *dst, size_t ndst, void *stream, uint64_t epoch) {
+    void *const *dst, size_t ndst, void *stream, uint64_t call,
+    uint64_t version) {
   return plan->comm->ops->stream_ops->execute(plan, src, nsrc, dst, ndst,
-                                              stream, epoch);
+                                              stream, call, version);
 }
 
 #endif

@@ -22,7 +22,7 @@ mock_world world = {.chan_cap = 1 << 30, .hang_ms = 3000};
 typedef struct mstream mstream;
 typedef struct mcomm mcomm;
 
-enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE };
+enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK };
 
 typedef struct dp2p {
   int peer, is_recv, done;
@@ -40,7 +40,11 @@ typedef struct dop {
   const rs_copy *copies;
   void *const *src_tab, *const *dst_tab;
   void *staging;
+  const uint32_t *gate;
   int64_t ns, started;
+  /* D_STAMP / D_CHECK (the agreement kernels) */
+  rs_dev_hdr hdr;
+  rs_dev_agree *st;
   /* D_MEMCPY (snap: the pageable source, taken at the call) / D_FREE */
   void *dst;
   const void *src;
@@ -270,6 +274,7 @@ static int all_connected(const mcomm *c) {
 /* ------------------------------------------------------------ progress */
 
 static void run_kernel(dop *o) {
+  if (o->gate && !*o->gate) return; /* the agreement failed */
   for (uint64_t i = 0; i < o->ntiles; i++) {
     const rs_copy *c = &o->copies[o->tiles[i].desc];
     const unsigned char *s = c->src_buf == RS_BUF_STAGING ? o->staging : o->src_tab[c->src_buf];
@@ -283,6 +288,16 @@ static int step_group(dop *o) {
   if (c->aborted || c->destroyed) return 1; /* abort drops pending work */
   if (c->nccl_done != o->ticket) return 0;  /* issue order */
   if (alone(c)) {
+    /* no peers: each peer answers what this rank sent it in the group (a
+     * partner in lockstep, so that the agreement headers match) */
+    for (int i = 0; i < o->np; i++) {
+      if (!o->p[i].is_recv) continue;
+      for (int j = 0; j < o->np; j++)
+        if (!o->p[j].is_recv && o->p[j].peer == o->p[i].peer) {
+          memcpy(o->p[i].buf, o->p[j].buf, o->p[i].bytes < o->p[j].bytes ? o->p[i].bytes : o->p[j].bytes);
+          break;
+        }
+    }
     c->nccl_done++;
     return 1;
   }
@@ -397,6 +412,12 @@ static int step(mstream *s) {
   case D_FREE:
     free(o->dst);
     (*o->mem)--;
+    break;
+  case D_STAMP:
+    memcpy(o->dst, &o->hdr, sizeof o->hdr);
+    break;
+  case D_CHECK:
+    rs_dev_agree_check(o->src, (uint32_t)o->n, &o->hdr, o->st);
     break;
   case D_GROUP:
     if (!step_group(o)) return 0;
@@ -718,8 +739,9 @@ static void classify(mop *o, const rs_tile *t) {
     if (d >= m[i].first_copy && d < m[i].first_copy + m[i].ncopies) o->round = m[i].round;
 }
 
-int __wrap_rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies,
-                                 void *const *src_tab, void *const *dst_tab, void *staging, void *stream) {
+int __wrap_rs_cuda_launch_copies_gated(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies,
+                                       void *const *src_tab, void *const *dst_tab, void *staging,
+                                       const uint32_t *gate, void *stream) {
   if (++M.launches == M.fail_launch_at) return (int)cudaErrorLaunchOutOfResources;
   mop *lg = mock_log(OP_LAUNCH, stream);
   LOCK();
@@ -729,7 +751,33 @@ int __wrap_rs_cuda_launch_copies(const rs_tile *tiles, uint64_t ntiles, const rs
   dop *o = push(s, D_KERNEL);
   o->tiles = tiles, o->ntiles = ntiles, o->copies = copies;
   o->src_tab = src_tab, o->dst_tab = dst_tab, o->staging = staging;
+  o->gate = gate;
   o->ns = M.kernel_ns;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+/* The agreement kernels, emulated: the very check of kernels/rs_agree.h. */
+int __wrap_rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine, void *stream) {
+  if (M.tamper_version) mine.version += M.tamper_version; /* a rank at another step */
+  LOCK();
+  dop *o = push(stream_of(stream), D_STAMP);
+  o->dst = out;
+  o->hdr = mine;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want, rs_dev_agree *st,
+                               void *stream) {
+  if (M.tamper_version) want.version += M.tamper_version;
+  LOCK();
+  dop *o = push(stream_of(stream), D_CHECK);
+  o->src = in;
+  o->n = n;
+  o->hdr = want;
+  o->st = st;
   progress();
   UNLOCK();
   return 0;

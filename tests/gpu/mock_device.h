@@ -33,7 +33,8 @@
  * One rank per thread: the thread's rank and its injections are in M
  * (thread-local); the world (channels, streams, communicators) is shared,
  * behind one lock. Without mock_world_begin a rank is alone: its groups
- * complete without peers and allreduce is the identity. */
+ * complete without peers (a receive gets what the group sent that peer,
+ * as from a partner in lockstep) and allreduce is the identity. */
 #ifndef RS_TESTS_GPU_MOCK_DEVICE_H
 #define RS_TESTS_GPU_MOCK_DEVICE_H
 
@@ -42,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/rs_agree.h"
 #include "plan/plan.h"
 
 /* The call log of the thread (for call-sequence checks). */
@@ -101,6 +103,7 @@ typedef struct mock_thread {
   ncclResult_t split_result; /* a nonblocking parent's split fails so */
   int splits;           /* ncclCommSplit calls */
   int64_t kernel_ns;    /* device time of every copy kernel */
+  uint64_t tamper_version; /* added to the version in this rank's agreement */
   const reshard_plan_t *plan; /* to classify launches in the log */
 } mock_thread;
 

@@ -625,6 +625,68 @@ static void relay_forwards_on_device(void **state) {
   printf("relay forwards on the device: %ld forward messages (%ld in the fixed layouts)\n", x.forwards, fixed);
 }
 
+/* ------------------------------------------ agreement on the device */
+
+/* Ranks out of step (issue 17, item 3): rank 1 passes another weight
+ * version for the second step (or skips a step). Every rank exchanges
+ * with every other, so every rank's agreement fails on the device: no
+ * destination byte of that call is written anywhere (the buffers still
+ * hold the first step, byte for byte), reshard_plan_get_status reports
+ * MISMATCH naming the partner and both calls and versions, the plan
+ * refuses later executes, and nobody hangs. */
+typedef struct agree_ctx {
+  int skip; /* rank 1 skips step 1 instead of passing another version */
+} agree_ctx;
+
+static void agree_rank(hz_rank *r) {
+  agree_ctx *x = r->ctx;
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 400)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  reshard_selftest_alloc(&p.d, p.dst, r->rank, -1);
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    reshard_selftest_free(&p.s);
+    reshard_selftest_alloc(&p.s, p.src, r->rank, step);
+    uint64_t version = (uint64_t)step + 1;
+    if (r->rank == 1 && step == 1) {
+      if (x->skip) version = 3; /* its step 1 is the others' step 2 */
+      else version = 7;
+    }
+    if (reshard_plan_execute_version(p.plan, version, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
+                                     (void *const *)p.d.ptr, (size_t)p.d.nbuf, NULL))
+      RFAIL(r, "execute %d: %s", step, reshard_last_error());
+    if (mock_stream_drain(NULL)) RFAIL(r, "execute %d never completes", step);
+  }
+  /* the first step's bytes, untouched by the second */
+  if (reshard_selftest_check(&p.d, p.dst, r->rank, 0, "agreement")) RFAIL(r, "a mismatched call wrote data");
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(p.plan, &st);
+  char want[64];
+  snprintf(want, sizeof want, "partner rank %d", r->rank == 1 ? 0 : 1);
+  if (!st.failed || st.failure != RESHARD_ERROR_MISMATCH || !strstr(st.failure_message, want) ||
+      !strstr(st.failure_message, x->skip ? "version 3" : "version 7"))
+    RFAIL(r, "status: failed %d with %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+  if (run_plan(&p, r->rank, 2) != RESHARD_ERROR_INVALID_USAGE) RFAIL(r, "an execute after the mismatch was taken");
+  free_plan(&p);
+  reshard_comm_destroy(c);
+  mock_stream_drain(NULL);
+}
+
+static void agreement_mismatch_on_device(void **state) {
+  (void)state;
+  agree_ctx x = {0};
+  run_world(3, 1, agree_rank, &x);
+  x.skip = 1;
+  run_world(3, 0, agree_rank, &x);
+}
+
 /* ------------------------------------------------- 9, 10. misuse */
 
 /* An execute inside the caller's own ncclGroupStart would launch nothing
@@ -724,6 +786,7 @@ int main(void) {
       cmocka_unit_test(table_ring_wait_has_deadline),
       cmocka_unit_test(staging_pool_per_comm),
       cmocka_unit_test(relay_forwards_on_device),
+      cmocka_unit_test(agreement_mismatch_on_device),
       cmocka_unit_test(execute_inside_caller_group),
       cmocka_unit_test(wrong_device_refused),
   };

@@ -181,12 +181,26 @@ static void call_sequence(void **state) {
     assert_int_equal(M.syncs, 0); /* no host synchronization */
     mock_log(OP_CALLER, caller);
     int n = M.nops;
-    /* rounds: label groups in order */
-    int g = 0;
+    /* the agreement's group first (round -2 here), then the rounds in
+     * order */
+    int g = -1, hdr = -1;
     for (int i = 0; i < n; i++)
-      if (M.ops[i].kind == OP_GROUP) M.ops[i].round = g++;
+      if (M.ops[i].kind == OP_GROUP) {
+        if (g < 0) hdr = i;
+        M.ops[i].round = g < 0 ? -2 : g;
+        g++;
+      }
     assert_int_equal(g, p->nrounds);
+    /* one header each way with every partner */
+    assert_true(hdr >= 0);
+    assert_int_equal(M.ops[hdr].nsend, 2 * (int)p->npeers);
+    for (int j = M.ops[hdr].first_send; j < M.ops[hdr].first_send + M.ops[hdr].nsend; j++)
+      assert_int_equal(M.p2p[j].bytes, sizeof(rs_dev_hdr));
     build_graph(n);
+    /* the check precedes every write of a destination: all unpacks and
+     * local copies */
+    for (int i = 0; i < n; i++)
+      if (M.ops[i].kind == OP_LAUNCH && M.ops[i].kind2 != 0) assert_true(before(hdr, i, n));
     void *xfer = NULL;
     for (int k = 0; k < p->nrounds; k++) {
       int gi = find_op(OP_GROUP, 0, k);

@@ -1,0 +1,50 @@
+/* The per-execute agreement of device transports: the header every rank
+ * sends each partner before an execute's data, and the check of the
+ * headers it received. Like rs_tile.h, C11 and CUDA C++ at once: the check
+ * kernel (kernels/copy_kernels.cu) and its CPU emulation in the tests run
+ * this very code.
+ *
+ * The check is sticky: the first mismatch is recorded and `ok` stays 0, so
+ * that the unpacks and local copies of that call and of every later one
+ * (which read `ok` as their gate) write no destination byte; the host
+ * reads the record when the call's check is done (src/device). */
+#ifndef RS_KERNELS_RS_AGREE_H
+#define RS_KERNELS_RS_AGREE_H
+
+#include <stdint.h>
+
+#include "kernels/rs_tile.h" /* RS_HD */
+
+#define RS_DEV_HDR_MAGIC 0x3130524448445352ull /* "RSDHDR01" */
+
+/* What the host header (src/exec/agree.c) carries and the device can
+ * check: the plan, the call number and the weight version. */
+typedef struct rs_dev_hdr {
+  uint64_t magic, digest, call, version;
+} rs_dev_hdr;
+
+typedef struct rs_dev_agree {
+  uint32_t ok;        /* 1 until a received header differs */
+  uint32_t bad_index; /* then: which partner (index into the plan's peers) */
+  rs_dev_hdr want;    /* this rank's header of that call */
+  rs_dev_hdr got;     /* and the partner's */
+} rs_dev_agree;
+
+/* Compares the n received headers with this rank's; records the first
+ * difference in *st unless one is recorded already. One thread. */
+RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr *want, rs_dev_agree *st) {
+  if (!st->ok) return;
+  for (uint32_t i = 0; i < n; i++) {
+    const rs_dev_hdr *h = &in[i];
+    if (h->magic != want->magic || h->digest != want->digest || h->call != want->call ||
+        h->version != want->version) {
+      st->bad_index = i;
+      st->want = *want;
+      st->got = *h;
+      st->ok = 0;
+      return;
+    }
+  }
+}
+
+#endif
