@@ -1,8 +1,9 @@
 /* The CUDA copy kernel against the host reference (rs_copy_run), on a GPU:
  * random batches of descriptors (transposes, odd element sizes, misaligned
  * offsets, reversed dims; many descriptors per launch; staging on either
- * side), byte-exact over the whole destination; and offsets beyond 2^31
- * elements and 2^32 bytes on both sides. Exit 77 without a device.
+ * side), byte-exact over the whole destination; offsets beyond 2^31
+ * elements and 2^32 bytes on both sides; and the agreement kernels with
+ * the copy gate they drive. Exit 77 without a device.
  * Usage: gpu_kernels [--small] [seed]  (--small: a few iterations, for
  * compute-sanitizer). */
 #include <stdint.h>
@@ -170,6 +171,78 @@ static int run_large(void) {
   return bad;
 }
 
+/* The agreement kernels and the gate (kernels/rs_agree.h): matching
+ * headers keep the gate open and a gated copy writes; one differing
+ * header closes it for good (sticky, the first difference recorded) and a
+ * gated copy then writes nothing. */
+static int run_agreement(void) {
+  int bad = 0;
+  rs_dev_hdr *d_out, *d_in;
+  rs_dev_agree *d_st, st;
+  CK(cudaMalloc((void **)&d_out, sizeof *d_out));
+  CK(cudaMalloc((void **)&d_in, 3 * sizeof *d_in));
+  CK(cudaMalloc((void **)&d_st, sizeof *d_st));
+  memset(&st, 0, sizeof st);
+  st.ok = 1;
+  CK(cudaMemcpy(d_st, &st, sizeof st, cudaMemcpyHostToDevice));
+  rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, 0x1234, 5, 6};
+  CK((cudaError_t)rs_cuda_agree_stamp(d_out, mine, 0));
+  for (int i = 0; i < 3; i++) CK(cudaMemcpy(d_in + i, d_out, sizeof mine, cudaMemcpyDeviceToDevice));
+  CK((cudaError_t)rs_cuda_agree_check(d_in, 3, mine, d_st, 0));
+  /* a gated copy of 4 KiB */
+  const size_t n = 4096;
+  unsigned char *src, *dst;
+  CK(cudaMalloc((void **)&src, n));
+  CK(cudaMalloc((void **)&dst, n));
+  CK(cudaMemset(src, 0x5a, n));
+  rs_copy c;
+  memset(&c, 0, sizeof c);
+  c.run_bytes = n; /* one contiguous run, no outer dims */
+  c.src_buf = 0, c.dst_buf = 0;
+  rs_tile t;
+  uint64_t nt = rs_tiles_count(&c, 1, RS_TILE_BYTES);
+  if (nt != 1) {
+    printf("agreement: %llu tiles for one 4 KiB run\n", (unsigned long long)nt);
+    return 1;
+  }
+  rs_tiles_build(&c, 1, 0, RS_TILE_BYTES, &t);
+  rs_copy *dc;
+  rs_tile *dt;
+  void **tab;
+  CK(cudaMalloc((void **)&dc, sizeof c));
+  CK(cudaMalloc((void **)&dt, sizeof t));
+  CK(cudaMalloc((void **)&tab, 2 * sizeof(void *)));
+  void *h_tab[2] = {src, dst};
+  CK(cudaMemcpy(dc, &c, sizeof c, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dt, &t, sizeof t, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(tab, h_tab, sizeof h_tab, cudaMemcpyHostToDevice));
+  for (int round = 0; round < 2; round++) {
+    if (round == 1) { /* one partner at another version */
+      rs_dev_hdr other = mine;
+      other.version = 9;
+      CK(cudaMemcpy(d_in + 1, &other, sizeof other, cudaMemcpyHostToDevice));
+      CK((cudaError_t)rs_cuda_agree_check(d_in, 3, mine, d_st, 0));
+    }
+    CK(cudaMemset(dst, 0, n));
+    CK((cudaError_t)rs_cuda_launch_copies_gated(dt, nt, dc, tab, tab + 1, NULL, &d_st->ok, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned char> h(n);
+    CK(cudaMemcpy(h.data(), dst, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&st, d_st, sizeof st, cudaMemcpyDeviceToHost));
+    unsigned char want = round == 0 ? 0x5a : 0;
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += h[i] != want;
+    int ok_want = round == 0;
+    if (wrong || (int)st.ok != ok_want || (round == 1 && (st.bad_index != 1 || st.got.version != 9 || st.want.version != 6))) {
+      printf("agreement round %d: %zu wrong bytes, ok %u, bad_index %u\n", round, wrong, st.ok, st.bad_index);
+      bad++;
+    }
+  }
+  printf("agreement kernels and gate: %s\n", bad ? "FAILED" : "passed");
+  cudaFree(d_out), cudaFree(d_in), cudaFree(d_st), cudaFree(src), cudaFree(dst), cudaFree(dc), cudaFree(dt), cudaFree(tab);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   gpu_require_device("gpu_kernels");
   int small = argc > 1 && strcmp(argv[1], "--small") == 0;
@@ -182,6 +255,7 @@ int main(int argc, char **argv) {
     bad += run_batch(seed0 + (uint64_t)it * 7919, ndescs[it % 3], tiles[(it / 3) % 3], (it / 9) % 3);
   printf("random batches: %d iterations, %d failed\n", iters, bad);
   if (!small) bad += run_large();
+  bad += run_agreement();
   printf("gpu_kernels: %s\n", bad ? "FAILED" : "passed");
   return bad ? 1 : 0;
 }
