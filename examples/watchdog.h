@@ -66,14 +66,19 @@ static inline void *wd_main(void *arg) {
  * (RESHARD_TIMEOUT_MS when set, else the default 60 s) plus WD_SLACK_MS;
  * a timeout <= 0 (wait forever) starts none. */
 static inline void wd_start(int rank) {
+  wd_state.rank = rank;
+#ifdef SMPI_HELPERS_H
+  /* Under SimGrid's SMPI (smpicc) ranks are simulated and cannot stop,
+   * and a real thread cannot sleep in simulated time: no watchdog. */
+#else
   int64_t ms = 60000;
   const char *env = getenv("RESHARD_TIMEOUT_MS");
   if (env && *env) ms = strtoll(env, NULL, 10);
-  wd_state.rank = rank;
   if (ms <= 0) return;
   wd_state.timeout_ns = (ms + WD_SLACK_MS) * 1000000LL;
   pthread_t t;
   if (pthread_create(&t, NULL, wd_main, NULL) == 0) pthread_detach(t);
+#endif
 }
 
 /* A blocking call begins (what: for the message) / ended. */
