@@ -167,9 +167,11 @@ int main(int argc, char **argv) {
     WD_CALL(MPI_Reduce(&s, &smax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
     WD_CALL(MPI_Allreduce(&bad, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     total_wrong += wrong;
-    if (rank == 0)
+    if (rank == 0) {
       printf("   %4d   %13.2f   %7.2f   %10.2f   %5ld\n", step, delivered / 1048576.0, 1e3 * smax, delivered / smax / 1e9,
              wrong);
+      fflush(stdout); /* a line per step as it happens, also into a pipe */
+    }
   }
   if (rank == 0)
     printf("# rl_weight_sync: %s (%d steps; every destination element and padding byte checked)\n",

@@ -71,10 +71,16 @@ static inline void wd_start(int rank) {
   /* Under SimGrid's SMPI (smpicc) ranks are simulated and cannot stop,
    * and a real thread cannot sleep in simulated time: no watchdog. */
 #else
+  /* read as reshard reads it: an integer in any base, else the default */
   int64_t ms = 60000;
   const char *env = getenv("RESHARD_TIMEOUT_MS");
-  if (env && *env) ms = strtoll(env, NULL, 10);
-  if (ms <= 0) return;
+  if (env && *env) {
+    char *end;
+    long long v = strtoll(env, &end, 0);
+    if (!*end) ms = v;
+  }
+  /* none for "forever", or a deadline beyond the clock's range */
+  if (ms <= 0 || ms > INT64_MAX / 2000000 - WD_SLACK_MS) return;
   wd_state.timeout_ns = (ms + WD_SLACK_MS) * 1000000LL;
   pthread_t t;
   if (pthread_create(&t, NULL, wd_main, NULL) == 0) pthread_detach(t);

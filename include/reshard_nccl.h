@@ -43,7 +43,9 @@
  * GPU: ranks out of step (a skipped execute, another version) write no
  * destination byte of that call or any later one, and the next execute
  * or reshard_plan_get_status returns RESHARD_ERROR_MISMATCH naming the
- * partner and both calls and versions. Pass the training step with
+ * partner and both calls and versions. In relay plans the verdict is
+ * global (one 8-byte allreduce per execute): a rank whose data comes
+ * through forwards from an out-of-step source fails too. Pass the training step with
  * reshard_plan_execute_version: plain executes number calls, which a
  * skipped step does not change.
  *

@@ -36,7 +36,28 @@ __global__ void rs_agree_check_kernel(const rs_dev_hdr *in, uint32_t n,
   rs_dev_agree_check(in, n, &want, st);
 }
 
+__global__ void rs_agree_export_kernel(const rs_dev_agree *st, uint64_t *word) {
+  rs_dev_agree_export(st, word);
+}
+
+__global__ void rs_agree_import_kernel(const uint64_t *word, rs_dev_hdr want,
+                                       rs_dev_agree *st) {
+  rs_dev_agree_import(word, &want, st);
+}
+
 } // namespace
+
+extern "C" int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word,
+                                    void *stream) {
+  rs_agree_export_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(st, word);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
+                                    rs_dev_agree *st, void *stream) {
+  rs_agree_import_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(word, want, st);
+  return (int)cudaGetLastError();
+}
 
 extern "C" int rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine,
                                    void *stream) {

@@ -47,4 +47,22 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
   }
 }
 
+/* Relay plans: a rank's data can reach it through forwards from ranks it
+ * swaps no header with (a source two hops away), so their verdict is made
+ * global: every rank exports !ok, the words are max-reduced over the
+ * communicator, and a nonzero result closes every gate, recorded as a
+ * failure elsewhere (bad_index RS_DEV_AGREE_ELSEWHERE, want: this rank's
+ * header of the call). */
+#define RS_DEV_AGREE_ELSEWHERE 0xffffffffu
+
+RS_HD void rs_dev_agree_export(const rs_dev_agree *st, uint64_t *word) { *word = st->ok ? 0 : 1; }
+
+RS_HD void rs_dev_agree_import(const uint64_t *word, const rs_dev_hdr *want, rs_dev_agree *st) {
+  if (!*word || !st->ok) return;
+  st->ok = 0;
+  st->bad_index = RS_DEV_AGREE_ELSEWHERE;
+  st->want = *want;
+  st->got = *want;
+}
+
 #endif

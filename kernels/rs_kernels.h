@@ -43,6 +43,12 @@ int rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine, void *stream);
 int rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want,
                         rs_dev_agree *st, void *stream);
 
+/* rs_dev_agree_export / rs_dev_agree_import (kernels/rs_agree.h) on
+ * `stream`, around the communicator's reduction of the word. */
+int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *stream);
+int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
+                         rs_dev_agree *st, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

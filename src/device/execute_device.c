@@ -73,6 +73,8 @@ typedef struct rs_dev {
    * copy in pinned memory, read by the host once ev_agreed completed. */
   rs_dev_hdr *d_hdr_out, *d_hdr_in;
   rs_dev_agree *d_agree, *h_agree;
+  uint64_t *d_word; /* relay plans: the verdict, reduced over every rank */
+  int global;       /* relay plan: every rank takes part (see rs_agree.h) */
   rs_p2p *hdr_p2p; /* 2 x npeers: receive then send per partner */
   cudaEvent_t ev_checked, ev_agreed;
   int agreed_once;
@@ -144,6 +146,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_hdr_out) cudaFreeAsync(d->d_hdr_out, d->s[S_PACK]);
     if (d->d_hdr_in) cudaFreeAsync(d->d_hdr_in, d->s[S_PACK]);
     if (d->d_agree) cudaFreeAsync(d->d_agree, d->s[S_PACK]);
+    if (d->d_word) cudaFreeAsync(d->d_word, d->s[S_PACK]);
   }
   for (int i = 0; i < S_COUNT; i++)
     if (d->s[i]) cudaStreamDestroy(d->s[i]);
@@ -279,15 +282,21 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
        "cudaMallocAsync(buffer table)");
     CU(cudaMallocHost((void **)&d->h_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *)), "cudaMallocHost(buffer table)");
   }
-  if (p->npeers) {
+  /* The agreement: with the partners; in relay plans also with every rank
+   * (forwarded data comes from ranks this one swaps no header with), so
+   * there every rank takes part, partners or not. */
+  d->global = p->opts.relay == 1 || p->relay_chosen;
+  if (p->npeers || d->global) {
     size_t np = p->npeers;
-    d->hdr_p2p = calloc(2 * np, sizeof *d->hdr_p2p);
+    d->hdr_p2p = calloc(2 * np + 1, sizeof *d->hdr_p2p);
     if (!d->hdr_p2p) {
       r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
       goto fail;
     }
     CU(cudaMallocAsync((void **)&d->d_hdr_out, sizeof(rs_dev_hdr), d->s[S_PACK]), "cudaMallocAsync(agreement)");
-    CU(cudaMallocAsync((void **)&d->d_hdr_in, np * sizeof(rs_dev_hdr), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    CU(cudaMallocAsync((void **)&d->d_hdr_in, (np ? np : 1) * sizeof(rs_dev_hdr), d->s[S_PACK]),
+       "cudaMallocAsync(agreement)");
+    if (d->global) CU(cudaMallocAsync((void **)&d->d_word, sizeof(uint64_t), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocAsync((void **)&d->d_agree, sizeof(rs_dev_agree), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocHost((void **)&d->h_agree, sizeof(rs_dev_agree)), "cudaMallocHost(agreement)");
     memset(d->h_agree, 0, sizeof *d->h_agree);
@@ -359,6 +368,11 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
   if (!d->h_agree || !d->agreed_once || cudaEventQuery(d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
   const volatile rs_dev_agree *a = d->h_agree;
   if (a->ok) return RESHARD_SUCCESS;
+  if (a->bad_index == RS_DEV_AGREE_ELSEWHERE)
+    return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: call %llu (weight version %llu): a rank elsewhere in "
+                    "this relay plan failed its agreement (its data reaches this rank through forwards; its partners "
+                    "name it); no destination byte of that call or a later one was written", p->rank,
+                    (unsigned long long)a->want.call, (unsigned long long)a->want.version);
   int peer = a->bad_index < p->npeers ? p->peers[a->bad_index].peer : -1;
   char digests[96] = "";
   if (a->got.digest != a->want.digest || a->got.magic != a->want.magic)
@@ -448,6 +462,19 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     if (e) {
       r = rs_cuda_error(e, "agreement check launch", p->rank);
       goto fail;
+    }
+    if (d->global) {
+      e = rs_cuda_agree_export(d->d_agree, d->d_word, d->s[S_XFER]);
+      if (e) {
+        r = rs_cuda_error(e, "agreement export launch", p->rank);
+        goto fail;
+      }
+      RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline), r, fail);
+      e = rs_cuda_agree_import(d->d_word, mine, d->d_agree, d->s[S_XFER]);
+      if (e) {
+        r = rs_cuda_error(e, "agreement import launch", p->rank);
+        goto fail;
+      }
     }
     CU(cudaEventRecord(d->ev_checked, d->s[S_XFER]), "cudaEventRecord(checked)");
     CU(cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, d->s[S_XFER]),
@@ -547,8 +574,8 @@ void rs_device_poll(const reshard_plan_t *p) {
     p->comm->ops->stream_ops->poison(p->comm);
     d->failed = v;
     snprintf(d->failed_msg, sizeof d->failed_msg, "%s", reshard_last_error());
-    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
-    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, v, d->failed_msg);
+    /* the call whose check failed, not the latest enqueued */
+    rs_plan_mark_failed(p, d->h_agree->want.call, d->h_agree->want.version, v, d->failed_msg);
   }
   if (!d->failed && d->last_deadline && rs_now_ns() > d->last_deadline && !streams_idle(d, 0)) {
     p->comm->ops->stream_ops->poison(p->comm);
@@ -582,11 +609,11 @@ reshard_result_t rs_device_prepare_local(reshard_plan_t *p) {
 reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_dev *d = p->device;
-  if (!d || !(p->nsends + p->nrecvs)) return RESHARD_SUCCESS;
+  if (!d || (!(p->nsends + p->nrecvs) && !d->global)) return RESHARD_SUCCESS;
   reshard_result_t r = so->drain(p->comm); /* the pool is about to be used */
   if (r) return r;
-  size_t n = p->nsends + p->nrecvs;
-  rs_p2p *ops = calloc(n, sizeof *ops);
+  size_t n = 2 * p->npeers;
+  rs_p2p *ops = calloc(n + 1, sizeof *ops);
   unsigned char *seen = calloc((size_t)p->comm->size, 2);
   if (!ops || !seen) {
     free(ops);
@@ -595,20 +622,25 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   }
   unsigned char *pool = NULL;
   r = so->begin(p->comm, d->s[S_XFER], (void **)&pool);
+  /* Both directions with every partner, not only the plan's: the
+   * agreement headers go both ways (NCCL connects each direction on its
+   * own). */
   size_t k = 0, nrecv = 0;
   for (size_t i = 0; !r && i < n; i++) {
-    const rs_msg *m = i < p->nrecvs ? &p->recvs[i] : &p->sends[i - p->nrecvs];
-    int recv = i < p->nrecvs;
-    unsigned char *mark = &seen[2 * (size_t)m->peer + (size_t)recv];
+    int peer = p->peers[i / 2].peer, recv = (int)(i % 2);
+    unsigned char *mark = &seen[2 * (size_t)peer + (size_t)recv];
     if (*mark) continue;
     *mark = 1;
     /* receives into distinct bytes after the one every send reads */
     unsigned char *buf = recv ? pool + 1 + nrecv++ % (d->staging_bytes - 1) : pool;
-    ops[k++] = (rs_p2p){m->peer, recv, buf, 1};
+    ops[k++] = (rs_p2p){peer, recv, buf, 1};
   }
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
   if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline);
+  /* relay plans: the verdict's reduction over every rank, once, so that
+   * its connections are made here too */
+  if (!r && d->global) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);
   free(ops);

@@ -226,6 +226,14 @@ static reshard_result_t nccl_group(reshard_comm_t *c, const rs_p2p *ops, size_t 
   return RESHARD_SUCCESS;
 }
 
+static reshard_result_t nccl_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline) {
+  rs_nccl *n = c->impl;
+  ncclResult_t e = ncclAllReduce(word, word, 1, ncclUint64, ncclMax, n->comm, (cudaStream_t)stream);
+  if (e == ncclInProgress) return wait_in_progress(c, "ncclAllReduce(agreement verdict)", deadline);
+  if (e != ncclSuccess) return nccl_fail(e, "ncclAllReduce(agreement verdict)", c->rank, n);
+  return RESHARD_SUCCESS;
+}
+
 /* Waits for the work of the communicator's last execute, until its
  * deadline. Used before anything that must not queue behind it on the
  * GPU (plan agreement over NCCL: NCCL would run it after that work, so a
@@ -492,6 +500,7 @@ static const rs_stream_ops rs_nccl_stream_ops = {
     .prepare_local = rs_device_prepare_local,
     .prepare_peers = rs_device_prepare_peers,
     .group = nccl_group,
+    .reduce_word = nccl_reduce_word,
     .staging_acquire = nccl_staging_acquire,
     .staging_release = nccl_staging_release,
     .begin = nccl_begin,

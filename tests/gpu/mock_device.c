@@ -22,7 +22,7 @@ mock_world world = {.chan_cap = 1 << 30, .hang_ms = 3000};
 typedef struct mstream mstream;
 typedef struct mcomm mcomm;
 
-enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK };
+enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT };
 
 typedef struct dp2p {
   int peer, is_recv, done;
@@ -77,7 +77,10 @@ typedef struct mevent {
 typedef struct mgroup {
   int gid, size;
   int split_arrived;
-  unsigned char req[MAXR][MAXR]; /* req[a][b]: a asked to connect to b */
+  /* NCCL connects each direction on its own: sreq[a][b], a posted a send
+   * to b; rreq[a][b], a posted a receive from b. a -> b is connected once
+   * sreq[a][b] and rreq[b][a]. */
+  unsigned char sreq[MAXR][MAXR], rreq[MAXR][MAXR];
   struct mgroup *next;
 } mgroup;
 
@@ -256,18 +259,21 @@ static mchan *chan_of(int gid, int src, int dst) {
 
 static int alone(const mcomm *c) { return world.n == 0 || c->size <= 1; }
 
-static int connected(const mcomm *c, int peer) {
+/* Whether this rank's send to (is_recv: receive from) peer is connected. */
+static int connected(const mcomm *c, int peer, int is_recv) {
   if (alone(c)) return 1;
   mgroup *g = group_of(c->gid, c->size);
-  return g->req[c->rank][peer] && g->req[peer][c->rank];
+  int me = c->rank;
+  return is_recv ? g->rreq[me][peer] && g->sreq[peer][me] : g->sreq[me][peer] && g->rreq[peer][me];
 }
 
-/* Whether every peer this communicator asked for has answered. */
+/* Whether every direction this communicator asked for has been answered. */
 static int all_connected(const mcomm *c) {
   if (alone(c)) return 1;
   mgroup *g = group_of(c->gid, c->size);
+  int me = c->rank;
   for (int p = 0; p < c->size; p++)
-    if (g->req[c->rank][p] && !g->req[p][c->rank]) return 0;
+    if ((g->sreq[me][p] && !g->rreq[p][me]) || (g->rreq[me][p] && !g->sreq[p][me])) return 0;
   return 1;
 }
 
@@ -305,7 +311,7 @@ static int step_group(dop *o) {
   for (int i = 0; i < o->np; i++) {
     dp2p *x = &o->p[i];
     if (x->done) continue;
-    if (!connected(c, x->peer)) {
+    if (!connected(c, x->peer, x->is_recv)) {
       all = 0;
       continue;
     }
@@ -418,6 +424,12 @@ static int step(mstream *s) {
     break;
   case D_CHECK:
     rs_dev_agree_check(o->src, (uint32_t)o->n, &o->hdr, o->st);
+    break;
+  case D_EXPORT:
+    rs_dev_agree_export(o->src, o->dst);
+    break;
+  case D_IMPORT:
+    rs_dev_agree_import(o->src, &o->hdr, o->st);
     break;
   case D_GROUP:
     if (!step_group(o)) return 0;
@@ -769,6 +781,26 @@ int __wrap_rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine, void *stream) {
   UNLOCK();
   return 0;
 }
+int __wrap_rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_EXPORT);
+  o->src = st;
+  o->dst = word;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want, rs_dev_agree *st, void *stream) {
+  if (M.tamper_version) want.version += M.tamper_version;
+  LOCK();
+  dop *o = push(stream_of(stream), D_IMPORT);
+  o->src = word;
+  o->hdr = want;
+  o->st = st;
+  progress();
+  UNLOCK();
+  return 0;
+}
 int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want, rs_dev_agree *st,
                                void *stream) {
   if (M.tamper_version) want.version += M.tamper_version;
@@ -873,7 +905,7 @@ ncclResult_t __wrap_ncclGroupEnd(void) {
     if (getenv("MOCK_TRACE"))
       fprintf(stderr, "trace: rank %d gid %d ticket %llu: %s %d, %zu bytes\n", c->rank, c->gid,
               (unsigned long long)o->ticket, x->is_recv ? "recv from" : "send to", x->peer, x->bytes);
-    if (g) g->req[c->rank][x->peer] = 1; /* connect lazily */
+    if (g) (x->is_recv ? g->rreq : g->sreq)[c->rank][x->peer] = 1; /* connect lazily */
   }
   progress();
   pthread_cond_broadcast(&G.cv);

@@ -15,9 +15,10 @@
  * - all NCCL work of one communicator runs in issue order, whatever the
  *   stream (a group or an allreduce starts only after the previous one
  *   of that communicator finished);
- * - peers connect lazily: the first group with a new peer completes its
- *   enqueue (ncclGroupEnd; ncclInProgress on nonblocking communicators)
- *   only once that peer has posted to this rank too;
+ * - peers connect lazily, each direction on its own: the first send to a
+ *   peer (receive from it) completes its enqueue (ncclGroupEnd;
+ *   ncclInProgress on nonblocking communicators) only once that peer has
+ *   posted the matching receive (send) too;
  * - nested ncclGroupStart launches nothing until the outermost
  *   ncclGroupEnd; ncclGroupSimulateEnd validates its argument only there;
  * - ncclCommSplit makes a new communicator once every rank of the world

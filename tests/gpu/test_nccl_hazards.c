@@ -687,6 +687,64 @@ static void agreement_mismatch_on_device(void **state) {
   run_world(3, 0, agree_rank, &x);
 }
 
+/* The same in a relay plan (tp=2 -> tp=2 x dp=4): source rank 0 passes
+ * another version for the second step. Members that get rank 0's part
+ * only through forwards swap no header with it: without the verdict made
+ * global they would write the forwarder's old bytes and report success.
+ * Every rank must report MISMATCH, and keep the first step's bytes. */
+static void relay_agree_rank(hz_rank *r) {
+  rl_pair *pair = r->ctx;
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 4096;
+  o.relay = 1;
+  o.timeout_ms = 2000;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(c, pair->src, pair->dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    reshard_comm_destroy(c);
+    return;
+  }
+  reshard_selftest_t s, d;
+  memset(&s, 0, sizeof s);
+  reshard_selftest_alloc(&d, pair->dst, r->rank, -1);
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    reshard_selftest_free(&s);
+    reshard_selftest_alloc(&s, pair->src, r->rank, step);
+    uint64_t version = r->rank == 0 && step == 1 ? 7 : (uint64_t)step + 1;
+    if (reshard_plan_execute_version(plan, version, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                     (size_t)d.nbuf, NULL) ||
+        mock_stream_drain(NULL))
+      RFAIL(r, "execute %d: %s", step, reshard_last_error());
+  }
+  if (reshard_selftest_check(&d, pair->dst, r->rank, 0, "relay agreement")) RFAIL(r, "a mismatched call wrote data");
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(plan, &st);
+  if (!st.failed || st.failure != RESHARD_ERROR_MISMATCH || st.failed_call != 1)
+    RFAIL(r, "status: failed %d with %s at call %llu (%s)", st.failed, reshard_result_string(st.failure),
+          (unsigned long long)st.failed_call, st.failure_message);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_comm_destroy(c);
+  mock_stream_drain(NULL);
+}
+
+static void agreement_mismatch_in_relay_plan(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 0;
+  rl_pair pair;
+  relay_layouts(&pair);
+  run_world(pair.nranks, 0, relay_agree_rank, &pair);
+  reshard_layout_destroy(pair.src);
+  reshard_layout_destroy(pair.dst);
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+}
+
 /* ------------------------------------------------- 9, 10. misuse */
 
 /* An execute inside the caller's own ncclGroupStart would launch nothing
@@ -787,6 +845,7 @@ int main(void) {
       cmocka_unit_test(staging_pool_per_comm),
       cmocka_unit_test(relay_forwards_on_device),
       cmocka_unit_test(agreement_mismatch_on_device),
+      cmocka_unit_test(agreement_mismatch_in_relay_plan),
       cmocka_unit_test(execute_inside_caller_group),
       cmocka_unit_test(wrong_device_refused),
   };

@@ -32,7 +32,7 @@ set(RS_GPU_WRAPPED
   cudaStreamSynchronize cudaStreamQuery cudaStreamWaitEvent
   cudaEventCreateWithFlags cudaEventDestroy cudaEventRecord cudaEventQuery
   cudaEventSynchronize cudaDeviceSynchronize rs_cuda_launch_copies_gated
-  rs_cuda_agree_stamp rs_cuda_agree_check)
+  rs_cuda_agree_stamp rs_cuda_agree_check rs_cuda_agree_export rs_cuda_agree_import)
 add_executable(test_gpu_nccl_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
   ${RS_GPU_TEST_DIR}/mock_device.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
 target_compile_options(test_gpu_nccl_mock PRIVATE ${RESHARD_WARNINGS})
