@@ -8,12 +8,13 @@
 #   install_deps.sh --ci   also CI's checkers: clang with libFuzzer (the
 #                          plan fuzzer; Debian's clang only recommends
 #                          libclang-rt-14-dev, which holds libFuzzer, and
-#                          recommends are not installed) and valgrind
+#                          recommends are not installed), valgrind and
+#                          SimGrid (scripts/simulate.sh --smoke)
 set -euo pipefail
 
 RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev)
 if [ "${1:-}" = "--ci" ]; then
-  RESHARD_DEPS+=(clang libclang-rt-14-dev valgrind)
+  RESHARD_DEPS+=(clang libclang-rt-14-dev valgrind libsimgrid-dev)
 fi
 
 missing=()
