@@ -36,9 +36,11 @@ command -v smpicc >/dev/null && command -v smpirun >/dev/null || {
   exit 2
 }
 
+mkdir -p "$BUILD"
 CC=smpicc cmake -S . -B "$BUILD" -DRESHARD_SIMGRID=ON -DMPI_C_COMPILER=smpicc -DCMAKE_BUILD_TYPE=Release \
-  >"$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target reshard_perf >"$BUILD.build.log" 2>&1 || { tail -n 30 "$BUILD.build.log"; exit 1; }
+  >"$BUILD/simulate-configure.log" 2>&1 || { cat "$BUILD/simulate-configure.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target reshard_perf >"$BUILD/simulate-build.log" 2>&1 ||
+  { tail -n 30 "$BUILD/simulate-build.log"; exit 1; }
 PERF="$(cd "$BUILD" && pwd)/tools/reshard_perf"
 
 work=$(mktemp -d)
