@@ -12,7 +12,7 @@
 #                          SimGrid (scripts/simulate.sh --smoke)
 set -euo pipefail
 
-RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev)
+RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev procps)
 if [ "${1:-}" = "--ci" ]; then
   RESHARD_DEPS+=(clang libclang-rt-14-dev valgrind libsimgrid-dev)
 fi

@@ -10,11 +10,12 @@
 # it: the flat-cluster cases below. Needs SimGrid (Debian:
 # apt-get install libsimgrid-dev).
 #
-# Platform: a flat cluster, one host per rank, each with one 50 GB/s link
-# (a GPU's NIC share) into a non-blocking backbone, 1 us latency. Not
-# simulated: NVLink domains (the presets' platforms are still to come),
-# the pack and unpack work (host computation is not charged,
-# smpi/simulate-computation:no), NCCL's protocol.
+# Platforms: a flat cluster, one host per rank, each with one 50 GB/s link
+# (a GPU's NIC share) into a non-blocking backbone, 1 us latency; and the
+# topology presets' machines (preset_platform below: NVLink domains, one
+# NIC share per GPU). Not simulated: the pack and unpack work (host
+# computation is not charged, smpi/simulate-computation:no), NCCL's
+# protocol, NVLink switch contention beyond each port.
 #
 # SMPI settings, and why:
 #   smpi/privatization:yes        every rank its own globals (reshard and
@@ -56,15 +57,65 @@ cat >"$work/flat.xml" <<XML
 XML
 for i in $(seq 0 $((hosts - 1))); do echo "h$i"; done >"$work/hosts"
 
-# run NP ARGS...: one simulated reshard_perf; its table and final lines
+# preset_platform PRESET NRANKS NSRC > file: the machine of a topology
+# preset (src/plan/topology.c) as SimGrid sees it. Every rank (GPU) has an
+# NVLink port (the preset's NVLink bandwidth per direction) and its share
+# of its node's NICs (per direction); ranks of one NVLink domain reach
+# each other port to port, other ranks NIC to NIC through a non-blocking
+# backbone. Latency per message as the cost model takes it: 2 x 1 us
+# inside a domain, 2 x 2.5 us across. Ranks sit where the cost model puts
+# them (src/plan/topology.h): the first NSRC ranks (the source side) fill
+# domains from the first, the rest start on a fresh one.
+preset_platform() {
+  local preset=$1 n=$2 nsrc=$3 used nv nic
+  case $preset in
+    h100-8x400g) used=8 nv=450 nic=50 ;;  # 8 GPUs, 8 x 400 Gb/s NICs a node
+    gb200-nvl72) used=64 nv=900 nic=50 ;; # 64 of a 72-GPU domain used, 4 NICs per 4-GPU tray
+    *) echo "simulate.sh: no platform for preset $preset" >&2; return 1 ;;
+  esac
+  awk -v n="$n" -v nsrc="$nsrc" -v used="$used" -v nv="$nv" -v nic="$nic" 'BEGIN {
+    first = int((nsrc + used - 1) / used)
+    for (r = 0; r < n; r++) dom[r] = r < nsrc ? int(r / used) : first + int((r - nsrc) / used)
+    print "<?xml version=\x27" "1.0\x27?>"
+    print "<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">"
+    print "<platform version=\"4.1\">"
+    print "  <zone id=\"machine\" routing=\"Full\">"
+    for (r = 0; r < n; r++) {
+      printf "    <host id=\"h%d\" speed=\"1Gf\"/>\n", r
+      printf "    <link id=\"nv%d\" bandwidth=\"%dGBps\" latency=\"1us\" sharing_policy=\"SPLITDUPLEX\"/>\n", r, nv
+      printf "    <link id=\"nic%d\" bandwidth=\"%dGBps\" latency=\"2.5us\" sharing_policy=\"SPLITDUPLEX\"/>\n", r, nic
+    }
+    print "    <link id=\"backbone\" bandwidth=\"100TBps\" latency=\"0us\" sharing_policy=\"FATPIPE\"/>"
+    for (a = 0; a < n; a++)
+      for (b = 0; b < n; b++) {
+        if (a == b) continue
+        printf "    <route src=\"h%d\" dst=\"h%d\" symmetrical=\"NO\">", a, b
+        if (dom[a] == dom[b])
+          printf "<link_ctn id=\"nv%d\" direction=\"UP\"/><link_ctn id=\"nv%d\" direction=\"DOWN\"/>", a, b
+        else
+          printf "<link_ctn id=\"nic%d\" direction=\"UP\"/><link_ctn id=\"backbone\"/><link_ctn id=\"nic%d\" direction=\"DOWN\"/>", a, b
+        print "</route>"
+      }
+    print "  </zone>"
+    print "</platform>"
+  }'
+}
+
+# run NP ARGS...: one simulated reshard_perf on the flat cluster (PLATFORM
+# in the environment: another platform file); its table and final lines
 run() {
   local np=$1
   shift
-  echo "=== $np simulated ranks: reshard_perf $*"
-  smpirun -np "$np" -platform "$work/flat.xml" -hostfile "$work/hosts" \
+  echo "=== $np simulated ranks${PLATFORM:+ on $(basename "$PLATFORM" .xml)}: reshard_perf $*"
+  local hosts="$work/hosts"
+  if [ -n "${PLATFORM:-}" ]; then
+    hosts="$work/hosts.$np"
+    for i in $(seq 0 $((np - 1))); do echo "h$i"; done >"$hosts"
+  fi
+  smpirun -np "$np" -platform "${PLATFORM:-$work/flat.xml}" -hostfile "$hosts" \
     --cfg=smpi/privatization:yes --cfg=smpi/simulate-computation:no --cfg=smpi/test:0 --cfg=smpi/iprobe:0 \
     --log=root.threshold:warning "$PERF" "$@" >"$work/out" 2>&1 || { cat "$work/out"; return 1; }
-  grep -v '^\[' "$work/out" | grep -E '^#  |^ +[a-z]|^# (reshard_perf|baseline)'
+  grep -v '^\[' "$work/out" | grep -E '^#  |^ +[a-z]|^# (reshard_perf|baseline|cost model)'
   grep -q '^# reshard_perf: .* wrong=0$' "$work/out" || { echo "simulate.sh: wrong elements" >&2; return 1; }
 }
 
@@ -82,4 +133,11 @@ run 8 --shape 4096,4096 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-
 for relay in 0 1; do
   RESHARD_RELAY=$relay run 17 --shape 4096,4096 --src-mesh 1 --src-placements R --dst-mesh 16 --dst-placements R \
     -n 3 -w 1 -c 1 --baseline broadcast
+done
+# The presets' machines, a model's weights: the plan the cost model picks
+# (relay -1), its prediction and T_lower beside the simulated time.
+for preset in h100-8x400g gb200-nvl72; do
+  preset_platform "$preset" 16 8 >"$work/$preset.xml"
+  PLATFORM="$work/$preset.xml" run 16 --model-config configs/Qwen2.5-0.5B.json --layers 4 \
+    --train tp=2,pp=2,dp=2 --infer tp=2,dp=4 --topology "$preset" -n 3 -w 1 -c 1 --baseline broadcast,alltoallw
 done
