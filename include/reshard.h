@@ -473,9 +473,10 @@ typedef struct reshard_options {
    * same box by m >= 2 ranks (none of which holds its source data, and
    * each part at least 256 KiB) is split into m parts, the source side
    * sends each part to one replica and the replicas forward to each other,
-   * entering each NVLink domain of the topology once. Host transports only:
-   * on device transports (NCCL) 1 plans direct. Stats count forwards in
-   * send_bytes and recv_bytes. RESHARD_RELAY overrides it. */
+   * entering each NVLink domain of the topology once. Every transport
+   * relays (on NCCL the forwards leave the destination buffers on the
+   * GPU). Stats count forwards in send_bytes and recv_bytes. RESHARD_RELAY
+   * overrides it. */
   int relay;
   /* RESHARD_FLAG_* bits; 0 by default. */
   uint32_t flags;
