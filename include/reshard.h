@@ -514,6 +514,14 @@ typedef struct reshard_options {
  * split evenly across all of them: the "direct P2P from replica 0"
  * baseline, for comparisons (reshard_plan --topology prices it). */
 #define RESHARD_FLAG_FIRST_REPLICA 0x4u
+/* Device transports: execute returns only when its work is done (or its
+ * deadline passed), with the call's own result: RESHARD_ERROR_MISMATCH
+ * when the agreement with a partner failed (nothing was written), TIMEOUT
+ * past the deadline. Without it an execute returns once enqueued and such
+ * results come from the next execute or reshard_plan_get_status. Costs a
+ * host wait per execute (polled). Host transports: no effect (their
+ * executes always return the call's result). */
+#define RESHARD_FLAG_SYNC 0x8u
 
 #define RESHARD_OPTIONS_INITIALIZER \
   {sizeof(reshard_options_t), RESHARD_OPTIONS_VERSION, (size_t)256 << 20, 0, \

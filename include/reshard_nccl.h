@@ -45,7 +45,9 @@
  * or reshard_plan_get_status returns RESHARD_ERROR_MISMATCH naming the
  * partner and both calls and versions. In relay plans the verdict is
  * global (one 8-byte allreduce per execute): a rank whose data comes
- * through forwards from an out-of-step source fails too. Pass the training step with
+ * through forwards from an out-of-step source fails too. With
+ * RESHARD_FLAG_SYNC execute itself waits for its work (polled, until its
+ * deadline) and returns that call's result. Pass the training step with
  * reshard_plan_execute_version: plain executes number calls, which a
  * skipped step does not change.
  *

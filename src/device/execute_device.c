@@ -552,6 +552,15 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
   r = agreement_verdict(p, d);
   if (r == RESHARD_SUCCESS) r = so->check(p->comm);
   if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version);
+  if (r == RESHARD_SUCCESS && (p->opts.flags & RESHARD_FLAG_SYNC)) {
+    /* the call's own result: its work done (polled until its deadline),
+     * then its agreement's verdict */
+    if (!streams_idle(d, d->last_deadline))
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: call %llu did not finish before its deadline (a peer "
+                   "did not run its part)", p->rank, (unsigned long long)call);
+    else
+      r = agreement_verdict(p, d);
+  }
   if (r != RESHARD_SUCCESS) {
     /* Some of this call may be enqueued, and the peers may have queued
      * their half of it: nothing this rank sends later on the communicator

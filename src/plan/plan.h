@@ -186,7 +186,8 @@ struct reshard_plan {
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
-#define RS_KNOWN_FLAGS (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA)
+#define RS_KNOWN_FLAGS \
+  (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA | RESHARD_FLAG_SYNC)
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 

@@ -124,12 +124,15 @@ typedef struct hz_plan {
   reshard_selftest_t s, d;
 } hz_plan;
 
+static uint32_t hz_flags; /* options.flags of make_plan (set before a world) */
+
 static reshard_result_t make_plan(reshard_comm_t *c, hz_plan *p, int n, size_t staging, int64_t timeout_ms) {
   memset(p, 0, sizeof *p);
   layouts_all(n, &p->src, &p->dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = staging;
   o.timeout_ms = timeout_ms;
+  o.flags = hz_flags;
   return reshard_plan_create(c, p->src, p->dst, &o, &p->plan);
 }
 
@@ -687,6 +690,45 @@ static void agreement_mismatch_on_device(void **state) {
   run_world(3, 0, agree_rank, &x);
 }
 
+/* RESHARD_FLAG_SYNC: execute itself returns the call's result. The first
+ * step's data is in place when execute returns (no stream wait), and the
+ * mismatched call returns MISMATCH on every rank. */
+static void sync_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  hz_plan p;
+  if (make_plan(c, &p, r->n, 4096, 1000)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return;
+  }
+  reshard_selftest_alloc(&p.d, p.dst, r->rank, -1);
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    reshard_selftest_free(&p.s);
+    reshard_selftest_alloc(&p.s, p.src, r->rank, step);
+    uint64_t version = r->rank == 2 && step == 1 ? 9 : (uint64_t)step + 1;
+    reshard_result_t e = reshard_plan_execute_version(p.plan, version, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
+                                                      (void *const *)p.d.ptr, (size_t)p.d.nbuf, NULL);
+    if (step == 0 && e) RFAIL(r, "execute 0: %s", reshard_last_error());
+    if (step == 0 && reshard_selftest_check(&p.d, p.dst, r->rank, 0, "sync")) RFAIL(r, "data not there on return");
+    if (step == 1 && (e != RESHARD_ERROR_MISMATCH || !strstr(reshard_last_error(), "version 9")))
+      RFAIL(r, "the mismatched execute gave %s (%s)", reshard_result_string(e), reshard_last_error());
+  }
+  if (reshard_selftest_check(&p.d, p.dst, r->rank, 0, "sync")) RFAIL(r, "a mismatched call wrote data");
+  free_plan(&p);
+  reshard_comm_destroy(c);
+  mock_stream_drain(NULL);
+}
+
+static void sync_flag_returns_the_result(void **state) {
+  (void)state;
+  hz_flags = RESHARD_FLAG_SYNC;
+  run_world(3, 0, sync_rank, NULL);
+  hz_flags = 0;
+}
+
 /* The same in a relay plan (tp=2 -> tp=2 x dp=4): source rank 0 passes
  * another version for the second step. Members that get rank 0's part
  * only through forwards swap no header with it: without the verdict made
@@ -846,6 +888,7 @@ int main(void) {
       cmocka_unit_test(relay_forwards_on_device),
       cmocka_unit_test(agreement_mismatch_on_device),
       cmocka_unit_test(agreement_mismatch_in_relay_plan),
+      cmocka_unit_test(sync_flag_returns_the_result),
       cmocka_unit_test(execute_inside_caller_group),
       cmocka_unit_test(wrong_device_refused),
   };
