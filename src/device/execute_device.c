@@ -102,16 +102,24 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
     }                                                                      \
   } while (0)
 
-/* Polls until the plan's streams are idle or the deadline passes. */
-static int streams_idle(rs_dev *d, int64_t deadline) {
+/* Every host wait of the device executor: polls a stream (or, with
+ * s NULL, an event) until its work is done or the deadline passes. Returns
+ * the query's result: cudaSuccess, an error, or cudaErrorNotReady when the
+ * deadline passed first. */
+static cudaError_t poll_done(cudaStream_t s, cudaEvent_t e, int64_t deadline) {
   for (unsigned spin = 0;; spin++) {
-    int busy = 0;
-    for (int i = 0; i < S_COUNT; i++)
-      if (d->s[i] && cudaStreamQuery(d->s[i]) == cudaErrorNotReady) busy = 1;
-    if (!busy) return 1;
-    if (rs_now_ns() > deadline) return 0;
+    cudaError_t q = s ? cudaStreamQuery(s) : cudaEventQuery(e);
+    if (q != cudaErrorNotReady || rs_now_ns() > deadline) return q;
     rs_nap(spin);
   }
+}
+
+/* Whether the plan's streams went idle before the deadline (a stream
+ * whose query fails counts as idle: nothing more will run on it). */
+static int streams_idle(rs_dev *d, int64_t deadline) {
+  for (int i = 0; i < S_COUNT; i++)
+    if (d->s[i] && poll_done(d->s[i], NULL, deadline) == cudaErrorNotReady) return 0;
+  return 1;
 }
 
 static void dev_free(const reshard_plan_t *p, rs_dev *d) {
@@ -314,18 +322,13 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   /* The pageable upload must finish before its source is freed: polled
    * (reshard's own stream only, never the caller's) until the deadline. */
   {
-    int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
-    for (unsigned spin = 0;; spin++) {
-      cudaError_t q = cudaStreamQuery(d->s[S_PACK]);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) CU(q, "cudaStreamQuery(upload)");
-      if (rs_now_ns() > deadline) {
-        r = rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: the upload of the plan's descriptors did not finish before "
-                     "the deadline", p->rank);
-        goto fail;
-      }
-      rs_nap(spin);
+    cudaError_t q = poll_done(d->s[S_PACK], NULL, rs_deadline_after_ms(p->opts.timeout_ms));
+    if (q == cudaErrorNotReady) {
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: the upload of the plan's descriptors did not finish before the "
+                   "deadline", p->rank);
+      goto fail;
     }
+    CU(q, "cudaStreamQuery(upload)");
   }
 
   d->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
@@ -420,18 +423,14 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * device table of the slot is overwritten in stream order, after
      * every earlier execute of the plan (see the waits above). */
     int slot = d->tab_uploaded ? (d->tab_cur + 1) % RS_TAB_SLOTS : 0;
-    for (unsigned spin = 0;; spin++) {
-      cudaError_t q = cudaEventQuery(d->tab_ev[slot]);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) CU(q, "cudaEventQuery(buffer table)");
-      if (rs_now_ns() > deadline) {
-        r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back "
-                     "(addresses changed on each) is still in use past the deadline: earlier executes are not "
-                     "finishing", p->rank, RS_TAB_SLOTS);
-        goto fail;
-      }
-      rs_nap(spin);
+    cudaError_t q = poll_done(NULL, d->tab_ev[slot], deadline);
+    if (q == cudaErrorNotReady) {
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back (addresses "
+                   "changed on each) is still in use past the deadline: earlier executes are not finishing",
+                   p->rank, RS_TAB_SLOTS);
+      goto fail;
     }
+    CU(q, "cudaEventQuery(buffer table)");
     size_t ns = (size_t)p->num_src_buffers;
     void **h = d->h_tab[slot];
     for (size_t i = 0; i < d->ntab; i++)
@@ -534,6 +533,17 @@ fail:
   return r;
 }
 
+/* The plan fails (d->mu held; r's detail is the current error). When it
+ * does NCCL work, the communicator is poisoned: some of a failed call may
+ * be enqueued and the peers may have queued their half, a plan out of
+ * step or past its deadline has partners waiting, so nothing this rank
+ * sends later could be trusted to pair with the right call. */
+static void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r) {
+  if (d->d_agree) p->comm->ops->stream_ops->poison(p->comm);
+  d->failed = r;
+  snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
+}
+
 reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src, size_t nsrc,
                                    void *const *dst, size_t ndst, void *stream, uint64_t call,
                                    uint64_t version) {
@@ -561,14 +571,7 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     else
       r = agreement_verdict(p, d);
   }
-  if (r != RESHARD_SUCCESS) {
-    /* Some of this call may be enqueued, and the peers may have queued
-     * their half of it: nothing this rank sends later on the communicator
-     * could be trusted to pair with the right call. */
-    if (p->nsends + p->nrecvs) so->poison(p->comm);
-    d->failed = r;
-    snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
-  }
+  if (r != RESHARD_SUCCESS) dev_failed(p, d, r);
   pthread_mutex_unlock(&d->mu);
   return r;
 }
@@ -579,21 +582,17 @@ void rs_device_poll(const reshard_plan_t *p) {
   pthread_mutex_lock(&d->mu);
   reshard_result_t v = d->failed ? RESHARD_SUCCESS : agreement_verdict(p, d);
   if (v) {
-    /* out of step: the partners' next calls would pair with this plan's */
-    p->comm->ops->stream_ops->poison(p->comm);
-    d->failed = v;
-    snprintf(d->failed_msg, sizeof d->failed_msg, "%s", reshard_last_error());
+    dev_failed(p, d, v);
     /* the call whose check failed, not the latest enqueued */
     rs_plan_mark_failed(p, d->h_agree->want.call, d->h_agree->want.version, v, d->failed_msg);
   }
   if (!d->failed && d->last_deadline && rs_now_ns() > d->last_deadline && !streams_idle(d, 0)) {
-    p->comm->ops->stream_ops->poison(p->comm);
-    d->failed = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its "
-                         "deadline (a peer did not run its part, or issued its calls in another order); reshard's "
-                         "NCCL communicator was aborted, which ends the work", p->rank);
-    snprintf(d->failed_msg, sizeof d->failed_msg, "%s", reshard_last_error());
+    v = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its deadline "
+                 "(a peer did not run its part, or issued its calls in another order); reshard's NCCL communicator "
+                 "was aborted, which ends the work", p->rank);
+    dev_failed(p, d, v);
     uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
-    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, RESHARD_ERROR_TIMEOUT, d->failed_msg);
+    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, v, d->failed_msg);
   }
   pthread_mutex_unlock(&d->mu);
 }

@@ -769,6 +769,24 @@ static reshard_result_t stage_figures(reshard_plan_t *p, rs_seg_vec *segs, int32
   return r;
 }
 
+/* The end of plan creation: every rank learns whether any failed its last
+ * step (`what`), so that no rank keeps a plan its peers lack. Returns this
+ * rank's own failure (its message kept), the agreement's, or REMOTE naming
+ * another rank's result. */
+static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t r,
+                                      const char *what) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  uint64_t e = (uint64_t)r;
+  reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+  if (r != RESHARD_SUCCESS) return rs_error(r, "%s", msg);
+  if (r2 != RESHARD_SUCCESS) return r2;
+  if (e)
+    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed %s with '%s'", comm->rank, what,
+                    reshard_result_string((reshard_result_t)e));
+  return RESHARD_SUCCESS;
+}
+
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
@@ -1017,49 +1035,16 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * peers queue theirs and wait forever. */
   const rs_stream_ops *so = comm->ops->stream_ops;
   if (r == RESHARD_SUCCESS && so) r = so->prepare_local(p);
-  {
-    /* Building the plan can still fail on one rank (memory): agree once
-     * more, so that no rank keeps a plan its peers do not have. */
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", reshard_last_error());
-    uint64_t e = (uint64_t)r;
-    reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
-    if (r != RESHARD_SUCCESS) {
-      rs_error(r, "%s", msg);
-      goto fail;
-    }
-    if (r2 != RESHARD_SUCCESS) {
-      r = r2;
-      goto fail;
-    }
-    if (e) {
-      r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed building its plan with '%s'", comm->rank,
-                   reshard_result_string((reshard_result_t)e));
-      goto fail;
-    }
-  }
+  /* Building the plan can still fail on one rank (memory): agree once
+   * more, so that no rank keeps a plan its peers do not have. */
+  r = agree_outcome(comm, p, r, "building its plan");
+  if (r) goto fail;
   if (so) {
     /* Connect the plan's peers while every rank is here (collective), and
      * agree on the outcome: a rank whose peers did not all answer poisons
      * its communicator, and its partners must not keep the plan either. */
-    r = so->prepare_peers(p);
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", reshard_last_error());
-    uint64_t e = (uint64_t)r;
-    reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
-    if (r != RESHARD_SUCCESS) {
-      rs_error(r, "%s", msg);
-      goto fail;
-    }
-    if (r2 != RESHARD_SUCCESS) {
-      r = r2;
-      goto fail;
-    }
-    if (e) {
-      r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed connecting its plan's peers with "
-                   "'%s'", comm->rank, reshard_result_string((reshard_result_t)e));
-      goto fail;
-    }
+    r = agree_outcome(comm, p, so->prepare_peers(p), "connecting its plan's peers");
+    if (r) goto fail;
   }
   build_ctx_free(&c);
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: plan with %zu sends, %zu receives, %zu local copies, %d rounds, chunk %zu",

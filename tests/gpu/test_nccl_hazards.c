@@ -152,6 +152,22 @@ static void free_plan(hz_plan *p) {
   reshard_layout_destroy(p->dst);
 }
 
+/* A rank's reshard communicator over the caller's and its plan of
+ * layouts_all (make_plan); NULL (the rank failed, said why) otherwise. */
+static reshard_comm_t *open_rank(hz_rank *r, hz_plan *p, size_t staging, int64_t timeout_ms) {
+  reshard_comm_t *c = NULL;
+  memset(p, 0, sizeof *p);
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return NULL;
+  }
+  if (make_plan(c, p, r->n, staging, timeout_ms)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    return NULL;
+  }
+  return c;
+}
+
 /* --------------------------------------------------- 1. setup failures */
 
 /* One rank cannot allocate its staging: before, plan creation succeeded,
@@ -185,10 +201,9 @@ static void setup_failure_fails_creation(void **state) {
  * rank aborts reshard's private communicator; the peers' destroy waits
  * for their work until the deadline, then aborts theirs. */
 static void partial_queue_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 300)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 300);
+  if (!c) return;
   if (p.plan->nrounds < 3) RFAIL(r, "only %d rounds", p.plan->nrounds);
   if (r->rank == 1) {
     M.group_end_result = ncclSystemError;
@@ -291,10 +306,9 @@ static void nonblocking_caller_comm(void **state) {
 /* ncclSend/ncclRecv returning ncclInProgress (a nonblocking communicator)
  * is not a reason to stop posting the round. */
 static void inprogress_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 2000)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 2000);
+  if (!c) return;
   M.p2p_inprogress = 1;
   for (int step = 0; step < 2 && !r->failed; step++) {
     if (run_plan(&p, r->rank, step) || mock_stream_drain(NULL))
@@ -408,10 +422,9 @@ static void agreement_independent_of_backlog(void **state) {
  * only enqueues, it neither waits for the peer to connect nor aborts;
  * the data arrives once the peer runs. */
 static void late_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 300)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 300);
+  if (!c) return;
   if (r->rank == 1) sleep_ms(700);
   int64_t t0 = ms_now();
   reshard_result_t e = run_plan(&p, r->rank, 0);
@@ -435,16 +448,9 @@ static void late_peer_first_execute(void **state) {
  * never, the peer does not come): once the table ring is full, execute
  * must not wait without a deadline. */
 static void table_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
-    return;
-  }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 300)) {
-    RFAIL(r, "plan_create: %s", reshard_last_error());
-    return;
-  }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 300);
+  if (!c) return;
   if (r->rank == 0) {
     /* every execute with its own source buffers (all kept alive) */
     reshard_selftest_t s[8];
@@ -643,16 +649,9 @@ typedef struct agree_ctx {
 
 static void agree_rank(hz_rank *r) {
   agree_ctx *x = r->ctx;
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
-    return;
-  }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 400)) {
-    RFAIL(r, "plan_create: %s", reshard_last_error());
-    return;
-  }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 400);
+  if (!c) return;
   reshard_selftest_alloc(&p.d, p.dst, r->rank, -1);
   for (int step = 0; step < 2 && !r->failed; step++) {
     reshard_selftest_free(&p.s);
@@ -694,16 +693,9 @@ static void agreement_mismatch_on_device(void **state) {
  * step's data is in place when execute returns (no stream wait), and the
  * mismatched call returns MISMATCH on every rank. */
 static void sync_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
-    return;
-  }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 1000)) {
-    RFAIL(r, "plan_create: %s", reshard_last_error());
-    return;
-  }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 1000);
+  if (!c) return;
   reshard_selftest_alloc(&p.d, p.dst, r->rank, -1);
   for (int step = 0; step < 2 && !r->failed; step++) {
     reshard_selftest_free(&p.s);
@@ -794,16 +786,9 @@ static void agreement_mismatch_in_relay_plan(void **state) {
  * run before the data: refused, nothing enqueued, and (its partner having
  * queued its half) the communicator poisoned; nobody hangs. */
 static void inside_caller_group_rank(hz_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
-    return;
-  }
   hz_plan p;
-  if (make_plan(c, &p, r->n, 4096, 300)) {
-    RFAIL(r, "plan_create: %s", reshard_last_error());
-    return;
-  }
+  reshard_comm_t *c = open_rank(r, &p, 4096, 300);
+  if (!c) return;
   /* rank 1 runs its call normally, rank 0 inside its own group */
   if (r->rank == 0) ncclGroupStart();
   reshard_result_t e = run_plan(&p, r->rank, 0);

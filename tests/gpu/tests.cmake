@@ -33,26 +33,25 @@ set(RS_GPU_WRAPPED
   cudaEventCreateWithFlags cudaEventDestroy cudaEventRecord cudaEventQuery
   cudaEventSynchronize cudaDeviceSynchronize rs_cuda_launch_copies_gated
   rs_cuda_agree_stamp rs_cuda_agree_check rs_cuda_agree_export rs_cuda_agree_import)
-add_executable(test_gpu_nccl_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
-  ${RS_GPU_TEST_DIR}/mock_device.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
-target_compile_options(test_gpu_nccl_mock PRIVATE ${RESHARD_WARNINGS})
-target_include_directories(test_gpu_nccl_mock PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_link_libraries(test_gpu_nccl_mock PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
-foreach(fn ${RS_GPU_WRAPPED})
-  target_link_options(test_gpu_nccl_mock PRIVATE "LINKER:--wrap=${fn}")
-endforeach()
+# An executable over the emulated device (mock_device.c, every symbol of
+# RS_GPU_WRAPPED wrapped), with the random layouts of tests/support.
+function(rs_gpu_emulated_exe name src)
+  add_executable(${name} ${RS_GPU_TEST_DIR}/${src} ${RS_GPU_TEST_DIR}/mock_device.c
+    ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+  target_compile_options(${name} PRIVATE ${RESHARD_WARNINGS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${name} PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
+  foreach(fn ${RS_GPU_WRAPPED})
+    target_link_options(${name} PRIVATE "LINKER:--wrap=${fn}")
+  endforeach()
+endfunction()
+
+rs_gpu_emulated_exe(test_gpu_nccl_mock test_nccl_mock.c)
 add_test(NAME test_gpu_nccl_mock COMMAND test_gpu_nccl_mock)
 set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
 
 # The multi-rank hazards of the NCCL path (issue 23) on the emulated device.
-add_executable(test_gpu_nccl_hazards ${RS_GPU_TEST_DIR}/test_nccl_hazards.c ${RS_GPU_TEST_DIR}/mock_device.c
-  ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
-target_compile_options(test_gpu_nccl_hazards PRIVATE ${RESHARD_WARNINGS})
-target_include_directories(test_gpu_nccl_hazards PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_link_libraries(test_gpu_nccl_hazards PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
-foreach(fn ${RS_GPU_WRAPPED})
-  target_link_options(test_gpu_nccl_hazards PRIVATE "LINKER:--wrap=${fn}")
-endforeach()
+rs_gpu_emulated_exe(test_gpu_nccl_hazards test_nccl_hazards.c)
 add_test(NAME test_gpu_nccl_hazards COMMAND test_gpu_nccl_hazards)
 set_tests_properties(test_gpu_nccl_hazards PROPERTIES TIMEOUT 300)
 
@@ -60,16 +59,11 @@ set_tests_properties(test_gpu_nccl_hazards PROPERTIES TIMEOUT 300)
 # plan agreement runs over MPI, one mocked NCCL rank per MPI process (only
 # those tests run in this build of the file).
 if(RESHARD_WITH_MPI)
-  add_executable(test_gpu_nccl_mpi_mock ${RS_GPU_TEST_DIR}/test_nccl_mock.c
-    ${RS_GPU_TEST_DIR}/mock_device.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+  rs_gpu_emulated_exe(test_gpu_nccl_mpi_mock test_nccl_mock.c)
   target_compile_definitions(test_gpu_nccl_mpi_mock PRIVATE RS_MOCK_MPI=1)
   # the single-process tests are compiled but not run here
-  target_compile_options(test_gpu_nccl_mpi_mock PRIVATE ${RESHARD_WARNINGS} -Wno-unused-function)
-  target_include_directories(test_gpu_nccl_mpi_mock PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  target_link_libraries(test_gpu_nccl_mpi_mock PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA MPI::MPI_C)
-  foreach(fn ${RS_GPU_WRAPPED})
-    target_link_options(test_gpu_nccl_mpi_mock PRIVATE "LINKER:--wrap=${fn}")
-  endforeach()
+  target_compile_options(test_gpu_nccl_mpi_mock PRIVATE -Wno-unused-function)
+  target_link_libraries(test_gpu_nccl_mpi_mock PRIVATE MPI::MPI_C)
   foreach(np 1 2)
     add_test(NAME test_gpu_nccl_mpi_mock_np${np}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
