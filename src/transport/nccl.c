@@ -110,26 +110,32 @@ static void nccl_abort(rs_nccl *n) {
 
 static void nccl_poison(reshard_comm_t *c) { nccl_abort(c->impl); }
 
+/* Every wait on NCCL's host side: polls the asynchronous state of nc
+ * until it leaves ncclInProgress or the deadline passes. Returns the
+ * state (ncclSuccess or the failure; a failing query counts as the state)
+ * or ncclInProgress when the deadline passed first. */
+static ncclResult_t poll_state(ncclComm_t nc, int64_t deadline) {
+  for (unsigned spin = 0;; spin++) {
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t e = ncclCommGetAsyncError(nc, &st);
+    if (e != ncclSuccess) return e;
+    if (st != ncclInProgress) return st;
+    if (spin > 64 && rs_now_ns() > deadline) return ncclInProgress;
+    rs_nap(spin);
+  }
+}
+
 /* Waits for a nonblocking communicator's pending operation. */
 static reshard_result_t wait_in_progress(reshard_comm_t *c, const char *what, int64_t deadline) {
   rs_nccl *n = c->impl;
-  for (unsigned spin = 0;; spin++) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t e = ncclCommGetAsyncError(n->comm, &st);
-    if (e != ncclSuccess) return nccl_fail(e, "ncclCommGetAsyncError", c->rank, n);
-    if (st == ncclSuccess) return RESHARD_SUCCESS;
-    if (st != ncclInProgress) {
-      reshard_result_t r = nccl_fail(st, what, c->rank, n);
-      nccl_abort(n);
-      return r;
-    }
-    if (spin > 64 && rs_now_ns() > deadline) {
-      nccl_abort(n);
-      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s did not complete before the deadline; "
-                      "reshard's NCCL communicator was aborted (yours is untouched)", c->rank, what);
-    }
-    rs_nap(spin);
-  }
+  ncclResult_t st = poll_state(n->comm, deadline);
+  if (st == ncclSuccess) return RESHARD_SUCCESS;
+  reshard_result_t r = st == ncclInProgress
+                           ? rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s did not complete before the deadline; "
+                                      "reshard's NCCL communicator was aborted (yours is untouched)", c->rank, what)
+                           : nccl_fail(st, what, c->rank, n);
+  nccl_abort(n);
+  return r;
 }
 
 /* Whether the calling thread is inside the caller's own
@@ -239,22 +245,15 @@ static reshard_result_t nccl_reduce_word(reshard_comm_t *c, uint64_t *word, void
  * GPU (plan agreement over NCCL: NCCL would run it after that work, so a
  * deadline of its own would measure the backlog) or that replaces what it
  * uses (the staging pool). */
+static reshard_result_t wait_gpu(reshard_comm_t *c, cudaStream_t s, cudaEvent_t ev, int64_t deadline,
+                                 const char *what, const char *late);
+
 static reshard_result_t nccl_drain(reshard_comm_t *c) {
   rs_nccl *n = c->impl;
   if (!n->have_last) return RESHARD_SUCCESS;
-  for (unsigned spin = 0;; spin++) {
-    cudaError_t ce = cudaEventQuery(n->last_end);
-    if (ce == cudaSuccess) break;
-    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, "cudaEventQuery(previous execute)", c->rank);
-    RS_CHECK(nccl_health(c));
-    if (spin > 64 && rs_now_ns() > n->last_deadline) {
-      nccl_abort(n);
-      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: an earlier execute on this communicator did not finish "
-                      "before its deadline (a peer is missing or its calls come in another order); reshard's NCCL "
-                      "communicator was aborted", c->rank);
-    }
-    rs_nap(spin);
-  }
+  RS_CHECK(wait_gpu(c, NULL, n->last_end, n->last_deadline, "cudaEventQuery(previous execute)",
+                    "an earlier execute on this communicator did not finish before its deadline (a peer is missing "
+                    "or its calls come in another order)"));
   n->have_last = 0;
   return RESHARD_SUCCESS;
 }
@@ -409,22 +408,29 @@ static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *va
   }
   ce = cudaMemcpyAsync(n->h_scratch, n->d_scratch, (size_t)nvals * 8, cudaMemcpyDeviceToHost, n->stream);
   if (ce) return rs_cuda_error(ce, "cudaMemcpyAsync(agreement)", c->rank);
-  /* Poll rather than cudaStreamSynchronize: a missing rank must end in a
-   * timeout, and NCCL errors surface through the communicator. */
+  RS_CHECK(wait_gpu(c, n->stream, NULL, deadline, "cudaStreamQuery(agreement)",
+                    "plan agreement over NCCL did not complete before the deadline (a rank is missing or stuck)"));
+  memcpy(vals, n->h_scratch, (size_t)nvals * sizeof *vals);
+  return RESHARD_SUCCESS;
+}
+
+/* Waits for GPU work of reshard's communicator, a stream (s) or an event:
+ * polled, not synchronized, so that a missing rank ends in a timeout (late:
+ * what happened then; the communicator is aborted) and NCCL's errors
+ * surface through the communicator's health. */
+static reshard_result_t wait_gpu(reshard_comm_t *c, cudaStream_t s, cudaEvent_t ev, int64_t deadline,
+                                 const char *what, const char *late) {
   for (unsigned spin = 0;; spin++) {
-    ce = cudaStreamQuery(n->stream);
-    if (ce == cudaSuccess) break;
-    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, "cudaStreamQuery(agreement)", c->rank);
+    cudaError_t ce = s ? cudaStreamQuery(s) : cudaEventQuery(ev);
+    if (ce == cudaSuccess) return RESHARD_SUCCESS;
+    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, what, c->rank);
     RS_CHECK(nccl_health(c));
     if (spin > 64 && rs_now_ns() > deadline) {
-      nccl_abort(n);
-      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement over NCCL did not complete before the deadline "
-                      "(a rank is missing or stuck); reshard's NCCL communicator was aborted", c->rank);
+      nccl_abort(c->impl);
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s; reshard's NCCL communicator was aborted", c->rank, late);
     }
     rs_nap(spin);
   }
-  memcpy(vals, n->h_scratch, (size_t)nvals * sizeof *vals);
-  return RESHARD_SUCCESS;
 }
 
 /* The host half of the seam: unreachable, since execute dispatches to the
@@ -454,17 +460,10 @@ static void nccl_no_cancel(reshard_comm_t *c, rs_request *req) { (void)c, (void)
  * the deadline (then aborted): destruction never hangs either. */
 static void close_private(rs_nccl *n) {
   if (!n->comm || n->aborted) return;
-  int64_t deadline = comm_deadline();
   ncclResult_t e = ncclCommFinalize(n->comm);
-  for (unsigned spin = 0; e == ncclInProgress || e == ncclSuccess; spin++) {
-    ncclResult_t st = ncclInProgress;
-    if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) break;
-    if (st == ncclSuccess) {
-      ncclCommDestroy(n->comm);
-      return;
-    }
-    if (st != ncclInProgress || (spin > 64 && rs_now_ns() > deadline)) break;
-    rs_nap(spin);
+  if ((e == ncclSuccess || e == ncclInProgress) && poll_state(n->comm, comm_deadline()) == ncclSuccess) {
+    ncclCommDestroy(n->comm);
+    return;
   }
   nccl_abort(n);
 }
@@ -526,22 +525,13 @@ static const rs_transport_ops rs_nccl_ops = {
 /* Waits until a nonblocking communicator being created is ready (or
  * fails, or the deadline passes: then it is aborted, being reshard's). */
 static reshard_result_t wait_ready(ncclComm_t nc, const char *what, int64_t deadline) {
-  for (unsigned spin = 0;; spin++) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t e = ncclCommGetAsyncError(nc, &st);
-    if (e == ncclSuccess && st == ncclSuccess) return RESHARD_SUCCESS;
-    if (e != ncclSuccess || st != ncclInProgress) {
-      ncclCommAbort(nc);
-      return rs_error(nccl_code(e != ncclSuccess ? e : st), "%s failed: %s", what,
-                      ncclGetErrorString(e != ncclSuccess ? e : st));
-    }
-    if (spin > 64 && rs_now_ns() > deadline) {
-      ncclCommAbort(nc);
-      return rs_error(RESHARD_ERROR_TIMEOUT, "%s did not complete before the deadline (RESHARD_TIMEOUT_MS, default "
-                      "60 s): a rank did not call it", what);
-    }
-    rs_nap(spin);
-  }
+  ncclResult_t st = poll_state(nc, deadline);
+  if (st == ncclSuccess) return RESHARD_SUCCESS;
+  ncclCommAbort(nc);
+  if (st == ncclInProgress)
+    return rs_error(RESHARD_ERROR_TIMEOUT, "%s did not complete before the deadline (RESHARD_TIMEOUT_MS, default "
+                    "60 s): a rank did not call it", what);
+  return rs_error(nccl_code(st), "%s failed: %s", what, ncclGetErrorString(st));
 }
 
 /* reshard's private communicator: the caller's split into one (every rank,
@@ -589,21 +579,14 @@ static reshard_result_t split_private(ncclComm_t parent, const char *who, ncclCo
   int64_t deadline = comm_deadline();
   /* A nonblocking parent: the split's progress and result are the
    * parent's asynchronous state (NCCL launches the split on the parent). */
-  for (unsigned spin = 0; e == ncclInProgress; spin++) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t q = ncclCommGetAsyncError(parent, &st);
-    if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
-      ncclResult_t bad = q != ncclSuccess ? q : st;
-      if (__atomic_load_n(slot, __ATOMIC_ACQUIRE)) ncclCommAbort(*slot);
-      free(slot);
-      return rs_error(nccl_code(bad), "%s rank %d: ncclCommSplit failed: %s", who, rank, ncclGetErrorString(bad));
-    }
-    if (st == ncclSuccess) break;
-    if (spin > 64 && rs_now_ns() > deadline)
-      return rs_error(RESHARD_ERROR_TIMEOUT, "%s rank %d: ncclCommSplit did not complete before the deadline: a "
-                      "rank did not call it; your communicator then still has the split pending (abort it)", who,
-                      rank);
-    rs_nap(spin);
+  ncclResult_t st = e == ncclInProgress ? poll_state(parent, deadline) : ncclSuccess;
+  if (st == ncclInProgress) /* the slot is NCCL's now: given up */
+    return rs_error(RESHARD_ERROR_TIMEOUT, "%s rank %d: ncclCommSplit did not complete before the deadline: a rank "
+                    "did not call it; your communicator then still has the split pending (abort it)", who, rank);
+  if (st != ncclSuccess) {
+    if (__atomic_load_n(slot, __ATOMIC_ACQUIRE)) ncclCommAbort(*slot);
+    free(slot);
+    return rs_error(nccl_code(st), "%s rank %d: ncclCommSplit failed: %s", who, rank, ncclGetErrorString(st));
   }
   ncclComm_t child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
   free(slot);
