@@ -37,9 +37,12 @@ message(STATUS "  NCCL                ${RESHARD_NCCL_LIBRARY}")
 
 add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/kernels/copy_kernels.cu
+  ${PROJECT_SOURCE_DIR}/kernels/ipc_kernels.cu
+  ${PROJECT_SOURCE_DIR}/src/device/dev_comm.c
   ${PROJECT_SOURCE_DIR}/src/device/execute_device.c
   ${PROJECT_SOURCE_DIR}/src/device/tiles.c
-  ${PROJECT_SOURCE_DIR}/src/transport/nccl.c)
+  ${PROJECT_SOURCE_DIR}/src/transport/nccl.c
+  ${PROJECT_SOURCE_DIR}/src/transport/cuda_ipc.c)
 target_include_directories(reshard_cuda_obj PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
@@ -68,7 +71,7 @@ target_link_libraries(reshard_static PUBLIC CUDA::cudart_static
 target_sources(reshard PRIVATE $<TARGET_OBJECTS:reshard_cuda_obj>)
 target_link_libraries(reshard PRIVATE CUDA::cudart_static
                       ${RESHARD_NCCL_LIBRARY})
-install(FILES ${PROJECT_SOURCE_DIR}/include/reshard_nccl.h
+install(FILES ${PROJECT_SOURCE_DIR}/include/reshard_nccl.h ${PROJECT_SOURCE_DIR}/include/reshard_cuda_ipc.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 # The GPU tests can be built without the CPU suite (scripts/gpu_check.sh

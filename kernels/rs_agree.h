@@ -34,6 +34,7 @@ typedef struct rs_dev_agree {
  * difference in *st unless one is recorded already. One thread. */
 RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr *want, rs_dev_agree *st) {
   if (!st->ok) return;
+  st->want = *want; /* the call a later transport failure belongs to */
   for (uint32_t i = 0; i < n; i++) {
     const rs_dev_hdr *h = &in[i];
     if (h->magic != want->magic || h->digest != want->digest || h->call != want->call ||
@@ -54,6 +55,11 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * failure elsewhere (bad_index RS_DEV_AGREE_ELSEWHERE, want: this rank's
  * header of the call). */
 #define RS_DEV_AGREE_ELSEWHERE 0xffffffffu
+
+/* A transport's wait on the device gave up (kernels/rs_ipc.h): bad_index
+ * RS_DEV_AGREE_TRANSPORT, got.magic why (RS_IPC_*), got.digest the peer,
+ * want: the header of the call last checked. */
+#define RS_DEV_AGREE_TRANSPORT 0xfffffffeu
 
 RS_HD void rs_dev_agree_export(const rs_dev_agree *st, uint64_t *word) { *word = st->ok ? 0 : 1; }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kernels/rs_agree.h"
+#include "kernels/rs_ipc.h"
 #include "kernels/rs_tile.h"
 #include "pack/copy.h"
 
@@ -48,6 +49,17 @@ int rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want,
 int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *stream);
 int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
                          rs_dev_agree *st, void *stream);
+
+/* The CUDA IPC transport's protocol (kernels/rs_ipc.h, ipc_kernels.cu),
+ * each on `stream`: post the sends of b; pull its receives (each waits
+ * for its message, then blocks_per_op blocks copy it); acknowledge the
+ * receives that arrived; wait for the sends' acknowledgements; the max of
+ * n words into *out (which counts as one of them). */
+int rs_cuda_ipc_post(const rs_ipc_batch *b, void *stream);
+int rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned blocks_per_op, void *stream);
+int rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream);
+int rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *stream);
+int rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, void *stream);
 
 #ifdef __cplusplus
 }

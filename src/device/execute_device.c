@@ -376,6 +376,23 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     "this relay plan failed its agreement (its data reaches this rank through forwards; its partners "
                     "name it); no destination byte of that call or a later one was written", p->rank,
                     (unsigned long long)a->want.call, (unsigned long long)a->want.version);
+  if (a->bad_index == RS_DEV_AGREE_TRANSPORT) {
+    int peer = (int)(int64_t)a->got.digest;
+    uint64_t why = a->got.magic;
+    reshard_result_t code = why == RS_IPC_ABORTED ? RESHARD_ERROR_REMOTE
+                            : why == RS_IPC_BAD_SIZE ? RESHARD_ERROR_MISMATCH
+                                                     : RESHARD_ERROR_TIMEOUT;
+    const char *what = why == RS_IPC_ABORTED ? "was given up: the communicator was poisoned (a failed or refused "
+                                               "call here or on a peer)"
+                       : why == RS_IPC_BAD_SIZE ? "failed: the message's size differs from the receive's (the "
+                                                  "ranks' plans differ)"
+                                                : "did not complete within the plan's timeout (the peer did not run "
+                                                  "its part)";
+    return rs_error(code, "execute rank %d: at or after call %llu (weight version %llu): a transfer with rank %d %s; "
+                    "the later unpacks of that call and every later call wrote nothing (destination buffers may be "
+                    "partly updated)", p->rank, (unsigned long long)a->want.call,
+                    (unsigned long long)a->want.version, peer, what);
+  }
   int peer = a->bad_index < p->npeers ? p->peers[a->bad_index].peer : -1;
   char digests[96] = "";
   if (a->got.digest != a->want.digest || a->got.magic != a->want.magic)
@@ -456,7 +473,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
       r = rs_cuda_error(e, "agreement header launch", p->rank);
       goto fail;
     }
-    RS_CHECK_GOTO(so->group(p->comm, d->hdr_p2p, 2 * p->npeers, d->s[S_XFER], deadline), r, fail);
+    RS_CHECK_GOTO(so->group(p->comm, d->hdr_p2p, 2 * p->npeers, d->s[S_XFER], deadline, d->d_agree), r, fail);
     e = rs_cuda_agree_check(d->d_hdr_in, (uint32_t)p->npeers, mine, d->d_agree, d->s[S_XFER]);
     if (e) {
       r = rs_cuda_error(e, "agreement check launch", p->rank);
@@ -468,7 +485,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
         r = rs_cuda_error(e, "agreement export launch", p->rank);
         goto fail;
       }
-      RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline), r, fail);
+      RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree), r, fail);
       e = rs_cuda_agree_import(d->d_word, mine, d->d_agree, d->s[S_XFER]);
       if (e) {
         r = rs_cuda_error(e, "agreement import launch", p->rank);
@@ -476,10 +493,6 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
       }
     }
     CU(cudaEventRecord(d->ev_checked, d->s[S_XFER]), "cudaEventRecord(checked)");
-    CU(cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, d->s[S_XFER]),
-       "cudaMemcpyAsync(agreement verdict)");
-    CU(cudaEventRecord(d->ev_agreed, d->s[S_XFER]), "cudaEventRecord(agreed)");
-    d->agreed_once = 1;
   }
 
   unsigned char *send_stage[2] = {staging, staging + p->send_half};
@@ -510,7 +523,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
         d->p2p[n++] = (rs_p2p){p->sends[i].peer, 0, send_stage[h] + p->sends[i].staging_off, p->sends[i].bytes};
     CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_packed[h], 0), "cudaStreamWaitEvent(packed)");
     if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(receive half)");
-    RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline), r, fail);
+    RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree), r, fail);
     CU(cudaEventRecord(d->ev_xfer[h], d->s[S_XFER]), "cudaEventRecord(transfer)");
 
     CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
@@ -521,6 +534,16 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   }
   if (p->nrounds == 0)
     RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+
+  /* The call's verdict for the host, after its last transfer: the
+   * agreement's, or a transport's wait that gave up in any round (CUDA
+   * IPC closes the gate then, see transport/stream.h). */
+  if (d->d_agree) {
+    CU(cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, d->s[S_XFER]),
+       "cudaMemcpyAsync(agreement verdict)");
+    CU(cudaEventRecord(d->ev_agreed, d->s[S_XFER]), "cudaEventRecord(agreed)");
+    d->agreed_once = 1;
+  }
 
   /* Completion becomes visible on the caller's stream. */
   for (int i = 0; i < S_COUNT; i++) {
@@ -645,10 +668,10 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   }
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
-  if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline);
+  if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline, d->d_agree);
   /* relay plans: the verdict's reduction over every rank, once, so that
    * its connections are made here too */
-  if (!r && d->global) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline);
+  if (!r && d->global) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);
   free(ops);

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/params.h"
+#include "device/dev_comm.h"
 #include "device/device.h"
 #include "reshard_nccl.h"
 #include "transport/stream.h"
@@ -44,24 +45,15 @@
 #define RS_NCCL_SCRATCH_WORDS RS_AGREE_MAX_WORDS
 
 typedef struct rs_nccl {
+  rs_dev_comm dev; /* first (src/device/dev_comm.h): execute order, staging pool */
   ncclComm_t comm; /* reshard's private communicator (nonblocking) */
   int aborted;     /* ncclCommAbort freed it (poisoned) */
   int device;      /* its CUDA device */
   cudaStream_t stream; /* agreement collectives (none with an MPI comm) */
   uint64_t *d_scratch, *h_scratch;
-  /* Executes of every plan on this communicator run one after another
-   * (NCCL runs a communicator's work in issue order anyway; the plans
-   * share the staging pool): the last one's end, recorded on its caller's
-   * stream, and its deadline. */
-  cudaEvent_t last_end;
-  int have_last;
-  int64_t last_deadline;
-  /* The staging pool: as large as the largest live plan needs. abandoned:
-   * a plan was destroyed while the GPU still ran its work (see
-   * src/device/execute_device.c, dev_free): the pool is never freed. */
-  void *pool, *pool_reg;
-  size_t pool_bytes;
-  int pool_users, pool_abandoned;
+  /* ncclCommRegister handles of the pools alive (RESHARD_NCCL_REGISTER=1):
+   * at most the current one and its replacement */
+  void *reg_ptr[2], *reg_handle[2];
 #ifdef RESHARD_HAVE_MPI
   /* reshard_comm_create_nccl_with_mpi: plan agreement runs on the host over
    * a duplicate of the caller's MPI communicator, not through NCCL. */
@@ -203,8 +195,9 @@ static reshard_result_t nccl_check(reshard_comm_t *c) {
 }
 
 static reshard_result_t nccl_group(reshard_comm_t *c, const rs_p2p *ops, size_t nops, void *stream,
-                                   int64_t deadline) {
+                                   int64_t deadline, void *gate) {
   rs_nccl *n = c->impl;
+  (void)gate; /* NCCL's waits end by abort (poison) */
   if (nops == 0) return RESHARD_SUCCESS;
   for (size_t i = 0; i < nops; i++)
     if (ops[i].peer == c->rank || ops[i].peer < 0 || ops[i].peer >= c->size)
@@ -232,94 +225,51 @@ static reshard_result_t nccl_group(reshard_comm_t *c, const rs_p2p *ops, size_t 
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t nccl_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline) {
+static reshard_result_t nccl_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline,
+                                         void *gate) {
   rs_nccl *n = c->impl;
+  (void)gate;
   ncclResult_t e = ncclAllReduce(word, word, 1, ncclUint64, ncclMax, n->comm, (cudaStream_t)stream);
   if (e == ncclInProgress) return wait_in_progress(c, "ncclAllReduce(agreement verdict)", deadline);
   if (e != ncclSuccess) return nccl_fail(e, "ncclAllReduce(agreement verdict)", c->rank, n);
   return RESHARD_SUCCESS;
 }
 
-/* Waits for the work of the communicator's last execute, until its
- * deadline. Used before anything that must not queue behind it on the
- * GPU (plan agreement over NCCL: NCCL would run it after that work, so a
- * deadline of its own would measure the backlog) or that replaces what it
- * uses (the staging pool). */
-static reshard_result_t wait_gpu(reshard_comm_t *c, cudaStream_t s, cudaEvent_t ev, int64_t deadline,
-                                 const char *what, const char *late);
-
-static reshard_result_t nccl_drain(reshard_comm_t *c) {
+/* The staging pool's memory: ncclMemAlloc, registered with the
+ * communicator when RESHARD_NCCL_REGISTER=1 (NCCL can then skip its own
+ * copies on some transports; a failed registration only costs that). */
+static reshard_result_t nccl_pool_alloc(reshard_comm_t *c, size_t bytes, void **out) {
   rs_nccl *n = c->impl;
-  if (!n->have_last) return RESHARD_SUCCESS;
-  RS_CHECK(wait_gpu(c, NULL, n->last_end, n->last_deadline, "cudaEventQuery(previous execute)",
-                    "an earlier execute on this communicator did not finish before its deadline (a peer is missing "
-                    "or its calls come in another order)"));
-  n->have_last = 0;
+  void *p = NULL;
+  ncclResult_t e = ncclMemAlloc(&p, bytes);
+  if (e != ncclSuccess)
+    /* ncclMemAlloc reports a failed cuMem allocation as a CUDA or system
+     * error: at this point it can only be the memory. */
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: ncclMemAlloc of %zu bytes of staging failed: %s", c->rank,
+                    bytes, ncclGetErrorString(e));
+  int64_t reg = 0;
+  void *h = NULL;
+  if (rs_param_get(RS_PARAM_NCCL_REGISTER, &reg) && reg == 1 && !n->aborted &&
+      ncclCommRegister(n->comm, p, bytes, &h) == ncclSuccess)
+    for (int i = 0; i < 2; i++)
+      if (!n->reg_ptr[i]) {
+        n->reg_ptr[i] = p, n->reg_handle[i] = h;
+        h = NULL;
+        break;
+      }
+  if (h) ncclCommDeregister(n->comm, h);
+  *out = p;
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t nccl_begin(reshard_comm_t *c, void *stream, void **staging) {
+static void nccl_pool_free(reshard_comm_t *c, void *p) {
   rs_nccl *n = c->impl;
-  *staging = n->pool;
-  if (!n->have_last) return RESHARD_SUCCESS;
-  cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)stream, n->last_end, 0);
-  if (ce) return rs_cuda_error(ce, "cudaStreamWaitEvent(previous execute)", c->rank);
-  return RESHARD_SUCCESS;
-}
-
-static reshard_result_t nccl_end(reshard_comm_t *c, void *stream, int64_t deadline) {
-  rs_nccl *n = c->impl;
-  cudaError_t ce = cudaEventRecord(n->last_end, (cudaStream_t)stream);
-  if (ce) return rs_cuda_error(ce, "cudaEventRecord(execute end)", c->rank);
-  n->have_last = 1;
-  n->last_deadline = deadline;
-  return RESHARD_SUCCESS;
-}
-
-static void pool_free(rs_nccl *n) {
-  if (n->pool_reg && !n->aborted) ncclCommDeregister(n->comm, n->pool_reg);
-  n->pool_reg = NULL;
-  if (n->pool && !n->pool_abandoned) ncclMemFree(n->pool);
-  n->pool = NULL;
-  n->pool_bytes = 0;
-}
-
-static reshard_result_t nccl_staging_acquire(reshard_comm_t *c, size_t bytes) {
-  rs_nccl *n = c->impl;
-  if (bytes > n->pool_bytes) {
-    /* The new pool first: when it cannot be had, the plans alive keep the
-     * old one. The old one may still feed earlier executes: freed after
-     * them. */
-    void *p = NULL;
-    ncclResult_t e = ncclMemAlloc(&p, bytes);
-    if (e != ncclSuccess)
-      /* ncclMemAlloc reports a failed cuMem allocation as a CUDA or system
-       * error: at this point it can only be the memory. */
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: ncclMemAlloc of %zu bytes of staging failed: %s", c->rank,
-                      bytes, ncclGetErrorString(e));
-    reshard_result_t r = nccl_drain(c);
-    if (r) {
-      ncclMemFree(p);
-      return r;
+  for (int i = 0; i < 2; i++)
+    if (n->reg_ptr[i] == p) {
+      if (n->comm && !n->aborted) ncclCommDeregister(n->comm, n->reg_handle[i]);
+      n->reg_ptr[i] = n->reg_handle[i] = NULL;
     }
-    pool_free(n);
-    n->pool = p;
-    n->pool_bytes = bytes;
-    /* Registration (RESHARD_NCCL_REGISTER=1) lets NCCL skip its own copies
-     * on some transports; it is an optimization, so a failure only costs
-     * that. */
-    int64_t reg = 0;
-    if (rs_param_get(RS_PARAM_NCCL_REGISTER, &reg) && reg == 1 && ncclCommRegister(n->comm, p, bytes, &n->pool_reg))
-      n->pool_reg = NULL;
-  }
-  n->pool_users++;
-  return RESHARD_SUCCESS;
-}
-
-static void nccl_staging_release(reshard_comm_t *c, int in_use) {
-  rs_nccl *n = c->impl;
-  if (in_use) n->pool_abandoned = 1; /* leaked rather than freed under running work */
-  if (n->pool_users > 0 && --n->pool_users == 0) pool_free(n);
+  ncclMemFree(p);
 }
 
 #ifdef RESHARD_HAVE_MPI
@@ -391,8 +341,8 @@ static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *va
    * the agreement's deadline measures the agreement. The peers drain
    * theirs too, which may end later than this rank's (up to the same
    * deadline): the agreement's timeout then counts from there. */
-  int64_t t0 = rs_now_ns(), busy_until = n->have_last ? n->last_deadline : 0;
-  RS_CHECK(nccl_drain(c));
+  int64_t t0 = rs_now_ns(), busy_until = n->dev.have_last ? n->dev.last_deadline : 0;
+  RS_CHECK(rs_dev_comm_drain(c));
   int64_t span = deadline > t0 ? deadline - t0 : 0;
   if (busy_until > t0 && deadline != RS_NO_DEADLINE && busy_until < RS_NO_DEADLINE - span) deadline = busy_until + span;
   if (nvals < 0 || nvals > RS_NCCL_SCRATCH_WORDS)
@@ -408,53 +358,11 @@ static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *va
   }
   ce = cudaMemcpyAsync(n->h_scratch, n->d_scratch, (size_t)nvals * 8, cudaMemcpyDeviceToHost, n->stream);
   if (ce) return rs_cuda_error(ce, "cudaMemcpyAsync(agreement)", c->rank);
-  RS_CHECK(wait_gpu(c, n->stream, NULL, deadline, "cudaStreamQuery(agreement)",
+  RS_CHECK(rs_dev_comm_wait(c, n->stream, NULL, deadline, "cudaStreamQuery(agreement)",
                     "plan agreement over NCCL did not complete before the deadline (a rank is missing or stuck)"));
   memcpy(vals, n->h_scratch, (size_t)nvals * sizeof *vals);
   return RESHARD_SUCCESS;
 }
-
-/* Waits for GPU work of reshard's communicator, a stream (s) or an event:
- * polled, not synchronized, so that a missing rank ends in a timeout (late:
- * what happened then; the communicator is aborted) and NCCL's errors
- * surface through the communicator's health. */
-static reshard_result_t wait_gpu(reshard_comm_t *c, cudaStream_t s, cudaEvent_t ev, int64_t deadline,
-                                 const char *what, const char *late) {
-  for (unsigned spin = 0;; spin++) {
-    cudaError_t ce = s ? cudaStreamQuery(s) : cudaEventQuery(ev);
-    if (ce == cudaSuccess) return RESHARD_SUCCESS;
-    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, what, c->rank);
-    RS_CHECK(nccl_health(c));
-    if (spin > 64 && rs_now_ns() > deadline) {
-      nccl_abort(c->impl);
-      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s; reshard's NCCL communicator was aborted", c->rank, late);
-    }
-    rs_nap(spin);
-  }
-}
-
-/* The host half of the seam: unreachable, since execute dispatches to the
- * device executor. Kept failing loudly rather than NULL. */
-static reshard_result_t nccl_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
-                                      rs_request **req) {
-  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host send on the NCCL transport", c->rank);
-}
-static reshard_result_t nccl_no_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
-                                      rs_request **req) {
-  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host receive on the NCCL transport", c->rank);
-}
-static reshard_result_t nccl_no_test(reshard_comm_t *c, rs_request *req, int *done) {
-  (void)req;
-  *done = 1;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host test on the NCCL transport", c->rank);
-}
-static reshard_result_t nccl_no_wait(reshard_comm_t *c, rs_request *req, int64_t deadline) {
-  (void)req, (void)deadline;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host wait on the NCCL transport", c->rank);
-}
-static void nccl_no_cancel(reshard_comm_t *c, rs_request *req) { (void)c, (void)req; }
 
 /* Finalizes and destroys reshard's private communicator, polled until
  * the deadline (then aborted): destruction never hangs either. */
@@ -463,20 +371,20 @@ static void close_private(rs_nccl *n) {
   ncclResult_t e = ncclCommFinalize(n->comm);
   if ((e == ncclSuccess || e == ncclInProgress) && poll_state(n->comm, comm_deadline()) == ncclSuccess) {
     ncclCommDestroy(n->comm);
+    n->comm = NULL;
     return;
   }
   nccl_abort(n);
 }
 
-static void nccl_release(rs_nccl *n) {
+static void nccl_release(reshard_comm_t *c, rs_nccl *n) {
   /* The communicator first: if any of its work is still stuck, finalize
    * times out and the abort ends it, before anything it uses is freed. */
   close_private(n);
   if (n->d_scratch) cudaFreeAsync(n->d_scratch, n->stream); /* no device-wide sync, unlike cudaFree */
   if (n->stream) cudaStreamDestroy(n->stream);
   if (n->h_scratch) cudaFreeHost(n->h_scratch);
-  if (n->last_end) cudaEventDestroy(n->last_end);
-  pool_free(n); /* plans still alive (leaked by the caller) lose theirs */
+  rs_dev_comm_fini(c);
 #ifdef RESHARD_HAVE_MPI
   int finalized = 0;
   if (n->have_mpi && !MPI_Finalized(&finalized) && !finalized) MPI_Comm_free(&n->mpi);
@@ -489,10 +397,18 @@ static void nccl_release(rs_nccl *n) {
 static void nccl_destroy(reshard_comm_t *c) {
   rs_nccl *n = c->impl;
   if (!n) return;
-  nccl_release(n);
+  nccl_release(c, n);
   free(n);
   c->impl = NULL;
 }
+
+static const rs_dev_comm_hooks rs_nccl_hooks = {
+    .name = "NCCL",
+    .health = nccl_health,
+    .poison = nccl_poison,
+    .pool_alloc = nccl_pool_alloc,
+    .pool_free = nccl_pool_free,
+};
 
 static const rs_stream_ops rs_nccl_stream_ops = {
     .execute = rs_device_execute,
@@ -500,11 +416,11 @@ static const rs_stream_ops rs_nccl_stream_ops = {
     .prepare_peers = rs_device_prepare_peers,
     .group = nccl_group,
     .reduce_word = nccl_reduce_word,
-    .staging_acquire = nccl_staging_acquire,
-    .staging_release = nccl_staging_release,
-    .begin = nccl_begin,
-    .end = nccl_end,
-    .drain = nccl_drain,
+    .staging_acquire = rs_dev_comm_staging_acquire,
+    .staging_release = rs_dev_comm_staging_release,
+    .begin = rs_dev_comm_begin,
+    .end = rs_dev_comm_end,
+    .drain = rs_dev_comm_drain,
     .check = nccl_check,
     .poll = rs_device_poll,
     .poison = nccl_poison,
@@ -512,11 +428,11 @@ static const rs_stream_ops rs_nccl_stream_ops = {
 
 static const rs_transport_ops rs_nccl_ops = {
     .name = "nccl",
-    .isend = nccl_no_isend,
-    .irecv = nccl_no_irecv,
-    .test = nccl_no_test,
-    .wait = nccl_no_wait,
-    .cancel = nccl_no_cancel,
+    .isend = rs_dev_no_isend,
+    .irecv = rs_dev_no_irecv,
+    .test = rs_dev_no_test,
+    .wait = rs_dev_no_wait,
+    .cancel = rs_dev_no_cancel,
     .allreduce_max_u64 = nccl_allreduce,
     .destroy = nccl_destroy,
     .stream_ops = &rs_nccl_stream_ops,
@@ -614,6 +530,7 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int mpi_agreement, reshard_co
     goto fail;
   }
   n->comm = comm;
+  c->impl = n;
   ncclResult_t e = ncclCommCount(comm, &c->size);
   if (e == ncclSuccess) e = ncclCommUserRank(comm, &c->rank);
   if (e == ncclSuccess) e = ncclCommCuDevice(comm, &n->device);
@@ -622,8 +539,10 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int mpi_agreement, reshard_co
                  ncclGetErrorString(e));
     goto fail;
   }
-  cudaError_t ce = cudaEventCreateWithFlags(&n->last_end, cudaEventDisableTiming);
-  if (!ce && !mpi_agreement) {
+  r = rs_dev_comm_init(c, &rs_nccl_hooks);
+  if (r) goto fail;
+  cudaError_t ce = cudaSuccess;
+  if (!mpi_agreement) {
     ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (!ce) ce = cudaMallocAsync((void **)&n->d_scratch, RS_NCCL_SCRATCH_WORDS * 8, n->stream);
     if (!ce) ce = cudaMallocHost((void **)&n->h_scratch, RS_NCCL_SCRATCH_WORDS * 8);
@@ -633,11 +552,10 @@ static reshard_result_t wrap_comm(ncclComm_t comm, int mpi_agreement, reshard_co
     goto fail;
   }
   c->ops = &rs_nccl_ops;
-  c->impl = n;
   *out = c;
   return RESHARD_SUCCESS;
 fail:
-  if (n) nccl_release(n);
+  if (n) nccl_release(c, n);
   free(n);
   free(c);
   return r;

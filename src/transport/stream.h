@@ -44,14 +44,20 @@ struct rs_stream_ops {
   reshard_result_t (*prepare_peers)(reshard_plan_t *plan);
   /* Enqueues a max-reduction of one word (device memory) over the whole
    * communicator on `stream` (the global agreement of relay plans); the
-   * enqueue's wait ends at deadline_ns like group's. */
+   * enqueue's wait ends at deadline_ns like group's, and gate is group's. */
   reshard_result_t (*reduce_word)(reshard_comm_t *comm, uint64_t *word,
-                                  void *stream, int64_t deadline_ns);
+                                  void *stream, int64_t deadline_ns,
+                                  void *gate);
   /* Enqueues one group of transfers (all of one round) on `stream`. A
    * nonblocking communicator may need to finish enqueueing: that wait ends
-   * at deadline_ns (then reshard's communicator is aborted: TIMEOUT). */
+   * at deadline_ns (then reshard's communicator is aborted: TIMEOUT).
+   * gate: the plan's verdict on the device (an rs_dev_agree,
+   * kernels/rs_agree.h; NULL: none), which a transport that waits on the
+   * device (CUDA IPC) closes when a wait gives up, so that nothing later
+   * writes a destination byte; NCCL ends its waits by abort instead. */
   reshard_result_t (*group)(reshard_comm_t *comm, const rs_p2p *ops,
-                            size_t n, void *stream, int64_t deadline_ns);
+                            size_t n, void *stream, int64_t deadline_ns,
+                            void *gate);
   /* The communicator's staging pool, shared by its plans (their executes
    * run one after another, see begin): acquire makes it at least `bytes`
    * (waiting for earlier executes' work first, see drain) and counts a

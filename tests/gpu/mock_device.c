@@ -22,7 +22,10 @@ mock_world world = {.chan_cap = 1 << 30, .hang_ms = 3000};
 typedef struct mstream mstream;
 typedef struct mcomm mcomm;
 
-enum { D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT };
+enum {
+  D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
+  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX
+};
 
 typedef struct dp2p {
   int peer, is_recv, done;
@@ -59,6 +62,10 @@ typedef struct dop {
   uint64_t *vals;
   int nvals, arrived;
   uint64_t coll;
+  /* D_IPC_*: the launch's operations, its wait, which are done */
+  rs_ipc_batch *batch;
+  rs_ipc_wait iw;
+  uint32_t ipc_done;
 } dop;
 
 struct mstream {
@@ -151,6 +158,7 @@ static void free_stream(mstream *s) {
     dop *o = &s->q[i - s->base];
     free(o->snap);
     free(o->p);
+    free(o->batch);
   }
   free(s->q);
   free(s);
@@ -395,6 +403,39 @@ static int step_allreduce(dop *o) {
   return 1;
 }
 
+/* The CUDA IPC kernels' waits (kernels/ipc_kernels.cu's spin), one step:
+ * each operation that can go goes (the very code of kernels/rs_ipc.h);
+ * one that waits past the timeout, or finds the abort word set, gives
+ * up as the kernel does. 1 when every operation is done. */
+static int step_ipc_wait(dop *o, int acked) {
+  int64_t t = now_ns();
+  if (!o->started) o->started = t;
+  int all = 1;
+  for (uint32_t i = 0; i < o->batch->n; i++) {
+    if (o->ipc_done >> i & 1) continue;
+    const rs_ipc_op *x = &o->batch->op[i];
+    if (acked ? rs_ipc_acked(x) : rs_ipc_arrived(x)) {
+      if (!acked) {
+        if (!rs_ipc_size_ok(x)) rs_ipc_give_up(&o->iw, x->peer, RS_IPC_BAD_SIZE);
+        else {
+          rs_ipc_copy(x, 0, x->bytes, 0, 1);
+          world.delivered++;
+        }
+      }
+    } else if (rs_ipc_load(o->iw.abort)) {
+      rs_ipc_give_up(&o->iw, x->peer, RS_IPC_ABORTED);
+    } else if ((uint64_t)(t - o->started) > o->iw.timeout_ns) {
+      rs_ipc_give_up(&o->iw, x->peer, RS_IPC_TIMEOUT);
+      world.ipc_timeouts++;
+    } else {
+      all = 0;
+      continue;
+    }
+    o->ipc_done |= 1u << i;
+  }
+  return all;
+}
+
 /* Runs the head op of s if it can run; 1 if it did. */
 static int step(mstream *s) {
   if (s->done == s->enq) return 0;
@@ -437,6 +478,25 @@ static int step(mstream *s) {
     break;
   case D_ALLRED:
     if (!step_allreduce(o)) return 0;
+    break;
+  case D_IPC_POST:
+    for (uint32_t i = 0; i < o->batch->n; i++) rs_ipc_post(&o->batch->op[i]);
+    free(o->batch);
+    break;
+  case D_IPC_ACK:
+    for (uint32_t i = 0; i < o->batch->n; i++) {
+      const rs_ipc_op *x = &o->batch->op[i];
+      if (rs_ipc_arrived(x) && rs_ipc_size_ok(x)) rs_ipc_ack(x);
+    }
+    free(o->batch);
+    break;
+  case D_IPC_PULL:
+  case D_IPC_ACKED:
+    if (!step_ipc_wait(o, o->kind == D_IPC_ACKED)) return 0;
+    free(o->batch);
+    break;
+  case D_IPC_MAX:
+    rs_ipc_max(o->src, (uint32_t)o->n, o->dst);
     break;
   }
   s->done++;
@@ -508,6 +568,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.n = n;
   world.chan_cap = chan_cap > 0 ? chan_cap : 1 << 30;
   world.hangs = world.bad_size = world.use_after_free = 0;
+  world.ipc_mapped = world.ipc_timeouts = 0;
   world.parent_aborts = world.parent_destroys = world.leftover = 0;
   UNLOCK();
 }
@@ -810,6 +871,73 @@ int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want
   o->n = n;
   o->hdr = want;
   o->st = st;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+/* ------------------------------------------------------------ CUDA IPC */
+
+/* A handle carries the address (every rank is a thread of this process);
+ * opening one counts a mapping, closing it uncounts it. */
+cudaError_t __wrap_cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+  memset(h, 0, sizeof *h);
+  memcpy(h->reserved, &p, sizeof p);
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags) {
+  (void)flags;
+  if (M.fail_ipc_open) return cudaErrorInvalidResourceHandle;
+  memcpy(p, h.reserved, sizeof *p);
+  LOCK();
+  world.ipc_mapped++;
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaIpcCloseMemHandle(void *p) {
+  (void)p;
+  LOCK();
+  world.ipc_mapped--;
+  UNLOCK();
+  return cudaSuccess;
+}
+cudaError_t __wrap_cudaMemset(void *p, int v, size_t n) {
+  LOCK();
+  progress();
+  memset(p, v, n);
+  UNLOCK();
+  return cudaSuccess;
+}
+/* Ranks of a world are threads of one process that the transport must
+ * treat as processes (cudaIpcOpenMemHandle), as they would be. */
+pid_t __real_getpid(void);
+pid_t __wrap_getpid(void) { return world.n ? (pid_t)(100000 + M.rank) : __real_getpid(); }
+
+static int ipc_launch(int kind, const rs_ipc_batch *b, const rs_ipc_wait *w, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), kind);
+  o->batch = malloc(sizeof *b);
+  memcpy(o->batch, b, sizeof *b);
+  if (w) o->iw = *w;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_ipc_post(const rs_ipc_batch *b, void *stream) { return ipc_launch(D_IPC_POST, b, NULL, stream); }
+int __wrap_rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned blocks, void *stream) {
+  (void)blocks;
+  return ipc_launch(D_IPC_PULL, b, &w, stream);
+}
+int __wrap_rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream) { return ipc_launch(D_IPC_ACK, b, NULL, stream); }
+int __wrap_rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *stream) {
+  return ipc_launch(D_IPC_ACKED, b, &w, stream);
+}
+int __wrap_rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_IPC_MAX);
+  o->src = words;
+  o->n = n;
+  o->dst = out;
   progress();
   UNLOCK();
   return 0;

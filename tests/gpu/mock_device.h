@@ -44,7 +44,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <unistd.h>
+
 #include "kernels/rs_agree.h"
+#include "kernels/rs_ipc.h"
 #include "plan/plan.h"
 
 /* The call log of the thread (for call-sequence checks). */
@@ -105,6 +108,7 @@ typedef struct mock_thread {
   int splits;           /* ncclCommSplit calls */
   int64_t kernel_ns;    /* device time of every copy kernel */
   uint64_t tamper_version; /* added to the version in this rank's agreement */
+  int fail_ipc_open;       /* cudaIpcOpenMemHandle fails */
   const reshard_plan_t *plan; /* to classify launches in the log */
 } mock_thread;
 
@@ -122,6 +126,8 @@ typedef struct mock_world {
   long delivered;       /* messages received, over all worlds */
   long leftover;        /* messages nobody received (mock_world_end) */
   size_t staging_live, staging_peak; /* ncclMemAlloc bytes */
+  long ipc_mapped;   /* cudaIpcOpenMemHandle mappings not closed */
+  long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
 } mock_world;
 
 extern mock_world world;

@@ -32,7 +32,9 @@ set(RS_GPU_WRAPPED
   cudaStreamSynchronize cudaStreamQuery cudaStreamWaitEvent
   cudaEventCreateWithFlags cudaEventDestroy cudaEventRecord cudaEventQuery
   cudaEventSynchronize cudaDeviceSynchronize rs_cuda_launch_copies_gated
-  rs_cuda_agree_stamp rs_cuda_agree_check rs_cuda_agree_export rs_cuda_agree_import)
+  rs_cuda_agree_stamp rs_cuda_agree_check rs_cuda_agree_export rs_cuda_agree_import
+  cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle cudaMemset getpid
+  rs_cuda_ipc_post rs_cuda_ipc_pull rs_cuda_ipc_ack rs_cuda_ipc_acked rs_cuda_ipc_max)
 # An executable over the emulated device (mock_device.c, every symbol of
 # RS_GPU_WRAPPED wrapped), with the random layouts of tests/support.
 function(rs_gpu_emulated_exe name src)
@@ -54,6 +56,12 @@ set_tests_properties(test_gpu_nccl_mock PROPERTIES TIMEOUT 300)
 rs_gpu_emulated_exe(test_gpu_nccl_hazards test_nccl_hazards.c)
 add_test(NAME test_gpu_nccl_hazards COMMAND test_gpu_nccl_hazards)
 set_tests_properties(test_gpu_nccl_hazards PROPERTIES TIMEOUT 300)
+
+# The CUDA IPC transport (issue 16) on the emulated device, over the
+# in-process host communicator.
+rs_gpu_emulated_exe(test_gpu_cuda_ipc test_cuda_ipc.c)
+add_test(NAME test_gpu_cuda_ipc COMMAND test_gpu_cuda_ipc)
+set_tests_properties(test_gpu_cuda_ipc PROPERTIES TIMEOUT 300)
 
 # The same mock with real MPI: reshard_comm_create_nccl_with_mpi, whose
 # plan agreement runs over MPI, one mocked NCCL rank per MPI process (only

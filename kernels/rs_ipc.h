@@ -1,0 +1,177 @@
+/* The CUDA IPC transport's protocol on the device (src/transport/cuda_ipc.c):
+ * mailboxes in IPC-mapped memory, written and polled by kernels, so that
+ * ranks in different processes order their transfers without the host.
+ * Like rs_tile.h and rs_agree.h, C11 and CUDA C++ at once: the kernels
+ * (kernels/ipc_kernels.cu) and their CPU emulation in the tests
+ * (tests/gpu/mock_device.c) run this very code; only the spin loops
+ * around it differ (a kernel spins on %globaltimer, the emulation steps).
+ *
+ * Every rank owns a *window* of device memory, exported once with
+ * cudaIpcGetMemHandle and mapped by every other rank of the node:
+ *   ack[n]          ack[r]: the last message of this rank's that rank r
+ *                   has consumed (written by r, polled here);
+ *   inbox[n][RING]  inbox[s][k % RING]: message k from rank s (written by
+ *                   s, polled here): its sequence number, written last,
+ *                   its size, and either the payload itself (up to
+ *                   RS_IPC_INLINE bytes) or its offset in the sender's
+ *                   staging pool, which this rank has mapped too;
+ *   abort           nonzero: stop waiting (this rank's poison, a peer's
+ *                   poison of the communicator, a failed wait here).
+ * Flags live with the rank that polls them: a spin reads local memory,
+ * and the remote side only writes.
+ *
+ * A point-to-point message s -> r with sequence number k (per ordered
+ * pair, counted in posting order on both sides, from 1) is:
+ *   s: post     write inbox_r[s][k % RING] (payload or offset, size), then
+ *               its sequence number, behind a system-scope fence;
+ *   r: pull     wait until that slot holds k; copy the payload from it or
+ *               from s's pool (mapped here) into the receive buffer;
+ *   r: ack      after the pull (stream order): write ack_s[r] = k;
+ *   s: acked    wait until ack_s[r] >= k: s's buffer is free again.
+ * A group posts all its sends before it waits for anything, then pulls
+ * its receives, acks them, and waits for its sends' acks: so every rank's
+ * group completes if every rank issues the matching groups, in any
+ * interleaving, as NCCL's do. A slot is reused RING messages later, and
+ * a group completes only when its sends are acked, so a group may carry
+ * up to RING messages per peer and direction.
+ *
+ * Every wait carries a timeout; when it passes, or the window's abort
+ * word is set, the wait gives up: the plan's verdict (rs_dev_agree, the
+ * gate of every later destination write) is closed with
+ * RS_DEV_AGREE_TRANSPORT, naming the peer, and this window's abort word
+ * is set so that the following waits give up at once. */
+#ifndef RS_KERNELS_RS_IPC_H
+#define RS_KERNELS_RS_IPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/rs_agree.h"
+#include "kernels/rs_tile.h" /* RS_HD */
+
+#define RS_IPC_RING 8u    /* slots per sender in a window */
+#define RS_IPC_INLINE 96u /* payload bytes a slot carries itself */
+#define RS_IPC_MAX_OPS 24 /* operations of one launch (kernel parameter) */
+
+typedef struct rs_ipc_slot {
+  uint64_t seq;   /* written last: the message is there once it matches */
+  uint64_t bytes; /* the payload's size */
+  uint64_t off;   /* payloads over RS_IPC_INLINE: offset in the sender's pool */
+  uint64_t pad;
+  unsigned char data[RS_IPC_INLINE];
+} rs_ipc_slot; /* 128 bytes */
+
+/* Byte offsets inside a window of an n-rank communicator. */
+#define RS_IPC_ABORT_OFF ((uint64_t)0)
+RS_HD uint64_t rs_ipc_ack_off(uint32_t r) { return 128 + 8 * (uint64_t)r; }
+RS_HD uint64_t rs_ipc_slot_off(uint32_t n, uint32_t sender, uint64_t seq) {
+  uint64_t acks = (128 + 8 * (uint64_t)n + 127) / 128 * 128;
+  return acks + ((uint64_t)sender * RS_IPC_RING + seq % RS_IPC_RING) * sizeof(rs_ipc_slot);
+}
+RS_HD uint64_t rs_ipc_window_bytes(uint32_t n) { return rs_ipc_slot_off(n, n, 0); }
+
+/* Why a wait gave up (recorded in the verdict's got.magic). */
+enum { RS_IPC_TIMEOUT = 1, RS_IPC_ABORTED = 2, RS_IPC_BAD_SIZE = 3 };
+
+/* One operation of a launch; every pointer is computed by the host. */
+typedef struct rs_ipc_op {
+  rs_ipc_slot *slot;   /* post: the receiver's slot (mapped); pull: this window's */
+  unsigned char *buf;  /* post: the payload (inline copy); pull: the destination */
+  const unsigned char *pool; /* pull: the sender's pool as mapped here */
+  uint64_t *ack;       /* pull: the sender's ack word for this rank (mapped);
+                          acked: this window's ack word of the receiver */
+  uint64_t seq, bytes;
+  uint64_t off;        /* post: the payload's offset in this rank's pool */
+  int32_t peer;
+  uint32_t pad;
+} rs_ipc_op;
+
+typedef struct rs_ipc_batch {
+  uint32_t n;
+  uint32_t pad;
+  rs_ipc_op op[RS_IPC_MAX_OPS];
+} rs_ipc_batch;
+
+/* What a wait needs besides its operation. */
+typedef struct rs_ipc_wait {
+  uint64_t *abort;    /* this window's abort word */
+  rs_dev_agree *gate; /* the plan's verdict (may be NULL) */
+  uint64_t timeout_ns;
+} rs_ipc_wait;
+
+#ifdef __CUDA_ARCH__
+#define RS_IPC_FENCE() __threadfence_system()
+#else
+#define RS_IPC_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#endif
+
+RS_HD uint64_t rs_ipc_load(const uint64_t *p) { return *(const volatile uint64_t *)p; }
+RS_HD void rs_ipc_store(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
+
+/* post: the slot's fields, then (fenced) its sequence number. One thread
+ * per operation. */
+RS_HD void rs_ipc_post(const rs_ipc_op *o) {
+  rs_ipc_slot *s = o->slot;
+  s->bytes = o->bytes;
+  s->off = o->off;
+  if (o->bytes <= RS_IPC_INLINE)
+    for (uint64_t i = 0; i < o->bytes; i++) ((volatile unsigned char *)s->data)[i] = o->buf[i];
+  RS_IPC_FENCE();
+  rs_ipc_store(&s->seq, o->seq);
+}
+
+/* Whether message o->seq is in its slot (pull) or was consumed (acked). */
+RS_HD int rs_ipc_arrived(const rs_ipc_op *o) { return rs_ipc_load(&o->slot->seq) == o->seq; }
+RS_HD int rs_ipc_acked(const rs_ipc_op *o) { return rs_ipc_load(o->ack) >= o->seq; }
+
+/* A wait gave up (why: RS_IPC_*): close the gate naming the peer (first
+ * failure only) and set the abort word, so that later waits give up at
+ * once. Called by one thread; the gate's record is written before ok is
+ * cleared, and an earlier failure's record stays. */
+RS_HD void rs_ipc_give_up(const rs_ipc_wait *w, int32_t peer, uint64_t why) {
+  if (w->gate && *(volatile uint32_t *)&w->gate->ok) {
+    w->gate->bad_index = RS_DEV_AGREE_TRANSPORT;
+    w->gate->got.magic = why;
+    w->gate->got.digest = (uint64_t)(int64_t)peer;
+    RS_IPC_FENCE();
+    *(volatile uint32_t *)&w->gate->ok = 0;
+  }
+  if (!rs_ipc_load(w->abort)) rs_ipc_store(w->abort, why);
+}
+
+/* The size check of an arrived message: 1 when it is what the receive
+ * expects (else the wait gives up with RS_IPC_BAD_SIZE). */
+RS_HD int rs_ipc_size_ok(const rs_ipc_op *o) { return o->slot->bytes == o->bytes; }
+
+/* pull: bytes [a, b) of an arrived message, thread t of nt. */
+RS_HD void rs_ipc_copy(const rs_ipc_op *o, uint64_t a, uint64_t b, unsigned t, unsigned nt) {
+  const unsigned char *src = o->bytes <= RS_IPC_INLINE ? o->slot->data : o->pool + o->slot->off;
+  unsigned char *dst = o->buf;
+  if ((((uintptr_t)src | (uintptr_t)dst | a | b) & 15) == 0) {
+    for (uint64_t i = a + 16 * (uint64_t)t; i < b; i += 16 * (uint64_t)nt)
+#ifdef __CUDA_ARCH__
+      *(uint4 *)(dst + i) = *(const uint4 *)(src + i);
+#else
+      memcpy(dst + i, src + i, 16);
+#endif
+  } else {
+    for (uint64_t i = a + t; i < b; i += nt) dst[i] = src[i];
+  }
+}
+
+/* ack: the receive o is consumed (after its pull, in stream order). */
+RS_HD void rs_ipc_ack(const rs_ipc_op *o) {
+  RS_IPC_FENCE();
+  rs_ipc_store(o->ack, o->seq);
+}
+
+/* The max of n words (the reduction of the agreement's verdict). */
+RS_HD void rs_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out) {
+  uint64_t m = *out;
+  for (uint32_t i = 0; i < n; i++)
+    if (words[i] > m) m = words[i];
+  *out = m;
+}
+
+#endif

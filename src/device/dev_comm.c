@@ -1,0 +1,133 @@
+/* The device transports' shared communicator state: see dev_comm.h. */
+#include "device/dev_comm.h"
+
+#include <cuda_runtime.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "device/device.h"
+
+static rs_dev_comm *dc(reshard_comm_t *c) { return (rs_dev_comm *)c->impl; }
+
+reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h) {
+  rs_dev_comm *d = dc(c);
+  d->hooks = h;
+  cudaEvent_t ev = NULL;
+  cudaError_t ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (ce) return rs_cuda_error(ce, "cudaEventCreateWithFlags(execute order)", c->rank);
+  d->last_end = ev;
+  return RESHARD_SUCCESS;
+}
+
+static void pool_drop(reshard_comm_t *c, rs_dev_comm *d) {
+  if (d->pool && !d->pool_abandoned) d->hooks->pool_free(c, d->pool);
+  d->pool = NULL;
+  d->pool_bytes = 0;
+  d->pool_abandoned = 0;
+}
+
+void rs_dev_comm_fini(reshard_comm_t *c) {
+  rs_dev_comm *d = dc(c);
+  if (!d || !d->hooks) return;
+  pool_drop(c, d); /* plans still alive (leaked by the caller) lose theirs */
+  if (d->last_end) cudaEventDestroy((cudaEvent_t)d->last_end);
+  d->last_end = NULL;
+}
+
+reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,
+                                  const char *late) {
+  rs_dev_comm *d = dc(c);
+  for (unsigned spin = 0;; spin++) {
+    cudaError_t ce = stream ? cudaStreamQuery((cudaStream_t)stream) : cudaEventQuery((cudaEvent_t)event);
+    if (ce == cudaSuccess) return RESHARD_SUCCESS;
+    if (ce != cudaErrorNotReady) return rs_cuda_error(ce, what, c->rank);
+    RS_CHECK(d->hooks->health(c));
+    if (spin > 64 && rs_now_ns() > deadline) {
+      d->hooks->poison(c);
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s; reshard's %s communicator was aborted", c->rank, late,
+                      d->hooks->name);
+    }
+    rs_nap(spin);
+  }
+}
+
+reshard_result_t rs_dev_comm_drain(reshard_comm_t *c) {
+  rs_dev_comm *d = dc(c);
+  if (!d->have_last) return RESHARD_SUCCESS;
+  RS_CHECK(rs_dev_comm_wait(c, NULL, d->last_end, d->last_deadline, "cudaEventQuery(previous execute)",
+                            "an earlier execute on this communicator did not finish before its deadline (a peer is "
+                            "missing or its calls come in another order)"));
+  d->have_last = 0;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_dev_comm_begin(reshard_comm_t *c, void *stream, void **staging) {
+  rs_dev_comm *d = dc(c);
+  *staging = d->pool;
+  if (!d->have_last) return RESHARD_SUCCESS;
+  cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)d->last_end, 0);
+  if (ce) return rs_cuda_error(ce, "cudaStreamWaitEvent(previous execute)", c->rank);
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_dev_comm_end(reshard_comm_t *c, void *stream, int64_t deadline) {
+  rs_dev_comm *d = dc(c);
+  cudaError_t ce = cudaEventRecord((cudaEvent_t)d->last_end, (cudaStream_t)stream);
+  if (ce) return rs_cuda_error(ce, "cudaEventRecord(execute end)", c->rank);
+  d->have_last = 1;
+  d->last_deadline = deadline;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes) {
+  rs_dev_comm *d = dc(c);
+  if (bytes > d->pool_bytes) {
+    /* The new pool first: when it cannot be had, the plans alive keep the
+     * old one. The old one may still feed earlier executes: freed after
+     * them. */
+    void *p = NULL;
+    RS_CHECK(d->hooks->pool_alloc(c, bytes, &p));
+    reshard_result_t r = rs_dev_comm_drain(c);
+    if (r) {
+      d->hooks->pool_free(c, p);
+      return r;
+    }
+    pool_drop(c, d);
+    d->pool = p;
+    d->pool_bytes = bytes;
+    d->pool_gen++;
+  }
+  d->pool_users++;
+  return RESHARD_SUCCESS;
+}
+
+void rs_dev_comm_staging_release(reshard_comm_t *c, int in_use) {
+  rs_dev_comm *d = dc(c);
+  if (in_use) d->pool_abandoned = 1; /* leaked rather than freed under running work */
+  if (d->pool_users > 0 && --d->pool_users == 0) pool_drop(c, d);
+}
+
+reshard_result_t rs_dev_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
+                                 rs_request **req) {
+  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
+  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host send on the %s transport", c->rank, c->ops->name);
+}
+
+reshard_result_t rs_dev_no_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
+                                 rs_request **req) {
+  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
+  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host receive on the %s transport", c->rank, c->ops->name);
+}
+
+reshard_result_t rs_dev_no_test(reshard_comm_t *c, rs_request *req, int *done) {
+  (void)req;
+  *done = 1;
+  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host test on the %s transport", c->rank, c->ops->name);
+}
+
+reshard_result_t rs_dev_no_wait(reshard_comm_t *c, rs_request *req, int64_t deadline) {
+  (void)req, (void)deadline;
+  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host wait on the %s transport", c->rank, c->ops->name);
+}
+
+void rs_dev_no_cancel(reshard_comm_t *c, rs_request *req) { (void)c, (void)req; }

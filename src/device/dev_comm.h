@@ -1,0 +1,73 @@
+/* What every device transport's communicator has (NCCL, CUDA IPC): the
+ * order of its executes, its staging pool and the polled wait on its GPU
+ * work, written once. A transport's state (comm->impl) starts with an
+ * rs_dev_comm, so that these functions serve as its stream_ops directly
+ * (transport/stream.h). No CUDA header here: events and streams are
+ * void *. */
+#ifndef RS_DEVICE_DEV_COMM_H
+#define RS_DEVICE_DEV_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+typedef struct rs_dev_comm_hooks {
+  const char *name; /* "NCCL", "CUDA IPC": in messages */
+  /* Never blocks: the communicator is usable (not poisoned, no
+   * asynchronous error). */
+  reshard_result_t (*health)(reshard_comm_t *c);
+  void (*poison)(reshard_comm_t *c);
+  /* The staging pool's memory (the transport's allocator: ncclMemAlloc,
+   * or cudaMalloc for memory that IPC can export). */
+  reshard_result_t (*pool_alloc)(reshard_comm_t *c, size_t bytes, void **out);
+  void (*pool_free)(reshard_comm_t *c, void *p);
+} rs_dev_comm_hooks;
+
+typedef struct rs_dev_comm {
+  const rs_dev_comm_hooks *hooks;
+  /* Executes of every plan on the communicator run one after another
+   * (they share the staging pool): the last one's end, recorded on its
+   * caller's stream (a cudaEvent_t), and its deadline. */
+  void *last_end;
+  int have_last;
+  int64_t last_deadline;
+  /* The staging pool, as large as the largest live plan needs; gen counts
+   * the pools so far. abandoned: a plan was destroyed while the GPU still
+   * ran its work (src/device/execute_device.c): the pool is never freed. */
+  void *pool;
+  size_t pool_bytes;
+  uint64_t pool_gen;
+  int pool_users, pool_abandoned;
+} rs_dev_comm;
+
+/* c->impl must start with the rs_dev_comm being set up. */
+reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h);
+/* Frees the pool (unless abandoned) and the event. */
+void rs_dev_comm_fini(reshard_comm_t *c);
+
+/* Waits for GPU work, a stream or (stream NULL) an event: polled, with the
+ * communicator's health between polls, until the deadline; past it the
+ * communicator is poisoned and TIMEOUT says `late`. */
+reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,
+                                  const char *late);
+
+/* stream_ops begin, end, drain, staging_acquire and staging_release. */
+reshard_result_t rs_dev_comm_begin(reshard_comm_t *c, void *stream, void **staging);
+reshard_result_t rs_dev_comm_end(reshard_comm_t *c, void *stream, int64_t deadline);
+reshard_result_t rs_dev_comm_drain(reshard_comm_t *c);
+reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes);
+void rs_dev_comm_staging_release(reshard_comm_t *c, int in_use);
+
+/* The host half of the seam (isend, irecv, test, wait, cancel) of a
+ * device transport: unreachable, since execute dispatches to the device
+ * executor; failing loudly (INTERNAL) rather than NULL. */
+reshard_result_t rs_dev_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
+                                 rs_request **req);
+reshard_result_t rs_dev_no_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
+                                 rs_request **req);
+reshard_result_t rs_dev_no_test(reshard_comm_t *c, rs_request *req, int *done);
+reshard_result_t rs_dev_no_wait(reshard_comm_t *c, rs_request *req, int64_t deadline);
+void rs_dev_no_cancel(reshard_comm_t *c, rs_request *req);
+
+#endif

@@ -1,0 +1,519 @@
+/* The CUDA IPC transport: stream-ordered transfers between the ranks of
+ * one node, ordered on the GPU (kernels/rs_ipc.h has the protocol), for
+ * the device executor. The host half of the seam goes to the host
+ * communicator it was bootstrapped over: plan agreement runs there.
+ *
+ * Windows and pools. Every rank's window (mailboxes, acknowledgements,
+ * the abort word) is exchanged once, at creation; its staging pool each
+ * time a plan is created (prepare_peers, collective), since a plan may
+ * have grown it. A peer in another process is mapped with
+ * cudaIpcOpenMemHandle; a peer in this process (ranks as threads) is
+ * used by address.
+ *
+ * Failure. Every wait is a kernel that gives up after the plan's timeout
+ * and closes the plan's gate (transport/stream.h). Poisoning writes the
+ * abort word of this rank's window and of every peer's, with copies (the
+ * copy engines run even while spinning kernels fill the SMs), so every
+ * partner's waits on this communicator give up at once. */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "device/dev_comm.h"
+#include "device/device.h"
+#include "kernels/rs_kernels.h"
+#include "reshard_cuda_ipc.h"
+#include "transport/stream.h"
+#include "transport/transport.h"
+
+/* One rank's record in an exchange, as words (an allreduce-max gathers
+ * them: every other rank contributes zeros). */
+enum { H_WORDS = sizeof(cudaIpcMemHandle_t) / 8 };
+typedef struct rec {
+  uint64_t pid, device, ptr, bytes, gen;
+  uint64_t handle[H_WORDS];
+} rec;
+#define REC_WORDS (sizeof(rec) / 8)
+_Static_assert(sizeof(cudaIpcMemHandle_t) % 8 == 0, "IPC handle size");
+
+typedef struct mapping {
+  unsigned char *base;
+  uint64_t gen;
+  int opened; /* cudaIpcOpenMemHandle (closed at the end) */
+} mapping;
+
+typedef struct rs_ipc {
+  rs_dev_comm dev; /* first (src/device/dev_comm.h) */
+  reshard_comm_t *host;
+  int device;
+  int poisoned;
+  uint32_t n;
+  unsigned char *win;     /* this rank's window */
+  mapping *win_of;        /* every rank's window as mapped here */
+  mapping *pool_of;       /* every rank's staging pool as mapped here */
+  uint64_t *send_seq, *recv_seq; /* messages posted to / expected from each peer */
+  uint64_t *d_words;      /* reduce_word: every rank's word (device) */
+  uint64_t *h_abort;      /* pinned: the poison value */
+  cudaStream_t ctl;       /* poisoning copies */
+  uint32_t *count;        /* group: messages per peer (scratch) */
+} rs_ipc;
+
+static reshard_result_t cu(cudaError_t e, const char *what, int rank) {
+  return e == cudaSuccess ? RESHARD_SUCCESS : rs_cuda_error(e, what, rank);
+}
+
+static reshard_result_t ipc_health(reshard_comm_t *c) {
+  rs_ipc *x = c->impl;
+  if (x->poisoned)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: reshard's CUDA IPC communicator was poisoned after an "
+                    "earlier failure (here or on a peer); destroy its plans and it, and create a new one",
+                    c->rank);
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t ipc_check(reshard_comm_t *c) {
+  rs_ipc *x = c->impl;
+  RS_CHECK(ipc_health(c));
+  int dev = -1;
+  RS_CHECK(cu(cudaGetDevice(&dev), "cudaGetDevice", c->rank));
+  if (dev != x->device)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the current CUDA device is device %d but the CUDA IPC "
+                    "communicator's is device %d; call cudaSetDevice(%d) before every reshard call on it",
+                    c->rank, dev, x->device, x->device);
+  return RESHARD_SUCCESS;
+}
+
+/* Sets the abort word of every window this rank has mapped (its own
+ * included): every wait on this communicator, here and on the peers, then
+ * gives up. Asynchronous copies from pinned memory; never blocks. */
+static void ipc_poison(reshard_comm_t *c) {
+  rs_ipc *x = c->impl;
+  if (x->poisoned) return;
+  x->poisoned = 1;
+  if (!x->win_of || !x->ctl) return;
+  for (uint32_t r = 0; r < x->n; r++)
+    if (x->win_of[r].base)
+      cudaMemcpyAsync(x->win_of[r].base + RS_IPC_ABORT_OFF, x->h_abort, 8, cudaMemcpyHostToDevice, x->ctl);
+}
+
+/* The wait of a kernel: the plan's remaining time (at least 1 ms), the
+ * window's abort word, the plan's gate. */
+static rs_ipc_wait wait_of(rs_ipc *x, int64_t deadline, void *gate) {
+  int64_t left = deadline == RS_NO_DEADLINE ? INT64_MAX / 2 : deadline - rs_now_ns();
+  if (left < 1000000) left = 1000000;
+  return (rs_ipc_wait){(uint64_t *)(x->win + RS_IPC_ABORT_OFF), gate, (uint64_t)left};
+}
+
+/* Launches the operations of one kind in batches of RS_IPC_MAX_OPS. */
+enum { L_POST, L_PULL, L_ACK, L_ACKED };
+static reshard_result_t launch(reshard_comm_t *c, const rs_ipc_op *ops, size_t n, int kind, rs_ipc_wait w,
+                               cudaStream_t s) {
+  for (size_t i = 0; i < n; i += RS_IPC_MAX_OPS) {
+    rs_ipc_batch b;
+    memset(&b, 0, sizeof b);
+    b.n = (uint32_t)(n - i < RS_IPC_MAX_OPS ? n - i : RS_IPC_MAX_OPS);
+    memcpy(b.op, ops + i, b.n * sizeof *ops);
+    int e = 0;
+    if (kind == L_POST) e = rs_cuda_ipc_post(&b, s);
+    if (kind == L_ACK) e = rs_cuda_ipc_ack(&b, s);
+    if (kind == L_ACKED) e = rs_cuda_ipc_acked(&b, w, s);
+    if (kind == L_PULL) {
+      /* enough blocks per receive to spread a large message over the
+       * GPU (a block per 256 KiB), but not many more blocks than SMs in
+       * all when the batch has many receives */
+      uint64_t most = 0;
+      for (uint32_t k = 0; k < b.n; k++)
+        if (b.op[k].bytes > most) most = b.op[k].bytes;
+      uint64_t blocks = (most + (256u << 10) - 1) / (256u << 10);
+      uint64_t cap = 256 / b.n;
+      if (blocks > cap) blocks = cap;
+      if (blocks < 1) blocks = 1;
+      e = rs_cuda_ipc_pull(&b, w, (unsigned)blocks, s);
+    }
+    if (e) return rs_cuda_error(e, "CUDA IPC kernel launch", c->rank);
+  }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t nops, void *stream, int64_t deadline,
+                                  void *gate) {
+  rs_ipc *x = c->impl;
+  if (nops == 0) return RESHARD_SUCCESS;
+  RS_CHECK(ipc_health(c));
+  rs_ipc_op *send = calloc(nops, sizeof *send), *recv = calloc(nops, sizeof *recv);
+  if (!send || !recv) {
+    free(send);
+    free(recv);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  }
+  reshard_result_t r = RESHARD_SUCCESS;
+  size_t ns = 0, nr = 0;
+  memset(x->count, 0, 2 * x->n * sizeof *x->count);
+  const unsigned char *pool = x->dev.pool;
+  for (size_t i = 0; i < nops && !r; i++) {
+    const rs_p2p *o = &ops[i];
+    uint32_t peer = (uint32_t)o->peer;
+    if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank) {
+      r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)", c->rank,
+                   o->peer);
+      break;
+    }
+    /* a slot is reused RS_IPC_RING messages later (kernels/rs_ipc.h) */
+    if (++x->count[2 * peer + (uint32_t)o->is_recv] > RS_IPC_RING) {
+      r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: more than %u messages with rank %d in one group", c->rank,
+                   RS_IPC_RING, o->peer);
+      break;
+    }
+    if (!o->is_recv) {
+      const unsigned char *b = o->buf;
+      if (o->bytes > RS_IPC_INLINE && (!pool || b < pool || b + o->bytes > pool + x->dev.pool_bytes)) {
+        r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a send of %llu bytes to rank %d from outside the staging pool",
+                     c->rank, (unsigned long long)o->bytes, o->peer);
+        break;
+      }
+      uint64_t seq = x->send_seq[peer] + 1;
+      send[ns++] = (rs_ipc_op){
+          .slot = (rs_ipc_slot *)(x->win_of[peer].base + rs_ipc_slot_off(x->n, (uint32_t)c->rank, seq)),
+          .buf = o->buf,
+          .ack = (uint64_t *)(x->win + rs_ipc_ack_off(peer)),
+          .seq = seq,
+          .bytes = o->bytes,
+          .off = o->bytes > RS_IPC_INLINE ? (uint64_t)(b - pool) : 0,
+          .peer = o->peer};
+    } else {
+      uint64_t seq = x->recv_seq[peer] + 1;
+      recv[nr++] = (rs_ipc_op){
+          .slot = (rs_ipc_slot *)(x->win + rs_ipc_slot_off(x->n, peer, seq)),
+          .buf = o->buf,
+          .pool = x->pool_of[peer].base,
+          .ack = (uint64_t *)(x->win_of[peer].base + rs_ipc_ack_off((uint32_t)c->rank)),
+          .seq = seq,
+          .bytes = o->bytes,
+          .peer = o->peer};
+    }
+    /* counted once the operation is valid: a refused group enqueues
+     * nothing, and poisons the communicator anyway */
+    if (o->is_recv) x->recv_seq[peer]++;
+    else x->send_seq[peer]++;
+  }
+  /* Every send is posted before anything waits (see kernels/rs_ipc.h). */
+  rs_ipc_wait w = wait_of(x, deadline, gate);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (!r) r = launch(c, send, ns, L_POST, w, s);
+  if (!r) r = launch(c, recv, nr, L_PULL, w, s);
+  if (!r) r = launch(c, recv, nr, L_ACK, w, s);
+  if (!r) r = launch(c, send, ns, L_ACKED, w, s);
+  free(send);
+  free(recv);
+  return r;
+}
+
+/* Every rank's word to every other, then their max: the agreement's
+ * verdict in relay plans (8-byte messages travel in the mailboxes). */
+static reshard_result_t ipc_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline,
+                                        void *gate) {
+  rs_ipc *x = c->impl;
+  if (c->size == 1) return RESHARD_SUCCESS;
+  rs_p2p *ops = calloc(2 * (size_t)c->size, sizeof *ops);
+  if (!ops) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  size_t k = 0;
+  for (int r = 0; r < c->size; r++) {
+    if (r == c->rank) continue;
+    ops[k++] = (rs_p2p){r, 0, word, 8};
+    ops[k++] = (rs_p2p){r, 1, x->d_words + r, 8};
+  }
+  reshard_result_t res = ipc_group(c, ops, k, stream, deadline, gate);
+  free(ops);
+  if (res) return res;
+  int e = rs_cuda_ipc_max(x->d_words, x->n, word, stream);
+  if (e) return rs_cuda_error(e, "CUDA IPC reduction launch", c->rank);
+  return RESHARD_SUCCESS;
+}
+
+/* Gathers every rank's record over the host communicator (an
+ * allreduce-max of RS_AGREE_MAX_WORDS at a time). */
+static reshard_result_t exchange(reshard_comm_t *c, const rec *mine, rec *all) {
+  rs_ipc *x = c->impl;
+  size_t total = (size_t)x->n * REC_WORDS;
+  uint64_t *w = calloc(total, 8);
+  if (!w) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  memcpy(w + (size_t)c->rank * REC_WORDS, mine, sizeof *mine);
+  int64_t deadline = rs_deadline_after_ms(60000);
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (size_t at = 0; at < total && !r; at += RS_AGREE_MAX_WORDS) {
+    size_t k = total - at < RS_AGREE_MAX_WORDS ? total - at : RS_AGREE_MAX_WORDS;
+    r = x->host->ops->allreduce_max_u64(x->host, w + at, (int)k, deadline);
+  }
+  if (!r) memcpy(all, w, total * 8);
+  free(w);
+  return r;
+}
+
+/* This rank's record of an allocation (NULL: none). */
+static reshard_result_t record(reshard_comm_t *c, void *p, size_t bytes, uint64_t gen, rec *out) {
+  rs_ipc *x = c->impl;
+  memset(out, 0, sizeof *out);
+  out->pid = (uint64_t)getpid();
+  out->device = (uint64_t)x->device;
+  out->ptr = (uint64_t)(uintptr_t)p;
+  out->bytes = bytes;
+  out->gen = gen;
+  if (!p) return RESHARD_SUCCESS;
+  cudaIpcMemHandle_t h;
+  RS_CHECK(cu(cudaIpcGetMemHandle(&h, p), "cudaIpcGetMemHandle", c->rank));
+  memcpy(out->handle, &h, sizeof h);
+  return RESHARD_SUCCESS;
+}
+
+static void unmap(mapping *m) {
+  if (m->opened && m->base) cudaIpcCloseMemHandle(m->base);
+  memset(m, 0, sizeof *m);
+}
+
+/* Maps rank r's allocation described by its record (unless mapped at
+ * that generation already). */
+static reshard_result_t map(reshard_comm_t *c, int r, const rec *e, mapping *m, const char *what) {
+  if (m->base && m->gen == e->gen && (uintptr_t)m->base == e->ptr) return RESHARD_SUCCESS;
+  unmap(m);
+  if (!e->ptr) return RESHARD_SUCCESS;
+  if (e->pid == (uint64_t)getpid()) {
+    /* a rank of this process (threads): its address is valid here */
+    m->base = (unsigned char *)(uintptr_t)e->ptr;
+  } else {
+    cudaIpcMemHandle_t h;
+    memcpy(&h, e->handle, sizeof h);
+    void *p = NULL;
+    cudaError_t ce = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (ce)
+      return rs_error(RESHARD_ERROR_BACKEND, "rank %d: mapping rank %d's %s (its device %llu, process %llu) with "
+                      "cudaIpcOpenMemHandle failed: %s (%s); every rank must be on this node, see the same GPUs and "
+                      "share the IPC namespace (docker --ipc=host)", c->rank, r, what,
+                      (unsigned long long)e->device, (unsigned long long)e->pid, cudaGetErrorName(ce),
+                      cudaGetErrorString(ce));
+    m->base = p;
+    m->opened = 1;
+  }
+  m->gen = e->gen;
+  return RESHARD_SUCCESS;
+}
+
+/* Exchanges the staging pools (collective: every rank calls it at every
+ * plan creation) and maps those that changed. A rank that failed still
+ * takes part, so that nobody waits for it. */
+static reshard_result_t exchange_pools(reshard_comm_t *c) {
+  rs_ipc *x = c->impl;
+  rec mine, *all = calloc(x->n, sizeof *all);
+  if (!all) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  reshard_result_t r = record(c, x->dev.pool, x->dev.pool_bytes, x->dev.pool_gen, &mine);
+  if (r) memset(&mine, 0, sizeof mine);
+  reshard_result_t rx = exchange(c, &mine, all);
+  if (!r) r = rx;
+  int changed = 0;
+  for (uint32_t k = 0; !r && k < x->n; k++)
+    changed |= k != (uint32_t)c->rank && (x->pool_of[k].gen != all[k].gen || (uintptr_t)x->pool_of[k].base != all[k].ptr);
+  /* nothing of this rank's may still read a pool being unmapped */
+  if (!r && changed) r = rs_dev_comm_drain(c);
+  for (uint32_t k = 0; !r && k < x->n; k++) {
+    if (k == (uint32_t)c->rank) {
+      x->pool_of[k] = (mapping){x->dev.pool, x->dev.pool_gen, 0};
+      continue;
+    }
+    r = map(c, (int)k, &all[k], &x->pool_of[k], "staging pool");
+  }
+  free(all);
+  return r;
+}
+
+static reshard_result_t ipc_prepare_peers(reshard_plan_t *p) {
+  reshard_result_t r = exchange_pools(p->comm);
+  if (r) {
+    rs_error_prefix("plan_create rank %d (mapping the peers' staging): ", p->comm->rank);
+    return r;
+  }
+  return rs_device_prepare_peers(p);
+}
+
+static reshard_result_t ipc_pool_alloc(reshard_comm_t *c, size_t bytes, void **out) {
+  cudaError_t ce = cudaMalloc(out, bytes);
+  if (ce == cudaErrorMemoryAllocation)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: cudaMalloc of %zu bytes of staging failed", c->rank, bytes);
+  return cu(ce, "cudaMalloc(staging)", c->rank);
+}
+
+static void ipc_pool_free(reshard_comm_t *c, void *p) {
+  (void)c;
+  cudaFree(p);
+}
+
+static reshard_result_t ipc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64_t deadline) {
+  rs_ipc *x = c->impl;
+  return x->host->ops->allreduce_max_u64(x->host, vals, n, deadline);
+}
+
+static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
+  for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
+  for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
+  rs_dev_comm_fini(c);
+  if (x->ctl) {
+    /* poison copies may still be in flight from h_abort */
+    cudaStreamSynchronize(x->ctl);
+    cudaStreamDestroy(x->ctl);
+  }
+  if (x->h_abort) cudaFreeHost(x->h_abort);
+  if (x->d_words) cudaFree(x->d_words);
+  if (x->win) cudaFree(x->win);
+  free(x->win_of);
+  free(x->pool_of);
+  free(x->send_seq);
+  free(x->recv_seq);
+  free(x->count);
+}
+
+static void ipc_destroy(reshard_comm_t *c) {
+  rs_ipc *x = c->impl;
+  if (!x) return;
+  /* This rank's last execute may still use the windows: wait for it
+   * until its deadline, poisoned or not (past it, poison: the waits give
+   * up, and the work ends soon after). */
+  if (x->dev.have_last) {
+    int64_t deadline = x->dev.last_deadline;
+    for (unsigned spin = 0; cudaEventQuery((cudaEvent_t)x->dev.last_end) == cudaErrorNotReady; spin++) {
+      if (rs_now_ns() > deadline) {
+        if (x->poisoned) break;
+        ipc_poison(c);
+        deadline = rs_deadline_after_ms(1000);
+      }
+      rs_nap(spin);
+    }
+  }
+  /* A peer's failed call may still post into this window: no rank frees
+   * its window before every rank got here (collective, with a deadline:
+   * a rank that died does not hold the others). */
+  uint64_t here = 0;
+  x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
+  ipc_release(c, x);
+  free(x);
+  c->impl = NULL;
+}
+
+static const rs_dev_comm_hooks rs_ipc_hooks = {
+    .name = "CUDA IPC",
+    .health = ipc_health,
+    .poison = ipc_poison,
+    .pool_alloc = ipc_pool_alloc,
+    .pool_free = ipc_pool_free,
+};
+
+static const rs_stream_ops rs_ipc_stream_ops = {
+    .execute = rs_device_execute,
+    .prepare_local = rs_device_prepare_local,
+    .prepare_peers = ipc_prepare_peers,
+    .group = ipc_group,
+    .reduce_word = ipc_reduce_word,
+    .staging_acquire = rs_dev_comm_staging_acquire,
+    .staging_release = rs_dev_comm_staging_release,
+    .begin = rs_dev_comm_begin,
+    .end = rs_dev_comm_end,
+    .drain = rs_dev_comm_drain,
+    .check = ipc_check,
+    .poll = rs_device_poll,
+    .poison = ipc_poison,
+};
+
+static const rs_transport_ops rs_ipc_ops = {
+    .name = "cuda_ipc",
+    .isend = rs_dev_no_isend,
+    .irecv = rs_dev_no_irecv,
+    .test = rs_dev_no_test,
+    .wait = rs_dev_no_wait,
+    .cancel = rs_dev_no_cancel,
+    .allreduce_max_u64 = ipc_allreduce,
+    .destroy = ipc_destroy,
+    .stream_ops = &rs_ipc_stream_ops,
+};
+
+/* This rank's part of creation (local failures only). */
+static reshard_result_t setup(reshard_comm_t *c, rs_ipc *x) {
+  RS_CHECK(cu(cudaGetDevice(&x->device), "cudaGetDevice", c->rank));
+  x->win_of = calloc(x->n, sizeof *x->win_of);
+  x->pool_of = calloc(x->n, sizeof *x->pool_of);
+  x->send_seq = calloc(x->n, sizeof *x->send_seq);
+  x->recv_seq = calloc(x->n, sizeof *x->recv_seq);
+  x->count = calloc(2 * (size_t)x->n, sizeof *x->count);
+  if (!x->win_of || !x->pool_of || !x->send_seq || !x->recv_seq || !x->count)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  RS_CHECK(rs_dev_comm_init(c, &rs_ipc_hooks));
+  uint64_t wb = rs_ipc_window_bytes(x->n);
+  cudaError_t ce = cudaMalloc((void **)&x->win, wb);
+  if (!ce) ce = cudaMemset(x->win, 0, wb);
+  if (!ce) ce = cudaMalloc((void **)&x->d_words, 8 * (size_t)x->n);
+  if (!ce) ce = cudaMemset(x->d_words, 0, 8 * (size_t)x->n);
+  if (!ce) ce = cudaMallocHost((void **)&x->h_abort, 8);
+  if (!ce) ce = cudaStreamCreateWithFlags(&x->ctl, cudaStreamNonBlocking);
+  if (!ce) ce = cudaDeviceSynchronize(); /* the windows are zero before any peer writes them */
+  if (ce) return rs_cuda_error(ce, "comm_create_cuda_ipc: CUDA setup", c->rank);
+  *x->h_abort = RS_IPC_ABORTED;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_comm_create_cuda_ipc(reshard_comm_t *host, reshard_comm_t **out) {
+  rs_error_clear();
+  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_cuda_ipc: out is NULL");
+  *out = NULL;
+  if (!host || !host->ops) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_cuda_ipc: host is NULL");
+  if (host->ops->stream_ops)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_cuda_ipc: host must be a host communicator (MPI, "
+                    "in-process), not '%s'", host->ops->name);
+  reshard_comm_t *c = calloc(1, sizeof *c);
+  rs_ipc *x = calloc(1, sizeof *x);
+  if (!c || !x) {
+    free(c);
+    free(x);
+    /* the others must not wait for this rank: it still takes part in
+     * both agreements below */
+    for (int stage = 0; stage < 2; stage++) {
+      uint64_t v = 1;
+      host->ops->allreduce_max_u64(host, &v, 1, rs_deadline_after_ms(60000));
+    }
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_cuda_ipc: out of memory");
+  }
+  c->rank = host->rank;
+  c->size = host->size;
+  c->impl = x;
+  x->host = host;
+  x->n = (uint32_t)host->size;
+  reshard_result_t r = setup(c, x);
+  /* Every rank learns whether any failed, before the exchange and after
+   * the mapping: either all get a communicator or none does. */
+  for (int stage = 0; stage < 2; stage++) {
+    if (stage == 1 && !r) {
+      rec mine, *all = calloc(x->n, sizeof *all);
+      r = all ? record(c, x->win, rs_ipc_window_bytes(x->n), 1, &mine)
+              : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_cuda_ipc: out of memory");
+      if (!r) r = exchange(c, &mine, all);
+      for (uint32_t k = 0; !r && k < x->n; k++) {
+        if (k == (uint32_t)c->rank) x->win_of[k] = (mapping){x->win, 1, 0};
+        else r = map(c, (int)k, &all[k], &x->win_of[k], "mailbox window");
+      }
+      free(all);
+    }
+    uint64_t bad = r != RESHARD_SUCCESS;
+    reshard_result_t ra = host->ops->allreduce_max_u64(host, &bad, 1, rs_deadline_after_ms(60000));
+    if (!r && ra) r = ra;
+    else if (!r && bad)
+      r = rs_error(RESHARD_ERROR_REMOTE, "comm_create_cuda_ipc rank %d: another rank failed to create its "
+                   "communicator", c->rank);
+  }
+  if (r) {
+    ipc_release(c, x);
+    free(x);
+    free(c);
+    return r;
+  }
+  c->ops = &rs_ipc_ops;
+  *out = c;
+  return RESHARD_SUCCESS;
+}

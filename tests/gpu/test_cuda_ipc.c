@@ -1,0 +1,474 @@
+/* The CUDA IPC transport (issue 16) against the emulated device
+ * (mock_device.h): ranks as threads that the transport takes for
+ * processes (cudaIpcOpenMemHandle maps every peer), bootstrapped over the
+ * in-process host communicator. The protocol's kernels (kernels/rs_ipc.h)
+ * run as the very code the GPU runs, their spins as steps with the same
+ * timeouts and abort word.
+ *
+ * Every test that moves data checks every destination byte with the
+ * public self-test (values from global coordinates, the bytes around
+ * fragments untouched), and no test may hang (the emulation cuts a host
+ * wait that could never end and counts it). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include <cuda_runtime.h>
+
+#include "gpu/mock_device.h"
+#include "plan/relay.h"
+#include "reshard.h"
+#include "reshard_cuda_ipc.h"
+#include "reshard_selftest.h"
+#include "support/random_layout.h"
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------ worlds */
+
+typedef struct ipc_rank ipc_rank;
+typedef void (*ipc_fn)(ipc_rank *r);
+
+struct ipc_rank {
+  int rank, n;
+  reshard_inproc_world_t *host_world;
+  void *ctx;
+  ipc_fn fn;
+  int failed;
+  char why[512];
+  int64_t wrong;
+};
+
+#define RFAIL(r, ...)                                                   \
+  do {                                                                  \
+    if (!(r)->failed) snprintf((r)->why, sizeof (r)->why, __VA_ARGS__); \
+    (r)->failed = 1;                                                    \
+  } while (0)
+
+static void *thread_main(void *p) {
+  ipc_rank *r = p;
+  mock_reset(r->rank, r->n);
+  M.log_off = 1;
+  r->fn(r);
+  if (M.mem || M.streams || M.events)
+    RFAIL(r, "leaked %ld allocations, %ld streams, %ld events", M.mem, M.streams, M.events);
+  return NULL;
+}
+
+/* Runs fn on n rank threads; fails the test on a failed rank, a hang, or
+ * a mapping left open. */
+static void run_world(int n, ipc_fn fn, void *ctx) {
+  mock_world_begin(n, 0);
+  world.hang_ms = 4000;
+  reshard_inproc_world_t *hw = NULL;
+  assert_int_equal(reshard_inproc_world_create(n, &hw), 0);
+  ipc_rank r[MAXR];
+  pthread_t th[MAXR];
+  for (int i = 0; i < n; i++) {
+    r[i] = (ipc_rank){.rank = i, .n = n, .host_world = hw, .ctx = ctx, .fn = fn};
+    pthread_create(&th[i], NULL, thread_main, &r[i]);
+  }
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+  long hangs = world.hangs, mapped = world.ipc_mapped;
+  mock_world_end();
+  world.hang_ms = 3000;
+  reshard_inproc_world_destroy(hw);
+  for (int i = 0; i < n; i++)
+    if (r[i].failed) fail_msg("rank %d: %s", i, r[i].why);
+  if (hangs || mapped) fail_msg("%ld hangs, %ld IPC mappings left open", hangs, mapped);
+}
+
+/* This rank's host and IPC communicators (NULL after RFAIL). */
+static reshard_comm_t *open_ipc(ipc_rank *r, reshard_comm_t **host) {
+  *host = NULL;
+  if (reshard_comm_create_inproc(r->host_world, r->rank, host)) {
+    RFAIL(r, "inproc: %s", reshard_last_error());
+    return NULL;
+  }
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_cuda_ipc(*host, &c)) {
+    RFAIL(r, "comm_create_cuda_ipc: %s", reshard_last_error());
+    reshard_comm_destroy(*host);
+    *host = NULL;
+    return NULL;
+  }
+  return c;
+}
+
+static void close_ipc(reshard_comm_t *c, reshard_comm_t *host) {
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+/* A plan's layouts and this rank's buffers. */
+typedef struct ipc_plan {
+  reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  reshard_selftest_t s, d;
+  unsigned char **before; /* copies of d's buffers (untouched checks) */
+} ipc_plan;
+
+/* All n ranks exchange one rows x cols fp32 tensor: rows sharded over
+ * the ranks on the source, columns over them in reverse on the
+ * destination. */
+static void layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t shape[2] = {rows, cols};
+  int t, m, b, sn[1] = {n}, ranks[MAXR], rev[MAXR];
+  for (int i = 0; i < n; i++) ranks[i] = i, rev[i] = n - 1 - i;
+  reshard_placement_t p0[1] = {reshard_shard(0)}, p1[1] = {reshard_shard(1)};
+  assert_int_equal(reshard_layout_create(src), 0);
+  assert_int_equal(reshard_layout_create(dst), 0);
+  assert_int_equal(reshard_layout_add_tensor(*src, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_tensor(*dst, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(*src, 1, sn, ranks, &m), 0);
+  assert_int_equal(reshard_layout_place(*src, t, m, p0, &b), 0);
+  assert_int_equal(reshard_layout_add_mesh(*dst, 1, sn, rev, &m), 0);
+  assert_int_equal(reshard_layout_place(*dst, t, m, p1, &b), 0);
+}
+
+static reshard_result_t make_plan(reshard_comm_t *c, ipc_plan *p, int n, int64_t rows, size_t staging,
+                                  int64_t timeout_ms, int rank) {
+  memset(p, 0, sizeof *p);
+  layouts_all(n, rows, 32 * (int64_t)n, &p->src, &p->dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = staging;
+  o.timeout_ms = timeout_ms;
+  reshard_result_t e = reshard_plan_create(c, p->src, p->dst, &o, &p->plan);
+  if (e) return e;
+  if (reshard_selftest_alloc(&p->d, p->dst, rank, -1)) return RESHARD_ERROR_OUT_OF_MEMORY;
+  p->before = calloc((size_t)p->d.nbuf + 1, sizeof *p->before);
+  for (int b = 0; b < p->d.nbuf; b++)
+    if (p->d.ptr[b]) {
+      p->before[b] = malloc(p->d.bytes[b]);
+      memcpy(p->before[b], p->d.ptr[b], p->d.bytes[b]);
+    }
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t run_plan(ipc_plan *p, int rank, int step) {
+  reshard_selftest_free(&p->s);
+  if (reshard_selftest_alloc(&p->s, p->src, rank, step)) return RESHARD_ERROR_OUT_OF_MEMORY;
+  return reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                              (size_t)p->d.nbuf, NULL);
+}
+
+/* Bytes of the destination buffers that differ from before any execute. */
+static long changed_bytes(const ipc_plan *p) {
+  long n = 0;
+  for (int b = 0; b < p->d.nbuf; b++)
+    for (size_t i = 0; p->d.ptr[b] && i < p->d.bytes[b]; i++) n += p->d.ptr[b][i] != p->before[b][i];
+  return n;
+}
+
+static void free_plan(ipc_plan *p) {
+  reshard_plan_destroy(p->plan);
+  for (int b = 0; p->before && b < p->d.nbuf; b++) free(p->before[b]);
+  free(p->before);
+  reshard_selftest_free(&p->s);
+  reshard_selftest_free(&p->d);
+  reshard_layout_destroy(p->src);
+  reshard_layout_destroy(p->dst);
+}
+
+/* Polls reshard_plan_get_status until the plan failed or `ms` passed. */
+static reshard_plan_status_t wait_failed(const reshard_plan_t *plan, int ms) {
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  int64_t t0 = ms_now();
+  while (ms_now() - t0 < ms) {
+    reshard_plan_get_status(plan, &st);
+    if (st.failed) break;
+    mock_stream_drain(NULL);
+  }
+  return st;
+}
+
+/* ------------------------------------------------------------ tests */
+
+/* Random layout pairs over a world of IPC ranks: staging offsets,
+ * halves, rounds, relays and local copies move every destination byte
+ * right, through mailboxes and pulls from the peers' pools. */
+typedef struct rand_ctx {
+  const rl_pair *pair;
+  size_t staging;
+  int relay;
+  const char *topology;
+} rand_ctx;
+
+static void random_rank(ipc_rank *r) {
+  const rand_ctx *x = r->ctx;
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = x->staging;
+  o.timeout_ms = 20000;
+  o.relay = x->relay;
+  o.topology = x->topology;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    close_ipc(c, host);
+    return;
+  }
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&d, x->pair->dst, r->rank, -1)) RFAIL(r, "selftest alloc");
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    if (reshard_selftest_alloc(&s, x->pair->src, r->rank, step)) {
+      RFAIL(r, "selftest alloc");
+      break;
+    }
+    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                              (size_t)d.nbuf, NULL);
+    if (e) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check(&d, x->pair->dst, r->rank, (uint64_t)step, "ipc world");
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    reshard_plan_get_status(plan, &st);
+    if (st.failed) RFAIL(r, "status: %s", st.failure_message);
+    reshard_selftest_free(&s);
+  }
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  close_ipc(c, host);
+}
+
+static void random_worlds(void **state) {
+  (void)state;
+  /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 104729) */
+  const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  int iters = ei ? atoi(ei) : 120, it0 = ef ? atoi(ef) : 0;
+  long delivered0 = world.delivered;
+  for (int it = it0; it < it0 + iters; it++) {
+    uint64_t seed = seed0 + (uint64_t)it * 104729;
+    rl_pair pair;
+    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    assert_true(pair.nranks <= MAXR);
+    int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
+    rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
+                  it % 4 == 3 ? "h100-8x400g" : NULL};
+    rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
+    /* run_world's failure message, with the seed first */
+    mock_world_begin(pair.nranks, 0);
+    world.hang_ms = 4000;
+    reshard_inproc_world_t *hw = NULL;
+    assert_int_equal(reshard_inproc_world_create(pair.nranks, &hw), 0);
+    ipc_rank r[MAXR];
+    pthread_t th[MAXR];
+    for (int i = 0; i < pair.nranks; i++) {
+      r[i] = (ipc_rank){.rank = i, .n = pair.nranks, .host_world = hw, .ctx = &x, .fn = random_rank};
+      pthread_create(&th[i], NULL, thread_main, &r[i]);
+    }
+    int64_t wrong = 0;
+    int failed = -1;
+    for (int i = 0; i < pair.nranks; i++) {
+      pthread_join(th[i], NULL);
+      wrong += r[i].wrong;
+      if (r[i].failed && failed < 0) failed = i;
+    }
+    long hangs = world.hangs, mapped = world.ipc_mapped;
+    mock_world_end();
+    reshard_inproc_world_destroy(hw);
+    if (wrong || failed >= 0 || hangs || mapped) {
+      rl_pair_print(&pair, stderr);
+      fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %ld hangs, %ld mappings open%s%s",
+               (unsigned long long)seed, pair.nranks, x.staging, relay, (long long)wrong, hangs, mapped,
+               failed >= 0 ? "; first failed rank: " : "", failed >= 0 ? r[failed].why : "");
+    }
+    rl_pair_free(&pair);
+  }
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  world.hang_ms = 3000;
+  printf("random IPC worlds: %ld messages pulled\n", world.delivered - delivered0);
+  if (iters >= 100) assert_true(world.delivered - delivered0 > 300);
+}
+
+/* Plans of growing staging on one communicator: each plan creation
+ * re-exchanges the pools that grew (a peer's old mapping is closed), and
+ * the older plan keeps working on the new pool. */
+static void regrow_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan a, b;
+  if (make_plan(c, &a, r->n, 64, 4096, 5000, r->rank)) RFAIL(r, "plan a: %s", reshard_last_error());
+  if (!r->failed && run_plan(&a, r->rank, 0)) RFAIL(r, "execute a: %s", reshard_last_error());
+  if (!r->failed && make_plan(c, &b, r->n, 96, 1 << 16, 5000, r->rank)) RFAIL(r, "plan b: %s", reshard_last_error());
+  for (int step = 1; step < 4 && !r->failed; step++) {
+    ipc_plan *p = step % 2 ? &b : &a;
+    if (run_plan(p, r->rank, step)) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check(&p->d, p->dst, r->rank, (uint64_t)step, "regrow");
+  }
+  if (r->wrong) RFAIL(r, "%lld wrong elements", (long long)r->wrong);
+  free_plan(&a);
+  free_plan(&b);
+  close_ipc(c, host);
+}
+
+static void pools_regrow(void **state) {
+  (void)state;
+  run_world(4, regrow_rank, NULL);
+}
+
+/* A rank that never runs its execute: its partners' waits on the GPU
+ * give up at the plan's timeout (no host wait anywhere), the agreement's
+ * gate closes before any unpack, so no destination byte is written, and
+ * reshard_plan_get_status reports TIMEOUT naming the absent rank. */
+static void absent_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 300, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+  } else if (r->rank != 2) {
+    int64_t t0 = ms_now();
+    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+    reshard_plan_status_t st = wait_failed(p.plan, 3000);
+    int64_t dt = ms_now() - t0;
+    if (!st.failed || st.failure != RESHARD_ERROR_TIMEOUT)
+      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+    else if (!strstr(st.failure_message, "rank 2"))
+      RFAIL(r, "the message does not name rank 2: %s", st.failure_message);
+    if (dt > 2000) RFAIL(r, "the failure took %lld ms (timeout 300 ms)", (long long)dt);
+    long ch = changed_bytes(&p);
+    if (ch) RFAIL(r, "%ld destination bytes written", ch);
+    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
+                             (size_t)p.d.nbuf, NULL) == RESHARD_SUCCESS)
+      RFAIL(r, "the failed plan executed again");
+  }
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+static void absent_partner_times_out(void **state) {
+  (void)state;
+  run_world(3, absent_rank, NULL);
+}
+
+/* A rank's execute is refused (the wrong current device): it poisons the
+ * communicator, on its peers too (their windows' abort words), so their
+ * waits give up long before their 10 s timeout, with REMOTE. */
+static void refused_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 10000, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+  } else if (r->rank == 1) {
+    M.device = 1;
+    reshard_result_t e = run_plan(&p, r->rank, 0);
+    if (e != RESHARD_ERROR_INVALID_USAGE) RFAIL(r, "execute gave %s", reshard_result_string(e));
+    M.device = 0;
+  } else {
+    int64_t t0 = ms_now();
+    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+    reshard_plan_status_t st = wait_failed(p.plan, 5000);
+    int64_t dt = ms_now() - t0;
+    if (!st.failed || st.failure != RESHARD_ERROR_REMOTE)
+      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+    if (dt > 3000) RFAIL(r, "the failure took %lld ms: the poison did not reach this rank", (long long)dt);
+    long ch = changed_bytes(&p);
+    if (ch) RFAIL(r, "%ld destination bytes written", ch);
+  }
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+static void poison_reaches_partners(void **state) {
+  (void)state;
+  run_world(3, refused_rank, NULL);
+}
+
+/* A rank one weight version ahead: the agreement on the device fails on
+ * its partners (MISMATCH naming both versions), nothing is written. */
+static void version_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+  } else {
+    if (r->rank == 1) M.tamper_version = 1;
+    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+    reshard_plan_status_t st = wait_failed(p.plan, 3000);
+    if (!st.failed || (st.failure != RESHARD_ERROR_MISMATCH && st.failure != RESHARD_ERROR_REMOTE))
+      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+    long ch = changed_bytes(&p);
+    if (ch) RFAIL(r, "%ld destination bytes written", ch);
+  }
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+static void version_mismatch_writes_nothing(void **state) {
+  (void)state;
+  run_world(3, version_rank, NULL);
+}
+
+/* A rank cannot map a peer's window: creation fails on every rank
+ * (BACKEND naming the peer there, REMOTE elsewhere), nothing leaks, no
+ * mapping stays open. */
+static void open_fail_rank(ipc_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (reshard_comm_create_inproc(r->host_world, r->rank, &host)) {
+    RFAIL(r, "inproc: %s", reshard_last_error());
+    return;
+  }
+  if (r->rank == 2) M.fail_ipc_open = 1;
+  reshard_result_t e = reshard_comm_create_cuda_ipc(host, &c);
+  reshard_result_t want = r->rank == 2 ? RESHARD_ERROR_BACKEND : RESHARD_ERROR_REMOTE;
+  if (e != want || c) RFAIL(r, "create gave %s (%s)", reshard_result_string(e), reshard_last_error());
+  if (r->rank == 2 && !strstr(reshard_last_error(), "cudaIpcOpenMemHandle"))
+    RFAIL(r, "the message does not say what failed: %s", reshard_last_error());
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static void map_failure_fails_creation(void **state) {
+  (void)state;
+  run_world(3, open_fail_rank, NULL);
+}
+
+/* Bad arguments: no host communicator, a device communicator as host. */
+static void bad_arguments(void **state) {
+  (void)state;
+  mock_reset(0, 1);
+  reshard_comm_t *c = (reshard_comm_t *)0x1;
+  assert_int_equal(reshard_comm_create_cuda_ipc(NULL, &c), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_null(c);
+  assert_int_equal(reshard_comm_create_cuda_ipc(NULL, NULL), RESHARD_ERROR_INVALID_ARGUMENT);
+  reshard_inproc_world_t *hw = NULL;
+  reshard_comm_t *host = NULL, *ipc = NULL, *again = NULL;
+  assert_int_equal(reshard_inproc_world_create(1, &hw), 0);
+  assert_int_equal(reshard_comm_create_inproc(hw, 0, &host), 0);
+  assert_int_equal(reshard_comm_create_cuda_ipc(host, &ipc), 0);
+  assert_int_equal(reshard_comm_create_cuda_ipc(ipc, &again), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "cuda_ipc"));
+  reshard_comm_destroy(ipc);
+  reshard_comm_destroy(host);
+  reshard_inproc_world_destroy(hw);
+  assert_int_equal(M.mem, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(bad_arguments),
+      cmocka_unit_test(map_failure_fails_creation),
+      cmocka_unit_test(pools_regrow),
+      cmocka_unit_test(absent_partner_times_out),
+      cmocka_unit_test(poison_reaches_partners),
+      cmocka_unit_test(version_mismatch_writes_nothing),
+      cmocka_unit_test(random_worlds),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
