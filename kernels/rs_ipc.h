@@ -100,10 +100,13 @@ typedef struct rs_ipc_wait {
   uint64_t timeout_ns;
 } rs_ipc_wait;
 
+/* On the GPU a system-scope fence (the peer is another process, maybe on
+ * another GPU); the CPU emulation runs every step under one lock, so a
+ * compiler barrier keeps the order there. */
 #ifdef __CUDA_ARCH__
 #define RS_IPC_FENCE() __threadfence_system()
 #else
-#define RS_IPC_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define RS_IPC_FENCE() __asm__ __volatile__("" ::: "memory")
 #endif
 
 RS_HD uint64_t rs_ipc_load(const uint64_t *p) { return *(const volatile uint64_t *)p; }

@@ -6,7 +6,9 @@
 # compute-sanitizer memcheck on a small kernel case, the CPU-side GPU
 # tests, a bandwidth table of pack/unpack against cudaMemcpy, and (where
 # MPI is installed) one checked reshard_perf --backend nccl run on one
-# rank; prints a summary last.
+# rank, checked reshard_perf --backend ipc runs of 2, 4 and 8 processes on
+# the GPU, a timed 2-process IPC sync and a stopped IPC rank; prints a
+# summary last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
 # A bare GPU machine that cannot reach a package mirror may lack Jansson
 # (the model front-end) and CMocka: .deb files of them placed in .gpu/
@@ -68,7 +70,7 @@ step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_W
   -DRESHARD_WITH_MPI=$MPI -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
   -DRESHARD_BUILD_GPU_TESTS=ON "${NCCL_ARGS[@]}" >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
-[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards"
+[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards test_gpu_cuda_ipc"
 [ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
@@ -85,6 +87,7 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "CPU emulation of the tiles" 60 "$BUILD/test_gpu_tiles_emul"
     step "NCCL transport (mocked)" 60 "$BUILD/test_gpu_nccl_mock"
     step "NCCL multi-rank hazards (emulated)" 120 "$BUILD/test_gpu_nccl_hazards"
+    step "CUDA IPC transport (emulated)" 120 "$BUILD/test_gpu_cuda_ipc"
   fi
   step "bandwidth" 120 "$BUILD/gpu_bandwidth"
   # One rank, colocated, training -> inference layout of two Qwen2.5-0.5B
@@ -101,6 +104,27 @@ if [ -x "$BUILD/gpu_kernels" ]; then
       --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=1 --infer tp=1 -c 1 -n 20 -w 5 \
       2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$PERF_LOG"
     note "  its final line" "$(grep '^# reshard_perf:' "$PERF_LOG" | tail -n 1)"
+    # The CUDA IPC transport, several processes on the one GPU (issue 16):
+    # Megatron -> vLLM syncs with disjoint trainer and inference ranks,
+    # every element checked, then a 2-process sync of Qwen3-8B (4 layers,
+    # 4.0 GB, the issue's colocated target) timed (-c 0), to compare with
+    # gpu_bandwidth's cudaMemcpy device to device.
+    for np in 2 4 8; do
+      half=$((np / 2))
+      step "reshard_perf --backend ipc -np $np" 150 mpirun -np $np --oversubscribe "$BUILD/tools/reshard_perf" \
+        --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=$half --infer tp=$half \
+        -c 1 -n 5 -w 2
+    done
+    IPC_LOG="$BUILD/perf_ipc.log"
+    step "reshard_perf --backend ipc, Qwen3-8B" 180 bash -c 'mpirun -np 2 "$0" --backend ipc \
+      --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 -w 3 \
+      2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$IPC_LOG"
+    note "  its final line" "$(grep '^# reshard_perf:' "$IPC_LOG" | tail -n 1)"
+    # a process stopped mid-run: the others end the job, non-zero, within
+    # the deadline (their waits on the GPU give up), no hang
+    step "IPC: a stopped rank ends the job" 90 bash tests/mpi/stopped_rank.sh "# plan:" -- \
+      mpirun -np 4 --oversubscribe "$BUILD/tools/reshard_perf" --backend ipc --shape 4096,4096 \
+      --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 -n 1000000 -w 1 -c 0
   fi
 else
   note "GPU tests" "NOT RUN (build failed)"

@@ -301,7 +301,8 @@ perf_nccl)
     bad perf 2 "--backend nccl: this build has no CUDA backend" $S1 --backend nccl
   else
     bad perf 2 "--baseline with --backend nccl: the baselines move host buffers" $S1 --backend nccl --baseline broadcast
-    bad perf 2 "--backend 'gloo': expected mpi or nccl" $S1 --backend gloo
+    bad perf 2 "--backend 'gloo': expected mpi, nccl or ipc" $S1 --backend gloo
+    bad perf 2 "--verify with --backend ipc: RESHARD_FLAG_VERIFY is host transports only" $S1 --backend ipc --verify
     bad perf 2 "--verify with --backend nccl: RESHARD_FLAG_VERIFY is host transports only" $S1 --backend nccl --verify
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
       # a GPU: checked runs, local device copies only
@@ -318,6 +319,14 @@ perf_nccl)
       grep -Eq -e "--backend nccl: no usable CUDA device: cudaGetDeviceCount(: cuda[A-Za-z]+ \(| found none)" "$err" ||
         fail "--backend nccl without a GPU: no message naming the CUDA error"
       grep -q '^# reshard_perf:' "$out" && fail "--backend nccl without a GPU: printed a result line"
+      echo "== (no GPU: expected to fail cleanly) mpirun -np 2 reshard_perf --backend ipc"
+      timeout 120 "$mpiexec" -np 2 --oversubscribe "$perf" --shape 64,48 --src-mesh 1 --src-placements R \
+        --dst-mesh 1 --dst-placements S1 --backend ipc -c 1 >"$out" 2>"$err"
+      rc=$?
+      [[ $rc -ne 0 ]] || fail "--backend ipc without a GPU: exit status 0"
+      [[ $rc -ne 124 ]] || fail "--backend ipc without a GPU: hung (killed after 120 s)"
+      grep -Eq -e "--backend ipc: no usable CUDA device" "$err" ||
+        fail "--backend ipc without a GPU: no message naming the CUDA error"
     fi
   fi
   ;;

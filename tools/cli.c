@@ -206,10 +206,13 @@ void cli_usage(int tool, FILE *out) {
             "  -w N                  warm-up iterations (default 5)\n"
             "  -c 0|1                check every destination element and the bytes around them\n"
             "                        against values computed from global coordinates (default 0)\n"
-            "  --backend mpi|nccl    mpi (default): host buffers, the MPI transport; nccl: one GPU\n"
+            "  --backend mpi|nccl|ipc\n"
+            "                        mpi (default): host buffers, the MPI transport; nccl: one GPU\n"
             "                        per rank (local rank modulo the devices), device buffers,\n"
             "                        reshard_comm_create_nccl_mpi, execute on a CUDA stream and\n"
-            "                        synchronize it (no baselines; needs a CUDA build)\n"
+            "                        synchronize it (no baselines; needs a CUDA build); ipc: the\n"
+            "                        same over reshard_comm_create_cuda_ipc, ranks of one node,\n"
+            "                        several per GPU allowed\n"
             "  --baseline LIST       also run, on the same data: broadcast (gather each tensor to\n"
             "                        source rank 0, MPI_Bcast it to every destination rank, copy\n"
             "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"
@@ -367,7 +370,8 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       VALUE();
       if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
       else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
-      else return cli_fail(err, errlen, "--backend '%s': expected mpi or nccl", v);
+      else if (!strcmp(v, "ipc")) o->backend = CLI_BACKEND_IPC;
+      else return cli_fail(err, errlen, "--backend '%s': expected mpi, nccl or ipc", v);
     } else if (perf && !strcmp(a, "--baseline")) {
       VALUE();
       if (parse_baselines(v, o, err, errlen)) return -1;

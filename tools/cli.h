@@ -23,7 +23,7 @@
 
 enum { CLI_TOOL_PERF = 1, CLI_TOOL_PLAN = 2 };
 enum { CLI_MODE_NONE = 0, CLI_MODE_SYNTHETIC = 1, CLI_MODE_MODEL = 2 };
-enum { CLI_BACKEND_MPI = 0, CLI_BACKEND_NCCL = 1 };
+enum { CLI_BACKEND_MPI = 0, CLI_BACKEND_NCCL = 1, CLI_BACKEND_IPC = 2 };
 
 /* One side of a synthetic reshard: a mesh and its placements. */
 typedef struct cli_mesh {
@@ -58,7 +58,7 @@ typedef struct cli_opts {
   int baseline_broadcast, baseline_alltoallw;
   int inject_error; /* testing: corrupt one destination byte after a run */
   int verify;       /* also time the plan with RESHARD_FLAG_VERIFY */
-  int backend;      /* CLI_BACKEND_*: MPI over host buffers, or NCCL */
+  int backend;      /* CLI_BACKEND_*: MPI over host buffers, NCCL or CUDA IPC */
   /* reshard_plan */
   int world; /* 0: derived */
   int rank;  /* -1: every rank */

@@ -11,10 +11,14 @@
 #include <string.h>
 
 #include "cli.h"
+#include "reshard_cuda_ipc.h"
+#include "reshard_mpi.h"
 #include "reshard_nccl.h"
 
 struct perf_nccl {
   int device;
+  int ipc;
+  reshard_comm_t *host; /* --backend ipc: the MPI communicator under it */
   cudaStream_t stream;
   int nsrc, ndst;
   void **src, **dst; /* device buffers, NULL where the rank holds none */
@@ -43,7 +47,7 @@ static int local_rank(int *local_size) {
   return r;
 }
 
-int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_t errlen) {
+int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *err, size_t errlen) {
   *out = NULL;
   int ln = 1;
   int lr = local_rank(&ln); /* collective: before anything can fail */
@@ -53,12 +57,13 @@ int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_
   if (n <= 0) return cli_fail(err, errlen, "no usable CUDA device: cudaGetDeviceCount found none");
   /* Local rank modulo the devices would put two ranks on one GPU, which
    * NCCL refuses (ncclCommInitRank fails, or hangs its peers). */
-  if (ln > n)
+  if (ln > n && !ipc)
     return cli_fail(err, errlen, "%d ranks on this node but %d CUDA device%s: --backend nccl needs one GPU per rank "
                     "(start at most %d ranks per node)", ln, n, n == 1 ? "" : "s", n);
   perf_nccl *p = calloc(1, sizeof *p);
   if (!p) return cli_fail(err, errlen, "out of memory");
   p->device = lr % n;
+  p->ipc = ipc;
   e = cudaSetDevice(p->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
@@ -75,7 +80,14 @@ int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_
 }
 
 int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen) {
-  (void)p;
+  if (p->ipc) {
+    reshard_result_t r = reshard_comm_create_mpi(MPI_COMM_WORLD, &p->host);
+    if (r) return cli_fail(err, errlen, "reshard_comm_create_mpi: %s: %s", reshard_result_string(r), reshard_last_error());
+    r = reshard_comm_create_cuda_ipc(p->host, comm);
+    if (r)
+      return cli_fail(err, errlen, "reshard_comm_create_cuda_ipc: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 0;
+  }
   reshard_result_t r = reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, comm);
   if (r)
     return cli_fail(err, errlen, "reshard_comm_create_nccl_mpi: %s: %s", reshard_result_string(r), reshard_last_error());
@@ -144,5 +156,6 @@ void perf_nccl_close(perf_nccl *p) {
   free(p->src_bytes);
   free(p->dst_bytes);
   if (p->stream) cudaStreamDestroy(p->stream);
+  reshard_comm_destroy(p->host);
   free(p);
 }

@@ -1,4 +1,5 @@
-/* reshard_perf's NCCL backend (tools/perf_nccl.c): one GPU per MPI rank,
+/* reshard_perf's device backends, NCCL and CUDA IPC (tools/perf_nccl.c):
+ * a GPU per MPI rank,
  * device copies of the host buffers, execution on a CUDA stream. No CUDA
  * type appears here, so reshard_perf.c compiles without CUDA; the
  * functions exist only when RESHARD_PERF_HAVE_NCCL is defined (a build
@@ -16,10 +17,13 @@ typedef struct perf_nccl perf_nccl;
 
 /* Picks this rank's device (local rank modulo the device count) and makes
  * a stream on it. Collective over MPI_COMM_WORLD (the local rank may come
- * from MPI_Comm_split_type). desc receives "device D (NAME) of N". */
-int perf_nccl_open(perf_nccl **out, char *desc, size_t desclen, char *err, size_t errlen);
-/* reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, ...) on that device.
- * Collective. */
+ * from MPI_Comm_split_type). desc receives "device D (NAME) of N". ipc:
+ * the CUDA IPC transport (several ranks per device allowed; NCCL refuses
+ * them). */
+int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *err, size_t errlen);
+/* reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, ...) on that device, or
+ * reshard_comm_create_cuda_ipc over reshard_comm_create_mpi(MPI_COMM_WORLD)
+ * (the host communicator is destroyed by perf_nccl_close). Collective. */
 int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen);
 /* cudaMalloc of every buffer the two host sides hold (the same sizes). */
 int perf_nccl_alloc(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);

@@ -43,7 +43,9 @@
  * moves them to and from the device around the checked run. The baselines
  * move host buffers over MPI, so they are refused (exit 2) with
  * --backend nccl rather than compared against another kind of memory.
- * The CUDA side lives in tools/perf_nccl.c.
+ * --backend ipc: the same over reshard_comm_create_cuda_ipc (over
+ * reshard_comm_create_mpi(MPI_COMM_WORLD)): ranks of one node, several
+ * per GPU allowed. The CUDA side lives in tools/perf_nccl.c.
  *
  * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
  * runs as one more method ("reshard+verify"), interleaved with the plain
@@ -869,25 +871,27 @@ int main(int argc, char **argv) {
     if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
     return finish(0);
   }
-  int nccl = c.o.backend == CLI_BACKEND_NCCL;
+  /* the device backends: NCCL or CUDA IPC */
+  int nccl = c.o.backend == CLI_BACKEND_NCCL || c.o.backend == CLI_BACKEND_IPC;
+  const char *bname = c.o.backend == CLI_BACKEND_IPC ? "ipc" : "nccl";
 #ifndef RESHARD_PERF_HAVE_NCCL
   if (nccl) {
     if (!world_rank)
-      fprintf(stderr, "reshard_perf: error: --backend nccl: this build has no CUDA backend (configure with "
-                      "-DRESHARD_WITH_CUDA=ON and MPI)\n");
+      fprintf(stderr, "reshard_perf: error: --backend %s: this build has no CUDA backend (configure with "
+                      "-DRESHARD_WITH_CUDA=ON and MPI)\n", bname);
     return finish(2);
   }
 #endif
   if (nccl && c.o.verify) {
     if (!world_rank)
-      fprintf(stderr, "reshard_perf: error: --verify with --backend nccl: RESHARD_FLAG_VERIFY is host transports only; "
-                      "drop --verify (or use --backend mpi)\n");
+      fprintf(stderr, "reshard_perf: error: --verify with --backend %s: RESHARD_FLAG_VERIFY is host transports only; "
+                      "drop --verify (or use --backend mpi)\n", bname);
     return finish(2);
   }
   if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
     if (!world_rank)
-      fprintf(stderr, "reshard_perf: error: --baseline with --backend nccl: the baselines move host buffers over MPI "
-                      "and cannot run on device buffers; drop --baseline (or use --backend mpi)\n");
+      fprintf(stderr, "reshard_perf: error: --baseline with --backend %s: the baselines move host buffers over MPI "
+                      "and cannot run on device buffers; drop --baseline (or use --backend mpi)\n", bname);
     return finish(2);
   }
   if (cli_build_layouts(&c.o, &c.L, err, sizeof err)) {
@@ -927,9 +931,10 @@ int main(int argc, char **argv) {
     /* Every rank learns whether any lacks a device, so that all exit
      * instead of waiting in NCCL's setup for the missing one. */
     wd_enter("perf_nccl_open (MPI_Comm_split_type)");
-    int nodev = perf_nccl_open(&c.dev, devdesc, sizeof devdesc, err, sizeof err) != 0, any_nodev;
+    int nodev = perf_nccl_open(&c.dev, c.o.backend == CLI_BACKEND_IPC, devdesc, sizeof devdesc, err, sizeof err) != 0,
+        any_nodev;
     wd_leave();
-    if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend nccl: %s\n", world_rank, err);
+    if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, bname, err);
     WD_CALL(MPI_Allreduce(&nodev, &any_nodev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (any_nodev) {
       perf_nccl_close(c.dev);
@@ -989,7 +994,7 @@ int main(int argc, char **argv) {
   }
 #ifdef RESHARD_PERF_HAVE_NCCL
   if (c.dev && (perf_nccl_alloc(c.dev, &c.s, &c.d, err, sizeof err) || perf_nccl_upload(c.dev, &c.s, &c.d, err, sizeof err))) {
-    fprintf(stderr, "reshard_perf: rank %d: --backend nccl: %s\n", world_rank, err);
+    fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, bname, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 #endif
@@ -1016,7 +1021,8 @@ int main(int argc, char **argv) {
   say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
   if (nccl)
-    say0("# backend nccl: device buffers, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", devdesc);
+    say0("# backend %s: device buffers, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
+         devdesc);
   say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds in %lld phases, staging up to %.1f "
        "MiB/rank, %lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
        plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (long long)mx[3], (double)mx[1] / 1048576.0, (long long)sum[4],
