@@ -59,6 +59,8 @@ typedef struct rs_ipc {
   uint64_t *h_abort;      /* pinned: the poison value */
   cudaStream_t ctl;       /* poisoning copies */
   uint32_t *count;        /* group: messages per peer (scratch) */
+  void **deferred;        /* pools freed at destroy (see ipc_pool_free) */
+  size_t ndeferred;
 } rs_ipc;
 
 static reshard_result_t cu(cudaError_t e, const char *what, int rank) {
@@ -343,9 +345,23 @@ static reshard_result_t ipc_pool_alloc(reshard_comm_t *c, size_t bytes, void **o
   return cu(ce, "cudaMalloc(staging)", c->rank);
 }
 
+/* A healthy communicator's pool is free once this rank's executes are
+ * done: each ended when every peer had acknowledged (finished reading)
+ * its messages. After a failure that no longer holds (a wait that gave
+ * up ended the execute early), so a peer may still pull from the pool:
+ * it is then freed at destroy, after every rank got there. */
 static void ipc_pool_free(reshard_comm_t *c, void *p) {
-  (void)c;
-  cudaFree(p);
+  rs_ipc *x = c->impl;
+  uint64_t abort_word = 0;
+  if (!x->poisoned && x->win &&
+      cudaMemcpy(&abort_word, x->win + RS_IPC_ABORT_OFF, 8, cudaMemcpyDeviceToHost) == cudaSuccess && !abort_word) {
+    cudaFree(p);
+    return;
+  }
+  void **d = realloc(x->deferred, (x->ndeferred + 1) * sizeof *d);
+  if (!d) return; /* leaked rather than freed under a peer's reads */
+  x->deferred = d;
+  x->deferred[x->ndeferred++] = p;
 }
 
 static reshard_result_t ipc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64_t deadline) {
@@ -357,6 +373,8 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
   for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
   rs_dev_comm_fini(c);
+  for (size_t i = 0; i < x->ndeferred; i++) cudaFree(x->deferred[i]);
+  free(x->deferred);
   if (x->ctl) {
     /* poison copies may still be in flight from h_abort */
     cudaStreamSynchronize(x->ctl);

@@ -901,6 +901,16 @@ cudaError_t __wrap_cudaIpcCloseMemHandle(void *p) {
   UNLOCK();
   return cudaSuccess;
 }
+/* The synchronous copy: after the device's work so far, as the legacy
+ * stream would order it. */
+cudaError_t __wrap_cudaMemcpy(void *d, const void *src, size_t n, enum cudaMemcpyKind k) {
+  (void)k;
+  LOCK();
+  progress();
+  memcpy(d, src, n);
+  UNLOCK();
+  return cudaSuccess;
+}
 cudaError_t __wrap_cudaMemset(void *p, int v, size_t n) {
   LOCK();
   progress();
