@@ -494,8 +494,12 @@ typedef struct reshard_options {
  * committed version, untouched. Every rank of the communicator must call
  * each execute (ranks without traffic too), and executes of one plan must
  * not run concurrently (the second one gets RESHARD_ERROR_INVALID_USAGE).
- * Host transports only (RESHARD_ERROR_UNSUPPORTED at plan creation on a
- * device transport). reshard_plan_get_status says which copy is active. */
+ * On device transports the commit is stream-ordered: the copy to write is
+ * chosen on the GPU, and after the call's last write every rank's verdict
+ * is max-reduced on the GPU (8 bytes) and the copies flip there;
+ * reshard_plan_get_status reports the committed version and the active
+ * copy once the GPU has done that (after the stream completed, or with
+ * RESHARD_FLAG_SYNC). reshard_plan_get_status says which copy is active. */
 #define RESHARD_FLAG_DOUBLE_BUFFER 0x1u
 /* End-to-end integrity check. For every box that crosses the network (and
  * every local copy) both ends checksum the elements: per box, the sum mod

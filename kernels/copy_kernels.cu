@@ -45,7 +45,29 @@ __global__ void rs_agree_import_kernel(const uint64_t *word, rs_dev_hdr want,
   rs_dev_agree_import(word, &want, st);
 }
 
+__global__ void rs_commit_select_kernel(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c,
+                                        void **cur) {
+  rs_dev_commit_select(tab, nsrc, ndst, c, cur);
+}
+
+__global__ void rs_commit_flip_kernel(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+                                      rs_dev_commit *c) {
+  rs_dev_commit_flip(word, st, version, call, c);
+}
+
 } // namespace
+
+extern "C" int rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c,
+                                     void **cur, void *stream) {
+  rs_commit_select_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(tab, nsrc, ndst, c, cur);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+                                   rs_dev_commit *c, void *stream) {
+  rs_commit_flip_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(word, st, version, call, c);
+  return (int)cudaGetLastError();
+}
 
 extern "C" int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word,
                                     void *stream) {

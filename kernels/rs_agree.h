@@ -71,4 +71,33 @@ RS_HD void rs_dev_agree_import(const uint64_t *word, const rs_dev_hdr *want, rs_
   st->got = *want;
 }
 
+/* RESHARD_FLAG_DOUBLE_BUFFER on the device: the commit record, in device
+ * memory, and the two steps around an execute. select writes the table
+ * every launch of the call reads (src pointers, then the inactive copy's
+ * destination pointers: copy 0 before the first commit); flip makes the
+ * inactive copy active, and the call's version the committed one, only
+ * when the reduction of every rank's verdict (rs_dev_agree_export, max
+ * over the communicator) is 0 and this rank's own gate is open. */
+typedef struct rs_dev_commit {
+  int32_t active; /* the copy holding the committed version; -1: none yet */
+  uint32_t pad;
+  uint64_t version, call, commits;
+} rs_dev_commit;
+
+RS_HD void rs_dev_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c,
+                                void **cur) {
+  uint32_t inactive = c->active == 0 ? 1u : 0u;
+  for (uint32_t i = 0; i < nsrc; i++) cur[i] = tab[i];
+  for (uint32_t i = 0; i < ndst; i++) cur[nsrc + i] = tab[nsrc + inactive * ndst + i];
+}
+
+RS_HD void rs_dev_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+                              rs_dev_commit *c) {
+  if (*word || !st->ok) return;
+  c->active = c->active == 0 ? 1 : 0;
+  c->version = version;
+  c->call = call;
+  c->commits++;
+}
+
 #endif

@@ -50,6 +50,13 @@ int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *stream);
 int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
                          rs_dev_agree *st, void *stream);
 
+/* RESHARD_FLAG_DOUBLE_BUFFER (kernels/rs_agree.h): the call's table of
+ * buffers, and the commit after the reduction of the verdicts. */
+int rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c, void **cur,
+                          void *stream);
+int rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+                        rs_dev_commit *c, void *stream);
+
 /* The CUDA IPC transport's protocol (kernels/rs_ipc.h, ipc_kernels.cu),
  * each on `stream`: post the sends of b; pull its receives (each waits
  * for its message, then blocks_per_op blocks copy it); acknowledge the

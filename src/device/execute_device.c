@@ -79,6 +79,17 @@ typedef struct rs_dev {
   cudaEvent_t ev_checked, ev_agreed;
   int agreed_once;
 
+  /* RESHARD_FLAG_DOUBLE_BUFFER (kernels/rs_agree.h): the buffer table has
+   * both destination copies; d_cur is the call's view (sources, then the
+   * inactive copy), written on the device from the commit record, whose
+   * pinned copy the host reads once ev_committed completed. */
+  int dbuf;
+  size_t nview; /* source buffers + destination buffers (one copy) */
+  void **d_cur;
+  rs_dev_commit *d_commit, *h_commit;
+  cudaEvent_t ev_committed;
+  int committed_once;
+
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
   cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2];
@@ -92,6 +103,13 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
   return rs_error(code, "rank %d: %s failed: %s (%s)", rank, what,
                   cudaGetErrorName(e), cudaGetErrorString(e));
 }
+
+/* Every event of a plan's device state, for creation and destruction. */
+#define DEV_EVENTS(d)                                                                                          \
+  {&(d)->tab_ev[0],  &(d)->tab_ev[1],  &(d)->tab_ev[2],      &(d)->tab_ev[3],      &(d)->ev_begin,             \
+   &(d)->ev_end[0],  &(d)->ev_end[1],  &(d)->ev_end[2],      &(d)->ev_packed[0],   &(d)->ev_packed[1],         \
+   &(d)->ev_xfer[0], &(d)->ev_xfer[1], &(d)->ev_unpacked[0], &(d)->ev_unpacked[1], &(d)->ev_checked,           \
+   &(d)->ev_agreed,  &(d)->ev_committed}
 
 #define CU(call, what)                                                     \
   do {                                                                     \
@@ -155,19 +173,19 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_hdr_in) cudaFreeAsync(d->d_hdr_in, d->s[S_PACK]);
     if (d->d_agree) cudaFreeAsync(d->d_agree, d->s[S_PACK]);
     if (d->d_word) cudaFreeAsync(d->d_word, d->s[S_PACK]);
+    if (d->d_cur) cudaFreeAsync(d->d_cur, d->s[S_PACK]);
+    if (d->d_commit) cudaFreeAsync(d->d_commit, d->s[S_PACK]);
   }
   for (int i = 0; i < S_COUNT; i++)
     if (d->s[i]) cudaStreamDestroy(d->s[i]);
-  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2],     &d->tab_ev[3],     &d->ev_begin,
-                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2],     &d->ev_packed[0],  &d->ev_packed[1],
-                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1], &d->ev_checked,
-                        &d->ev_agreed};
+  cudaEvent_t *evs[] = DEV_EVENTS(d);
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) cudaEventDestroy(*evs[i]);
   if (d->pool_held) so->staging_release(p->comm, 0);
   for (int i = 0; i < RS_TAB_SLOTS; i++)
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
   if (d->h_agree) cudaFreeHost(d->h_agree);
+  if (d->h_commit) cudaFreeHost(d->h_commit);
   free(d->hdr_p2p);
   free(d->pack_start);
   free(d->unpack_start);
@@ -275,16 +293,15 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
 
   for (int i = 0; i < S_COUNT; i++)
     CU(cudaStreamCreateWithFlags(&d->s[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  cudaEvent_t *evs[] = {&d->tab_ev[0], &d->tab_ev[1], &d->tab_ev[2],     &d->tab_ev[3],     &d->ev_begin,
-                        &d->ev_end[0], &d->ev_end[1], &d->ev_end[2],     &d->ev_packed[0],  &d->ev_packed[1],
-                        &d->ev_xfer[0], &d->ev_xfer[1], &d->ev_unpacked[0], &d->ev_unpacked[1], &d->ev_checked,
-                        &d->ev_agreed};
+  cudaEvent_t *evs[] = DEV_EVENTS(d);
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     CU(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
 
   CU(cudaMallocAsync((void **)&d->d_copies, (ncop ? ncop : 1) * sizeof *hc, d->s[S_PACK]), "cudaMallocAsync(descriptors)");
   CU(cudaMallocAsync((void **)&d->d_tiles, (nt ? nt : 1) * sizeof *ht, d->s[S_PACK]), "cudaMallocAsync(tiles)");
-  d->ntab = (size_t)p->num_src_buffers + (size_t)p->num_dst_buffers;
+  d->dbuf = (p->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
+  d->nview = (size_t)p->num_src_buffers + (size_t)p->num_dst_buffers;
+  d->ntab = d->nview + (d->dbuf ? (size_t)p->num_dst_buffers : 0);
   for (int i = 0; i < RS_TAB_SLOTS; i++) {
     CU(cudaMallocAsync((void **)&d->d_tab[i], (d->ntab ? d->ntab : 1) * sizeof(void *), d->s[S_PACK]),
        "cudaMallocAsync(buffer table)");
@@ -294,7 +311,9 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
    * (forwarded data comes from ranks this one swaps no header with), so
    * there every rank takes part, partners or not. */
   d->global = p->opts.relay == 1 || p->relay_chosen;
-  if (p->npeers || d->global) {
+  /* A double-buffered plan's commit reduces every rank's verdict: every
+   * rank has one, partners or not. */
+  if (p->npeers || d->global || d->dbuf) {
     size_t np = p->npeers;
     d->hdr_p2p = calloc(2 * np + 1, sizeof *d->hdr_p2p);
     if (!d->hdr_p2p) {
@@ -304,7 +323,8 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
     CU(cudaMallocAsync((void **)&d->d_hdr_out, sizeof(rs_dev_hdr), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocAsync((void **)&d->d_hdr_in, (np ? np : 1) * sizeof(rs_dev_hdr), d->s[S_PACK]),
        "cudaMallocAsync(agreement)");
-    if (d->global) CU(cudaMallocAsync((void **)&d->d_word, sizeof(uint64_t), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    if (d->global || d->dbuf)
+      CU(cudaMallocAsync((void **)&d->d_word, sizeof(uint64_t), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocAsync((void **)&d->d_agree, sizeof(rs_dev_agree), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocHost((void **)&d->h_agree, sizeof(rs_dev_agree)), "cudaMallocHost(agreement)");
     memset(d->h_agree, 0, sizeof *d->h_agree);
@@ -316,6 +336,16 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
       d->hdr_p2p[2 * i] = (rs_p2p){p->peers[i].peer, 1, d->d_hdr_in + i, sizeof(rs_dev_hdr)};
       d->hdr_p2p[2 * i + 1] = (rs_p2p){p->peers[i].peer, 0, d->d_hdr_out, sizeof(rs_dev_hdr)};
     }
+  }
+  if (d->dbuf) {
+    CU(cudaMallocAsync((void **)&d->d_cur, (d->nview ? d->nview : 1) * sizeof(void *), d->s[S_PACK]),
+       "cudaMallocAsync(double-buffer table)");
+    CU(cudaMallocAsync((void **)&d->d_commit, sizeof(rs_dev_commit), d->s[S_PACK]), "cudaMallocAsync(commit)");
+    CU(cudaMallocHost((void **)&d->h_commit, sizeof(rs_dev_commit)), "cudaMallocHost(commit)");
+    memset(d->h_commit, 0, sizeof *d->h_commit);
+    d->h_commit->active = -1;
+    CU(cudaMemcpyAsync(d->d_commit, d->h_commit, sizeof *d->h_commit, cudaMemcpyHostToDevice, d->s[S_PACK]),
+       "cudaMemcpyAsync(commit)");
   }
   CU(cudaMemcpyAsync(d->d_copies, hc, ncop * sizeof *hc, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(descriptors)");
   CU(cudaMemcpyAsync(d->d_tiles, ht, nt * sizeof *ht, cudaMemcpyHostToDevice, d->s[S_PACK]), "cudaMemcpyAsync(tiles)");
@@ -355,8 +385,8 @@ fail:
 static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
                                void *staging, int stream, int gated, const char *what) {
   if (a == b) return RESHARD_SUCCESS;
-  void *const *src = d->d_tab[d->tab_cur];
-  void *const *dst = d->d_tab[d->tab_cur] + p->num_src_buffers;
+  void *const *src = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur];
+  void *const *dst = src + p->num_src_buffers;
   const uint32_t *gate = gated && d->d_agree ? &d->d_agree->ok : NULL;
   int e = rs_cuda_launch_copies_gated(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, gate, d->s[stream]);
   if (e) return rs_cuda_error(e, what, p->rank);
@@ -458,6 +488,16 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     d->tab_cur = slot;
     d->tab_uploaded = 1;
   }
+  /* Double buffering: this call's view of the table, from the commit
+   * record as the previous call left it (stream order). */
+  if (d->dbuf && d->nview) {
+    int e = rs_cuda_commit_select(d->d_tab[d->tab_cur], (uint32_t)p->num_src_buffers, (uint32_t)p->num_dst_buffers,
+                                  d->d_commit, d->d_cur, d->s[S_PACK]);
+    if (e) {
+      r = rs_cuda_error(e, "double-buffer table launch", p->rank);
+      goto fail;
+    }
+  }
   CU(cudaEventRecord(d->ev_begin, d->s[S_PACK]), "cudaEventRecord(begin)");
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
@@ -535,6 +575,31 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   if (p->nrounds == 0)
     RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
 
+  /* The commit (double buffering), after every write of the call: this
+   * rank's verdict, reduced over every rank, flips the copies on the
+   * device only if no rank failed. */
+  if (d->dbuf) {
+    CU(cudaEventRecord(d->ev_end[S_PACK], d->s[S_PACK]), "cudaEventRecord(writes done)");
+    CU(cudaEventRecord(d->ev_end[S_UNPACK], d->s[S_UNPACK]), "cudaEventRecord(writes done)");
+    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_PACK], 0), "cudaStreamWaitEvent(writes done)");
+    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(writes done)");
+    int e = rs_cuda_agree_export(d->d_agree, d->d_word, d->s[S_XFER]);
+    if (e) {
+      r = rs_cuda_error(e, "commit export launch", p->rank);
+      goto fail;
+    }
+    RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree), r, fail);
+    e = rs_cuda_commit_flip(d->d_word, d->d_agree, version, call, d->d_commit, d->s[S_XFER]);
+    if (e) {
+      r = rs_cuda_error(e, "commit launch", p->rank);
+      goto fail;
+    }
+    CU(cudaMemcpyAsync(d->h_commit, d->d_commit, sizeof *d->h_commit, cudaMemcpyDeviceToHost, d->s[S_XFER]),
+       "cudaMemcpyAsync(commit record)");
+    CU(cudaEventRecord(d->ev_committed, d->s[S_XFER]), "cudaEventRecord(committed)");
+    d->committed_once = 1;
+  }
+
   /* The call's verdict for the host, after its last transfer: the
    * agreement's, or a transport's wait that gave up in any round (CUDA
    * IPC closes the gate then, see transport/stream.h). */
@@ -554,6 +619,17 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   return RESHARD_SUCCESS;
 fail:
   return r;
+}
+
+/* Double buffering: the committed version and active copy, once the GPU
+ * has done the latest enqueued commit (d->mu held; never blocks). */
+static void commit_poll(const reshard_plan_t *p, rs_dev *d) {
+  if (!d->dbuf || !d->committed_once || cudaEventQuery(d->ev_committed) != cudaSuccess) return;
+  const volatile rs_dev_commit *c = d->h_commit;
+  if (!c->commits) return;
+  reshard_plan_t *m = (reshard_plan_t *)p;
+  __atomic_store_n(&m->committed_version, c->version, __ATOMIC_RELEASE);
+  __atomic_store_n(&m->active_copy, c->active, __ATOMIC_RELEASE);
 }
 
 /* The plan fails (d->mu held; r's detail is the current error). When it
@@ -582,6 +658,7 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     pthread_mutex_unlock(&d->mu);
     return r;
   }
+  commit_poll(p, d);
   r = agreement_verdict(p, d);
   if (r == RESHARD_SUCCESS) r = so->check(p->comm);
   if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version);
@@ -593,6 +670,7 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
                    "did not run its part)", p->rank, (unsigned long long)call);
     else
       r = agreement_verdict(p, d);
+    commit_poll(p, d);
   }
   if (r != RESHARD_SUCCESS) dev_failed(p, d, r);
   pthread_mutex_unlock(&d->mu);
@@ -603,6 +681,7 @@ void rs_device_poll(const reshard_plan_t *p) {
   rs_dev *d = p->device;
   if (!d) return;
   pthread_mutex_lock(&d->mu);
+  commit_poll(p, d);
   reshard_result_t v = d->failed ? RESHARD_SUCCESS : agreement_verdict(p, d);
   if (v) {
     dev_failed(p, d, v);
@@ -640,7 +719,7 @@ reshard_result_t rs_device_prepare_local(reshard_plan_t *p) {
 reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_dev *d = p->device;
-  if (!d || (!(p->nsends + p->nrecvs) && !d->global)) return RESHARD_SUCCESS;
+  if (!d || (!(p->nsends + p->nrecvs) && !d->global && !d->dbuf)) return RESHARD_SUCCESS;
   reshard_result_t r = so->drain(p->comm); /* the pool is about to be used */
   if (r) return r;
   size_t n = 2 * p->npeers;
@@ -671,7 +750,7 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline, d->d_agree);
   /* relay plans: the verdict's reduction over every rank, once, so that
    * its connections are made here too */
-  if (!r && d->global) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree);
+  if (!r && (d->global || d->dbuf)) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);
   free(ops);

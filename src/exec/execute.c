@@ -584,7 +584,11 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
     if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
   }
   if (r == RESHARD_SUCCESS) {
-    rs_plan_record_success(plan, version);
+    if (dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
+      /* the commit is the GPU's: rs_device_poll reads it */
+      __atomic_fetch_add(&mut->completed, 1, __ATOMIC_ACQ_REL);
+    else
+      rs_plan_record_success(plan, version);
   } else if (rs_result_fails_plan(r)) {
     char why[640];
     snprintf(why, sizeof why, "%s", reshard_last_error());

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <chrono>
 #include <vector>
 
 extern "C" {
@@ -243,6 +244,133 @@ static int run_agreement(void) {
   return bad;
 }
 
+/* The double-buffer commit (kernels/rs_agree.h): select picks copy 0
+ * before any commit, flip commits only with a zero word and an open gate,
+ * and select then picks the other copy. */
+static int run_commit(void) {
+  int bad = 0;
+  void *h_tab[5] = {(void *)0x10, (void *)0x20, (void *)0x30, (void *)0x40, (void *)0x50}; /* src, 2 x 2 dst */
+  void **tab, **cur, *h_cur[3];
+  rs_dev_commit *c, hc;
+  rs_dev_agree *st, hst;
+  uint64_t *word, zero = 0, one = 1;
+  CK(cudaMalloc((void **)&tab, sizeof h_tab));
+  CK(cudaMalloc((void **)&cur, sizeof h_cur));
+  CK(cudaMalloc((void **)&c, sizeof hc));
+  CK(cudaMalloc((void **)&st, sizeof hst));
+  CK(cudaMalloc((void **)&word, 8));
+  memset(&hc, 0, sizeof hc);
+  hc.active = -1;
+  memset(&hst, 0, sizeof hst);
+  hst.ok = 1;
+  CK(cudaMemcpy(tab, h_tab, sizeof h_tab, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(c, &hc, sizeof hc, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(st, &hst, sizeof hst, cudaMemcpyHostToDevice));
+  for (int step = 0; step < 3; step++) {
+    CK((cudaError_t)rs_cuda_commit_select(tab, 1, 2, c, cur, 0));
+    CK(cudaMemcpy(h_cur, cur, sizeof h_cur, cudaMemcpyDeviceToHost));
+    int inactive = step == 2 ? 1 : step; /* step 1 commits, step 2 does not */
+    if (h_cur[0] != h_tab[0] || h_cur[1] != h_tab[1 + 2 * inactive] || h_cur[2] != h_tab[2 + 2 * inactive]) {
+      printf("commit step %d: select picked the wrong copy\n", step);
+      bad++;
+    }
+    CK(cudaMemcpy(word, step == 1 ? &one : &zero, 8, cudaMemcpyHostToDevice));
+    CK((cudaError_t)rs_cuda_commit_flip(word, st, 100 + step, step, c, 0));
+    CK(cudaMemcpy(&hc, c, sizeof hc, cudaMemcpyDeviceToHost));
+    int want_active = 0; /* step 0 commits copy 0; step 1 (a rank failed) keeps it; step 2 commits copy 1 */
+    if (step == 2) want_active = 1;
+    uint64_t want_version = step == 2 ? 102 : 100;
+    if (hc.active != want_active || hc.version != want_version) {
+      printf("commit step %d: active %d version %llu\n", step, hc.active, (unsigned long long)hc.version);
+      bad++;
+    }
+  }
+  printf("double-buffer commit kernels: %s\n", bad ? "FAILED" : "passed");
+  cudaFree(tab), cudaFree(cur), cudaFree(c), cudaFree(st), cudaFree(word);
+  return bad;
+}
+
+/* The CUDA IPC protocol's kernels (kernels/rs_ipc.h) between two ranks
+ * in this process, on two streams: a pooled and an inline message arrive
+ * whole and are acknowledged; then a receive nobody sends gives up at its
+ * 2 ms timeout, closing the gate with RS_DEV_AGREE_TRANSPORT. */
+static int run_ipc(void) {
+  int bad = 0;
+  const uint32_t n = 2;
+  const uint64_t big = 100000;
+  unsigned char *win[2], *pool, *dst;
+  rs_dev_agree *gate, hg;
+  cudaStream_t s[2];
+  for (int r = 0; r < 2; r++) {
+    CK(cudaMalloc((void **)&win[r], rs_ipc_window_bytes(n)));
+    CK(cudaMemset(win[r], 0, rs_ipc_window_bytes(n)));
+    CK(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking));
+  }
+  CK(cudaMalloc((void **)&pool, 4096 + big));
+  CK(cudaMalloc((void **)&dst, big + 64));
+  CK(cudaMalloc((void **)&gate, sizeof hg));
+  memset(&hg, 0, sizeof hg);
+  hg.ok = 1;
+  CK(cudaMemcpy(gate, &hg, sizeof hg, cudaMemcpyHostToDevice));
+  std::vector<unsigned char> h(big);
+  for (uint64_t i = 0; i < big; i++) h[i] = (unsigned char)(i * 131 + 7);
+  CK(cudaMemcpy(pool + 4096, h.data(), big, cudaMemcpyHostToDevice));
+  CK(cudaMemset(pool, 0x77, 64)); /* the inline payload */
+  CK(cudaDeviceSynchronize());
+  rs_ipc_batch post, pull;
+  memset(&post, 0, sizeof post);
+  memset(&pull, 0, sizeof pull);
+  post.n = pull.n = 2;
+  for (int k = 0; k < 2; k++) {
+    uint64_t seq = (uint64_t)k + 1, bytes = k == 0 ? big : 64;
+    post.op[k] = {(rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq)), k == 0 ? pool + 4096 : pool, NULL,
+                  (uint64_t *)(win[0] + rs_ipc_ack_off(1)), seq, bytes, k == 0 ? 4096u : 0u, 1, 0};
+    pull.op[k] = {(rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq)), k == 0 ? dst : dst + big, pool,
+                  (uint64_t *)(win[0] + rs_ipc_ack_off(1)), seq, bytes, 0, 0, 0};
+  }
+  rs_ipc_wait w0 = {(uint64_t *)(win[0] + RS_IPC_ABORT_OFF), gate, 5000000000ull};
+  rs_ipc_wait w1 = {(uint64_t *)(win[1] + RS_IPC_ABORT_OFF), gate, 5000000000ull};
+  /* the receiver first: its wait must see the post that comes later */
+  CK((cudaError_t)rs_cuda_ipc_pull(&pull, w1, 4, s[1]));
+  CK((cudaError_t)rs_cuda_ipc_ack(&pull, s[1]));
+  CK((cudaError_t)rs_cuda_ipc_post(&post, s[0]));
+  CK((cudaError_t)rs_cuda_ipc_acked(&post, w0, s[0]));
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned char> got(big + 64);
+  CK(cudaMemcpy(got.data(), dst, big + 64, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&hg, gate, sizeof hg, cudaMemcpyDeviceToHost));
+  size_t wrong = 0;
+  for (uint64_t i = 0; i < big; i++) wrong += got[i] != h[i];
+  for (uint64_t i = 0; i < 64; i++) wrong += got[big + i] != 0x77;
+  if (wrong || !hg.ok) {
+    printf("ipc: %zu wrong bytes, gate %u\n", wrong, hg.ok);
+    bad++;
+  }
+  /* a receive whose message never comes */
+  rs_ipc_batch lone = pull;
+  lone.n = 1;
+  lone.op[0].seq = 3;
+  lone.op[0].slot = (rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, 3));
+  w1.timeout_ns = 2000000;
+  auto t0 = std::chrono::steady_clock::now();
+  CK((cudaError_t)rs_cuda_ipc_pull(&lone, w1, 1, s[1]));
+  CK(cudaStreamSynchronize(s[1]));
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t abort_word = 0;
+  CK(cudaMemcpy(&hg, gate, sizeof hg, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&abort_word, win[1] + RS_IPC_ABORT_OFF, 8, cudaMemcpyDeviceToHost));
+  if (hg.ok || hg.bad_index != RS_DEV_AGREE_TRANSPORT || hg.got.magic != RS_IPC_TIMEOUT || abort_word != RS_IPC_TIMEOUT ||
+      ms > 1000) {
+    printf("ipc timeout: gate %u bad_index %u why %llu abort %llu after %.1f ms\n", hg.ok, hg.bad_index,
+           (unsigned long long)hg.got.magic, (unsigned long long)abort_word, ms);
+    bad++;
+  }
+  printf("CUDA IPC protocol kernels: %s (the timeout took %.1f ms)\n", bad ? "FAILED" : "passed", ms);
+  for (int r = 0; r < 2; r++) cudaFree(win[r]), cudaStreamDestroy(s[r]);
+  cudaFree(pool), cudaFree(dst), cudaFree(gate);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   gpu_require_device("gpu_kernels");
   int small = argc > 1 && strcmp(argv[1], "--small") == 0;
@@ -256,6 +384,8 @@ int main(int argc, char **argv) {
   printf("random batches: %d iterations, %d failed\n", iters, bad);
   if (!small) bad += run_large();
   bad += run_agreement();
+  bad += run_commit();
+  bad += run_ipc();
   printf("gpu_kernels: %s\n", bad ? "FAILED" : "passed");
   return bad ? 1 : 0;
 }

@@ -24,7 +24,7 @@ typedef struct mcomm mcomm;
 
 enum {
   D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
-  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX
+  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP
 };
 
 typedef struct dp2p {
@@ -62,6 +62,10 @@ typedef struct dop {
   uint64_t *vals;
   int nvals, arrived;
   uint64_t coll;
+  /* D_SELECT / D_FLIP (the double-buffer commit) */
+  rs_dev_commit *commit;
+  uint32_t nsrc, ndst;
+  uint64_t version, call;
   /* D_IPC_*: the launch's operations, its wait, which are done */
   rs_ipc_batch *batch;
   rs_ipc_wait iw;
@@ -498,6 +502,12 @@ static int step(mstream *s) {
   case D_IPC_MAX:
     rs_ipc_max(o->src, (uint32_t)o->n, o->dst);
     break;
+  case D_SELECT:
+    rs_dev_commit_select(o->src, o->nsrc, o->ndst, o->commit, o->dst);
+    break;
+  case D_FLIP:
+    rs_dev_commit_flip(o->src, o->st, o->version, o->call, o->commit);
+    break;
   }
   s->done++;
   if (s->done == s->enq) s->base = s->enq;
@@ -871,6 +881,32 @@ int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want
   o->n = n;
   o->hdr = want;
   o->st = st;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+/* The double-buffer commit's kernels, emulated (kernels/rs_agree.h). */
+int __wrap_rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c, void **cur,
+                                 void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_SELECT);
+  o->src = tab;
+  o->nsrc = nsrc, o->ndst = ndst;
+  o->commit = (rs_dev_commit *)c;
+  o->dst = cur;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+                               rs_dev_commit *c, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_FLIP);
+  o->src = word;
+  o->st = (rs_dev_agree *)st;
+  o->version = version, o->call = call;
+  o->commit = c;
   progress();
   UNLOCK();
   return 0;

@@ -26,6 +26,7 @@
 #include "plan/relay.h"
 #include "reshard.h"
 #include "reshard_cuda_ipc.h"
+#include "reshard_nccl.h"
 #include "reshard_selftest.h"
 #include "support/random_layout.h"
 
@@ -442,6 +443,94 @@ static void map_failure_fails_creation(void **state) {
   run_world(3, open_fail_rank, NULL);
 }
 
+/* RESHARD_FLAG_DOUBLE_BUFFER on the device (issue 17, item 5), over
+ * either device transport: each execute writes the inactive copy and the
+ * GPU flips the copies only when every rank's verdict was good (a
+ * one-word reduction); reshard_plan_get_status reports the commit once
+ * the GPU made it. A rank one version ahead at step 4 fails the call on
+ * every rank: nobody commits, the active copy keeps step 3 byte for byte
+ * and the committed version stays 4. */
+static void dbuf_rank(ipc_rank *r) {
+  int nccl = *(const int *)r->ctx;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (nccl) {
+    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+      RFAIL(r, "comm: %s", reshard_last_error());
+      return;
+    }
+  } else if (!(c = open_ipc(r, &host))) {
+    return;
+  }
+  reshard_layout_t *src, *dst;
+  layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 4096;
+  o.timeout_ms = 3000;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d[2] = {{0}, {0}};
+  void *bufs[2 * 8];
+  if (reshard_plan_create(c, src, dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    goto out;
+  }
+  if (reshard_selftest_alloc(&d[0], dst, r->rank, -1) || reshard_selftest_alloc(&d[1], dst, r->rank, -1) ||
+      d[0].nbuf > 8) {
+    RFAIL(r, "selftest alloc");
+    goto out;
+  }
+  for (int b = 0; b < d[0].nbuf; b++) bufs[b] = d[0].ptr[b], bufs[d[0].nbuf + b] = d[1].ptr[b];
+  for (int step = 0; step < 5 && !r->failed; step++) {
+    reshard_selftest_free(&s);
+    if (reshard_selftest_alloc(&s, src, r->rank, step)) {
+      RFAIL(r, "selftest alloc");
+      break;
+    }
+    if (step == 4 && r->rank == 1) M.tamper_version = 1;
+    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, bufs,
+                                              2 * (size_t)d[0].nbuf, NULL);
+    M.tamper_version = 0;
+    if (e) {
+      RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
+      break;
+    }
+    if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    reshard_plan_get_status(plan, &st);
+    if (step < 4) {
+      if (st.failed || st.committed_version != (uint64_t)step + 1 || st.active_copy != step % 2)
+        RFAIL(r, "step %d: failed %d (%s), committed version %llu, active copy %d", step, st.failed,
+              st.failure_message, (unsigned long long)st.committed_version, st.active_copy);
+      else
+        r->wrong += reshard_selftest_check(&d[step % 2], dst, r->rank, (uint64_t)step, "dbuf active");
+      if (step >= 1) r->wrong += reshard_selftest_check(&d[(step + 1) % 2], dst, r->rank, (uint64_t)step - 1,
+                                                        "dbuf inactive");
+    } else {
+      if (!st.failed || st.committed_version != 4 || st.active_copy != 1)
+        RFAIL(r, "step 4 (a rank out of step): failed %d, committed version %llu, active copy %d", st.failed,
+              (unsigned long long)st.committed_version, st.active_copy);
+      r->wrong += reshard_selftest_check(&d[1], dst, r->rank, 3, "dbuf kept");
+    }
+  }
+  if (r->wrong) RFAIL(r, "%lld wrong bytes", (long long)r->wrong);
+out:
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d[0]);
+  reshard_selftest_free(&d[1]);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static void double_buffer_on_device(void **state) {
+  (void)state;
+  int ipc = 0, nccl = 1;
+  run_world(3, dbuf_rank, &ipc);
+  run_world(3, dbuf_rank, &nccl);
+}
+
 /* Bad arguments: no host communicator, a device communicator as host. */
 static void bad_arguments(void **state) {
   (void)state;
@@ -471,6 +560,7 @@ int main(void) {
       cmocka_unit_test(absent_partner_times_out),
       cmocka_unit_test(poison_reaches_partners),
       cmocka_unit_test(version_mismatch_writes_nothing),
+      cmocka_unit_test(double_buffer_on_device),
       cmocka_unit_test(random_worlds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
