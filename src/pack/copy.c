@@ -75,6 +75,67 @@ void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
   c->ndim = n;
 }
 
+/* The real side's byte stride at staging unit u (a breakpoint of the
+ * refinement): within the run it is u itself; past it, unit u lies in the
+ * one dim d whose staging stride divides it. stage/real: the staging and
+ * real strides of c. */
+static int64_t stride_at(const rs_copy *c, const int64_t *stage, const int64_t *real, uint64_t u) {
+  if (u < c->run_bytes) return (int64_t)u;
+  for (int d = 0; d < c->ndim; d++) {
+    uint64_t lo = (uint64_t)stage[d];
+    if (u >= lo && u < lo * (uint64_t)c->extent[d]) return real[d] * (int64_t)(u / lo);
+  }
+  return 0; /* unreachable for a valid chain (checked by the caller) */
+}
+
+int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out) {
+  uint64_t total = rs_copy_bytes(s);
+  if (s->dst_buf != RS_BUF_STAGING || r->src_buf != RS_BUF_STAGING || s->dst_off != r->src_off ||
+      total != rs_copy_bytes(r))
+    return -1;
+  memset(out, 0, sizeof *out);
+  out->src_buf = s->src_buf;
+  out->dst_buf = r->dst_buf;
+  out->src_off = s->src_off;
+  out->dst_off = r->dst_off;
+  if (total == 0) {
+    make_empty(out, 1);
+    return 0;
+  }
+  /* The breakpoints: both runs, every dim's staging unit, the total;
+   * sorted, deduplicated, each dividing the next. */
+  uint64_t b[2 * RS_COPY_MAX_DIMS + 3];
+  int nb = 0;
+  b[nb++] = s->run_bytes;
+  b[nb++] = r->run_bytes;
+  b[nb++] = total;
+  for (int d = 0; d < s->ndim; d++) b[nb++] = (uint64_t)s->dst_stride[d];
+  for (int d = 0; d < r->ndim; d++) b[nb++] = (uint64_t)r->src_stride[d];
+  for (int i = 1; i < nb; i++)
+    for (int j = i; j > 0 && b[j] < b[j - 1]; j--) {
+      uint64_t t = b[j];
+      b[j] = b[j - 1];
+      b[j - 1] = t;
+    }
+  int m = 0;
+  for (int i = 0; i < nb; i++)
+    if (!m || b[i] != b[m - 1]) b[m++] = b[i];
+  for (int i = 1; i < m; i++)
+    if (b[i] % b[i - 1]) return -1;
+  if (m - 1 > RS_COPY_MAX_DIMS) return -1;
+  out->run_bytes = b[0];
+  out->ndim = m - 1;
+  /* dim j (outermost first) is level m-2-j: unit b[level], extent
+   * b[level+1] / b[level] */
+  for (int j = 0; j < m - 1; j++) {
+    int lv = m - 2 - j;
+    out->extent[j] = (int64_t)(b[lv + 1] / b[lv]);
+    out->src_stride[j] = stride_at(s, s->dst_stride, s->src_stride, b[lv]);
+    out->dst_stride[j] = stride_at(r, r->src_stride, r->dst_stride, b[lv]);
+  }
+  return 0;
+}
+
 uint64_t rs_copy_bytes(const rs_copy *c) {
   uint64_t total = c->run_bytes;
   for (int i = 0; i < c->ndim; i++)

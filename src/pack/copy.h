@@ -50,6 +50,18 @@ void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
 /* Total bytes the descriptor moves. */
 uint64_t rs_copy_bytes(const rs_copy *c);
 
+/* One descriptor for a pack followed by its unpack: s copies a box into
+ * staging (its destination is RS_BUF_STAGING, dense) and r copies the
+ * same box out of staging at the same offset (its source is
+ * RS_BUF_STAGING), each with its own merged dims. *out copies from s's
+ * source to r's destination directly, byte for byte what the two do, on
+ * the common refinement of their dims (both are coarsenings of the same
+ * row-major box, so the refinement has at most RS_COPY_MAX_DIMS dims).
+ * Used for registered buffers, where a receiver reads the sender's
+ * buffers (src/device/). Returns 0, or -1 when s and r are not a pack and
+ * unpack of one box (different offsets or sizes). */
+int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out);
+
 /* Executes one descriptor on host memory. */
 void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base);
 
