@@ -637,6 +637,31 @@ typedef struct reshard_plan_status {
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
                                          reshard_plan_status_t *status);
 
+/* Registers this rank's buffers for the plan's executes: src and dst as
+ * execute takes them (one copy of each destination buffer; NULL where the
+ * rank holds none). Collective over the plan's communicator: every rank
+ * calls it at the same point of its sequence of calls, and either every
+ * rank's registration takes effect or none does (the previous one stays).
+ * On the CUDA IPC transport (reshard_cuda_ipc.h) every later execute
+ * copies each received box straight from the sender's buffer into this
+ * rank's: one pass over each byte, no staging. Such executes must pass
+ * exactly the registered pointers (others are refused with
+ * RESHARD_ERROR_INVALID_ARGUMENT, which poisons the communicator like any
+ * refused call: the partners read this rank's registered buffers, so a
+ * rank cannot fall back to staging alone). Call it again after
+ * reallocating buffers (vLLM sleep/wake), even when the new addresses
+ * equal the old ones (a peer's mapping is of the old allocation), or with
+ * NULL, 0, NULL, 0 to unregister (executes go through staging again); the
+ * mappings of the old buffers are released. Buffers must be cudaMalloc
+ * allocations or pieces of them (PyTorch's caching allocator without
+ * expandable_segments): others give RESHARD_ERROR_BACKEND naming the
+ * buffer. Not with RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Other
+ * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
+ * (their executes need no registration). */
+reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,
+                                               void *const *src, size_t nsrc,
+                                               void *const *dst, size_t ndst);
+
 void reshard_plan_destroy(reshard_plan_t *plan); /* NULL is a no-op */
 
 /* ------------------------------------------------------------------ */

@@ -37,6 +37,14 @@ void rs_device_poll(const reshard_plan_t *plan);
 /* plan->device_free: releases what rs_device_prepare_local set up. */
 void rs_device_plan_free(reshard_plan_t *plan);
 
+/* stream_ops->register_buffers of device transports that map their
+ * peers' memory (reshard_plan_register_buffers; src/device/direct.c). */
+reshard_result_t rs_device_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
+                                    size_t ndst);
+
+/* The allocation p lies in (src/device/mem_range.c): 0, or a cudaError_t. */
+int rs_cuda_mem_range(const void *p, void **base, size_t *size);
+
 /* Maps a CUDA error to a result code with detail ("what" failed);
  * allocation failures are RESHARD_ERROR_OUT_OF_MEMORY. */
 reshard_result_t rs_cuda_error(int err, const char *what, int rank);

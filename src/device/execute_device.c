@@ -33,6 +33,7 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "device/device.h"
+#include "device/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
 #include "transport/stream.h"
@@ -89,6 +90,20 @@ typedef struct rs_dev {
   rs_dev_commit *d_commit, *h_commit;
   cudaEvent_t ev_committed;
   int committed_once;
+
+  /* Registered buffers (reshard_plan_register_buffers, src/device/
+   * direct.c): an execute with exactly these buffers copies each receive
+   * straight from the sender's mapped buffers (d_dcopies, tiles by round
+   * from dstart), reading through d_dtab (the partners' buffers, then
+   * this rank's destination buffers from dtab_dst on). */
+  void **reg;
+  size_t nreg;
+  void *mapset;
+  rs_copy *d_dcopies;
+  rs_tile *d_dtiles;
+  uint64_t *dstart;
+  void **d_dtab;
+  uint32_t dtab_dst;
 
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
@@ -174,6 +189,9 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_agree) cudaFreeAsync(d->d_agree, d->s[S_PACK]);
     if (d->d_word) cudaFreeAsync(d->d_word, d->s[S_PACK]);
     if (d->d_cur) cudaFreeAsync(d->d_cur, d->s[S_PACK]);
+    if (d->d_dcopies) cudaFreeAsync(d->d_dcopies, d->s[S_PACK]);
+    if (d->d_dtiles) cudaFreeAsync(d->d_dtiles, d->s[S_PACK]);
+    if (d->d_dtab) cudaFreeAsync(d->d_dtab, d->s[S_PACK]);
     if (d->d_commit) cudaFreeAsync(d->d_commit, d->s[S_PACK]);
   }
   for (int i = 0; i < S_COUNT; i++)
@@ -187,6 +205,9 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   if (d->h_agree) cudaFreeHost(d->h_agree);
   if (d->h_commit) cudaFreeHost(d->h_commit);
   free(d->hdr_p2p);
+  if (d->mapset) so->unshare(p->comm, d->mapset);
+  free(d->reg);
+  free(d->dstart);
   free(d->pack_start);
   free(d->unpack_start);
   free(d->fwd_round);
@@ -378,7 +399,6 @@ fail:
   return r;
 }
 
-/* Enqueues one launch over tiles [a, b). */
 /* Enqueues one launch over tiles [a, b). gated: it writes destination
  * buffers (unpacks, local copies), so it writes nothing once the
  * agreement failed. */
@@ -434,6 +454,27 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                   "was written", p->rank, peer, (unsigned long long)a->got.call,
                   (unsigned long long)a->got.version, (unsigned long long)a->want.call,
                   (unsigned long long)a->want.version, digests);
+}
+
+/* Round k of a direct execute (registered buffers), on the transfer
+ * stream: a token from each sender says its data is ready (sources at the
+ * call's start; forwards once the copies that wrote them ran, earlier on
+ * this stream), the receivers copy straight from the senders' buffers
+ * (gated like unpacks), and a token back says they are done reading, so
+ * that the sender's stream, and so its caller, goes on only then.
+ * d->p2p holds the round's n transfers (receives first). */
+static reshard_result_t direct_round(const reshard_plan_t *p, rs_dev *d, int k, size_t n, int64_t deadline) {
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  for (size_t i = 0; i < n; i++) d->p2p[i].bytes = 0, d->p2p[i].buf = d->d_word ? (void *)d->d_word : (void *)d;
+  RS_CHECK(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree));
+  if (k < dir_rounds(p->recvs, p->nrecvs) && d->dstart[k + 1] > d->dstart[k]) {
+    const uint32_t *gate = d->d_agree ? &d->d_agree->ok : NULL;
+    int e = rs_cuda_launch_copies_gated(d->d_dtiles + d->dstart[k], d->dstart[k + 1] - d->dstart[k], d->d_dcopies,
+                                        d->d_dtab, d->d_dtab + d->dtab_dst, NULL, gate, d->s[S_XFER]);
+    if (e) return rs_cuda_error(e, "direct copy launch", p->rank);
+  }
+  for (size_t i = 0; i < n; i++) d->p2p[i].is_recv = !d->p2p[i].is_recv;
+  return so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree);
 }
 
 static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
@@ -535,6 +576,8 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaEventRecord(d->ev_checked, d->s[S_XFER]), "cudaEventRecord(checked)");
   }
 
+  /* registered buffers: direct copies, no staging (checked by the caller) */
+  int direct = d->reg != NULL;
   unsigned char *send_stage[2] = {staging, staging + p->send_half};
   unsigned char *recv_stage[2] = {staging + 2 * p->send_half, staging + 2 * p->send_half + p->recv_half};
   int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
@@ -546,8 +589,9 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * it (one stream) have written what they read. */
     if (k >= 2 && d->fwd_round[k])
       CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
-    RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 0, "pack launch"), r,
-                  fail);
+    if (!direct)
+      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 0, "pack launch"),
+                    r, fail);
     CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
     if (k == 0 && d->local_end > d->local_start) {
       if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
@@ -563,13 +607,18 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
         d->p2p[n++] = (rs_p2p){p->sends[i].peer, 0, send_stage[h] + p->sends[i].staging_off, p->sends[i].bytes};
     CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_packed[h], 0), "cudaStreamWaitEvent(packed)");
     if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(receive half)");
-    RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree), r, fail);
+    if (direct) {
+      RS_CHECK_GOTO(direct_round(p, d, k, n, deadline), r, fail);
+    } else {
+      RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree), r, fail);
+    }
     CU(cudaEventRecord(d->ev_xfer[h], d->s[S_XFER]), "cudaEventRecord(transfer)");
 
     CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
-    RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, 1,
-                         "unpack launch"),
-                  r, fail);
+    if (!direct)
+      RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, 1,
+                           "unpack launch"),
+                    r, fail);
     CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
   }
   if (p->nrounds == 0)
@@ -661,6 +710,20 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
   commit_poll(p, d);
   r = agreement_verdict(p, d);
   if (r == RESHARD_SUCCESS) r = so->check(p->comm);
+  /* A registered plan runs direct on every rank: its partners read this
+   * rank's registered buffers, so other pointers are refused (a rank
+   * falling back to staging alone would not pair with its partners). */
+  for (size_t i = 0; r == RESHARD_SUCCESS && d->reg && i < d->nreg; i++) {
+    void *given = i < (size_t)p->num_src_buffers ? (src && i < nsrc ? src[i] : NULL)
+                                                 : (dst && i - p->num_src_buffers < ndst ? dst[i - p->num_src_buffers]
+                                                                                         : NULL);
+    if (given != d->reg[i])
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffer %zu is %p, not the registered %p: a "
+                   "plan with registered buffers executes with exactly those (call reshard_plan_register_buffers "
+                   "again after reallocating, or with no buffers to go back to staging)", p->rank,
+                   i < (size_t)p->num_src_buffers ? "source" : "destination",
+                   i < (size_t)p->num_src_buffers ? i : i - p->num_src_buffers, given, d->reg[i]);
+  }
   if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version);
   if (r == RESHARD_SUCCESS && (p->opts.flags & RESHARD_FLAG_SYNC)) {
     /* the call's own result: its work done (polled until its deadline),
@@ -759,5 +822,131 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
     so->poison(p->comm);
     rs_error_prefix("plan_create rank %d (connecting the plan's peers): ", p->rank);
   }
+  return r;
+}
+
+/* reshard_plan_register_buffers on a transport that maps its peers'
+ * memory: exchange with every partner this rank's buffers and its send
+ * copies, compose the direct copies of every receive, upload them, and
+ * agree over the communicator that every rank succeeded (all or
+ * nothing: on any failure every rank keeps its previous registration). */
+reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst) {
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  rs_dev *d = p->device;
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (!d) return rs_error(RESHARD_ERROR_INTERNAL, "register_buffers rank %d: the plan has no device state", p->rank);
+  pthread_mutex_lock(&d->mu);
+  size_t np = p->npeers, nb = nsrc + ndst, nt = 0;
+  rs_share *sh = calloc(np + 1, sizeof *sh);
+  uint32_t *base = calloc(np + 1, sizeof *base);
+  void **bufs = calloc(nb + 1, sizeof *bufs), **reg = calloc(nb + 1, sizeof *reg);
+  rs_copy *hc = malloc((p->nrecv_copies + 1) * sizeof *hc);
+  uint64_t *dstart = calloc((size_t)p->nrounds + 2, sizeof *dstart);
+  rs_tile *ht = NULL;
+  void **htab = NULL, *mapset = NULL;
+  rs_copy *d_dcopies = NULL;
+  rs_tile *d_dtiles = NULL;
+  void **d_dtab = NULL;
+  uint32_t ntab = 0;
+  int unregister = 0;
+  if (!sh || !base || !bufs || !reg || !hc || !dstart)
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
+  else if (d->failed)
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "register_buffers rank %d: this plan failed earlier (%s)", p->rank,
+                 d->failed_msg);
+  else if (d->dbuf)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
+                 p->rank);
+  else if (!src && !dst && !nsrc && !ndst)
+    unregister = 1;
+  else if (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers)
+    r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source and %zu destination buffers "
+                 "given, the layouts have %d and %d", p->rank, nsrc, ndst, p->num_src_buffers, p->num_dst_buffers);
+  /* earlier executes may still read the old registration's tables */
+  if (!r && !streams_idle(d, d->last_deadline ? d->last_deadline : rs_now_ns()))
+    r = rs_error(RESHARD_ERROR_TIMEOUT, "register_buffers rank %d: the plan's last execute is not done past its "
+                 "deadline", p->rank);
+  for (size_t i = 0; i < nb && bufs && reg; i++) bufs[i] = reg[i] = i < nsrc ? (src ? src[i] : NULL) : (dst ? dst[i - nsrc] : NULL);
+  /* the exchange runs whatever failed here, so that no partner waits for
+   * this rank; a rank that failed shares no buffers */
+  for (size_t i = 0; sh && i < np; i++) {
+    sh[i].peer = p->peers[i].peer;
+    if (!r) r = rs_direct_blob(p, sh[i].peer, (void **)&sh[i].out, &sh[i].out_bytes);
+  }
+  /* (unregistering is collective too, but exchanges nothing: every rank
+   * passes no buffers) */
+  if (!unregister) {
+    reshard_result_t rs = sh ? so->share(p->comm, r ? NULL : bufs, r ? 0 : nb, sh, np, &mapset)
+                             : RESHARD_ERROR_OUT_OF_MEMORY;
+    if (!r) r = rs;
+  }
+  for (size_t i = 0; !r && !unregister && i < np; i++) base[i] = ntab, ntab += (uint32_t)sh[i].nbufs;
+  if (!r && !unregister) r = rs_direct_compose(p, sh, np, base, hc);
+  if (!r && !unregister) {
+    nt = count_dir(p->recvs, p->nrecvs, p->recv_round, p->nrounds, hc, dstart, 0);
+    ht = malloc((nt + 1) * sizeof *ht);
+    htab = calloc((size_t)ntab + ndst + 1, sizeof *htab);
+    if (!ht || !htab) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
+  }
+  if (!r && !unregister) {
+    build_dir(p->recvs, p->nrecvs, p->recv_round, hc, 0, dstart, ht);
+    for (size_t i = 0; i < np; i++)
+      for (size_t b = 0; b < sh[i].nbufs; b++) htab[base[i] + b] = sh[i].bufs[b];
+    for (size_t b = 0; b < ndst; b++) htab[ntab + b] = dst ? dst[b] : NULL;
+    cudaStream_t s = d->s[S_PACK];
+    CU(cudaMallocAsync((void **)&d_dcopies, (p->nrecv_copies + 1) * sizeof *hc, s), "cudaMallocAsync(direct copies)");
+    CU(cudaMallocAsync((void **)&d_dtiles, (nt + 1) * sizeof *ht, s), "cudaMallocAsync(direct tiles)");
+    CU(cudaMallocAsync((void **)&d_dtab, ((size_t)ntab + ndst + 1) * sizeof *htab, s), "cudaMallocAsync(direct table)");
+    CU(cudaMemcpyAsync(d_dcopies, hc, p->nrecv_copies * sizeof *hc, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    CU(cudaMemcpyAsync(d_dtiles, ht, nt * sizeof *ht, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    CU(cudaMemcpyAsync(d_dtab, htab, ((size_t)ntab + ndst) * sizeof *htab, cudaMemcpyHostToDevice, s),
+       "cudaMemcpyAsync");
+    cudaError_t q = poll_done(s, NULL, rs_deadline_after_ms(p->opts.timeout_ms));
+    if (q == cudaErrorNotReady)
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "register_buffers rank %d: the upload did not finish before the deadline",
+                   p->rank);
+    else
+      CU(q, "cudaStreamQuery(direct upload)");
+  }
+fail:;
+  /* every rank succeeded, or none keeps the new registration */
+  uint64_t bad = r != RESHARD_SUCCESS;
+  reshard_result_t ra = p->comm->ops->allreduce_max_u64(p->comm, &bad, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+  if (!r && ra) r = ra;
+  else if (!r && bad)
+    r = rs_error(RESHARD_ERROR_REMOTE, "register_buffers rank %d: another rank failed to register its buffers; "
+                 "the previous registration stays", p->rank);
+  if (!r) {
+    /* the new registration in, the old one out (its work is done) */
+    if (d->d_dcopies) cudaFreeAsync(d->d_dcopies, d->s[S_PACK]);
+    if (d->d_dtiles) cudaFreeAsync(d->d_dtiles, d->s[S_PACK]);
+    if (d->d_dtab) cudaFreeAsync(d->d_dtab, d->s[S_PACK]);
+    if (d->mapset) so->unshare(p->comm, d->mapset);
+    free(d->reg);
+    free(d->dstart);
+    d->d_dcopies = d_dcopies, d->d_dtiles = d_dtiles, d->d_dtab = d_dtab, d->mapset = mapset;
+    d->reg = unregister ? NULL : reg, d->nreg = unregister ? 0 : nb, d->dstart = dstart, d->dtab_dst = ntab;
+    if (!unregister) reg = NULL;
+    dstart = NULL, mapset = NULL;
+  } else {
+    if (d_dcopies) cudaFreeAsync(d_dcopies, d->s[S_PACK]);
+    if (d_dtiles) cudaFreeAsync(d_dtiles, d->s[S_PACK]);
+    if (d_dtab) cudaFreeAsync(d_dtab, d->s[S_PACK]);
+    if (mapset) so->unshare(p->comm, mapset);
+  }
+  for (size_t i = 0; sh && i < np; i++) {
+    free((void *)sh[i].out);
+    free(sh[i].in);
+    free(sh[i].bufs);
+  }
+  free(sh);
+  free(base);
+  free(bufs);
+  free(reg);
+  free(hc);
+  free(dstart);
+  free(ht);
+  free(htab);
+  pthread_mutex_unlock(&d->mu);
   return r;
 }

@@ -635,3 +635,15 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
   free(bytes);
   return r;
 }
+
+reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const *src, size_t nsrc,
+                                               void *const *dst, size_t ndst) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
+  const rs_stream_ops *so = plan->comm->ops->stream_ops;
+  if (!so || !so->register_buffers)
+    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the %s transport does not map its peers' "
+                    "buffers (CUDA IPC does); execute needs no registration here", plan->rank,
+                    plan->comm->ops->name);
+  return so->register_buffers(plan, src, nsrc, dst, ndst);
+}

@@ -45,6 +45,16 @@ typedef struct mapping {
   int opened; /* cudaIpcOpenMemHandle (closed at the end) */
 } mapping;
 
+/* A peer's allocation mapped here, shared by every registration that
+ * names it (cudaIpcOpenMemHandle once per allocation and process). */
+typedef struct region {
+  uint64_t pid;
+  uint64_t handle[sizeof(cudaIpcMemHandle_t) / 8];
+  unsigned char *base;
+  int refs;
+  struct region *next;
+} region;
+
 typedef struct rs_ipc {
   rs_dev_comm dev; /* first (src/device/dev_comm.h) */
   reshard_comm_t *host;
@@ -59,6 +69,7 @@ typedef struct rs_ipc {
   uint64_t *h_abort;      /* pinned: the poison value */
   cudaStream_t ctl;       /* poisoning copies */
   uint32_t *count;        /* group: messages per peer (scratch) */
+  region *regions;        /* registered peers' allocations mapped here */
   void **deferred;        /* pools freed at destroy (see ipc_pool_free) */
   size_t ndeferred;
 } rs_ipc;
@@ -417,6 +428,188 @@ static void ipc_destroy(reshard_comm_t *c) {
   c->impl = NULL;
 }
 
+/* ------------------------------------------------------ registration */
+
+/* What a rank says of one registered buffer. */
+typedef struct bufrec {
+  uint64_t present, pid, offset, ptr;
+  uint64_t handle[H_WORDS];
+} bufrec;
+
+typedef struct mapset {
+  region **r;
+  size_t n;
+} mapset;
+
+static void region_drop(rs_ipc *x, region *g) {
+  if (--g->refs > 0) return;
+  for (region **q = &x->regions; *q; q = &(*q)->next)
+    if (*q == g) {
+      *q = g->next;
+      break;
+    }
+  cudaIpcCloseMemHandle(g->base);
+  free(g);
+}
+
+static void ipc_unshare(reshard_comm_t *c, void *ms) {
+  rs_ipc *x = c->impl;
+  mapset *m = ms;
+  if (!m) return;
+  for (size_t i = 0; i < m->n; i++) region_drop(x, m->r[i]);
+  free(m->r);
+  free(m);
+}
+
+/* Maps the allocation of one record (once per allocation and process). */
+static reshard_result_t region_map(reshard_comm_t *c, mapset *m, int peer, size_t b, const bufrec *e, void **out) {
+  rs_ipc *x = c->impl;
+  region *g = x->regions;
+  while (g && !(g->pid == e->pid && !memcmp(g->handle, e->handle, sizeof g->handle))) g = g->next;
+  if (!g) {
+    cudaIpcMemHandle_t h;
+    memcpy(&h, e->handle, sizeof h);
+    void *p = NULL;
+    cudaError_t ce = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (ce)
+      return rs_error(RESHARD_ERROR_BACKEND, "register_buffers rank %d: mapping buffer %zu of rank %d with "
+                      "cudaIpcOpenMemHandle failed: %s (%s)", c->rank, b, peer, cudaGetErrorName(ce),
+                      cudaGetErrorString(ce));
+    g = calloc(1, sizeof *g);
+    if (!g) {
+      cudaIpcCloseMemHandle(p);
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+    }
+    g->pid = e->pid;
+    memcpy(g->handle, e->handle, sizeof g->handle);
+    g->base = p;
+    g->next = x->regions;
+    x->regions = g;
+  }
+  region **r = realloc(m->r, (m->n + 1) * sizeof *r);
+  if (!r) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  m->r = r;
+  m->r[m->n++] = g;
+  g->refs++;
+  *out = g->base + e->offset;
+  return RESHARD_SUCCESS;
+}
+
+/* This rank's records: each buffer's allocation, exported, and its
+ * offset in it. */
+static reshard_result_t records(reshard_comm_t *c, void *const *bufs, size_t n, bufrec *out) {
+  for (size_t b = 0; b < n; b++) {
+    memset(&out[b], 0, sizeof out[b]);
+    out[b].pid = (uint64_t)getpid();
+    if (!bufs[b]) continue;
+    void *base = NULL;
+    size_t size = 0;
+    int e = rs_cuda_mem_range(bufs[b], &base, &size);
+    cudaIpcMemHandle_t h;
+    cudaError_t ce = e ? (cudaError_t)e : cudaIpcGetMemHandle(&h, base);
+    if (ce)
+      return rs_error(RESHARD_ERROR_BACKEND, "register_buffers rank %d: buffer %zu (%p) cannot be exported for CUDA "
+                      "IPC: %s (%s); it must come from cudaMalloc (PyTorch: not with expandable_segments)", c->rank,
+                      b, bufs[b], cudaGetErrorName(ce), cudaGetErrorString(ce));
+    out[b].present = 1;
+    out[b].ptr = (uint64_t)(uintptr_t)bufs[b];
+    out[b].offset = (uint64_t)((unsigned char *)bufs[b] - (unsigned char *)base);
+    memcpy(out[b].handle, &h, sizeof h);
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* Waits for every request of reqs[0, n) (NULL entries skipped) until the
+ * deadline; the ones left are cancelled. */
+static reshard_result_t wait_all(reshard_comm_t *h, rs_request **reqs, size_t n, int64_t deadline) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (size_t i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    reshard_result_t w = r ? RESHARD_ERROR_TIMEOUT : h->ops->wait(h, reqs[i], deadline);
+    if (w) {
+      h->ops->cancel(h, reqs[i]);
+      if (!r) r = w;
+    }
+    reqs[i] = NULL;
+  }
+  return r;
+}
+
+#define SHARE_TAG 0x52534950ull << 32 /* "RSIP": the host communicator carries nothing else of ours */
+
+static reshard_result_t ipc_share(reshard_comm_t *c, void *const *bufs, size_t nbufs, rs_share *sh, size_t nsh,
+                                  void **out) {
+  rs_ipc *x = c->impl;
+  reshard_comm_t *h = x->host;
+  *out = NULL;
+  mapset *m = calloc(1, sizeof *m);
+  bufrec *mine = calloc(nbufs + 1, sizeof *mine);
+  uint64_t (*hdr_in)[2] = calloc(nsh + 1, sizeof *hdr_in), (*hdr_out)[2] = calloc(nsh + 1, sizeof *hdr_out);
+  bufrec **theirs = calloc(nsh + 1, sizeof *theirs);
+  rs_request **req = calloc(4 * nsh + 1, sizeof *req);
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (!m || !mine || !hdr_in || !hdr_out || !theirs || !req)
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", c->rank);
+  /* a rank that cannot export still exchanges (no buffers), so that its
+   * partners do not wait for it; the agreement after says who failed */
+  reshard_result_t local = r ? r : records(c, bufs, nbufs, mine);
+  size_t nmine = local ? 0 : nbufs;
+  int64_t deadline = rs_deadline_after_ms(60000);
+  /* headers: how many records, how many bytes */
+  for (size_t i = 0; !r && i < nsh; i++) {
+    hdr_out[i][0] = nmine;
+    hdr_out[i][1] = sh[i].out_bytes;
+    r = h->ops->irecv(h, sh[i].peer, SHARE_TAG, hdr_in[i], sizeof hdr_in[i], &req[2 * i]);
+    if (!r) r = h->ops->isend(h, sh[i].peer, SHARE_TAG, hdr_out[i], sizeof hdr_out[i], &req[2 * i + 1]);
+  }
+  reshard_result_t w = wait_all(h, req, 2 * nsh, deadline);
+  if (!r) r = w;
+  for (size_t i = 0; !r && i < nsh; i++) {
+    theirs[i] = calloc(hdr_in[i][0] + 1, sizeof **theirs);
+    sh[i].in = malloc(hdr_in[i][1] + 1);
+    sh[i].in_bytes = hdr_in[i][1];
+    if (!theirs[i] || !sh[i].in) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", c->rank);
+      break;
+    }
+    int p = sh[i].peer;
+    rs_request **q = &req[4 * i];
+    if (hdr_in[i][0]) r = h->ops->irecv(h, p, SHARE_TAG | 1, theirs[i], hdr_in[i][0] * sizeof(bufrec), &q[0]);
+    if (!r && hdr_in[i][1]) r = h->ops->irecv(h, p, SHARE_TAG | 2, sh[i].in, hdr_in[i][1], &q[1]);
+    if (!r && nmine) r = h->ops->isend(h, p, SHARE_TAG | 1, mine, nmine * sizeof(bufrec), &q[2]);
+    if (!r && sh[i].out_bytes) r = h->ops->isend(h, p, SHARE_TAG | 2, sh[i].out, sh[i].out_bytes, &q[3]);
+  }
+  w = wait_all(h, req, 4 * nsh, deadline);
+  if (!r) r = w;
+  for (size_t i = 0; !r && i < nsh; i++) {
+    sh[i].nbufs = hdr_in[i][0];
+    sh[i].bufs = calloc(sh[i].nbufs + 1, sizeof *sh[i].bufs);
+    if (!sh[i].bufs) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", c->rank);
+    for (size_t b = 0; !r && b < sh[i].nbufs; b++) {
+      const bufrec *e = &theirs[i][b];
+      if (!e->present) continue;
+      if (e->pid == (uint64_t)getpid()) { /* a rank of this process: its address */
+        sh[i].bufs[b] = (void *)(uintptr_t)e->ptr;
+        continue;
+      }
+      r = region_map(c, m, sh[i].peer, b, e, &sh[i].bufs[b]);
+    }
+  }
+  for (size_t i = 0; theirs && i < nsh; i++) free(theirs[i]);
+  free(theirs);
+  free(mine);
+  free(hdr_in);
+  free(hdr_out);
+  free(req);
+  if (!r) r = local;
+  if (r) {
+    ipc_unshare(c, m);
+    return r;
+  }
+  *out = m;
+  return RESHARD_SUCCESS;
+}
+
 static const rs_dev_comm_hooks rs_ipc_hooks = {
     .name = "CUDA IPC",
     .health = ipc_health,
@@ -439,6 +632,9 @@ static const rs_stream_ops rs_ipc_stream_ops = {
     .check = ipc_check,
     .poll = rs_device_poll,
     .poison = ipc_poison,
+    .register_buffers = rs_device_register,
+    .share = ipc_share,
+    .unshare = ipc_unshare,
 };
 
 static const rs_transport_ops rs_ipc_ops = {

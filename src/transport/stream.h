@@ -24,6 +24,18 @@ typedef struct rs_p2p {
   uint64_t bytes;
 } rs_p2p;
 
+/* One partner's side of a registration exchange (share, below). */
+typedef struct rs_share {
+  int32_t peer;
+  const void *out;  /* bytes for the peer (the caller's) */
+  size_t out_bytes;
+  void *in;         /* the peer's bytes (malloc'd by the transport) */
+  size_t in_bytes;
+  void **bufs;      /* the peer's buffers as mapped here (malloc'd by the
+                       transport; NULL where the peer passed none) */
+  size_t nbufs;
+} rs_share;
+
 struct rs_stream_ops {
   /* Enqueues the whole plan after the work already on `stream` (a
    * cudaStream_t; NULL: the legacy default stream); completion is visible
@@ -89,6 +101,20 @@ struct rs_stream_ops {
    * aborts reshard's private communicator, never the caller's. Later
    * calls fail with INVALID_USAGE. */
   void (*poison)(reshard_comm_t *comm);
+  /* reshard_plan_register_buffers (NULL: the transport cannot map its
+   * peers' memory; the call is UNSUPPORTED). */
+  reshard_result_t (*register_buffers)(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
+                                       size_t ndst);
+  /* Transports that map peers' memory (CUDA IPC): exchanges with each
+   * partner of sh[0, n) its bytes (out -> the peer's in) and this rank's
+   * buffers bufs[0, nbufs) (device memory, NULL where none), which the
+   * peer maps; *mapset holds the mappings made here until unshare. A
+   * partner appears once and exchanges both ways; every rank calls it
+   * with its partners at the same point (p2p over the host
+   * communicator, with deadlines). */
+  reshard_result_t (*share)(reshard_comm_t *comm, void *const *bufs, size_t nbufs, rs_share *sh, size_t n,
+                            void **mapset);
+  void (*unshare)(reshard_comm_t *comm, void *mapset);
 };
 
 static inline reshard_result_t rs_stream_execute(

@@ -424,6 +424,7 @@ static int step_ipc_wait(dop *o, int acked) {
         else {
           rs_ipc_copy(x, 0, x->bytes, 0, 1);
           world.delivered++;
+          if (x->bytes > RS_IPC_INLINE) world.ipc_pool_pulls++;
         }
       }
     } else if (rs_ipc_load(o->iw.abort)) {
@@ -578,7 +579,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.n = n;
   world.chan_cap = chan_cap > 0 ? chan_cap : 1 << 30;
   world.hangs = world.bad_size = world.use_after_free = 0;
-  world.ipc_mapped = world.ipc_timeouts = 0;
+  world.ipc_mapped = world.ipc_timeouts = world.ipc_pool_pulls = 0;
   world.parent_aborts = world.parent_destroys = world.leftover = 0;
   UNLOCK();
 }
@@ -953,6 +954,12 @@ cudaError_t __wrap_cudaMemset(void *p, int v, size_t n) {
   memset(p, v, n);
   UNLOCK();
   return cudaSuccess;
+}
+/* Every buffer is its own allocation here. */
+int __wrap_rs_cuda_mem_range(const void *p, void **base, size_t *size) {
+  *base = (void *)p;
+  *size = 1;
+  return 0;
 }
 /* Ranks of a world are threads of one process that the transport must
  * treat as processes (cudaIpcOpenMemHandle), as they would be. */

@@ -128,6 +128,7 @@ typedef struct mock_world {
   size_t staging_live, staging_peak; /* ncclMemAlloc bytes */
   long ipc_mapped;   /* cudaIpcOpenMemHandle mappings not closed */
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
+  long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
 } mock_world;
 
 extern mock_world world;

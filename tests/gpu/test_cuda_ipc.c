@@ -24,6 +24,7 @@
 
 #include "gpu/mock_device.h"
 #include "plan/relay.h"
+#include "transport/transport.h"
 #include "reshard.h"
 #include "reshard_cuda_ipc.h"
 #include "reshard_nccl.h"
@@ -204,6 +205,7 @@ typedef struct rand_ctx {
   size_t staging;
   int relay;
   const char *topology;
+  int registered; /* reshard_plan_register_buffers, then direct executes */
 } rand_ctx;
 
 static void random_rank(ipc_rank *r) {
@@ -221,10 +223,24 @@ static void random_rank(ipc_rank *r) {
     close_ipc(c, host);
     return;
   }
-  reshard_selftest_t s, d;
+  reshard_selftest_t s = {0}, d;
   if (reshard_selftest_alloc(&d, x->pair->dst, r->rank, -1)) RFAIL(r, "selftest alloc");
-  for (int step = 0; step < 2 && !r->failed; step++) {
-    if (reshard_selftest_alloc(&s, x->pair->src, r->rank, step)) {
+  if (x->registered) {
+    /* one set of source buffers, registered, refilled every step (the
+     * last step passes other buffers: the staged path) */
+    if (reshard_selftest_alloc(&s, x->pair->src, r->rank, 0)) RFAIL(r, "selftest alloc");
+    else if (reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                           (size_t)d.nbuf))
+      RFAIL(r, "register_buffers: %s", reshard_last_error());
+  }
+  for (int step = 0; step < (x->registered ? 3 : 2) && !r->failed; step++) {
+    if (x->registered && step == 2 && reshard_plan_register_buffers(plan, NULL, 0, NULL, 0)) {
+      RFAIL(r, "unregister: %s", reshard_last_error());
+      break;
+    }
+    if (x->registered && step < 2) {
+      reshard_selftest_fill(&s, x->pair->src, (uint64_t)step);
+    } else if (reshard_selftest_alloc(&s, x->pair->src, r->rank, step)) {
       RFAIL(r, "selftest alloc");
       break;
     }
@@ -236,12 +252,15 @@ static void random_rank(ipc_rank *r) {
     reshard_plan_status_t st = {.struct_size = sizeof st};
     reshard_plan_get_status(plan, &st);
     if (st.failed) RFAIL(r, "status: %s", st.failure_message);
-    reshard_selftest_free(&s);
+    if (!x->registered || step == 1) reshard_selftest_free(&s); /* registered: step 2 gets other buffers */
   }
+  reshard_selftest_free(&s);
   reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   close_ipc(c, host);
 }
+
+static int registered_worlds; /* rand_ctx.registered of random_worlds */
 
 static void random_worlds(void **state) {
   (void)state;
@@ -257,7 +276,7 @@ static void random_worlds(void **state) {
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
     rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
-                  it % 4 == 3 ? "h100-8x400g" : NULL};
+                  it % 4 == 3 ? "h100-8x400g" : NULL, registered_worlds};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     /* run_world's failure message, with the seed first */
     mock_world_begin(pair.nranks, 0);
@@ -282,6 +301,9 @@ static void random_worlds(void **state) {
     reshard_inproc_world_destroy(hw);
     if (wrong || failed >= 0 || hangs || mapped) {
       rl_pair_print(&pair, stderr);
+      for (int i = 0; i < pair.nranks; i++)
+        if (r[i].failed) fprintf(stderr, "rank %d: %s\n", i, r[i].why);
+      fprintf(stderr, "replay: RS_SEED0=%llu RS_IT0=%d RS_ITERS=1\n", (unsigned long long)seed0, it);
       fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %ld hangs, %ld mappings open%s%s",
                (unsigned long long)seed, pair.nranks, x.staging, relay, (long long)wrong, hangs, mapped,
                failed >= 0 ? "; first failed rank: " : "", failed >= 0 ? r[failed].why : "");
@@ -292,6 +314,145 @@ static void random_worlds(void **state) {
   world.hang_ms = 3000;
   printf("random IPC worlds: %ld messages pulled\n", world.delivered - delivered0);
   if (iters >= 100) assert_true(world.delivered - delivered0 > 300);
+}
+
+/* The same with registered buffers: direct copies from the senders'
+ * buffers (relays included: forwards read the relaying rank's registered
+ * destination buffers), then unregistered, a step with other buffers
+ * (staged). */
+static void registered_random_worlds(void **state) {
+  registered_worlds = 1;
+  random_worlds(state);
+  registered_worlds = 0;
+}
+
+/* Registered buffers move no byte through staging: every message is a
+ * token and the receiver copies from the sender's buffer (no pull from a
+ * pool); unregistered, other buffers go staged; registering them goes
+ * direct again, and the old mappings are released. */
+static void direct_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+    goto out;
+  }
+  if (reshard_selftest_alloc(&p.s, p.src, r->rank, 0)) RFAIL(r, "selftest alloc");
+  long pulls0 = world.ipc_pool_pulls;
+  if (!r->failed && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
+                                                  (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+    RFAIL(r, "register: %s", reshard_last_error());
+  for (int step = 0; step < 4 && !r->failed; step++) {
+    if (step == 2) { /* unregistered, other source buffers: staged */
+      if (reshard_plan_register_buffers(p.plan, NULL, 0, NULL, 0)) RFAIL(r, "unregister: %s", reshard_last_error());
+      reshard_selftest_t old = p.s;
+      if (reshard_selftest_alloc(&p.s, p.src, r->rank, step)) RFAIL(r, "selftest alloc");
+      reshard_selftest_free(&old);
+    } else {
+      reshard_selftest_fill(&p.s, p.src, (uint64_t)step);
+    }
+    if (step == 3 && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
+                                                   (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+      RFAIL(r, "register again: %s", reshard_last_error());
+    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
+                             (size_t)p.d.nbuf, NULL))
+      RFAIL(r, "execute: %s", reshard_last_error());
+    if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    r->wrong += reshard_selftest_check(&p.d, p.dst, r->rank, (uint64_t)step, "direct");
+    /* every rank is past this step before anyone looks at the counter */
+    uint64_t v = 0;
+    host->ops->allreduce_max_u64(host, &v, 1, INT64_MAX);
+    long pulls = world.ipc_pool_pulls - pulls0;
+    if (step < 2 && pulls) RFAIL(r, "step %d: %ld messages pulled from staging pools (direct expected)", step, pulls);
+    if (step == 2 && pulls == 0) RFAIL(r, "step 2 (other buffers): nothing went through staging");
+    if (step == 2) pulls0 = world.ipc_pool_pulls;
+    if (step == 3 && pulls) RFAIL(r, "step 3 (registered again): %ld messages through staging", pulls);
+    host->ops->allreduce_max_u64(host, &v, 1, INT64_MAX);
+  }
+  if (r->wrong) RFAIL(r, "%lld wrong bytes", (long long)r->wrong);
+out:
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+/* An execute of a registered plan with other buffers is refused (its
+ * partners would read the registered ones): INVALID_ARGUMENT naming the
+ * buffer, nothing written, and the partner learns of it (REMOTE). */
+static void other_buffers_rank(ipc_rank *r) {
+  reshard_comm_t *host, *c = open_ipc(r, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+    goto out;
+  }
+  if (reshard_selftest_alloc(&p.s, p.src, r->rank, 0)) RFAIL(r, "selftest alloc");
+  if (!r->failed && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
+                                                  (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+    RFAIL(r, "register: %s", reshard_last_error());
+  if (r->failed) goto out;
+  if (r->rank == 0) {
+    reshard_selftest_t other;
+    if (reshard_selftest_alloc(&other, p.src, r->rank, 0)) {
+      RFAIL(r, "selftest alloc");
+      goto out;
+    }
+    reshard_result_t e = reshard_plan_execute(p.plan, (void *const *)other.ptr, (size_t)other.nbuf,
+                                              (void *const *)p.d.ptr, (size_t)p.d.nbuf, NULL);
+    if (e != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), "registered"))
+      RFAIL(r, "execute with other buffers gave %s: %s", reshard_result_string(e), reshard_last_error());
+    reshard_selftest_free(&other);
+  } else {
+    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
+                             (size_t)p.d.nbuf, NULL))
+      RFAIL(r, "execute: %s", reshard_last_error());
+    reshard_plan_status_t st = wait_failed(p.plan, 3000);
+    if (!st.failed || st.failure != RESHARD_ERROR_REMOTE)
+      RFAIL(r, "partner: failed %d, %s", st.failed, reshard_result_string(st.failure));
+  }
+  if (changed_bytes(&p)) RFAIL(r, "%ld destination bytes written", changed_bytes(&p));
+out:
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+static void registered_plan_refuses_other_buffers(void **state) {
+  (void)state;
+  run_world(2, other_buffers_rank, NULL);
+}
+
+static void registered_buffers_go_direct(void **state) {
+  (void)state;
+  run_world(3, direct_rank, NULL);
+}
+
+/* Registration on a transport that cannot map peers' buffers: refused,
+ * UNSUPPORTED, on every rank, and execute still works. */
+static void register_unsupported_on_nccl_rank(ipc_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
+    RFAIL(r, "plan: %s", reshard_last_error());
+  } else {
+    if (reshard_plan_register_buffers(p.plan, NULL, 0, NULL, 0) != RESHARD_ERROR_UNSUPPORTED ||
+        !strstr(reshard_last_error(), "nccl"))
+      RFAIL(r, "register on NCCL: %s", reshard_last_error());
+    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check(&p.d, p.dst, r->rank, 0, "nccl after refusal");
+  }
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void register_unsupported_on_nccl(void **state) {
+  (void)state;
+  run_world(2, register_unsupported_on_nccl_rank, NULL);
 }
 
 /* Plans of growing staging on one communicator: each plan creation
@@ -562,6 +723,10 @@ int main(void) {
       cmocka_unit_test(version_mismatch_writes_nothing),
       cmocka_unit_test(double_buffer_on_device),
       cmocka_unit_test(random_worlds),
+      cmocka_unit_test(registered_buffers_go_direct),
+      cmocka_unit_test(registered_plan_refuses_other_buffers),
+      cmocka_unit_test(register_unsupported_on_nccl),
+      cmocka_unit_test(registered_random_worlds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
