@@ -16,7 +16,16 @@
  * device executor, as on NCCL: pack, transfer, unpack, relays and the
  * per-execute agreement; a transfer is a kernel on the receiver that
  * copies the message straight from the sender's staging (a message of at
- * most 96 bytes travels in the mailbox itself). Ordering between
+ * most 96 bytes travels in the mailbox itself).
+ *
+ * Registered buffers (reshard_plan_register_buffers, reshard.h): every
+ * rank's buffers are mapped by its partners once, and each execute then
+ * copies every box straight from the sender's buffer into the
+ * receiver's, one pass over each byte, no staging (the receiver's kernel
+ * runs the composition of the sender's pack and its own unpack). Two
+ * tokens per message order it: the sender's "ready" (its data is there),
+ * the receiver's "done" (the sender's stream, and so its caller, goes on
+ * only once every reader is done). Ordering between
  * processes is on the GPU: a sender's kernel writes a sequence number into
  * the receiver's mailbox, the receiver's kernel waits for it, copies and
  * acknowledges. Nothing waits on the host: an execute is enqueued on your
@@ -53,9 +62,8 @@
  * cudaMalloc and cudaFree of the pool synchronize the device (only at
  * plan creation and destruction).
  *
- * Not yet: registered buffers (the copy kernels writing peers'
- * destination boxes directly, with no staging) are the next step; today
- * every message is packed into staging, pulled by the receiver, unpacked.
+ * Not yet measured on a GPU (tested on the emulated device of the CPU
+ * tests); registered buffers with RESHARD_FLAG_DOUBLE_BUFFER are refused.
  */
 #ifndef RESHARD_CUDA_IPC_H
 #define RESHARD_CUDA_IPC_H

@@ -106,8 +106,9 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     note "  its final line" "$(grep '^# reshard_perf:' "$PERF_LOG" | tail -n 1)"
     # The CUDA IPC transport, several processes on the one GPU (issue 16):
     # Megatron -> vLLM syncs with disjoint trainer and inference ranks,
-    # every element checked, then a 2-process sync of Qwen3-8B (4 layers,
-    # 4.0 GB, the issue's colocated target) timed (-c 0), to compare with
+    # every element checked (registered buffers: direct copies), then a
+    # 2-process sync of Qwen3-8B (4 layers, 4.0 GB, the issue's colocated
+    # target) timed (-c 0), registered and staged, to compare with
     # gpu_bandwidth's cudaMemcpy device to device.
     for np in 2 4 8; do
       half=$((np / 2))
@@ -115,11 +116,20 @@ if [ -x "$BUILD/gpu_kernels" ]; then
         --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=$half --infer tp=$half \
         -c 1 -n 5 -w 2
     done
+    step "reshard_perf --backend ipc -np 4, staged" 150 env RESHARD_PERF_IPC_STAGED=1 mpirun -np 4 --oversubscribe \
+      "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
+      --infer tp=2 -c 1 -n 5 -w 2
     IPC_LOG="$BUILD/perf_ipc.log"
     step "reshard_perf --backend ipc, Qwen3-8B" 180 bash -c 'mpirun -np 2 "$0" --backend ipc \
       --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 -w 3 \
       2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$IPC_LOG"
     note "  its final line" "$(grep '^# reshard_perf:' "$IPC_LOG" | tail -n 1)"
+    # the same through staging (pack, pull from the sender's pool, unpack)
+    IPC_STAGED_LOG="$BUILD/perf_ipc_staged.log"
+    step "reshard_perf --backend ipc, staged" 180 bash -c 'RESHARD_PERF_IPC_STAGED=1 mpirun -np 2 "$0" \
+      --backend ipc --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 -w 3 \
+      2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$IPC_STAGED_LOG"
+    note "  its final line" "$(grep '^# reshard_perf:' "$IPC_STAGED_LOG" | tail -n 1)"
     # a process stopped mid-run: the others end the job, non-zero, within
     # the deadline (their waits on the GPU give up), no hang
     step "IPC: a stopped rank ends the job" 90 bash tests/mpi/stopped_rank.sh "# plan:" -- \

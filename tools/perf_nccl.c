@@ -134,6 +134,14 @@ int perf_nccl_upload(perf_nccl *p, const reshard_selftest_t *src, const reshard_
   return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 1, err, errlen);
 }
 
+int perf_nccl_register(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
+  reshard_result_t r = reshard_plan_register_buffers(plan, p->src, (size_t)p->nsrc, p->dst, (size_t)p->ndst);
+  if (r)
+    return cli_fail(err, errlen, "reshard_plan_register_buffers: %s: %s", reshard_result_string(r),
+                    reshard_last_error());
+  return 0;
+}
+
 int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t errlen) {
   return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 0, err, errlen);
 }

@@ -29,6 +29,8 @@ int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen
 int perf_nccl_alloc(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);
 /* Host -> device copies of both sides' buffers. */
 int perf_nccl_upload(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);
+/* reshard_plan_register_buffers with the device buffers (collective). */
+int perf_nccl_register(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen);
 /* Device -> host copy of the destination buffers. */
 int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t errlen);
 /* reshard_plan_execute on the device buffers and the stream, then

@@ -45,7 +45,9 @@
  * --backend nccl rather than compared against another kind of memory.
  * --backend ipc: the same over reshard_comm_create_cuda_ipc (over
  * reshard_comm_create_mpi(MPI_COMM_WORLD)): ranks of one node, several
- * per GPU allowed. The CUDA side lives in tools/perf_nccl.c.
+ * per GPU allowed; the device buffers are registered
+ * (reshard_plan_register_buffers: direct copies, no staging) unless
+ * RESHARD_PERF_IPC_STAGED=1. The CUDA side lives in tools/perf_nccl.c.
  *
  * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
  * runs as one more method ("reshard+verify"), interleaved with the plain
@@ -992,9 +994,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  /* --backend ipc: the device buffers registered (direct copies, no
+   * staging) unless RESHARD_PERF_IPC_STAGED=1 (to time the staged path) */
+  const char *staged = getenv("RESHARD_PERF_IPC_STAGED");
 #ifdef RESHARD_PERF_HAVE_NCCL
   if (c.dev && (perf_nccl_alloc(c.dev, &c.s, &c.d, err, sizeof err) || perf_nccl_upload(c.dev, &c.s, &c.d, err, sizeof err))) {
     fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, bname, err);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (c.dev && c.o.backend == CLI_BACKEND_IPC && !(staged && !strcmp(staged, "1")) &&
+      perf_nccl_register(c.dev, rst.plan, err, sizeof err)) {
+    fprintf(stderr, "reshard_perf: rank %d: --backend ipc: %s\n", world_rank, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 #endif
@@ -1021,7 +1031,10 @@ int main(int argc, char **argv) {
   say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
   if (nccl)
-    say0("# backend %s: device buffers, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
+    say0("# backend %s: device buffers%s, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
+         c.o.backend != CLI_BACKEND_IPC ? ""
+         : staged && !strcmp(staged, "1") ? " (staged: RESHARD_PERF_IPC_STAGED=1)"
+                                          : " (registered: direct copies)",
          devdesc);
   say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds in %lld phases, staging up to %.1f "
        "MiB/rank, %lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",

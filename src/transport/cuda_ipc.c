@@ -384,6 +384,13 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
   for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
   rs_dev_comm_fini(c);
+  /* registrations of plans the caller leaked */
+  for (region *g = x->regions, *nx; g; g = nx) {
+    nx = g->next;
+    cudaIpcCloseMemHandle(g->base);
+    free(g);
+  }
+  x->regions = NULL;
   for (size_t i = 0; i < x->ndeferred; i++) cudaFree(x->deferred[i]);
   free(x->deferred);
   if (x->ctl) {
