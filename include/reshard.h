@@ -510,8 +510,12 @@ typedef struct reshard_options {
  * RESHARD_ERROR_MISMATCH naming the tensor, the peer and the box, so it
  * catches corrupted bytes and elements written at the wrong coordinates.
  * Costs one more read of every element on both sides (see reshard_perf
- * --verify). Host transports only (RESHARD_ERROR_UNSUPPORTED at plan
- * creation on a device transport). */
+ * --verify). On device transports (NCCL, CUDA IPC) the sums are kernels
+ * on both sides and the comparison runs on the GPU after the call's last
+ * transfer: the mismatch comes from the next execute or
+ * reshard_plan_get_status (or the call itself with RESHARD_FLAG_SYNC),
+ * and every later call writes nothing. Not with registered buffers
+ * (UNSUPPORTED). */
 #define RESHARD_FLAG_VERIFY 0x2u
 /* Every cell a destination rank needs (and does not hold itself) comes
  * from the first source replica holding it (lowest rank) instead of being

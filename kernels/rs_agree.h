@@ -61,6 +61,12 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * want: the header of the call last checked. */
 #define RS_DEV_AGREE_TRANSPORT 0xfffffffeu
 
+/* RESHARD_FLAG_VERIFY on the device found a box whose sums differ
+ * (kernels/rs_verify.h): got.magic 0 for a received box, 1 for a local
+ * copy; got.digest the descriptor; got.call this rank's sum, got.version
+ * the other side's. */
+#define RS_DEV_AGREE_VERIFY 0xfffffffdu
+
 RS_HD void rs_dev_agree_export(const rs_dev_agree *st, uint64_t *word) { *word = st->ok ? 0 : 1; }
 
 RS_HD void rs_dev_agree_import(const uint64_t *word, const rs_dev_hdr *want, rs_dev_agree *st) {

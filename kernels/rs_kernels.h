@@ -7,6 +7,7 @@
 
 #include "kernels/rs_agree.h"
 #include "kernels/rs_ipc.h"
+#include "kernels/rs_verify.h"
 #include "kernels/rs_tile.h"
 #include "pack/copy.h"
 
@@ -56,6 +57,16 @@ int rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const 
                           void *stream);
 int rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
                         rs_dev_commit *c, void *stream);
+
+/* RESHARD_FLAG_VERIFY (kernels/rs_verify.h): adds to sums[desc -
+ * desc_base] the box sums of tiles[0, ntiles) on one side of their
+ * descriptors (vboxes parallel to copies); compares n sums and records the
+ * first difference in *st. */
+int rs_cuda_verify_sums(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies, const rs_vbox *vboxes,
+                        const rs_vtensor *vtensors, void *const *src_tab, void *const *dst_tab, int dst_side,
+                        uint64_t *sums, uint32_t desc_base, void *stream);
+int rs_cuda_verify_compare(const uint64_t *mine, const uint64_t *theirs, uint32_t n, uint32_t desc0, uint32_t kind,
+                           rs_dev_agree *st, void *stream);
 
 /* The CUDA IPC transport's protocol (kernels/rs_ipc.h, ipc_kernels.cu),
  * each on `stream`: post the sends of b; pull its receives (each waits

@@ -302,8 +302,6 @@ perf_nccl)
   else
     bad perf 2 "--baseline with --backend nccl: the baselines move host buffers" $S1 --backend nccl --baseline broadcast
     bad perf 2 "--backend 'gloo': expected mpi, nccl or ipc" $S1 --backend gloo
-    bad perf 2 "--verify with --backend ipc: RESHARD_FLAG_VERIFY is host transports only" $S1 --backend ipc --verify
-    bad perf 2 "--verify with --backend nccl: RESHARD_FLAG_VERIFY is host transports only" $S1 --backend nccl --verify
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
       # a GPU: checked runs, local device copies only
       perf_ok 1 0 $S1 --backend nccl

@@ -145,45 +145,10 @@ static void without_verify_damage_passes(void **state) {
   assert_true(x.bad[1] > 0);
 }
 
-/* Verify needs the host executor (double buffering runs on the device
- * too: tests/gpu/test_cuda_ipc.c, double_buffer_on_device). */
-static int device_rank(int rank, reshard_comm_t *comm, void *arg) {
-  (void)rank;
-  int *bad = arg;
-  tf_pretend_device(comm);
-  reshard_layout_t *src = side("w", RESHARD_FP32, 4, 4, -1, 1, 0), *dst = side("w", RESHARD_FP32, 4, 4, -1, 1, 0);
-  const uint32_t flags[1] = {RESHARD_FLAG_VERIFY};
-  const char *names[1] = {"RESHARD_FLAG_VERIFY"};
-  for (int i = 0; i < 1; i++) {
-    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-    o.flags = flags[i];
-    reshard_plan_t *plan = NULL;
-    reshard_result_t r = reshard_plan_create(comm, src, dst, &o, &plan);
-    const char *m = reshard_last_error();
-    if (r != RESHARD_ERROR_UNSUPPORTED || plan || !strstr(m, names[i]) || !strstr(m, "fake-device") ||
-        !strstr(m, "host transports only")) {
-      fprintf(stderr, "flag %s: %d: %s\n", names[i], (int)r, m);
-      ++*bad;
-    }
-    reshard_plan_destroy(plan);
-  }
-  reshard_layout_destroy(src);
-  reshard_layout_destroy(dst);
-  return 0;
-}
-
-static void verify_unsupported_on_device(void **state) {
-  (void)state;
-  int bad = 0;
-  assert_int_equal(th_run_ranks(1, device_rank, &bad), 0);
-  assert_int_equal(bad, 0);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(verify_passes_clean_transfers), cmocka_unit_test(verify_catches_flipped_byte),
       cmocka_unit_test(verify_catches_swapped_elements), cmocka_unit_test(without_verify_damage_passes),
-      cmocka_unit_test(verify_unsupported_on_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -220,7 +220,7 @@ void cli_usage(int tool, FILE *out) {
             "                        replica); comma-separated\n"
             "  --verify              also time a second plan with RESHARD_FLAG_VERIFY (end-to-end\n"
             "                        box checksums), interleaved with the plain one; prints its\n"
-            "                        cost as '# verify: ... ratio=' (host backend only)\n"
+            "                        cost as '# verify: ... ratio=' (every backend)\n"
             "  --inject-error        (testing) corrupt one destination byte after each checked\n"
             "                        run, to show that the check catches it\n"
             "The world size must be the source ranks plus the destination ranks, or with\n"

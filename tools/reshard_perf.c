@@ -54,7 +54,7 @@
  * one (table row "verify"), and its cost is printed before the result
  * line as
  *   # verify: time_us=T ratio=R   (R = T / the plain plan's median)
- * Host backend only (the flag is refused on device transports). */
+ * Every backend (on device transports the sums are kernels). */
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -884,12 +884,6 @@ int main(int argc, char **argv) {
     return finish(2);
   }
 #endif
-  if (nccl && c.o.verify) {
-    if (!world_rank)
-      fprintf(stderr, "reshard_perf: error: --verify with --backend %s: RESHARD_FLAG_VERIFY is host transports only; "
-                      "drop --verify (or use --backend mpi)\n", bname);
-    return finish(2);
-  }
   if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --baseline with --backend %s: the baselines move host buffers over MPI "

@@ -46,7 +46,7 @@ typedef struct rs_dev {
   /* A plan whose enqueued work may be half done (or whose communicator
    * failed) cannot run again: execute then returns INVALID_USAGE. */
   reshard_result_t failed;
-  char failed_msg[200];
+  char failed_msg[640];
   int pool_held;          /* a user of the communicator's staging pool */
   int64_t last_deadline;  /* of the last execute enqueued (0: none) */
 
@@ -104,6 +104,16 @@ typedef struct rs_dev {
   uint64_t *dstart;
   void **d_dtab;
   uint32_t dtab_dst;
+
+  /* RESHARD_FLAG_VERIFY (kernels/rs_verify.h): every descriptor's box
+   * (d_vbox, parallel to d_copies) and the tensors; the sums sent (in
+   * the staging pool, after the halves: a device transport sends from
+   * there) and received (idem), this rank's sums of what it received and
+   * of its local copies' two sides. */
+  int verify;
+  rs_vbox *d_vbox;
+  rs_vtensor *d_vtensors;
+  uint64_t *d_rmine, *d_lsrc, *d_ldst;
 
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
@@ -192,6 +202,11 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     if (d->d_dcopies) cudaFreeAsync(d->d_dcopies, d->s[S_PACK]);
     if (d->d_dtiles) cudaFreeAsync(d->d_dtiles, d->s[S_PACK]);
     if (d->d_dtab) cudaFreeAsync(d->d_dtab, d->s[S_PACK]);
+    if (d->d_vbox) cudaFreeAsync(d->d_vbox, d->s[S_PACK]);
+    if (d->d_vtensors) cudaFreeAsync(d->d_vtensors, d->s[S_PACK]);
+    if (d->d_rmine) cudaFreeAsync(d->d_rmine, d->s[S_PACK]);
+    if (d->d_lsrc) cudaFreeAsync(d->d_lsrc, d->s[S_PACK]);
+    if (d->d_ldst) cudaFreeAsync(d->d_ldst, d->s[S_PACK]);
     if (d->d_commit) cudaFreeAsync(d->d_commit, d->s[S_PACK]);
   }
   for (int i = 0; i < S_COUNT; i++)
@@ -265,7 +280,9 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
   d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
   d->fwd_round = calloc((size_t)nr + 1, 1);
-  d->p2p = calloc(p->max_round_msgs ? p->max_round_msgs : 1, sizeof *d->p2p);
+  d->verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
+  /* verify: each message is followed by its sums */
+  d->p2p = calloc((p->max_round_msgs ? p->max_round_msgs : 1) * (d->verify ? 2 : 1), sizeof *d->p2p);
   size_t ncop = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
   hc = malloc((ncop ? ncop : 1) * sizeof *hc);
   if (!d->pack_start || !d->unpack_start || !d->fwd_round || !d->p2p || !hc) {
@@ -334,7 +351,7 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   d->global = p->opts.relay == 1 || p->relay_chosen;
   /* A double-buffered plan's commit reduces every rank's verdict: every
    * rank has one, partners or not. */
-  if (p->npeers || d->global || d->dbuf) {
+  if (p->npeers || d->global || d->dbuf || d->verify) {
     size_t np = p->npeers;
     d->hdr_p2p = calloc(2 * np + 1, sizeof *d->hdr_p2p);
     if (!d->hdr_p2p) {
@@ -383,6 +400,34 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   }
 
   d->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
+  if (d->verify) {
+    /* the sums sent and received live in the pool, after the halves */
+    d->staging_bytes += 8 * (p->nsend_copies + p->nrecv_copies);
+    size_t nv = (size_t)p->nvtensors;
+    rs_vbox *hv = malloc((ncop ? ncop : 1) * sizeof *hv);
+    if (!hv) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
+      goto fail;
+    }
+    if (p->nsend_copies) memcpy(hv, p->send_vbox, p->nsend_copies * sizeof *hv);
+    if (p->nrecv_copies) memcpy(hv + p->nsend_copies, p->recv_vbox, p->nrecv_copies * sizeof *hv);
+    if (p->nlocal_copies) memcpy(hv + p->nsend_copies + p->nrecv_copies, p->local_vbox, p->nlocal_copies * sizeof *hv);
+    cudaError_t ce = cudaMallocAsync((void **)&d->d_vbox, (ncop ? ncop : 1) * sizeof *hv, d->s[S_PACK]);
+    if (!ce) ce = cudaMallocAsync((void **)&d->d_vtensors, (nv ? nv : 1) * sizeof(rs_vtensor), d->s[S_PACK]);
+    if (!ce) ce = cudaMallocAsync((void **)&d->d_rmine, (p->nrecv_copies + 1) * 8, d->s[S_PACK]);
+    if (!ce) ce = cudaMallocAsync((void **)&d->d_lsrc, (p->nlocal_copies + 1) * 8, d->s[S_PACK]);
+    if (!ce) ce = cudaMallocAsync((void **)&d->d_ldst, (p->nlocal_copies + 1) * 8, d->s[S_PACK]);
+    if (!ce) ce = cudaMemcpyAsync(d->d_vbox, hv, ncop * sizeof *hv, cudaMemcpyHostToDevice, d->s[S_PACK]);
+    if (!ce) ce = cudaMemcpyAsync(d->d_vtensors, p->vtensors, nv * sizeof(rs_vtensor), cudaMemcpyHostToDevice,
+                                  d->s[S_PACK]);
+    /* pageable sources: the upload must be done before hv goes */
+    if (!ce) {
+      ce = poll_done(d->s[S_PACK], NULL, rs_deadline_after_ms(p->opts.timeout_ms));
+      if (ce == cudaErrorNotReady) ce = cudaErrorTimeout;
+    }
+    free(hv);
+    CU(ce, "verify setup");
+  }
   if (d->staging_bytes) {
     RS_CHECK_GOTO(so->staging_acquire(p->comm, d->staging_bytes), r, fail);
     d->pool_held = 1;
@@ -443,6 +488,31 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     "partly updated)", p->rank, (unsigned long long)a->want.call,
                     (unsigned long long)a->want.version, peer, what);
   }
+  if (a->bad_index == RS_DEV_AGREE_VERIFY) {
+    /* the descriptor: a receive (its message names the peer) or a local copy */
+    uint64_t desc = a->got.digest;
+    const rs_vbox *v = NULL;
+    int peer = p->rank;
+    if (a->got.magic == 0 && desc >= p->nsend_copies && desc - p->nsend_copies < p->nrecv_copies) {
+      uint64_t rc = desc - p->nsend_copies;
+      v = &p->recv_vbox[rc];
+      for (size_t i = 0; i < p->nrecvs; i++)
+        if (rc >= p->recvs[i].first_copy && rc < p->recvs[i].first_copy + p->recvs[i].ncopies) peer = p->recvs[i].peer;
+    } else if (a->got.magic == 1 && desc >= p->nsend_copies + p->nrecv_copies &&
+               desc - p->nsend_copies - p->nrecv_copies < p->nlocal_copies) {
+      v = &p->local_vbox[desc - p->nsend_copies - p->nrecv_copies];
+    }
+    char box[256] = "?";
+    if (v) rs_vbox_format(v, box, sizeof box);
+    return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: at or after call %llu (weight version %llu): verify: "
+                    "tensor '%s' box %s %s rank %d: checksum %016llx of the elements here, %016llx %s; the "
+                    "writes of every later call were skipped (and the call's commit, with double buffering)", p->rank,
+                    (unsigned long long)a->want.call, (unsigned long long)a->want.version,
+                    v && v->tensor >= 0 && v->tensor < p->nvtensors ? p->vtensors[v->tensor].name : "?", box,
+                    a->got.magic == 0 ? "received from" : "copied locally on", peer,
+                    (unsigned long long)a->got.call, (unsigned long long)a->got.version,
+                    a->got.magic == 0 ? "sent" : "at the source");
+  }
   int peer = a->bad_index < p->npeers ? p->peers[a->bad_index].peer : -1;
   char digests[96] = "";
   if (a->got.digest != a->want.digest || a->got.magic != a->want.magic)
@@ -454,6 +524,39 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                   "was written", p->rank, peer, (unsigned long long)a->got.call,
                   (unsigned long long)a->got.version, (unsigned long long)a->want.call,
                   (unsigned long long)a->want.version, digests);
+}
+
+/* Verify: adds the sums of tiles [ta, tb) on one side into sums[desc -
+ * desc_base] (zeroed at the call's start), on stream `st`. */
+static reshard_result_t verify_sums(const reshard_plan_t *p, rs_dev *d, uint64_t ta, uint64_t tb, int dst_side,
+                                    uint64_t *sums, uint32_t desc_base, int st) {
+  if (ta == tb) return RESHARD_SUCCESS;
+  void *const *tab = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; /* launch()'s view */
+  int e = rs_cuda_verify_sums(d->d_tiles + ta, tb - ta, d->d_copies, d->d_vbox, d->d_vtensors, tab,
+                              tab + p->num_src_buffers, dst_side, sums, desc_base, d->s[st]);
+  if (e) return rs_cuda_error(e, "verify sums launch", p->rank);
+  return RESHARD_SUCCESS;
+}
+
+/* Verify: both sides of the local copies, summed after the copy and
+ * compared (pack stream). */
+static reshard_result_t verify_locals(const reshard_plan_t *p, rs_dev *d) {
+  uint32_t base = (uint32_t)(p->nsend_copies + p->nrecv_copies), n = (uint32_t)p->nlocal_copies;
+  if (!n) return RESHARD_SUCCESS;
+  cudaStream_t s = d->s[S_PACK];
+  cudaError_t ce = cudaMemsetAsync(d->d_lsrc, 0, 8 * (size_t)n, s);
+  if (!ce) ce = cudaMemsetAsync(d->d_ldst, 0, 8 * (size_t)n, s);
+  if (ce) return rs_cuda_error(ce, "cudaMemsetAsync(verify sums)", p->rank);
+  void *const *tab = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; /* launch()'s view */
+  for (int side = 0; side < 2; side++) {
+    int e = rs_cuda_verify_sums(d->d_tiles + d->local_start, d->local_end - d->local_start, d->d_copies, d->d_vbox,
+                                d->d_vtensors, tab, tab + p->num_src_buffers, side, side ? d->d_ldst : d->d_lsrc,
+                                base, s);
+    if (e) return rs_cuda_error(e, "verify sums launch", p->rank);
+  }
+  int e = rs_cuda_verify_compare(d->d_ldst, d->d_lsrc, n, base, 1, d->d_agree, s);
+  if (e) return rs_cuda_error(e, "verify compare launch", p->rank);
+  return RESHARD_SUCCESS;
 }
 
 /* Round k of a direct execute (registered buffers), on the transfer
@@ -539,6 +642,13 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
       goto fail;
     }
   }
+  /* verify: the call's sums start at zero (the copies of a round are not
+   * contiguous, so once per call, before any stream adds) */
+  if (d->verify) {
+    uint64_t *ss = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half));
+    CU(cudaMemsetAsync(ss, 0, 8 * p->nsend_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+    CU(cudaMemsetAsync(d->d_rmine, 0, 8 * p->nrecv_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+  }
   CU(cudaEventRecord(d->ev_begin, d->s[S_PACK]), "cudaEventRecord(begin)");
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
@@ -580,6 +690,9 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   int direct = d->reg != NULL;
   unsigned char *send_stage[2] = {staging, staging + p->send_half};
   unsigned char *recv_stage[2] = {staging + 2 * p->send_half, staging + 2 * p->send_half + p->recv_half};
+  /* verify: the sums sent (per send descriptor) and received (per receive
+   * descriptor), in the pool after the halves */
+  uint64_t *ssums = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half)), *rsums = ssums + p->nsend_copies;
   int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
   for (int k = 0; k < p->nrounds; k++) {
     int h = k & 1;
@@ -592,19 +705,30 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     if (!direct)
       RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 0, "pack launch"),
                     r, fail);
+    if (d->verify)
+      RS_CHECK_GOTO(verify_sums(p, d, d->pack_start[k], d->pack_start[k + 1], 0, ssums, 0, S_PACK), r, fail);
     CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
     if (k == 0 && d->local_end > d->local_start) {
       if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
       RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+      if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
     }
 
+    /* (verify: each message followed by its sums, in the same order on
+     * both ends) */
     size_t n = 0;
     if (k < nrs)
-      for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++)
-        d->p2p[n++] = (rs_p2p){p->recvs[i].peer, 1, recv_stage[h] + p->recvs[i].staging_off, p->recvs[i].bytes};
+      for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++) {
+        const rs_msg *m = &p->recvs[i];
+        d->p2p[n++] = (rs_p2p){m->peer, 1, recv_stage[h] + m->staging_off, m->bytes};
+        if (d->verify) d->p2p[n++] = (rs_p2p){m->peer, 1, rsums + m->first_copy, 8 * (uint64_t)m->ncopies};
+      }
     if (k < nss)
-      for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++)
-        d->p2p[n++] = (rs_p2p){p->sends[i].peer, 0, send_stage[h] + p->sends[i].staging_off, p->sends[i].bytes};
+      for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
+        const rs_msg *m = &p->sends[i];
+        d->p2p[n++] = (rs_p2p){m->peer, 0, send_stage[h] + m->staging_off, m->bytes};
+        if (d->verify) d->p2p[n++] = (rs_p2p){m->peer, 0, ssums + m->first_copy, 8 * (uint64_t)m->ncopies};
+      }
     CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_packed[h], 0), "cudaStreamWaitEvent(packed)");
     if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(receive half)");
     if (direct) {
@@ -619,19 +743,37 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
       RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, 1,
                            "unpack launch"),
                     r, fail);
+    if (d->verify)
+      RS_CHECK_GOTO(verify_sums(p, d, d->unpack_start[k], d->unpack_start[k + 1], 1, d->d_rmine,
+                                (uint32_t)p->nsend_copies, S_UNPACK),
+                    r, fail);
     CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
   }
-  if (p->nrounds == 0)
+  if (p->nrounds == 0) {
     RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+    if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
+  }
 
   /* The commit (double buffering), after every write of the call: this
    * rank's verdict, reduced over every rank, flips the copies on the
    * device only if no rank failed. */
-  if (d->dbuf) {
+  if (d->dbuf || d->verify) { /* (verify: its last comparisons, before the verdict) */
     CU(cudaEventRecord(d->ev_end[S_PACK], d->s[S_PACK]), "cudaEventRecord(writes done)");
     CU(cudaEventRecord(d->ev_end[S_UNPACK], d->s[S_UNPACK]), "cudaEventRecord(writes done)");
     CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_PACK], 0), "cudaStreamWaitEvent(writes done)");
     CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(writes done)");
+  }
+  /* verify: every received box against its sender's sums, once they
+   * all arrived and were unpacked */
+  if (d->verify && p->nrecv_copies) {
+    int e = rs_cuda_verify_compare(d->d_rmine, rsums, (uint32_t)p->nrecv_copies, (uint32_t)p->nsend_copies, 0,
+                                   d->d_agree, d->s[S_XFER]);
+    if (e) {
+      r = rs_cuda_error(e, "verify compare launch", p->rank);
+      goto fail;
+    }
+  }
+  if (d->dbuf) {
     int e = rs_cuda_agree_export(d->d_agree, d->d_word, d->s[S_XFER]);
     if (e) {
       r = rs_cuda_error(e, "commit export launch", p->rank);
@@ -854,9 +996,9 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   else if (d->failed)
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "register_buffers rank %d: this plan failed earlier (%s)", p->rank,
                  d->failed_msg);
-  else if (d->dbuf)
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
-                 p->rank);
+  else if (d->dbuf || d->verify)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with %s (yet)", p->rank,
+                 d->dbuf ? "RESHARD_FLAG_DOUBLE_BUFFER" : "RESHARD_FLAG_VERIFY");
   else if (!src && !dst && !nsrc && !ndst)
     unregister = 1;
   else if (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers)
@@ -921,6 +1063,11 @@ fail:;
     if (d->d_dcopies) cudaFreeAsync(d->d_dcopies, d->s[S_PACK]);
     if (d->d_dtiles) cudaFreeAsync(d->d_dtiles, d->s[S_PACK]);
     if (d->d_dtab) cudaFreeAsync(d->d_dtab, d->s[S_PACK]);
+    if (d->d_vbox) cudaFreeAsync(d->d_vbox, d->s[S_PACK]);
+    if (d->d_vtensors) cudaFreeAsync(d->d_vtensors, d->s[S_PACK]);
+    if (d->d_rmine) cudaFreeAsync(d->d_rmine, d->s[S_PACK]);
+    if (d->d_lsrc) cudaFreeAsync(d->d_lsrc, d->s[S_PACK]);
+    if (d->d_ldst) cudaFreeAsync(d->d_ldst, d->s[S_PACK]);
     if (d->mapset) so->unshare(p->comm, d->mapset);
     free(d->reg);
     free(d->dstart);

@@ -11,45 +11,7 @@
 #include <string.h>
 
 #include "exec/exec_state.h"
-
-static inline uint64_t fmix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
-static inline uint64_t elem_key(uint64_t tkey, uint64_t linear, uint64_t value) {
-  return fmix64(fmix64(linear * 0x9E3779B97F4A7C15ULL + tkey) ^ value);
-}
-
-static inline uint64_t load(const unsigned char *p, uint32_t es) {
-  switch (es) {
-    case 1: return *p;
-    case 2: {
-      uint16_t v;
-      memcpy(&v, p, 2);
-      return v;
-    }
-    case 4: {
-      uint32_t v;
-      memcpy(&v, p, 4);
-      return v;
-    }
-    case 8: {
-      uint64_t v;
-      memcpy(&v, p, 8);
-      return v;
-    }
-    default: {
-      uint64_t v = 0;
-      memcpy(&v, p, es < 8 ? es : 8);
-      return v;
-    }
-  }
-}
+#include "kernels/rs_verify.h" /* the hash, shared with the device kernels */
 
 typedef struct gwalk {
   int nd;
@@ -80,7 +42,7 @@ uint64_t rs_box_sum(const rs_copy *c, int dst_side, const void *base, const rs_v
   g.extent = v->extent;
   g.gstride = t->gstride;
   for (int d = 0; d < v->ndim; d++) g.linear += (uint64_t)(v->start[d] * t->gstride[d]);
-  const uint64_t tkey = ((uint64_t)v->tensor + 1) * 0xD6E8FEB86659FD93ULL;
+  const uint64_t tkey = rs_vtensor_key(v->tensor);
   const uint64_t per_run = c->run_bytes / es;
   uint64_t sum = 0;
   int64_t idx[RS_COPY_MAX_DIMS] = {0};
@@ -88,7 +50,7 @@ uint64_t rs_box_sum(const rs_copy *c, int dst_side, const void *base, const rs_v
   for (;;) {
     const unsigned char *run = b + off;
     for (uint64_t e = 0; e < per_run; e++) {
-      sum += elem_key(tkey, g.linear, load(run + e * es, es));
+      sum += rs_velem_key(tkey, g.linear, rs_vload(run + e * es, es));
       gwalk_next(&g);
     }
     int k = nd - 1;

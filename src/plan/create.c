@@ -809,12 +809,6 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->active_copy = -1;
     local = read_options(options, &p->opts);
     if (!local) local = apply_params(&p->opts);
-    /* Verify reads elements on the host (the device executor commits on
-     * the GPU, src/device/execute_device.c). */
-    if (!local && comm->ops->stream_ops && (p->opts.flags & RESHARD_FLAG_VERIFY))
-      local = rs_error(RESHARD_ERROR_UNSUPPORTED,
-                       "plan_create rank %d: options.flags RESHARD_FLAG_VERIFY is not supported on the %s transport "
-                       "(host transports only)", comm->rank, comm->ops->name);
   }
   if (!local && (!src || !dst || !out))
     local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");

@@ -24,7 +24,7 @@ typedef struct mcomm mcomm;
 
 enum {
   D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
-  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP
+  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP, D_SUMS, D_COMPARE, D_MEMSET
 };
 
 typedef struct dp2p {
@@ -66,6 +66,11 @@ typedef struct dop {
   rs_dev_commit *commit;
   uint32_t nsrc, ndst;
   uint64_t version, call;
+  /* D_SUMS / D_COMPARE (verify) */
+  const rs_vbox *vboxes;
+  const rs_vtensor *vtensors;
+  int dst_side;
+  uint32_t desc_base, vkind; /* vkind: compare's kind, memset's value */
   /* D_IPC_*: the launch's operations, its wait, which are done */
   rs_ipc_batch *batch;
   rs_ipc_wait iw;
@@ -293,6 +298,7 @@ static int all_connected(const mcomm *c) {
 
 static void run_kernel(dop *o) {
   if (o->gate && !*o->gate) return; /* the agreement failed */
+
   for (uint64_t i = 0; i < o->ntiles; i++) {
     const rs_copy *c = &o->copies[o->tiles[i].desc];
     const unsigned char *s = c->src_buf == RS_BUF_STAGING ? o->staging : o->src_tab[c->src_buf];
@@ -357,6 +363,10 @@ static int step_group(dop *o) {
                 m->bytes, x->bytes);
       world.delivered++;
       memcpy(x->buf, m->data, m->bytes < x->bytes ? m->bytes : x->bytes);
+      if (world.corrupt_next && x->bytes > 64) { /* a bit flipped in flight */
+        ((unsigned char *)x->buf)[x->bytes / 2] ^= 0x40;
+        world.corrupt_next = 0;
+      }
       free(m);
       x->done = 1;
     }
@@ -424,6 +434,10 @@ static int step_ipc_wait(dop *o, int acked) {
         else {
           rs_ipc_copy(x, 0, x->bytes, 0, 1);
           world.delivered++;
+          if (world.corrupt_next && x->bytes > 64) { /* a bit flipped in flight */
+            x->buf[x->bytes / 2] ^= 0x40;
+            world.corrupt_next = 0;
+          }
           if (x->bytes > RS_IPC_INLINE) world.ipc_pool_pulls++;
         }
       }
@@ -455,6 +469,7 @@ static int step(mstream *s) {
       if (!o->started) o->started = t;
       if (t - o->started < o->ns) return 0;
     }
+
     run_kernel(o);
     break;
   case D_MEMCPY:
@@ -485,7 +500,9 @@ static int step(mstream *s) {
     if (!step_allreduce(o)) return 0;
     break;
   case D_IPC_POST:
-    for (uint32_t i = 0; i < o->batch->n; i++) rs_ipc_post(&o->batch->op[i]);
+    for (uint32_t i = 0; i < o->batch->n; i++) {
+      rs_ipc_post(&o->batch->op[i]);
+    }
     free(o->batch);
     break;
   case D_IPC_ACK:
@@ -502,6 +519,30 @@ static int step(mstream *s) {
     break;
   case D_IPC_MAX:
     rs_ipc_max(o->src, (uint32_t)o->n, o->dst);
+    break;
+  case D_SUMS:
+
+    for (uint64_t i = 0; i < o->ntiles; i++) {
+      const rs_tile *t = &o->tiles[i];
+      const rs_copy *c = &o->copies[t->desc];
+      const rs_vbox *v = &o->vboxes[t->desc];
+      const unsigned char *b = o->dst_side ? o->dst_tab[c->dst_buf] : o->src_tab[c->src_buf];
+      uint64_t sum = 0;
+      for (unsigned th = 0; th < 32; th++) sum += rs_tile_sum(c, t, b, o->dst_side, v, &o->vtensors[v->tensor], th, 32);
+      ((uint64_t *)o->dst)[t->desc - o->desc_base] += sum;
+
+
+    }
+    break;
+  case D_COMPARE:
+    if (getenv("MOCK_TRACE"))
+      for (size_t i = 0; i < o->n; i++)
+        fprintf(stderr, "trace: rank %d compare desc %u: %016llx vs %016llx\n", s->rank, o->desc_base + (unsigned)i,
+                (unsigned long long)((const uint64_t *)o->src)[i], (unsigned long long)o->vals[i]);
+    rs_verify_compare(o->src, o->vals, (uint32_t)o->n, o->desc_base, o->vkind, o->st);
+    break;
+  case D_MEMSET:
+    memset(o->dst, (int)o->vkind, o->n);
     break;
   case D_SELECT:
     rs_dev_commit_select(o->src, o->nsrc, o->ndst, o->commit, o->dst);
@@ -601,6 +642,12 @@ mop *mock_log(int kind, void *stream) {
   o->stream = stream;
   o->round = -1;
   return o;
+}
+
+void mock_corrupt_next(void) {
+  LOCK();
+  world.corrupt_next = 1;
+  UNLOCK();
 }
 
 int mock_stream_drain(void *stream) {
@@ -885,6 +932,45 @@ int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want
   progress();
   UNLOCK();
   return 0;
+}
+
+/* Verify's kernels, emulated (kernels/rs_verify.h): 32 threads' parts. */
+int __wrap_rs_cuda_verify_sums(const rs_tile *tiles, uint64_t ntiles, const rs_copy *copies, const rs_vbox *vboxes,
+                               const rs_vtensor *vtensors, void *const *src_tab, void *const *dst_tab, int dst_side,
+                               uint64_t *sums, uint32_t desc_base, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_SUMS);
+  o->tiles = tiles, o->ntiles = ntiles, o->copies = copies;
+  o->vboxes = vboxes, o->vtensors = vtensors;
+  o->src_tab = src_tab, o->dst_tab = dst_tab, o->dst_side = dst_side;
+  o->dst = sums;
+  o->desc_base = desc_base;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_verify_compare(const uint64_t *mine, const uint64_t *theirs, uint32_t n, uint32_t desc0,
+                                  uint32_t kind, rs_dev_agree *st, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_COMPARE);
+  o->src = mine;
+  o->vals = (uint64_t *)theirs;
+  o->n = n;
+  o->desc_base = desc0, o->vkind = kind;
+  o->st = st;
+  progress();
+  UNLOCK();
+  return 0;
+}
+cudaError_t __wrap_cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
+  LOCK();
+  dop *o = push(stream_of(st), D_MEMSET);
+  o->dst = p;
+  o->vkind = (uint32_t)v;
+  o->n = n;
+  progress();
+  UNLOCK();
+  return cudaSuccess;
 }
 
 /* The double-buffer commit's kernels, emulated (kernels/rs_agree.h). */

@@ -48,6 +48,7 @@
 
 #include "kernels/rs_agree.h"
 #include "kernels/rs_ipc.h"
+#include "kernels/rs_verify.h"
 #include "plan/plan.h"
 
 /* The call log of the thread (for call-sequence checks). */
@@ -129,6 +130,7 @@ typedef struct mock_world {
   long ipc_mapped;   /* cudaIpcOpenMemHandle mappings not closed */
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
   long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
+  int corrupt_next;    /* flip a bit of the next message over 64 bytes received */
 } mock_world;
 
 extern mock_world world;
@@ -146,6 +148,8 @@ mop *mock_log(int kind, void *stream);
 /* Blocks (emulated time passing) until stream's enqueued work is done, or
  * hang_ms: 0 when done. */
 int mock_stream_drain(void *stream);
+/* world.corrupt_next = 1, under the world's lock. */
+void mock_corrupt_next(void);
 
 /* The caller's communicator every test passes to reshard. */
 #define MOCK_PARENT ((ncclComm_t)0x1)

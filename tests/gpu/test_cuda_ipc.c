@@ -206,13 +206,23 @@ typedef struct rand_ctx {
   int relay;
   const char *topology;
   int registered; /* reshard_plan_register_buffers, then direct executes */
+  uint32_t flags;  /* options.flags */
+  int nccl;        /* the NCCL transport instead */
 } rand_ctx;
 
 static void random_rank(ipc_rank *r) {
   const rand_ctx *x = r->ctx;
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (x->nccl) {
+    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+      RFAIL(r, "comm: %s", reshard_last_error());
+      return;
+    }
+  } else if (!(c = open_ipc(r, &host))) {
+    return;
+  }
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.flags = x->flags;
   o.staging_bytes = x->staging;
   o.timeout_ms = 20000;
   o.relay = x->relay;
@@ -261,6 +271,8 @@ static void random_rank(ipc_rank *r) {
 }
 
 static int registered_worlds; /* rand_ctx.registered of random_worlds */
+static uint32_t worlds_flags;  /* rand_ctx.flags */
+static int worlds_nccl;        /* every other world over NCCL */
 
 static void random_worlds(void **state) {
   (void)state;
@@ -276,7 +288,7 @@ static void random_worlds(void **state) {
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
     rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
-                  it % 4 == 3 ? "h100-8x400g" : NULL, registered_worlds};
+                  it % 4 == 3 ? "h100-8x400g" : NULL, registered_worlds, worlds_flags, worlds_nccl && it % 2};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     /* run_world's failure message, with the seed first */
     mock_world_begin(pair.nranks, 0);
@@ -324,6 +336,89 @@ static void registered_random_worlds(void **state) {
   registered_worlds = 1;
   random_worlds(state);
   registered_worlds = 0;
+}
+
+/* RESHARD_FLAG_VERIFY on the device (issue 17, item 4), over CUDA IPC and
+ * NCCL (every other world): the box sums of both ends agree on clean
+ * transfers, relays and local copies included. */
+static void verify_random_worlds(void **state) {
+  worlds_flags = RESHARD_FLAG_VERIFY;
+  worlds_nccl = 1;
+  random_worlds(state);
+  worlds_flags = 0;
+  worlds_nccl = 0;
+}
+
+/* A bit flipped in flight: verify on the device catches it (MISMATCH
+ * naming the tensor, the box and the sender); without the flag the same
+ * damage goes unnoticed by reshard (the self-test sees it). */
+typedef struct corrupt_ctx {
+  int nccl;
+  uint32_t flags;
+  int caught, wrong_unnoticed, wrong;
+  pthread_mutex_t mu;
+} corrupt_ctx;
+
+static void corrupt_rank(ipc_rank *r) {
+  corrupt_ctx *x = r->ctx;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (x->nccl) {
+    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+      RFAIL(r, "comm: %s", reshard_last_error());
+      return;
+    }
+  } else if (!(c = open_ipc(r, &host))) {
+    return;
+  }
+  reshard_layout_t *src, *dst;
+  layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 1 << 20;
+  o.timeout_ms = 3000;
+  o.flags = x->flags;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d = {0};
+  if (reshard_plan_create(c, src, dst, &o, &plan) || reshard_selftest_alloc(&s, src, r->rank, 0) ||
+      reshard_selftest_alloc(&d, dst, r->rank, -1)) {
+    RFAIL(r, "setup: %s", reshard_last_error());
+  } else {
+    if (r->rank == 0) mock_corrupt_next();
+    if (reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL))
+      RFAIL(r, "execute: %s", reshard_last_error());
+    mock_stream_drain(NULL);
+    int64_t wrong = reshard_selftest_check(&d, dst, r->rank, 0, "corrupt");
+    reshard_plan_status_t st = wait_failed(plan, x->flags ? 2000 : 50);
+    pthread_mutex_lock(&x->mu);
+    if (st.failed && st.failure == RESHARD_ERROR_MISMATCH && strstr(st.failure_message, "verify: tensor 'w'") &&
+        strstr(st.failure_message, "received from rank"))
+      x->caught++;
+    if (wrong && !st.failed) x->wrong_unnoticed++;
+    if (st.failed && getenv("RS_TEST_VERBOSE")) fprintf(stderr, "rank %d: %s\n", r->rank, st.failure_message);
+    if (wrong) x->wrong++;
+    pthread_mutex_unlock(&x->mu);
+  }
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static void verify_catches_corruption(void **state) {
+  (void)state;
+  for (int nccl = 0; nccl < 2; nccl++)
+    for (int flag = 0; flag < 2; flag++) {
+      corrupt_ctx x = {.nccl = nccl, .flags = flag ? RESHARD_FLAG_VERIFY : 0, .mu = PTHREAD_MUTEX_INITIALIZER};
+      run_world(3, corrupt_rank, &x);
+      if (flag && (x.caught != 1 || x.wrong_unnoticed))
+        fail_msg("%s, verify: caught by %d ranks (expected 1), %d with wrong data unnoticed", nccl ? "NCCL" : "IPC",
+                 x.caught, x.wrong_unnoticed);
+      if (!flag && (x.caught || !x.wrong_unnoticed))
+        fail_msg("%s, no verify: caught %d, unnoticed %d (the damage must land unnoticed)", nccl ? "NCCL" : "IPC",
+                 x.caught, x.wrong_unnoticed);
+    }
 }
 
 /* Registered buffers move no byte through staging: every message is a
@@ -727,6 +822,8 @@ int main(void) {
       cmocka_unit_test(registered_plan_refuses_other_buffers),
       cmocka_unit_test(register_unsupported_on_nccl),
       cmocka_unit_test(registered_random_worlds),
+      cmocka_unit_test(verify_random_worlds),
+      cmocka_unit_test(verify_catches_corruption),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
