@@ -119,6 +119,20 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "reshard_perf --backend ipc -np 4, staged" 150 env RESHARD_PERF_IPC_STAGED=1 mpirun -np 4 --oversubscribe \
       "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
       --infer tp=2 -c 1 -n 5 -w 2
+    # issue 17 on the GPU: relays (two inference replicas, every part
+    # relayed), verify's kernels (the "verify" row is checked too), and
+    # compute-sanitizer memcheck on a 2-process sync
+    step "reshard_perf --backend ipc, relays" 150 env RESHARD_RELAY=1 mpirun -np 4 --oversubscribe \
+      "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
+      --infer tp=1,dp=2 -c 1 -n 5 -w 2
+    step "reshard_perf --backend ipc --verify" 150 env RESHARD_PERF_IPC_STAGED=1 mpirun -np 4 --oversubscribe \
+      "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
+      --infer tp=2 -c 1 -n 5 -w 2 --verify
+    if command -v compute-sanitizer >/dev/null; then
+      step "memcheck (IPC, 2 processes)" 240 mpirun -np 2 --oversubscribe compute-sanitizer --tool memcheck \
+        --error-exitcode 1 "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json \
+        --layers 1 --train tp=1 --infer tp=1 -c 1 -n 1 -w 0
+    fi
     IPC_LOG="$BUILD/perf_ipc.log"
     step "reshard_perf --backend ipc, Qwen3-8B" 180 bash -c 'mpirun -np 2 "$0" --backend ipc \
       --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 -w 3 \

@@ -646,8 +646,9 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
    * contiguous, so once per call, before any stream adds) */
   if (d->verify) {
     uint64_t *ss = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half));
-    CU(cudaMemsetAsync(ss, 0, 8 * p->nsend_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
-    CU(cudaMemsetAsync(d->d_rmine, 0, 8 * p->nrecv_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+    if (p->nsend_copies) CU(cudaMemsetAsync(ss, 0, 8 * p->nsend_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+    if (p->nrecv_copies)
+      CU(cudaMemsetAsync(d->d_rmine, 0, 8 * p->nrecv_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
   }
   CU(cudaEventRecord(d->ev_begin, d->s[S_PACK]), "cudaEventRecord(begin)");
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
