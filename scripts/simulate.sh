@@ -6,8 +6,8 @@
 #
 #   scripts/simulate.sh [--smoke] [build-dir]     (default: build-sim)
 #
-# --smoke: one 8-rank case, every element checked (CI: seconds). Without
-# it: the flat-cluster cases below. Needs SimGrid (Debian:
+# --smoke: one 8-rank case, every element checked, and the same folded
+# (CI: seconds). Without it: the flat-cluster cases below. Needs SimGrid (Debian:
 # apt-get install libsimgrid-dev).
 #
 # Platforms: a flat cluster, one host per rank, each with one 50 GB/s link
@@ -128,6 +128,9 @@ run() {
 if [ "$smoke" = 1 ]; then
   run 8 --shape 1024,1024 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 \
     -n 3 -w 1 -c 1 --baseline broadcast,alltoallw
+  # the folded path (below) must not rot either
+  RESHARD_SIM_FOLD=1 run 8 --shape 1024,1024 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 \
+    --dst-placements R,S1 -n 3 -w 1 -c 0 --baseline broadcast,alltoallw
   exit 0
 fi
 # The flat-cluster cases of issue 20: replicated destinations, replicated
@@ -140,6 +143,13 @@ for relay in 0 1; do
   RESHARD_RELAY=$relay run 17 --shape 4096,4096 --src-mesh 1 --src-placements R --dst-mesh 16 --dst-placements R \
     -n 3 -w 1 -c 1 --baseline broadcast
 done
+# Panel size on this 2-core machine (issue 20, item 2): the whole
+# Qwen2.5-0.5B (24 layers, 7.5 GiB between ranks) on 32 simulated ranks,
+# every rank's buffers and staging folded onto the same pages
+# (RESHARD_SIM_FOLD=1: SMPI_SHARED_MALLOC), so nothing is checked (-c 0;
+# the checks are proven on real runs and on the smaller cases above).
+RESHARD_SIM_FOLD=1 run 32 --model-config configs/Qwen2.5-0.5B.json --train tp=2,pp=2,dp=4 --infer tp=2,dp=8 \
+  -n 3 -w 1 -c 0
 # The presets' machines, a model's weights: the plan the cost model picks
 # (relay -1), its prediction and T_lower beside the simulated time.
 for preset in h100-8x400g gb200-nvl72; do

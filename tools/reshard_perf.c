@@ -62,6 +62,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "common/alloc.h" /* rs_alloc_set_bulk: folded simulation runs */
 #include "reshard.h"
 #include "watchdog.h" /* examples/: every blocking MPI call of the tool ends at a deadline */
 #include "perf_nccl.h"
@@ -438,8 +439,8 @@ static void bcast_free(bcast_state *b) {
   free(b->dst_frags);
   free(b->ndst_frags);
   free(b->tensor_bytes);
-  free(b->full);
-  free(b->pack);
+  rs_bulk_free(b->full);
+  rs_bulk_free(b->pack);
   if (b->bcomm != MPI_COMM_NULL) MPI_Comm_free(&b->bcomm);
   selection_free(&b->sel);
   free(b);
@@ -627,8 +628,8 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
   }
   int member = world_rank == 0 || c->is_dst;
   WD_CALL(MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &b->bcomm));
-  if (member) b->full = malloc((size_t)max_tensor + 1);
-  b->pack = malloc((size_t)max_frag + 1);
+  if (member) b->full = rs_bulk_malloc((size_t)max_tensor + 1);
+  b->pack = rs_bulk_malloc((size_t)max_frag + 1);
   if ((member && !b->full) || !b->pack) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the broadcast baseline\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -857,6 +858,15 @@ static void print_row(const method *m, const ctx *c) {
        (double)m->max_in / 1048576.0, (long long)m->wrong, c->o.check ? "" : " (unchecked)");
 }
 
+#ifdef RESHARD_SIMGRID_BUILD
+/* RESHARD_SIM_FOLD=1 (scripts/simulate.sh): every simulated rank's bulk
+ * data (its buffers, staging, the broadcast baseline's tensor) maps onto
+ * the same few pages, so that panel-size runs fit in memory; the data is
+ * then garbage, and nothing can be checked. */
+static void *fold_alloc(size_t n) { return SMPI_SHARED_MALLOC(n ? n : 1); }
+static void fold_free(void *p) { SMPI_SHARED_FREE(p); }
+#endif
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -872,6 +882,22 @@ int main(int argc, char **argv) {
   if (c.o.help) {
     if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
     return finish(0);
+  }
+  const char *fold = getenv("RESHARD_SIM_FOLD");
+  if (fold && !strcmp(fold, "1")) {
+#ifdef RESHARD_SIMGRID_BUILD
+    if (c.o.check) {
+      if (!world_rank)
+        fprintf(stderr, "reshard_perf: error: RESHARD_SIM_FOLD=1 maps every rank's buffers onto the same pages, so "
+                        "nothing can be checked: use -c 0 (the checks are proven on real runs)\n");
+      return finish(2);
+    }
+    rs_alloc_set_bulk(fold_alloc, fold_free);
+#else
+    if (!world_rank)
+      fprintf(stderr, "reshard_perf: error: RESHARD_SIM_FOLD=1 is for simulation builds (scripts/simulate.sh)\n");
+    return finish(2);
+#endif
   }
   /* the device backends: NCCL or CUDA IPC */
   int nccl = c.o.backend == CLI_BACKEND_NCCL || c.o.backend == CLI_BACKEND_IPC;

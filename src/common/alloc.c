@@ -43,3 +43,19 @@ void rs_alloc_fail_after(long n) {
 int rs_alloc_fault_fired(void) { return rs_alloc_fired; }
 
 unsigned long rs_alloc_count(void) { return rs_alloc_calls; }
+
+static void *(*bulk_alloc)(size_t);
+static void (*bulk_release)(void *);
+
+void rs_alloc_set_bulk(void *(*alloc)(size_t bytes), void (*release)(void *ptr)) {
+  bulk_alloc = alloc;
+  bulk_release = release;
+}
+
+void *rs_bulk_malloc(size_t bytes) { return bulk_alloc ? bulk_alloc(bytes) : rs_malloc(bytes); }
+
+void rs_bulk_free(void *ptr) {
+  if (!ptr) return;
+  if (bulk_release) bulk_release(ptr);
+  else free(ptr);
+}

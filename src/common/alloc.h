@@ -15,6 +15,15 @@ void *rs_calloc(size_t n, size_t size);
 void *rs_realloc(void *ptr, size_t bytes); /* NULL: *ptr is left as it was */
 char *rs_strdup(const char *s);
 
+/* Bulk data (the host executor's staging, the self-test's buffers):
+ * rs_malloc unless a tool replaced the pair with rs_alloc_set_bulk (the
+ * simulation's folded runs map every simulated rank's bulk data onto the
+ * same pages: SMPI_SHARED_MALLOC, tools/reshard_perf.c). Not for memory
+ * that holds control data. */
+void *rs_bulk_malloc(size_t bytes);
+void rs_bulk_free(void *ptr); /* NULL is a no-op */
+void rs_alloc_set_bulk(void *(*alloc)(size_t bytes), void (*release)(void *ptr));
+
 /* Test hook: the allocation n allocations from now on this thread fails
  * (0: the next one), once; n < 0 disarms. Re-arming clears the fired flag. */
 void rs_alloc_fail_after(long n);

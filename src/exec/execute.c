@@ -380,32 +380,34 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
                                  uint64_t *call_out, int *target_out) {
   const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   const int verify = (plan->opts.flags & RESHARD_FLAG_VERIFY) != 0;
-  /* Staging and request slots in one block; verify mode adds a second set
-   * of slots and the box sums. */
+  /* Staging (bulk: rs_bulk_malloc, cached in the plan) and the request
+   * slots (a small block per call); verify mode adds a second set of
+   * slots and the box sums. */
   size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
-  size_t need = stage + nreq * sizeof(rs_request *) + 64 + nreq;
+  size_t need = nreq * sizeof(rs_request *) + nreq;
   size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
-  void *block = NULL, *vblock = NULL;
+  void *sblock = NULL, *block = rs_malloc(need ? need : 1), *vblock = NULL;
   int cached = !__atomic_exchange_n(&mut->staging_busy, 1, __ATOMIC_ACQUIRE);
   if (cached) {
-    if (mut->staging_cache_bytes < need) {
-      free(mut->staging_cache);
-      mut->staging_cache = rs_malloc(need);
-      mut->staging_cache_bytes = mut->staging_cache ? need : 0;
+    if (mut->staging_cache_bytes < stage) {
+      rs_bulk_free(mut->staging_cache);
+      mut->staging_cache = rs_bulk_malloc(stage);
+      mut->staging_cache_bytes = mut->staging_cache ? stage : 0;
     }
-    block = mut->staging_cache;
-  } else {
-    block = rs_malloc(need);
+    sblock = mut->staging_cache;
+  } else if (stage) {
+    sblock = rs_bulk_malloc(stage);
   }
   if (verify) vblock = rs_malloc(vneed ? vneed : 1);
-  if (!block || (verify && !vblock)) {
+  if (!block || (stage && !sblock) || (verify && !vblock)) {
     if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
-    else free(block);
+    else rs_bulk_free(sblock);
+    free(block);
     free(vblock);
     rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
-             need + vneed);
+             stage + need + vneed);
     *target_out = 0;
     if (plan->npeers == 0 && !dbuf) return RESHARD_ERROR_OUT_OF_MEMORY; /* nobody to tell: retry later */
     return abort_call(plan, explicit_version, version_in, RESHARD_ERROR_OUT_OF_MEMORY);
@@ -415,12 +417,12 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.plan = plan;
   st.comm = plan->comm;
   st.src = src_buffers;
-  unsigned char *b = block;
+  unsigned char *b = sblock;
   st.send_stage[0] = b;
-  st.send_stage[1] = b + plan->send_half;
-  st.recv_stage[0] = b + 2 * plan->send_half;
-  st.recv_stage[1] = b + 2 * plan->send_half + plan->recv_half;
-  rs_request **reqs = (rs_request **)(((uintptr_t)(b + stage) + 63) & ~(uintptr_t)63);
+  st.send_stage[1] = b ? b + plan->send_half : NULL;
+  st.recv_stage[0] = b ? b + 2 * plan->send_half : NULL;
+  st.recv_stage[1] = b ? b + 2 * plan->send_half + plan->recv_half : NULL;
+  rs_request **reqs = block;
   /* max_round_msgs bounds sends + receives of one round, so each half's
    * sends and receives share one slice of it */
   size_t per = plan->max_round_msgs;
@@ -468,7 +470,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   r = rs_agree_end(st.agree, r, st.deadline);
   if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version);
   if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
-  else free(block);
+  else rs_bulk_free(sblock);
+  free(block);
   free(vblock);
   *version_out = version;
   *call_out = call;

@@ -1070,7 +1070,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   free(p->src_used);
   free(p->dst_used);
   free(p->peers);
-  free(p->staging_cache);
+  rs_bulk_free(p->staging_cache);
   rs_rank_map_free(&p->map);
   free(p);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/error.h"
 
 static uint64_t mix(uint64_t x) {
@@ -143,8 +144,9 @@ reshard_result_t reshard_selftest_alloc(reshard_selftest_t *s, const reshard_lay
   for (int b = 0; b < s->nbuf; b++) {
     RS_CHECK(reshard_layout_buffer_bytes(L, b, rank, &s->bytes[b]));
     if (!s->bytes[b]) continue;
-    s->ptr[b] = malloc(s->bytes[b]);
-    s->mask[b] = calloc(s->bytes[b], 1);
+    s->ptr[b] = rs_bulk_malloc(s->bytes[b]);
+    s->mask[b] = rs_bulk_malloc(s->bytes[b]);
+    if (s->mask[b]) memset(s->mask[b], 0, s->bytes[b]);
     if (!s->ptr[b] || !s->mask[b])
       return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "selftest_alloc rank %d: out of memory (buffer %d, %zu bytes)", rank,
                       b, s->bytes[b]);
@@ -197,8 +199,8 @@ int64_t reshard_selftest_check(const reshard_selftest_t *s, const reshard_layout
 void reshard_selftest_free(reshard_selftest_t *s) {
   if (!s) return;
   for (int b = 0; s->ptr && b < s->nbuf; b++) {
-    free(s->ptr[b]);
-    if (s->mask) free(s->mask[b]);
+    rs_bulk_free(s->ptr[b]);
+    if (s->mask) rs_bulk_free(s->mask[b]);
   }
   free(s->ptr);
   free(s->mask);
