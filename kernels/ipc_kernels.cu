@@ -25,12 +25,12 @@ __device__ int spin(const rs_ipc_op *o, const rs_ipc_wait *w, int acked) {
       return 1;
     }
     if (rs_ipc_load(w->abort)) {
-      rs_ipc_give_up(w, o->peer, RS_IPC_ABORTED);
+      rs_ipc_give_up(w, o, RS_IPC_ABORTED);
       return 0;
     }
     if ((i & 31) == 31) {
       if (global_ns() - t0 > w->timeout_ns) {
-        rs_ipc_give_up(w, o->peer, RS_IPC_TIMEOUT);
+        rs_ipc_give_up(w, o, RS_IPC_TIMEOUT);
         return 0;
       }
       __nanosleep(200);
@@ -38,8 +38,11 @@ __device__ int spin(const rs_ipc_op *o, const rs_ipc_wait *w, int acked) {
   }
 }
 
-__global__ void post_kernel(rs_ipc_batch b) {
-  if (threadIdx.x < b.n) rs_ipc_post(&b.op[threadIdx.x]);
+/* Nothing more is posted once a wait here gave up (the abort word):
+ * the partners stop instead of reading buffers this rank goes on
+ * reusing. */
+__global__ void post_kernel(rs_ipc_batch b, rs_ipc_wait w) {
+  if (threadIdx.x < b.n && !rs_ipc_load(w.abort)) rs_ipc_post(&b.op[threadIdx.x]);
 }
 
 /* Block (x, y) copies slice x of receive y once it arrived. */
@@ -48,8 +51,9 @@ __global__ void __launch_bounds__(RS_KERNEL_THREADS) pull_kernel(rs_ipc_batch b,
   const rs_ipc_op *o = &b.op[blockIdx.y];
   if (threadIdx.x == 0) {
     go = spin(o, &w, 0);
-    if (go && !rs_ipc_size_ok(o)) {
-      rs_ipc_give_up(&w, o->peer, RS_IPC_BAD_SIZE);
+    uint64_t bad = go ? rs_ipc_check(o) : 0;
+    if (bad) {
+      rs_ipc_give_up(&w, o, bad);
       go = 0;
     }
   }
@@ -61,11 +65,12 @@ __global__ void __launch_bounds__(RS_KERNEL_THREADS) pull_kernel(rs_ipc_batch b,
   if (a < e) rs_ipc_copy(o, a, e, threadIdx.x, blockDim.x);
 }
 
-/* After the pulls (stream order): acknowledges what arrived whole. */
+/* After the pulls (stream order): acknowledges what arrived whole, one
+ * thread in order (see rs_ipc_ack). */
 __global__ void ack_kernel(rs_ipc_batch b) {
-  if (threadIdx.x < b.n) {
-    const rs_ipc_op *o = &b.op[threadIdx.x];
-    if (rs_ipc_arrived(o) && rs_ipc_size_ok(o)) rs_ipc_ack(o);
+  for (uint32_t i = 0; i < b.n; i++) {
+    const rs_ipc_op *o = &b.op[i];
+    if (rs_ipc_arrived(o) && !rs_ipc_check(o)) rs_ipc_ack(o);
   }
 }
 
@@ -79,8 +84,8 @@ __global__ void max_kernel(const uint64_t *words, uint32_t n, uint64_t *out) {
 
 } // namespace
 
-extern "C" int rs_cuda_ipc_post(const rs_ipc_batch *b, void *stream) {
-  post_kernel<<<1, RS_IPC_MAX_OPS, 0, (cudaStream_t)stream>>>(*b);
+extern "C" int rs_cuda_ipc_post(const rs_ipc_batch *b, rs_ipc_wait w, void *stream) {
+  post_kernel<<<1, RS_IPC_MAX_OPS, 0, (cudaStream_t)stream>>>(*b, w);
   return (int)cudaGetLastError();
 }
 
@@ -92,7 +97,7 @@ extern "C" int rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned b
 }
 
 extern "C" int rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream) {
-  ack_kernel<<<1, RS_IPC_MAX_OPS, 0, (cudaStream_t)stream>>>(*b);
+  ack_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(*b);
   return (int)cudaGetLastError();
 }
 

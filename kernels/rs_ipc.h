@@ -58,7 +58,7 @@ typedef struct rs_ipc_slot {
   uint64_t seq;   /* written last: the message is there once it matches */
   uint64_t bytes; /* the payload's size */
   uint64_t off;   /* payloads over RS_IPC_INLINE: offset in the sender's pool */
-  uint64_t pad;
+  uint64_t gen;   /* ... of the sender's pool generation (its mapping here must match) */
   unsigned char data[RS_IPC_INLINE];
 } rs_ipc_slot; /* 128 bytes */
 
@@ -72,7 +72,7 @@ RS_HD uint64_t rs_ipc_slot_off(uint32_t n, uint32_t sender, uint64_t seq) {
 RS_HD uint64_t rs_ipc_window_bytes(uint32_t n) { return rs_ipc_slot_off(n, n, 0); }
 
 /* Why a wait gave up (recorded in the verdict's got.magic). */
-enum { RS_IPC_TIMEOUT = 1, RS_IPC_ABORTED = 2, RS_IPC_BAD_SIZE = 3 };
+enum { RS_IPC_TIMEOUT = 1, RS_IPC_ABORTED = 2, RS_IPC_BAD_SIZE = 3, RS_IPC_STALE = 4 };
 
 /* One operation of a launch; every pointer is computed by the host. */
 typedef struct rs_ipc_op {
@@ -81,8 +81,12 @@ typedef struct rs_ipc_op {
   const unsigned char *pool; /* pull: the sender's pool as mapped here */
   uint64_t *ack;       /* pull: the sender's ack word for this rank (mapped);
                           acked: this window's ack word of the receiver */
+  uint64_t *peer_abort; /* the peer's abort word (mapped): a wait that gives up
+                           sets it too, so the peer stops at once */
   uint64_t seq, bytes;
   uint64_t off;        /* post: the payload's offset in this rank's pool */
+  uint64_t gen;        /* post: this rank's pool generation; pull: the
+                          sender's, as mapped here */
   int32_t peer;
   uint32_t pad;
 } rs_ipc_op;
@@ -118,6 +122,7 @@ RS_HD void rs_ipc_post(const rs_ipc_op *o) {
   rs_ipc_slot *s = o->slot;
   s->bytes = o->bytes;
   s->off = o->off;
+  s->gen = o->gen;
   if (o->bytes <= RS_IPC_INLINE)
     for (uint64_t i = 0; i < o->bytes; i++) ((volatile unsigned char *)s->data)[i] = o->buf[i];
   RS_IPC_FENCE();
@@ -128,24 +133,32 @@ RS_HD void rs_ipc_post(const rs_ipc_op *o) {
 RS_HD int rs_ipc_arrived(const rs_ipc_op *o) { return rs_ipc_load(&o->slot->seq) == o->seq; }
 RS_HD int rs_ipc_acked(const rs_ipc_op *o) { return rs_ipc_load(o->ack) >= o->seq; }
 
-/* A wait gave up (why: RS_IPC_*): close the gate naming the peer (first
- * failure only) and set the abort word, so that later waits give up at
- * once. Called by one thread; the gate's record is written before ok is
- * cleared, and an earlier failure's record stays. */
-RS_HD void rs_ipc_give_up(const rs_ipc_wait *w, int32_t peer, uint64_t why) {
+/* A wait on operation o gave up (why: RS_IPC_*): close the gate naming
+ * the peer (first failure only) and set this window's abort word and the
+ * peer's, so that later waits here and there give up at once (and this
+ * rank posts nothing more). Called by one thread; the gate's record is
+ * written before ok is cleared, and an earlier failure's record stays. */
+RS_HD void rs_ipc_give_up(const rs_ipc_wait *w, const rs_ipc_op *o, uint64_t why) {
   if (w->gate && *(volatile uint32_t *)&w->gate->ok) {
     w->gate->bad_index = RS_DEV_AGREE_TRANSPORT;
     w->gate->got.magic = why;
-    w->gate->got.digest = (uint64_t)(int64_t)peer;
+    w->gate->got.digest = (uint64_t)(int64_t)o->peer;
     RS_IPC_FENCE();
     *(volatile uint32_t *)&w->gate->ok = 0;
   }
   if (!rs_ipc_load(w->abort)) rs_ipc_store(w->abort, why);
+  if (o->peer_abort && !rs_ipc_load(o->peer_abort)) rs_ipc_store(o->peer_abort, RS_IPC_ABORTED);
 }
 
-/* The size check of an arrived message: 1 when it is what the receive
- * expects (else the wait gives up with RS_IPC_BAD_SIZE). */
-RS_HD int rs_ipc_size_ok(const rs_ipc_op *o) { return o->slot->bytes == o->bytes; }
+/* The check of an arrived message: 0 when it is what the receive
+ * expects, else why the wait gives up: another size (the plans differ),
+ * or a pooled payload from a pool generation other than the one mapped
+ * here (the sender's pool was replaced without the exchange). */
+RS_HD uint64_t rs_ipc_check(const rs_ipc_op *o) {
+  if (o->slot->bytes != o->bytes) return RS_IPC_BAD_SIZE;
+  if (o->bytes > RS_IPC_INLINE && o->slot->gen != o->gen) return RS_IPC_STALE;
+  return 0;
+}
 
 /* pull: bytes [a, b) of an arrived message, thread t of nt. */
 RS_HD void rs_ipc_copy(const rs_ipc_op *o, uint64_t a, uint64_t b, unsigned t, unsigned nt) {
@@ -163,7 +176,9 @@ RS_HD void rs_ipc_copy(const rs_ipc_op *o, uint64_t a, uint64_t b, unsigned t, u
   }
 }
 
-/* ack: the receive o is consumed (after its pull, in stream order). */
+/* ack: the receive o is consumed (after its pull, in stream order). Acks
+ * of one batch are written by one thread in order: receives from one
+ * peer share its ack word, and the last must win. */
 RS_HD void rs_ipc_ack(const rs_ipc_op *o) {
   RS_IPC_FENCE();
   rs_ipc_store(o->ack, o->seq);

@@ -73,7 +73,7 @@ int rs_cuda_verify_compare(const uint64_t *mine, const uint64_t *theirs, uint32_
  * for its message, then blocks_per_op blocks copy it); acknowledge the
  * receives that arrived; wait for the sends' acknowledgements; the max of
  * n words into *out (which counts as one of them). */
-int rs_cuda_ipc_post(const rs_ipc_batch *b, void *stream);
+int rs_cuda_ipc_post(const rs_ipc_batch *b, rs_ipc_wait w, void *stream);
 int rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned blocks_per_op, void *stream);
 int rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream);
 int rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *stream);

@@ -14,7 +14,7 @@
 reshard_result_t rs_direct_blob(const reshard_plan_t *p, int peer, void **out, size_t *bytes) {
   size_t n = 8, nmsg = 0;
   for (size_t i = 0; i < p->nsends; i++)
-    if (p->sends[i].peer == peer) n += 16 + (size_t)p->sends[i].ncopies * sizeof(rs_copy), nmsg++;
+    if (p->sends[i].peer == peer) n += 8 + (size_t)p->sends[i].ncopies * sizeof(rs_copy), nmsg++;
   unsigned char *b = malloc(n), *at = b;
   if (!b) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
   uint64_t v = nmsg;

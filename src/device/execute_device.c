@@ -476,11 +476,15 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
     uint64_t why = a->got.magic;
     reshard_result_t code = why == RS_IPC_ABORTED ? RESHARD_ERROR_REMOTE
                             : why == RS_IPC_BAD_SIZE ? RESHARD_ERROR_MISMATCH
+                            : why == RS_IPC_STALE   ? RESHARD_ERROR_BACKEND
                                                      : RESHARD_ERROR_TIMEOUT;
     const char *what = why == RS_IPC_ABORTED ? "was given up: the communicator was poisoned (a failed or refused "
                                                "call here or on a peer)"
                        : why == RS_IPC_BAD_SIZE ? "failed: the message's size differs from the receive's (the "
                                                   "ranks' plans differ)"
+                       : why == RS_IPC_STALE ? "failed: the peer's staging pool changed and was not exchanged again "
+                                               "(a plan creation that failed after growing it); recreate the "
+                                               "communicator"
                                                 : "did not complete within the plan's timeout (the peer did not run "
                                                   "its part)";
     return rs_error(code, "execute rank %d: at or after call %llu (weight version %llu): a transfer with rank %d %s; "
@@ -703,8 +707,10 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * it (one stream) have written what they read. */
     if (k >= 2 && d->fwd_round[k])
       CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
+    /* (gated too: once a wait gave up, a late partner may still read this
+     * rank's staging, which must not change under it) */
     if (!direct)
-      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 0, "pack launch"),
+      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 1, "pack launch"),
                     r, fail);
     if (d->verify)
       RS_CHECK_GOTO(verify_sums(p, d, d->pack_start[k], d->pack_start[k + 1], 0, ssums, 0, S_PACK), r, fail);
@@ -959,6 +965,16 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   if (!r && (d->global || d->dbuf)) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);
+  /* a transport whose waits give up on the device (CUDA IPC) closed the
+   * gate instead of failing the drain: that is a peer that did not come */
+  if (!r && d->d_agree) {
+    rs_dev_agree a;
+    cudaError_t ce = cudaMemcpy(&a, d->d_agree, sizeof a, cudaMemcpyDeviceToHost);
+    if (ce) r = rs_cuda_error(ce, "cudaMemcpy(connection verdict)", p->rank);
+    else if (!a.ok)
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: connecting to rank %d did not complete within the plan's timeout",
+                   p->rank, (int)(int64_t)a.got.digest);
+  }
   free(ops);
   free(seen);
   if (r) {
@@ -1064,11 +1080,6 @@ fail:;
     if (d->d_dcopies) cudaFreeAsync(d->d_dcopies, d->s[S_PACK]);
     if (d->d_dtiles) cudaFreeAsync(d->d_dtiles, d->s[S_PACK]);
     if (d->d_dtab) cudaFreeAsync(d->d_dtab, d->s[S_PACK]);
-    if (d->d_vbox) cudaFreeAsync(d->d_vbox, d->s[S_PACK]);
-    if (d->d_vtensors) cudaFreeAsync(d->d_vtensors, d->s[S_PACK]);
-    if (d->d_rmine) cudaFreeAsync(d->d_rmine, d->s[S_PACK]);
-    if (d->d_lsrc) cudaFreeAsync(d->d_lsrc, d->s[S_PACK]);
-    if (d->d_ldst) cudaFreeAsync(d->d_ldst, d->s[S_PACK]);
     if (d->mapset) so->unshare(p->comm, d->mapset);
     free(d->reg);
     free(d->dstart);

@@ -41,6 +41,7 @@ _Static_assert(sizeof(cudaIpcMemHandle_t) % 8 == 0, "IPC handle size");
 
 typedef struct mapping {
   unsigned char *base;
+  uint64_t rptr; /* the allocation's address in its owner's process */
   uint64_t gen;
   int opened; /* cudaIpcOpenMemHandle (closed at the end) */
 } mapping;
@@ -130,7 +131,7 @@ static reshard_result_t launch(reshard_comm_t *c, const rs_ipc_op *ops, size_t n
     b.n = (uint32_t)(n - i < RS_IPC_MAX_OPS ? n - i : RS_IPC_MAX_OPS);
     memcpy(b.op, ops + i, b.n * sizeof *ops);
     int e = 0;
-    if (kind == L_POST) e = rs_cuda_ipc_post(&b, s);
+    if (kind == L_POST) e = rs_cuda_ipc_post(&b, w, s);
     if (kind == L_ACK) e = rs_cuda_ipc_ack(&b, s);
     if (kind == L_ACKED) e = rs_cuda_ipc_acked(&b, w, s);
     if (kind == L_PULL) {
@@ -192,9 +193,11 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
           .slot = (rs_ipc_slot *)(x->win_of[peer].base + rs_ipc_slot_off(x->n, (uint32_t)c->rank, seq)),
           .buf = o->buf,
           .ack = (uint64_t *)(x->win + rs_ipc_ack_off(peer)),
+          .peer_abort = (uint64_t *)(x->win_of[peer].base + RS_IPC_ABORT_OFF),
           .seq = seq,
           .bytes = o->bytes,
           .off = o->bytes > RS_IPC_INLINE ? (uint64_t)(b - pool) : 0,
+          .gen = x->dev.pool_gen,
           .peer = o->peer};
     } else {
       uint64_t seq = x->recv_seq[peer] + 1;
@@ -203,8 +206,10 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
           .buf = o->buf,
           .pool = x->pool_of[peer].base,
           .ack = (uint64_t *)(x->win_of[peer].base + rs_ipc_ack_off((uint32_t)c->rank)),
+          .peer_abort = (uint64_t *)(x->win_of[peer].base + RS_IPC_ABORT_OFF),
           .seq = seq,
           .bytes = o->bytes,
+          .gen = x->pool_of[peer].gen,
           .peer = o->peer};
     }
     /* counted once the operation is valid: a refused group enqueues
@@ -289,7 +294,7 @@ static void unmap(mapping *m) {
 /* Maps rank r's allocation described by its record (unless mapped at
  * that generation already). */
 static reshard_result_t map(reshard_comm_t *c, int r, const rec *e, mapping *m, const char *what) {
-  if (m->base && m->gen == e->gen && (uintptr_t)m->base == e->ptr) return RESHARD_SUCCESS;
+  if (m->base && m->gen == e->gen && m->rptr == e->ptr) return RESHARD_SUCCESS;
   unmap(m);
   if (!e->ptr) return RESHARD_SUCCESS;
   if (e->pid == (uint64_t)getpid()) {
@@ -310,6 +315,7 @@ static reshard_result_t map(reshard_comm_t *c, int r, const rec *e, mapping *m, 
     m->opened = 1;
   }
   m->gen = e->gen;
+  m->rptr = e->ptr;
   return RESHARD_SUCCESS;
 }
 
@@ -326,17 +332,28 @@ static reshard_result_t exchange_pools(reshard_comm_t *c) {
   if (!r) r = rx;
   int changed = 0;
   for (uint32_t k = 0; !r && k < x->n; k++)
-    changed |= k != (uint32_t)c->rank && (x->pool_of[k].gen != all[k].gen || (uintptr_t)x->pool_of[k].base != all[k].ptr);
+    changed |= k != (uint32_t)c->rank && (x->pool_of[k].gen != all[k].gen || x->pool_of[k].rptr != all[k].ptr);
   /* nothing of this rank's may still read a pool being unmapped */
   if (!r && changed) r = rs_dev_comm_drain(c);
   for (uint32_t k = 0; !r && k < x->n; k++) {
     if (k == (uint32_t)c->rank) {
-      x->pool_of[k] = (mapping){x->dev.pool, x->dev.pool_gen, 0};
+      x->pool_of[k] = (mapping){x->dev.pool, (uint64_t)(uintptr_t)x->dev.pool, x->dev.pool_gen, 0};
       continue;
     }
     r = map(c, (int)k, &all[k], &x->pool_of[k], "staging pool");
   }
   free(all);
+  /* every rank remapped (or failed): the pools replaced before can go,
+   * unless a failure here means a peer may still read one */
+  uint64_t bad = r != RESHARD_SUCCESS;
+  reshard_result_t rb = x->host->ops->allreduce_max_u64(x->host, &bad, 1, rs_deadline_after_ms(60000));
+  uint64_t abort_word = 1;
+  if (!r && !rb && !bad && !x->poisoned &&
+      cudaMemcpy(&abort_word, x->win + RS_IPC_ABORT_OFF, 8, cudaMemcpyDeviceToHost) == cudaSuccess && !abort_word) {
+    for (size_t i = 0; i < x->ndeferred; i++) cudaFree(x->deferred[i]);
+    x->ndeferred = 0;
+  }
+  if (!r) r = rb;
   return r;
 }
 
@@ -356,19 +373,14 @@ static reshard_result_t ipc_pool_alloc(reshard_comm_t *c, size_t bytes, void **o
   return cu(ce, "cudaMalloc(staging)", c->rank);
 }
 
-/* A healthy communicator's pool is free once this rank's executes are
- * done: each ended when every peer had acknowledged (finished reading)
- * its messages. After a failure that no longer holds (a wait that gave
- * up ended the execute early), so a peer may still pull from the pool:
- * it is then freed at destroy, after every rank got there. */
+/* A replaced or released pool may still be mapped by the peers (they
+ * remap at the next exchange, and after a failure a peer may even still
+ * pull from it: a wait that gave up ended the execute early), and
+ * freeing exported memory before its importers close it is undefined:
+ * it is freed after the next exchange's barrier (every peer remapped),
+ * or at destroy (after every rank got there). */
 static void ipc_pool_free(reshard_comm_t *c, void *p) {
   rs_ipc *x = c->impl;
-  uint64_t abort_word = 0;
-  if (!x->poisoned && x->win &&
-      cudaMemcpy(&abort_word, x->win + RS_IPC_ABORT_OFF, 8, cudaMemcpyDeviceToHost) == cudaSuccess && !abort_word) {
-    cudaFree(p);
-    return;
-  }
   void **d = realloc(x->deferred, (x->ndeferred + 1) * sizeof *d);
   if (!d) return; /* leaked rather than freed under a peer's reads */
   x->deferred = d;
@@ -381,6 +393,8 @@ static reshard_result_t ipc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 }
 
 static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
+  /* poison copies may still be writing into the peers' windows */
+  if (x->ctl) cudaStreamSynchronize(x->ctl);
   for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
   for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
   rs_dev_comm_fini(c);
@@ -393,11 +407,7 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   x->regions = NULL;
   for (size_t i = 0; i < x->ndeferred; i++) cudaFree(x->deferred[i]);
   free(x->deferred);
-  if (x->ctl) {
-    /* poison copies may still be in flight from h_abort */
-    cudaStreamSynchronize(x->ctl);
-    cudaStreamDestroy(x->ctl);
-  }
+  if (x->ctl) cudaStreamDestroy(x->ctl);
   if (x->h_abort) cudaFreeHost(x->h_abort);
   if (x->d_words) cudaFree(x->d_words);
   if (x->win) cudaFree(x->win);
@@ -711,12 +721,16 @@ reshard_result_t reshard_comm_create_cuda_ipc(reshard_comm_t *host, reshard_comm
    * the mapping: either all get a communicator or none does. */
   for (int stage = 0; stage < 2; stage++) {
     if (stage == 1 && !r) {
+      /* the exchange runs even when this rank's record failed (zeros), so
+       * that every rank makes the same collective calls */
       rec mine, *all = calloc(x->n, sizeof *all);
       r = all ? record(c, x->win, rs_ipc_window_bytes(x->n), 1, &mine)
               : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_cuda_ipc: out of memory");
-      if (!r) r = exchange(c, &mine, all);
+      if (r) memset(&mine, 0, sizeof mine);
+      reshard_result_t rx = all ? exchange(c, &mine, all) : RESHARD_SUCCESS;
+      if (!r) r = rx;
       for (uint32_t k = 0; !r && k < x->n; k++) {
-        if (k == (uint32_t)c->rank) x->win_of[k] = (mapping){x->win, 1, 0};
+        if (k == (uint32_t)c->rank) x->win_of[k] = (mapping){x->win, (uint64_t)(uintptr_t)x->win, 1, 0};
         else r = map(c, (int)k, &all[k], &x->win_of[k], "mailbox window");
       }
       free(all);

@@ -323,17 +323,26 @@ static int run_ipc(void) {
   post.n = pull.n = 2;
   for (int k = 0; k < 2; k++) {
     uint64_t seq = (uint64_t)k + 1, bytes = k == 0 ? big : 64;
-    post.op[k] = {(rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq)), k == 0 ? pool + 4096 : pool, NULL,
-                  (uint64_t *)(win[0] + rs_ipc_ack_off(1)), seq, bytes, k == 0 ? 4096u : 0u, 1, 0};
-    pull.op[k] = {(rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq)), k == 0 ? dst : dst + big, pool,
-                  (uint64_t *)(win[0] + rs_ipc_ack_off(1)), seq, bytes, 0, 0, 0};
+    rs_ipc_op *o = &post.op[k];
+    o->slot = (rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq));
+    o->buf = k == 0 ? pool + 4096 : pool;
+    o->ack = (uint64_t *)(win[0] + rs_ipc_ack_off(1));
+    o->peer_abort = (uint64_t *)(win[1] + RS_IPC_ABORT_OFF);
+    o->seq = seq, o->bytes = bytes, o->off = k == 0 ? 4096u : 0u, o->gen = 1, o->peer = 1;
+    o = &pull.op[k];
+    o->slot = (rs_ipc_slot *)(win[1] + rs_ipc_slot_off(n, 0, seq));
+    o->buf = k == 0 ? dst : dst + big;
+    o->pool = pool;
+    o->ack = (uint64_t *)(win[0] + rs_ipc_ack_off(1));
+    o->peer_abort = (uint64_t *)(win[0] + RS_IPC_ABORT_OFF);
+    o->seq = seq, o->bytes = bytes, o->gen = 1, o->peer = 0;
   }
   rs_ipc_wait w0 = {(uint64_t *)(win[0] + RS_IPC_ABORT_OFF), gate, 5000000000ull};
   rs_ipc_wait w1 = {(uint64_t *)(win[1] + RS_IPC_ABORT_OFF), gate, 5000000000ull};
   /* the receiver first: its wait must see the post that comes later */
   CK((cudaError_t)rs_cuda_ipc_pull(&pull, w1, 4, s[1]));
   CK((cudaError_t)rs_cuda_ipc_ack(&pull, s[1]));
-  CK((cudaError_t)rs_cuda_ipc_post(&post, s[0]));
+  CK((cudaError_t)rs_cuda_ipc_post(&post, w0, s[0]));
   CK((cudaError_t)rs_cuda_ipc_acked(&post, w0, s[0]));
   CK(cudaDeviceSynchronize());
   std::vector<unsigned char> got(big + 64);

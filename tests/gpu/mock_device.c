@@ -430,7 +430,8 @@ static int step_ipc_wait(dop *o, int acked) {
     const rs_ipc_op *x = &o->batch->op[i];
     if (acked ? rs_ipc_acked(x) : rs_ipc_arrived(x)) {
       if (!acked) {
-        if (!rs_ipc_size_ok(x)) rs_ipc_give_up(&o->iw, x->peer, RS_IPC_BAD_SIZE);
+        uint64_t bad = rs_ipc_check(x);
+        if (bad) rs_ipc_give_up(&o->iw, x, bad);
         else {
           rs_ipc_copy(x, 0, x->bytes, 0, 1);
           world.delivered++;
@@ -442,9 +443,9 @@ static int step_ipc_wait(dop *o, int acked) {
         }
       }
     } else if (rs_ipc_load(o->iw.abort)) {
-      rs_ipc_give_up(&o->iw, x->peer, RS_IPC_ABORTED);
+      rs_ipc_give_up(&o->iw, x, RS_IPC_ABORTED);
     } else if ((uint64_t)(t - o->started) > o->iw.timeout_ns) {
-      rs_ipc_give_up(&o->iw, x->peer, RS_IPC_TIMEOUT);
+      rs_ipc_give_up(&o->iw, x, RS_IPC_TIMEOUT);
       world.ipc_timeouts++;
     } else {
       all = 0;
@@ -499,16 +500,14 @@ static int step(mstream *s) {
   case D_ALLRED:
     if (!step_allreduce(o)) return 0;
     break;
-  case D_IPC_POST:
-    for (uint32_t i = 0; i < o->batch->n; i++) {
-      rs_ipc_post(&o->batch->op[i]);
-    }
+  case D_IPC_POST: /* nothing once a wait here gave up (ipc_kernels.cu) */
+    for (uint32_t i = 0; i < o->batch->n && !rs_ipc_load(o->iw.abort); i++) rs_ipc_post(&o->batch->op[i]);
     free(o->batch);
     break;
   case D_IPC_ACK:
     for (uint32_t i = 0; i < o->batch->n; i++) {
       const rs_ipc_op *x = &o->batch->op[i];
-      if (rs_ipc_arrived(x) && rs_ipc_size_ok(x)) rs_ipc_ack(x);
+      if (rs_ipc_arrived(x) && !rs_ipc_check(x)) rs_ipc_ack(x);
     }
     free(o->batch);
     break;
@@ -1062,7 +1061,9 @@ static int ipc_launch(int kind, const rs_ipc_batch *b, const rs_ipc_wait *w, voi
   UNLOCK();
   return 0;
 }
-int __wrap_rs_cuda_ipc_post(const rs_ipc_batch *b, void *stream) { return ipc_launch(D_IPC_POST, b, NULL, stream); }
+int __wrap_rs_cuda_ipc_post(const rs_ipc_batch *b, rs_ipc_wait w, void *stream) {
+  return ipc_launch(D_IPC_POST, b, &w, stream);
+}
 int __wrap_rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned blocks, void *stream) {
   (void)blocks;
   return ipc_launch(D_IPC_PULL, b, &w, stream);
