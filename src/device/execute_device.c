@@ -444,13 +444,18 @@ fail:
   return r;
 }
 
+/* The buffer table every launch of the current call reads: source
+ * buffers, then destination buffers (with double buffering, the call's
+ * view: the inactive copy). */
+static void *const *call_tab(const rs_dev *d) { return d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; }
+
 /* Enqueues one launch over tiles [a, b). gated: it writes destination
  * buffers (unpacks, local copies), so it writes nothing once the
  * agreement failed. */
 static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
                                void *staging, int stream, int gated, const char *what) {
   if (a == b) return RESHARD_SUCCESS;
-  void *const *src = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur];
+  void *const *src = call_tab(d);
   void *const *dst = src + p->num_src_buffers;
   const uint32_t *gate = gated && d->d_agree ? &d->d_agree->ok : NULL;
   int e = rs_cuda_launch_copies_gated(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, gate, d->s[stream]);
@@ -535,7 +540,7 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
 static reshard_result_t verify_sums(const reshard_plan_t *p, rs_dev *d, uint64_t ta, uint64_t tb, int dst_side,
                                     uint64_t *sums, uint32_t desc_base, int st) {
   if (ta == tb) return RESHARD_SUCCESS;
-  void *const *tab = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; /* launch()'s view */
+  void *const *tab = call_tab(d);
   int e = rs_cuda_verify_sums(d->d_tiles + ta, tb - ta, d->d_copies, d->d_vbox, d->d_vtensors, tab,
                               tab + p->num_src_buffers, dst_side, sums, desc_base, d->s[st]);
   if (e) return rs_cuda_error(e, "verify sums launch", p->rank);
@@ -551,7 +556,7 @@ static reshard_result_t verify_locals(const reshard_plan_t *p, rs_dev *d) {
   cudaError_t ce = cudaMemsetAsync(d->d_lsrc, 0, 8 * (size_t)n, s);
   if (!ce) ce = cudaMemsetAsync(d->d_ldst, 0, 8 * (size_t)n, s);
   if (ce) return rs_cuda_error(ce, "cudaMemsetAsync(verify sums)", p->rank);
-  void *const *tab = d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; /* launch()'s view */
+  void *const *tab = call_tab(d);
   for (int side = 0; side < 2; side++) {
     int e = rs_cuda_verify_sums(d->d_tiles + d->local_start, d->local_end - d->local_start, d->d_copies, d->d_vbox,
                                 d->d_vtensors, tab, tab + p->num_src_buffers, side, side ? d->d_ldst : d->d_lsrc,

@@ -16,6 +16,7 @@
  * copy engines run even while spinning kernels fill the SMs), so every
  * partner's waits on this communicator give up at once. */
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -70,6 +71,9 @@ typedef struct rs_ipc {
   uint64_t *h_abort;      /* pinned: the poison value */
   cudaStream_t ctl;       /* poisoning copies */
   uint32_t *count;        /* group: messages per peer (scratch) */
+  rs_ipc_op *ops;         /* group: its sends, then its receives (scratch, grown) */
+  size_t ops_cap;
+  rs_p2p *red;            /* reduce_word's group: 2 per other rank */
   region *regions;        /* registered peers' allocations mapped here */
   void **deferred;        /* pools freed at destroy (see ipc_pool_free) */
   size_t ndeferred;
@@ -157,12 +161,13 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
   rs_ipc *x = c->impl;
   if (nops == 0) return RESHARD_SUCCESS;
   RS_CHECK(ipc_health(c));
-  rs_ipc_op *send = calloc(nops, sizeof *send), *recv = calloc(nops, sizeof *recv);
-  if (!send || !recv) {
-    free(send);
-    free(recv);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  if (2 * nops > x->ops_cap) { /* grows to the largest round once, not per call */
+    rs_ipc_op *o = realloc(x->ops, 2 * nops * sizeof *o);
+    if (!o) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+    x->ops = o;
+    x->ops_cap = 2 * nops;
   }
+  rs_ipc_op *send = x->ops, *recv = x->ops + nops;
   reshard_result_t r = RESHARD_SUCCESS;
   size_t ns = 0, nr = 0;
   memset(x->count, 0, 2 * x->n * sizeof *x->count);
@@ -224,8 +229,6 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
   if (!r) r = launch(c, recv, nr, L_PULL, w, s);
   if (!r) r = launch(c, recv, nr, L_ACK, w, s);
   if (!r) r = launch(c, send, ns, L_ACKED, w, s);
-  free(send);
-  free(recv);
   return r;
 }
 
@@ -235,8 +238,7 @@ static reshard_result_t ipc_reduce_word(reshard_comm_t *c, uint64_t *word, void 
                                         void *gate) {
   rs_ipc *x = c->impl;
   if (c->size == 1) return RESHARD_SUCCESS;
-  rs_p2p *ops = calloc(2 * (size_t)c->size, sizeof *ops);
-  if (!ops) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  rs_p2p *ops = x->red;
   size_t k = 0;
   for (int r = 0; r < c->size; r++) {
     if (r == c->rank) continue;
@@ -244,7 +246,6 @@ static reshard_result_t ipc_reduce_word(reshard_comm_t *c, uint64_t *word, void 
     ops[k++] = (rs_p2p){r, 1, x->d_words + r, 8};
   }
   reshard_result_t res = ipc_group(c, ops, k, stream, deadline, gate);
-  free(ops);
   if (res) return res;
   int e = rs_cuda_ipc_max(x->d_words, x->n, word, stream);
   if (e) return rs_cuda_error(e, "CUDA IPC reduction launch", c->rank);
@@ -286,6 +287,18 @@ static reshard_result_t record(reshard_comm_t *c, void *p, size_t bytes, uint64_
   return RESHARD_SUCCESS;
 }
 
+/* Opens a peer's exported allocation; what: which one, for the message. */
+static reshard_result_t ipc_open(reshard_comm_t *c, const uint64_t *handle, void **out, const char *what) {
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof h);
+  cudaError_t ce = cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess);
+  if (ce)
+    return rs_error(RESHARD_ERROR_BACKEND, "rank %d: mapping %s with cudaIpcOpenMemHandle failed: %s (%s); every "
+                    "rank must be on this node, see the same GPUs and share the IPC namespace (docker --ipc=host)",
+                    c->rank, what, cudaGetErrorName(ce), cudaGetErrorString(ce));
+  return RESHARD_SUCCESS;
+}
+
 static void unmap(mapping *m) {
   if (m->opened && m->base) cudaIpcCloseMemHandle(m->base);
   memset(m, 0, sizeof *m);
@@ -301,16 +314,11 @@ static reshard_result_t map(reshard_comm_t *c, int r, const rec *e, mapping *m, 
     /* a rank of this process (threads): its address is valid here */
     m->base = (unsigned char *)(uintptr_t)e->ptr;
   } else {
-    cudaIpcMemHandle_t h;
-    memcpy(&h, e->handle, sizeof h);
+    char desc[160];
+    snprintf(desc, sizeof desc, "rank %d's %s (its device %llu, process %llu)", r, what,
+             (unsigned long long)e->device, (unsigned long long)e->pid);
     void *p = NULL;
-    cudaError_t ce = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-    if (ce)
-      return rs_error(RESHARD_ERROR_BACKEND, "rank %d: mapping rank %d's %s (its device %llu, process %llu) with "
-                      "cudaIpcOpenMemHandle failed: %s (%s); every rank must be on this node, see the same GPUs and "
-                      "share the IPC namespace (docker --ipc=host)", c->rank, r, what,
-                      (unsigned long long)e->device, (unsigned long long)e->pid, cudaGetErrorName(ce),
-                      cudaGetErrorString(ce));
+    RS_CHECK(ipc_open(c, e->handle, &p, desc));
     m->base = p;
     m->opened = 1;
   }
@@ -416,6 +424,8 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   free(x->send_seq);
   free(x->recv_seq);
   free(x->count);
+  free(x->ops);
+  free(x->red);
 }
 
 static void ipc_destroy(reshard_comm_t *c) {
@@ -484,14 +494,10 @@ static reshard_result_t region_map(reshard_comm_t *c, mapset *m, int peer, size_
   region *g = x->regions;
   while (g && !(g->pid == e->pid && !memcmp(g->handle, e->handle, sizeof g->handle))) g = g->next;
   if (!g) {
-    cudaIpcMemHandle_t h;
-    memcpy(&h, e->handle, sizeof h);
+    char desc[96];
+    snprintf(desc, sizeof desc, "buffer %zu of rank %d (register_buffers)", b, peer);
     void *p = NULL;
-    cudaError_t ce = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-    if (ce)
-      return rs_error(RESHARD_ERROR_BACKEND, "register_buffers rank %d: mapping buffer %zu of rank %d with "
-                      "cudaIpcOpenMemHandle failed: %s (%s)", c->rank, b, peer, cudaGetErrorName(ce),
-                      cudaGetErrorString(ce));
+    RS_CHECK(ipc_open(c, e->handle, &p, desc));
     g = calloc(1, sizeof *g);
     if (!g) {
       cudaIpcCloseMemHandle(p);
@@ -674,7 +680,8 @@ static reshard_result_t setup(reshard_comm_t *c, rs_ipc *x) {
   x->send_seq = calloc(x->n, sizeof *x->send_seq);
   x->recv_seq = calloc(x->n, sizeof *x->recv_seq);
   x->count = calloc(2 * (size_t)x->n, sizeof *x->count);
-  if (!x->win_of || !x->pool_of || !x->send_seq || !x->recv_seq || !x->count)
+  x->red = calloc(2 * (size_t)x->n, sizeof *x->red);
+  if (!x->win_of || !x->pool_of || !x->send_seq || !x->recv_seq || !x->count || !x->red)
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   RS_CHECK(rs_dev_comm_init(c, &rs_ipc_hooks));
   uint64_t wb = rs_ipc_window_bytes(x->n);

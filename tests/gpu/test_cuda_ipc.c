@@ -108,6 +108,15 @@ static reshard_comm_t *open_ipc(ipc_rank *r, reshard_comm_t **host) {
   return c;
 }
 
+/* The NCCL communicator over the mocked caller's, or open_ipc's. */
+static reshard_comm_t *open_comm(ipc_rank *r, int nccl, reshard_comm_t **host) {
+  *host = NULL;
+  if (!nccl) return open_ipc(r, host);
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) RFAIL(r, "comm: %s", reshard_last_error());
+  return c;
+}
+
 static void close_ipc(reshard_comm_t *c, reshard_comm_t *host) {
   reshard_comm_destroy(c);
   reshard_comm_destroy(host);
@@ -213,14 +222,7 @@ typedef struct rand_ctx {
 static void random_rank(ipc_rank *r) {
   const rand_ctx *x = r->ctx;
   reshard_comm_t *host = NULL, *c = NULL;
-  if (x->nccl) {
-    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-      RFAIL(r, "comm: %s", reshard_last_error());
-      return;
-    }
-  } else if (!(c = open_ipc(r, &host))) {
-    return;
-  }
+  if (!(c = open_comm(r, x->nccl, &host))) return;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.flags = x->flags;
   o.staging_bytes = x->staging;
@@ -362,14 +364,7 @@ typedef struct corrupt_ctx {
 static void corrupt_rank(ipc_rank *r) {
   corrupt_ctx *x = r->ctx;
   reshard_comm_t *host = NULL, *c = NULL;
-  if (x->nccl) {
-    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-      RFAIL(r, "comm: %s", reshard_last_error());
-      return;
-    }
-  } else if (!(c = open_ipc(r, &host))) {
-    return;
-  }
+  if (!(c = open_comm(r, x->nccl, &host))) return;
   reshard_layout_t *src, *dst;
   layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
@@ -709,14 +704,7 @@ static void map_failure_fails_creation(void **state) {
 static void dbuf_rank(ipc_rank *r) {
   int nccl = *(const int *)r->ctx;
   reshard_comm_t *host = NULL, *c = NULL;
-  if (nccl) {
-    if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-      RFAIL(r, "comm: %s", reshard_last_error());
-      return;
-    }
-  } else if (!(c = open_ipc(r, &host))) {
-    return;
-  }
+  if (!(c = open_comm(r, nccl, &host))) return;
   reshard_layout_t *src, *dst;
   layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
