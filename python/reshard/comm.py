@@ -1,0 +1,239 @@
+"""Communicators (reshard.h, "Communicators"; reshard_mpi.h,
+reshard_nccl.h, reshard_cuda_ipc.h).
+
+A Comm holds both sides' ranks. Host transports (in-process threads,
+MPI) move host memory; device transports (NCCL, CUDA IPC) move device
+memory on a CUDA stream. Close a communicator after its plans.
+"""
+import atexit
+import threading
+import weakref
+
+from ._reshard_cffi import ffi, lib
+from .errors import InvalidArgumentError, InvalidUsageError, UnsupportedError, check
+
+
+def _mpi_handle_address(mpi_comm):
+    """The address of an mpi4py communicator's MPI_Comm handle."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise UnsupportedError("reshard.Comm.mpi needs mpi4py (pip install "
+                               "mpi4py, built for the same MPI)") from e
+    if not isinstance(mpi_comm, MPI.Comm):
+        raise InvalidArgumentError("reshard.Comm.mpi: %r is not an mpi4py "
+                                   "communicator" % (mpi_comm,))
+    if mpi_comm == MPI.COMM_NULL:
+        raise InvalidArgumentError("reshard.Comm.mpi: MPI.COMM_NULL")
+    return MPI._addressof(mpi_comm)
+
+
+def _nccl_handle(comm):
+    """ncclComm_t as an int, from: an int; a ctypes c_void_p; vLLM's
+    PyNcclCommunicator (its .comm is a ctypes ncclComm_t); an nccl4py
+    Communicator (its .ptr)."""
+    if isinstance(comm, int) and not isinstance(comm, bool):
+        value = comm
+    elif hasattr(comm, "value") and not hasattr(comm, "comm"):
+        value = comm.value  # ctypes.c_void_p
+    elif hasattr(comm, "comm") and hasattr(getattr(comm, "comm"), "value"):
+        value = comm.comm.value  # vllm.distributed...PyNcclCommunicator
+    elif isinstance(getattr(comm, "ptr", None), int):
+        value = comm.ptr  # nccl4py
+    else:
+        raise InvalidArgumentError(
+            "reshard.Comm.nccl: %r is not an NCCL communicator (an ncclComm_t "
+            "as an int or ctypes pointer, vLLM's PyNcclCommunicator, or an "
+            "nccl4py Communicator)" % (comm,))
+    if not value:
+        raise InvalidArgumentError("reshard.Comm.nccl: the ncclComm_t is NULL "
+                                   "(a disabled PyNcclCommunicator?)")
+    return value
+
+
+# Communicators over MPI (and device ones, which may bootstrap over it)
+# still open at exit are closed by an atexit handler registered when the
+# first is made, hence after mpi4py's own (which calls MPI_Finalize):
+# atexit runs handlers last-in first-out, so ours runs before it, while
+# MPI_Comm_free is still allowed.
+_LIVE = weakref.WeakSet()
+_ATEXIT = []
+
+
+def _close_live():
+    for c in list(_LIVE):
+        c.close()
+
+
+def _register_atexit():
+    if not _ATEXIT:
+        atexit.register(_close_live)
+        _ATEXIT.append(True)
+
+
+class Comm:
+    """A reshard communicator. Make one with Comm.mpi, Comm.nccl,
+    Comm.cuda_ipc or InprocWorld(n).comm(rank)."""
+
+    def __init__(self, *_a, **_k):
+        raise TypeError("make communicators with reshard.Comm.mpi(comm), "
+                        "Comm.nccl(comm), Comm.cuda_ipc(host) or "
+                        "reshard.InprocWorld(n).comm(rank)")
+
+    @classmethod
+    def _wrap(cls, handle, kind, device, keep=()):
+        self = cls.__new__(cls)
+        self._h = handle
+        self.kind = kind          #: "inproc", "mpi", "nccl" or "cuda_ipc"
+        self.device = device      #: True: buffers are CUDA memory
+        self._keep = keep         # objects the C communicator refers to
+        self._lock = threading.Lock()
+        self._plans = weakref.WeakSet()  # closed before the communicator
+        if kind in ("mpi", "nccl", "cuda_ipc"):
+            _LIVE.add(self)
+        return self
+
+    @staticmethod
+    def _create(fn, *args):
+        out = ffi.new("reshard_comm_t **")
+        check(fn(*args, out))
+        return out[0]
+
+    @classmethod
+    def mpi(cls, mpi_comm):
+        """A host communicator over an mpi4py communicator holding both
+        sides (collective over it; reshard duplicates it)."""
+        if not lib.RS_PY_HAVE_MPI:
+            raise UnsupportedError("reshard.Comm.mpi: this reshard was built "
+                                   "without MPI (install libopenmpi-dev and "
+                                   "reinstall)")
+        addr = _mpi_handle_address(mpi_comm)
+        _register_atexit()
+        h = cls._create(lib.rs_py_comm_create_mpi, ffi.cast("void *", addr))
+        return cls._wrap(h, "mpi", False)
+
+    @classmethod
+    def nccl(cls, comm, mpi_comm=None):
+        """A device communicator over the caller's NCCL communicator
+        (reshard_comm_create_nccl; with ``mpi_comm``, an mpi4py
+        communicator of the same ranks, plan agreement runs on the host
+        over MPI: reshard_comm_create_nccl_with_mpi). ``comm``: an
+        ncclComm_t as int or ctypes pointer, vLLM's PyNcclCommunicator, or
+        an nccl4py Communicator. A torch ProcessGroup does not expose its
+        ncclComm_t through a public API in any torch release: build a
+        PyNcclCommunicator (or use Comm.mpi + Comm.cuda_ipc) instead."""
+        if not lib.RS_PY_HAVE_CUDA:
+            raise UnsupportedError("reshard.Comm.nccl: this reshard was built "
+                                   "without CUDA/NCCL (reinstall where nvcc "
+                                   "and NCCL are found)")
+        value = _nccl_handle(comm)
+        _register_atexit()
+        if mpi_comm is None:
+            h = cls._create(lib.rs_py_comm_create_nccl, value)
+        else:
+            if not lib.RS_PY_HAVE_MPI:
+                raise UnsupportedError("reshard.Comm.nccl(mpi_comm=...): this "
+                                       "reshard was built without MPI")
+            addr = _mpi_handle_address(mpi_comm)
+            h = cls._create(lib.rs_py_comm_create_nccl_with_mpi, value,
+                            ffi.cast("void *", addr))
+        return cls._wrap(h, "nccl", True, keep=(comm,))
+
+    @classmethod
+    def cuda_ipc(cls, host):
+        """A device communicator of CUDA IPC between processes (or threads)
+        of one node, bootstrapped over the host communicator ``host``
+        (Comm.mpi, typically), on the current CUDA device. ``host`` must
+        stay open until this one is closed."""
+        if not lib.RS_PY_HAVE_CUDA:
+            raise UnsupportedError("reshard.Comm.cuda_ipc: this reshard was "
+                                   "built without CUDA")
+        if not isinstance(host, Comm) or host.device:
+            raise InvalidArgumentError("reshard.Comm.cuda_ipc: host must be a "
+                                       "host reshard.Comm (mpi or inproc)")
+        h = cls._create(lib.rs_py_comm_create_cuda_ipc, host.handle)
+        return cls._wrap(h, "cuda_ipc", True, keep=(host,))
+
+    @property
+    def handle(self):
+        """The reshard_comm_t * (cffi pointer)."""
+        if self._h is None:
+            raise InvalidUsageError("reshard.Comm: used after close()")
+        return self._h
+
+    @property
+    def rank(self):
+        return lib.reshard_comm_rank(self.handle)
+
+    @property
+    def size(self):
+        return lib.reshard_comm_size(self.handle)
+
+    def close(self):
+        """Destroys the communicator (after its plans: close them first).
+        For MPI, before MPI_Finalize (mpi4py finalizes at exit)."""
+        for p in list(self._plans):
+            p.close()
+        with self._lock:
+            h, self._h = self._h, None
+        if h is not None:
+            lib.reshard_comm_destroy(h)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._h is None:
+            return "<reshard.Comm %s (closed)>" % self.kind
+        return "<reshard.Comm %s rank %d of %d>" % (self.kind, self.rank,
+                                                    self.size)
+
+
+class InprocWorld:
+    """``n`` ranks as threads of this process (tests, single-process
+    tools): ``world.comm(rank)`` in each thread. The GIL is released in
+    every reshard call, so the threads run the collectives concurrently."""
+
+    def __init__(self, nranks):
+        out = ffi.new("reshard_inproc_world_t **")
+        check(lib.reshard_inproc_world_create(int(nranks), out))
+        self._h = out[0]
+        self.size = int(nranks)
+        self._comms = []
+
+    def comm(self, rank):
+        """Rank ``rank``'s communicator (once per rank)."""
+        if self._h is None:
+            raise InvalidUsageError("reshard.InprocWorld: used after close()")
+        out = ffi.new("reshard_comm_t **")
+        check(lib.reshard_comm_create_inproc(self._h, int(rank), out))
+        c = Comm._wrap(out[0], "inproc", False, keep=(self,))
+        self._comms.append(c)
+        return c
+
+    def close(self):
+        """Destroys the world; every communicator of it is closed first."""
+        if self._h is None:
+            return
+        for c in self._comms:
+            c.close()
+        self._comms = []
+        h, self._h = self._h, None
+        lib.reshard_inproc_world_destroy(h)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

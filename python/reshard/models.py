@@ -1,0 +1,169 @@
+"""The model front-end (reshard_models.h): a HuggingFace config.json's
+logical tensors, and the Megatron-core and vLLM layouts over them, with
+each framework's parameter names as buffer names (so a rank's
+``named_parameters()`` binds by name: Layout.buffers(rank)).
+
+    src = reshard.models.megatron_layout("config.json", "tp=2,pp=2")
+    dst = reshard.models.vllm_layout("config.json", "tp=2,dp=2", first_rank=4)
+
+Ranks are numbered as the frameworks number them (reshard_models.h,
+RANKS); every rule cites its upstream source in src/models/megatron.c and
+vllm.c.
+"""
+from dataclasses import dataclass
+from typing import Tuple
+
+from ._reshard_cffi import ffi, lib
+from . import dtypes as _dt
+from .errors import InvalidArgumentError, InvalidUsageError, check
+from .layout import Layout
+
+MEGATRON = "megatron"
+VLLM = "vllm"
+
+
+@dataclass(frozen=True)
+class ModelTensor:
+    """A logical tensor of the model (HF checkpoint name)."""
+    id: int
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    scale: int  # id of its weight_scale_inv tensor, -1 when none
+
+
+class Model:
+    """rm_model_load_ex: a config.json read into logical tensors.
+    ``layers`` > 0 keeps the real shapes but that many layers; ``dtype``
+    is the weights'; ``per_expert`` lists one tensor per routed expert;
+    ``block_scales`` makes the linear weights fp8 with weight_scale_inv
+    tensors (needs quantization_config.weight_block_size)."""
+
+    def __init__(self, config, layers=None, dtype="bf16", per_expert=False,
+                 block_scales=False):
+        o = ffi.new("rm_model_options *")
+        o.layers = int(layers or 0)
+        o.dtype = _dt.to_c(dtype, "Model: dtype")
+        o.per_expert = int(bool(per_expert))
+        o.block_scales = int(bool(block_scales))
+        out = ffi.new("rm_model **")
+        self.path = str(config)
+        check(lib.rm_model_load_ex(self.path.encode(), o, out))
+        self._h = out[0]
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise InvalidUsageError("reshard.models.Model: used after close()")
+        return self._h
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h is not None:
+            lib.rm_model_free(h)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def arch(self):
+        return ffi.string(lib.rm_model_arch(self.handle)).decode()
+
+    @property
+    def dtype(self):
+        return _dt.name(lib.rm_model_dtype(self.handle))
+
+    @property
+    def num_experts(self):
+        return lib.rm_model_num_experts(self.handle)
+
+    @property
+    def layers(self):
+        return lib.rm_model_layers(self.handle)
+
+    @property
+    def num_params(self):
+        return int(lib.rm_model_num_params(self.handle))
+
+    def tensors(self):
+        """The logical tensors, in the layouts' tensor-id order."""
+        out = []
+        for i in range(lib.rm_model_num_tensors(self.handle)):
+            t = lib.rm_model_tensor(self.handle, i)
+            out.append(ModelTensor(i, ffi.string(t.name).decode(),
+                                   tuple(t.shape[0:t.ndim]), _dt.name(t.dtype),
+                                   t.scale))
+        return out
+
+    def after_load(self, framework, layout, buffer):
+        """rm_after_load: None, or what the framework does to this
+        parameter after loading (so writing checkpoint values into it needs
+        the framework's post-load step re-run)."""
+        fw = _framework(framework)
+        s = lib.rm_after_load(self.handle, fw, layout.handle, int(buffer))
+        return None if s == ffi.NULL else ffi.string(s).decode()
+
+
+def _framework(framework):
+    if framework in (MEGATRON, lib.RM_FRAMEWORK_MEGATRON):
+        return lib.RM_FRAMEWORK_MEGATRON
+    if framework in (VLLM, lib.RM_FRAMEWORK_VLLM):
+        return lib.RM_FRAMEWORK_VLLM
+    raise InvalidArgumentError("framework %r: 'megatron' or 'vllm'"
+                               % (framework,))
+
+
+def parallel(spec):
+    """rm_parse_parallel of "tp=4,pp=2" or of a dict {"tp": 4, "pp": 2};
+    returns the cffi rm_parallel."""
+    if isinstance(spec, dict):
+        spec = ",".join("%s=%s" % (k, v) for k, v in spec.items())
+    p = ffi.new("rm_parallel *")
+    check(lib.rm_parse_parallel(str(spec).encode(), p))
+    return p
+
+
+def ranks(spec):
+    """tp x pp x dp of a parallel spec: the ranks a side takes."""
+    return lib.rm_parallel_ranks(parallel(spec))
+
+
+def _layout(fn, config, spec, first_rank, layers, dtype, per_expert,
+            block_scales):
+    model = config if isinstance(config, Model) else Model(
+        config, layers=layers, dtype=dtype, per_expert=per_expert,
+        block_scales=block_scales)
+    out = ffi.new("reshard_layout_t **")
+    check(fn(model.handle, parallel(spec), int(first_rank), out))
+    return Layout._adopt(out[0])
+
+
+def megatron_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
+                    per_expert=False, block_scales=False):
+    """rm_megatron_layout: the trainer's layout (Megatron-core, TE spec)
+    over ranks first_rank .. first_rank + tp*pp*dp - 1. ``config``: a
+    config.json path or a Model (whose own options then apply); ``spec``:
+    "tp=2,pp=2,dp=1,ep=1,etp=...,vocab=...,first=...,last=..." or a dict."""
+    return _layout(lib.rm_megatron_layout, config, spec, first_rank, layers,
+                   dtype, per_expert, block_scales)
+
+
+def vllm_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
+                per_expert=False, block_scales=False):
+    """rm_vllm_layout: the inference engine's layout (vLLM, fused qkv_proj
+    and gate_up_proj, padded vocabulary) over ranks first_rank ..
+    first_rank + tp*pp*dp - 1; spec keys tp, pp, dp, ep, etp, sp_moe."""
+    return _layout(lib.rm_vllm_layout, config, spec, first_rank, layers,
+                   dtype, per_expert, block_scales)
+
+
+def parameter_name(layout, buffer, rank):
+    """rm_parameter_name: the framework's name of a buffer on a rank."""
+    out = ffi.new("const char **")
+    check(lib.rm_parameter_name(layout.handle, int(buffer), int(rank), out))
+    return ffi.string(out[0]).decode()
