@@ -206,7 +206,7 @@ class InprocWorld:
         check(lib.reshard_inproc_world_create(int(nranks), out))
         self._h = out[0]
         self.size = int(nranks)
-        self._comms = []
+        self._comms = weakref.WeakSet()  # closed before the world
 
     def comm(self, rank):
         """Rank ``rank``'s communicator (once per rank)."""
@@ -215,16 +215,15 @@ class InprocWorld:
         out = ffi.new("reshard_comm_t **")
         check(lib.reshard_comm_create_inproc(self._h, int(rank), out))
         c = Comm._wrap(out[0], "inproc", False, keep=(self,))
-        self._comms.append(c)
+        self._comms.add(c)
         return c
 
     def close(self):
         """Destroys the world; every communicator of it is closed first."""
         if self._h is None:
             return
-        for c in self._comms:
+        for c in list(self._comms):
             c.close()
-        self._comms = []
         h, self._h = self._h, None
         lib.reshard_inproc_world_destroy(h)
 

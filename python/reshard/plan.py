@@ -298,10 +298,10 @@ class Plan:
                         "__dlpack__ or a buffer)" % (what, type(v).__name__))
                 if info.device != device:
                     raise InvalidArgumentError(
-                        "execute: %s: %s memory on a %s communicator "
-                        "(%s needs %s memory)" % (
+                        "execute: %s: %s memory (%s) on the %s communicator, "
+                        "which moves %s memory" % (
                             what, "CUDA" if info.device else "host",
-                            self.comm.kind, self.comm.kind,
+                            info.kind, self.comm.kind,
                             "CUDA" if device else "host"))
                 if not info.contiguous:
                     raise InvalidArgumentError(

@@ -1,0 +1,290 @@
+"""Every error class, raised by real failures where a host machine can
+produce one, with messages naming the tensor, rank and field; and the
+binding's buffer checks, which raise before any byte moves."""
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+import reshard
+from reshard import _ffi as ffi, _lib as lib
+from conftest import run_ranks
+
+
+def simple(shape=(8, 4), dtype="f32", src_pl=None, dst_pl=None, n=1):
+    src, dst = reshard.Layout(), reshard.Layout()
+    for L, pl in ((src, src_pl), (dst, dst_pl)):
+        t = L.add_tensor("w", dtype, shape)
+        m = L.add_mesh(n)
+        L.place(t, m, pl or [reshard.Shard(0)])
+    return src, dst
+
+
+def test_result_codes_map_to_classes():
+    want = {
+        lib.RESHARD_ERROR_INVALID_ARGUMENT: (reshard.InvalidArgumentError, ValueError),
+        lib.RESHARD_ERROR_INVALID_USAGE: (reshard.InvalidUsageError, RuntimeError),
+        lib.RESHARD_ERROR_OUT_OF_MEMORY: (reshard.OutOfMemoryError, MemoryError),
+        lib.RESHARD_ERROR_MISMATCH: (reshard.MismatchError, RuntimeError),
+        lib.RESHARD_ERROR_BACKEND: (reshard.BackendError, RuntimeError),
+        lib.RESHARD_ERROR_REMOTE: (reshard.RemoteError, RuntimeError),
+        lib.RESHARD_ERROR_TIMEOUT: (reshard.TimeoutError, TimeoutError),
+        lib.RESHARD_ERROR_UNSUPPORTED: (reshard.UnsupportedError, NotImplementedError),
+        lib.RESHARD_ERROR_INTERNAL: (reshard.InternalError, RuntimeError),
+    }
+    assert len(want) == lib.RESHARD_NUM_RESULTS - 1
+    for code, (cls, builtin) in want.items():
+        e = reshard.errors.error_for(code, "msg")
+        assert type(e) is cls and isinstance(e, reshard.Error)
+        assert isinstance(e, builtin) and e.code == code and str(e) == "msg"
+        assert e.result == ffi.string(lib.reshard_result_string(code)).decode()
+
+
+def test_invalid_argument_names_tensor_and_field():
+    L = reshard.Layout()
+    with pytest.raises(reshard.InvalidArgumentError, match="bogus"):
+        L.add_tensor("w", "bogus", (4,))
+    with pytest.raises(reshard.InvalidArgumentError, match="w"):
+        L.add_tensor("w", "f32", (4, -1))
+    t = L.add_tensor("w", "f32", (4,))
+    with pytest.raises(reshard.InvalidArgumentError, match="w"):
+        L.add_tensor("w", "f32", (4,))  # duplicate name
+    m = L.add_mesh(2)
+    with pytest.raises(reshard.InvalidArgumentError, match="dim"):
+        L.place(t, m, [reshard.Shard(3)])
+    with pytest.raises(reshard.InvalidArgumentError, match="Partial"):
+        L.place(t, m, [object()])
+    with pytest.raises(reshard.InvalidArgumentError):
+        L.tensor_id("nope")
+    with pytest.raises(reshard.InvalidArgumentError):
+        L.add_mesh((2,), ranks=[0, 1, 2])
+
+
+def test_dtensor_placements_accepted():
+    # torch.distributed.tensor's Shard(dim) / Replicate(), matched by name
+    Shard = type("Shard", (), {"__init__": lambda s, d: setattr(s, "dim", d)})
+    Replicate = type("Replicate", (), {})
+    L = reshard.Layout()
+    t = L.add_tensor("w", "f32", (4, 6))
+    m = L.add_mesh((2, 2))
+    b = L.place(t, m, [Shard(1), Replicate()])
+    assert L.fragments(2)[0].box == ((0, 4), (3, 6))
+    assert L.buffer_bytes(b, 1) == 4 * 3 * 4
+
+
+def test_usage_error_estimate_without_topology():
+    src, dst = simple()
+    (r,) = run_ranks(1, lambda rank, comm: _estimate(comm, src, dst))
+    assert r is reshard.InvalidUsageError
+
+
+def _estimate(comm, src, dst):
+    with reshard.Plan(comm, src, dst) as plan:
+        try:
+            plan.estimate()
+        except reshard.Error as e:
+            return type(e)
+
+
+def test_estimate_and_lower_bound_with_topology():
+    src, dst = simple((1024, 256), "bf16", [reshard.Shard(0)], [reshard.Shard(1)], n=2)
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, topology="h100-8x400g") as plan:
+            return plan.estimate()
+    e0, e1 = run_ranks(2, fn)
+    assert e0 == e1 and e0.seconds > 0 and e0.bytes > 0 and e0.bound
+    lb = reshard.lower_bound(src, dst, 2, "h100-8x400g")
+    assert 0 < lb.seconds <= e0.seconds
+
+
+def test_mismatch_between_ranks():
+    def fn(rank, comm):
+        src, dst = simple(shape=(8, 4 + rank), n=2)  # ranks disagree
+        with pytest.raises(reshard.MismatchError, match="rank"):
+            reshard.Plan(comm, src, dst, timeout_ms=20000)
+        return True
+    assert run_ranks(2, fn) == [True, True]
+
+
+def test_timeout_when_a_partner_never_executes():
+    src, dst = simple(n=2, dst_pl=[reshard.Shard(1)])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, timeout_ms=500) as plan:
+            s = {"w": np.zeros((4, 4), np.float32)}
+            d = {"w": np.zeros((8, 2), np.float32)}
+            if rank == 0:
+                with pytest.raises(reshard.TimeoutError, match="rank 1"):
+                    plan.execute(s, d)
+                st = plan.status()
+                assert st.failed and st.failure is reshard.TimeoutError
+            return True
+    assert run_ranks(2, fn) == [True, True]
+
+
+def test_remote_error_names_the_refusing_rank():
+    # Rank 1 hands C a short buffer (past the binding's checks, straight
+    # through the C API): C refuses it there, and rank 0 learns why.
+    src, dst = simple(n=2, dst_pl=[reshard.Shard(1)])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, timeout_ms=20000) as plan:
+            s = np.zeros((4, 4), np.float32)
+            d = np.full((8, 2), 7, np.float32)
+            if rank == 0:
+                with pytest.raises(reshard.RemoteError, match="rank 1"):
+                    plan.execute({"w": s}, {"w": d})
+            else:
+                b = plan.bind({"w": s}, {"w": d})
+                b._src[0].bytes = 8  # short
+                with pytest.raises(reshard.InvalidArgumentError, match="bytes"):
+                    plan.execute(b)
+            assert (d == 7).all()  # nothing written on either rank
+            return True
+    assert run_ranks(2, fn) == [True, True]
+
+
+def test_unsupported_register_on_host_transport():
+    src, dst = simple()
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst) as plan:
+            with pytest.raises(reshard.UnsupportedError):
+                plan.register_buffers({"w": np.zeros((8, 4), np.float32)},
+                                      {"w": np.zeros((8, 4), np.float32)})
+            return True
+    assert run_ranks(1, fn) == [True]
+
+
+def test_out_of_memory():
+    L = reshard.Layout()
+    t = L.add_tensor("w", "f32", (1 << 22, 1 << 21))  # 32 TiB
+    L.place(t, L.add_mesh(1), [reshard.Replicate()])
+    with pytest.raises(reshard.OutOfMemoryError, match="rank 0"):
+        reshard.SelfTest(L, 0)
+
+
+@pytest.mark.skipif(not reshard.HAVE_CUDA or shutil.which("nvidia-smi") is not None,
+                    reason="needs a CUDA build on a machine without a GPU")
+def test_backend_error_without_gpu():
+    w = reshard.InprocWorld(1)
+    host = w.comm(0)
+    with pytest.raises(reshard.BackendError, match="rank 0"):
+        reshard.Comm.cuda_ipc(host)
+    w.close()
+
+
+def test_closed_objects_refuse():
+    L = reshard.Layout()
+    L.close()
+    with pytest.raises(reshard.InvalidUsageError):
+        L.add_tensor("w", "f32", (4,))
+    w = reshard.InprocWorld(1)
+    c = w.comm(0)
+    w.close()
+    with pytest.raises(reshard.InvalidUsageError):
+        c.rank
+
+
+# ------------------------------------------------------- buffer checks
+class CudaLike:
+    """Claims CUDA memory through __cuda_array_interface__."""
+
+    def __init__(self, a):
+        self.__cuda_array_interface__ = dict(a.__array_interface__, version=3)
+
+
+class DLPackOnly:
+    """Only __dlpack__ (and the device query)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+BAD = [
+    ("wrong size", lambda s, d: ({"w": s[:7]}, {"w": d}), "bytes"),
+    ("wrong dtype", lambda s, d: ({"w": s.astype(np.float64)[:, :2].copy()}, {"w": d}), "dtype f64"),
+    ("non-contiguous", lambda s, d: ({"w": s}, {"w": np.zeros((8, 8), np.float32)[:, ::2]}), "contiguous"),
+    ("wrong device", lambda s, d: ({"w": CudaLike(s)}, {"w": d}), "CUDA memory"),
+    ("read-only dst", lambda s, d: ({"w": s}, {"w": np.frombuffer(d.tobytes(), np.float32)}), "read-only"),
+    ("missing", lambda s, d: ({}, {"w": d}), "missing"),
+    ("unknown name", lambda s, d: ({"w": s, "x": s}, {"w": d}), "'x'"),
+    ("unknown id", lambda s, d: ({0: s, 5: s}, {"w": d}), "buffer 5"),
+    ("not an array", lambda s, d: ({"w": "abc"}, {"w": d}), "not an array"),
+    ("twice", lambda s, d: ({"w": s, 0: s}, {"w": d}), "twice"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_buffer_checks_raise_before_anything_moves(case):
+    _, make, match = case
+    src, dst = simple(dst_pl=[reshard.Replicate()])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst) as plan:
+            s = np.arange(32, dtype=np.float32).reshape(8, 4)
+            d = np.full((8, 4), -1, np.float32)
+            sb, db = make(s, d)
+            with pytest.raises(reshard.InvalidArgumentError, match=match) as ei:
+                plan.execute(sb, db)
+            assert "rank 0" in str(ei.value)
+            assert (d == -1).all()
+            plan.execute({"w": s}, {"w": d})  # the plan is still usable
+            assert (d == s).all()
+            return True
+    assert run_ranks(1, fn) == [True]
+
+
+def test_other_array_kinds():
+    src, dst = simple(shape=(16,), dtype="u8", dst_pl=[reshard.Replicate()])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst) as plan:
+            s = np.arange(16, dtype=np.uint8)
+            for d, view in ((bytearray(16), None), (np.zeros(16, np.uint8), DLPackOnly)):
+                plan.execute({"w": s if view is None else view(s)},
+                             {"w": d if view is None else view(d)})
+                assert bytes(d) == s.tobytes()
+            # a raw integer view of the same bytes is accepted
+            d16 = np.zeros(8, np.uint16)
+            plan.execute({"w": s}, {"w": d16})
+            assert d16.tobytes() == s.tobytes()
+            return True
+    assert run_ranks(1, fn) == [True]
+
+
+def test_gil_released_in_c_calls():
+    # Two ranks as threads: plan creation and execute are collectives, so
+    # they finish only if each rank's C call runs while the other thread
+    # holds no GIL; a third thread keeps running Python meanwhile.
+    src, dst = simple(shape=(4096, 64), n=2, dst_pl=[reshard.Shard(1)])
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, timeout_ms=10000) as plan:
+            s = np.ones((2048, 64), np.float32)
+            d = np.zeros((4096, 32), np.float32)
+            for _ in range(20):
+                plan.execute({"w": s}, {"w": d})
+            return True
+    try:
+        assert run_ranks(2, fn) == [True, True]
+    finally:
+        stop.set()
+        t.join(10)
+    assert ticks[0] > 0

@@ -1,0 +1,48 @@
+"""Processes as ranks: mpirun with mpi4py (reshard.Comm.mpi). Skipped
+where mpirun or mpi4py is missing, unless RESHARD_REQUIRE_MPI=1 (the test
+command sets it: there they must run)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import reshard
+from conftest import ROOT
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+READY = shutil.which("mpirun") and HAVE_MPI4PY and reshard.HAVE_MPI
+if not READY and os.environ.get("RESHARD_REQUIRE_MPI") == "1":
+    raise RuntimeError("RESHARD_REQUIRE_MPI=1 but mpirun, mpi4py or reshard's "
+                       "MPI transport is missing")
+pytestmark = pytest.mark.skipif(not READY, reason="needs mpirun, mpi4py and "
+                                "a reshard built with MPI")
+
+
+def mpirun(np_, *args, timeout=300):
+    cmd = ["mpirun", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd += ["--allow-run-as-root"]
+    cmd += ["--oversubscribe", sys.executable] + list(args)
+    env = dict(os.environ, RESHARD_TIMEOUT_MS="30000")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_random_layouts_mpi(seed):
+    rc, out = mpirun(4, "tests/python/mpi_random_layouts.py", str(seed), "8")
+    assert rc == 0 and "OK" in out, out
+
+
+def test_rl_weight_sync_example_8_ranks():
+    rc, out = mpirun(8, "examples/python/rl_weight_sync.py", "--layers", "2",
+                     "--steps", "2")
+    assert rc == 0, out
+    assert "rl_weight_sync.py: OK (2 steps" in out, out
