@@ -24,8 +24,21 @@ import sys
 import threading
 import time
 
-import numpy as np
-from mpi4py import MPI
+# numpy's OpenBLAS starts a thread per core in every rank, and they spin
+# for a while: with several ranks per node they steal cores from the
+# sync (measured: Python 1.11-1.16 x the C example's step time with them,
+# 1.00 x without; docs/PERFORMANCE.md). Nothing here uses BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import mpi4py
+
+# MPI_THREAD_FUNNELED, as the C example's MPI_Init: only the main thread
+# calls MPI (mpi4py's default, MPI_THREAD_MULTIPLE, puts a lock around
+# every MPI call of reshard's transport). The watchdog's Abort is the one
+# exception, and only when the job is being killed anyway.
+mpi4py.rc.thread_level = "funneled"
+from mpi4py import MPI  # noqa: E402
 
 import reshard
 

@@ -9,6 +9,7 @@ is_contiguous, element_size; torch is never imported here), objects with
 binding that uses it, so its memory outlives the executes.
 """
 import ctypes
+import sys
 from dataclasses import dataclass
 
 from . import dtypes as _dt
@@ -114,9 +115,27 @@ def _dlpack(obj):
                      (obj, capsule), "dlpack")
 
 
+_NP_DTYPES = {}  # numpy dtype -> reshard dtype or None (dtype.name is slow)
+
+
+def _numpy(obj):
+    dt = obj.dtype
+    try:
+        rdt = _NP_DTYPES[dt]
+    except KeyError:
+        rdt = _NP_DTYPES[dt] = _dt.to_c_or_none(dt.name)
+    flags = obj.flags
+    return ArrayInfo(obj.__array_interface__["data"][0], obj.nbytes, False,
+                     rdt, flags.c_contiguous, not flags.writeable, (obj,),
+                     "numpy array")
+
+
 def describe(obj):
     """ArrayInfo of an array-like; None when it is none of the accepted
     kinds."""
+    np = sys.modules.get("numpy")
+    if np is not None and type(obj) is np.ndarray:
+        return _numpy(obj)
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and \
             hasattr(obj, "element_size"):
         dev = getattr(getattr(obj, "device", None), "type", "cpu")

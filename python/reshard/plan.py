@@ -163,6 +163,32 @@ def _stream_pointer(stream, device, bound):
     return ffi.cast("void *", int(stream))
 
 
+def _problem(info, v, side, held, device):
+    """What is wrong with an array for a buffer (None: nothing); its
+    device kind is checked against the communicator's."""
+    if info is None:
+        return ("%r is not an array (numpy, torch, __array_interface__, "
+                "__cuda_array_interface__, __dlpack__ or a buffer)"
+                % type(v).__name__)
+    if info.device != device:
+        return ("%s memory (%s) on a communicator that moves %s memory"
+                % ("CUDA" if info.device else "host", info.kind,
+                   "CUDA" if device else "host"))
+    if not info.contiguous:
+        return ("not contiguous (pass a C-contiguous array; reshard writes "
+                "the bytes the layout names)")
+    if side == "dst" and info.readonly:
+        return "read-only"
+    if info.nbytes != held.nbytes:
+        return "%d bytes, the layout has %d" % (info.nbytes, held.nbytes)
+    if (info.dtype is not None and info.dtype in _dt.FLOATS
+            and held.dtype is not None and info.dtype != held.dtype):
+        return ("dtype %s, the layout's is %s (a raw view as uint8 or an "
+                "integer type of the same bytes is accepted)"
+                % (_dt.name(info.dtype), _dt.name(held.dtype)))
+    return None
+
+
 class Plan:
     """reshard_plan_create: collective over ``comm``; every rank passes the
     same layouts and options.
@@ -287,40 +313,14 @@ class Plan:
             else:
                 values = (value,)
             for c, v in enumerate(values):
-                what = "%s buffer %d (%r)%s on rank %d" % (
-                    side, b, h.name, " copy %d" % c if copies == 2 else "",
-                    self.rank)
                 info = describe(v)
-                if info is None:
-                    raise InvalidArgumentError(
-                        "execute: %s: %r is not an array (numpy, torch, "
-                        "__array_interface__, __cuda_array_interface__, "
-                        "__dlpack__ or a buffer)" % (what, type(v).__name__))
-                if info.device != device:
-                    raise InvalidArgumentError(
-                        "execute: %s: %s memory (%s) on the %s communicator, "
-                        "which moves %s memory" % (
-                            what, "CUDA" if info.device else "host",
-                            info.kind, self.comm.kind,
-                            "CUDA" if device else "host"))
-                if not info.contiguous:
-                    raise InvalidArgumentError(
-                        "execute: %s: not contiguous (pass a C-contiguous "
-                        "array; reshard writes the bytes the layout names)"
-                        % what)
-                if side == "dst" and info.readonly:
-                    raise InvalidArgumentError("execute: %s: read-only" % what)
-                if info.nbytes != h.nbytes:
-                    raise InvalidArgumentError(
-                        "execute: %s: %d bytes, the layout has %d"
-                        % (what, info.nbytes, h.nbytes))
-                if (info.dtype is not None and info.dtype in _dt.FLOATS
-                        and h.dtype is not None and info.dtype != h.dtype):
-                    raise InvalidArgumentError(
-                        "execute: %s: dtype %s, the layout's is %s (a raw "
-                        "view as uint8 or an integer type of the same bytes "
-                        "is accepted)" % (what, _dt.name(info.dtype),
-                                          _dt.name(h.dtype)))
+                problem = _problem(info, v, side, h, device)
+                if problem:
+                    raise InvalidArgumentError("execute: %s buffer %d (%r)%s on "
+                                               "rank %d: %s" % (
+                                                   side, b, h.name,
+                                                   " copy %d" % c if copies == 2 else "",
+                                                   self.rank, problem))
                 slot = arr[c * nbuf + b]
                 slot.ptr = ffi.cast("void *", info.ptr)
                 slot.bytes = info.nbytes
