@@ -132,7 +132,9 @@ class Bound:
         self._dst, self._ndst = dst, ndst
         self._keep = keep
         self.device = device
-        self.torch = any(type(k).__module__.startswith("torch")
+        # torch tensors among the arrays: then torch's current stream is
+        # the default one (keep holds (array, ...) tuples)
+        self.torch = any(type(k[0]).__module__.startswith("torch")
                          for k in keep)
 
     def pointers(self, side):

@@ -46,3 +46,16 @@ def test_rl_weight_sync_example_8_ranks():
                      "--steps", "2")
     assert rc == 0, out
     assert "rl_weight_sync.py: OK (2 steps" in out, out
+
+
+def test_readme_python_snippet(tmp_path):
+    # The README's "Python in five minutes" program runs as written.
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## Python in five minutes"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    script = tmp_path / "readme_snippet.py"
+    script.write_text(code)
+    rc, out = mpirun(8, str(script))
+    assert rc == 0, out
+    assert "Stats(rank=0" in out and "committed_version=10" in out, out

@@ -1,0 +1,9 @@
+"""Adapters between reshard and RL frameworks. Each is thin: it finds the
+framework's parameters by name and calls reshard.Plan; the layouts come
+from reshard.models (parameter names as the frameworks give them).
+
+- loop.sync_weights: a plain helper for NeMo-RL / slime style loops.
+"""
+from .loop import named_tensors, sync_weights
+
+__all__ = ["named_tensors", "sync_weights"]

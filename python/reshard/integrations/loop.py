@@ -1,0 +1,71 @@
+"""sync_weights: one call per step in a NeMo-RL / slime style loop.
+
+    plan = reshard.Plan(comm, megatron_layout, vllm_layout)
+    for step in range(steps):
+        train_step(trainer_model)
+        sync_weights(plan, trainer_model, infer_model, step)
+
+Every rank calls it: a trainer rank passes its model (infer_model None),
+an inference rank its engine's model (trainer_model None), a colocated
+rank both. Buffers are bound from each side's named_parameters() (and
+named_buffers(): Megatron's router expert_bias is a buffer) by the names
+the layouts give them, once: later steps execute the cached binding with
+one C call. Pass rebind=True after the parameters were reallocated (vLLM
+sleep/wake, a new optimizer that replaced .data).
+"""
+import weakref
+
+from ..errors import InvalidArgumentError
+
+_CACHE = weakref.WeakKeyDictionary()  # plan -> (trainer, infer, Bound)
+
+
+def named_tensors(model, strip_prefix=None):
+    """{name: tensor} of a model: a dict as is, else named_parameters()
+    plus named_buffers() of a torch module (without ``strip_prefix``, e.g.
+    "module." of a DDP wrapper, at the start of each name)."""
+    if model is None:
+        return {}
+    if isinstance(model, dict):
+        out = dict(model)
+    elif hasattr(model, "named_parameters"):
+        out = dict(model.named_parameters())
+        if hasattr(model, "named_buffers"):
+            for n, b in model.named_buffers():
+                out.setdefault(n, b)
+    else:
+        raise InvalidArgumentError("sync_weights: %r is neither a dict of "
+                                   "tensors nor a module with "
+                                   "named_parameters()" % type(model).__name__)
+    if strip_prefix:
+        out = {(n[len(strip_prefix):] if n.startswith(strip_prefix) else n): t
+               for n, t in out.items()}
+    return out
+
+
+def _pick(plan, side, model, strip_prefix):
+    want = plan.buffers(side)
+    have = named_tensors(model, strip_prefix)
+    # Only the names the layout gives this rank: a model also holds
+    # parameters reshard does not move (frozen towers, LoRA adapters).
+    # Missing ones are reported by bind, by name.
+    return {n: have[n] for n in want if n in have}
+
+
+def sync_weights(plan, trainer_model, infer_model, step, stream=None,
+                 rebind=False, strip_prefix=None):
+    """Executes ``plan`` with this rank's trainer and/or inference
+    parameters, as weight version step + 1 (so a rank at another step
+    fails with reshard.MismatchError instead of mixing steps). Returns
+    the Bound in use."""
+    cached = _CACHE.get(plan)
+    if (cached is None or rebind or cached[0] is not trainer_model
+            or cached[1] is not infer_model):
+        bound = plan.bind(_pick(plan, "src", trainer_model, strip_prefix),
+                          _pick(plan, "dst", infer_model, strip_prefix))
+        # the models are held with their binding (compared by identity)
+        _CACHE[plan] = (trainer_model, infer_model, bound)
+    else:
+        bound = cached[2]
+    plan.execute(bound, version=int(step) + 1, stream=stream)
+    return bound
