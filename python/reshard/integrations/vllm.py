@@ -1,0 +1,316 @@
+"""A vLLM weight-transfer engine ("reshard"): the trainer's Megatron shards
+go straight into vLLM's fused parameters, each inference rank receiving
+only the bytes it holds, in one plan for the whole model.
+
+Written against vLLM's weight-transfer interface as of vLLM 0.33
+(vllm/distributed/weight_transfer/base.py: WeightTransferEngine,
+TrainerWeightTransferEngine, TrainerInitInfo; factory.py:
+WeightTransferEngineFactory and WeightTransferTrainerFactory
+.register_engine). Importing this module needs vLLM. Register once per
+process, on both sides:
+
+    from reshard.integrations.vllm import register
+    register()       # backend name "reshard"
+
+Worker side (vLLM): WeightTransferConfig(backend="reshard"); the engine
+receives ReshardInitInfo through init_weight_transfer_engine and writes
+every update in place into self.model's parameters (no load_weights, no
+layerwise reload). Trainer side: every trainer rank calls
+
+    engine = WeightTransferTrainerFactory.trainer_init(
+        ReshardTrainerInitInfo(model_config_path=..., train="tp=2,pp=2",
+                               infer="tp=2,dp=2", world_size=8,
+                               master_address=..., master_port=..., rank=r),
+        client=client, source=ModuleSource(megatron_model))
+    engine.send_weights()                     # every step
+
+Ranks: trainer ranks 0 .. T-1 (Megatron's order, reshard_models.h), then
+the workers at rank_offset = T + dp_index * (tp * pp) + parallel_config.rank
+(vLLM's own formula, nccl_common.py _worker_group_rank). Transports:
+"nccl" (default: a PyNcclCommunicator over vLLM's StatelessProcessGroup at
+master_address:master_port, as vLLM's nccl engine builds it), "mpi" (all
+trainer and worker processes in one MPI job: mpi4py's COMM_WORLD), or
+"inproc:<key>" (threads of one process, reshard.integrations.vllm.WORLDS;
+tests).
+
+Parameters that vLLM rewrites after loading (rm_after_load: MLA's
+kv_b_proj, fused-MoE w13/w2 of reordering backends, fp8 block weights)
+would hold checkpoint values where vLLM expects processed ones: the
+engine refuses such plans at init (reshard.UnsupportedError naming the
+parameters and what vLLM does to them) instead of serving wrong weights.
+"""
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from vllm.distributed.weight_transfer.base import (  # noqa: F401 (needs vLLM)
+    TrainerInitInfo, TrainerWeightTransferEngine, WeightTransferEngine,
+    WeightTransferInitInfo, WeightTransferUpdateInfo)
+
+import reshard
+from ..errors import InvalidArgumentError, UnsupportedError
+
+#: "inproc:<key>" transports: key -> reshard.InprocWorld (tests, tools).
+WORLDS = {}
+
+
+@dataclass
+class ReshardInitInfo(WeightTransferInitInfo):
+    """What every worker needs to build the same plan as the trainer."""
+    model_config_path: str
+    train: str
+    infer: str
+    rank_offset: int
+    world_size: int
+    transport: str = "nccl"
+    master_address: Optional[str] = None
+    master_port: Optional[int] = None
+    layers: int = 0
+    dtype: str = "bf16"
+    staging_bytes: Optional[int] = None
+    timeout_ms: Optional[int] = None
+    topology: Optional[str] = None
+
+
+@dataclass
+class ReshardUpdateInfo(WeightTransferUpdateInfo):
+    """One update: the weight version (the training step, >= 1), which
+    every rank passes and the plan checks."""
+    version: int
+
+
+def _comm(transport, rank, world_size, master_address, master_port, device):
+    if transport == "mpi":
+        from mpi4py import MPI
+        c = reshard.Comm.mpi(MPI.COMM_WORLD)
+    elif transport.startswith("inproc:"):
+        world = WORLDS.get(transport[len("inproc:"):])
+        if world is None:
+            raise InvalidArgumentError("reshard vLLM engine: transport %r: no "
+                                       "world registered under that key in "
+                                       "reshard.integrations.vllm.WORLDS"
+                                       % transport)
+        c = world.comm(rank)
+    elif transport == "nccl":
+        from vllm.distributed.device_communicators.pynccl import \
+            PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+        if master_address is None or master_port is None:
+            raise InvalidArgumentError("reshard vLLM engine: transport nccl "
+                                       "needs master_address and master_port")
+        pg = StatelessProcessGroup.create(host=master_address,
+                                          port=master_port, rank=rank,
+                                          world_size=world_size)
+        c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
+    else:
+        raise InvalidArgumentError("reshard vLLM engine: transport %r: "
+                                   "'nccl', 'mpi' or 'inproc:<key>'"
+                                   % (transport,))
+    if c.rank != rank or c.size != world_size:
+        raise InvalidArgumentError(
+            "reshard vLLM engine: the %s communicator has this process at "
+            "rank %d of %d, the engine computed rank %d of %d"
+            % (transport, c.rank, c.size, rank, world_size))
+    return c
+
+
+def _plan(comm, info, first_infer_rank):
+    model = reshard.models.Model(info.model_config_path,
+                                 layers=info.layers or None, dtype=info.dtype)
+    src = reshard.models.megatron_layout(model, info.train, first_rank=0)
+    dst = reshard.models.vllm_layout(model, info.infer,
+                                     first_rank=first_infer_rank)
+    plan = reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
+                        timeout_ms=info.timeout_ms, topology=info.topology)
+    return model, src, dst, plan
+
+
+def _stream(comm):
+    if not comm.device:
+        return None
+    torch = sys.modules.get("torch")
+    return torch.cuda.current_stream() if torch is not None else None
+
+
+class ReshardWeightTransferEngine(WeightTransferEngine):
+    """The worker side: parameters written in place by one plan execute."""
+
+    init_info_cls = ReshardInitInfo
+    update_info_cls = ReshardUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model):
+        super().__init__(config, vllm_config, device, model)
+        self.plan = self.comm = self.bound = None
+
+    def init_transfer_engine(self, init_info):
+        pc = self.parallel_config
+        rank = (init_info.rank_offset + pc.data_parallel_index * pc.world_size
+                + pc.rank)
+        self.comm = _comm(init_info.transport, rank, init_info.world_size,
+                          init_info.master_address, init_info.master_port,
+                          self.device)
+        model, _, dst, self.plan = _plan(self.comm, init_info,
+                                         init_info.rank_offset)
+        held = dst.buffers(rank)
+        flagged = {n: model.after_load("vllm", dst, b) for n, b in held.items()}
+        flagged = {n: why for n, why in flagged.items() if why}
+        if flagged:
+            self.shutdown()
+            names = sorted(flagged)
+            raise UnsupportedError(
+                "reshard vLLM engine, rank %d: vLLM rewrites %d of this "
+                "rank's parameters after loading, so writing checkpoint "
+                "values into them in place would serve wrong weights: %s "
+                "(%s)%s" % (rank, len(names), names[0], flagged[names[0]],
+                            "; also " + ", ".join(names[1:4]) +
+                            (", ..." if len(names) > 4 else "")
+                            if len(names) > 1 else ""))
+        params = dict(self.model.named_parameters())
+        self.bound = self.plan.bind({}, {n: params.get(n) for n in held})
+
+    def start_weight_update(self):
+        pass  # parameters are written in place: no layerwise reload
+
+    def finish_weight_update(self):
+        pass
+
+    def receive_weights(self, update_info):
+        if self.plan is None:
+            raise UnsupportedError("reshard vLLM engine: receive_weights "
+                                   "before init_transfer_engine")
+        self.plan.execute(self.bound, version=update_info.version,
+                          stream=_stream(self.comm))
+
+    def shutdown(self):
+        if self.plan is not None:
+            self.plan.close()
+        if self.comm is not None:
+            self.comm.close()
+        self.plan = self.comm = self.bound = None
+
+
+@dataclass
+class ReshardTrainerInitInfo(TrainerInitInfo):
+    """The trainer ranks' init info (``rank``: this trainer rank, 0 ..
+    T-1, Megatron's order); the sender (rank 0) forwards the worker part
+    to the inference side."""
+    backend = "reshard"
+    model_config_path: str = ""
+    train: str = ""
+    infer: str = ""
+    world_size: int = 0
+    transport: str = "nccl"
+    master_address: Optional[str] = None
+    master_port: Optional[int] = None
+    layers: int = 0
+    dtype: str = "bf16"
+    staging_bytes: Optional[int] = None
+    timeout_ms: Optional[int] = None
+    topology: Optional[str] = None
+    strip_prefix: Optional[str] = field(default="module.")
+
+
+def _in_thread(fn, *args):
+    """Runs fn in a thread (the control-plane call that must overlap this
+    rank's collective); returns a join() that re-raises its exception."""
+    out = {}
+
+    def body():
+        try:
+            fn(*args)
+        except BaseException as e:
+            out["e"] = e
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+
+    def join():
+        t.join()
+        if "e" in out:
+            raise out["e"]
+    return join
+
+
+class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
+    """The trainer side: binds source.iter_local() (this rank's Megatron
+    parameters) once, and each send_weights() executes the plan while the
+    sender drives the workers' start/update/finish."""
+
+    init_info_cls = ReshardTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info, *, client, source=None):
+        if source is None:
+            raise InvalidArgumentError("reshard trainer engine: needs a "
+                                       "WeightSource (ModuleSource(model))")
+        self = cls(client=client, source=source,
+                   is_sender=init_info.rank == 0, rank=init_info.rank)
+        ntrain = reshard.models.ranks(init_info.train)
+        worker = ReshardInitInfo(
+            model_config_path=init_info.model_config_path,
+            train=init_info.train, infer=init_info.infer, rank_offset=ntrain,
+            world_size=init_info.world_size, transport=init_info.transport,
+            master_address=init_info.master_address,
+            master_port=init_info.master_port, layers=init_info.layers,
+            dtype=init_info.dtype, staging_bytes=init_info.staging_bytes,
+            timeout_ms=init_info.timeout_ms, topology=init_info.topology)
+        # Communicator and plan creation are collective with the workers,
+        # which start theirs when the sender's RPC reaches them.
+        join = _in_thread(client.init_weight_transfer_engine, asdict(worker)) \
+            if self.is_sender else (lambda: None)
+        try:
+            self.comm = _comm(init_info.transport, init_info.rank,
+                              init_info.world_size, init_info.master_address,
+                              init_info.master_port, None)
+            _, src, _, self.plan = _plan(self.comm, worker, ntrain)
+        finally:
+            join()
+        local = dict(source.iter_local())
+        p = init_info.strip_prefix
+        if p:
+            local = {(n[len(p):] if n.startswith(p) else n): t
+                     for n, t in local.items()}
+        held = src.buffers(init_info.rank)
+        self.bound = self.plan.bind({n: local.get(n) for n in held}, {})
+        self.version = 0
+        return self
+
+    def send_weights(self):
+        self.version += 1
+        if self.is_sender:
+            self.client.start_weight_update()
+            join = _in_thread(self.client.update_weights,
+                              {"version": self.version})
+        try:
+            self.plan.execute(self.bound, version=self.version,
+                              stream=_stream(self.comm))
+        finally:
+            if self.is_sender:
+                join()
+        if self.is_sender:
+            self.client.finish_weight_update()
+
+    def shutdown(self):
+        plan, comm = getattr(self, "plan", None), getattr(self, "comm", None)
+        if plan is not None:
+            plan.close()
+        if comm is not None:
+            comm.close()
+        self.plan = self.comm = None
+
+
+def register():
+    """Registers backend "reshard" with vLLM's worker and trainer
+    factories (lazily imported from this module); a second call is a
+    no-op."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory, WeightTransferTrainerFactory)
+    for factory, cls in ((WeightTransferEngineFactory,
+                          "ReshardWeightTransferEngine"),
+                         (WeightTransferTrainerFactory,
+                          "ReshardTrainerWeightTransferEngine")):
+        try:
+            factory.register_engine("reshard", __name__, cls)
+        except ValueError:  # "already registered"
+            pass

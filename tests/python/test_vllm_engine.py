@@ -1,0 +1,169 @@
+"""reshard's vLLM weight-transfer engine against a stand-in of vLLM 0.33's
+interface (tests/python/stubs): trainer engines on 4 trainer threads
+(Megatron tp=2,pp=2), worker engines on 4 vLLM worker threads (tp=2,dp=2),
+one in-process world; every parameter byte checked after each step."""
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "stubs"))
+from vllm.distributed.weight_transfer.base import ModuleSource  # noqa: E402
+from vllm.distributed.weight_transfer.factory import (  # noqa: E402
+    WeightTransferEngineFactory, WeightTransferTrainerFactory)
+
+import reshard  # noqa: E402
+from reshard.integrations import vllm as rvllm  # noqa: E402
+from conftest import DEADLINE_S  # noqa: E402
+from frameworks import (FakeModule, params_for, tiny_config,  # noqa: E402
+                        wrong_bytes)
+
+rvllm.register()
+rvllm.register()  # idempotent
+
+
+@dataclass
+class WeightTransferConfig:
+    backend: str = "nccl"
+
+
+def threads(fns):
+    """Runs the callables concurrently; re-raises the first exception."""
+    errs = []
+
+    def body(f):
+        try:
+            f()
+        except BaseException as e:
+            errs.append(e)
+    ts = [threading.Thread(target=body, args=(f,), daemon=True) for f in fns]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), "a rank hangs"
+    if errs:
+        raise errs[0]
+
+
+class Client:
+    """The inference side's control plane (VLLMWeightSyncClient): each
+    call reaches every worker, as vLLM's collective_rpc does."""
+
+    def __init__(self, engines):
+        self.engines = engines
+        self.calls = []
+
+    def init_weight_transfer_engine(self, init_info):
+        self.calls.append("init")
+        threads([lambda e=e: e.init_transfer_engine(e.parse_init_info(init_info))
+                 for e in self.engines])
+
+    def start_weight_update(self):
+        self.calls.append("start")
+        for e in self.engines:
+            e.start_weight_update()
+
+    def update_weights(self, update_info):
+        self.calls.append("update %d" % update_info["version"])
+        threads([lambda e=e: e.update_weights(update_info) for e in self.engines])
+
+    def finish_weight_update(self, weight_version=None):
+        self.calls.append("finish")
+        for e in self.engines:
+            e.finish_weight_update()
+
+
+def worker_engine(dst, rank, dp_index, rank_in_dp):
+    pc = types.SimpleNamespace(data_parallel_index=dp_index, world_size=2,
+                               rank=rank_in_dp)
+    vc = types.SimpleNamespace(parallel_config=pc, model_config=None)
+    model = FakeModule(params_for(dst, rank))
+    e = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig("reshard"), vc, "cpu", model)
+    assert isinstance(e, rvllm.ReshardWeightTransferEngine)
+    return e, model
+
+
+def test_vllm_engine_end_to_end(tmp_path):
+    cfg = tiny_config(tmp_path)
+    train, infer = "tp=2,pp=2", "tp=2,dp=2"
+    world = reshard.InprocWorld(8)
+    rvllm.WORLDS["e2e"] = world
+    dst = reshard.models.vllm_layout(cfg, infer, first_rank=4)
+    src = reshard.models.megatron_layout(cfg, train)
+    # vLLM worker (dp_index, parallel_config.rank) -> reshard rank 4 + ...
+    workers = [worker_engine(dst, 4 + dp * 2 + r, dp, r)
+               for dp in range(2) for r in range(2)]
+    client = Client([e for e, _ in workers])
+    trainer_params = [params_for(src, r, step=0) for r in range(4)]
+    engines = [None] * 4
+
+    def init(r):
+        info = rvllm.ReshardTrainerInitInfo(
+            model_config_path=cfg, train=train, infer=infer, world_size=8,
+            transport="inproc:e2e", timeout_ms=30000, rank=r)
+        source = ModuleSource(FakeModule(trainer_params[r], prefix="module."))
+        engines[r] = WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=source)
+    threads([lambda r=r: init(r) for r in range(4)])
+    for step in range(3):
+        if step:
+            for r in range(4):  # the optimizer step, in place
+                fresh = params_for(src, r, step=step)
+                for n, t in trainer_params[r].items():
+                    t.bytes[:] = fresh[n].bytes
+        threads([e.send_weights for e in engines])
+        for (e, model), rank in zip(workers, (4, 5, 6, 7)):
+            assert wrong_bytes(dst, rank, dict(model._p), step) == 0, (step, rank)
+    assert client.calls == ["init"] + ["start", "update 1", "finish",
+                                       "start", "update 2", "finish",
+                                       "start", "update 3", "finish"]
+    for e in engines:
+        e.shutdown()
+    for e, _ in workers:
+        e.shutdown()
+    world.close()
+    del rvllm.WORLDS["e2e"]
+
+
+def test_vllm_engine_refuses_parameters_vllm_rewrites(tmp_path):
+    # Qwen3-MoE's routed experts (w13/w2) are rewritten by vLLM's fused-MoE
+    # backends after loading: writing them in place would be wrong.
+    from conftest import ROOT
+    cfg = os.path.join(ROOT, "configs", "Qwen3-30B-A3B.json")
+    world = reshard.InprocWorld(2)
+    rvllm.WORLDS["moe"] = world
+    dst = reshard.models.vllm_layout(cfg, "tp=1", first_rank=1, layers=1)
+    e, _ = worker_engine(dst, 1, 0, 0)
+    errors = []
+
+    def trainer():
+        c = world.comm(0)
+        info = rvllm.ReshardInitInfo(model_config_path=cfg, train="tp=1",
+                                     infer="tp=1", rank_offset=1, world_size=2,
+                                     transport="inproc:moe", layers=1)
+        try:
+            rvllm._plan(c, info, 1)[3].close()
+        except reshard.Error as ex:
+            errors.append(ex)
+
+    def worker():
+        with pytest.raises(reshard.UnsupportedError, match="w13"):
+            e.init_transfer_engine(rvllm.ReshardInitInfo(
+                model_config_path=cfg, train="tp=1", infer="tp=1",
+                rank_offset=1, world_size=2, transport="inproc:moe", layers=1))
+    threads([trainer, worker])
+    assert e.plan is None and e.comm is None
+    world.close()
+    del rvllm.WORLDS["moe"]
+
+
+def test_bad_transport():
+    with pytest.raises(reshard.InvalidArgumentError, match="inproc:<key>"):
+        rvllm._comm("tcp", 0, 1, None, None, None)
+    with pytest.raises(reshard.InvalidArgumentError, match="no world"):
+        rvllm._comm("inproc:nope", 0, 1, None, None, None)
