@@ -6,11 +6,11 @@ MPI) move host memory; device transports (NCCL, CUDA IPC) move device
 memory on a CUDA stream. Close a communicator after its plans.
 """
 import atexit
-import threading
 import weakref
 
 from ._reshard_cffi import ffi, lib
-from .errors import InvalidArgumentError, InvalidUsageError, UnsupportedError, check
+from ._life import Node
+from .errors import InvalidArgumentError, UnsupportedError, check
 
 
 def _mpi_handle_address(mpi_comm):
@@ -71,7 +71,7 @@ def _register_atexit():
         _ATEXIT.append(True)
 
 
-class Comm:
+class Comm(Node):
     """A reshard communicator. Make one with Comm.mpi, Comm.nccl,
     Comm.cuda_ipc or InprocWorld(n).comm(rank)."""
 
@@ -81,14 +81,14 @@ class Comm:
                         "reshard.InprocWorld(n).comm(rank)")
 
     @classmethod
-    def _wrap(cls, handle, kind, device, keep=()):
+    def _wrap(cls, handle, kind, device, keep=(), parent=None):
         self = cls.__new__(cls)
-        self._h = handle
         self.kind = kind          #: "inproc", "mpi", "nccl" or "cuda_ipc"
         self.device = device      #: True: buffers are CUDA memory
         self._keep = keep         # objects the C communicator refers to
-        self._lock = threading.Lock()
-        self._plans = weakref.WeakSet()  # closed before the communicator
+        # plans depend on it; it depends on its world or host communicator
+        self._live(handle, lib.reshard_comm_destroy, parent,
+                   "reshard.Comm (%s)" % kind)
         if kind in ("mpi", "nccl", "cuda_ipc"):
             _LIVE.add(self)
         return self
@@ -152,14 +152,7 @@ class Comm:
             raise InvalidArgumentError("reshard.Comm.cuda_ipc: host must be a "
                                        "host reshard.Comm (mpi or inproc)")
         h = cls._create(lib.rs_py_comm_create_cuda_ipc, host.handle)
-        return cls._wrap(h, "cuda_ipc", True, keep=(host,))
-
-    @property
-    def handle(self):
-        """The reshard_comm_t * (cffi pointer)."""
-        if self._h is None:
-            raise InvalidUsageError("reshard.Comm: used after close()")
-        return self._h
+        return cls._wrap(h, "cuda_ipc", True, keep=(host,), parent=host)
 
     @property
     def rank(self):
@@ -169,34 +162,14 @@ class Comm:
     def size(self):
         return lib.reshard_comm_size(self.handle)
 
-    def close(self):
-        """Destroys the communicator (after its plans: close them first).
-        For MPI, before MPI_Finalize (mpi4py finalizes at exit)."""
-        for p in list(self._plans):
-            p.close()
-        with self._lock:
-            h, self._h = self._h, None
-        if h is not None:
-            lib.reshard_comm_destroy(h)
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self):
-        if self._h is None:
+        if self.closed:
             return "<reshard.Comm %s (closed)>" % self.kind
         return "<reshard.Comm %s rank %d of %d>" % (self.kind, self.rank,
                                                     self.size)
 
 
-class InprocWorld:
+class InprocWorld(Node):
     """``n`` ranks as threads of this process (tests, single-process
     tools): ``world.comm(rank)`` in each thread. The GIL is released in
     every reshard call, so the threads run the collectives concurrently."""
@@ -204,35 +177,13 @@ class InprocWorld:
     def __init__(self, nranks):
         out = ffi.new("reshard_inproc_world_t **")
         check(lib.reshard_inproc_world_create(int(nranks), out))
-        self._h = out[0]
         self.size = int(nranks)
-        self._comms = weakref.WeakSet()  # closed before the world
+        # its communicators depend on it: close() closes them first
+        self._live(out[0], lib.reshard_inproc_world_destroy, None,
+                   "reshard.InprocWorld")
 
     def comm(self, rank):
         """Rank ``rank``'s communicator (once per rank)."""
-        if self._h is None:
-            raise InvalidUsageError("reshard.InprocWorld: used after close()")
         out = ffi.new("reshard_comm_t **")
-        check(lib.reshard_comm_create_inproc(self._h, int(rank), out))
-        c = Comm._wrap(out[0], "inproc", False, keep=(self,))
-        self._comms.add(c)
-        return c
-
-    def close(self):
-        """Destroys the world; every communicator of it is closed first."""
-        if self._h is None:
-            return
-        for c in list(self._comms):
-            c.close()
-        h, self._h = self._h, None
-        lib.reshard_inproc_world_destroy(h)
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        check(lib.reshard_comm_create_inproc(self.handle, int(rank), out))
+        return Comm._wrap(out[0], "inproc", False, keep=(self,), parent=self)

@@ -14,8 +14,9 @@ from typing import Dict, List, Optional, Tuple
 from ._reshard_cffi import ffi, lib
 from . import dtypes as _dt
 from .buffers import describe
-from .errors import (InvalidArgumentError, InvalidUsageError, check,
+from .errors import (InvalidArgumentError, check,
                      error_for)
+from ._life import Node
 from .layout import Layout
 
 
@@ -191,7 +192,7 @@ def _problem(info, v, side, held, device):
     return None
 
 
-class Plan:
+class Plan(Node):
     """reshard_plan_create: collective over ``comm``; every rank passes the
     same layouts and options.
 
@@ -208,7 +209,6 @@ class Plan:
     def __init__(self, comm, src, dst, staging_bytes=None, chunk_bytes=None,
                  timeout_ms=None, topology=None, relay=None, verify=False,
                  double_buffer=False, first_replica=False, sync=False):
-        self._h = None
         if not isinstance(src, Layout) or not isinstance(dst, Layout):
             raise InvalidArgumentError("reshard.Plan: src and dst must be "
                                        "reshard.Layout objects")
@@ -236,8 +236,11 @@ class Plan:
         out = ffi.new("reshard_plan_t **")
         check(lib.reshard_plan_create(comm.handle, src.handle, dst.handle, o,
                                       out))
-        self._h = out[0]
-        comm._plans.add(self)
+        try:
+            self._live(out[0], lib.reshard_plan_destroy, comm, "reshard.Plan")
+        except BaseException:
+            lib.reshard_plan_destroy(out[0])  # the communicator was closing
+            raise
         # What this rank must pass at execute: computed once, from the
         # layouts (which may be closed afterwards).
         self._nsrc, self._ndst = src.num_buffers, dst.num_buffers
@@ -246,27 +249,11 @@ class Plan:
         self._bound = None
 
     # ----------------------------------------------------------- life
-    @property
-    def handle(self):
-        if self._h is None:
-            raise InvalidUsageError("reshard.Plan: used after close()")
-        return self._h
-
     def close(self):
         """reshard_plan_destroy (on device transports it waits for the
-        last execute)."""
-        h, self._h = getattr(self, "_h", None), None
+        last execute); idempotent."""
         self._bound = None
-        if h is not None:
-            lib.reshard_plan_destroy(h)
-
-    __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        Node.close(self)
 
     # -------------------------------------------------------- buffers
     def buffers(self, side):

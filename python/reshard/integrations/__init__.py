@@ -8,6 +8,7 @@ from reshard.models (parameter names as the frameworks give them).
 - verl: a verl checkpoint engine, backend "reshard" (needs verl; import
   reshard.integrations.verl, which registers it).
 """
+from ._transport import WORLDS
 from .loop import named_tensors, sync_weights
 
-__all__ = ["named_tensors", "sync_weights"]
+__all__ = ["WORLDS", "named_tensors", "sync_weights"]

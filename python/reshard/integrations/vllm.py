@@ -30,7 +30,7 @@ the workers at rank_offset = T + dp_index * (tp * pp) + parallel_config.rank
 "nccl" (default: a PyNcclCommunicator over vLLM's StatelessProcessGroup at
 master_address:master_port, as vLLM's nccl engine builds it), "mpi" (all
 trainer and worker processes in one MPI job: mpi4py's COMM_WORLD), or
-"inproc:<key>" (threads of one process, reshard.integrations.vllm.WORLDS;
+"inproc:<key>" (threads of one process, reshard.integrations.WORLDS;
 tests).
 
 Parameters that vLLM rewrites after loading (rm_after_load: MLA's
@@ -50,10 +50,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: F401 (needs vLLM)
 
 import reshard
 from ..errors import InvalidArgumentError, UnsupportedError
-
-#: "inproc:<key>" transports: key -> reshard.InprocWorld (tests, tools).
-WORLDS = {}
-
+from ._transport import WORLDS, comm as _comm  # noqa: F401 (WORLDS: API)
 
 @dataclass
 class ReshardInitInfo(WeightTransferInitInfo):
@@ -78,41 +75,6 @@ class ReshardUpdateInfo(WeightTransferUpdateInfo):
     """One update: the weight version (the training step, >= 1), which
     every rank passes and the plan checks."""
     version: int
-
-
-def _comm(transport, rank, world_size, master_address, master_port, device):
-    if transport == "mpi":
-        from mpi4py import MPI
-        c = reshard.Comm.mpi(MPI.COMM_WORLD)
-    elif transport.startswith("inproc:"):
-        world = WORLDS.get(transport[len("inproc:"):])
-        if world is None:
-            raise InvalidArgumentError("reshard vLLM engine: transport %r: no "
-                                       "world registered under that key in "
-                                       "reshard.integrations.vllm.WORLDS"
-                                       % transport)
-        c = world.comm(rank)
-    elif transport == "nccl":
-        from vllm.distributed.device_communicators.pynccl import \
-            PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-        if master_address is None or master_port is None:
-            raise InvalidArgumentError("reshard vLLM engine: transport nccl "
-                                       "needs master_address and master_port")
-        pg = StatelessProcessGroup.create(host=master_address,
-                                          port=master_port, rank=rank,
-                                          world_size=world_size)
-        c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
-    else:
-        raise InvalidArgumentError("reshard vLLM engine: transport %r: "
-                                   "'nccl', 'mpi' or 'inproc:<key>'"
-                                   % (transport,))
-    if c.rank != rank or c.size != world_size:
-        raise InvalidArgumentError(
-            "reshard vLLM engine: the %s communicator has this process at "
-            "rank %d of %d, the engine computed rank %d of %d"
-            % (transport, c.rank, c.size, rank, world_size))
-    return c
 
 
 def _plan(comm, info, first_infer_rank):

@@ -1,0 +1,56 @@
+"""How the framework adapters make their communicator, by name:
+
+  "nccl"          a PyNcclCommunicator (vLLM's) over vLLM's
+                  StatelessProcessGroup at master_address:master_port, as
+                  vLLM's own nccl weight-transfer engine builds its group
+                  (needs vLLM, and a GPU per process)
+  "mpi"           mpi4py's COMM_WORLD (every process of the job in one MPI
+                  launch)
+  "inproc:<key>"  the InprocWorld registered as WORLDS[key]: ranks as
+                  threads of one process (tests, single-process tools)
+"""
+import reshard
+from ..errors import InvalidArgumentError
+
+#: "inproc:<key>" transports: key -> reshard.InprocWorld.
+WORLDS = {}
+
+
+def comm(transport, rank, world_size, master_address, master_port, device):
+    """The communicator of ``transport`` at ``rank`` of ``world_size``
+    (collective over its ranks); InvalidArgumentError when the transport
+    places this process elsewhere than the adapter computed."""
+    if transport == "mpi":
+        from mpi4py import MPI
+        c = reshard.Comm.mpi(MPI.COMM_WORLD)
+    elif transport.startswith("inproc:"):
+        world = WORLDS.get(transport[len("inproc:"):])
+        if world is None:
+            raise InvalidArgumentError("reshard integration: transport %r: no "
+                                       "world registered under that key in "
+                                       "reshard.integrations.WORLDS"
+                                       % transport)
+        c = world.comm(rank)
+    elif transport == "nccl":
+        from vllm.distributed.device_communicators.pynccl import \
+            PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+        if master_address is None or master_port is None:
+            raise InvalidArgumentError("reshard integration: transport nccl "
+                                       "needs master_address and master_port")
+        pg = StatelessProcessGroup.create(host=master_address,
+                                          port=master_port, rank=rank,
+                                          world_size=world_size)
+        c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
+    else:
+        raise InvalidArgumentError("reshard integration: transport %r: "
+                                   "'nccl', 'mpi' or 'inproc:<key>'"
+                                   % (transport,))
+    if c.rank != rank or c.size != world_size:
+        got = (c.rank, c.size)
+        c.close()
+        raise InvalidArgumentError(
+            "reshard integration: the %s communicator has this process at "
+            "rank %d of %d, the engine computed rank %d of %d"
+            % ((transport,) + got + (rank, world_size)))
+    return c

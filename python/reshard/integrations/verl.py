@@ -1,0 +1,225 @@
+"""A verl checkpoint engine ("reshard"): actor workers to rollout workers
+through reshard plans, every actor worker a sender.
+
+Written against verl's interface as of verl 0.9.1
+(verl/checkpoint_engine/base.py: CheckpointEngine, CheckpointEngineRegistry;
+the manager calls prepare -> build_topology -> init_process_group ->
+send_weights / receive_weights -> finalize for each update). Importing this
+module needs verl and registers backend "reshard"; point verl at it with
+checkpoint_engine.custom_backend_module=reshard.integrations.verl and
+engine kwargs {"model_config_path": "<HF config.json>", ...}.
+
+What verl's interface allows: the actor side hands send_weights full
+tensors by HF name (actor.get_per_tensor_param()), on every actor worker,
+and the rollout side must yield full tensors by name to its server
+adapter, which loads them. So the plan's source is every tensor
+replicated on all actor workers, its destination every tensor replicated
+on all rollout workers: reshard splits each tensor's bytes evenly over
+the actor workers (every actor worker sends, where verl's nccl engine
+sends from rank 0 and its NVLink peers), and with a topology relays
+between rollout workers so each byte enters an NVLink domain once. It
+cannot write vLLM's fused parameters directly here: for that, use the
+vLLM engine (reshard.integrations.vllm).
+
+Memory: tensors are grouped in model order into plans of at most
+bucket_size bytes; an actor worker holds the generator's tensors of one
+group until the group is complete (all of them if the generator does not
+follow the config's order), a rollout worker one group's received tensors
+until its server adapter takes them.
+
+Names are the HF checkpoint's (reshard.models with per_expert=True: one
+tensor per expert, as checkpoints store them). A name the model does not
+have, or a tensor the generator never yields, is
+reshard.InvalidArgumentError naming it.
+"""
+import socket
+import sys
+
+import numpy as np
+from verl.checkpoint_engine.base import (CheckpointEngine,  # noqa: F401
+                                         CheckpointEngineRegistry)
+
+import reshard
+from ..errors import InvalidArgumentError
+from ._transport import comm as _comm
+
+
+def _groups(tensors, bucket_size):
+    """Consecutive tensors (model order) in groups of <= bucket_size bytes
+    (a larger tensor alone)."""
+    groups, cur, cur_bytes = [], [], 0
+    for t in tensors:
+        n = int(np.prod(t.shape, dtype=np.int64)) * reshard.dtypes.size(
+            reshard.dtypes.to_c(t.dtype))
+        if cur and cur_bytes + n > bucket_size:
+            groups.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(t)
+        cur_bytes += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _replicated(tensors, ranks):
+    L = reshard.Layout()
+    m = L.add_mesh(len(ranks), ranks=ranks)
+    for t in tensors:
+        L.place(L.add_tensor(t.name, t.dtype, t.shape), m, [reshard.Replicate()])
+    return L
+
+
+def _numpy_dtype(name):
+    return {"bf16": np.uint16, "f16": np.float16, "f32": np.float32,
+            "f64": np.float64, "fp8e4m3": np.uint8, "fp8e5m2": np.uint8,
+            "i8": np.int8, "u8": np.uint8, "i32": np.int32, "u32": np.uint32,
+            "i64": np.int64, "u64": np.uint64, "bool": np.bool_}[name]
+
+
+_TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
+          "f64": "float64", "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2",
+          "i8": "int8", "u8": "uint8", "i32": "int32", "u32": "uint32",
+          "i64": "int64", "u64": "uint64", "bool": "bool"}
+
+
+@CheckpointEngineRegistry.register("reshard")
+class ReshardCheckpointEngine(CheckpointEngine):
+    """verl checkpoint engine over reshard plans. Constructor keywords
+    (verl passes bucket_size and the backend's engine kwargs):
+    model_config_path (required), transport ("nccl", "mpi",
+    "inproc:<key>"), layers, dtype, staging_bytes, timeout_ms, topology,
+    master_address (default: this host's address) and is_master."""
+
+    def __init__(self, bucket_size, model_config_path, transport="nccl",
+                 is_master=False, layers=0, dtype="bf16", staging_bytes=None,
+                 timeout_ms=None, topology=None, master_address=None, **_):
+        self.bucket_size = int(bucket_size)
+        self.model_config_path = model_config_path
+        self.transport = transport
+        self.is_master = is_master
+        self.model = reshard.models.Model(model_config_path,
+                                          layers=layers or None, dtype=dtype,
+                                          per_expert=True)
+        self.groups = _groups(self.model.tensors(), self.bucket_size)
+        self.options = dict(staging_bytes=staging_bytes, timeout_ms=timeout_ms,
+                            topology=topology)
+        self.master_address = master_address
+        self.comm, self.plans, self.key = None, [], None
+
+    # ------------------------------------------------------- topology
+    def prepare(self):
+        if not self.is_master or not self.transport == "nccl":
+            return {}
+        addr = self.master_address or socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind((addr, 0))
+            port = s.getsockname()[1]
+        return {"master_address": addr, "master_port": port}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size, rollout_world_size, metadata):
+        world = actor_wg_world_size + rollout_world_size
+        master = metadata[0] if metadata else {}
+        actor = {"rank": list(range(actor_wg_world_size)),
+                 "world_size": [world] * actor_wg_world_size,
+                 "num_senders": [actor_wg_world_size] * actor_wg_world_size,
+                 "master_metadata": [master] * actor_wg_world_size}
+        rollout = {"rank": list(range(actor_wg_world_size, world)),
+                   "world_size": [world] * rollout_world_size,
+                   "num_senders": [actor_wg_world_size] * rollout_world_size,
+                   "master_metadata": [master] * rollout_world_size}
+        return actor, rollout
+
+    def init_process_group(self, rank, world_size, num_senders,
+                           master_metadata=None):
+        key = (rank, world_size, num_senders)
+        if self.key == key:
+            return  # the same group as the last update: plans kept
+        self.close()
+        md = master_metadata or {}
+        self.comm = _comm(self.transport, rank, world_size,
+                          md.get("master_address"), md.get("master_port"),
+                          None)
+        self.rank, self.senders = rank, num_senders
+        actors = list(range(num_senders))
+        rollouts = list(range(num_senders, world_size))
+        for g in self.groups:  # collective, in the same order everywhere
+            self.plans.append(reshard.Plan(self.comm, _replicated(g, actors),
+                                           _replicated(g, rollouts),
+                                           **self.options))
+        self.key = key
+
+    def finalize(self):
+        pass  # plans and communicator are kept for the next update
+
+    def close(self):
+        """Releases the plans and the communicator."""
+        for p in self.plans:
+            p.close()
+        if self.comm is not None:
+            self.comm.close()
+        self.comm, self.plans, self.key = None, [], None
+
+    # -------------------------------------------------------- weights
+    def _stream(self):
+        if self.comm is None or not self.comm.device:
+            return None
+        return sys.modules["torch"].cuda.current_stream()
+
+    async def send_weights(self, weights, global_steps=None):
+        if self.rank >= self.senders:
+            raise InvalidArgumentError("reshard verl engine: send_weights on "
+                                       "rollout rank %d" % self.rank)
+        group_of = {t.name: i for i, g in enumerate(self.groups) for t in g}
+        pending = [dict() for _ in self.groups]
+        done = 0
+
+        def flush():
+            nonlocal done
+            while done < len(self.groups) and \
+                    len(pending[done]) == len(self.groups[done]):
+                self.plans[done].execute(pending[done], {},
+                                         stream=self._stream())
+                pending[done] = None  # the tensors can go
+                done += 1
+
+        def take(name, tensor):
+            g = group_of.get(name)
+            if g is None:
+                raise InvalidArgumentError(
+                    "reshard verl engine, rank %d: weight %r is not a tensor "
+                    "of %s" % (self.rank, name, self.model_config_path))
+            if g < done or name in pending[g]:
+                raise InvalidArgumentError("reshard verl engine, rank %d: "
+                                           "weight %r given twice"
+                                           % (self.rank, name))
+            pending[g][name] = tensor
+            flush()
+
+        if hasattr(weights, "__aiter__"):
+            async for name, tensor in weights:
+                take(name, tensor)
+        else:
+            for name, tensor in weights:
+                take(name, tensor)
+        if done < len(self.groups):
+            missing = [t.name for t in self.groups[done]
+                       if t.name not in pending[done]]
+            raise InvalidArgumentError(
+                "reshard verl engine, rank %d: the weights ended without %s%s"
+                % (self.rank, missing[0],
+                   " and %d more" % (len(missing) - 1) if len(missing) > 1 else ""))
+
+    async def receive_weights(self, global_steps=None):
+        torch = sys.modules.get("torch") if self.comm.device else None
+        for g, plan in zip(self.groups, self.plans):
+            out = {}
+            for t in g:
+                if torch is not None:
+                    out[t.name] = torch.empty(t.shape, device="cuda",
+                                              dtype=getattr(torch, _TORCH[t.dtype]))
+                else:
+                    out[t.name] = np.empty(t.shape, _numpy_dtype(t.dtype))
+            plan.execute({}, out, stream=self._stream())
+            for t in g:
+                yield t.name, out[t.name]
