@@ -20,16 +20,20 @@ class Node:
     """Mixin: ``_live(handle, destroy, parent, what)`` in __init__."""
 
     def _live(self, handle, destroy, parent=None, what="object"):
-        self._h = handle
+        """Takes ``handle``; if the parent refuses a dependent (it is
+        closing), raises and takes nothing: the caller destroys handle."""
+        self._h = None
+        self._parent = None
         self._destroy_fn = destroy
         self._what = what
         self._closing = False
         self._deps = 0
         self._dep_refs = weakref.WeakSet()
         self._life_lock = threading.Lock()
-        self._parent = parent
         if parent is not None:
             parent._add_dep(self)
+        self._parent = parent
+        self._h = handle
 
     def _add_dep(self, child):
         with self._life_lock:

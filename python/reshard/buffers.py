@@ -25,6 +25,7 @@ class ArrayInfo:
     readonly: bool
     keep: tuple           # objects that keep the memory alive
     kind: str             # what the object was taken as, for messages
+    unusable: str = None  # why reshard cannot use it at all (None: it can)
 
 
 def _c_contiguous(shape, strides, itemsize):
@@ -48,9 +49,15 @@ def _typestr_dtype(typestr):
 
 def _interface(obj, iface, device, kind):
     data = iface["data"]
-    ptr, readonly = (data[0], bool(data[1])) if data else (0, False)
+    if data is None:
+        return None  # the data is behind the buffer protocol
+    ptr, readonly = data[0], bool(data[1])
     shape = tuple(iface["shape"])
-    dtype, itemsize = _typestr_dtype(iface["typestr"])
+    typestr = iface["typestr"]
+    dtype, itemsize = _typestr_dtype(typestr)
+    unusable = None
+    if typestr[0] == ">" and itemsize > 1:
+        unusable = "big-endian data (%s); reshard moves little-endian" % typestr
     # numpy arrays say their dtype by name (ml_dtypes' bfloat16 is '<V2')
     named = getattr(getattr(obj, "dtype", None), "name", None)
     if named is not None:
@@ -60,7 +67,7 @@ def _interface(obj, iface, device, kind):
         n *= s
     contiguous = _c_contiguous(shape, iface.get("strides"), itemsize)
     return ArrayInfo(int(ptr), n * itemsize, device, dtype, contiguous,
-                     readonly, (obj,), kind)
+                     readonly, (obj,), kind, unusable)
 
 
 class _DLDevice(ctypes.Structure):
@@ -134,7 +141,7 @@ def describe(obj):
     """ArrayInfo of an array-like; None when it is none of the accepted
     kinds."""
     np = sys.modules.get("numpy")
-    if np is not None and type(obj) is np.ndarray:
+    if np is not None and isinstance(obj, np.ndarray):
         return _numpy(obj)
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and \
             hasattr(obj, "element_size"):
@@ -146,13 +153,18 @@ def describe(obj):
         return ArrayInfo(int(obj.data_ptr()), obj.numel() * obj.element_size(),
                          dev == "cuda", _dt.to_c_or_none(obj.dtype),
                          bool(obj.is_contiguous()), False, keep,
-                         "torch tensor on %s" % dev)
+                         "torch tensor on %s" % dev,
+                         None if dev in ("cpu", "cuda") else
+                         "memory on a %s device (reshard moves host or CUDA "
+                         "memory)" % dev)
     iface = getattr(obj, "__cuda_array_interface__", None)
     if iface is not None:
         return _interface(obj, iface, True, "__cuda_array_interface__")
     iface = getattr(obj, "__array_interface__", None)
     if iface is not None:
-        return _interface(obj, iface, False, "__array_interface__")
+        info = _interface(obj, iface, False, "__array_interface__")
+        if info is not None:
+            return info
     if hasattr(obj, "__dlpack__"):
         info = _dlpack(obj)
         if info is not None:
@@ -163,6 +175,9 @@ def describe(obj):
         return None
     from ._reshard_cffi import ffi
     ro = mv.readonly
+    if not mv.c_contiguous:  # cffi cannot point at it: report, not raise
+        return ArrayInfo(0, mv.nbytes, False, None, False, ro, (obj, mv),
+                         "buffer")
     cbuf = ffi.from_buffer(mv) if ro else ffi.from_buffer(mv, require_writable=True)
     return ArrayInfo(int(ffi.cast("uintptr_t", cbuf)), mv.nbytes, False,
-                     None, mv.c_contiguous, ro, (obj, mv, cbuf), "buffer")
+                     None, True, ro, (obj, mv, cbuf), "buffer")

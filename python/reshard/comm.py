@@ -37,7 +37,9 @@ def _nccl_handle(comm):
     elif hasattr(comm, "value") and not hasattr(comm, "comm"):
         value = comm.value  # ctypes.c_void_p
     elif hasattr(comm, "comm") and hasattr(getattr(comm, "comm"), "value"):
-        value = comm.comm.value  # vllm.distributed...PyNcclCommunicator
+        value = comm.comm.value  # vLLM's PyNcclCommunicator (ctypes comm)
+    elif hasattr(comm, "comm") and isinstance(getattr(comm.comm, "ptr", None), int):
+        value = comm.comm.ptr  # newer vLLM: .comm is an nccl4py Communicator
     elif isinstance(getattr(comm, "ptr", None), int):
         value = comm.ptr  # nccl4py
     else:
@@ -119,9 +121,11 @@ class Comm(Node):
         communicator of the same ranks, plan agreement runs on the host
         over MPI: reshard_comm_create_nccl_with_mpi). ``comm``: an
         ncclComm_t as int or ctypes pointer, vLLM's PyNcclCommunicator, or
-        an nccl4py Communicator. A torch ProcessGroup does not expose its
-        ncclComm_t through a public API in any torch release: build a
-        PyNcclCommunicator (or use Comm.mpi + Comm.cuda_ipc) instead."""
+        an nccl4py Communicator. A torch ProcessGroup is not accepted: torch
+        reaches its ncclComm_t only through private, version-specific
+        members (no public API in torch 2.x), so build a vLLM
+        PyNcclCommunicator over the same ranks (or use Comm.mpi +
+        Comm.cuda_ipc) instead."""
         if not lib.RS_PY_HAVE_CUDA:
             raise UnsupportedError("reshard.Comm.nccl: this reshard was built "
                                    "without CUDA/NCCL (reinstall where nvcc "

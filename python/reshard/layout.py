@@ -81,9 +81,23 @@ class _Keep:
         self.objs.append(o)
         return o
 
-    def placements(self, placements, what):
+    def placements(self, placements, what, mesh_shape):
+        # C reads one placement per mesh axis and one size per rank of a
+        # Shard(dim, sizes)'s axis: lengths checked here, or C would read
+        # past the arrays
         pls = [placement(p, "%s[%d]" % (what, i))
                for i, p in enumerate(placements)]
+        if len(pls) != len(mesh_shape):
+            raise InvalidArgumentError(
+                "%s: %d placements for a mesh of %d axes %r (one per axis)"
+                % (what, len(pls), len(mesh_shape), tuple(mesh_shape)))
+        for i, p in enumerate(pls):
+            if isinstance(p, Shard) and p.sizes is not None and \
+                    len(p.sizes) != mesh_shape[i]:
+                raise InvalidArgumentError(
+                    "%s[%d]: Shard(%d, sizes=...) has %d sizes, the mesh "
+                    "axis %d ranks" % (what, i, p.dim, len(p.sizes),
+                                       mesh_shape[i]))
         arr = self.new("reshard_placement_t[]", max(len(pls), 1))
         for i, p in enumerate(pls):
             if isinstance(p, Shard):
@@ -97,9 +111,16 @@ class _Keep:
                 arr[i].split_sizes = ffi.NULL
         return arr
 
-    def int64s(self, values):
-        return ffi.NULL if values is None else self.new(
-            "int64_t[]", [int(v) for v in values])
+    def int64s(self, values, ndim=None, what=None):
+        """int64_t[] of values (NULL for None); with ndim, exactly ndim of
+        them (C reads one per tensor dim)."""
+        if values is None:
+            return ffi.NULL
+        values = [int(v) for v in values]
+        if ndim is not None and len(values) != ndim:
+            raise InvalidArgumentError("%s: %d values for a tensor of %d dims"
+                                       % (what, len(values), ndim))
+        return self.new("int64_t[]", values or [0])
 
 
 @dataclass(frozen=True)
@@ -264,7 +285,8 @@ class Layout:
         id; the buffer is named ``name`` (default: the tensor's name)."""
         keep = _Keep()
         tid = self._tid(tensor)
-        pls = keep.placements(placements, "place(%r): placements" % (tensor,))
+        pls = keep.placements(placements, "place(%r): placements" % (tensor,),
+                              self.mesh_shape(mesh))
         out = ffi.new("int *")
         check(lib.reshard_layout_place_named(
             self.handle, ffi.NULL if name is None else name.encode(), tid,
@@ -279,12 +301,16 @@ class Layout:
         keep = _Keep()
         parts = [p if isinstance(p, Part) else Part(*p) for p in parts]
         cparts = keep.new("reshard_part_t[]", max(len(parts), 1))
+        ndims = []
         for i, p in enumerate(parts):
-            cparts[i].tensor_id = self._tid(p.tensor)
+            what = "add_fused(%r): part %d" % (name, i)
+            cparts[i].tensor_id = tid = self._tid(p.tensor)
+            ndims.append(len(self.tensor(tid).shape))
             cparts[i].mesh_id = int(p.mesh)
             cparts[i].placements = keep.placements(
-                p.placements, "add_fused(%r): part %d placements" % (name, i))
-            cparts[i].padded_shape = keep.int64s(p.padded_shape)
+                p.placements, what + " placements", self.mesh_shape(p.mesh))
+            cparts[i].padded_shape = keep.int64s(p.padded_shape, ndims[-1],
+                                                 what + " padded_shape")
         out = ffi.new("int *")
         if any(p.origin is not None for p in parts):
             if num_groups != 1:
@@ -293,7 +319,8 @@ class Layout:
                     "1, not %d" % (name, num_groups))
             origins = keep.new("int64_t *[]", max(len(parts), 1))
             for i, p in enumerate(parts):
-                origins[i] = keep.int64s(p.origin)
+                origins[i] = keep.int64s(p.origin, ndims[i],
+                                         "add_fused(%r): part %d origin" % (name, i))
             check(lib.reshard_layout_add_windows(
                 self.handle, name.encode(), int(concat_dim), len(parts),
                 cparts, origins, out))
@@ -351,12 +378,14 @@ class Layout:
         a raw buffer, with element ``strides`` (None: dense row-major)."""
         keep = _Keep()
         f = keep.new("reshard_fragment_t *")
-        f.tensor_id = self._tid(tensor)
+        f.tensor_id = tid = self._tid(tensor)
+        nd = len(self.tensor(tid).shape)
+        what = "add_fragment(tensor %r, buffer %d)" % (tensor, int(buffer))
         f.buffer_id = int(buffer)
-        f.start = keep.int64s(start)
-        f.extent = keep.int64s(extent)
+        f.start = keep.int64s(start, nd, what + ": start")
+        f.extent = keep.int64s(extent, nd, what + ": extent")
         f.byte_offset = int(offset)
-        f.strides = keep.int64s(strides)
+        f.strides = keep.int64s(strides, nd, what + ": strides")
         check(lib.reshard_layout_add_fragment(self.handle, f))
 
     @property

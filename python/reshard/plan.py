@@ -8,6 +8,7 @@ anything moves; a Bound set of buffers is then executed step after step
 with one C call and no Python work proportional to the model.
 """
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -128,7 +129,7 @@ class Bound:
     Bind again after reallocating parameters (vLLM sleep/wake)."""
 
     def __init__(self, plan, src, nsrc, dst, ndst, keep, device):
-        self.plan = plan
+        self._plan = weakref.ref(plan)  # no cycle through caches of plans
         self._src, self._nsrc = src, nsrc
         self._dst, self._ndst = dst, ndst
         self._keep = keep
@@ -137,6 +138,11 @@ class Bound:
         # the default one (keep holds (array, ...) tuples)
         self.torch = any(type(k[0]).__module__.startswith("torch")
                          for k in keep)
+
+    @property
+    def plan(self):
+        """The plan it was bound for (None once that plan is gone)."""
+        return self._plan()
 
     def pointers(self, side):
         """The raw addresses passed to C, by buffer id (0: not held)."""
@@ -173,6 +179,8 @@ def _problem(info, v, side, held, device):
         return ("%r is not an array (numpy, torch, __array_interface__, "
                 "__cuda_array_interface__, __dlpack__ or a buffer)"
                 % type(v).__name__)
+    if info.unusable:
+        return info.unusable
     if info.device != device:
         return ("%s memory (%s) on a communicator that moves %s memory"
                 % ("CUDA" if info.device else "host", info.kind,
@@ -310,6 +318,14 @@ class Plan(Node):
                                                    side, b, h.name,
                                                    " copy %d" % c if copies == 2 else "",
                                                    self.rank, problem))
+                if c == 1 and info.ptr < first.ptr + first.nbytes and \
+                        first.ptr < info.ptr + info.nbytes:
+                    raise InvalidArgumentError(
+                        "execute: dst buffer %d (%r) on rank %d: copy 0 and "
+                        "copy 1 overlap (a double-buffered plan keeps the "
+                        "active copy untouched while writing the other)"
+                        % (b, h.name, self.rank))
+                first = info
                 slot = arr[c * nbuf + b]
                 slot.ptr = ffi.cast("void *", info.ptr)
                 slot.bytes = info.nbytes
@@ -390,6 +406,9 @@ class Plan(Node):
             return None
         b = src_buffers if isinstance(src_buffers, Bound) else \
             self.bind(src_buffers, dst_buffers)
+        if b.plan is not self:
+            raise InvalidArgumentError("register_buffers: the Bound belongs "
+                                       "to another plan")
         sp = ffi.new("void *[]", [b._src[i].ptr for i in range(b._nsrc)] or [ffi.NULL])
         dp = ffi.new("void *[]", [b._dst[i].ptr for i in range(b._ndst)] or [ffi.NULL])
         check(lib.reshard_plan_register_buffers(self.handle, sp, b._nsrc, dp,

@@ -8,6 +8,20 @@ from ._reshard_cffi import ffi, lib
 from .errors import InvalidUsageError, check
 
 
+_ARRAY = []
+
+
+def _owned(buf, owner):
+    """A numpy uint8 array over buf that keeps ``owner`` alive (an ndarray
+    subclass, so it can carry the reference; its views keep it)."""
+    import numpy as np
+    if not _ARRAY:
+        _ARRAY.append(type("SelfTestArray", (np.ndarray,), {}))
+    a = np.frombuffer(buf, dtype=np.uint8).view(_ARRAY[0])
+    a._reshard_owner = owner
+    return a
+
+
 class SelfTest:
     """SelfTest(layout, rank, fill_step): this rank's buffers of ``layout``
     (fill_step >= 0: filled with that step's values; -1: sentinel only)."""
@@ -18,15 +32,17 @@ class SelfTest:
         self.rank = int(rank)
         check(lib.reshard_selftest_alloc(self._s, layout.handle, self.rank,
                                          int(fill_step)))
-        import numpy as np
         s = self._s
-        #: {buffer id: numpy uint8 array} of the buffers the rank holds
+        #: {buffer id: numpy uint8 array} of the buffers the rank holds;
+        #: each keeps this object (so the C memory) alive, so a Bound made
+        #: of them stays valid after close()
         self.arrays = {
-            b: np.frombuffer(ffi.buffer(s.ptr[b], s.bytes[b]), dtype=np.uint8)
+            b: _owned(ffi.buffer(s.ptr[b], s.bytes[b]), self)
             for b in range(s.nbuf) if s.ptr[b] != ffi.NULL and s.bytes[b]}
+        self._closed = False
 
     def _live(self):
-        if self._s is None:
+        if getattr(self, "_closed", True) or self._s is None:
             raise InvalidUsageError("reshard.SelfTest: used after close()")
         return self._s
 
@@ -42,12 +58,15 @@ class SelfTest:
                                               label.encode()))
 
     def close(self):
-        s, self._s = getattr(self, "_s", None), None
+        """Drops this object's arrays; the memory is freed once no array
+        of it (nor a Bound holding one) is left."""
+        self._closed = True
         self.arrays = {}
+
+    def __del__(self):
+        s, self._s = getattr(self, "_s", None), None
         if s is not None:
             lib.reshard_selftest_free(s)
-
-    __del__ = close
 
     def __enter__(self):
         return self

@@ -266,11 +266,11 @@ def test_gil_released_in_c_calls():
     # they finish only if each rank's C call runs while the other thread
     # holds no GIL; a third thread keeps running Python meanwhile.
     src, dst = simple(shape=(4096, 64), n=2, dst_pl=[reshard.Shard(1)])
-    ticks, stop = [0], threading.Event()
+    stop = threading.Event()
 
-    def spin():
+    def spin():  # a Python thread competing for the GIL throughout
         while not stop.is_set():
-            ticks[0] += 1
+            pass
 
     t = threading.Thread(target=spin, daemon=True)
     t.start()
@@ -283,8 +283,123 @@ def test_gil_released_in_c_calls():
                 plan.execute({"w": s}, {"w": d})
             return True
     try:
+        # with the GIL held in C, the first rank's collective would wait
+        # for a partner that cannot run, and time out (10 s)
         assert run_ranks(2, fn) == [True, True]
     finally:
         stop.set()
         t.join(10)
-    assert ticks[0] > 0
+
+
+def test_description_lengths_checked_before_c():
+    # C reads one placement per mesh axis, one size per rank of the axis,
+    # one coordinate per tensor dim: short lists are refused here.
+    L = reshard.Layout()
+    t = L.add_tensor("w", "f32", (8, 4))
+    m2 = L.add_mesh((2, 2))
+    with pytest.raises(reshard.InvalidArgumentError, match="1 placements for a mesh of 2 axes"):
+        L.place(t, m2, [reshard.Shard(0)])
+    with pytest.raises(reshard.InvalidArgumentError, match="has 1 sizes"):
+        L.place(t, m2, [reshard.Shard(0, sizes=[8]), reshard.Replicate()])
+    with pytest.raises(reshard.InvalidArgumentError, match="padded_shape"):
+        L.add_fused("f", [reshard.Part(t, m2, [reshard.Replicate()] * 2, padded_shape=[8])])
+    with pytest.raises(reshard.InvalidArgumentError, match="origin"):
+        L.add_fused("f", [reshard.Part(t, m2, [reshard.Replicate()] * 2, origin=[0])])
+    b = L.add_buffer("raw", 0, 1024)
+    for kw in ({"start": [0]}, {"extent": [8, 4, 1]}, {"strides": [1]}):
+        args = dict(start=[0, 0], extent=[8, 4])
+        args.update(kw)
+        with pytest.raises(reshard.InvalidArgumentError, match=list(kw)[0]):
+            L.add_fragment(t, b, **args)
+    assert L.num_buffers == 1
+
+
+def test_double_buffer_copies_must_not_overlap():
+    src, dst = simple(dst_pl=[reshard.Replicate()])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, double_buffer=True) as plan:
+            s = np.ones((8, 4), np.float32)
+            d = np.zeros((8, 4), np.float32)
+            with pytest.raises(reshard.InvalidArgumentError, match="overlap"):
+                plan.execute({"w": s}, {"w": (d, d)})
+            with pytest.raises(reshard.InvalidArgumentError, match="pair"):
+                plan.execute({"w": s}, {"w": d})
+            d1 = np.zeros((8, 4), np.float32)
+            plan.execute({"w": s}, {"w": (d, d1)})
+            assert (d == 1).all() and (d1 == 0).all()
+            assert plan.status().active_copy == 0
+            return True
+    assert run_ranks(1, fn) == [True]
+
+
+class BigEndian:
+    def __init__(self, a):
+        self.__array_interface__ = dict(a.__array_interface__, typestr=">f4")
+
+
+class Xpu:  # a torch tensor on another device kind
+    device = type("D", (), {"type": "xpu"})()
+    dtype = "torch.float32"
+
+    def __init__(self, a):
+        self._a = a
+
+    def data_ptr(self):
+        return self._a.__array_interface__["data"][0]
+
+    def is_contiguous(self):
+        return True
+
+    def element_size(self):
+        return 4
+
+    def numel(self):
+        return self._a.size
+
+
+def test_unusable_arrays_and_foreign_bounds():
+    src, dst = simple(dst_pl=[reshard.Replicate()])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst) as plan, reshard.Plan(comm, src, dst) as other:
+            s = np.ones((8, 4), np.float32)
+            d = np.zeros((8, 4), np.float32)
+            for bad, match in ((BigEndian(s), "big-endian"), (Xpu(s), "xpu"),
+                               (memoryview(bytearray(256))[::2], "contiguous")):
+                with pytest.raises(reshard.InvalidArgumentError, match=match):
+                    plan.execute({"w": bad}, {"w": d})
+            b = other.bind({"w": s}, {"w": d})
+            with pytest.raises(reshard.InvalidArgumentError, match="another plan"):
+                plan.execute(b)
+            with pytest.raises(reshard.InvalidArgumentError, match="another plan"):
+                plan.register_buffers(b)
+            assert (d == 0).all()
+            return True
+    assert run_ranks(1, fn) == [True]
+
+
+def test_selftest_arrays_outlive_close():
+    # A Bound made of SelfTest arrays keeps their memory: executing it
+    # after the SelfTest was closed and dropped writes live memory.
+    src, dst = simple(dst_pl=[reshard.Replicate()])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst) as plan:
+            s, d = reshard.SelfTest(src, 0, 3), reshard.SelfTest(dst, 0, -1)
+            b = plan.bind(s.arrays, d.arrays)
+            view = d.arrays[0][4:]
+            s.close()
+            d.close()
+            del s, d
+            import gc
+            gc.collect()
+            plan.execute(b)
+            want = reshard.selftest.expected("w", 3, 1, 4)
+            assert bytes(view[:4]) == want
+            st = reshard.SelfTest(src, 0, 3)
+            st.close()
+            with pytest.raises(reshard.InvalidUsageError):
+                st.fill(0)
+            return True
+    assert run_ranks(1, fn) == [True]

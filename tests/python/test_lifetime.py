@@ -101,3 +101,20 @@ def test_cycles_finalized_in_any_order():
         del w, c, p
         gc.collect()
         assert all(r() is None for r in refs)
+
+
+def test_sync_weights_binding_dies_with_its_plan():
+    from reshard.integrations import sync_weights
+    src, dst = layouts()
+    refs = []
+
+    def fn(rank, comm):
+        plan = reshard.Plan(comm, src, dst)
+        s = {"w": np.ones((256, 512), np.float32)}
+        d = {"w": np.zeros((512, 256), np.float32)}
+        sync_weights(plan, s, d, 0)
+        refs.append(weakref.ref(plan))
+        return True
+    run_ranks(2, fn)
+    gc.collect()
+    assert all(r() is None for r in refs), "a plan outlived its last reference"

@@ -132,34 +132,49 @@ def test_vllm_engine_end_to_end(tmp_path):
 
 def test_vllm_engine_refuses_parameters_vllm_rewrites(tmp_path):
     # Qwen3-MoE's routed experts (w13/w2) are rewritten by vLLM's fused-MoE
-    # backends after loading: writing them in place would be wrong.
+    # backends after loading: writing them in place would be wrong. Every
+    # rank refuses, trainer and worker alike, before any collective (a
+    # worker whose own parameters are all dense refuses too), so no rank
+    # is left waiting for a partner.
     from conftest import ROOT
     cfg = os.path.join(ROOT, "configs", "Qwen3-30B-A3B.json")
     world = reshard.InprocWorld(2)
     rvllm.WORLDS["moe"] = world
     dst = reshard.models.vllm_layout(cfg, "tp=1", first_rank=1, layers=1)
     e, _ = worker_engine(dst, 1, 0, 0)
-    errors = []
-
-    def trainer():
-        c = world.comm(0)
-        info = rvllm.ReshardInitInfo(model_config_path=cfg, train="tp=1",
-                                     infer="tp=1", rank_offset=1, world_size=2,
-                                     transport="inproc:moe", layers=1)
-        try:
-            rvllm._plan(c, info, 1)[3].close()
-        except reshard.Error as ex:
-            errors.append(ex)
-
-    def worker():
-        with pytest.raises(reshard.UnsupportedError, match="w13"):
-            e.init_transfer_engine(rvllm.ReshardInitInfo(
-                model_config_path=cfg, train="tp=1", infer="tp=1",
-                rank_offset=1, world_size=2, transport="inproc:moe", layers=1))
-    threads([trainer, worker])
+    client = Client([e])
+    info = rvllm.ReshardTrainerInitInfo(
+        model_config_path=cfg, train="tp=1", infer="tp=1", world_size=2,
+        transport="inproc:moe", layers=1, timeout_ms=5000, rank=0)
+    with pytest.raises(reshard.UnsupportedError, match="w13"):
+        WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=ModuleSource(FakeModule({})))
+    assert client.calls == []  # refused before reaching the workers
+    with pytest.raises(reshard.UnsupportedError, match="w13"):
+        e.init_transfer_engine(rvllm.ReshardInitInfo(
+            model_config_path=cfg, train="tp=1", infer="tp=1",
+            rank_offset=1, world_size=2, transport="inproc:moe", layers=1))
     assert e.plan is None and e.comm is None
     world.close()
     del rvllm.WORLDS["moe"]
+
+
+def test_nccl_handles_accepted():
+    import ctypes
+    from reshard.comm import _nccl_handle
+
+    class Pynccl:  # vLLM's PyNcclCommunicator, ctypes or nccl4py .comm
+        def __init__(self, comm):
+            self.comm = comm
+    assert _nccl_handle(0x1234) == 0x1234
+    assert _nccl_handle(ctypes.c_void_p(0x10)) == 0x10
+    assert _nccl_handle(Pynccl(ctypes.c_void_p(0x20))) == 0x20
+    assert _nccl_handle(Pynccl(types.SimpleNamespace(ptr=0x30))) == 0x30
+    assert _nccl_handle(types.SimpleNamespace(ptr=0x40)) == 0x40
+    with pytest.raises(reshard.InvalidArgumentError, match="NULL"):
+        _nccl_handle(ctypes.c_void_p(None))
+    with pytest.raises(reshard.InvalidArgumentError, match="not an NCCL"):
+        _nccl_handle("comm")
 
 
 def test_bad_transport():

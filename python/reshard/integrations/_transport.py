@@ -38,6 +38,9 @@ def comm(transport, rank, world_size, master_address, master_port, device):
         if master_address is None or master_port is None:
             raise InvalidArgumentError("reshard integration: transport nccl "
                                        "needs master_address and master_port")
+        if device is None:  # PyNcclCommunicator wants a torch.device
+            import torch
+            device = torch.device("cuda", torch.cuda.current_device())
         pg = StatelessProcessGroup.create(host=master_address,
                                           port=master_port, rank=rank,
                                           world_size=world_size)
@@ -54,3 +57,35 @@ def comm(transport, rank, world_size, master_address, master_port, device):
             "rank %d of %d, the engine computed rank %d of %d"
             % ((transport,) + got + (rank, world_size)))
     return c
+
+
+def in_thread(fn, *args, deadline_s):
+    """Runs fn(*args) in a thread (a control-plane call that must overlap
+    this rank's collective); returns join(), which re-raises its exception
+    and gives up with reshard.TimeoutError after deadline_s."""
+    import threading
+    out = {}
+
+    def body():
+        try:
+            fn(*args)
+        except BaseException as e:
+            out["e"] = e
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+
+    def join():
+        t.join(deadline_s)
+        if t.is_alive():
+            raise reshard.TimeoutError(
+                "reshard integration: %s did not return within %.0f s"
+                % (getattr(fn, "__name__", fn), deadline_s))
+        if "e" in out:
+            raise out["e"]
+    return join
+
+
+def deadline_s(timeout_ms):
+    """How long a control-plane call may take: the plan's deadline
+    (default 60 s) and 30 s for the framework's own work."""
+    return (timeout_ms if timeout_ms and timeout_ms > 0 else 60000) / 1e3 + 30

@@ -13,11 +13,7 @@ the layouts give them, once: later steps execute the cached binding with
 one C call. Pass rebind=True after the parameters were reallocated (vLLM
 sleep/wake, a new optimizer that replaced .data).
 """
-import weakref
-
 from ..errors import InvalidArgumentError
-
-_CACHE = weakref.WeakKeyDictionary()  # plan -> (trainer, infer, Bound)
 
 
 def named_tensors(model, strip_prefix=None):
@@ -58,13 +54,15 @@ def sync_weights(plan, trainer_model, infer_model, step, stream=None,
     parameters, as weight version step + 1 (so a rank at another step
     fails with reshard.MismatchError instead of mixing steps). Returns
     the Bound in use."""
-    cached = _CACHE.get(plan)
+    # The binding lives on the plan (a Bound refers to its plan weakly, so
+    # this makes no cycle and dies with the plan).
+    cached = getattr(plan, "_sync_weights", None)
     if (cached is None or rebind or cached[0] is not trainer_model
             or cached[1] is not infer_model):
         bound = plan.bind(_pick(plan, "src", trainer_model, strip_prefix),
                           _pick(plan, "dst", infer_model, strip_prefix))
         # the models are held with their binding (compared by identity)
-        _CACHE[plan] = (trainer_model, infer_model, bound)
+        plan._sync_weights = (trainer_model, infer_model, bound)
     else:
         bound = cached[2]
     plan.execute(bound, version=int(step) + 1, stream=stream)

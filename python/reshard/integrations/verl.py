@@ -133,8 +133,10 @@ class ReshardCheckpointEngine(CheckpointEngine):
     def init_process_group(self, rank, world_size, num_senders,
                            master_metadata=None):
         key = (rank, world_size, num_senders)
-        if self.key == key:
+        if self.key == key and not any(p.status().failed for p in self.plans):
             return  # the same group as the last update: plans kept
+        # (a failed plan refuses executes: build the group again; every
+        # rank's plans failed with it, so every rank rebuilds)
         self.close()
         md = master_metadata or {}
         self.comm = _comm(self.transport, rank, world_size,
@@ -220,6 +222,11 @@ class ReshardCheckpointEngine(CheckpointEngine):
                                               dtype=getattr(torch, _TORCH[t.dtype]))
                 else:
                     out[t.name] = np.empty(t.shape, _numpy_dtype(t.dtype))
-            plan.execute({}, out, stream=self._stream())
+            stream = self._stream()
+            plan.execute({}, out, stream=stream)
+            if stream is not None:
+                # the consumer may read on another stream or process:
+                # the data must have landed before the tensors go out
+                stream.synchronize()
             for t in g:
                 yield t.name, out[t.name]

@@ -40,7 +40,6 @@ engine refuses such plans at init (reshard.UnsupportedError naming the
 parameters and what vLLM does to them) instead of serving wrong weights.
 """
 import sys
-import threading
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -50,7 +49,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: F401 (needs vLLM)
 
 import reshard
 from ..errors import InvalidArgumentError, UnsupportedError
-from ._transport import WORLDS, comm as _comm  # noqa: F401 (WORLDS: API)
+from ._transport import WORLDS, comm as _comm, deadline_s, in_thread  # noqa: F401
 
 @dataclass
 class ReshardInitInfo(WeightTransferInitInfo):
@@ -77,15 +76,36 @@ class ReshardUpdateInfo(WeightTransferUpdateInfo):
     version: int
 
 
-def _plan(comm, info, first_infer_rank):
+def _layouts(info, first_infer_rank):
+    """The model and both layouts; reshard.UnsupportedError, the same on
+    every rank (trainer and workers alike, before any collective), when
+    vLLM rewrites some parameter after loading: writing checkpoint values
+    into it in place would serve wrong weights."""
     model = reshard.models.Model(info.model_config_path,
                                  layers=info.layers or None, dtype=info.dtype)
     src = reshard.models.megatron_layout(model, info.train, first_rank=0)
     dst = reshard.models.vllm_layout(model, info.infer,
                                      first_rank=first_infer_rank)
-    plan = reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
+    flagged = {}
+    for b in range(dst.num_buffers):
+        why = model.after_load("vllm", dst, b)
+        if why:
+            flagged.setdefault(dst.buffer_name(b), why)
+    if flagged:
+        names = sorted(flagged)
+        raise UnsupportedError(
+            "reshard vLLM engine: vLLM rewrites %d parameters after loading, "
+            "so writing checkpoint values into them in place would serve "
+            "wrong weights: %s (%s)%s" % (
+                len(names), names[0], flagged[names[0]],
+                "; also " + ", ".join(names[1:4]) +
+                (", ..." if len(names) > 4 else "") if len(names) > 1 else ""))
+    return model, src, dst
+
+
+def _plan(comm, info, src, dst):
+    return reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
                         timeout_ms=info.timeout_ms, topology=info.topology)
-    return model, src, dst, plan
 
 
 def _stream(comm):
@@ -108,29 +128,18 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
 
     def init_transfer_engine(self, init_info):
         pc = self.parallel_config
+        # vLLM's numbering of a worker in a trainer-to-worker group
+        # (weight_transfer/nccl_common.py, _worker_group_rank)
         rank = (init_info.rank_offset + pc.data_parallel_index * pc.world_size
                 + pc.rank)
+        _, src, dst = _layouts(init_info, init_info.rank_offset)
         self.comm = _comm(init_info.transport, rank, init_info.world_size,
                           init_info.master_address, init_info.master_port,
                           self.device)
-        model, _, dst, self.plan = _plan(self.comm, init_info,
-                                         init_info.rank_offset)
-        held = dst.buffers(rank)
-        flagged = {n: model.after_load("vllm", dst, b) for n, b in held.items()}
-        flagged = {n: why for n, why in flagged.items() if why}
-        if flagged:
-            self.shutdown()
-            names = sorted(flagged)
-            raise UnsupportedError(
-                "reshard vLLM engine, rank %d: vLLM rewrites %d of this "
-                "rank's parameters after loading, so writing checkpoint "
-                "values into them in place would serve wrong weights: %s "
-                "(%s)%s" % (rank, len(names), names[0], flagged[names[0]],
-                            "; also " + ", ".join(names[1:4]) +
-                            (", ..." if len(names) > 4 else "")
-                            if len(names) > 1 else ""))
+        self.plan = _plan(self.comm, init_info, src, dst)
         params = dict(self.model.named_parameters())
-        self.bound = self.plan.bind({}, {n: params.get(n) for n in held})
+        self.bound = self.plan.bind(
+            {}, {n: params.get(n) for n in dst.buffers(rank)})
 
     def start_weight_update(self):
         pass  # parameters are written in place: no layerwise reload
@@ -174,26 +183,6 @@ class ReshardTrainerInitInfo(TrainerInitInfo):
     strip_prefix: Optional[str] = field(default="module.")
 
 
-def _in_thread(fn, *args):
-    """Runs fn in a thread (the control-plane call that must overlap this
-    rank's collective); returns a join() that re-raises its exception."""
-    out = {}
-
-    def body():
-        try:
-            fn(*args)
-        except BaseException as e:
-            out["e"] = e
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-
-    def join():
-        t.join()
-        if "e" in out:
-            raise out["e"]
-    return join
-
-
 class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
     """The trainer side: binds source.iter_local() (this rank's Megatron
     parameters) once, and each send_weights() executes the plan while the
@@ -217,15 +206,19 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
             master_port=init_info.master_port, layers=init_info.layers,
             dtype=init_info.dtype, staging_bytes=init_info.staging_bytes,
             timeout_ms=init_info.timeout_ms, topology=init_info.topology)
+        # Refusals first, identical on every rank (the workers' too).
+        _, src, dst = _layouts(worker, ntrain)
         # Communicator and plan creation are collective with the workers,
         # which start theirs when the sender's RPC reaches them.
-        join = _in_thread(client.init_weight_transfer_engine, asdict(worker)) \
+        self.deadline = deadline_s(init_info.timeout_ms)
+        join = in_thread(client.init_weight_transfer_engine, asdict(worker),
+                         deadline_s=self.deadline) \
             if self.is_sender else (lambda: None)
         try:
             self.comm = _comm(init_info.transport, init_info.rank,
                               init_info.world_size, init_info.master_address,
                               init_info.master_port, None)
-            _, src, _, self.plan = _plan(self.comm, worker, ntrain)
+            self.plan = _plan(self.comm, worker, src, dst)
         finally:
             join()
         local = dict(source.iter_local())
@@ -242,8 +235,9 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
         self.version += 1
         if self.is_sender:
             self.client.start_weight_update()
-            join = _in_thread(self.client.update_weights,
-                              {"version": self.version})
+            join = in_thread(self.client.update_weights,
+                             {"version": self.version},
+                             deadline_s=self.deadline)
         try:
             self.plan.execute(self.bound, version=self.version,
                               stream=_stream(self.comm))
