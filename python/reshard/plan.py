@@ -259,7 +259,9 @@ class Plan(Node):
     # ----------------------------------------------------------- life
     def close(self):
         """reshard_plan_destroy (on device transports it waits for the
-        last execute); idempotent."""
+        last execute); idempotent. Not while another thread is inside an
+        execute of this plan (nothing guards that: the C plan would be
+        freed under the call)."""
         self._bound = None
         Node.close(self)
 
