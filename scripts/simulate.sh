@@ -21,7 +21,9 @@
 #   smpi/privatization:yes        every rank its own globals (reshard and
 #                                 the tool keep per-process state)
 #   smpi/simulate-computation:no  no simulated time for host computation:
-#                                 only the network is measured
+#                                 only the network is measured (so plan
+#                                 creation's real cost is printed apart:
+#                                 reshard_perf's "# plan (real CPU" line)
 #   smpi/test:0, smpi/iprobe:0    reshard polls MPI_Test in loops; SMPI
 #                                 would otherwise charge each call
 set -euo pipefail
@@ -115,7 +117,7 @@ run() {
   smpirun -np "$np" -platform "${PLATFORM:-$work/flat.xml}" -hostfile "$hosts" \
     --cfg=smpi/privatization:yes --cfg=smpi/simulate-computation:no --cfg=smpi/test:0 --cfg=smpi/iprobe:0 \
     --log=root.threshold:warning "$PERF" "$@" >"$work/out" 2>&1 || rc=$?
-  grep -v '^\[' "$work/out" | grep -E '^#  |^ +[a-z]|^# (reshard_perf|baseline|cost model)' || cat "$work/out"
+  grep -v '^\[' "$work/out" | grep -E '^#  |^ +[a-z]|^# (reshard_perf|baseline|cost model|plan)' || cat "$work/out"
   grep -q '^# reshard_perf: .* wrong=0$' "$work/out" || { echo "simulate.sh: reshard moved wrong elements" >&2; return 1; }
   if [ "${rc:-0}" -ne 0 ]; then
     # reshard was exact; a baseline was not (its #wrong column)
