@@ -869,6 +869,15 @@ static void print_row(const method *m, const ctx *c) {
  * then garbage, and nothing can be checked. */
 static void *fold_alloc(size_t n) { return SMPI_SHARED_MALLOC(n ? n : 1); }
 static void fold_free(void *p) { SMPI_SHARED_FREE(p); }
+
+/* The simulation process's real CPU seconds (user + system): SMPI does
+ * not simulate computation, so plan creation's cost is read here. */
+static double process_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+         1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -995,13 +1004,7 @@ int main(int argc, char **argv) {
    * planning) to after the allreduce below (every rank has finished),
    * all simulated ranks' planning together, since SMPI runs them one at a
    * time in this process. */
-  double plan_cpu0 = 0;
-  if (!world_rank) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    plan_cpu0 = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-                1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-  }
+  double plan_cpu0 = world_rank ? 0 : process_cpu_s();
 #endif
   double t0 = MPI_Wtime();
   r = reshard_plan_create(comm, c.L.src, c.L.dst, &opts, &rst.plan);
@@ -1022,13 +1025,7 @@ int main(int argc, char **argv) {
   WD_CALL(MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   WD_CALL(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
-  double plan_cpu_s = 0;
-  if (!world_rank) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    plan_cpu_s = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-                 1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) - plan_cpu0;
-  }
+  double plan_cpu_s = world_rank ? 0 : process_cpu_s() - plan_cpu0;
 #endif
   if (any_bad) {
     reshard_plan_destroy(rst.plan);

@@ -8,7 +8,9 @@ in any order, and an explicit close() of a parent may find dependents it
 can no longer reach (weak references are cleared before finalizers run).
 So a parent's C handle is destroyed only once it was closed AND every
 dependent's handle is gone: close() closes the dependents it can reach,
-and the last dependent to go destroys a closed parent.
+and the last dependent to go destroys a closed parent. Objects without
+dependents (layouts, models) use the same close / handle / context
+manager.
 """
 import threading
 import weakref

@@ -40,11 +40,10 @@ def _c_contiguous(shape, strides, itemsize):
 
 
 def _typestr_dtype(typestr):
-    kind, size = typestr[1], int(typestr[2:])
-    name = {("f", 2): "f16", ("f", 4): "f32", ("f", 8): "f64",
-            ("i", 1): "i8", ("u", 1): "u8", ("i", 4): "i32", ("u", 4): "u32",
-            ("i", 8): "i64", ("u", 8): "u64", ("b", 1): "bool"}.get((kind, size))
-    return (_dt.to_c(name) if name else None), size
+    """(reshard dtype or None, itemsize) of an array interface typestr."""
+    import numpy as np
+    dt = np.dtype(typestr)
+    return _dt.to_c_or_none(dt.name), dt.itemsize
 
 
 def _interface(obj, iface, device, kind):

@@ -14,17 +14,21 @@ NAMES = {d: ffi.string(lib.reshard_dtype_name(d)).decode()
          for d in range(lib.RESHARD_NUM_DTYPES)}
 _BY_NAME = {n: d for d, n in NAMES.items()}
 
+#: The library's names -> torch's (torch.<name>); numpy spells the same
+#: types the same way, except bfloat16 and the fp8 types it lacks.
+TORCH_NAMES = {
+    "bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64",
+    "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2", "i8": "int8",
+    "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64",
+    "u64": "uint64", "bool": "bool",
+}
+
 # Other spellings of the same types: numpy's and torch's names (torch
 # dtypes print as "torch.bfloat16"; numpy's as "float32"; ml_dtypes' as
-# "bfloat16" / "float8_e4m3fn").
-_ALIASES = {
-    "bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32",
-    "float": "f32", "float64": "f64", "double": "f64",
-    "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2",
-    "int8": "i8", "uint8": "u8", "int32": "i32", "uint32": "u32",
-    "int64": "i64", "uint64": "u64", "bool": "bool", "bool_": "bool",
-    "int": "i32", "long": "i64",
-}
+# "bfloat16" / "float8_e4m3fn"), and a few short ones.
+_ALIASES = {t: r for r, t in TORCH_NAMES.items()}
+_ALIASES.update({"half": "f16", "float": "f32", "double": "f64",
+                 "bool_": "bool", "int": "i32", "long": "i64"})
 
 #: reshard_dtype_t values of floating-point types: an array of another
 #: float type is the wrong data, not a raw view.
@@ -75,3 +79,21 @@ def name(dtype):
 def size(dtype):
     """Bytes per element."""
     return int(lib.reshard_dtype_size(dtype))
+
+
+def torch_name(dtype):
+    """torch's name of a reshard_dtype_t (getattr(torch, name))."""
+    return TORCH_NAMES[NAMES[dtype]]
+
+
+def numpy_storage(dtype):
+    """A numpy dtype of the same element size to hold a reshard_dtype_t's
+    bytes: the same type where numpy has it, else raw bits (uint16 for
+    bf16, uint8 for the fp8 types)."""
+    import numpy as np
+    name = torch_name(dtype)
+    if name == "bfloat16":
+        return np.dtype(np.uint16)
+    if name.startswith("float8"):
+        return np.dtype(np.uint8)
+    return np.dtype(name)

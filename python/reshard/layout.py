@@ -11,7 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from ._reshard_cffi import ffi, lib
 from . import dtypes as _dt
-from .errors import InvalidArgumentError, InvalidUsageError, check
+from ._life import Node
+from .errors import InvalidArgumentError, check
 
 
 class Shard:
@@ -163,7 +164,7 @@ class Part:
     origin: Optional[Sequence[int]] = None
 
 
-class Layout:
+class Layout(Node):
     """One side of a reshard: tensors, meshes and the buffers holding them.
 
     >>> L = reshard.Layout()
@@ -175,35 +176,14 @@ class Layout:
     def __init__(self):
         p = ffi.new("reshard_layout_t **")
         check(lib.reshard_layout_create(p))
-        self._h = p[0]
+        self._live(p[0], lib.reshard_layout_destroy, None, "reshard.Layout")
 
     @classmethod
     def _adopt(cls, handle):
         """Wraps a reshard_layout_t this object then owns (model layouts)."""
         self = cls.__new__(cls)
-        self._h = handle
+        self._live(handle, lib.reshard_layout_destroy, None, "reshard.Layout")
         return self
-
-    def close(self):
-        """Frees the C layout (plans made from it do not need it)."""
-        h, self._h = getattr(self, "_h", None), None
-        if h is not None:
-            lib.reshard_layout_destroy(h)
-
-    __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def handle(self):
-        """The reshard_layout_t * (cffi pointer), for C interop."""
-        if self._h is None:
-            raise InvalidUsageError("reshard.Layout: used after close()")
-        return self._h
 
     # ---------------------------------------------------------- tensors
     def add_tensor(self, name, dtype, shape):

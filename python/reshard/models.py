@@ -15,7 +15,8 @@ from typing import Tuple
 
 from ._reshard_cffi import ffi, lib
 from . import dtypes as _dt
-from .errors import InvalidArgumentError, InvalidUsageError, check
+from ._life import Node
+from .errors import InvalidArgumentError, check
 from .layout import Layout
 
 MEGATRON = "megatron"
@@ -32,7 +33,7 @@ class ModelTensor:
     scale: int  # id of its weight_scale_inv tensor, -1 when none
 
 
-class Model:
+class Model(Node):
     """rm_model_load_ex: a config.json read into logical tensors.
     ``layers`` > 0 keeps the real shapes but that many layers; ``dtype``
     is the weights'; ``per_expert`` lists one tensor per routed expert;
@@ -49,26 +50,7 @@ class Model:
         out = ffi.new("rm_model **")
         self.path = str(config)
         check(lib.rm_model_load_ex(self.path.encode(), o, out))
-        self._h = out[0]
-
-    @property
-    def handle(self):
-        if self._h is None:
-            raise InvalidUsageError("reshard.models.Model: used after close()")
-        return self._h
-
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h is not None:
-            lib.rm_model_free(h)
-
-    __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._live(out[0], lib.rm_model_free, None, "reshard.models.Model")
 
     @property
     def arch(self):

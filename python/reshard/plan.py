@@ -144,11 +144,6 @@ class Bound:
         """The plan it was bound for (None once that plan is gone)."""
         return self._plan()
 
-    def pointers(self, side):
-        """The raw addresses passed to C, by buffer id (0: not held)."""
-        arr, n = (self._src, self._nsrc) if side == "src" else (self._dst, self._ndst)
-        return [int(ffi.cast("uintptr_t", arr[i].ptr)) for i in range(n)]
-
 
 def _stream_pointer(stream, device, bound):
     if not device:

@@ -13,31 +13,48 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEADLINE_S = 120
 
 
-def run_ranks(n, fn, *args):
-    """Runs fn(rank, comm, *args) on n threads of one InprocWorld; returns
-    the results by rank; re-raises the first exception (by rank). A thread
-    still running past DEADLINE_S fails the test instead of hanging it."""
-    world = reshard.InprocWorld(n)
-    results, errors = [None] * n, [None] * n
+def run_threads(fns):
+    """Runs the callables concurrently, one thread each; returns their
+    results in order and re-raises the first exception (in order). A
+    thread still running past DEADLINE_S fails the test instead of
+    hanging it."""
+    results, errors = [None] * len(fns), [None] * len(fns)
 
-    def body(r):
+    def body(i):
         try:
-            results[r] = fn(r, world.comm(r), *args)
-        except BaseException as e:  # reported below, by rank
-            errors[r] = e
+            results[i] = fns[i]()
+        except BaseException as e:  # reported below, in order
+            errors[i] = e
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True)
-               for r in range(n)]
+    threads = [threading.Thread(target=body, args=(i,), daemon=True)
+               for i in range(len(fns))]
     for t in threads:
         t.start()
-    for r, t in enumerate(threads):
+    for i, t in enumerate(threads):
         t.join(DEADLINE_S)
         if t.is_alive():
-            pytest.fail("rank %d still running after %d s" % (r, DEADLINE_S))
-    world.close()
+            pytest.fail("thread %d (rank %d of run_ranks) still running "
+                        "after %d s" % (i, i, DEADLINE_S))
     for e in errors:
         if e is not None:
             raise e
+    return results
+
+
+def run_ranks(n, fn, *args):
+    """Runs fn(rank, comm, *args) on n threads of one InprocWorld; returns
+    the results by rank (run_threads: first exception re-raised, a
+    deadline on each thread)."""
+    world = reshard.InprocWorld(n)
+    try:
+        results = run_threads([lambda r=r: fn(r, world.comm(r), *args)
+                               for r in range(n)])
+    except pytest.fail.Exception:
+        raise  # a thread is still inside the world: leave it be
+    except BaseException:
+        world.close()
+        raise
+    world.close()
     return results
 
 

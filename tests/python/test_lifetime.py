@@ -26,6 +26,14 @@ def layouts():
     return src, dst
 
 
+def tiny():
+    """A one-rank layout of one small tensor, replicated."""
+    L = reshard.Layout()
+    t = L.add_tensor("w", "f32", (4,))
+    L.place(t, L.add_mesh(1), [reshard.Replicate()])
+    return L
+
+
 def cycle(explicit):
     src, dst = layouts()
 
@@ -65,12 +73,9 @@ def test_repeated_create_close_does_not_leak():
 
 
 def test_close_order_is_safe():
-    src, dst = layouts()
     w = reshard.InprocWorld(1)
     c = w.comm(0)
-    L = reshard.Layout()
-    t = L.add_tensor("w", "f32", (4,))
-    L.place(t, L.add_mesh(1), [reshard.Replicate()])
+    L = tiny()
     p = reshard.Plan(c, L, L)
     w.close()  # closes the communicator, which closes the plan
     assert p._h is None and c._h is None
@@ -90,9 +95,7 @@ def test_cycles_finalized_in_any_order():
     for i in range(50):
         w = reshard.InprocWorld(1)
         c = w.comm(0)
-        L = reshard.Layout()
-        t = L.add_tensor("w", "f32", (4,))
-        L.place(t, L.add_mesh(1), [reshard.Replicate()])
+        L = tiny()
         p = reshard.Plan(c, L, L)
         w.cycle, p.cycle, c.cycle = p, w, (w, p)
         refs = [weakref.ref(x) for x in (w, c, p)]

@@ -7,7 +7,6 @@ every byte checked against values from global coordinates."""
 import asyncio
 import os
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -17,28 +16,10 @@ from verl.checkpoint_engine.base import CheckpointEngineRegistry  # noqa: E402
 
 import reshard  # noqa: E402
 import reshard.integrations.verl as rverl  # noqa: E402,F401 (registers)
-from conftest import DEADLINE_S, box_linear, values  # noqa: E402
+from conftest import box_linear, run_threads, values  # noqa: E402
 from frameworks import tiny_config  # noqa: E402
 
 A, R = 3, 2
-
-
-def run(fns):
-    errs = []
-
-    def body(f):
-        try:
-            f()
-        except BaseException as e:
-            errs.append(e)
-    ts = [threading.Thread(target=body, args=(f,), daemon=True) for f in fns]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(DEADLINE_S)
-        assert not t.is_alive(), "a worker hangs"
-    if errs:
-        raise errs[0]
 
 
 def full(t, step):
@@ -63,7 +44,7 @@ def test_verl_engine_updates(tmp_path):
         actor_kw, rollout_kw = type(engines[0]).build_topology(A, R, metadata)
         kws = [{k: v[i] for k, v in actor_kw.items()} for i in range(A)] + \
               [{k: v[i] for k, v in rollout_kw.items()} for i in range(R)]
-        run([lambda e=e, kw=kw: e.init_process_group(**kw)
+        run_threads([lambda e=e, kw=kw: e.init_process_group(**kw)
              for e, kw in zip(engines, kws)])
 
         def send(e, seed, step=step):
@@ -84,7 +65,7 @@ def test_verl_engine_updates(tmp_path):
                     out[name] = t.copy()
             asyncio.run(consume())
 
-        run([lambda e=e, i=i: send(e, 100 * step + i) for i, e in enumerate(engines[:A])] +
+        run_threads([lambda e=e, i=i: send(e, 100 * step + i) for i, e in enumerate(engines[:A])] +
             [lambda e=e, o=o: receive(e, o) for e, o in zip(engines[A:], received)])
         for e in engines:
             e.finalize()
@@ -108,7 +89,7 @@ def test_verl_engine_names_unknown_and_missing_weights(tmp_path):
                                          model_config_path=cfg,
                                          transport="inproc:verl1")
             for _ in range(2)]
-    run([lambda: e.init_process_group(rank=0, world_size=2, num_senders=1),
+    run_threads([lambda: e.init_process_group(rank=0, world_size=2, num_senders=1),
          lambda: r.init_process_group(rank=1, world_size=2, num_senders=1)])
     # the refusals come before anything moves (no partner needed)
     t0 = e.model.tensors()[0]

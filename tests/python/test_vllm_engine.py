@@ -4,7 +4,6 @@ interface (tests/python/stubs): trainer engines on 4 trainer threads
 one in-process world; every parameter byte checked after each step."""
 import os
 import sys
-import threading
 import types
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from vllm.distributed.weight_transfer.factory import (  # noqa: E402
 
 import reshard  # noqa: E402
 from reshard.integrations import vllm as rvllm  # noqa: E402
-from conftest import DEADLINE_S  # noqa: E402
+from conftest import run_threads  # noqa: E402
 from frameworks import (FakeModule, params_for, tiny_config,  # noqa: E402
                         wrong_bytes)
 
@@ -30,25 +29,6 @@ class WeightTransferConfig:
     backend: str = "nccl"
 
 
-def threads(fns):
-    """Runs the callables concurrently; re-raises the first exception."""
-    errs = []
-
-    def body(f):
-        try:
-            f()
-        except BaseException as e:
-            errs.append(e)
-    ts = [threading.Thread(target=body, args=(f,), daemon=True) for f in fns]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(DEADLINE_S)
-        assert not t.is_alive(), "a rank hangs"
-    if errs:
-        raise errs[0]
-
-
 class Client:
     """The inference side's control plane (VLLMWeightSyncClient): each
     call reaches every worker, as vLLM's collective_rpc does."""
@@ -59,7 +39,7 @@ class Client:
 
     def init_weight_transfer_engine(self, init_info):
         self.calls.append("init")
-        threads([lambda e=e: e.init_transfer_engine(e.parse_init_info(init_info))
+        run_threads([lambda e=e: e.init_transfer_engine(e.parse_init_info(init_info))
                  for e in self.engines])
 
     def start_weight_update(self):
@@ -69,7 +49,7 @@ class Client:
 
     def update_weights(self, update_info):
         self.calls.append("update %d" % update_info["version"])
-        threads([lambda e=e: e.update_weights(update_info) for e in self.engines])
+        run_threads([lambda e=e: e.update_weights(update_info) for e in self.engines])
 
     def finish_weight_update(self, weight_version=None):
         self.calls.append("finish")
@@ -109,14 +89,14 @@ def test_vllm_engine_end_to_end(tmp_path):
         source = ModuleSource(FakeModule(trainer_params[r], prefix="module."))
         engines[r] = WeightTransferTrainerFactory.trainer_init(
             info, client=client, source=source)
-    threads([lambda r=r: init(r) for r in range(4)])
+    run_threads([lambda r=r: init(r) for r in range(4)])
     for step in range(3):
         if step:
             for r in range(4):  # the optimizer step, in place
                 fresh = params_for(src, r, step=step)
                 for n, t in trainer_params[r].items():
                     t.bytes[:] = fresh[n].bytes
-        threads([e.send_weights for e in engines])
+        run_threads([e.send_weights for e in engines])
         for (e, model), rank in zip(workers, (4, 5, 6, 7)):
             assert wrong_bytes(dst, rank, dict(model._p), step) == 0, (step, rank)
     assert client.calls == ["init"] + ["start", "update 1", "finish",

@@ -69,19 +69,6 @@ def _replicated(tensors, ranks):
     return L
 
 
-def _numpy_dtype(name):
-    return {"bf16": np.uint16, "f16": np.float16, "f32": np.float32,
-            "f64": np.float64, "fp8e4m3": np.uint8, "fp8e5m2": np.uint8,
-            "i8": np.int8, "u8": np.uint8, "i32": np.int32, "u32": np.uint32,
-            "i64": np.int64, "u64": np.uint64, "bool": np.bool_}[name]
-
-
-_TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
-          "f64": "float64", "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2",
-          "i8": "int8", "u8": "uint8", "i32": "int32", "u32": "uint32",
-          "i64": "int64", "u64": "uint64", "bool": "bool"}
-
-
 @CheckpointEngineRegistry.register("reshard")
 class ReshardCheckpointEngine(CheckpointEngine):
     """verl checkpoint engine over reshard plans. Constructor keywords
@@ -217,11 +204,13 @@ class ReshardCheckpointEngine(CheckpointEngine):
         for g, plan in zip(self.groups, self.plans):
             out = {}
             for t in g:
+                d = reshard.dtypes.to_c(t.dtype)
                 if torch is not None:
-                    out[t.name] = torch.empty(t.shape, device="cuda",
-                                              dtype=getattr(torch, _TORCH[t.dtype]))
+                    out[t.name] = torch.empty(
+                        t.shape, device="cuda",
+                        dtype=getattr(torch, reshard.dtypes.torch_name(d)))
                 else:
-                    out[t.name] = np.empty(t.shape, _numpy_dtype(t.dtype))
+                    out[t.name] = np.empty(t.shape, reshard.dtypes.numpy_storage(d))
             stream = self._stream()
             plan.execute({}, out, stream=stream)
             if stream is not None:

@@ -40,7 +40,7 @@ engine refuses such plans at init (reshard.UnsupportedError naming the
 parameters and what vLLM does to them) instead of serving wrong weights.
 """
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 from vllm.distributed.weight_transfer.base import (  # noqa: F401 (needs vLLM)
@@ -198,14 +198,11 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
         self = cls(client=client, source=source,
                    is_sender=init_info.rank == 0, rank=init_info.rank)
         ntrain = reshard.models.ranks(init_info.train)
-        worker = ReshardInitInfo(
-            model_config_path=init_info.model_config_path,
-            train=init_info.train, infer=init_info.infer, rank_offset=ntrain,
-            world_size=init_info.world_size, transport=init_info.transport,
-            master_address=init_info.master_address,
-            master_port=init_info.master_port, layers=init_info.layers,
-            dtype=init_info.dtype, staging_bytes=init_info.staging_bytes,
-            timeout_ms=init_info.timeout_ms, topology=init_info.topology)
+        # the workers' info: the trainer's fields of the same names, and
+        # the workers start after the trainer ranks
+        worker = ReshardInitInfo(rank_offset=ntrain, **{
+            f.name: getattr(init_info, f.name) for f in fields(ReshardInitInfo)
+            if f.name != "rank_offset"})
         # Refusals first, identical on every rank (the workers' too).
         _, src, dst = _layouts(worker, ntrain)
         # Communicator and plan creation are collective with the workers,
