@@ -116,6 +116,7 @@ def test_sync_weights_binding_dies_with_its_plan():
         s = {"w": np.ones((256, 512), np.float32)}
         d = {"w": np.zeros((512, 256), np.float32)}
         sync_weights(plan, s, d, 0)
+        assert (d["w"] == 1).all()
         refs.append(weakref.ref(plan))
         return True
     run_ranks(2, fn)
