@@ -714,6 +714,54 @@ static void stream_counts(void **state) {
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
 }
 
+/* A 1 -> 8 fan-out of one 16 MiB weight (no topology: every member its
+ * own domain, so each part is forwarded over the network): the source ->
+ * owner streams (2 MiB each) go in RS_RELAY_PIPELINE_ROUNDS messages of
+ * 256 KiB, and each forward leaves two rounds after its own bytes landed,
+ * not after its whole part: 8 messages of 256 KiB in rounds 2 to 9 to
+ * each other member, where waiting for whole parts sent one 2 MiB
+ * message each in round 9. Every element checked, two steps. */
+static void pipelined_fanout(void **state) {
+  (void)state;
+  enum { M = 8, N = M + 1 };
+  reshard_layout_t *S, *D;
+  int t, m, b, sr[1] = {0}, dr[M];
+  seq(dr, M, 1);
+  int64_t shape[2] = {2048, 2048};
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  assert_int_equal(reshard_layout_create(&S), 0);
+  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){1}, sr, &m), 0);
+  assert_int_equal(reshard_layout_place(S, t, m, rep, &b), 0);
+  assert_int_equal(reshard_layout_create(&D), 0);
+  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_FP32, 2, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){M}, dr, &m), 0);
+  assert_int_equal(reshard_layout_place(D, t, m, rep, &b), 0);
+  static run a;
+  memset(&a, 0, sizeof a);
+  a.src = S;
+  a.dst = D;
+  a.opts = relay_opts(1, 0);
+  a.steps = 2;
+  assert_int_equal(run_all(N, &a), 0);
+  unsigned char is_src[N] = {1};
+  check_source_egress(&a, N, is_src);
+  const uint64_t part = (uint64_t)2048 * 2048 * 4 / M;
+  assert_int_equal(a.stats[0].send_messages, M * RS_RELAY_PIPELINE_ROUNDS);
+  assert_int_equal(a.stats[0].num_chunks, RS_RELAY_PIPELINE_ROUNDS);
+  for (int r = 1; r < N; r++) {
+    assert_int_equal(a.stats[r].recv_bytes, M * part);
+    assert_int_equal(a.stats[r].send_bytes, (M - 1) * part);
+    /* each 256 KiB forwarded to each other member as it lands (whole
+     * parts: one message each, all in round 9) */
+    assert_int_equal(a.stats[r].send_messages, (M - 1) * RS_RELAY_PIPELINE_ROUNDS);
+    assert_int_equal(a.stats[r].num_chunks, RS_RELAY_PIPELINE_ROUNDS + 2);
+  }
+  run_free(&a, N);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+}
+
 /* Topology-aware replica choice (direct plans): two source replicas in
  * two h100 nodes, the destination re-sharded over the same 16 ranks. A
  * cell held in the receiver's node comes from there only, so every rank
@@ -916,7 +964,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
       cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
-      cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(replica_choice),
+      cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(pipelined_fanout), cmocka_unit_test(replica_choice),
       cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),  cmocka_unit_test(few_parts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,12 +7,19 @@
  * A stream's messages go in consecutive rounds from its first box's ready
  * round; a box that becomes ready later (a relay forward, whose data the
  * sender receives in an earlier stream) starts a message no earlier than
- * that round. A segment's arrival is the round of the message carrying
- * its last byte; what waits on it is ready two rounds later (the host
- * executor has a round's data in place before it starts the round after
- * next). Streams are cut in level order, so the segments a stream waits
- * on have arrived, possibly in virtual streams: those of other pairs that
- * this rank cuts only to learn their rounds. */
+ * that round. What waits on data is ready two rounds after the message
+ * that brought it (the host executor has a round's data in place before
+ * it starts the round after next). Relay segments record which of their
+ * bytes arrived in which round (their spans), and a forward is cut along
+ * them: each run of its bytes travels two rounds after its own arrival,
+ * not after its whole part's, so a large part streams through its
+ * forwarders instead of waiting for its last message (a 1 -> 16 fan-out
+ * otherwise costs the source's time plus the forwards' whole time).
+ * Source -> owner relay streams are cut into at least
+ * RS_RELAY_PIPELINE_ROUNDS messages for the same reason. Streams are cut
+ * in level order, so the segments a stream waits on have arrived,
+ * possibly in virtual streams: those of other pairs that this rank cuts
+ * only to learn their rounds. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +27,7 @@
 #include "common/error.h"
 #include "common/vec.h"
 #include "plan/plan.h"
+#include "plan/relay.h"
 
 void rs_seg_vec_changed(rs_seg_vec *vec) {
   free(vec->sorted);
@@ -72,6 +80,18 @@ typedef struct msg_key {
   int32_t group, origin;
 } msg_key;
 
+/* Which bytes of a segment arrived in which round: its bytes up to end
+ * (from the segment's first) came in messages of rounds up to round. */
+typedef struct rs_span {
+  uint64_t end;
+  int32_t round;
+} rs_span;
+
+typedef struct rs_span_vec {
+  rs_span *v;
+  size_t n, cap;
+} rs_span_vec;
+
 typedef struct chunker {
   reshard_plan_t *plan;
   int is_send;
@@ -84,6 +104,15 @@ typedef struct chunker {
   int32_t ready;        /* the box being added may not travel earlier */
   int32_t phase;        /* the open stream's phase (plan->phases > 1; -1: wide) */
   uint64_t cur;         /* bytes in the open message */
+  /* Relay segments: the open segment's spans go to rec from rec_first on
+   * (NULL: not recorded). A forward: its readiness runs (end: bytes from
+   * the segment's first, round: when those bytes may travel), run_at the
+   * first that the next sub-box meets; nruns 0: ready as a whole. */
+  rs_span_vec *rec;
+  size_t rec_first;
+  uint64_t rec_bytes;
+  const rs_span *runs;
+  size_t nruns, run_at;
   rs_msg *msgs;
   msg_key *keys; /* per message; cap_msgs entries */
   size_t nmsgs, cap_msgs;
@@ -145,6 +174,16 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
     if (!ch->dry) ch->msgs[ch->nmsgs - 1].round = ch->round;
   }
   ch->cur += bytes;
+  if (ch->rec) { /* the segment's bytes so far arrive by this round */
+    ch->rec_bytes += bytes;
+    rs_span_vec *sv = ch->rec;
+    if (sv->n > ch->rec_first && sv->v[sv->n - 1].round == ch->round) {
+      sv->v[sv->n - 1].end = ch->rec_bytes;
+    } else {
+      if (RS_VEC_GROW(sv->v, sv->n, sv->cap)) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (spans)");
+      sv->v[sv->n++] = (rs_span){ch->rec_bytes, ch->round};
+    }
+  }
   if (ch->dry) return RESHARD_SUCCESS;
   if (ch->measure) {
     ch->msgs[ch->nmsgs - 1].bytes += bytes;
@@ -182,21 +221,54 @@ static int room_for(const chunker *ch, uint64_t slice) {
   return ch->open && ch->cur > 0 && ch->round >= ch->ready && ch->cap - ch->cur >= slice;
 }
 
+/* A forward's readiness runs: the end of the run holding byte a, and
+ * the round bytes [a, b) may travel in (the latest of their runs). The
+ * sub-boxes come in increasing byte order, so run_at only moves on. */
+static uint64_t run_end(chunker *ch, uint64_t a) {
+  while (ch->run_at + 1 < ch->nruns && ch->runs[ch->run_at].end <= a) ch->run_at++;
+  return ch->runs[ch->run_at].end;
+}
+
+static int32_t runs_ready(chunker *ch, uint64_t a, uint64_t b) {
+  run_end(ch, a);
+  int32_t r = ch->runs[ch->run_at].round;
+  for (size_t k = ch->run_at + 1; k < ch->nruns && ch->runs[k - 1].end < b; k++)
+    if (ch->runs[k].round > r) r = ch->runs[k].round;
+  return r;
+}
+
+/* Bytes before element at[] of segment s, in its row-major order. */
+static uint64_t seg_pos(const rs_seg *s, const int64_t *at) {
+  uint64_t pos = 0, dense = s->esize;
+  for (int d = s->ndim - 1; d >= 0; d--) {
+    pos += (uint64_t)at[d] * dense;
+    dense *= (uint64_t)s->extent[d];
+  }
+  return pos;
+}
+
 /* Splits a box into sub-boxes of at most cap bytes: whole slices of the
  * outermost dim when a slice fits, otherwise recursion into the slice.
- * at[] is the sub-box's first element relative to the segment's. */
+ * at[] is the sub-box's first element relative to the segment's. A
+ * forward's sub-boxes also end where its readiness runs do, where a whole
+ * slice allows (a run that ends inside a slice: recursion into it), each
+ * ready with its own bytes. */
 static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
                                   uint64_t off, int64_t *ext, int64_t *at) {
   int nd = s->ndim;
   uint64_t slice = s->esize;
   for (int j = d + 1; j < nd; j++) slice *= (uint64_t)ext[j];
   uint64_t total = d < nd ? slice * (uint64_t)ext[d] : slice;
+  const uint64_t pos = ch->nruns ? seg_pos(s, at) : 0;
   /* A box within the cap goes whole, unless it does not fit the open
    * message but a slice does: it then tops the message up with whole
    * slices and goes on in the next, instead of leaving the room empty
    * (boxes a little under the cap would take a message each, half full). */
-  if (d >= nd || (total <= ch->cap && !(ch->cur + total > ch->cap && room_for(ch, slice))))
+  if (d >= nd || (total <= ch->cap && !(ch->cur + total > ch->cap && room_for(ch, slice)) &&
+                  (!ch->nruns || run_end(ch, pos) >= pos + total))) {
+    if (ch->nruns) ch->ready = runs_ready(ch, pos, pos + total);
     return add_box(ch, s, off, ext, at);
+  }
   int64_t n = ext[d];
   int64_t step = slice <= ch->cap ? (int64_t)(ch->cap / slice) : 1;
   reshard_result_t r = RESHARD_SUCCESS;
@@ -206,11 +278,22 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
     len = step;
     if (i == 0 && slice <= ch->cap && room_for(ch, slice))
       len = (int64_t)((ch->cap - ch->cur) / slice);
+    int inner = len == 1 && slice > ch->cap;
+    uint64_t at_pos = pos + (uint64_t)i * slice;
+    if (ch->nruns) { /* not past the end of this run, where a slice allows */
+      uint64_t rows = (run_end(ch, at_pos) - at_pos) / slice;
+      if (rows < (uint64_t)len) len = rows ? (int64_t)rows : 1;
+      if (!rows && d + 1 < nd) inner = 1;
+    }
     ext[d] = i + len <= n ? len : n - i;
     at[d] = i;
     uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->esize);
-    if (len == 1 && slice > ch->cap) r = split_box(ch, s, d + 1, o, ext, at);
-    else r = add_box(ch, s, o, ext, at);
+    if (inner) {
+      r = split_box(ch, s, d + 1, o, ext, at);
+    } else {
+      if (ch->nruns) ch->ready = runs_ready(ch, at_pos, at_pos + (uint64_t)ext[d] * slice);
+      r = add_box(ch, s, o, ext, at);
+    }
   }
   ext[d] = n;
   at[d] = 0;
@@ -739,6 +822,53 @@ static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t byte
 
 enum { RS_CUT_PREFETCH = 8 };
 
+/* A source -> owner relay stream of `bytes` goes in at least
+ * RS_RELAY_PIPELINE_ROUNDS messages, none under RS_RELAY_MIN_PART_DEFAULT
+ * (the default relay part size: about a message's latency in NIC time;
+ * the constant, not the tests' lowered part size, so that tiny relayed
+ * tensors keep one message): its owner forwards each message's bytes two
+ * rounds after they land, so the forwards overlap the stream instead of
+ * following it. With k messages a fan-out takes about (k + 2) / k of its
+ * source's time (1.25 at 8) rather than twice it; longer streams are cut
+ * finer than that by the chunk anyway. */
+static uint64_t relay_pipeline_cap(uint64_t cap, uint64_t bytes) {
+  uint64_t want = (bytes + RS_RELAY_PIPELINE_ROUNDS - 1) / RS_RELAY_PIPELINE_ROUNDS;
+  want = (want + 63) & ~(uint64_t)63;
+  if (want < RS_RELAY_MIN_PART_DEFAULT) want = RS_RELAY_MIN_PART_DEFAULT;
+  return want < cap ? want : cap;
+}
+
+/* A forward's readiness runs (chunker.runs) from the spans of the
+ * segments it forwards: its bytes are bytes dep_off .. dep_off + bytes
+ * of theirs laid end to end, and each run may travel two rounds after
+ * the round its bytes arrived in. */
+static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
+                                     const uint32_t *span_n, const rs_span_vec *spans, rs_span_vec *runs) {
+  runs->n = 0;
+  const uint64_t lo = s->dep_off, hi = s->dep_off + s->bytes;
+  uint64_t base = 0; /* the dependency's first byte, in their concatenation */
+  for (int32_t k = 0; k < s->ndep && base < hi; k++) {
+    const int64_t d = s->dep + k;
+    const rs_span *sp = spans->v + span_at[d];
+    const uint32_t n = span_n[d];
+    if (!n) /* cut in an earlier level, so recorded: a planning bug */
+      return rs_error(RESHARD_ERROR_INTERNAL, "chunking: a forward %d -> %d depends on a segment not cut before it",
+                      s->from, s->to);
+    for (uint32_t j = 0; j < n; j++) {
+      uint64_t a = base + (j ? sp[j - 1].end : 0), b = base + sp[j].end;
+      if (b <= lo || a >= hi) continue;
+      if (RS_VEC_GROW(runs->v, runs->n, runs->cap)) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (runs)");
+      runs->v[runs->n++] = (rs_span){(b < hi ? b : hi) - lo, sp[j].round + 2};
+    }
+    base += sp[n - 1].end;
+  }
+  if (!runs->n || runs->v[runs->n - 1].end != s->bytes)
+    return rs_error(RESHARD_ERROR_INTERNAL,
+                    "chunking: a forward %d -> %d of %llu bytes at %llu finds %llu bytes in its %d dependencies", s->from,
+                    s->to, (unsigned long long)s->bytes, (unsigned long long)lo, (unsigned long long)base, s->ndep);
+  return RESHARD_SUCCESS;
+}
+
 /* Cuts every stream into messages: ch[RS_SEG_RECV], ch[RS_SEG_SEND] and
  * ch[RS_SEG_VIRTUAL] (dry) receive them; measure: messages and their
  * bytes only, no copies. */
@@ -756,7 +886,16 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
   RS_CHECK(sorted_refs(segs, &refs));
   reshard_result_t r = RESHARD_SUCCESS;
   int32_t *arrive = rs_malloc((segs->n + 1) * sizeof *arrive);
-  if (!arrive) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
+  /* relay segments' spans, by push order: span_at[o] .. span_at[o] + span_n[o] */
+  size_t *span_at = rs_malloc((segs->n + 1) * sizeof *span_at);
+  uint32_t *span_n = rs_calloc(segs->n + 1, sizeof *span_n);
+  rs_span_vec spans = {0}, runs = {0};
+  if (!arrive || !span_at || !span_n) {
+    free(arrive);
+    free(span_at);
+    free(span_n);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
+  }
   for (size_t i = 0, end = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
     /* segments come in stream order, scattered in memory: ask for the
      * ones a few steps ahead now (the start, the dims and the stream key
@@ -775,17 +914,38 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
       c->open = 0;
       c->cur = 0;
       c->cap = stream_cap(plan, chunk_bytes, bytes, s->from, s->to);
+      if (s->group >= 0 && s->origin >= 0 && s->pipe) c->cap = relay_pipeline_cap(c->cap, bytes);
       c->phase = rs_stream_phase(plan, s->from, s->to, bytes);
     }
     c->ready = 0;
-    for (int32_t k = 0; s->dep >= 0 && k < s->ndep; k++)
-      if (arrive[s->dep + k] + 2 > c->ready) c->ready = arrive[s->dep + k] + 2;
+    c->nruns = c->run_at = 0;
+    if (s->dep >= 0) {
+      r = forward_runs(s, span_at, span_n, &spans, &runs);
+      if (r) break;
+      c->runs = runs.v;
+      c->nruns = runs.n;
+      for (size_t k = 0; k < runs.n; k++)
+        if (runs.v[k].round > c->ready) c->ready = runs.v[k].round;
+    }
+    const uint32_t o = refs[i].orig;
+    if (s->group >= 0) { /* relay traffic: forwards may wait on its bytes */
+      c->rec = &spans;
+      c->rec_first = span_at[o] = spans.n;
+      c->rec_bytes = 0;
+    }
     int64_t ext[RESHARD_MAX_DIMS], at[RESHARD_MAX_DIMS] = {0};
     memcpy(ext, s->extent, sizeof ext);
     r = split_box(c, s, 0, s->off, ext, at);
-    arrive[refs[i].orig] = c->round;
+    if (c->rec) span_n[o] = (uint32_t)(spans.n - span_at[o]);
+    c->rec = NULL;
+    c->nruns = 0;
+    arrive[o] = c->round;
   }
   free(arrive);
+  free(span_at);
+  free(span_n);
+  free(spans.v);
+  free(runs.v);
   return r;
 }
 
@@ -849,3 +1009,4 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs, 
   *staging = 2 * (send_half + recv_half);
   return r;
 }
+

@@ -227,6 +227,18 @@ typedef struct rs_seg {
   int32_t level;
   int64_t dep;   /* the first of ndep consecutive segments */
   int32_t ndep;
+  /* A forward's bytes are bytes dep_off .. dep_off + bytes of its
+   * dependencies laid end to end (a part's pieces, or the boxes its
+   * sender received it in, all in the part's row-major order): each of
+   * its bytes travels two rounds after the message that brought that
+   * byte, not after the whole part (chunk.c). */
+  uint64_t dep_off;
+  /* A source -> owner relay segment whose group spans more than one
+   * NVLink domain (every rank is its own without a topology): its part is
+   * forwarded over the network, at the cost of the stream itself, so its
+   * stream is cut to pipeline (chunk.c, RS_RELAY_PIPELINE_ROUNDS); inside
+   * one domain NVLink forwards it in a fraction of that time. */
+  int32_t pipe;
   int32_t fwd; /* sends: buffer is a destination buffer */
   int32_t box;
   uint32_t piece;

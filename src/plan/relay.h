@@ -66,6 +66,13 @@
  * few_parts_pay in relay.c): the panel's Kimi-K2 spans 16 destination
  * domains, the 2048-rank planning benchmark 128. */
 #define RS_RELAY_FEW_PARTS_MAX_DOMAINS 16
+
+/* A source -> owner relay stream is cut into at least this many messages
+ * (each at least the relay part size; src/plan/chunk.c), so that its
+ * owner's forwards, which leave two rounds after their bytes land,
+ * overlap it: a fan-out then takes about (8 + 2) / 8 of its source's
+ * time. */
+#define RS_RELAY_PIPELINE_ROUNDS 8
 extern uint64_t rs_relay_min_part_bytes;
 
 typedef struct rs_relay_role {

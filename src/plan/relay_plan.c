@@ -40,14 +40,24 @@ static void route(rs_seg *s, int32_t me, int32_t from, int32_t to) {
 
 static int32_t domain_of(const rs_relay_plan *c, int32_t rank) { return c->ctx.domain ? c->ctx.domain[rank] : rank; }
 
-/* A forward from -> to of what from received in segments dep .. dep+ndep-1. */
+/* Whether g's members span more than one domain (rs_seg.pipe): the same
+ * for every party, from the group alone. */
+static int32_t spans_domains(const rs_relay_plan *c, const rs_relay_group *g) {
+  for (int i = 1; i < g->m; i++)
+    if (domain_of(c, g->ranks[i]) != domain_of(c, g->ranks[0])) return 1;
+  return 0;
+}
+
+/* A forward from -> to of bytes dep_off .. dep_off + s->bytes of what
+ * from received in segments dep .. dep+ndep-1. */
 static reshard_result_t push_forward(rs_relay_plan *c, rs_seg_vec *segs, int32_t me, rs_seg *s, int32_t from, int32_t to,
-                                     size_t dep, size_t ndep) {
+                                     size_t dep, size_t ndep, uint64_t dep_off) {
   route(s, me, from, to);
   s->origin = -1;
   s->level = domain_of(c, from) != domain_of(c, to) ? 1 : 2;
   s->dep = (int64_t)dep;
   s->ndep = (int32_t)ndep;
+  s->dep_off = dep_off;
   s->fwd = s->dir == RS_SEG_SEND;
   return rs_seg_vec_push(segs, s);
 }
@@ -72,6 +82,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
   actx->parts = NULL;
   RS_CHECK(r);
   RS_CHECK(rs_relay_roles(&c->ctx, g, me));
+  const int32_t pipe = spans_domains(c, g);
   size_t nparts = c->parts.n ? (size_t)c->parts.v[c->parts.n - 1].part + 1 : 0;
   if (4 * nparts > c->cap_part_segs) {
     free(c->part_segs);
@@ -93,13 +104,14 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
     relay_seg(&s, gid, box, k);
     route(&s, me, s_rank, o);
     s.origin = s_rank;
+    s.pipe = pipe;
     if (k == 0 || p->part != pieces->v[k - 1].part) ps[4 * p->part] = segs->n;
     ps[4 * p->part + 1] = segs->n + 1;
     RS_CHECK(rs_seg_vec_push(segs, &s));
   }
   const int32_t mine = domain_of(c, me);
   for (int pass = 0; pass < 2; pass++)
-    for (size_t q = 0; q < c->parts.n; q++) {
+    for (size_t q = 0, off = 0; q < c->parts.n; q++) {
       const rs_piece *p = &c->parts.v[q];
       const rs_relay_role *role = &c->ctx.roles[p->owner];
       const int32_t o = rs_relay_owner(g, p->owner);
@@ -107,19 +119,24 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
       int far = o != me && domain_of(c, o) != mine;
       rs_seg_init(&s, RS_SEG_RECV, o, me, D, p, es);
       relay_seg(&s, gid, box, q);
+      /* where this box of the part starts in the part's bytes: a part's
+       * boxes are consecutive, in row-major order, as its pieces are */
+      if (q && p->part != c->parts.v[q - 1].part) off = 0;
+      const uint64_t dep_off = off;
+      off += s.bytes;
       if (pass == 0 && !far) { /* from the owner in this domain, or mine */
-        if (o != me) RS_CHECK(push_forward(c, segs, me, &s, o, me, at[0], at[1] - at[0]));
+        if (o != me) RS_CHECK(push_forward(c, segs, me, &s, o, me, at[0], at[1] - at[0], dep_off));
         for (uint32_t i = 0; o == me && i < role->nchildren; i++)
-          RS_CHECK(push_forward(c, segs, me, &s, me, c->ctx.children[role->first_child + i], at[0], at[1] - at[0]));
+          RS_CHECK(push_forward(c, segs, me, &s, me, c->ctx.children[role->first_child + i], at[0], at[1] - at[0], dep_off));
       } else if (pass == 0) { /* the owner -> this domain's entry */
         int32_t entry = role->hop == 1 ? me : role->parent;
         if (q == 0 || p->part != c->parts.v[q - 1].part) ps[4 * p->part + 2] = segs->n;
         ps[4 * p->part + 3] = segs->n + 1;
-        RS_CHECK(push_forward(c, segs, me, &s, o, entry, at[0], at[1] - at[0]));
+        RS_CHECK(push_forward(c, segs, me, &s, o, entry, at[0], at[1] - at[0], dep_off));
       } else if (far) { /* the entry -> the rest of this domain */
-        if (role->hop == 2) RS_CHECK(push_forward(c, segs, me, &s, role->parent, me, at[2], at[3] - at[2]));
+        if (role->hop == 2) RS_CHECK(push_forward(c, segs, me, &s, role->parent, me, at[2], at[3] - at[2], dep_off));
         for (uint32_t i = 0; role->hop == 1 && i < role->nchildren; i++)
-          RS_CHECK(push_forward(c, segs, me, &s, me, c->ctx.children[role->first_child + i], at[2], at[3] - at[2]));
+          RS_CHECK(push_forward(c, segs, me, &s, me, c->ctx.children[role->first_child + i], at[2], at[3] - at[2], dep_off));
       }
     }
   return RESHARD_SUCCESS;
@@ -135,6 +152,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
   RS_CHECK(rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces));
+  const int32_t pipe = spans_domains(c, g);
   for (size_t k = 0; k < pieces->n; k++) {
     const rs_piece *p = &pieces->v[k];
     if (p->src.rank != me) continue;
@@ -143,6 +161,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
     s.vtensor = D->tensor;
     relay_seg(&s, gid, box, k);
     s.origin = me;
+    s.pipe = pipe;
     RS_CHECK(rs_seg_vec_push(segs, &s));
   }
   return RESHARD_SUCCESS;
@@ -206,3 +225,4 @@ void rs_relay_plan_free(rs_relay_plan *c) {
   free(c->part_segs);
   memset(c, 0, sizeof *c);
 }
+
