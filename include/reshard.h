@@ -463,7 +463,8 @@ typedef struct reshard_options {
   int64_t timeout_ms;
   /* ---- version 2 ---- */
   /* The machine, for replica choice, relays and the cost model: a preset
-   * name ("h100-8x400g", "gb200-nvl72", "cpu") or NULL for none.
+   * name ("h100-8x400g", "gb200-nvl72", "flat": one GPU per node behind its
+   * own 400 Gb/s NIC, no NVLink; "cpu") or NULL for none.
    * RESHARD_TOPOLOGY overrides it. Same on all ranks (part of the digest). */
   const char *topology;
   /* Relays between destination replicas: -1 (default) with a topology

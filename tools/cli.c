@@ -189,7 +189,7 @@ void cli_usage(int tool, FILE *out) {
           "  --colocate            both sides on ranks 0.. (default: source ranks first, then\n"
           "                        destination ranks)\n"
           "  --staging BYTES       staging budget per rank (suffix K, M or G; default: the library's)\n"
-          "  --topology PRESET     the machine (h100-8x400g, gb200-nvl72, cpu): plan options'\n"
+          "  --topology PRESET     the machine (h100-8x400g, gb200-nvl72, flat, cpu): plan options'\n"
           "                        topology; %s\n"
           "  --relay -1|0|1        relays between destination replicas: -1 auto (default),\n"
           "                        0 never, 1 always\n",

@@ -114,7 +114,7 @@ def _estimate(e):
 
 def lower_bound(src, dst, nranks, topology):
     """T_lower of a reshard between two layouts on ``nranks`` ranks of a
-    topology preset ("h100-8x400g", "gb200-nvl72", "cpu"): no plan can be
+    topology preset ("h100-8x400g", "gb200-nvl72", "flat", "cpu"): no plan can be
     faster on that machine. Not collective."""
     e = ffi.new("reshard_estimate_t *")
     lib.rs_py_estimate_init(e)

@@ -30,7 +30,7 @@ static struct {
         .doc = "relays between destination replicas: -1 (default) the cost model chooses, 0 never, 1 always "
                 "(overrides options.relay)"},
     [RS_PARAM_TOPOLOGY] = {.name = "RESHARD_TOPOLOGY",
-        .doc = "machine preset: h100-8x400g, gb200-nvl72, cpu, or none (overrides options.topology)",
+        .doc = "machine preset: h100-8x400g, gb200-nvl72, flat, cpu, or none (overrides options.topology)",
         .is_string = 1},
     [RS_PARAM_MAX_PHASES] = {.name = "RESHARD_MAX_PHASES",
         .doc = "the most phases a plan with a topology may take (1 to 64, default 64; 1: every stream "

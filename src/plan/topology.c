@@ -15,6 +15,10 @@
 static const rs_topology presets[] = {
     {"h100-8x400g", 8, 8, 8, 450e9, 50e9, 8, 5e-6, 2e-6, 0},
     {"gb200-nvl72", 4, 72, 64, 900e9, 50e9, 4, 5e-6, 2e-6, 0},
+    /* a network without NVLink domains: every rank its own node behind
+     * one 400 Gb/s NIC (the presets' per-GPU share), 5 us per message;
+     * its NVLink figure only prices a colocated rank's local copies */
+    {"flat", 1, 1, 1, 450e9, 50e9, 1, 5e-6, 2e-6, 0},
     /* one host: every rank in one node and domain (domain_used 0);
      * calibrated on the 2-core CI VM, quiet, by scripts/validate_cost.sh
      * calibrate (per-rank copy 5.4 GB/s, shared 7.0 GB/s, 1.6 us per
@@ -22,7 +26,7 @@ static const rs_topology presets[] = {
     {"cpu", 0, 0, 0, 5.4e9, 0, 0, 1.6e-6, 1.6e-6, 7.0e9},
 };
 
-const char *rs_topology_preset_names(void) { return "h100-8x400g, gb200-nvl72, cpu"; }
+const char *rs_topology_preset_names(void) { return "h100-8x400g, gb200-nvl72, flat, cpu"; }
 
 reshard_result_t rs_topology_preset(const char *name, rs_topology *t) {
   for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
