@@ -758,6 +758,18 @@ static void pipelined_fanout(void **state) {
     assert_int_equal(a.stats[r].num_chunks, RS_RELAY_PIPELINE_ROUNDS + 2);
   }
   run_free(&a, N);
+  /* relay -1 on the flat preset (a network without NVLink domains): the
+   * cost model keeps this relay plan, the same plan */
+  memset(&a, 0, sizeof a);
+  a.src = S;
+  a.dst = D;
+  a.opts = relay_opts(-1, 0);
+  a.opts.topology = "flat";
+  a.steps = 1;
+  assert_int_equal(run_all(N, &a), 0);
+  check_source_egress(&a, N, is_src);
+  for (int r = 1; r < N; r++) assert_int_equal(a.stats[r].send_messages, (M - 1) * RS_RELAY_PIPELINE_ROUNDS);
+  run_free(&a, N);
   reshard_layout_destroy(S);
   reshard_layout_destroy(D);
 }
