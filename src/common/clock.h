@@ -25,8 +25,18 @@ static inline int64_t rs_deadline_after_ms(int64_t timeout_ms) {
 
 /* The back-off of a polling loop at its spin-th turn: busy at first, then
  * yielding, then 20 us naps (a poll answers within tens of microseconds
- * and costs no core while a wait is long). */
+ * and costs no core while a wait is long). In SimGrid builds nanosleep is
+ * simulated time and spinning is not: every turn naps 1 us, so that a
+ * wait ends within 1 us of simulated time of its completion (20 us naps
+ * added up to 20 us a round to the simulated times) and a waiting rank
+ * costs the simulator one poll per simulated microsecond, not hundreds. */
 static inline void rs_nap(unsigned spin) {
+#ifdef RESHARD_SIMGRID_BUILD
+  (void)spin;
+  struct timespec sim = {0, 1000};
+  nanosleep(&sim, NULL);
+  return;
+#endif
   if (spin < 64) return;
   if (spin < 256) {
     sched_yield();

@@ -1,6 +1,5 @@
 /* The per-call state of a plan: its first failure, versions, completed
  * executes, and reshard_plan_get_status. */
-#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -65,12 +64,7 @@ reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call, int6
                       "execute rank %d: call %llu waited past its deadline for call %llu of this plan, running "
                       "concurrently, to finish its agreement",
                       p->rank, (unsigned long long)call, (unsigned long long)turn);
-    if (spin < 64) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    }
+    rs_nap(spin);
   }
 }
 

@@ -8,7 +8,6 @@
  * (plan digest and execute call number) are hashed into the tag range, so
  * that messages left in flight by a failed call do not match a later one. */
 #include <mpi.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -211,13 +210,7 @@ static reshard_result_t mpi_wait(reshard_comm_t *c, rs_request *r,
     if (spin > 64 && rs_now_ns() > deadline)
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s rank %d did not complete before the deadline",
                       c->rank, is_recv ? "receive from" : "send to", peer);
-    if (spin < 64) continue;
-    if (spin < 256) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    }
+    rs_nap(spin);
   }
 }
 
@@ -269,12 +262,7 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
        * from here on, which the error says. */
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement did not complete before the deadline "
                       "(a rank is missing or stuck); this communicator cannot be used again", c->rank);
-    if (spin >= 256) {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    } else {
-      sched_yield();
-    }
+    rs_nap(spin);
   }
 }
 
