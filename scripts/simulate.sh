@@ -4,11 +4,16 @@
 # flow-level network models, beside gather + MPI_Bcast and MPI_Alltoallw
 # in the same simulation (issue 20).
 #
-#   scripts/simulate.sh [--smoke] [build-dir]     (default: build-sim)
+#   scripts/simulate.sh [--smoke | --panel] [build-dir]     (default: build-sim)
 #
 # --smoke: one 8-rank case, every element checked, and the same folded
-# (CI: seconds). Without it: the flat-cluster cases below. Needs SimGrid (Debian:
-# apt-get install libsimgrid-dev).
+# (CI: seconds). --panel: the cost model's five panel scenarios at their
+# rank counts with a few layers (folded), a markdown table on stdout;
+# SIM_PANEL_ONLY=REGEX picks scenarios by name (the 256- and 384-rank
+# ones take long: SimGrid's bookkeeping grows with the messages in
+# flight). Without either: the flat-cluster cases and
+# the presets' small cases below. Needs SimGrid (Debian: apt-get install
+# libsimgrid-dev).
 #
 # Platforms: a flat cluster, one host per rank, each with one 50 GB/s link
 # (a GPU's NIC share) into a non-blocking backbone, 1 us latency; and the
@@ -25,14 +30,44 @@
 #                                 creation's real cost is printed apart:
 #                                 reshard_perf's "# plan (real CPU" line)
 #   smpi/test:0, smpi/iprobe:0    reshard polls MPI_Test in loops; SMPI
-#                                 would otherwise charge each call
+#                                 would otherwise charge each call (in
+#                                 simulation builds a waiting rank naps
+#                                 1 us of simulated time between polls)
+#   smpi/bw-factor:0:1,           each message gets its links' bandwidth
+#   smpi/lat-factor:0:1           and latency (SIM_NET=fluid, the
+#                                 default). SMPI's own factors (SIM_NET=
+#                                 smpi) were calibrated on a TCP Gigabit
+#                                 Ethernet cluster: 0.94 of the bandwidth
+#                                 and 11.6 x the latency for messages over
+#                                 64 KiB, which models TCP, not the RDMA
+#                                 NICs and NVLink the presets describe
+#                                 (their latency is per message already).
+#                                 docs/PERFORMANCE.md has both for the
+#                                 flat cases.
+#   smpi/shared-malloc-blocksize  folded runs (RESHARD_SIM_FOLD=1): 256 MiB
+#                                 blocks, so that a panel run's hundreds of
+#                                 GB of folded buffers stay under the
+#                                 kernel's 65530 mappings (1 MiB blocks
+#                                 did not)
+# And RESHARD_MPI_DATATYPES=0: reshard packs into staging as it does on
+# GPUs (the simulated time is the same; SMPI copies data sent through
+# derived datatypes through fresh buffers, hours at panel size).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-smoke=0
+smoke=0 panel=0
 if [ "${1:-}" = "--smoke" ]; then
   smoke=1
   shift
+elif [ "${1:-}" = "--panel" ]; then
+  panel=1
+  shift
 fi
+case ${SIM_NET:-fluid} in
+  fluid) net=(--cfg=smpi/bw-factor:0:1 --cfg=smpi/lat-factor:0:1) ;;
+  smpi) net=() ;;
+  *) echo "simulate.sh: SIM_NET is fluid or smpi, not '$SIM_NET'" >&2; exit 2 ;;
+esac
+export RESHARD_MPI_DATATYPES=0
 BUILD=${1:-build-sim}
 command -v smpicc >/dev/null && command -v smpirun >/dev/null || {
   echo "simulate.sh: SimGrid's smpicc/smpirun not found (Debian: apt-get install libsimgrid-dev)" >&2
@@ -115,7 +150,8 @@ run() {
     for i in $(seq 0 $((np - 1))); do echo "h$i"; done >"$hosts"
   fi
   smpirun -np "$np" -platform "${PLATFORM:-$work/flat.xml}" -hostfile "$hosts" \
-    --cfg=smpi/privatization:yes --cfg=smpi/simulate-computation:no --cfg=smpi/test:0 --cfg=smpi/iprobe:0 \
+    --cfg=smpi/privatization:yes --cfg=smpi/simulate-computation:no --cfg=smpi/test:0 --cfg=smpi/iprobe:0 "${net[@]}" \
+    ${RESHARD_SIM_FOLD:+--cfg=smpi/shared-malloc-blocksize:268435456} \
     --log=root.threshold:warning "$PERF" "$@" >"$work/out" 2>&1 || rc=$?
   grep -v '^\[' "$work/out" | grep -E '^#  |^ +[a-z]|^# (reshard_perf|baseline|cost model|plan)' || cat "$work/out"
   grep -q '^# reshard_perf: .* wrong=0$' "$work/out" || { echo "simulate.sh: reshard moved wrong elements" >&2; return 1; }
@@ -135,6 +171,61 @@ if [ "$smoke" = 1 ]; then
     --dst-placements R,S1 -n 3 -w 1 -c 0 --baseline broadcast,alltoallw
   exit 0
 fi
+if [ "$panel" = 1 ]; then
+  # The cost model's panel (scripts/panel.sh) at its rank counts, with the
+  # first few layers (real shapes; pipeline stages re-split, noted), every
+  # rank's data folded (nothing checked: -c 0). Per scenario two
+  # simulations: the plan the cost model picks (relay -1) beside gather +
+  # MPI_Bcast and alltoallw, then the direct plan (RESHARD_RELAY=0). Full
+  # logs in $PANEL_LOGS (default /tmp/reshard_sim_panel).
+  logs=${PANEL_LOGS:-/tmp/reshard_sim_panel}
+  mkdir -p "$logs"
+  # name | preset | source ranks | destination ranks | reshard_perf model args
+  scenarios=(
+    "DeepSeek-V3 671B, 7 of 61 layers (stages 4+1+1+1)|gb200-nvl72|128|128|--model-config configs/DeepSeek-V3.json --layers 7 --train tp=1,pp=4,dp=32,ep=16,first=4 --infer tp=8,dp=16"
+    "Qwen3-235B-A22B, 4 of 94 layers|gb200-nvl72|64|64|--model-config configs/Qwen3-235B-A22B.json --layers 4 --train tp=2,pp=4,dp=8,ep=16,etp=1 --infer tp=8,dp=8"
+    "Kimi-K2 1T, 8 of 61 layers|h100-8x400g|256|128|--model-config configs/Kimi-K2-Instruct.json --layers 8 --train tp=2,pp=8,dp=16,ep=32,etp=1 --infer tp=8,dp=16,ep=128"
+    "Llama-3.1-70B, 4 of 80 layers|h100-8x400g|32|64|--model-config configs/Llama-3.1-70B.json --layers 4 --train tp=8,pp=4 --infer tp=8,dp=8"
+    "Qwen3-30B-A3B, 2 of 48 layers|h100-8x400g|32|32|--model-config configs/Qwen3-30B-A3B.json --layers 2 --train tp=1,pp=2,dp=16,ep=16 --infer tp=4,dp=8,ep=32"
+  )
+  f() { sed -nE "s/.*$1=([^ ;]+).*/\1/p" "$2" | head -n 1; }
+  rows=()
+  for sc in "${scenarios[@]}"; do
+    IFS='|' read -r name preset nsrc ndst args <<<"$sc"
+    # SIM_PANEL_ONLY: an extended regular expression of the scenarios to run
+    if [ -n "${SIM_PANEL_ONLY:-}" ] && ! grep -qE "$SIM_PANEL_ONLY" <<<"$name"; then continue; fi
+    n=$((nsrc + ndst))
+    tag=$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_' | cut -c1-24)
+    preset_platform "$preset" "$n" "$nsrc" >"$work/panel.xml"
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    RESHARD_SIM_FOLD=1 PLATFORM="$work/panel.xml" run "$n" $args --topology "$preset" -n 1 -w 1 -c 0 \
+      --baseline broadcast,alltoallw >"$logs/$tag.auto.txt" 2>&1 || { cat "$logs/$tag.auto.txt"; exit 1; }
+    cp "$work/out" "$logs/$tag.auto.out"
+    # shellcheck disable=SC2086
+    RESHARD_RELAY=0 RESHARD_SIM_FOLD=1 PLATFORM="$work/panel.xml" run "$n" $args --topology "$preset" -n 1 -w 1 -c 0 \
+      >"$logs/$tag.direct.txt" 2>&1 || { cat "$logs/$tag.direct.txt"; exit 1; }
+    cp "$work/out" "$logs/$tag.direct.out"
+    echo "simulate.sh: $name: $((SECONDS - start)) s" >&2
+    a=$logs/$tag.auto.out
+    t=$(f time_us "$a")
+    p=$(f predicted_us "$a")
+    l=$(f T_lower_us "$a")
+    d=$(f time_us "$logs/$tag.direct.out")
+    b=$(sed -nE 's/^# baseline broadcast: time_us=([^ ]+).*/\1/p' "$a")
+    w=$(sed -nE 's/^# baseline alltoallw: time_us=([^ ]+).*/\1/p' "$a")
+    gb=$(awk -v x="$(f bytes "$a")" 'BEGIN { printf "%.1f", x / 1e9 }')
+    rows+=("$(awk -v name="$name" -v preset="$preset" -v ranks="$nsrc + $ndst" -v gb="$gb" -v t="$t" -v p="$p" \
+      -v l="$l" -v d="$d" -v b="$b" -v w="$w" 'BEGIN {
+      printf "| %s | %s | %s | %s | %.0f | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.1f x) | %.0f (%.2f x) |",
+        name, preset, ranks, gb, t, p, t / p, l, t / l, d, d / l, b, b / t, w, w / t }')")
+  done
+  echo "| scenario (scaled) | machine | ranks | GB delivered | reshard us (cost model's pick) | predicted us (simulated / predicted) | T_lower us (simulated / T_lower) | direct plan us (/ T_lower) | gather + MPI_Bcast us (/ reshard) | alltoallw us (/ reshard) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  exit 0
+fi
+
 # The flat-cluster cases of issue 20: replicated destinations, replicated
 # sources (replica balancing), and a 1 -> 16 fan-out, direct and relayed.
 run 8 --shape 4096,4096 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 \

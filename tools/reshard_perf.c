@@ -63,10 +63,19 @@
 
 #ifdef RESHARD_SIMGRID_BUILD
 #include <sys/resource.h> /* getrusage: planning's real CPU time, which SMPI does not simulate */
+/* RESHARD_SIM_FOLD=1 (main): every rank's data folded onto the same
+ * pages, nothing checked. The baselines then move the same bytes between
+ * the same ranks as plain bytes: SMPI charges bytes, not layouts, and
+ * its copies through derived datatypes (into fresh temporary buffers)
+ * would take the 2-core machine hours at panel size. */
+static int folded;
+#else
+enum { folded = 0 };
 #endif
 
 #include "cli.h"
 #include "common/alloc.h" /* rs_alloc_set_bulk: folded simulation runs */
+#include "pack/copy.h"    /* rs_copy_skip: folded simulation runs */
 #include "reshard.h"
 #include "watchdog.h" /* examples/: every blocking MPI call of the tool ends at a deadline */
 #include "perf_nccl.h"
@@ -105,6 +114,7 @@ static int64_t box_elems(int nd, const int64_t *ext) {
  * strides), innermost rows with memcpy where both sides are contiguous. */
 static void box_copy(int nd, const int64_t *ext, size_t es, const unsigned char *src, const int64_t *sstr,
                      unsigned char *dst, const int64_t *dstr) {
+  if (folded) return; /* garbage data, and host copies cost no simulated time */
   for (int d = 0; d < nd; d++)
     if (ext[d] <= 0) return;
   if (nd == 0) {
@@ -475,7 +485,11 @@ static int run_broadcast(ctx *c, void *state) {
       MPI_Request *req = malloc((size_t)(nch + 1) * sizeof *req);
       int nreq = 0;
       for (int k = 0; k < nch; k++)
-        if (ch[k].rank != 0) MPI_Irecv(b->full, 1, b->root_types[t][k], ch[k].rank, 0, MPI_COMM_WORLD, &req[nreq++]);
+        if (ch[k].rank != 0 && folded)
+          MPI_Irecv(b->full, (int)(box_elems(nd, ch[k].f.extent) * (int64_t)es), MPI_BYTE, ch[k].rank, 0, MPI_COMM_WORLD,
+                    &req[nreq++]);
+        else if (ch[k].rank != 0)
+          MPI_Irecv(b->full, 1, b->root_types[t][k], ch[k].rank, 0, MPI_COMM_WORLD, &req[nreq++]);
       for (int k = 0; k < nch; k++)
         if (ch[k].rank == 0) {
           const reshard_fragment_info_t *f = &ch[k].f;
@@ -648,6 +662,9 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
 typedef struct a2aw_state {
   MPI_Datatype *stypes, *rtypes;
   int *scounts, *rcounts, *sdispls, *rdispls;
+  /* folded runs: each peer's bytes, moved as plain bytes from scratch */
+  int64_t *sbytes, *rbytes;
+  unsigned char *scratch;
 } a2aw_state;
 
 static void a2aw_free(a2aw_state *a) {
@@ -662,6 +679,9 @@ static void a2aw_free(a2aw_state *a) {
   free(a->rcounts);
   free(a->sdispls);
   free(a->rdispls);
+  free(a->sbytes);
+  free(a->rbytes);
+  rs_bulk_free(a->scratch);
   free(a);
 }
 
@@ -751,7 +771,11 @@ static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
   a->rcounts = calloc((size_t)world_size, sizeof(int));
   a->sdispls = calloc((size_t)world_size, sizeof(int));
   a->rdispls = calloc((size_t)world_size, sizeof(int));
-  if (!a->stypes || !a->rtypes || !a->scounts || !a->rcounts || !a->sdispls || !a->rdispls) abort();
+  a->sbytes = calloc((size_t)world_size, sizeof *a->sbytes);
+  a->rbytes = calloc((size_t)world_size, sizeof *a->rbytes);
+  if (!a->stypes || !a->rtypes || !a->scounts || !a->rcounts || !a->sdispls || !a->rdispls || !a->sbytes || !a->rbytes)
+    abort();
+  if (folded && !(a->scratch = rs_bulk_malloc((size_t)1 << 30))) abort();
   int64_t my_cross = 0, my_in = 0, kinds[2] = {0, 0};
   reshard_fragment_info_t *fr = NULL;
   size_t frcap = 0;
@@ -783,6 +807,14 @@ static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
         if (s != world_rank && d != world_rank) continue;
         MPI_Datatype ty;
         MPI_Aint addr;
+        if (folded) { /* plain bytes: no types */
+          int64_t nb = box_elems(fd->ndim, be) * (int64_t)es;
+          if (s == world_rank) a->sbytes[d] += nb;
+          if (d == world_rank) a->rbytes[s] += nb;
+          if (s == world_rank && d != s) my_cross += nb;
+          if (d == world_rank && d != s) my_in += nb;
+          continue;
+        }
         if (s == world_rank) {
           kinds[box_datatype(&ch->f, c->s.ptr[ch->f.buffer_id], bs, be, els[es], es, &addr, &ty)]++;
           typelist_push(&sl[d], ty, addr);
@@ -827,9 +859,35 @@ static a2aw_state *a2aw_setup(ctx *c, method *m, char *note, size_t notelen) {
   return a;
 }
 
+/* A folded run's alltoallw: every pair's bytes as messages of at most
+ * 1 GiB, all posted at once, then waited for, as SMPI's MPI_Alltoallw
+ * posts every pair's send and receive and waits for them all. */
+static int run_folded_alltoallw(const a2aw_state *a) {
+  const int64_t piece = (int64_t)1 << 30;
+  int64_t n = 0;
+  for (int r = 0; r < world_size; r++) n += (a->sbytes[r] + piece - 1) / piece + (a->rbytes[r] + piece - 1) / piece;
+  MPI_Request *req = malloc((size_t)(n + 1) * sizeof *req);
+  if (!req) abort();
+  int k = 0;
+  for (int r = 0; r < world_size; r++)
+    for (int64_t off = 0; off < a->rbytes[r]; off += piece)
+      MPI_Irecv(a->scratch, (int)(a->rbytes[r] - off < piece ? a->rbytes[r] - off : piece), MPI_BYTE, r, 7,
+                MPI_COMM_WORLD, &req[k++]);
+  for (int r = 0; r < world_size; r++)
+    for (int64_t off = 0; off < a->sbytes[r]; off += piece)
+      MPI_Isend(a->scratch, (int)(a->sbytes[r] - off < piece ? a->sbytes[r] - off : piece), MPI_BYTE, r, 7,
+                MPI_COMM_WORLD, &req[k++]);
+  wd_enter("alltoallw as plain bytes (folded baseline)");
+  int err = MPI_Waitall(k, req, MPI_STATUSES_IGNORE);
+  wd_leave();
+  free(req);
+  return err != MPI_SUCCESS;
+}
+
 static int run_alltoallw(ctx *c, void *state) {
   (void)c;
   a2aw_state *a = state;
+  if (folded) return run_folded_alltoallw(a);
   wd_enter("MPI_Alltoallw (baseline)");
   int err = MPI_Alltoallw(MPI_BOTTOM, a->scounts, a->sdispls, a->stypes, MPI_BOTTOM, a->rcounts, a->rdispls, a->rtypes,
                           MPI_COMM_WORLD);
@@ -870,6 +928,26 @@ static void print_row(const method *m, const ctx *c) {
 static void *fold_alloc(size_t n) { return SMPI_SHARED_MALLOC(n ? n : 1); }
 static void fold_free(void *p) { SMPI_SHARED_FREE(p); }
 
+/* A folded run's buffers for one side: their sizes only, no values, no
+ * sentinel and no mask (nothing is checked), so that none of their pages
+ * is touched (page faults over hundreds of GB of folded mappings were
+ * most of a panel-size run's real time). Freed by reshard_selftest_free. */
+static int fold_buffers(reshard_selftest_t *s, const reshard_layout_t *L) {
+  memset(s, 0, sizeof *s);
+  s->nbuf = reshard_layout_num_buffers(L);
+  s->ptr = calloc((size_t)s->nbuf + 1, sizeof *s->ptr);
+  s->bytes = calloc((size_t)s->nbuf + 1, sizeof *s->bytes);
+  if (!s->ptr || !s->bytes) return 1;
+  for (int b = 0; b < s->nbuf; b++) {
+    if (reshard_layout_buffer_bytes(L, b, world_rank, &s->bytes[b])) return 1;
+    if (s->bytes[b] && !(s->ptr[b] = rs_bulk_malloc(s->bytes[b]))) return 1;
+  }
+  size_t n = 0; /* the fragments: the figures count their bytes */
+  if (reshard_layout_fragments(L, world_rank, NULL, 0, &n)) return 1;
+  if (!(s->frags = calloc(n + 1, sizeof *s->frags))) return 1;
+  return reshard_layout_fragments(L, world_rank, s->frags, n, &s->nfrags) != RESHARD_SUCCESS;
+}
+
 /* The simulation process's real CPU seconds (user + system): SMPI does
  * not simulate computation, so plan creation's cost is read here. */
 static double process_cpu_s(void) {
@@ -906,6 +984,8 @@ int main(int argc, char **argv) {
       return finish(2);
     }
     rs_alloc_set_bulk(fold_alloc, fold_free);
+    folded = 1;
+    rs_copy_skip = 1; /* garbage data: the pack and unpack copies cost no simulated time */
 #else
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: RESHARD_SIM_FOLD=1 is for simulation builds (scripts/simulate.sh)\n");
@@ -1036,7 +1116,14 @@ int main(int argc, char **argv) {
 #endif
     return finish(1);
   }
-  if (reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) || reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1)) {
+#ifdef RESHARD_SIMGRID_BUILD
+  int nobufs = folded ? fold_buffers(&c.s, c.L.src) || fold_buffers(&c.d, c.L.dst)
+                      : reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) ||
+                            reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1);
+#else
+  int nobufs = reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) || reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1);
+#endif
+  if (nobufs) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

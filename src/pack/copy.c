@@ -174,7 +174,14 @@ static void copy_line(unsigned char *d, int64_t ds, const unsigned char *s,
 
 #undef RS_COPY_LINE_FIXED
 
+#ifdef RESHARD_SIMGRID_BUILD
+int rs_copy_skip = 0;
+#endif
+
 void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
+#ifdef RESHARD_SIMGRID_BUILD
+  if (rs_copy_skip) return;
+#endif
   const unsigned char *s = (const unsigned char *)src_base + c->src_off;
   unsigned char *d = (unsigned char *)dst_base + c->dst_off;
   const int nd = c->ndim;

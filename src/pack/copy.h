@@ -65,4 +65,15 @@ int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out);
 /* Executes one descriptor on host memory. */
 void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base);
 
+#ifdef RESHARD_SIMGRID_BUILD
+/* Simulation builds only: non-zero makes rs_copy_run a no-op. Folded runs
+ * (RESHARD_SIM_FOLD=1 in tools/reshard_perf.c) map every simulated rank's
+ * data onto the same pages, so the bytes are garbage anyway, and SMPI
+ * charges no simulated time for host computation: the copies only cost
+ * the 2-core machine real time (and page faults over hundreds of GB of
+ * folded mappings) without changing what is measured. Per simulated rank
+ * (SMPI privatizes globals). */
+extern int rs_copy_skip;
+#endif
+
 #endif
