@@ -849,11 +849,11 @@ static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
   uint64_t base = 0; /* the dependency's first byte, in their concatenation */
   for (int32_t k = 0; k < s->ndep && base < hi; k++) {
     const int64_t d = s->dep + k;
-    const rs_span *sp = spans->v + span_at[d];
     const uint32_t n = span_n[d];
     if (!n) /* cut in an earlier level, so recorded: a planning bug */
       return rs_error(RESHARD_ERROR_INTERNAL, "chunking: a forward %d -> %d depends on a segment not cut before it",
                       s->from, s->to);
+    const rs_span *sp = spans->v + span_at[d]; /* span_at[d] is set once span_n[d] is */
     for (uint32_t j = 0; j < n; j++) {
       uint64_t a = base + (j ? sp[j - 1].end : 0), b = base + sp[j].end;
       if (b <= lo || a >= hi) continue;

@@ -34,7 +34,7 @@ typedef struct rs_topology {
   double node_copy_bw;
 } rs_topology;
 
-/* Fills *t from a preset name: "h100-8x400g", "gb200-nvl72", "cpu".
+/* Fills *t from a preset name: "h100-8x400g", "gb200-nvl72", "flat", "cpu".
  * Unknown names are RESHARD_ERROR_INVALID_ARGUMENT, listing the presets. */
 reshard_result_t rs_topology_preset(const char *name, rs_topology *t);
 
