@@ -318,6 +318,28 @@ static uint64_t sent_by(const run *a, int nranks, const unsigned char *who) {
   return s;
 }
 
+/* One weight "w" of dtype dt and shape[nd], placed by p on a mesh of
+ * dims[mnd] over ranks. */
+static reshard_layout_t *one_weight(reshard_dtype_t dt, int nd, const int64_t *shape, int mnd, const int *dims,
+                                    const int *ranks, const reshard_placement_t *p) {
+  reshard_layout_t *L;
+  int t, m, b;
+  assert_int_equal(reshard_layout_create(&L), 0);
+  assert_int_equal(reshard_layout_add_tensor(L, "w", dt, nd, shape, &t), 0);
+  assert_int_equal(reshard_layout_add_mesh(L, mnd, dims, ranks, &m), 0);
+  assert_int_equal(reshard_layout_place(L, t, m, p, &b), 0);
+  return L;
+}
+
+/* A run of S -> D with options o for `steps` steps, no results yet. */
+static void run_setup(run *a, const reshard_layout_t *S, const reshard_layout_t *D, reshard_options_t o, int steps) {
+  memset(a, 0, sizeof *a);
+  a->src = S;
+  a->dst = D;
+  a->opts = o;
+  a->steps = steps;
+}
+
 /* ---- tests ---- */
 
 static void dense_flat(void **state) {
@@ -724,25 +746,14 @@ static void stream_counts(void **state) {
 static void pipelined_fanout(void **state) {
   (void)state;
   enum { M = 8, N = M + 1 };
-  reshard_layout_t *S, *D;
-  int t, m, b, sr[1] = {0}, dr[M];
+  int sr[1] = {0}, dr[M];
   seq(dr, M, 1);
   int64_t shape[2] = {2048, 2048};
   reshard_placement_t rep[1] = {reshard_replicate()};
-  assert_int_equal(reshard_layout_create(&S), 0);
-  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){1}, sr, &m), 0);
-  assert_int_equal(reshard_layout_place(S, t, m, rep, &b), 0);
-  assert_int_equal(reshard_layout_create(&D), 0);
-  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){M}, dr, &m), 0);
-  assert_int_equal(reshard_layout_place(D, t, m, rep, &b), 0);
+  reshard_layout_t *S = one_weight(RESHARD_FP32, 2, shape, 1, (int[]){1}, sr, rep);
+  reshard_layout_t *D = one_weight(RESHARD_FP32, 2, shape, 1, (int[]){M}, dr, rep);
   static run a;
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(1, 0);
-  a.steps = 2;
+  run_setup(&a, S, D, relay_opts(1, 0), 2);
   assert_int_equal(run_all(N, &a), 0);
   unsigned char is_src[N] = {1};
   check_source_egress(&a, N, is_src);
@@ -760,12 +771,9 @@ static void pipelined_fanout(void **state) {
   run_free(&a, N);
   /* relay -1 on the flat preset (a network without NVLink domains): the
    * cost model keeps this relay plan, the same plan */
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(-1, 0);
-  a.opts.topology = "flat";
-  a.steps = 1;
+  reshard_options_t flat = relay_opts(-1, 0);
+  flat.topology = "flat";
+  run_setup(&a, S, D, flat, 1);
   assert_int_equal(run_all(N, &a), 0);
   check_source_egress(&a, N, is_src);
   for (int r = 1; r < N; r++) assert_int_equal(a.stats[r].send_messages, (M - 1) * RS_RELAY_PIPELINE_ROUNDS);
@@ -866,33 +874,18 @@ static void auto_choice(void **state) {
   static run a, d;
   /* one 4 MiB weight, tp=2 -> tp=2 x dp=4: four replicas of every
    * destination box (big enough that bandwidth, not latency, decides) */
-  reshard_layout_t *S, *D;
   int64_t shape[2] = {2048, 1024};
-  int t, m, b;
   reshard_placement_t s0[1] = {reshard_shard(0)}, rs0[2] = {reshard_replicate(), reshard_shard(0)};
-  assert_int_equal(reshard_layout_create(&S), 0);
-  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_BF16, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){2}, sr, &m), 0);
-  assert_int_equal(reshard_layout_place(S, t, m, s0, &b), 0);
-  assert_int_equal(reshard_layout_create(&D), 0);
-  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_BF16, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(D, 2, (int[]){4, 2}, dr, &m), 0);
-  assert_int_equal(reshard_layout_place(D, t, m, rs0, &b), 0);
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(-1, 0);
-  a.opts.topology = "h100-8x400g";
-  a.steps = 2;
+  reshard_layout_t *S = one_weight(RESHARD_BF16, 2, shape, 1, (int[]){2}, sr, s0);
+  reshard_layout_t *D = one_weight(RESHARD_BF16, 2, shape, 2, (int[]){4, 2}, dr, rs0);
+  reshard_options_t h100 = relay_opts(-1, 0);
+  h100.topology = "h100-8x400g";
+  run_setup(&a, S, D, h100, 2);
   assert_int_equal(run_all(N, &a), 0);
   check_source_egress(&a, N, is_src);
   assert_true(sent_by(&a, N, is_dst) > 0); /* the relay plan: forwards */
   /* the same without a topology: no cost model, direct */
-  memset(&d, 0, sizeof d);
-  d.src = S;
-  d.dst = D;
-  d.opts = relay_opts(-1, 0);
-  d.steps = 1;
+  run_setup(&d, S, D, relay_opts(-1, 0), 1);
   assert_int_equal(run_all(N, &d), 0);
   assert_int_equal(sent_by(&d, N, is_dst), 0);
   assert_true(sent_by(&d, N, is_src) > 3 * sent_by(&a, N, is_src));
@@ -901,16 +894,8 @@ static void auto_choice(void **state) {
   reshard_layout_destroy(D);
   /* tp=2 -> tp=8: no replicas, nothing to relay: direct is kept */
   reshard_placement_t s1[1] = {reshard_shard(1)};
-  assert_int_equal(reshard_layout_create(&D), 0);
-  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_BF16, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){8}, dr, &m), 0);
-  assert_int_equal(reshard_layout_place(D, t, m, s1, &b), 0);
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(-1, 0);
-  a.opts.topology = "h100-8x400g";
-  a.steps = 2;
+  D = one_weight(RESHARD_BF16, 2, shape, 1, (int[]){8}, dr, s1);
+  run_setup(&a, S, D, h100, 2);
   assert_int_equal(run_all(N, &a), 0);
   assert_int_equal(sent_by(&a, N, is_dst), 0);
   run_free(&a, N);

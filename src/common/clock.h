@@ -33,16 +33,15 @@ static inline int64_t rs_deadline_after_ms(int64_t timeout_ms) {
 static inline void rs_nap(unsigned spin) {
 #ifdef RESHARD_SIMGRID_BUILD
   (void)spin;
-  struct timespec sim = {0, 1000};
-  nanosleep(&sim, NULL);
-  return;
-#endif
+  struct timespec ts = {0, 1000};
+#else
   if (spin < 64) return;
   if (spin < 256) {
     sched_yield();
     return;
   }
   struct timespec ts = {0, 20000};
+#endif
   nanosleep(&ts, NULL);
 }
 

@@ -816,10 +816,6 @@ static reshard_result_t finish_direction(chunker *ch) {
   return RESHARD_SUCCESS;
 }
 
-static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, int32_t from, int32_t to) {
-  return (size_t)rs_chunk_cap(plan, chunk, bytes, in_domain(plan, from, to));
-}
-
 enum { RS_CUT_PREFETCH = 8 };
 
 /* A source -> owner relay stream of `bytes` goes in at least
@@ -836,6 +832,14 @@ static uint64_t relay_pipeline_cap(uint64_t cap, uint64_t bytes) {
   want = (want + 63) & ~(uint64_t)63;
   if (want < RS_RELAY_MIN_PART_DEFAULT) want = RS_RELAY_MIN_PART_DEFAULT;
   return want < cap ? want : cap;
+}
+
+/* The cap of the stream of `bytes` that segment s opens: rs_chunk_cap's,
+ * and a source -> owner relay stream's pipelining cap (rs_seg.pipe). */
+static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, const rs_seg *s) {
+  uint64_t cap = rs_chunk_cap(plan, chunk, bytes, in_domain(plan, s->from, s->to));
+  if (s->group >= 0 && s->origin >= 0 && s->pipe) cap = relay_pipeline_cap(cap, bytes);
+  return (size_t)cap;
 }
 
 /* A forward's readiness runs (chunker.runs) from the spans of the
@@ -913,8 +917,7 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
       c->stream = s;
       c->open = 0;
       c->cur = 0;
-      c->cap = stream_cap(plan, chunk_bytes, bytes, s->from, s->to);
-      if (s->group >= 0 && s->origin >= 0 && s->pipe) c->cap = relay_pipeline_cap(c->cap, bytes);
+      c->cap = stream_cap(plan, chunk_bytes, bytes, s);
       c->phase = rs_stream_phase(plan, s->from, s->to, bytes);
     }
     c->ready = 0;
