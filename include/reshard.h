@@ -709,8 +709,8 @@ typedef struct reshard_estimate {
    * bounded (the entries sum to seconds). Lower bound: each term's value
    * (seconds is their maximum). */
   double bound_seconds[RESHARD_NUM_BOUNDS];
-  /* Plans: the part of seconds spent in per-message latency on the
-   * bounding links. Lower bound: 0. */
+  /* Plans: the part of seconds spent in latency (once a round) and in
+   * each message's own cost on the bounding links. Lower bound: 0. */
   double latency_seconds;
   int num_rounds; /* plans: rounds priced; lower bound: 0 */
   /* Plans: bytes sent between ranks plus bytes copied locally, over all
@@ -726,9 +726,10 @@ typedef struct reshard_estimate {
  * topology or RESHARD_TOPOLOGY), collective over the plan's communicator
  * like plan creation: every rank gets the same answer. The model is
  * round-synchronous: each round of messages lasts as long as its busiest
- * link (bytes / bandwidth + messages x latency, over every rank's NIC and
- * NVLink directions, its local copies, and on the cpu preset the node's
- * shared memory bandwidth); the rounds add up. Rounds overlap in reality
+ * link (bytes / bandwidth + its latency once + messages x each one's
+ * cost, over every rank's NIC and NVLink directions, its local copies,
+ * and on the cpu preset the node's shared memory bandwidth); the rounds
+ * add up. Rounds overlap in reality
  * (double buffering), so this slightly over-estimates. A plan without a
  * topology is RESHARD_ERROR_INVALID_USAGE (on every rank). Costs a few
  * small allreduces over the communicator (values per round); call it

@@ -99,8 +99,10 @@ for i in $(seq 0 $((hosts - 1))); do echo "h$i"; done >"$work/hosts"
 # NVLink port (the preset's NVLink bandwidth per direction) and its share
 # of its node's NICs (per direction); ranks of one NVLink domain reach
 # each other port to port, other ranks NIC to NIC through a non-blocking
-# backbone. Latency per message as the cost model takes it: 2 x 1 us
-# inside a domain, 2 x 2.5 us across. Ranks sit where the cost model puts
+# backbone. Latency as the cost model takes it once a round: 2 x 1 us
+# inside a domain, 2 x 2.5 us across (SimGrid charges it to every message,
+# in flight together; the model's cost of each message, its posting, is
+# not simulated). Ranks sit where the cost model puts
 # them (src/plan/topology.h): the first NSRC ranks (the source side) fill
 # domains from the first, the rest start on a fresh one.
 preset_platform() {

@@ -10,7 +10,7 @@
 #                              message (np 2): bytes / time
 #     node copy bandwidth      4 pairs at once, 16 MiB each (np 8):
 #                              64 MiB / time
-#     per-message latency      1 -> 1 rank, one 64-byte message (np 2)
+#     per-message cost         1 -> 1 rank, one 64-byte message (np 2)
 #   each the median of REPEAT runs (default 3) of reshard_perf's median.
 # validate: reshard_perf --topology cpu on several layouts (2 to 8 ranks,
 #   one model), printing measured and predicted times and the error
@@ -62,7 +62,7 @@ if [[ $what == calibrate || $what == both ]]; then
   tiny=$(timed 2 --shape 16 --src-mesh 1 --src-placements S0 --dst-mesh 1 --dst-placements S0 -n 200 -w 10)
   awk -v big="$big" -v node="$node" -v tiny="$tiny" 'BEGIN {
     printf "calibration (median of medians): 64 MiB 1->1: %.1f us; 4 x 16 MiB at once: %.1f us; 64 B 1->1: %.1f us\n", big, node, tiny
-    printf "cpu preset: nvlink_bw (per-rank copy) = %.3g B/s, node_copy_bw = %.3g B/s, latency = %.2g s\n",
+    printf "cpu preset: nvlink_bw (per-rank copy) = %.3g B/s, node_copy_bw = %.3g B/s, per-message cost (net_msg_s, nvlink_msg_s) = %.2g s\n",
            67108864 / (big * 1e-6), 67108864 / (node * 1e-6), tiny * 1e-6
   }'
 fi

@@ -55,12 +55,14 @@ static void one_to_two_h100(void **state) {
   reshard_layout_t *s = side(1024, 1, r0, reshard_replicate()), *d = side(1024, 2, r12, reshard_shard(0));
   reshard_estimate_t e;
   global(s, d, 3, "h100-8x400g", &e);
-  double want = 4096.0 / 50e9 + 2 * 5e-6;
+  /* the latency once (both messages in flight together), each message's
+   * own cost twice */
+  double want = 4096.0 / 50e9 + 5e-6 + 2 * 1e-6;
   assert_close(e.seconds, want);
   assert_int_equal(e.bound, RESHARD_BOUND_NIC_EGRESS);
   assert_int_equal(e.bound_where, 0);
   assert_close(e.bound_seconds[RESHARD_BOUND_NIC_EGRESS], want);
-  assert_close(e.latency_seconds, 1e-5);
+  assert_close(e.latency_seconds, 7e-6);
   assert_int_equal(e.num_rounds, 1);
   assert_int_equal(e.bytes, 4096);
 
@@ -81,7 +83,7 @@ static void one_to_two_h100(void **state) {
   reshard_estimate_t c = RESHARD_ESTIMATE_INITIALIZER;
   assert_int_equal(pc_estimate_global(s, d, 3, &o, &c, NULL), 0);
   assert_int_equal(c.num_rounds, 4);
-  assert_close(c.seconds, 4 * (1024.0 / 50e9 + 2 * 5e-6));
+  assert_close(c.seconds, 4 * (1024.0 / 50e9 + 5e-6 + 2 * 1e-6));
   reshard_layout_destroy(s);
   reshard_layout_destroy(d);
 }
@@ -94,7 +96,7 @@ static void nvlink_and_local(void **state) {
   reshard_layout_t *s = side(1024, 2, r01, reshard_shard(0)), *d = side(1024, 2, r10, reshard_shard(0));
   reshard_estimate_t e;
   global(s, d, 2, "h100-8x400g", &e);
-  assert_close(e.seconds, 2048.0 / 450e9 + 2e-6);
+  assert_close(e.seconds, 2048.0 / 450e9 + 2e-6 + 0.5e-6); /* latency + one message */
   assert_int_equal(e.bound, RESHARD_BOUND_NVLINK_EGRESS);
   reshard_estimate_t lb = RESHARD_ESTIMATE_INITIALIZER;
   assert_int_equal(reshard_lower_bound(s, d, 2, "h100-8x400g", &lb), 0);
@@ -127,7 +129,7 @@ static void cpu_node_memory(void **state) {
   reshard_estimate_t e;
   global(s, d, 5, "cpu", &e);
   /* rank 0 sends 4 x 16 KiB; the node copies 64 KiB */
-  double egress = 4 * 16384.0 / t.nvlink_bw + 4 * t.nvlink_latency_s, node = 4 * 16384.0 / t.node_copy_bw;
+  double egress = 4 * 16384.0 / t.nvlink_bw + t.nvlink_latency_s + 4 * t.nvlink_msg_s, node = 4 * 16384.0 / t.node_copy_bw;
   assert_close(e.seconds, egress > node ? egress : node);
   assert_int_equal(e.bound, egress > node ? RESHARD_BOUND_NVLINK_EGRESS : RESHARD_BOUND_NODE_MEMORY);
   reshard_estimate_t lb = RESHARD_ESTIMATE_INITIALIZER;

@@ -36,7 +36,7 @@ static double gather_broadcast(const rs_volume *v, const cli_layouts *L, double 
   for (int r = L->first_dst; r < L->first_dst + L->ndst; r++) {
     if (r == v->root) continue;
     int same = v->map.domain[prev] == v->map.domain[r];
-    double bw = same ? nvl : nic, lat = same ? t->nvlink_latency_s : t->net_latency_s;
+    double bw = same ? nvl : nic, lat = same ? t->nvlink_latency_s + t->nvlink_msg_s : t->net_latency_s + t->net_msg_s;
     if (!(bw > 0)) bw = 0;
     slowest = bw < slowest ? bw : slowest;
     fill += lat + (bw > 0 ? c / bw : INFINITY);
@@ -103,9 +103,9 @@ int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, co
   }
 
   fprintf(out, "# cost model on %s: %d ranks per node, %d per NVLink domain (%d used), NIC %.3g GB/s and NVLink %.3g GB/s "
-               "per rank and direction, latency %.3g/%.3g us (network/domain)",
+               "per rank and direction, latency %.3g/%.3g us a round and %.3g/%.3g us a message (network/domain)",
           t.name, t.ranks_per_node, t.domain_size, t.domain_used, rs_topology_rank_nic_bw(&t) / 1e9, t.nvlink_bw / 1e9,
-          t.net_latency_s * 1e6, t.nvlink_latency_s * 1e6);
+          t.net_latency_s * 1e6, t.nvlink_latency_s * 1e6, t.net_msg_s * 1e6, t.nvlink_msg_s * 1e6);
   if (t.node_copy_bw > 0) fprintf(out, ", host memory %.3g GB/s shared", t.node_copy_bw / 1e9);
   fprintf(out, "; %d nodes, %d domains\n", v.map.nnodes, v.map.ndomains);
   fprintf(out, "# T_lower: %.6g s, bound by %s", lb.seconds, reshard_bound_name(lb.bound));

@@ -19,10 +19,17 @@ static double link_bw(const rs_topology *t, int link) {
   return t->nvlink_bw; /* NVLink both ways, and local copies */
 }
 
+/* A link's latency in a round that uses it, and each message's own cost. */
 static double link_latency(const rs_topology *t, int link) {
   if (link == RS_LINK_NIC_OUT || link == RS_LINK_NIC_IN) return t->net_latency_s;
   if (link == RS_LINK_COPY) return 0;
   return t->nvlink_latency_s;
+}
+
+static double link_msg(const rs_topology *t, int link) {
+  if (link == RS_LINK_NIC_OUT || link == RS_LINK_NIC_IN) return t->net_msg_s;
+  if (link == RS_LINK_COPY) return 0;
+  return t->nvlink_msg_s;
 }
 
 void rs_cost_rank_free(rs_cost_rank *c) {
@@ -84,7 +91,7 @@ reshard_result_t rs_cost_rank_compute(const reshard_plan_t *plan, rs_cost_rank *
                    me, t->name, link <= RS_LINK_NIC_IN ? "network" : "domain", k / RS_NLINKS);
       break;
     }
-    double lat = (double)msgs[k] * link_latency(t, link);
+    double lat = msgs[k] ? link_latency(t, link) + (double)msgs[k] * link_msg(t, link) : 0;
     out->ps[k] = rs_cost_ps((double)bytes[k] / bw + lat);
     out->lat_ps[k] = rs_cost_ps(lat);
   }

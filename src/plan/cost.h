@@ -6,19 +6,23 @@
  * most loaded link has drained, so round k lasts
  *
  *   max over ranks r and links l of r:  bytes(r, l, k) / bw(l)
- *                                       + messages(r, l, k) x latency(l)
+ *                                       + latency(l)
+ *                                       + messages(r, l, k) x msg(l)
  *
  * with, per rank, four links: NIC egress and ingress (its share of the
  * node's NICs: a message between two NVLink domains), NVLink egress and
  * ingress (a message inside one domain), plus its local copies (colocated
  * ranks, in round 0, at the NVLink rate: a device copy is at least that
- * fast). Per-message latency is charged on the link the message uses: the
- * posting rank issues its messages one after another, so their overheads
- * add up on that link. Where the topology has a shared memory bandwidth
- * (node_copy_bw, the cpu preset: ranks are processes copying through one
- * host's memory), every byte received or copied locally is one copy, and
- * a node's copies of a round share that bandwidth: one more term per
- * node. The makespan is the sum of the rounds. Execution double-buffers
+ * fast). A link used in a round waits out its latency once: the messages
+ * posted together are in flight together (charging every message its
+ * whole latency made the model 18% pessimistic against the fluid
+ * simulation of scripts/simulate.sh). Each message's own cost is charged
+ * on the link it uses: the posting rank issues its messages one after
+ * another, so those costs add up. Where the topology has a shared memory
+ * bandwidth (node_copy_bw, the cpu preset: ranks are processes copying
+ * through one host's memory), every byte received or copied locally is
+ * one copy, and a node's copies of a round share that bandwidth: one more
+ * term per node. The makespan is the sum of the rounds. Execution double-buffers
  * (round k+1 is packed while round k is in flight), so rounds overlap in
  * reality and this slightly over-estimates.
  *

@@ -94,24 +94,32 @@ static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int
   return worst * (double)P;
 }
 
-/* The busiest link's latency at P phases, seconds: its messages, each
- * stream cut at its cap for the chunk this rank would size. -1 when P
- * does not fit the staging at all: a stream's spread share is its bytes
- * over the spread rounds a phase gets, and when a phase holds more than
- * its part of the bytes, those shares alone can overflow the round. */
+/* The busiest link's latency at P phases, seconds: each message's own
+ * cost, every stream cut at its cap for the chunk this rank would size,
+ * plus the link's latency once for every round it is used in: as many as
+ * its longest stream spans (a stream in one phase sends every P-th
+ * round). -1 when P does not fit the staging at all: a stream's spread
+ * share is its bytes over the spread rounds a phase gets, and when a
+ * phase holds more than its part of the bytes, those shares alone can
+ * overflow the round. */
 static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, const int32_t *phase, uint64_t *sums) {
   int64_t P = tmp->phases;
   uint64_t limit = rs_streams_limit(tmp, st, phase, tmp->opts.staging_bytes / 2, sums);
   if (limit < 64 && P > 1) return -1;
   uint64_t chunk = rs_chunk_bound(&tmp->opts, limit);
-  double msgs[4] = {0, 0, 0, 0};
+  double msgs[4] = {0, 0, 0, 0}, rounds[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < st->n; i++) {
     uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i]);
-    msgs[link_of(tmp, st->from[i], st->to[i])] += (double)((st->bytes[i] + cap - 1) / cap);
+    double m = (double)((st->bytes[i] + cap - 1) / cap), span = phase[i] < 0 ? m : m * (double)P;
+    int l = link_of(tmp, st->from[i], st->to[i]);
+    msgs[l] += m;
+    if (span > rounds[l]) rounds[l] = span;
   }
   double worst = 0;
   for (int l = 0; l < 4; l++) {
-    double t = msgs[l] * ((l & 1) ? tmp->topo.nvlink_latency_s : tmp->topo.net_latency_s);
+    int inside = l & 1;
+    double t = rounds[l] * (inside ? tmp->topo.nvlink_latency_s : tmp->topo.net_latency_s) +
+               msgs[l] * (inside ? tmp->topo.nvlink_msg_s : tmp->topo.net_msg_s);
     if (t > worst) worst = t;
   }
   return worst;

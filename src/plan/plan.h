@@ -399,7 +399,8 @@ void rs_streams_free(rs_streams *s);
  * bytes of the link's busiest phase, times the phases, over its
  * bandwidth (a wide stream's bytes spread over every phase), plus its
  * messages at the chunk this rank would size (with this rank's spread)
- * times the link's latency. UINT64_MAX marks c as no candidate: over
+ * times each message's cost, and the link's latency once per round its
+ * longest stream spans. UINT64_MAX marks c as no candidate: over
  * `most` phases, a threshold at one phase, or no topology with links
  * (est[0] is then 0). */
 reshard_result_t rs_phase_estimates(const reshard_plan_t *plan, const rs_streams *st, int32_t spread, int32_t most,

@@ -26,8 +26,14 @@ typedef struct rs_topology {
   double nvlink_bw;    /* bytes/s per rank per direction, inside a domain */
   double nic_bw;       /* bytes/s per NIC per direction */
   int nics_per_node;
-  double net_latency_s;    /* per message over the network */
-  double nvlink_latency_s; /* per message inside a domain */
+  /* A round's latency on a link that carries any message in it: messages
+   * posted together are in flight together, so they wait it out once. */
+  double net_latency_s;    /* over the network */
+  double nvlink_latency_s; /* inside a domain */
+  /* Each message's own cost on its link, paid one after another: the
+   * posting rank issues its messages in turn. */
+  double net_msg_s;
+  double nvlink_msg_s;
   /* Memory bandwidth a node's ranks share when they copy (bytes/s, read +
    * write counted once), or 0 for no shared limit: the cpu preset, where
    * every "link" is a memory copy. */

@@ -50,7 +50,9 @@ static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sync_rank(int rank, reshard_comm_t *comm, void *p) {
   th_sync_args *a = p;
   reshard_plan_t *plan = NULL;
+  if (a->plan_hook) a->plan_hook(1);
   reshard_result_t r = reshard_plan_create(comm, a->src, a->dst, &a->opts, &plan);
+  if (a->plan_hook) a->plan_hook(0);
   if (a->expect_fail) {
     if (r != a->expected_code) {
       fprintf(stderr, "rank %d: plan_create returned %d (%s), expected %d\n", rank, r, reshard_last_error(),

@@ -46,6 +46,9 @@ typedef struct th_sync_args {
   reshard_options_t opts;
   int steps;
   int expect_fail; /* plan_create should fail with this code on all ranks */
+  /* Called on each rank's thread with 1 just before plan_create and with
+   * 0 just after (NULL: none): a test sets thread-local planner knobs. */
+  void (*plan_hook)(int before);
   reshard_result_t expected_code;
   /* results */
   int64_t bad; /* summed over ranks */
