@@ -9,13 +9,15 @@
  * A tile covers runs [run0, run0 + nruns) of one rs_copy descriptor (runs
  * numbered row-major over its outer dims) and, inside each of them, bytes
  * [b0, b1). Either nruns > 1 and [b0, b1) = [0, run_bytes) (whole runs), or
- * nruns == 1 and the range is a 16-byte-aligned slice of one long run. */
+ * nruns == 1 and the range is a 16-byte-aligned slice of one long run.
+ * For a cast descriptor the bytes are the source run's. */
 #ifndef RS_KERNELS_RS_TILE_H
 #define RS_KERNELS_RS_TILE_H
 
 #include <stdint.h>
 #include <string.h>
 
+#include "pack/convert.h"
 #include "pack/copy.h"
 
 #ifdef __CUDACC__
@@ -98,6 +100,26 @@ RS_HD void rs_tile_unit(unsigned char *d, const unsigned char *s,
 #endif
 }
 
+/* A cast descriptor's share of tile t for thread `tid`: element by
+ * element (src/pack/convert.h reads and writes bytes, so no alignment is
+ * needed). The tile's byte range counts source bytes, cut at multiples of
+ * 16, so it starts and ends on whole elements. */
+RS_HD void rs_tile_cast(const rs_copy *c, const rs_tile *t,
+                        const unsigned char *src, unsigned char *dst,
+                        unsigned tid, unsigned nthreads) {
+  const int from = c->cvt_from - 1, to = c->cvt_to - 1;
+  const uint64_t ses = rs_cvt_size(from), des = rs_cvt_size(to);
+  const uint64_t e0 = t->b0 / ses, ne = (t->b1 - t->b0) / ses;
+  const uint64_t total = t->nruns * ne;
+  for (uint64_t i = tid; i < total; i += nthreads) {
+    uint64_t r = i / ne, e = e0 + (i - r * ne);
+    int64_t so, dof;
+    rs_tile_run_offsets(c, t->run0 + r, &so, &dof);
+    rs_cvt_elem(to, dst + c->dst_off + dof + (int64_t)(e * des), from,
+                src + c->src_off + so + (int64_t)(e * ses));
+  }
+}
+
 /* Thread `tid` of `nthreads` copies its share of tile t. Long runs (at
  * least one unit per thread) are walked run by run, the threads striding
  * inside each run, so the per-run offset math is paid once per run; short
@@ -107,6 +129,10 @@ RS_HD void rs_tile_unit(unsigned char *d, const unsigned char *s,
 RS_HD void rs_tile_copy(const rs_copy *c, const rs_tile *t,
                         const unsigned char *src, unsigned char *dst,
                         unsigned tid, unsigned nthreads) {
+  if (c->cvt_from) {
+    rs_tile_cast(c, t, src, dst, tid, nthreads);
+    return;
+  }
   const unsigned w = rs_tile_width(c, t, src, dst);
   const uint64_t units = (t->b1 - t->b0) / w;
   const unsigned char *s0 = src + c->src_off + t->b0;

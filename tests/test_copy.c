@@ -1,5 +1,8 @@
 /* rs_copy_init / rs_copy_run against a naive element-by-element reference
- * that knows nothing about merging or runs. */
+ * that knows nothing about merging or runs; casting descriptors
+ * (rs_copy_init_cvt) against the same walk, each element cast by
+ * rs_cvt_elem (whose values test_convert checks against an independent
+ * reference). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "pack/convert.h"
 #include "pack/copy.h"
 
 /* ------------------------------------------------------------------ */
@@ -464,6 +468,101 @@ static void test_copy_bytes(void **state) {
   assert_int_equal(rs_copy_bytes(&c), 2);
 }
 
+/* ------------------------------------------------------------------ */
+/* Casts                                                               */
+/* ------------------------------------------------------------------ */
+
+static const reshard_dtype_t FLOATS[] = {RESHARD_FP32, RESHARD_BF16, RESHARD_FP16, RESHARD_FP8_E4M3,
+                                         RESHARD_FP8_E5M2};
+
+/* A random box cast from one float dtype to another: every destination
+ * byte equals the element-by-element walk's, with two sentinels; the
+ * descriptor reads elems x source size and writes runs of the
+ * destination's size. */
+static void run_cast_case(uint64_t seed) {
+  rng r = {seed ^ 0x8A5CD789635D2DFFULL};
+  rng_next(&r);
+  int fi = (int)rng_range(&r, 0, 4), ti = (fi + (int)rng_range(&r, 1, 4)) % 5;
+  reshard_dtype_t from = FLOATS[fi], to = FLOATS[ti];
+  size_t ses = reshard_dtype_size(from), des = reshard_dtype_size(to);
+  int ndim = (int)rng_range(&r, 0, 4);
+  int64_t extent[RS_COPY_MAX_DIMS];
+  for (int k = 0; k < ndim; k++) extent[k] = rng_range(&r, 0, 4) == 0 ? 1 : rng_range(&r, 1, 12);
+  int64_t ss[RS_COPY_MAX_DIMS], ds[RS_COPY_MAX_DIMS];
+  int64_t s_base = random_strides(&r, ndim, extent, ss, 1), d_base = random_strides(&r, ndim, extent, ds, 0);
+  uint64_t src_off = (uint64_t)(s_base * (int64_t)ses + rng_range(&r, 0, 9));
+  uint64_t dst_off = (uint64_t)(d_base * (int64_t)des + rng_range(&r, 0, 9));
+  int64_t lo, hi;
+  box_span(ndim, extent, ses, ss, &lo, &hi);
+  size_t src_size = (size_t)((int64_t)src_off + hi) + 16;
+  box_span(ndim, extent, des, ds, &lo, &hi);
+  size_t dst_size = (size_t)((int64_t)dst_off + hi) + 16;
+  unsigned char *src = random_bytes(src_size, seed), *got = malloc(dst_size), *want = malloc(dst_size);
+  assert_true(got && want);
+  rs_copy c;
+  rs_copy_init_cvt(&c, ndim, extent, from, 3, src_off, ss, to, RS_BUF_STAGING, dst_off, ds);
+  const char *why = NULL;
+  for (int pass = 0; pass < 2 && !why; pass++) {
+    unsigned char flip = pass ? 0x5a : 0xa5;
+    fill_sentinel(got, dst_size, flip);
+    fill_sentinel(want, dst_size, flip);
+    rs_copy_run(&c, src, got);
+    int64_t idx[RS_COPY_MAX_DIMS] = {0};
+    for (int done = 0; !done;) {
+      int64_t so = (int64_t)src_off, d = (int64_t)dst_off;
+      for (int k = 0; k < ndim; k++) {
+        so += idx[k] * ss[k] * (int64_t)ses;
+        d += idx[k] * ds[k] * (int64_t)des;
+      }
+      rs_cvt_elem(to, want + d, from, src + so);
+      int k = ndim - 1;
+      while (k >= 0 && ++idx[k] == extent[k]) idx[k--] = 0;
+      done = k < 0;
+    }
+    if (memcmp(got, want, dst_size)) why = "destination differs from the element walk";
+  }
+  if (!why && rs_copy_bytes(&c) != box_elems(ndim, extent) * ses) why = "rs_copy_bytes != elems x source size";
+  if (!why && (c.run_bytes % ses || rs_copy_dst_run(&c) != c.run_bytes / ses * des))
+    why = "runs not whole elements of each side";
+  if (!why && (c.cvt_from != from + 1 || c.cvt_to != to + 1)) why = "dtypes not stored";
+  free(src);
+  free(got);
+  free(want);
+  if (why) {
+    print_case(seed, ndim, extent, ses, src_off, ss, dst_off, ds);
+    fail_msg("cast case seed=0x%016llx (%s -> %s): %s", (unsigned long long)seed, reshard_dtype_name(from),
+             reshard_dtype_name(to), why);
+  }
+}
+
+static void test_cast_random(void **state) {
+  (void)state;
+  const char *one = getenv("RS_COPY_SEED");
+  if (one && *one) {
+    run_cast_case(strtoull(one, NULL, 0));
+    return;
+  }
+  for (uint64_t i = 0; i < 600; i++) run_cast_case(SEED_BASE + i);
+}
+
+/* Equal dtypes build the plain copy; a contiguous cast is one run of the
+ * source's bytes; registered buffers' composition refuses casts. */
+static void test_cast_descriptors(void **state) {
+  (void)state;
+  int64_t extent[2] = {3, 5}, st[2] = {5, 1};
+  rs_copy a, b, p, u, out;
+  rs_copy_init_cvt(&a, 2, extent, RESHARD_BF16, 0, 0, st, RESHARD_BF16, 1, 0, st);
+  rs_copy_init(&b, 2, extent, 2, 0, 0, st, 1, 0, st);
+  assert_memory_equal(&a, &b, sizeof a);
+  rs_copy_init_cvt(&a, 2, extent, RESHARD_FP32, 0, 0, st, RESHARD_BF16, 1, 0, st);
+  assert_int_equal(a.ndim, 0);
+  assert_int_equal(a.run_bytes, 60);
+  assert_int_equal(rs_copy_dst_run(&a), 30);
+  rs_copy_init_cvt(&p, 2, extent, RESHARD_FP32, 0, 0, st, RESHARD_BF16, RS_BUF_STAGING, 0, st);
+  rs_copy_init(&u, 2, extent, 2, RS_BUF_STAGING, 0, st, 1, 0, st);
+  assert_int_equal(rs_copy_compose(&p, &u, &out), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contiguous_is_one_run),
@@ -475,6 +574,8 @@ int main(void) {
       cmocka_unit_test(test_copy_bytes),
       cmocka_unit_test(test_compose_random),
       cmocka_unit_test(test_random),
+      cmocka_unit_test(test_cast_descriptors),
+      cmocka_unit_test(test_cast_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /* Strided N-D box copies on host memory (see copy.h). */
 #include "pack/copy.h"
 
+#include "pack/convert.h"
+
 #include <assert.h>
 #include <string.h>
 
@@ -15,10 +17,13 @@ static void make_empty(rs_copy *c, size_t elem_size) {
   c->run_bytes = elem_size;
 }
 
-void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
-                  size_t elem_size, int32_t src_buf, uint64_t src_off,
-                  const int64_t *src_stride_elems, int32_t dst_buf,
-                  uint64_t dst_off, const int64_t *dst_stride_elems) {
+/* rs_copy_init with each side's element size: ses on the source, des on
+ * the destination (equal but for a cast). run_bytes counts the source. */
+static void init_sized(rs_copy *c, int ndim, const int64_t *extent,
+                       size_t ses, size_t des, int32_t src_buf, uint64_t src_off,
+                       const int64_t *src_stride_elems, int32_t dst_buf,
+                       uint64_t dst_off, const int64_t *dst_stride_elems) {
+  const size_t elem_size = ses;
   memset(c, 0, sizeof(*c));
   c->src_off = src_off;
   c->dst_off = dst_off;
@@ -46,7 +51,7 @@ void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
     if (extent[i] == 1)
       continue;
     const int64_t ss = src_stride_elems[i] * es;
-    const int64_t ds = dst_stride_elems[i] * es;
+    const int64_t ds = dst_stride_elems[i] * (int64_t)des;
     /* Merging into the previously kept dim (rather than pairwise over the
      * input) collapses whole chains of contiguous dims in one pass. */
     if (n > 0 && c->src_stride[n - 1] == ss * extent[i] &&
@@ -64,15 +69,45 @@ void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
 
   /* After merging, at most one dim can still be contiguous with the run;
    * a loop costs nothing and stays right if the merge rule ever changes. */
+  uint64_t drun = des;
   while (n > 0 && c->src_stride[n - 1] == (int64_t)c->run_bytes &&
-         c->dst_stride[n - 1] == (int64_t)c->run_bytes) {
+         c->dst_stride[n - 1] == (int64_t)drun) {
     c->run_bytes *= (uint64_t)c->extent[n - 1];
+    drun *= (uint64_t)c->extent[n - 1];
     n--;
     c->extent[n] = 0;
     c->src_stride[n] = 0;
     c->dst_stride[n] = 0;
   }
   c->ndim = n;
+}
+
+void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
+                  size_t elem_size, int32_t src_buf, uint64_t src_off,
+                  const int64_t *src_stride_elems, int32_t dst_buf,
+                  uint64_t dst_off, const int64_t *dst_stride_elems) {
+  init_sized(c, ndim, extent, elem_size, elem_size, src_buf, src_off,
+             src_stride_elems, dst_buf, dst_off, dst_stride_elems);
+}
+
+void rs_copy_init_cvt(rs_copy *c, int ndim, const int64_t *extent,
+                      reshard_dtype_t src_dtype, int32_t src_buf,
+                      uint64_t src_off, const int64_t *src_stride_elems,
+                      reshard_dtype_t dst_dtype, int32_t dst_buf,
+                      uint64_t dst_off, const int64_t *dst_stride_elems) {
+  const size_t ses = reshard_dtype_size(src_dtype), des = reshard_dtype_size(dst_dtype);
+  init_sized(c, ndim, extent, ses, des, src_buf, src_off, src_stride_elems,
+             dst_buf, dst_off, dst_stride_elems);
+  if (src_dtype != dst_dtype) {
+    assert(rs_cvt_float_dtype(src_dtype) && rs_cvt_float_dtype(dst_dtype));
+    c->cvt_from = (uint8_t)(src_dtype + 1);
+    c->cvt_to = (uint8_t)(dst_dtype + 1);
+  }
+}
+
+uint64_t rs_copy_dst_run(const rs_copy *c) {
+  if (!c->cvt_from) return c->run_bytes;
+  return c->run_bytes / rs_cvt_size(c->cvt_from - 1) * rs_cvt_size(c->cvt_to - 1);
 }
 
 /* The real side's byte stride at staging unit u (a breakpoint of the
@@ -90,7 +125,7 @@ static int64_t stride_at(const rs_copy *c, const int64_t *stage, const int64_t *
 
 int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out) {
   uint64_t total = rs_copy_bytes(s);
-  if (s->dst_buf != RS_BUF_STAGING || r->src_buf != RS_BUF_STAGING || s->dst_off != r->src_off ||
+  if (s->cvt_from || r->cvt_from ||s->dst_buf != RS_BUF_STAGING || r->src_buf != RS_BUF_STAGING || s->dst_off != r->src_off ||
       total != rs_copy_bytes(r))
     return -1;
   memset(out, 0, sizeof *out);
@@ -174,6 +209,27 @@ static void copy_line(unsigned char *d, int64_t ds, const unsigned char *s,
 
 #undef RS_COPY_LINE_FIXED
 
+/* A cast's innermost outer dim: n runs, each of ne elements of ses bytes
+ * in, des bytes out. */
+static void convert_line(unsigned char *d, int64_t ds, const unsigned char *s,
+                         int64_t ss, int64_t n, uint64_t ne, int from, size_t ses,
+                         int to, size_t des) {
+  for (int64_t i = 0; i < n; i++)
+    for (uint64_t e = 0; e < ne; e++)
+      rs_cvt_elem(to, d + i * ds + (int64_t)(e * des), from, s + i * ss + (int64_t)(e * ses));
+}
+
+/* One innermost outer dim of c: copied, or cast element by element. */
+static void run_line(const rs_copy *c, unsigned char *d, int64_t ds, const unsigned char *s, int64_t ss, int64_t n) {
+  if (!c->cvt_from) {
+    copy_line(d, ds, s, ss, n, c->run_bytes);
+    return;
+  }
+  const int from = c->cvt_from - 1, to = c->cvt_to - 1;
+  const size_t ses = rs_cvt_size(from), des = rs_cvt_size(to);
+  convert_line(d, ds, s, ss, n, c->run_bytes / ses, from, ses, to, des);
+}
+
 #ifdef RESHARD_SIMGRID_BUILD
 int rs_copy_skip = 0;
 #endif
@@ -185,7 +241,6 @@ void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
   const unsigned char *s = (const unsigned char *)src_base + c->src_off;
   unsigned char *d = (unsigned char *)dst_base + c->dst_off;
   const int nd = c->ndim;
-  const uint64_t rb = c->run_bytes;
 
   assert(nd >= 0 && nd <= RS_COPY_MAX_DIMS);
   if (nd < 0 || nd > RS_COPY_MAX_DIMS)
@@ -196,7 +251,7 @@ void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
       return;
 
   if (nd == 0) {
-    memcpy(d, s, rb);
+    run_line(c, d, 0, s, 0, 1);
     return;
   }
   const int in = nd - 1;
@@ -204,13 +259,13 @@ void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
   const int64_t ss_in = c->src_stride[in];
   const int64_t ds_in = c->dst_stride[in];
   if (nd == 1) {
-    copy_line(d, ds_in, s, ss_in, n_in, rb);
+    run_line(c, d, ds_in, s, ss_in, n_in);
     return;
   }
   if (nd == 2) {
     for (int64_t i = 0; i < c->extent[0]; i++)
-      copy_line(d + i * c->dst_stride[0], ds_in, s + i * c->src_stride[0],
-                ss_in, n_in, rb);
+      run_line(c, d + i * c->dst_stride[0], ds_in, s + i * c->src_stride[0],
+               ss_in, n_in);
     return;
   }
 
@@ -221,7 +276,7 @@ void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base) {
   int64_t idx[RS_COPY_MAX_DIMS] = {0};
   int64_t so = 0, doff = 0;
   for (;;) {
-    copy_line(d + doff, ds_in, s + so, ss_in, n_in, rb);
+    run_line(c, d + doff, ds_in, s + so, ss_in, n_in);
     int k = in - 1;
     for (; k >= 0; k--) {
       if (++idx[k] < c->extent[k]) {

@@ -10,7 +10,13 @@
  * copied to
  *   dst_base + dst_off + sum_k i_k * dst_stride[k].
  * Strides are in bytes and may be anything (including non-monotonic);
- * a box with zero outer dims is a single run. */
+ * a box with zero outer dims is a single run.
+ *
+ * A converting descriptor (cvt_from and cvt_to set: rs_copy_init_cvt)
+ * casts every element from one floating-point dtype to another
+ * (src/pack/convert.h) instead of copying bytes: run_bytes is then the
+ * source run, and the destination run holds as many elements of the
+ * destination's size (rs_copy_dst_run). */
 #ifndef RS_PACK_COPY_H
 #define RS_PACK_COPY_H
 
@@ -31,7 +37,12 @@ typedef struct rs_copy {
   int32_t src_buf;   /* source-layout buffer id, or RS_BUF_STAGING */
   int32_t dst_buf;   /* destination-layout buffer id, or RS_BUF_STAGING */
   int32_t ndim;      /* outer dims, 0..RS_COPY_MAX_DIMS */
-  int32_t reserved;
+  /* 0 and 0: a byte copy; else the source's and the destination's
+   * reshard_dtype_t plus one (a cast between two float dtypes). In the
+   * 4 bytes that were reserved, so the layout (shipped between ranks by
+   * src/device/direct.c) keeps its size. */
+  uint8_t cvt_from, cvt_to;
+  uint16_t reserved;
   int64_t extent[RS_COPY_MAX_DIMS];
   int64_t src_stride[RS_COPY_MAX_DIMS]; /* bytes */
   int64_t dst_stride[RS_COPY_MAX_DIMS]; /* bytes */
@@ -47,8 +58,22 @@ void rs_copy_init(rs_copy *c, int ndim, const int64_t *extent,
                   const int64_t *src_stride_elems, int32_t dst_buf,
                   uint64_t dst_off, const int64_t *dst_stride_elems);
 
-/* Total bytes the descriptor moves. */
+/* The same with a cast: the box's elements are src_dtype on the source
+ * side and dst_dtype on the destination side (float dtypes of
+ * rs_cvt_float_dtype, src/pack/convert.h), each side's strides in its
+ * own elements. Equal dtypes build rs_copy_init's plain copy. */
+void rs_copy_init_cvt(rs_copy *c, int ndim, const int64_t *extent,
+                      reshard_dtype_t src_dtype, int32_t src_buf,
+                      uint64_t src_off, const int64_t *src_stride_elems,
+                      reshard_dtype_t dst_dtype, int32_t dst_buf,
+                      uint64_t dst_off, const int64_t *dst_stride_elems);
+
+/* Total bytes the descriptor reads (for a plain copy: moves). */
 uint64_t rs_copy_bytes(const rs_copy *c);
+
+/* The destination run's bytes: run_bytes, or for a cast run_bytes over
+ * the source's element size times the destination's. */
+uint64_t rs_copy_dst_run(const rs_copy *c);
 
 /* One descriptor for a pack followed by its unpack: s copies a box into
  * staging (its destination is RS_BUF_STAGING, dense) and r copies the
@@ -61,6 +86,7 @@ uint64_t rs_copy_bytes(const rs_copy *c);
  * buffers (src/device/). Returns 0, or -1 when s and r are not a pack and
  * unpack of one box (different offsets or sizes). */
 int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out);
+/* (-1 too when s or r casts: registered buffers move bytes as they are.) */
 
 /* Executes one descriptor on host memory. */
 void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base);

@@ -2,7 +2,7 @@
  * C and CUDA C++ alike: boxes of random dims inside padded tensors whose
  * dims are laid out in random order (transposes), element sizes from 1 to
  * 16 bytes, reversed dims (negative strides) and byte offsets that break
- * every alignment. Each descriptor gets its own source and destination
+ * every alignment, and casts between float dtypes. Each descriptor gets its own source and destination
  * region, so a batch of them has disjoint writes. */
 #ifndef RS_TESTS_GPU_RAND_COPIES_H
 #define RS_TESTS_GPU_RAND_COPIES_H
@@ -74,13 +74,24 @@ static inline void rc_copy(uint64_t *s, uint64_t src_base, uint64_t dst_base,
   for (int d = 0; d < nd; d++)
     extent[d] = rc_range(s, 1, d == nd - 1 ? 70 : 7);
   if (rc_range(s, 0, 9) == 0) extent[nd - 1] = rc_range(s, 1000, 9000); /* long runs */
+  /* a quarter of them cast between two float dtypes (src/pack/convert.h) */
+  static const reshard_dtype_t floats[] = {RESHARD_FP32, RESHARD_BF16, RESHARD_FP16, RESHARD_FP8_E4M3,
+                                           RESHARD_FP8_E5M2};
+  int cast = rc_range(s, 0, 3) == 0;
+  int fi = (int)rc_range(s, 0, 4), ti = (fi + (int)rc_range(s, 1, 4)) % 5; /* two different dtypes */
+  reshard_dtype_t from = floats[fi], to = floats[ti];
+  int64_t des = cast ? (int64_t)reshard_dtype_size(to) : es;
+  if (cast) es = (int64_t)reshard_dtype_size(from);
   uint64_t so, dof;
   uint64_t sl = rc_side(s, nd, extent, es, ss, &so);
-  uint64_t dl = rc_side(s, nd, extent, es, ds, &dof);
+  uint64_t dl = rc_side(s, nd, extent, des, ds, &dof);
   uint64_t smis = (uint64_t)rc_range(s, 0, 15), dmis = (uint64_t)rc_range(s, 0, 15);
   if (rc_range(s, 0, 2) == 0) smis = dmis = 0; /* aligned: the vector path */
-  rs_copy_init(c, nd, extent, (size_t)es, 0, src_base + smis + so, ss, 0,
-               dst_base + dmis + dof, ds);
+  if (cast)
+    rs_copy_init_cvt(c, nd, extent, from, 0, src_base + smis + so, ss, to, 0, dst_base + dmis + dof, ds);
+  else
+    rs_copy_init(c, nd, extent, (size_t)es, 0, src_base + smis + so, ss, 0,
+                 dst_base + dmis + dof, ds);
   *src_len = sl + 16;
   *dst_len = dl + 16;
 }
