@@ -111,7 +111,7 @@ enum {
   /* the fields that change most often first: their mask fits a byte */
   F_OFF, F_GSTART0, F_GSTART1, F_PIECE, F_BOX, F_BYTES, F_ORIG,
   F_PEER, F_BUFFER, F_NDIM, F_TENSOR, F_VTENSOR, F_ESIZE, F_DIR, F_FROM, F_TO, F_GROUP, F_ORIGIN, F_LEVEL,
-  F_DEP, F_NDEP, F_FWD, F_DEP_OFF, F_PIPE,
+  F_DEP, F_NDEP, F_FWD, F_DEP_OFF, F_PIPE, F_BESIZE, F_BDTYPE, F_WDTYPE,
   F_GSTART2, /* gstart[2 ..], then extent[], then strides[] */
   F_EXTENT = F_GSTART2 + RESHARD_MAX_DIMS - 2,
   F_STRIDES = F_EXTENT + RESHARD_MAX_DIMS,
@@ -146,6 +146,9 @@ static void seg_fields(const rs_seg *s, uint32_t orig, int64_t *f) {
   f[F_FWD] = s->fwd;
   f[F_DEP_OFF] = (int64_t)s->dep_off;
   f[F_PIPE] = s->pipe;
+  f[F_BESIZE] = s->besize;
+  f[F_BDTYPE] = s->bdtype;
+  f[F_WDTYPE] = s->wdtype;
   f[F_BOX] = s->box;
   f[F_PIECE] = s->piece;
   for (int d = 0; d < RESHARD_MAX_DIMS; d++) {
@@ -275,6 +278,9 @@ static reshard_result_t decode(rbuf *b, size_t len, rs_plan_stage *st, int rank)
     s->fwd = (int32_t)f[F_FWD];
     s->dep_off = (uint64_t)f[F_DEP_OFF];
     s->pipe = (int32_t)f[F_PIPE];
+    s->besize = (uint32_t)f[F_BESIZE];
+    s->bdtype = (int32_t)f[F_BDTYPE];
+    s->wdtype = (int32_t)f[F_WDTYPE];
     s->box = (int32_t)f[F_BOX];
     s->piece = (uint32_t)f[F_PIECE];
     if (sorted) rs_seg_vec_lay_out_put(&st->segs, i, (uint32_t)f[F_ORIG]);

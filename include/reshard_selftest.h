@@ -64,6 +64,17 @@ void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L,
 int64_t reshard_selftest_check(const reshard_selftest_t *s,
                                const reshard_layout_t *L, int rank,
                                uint64_t step, const char *label);
+/* reshard_selftest_check of a destination whose tensors may have another
+ * dtype in the source layout src (converted in flight: f32, bf16, f16,
+ * fp8e4m3, fp8e5m2): such a tensor's element must be the source's value
+ * (reshard_selftest_expected at the source's size) cast to the
+ * destination's dtype by the self-test's own reference, written apart
+ * from the library's casts (to nearest, ties to even; a NaN where the
+ * cast gives NaN may be any NaN). src NULL: reshard_selftest_check. */
+int64_t reshard_selftest_check_from(const reshard_selftest_t *s,
+                                    const reshard_layout_t *L,
+                                    const reshard_layout_t *src, int rank,
+                                    uint64_t step, const char *label);
 void reshard_selftest_free(reshard_selftest_t *s); /* zeroed: NULL-safe */
 
 #ifdef __cplusplus

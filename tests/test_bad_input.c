@@ -800,10 +800,20 @@ static void plan_tensor_disagreements(void **state) {
   reshard_layout_t *src = new_layout(), *dst = new_layout();
   int m = add_mesh1(src, 2, 0), md = add_mesh1(dst, 2, 2);
   place1(src, add_t2(src, "w", RESHARD_FP32, 8, 4), m, reshard_shard(0));
-  place1(dst, add_t2(dst, "w", RESHARD_BF16, 8, 4), md, reshard_shard(1));
+  place1(dst, add_t2(dst, "w", RESHARD_INT32, 8, 4), md, reshard_shard(1));
   pcase_init(&c, 4, src, dst);
   pcase_run(&c);
-  EXPECT_ALL(&c, IA, "tensor 'w'", "dtype", "f32", "bf16");
+  EXPECT_ALL(&c, IA, "tensor 'w'", "dtype", "f32", "i32", "only f32, bf16, f16");
+  reshard_layout_destroy(dst);
+
+  /* f32 -> bf16 converts, but not under RESHARD_FLAG_VERIFY (yet) */
+  dst = new_layout();
+  md = add_mesh1(dst, 2, 2);
+  place1(dst, add_t2(dst, "w", RESHARD_BF16, 8, 4), md, reshard_shard(1));
+  pcase_init(&c, 4, src, dst);
+  for (int r = 0; r < 4; r++) c.opts[r].flags |= RESHARD_FLAG_VERIFY;
+  pcase_run(&c);
+  EXPECT_ALL(&c, RESHARD_ERROR_UNSUPPORTED, "tensor 'w'", "f32", "bf16", "RESHARD_FLAG_VERIFY");
   reshard_layout_destroy(dst);
 
   dst = new_layout();

@@ -1,12 +1,13 @@
-/* The element casts of src/pack/convert.h against a reference written
- * independently here: values as doubles, rounding by the C library's
- * nearbyint (ties to even in the default rounding mode) at the
- * destination's unit in the last place, encodings assembled from the
- * rounded value. Every 8- and 16-bit source pattern is cast to every
- * format; f32 sources are the boundaries (ties, the largest finite and
- * the overflow threshold, subnormal edges, NaN, infinities, signed zeros)
- * and 2 million random bit patterns (seed printed on failure). On x86, f32 -> f16
- * is also checked against the compiler's _Float16 conversion. */
+/* The element casts of src/pack/convert.h against the self-test's
+ * reference (src/selftest/ref_cast.c), written independently: values as
+ * doubles, rounding by the C library's nearbyint (ties to even in the
+ * default rounding mode) at the destination's unit in the last place,
+ * encodings assembled from the rounded value. Every 8- and 16-bit source
+ * pattern is cast to every format; f32 sources are the boundaries (ties,
+ * the largest finite and the overflow threshold, subnormal edges, NaN,
+ * infinities, signed zeros) and 2 million random bit patterns (seed
+ * printed on failure). On x86, f32 -> f16 is also checked against the
+ * compiler's _Float16 conversion, a third implementation. */
 #include <fenv.h>
 #include <math.h>
 #include <setjmp.h>
@@ -20,6 +21,7 @@
 
 #include "pack/convert.h"
 #include "reshard.h"
+#include "selftest/ref_cast.h"
 
 /* A format as the reference sees it. */
 typedef struct ref_fmt {
@@ -44,48 +46,9 @@ static double max_finite(const ref_fmt *f) {
   return ldexp(2.0 - ldexp(2.0, -f->mbits), emax_field - bias_of(f));
 }
 
-static int is_nan_bits(const ref_fmt *f, uint32_t v) {
-  int nbits = 1 + f->ebits + f->mbits;
-  uint32_t mag = v & ((1u << (nbits - 1)) - 1), emax_field = (1u << f->ebits) - 1;
-  if (f->ieee) return (mag >> f->mbits) == emax_field && (mag & ((1u << f->mbits) - 1));
-  return mag == (1u << (nbits - 1)) - 1;
-}
-
-/* The value of a pattern (NAN for NaNs). */
-static double ref_decode(const ref_fmt *f, uint32_t v) {
-  int nbits = 1 + f->ebits + f->mbits;
-  double sign = (v >> (nbits - 1)) & 1 ? -1.0 : 1.0;
-  uint32_t field = (v >> f->mbits) & ((1u << f->ebits) - 1), mant = v & ((1u << f->mbits) - 1);
-  if (is_nan_bits(f, v)) return NAN;
-  if (f->ieee && field == (1u << f->ebits) - 1) return sign * INFINITY;
-  if (field == 0) return sign * ldexp((double)mant, 1 - bias_of(f) - f->mbits);
-  return sign * ldexp((double)((1u << f->mbits) | mant), (int)field - bias_of(f) - f->mbits);
-}
-
-/* Rounds x (a double holding an exact f32 or narrower value) to the
- * format: the pattern, or -1 for NaN (any NaN pattern is accepted). */
-static int64_t ref_round(const ref_fmt *f, double x) {
-  int nbits = 1 + f->ebits + f->mbits;
-  uint32_t sign = signbit(x) ? 1u << (nbits - 1) : 0;
-  if (isnan(x)) return -1;
-  double a = fabs(x);
-  uint32_t inf = ((1u << f->ebits) - 1) << f->mbits;
-  if (isinf(a)) return f->ieee ? (int64_t)(sign | inf) : -1;
-  if (a == 0) return sign;
-  int e;
-  frexp(a, &e); /* a = m x 2^e, m in [0.5, 1): exponent e - 1 */
-  int emin = 1 - bias_of(f), E = e - 1;
-  int ulp = (E > emin ? E : emin) - f->mbits;
-  double q = nearbyint(ldexp(a, -ulp)); /* the scaled value is exact in a double */
-  double r = ldexp(q, ulp);
-  if (r > max_finite(f)) return f->ieee ? (int64_t)(sign | inf) : -1;
-  if (r == 0) return sign;
-  if (r < ldexp(1.0, emin)) return sign | (uint32_t)ldexp(r, -(emin - f->mbits)); /* subnormal */
-  frexp(r, &e);
-  E = e - 1;
-  uint32_t mant = (uint32_t)(ldexp(r, f->mbits - E) - ldexp(1.0, f->mbits));
-  return sign | ((uint32_t)(E + bias_of(f)) << f->mbits) | mant;
-}
+static int is_nan_bits(const ref_fmt *f, uint32_t v) { return rs_ref_is_nan((reshard_dtype_t)f->dtype, v); }
+static double ref_decode(const ref_fmt *f, uint32_t v) { return rs_ref_decode((reshard_dtype_t)f->dtype, v); }
+static int64_t ref_round(const ref_fmt *f, double x) { return rs_ref_round((reshard_dtype_t)f->dtype, x); }
 
 static uint32_t f32_bits(float x) {
   uint32_t b;

@@ -74,6 +74,9 @@ static void random_stage(rs_plan_stage *st, size_t n, int sort) {
     s.ndep = any32();
     s.dep_off = rnd() % 2 ? 0 : (uint64_t)any64();
     s.pipe = (int32_t)(rnd() % 2);
+    s.besize = (uint32_t)(rnd() % 9);
+    s.bdtype = (int32_t)(rnd() % RESHARD_NUM_DTYPES);
+    s.wdtype = (int32_t)(rnd() % RESHARD_NUM_DTYPES);
     s.box = rnd() % 3 ? s.box : any32();
     s.piece = rnd() % 3 ? s.piece + 1 : (uint32_t)any64();
     assert_int_equal(rs_seg_vec_push(&st->segs, &s), RESHARD_SUCCESS);
@@ -104,7 +107,8 @@ static int same_seg(const rs_seg *g, const rs_seg *w) {
   if (g->peer != w->peer || g->buffer != w->buffer || g->ndim != w->ndim || g->tensor != w->tensor ||
       g->vtensor != w->vtensor || g->esize != w->esize || g->off != w->off || g->bytes != w->bytes ||
       g->dir != w->dir || g->from != w->from || g->to != w->to || g->group != w->group || g->origin != w->origin ||
-      g->level != w->level || g->dep != w->dep || g->ndep != w->ndep || g->fwd != w->fwd || g->dep_off != w->dep_off || g->pipe != w->pipe || g->box != w->box ||
+      g->level != w->level || g->dep != w->dep || g->ndep != w->ndep || g->fwd != w->fwd || g->dep_off != w->dep_off || g->pipe != w->pipe ||
+      g->besize != w->besize || g->bdtype != w->bdtype || g->wdtype != w->wdtype || g->box != w->box ||
       g->piece != w->piece)
     return 0;
   for (int d = 0; d < RESHARD_MAX_DIMS; d++) {

@@ -54,6 +54,15 @@ RS_CVT unsigned rs_cvt_size(int dtype) {
   return dtype == RESHARD_FP32 ? 4u : dtype == RESHARD_BF16 || dtype == RESHARD_FP16 ? 2u : 1u;
 }
 
+/* The dtype a tensor travels in between two ranks when its source is
+ * `src` and its destination `dst`: the narrower, so that the wire carries
+ * the fewest bytes (the sender casts when the destination is narrower,
+ * the receiver otherwise; at equal sizes, the source's, cast on
+ * arrival). */
+RS_CVT int rs_cvt_wire_dtype(int src, int dst) {
+  return rs_cvt_size(dst) < rs_cvt_size(src) ? dst : src;
+}
+
 /* A narrow format: exponent and mantissa widths, and whether its
  * all-ones exponent encodes infinities and NaNs (IEEE) or, as in e4m3fn,
  * ordinary values but for the one NaN pattern. */

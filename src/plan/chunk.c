@@ -43,7 +43,9 @@ reshard_result_t rs_seg_vec_push(rs_seg_vec *vec, const rs_seg *s) {
 }
 
 void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
-                 const rs_frag *f, const rs_piece *p, size_t es) {
+                 const rs_frag *f, const rs_piece *p,
+                 reshard_dtype_t bdtype, reshard_dtype_t wdtype) {
+  const size_t es = reshard_dtype_size(wdtype), bes = reshard_dtype_size(bdtype);
   memset(s, 0, sizeof *s);
   s->dir = dir;
   s->from = from;
@@ -55,7 +57,10 @@ void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
   s->ndim = f->ndim;
   s->tensor = f->tensor;
   s->esize = (uint32_t)es;
-  s->off = rs_frag_offset_of(f, p->start, es);
+  s->besize = (uint32_t)bes;
+  s->bdtype = bdtype;
+  s->wdtype = wdtype;
+  s->off = rs_frag_offset_of(f, p->start, bes);
   s->bytes = es;
   s->group = -1;
   s->vtensor = f->tensor; /* a source fragment's callers set the destination id */
@@ -205,10 +210,12 @@ static reshard_result_t add_box(chunker *ch, const rs_seg *s, uint64_t off,
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking copies");
   rs_copy *c = &ch->copies[ch->ncopies++];
   uint64_t soff = ch->cur - bytes;
+  /* the buffer's dtype on its side, the wire's in staging (a cast where
+   * they differ) */
   if (ch->is_send)
-    rs_copy_init(c, nd, ext, s->esize, s->buffer, off, s->strides, RS_BUF_STAGING, soff, dense);
+    rs_copy_init_cvt(c, nd, ext, s->bdtype, s->buffer, off, s->strides, s->wdtype, RS_BUF_STAGING, soff, dense);
   else
-    rs_copy_init(c, nd, ext, s->esize, RS_BUF_STAGING, soff, dense, s->buffer, off, s->strides);
+    rs_copy_init_cvt(c, nd, ext, s->wdtype, RS_BUF_STAGING, soff, dense, s->bdtype, s->buffer, off, s->strides);
   rs_msg *m = &ch->msgs[ch->nmsgs - 1];
   m->ncopies++;
   m->bytes += bytes;
@@ -287,7 +294,7 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
     }
     ext[d] = i + len <= n ? len : n - i;
     at[d] = i;
-    uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->esize);
+    uint64_t o = off + (uint64_t)(i * s->strides[d] * (int64_t)s->besize);
     if (inner) {
       r = split_box(ch, s, d + 1, o, ext, at);
     } else {
@@ -790,7 +797,7 @@ static reshard_result_t finish_direction(chunker *ch) {
   for (int k = round + 1; k <= nrounds; k++) starts[k] = ch->nmsgs;
   for (size_t i = 0; i < ch->nmsgs; i++) {
     rs_msg *m = &ch->msgs[i];
-    m->direct = m->ncopies == 1 && ch->copies[m->first_copy].ndim == 0;
+    m->direct = m->ncopies == 1 && ch->copies[m->first_copy].ndim == 0 && !ch->copies[m->first_copy].cvt_from;
   }
   if (is_send) {
     plan->sends = ch->msgs;

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/vec.h"
 #include "common/params.h"
+#include "pack/convert.h"
 #include "plan/plan.h"
 #include "plan/relay.h"
 #include "transport/stream.h"
@@ -104,7 +105,10 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
   if (used < n) snprintf(buf + used, n - used, "]");
 }
 
-/* Tensors must match by name, dtype and shape on both sides. */
+static int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
+
+/* Tensors must match by name and shape on both sides, and by dtype but
+ * for float tensors, which convert. */
 static reshard_result_t match_tensors(build_ctx *c) {
   const reshard_layout_t *S = c->src, *D = c->dst;
   c->dst2src = rs_malloc(((size_t)D->ntensors + 1) * sizeof(int));
@@ -121,8 +125,18 @@ static reshard_result_t match_tensors(build_ctx *c) {
     if (!in_order && reshard_layout_find_tensor(S, dt->name, &s) != RESHARD_SUCCESS)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': in the destination layout but not in the source layout", dt->name);
     const rs_tensor *st = &S->tensors[s];
-    if (st->dtype != dt->dtype)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': dtype %s on the source side, %s on the destination side",
+    /* a float tensor may change dtype on the way (src/pack/convert.h);
+     * anything else arrives as it left */
+    if (st->dtype != dt->dtype && !(rs_cvt_float_dtype(st->dtype) && rs_cvt_float_dtype(dt->dtype)))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "tensor '%s': dtype %s on the source side, %s on the destination side (only f32, bf16, f16, "
+                      "fp8e4m3 and fp8e5m2 convert into each other)",
+                      dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
+    if (st->dtype != dt->dtype) c->plan->casts = 1;
+    if (st->dtype != dt->dtype && verifying(c->plan))
+      return rs_error(RESHARD_ERROR_UNSUPPORTED,
+                      "tensor '%s': dtype %s on the source side, %s on the destination side: RESHARD_FLAG_VERIFY does "
+                      "not cover converted tensors yet",
                       dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
     int same = st->ndim == dt->ndim;
     for (int d = 0; same && d < dt->ndim; d++) same = st->shape[d] == dt->shape[d];
@@ -142,7 +156,6 @@ static reshard_result_t match_tensors(build_ctx *c) {
   return RESHARD_SUCCESS;
 }
 
-static int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
 
 /* vt: the destination-layout tensor of the piece (verify mode). */
 static reshard_result_t push_local(build_ctx *c, const rs_copy *cp,
@@ -190,18 +203,20 @@ static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t
  * copies. */
 /* The pieces of D just assigned (c->pieces), into out's local copies and
  * receive segments. */
-static reshard_result_t receive_pieces(build_ctx *c, build_ctx *out, const rs_frag *D, size_t es) {
+static reshard_result_t receive_pieces(build_ctx *c, build_ctx *out, const rs_frag *D, reshard_dtype_t sdt,
+                                       reshard_dtype_t ddt) {
   const int me = c->plan->rank;
+  const size_t ses = reshard_dtype_size(sdt), des = reshard_dtype_size(ddt);
   for (size_t k = 0; k < c->pieces.n; k++) {
     const rs_piece *p = &c->pieces.v[k];
     if (p->src.rank == me) {
-      rs_copy cp;
-      rs_copy_init(&cp, D->ndim, p->extent, es, p->src.buffer, rs_frag_offset_of(&p->src, p->start, es), p->src.strides,
-                   D->buffer, rs_frag_offset_of(D, p->start, es), D->strides);
+      rs_copy cp; /* a cast, where the dtypes differ, straight from one buffer to the other */
+      rs_copy_init_cvt(&cp, D->ndim, p->extent, sdt, p->src.buffer, rs_frag_offset_of(&p->src, p->start, ses),
+                       p->src.strides, ddt, D->buffer, rs_frag_offset_of(D, p->start, des), D->strides);
       RS_CHECK(push_local(out, &cp, D->tensor, p, D->ndim));
     } else {
       rs_seg s;
-      rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, es);
+      rs_seg_init(&s, RS_SEG_RECV, p->src.rank, me, D, p, ddt, (reshard_dtype_t)rs_cvt_wire_dtype(sdt, ddt));
       RS_CHECK(rs_seg_vec_push(&out->segs, &s));
     }
   }
@@ -216,22 +231,26 @@ static reshard_result_t plan_receives(build_ctx *c) {
   for (size_t i = 0; i < mine.n; i++) {
     const rs_frag *D = &mine.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
+    const reshard_dtype_t sdt = c->src->tensors[c->dst2src[D->tensor]].dtype;
     size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    /* a converted tensor is not relayed: a forward reads the destination
+     * buffer, whose dtype is not the wire's */
+    if (c->relay && sdt == t->dtype)
+      RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
     if (g.m) {
-      RS_CHECK_GOTO(rs_relay_plan_member(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es),
+      RS_CHECK_GOTO(rs_relay_plan_member(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, t->dtype),
                     r, done);
       continue;
     }
     RS_CHECK_GOTO(rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces), r, done);
-    RS_CHECK_GOTO(receive_pieces(c, c, D, es), r, done);
+    RS_CHECK_GOTO(receive_pieces(c, c, D, sdt, t->dtype), r, done);
     if (c->twin) { /* the same box again: its holders are prepared (the plan itself has no flag) */
       c->actx.first_only = 1;
       r = rs_assign_pieces(&c->actx, D, c->dst2src[D->tensor], t->name, NULL, 0, &c->pieces);
       c->actx.first_only = 0;
       RS_CHECK_GOTO(r, r, done);
-      RS_CHECK_GOTO(receive_pieces(c, c->twin, D, es), r, done);
+      RS_CHECK_GOTO(receive_pieces(c, c->twin, D, sdt, t->dtype), r, done);
     }
   }
 done:
@@ -313,14 +332,15 @@ static reshard_result_t plan_sends(build_ctx *c) {
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    if (c->relay) RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    if (c->relay && c->src->tensors[c->dst2src[D->tensor]].dtype == t->dtype) /* as plan_receives */
+      RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
     if (g.m) {
       /* every member is a candidate: the group's lowest rank's turn; only
        * the cells this rank may provide (their pieces come in the order
        * the members see them in, which is all a stream's order needs) */
       if (D->rank == g.ranks[0]) {
         c->actx.sender = me + 1;
-        r = rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, es);
+        r = rs_relay_plan_source(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, t->dtype);
         c->actx.sender = 0;
         RS_CHECK_GOTO(r, r, done);
       }
@@ -336,7 +356,8 @@ static reshard_result_t plan_sends(build_ctx *c) {
   for (size_t j = 0; j < ndirect && !r; j++) {
     const rs_frag *D = &cands.v[order[j]];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
-    size_t es = reshard_dtype_size(t->dtype);
+    const reshard_dtype_t sdt = c->src->tensors[c->dst2src[D->tensor]].dtype;
+    const reshard_dtype_t wdt = (reshard_dtype_t)rs_cvt_wire_dtype(sdt, t->dtype);
     for (int o = 0; o < outs && !r; o++) { /* the twin: the same box again, its holders prepared */
       const int first_only = c->actx.first_only;
       if (o) c->actx.first_only = 1;
@@ -348,7 +369,7 @@ static reshard_result_t plan_sends(build_ctx *c) {
         const rs_piece *p = &c->pieces.v[k];
         if (p->src.rank != me) continue;
         rs_seg s;
-        rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, es);
+        rs_seg_init(&s, RS_SEG_SEND, me, D->rank, &p->src, p, sdt, wdt);
         s.vtensor = D->tensor;
         r = rs_seg_vec_push(&direct[o], &s);
         count[o][order[j]]++;

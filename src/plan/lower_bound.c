@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/vec.h"
 #include "layout/layout.h"
+#include "pack/convert.h"
 #include "plan/cost.h"
 
 /* One fragment, reduced to what counting needs. */
@@ -33,6 +34,9 @@ typedef struct lb_ctx {
   int64_t *bounds;
   size_t bounds_cap;
   uint32_t *count; /* ncells + 1 */
+  /* per source tensor: its element size on the wire (the narrower of the
+   * two sides' dtypes, src/pack/convert.h) */
+  uint32_t *wire_es;
   int32_t *entries;
   size_t cells_cap, entries_cap;
 } lb_ctx;
@@ -112,10 +116,9 @@ static reshard_result_t collect(lb_ctx *c, const reshard_layout_t *L, int side, 
     }                                                               \
   } while (0)
 
-static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_frag *F, size_t nf) {
+static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, uint64_t es, const lb_frag *F, size_t nf) {
   rs_volume *v = c->v;
   const int nd = t->ndim;
-  const uint64_t es = reshard_dtype_size(t->dtype);
   size_t per = 2 * nf;
   if (c->bounds_cap < per * (size_t)(nd ? nd : 1)) {
     free(c->bounds);
@@ -249,7 +252,9 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, const lb_fra
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t match(const reshard_layout_t *src, const reshard_layout_t *dst, int *to_src) {
+static reshard_result_t match(const reshard_layout_t *src, const reshard_layout_t *dst, int *to_src,
+                              uint32_t *wire_es) {
+  for (int i = 0; i < src->ntensors; i++) wire_es[i] = (uint32_t)reshard_dtype_size(src->tensors[i].dtype);
   for (int i = 0; i < dst->ntensors; i++) {
     const rs_tensor *dt = &dst->tensors[i];
     int s;
@@ -257,11 +262,13 @@ static reshard_result_t match(const reshard_layout_t *src, const reshard_layout_
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "lower_bound: tensor '%s': in the destination layout but not in the source layout",
                       dt->name);
     const rs_tensor *st = &src->tensors[s];
-    int same = st->dtype == dt->dtype && st->ndim == dt->ndim;
+    int same = (st->dtype == dt->dtype || (rs_cvt_float_dtype(st->dtype) && rs_cvt_float_dtype(dt->dtype))) &&
+               st->ndim == dt->ndim;
     for (int d = 0; same && d < dt->ndim; d++) same = st->shape[d] == dt->shape[d];
     if (!same)
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "lower_bound: tensor '%s': dtype or shape differ between the sides", dt->name);
     to_src[i] = s;
+    if (st->dtype != dt->dtype) wire_es[s] = (uint32_t)reshard_dtype_size((reshard_dtype_t)rs_cvt_wire_dtype(st->dtype, dt->dtype));
   }
   return RESHARD_SUCCESS;
 }
@@ -283,6 +290,7 @@ reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_la
   memset(&c, 0, sizeof c);
   c.v = v;
   int *to_src = malloc(((size_t)dst->ntensors + 1) * sizeof *to_src);
+  c.wire_es = malloc(((size_t)src->ntensors + 1) * sizeof *c.wire_es);
   v->in = calloc(n, sizeof *v->in);
   v->only = calloc(n, sizeof *v->only);
   v->domain_in = calloc(ndom + 1, sizeof *v->domain_in);
@@ -294,10 +302,10 @@ reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_la
   c.dom_src_stamp = calloc(ndom + 1, sizeof *c.dom_src_stamp);
   c.dom_need_stamp = calloc(ndom + 1, sizeof *c.dom_need_stamp);
   reshard_result_t r = RESHARD_SUCCESS;
-  if (!to_src || !v->in || !v->only || !v->domain_in || !v->domain_out || !v->node_in || !v->domain_ranks || !c.src_stamp || !c.dst_stamp ||
+  if (!to_src || !c.wire_es || !v->in || !v->only || !v->domain_in || !v->domain_out || !v->node_in || !v->domain_ranks || !c.src_stamp || !c.dst_stamp ||
       !c.dom_src_stamp || !c.dom_need_stamp)
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "lower_bound: out of memory (%d ranks)", nranks);
-  if (!r) r = match(src, dst, to_src);
+  if (!r) r = match(src, dst, to_src, c.wire_es);
   if (!r) r = collect(&c, src, 0, NULL);
   if (!r) r = collect(&c, dst, 1, to_src);
   if (!r) {
@@ -313,10 +321,11 @@ reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_la
   for (size_t i = 0; !r && i < c.nf;) {
     size_t j = i;
     while (j < c.nf && c.f[j].tensor == c.f[i].tensor) j++;
-    r = tensor_cells(&c, &src->tensors[c.f[i].tensor], c.f + i, j - i);
+    r = tensor_cells(&c, &src->tensors[c.f[i].tensor], c.wire_es[c.f[i].tensor], c.f + i, j - i);
     i = j;
   }
   free(to_src);
+  free(c.wire_es);
   free(c.f);
   free(c.src_stamp);
   free(c.dst_stamp);

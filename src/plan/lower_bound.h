@@ -57,7 +57,9 @@ typedef struct rs_volume {
 } rs_volume;
 
 /* Counts the bytes of a reshard of src to dst on nranks ranks placed on
- * topo (rs_rank_map_build). Tensors must match by name, dtype and shape
+ * topo (rs_rank_map_build), each element at its size on the wire (the
+ * narrower dtype of a float tensor that converts). Tensors must match by
+ * name, shape and dtype but for float dtypes
  * (RESHARD_ERROR_INVALID_ARGUMENT otherwise, as must a destination
  * element no source rank holds). */
 reshard_result_t rs_volume_compute(const reshard_layout_t *src,

@@ -106,6 +106,9 @@ struct reshard_plan {
    * a chunk phases times larger: as many bytes a round in fewer, larger
    * messages (see chunk.c). Agreed at creation like chunk_bytes. */
   int32_t phases;
+  /* Some tensor changes dtype between the sides (the same on every rank:
+   * from the layouts). */
+  int32_t casts;
   /* With phases, a stream of more than wide_bytes (a multiple of 64; 0:
    * none) sends in every round rather than in its phase's: one long
    * stream in one phase would make that phase its links' busiest. */
@@ -206,7 +209,13 @@ typedef struct rs_seg {
   int32_t ndim;
   int32_t tensor; /* for the dump */
   int32_t vtensor; /* destination-layout tensor id (verify mode) */
-  uint32_t esize;
+  /* Element sizes: on the wire (esize, what bytes and the staging count)
+   * and in the segment's buffer (besize, what off and strides scale by);
+   * and the two dtypes. They differ only where the tensor's dtype does
+   * between the sides (src/pack/convert.h): the pack casts the buffer's
+   * elements to the wire's, the unpack the wire's to the buffer's. */
+  uint32_t esize, besize;
+  int32_t bdtype, wdtype;
   uint64_t off;
   uint64_t bytes;
   int64_t extent[RESHARD_MAX_DIMS];
@@ -274,11 +283,14 @@ reshard_result_t rs_seg_vec_lay_out_begin(rs_seg_vec *vec, size_t n);
 void rs_seg_vec_lay_out_put(rs_seg_vec *vec, size_t k, uint32_t orig);
 reshard_result_t rs_seg_vec_lay_out_end(rs_seg_vec *vec);
 
-/* Segment of box p of fragment f (this rank's: its buffer and strides) in
- * the direct stream from -> to; dir is RS_SEG_SEND or RS_SEG_RECV. */
+/* Segment of box p of fragment f (this rank's: its buffer, of dtype
+ * bdtype, and strides) in the direct stream from -> to, travelling as
+ * wdtype (the same but for a cast, rs_cvt_wire_dtype); dir is
+ * RS_SEG_SEND or RS_SEG_RECV. */
 struct rs_piece;
 void rs_seg_init(rs_seg *s, int dir, int32_t from, int32_t to,
-                 const rs_frag *f, const struct rs_piece *p, size_t es);
+                 const rs_frag *f, const struct rs_piece *p,
+                 reshard_dtype_t bdtype, reshard_dtype_t wdtype);
 void rs_seg_vec_free(rs_seg_vec *vec);
 
 /* One piece of a destination fragment and the source fragment chosen to

@@ -183,7 +183,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *rp, rs_assign_ctx *actx,
                                       rs_piece_vec *pieces, rs_seg_vec *segs,
                                       int32_t me, const rs_frag *D,
                                       const rs_relay_group *g, int src_tensor,
-                                      const char *name, size_t es);
+                                      const char *name, reshard_dtype_t dt);
 
 /* Source rank me: appends what it sends each owner of relayed box D
  * (call once per box). With actx->sender = me + 1 only me's cells are
@@ -194,7 +194,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *rp, rs_assign_ctx *actx,
                                       rs_piece_vec *pieces, rs_seg_vec *segs,
                                       int32_t me, const rs_frag *D,
                                       const rs_relay_group *g, int src_tensor,
-                                      const char *name, size_t es);
+                                      const char *name, reshard_dtype_t dt);
 
 /* Turns group and box ids of segs into ordinals (rs_chunk_plan orders by
  * them). */

@@ -73,7 +73,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
                                       rs_piece_vec *pieces, rs_seg_vec *segs,
                                       int32_t me, const rs_frag *D,
                                       const rs_relay_group *g, int src_tensor,
-                                      const char *name, size_t es) {
+                                      const char *name, reshard_dtype_t dt) {
   int32_t gid = -1, box = -1;
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
@@ -100,7 +100,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
   for (size_t k = 0; k < pieces->n; k++) {
     const rs_piece *p = &pieces->v[k];
     const int32_t s_rank = p->src.rank, o = rs_relay_owner(g, p->owner);
-    rs_seg_init(&s, RS_SEG_RECV, s_rank, o, D, p, es);
+    rs_seg_init(&s, RS_SEG_RECV, s_rank, o, D, p, dt, dt);
     relay_seg(&s, gid, box, k);
     route(&s, me, s_rank, o);
     s.origin = s_rank;
@@ -117,7 +117,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
       const int32_t o = rs_relay_owner(g, p->owner);
       const size_t *at = &ps[4 * p->part];
       int far = o != me && domain_of(c, o) != mine;
-      rs_seg_init(&s, RS_SEG_RECV, o, me, D, p, es);
+      rs_seg_init(&s, RS_SEG_RECV, o, me, D, p, dt, dt);
       relay_seg(&s, gid, box, q);
       /* where this box of the part starts in the part's bytes: a part's
        * boxes are consecutive, in row-major order, as its pieces are */
@@ -147,7 +147,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
                                       rs_piece_vec *pieces, rs_seg_vec *segs,
                                       int32_t me, const rs_frag *D,
                                       const rs_relay_group *g, int src_tensor,
-                                      const char *name, size_t es) {
+                                      const char *name, reshard_dtype_t dt) {
   int32_t gid = -1, box = -1;
   RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
   RS_CHECK(add_box(c, D, &box));
@@ -157,7 +157,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
     const rs_piece *p = &pieces->v[k];
     if (p->src.rank != me) continue;
     rs_seg s;
-    rs_seg_init(&s, RS_SEG_SEND, me, rs_relay_owner(g, p->owner), &p->src, p, es);
+    rs_seg_init(&s, RS_SEG_SEND, me, rs_relay_owner(g, p->owner), &p->src, p, dt, dt);
     s.vtensor = D->tensor;
     relay_seg(&s, gid, box, k);
     s.origin = me;

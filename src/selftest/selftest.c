@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/error.h"
+#include "selftest/ref_cast.h"
 
 static uint64_t mix(uint64_t x) {
   x ^= x >> 30;
@@ -74,7 +75,28 @@ typedef struct elem_ctx {
   int64_t bad;
   const char *label;
   int rank;
+  /* a converted tensor's check: the source's dtype and size, and the
+   * destination's dtype (cast < 0: none) */
+  int cast;
+  reshard_dtype_t sdt, ddt;
+  size_t ses;
 } elem_ctx;
+
+static uint32_t le_bits(const unsigned char *p, size_t n) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < n && i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+/* Whether a converted element is right: the source's value cast by the
+ * reference (src/selftest/ref_cast.c); any NaN where the cast gives one. */
+static int cast_differs(const elem_ctx *x, int64_t lin, const unsigned char *at) {
+  unsigned char raw[16];
+  elem_bytes(x->seed, lin, x->ses, raw);
+  int64_t want = rs_ref_round(x->ddt, rs_ref_decode(x->sdt, le_bits(raw, x->ses)));
+  uint32_t got = le_bits(at, x->es);
+  return want < 0 ? !rs_ref_is_nan(x->ddt, got) : got != (uint32_t)want;
+}
 
 /* Visits every element of a fragment, one innermost row at a time: the
  * global linear index advances by one and the buffer position by the
@@ -104,8 +126,8 @@ static void for_each_row(const reshard_fragment_info_t *f,
         elem_bytes(x->seed, lin, x->es, at);
       } else {
         unsigned char want[16];
-        elem_bytes(x->seed, lin, x->es, want);
-        if (bytes_differ(want, at, x->es)) {
+        if (!x->cast) elem_bytes(x->seed, lin, x->es, want);
+        if (x->cast ? cast_differs(x, lin, at) : bytes_differ(want, at, x->es)) {
           if (x->bad < 5)
             fprintf(stderr, "%s: rank %d tensor '%s' element %lld (buffer byte %lld) wrong\n", x->label, x->rank, x->name,
                     (long long)lin, (long long)off);
@@ -177,6 +199,11 @@ void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L, uin
 
 int64_t reshard_selftest_check(const reshard_selftest_t *s, const reshard_layout_t *L, int rank,
                       uint64_t step, const char *label) {
+  return reshard_selftest_check_from(s, L, NULL, rank, step, label);
+}
+
+int64_t reshard_selftest_check_from(const reshard_selftest_t *s, const reshard_layout_t *L,
+                                    const reshard_layout_t *src, int rank, uint64_t step, const char *label) {
   int64_t bad = 0;
   for (size_t i = 0; i < s->nfrags; i++) {
     elem_ctx c = {0};
@@ -184,6 +211,16 @@ int64_t reshard_selftest_check(const reshard_selftest_t *s, const reshard_layout
     c.label = label;
     c.rank = rank;
     c.bad = bad;
+    if (src) { /* the tensor's dtype on the source side, where it differs */
+      const char *name = NULL;
+      int id = -1;
+      reshard_layout_tensor_info(L, s->frags[i].tensor_id, &name, &c.ddt, NULL, NULL);
+      if (name && reshard_layout_find_tensor(src, name, &id) == RESHARD_SUCCESS &&
+          reshard_layout_tensor_info(src, id, NULL, &c.sdt, NULL, NULL) == RESHARD_SUCCESS && c.sdt != c.ddt) {
+        c.cast = 1;
+        c.ses = reshard_dtype_size(c.sdt);
+      }
+    }
     visit(L, &s->frags[i], VISIT_CHECK, step, &c);
     bad = c.bad;
   }

@@ -99,6 +99,8 @@ static reshard_result_t post_boxes(reshard_comm_t *c, int peer, uint64_t tag,
                                    int is_recv, rs_request **out) {
   rs_mpi_comm *m = c->impl;
   if (!m->datatypes || n == 0 || n > 4096) return RESHARD_ERROR_UNSUPPORTED;
+  for (uint32_t i = 0; i < n; i++) /* a cast needs the pack or unpack: MPI moves bytes */
+    if (copies[i].cvt_from) return RESHARD_ERROR_UNSUPPORTED;
   MPI_Datatype types_stack[16], *types = n <= 16 ? types_stack : malloc(n * sizeof *types);
   MPI_Aint disp_stack[16], *disps = n <= 16 ? disp_stack : malloc(n * sizeof *disps);
   int len_stack[16], *lens = n <= 16 ? len_stack : malloc(n * sizeof *lens);

@@ -520,7 +520,7 @@ static void *rank_main(void *vp) {
     } else if (mock_stream_drain(NULL)) {
       a->failed = 1;
     } else {
-      a->bad += reshard_selftest_check(&d, a->pair->dst, a->rank, (uint64_t)step, "mock world");
+      a->bad += reshard_selftest_check_from(&d, a->pair->dst, a->pair->src, a->rank, (uint64_t)step, "mock world");
     }
     reshard_selftest_free(&s);
   }
@@ -540,7 +540,9 @@ static void random_worlds(void **state) {
   for (int it = it0; it < it0 + iters; it++) {
     uint64_t seed = seed0 + (uint64_t)it * 104729;
     rl_pair pair;
-    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    /* every fifth world converts dtypes: the kernels' casts */
+    if (rl_pair_make(seed, it % 5 == 2 ? RL_CASTS : RL_ANY, &pair))
+      fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
     int n = pair.nranks;
     assert_true(n <= MAXR);
     mock_world_begin(n, it % 2 ? 1 : 0); /* channels of one message, or unbounded */

@@ -3,7 +3,7 @@
  * Every rank builds the same layouts, plans, executes a few steps and
  * checks every destination element it holds and every byte around them;
  * wrong counts are summed over ranks. Cases: random layout pairs (the
- * property-test generator), Megatron -> vLLM dense GQA and MoE models with
+ * property-test generator, a quarter of them converting dtypes), Megatron -> vLLM dense GQA and MoE models with
  * expert parallelism on both sides, colocated variants, and relay plans
  * (options.relay = 1: destination data-parallel replicas forward to each
  * other, flat and on the h100-8x400g topology), sized to the world; a
@@ -58,7 +58,7 @@ static long run_case(reshard_comm_t *comm, const reshard_layout_t *src,
       err = 1;
       break;
     }
-    bad += reshard_selftest_check(&d, dst, world_rank, (uint64_t)step, name);
+    bad += reshard_selftest_check_from(&d, dst, src, world_rank, (uint64_t)step, name); /* converted tensors too */
   }
   reshard_selftest_free(&s);
   reshard_selftest_free(&d);
@@ -83,7 +83,9 @@ static void random_cases(reshard_comm_t *comm, int count) {
   int done = 0;
   for (uint64_t seed = 0; done < count && seed < (uint64_t)count * 20; seed++) {
     rl_pair p;
-    if (rl_pair_make(seed * 7919 + 17, RL_ANY, &p)) {
+    /* every fourth pair converts dtypes: the casts through MPI's staging */
+    rl_mode mode = seed % 4 == 3 ? RL_CASTS : RL_ANY;
+    if (rl_pair_make(seed * 7919 + 17, mode, &p)) {
       if (world_rank == 0) printf("FAILED generator for seed %llu\n", (unsigned long long)seed);
       failed++;
       continue;
@@ -93,7 +95,7 @@ static void random_cases(reshard_comm_t *comm, int count) {
       continue;
     }
     char name[64];
-    snprintf(name, sizeof name, "random seed %llu", (unsigned long long)(seed * 7919 + 17));
+    snprintf(name, sizeof name, "random seed %llu%s", (unsigned long long)(seed * 7919 + 17), mode == RL_CASTS ? " (casts)" : "");
     long r = run_case(comm, p.src, p.dst, seed % 3 == 0 ? 4096 : 0, 2, name);
     if (r && world_rank == 0) rl_pair_print(&p, stdout);
     rl_pair_free(&p);

@@ -83,7 +83,7 @@ static int sync_rank(int rank, reshard_comm_t *comm, void *p) {
       fprintf(stderr, "rank %d: execute failed: %s: %s\n", rank, reshard_result_string(r), reshard_last_error());
       fails++;
     } else {
-      bad += th_side_check(&dst, a->dst, rank, (uint64_t)step, "sync");
+      bad += reshard_selftest_check_from(&dst, a->dst, a->src, rank, (uint64_t)step, "sync"); /* converted tensors too */
     }
     th_side_free(&src);
   }

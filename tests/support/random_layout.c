@@ -16,7 +16,8 @@
 
 typedef struct rl_tensor {
   char name[32];
-  reshard_dtype_t dtype;
+  reshard_dtype_t dtype;  /* on the source side */
+  reshard_dtype_t ddtype; /* on the destination side (RL_CASTS), else dtype */
   int ndim;
   int64_t shape[RL_MAX_TDIM];
 } rl_tensor;
@@ -36,6 +37,7 @@ typedef struct gen {
 typedef struct side {
   reshard_layout_t *L;
   const char *tag;
+  int is_dst;
   int ranks[RL_MAX_W], n;
   int nmesh;
   int mesh_id[RL_MAX_MESHES];
@@ -180,7 +182,18 @@ static reshard_dtype_t same_size_dtype(gen *g, reshard_dtype_t d0) {
   return c[rnd(g, 0, n - 1)];
 }
 
-static void gen_tensors(gen *g) {
+static const reshard_dtype_t FLOATS[] = {RESHARD_FP32, RESHARD_BF16, RESHARD_FP16, RESHARD_FP8_E4M3, RESHARD_FP8_E5M2};
+
+/* A float dtype of the given size (0: any). */
+static reshard_dtype_t float_of_size(gen *g, size_t size) {
+  reshard_dtype_t c[5];
+  int n = 0;
+  for (int i = 0; i < 5; i++)
+    if (!size || reshard_dtype_size(FLOATS[i]) == size) c[n++] = FLOATS[i];
+  return c[rnd(g, 0, n - 1)];
+}
+
+static void gen_tensors(gen *g, int casts) {
   g->nt = rnd(g, 1, RL_MAX_T);
   g->pair_cd = -1;
   g->pair_groups = 1;
@@ -223,6 +236,15 @@ static void gen_tensors(gen *g) {
     }
     g->pair_cd = cd;
   }
+  for (int i = 0; i < g->nt; i++) g->t[i].ddtype = g->t[i].dtype;
+  if (casts) /* floats, mostly converted; a fused pair keeps one size per side */
+    for (int i = 0; i < g->nt; i++) {
+      rl_tensor *t = &g->t[i];
+      int partner = i == 1 && g->pair_cd >= 0;
+      t->dtype = float_of_size(g, partner ? reshard_dtype_size(g->t[0].dtype) : 0);
+      t->ddtype = chance(g, 20) && !partner ? t->dtype
+                                           : float_of_size(g, partner ? reshard_dtype_size(g->t[0].ddtype) : 0);
+    }
   for (int i = 0; i < g->nt; i++) {
     if (g->t[i].ndim == 0) g->p->features |= RL_F_SCALAR;
     if (elems(&g->t[i]) == 0) g->p->features |= RL_F_EMPTY_TENSOR;
@@ -234,8 +256,9 @@ static int add_tensors(gen *g, side *s) {
     rl_tensor *t = &g->t[i];
     char buf[128] = "";
     fmt_i64s(buf, sizeof buf, t->shape, t->ndim);
-    logf_(g->p, "%s: tensor %d '%s' %s %s", s->tag, i, t->name, reshard_dtype_name(t->dtype), buf);
-    RL_TRY(g->p, reshard_layout_add_tensor(s->L, t->name, t->dtype, t->ndim, t->shape, &g->tid[i]), "add_tensor");
+    reshard_dtype_t dt = s->is_dst ? t->ddtype : t->dtype;
+    logf_(g->p, "%s: tensor %d '%s' %s %s", s->tag, i, t->name, reshard_dtype_name(dt), buf);
+    RL_TRY(g->p, reshard_layout_add_tensor(s->L, t->name, dt, t->ndim, t->shape, &g->tid[i]), "add_tensor");
   }
   return 0;
 }
@@ -521,7 +544,7 @@ static int add_raw(gen *g, side *s) {
   size_t off[2], cur = 0;
   for (int f = 0; f < nf; f++) {
     const rl_tensor *T = &g->t[ft[f] = cand[rnd(g, 0, nc - 1)]];
-    size_t es = reshard_dtype_size(T->dtype);
+    size_t es = reshard_dtype_size(s->is_dst ? T->ddtype : T->dtype);
     int order[RL_MAX_TDIM];
     for (int d = 0; d < T->ndim; d++) {
       start[f][d] = rnd(g, 0, (int)T->shape[d] - 1);
@@ -608,9 +631,10 @@ int rl_pair_make(uint64_t seed, rl_mode mode, rl_pair *out) {
   g.s = (seed ^ 0x9E3779B97F4A7C15ULL) * 0xD6E8FEB86659FD93ULL;
   if (!g.s) g.s = 1;
   for (int i = 0; i < 4; i++) th_rand(&g.s);
-  logf_(out, "seed %llu mode %s", (unsigned long long)seed, mode == RL_FULL_REPLICAS ? "full-replicas" : "any");
+  logf_(out, "seed %llu mode %s", (unsigned long long)seed,
+        mode == RL_FULL_REPLICAS ? "full-replicas" : mode == RL_CASTS ? "casts" : "any");
 
-  side S = {.tag = "src"}, D = {.tag = "dst"};
+  side S = {.tag = "src"}, D = {.tag = "dst", .is_dst = 1};
   int W;
   if (mode == RL_FULL_REPLICAS) {
     W = rnd(&g, 3, RL_MAX_W);
@@ -652,7 +676,7 @@ int rl_pair_make(uint64_t seed, rl_mode mode, rl_pair *out) {
   out->features |= shared ? RL_F_COLOCATED : RL_F_DISJOINT;
   logf_(out, "world %d ranks", W);
 
-  gen_tensors(&g);
+  gen_tensors(&g, mode == RL_CASTS);
   if (reshard_layout_create(&out->src) || reshard_layout_create(&out->dst)) {
     fprintf(stderr, "random_layout: layout_create failed\n");
     rl_pair_free(out);

@@ -35,7 +35,12 @@ typedef enum rl_mode {
    * grouping: each source rank holds each tensor as one fragment) and the
    * destination side is disjoint from it: the case where replica
    * balancing decides every source rank's egress. */
-  RL_FULL_REPLICAS = 1
+  RL_FULL_REPLICAS = 1,
+  /* As RL_ANY, but every tensor is a float (f32, bf16, f16, fp8e4m3,
+   * fp8e5m2) and mostly of another float dtype on the destination side
+   * (converted in flight; fused partners keep equal element sizes on each
+   * side). */
+  RL_CASTS = 2
 } rl_mode;
 
 /* Features a pair exercises (rl_pair.features), so that tests can check
