@@ -165,6 +165,10 @@ plan_synthetic)
   plan_ok --shape 5 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 8 --dst-placements S0
   plan_ok --shape 6,0 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1
   plan_ok --shape 12,10,8,3 --dtype fp8e4m3 --src-mesh 2,1,2 --src-placements S3,R,S1 --dst-mesh 2,2 --dst-placements S2,S0 --staging 4K
+  # dtype conversion: casts in the packs, unpacks and local copies
+  plan_ok --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --dst-dtype bf16
+  plan_ok --shape 37,53 --dtype bf16 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K --dst-dtype f32
+  RESHARD_RELAY=1 plan_ok --shape 1024,64 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0 --dst-dtype fp8e4m3
   # relay plans: forwards read destination buffers, several messages of a
   # pair share a round (fragments of 512 KiB per replica part: relayed)
   RESHARD_RELAY=1 plan_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0
@@ -220,6 +224,8 @@ plan_bad_options)
   bad plan 2 "expected R or S<dim>" $S --dst-placements R,X1
   bad plan 2 "has 1 placement but --dst-mesh has 2 axes" $S --dst-placements S1
   bad plan 2 "unknown dtype" $S --dst-placements R,S1 --dtype f17
+  bad plan 2 "--dst-dtype 'f17': unknown dtype" $S --dst-placements R,S1 --dst-dtype f17
+  bad plan 1 "only f32, bf16, f16, fp8e4m3 and fp8e5m2 convert" $S --dst-placements R,S1 --dst-dtype i32
   bad plan 2 "unknown option '--frobnicate'" $S --dst-placements R,S1 --frobnicate
   bad plan 2 "synthetic mode needs --dst-placements" $S
   bad plan 2 "cannot be mixed" $S --dst-placements R,S1 --train tp=2
@@ -244,6 +250,10 @@ perf_np4)
   perf_ok 4 2 --shape 17,19 --dtype i64 --src-mesh 2 --src-placements R --dst-mesh 2 --dst-placements R $BOTH
   perf_ok 4 2 --shape 10,7 --dtype bool --src-mesh 1 --src-placements R --dst-mesh 3 --dst-placements S0 $BOTH
   perf_ok 4 1 --shape 37,53 --dtype i32 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 2,2 --dst-placements S0,S1 --colocate --baseline broadcast
+  # dtype conversion, every element checked against the self-test's reference casts
+  perf_ok 4 0 --shape 24,30,7 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --dst-dtype bf16
+  perf_ok 4 0 --shape 64,48 --dtype f16 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K --dst-dtype fp8e5m2
+  perf_ok 4 0 --shape 61,37 --dtype fp8e4m3 --src-mesh 2 --src-placements S1 --dst-mesh 2 --dst-placements R --dst-dtype f32
   # the cost model's prediction beside the measurement, final lines unchanged
   for topo in cpu h100-8x400g; do
     perf_ok 4 1 --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --topology $topo --baseline broadcast
@@ -282,6 +292,7 @@ perf_bad_options)
   bad perf nonzero "unknown baseline 'nccl'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --baseline broadcast,nccl
   bad perf nonzero "-c '2': expected 0 or 1" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate -c 2
   bad perf nonzero "--topology 'tpu': unknown preset" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --topology tpu
+  bad perf nonzero "the baselines move bytes as they are" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --dst-dtype bf16 --baseline broadcast
   bad perf nonzero "unknown option '--world'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --world 3
   ;;
 perf_detects_errors)

@@ -181,6 +181,8 @@ void cli_usage(int tool, FILE *out) {
           "  --shape D0,D1,...     the tensor's shape\n"
           "  --dtype NAME          %s\n"
           "                        (default f32)\n"
+          "  --dst-dtype NAME      the destination's dtype (default: --dtype); f32, bf16, f16, fp8e4m3\n"
+          "                        and fp8e5m2 convert into each other in flight\n"
           "  --src-mesh A0,A1,...  source mesh sizes; ranks row-major, last axis fastest\n"
           "  --src-placements P,.. one per source mesh axis: R (replicate) or S<dim> (shard dim)\n"
           "  --dst-mesh A0,...     destination mesh sizes\n"
@@ -279,7 +281,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   o->warmup = 5;
   o->rank = -1;
   o->relay = -1;
-  int dtype_set = 0, have_src_pl = 0, have_dst_pl = 0, have_src_mesh = 0, have_dst_mesh = 0, have_shape = 0;
+  int dtype_set = 0, dst_dtype_set = 0, have_src_pl = 0, have_dst_pl = 0, have_src_mesh = 0, have_dst_mesh = 0, have_shape = 0;
   int have_layers = 0;
   const char *src_pl_arg = NULL, *dst_pl_arg = NULL;
   int perf = tool == CLI_TOOL_PERF, plan = tool == CLI_TOOL_PLAN;
@@ -320,6 +322,11 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       VALUE();
       if (cli_parse_dtype(v, &o->dtype)) return cli_fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
       dtype_set = 1;
+    } else if (!strcmp(a, "--dst-dtype")) {
+      VALUE();
+      if (cli_parse_dtype(v, &o->dst_dtype))
+        return cli_fail(err, errlen, "--dst-dtype '%s': unknown dtype (known: %s)", v, dtype_list());
+      dst_dtype_set = 1;
     } else if (!strcmp(a, "--src-mesh")) {
       VALUE();
       if (parse_mesh(a, v, &o->src, err, errlen)) return -1;
@@ -425,6 +432,9 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     if (!o->train) return cli_fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
     if (!o->infer) return cli_fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
     if (!dtype_set) o->dtype = RESHARD_BF16;
+    if (dst_dtype_set)
+      return cli_fail(err, errlen, "--dst-dtype is for synthetic mode: model mode has no destination dtype of its own "
+                                   "yet (the layouts then take --dtype on both sides)");
   } else {
     o->mode = CLI_MODE_SYNTHETIC;
     if (!have_shape) return cli_fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
@@ -433,6 +443,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     if (!have_src_pl) return cli_fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
     if (!have_dst_pl) return cli_fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
     if (!dtype_set) o->dtype = RESHARD_FP32;
+    if (!dst_dtype_set) o->dst_dtype = o->dtype;
     const cli_mesh *ms[2] = {&o->src, &o->dst};
     const char *names[2] = {"src", "dst"}, *args[2] = {src_pl_arg, dst_pl_arg};
     for (int s = 0; s < 2; s++) {
@@ -498,7 +509,7 @@ static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t 
   for (int s = 0; s < 2; s++) {
     int tid, mid, bid;
     reshard_result_t r = reshard_layout_create(ls[s]);
-    if (!r) r = reshard_layout_add_tensor(*ls[s], "tensor", o->dtype, o->ndim, o->shape, &tid);
+    if (!r) r = reshard_layout_add_tensor(*ls[s], "tensor", s ? o->dst_dtype : o->dtype, o->ndim, o->shape, &tid);
     if (!r) r = reshard_layout_add_mesh_strided(*ls[s], ms[s]->ndim, ms[s]->shape, first[s], 1, &mid);
     if (!r) r = reshard_layout_place(*ls[s], tid, mid, ms[s]->placements, &bid);
     if (r) {
@@ -514,7 +525,10 @@ static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t 
   shape[0] = 0;
   for (int i = 0; i < o->ndim && n < sizeof shape; i++)
     n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", i ? "x" : "", (long long)o->shape[i]);
-  snprintf(l->desc, sizeof l->desc, "synthetic %s %s: mesh %s -> mesh %s", shape, reshard_dtype_name(o->dtype), sm, dm);
+  char dts[32];
+  if (o->dst_dtype == o->dtype) snprintf(dts, sizeof dts, "%s", reshard_dtype_name(o->dtype));
+  else snprintf(dts, sizeof dts, "%s->%s", reshard_dtype_name(o->dtype), reshard_dtype_name(o->dst_dtype));
+  snprintf(l->desc, sizeof l->desc, "synthetic %s %s: mesh %s -> mesh %s", shape, dts, sm, dm);
   return 0;
 }
 

@@ -49,6 +49,9 @@ typedef struct cli_opts {
   cli_mesh src, dst;
   /* both */
   reshard_dtype_t dtype; /* default bf16 (model) or f32 (synthetic) */
+  /* synthetic mode: --dst-dtype, the destination's dtype (default: dtype;
+   * a float dtype converts in flight) */
+  reshard_dtype_t dst_dtype;
   int colocate;
   size_t staging; /* 0: the library's default */
   const char *topology; /* --topology PRESET, or NULL */

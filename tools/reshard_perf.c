@@ -300,7 +300,7 @@ static void run_methods(ctx *c, method *ms, int nm) {
         const reshard_fragment_info_t *f = &c->d.frags[0];
         c->d.ptr[f->buffer_id][f->byte_offset] ^= 0x5a;
       }
-      bad = reshard_selftest_check(&c->d, c->L.dst, world_rank, step, m->name);
+      bad = reshard_selftest_check_from(&c->d, c->L.dst, c->L.src, world_rank, step, m->name); /* casts too */
     }
     int64_t v[2] = {bad, err ? 1 : 0}, sum[2];
     WD_CALL(MPI_Allreduce(v, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
@@ -1011,6 +1011,12 @@ int main(int argc, char **argv) {
   }
   if (cli_build_layouts(&c.o, &c.L, err, sizeof err)) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
+    return finish(2);
+  }
+  if (c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
+    if (!world_rank)
+      fprintf(stderr, "reshard_perf: error: --baseline with --dst-dtype: the baselines move bytes as they are and "
+                      "cannot convert; drop --baseline (or --dst-dtype)\n");
     return finish(2);
   }
   if (world_size != c.L.world_needed) {

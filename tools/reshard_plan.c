@@ -151,7 +151,8 @@ static void fragment_runs(const reshard_layout_t *L, const reshard_fragment_info
   }
 }
 
-/* Byte runs of one side of a copy descriptor (src/pack/copy.h). */
+/* Byte runs of one side of a copy descriptor (src/pack/copy.h; a cast
+ * writes runs of the destination's element size). */
 static void copy_runs(const rs_copy *c, int src_side, ivec *x) {
   int64_t idx[RS_COPY_MAX_DIMS] = {0};
   for (int d = 0; d < c->ndim; d++)
@@ -159,7 +160,7 @@ static void copy_runs(const rs_copy *c, int src_side, ivec *x) {
   for (;;) {
     int64_t off = (int64_t)(src_side ? c->src_off : c->dst_off);
     for (int d = 0; d < c->ndim; d++) off += idx[d] * (src_side ? c->src_stride[d] : c->dst_stride[d]);
-    ivec_push(x, (uint64_t)off, (uint64_t)off + c->run_bytes);
+    ivec_push(x, (uint64_t)off, (uint64_t)off + (src_side ? c->run_bytes : rs_copy_dst_run(c))); /* a cast's runs differ */
     int d = c->ndim - 1;
     while (d >= 0 && ++idx[d] == c->extent[d]) idx[d--] = 0;
     if (d < 0) return;
