@@ -244,6 +244,65 @@ static void f16_against_compiler(void **state) {
 }
 #endif
 
+/* fp8 block quantization, element by element: the library's f32 steps
+ * against the reference's double-then-round ones, over random values and
+ * block maxima (amax >= |x|, as in a block), the clamp at 1e-4, x = +-amax
+ * (exactly +-448), zeros, values whose product is an e4m3fn subnormal or
+ * a rounding tie, and the scale. */
+static int check_quant(float x, float amax) {
+  float si_ref;
+  int64_t want = rs_ref_quant_e4m3(x, amax, &si_ref);
+  uint32_t got = rs_cvt_quant_e4m3(x, rs_cvt_block_factor(amax));
+  float si = rs_cvt_block_scale_inv(amax);
+  /* the factor itself, bit for bit: a 1-ulp error shows in q only near a
+   * tie, but it is one */
+  double clamped = amax < 1e-4f ? (double)1e-4f : (double)amax;
+  float factor = rs_cvt_block_factor(amax), factor_ref = (float)(448.0 / clamped);
+  if (f32_bits(factor) != f32_bits(factor_ref) && !(isnan(factor) && isnan(factor_ref))) {
+    fprintf(stderr, "quant amax=%.9g: factor %.9g, want %.9g\n", (double)amax, (double)factor, (double)factor_ref);
+    return 1;
+  }
+  int ok = (want < 0 ? rs_ref_is_nan(RESHARD_FP8_E4M3, got) : got == (uint32_t)want) &&
+           (f32_bits(si) == f32_bits(si_ref) || (isnan(si) && isnan(si_ref)));
+  if (!ok)
+    fprintf(stderr, "quant x=%.9g amax=%.9g: got 0x%02x scale %.9g, want 0x%llx scale %.9g\n", (double)x, (double)amax, got,
+            (double)si, (long long)want, (double)si_ref);
+  return !ok;
+}
+
+static void block_quant(void **state) {
+  (void)state;
+  int bad = 0;
+  /* named values */
+  assert_int_equal(rs_cvt_quant_e4m3(2.5f, rs_cvt_block_factor(2.5f)), 0x7e);  /* x = amax -> 448 */
+  assert_int_equal(rs_cvt_quant_e4m3(-2.5f, rs_cvt_block_factor(2.5f)), 0xfe);
+  assert_true(rs_cvt_block_factor(0.0f) == 448.0f / 1e-4f);                     /* an all-zero block */
+  assert_int_equal(rs_cvt_quant_e4m3(0.0f, rs_cvt_block_factor(0.0f)), 0x00);
+  bad += check_quant(3e-5f, 2e-5f); /* clamped: 3e-5 x 4.48e6 */
+  bad += check_quant(1.0f, NAN);
+  /* factor 1 (amax 448): e4m3fn ties, normal and subnormal */
+  float ties[] = {1.0625f, 1.1875f, -1.0625f, 0.0009765625f, 0.0029296875f, 232.0f, 248.0f, 432.0f};
+  uint32_t want_ties[] = {0x38, 0x3a, 0xb8, 0x00, 0x02, 0x76, 0x78, 0x7e};
+  for (int i = 0; i < 8; i++) {
+    bad += check_quant(ties[i], 448.0f);
+    if (rs_cvt_quant_e4m3(ties[i], rs_cvt_block_factor(448.0f)) != want_ties[i])
+      fail_msg("tie %.9g: got 0x%02x, want 0x%02x", (double)ties[i], rs_cvt_quant_e4m3(ties[i], 1.0f), want_ties[i]);
+  }
+  uint64_t s = 0x9b10c5eedULL;
+  for (int n = 0; n < 2000000 && bad < 10; n++) {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    uint64_t r = s * 0x2545F4914F6CDD1DULL;
+    /* a bf16 value (the training dtype), any exponent in [-40, 20] */
+    float x = ldexpf((float)(((r >> 40) & 0xff) | 0x100) / 256.0f, (int)((r >> 8) % 61) - 40) * ((r & 1) ? -1.0f : 1.0f);
+    x = bits_f32(f32_bits(x) & 0xffff0000u);
+    float amax = fabsf(x) * ldexpf(1.0f + (float)((r >> 20) & 0xfff) / 4096.0f, (int)((r >> 32) % 12));
+    if ((r >> 50) % 16 == 0) amax = fabsf(x);       /* the block's largest */
+    if ((r >> 50) % 16 == 1) x = 0.0f;
+    bad += check_quant(x, amax);
+  }
+  assert_int_equal(bad, 0);
+}
+
 int main(void) {
   assert_int_equal(fegetround(), FE_TONEAREST);
   const struct CMUnitTest tests[] = {
@@ -251,6 +310,7 @@ int main(void) {
       cmocka_unit_test(f32_to_narrow_boundaries),
       cmocka_unit_test(narrow_exhaustive),
       cmocka_unit_test(f32_to_narrow_random),
+      cmocka_unit_test(block_quant),
 #if defined(__x86_64__) && defined(__FLT16_MAX__)
       cmocka_unit_test(f16_against_compiler),
 #endif

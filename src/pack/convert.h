@@ -34,6 +34,7 @@
 #define RS_PACK_CONVERT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "reshard.h"
 
@@ -176,6 +177,60 @@ RS_CVT void rs_cvt_elem(int to, unsigned char *d, int from, const unsigned char 
   uint32_t y = rs_cvt_round_f32(x, g);
   d[0] = (unsigned char)y;
   if (g.ebits + g.mbits + 1 == 16) d[1] = (unsigned char)(y >> 8);
+}
+
+/* ---- fp8 block quantization (issue 19) ----
+ *
+ * DeepSeek's per_block_cast_to_fp8 (DeepSeek-V3 inference/kernel.py's
+ * convention, and DeepGEMM's tests), which vLLM's block-fp8 linear layers
+ * read (weight plus weight_scale_inv per 128 x 128 block): over a block's
+ * elements read as f32, amax = max(max |x|, 1e-4); each element becomes
+ * e4m3fn(x * (448 / amax)), the factor and the product in f32 rounded to
+ * nearest even, the cast as rs_cvt_round_f32; the block's scale is
+ * weight_scale_inv = amax / 448 in f32. These are the per-element steps;
+ * the amax of a block is its caller's (the block may span shards). */
+
+RS_CVT float rs_cvt_bits_f32(uint32_t b) {
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+
+RS_CVT uint32_t rs_cvt_f32_bits(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return b;
+}
+
+/* A block's amax clamped as the definition does (NaN stays NaN: max over
+ * a block holding NaN is NaN in PyTorch, and so is everything after it). */
+RS_CVT float rs_cvt_block_amax(float amax) { return amax < 1e-4f ? 1e-4f : amax; }
+
+/* 448 / amax and amax / 448, in f32 (one IEEE division each). */
+RS_CVT float rs_cvt_block_factor(float amax) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(448.0f, rs_cvt_block_amax(amax));
+#else
+  return 448.0f / rs_cvt_block_amax(amax);
+#endif
+}
+
+RS_CVT float rs_cvt_block_scale_inv(float amax) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(rs_cvt_block_amax(amax), 448.0f);
+#else
+  return rs_cvt_block_amax(amax) / 448.0f;
+#endif
+}
+
+/* One element (as f32) quantized with its block's factor: e4m3fn bits. */
+RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
+#ifdef __CUDA_ARCH__
+  float p = __fmul_rn(x, factor); /* never contracted into anything */
+#else
+  float p = x * factor;
+#endif
+  return rs_cvt_round_f32(rs_cvt_f32_bits(p), rs_cvt_fmt_of(RESHARD_FP8_E4M3));
 }
 
 #endif

@@ -69,3 +69,10 @@ int64_t rs_ref_round(reshard_dtype_t dt, double x) {
   uint32_t mant = (uint32_t)(ldexp(r, f.mbits - E) - ldexp(1.0, f.mbits));
   return sign | ((uint32_t)(E + bias_of(f)) << f.mbits) | mant;
 }
+
+int64_t rs_ref_quant_e4m3(float x, float amax, float *scale_inv) {
+  double a = amax < 1e-4f ? (double)1e-4f : (double)amax; /* NaN stays NaN */
+  float factor = (float)(448.0 / a);
+  if (scale_inv) *scale_inv = (float)(a / 448.0);
+  return rs_ref_round(RESHARD_FP8_E4M3, (double)(float)((double)x * (double)factor));
+}

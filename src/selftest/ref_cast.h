@@ -23,6 +23,14 @@ double rs_ref_decode(reshard_dtype_t dt, uint32_t bits);
  * then right). */
 int64_t rs_ref_round(reshard_dtype_t dt, double x);
 
+/* DeepSeek's per_block_cast_to_fp8 for one element, as the reference
+ * computes it: x (an f32 value) times 448 / max(amax, 1e-4), both
+ * operations in double and rounded once to f32 (exactly f32 arithmetic:
+ * a double carries more than twice f32's precision), then rounded to
+ * e4m3fn; -1 for NaN. *scale_inv (if not NULL): max(amax, 1e-4) / 448,
+ * in f32. */
+int64_t rs_ref_quant_e4m3(float x, float amax, float *scale_inv);
+
 /* Whether bits are a NaN of dt. */
 int rs_ref_is_nan(reshard_dtype_t dt, uint32_t bits);
 
