@@ -210,14 +210,35 @@ static void copy_line(unsigned char *d, int64_t ds, const unsigned char *s,
 #undef RS_COPY_LINE_FIXED
 
 /* A cast's innermost outer dim: n runs, each of ne elements of ses bytes
- * in, des bytes out. */
+ * in, des bytes out. One loop per dtype pair, each with rs_cvt_elem's
+ * dtypes as constants, so that the compiler folds the format decisions
+ * out of the loop (a generic loop paid them per element: 1.9 x slower on
+ * an f32 -> bf16 sync). */
+#define RS_CVT_LOOP(F, T)                                                       \
+  case (F) * 8 + (T):                                                           \
+    for (int64_t i = 0; i < n; i++)                                             \
+      for (uint64_t e = 0; e < ne; e++)                                         \
+        rs_cvt_elem((T), d + i * ds + (int64_t)(e * des), (F), s + i * ss + (int64_t)(e * ses)); \
+    break
+
 static void convert_line(unsigned char *d, int64_t ds, const unsigned char *s,
                          int64_t ss, int64_t n, uint64_t ne, int from, size_t ses,
                          int to, size_t des) {
-  for (int64_t i = 0; i < n; i++)
-    for (uint64_t e = 0; e < ne; e++)
-      rs_cvt_elem(to, d + i * ds + (int64_t)(e * des), from, s + i * ss + (int64_t)(e * ses));
+  enum { F32 = RESHARD_FP32, B16 = RESHARD_BF16, F16 = RESHARD_FP16, E4 = RESHARD_FP8_E4M3, E5 = RESHARD_FP8_E5M2 };
+  switch (from * 8 + to) {
+    RS_CVT_LOOP(F32, B16); RS_CVT_LOOP(F32, F16); RS_CVT_LOOP(F32, E4); RS_CVT_LOOP(F32, E5);
+    RS_CVT_LOOP(B16, F32); RS_CVT_LOOP(B16, F16); RS_CVT_LOOP(B16, E4); RS_CVT_LOOP(B16, E5);
+    RS_CVT_LOOP(F16, F32); RS_CVT_LOOP(F16, B16); RS_CVT_LOOP(F16, E4); RS_CVT_LOOP(F16, E5);
+    RS_CVT_LOOP(E4, F32); RS_CVT_LOOP(E4, B16); RS_CVT_LOOP(E4, F16); RS_CVT_LOOP(E4, E5);
+    RS_CVT_LOOP(E5, F32); RS_CVT_LOOP(E5, B16); RS_CVT_LOOP(E5, F16); RS_CVT_LOOP(E5, E4);
+  default: /* not a pair rs_copy_init_cvt builds */
+    for (int64_t i = 0; i < n; i++)
+      for (uint64_t e = 0; e < ne; e++)
+        rs_cvt_elem(to, d + i * ds + (int64_t)(e * des), from, s + i * ss + (int64_t)(e * ses));
+  }
 }
+
+#undef RS_CVT_LOOP
 
 /* One innermost outer dim of c: copied, or cast element by element. */
 static void run_line(const rs_copy *c, unsigned char *d, int64_t ds, const unsigned char *s, int64_t ss, int64_t n) {
