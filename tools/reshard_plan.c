@@ -414,8 +414,11 @@ static uint64_t digest_words(uint64_t h, const uint64_t *w, size_t n) { return r
 
 static uint64_t digest_copies(uint64_t h, const rs_copy *c, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    uint64_t w[6 + 3 * RS_COPY_MAX_DIMS];
+    uint64_t w[7 + 3 * RS_COPY_MAX_DIMS];
     size_t k = 0;
+    /* a cast's dtypes, only where there is one: plans without casts hash
+     * as they did before casts existed (tests/plan_golden.sh) */
+    if (c[i].cvt_from) w[k++] = (uint64_t)c[i].cvt_from << 8 | c[i].cvt_to;
     w[k++] = c[i].src_off;
     w[k++] = c[i].dst_off;
     w[k++] = c[i].run_bytes;
