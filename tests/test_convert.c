@@ -38,28 +38,15 @@ enum { NFMTS = sizeof FMTS / sizeof *FMTS };
 
 static int bias_of(const ref_fmt *f) { return (1 << (f->ebits - 1)) - 1; }
 
-/* The largest finite value: all-ones exponent minus one (IEEE), or, for
- * e4m3fn, the all-ones exponent with every mantissa bit but the last. */
-static double max_finite(const ref_fmt *f) {
-  int emax_field = (1 << f->ebits) - 1;
-  if (f->ieee) return ldexp(2.0 - ldexp(1.0, -f->mbits), emax_field - 1 - bias_of(f));
-  return ldexp(2.0 - ldexp(2.0, -f->mbits), emax_field - bias_of(f));
-}
+static double max_finite(const ref_fmt *f) { return rs_ref_max_finite((reshard_dtype_t)f->dtype); }
 
 static int is_nan_bits(const ref_fmt *f, uint32_t v) { return rs_ref_is_nan((reshard_dtype_t)f->dtype, v); }
 static double ref_decode(const ref_fmt *f, uint32_t v) { return rs_ref_decode((reshard_dtype_t)f->dtype, v); }
 static int64_t ref_round(const ref_fmt *f, double x) { return rs_ref_round((reshard_dtype_t)f->dtype, x); }
 
-static uint32_t f32_bits(float x) {
-  uint32_t b;
-  memcpy(&b, &x, 4);
-  return b;
-}
-static float bits_f32(uint32_t b) {
-  float x;
-  memcpy(&x, &b, 4);
-  return x;
-}
+/* bit views of an f32: convert.h's (a reinterpretation, nothing to test) */
+#define f32_bits rs_cvt_f32_bits
+#define bits_f32 rs_cvt_bits_f32
 
 static void put(unsigned char *p, uint32_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));

@@ -28,6 +28,8 @@ static double max_finite(ref_fmt f) {
   return ldexp(2.0 - ldexp(2.0, -f.mbits), top - bias_of(f));
 }
 
+double rs_ref_max_finite(reshard_dtype_t dt) { return max_finite(fmt_of(dt)); }
+
 int rs_ref_is_nan(reshard_dtype_t dt, uint32_t v) {
   ref_fmt f = fmt_of(dt);
   int nbits = 1 + f.ebits + f.mbits;

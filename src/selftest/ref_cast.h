@@ -31,6 +31,9 @@ int64_t rs_ref_round(reshard_dtype_t dt, double x);
  * in f32. */
 int64_t rs_ref_quant_e4m3(float x, float amax, float *scale_inv);
 
+/* dt's largest finite value. */
+double rs_ref_max_finite(reshard_dtype_t dt);
+
 /* Whether bits are a NaN of dt. */
 int rs_ref_is_nan(reshard_dtype_t dt, uint32_t bits);
 
