@@ -223,6 +223,15 @@ static reshard_result_t receive_pieces(build_ctx *c, build_ctx *out, const rs_fr
   return RESHARD_SUCCESS;
 }
 
+/* D's relay group (g->m = 0: direct), the same on its receiver and its
+ * senders. A converted tensor is not relayed: a forward reads the
+ * destination buffer, whose dtype is not the wire's. */
+static reshard_result_t relay_group(build_ctx *c, const rs_frag *D, rs_relay_group *g) {
+  const rs_tensor *t = &c->dst->tensors[D->tensor];
+  if (!c->relay || c->src->tensors[c->dst2src[D->tensor]].dtype != t->dtype) return RESHARD_SUCCESS;
+  return rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], reshard_dtype_size(t->dtype), g);
+}
+
 static reshard_result_t plan_receives(build_ctx *c) {
   const int me = c->plan->rank;
   rs_frag_vec mine = {0};
@@ -232,12 +241,8 @@ static reshard_result_t plan_receives(build_ctx *c) {
     const rs_frag *D = &mine.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
     const reshard_dtype_t sdt = c->src->tensors[c->dst2src[D->tensor]].dtype;
-    size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    /* a converted tensor is not relayed: a forward reads the destination
-     * buffer, whose dtype is not the wire's */
-    if (c->relay && sdt == t->dtype)
-      RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    RS_CHECK_GOTO(relay_group(c, D, &g), r, done);
     if (g.m) {
       RS_CHECK_GOTO(rs_relay_plan_member(&c->rp, &c->actx, &c->pieces, &c->segs, me, D, &g, c->dst2src[D->tensor], t->name, t->dtype),
                     r, done);
@@ -330,10 +335,8 @@ static reshard_result_t plan_sends(build_ctx *c) {
   for (size_t i = 0; i < nd; i++) {
     const rs_frag *D = &cands.v[i];
     const rs_tensor *t = &c->dst->tensors[D->tensor];
-    size_t es = reshard_dtype_size(t->dtype);
     rs_relay_group g = {0};
-    if (c->relay && c->src->tensors[c->dst2src[D->tensor]].dtype == t->dtype) /* as plan_receives */
-      RS_CHECK_GOTO(rs_relay_group_of(&c->rp.ctx, D, c->dst2src[D->tensor], es, &g), r, done);
+    RS_CHECK_GOTO(relay_group(c, D, &g), r, done);
     if (g.m) {
       /* every member is a candidate: the group's lowest rank's turn; only
        * the cells this rank may provide (their pieces come in the order
