@@ -138,6 +138,44 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
                                            const int64_t *shape,
                                            int *tensor_id);
 
+/* Declares an fp8 weight quantized in blocks (issue 19), as DeepSeek-V3's
+ * and Kimi-K2's fp8 checkpoints and vLLM's block-fp8 linear layers hold
+ * it: `name` (dtype RESHARD_FP8_E4M3, ndim >= 2) and beside it the f32
+ * tensor `<name>_scale_inv` (its weight_scale_inv), of the same shape
+ * but for the last two dims, ceil(shape / block) (block = {rows, cols},
+ * e.g. {128, 128}): one scale per block, blocks counted from the origin,
+ * the last ones ragged. *tensor_id receives the weight's id; the scale
+ * tensor's follows it (reshard_layout_find_tensor or
+ * reshard_layout_tensor_block). Both are placed like any tensor (vLLM
+ * splits the scales like their weight).
+ *
+ * When the destination declares a weight this way and the source holds
+ * it in a wider float dtype (bf16, f16, f32; no scale tensor), the plan
+ * quantizes on the source ranks and sends fp8 codes and scales: for each
+ * block of the global tensor, over its elements read as f32,
+ * amax = max(max |x|, 1e-4), code = e4m3fn(x * (448 / amax)) (the factor
+ * and the product in f32, round to nearest even), scale = amax / 448
+ * (DeepSeek's per_block_cast_to_fp8). A block held whole by a source rank
+ * is quantized there (by each replica: the planner then picks among
+ * them); a block split across source ranks is first gathered, in the
+ * source dtype, to the rank that holds most of it. Host transports only
+ * (device transports: RESHARD_ERROR_UNSUPPORTED at plan creation).
+ * When both sides declare it blocked (same block), codes and scales
+ * move as they are. */
+reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *layout,
+                                                   const char *name,
+                                                   reshard_dtype_t dtype,
+                                                   int ndim,
+                                                   const int64_t *shape,
+                                                   const int64_t *block,
+                                                   int *tensor_id);
+
+/* A tensor's block ({0, 0} and *scale_id -1 unless it was declared by
+ * reshard_layout_add_tensor_blocked); outputs may be NULL. */
+reshard_result_t reshard_layout_tensor_block(const reshard_layout_t *layout,
+                                             int tensor_id, int64_t *block,
+                                             int *scale_id);
+
 /* By default every tensor declared on a side must be held whole by that
  * side's buffers, so that a destination tensor declared but placed nowhere
  * (or only in part) fails plan creation with RESHARD_ERROR_INVALID_ARGUMENT

@@ -58,6 +58,11 @@ void reshard_layout_destroy(reshard_layout_t *layout);
 reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
     const char *name, reshard_dtype_t dtype, int ndim, const int64_t *shape,
     int *tensor_id);
+reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *layout,
+    const char *name, reshard_dtype_t dtype, int ndim, const int64_t *shape,
+    const int64_t *block, int *tensor_id);
+reshard_result_t reshard_layout_tensor_block(const reshard_layout_t *layout,
+    int tensor_id, int64_t *block, int *scale_id);
 reshard_result_t reshard_layout_allow_partial(reshard_layout_t *layout,
     int tensor_id);
 reshard_result_t reshard_layout_find_tensor(const reshard_layout_t *layout,

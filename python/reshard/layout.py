@@ -186,15 +186,40 @@ class Layout(Node):
         return self
 
     # ---------------------------------------------------------- tensors
-    def add_tensor(self, name, dtype, shape):
-        """Declares a logical tensor; returns its id."""
+    def add_tensor(self, name, dtype, shape, block=None):
+        """Declares a logical tensor; returns its id.
+
+        ``block=(rows, cols)`` (with dtype ``"fp8e4m3"``) declares a weight
+        quantized in blocks, as fp8 checkpoints and vLLM's block-fp8 layers
+        hold it, and also its f32 scale tensor ``<name>_scale_inv`` (one
+        scale per block of the last two dims; its id from
+        ``tensor_id(name + "_scale_inv")``), to be placed like any tensor.
+        A destination declared so, whose source holds the weight in bf16,
+        f16 or f32, is quantized on the way (reshard_layout_add_tensor_blocked
+        in reshard.h says how, exactly)."""
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         out = ffi.new("int *")
         arr = ffi.new("int64_t[]", list(shape) or [0])
-        check(lib.reshard_layout_add_tensor(
-            self.handle, name.encode(), _dt.to_c(dtype, "tensor %r: dtype" % name),
-            len(shape), arr, out))
+        cdt = _dt.to_c(dtype, "tensor %r: dtype" % name)
+        if block is None:
+            check(lib.reshard_layout_add_tensor(
+                self.handle, name.encode(), cdt, len(shape), arr, out))
+        else:
+            blk = tuple(int(b) for b in block)
+            if len(blk) != 2:
+                raise ValueError("tensor %r: block must be (rows, cols), not %r" % (name, block))
+            check(lib.reshard_layout_add_tensor_blocked(
+                self.handle, name.encode(), cdt, len(shape), arr,
+                ffi.new("int64_t[2]", list(blk)), out))
         return out[0]
+
+    def tensor_block(self, tensor):
+        """``((rows, cols), scale_id)`` of a weight declared with ``block=``,
+        ``None`` for any other tensor."""
+        blk = ffi.new("int64_t[2]")
+        sid = ffi.new("int *")
+        check(lib.reshard_layout_tensor_block(self.handle, self._tid(tensor), blk, sid))
+        return ((blk[0], blk[1]), sid[0]) if blk[0] else None
 
     def tensor_id(self, name):
         """The id of the tensor named ``name``."""

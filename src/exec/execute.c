@@ -535,10 +535,10 @@ static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_
 
 /* rejected: an error the caller already found (and set), or SUCCESS for
  * execute to check the arguments itself. */
-static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                void *const *src_buffers, size_t num_src, const size_t *src_bytes,
-                                void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
-                                reshard_result_t rejected) {
+reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                 void *const *src_buffers, size_t num_src, const size_t *src_bytes,
+                                 void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
+                                 reshard_result_t rejected) {
   if (!rejected) rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
   RS_CHECK(rs_plan_refuse_if_failed(plan));
@@ -598,6 +598,17 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
     rs_plan_mark_failed(plan, call, version, r, why);
   }
   return r;
+}
+
+static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                void *const *src_buffers, size_t num_src, const size_t *src_bytes,
+                                void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
+                                reshard_result_t rejected) {
+  if (plan && plan->quant)
+    return rs_quant_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+                            dst_bytes, stream, rejected);
+  return rs_execute_call(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+                         dst_bytes, stream, rejected);
 }
 
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,

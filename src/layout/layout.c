@@ -102,12 +102,9 @@ void reshard_layout_destroy(reshard_layout_t *L) {
 
 /* ---------------- tensors ---------------- */
 
-reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
-                                           const char *name,
-                                           reshard_dtype_t dtype, int ndim,
-                                           const int64_t *shape,
-                                           int *tensor_id) {
-  rs_error_clear();
+/* A tensor's arguments, checked before anything is stored. */
+static reshard_result_t check_tensor(const reshard_layout_t *L, const char *name, reshard_dtype_t dtype, int ndim,
+                                     const int64_t *shape) {
   if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor: layout is NULL");
   if (!name || !*name) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor: name is NULL or empty");
   if (reshard_dtype_size(dtype) == 0)
@@ -122,23 +119,103 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
     if (rs_mul_overflow_i64(bytes, shape[d], &bytes))
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': byte size overflows int64 at shape[%d]", name, d);
   }
-  uint64_t h = rs_name_hash(name);
-  if (rs_name_map_find(&L->names, name, h, tensor_name, L) >= 0)
+  if (rs_name_map_find(&L->names, name, rs_name_hash(name), tensor_name, L) >= 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': name already declared in this layout", name);
-  RS_CHECK(RS_GROW(L->tensors, L->ntensors, L->cap_tensors));
-  RS_CHECK(rs_name_map_reserve(&L->names, (size_t)L->ntensors + 1));
-  char *copy = rs_strdup(name);
-  if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
+  return RESHARD_SUCCESS;
+}
+
+/* Room for n more tensors, so that insert_tensor cannot fail. */
+static reshard_result_t reserve_tensors(reshard_layout_t *L, int n) {
+  RS_CHECK(rs_grow((void **)&L->tensors, (size_t)L->ntensors + (size_t)n, NULL, &L->cap_tensors, sizeof *L->tensors));
+  return rs_name_map_reserve(&L->names, (size_t)L->ntensors + (size_t)n);
+}
+
+/* Stores a checked tensor under its name (owned from now on). */
+static int insert_tensor(reshard_layout_t *L, char *name, reshard_dtype_t dtype, int ndim, const int64_t *shape) {
   rs_tensor *t = &L->tensors[L->ntensors];
   memset(t, 0, sizeof *t);
-  t->name = copy;
-  t->name_hash = h;
+  t->name = name;
+  t->name_hash = rs_name_hash(name);
   t->dtype = dtype;
   t->ndim = ndim;
+  t->scale_id = -1;
   for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
   int id = L->ntensors++;
-  rs_name_map_put(&L->names, id, h);
+  rs_name_map_put(&L->names, id, t->name_hash);
+  return id;
+}
+
+reshard_result_t reshard_layout_add_tensor(reshard_layout_t *L,
+                                           const char *name,
+                                           reshard_dtype_t dtype, int ndim,
+                                           const int64_t *shape,
+                                           int *tensor_id) {
+  rs_error_clear();
+  RS_CHECK(check_tensor(L, name, dtype, ndim, shape));
+  RS_CHECK(reserve_tensors(L, 1));
+  char *copy = rs_strdup(name);
+  if (!copy) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
+  int id = insert_tensor(L, copy, dtype, ndim, shape);
   if (tensor_id) *tensor_id = id;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *L, const char *name, reshard_dtype_t dtype,
+                                                   int ndim, const int64_t *shape, const int64_t *block,
+                                                   int *tensor_id) {
+  rs_error_clear();
+  if (!L) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor_blocked: layout is NULL");
+  if (!name || !*name) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "add_tensor_blocked: name is NULL or empty");
+  if (dtype != RESHARD_FP8_E4M3)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "tensor '%s': block scales are defined for fp8e4m3 weights only, not %s", name,
+                    reshard_dtype_name(dtype));
+  if (ndim < 2 || ndim > RESHARD_MAX_DIMS || !shape)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "tensor '%s': block scales need 2 to %d dims and a shape, not ndim %d%s", name, RESHARD_MAX_DIMS,
+                    ndim, shape ? "" : " (shape is NULL)");
+  if (!block || block[0] < 1 || block[1] < 1 || block[0] > INT32_MAX || block[1] > INT32_MAX)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': block must be two sizes >= 1 (rows, columns)",
+                    name);
+  size_t n = strlen(name);
+  char *sname = rs_malloc(n + sizeof "_scale_inv");
+  if (!sname) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
+  memcpy(sname, name, n);
+  memcpy(sname + n, "_scale_inv", sizeof "_scale_inv");
+  int64_t sshape[RESHARD_MAX_DIMS];
+  for (int d = 0; d < ndim; d++) sshape[d] = shape[d];
+  for (int k = 0; k < 2; k++) {
+    int d = ndim - 2 + k;
+    sshape[d] = shape[d] < 0 ? shape[d] : (shape[d] + block[k] - 1) / block[k];
+  }
+  /* both are checked, and room made for both, before either is added:
+   * a failure leaves the layout as it was */
+  reshard_result_t r = check_tensor(L, name, dtype, ndim, shape);
+  if (!r) r = check_tensor(L, sname, RESHARD_FP32, ndim, sshape);
+  if (!r) r = reserve_tensors(L, 2);
+  char *wname = r ? NULL : rs_strdup(name);
+  if (!r && !wname) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);
+  if (r) {
+    free(sname);
+    return r;
+  }
+  int id = insert_tensor(L, wname, dtype, ndim, shape);
+  int sid = insert_tensor(L, sname, RESHARD_FP32, ndim, sshape);
+  L->tensors[id].block[0] = (int32_t)block[0];
+  L->tensors[id].block[1] = (int32_t)block[1];
+  L->tensors[id].scale_id = sid;
+  if (tensor_id) *tensor_id = id;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_layout_tensor_block(const reshard_layout_t *L, int tensor_id, int64_t *block,
+                                             int *scale_id) {
+  rs_error_clear();
+  if (!L || tensor_id < 0 || tensor_id >= L->ntensors)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor_block: no tensor %d in this layout", tensor_id);
+  const rs_tensor *t = &L->tensors[tensor_id];
+  if (block) block[0] = t->block[0], block[1] = t->block[1];
+  if (scale_id) *scale_id = t->block[0] ? t->scale_id : -1;
   return RESHARD_SUCCESS;
 }
 
@@ -596,6 +673,10 @@ uint64_t rs_layout_tensor_digest(const reshard_layout_t *L, int t) {
   const rs_tensor *T = &L->tensors[t];
   int64_t hdr[4] = {(int64_t)T->name_hash, T->dtype, T->ndim, T->partial};
   uint64_t h = rs_hash_bytes(hdr, sizeof hdr, 0x7e4);
+  if (T->block[0]) {
+    int32_t blk[3] = {T->block[0], T->block[1], T->scale_id};
+    h = rs_hash_bytes(blk, sizeof blk, h);
+  }
   return rs_hash_bytes(T->shape, (size_t)T->ndim * sizeof(int64_t), h);
 }
 
@@ -650,6 +731,10 @@ uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
     int64_t hdr[4] = {(int64_t)t->name_hash, t->dtype, t->ndim, t->partial};
     MIX(hdr, sizeof hdr);
     MIX(t->shape, (size_t)t->ndim * sizeof(int64_t));
+    if (t->block[0]) { /* only blocked tensors: other digests stay as they were */
+      int32_t blk[3] = {t->block[0], t->block[1], t->scale_id};
+      MIX(blk, sizeof blk);
+    }
   }
   for (int i = 0; i < L->nmeshes; i++) {
     const rs_mesh *m = &L->meshes[i];
@@ -687,4 +772,116 @@ uint64_t rs_layout_digest(const reshard_layout_t *L, uint64_t seed) {
   }
 #undef MIX
   return h;
+}
+
+/* ---------------- clone ---------------- */
+
+static void *dup_n(const void *p, size_t n, size_t elem, int *failed) {
+  if (!n || !p) return NULL;
+  void *q = rs_malloc(n * elem);
+  if (!q) {
+    *failed = 1;
+    return NULL;
+  }
+  memcpy(q, p, n * elem);
+  return q;
+}
+
+reshard_result_t rs_layout_clone(const reshard_layout_t *L, reshard_layout_t **out) {
+  *out = NULL;
+  reshard_layout_t *C = rs_calloc(1, sizeof *C);
+  if (!C) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout clone: out of memory");
+  int failed = 0;
+  /* the arrays first, each entry's owned pointers then replaced by copies
+   * (an entry whose copy failed keeps NULL, which destroy frees) */
+  C->tensors = dup_n(L->tensors, (size_t)L->ntensors, sizeof *L->tensors, &failed);
+  C->meshes = dup_n(L->meshes, (size_t)L->nmeshes, sizeof *L->meshes, &failed);
+  C->parts = dup_n(L->parts, (size_t)L->nparts, sizeof *L->parts, &failed);
+  C->buffers = dup_n(L->buffers, (size_t)L->nbuffers, sizeof *L->buffers, &failed);
+  C->raws = dup_n(L->raws, (size_t)L->nraws, sizeof *L->raws, &failed);
+  if (failed) {
+    free(C->tensors), free(C->meshes), free(C->parts), free(C->buffers), free(C->raws);
+    free(C);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout clone: out of memory");
+  }
+  C->ntensors = C->cap_tensors = L->ntensors;
+  C->nmeshes = C->cap_meshes = L->nmeshes;
+  C->nparts = C->cap_parts = L->nparts;
+  C->nbuffers = C->cap_buffers = L->nbuffers;
+  C->nraws = C->cap_raws = L->nraws;
+  for (int i = 0; i < C->ntensors; i++) {
+    rs_tensor *t = &C->tensors[i];
+    const rs_tensor *o = &L->tensors[i];
+    t->name = rs_strdup(o->name);
+    failed |= !t->name;
+    t->parts = dup_n(o->parts, (size_t)o->nparts, sizeof *o->parts, &failed);
+    t->raws = dup_n(o->raws, (size_t)o->nraws, sizeof *o->raws, &failed);
+    t->cap_parts = t->parts ? o->nparts : 0;
+    t->cap_raws = t->raws ? o->nraws : 0;
+    if (!t->parts) t->nparts = 0;
+    if (!t->raws) t->nraws = 0;
+  }
+  for (int i = 0; i < C->nmeshes; i++) {
+    rs_mesh *m = &C->meshes[i];
+    m->ranks = dup_n(L->meshes[i].ranks, (size_t)m->size, sizeof(int), &failed);
+    m->sorted = dup_n(L->meshes[i].sorted, (size_t)m->size * 2, sizeof(int), &failed);
+  }
+  for (int i = 0; i < C->nparts; i++) {
+    rs_part *p = &C->parts[i];
+    const rs_part *o = &L->parts[i];
+    /* the split sizes live in the part's pool: count them, copy the pool
+     * and point into the copy */
+    size_t pool = 0;
+    const rs_mesh *m = &L->meshes[o->mesh];
+    for (int a = 0; a < m->ndim; a++)
+      if (o->pl[a].split_sizes) pool += (size_t)m->shape[a];
+    p->split_pool = dup_n(o->split_pool, pool, sizeof(int64_t), &failed);
+    for (int a = 0; a < m->ndim; a++)
+      if (o->pl[a].split_sizes)
+        p->pl[a].split_sizes = p->split_pool ? p->split_pool + (o->pl[a].split_sizes - o->split_pool) : NULL;
+  }
+  for (int i = 0; i < C->nbuffers; i++) {
+    rs_buffer *b = &C->buffers[i];
+    const rs_buffer *o = &L->buffers[i];
+    b->name = rs_strdup(o->name);
+    failed |= !b->name;
+    b->raws = dup_n(o->raws, (size_t)o->nraws, sizeof *o->raws, &failed);
+    b->cap_raws = b->raws ? o->nraws : 0;
+    if (!b->raws) b->nraws = 0;
+  }
+  if (!failed && rs_name_map_reserve(&C->names, L->names.n)) failed = 1;
+  if (!failed && rs_name_map_reserve(&C->bnames, L->bnames.n)) failed = 1;
+  if (failed) {
+    reshard_layout_destroy(C);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "layout clone: out of memory");
+  }
+  for (int i = 0; i < C->ntensors; i++) rs_name_map_put(&C->names, i, C->tensors[i].name_hash);
+  for (int i = 0; i < C->nbuffers; i++)
+    if (rs_layout_first_buffer_named(C, C->buffers[i].name) < 0) rs_name_map_put(&C->bnames, i, C->buffers[i].name_hash);
+  *out = C;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_layout_rename_tensors(reshard_layout_t *L, size_t n, const int *ids, char **names) {
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (size_t i = 0; i < n && !r; i++)
+    if (rs_name_map_find(&L->names, names[i], rs_name_hash(names[i]), tensor_name, L) >= 0)
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': name already declared in this layout", names[i]);
+  rs_name_map fresh = {0};
+  if (!r) r = rs_name_map_reserve(&fresh, (size_t)L->ntensors);
+  if (r) {
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    rs_name_map_free(&fresh);
+    return r;
+  }
+  for (size_t i = 0; i < n; i++) {
+    rs_tensor *t = &L->tensors[ids[i]];
+    free(t->name);
+    t->name = names[i];
+    t->name_hash = rs_name_hash(names[i]);
+  }
+  for (int i = 0; i < L->ntensors; i++) rs_name_map_put(&fresh, i, L->tensors[i].name_hash);
+  rs_name_map_free(&L->names);
+  L->names = fresh;
+  return RESHARD_SUCCESS;
 }

@@ -27,6 +27,11 @@ typedef struct rs_tensor {
   int32_t *raws;
   int32_t nraws, cap_raws;
   int partial; /* reshard_layout_allow_partial: need not be held whole */
+  /* reshard_layout_add_tensor_blocked: fp8 block quantization with blocks
+   * of block[0] x block[1] over the last two dims (0: none), and the id of
+   * the tensor holding the block scales (its weight_scale_inv). */
+  int32_t block[2];
+  int32_t scale_id;
 } rs_tensor;
 
 typedef struct rs_mesh {
@@ -116,6 +121,13 @@ typedef struct rs_frag_vec {
 
 reshard_result_t rs_frag_vec_push(rs_frag_vec *vec, const rs_frag *f);
 void rs_frag_vec_free(rs_frag_vec *vec);
+
+/* A deep copy of L (*out NULL on failure, error set). */
+reshard_result_t rs_layout_clone(const reshard_layout_t *L, reshard_layout_t **out);
+
+/* Renames tensors ids[0 .. n) to names[0 .. n) (taken over: freed by the
+ * layout, also on failure). The new names must be unused. */
+reshard_result_t rs_layout_rename_tensors(reshard_layout_t *L, size_t n, const int *ids, char **names);
 
 /* Removes the layout's last mesh, which nothing may use yet (a builder
  * undoing the mesh it added when its buffer is refused). */

@@ -19,6 +19,7 @@
 #include "common/params.h"
 #include "pack/convert.h"
 #include "plan/plan.h"
+#include "plan/quant.h"
 #include "plan/relay.h"
 #include "transport/stream.h"
 #include "transport/transport.h"
@@ -1077,6 +1078,7 @@ fail:
 void reshard_plan_destroy(reshard_plan_t *p) {
   if (!p) return;
   if (p->device_free) p->device_free(p);
+  rs_quant_free(p->quant);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);
@@ -1104,13 +1106,9 @@ void reshard_plan_destroy(reshard_plan_t *p) {
  * the digest). */
 static int auto_relay(const reshard_plan_t *p) { return p->opts.relay == -1 && p->has_topo; }
 
-reshard_result_t reshard_plan_create(reshard_comm_t *comm,
-                                     const reshard_layout_t *src,
-                                     const reshard_layout_t *dst,
-                                     const reshard_options_t *options,
+static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_t *src,
+                                     const reshard_layout_t *dst, const reshard_options_t *options,
                                      reshard_plan_t **out) {
-  rs_error_clear();
-  if (out) *out = NULL;
   reshard_plan_t *direct = NULL, *relay = NULL;
   RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, out ? &direct : NULL));
   if (!auto_relay(direct)) {
@@ -1148,5 +1146,65 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   reshard_plan_destroy(keep_relay ? direct : relay);
   *out = keep_relay ? relay : direct;
   (*out)->relay_chosen = keep_relay;
+  return RESHARD_SUCCESS;
+}
+
+/* Adds the pre-plan's traffic to the plan's totals: the bytes a plan with
+ * block quantization moves are both plans'. */
+static void add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre) {
+  reshard_plan_stats_t *a = &p->stats;
+  const reshard_plan_stats_t *b = &pre->stats;
+  a->send_bytes += b->send_bytes;
+  a->recv_bytes += b->recv_bytes;
+  a->send_messages += b->send_messages;
+  a->recv_messages += b->recv_messages;
+  a->local_copy_bytes += b->local_copy_bytes;
+  a->segments += b->segments;
+}
+
+reshard_result_t reshard_plan_create(reshard_comm_t *comm,
+                                     const reshard_layout_t *src,
+                                     const reshard_layout_t *dst,
+                                     const reshard_options_t *options,
+                                     reshard_plan_t **out) {
+  rs_error_clear();
+  if (out) *out = NULL;
+  if (!comm || !out) return create_plain(comm, src, dst, options, out); /* which says what is wrong */
+  rs_quant_layouts ql;
+  RS_CHECK(rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql));
+  if (!ql.src) return create_plain(comm, src, dst, options, out);
+  /* Block quantization: a main plan over the rewritten layouts and, for
+   * blocks no source rank holds whole, a pre-plan gathering them. Both
+   * creations are collective, and the rewrite is the same on every rank. */
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (comm->ops->stream_ops)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED,
+                 "plan_create rank %d: the destination quantizes weights to fp8 blocks, which runs on host "
+                 "transports only (the %s transport has no quantize kernel yet)",
+                 comm->rank, comm->ops->name);
+  else if (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED,
+                 "plan_create rank %d: staged planning does not cover fp8 block quantization", comm->rank);
+  reshard_plan_t *main_plan = NULL, *pre = NULL;
+  if (!r) r = create_plain(comm, ql.src, ql.dst, options, &main_plan);
+  if (!r && ql.gather) {
+    reshard_options_t o = main_plan->opts;
+    o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */
+    o.relay = 0;
+    r = create_plain(comm, src, ql.gather, &o, &pre);
+    if (r) rs_error_prefix("plan_create rank %d (the plan gathering blocks split across source ranks): ", comm->rank);
+  }
+  if (!r) {
+    if (pre) add_pre_stats(main_plan, pre);
+    r = rs_quant_create(&ql, src, comm->rank, pre, &main_plan->quant);
+  } else {
+    reshard_plan_destroy(pre);
+  }
+  rs_quant_layouts_free(&ql);
+  if (r) {
+    reshard_plan_destroy(main_plan);
+    return r;
+  }
+  *out = main_plan;
   return RESHARD_SUCCESS;
 }

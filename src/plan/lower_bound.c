@@ -3,6 +3,7 @@
  * are visited once. Cost: O(fragments x cells each covers), which is the
  * number of (fragment, cell) incidences, plus sorting. */
 #include "plan/lower_bound.h"
+#include "plan/quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -273,7 +274,7 @@ static reshard_result_t match(const reshard_layout_t *src, const reshard_layout_
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+static reshard_result_t volume_compute(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
                                    const rs_topology *topo, rs_volume *v) {
   memset(v, 0, sizeof *v);
   v->root = -1;
@@ -404,4 +405,16 @@ reshard_result_t reshard_lower_bound(const reshard_layout_t *src, const reshard_
   rs_volume_free(&v);
   rs_estimate_store(out, &e);
   return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_volume_compute(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                   const rs_topology *t, rs_volume *out) {
+  /* a destination that quantizes to fp8 blocks: the volume of moving the
+   * codes and scales from every replica that can quantize them (the
+   * gathering of blocks split across source ranks only adds to it) */
+  rs_quant_layouts ql;
+  RS_CHECK(rs_quant_layouts_make(src, dst, nranks, -1, &ql));
+  reshard_result_t r = volume_compute(ql.src ? ql.src : src, ql.src ? ql.dst : dst, nranks, t, out);
+  rs_quant_layouts_free(&ql);
+  return r;
 }

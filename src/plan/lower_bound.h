@@ -61,7 +61,9 @@ typedef struct rs_volume {
  * narrower dtype of a float tensor that converts). Tensors must match by
  * name, shape and dtype but for float dtypes
  * (RESHARD_ERROR_INVALID_ARGUMENT otherwise, as must a destination
- * element no source rank holds). */
+ * element no source rank holds). A destination weight that quantizes to
+ * fp8 blocks (plan/quant.h) counts as its codes and scales, sent from
+ * every source replica that holds its blocks whole. */
 reshard_result_t rs_volume_compute(const reshard_layout_t *src,
                                    const reshard_layout_t *dst, int nranks,
                                    const rs_topology *topo, rs_volume *out);

@@ -186,6 +186,10 @@ struct reshard_plan {
    * from reshard_plan_destroy. NULL on host transports. */
   void *device;
   void (*device_free)(struct reshard_plan *plan);
+
+  /* Block quantization (plan/quant.h): the pre-plan, this rank's boxes
+   * and scratch; NULL when no destination weight is quantized. */
+  struct rs_quant *quant;
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */

@@ -1,0 +1,94 @@
+/* Execute of a plan with block quantization (see plan/quant.h): gather
+ * the blocks split across source ranks (the pre-plan), quantize this
+ * rank's boxes into its scratch, then run the main plan, which sends the
+ * codes and scales like any other source data. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/error.h"
+#include "exec/exec_state.h"
+#include "pack/quantize.h"
+#include "plan/quant.h"
+
+/* The caller's source buffers the boxes read: present and large enough
+ * (checked before anything is read, so a bad call quantizes nothing). */
+static reshard_result_t check_inputs(const reshard_plan_t *plan, const rs_quant *q, void *const *src, size_t num_src,
+                                     const size_t *bytes) {
+  if (src && num_src != (size_t)q->user_nsrc)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %zu source buffers given, the source layout has %d",
+                    plan->rank, num_src, q->user_nsrc);
+  for (size_t i = 0; i < q->nin; i++) {
+    const int b = q->in_bufs[i];
+    if (!src || !src[b])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "execute rank %d: source buffer %d is %s, and this rank quantizes weights it holds", plan->rank,
+                      b, src ? "NULL" : "missing (src_buffers is NULL)");
+    if (bytes && bytes[b] < q->in_need[i])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "execute rank %d: source buffer %d is %zu bytes, the layout needs %llu on this rank", plan->rank, b,
+                      bytes[b], (unsigned long long)q->in_need[i]);
+  }
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                  void *const *src_buffers, size_t num_src, const size_t *src_bytes,
+                                  void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
+                                  reshard_result_t rejected) {
+  if (!rejected) rs_error_clear();
+  rs_quant *q = plan->quant;
+  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  if (__atomic_exchange_n(&q->busy, 1, __ATOMIC_ACQUIRE))
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "execute rank %d: another execute of this plan is running; a plan that quantizes to fp8 blocks "
+                    "quantizes into one scratch, so its executes must not overlap",
+                    plan->rank);
+  reshard_result_t r = rejected ? rejected : check_inputs(plan, q, src_buffers, num_src, src_bytes);
+  /* the main plan's source arrays: the caller's buffers, then the scratch */
+  const size_t n = (size_t)plan->num_src_buffers;
+  const int scratch_here = q->codes_buf >= 0;
+  void **ptrs = rs_calloc(n + 1, sizeof *ptrs);
+  size_t *bytes = rs_calloc(n + 1, sizeof *bytes);
+  if ((!ptrs || !bytes) && !r)
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for %zu buffer entries", plan->rank, n);
+  if (ptrs && bytes) {
+    for (size_t i = 0; src_buffers && i < num_src && i < n; i++) ptrs[i] = src_buffers[i];
+    for (size_t i = 0; src_bytes && i < num_src && i < n; i++) bytes[i] = src_bytes[i];
+    if (scratch_here) {
+      ptrs[q->codes_buf] = q->codes, bytes[q->codes_buf] = q->codes_bytes;
+      ptrs[q->scales_buf] = q->scales, bytes[q->scales_buf] = q->scales_bytes;
+    }
+  }
+  if (q->pre) {
+    /* every rank runs it, so that calls stay numbered alike on both plans;
+     * a rejected call still takes its place there */
+    void **gd = rs_calloc((size_t)q->pre_ndst + 1, sizeof *gd);
+    size_t *gb = rs_calloc((size_t)q->pre_ndst + 1, sizeof *gb);
+    if ((!gd || !gb) && !r)
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for the gather's buffer entries",
+                   plan->rank);
+    if (gd && gb && q->gather_buf >= 0) gd[q->gather_buf] = q->gather, gb[q->gather_buf] = q->gather_bytes;
+    reshard_result_t rp = rs_execute_call(q->pre, explicit_version, version_in, src_buffers, num_src, src_bytes,
+                                          gd, gd ? (size_t)q->pre_ndst : 0, gd ? gb : NULL, NULL, r);
+    if (!r && rp) {
+      r = rp;
+      rs_error_prefix("execute rank %d (gathering blocks split across source ranks): ", plan->rank);
+    }
+    free(gd);
+    free(gb);
+  }
+  for (size_t i = 0; !r && i < q->nboxes; i++) {
+    const rs_qbox *b = &q->boxes[i];
+    rs_quantize_box(b, b->in_buf < 0 ? q->gather : src_buffers[b->in_buf], q->codes, q->scales);
+  }
+  /* a rank with no source buffers and no scratch passes none, as its
+   * caller did */
+  const int pass = ptrs && bytes && (src_buffers || scratch_here);
+  r = rs_execute_call(plan, explicit_version, version_in, pass ? ptrs : NULL, pass ? n : 0,
+                      pass && src_bytes ? bytes : NULL, dst_buffers, num_dst, dst_bytes, stream, r);
+  free(ptrs);
+  free(bytes);
+  __atomic_store_n(&q->busy, 0, __ATOMIC_RELEASE);
+  return r;
+}
