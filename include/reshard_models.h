@@ -186,9 +186,12 @@ typedef struct rm_model_options {
   reshard_dtype_t dtype; /* of every tensor not quantized */
   int per_expert;        /* one tensor per routed expert and projection */
   int block_scales;      /* fp8 weights + weight_scale_inv tensors; needs
-                            quantization_config.weight_block_size */
+                            quantization_config.weight_block_size, or: */
+  int64_t block[2];      /* the [out, in] block when > 0 (a bf16 checkpoint
+                            served in fp8, or another block than the
+                            config's); 0: the config's */
 } rm_model_options;
-#define RM_MODEL_OPTIONS_INIT {0, RESHARD_BF16, 0, 0}
+#define RM_MODEL_OPTIONS_INIT {0, RESHARD_BF16, 0, 0, {0, 0}}
 
 /* rm_model_load with every option. block_scales on a config without
  * quantization_config.weight_block_size is RESHARD_ERROR_INVALID_ARGUMENT

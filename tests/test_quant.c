@@ -39,6 +39,7 @@
 #include <cmocka.h>
 
 #include "reshard.h"
+#include "reshard_models.h"
 #include "reshard_selftest.h"
 #include "selftest/ref_cast.h"
 #include "support/harness.h"
@@ -92,17 +93,19 @@ static void store(reshard_dtype_t dt, double v, unsigned char *at) {
 
 /* ---------------- a layout pair and what it quantizes ---------------- */
 
+enum { QMAX = 128 };
+
 typedef struct qcase {
   reshard_layout_t *src, *dst;
   int nranks;
   /* the quantized weights, by destination id */
   int nq;
-  int wid[4], sid[4];        /* destination ids of weight and scales */
-  int srcid[4];              /* source id of the weight */
-  reshard_dtype_t sdt[4];
-  int64_t block[4][2];
-  int ndim[4];
-  int64_t shape[4][RESHARD_MAX_DIMS];
+  int wid[QMAX], sid[QMAX];  /* destination ids of weight and scales */
+  int srcid[QMAX];           /* source id of the weight */
+  reshard_dtype_t sdt[QMAX];
+  int64_t block[QMAX][2];
+  int ndim[QMAX];
+  int64_t shape[QMAX][RESHARD_MAX_DIMS];
 } qcase;
 
 static void qcase_free(qcase *c) {
@@ -162,8 +165,8 @@ static double held_value(const qcase *c, int k, uint64_t seed, int64_t lead, int
 
 /* Each block's amax (NaN if it holds a NaN), computed once per check. */
 typedef struct amax_table {
-  double *v[4];
-  uint64_t seed[4];
+  double *v[QMAX];
+  uint64_t seed[QMAX];
 } amax_table;
 
 static void amax_fill(const qcase *c, uint64_t step, amax_table *t) {
@@ -190,7 +193,7 @@ static void amax_fill(const qcase *c, uint64_t step, amax_table *t) {
 }
 
 static void amax_free(amax_table *t) {
-  for (int k = 0; k < 4; k++) free(t->v[k]);
+  for (int k = 0; k < QMAX; k++) free(t->v[k]);
 }
 
 /* The reference code of element g and its block's scale. */
@@ -556,6 +559,202 @@ static void wire_bytes(void **state) {
   qcase_free(&c);
 }
 
+/* The quantized weights of a layout pair: every destination weight
+ * declared blocked whose source tensor is not. */
+static void find_quantized(qcase *c) {
+  c->nq = 0;
+  for (int t = 0; t < reshard_layout_num_tensors(c->dst); t++) {
+    int64_t blk[2], shape[RESHARD_MAX_DIMS];
+    int sid, s, nd;
+    const char *name;
+    reshard_dtype_t sdt;
+    assert_int_equal(reshard_layout_tensor_block(c->dst, t, blk, &sid), 0);
+    if (!blk[0]) continue;
+    assert_int_equal(reshard_layout_tensor_info(c->dst, t, &name, NULL, &nd, shape), 0);
+    assert_int_equal(reshard_layout_find_tensor(c->src, name, &s), 0);
+    int64_t sblk[2];
+    assert_int_equal(reshard_layout_tensor_block(c->src, s, sblk, NULL), 0);
+    if (sblk[0]) continue;
+    assert_int_equal(reshard_layout_tensor_info(c->src, s, NULL, &sdt, NULL, NULL), 0);
+    assert_true(c->nq < QMAX);
+    const int k = c->nq++;
+    c->wid[k] = t, c->sid[k] = sid, c->srcid[k] = s, c->sdt[k] = sdt, c->ndim[k] = nd;
+    c->block[k][0] = blk[0], c->block[k][1] = blk[1];
+    for (int d = 0; d < nd; d++) c->shape[k][d] = shape[d];
+  }
+}
+
+/* Megatron in bf16 (no scales) -> vLLM with DeepSeek's fp8 checkpoint
+ * format (quantization_config.weight_block_size [4, 8]): every linear
+ * weight but the router quantized on the way, the rest moved as bf16. */
+static void model_sync(void **state) {
+  (void)state;
+  static const struct {
+    const char *train, *infer;
+    int colocate;
+  } cases[] = {
+      {"tp=2", "tp=2", 0},
+      {"tp=2,pp=2,ep=2,etp=1", "tp=4,ep=4", 0},
+      {"tp=2,dp=2,ep=2,etp=2", "tp=2,dp=2,ep=4", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    rm_model_options mo = RM_MODEL_OPTIONS_INIT;
+    mo.layers = 2;
+    rm_model *train = NULL, *infer = NULL;
+    assert_int_equal(rm_model_load_ex(RESHARD_TEST_DATA "/tiny-deepseek-v3-fp8.json", &mo, &train), 0);
+    mo.block_scales = 1;
+    assert_int_equal(rm_model_load_ex(RESHARD_TEST_DATA "/tiny-deepseek-v3-fp8.json", &mo, &infer), 0);
+    rm_parallel tp, ip;
+    assert_int_equal(rm_parse_parallel(cases[i].train, &tp), 0);
+    assert_int_equal(rm_parse_parallel(cases[i].infer, &ip), 0);
+    qcase c;
+    memset(&c, 0, sizeof c);
+    const int ns = rm_parallel_ranks(&tp), nd = rm_parallel_ranks(&ip);
+    const int first = cases[i].colocate ? 0 : ns;
+    c.nranks = cases[i].colocate ? (ns > nd ? ns : nd) : ns + nd;
+    assert_int_equal(rm_megatron_layout(train, &tp, 0, &c.src), 0);
+    assert_int_equal(rm_vllm_layout(infer, &ip, first, &c.dst), 0);
+    find_quantized(&c);
+    assert_true(c.nq > 10); /* attention, dense and shared MLP, experts */
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    int64_t bad = run_case(&c, &o, 2, NULL);
+    if (bad) fprintf(stderr, "model_sync: %s -> %s: %lld wrong\n", cases[i].train, cases[i].infer, (long long)bad);
+    assert_int_equal(bad, 0);
+    qcase_free(&c);
+    rm_model_free(train);
+    rm_model_free(infer);
+  }
+}
+
+/* The public self-test (reshard_selftest_check_from, what the tools' -c 1
+ * runs) checks quantized destinations with its own reference: a correct
+ * sync passes it, a changed code or scale does not. Its values are random
+ * bit patterns, so small blocks keep some of them free of NaN. */
+static int selftest_rank(int rank, reshard_comm_t *comm, void *arg) {
+  const qcase *c = arg;
+  reshard_plan_t *plan = NULL;
+  th_side src, dst;
+  int fails = reshard_plan_create(comm, c->src, c->dst, NULL, &plan) != RESHARD_SUCCESS;
+  fails |= th_side_alloc(&src, c->src, rank, 3) != 0;
+  fails |= th_side_alloc(&dst, c->dst, rank, -1) != 0;
+  if (!fails)
+    fails |= reshard_plan_execute(plan, (void *const *)src.ptr, (size_t)src.nbuf, (void *const *)dst.ptr,
+                                  (size_t)dst.nbuf, NULL) != RESHARD_SUCCESS;
+  if (!fails) fails |= reshard_selftest_check_from(&dst, c->dst, c->src, rank, 3, "selftest") != 0;
+  /* one wrong code, then one wrong scale, each found */
+  for (size_t f = 0; !fails && f < dst.nfrags; f++) {
+    const reshard_fragment_info_t *fr = &dst.frags[f];
+    if (fr->tensor_id != c->wid[0] && fr->tensor_id != c->sid[0]) continue;
+    unsigned char *at = dst.ptr[fr->buffer_id] + fr->byte_offset;
+    at[0] ^= 0x01;
+    fails |= reshard_selftest_check_from(&dst, c->dst, c->src, rank, 3, "selftest (expected: one wrong)") != 1;
+    at[0] ^= 0x01;
+  }
+  if (!fails) fails |= reshard_selftest_check_from(&dst, c->dst, c->src, rank, 3, "selftest") != 0;
+  th_side_free(&src);
+  th_side_free(&dst);
+  reshard_plan_destroy(plan);
+  return fails;
+}
+
+static void selftest_checks(void **state) {
+  (void)state;
+  qcase c;
+  /* rows through the middle of 2 x 2 blocks: gathered; f16 sources */
+  const int64_t sz[2] = {5, 7};
+  tp_case(&c, 2, RESHARD_FP16, 12, 10, 2, 2, 2, 0, sz, 2, 1);
+  assert_int_equal(th_run_ranks(2, selftest_rank, &c), 0);
+  qcase_free(&c);
+  tp_case(&c, 1, RESHARD_BF16, 9, 16, 4, 2, 1, 0, NULL, 1, 0);
+  assert_int_equal(th_run_ranks(1, selftest_rank, &c), 0);
+  qcase_free(&c);
+}
+
+/* Review findings (2026-12-02), each a test first:
+ * - a rank whose rewrite fails alone (its layout differs) fails inside the
+ *   collective creation, so the others fail too instead of waiting;
+ * - a partial destination does not make the plan gather blocks split
+ *   across source ranks that nobody receives (the source holds rows 0-12
+ *   of 16 only, in two pieces, and the destination only rows 0-4);
+ * - a destination-only rank may pass an empty source array. */
+static int differing_rank(int rank, reshard_comm_t *comm, void *arg) {
+  (void)arg;
+  qcase c;
+  tp_case(&c, 4, RESHARD_BF16, 16, 16, 8, 8, 2, 0, NULL, 2, 1);
+  if (rank == 1) { /* its source holds the weight in fp8e5m2: no quantizing from it */
+    reshard_layout_destroy(c.src);
+    reshard_layout_create(&c.src);
+    int t, m, b;
+    const int two[1] = {2};
+    reshard_placement_t p = reshard_shard(0);
+    reshard_layout_add_tensor(c.src, "w", RESHARD_FP8_E5M2, 2, c.shape[0], &t);
+    reshard_layout_add_mesh_strided(c.src, 1, two, 0, 1, &m);
+    reshard_layout_place(c.src, t, m, &p, &b);
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, c.src, c.dst, &o, &plan);
+  int ok = r != RESHARD_SUCCESS && !plan && (rank != 1 || r == RESHARD_ERROR_INVALID_ARGUMENT);
+  if (!ok) fprintf(stderr, "differing_rank: rank %d got %d: %s\n", rank, r, reshard_last_error());
+  reshard_plan_destroy(plan);
+  qcase_free(&c);
+  return !ok;
+}
+
+static int partial_rank(int rank, reshard_comm_t *comm, void *arg) {
+  (void)arg;
+  reshard_layout_t *src, *dst;
+  reshard_layout_create(&src);
+  reshard_layout_create(&dst);
+  const int64_t shape[2] = {16, 8}, block[2] = {8, 8};
+  int t, d, buf;
+  reshard_layout_add_tensor(src, "w", RESHARD_BF16, 2, shape, &t);
+  reshard_layout_allow_partial(src, t);
+  reshard_layout_add_buffer(src, "w.a", 0, 6 * 8 * 2, &buf);
+  const int64_t s0[2] = {0, 0}, e0[2] = {6, 8}, s1[2] = {6, 0}, e1[2] = {6, 8};
+  reshard_fragment_t f0 = {t, buf, s0, e0, 0, NULL};
+  reshard_layout_add_fragment(src, &f0);
+  reshard_layout_add_buffer(src, "w.b", 1, 6 * 8 * 2, &buf);
+  reshard_fragment_t f1 = {t, buf, s1, e1, 0, NULL};
+  reshard_layout_add_fragment(src, &f1);
+  reshard_layout_add_tensor_blocked(dst, "w", RESHARD_FP8_E4M3, 2, shape, block, &d);
+  reshard_layout_allow_partial(dst, d);
+  reshard_layout_allow_partial(dst, d + 1);
+  const int64_t ds[2] = {0, 0}, de[2] = {4, 8}, ss[2] = {0, 0}, se[2] = {1, 1};
+  reshard_layout_add_buffer(dst, "w.c", 2, 4 * 8 + 4, &buf);
+  reshard_fragment_t fd = {d, buf, ds, de, 0, NULL}, fs = {d + 1, buf, ss, se, 32, NULL};
+  reshard_layout_add_fragment(dst, &fd);
+  reshard_layout_add_fragment(dst, &fs);
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, src, dst, NULL, &plan);
+  int fails = r != RESHARD_SUCCESS;
+  if (fails) fprintf(stderr, "partial_rank: rank %d: %s\n", rank, reshard_last_error());
+  unsigned char in[96] = {0}, out[36];
+  memset(out, 0xA5, sizeof out);
+  for (int i = 0; i < 48; i++) in[2 * i + 1] = 0x3f; /* bf16 0x3f00 = 0.5 */
+  void *sp[2] = {rank == 0 ? in : NULL, rank == 1 ? in : NULL}, *dp[1] = {rank == 2 ? out : NULL};
+  /* rank 2 only receives: an empty source array is fine */
+  if (!fails) fails = reshard_plan_execute(plan, rank == 2 ? sp : sp, rank == 2 ? 0 : 2, dp, 1, NULL) != 0;
+  if (fails) fprintf(stderr, "partial_rank: rank %d: %s\n", rank, reshard_last_error());
+  if (!fails && rank == 2) { /* 0.5 everywhere: amax 0.5, codes 448 (0x7e), scale 0.5 / 448 */
+    float sc, want = 0.5f / 448.0f;
+    memcpy(&sc, out + 32, 4);
+    for (int i = 0; i < 32; i++) fails |= out[i] != 0x7e;
+    fails |= memcmp(&sc, &want, 4) != 0;
+  }
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  return fails;
+}
+
+static void review_cases(void **state) {
+  (void)state;
+  assert_int_equal(th_run_ranks(4, differing_rank, NULL), 0);
+  assert_int_equal(th_run_ranks(3, partial_rank, NULL), 0);
+}
+
 static int create_fails(int rank, reshard_comm_t *comm, void *arg) {
   const qcase *c = arg;
   reshard_plan_t *plan = NULL;
@@ -626,6 +825,9 @@ int main(void) {
       cmocka_unit_test(fixed_cases),
       cmocka_unit_test(wire_bytes),
       cmocka_unit_test(bad_layouts),
+      cmocka_unit_test(model_sync),
+      cmocka_unit_test(selftest_checks),
+      cmocka_unit_test(review_cases),
       cmocka_unit_test(random_layouts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -169,6 +169,9 @@ plan_synthetic)
   plan_ok --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --dst-dtype bf16
   plan_ok --shape 37,53 --dtype bf16 --src-mesh 2,2 --src-placements S1,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K --dst-dtype f32
   RESHARD_RELAY=1 plan_ok --shape 1024,64 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0 --dst-dtype fp8e4m3
+  # fp8 block quantization: codes and scales placed alike; rows cut through blocks (gathered first)
+  plan_ok --shape 64,96 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --dst-dtype fp8e4m3 --block 16,32
+  plan_ok --shape 30,40 --dtype f32 --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,8 --colocate
   # relay plans: forwards read destination buffers, several messages of a
   # pair share a round (fragments of 512 KiB per replica part: relayed)
   RESHARD_RELAY=1 plan_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0
@@ -227,6 +230,9 @@ plan_bad_options)
   bad plan 2 "--dst-dtype 'f17': unknown dtype" $S --dst-placements R,S1 --dst-dtype f17
   bad plan 1 "only f32, bf16, f16, fp8e4m3 and fp8e5m2 convert" $S --dst-placements R,S1 --dst-dtype i32
   bad plan 2 "unknown option '--frobnicate'" $S --dst-placements R,S1 --frobnicate
+  bad plan 2 "--block quantizes the destination in fp8 blocks" $S --dst-placements R,S1 --block 4,4
+  bad plan 2 "--block '4': expected two sizes" $S --dst-placements R,S1 --dst-dtype fp8e4m3 --block 4
+  bad plan 2 "--infer-dtype 'bf16': only fp8e4m3" --model-config x.json --train tp=2 --infer tp=2 --infer-dtype bf16
   bad plan 2 "synthetic mode needs --dst-placements" $S
   bad plan 2 "cannot be mixed" $S --dst-placements R,S1 --train tp=2
   bad plan 2 "--world 7 is too small" $S --dst-placements R,S1 --world 7
@@ -254,6 +260,9 @@ perf_np4)
   perf_ok 4 0 --shape 24,30,7 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --dst-dtype bf16
   perf_ok 4 0 --shape 64,48 --dtype f16 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K --dst-dtype fp8e5m2
   perf_ok 4 0 --shape 61,37 --dtype fp8e4m3 --src-mesh 2 --src-placements S1 --dst-mesh 2 --dst-placements R --dst-dtype f32
+  # fp8 block quantization, every code and scale checked against the self-test's reference quantizer
+  perf_ok 4 0 --shape 48,40 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,4
+  perf_ok 4 0 --shape 3,33,20 --dtype f16 --src-mesh 2,2 --src-placements R,S1 --dst-mesh 4 --dst-placements S2 --colocate --dst-dtype fp8e4m3 --block 5,3
   # the cost model's prediction beside the measurement, final lines unchanged
   for topo in cpu h100-8x400g; do
     perf_ok 4 1 --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --topology $topo --baseline broadcast
@@ -355,6 +364,8 @@ plan_model)
   plan_ok --model-config "$Q" --block-scales --train tp=2,pp=2,ep=2,etp=1 --infer tp=4,ep=4 --colocate
   bad plan 2 "weight_scale_inv cannot be split" --model-config "$Q" --block-scales --train tp=4,etp=4 --infer tp=2
   bad plan 2 "quantization_config.weight_block_size" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --block-scales --train tp=2 --infer tp=2
+  plan_ok --model-config "$Q" --infer-dtype fp8e4m3 --train tp=2,pp=2,ep=2,etp=1 --infer tp=4,ep=4
+  bad plan 2 "or give --block R,C" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --infer-dtype fp8e4m3 --train tp=2 --infer tp=2
   plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=4 --topology h100-8x400g
   plan_topo_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 --colocate --topology cpu
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
@@ -384,6 +395,9 @@ perf_model)
   perf_ok 6 2 --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 $BOTH
   perf_ok 4 1 --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=1,pp=2,dp=2,ep=2 --colocate --staging 8K --baseline broadcast
   perf_ok 8 0 --model-config "$repo/tests/data/tiny-deepseek-v3-fp8.json" --per-expert --block-scales --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=4
+  # bf16 training -> fp8 inference, quantized on the way (-c 1: every code and scale)
+  perf_ok 8 0 --model-config "$repo/tests/data/tiny-deepseek-v3-fp8.json" --infer-dtype fp8e4m3 --train tp=2,dp=2,ep=2,etp=2 --infer tp=2,dp=2,ep=4
+  perf_ok 2 0 --model-config "$repo/tests/data/tiny-llama.json" --infer-dtype fp8e4m3 --block 8,16 --train tp=2 --infer tp=2 --colocate
   export RESHARD_PERF_HVECTOR=1
   perf_ok 6 1 --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 --baseline alltoallw
   unset RESHARD_PERF_HVECTOR

@@ -177,6 +177,11 @@ void cli_usage(int tool, FILE *out) {
           "  --block-scales        the fp8 checkpoint format: linear weights fp8_e4m3, each with its\n"
           "                        fp32 weight_scale_inv (quantization_config.weight_block_size);\n"
           "                        --dtype then applies to the other tensors\n"
+          "  --infer-dtype fp8e4m3 the inference side in that format, the trainer's in --dtype: the\n"
+          "                        plan quantizes on the way (DeepSeek's per_block_cast_to_fp8)\n"
+          "  --block R,C           the fp8 block (default: the config's weight_block_size); in\n"
+          "                        synthetic mode, with --dst-dtype fp8e4m3, a block-quantized\n"
+          "                        destination (scales placed like the tensor)\n"
           "Synthetic mode (one tensor, one mesh per side):\n"
           "  --shape D0,D1,...     the tensor's shape\n"
           "  --dtype NAME          %s\n"
@@ -306,6 +311,18 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       o->per_expert = 1;
     } else if (!strcmp(a, "--block-scales")) {
       o->block_scales = 1;
+    } else if (!strcmp(a, "--infer-dtype")) {
+      VALUE();
+      reshard_dtype_t dt;
+      if (cli_parse_dtype(v, &dt) || dt != RESHARD_FP8_E4M3)
+        return cli_fail(err, errlen, "--infer-dtype '%s': only fp8e4m3 (fp8 weights with block scales, quantized on "
+                                     "the way) differs from --dtype today", v);
+      o->infer_fp8 = 1;
+    } else if (!strcmp(a, "--block")) {
+      VALUE();
+      int nb = 0;
+      if (cli_parse_i64_list(v, 1, 2, o->block, &nb) || nb != 2 || o->block[0] < 1 || o->block[1] < 1)
+        return cli_fail(err, errlen, "--block '%s': expected two sizes >= 1, rows and columns (e.g. 128,128)", v);
     } else if (!strcmp(a, "--train")) {
       VALUE();
       o->train = v;
@@ -418,7 +435,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   }
   if (o->help) return 0;
 
-  int model = o->model_config || o->train || o->infer || have_layers || o->per_expert || o->block_scales;
+  int model = o->model_config || o->train || o->infer || have_layers || o->per_expert || o->block_scales || o->infer_fp8;
   int synthetic = have_shape || have_src_mesh || have_dst_mesh || have_src_pl || have_dst_pl;
   if (model && synthetic)
     return cli_fail(err, errlen, "model options (--model-config, --layers, --train, --infer, --per-expert, --block-scales) and synthetic options "
@@ -433,8 +450,11 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     if (!o->infer) return cli_fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
     if (!dtype_set) o->dtype = RESHARD_BF16;
     if (dst_dtype_set)
-      return cli_fail(err, errlen, "--dst-dtype is for synthetic mode: model mode has no destination dtype of its own "
-                                   "yet (the layouts then take --dtype on both sides)");
+      return cli_fail(err, errlen, "--dst-dtype is for synthetic mode: in model mode, --infer-dtype fp8e4m3 gives the "
+                                   "inference side fp8 weights with block scales (the rest keeps --dtype)");
+    if (o->block[0] && !o->block_scales && !o->infer_fp8)
+      return cli_fail(err, errlen, "--block in model mode sets the fp8 block of --infer-dtype fp8e4m3 or --block-scales; "
+                                   "give one of them");
   } else {
     o->mode = CLI_MODE_SYNTHETIC;
     if (!have_shape) return cli_fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
@@ -444,6 +464,9 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
     if (!have_dst_pl) return cli_fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
     if (!dtype_set) o->dtype = RESHARD_FP32;
     if (!dst_dtype_set) o->dst_dtype = o->dtype;
+    if (o->block[0] && (o->dst_dtype != RESHARD_FP8_E4M3 || o->ndim < 2))
+      return cli_fail(err, errlen, "--block quantizes the destination in fp8 blocks: it needs --dst-dtype fp8e4m3 and a "
+                                   "--shape of at least 2 dims");
     const cli_mesh *ms[2] = {&o->src, &o->dst};
     const char *names[2] = {"src", "dst"}, *args[2] = {src_pl_arg, dst_pl_arg};
     for (int s = 0; s < 2; s++) {
@@ -509,9 +532,13 @@ static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t 
   for (int s = 0; s < 2; s++) {
     int tid, mid, bid;
     reshard_result_t r = reshard_layout_create(ls[s]);
-    if (!r) r = reshard_layout_add_tensor(*ls[s], "tensor", s ? o->dst_dtype : o->dtype, o->ndim, o->shape, &tid);
+    const int blocked = s && o->block[0];
+    if (!r && blocked) r = reshard_layout_add_tensor_blocked(*ls[s], "tensor", o->dst_dtype, o->ndim, o->shape, o->block, &tid);
+    else if (!r) r = reshard_layout_add_tensor(*ls[s], "tensor", s ? o->dst_dtype : o->dtype, o->ndim, o->shape, &tid);
     if (!r) r = reshard_layout_add_mesh_strided(*ls[s], ms[s]->ndim, ms[s]->shape, first[s], 1, &mid);
     if (!r) r = reshard_layout_place(*ls[s], tid, mid, ms[s]->placements, &bid);
+    /* the block scales ("tensor_scale_inv") are placed like their weight */
+    if (!r && blocked) r = reshard_layout_place(*ls[s], tid + 1, mid, ms[s]->placements, &bid);
     if (r) {
       char what[64];
       snprintf(what, sizeof what, "building the %s layout", side[s]);
@@ -528,6 +555,10 @@ static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t 
   char dts[32];
   if (o->dst_dtype == o->dtype) snprintf(dts, sizeof dts, "%s", reshard_dtype_name(o->dtype));
   else snprintf(dts, sizeof dts, "%s->%s", reshard_dtype_name(o->dtype), reshard_dtype_name(o->dst_dtype));
+  if (o->block[0]) {
+    size_t k = strlen(dts);
+    snprintf(dts + k, sizeof dts - k, " (%lldx%lld blocks)", (long long)o->block[0], (long long)o->block[1]);
+  }
   snprintf(l->desc, sizeof l->desc, "synthetic %s %s: mesh %s -> mesh %s", shape, dts, sm, dm);
   return 0;
 }
@@ -545,8 +576,22 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   mo.dtype = o->dtype;
   mo.per_expert = o->per_expert;
   mo.block_scales = o->block_scales;
+  mo.block[0] = o->block[0], mo.block[1] = o->block[1];
   r = rm_model_load_ex(o->model_config, &mo, &m);
   if (r) return cli_fail(err, errlen, "--model-config '%s': %s", o->model_config, reshard_last_error());
+  /* --infer-dtype fp8e4m3: the inference side's model has block scales
+   * (fp8 weights declared blocked), the trainer's has not: the plan
+   * quantizes on the way */
+  rm_model *mi = m;
+  if (o->infer_fp8 && !o->block_scales) {
+    mo.block_scales = 1;
+    r = rm_model_load_ex(o->model_config, &mo, &mi);
+    if (r) {
+      rm_model_free(m);
+      return cli_fail(err, errlen, "--infer-dtype fp8e4m3 with --model-config '%s': %s (or give --block R,C)",
+                      o->model_config, reshard_last_error());
+    }
+  }
   l->nsrc = rm_parallel_ranks(&tp);
   l->ndst = rm_parallel_ranks(&ip);
   l->first_dst = o->colocate ? 0 : l->nsrc;
@@ -554,9 +599,11 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   if (r) {
     cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
     rm_model_free(m);
+    if (mi != m) rm_model_free(mi);
     return -1;
   }
-  r = rm_vllm_layout(m, &ip, l->first_dst, &l->dst);
+  r = rm_vllm_layout(mi, &ip, l->first_dst, &l->dst);
+  if (mi != m) rm_model_free(mi);
   if (r) {
     cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
     rm_model_free(m);
@@ -564,7 +611,8 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   }
   snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): megatron %s -> vllm %s",
            o->model_config, rm_model_arch(m), rm_model_layers(m), rm_model_num_tensors(m),
-           o->per_expert ? ", per-expert" : "", o->block_scales ? ", fp8 + block scales" : "",
+           o->per_expert ? ", per-expert" : "",
+           o->block_scales ? ", fp8 + block scales" : o->infer_fp8 ? ", quantized to fp8 blocks for inference" : "",
            (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), o->train, o->infer);
   rm_model_free(m);
   return 0;

@@ -43,6 +43,13 @@ typedef struct cli_opts {
   const char *train, *infer;
   int per_expert;   /* --per-expert: one tensor per routed expert */
   int block_scales; /* --block-scales: fp8 weights + weight_scale_inv */
+  /* --infer-dtype fp8e4m3: the inference side's linear weights fp8 with
+   * block scales, quantized on the way from the trainer's --dtype */
+  int infer_fp8;
+  /* --block R,C: the fp8 block (model mode: instead of the config's
+   * quantization_config.weight_block_size; synthetic mode: with
+   * --dst-dtype fp8e4m3, a block-quantized destination); 0: none */
+  int64_t block[2];
   /* synthetic mode */
   int ndim;
   int64_t shape[RESHARD_MAX_DIMS];

@@ -1013,10 +1013,12 @@ int main(int argc, char **argv) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
     return finish(2);
   }
-  if (c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
+  if (((c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype) || c.o.infer_fp8) &&
+      (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
     if (!world_rank)
-      fprintf(stderr, "reshard_perf: error: --baseline with --dst-dtype: the baselines move bytes as they are and "
-                      "cannot convert; drop --baseline (or --dst-dtype)\n");
+      fprintf(stderr, "reshard_perf: error: --baseline with %s: the baselines move bytes as they are and "
+                      "cannot convert; drop --baseline (or %s)\n",
+              c.o.infer_fp8 ? "--infer-dtype" : "--dst-dtype", c.o.infer_fp8 ? "--infer-dtype" : "--dst-dtype");
     return finish(2);
   }
   if (world_size != c.L.world_needed) {
@@ -1039,6 +1041,12 @@ int main(int argc, char **argv) {
     const char *name;
     reshard_layout_tensor_info(c.L.dst, t, &name, NULL, NULL, NULL);
     if (reshard_layout_find_tensor(c.L.src, name, &c.src_of_dst[t])) {
+      if (c.o.infer_fp8 || c.o.block[0]) {
+        /* the scales of a weight quantized on the way: made by the plan
+         * (only the baselines, refused then, look a tensor up) */
+        c.src_of_dst[t] = -1;
+        continue;
+      }
       if (!world_rank) fprintf(stderr, "reshard_perf: error: tensor '%s' is missing on the source side\n", name);
       return finish(2);
     }

@@ -40,6 +40,7 @@
 #include "proc_stats.h"
 #include "layout/layout.h" /* rs_hash_bytes */
 #include "plan/plan.h"
+#include "plan/quant.h"
 #include "reshard.h"
 
 /* ------------------------------------------------------------------ */
@@ -595,6 +596,27 @@ int main(int argc, char **argv) {
     cli_layouts_free(&L);
     return rc ? 1 : 0;
   }
+  /* A destination quantized to fp8 blocks: the library plans it over
+   * rewritten layouts (plan/quant.h); the staged planning below plans those
+   * directly, every rank alike. */
+  rs_quant_layouts ql;
+  reshard_result_t qr = rs_quant_layouts_make(L.src, L.dst, world, -1, &ql);
+  if (qr) {
+    fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(qr), reshard_last_error());
+    cli_layouts_free(&L);
+    return 1;
+  }
+  if (ql.src) {
+    printf("fp8 block quantization: source ranks quantize the weights they hold in whole blocks and send codes + "
+           "scales%s\n",
+           ql.gather ? "; blocks split across source ranks are first gathered by a pre-plan, which this report leaves out"
+                     : "");
+    reshard_layout_destroy(L.src);
+    reshard_layout_destroy(L.dst);
+    L.src = ql.src, L.dst = ql.dst;
+    ql.src = ql.dst = NULL;
+  }
+  rs_quant_layouts_free(&ql);
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (o.staging) opts.staging_bytes = o.staging;
   opts.topology = o.topology;

@@ -305,6 +305,7 @@ typedef struct {
   reshard_dtype_t dtype;
   int per_expert;
   int block_scales;
+  int64_t block[2];
   ...;
 } rm_model_options;
 reshard_result_t rm_model_load_ex(const char *config_path,

@@ -38,15 +38,23 @@ class Model(Node):
     ``layers`` > 0 keeps the real shapes but that many layers; ``dtype``
     is the weights'; ``per_expert`` lists one tensor per routed expert;
     ``block_scales`` makes the linear weights fp8 with weight_scale_inv
-    tensors (needs quantization_config.weight_block_size)."""
+    tensors (needs quantization_config.weight_block_size, or ``block``,
+    an (out, in) block size that overrides it). A trainer layout without
+    block scales and an inference layout with them make a plan that
+    quantizes on the way (bf16 training, fp8 serving)."""
 
     def __init__(self, config, layers=None, dtype="bf16", per_expert=False,
-                 block_scales=False):
+                 block_scales=False, block=None):
         o = ffi.new("rm_model_options *")
         o.layers = int(layers or 0)
         o.dtype = _dt.to_c(dtype, "Model: dtype")
         o.per_expert = int(bool(per_expert))
         o.block_scales = int(bool(block_scales))
+        if block is not None:
+            blk = tuple(int(b) for b in block)
+            if len(blk) != 2 or min(blk) < 1:
+                raise ValueError("Model: block must be (out, in) sizes >= 1, not %r" % (block,))
+            o.block = list(blk)
         out = ffi.new("rm_model **")
         self.path = str(config)
         check(lib.rm_model_load_ex(self.path.encode(), o, out))
@@ -116,32 +124,32 @@ def ranks(spec):
 
 
 def _layout(fn, config, spec, first_rank, layers, dtype, per_expert,
-            block_scales):
+            block_scales, block):
     model = config if isinstance(config, Model) else Model(
         config, layers=layers, dtype=dtype, per_expert=per_expert,
-        block_scales=block_scales)
+        block_scales=block_scales, block=block)
     out = ffi.new("reshard_layout_t **")
     check(fn(model.handle, parallel(spec), int(first_rank), out))
     return Layout._adopt(out[0])
 
 
 def megatron_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
-                    per_expert=False, block_scales=False):
+                    per_expert=False, block_scales=False, block=None):
     """rm_megatron_layout: the trainer's layout (Megatron-core, TE spec)
     over ranks first_rank .. first_rank + tp*pp*dp - 1. ``config``: a
     config.json path or a Model (whose own options then apply); ``spec``:
     "tp=2,pp=2,dp=1,ep=1,etp=...,vocab=...,first=...,last=..." or a dict."""
     return _layout(lib.rm_megatron_layout, config, spec, first_rank, layers,
-                   dtype, per_expert, block_scales)
+                   dtype, per_expert, block_scales, block)
 
 
 def vllm_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
-                per_expert=False, block_scales=False):
+                per_expert=False, block_scales=False, block=None):
     """rm_vllm_layout: the inference engine's layout (vLLM, fused qkv_proj
     and gate_up_proj, padded vocabulary) over ranks first_rank ..
     first_rank + tp*pp*dp - 1; spec keys tp, pp, dp, ep, etp, sp_moe."""
     return _layout(lib.rm_vllm_layout, config, spec, first_rank, layers,
-                   dtype, per_expert, block_scales)
+                   dtype, per_expert, block_scales, block)
 
 
 def parameter_name(layout, buffer, rank):

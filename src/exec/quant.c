@@ -4,6 +4,7 @@
  * codes and scales like any other source data. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/error.h"
@@ -15,8 +16,12 @@
  * (checked before anything is read, so a bad call quantizes nothing). */
 static reshard_result_t check_inputs(const reshard_plan_t *plan, const rs_quant *q, void *const *src, size_t num_src,
                                      const size_t *bytes) {
-  if (src && num_src != (size_t)q->user_nsrc)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %zu source buffers given, the source layout has %d",
+  /* the count as the plain executor checks it: a rank that reads no
+   * source buffer may pass none */
+  int reads = q->nin > 0;
+  for (int i = 0; i < plan->nsrc_used && !reads; i++) reads = plan->src_used[i].id < q->user_nsrc;
+  if (src && num_src != (size_t)q->user_nsrc && (num_src || reads))
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: %zu source buffers given, the source layout has %d",
                     plan->rank, num_src, q->user_nsrc);
   for (size_t i = 0; i < q->nin; i++) {
     const int b = q->in_bufs[i];
@@ -39,11 +44,13 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   if (!rejected) rs_error_clear();
   rs_quant *q = plan->quant;
   RS_CHECK(rs_plan_refuse_if_failed(plan));
-  if (__atomic_exchange_n(&q->busy, 1, __ATOMIC_ACQUIRE))
-    return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                    "execute rank %d: another execute of this plan is running; a plan that quantizes to fp8 blocks "
-                    "quantizes into one scratch, so its executes must not overlap",
-                    plan->rank);
+  /* One scratch per plan: concurrent executes of a quantizing plan run
+   * one after another (the one running has its own deadlines, so this
+   * wait ends). */
+  while (__atomic_exchange_n(&q->busy, 1, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
   reshard_result_t r = rejected ? rejected : check_inputs(plan, q, src_buffers, num_src, src_bytes);
   /* the main plan's source arrays: the caller's buffers, then the scratch */
   const size_t n = (size_t)plan->num_src_buffers;
@@ -60,6 +67,7 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
       ptrs[q->scales_buf] = q->scales, bytes[q->scales_buf] = q->scales_bytes;
     }
   }
+  reshard_result_t pre_failed = RESHARD_SUCCESS;
   if (q->pre) {
     /* every rank runs it, so that calls stay numbered alike on both plans;
      * a rejected call still takes its place there */
@@ -74,6 +82,7 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
     if (!r && rp) {
       r = rp;
       rs_error_prefix("execute rank %d (gathering blocks split across source ranks): ", plan->rank);
+      pre_failed = rs_result_fails_plan(rp) ? rp : RESHARD_SUCCESS;
     }
     free(gd);
     free(gb);
@@ -87,6 +96,9 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   const int pass = ptrs && bytes && (src_buffers || scratch_here);
   r = rs_execute_call(plan, explicit_version, version_in, pass ? ptrs : NULL, pass ? n : 0,
                       pass && src_bytes ? bytes : NULL, dst_buffers, num_dst, dst_bytes, stream, r);
+  /* the plan fails with its pre-plan, also where the main plan had no
+   * partner to hear of it */
+  if (pre_failed) rs_plan_mark_failed(plan, 0, 0, pre_failed, reshard_last_error());
   free(ptrs);
   free(bytes);
   __atomic_store_n(&q->busy, 0, __ATOMIC_RELEASE);

@@ -186,7 +186,7 @@ reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *L, const ch
   for (int d = 0; d < ndim; d++) sshape[d] = shape[d];
   for (int k = 0; k < 2; k++) {
     int d = ndim - 2 + k;
-    sshape[d] = shape[d] < 0 ? shape[d] : (shape[d] + block[k] - 1) / block[k];
+    sshape[d] = shape[d] < 0 ? shape[d] : shape[d] / block[k] + (shape[d] % block[k] != 0); /* no overflow */
   }
   /* both are checked, and room made for both, before either is added:
    * a failure leaves the layout as it was */

@@ -22,11 +22,26 @@ const char *rm_fmt(char *buf, size_t n, const char *fmt, ...) {
  * tensor ids are the model's tensor indices. */
 reshard_result_t rm_declare_tensors(reshard_layout_t *L, const rm_model *m) {
   for (int i = 0; i < m->ntensors; i++) {
+    const rm_tensor *t = &m->tensors[i];
     int id;
-    RS_CHECK(reshard_layout_add_tensor(L, m->tensors[i].name, m->tensors[i].dtype, m->tensors[i].ndim, m->tensors[i].shape, &id));
+    if (t->scale >= 0) {
+      /* an fp8 weight with its weight_scale_inv, declared as such: a side
+       * whose weights are wider then quantizes into it (issue 19), and the
+       * scale tensor (the next id, "<name>_scale_inv") is declared with it */
+      const int64_t block[2] = {m->c.block[0], m->c.block[1]};
+      RS_CHECK(reshard_layout_add_tensor_blocked(L, t->name, t->dtype, t->ndim, t->shape, block, &id));
+      const char *sname = "";
+      RS_CHECK(reshard_layout_tensor_info(L, id + 1, &sname, NULL, NULL, NULL));
+      if (t->scale != i + 1 || strcmp(m->tensors[i + 1].name, sname))
+        return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' has scale tensor %d '%s', the layout '%s'",
+                        m->path, t->name, t->scale, m->tensors[t->scale].name, sname);
+    } else {
+      RS_CHECK(reshard_layout_add_tensor(L, t->name, t->dtype, t->ndim, t->shape, &id));
+    }
     if (id != i)
       return rs_error(RESHARD_ERROR_INTERNAL, "model '%s': tensor '%s' got layout id %d, expected %d", m->path,
-                      m->tensors[i].name, id, i);
+                      t->name, id, i);
+    if (t->scale >= 0) i++;
   }
   return RESHARD_SUCCESS;
 }

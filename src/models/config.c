@@ -337,7 +337,12 @@ reshard_result_t rm_model_load_ex(const char *config_path, const rm_model_option
     goto fail;
   }
   RS_CHECK_GOTO(read_config(&j, &m->c), r, fail);
-  if (opts->block_scales) RS_CHECK_GOTO(read_block_size(&j, &m->c), r, fail);
+  if (opts->block_scales && opts->block[0] > 0 && opts->block[1] > 0) {
+    m->c.block[0] = opts->block[0];
+    m->c.block[1] = opts->block[1];
+  } else if (opts->block_scales) {
+    RS_CHECK_GOTO(read_block_size(&j, &m->c), r, fail);
+  }
   if (layers > m->c.layers) {
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': layers %d exceeds num_hidden_layers %lld",
                  config_path, layers, (long long)m->c.layers);

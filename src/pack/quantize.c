@@ -11,7 +11,7 @@ int64_t rs_qbox_elems(const rs_qbox *q) {
   return n;
 }
 
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); } /* a >= 0, no overflow */
 
 int64_t rs_qbox_blocks(const rs_qbox *q) {
   int64_t n = 1;

@@ -812,13 +812,18 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
   return RESHARD_SUCCESS;
 }
 
+/* prior: a failure this rank found before (its error set), which the
+ * creation agrees on like its own, so that every rank fails alike. */
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
                                         const reshard_options_t *options,
-                                        int relay_mode, reshard_plan_t **out) {
+                                        int relay_mode, reshard_result_t prior,
+                                        reshard_plan_t **out) {
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
   if (out) *out = NULL;
+  char prior_msg[768] = "";
+  if (prior) snprintf(prior_msg, sizeof prior_msg, "%s", reshard_last_error());
   uint32_t plan_seq = comm->plans_created++;
   build_ctx c;
   memset(&c, 0, sizeof c);
@@ -834,6 +839,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->active_copy = -1;
     local = read_options(options, &p->opts);
     if (!local) local = apply_params(&p->opts);
+    if (!local && prior) local = rs_error(prior, "%s", prior_msg);
   }
   if (!local && (!src || !dst || !out))
     local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");
@@ -1108,9 +1114,9 @@ static int auto_relay(const reshard_plan_t *p) { return p->opts.relay == -1 && p
 
 static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_t *src,
                                      const reshard_layout_t *dst, const reshard_options_t *options,
-                                     reshard_plan_t **out) {
+                                     reshard_result_t prior, reshard_plan_t **out) {
   reshard_plan_t *direct = NULL, *relay = NULL;
-  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, out ? &direct : NULL));
+  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, prior, out ? &direct : NULL));
   if (!auto_relay(direct)) {
     *out = direct;
     return RESHARD_SUCCESS;
@@ -1131,7 +1137,7 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_
    * all ranks, so every rank keeps the same kind of plan. A tie keeps the
    * direct plan (fewer hops, no forwarding through destination ranks). */
   reshard_estimate_t ed = RESHARD_ESTIMATE_INITIALIZER, er = RESHARD_ESTIMATE_INITIALIZER;
-  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, &relay);
+  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, RESHARD_SUCCESS, &relay);
   if (!r) r = reshard_plan_estimate(direct, &ed);
   if (!r) r = reshard_plan_estimate(relay, &er);
   if (r) {
@@ -1169,42 +1175,44 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                                      reshard_plan_t **out) {
   rs_error_clear();
   if (out) *out = NULL;
-  if (!comm || !out) return create_plain(comm, src, dst, options, out); /* which says what is wrong */
-  rs_quant_layouts ql;
-  RS_CHECK(rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql));
-  if (!ql.src) return create_plain(comm, src, dst, options, out);
-  /* Block quantization: a main plan over the rewritten layouts and, for
+  if (!comm || !out) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, out); /* which says why */
+  /* Block quantization: a main plan over rewritten layouts and, for
    * blocks no source rank holds whole, a pre-plan gathering them. Both
-   * creations are collective, and the rewrite is the same on every rank. */
-  reshard_result_t r = RESHARD_SUCCESS;
-  if (comm->ops->stream_ops)
+   * creations are collective; whatever fails on this rank before them
+   * (the rewrite, the scratch) fails inside them, so that every rank
+   * fails alike instead of waiting for this one. */
+  rs_quant_layouts ql;
+  reshard_result_t r = rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql);
+  if (!r && !ql.src) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, out);
+  rs_quant *quant = NULL;
+  if (!r && comm->ops->stream_ops)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
                  "plan_create rank %d: the destination quantizes weights to fp8 blocks, which runs on host "
                  "transports only (the %s transport has no quantize kernel yet)",
                  comm->rank, comm->ops->name);
-  else if (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use)
+  else if (!r && (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use))
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
-                 "plan_create rank %d: staged planning does not cover fp8 block quantization", comm->rank);
+                 "plan_create rank %d: staged planning does not cover fp8 block quantization (reshard_plan plans "
+                 "the rewritten layouts itself)", comm->rank);
+  if (!r) r = rs_quant_create(&ql, src, comm->rank, NULL, &quant);
   reshard_plan_t *main_plan = NULL, *pre = NULL;
-  if (!r) r = create_plain(comm, ql.src, ql.dst, options, &main_plan);
+  r = create_plain(comm, r ? src : ql.src, r ? dst : ql.dst, options, r, &main_plan);
   if (!r && ql.gather) {
     reshard_options_t o = main_plan->opts;
     o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */
     o.relay = 0;
-    r = create_plain(comm, src, ql.gather, &o, &pre);
+    r = create_plain(comm, src, ql.gather, &o, RESHARD_SUCCESS, &pre);
     if (r) rs_error_prefix("plan_create rank %d (the plan gathering blocks split across source ranks): ", comm->rank);
-  }
-  if (!r) {
-    if (pre) add_pre_stats(main_plan, pre);
-    r = rs_quant_create(&ql, src, comm->rank, pre, &main_plan->quant);
-  } else {
-    reshard_plan_destroy(pre);
   }
   rs_quant_layouts_free(&ql);
   if (r) {
+    rs_quant_free(quant);
     reshard_plan_destroy(main_plan);
     return r;
   }
+  if (pre) add_pre_stats(main_plan, pre);
+  quant->pre = pre;
+  main_plan->quant = quant;
   *out = main_plan;
   return RESHARD_SUCCESS;
 }

@@ -22,6 +22,7 @@ typedef struct qent {
   int64_t block[2];
   int64_t nlead, nbr, nbc;
   unsigned char *covered; /* per block: held whole by some source rank */
+  unsigned char *needed;  /* per block: some destination rank holds part of it or its scale */
 } qent;
 
 /* A box some rank quantizes; b.in_buf -1: gathered first. */
@@ -38,7 +39,7 @@ typedef struct gbox_vec {
   size_t n, cap;
 } gbox_vec;
 
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); } /* a >= 0, no overflow */
 
 static reshard_result_t push_box(gbox_vec *v, const gbox *g) {
   if (v->n == v->cap) {
@@ -118,6 +119,29 @@ static reshard_result_t interior(qent *e, int ei, const rs_frag *f, reshard_dtyp
   return push_box(out, &g);
 }
 
+/* Marks the blocks a destination fragment of the weight (scale 0) or of
+ * its scales (scale 1: coordinates are blocks) needs. */
+static void mark_needed(qent *e, const rs_frag *f, int scale) {
+  const int nd = e->ndim;
+  int64_t idx[RESHARD_MAX_DIMS] = {0};
+  int64_t lo[2], hi[2];
+  for (int k = 0; k < 2; k++) {
+    const int d = nd - 2 + k;
+    lo[k] = scale ? f->start[d] : f->start[d] / e->block[k];
+    hi[k] = scale ? f->start[d] + f->extent[d] : (f->start[d] + f->extent[d] - 1) / e->block[k] + 1;
+  }
+  for (;;) {
+    int64_t lc[RESHARD_MAX_DIMS];
+    for (int d = 0; d < nd - 2; d++) lc[d] = f->start[d] + idx[d];
+    const int64_t l = lead_index(e, lc);
+    for (int64_t i = lo[0]; i < hi[0]; i++)
+      for (int64_t j = lo[1]; j < hi[1]; j++) e->needed[(l * e->nbr + i) * e->nbc + j] = 1;
+    int d = nd - 3;
+    while (d >= 0 && ++idx[d] == f->extent[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
 /* Blocks no source rank holds whole: each is gathered to the rank that
  * holds most of it (ties: the lowest rank) and quantized there. */
 static reshard_result_t split_blocks(const reshard_layout_t *src, qent *e, int ei, reshard_dtype_t sdt,
@@ -130,7 +154,8 @@ static reshard_result_t split_blocks(const reshard_layout_t *src, qent *e, int e
   for (int64_t l = 0; l < e->nlead && !r; l++)
     for (int64_t bi = 0; bi < e->nbr && !r; bi++)
       for (int64_t bj = 0; bj < e->nbc && !r; bj++) {
-        if (*flag(e, l, bi, bj)) continue;
+        const int64_t k = (l * e->nbr + bi) * e->nbc + bj;
+        if (e->covered[k] || !e->needed[k]) continue; /* quantized whole, or received by nobody */
         gbox g;
         memset(&g, 0, sizeof g);
         g.ent = ei;
@@ -190,10 +215,16 @@ static reshard_result_t split_blocks(const reshard_layout_t *src, qent *e, int e
 }
 
 /* The weights to quantize, or an error naming the one that cannot be. */
+static void free_entries(qent *e, int n) {
+  for (int i = 0; i < n; i++) free(e[i].covered), free(e[i].needed);
+  free(e);
+}
+
 static reshard_result_t find_entries(const reshard_layout_t *src, const reshard_layout_t *dst, qent **out,
                                      int *nout) {
   qent *e = NULL;
   int n = 0;
+  reshard_result_t r = RESHARD_SUCCESS;
   for (int t = 0; t < dst->ntensors; t++) {
     const rs_tensor *T = &dst->tensors[t];
     if (!T->block[0]) continue;
@@ -204,34 +235,39 @@ static reshard_result_t find_entries(const reshard_layout_t *src, const reshard_
     }
     const rs_tensor *S = &src->tensors[s];
     if (S->block[0]) {
-      if (S->block[0] != T->block[0] || S->block[1] != T->block[1] || S->dtype != T->dtype)
-        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+      if (S->block[0] != T->block[0] || S->block[1] != T->block[1] || S->dtype != T->dtype) {
+        r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                         "tensor '%s': fp8 blocks of %d x %d on the source side, %d x %d on the destination side "
                         "(re-quantizing between block sizes is not supported)",
                         T->name, S->block[0], S->block[1], T->block[0], T->block[1]);
+        break;
+      }
       continue; /* codes and scales move as they are */
     }
-    if (S->dtype != RESHARD_FP32 && S->dtype != RESHARD_BF16 && S->dtype != RESHARD_FP16)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+    if (S->dtype != RESHARD_FP32 && S->dtype != RESHARD_BF16 && S->dtype != RESHARD_FP16) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                       "tensor '%s': the destination quantizes it to fp8 blocks, but its source dtype is %s (a "
                       "source must be f32, bf16 or f16, or fp8e4m3 declared with the same blocks)",
                       T->name, reshard_dtype_name(S->dtype));
+      break;
+    }
     int same = S->ndim == T->ndim;
     for (int d = 0; same && d < T->ndim; d++) same = S->shape[d] == T->shape[d];
     if (!same) continue; /* plan creation names the shapes */
     const char *sname = dst->tensors[T->scale_id].name;
     int other;
-    if (reshard_layout_find_tensor(src, sname, &other) == RESHARD_SUCCESS)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+    if (reshard_layout_find_tensor(src, sname, &other) == RESHARD_SUCCESS) {
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                       "tensor '%s': the source layout declares it, but not its weight '%s' as blocked fp8 "
                       "(reshard_layout_add_tensor_blocked on both sides, or a wider weight without scales)",
                       sname, T->name);
+      break;
+    }
     rs_error_clear();
     qent *p = rs_realloc(e, (size_t)(n + 1) * sizeof *e);
     if (!p) {
-      for (int i = 0; i < n; i++) free(e[i].covered);
-      free(e);
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+      break;
     }
     e = p;
     qent *q = &e[n];
@@ -245,12 +281,16 @@ static reshard_result_t find_entries(const reshard_layout_t *src, const reshard_
     q->nbr = cdiv(T->shape[T->ndim - 2], q->block[0]);
     q->nbc = cdiv(T->shape[T->ndim - 1], q->block[1]);
     q->covered = rs_calloc((size_t)(q->nlead * q->nbr * q->nbc) + 1, 1);
+    q->needed = rs_calloc((size_t)(q->nlead * q->nbr * q->nbc) + 1, 1);
     n++;
-    if (!q->covered) {
-      for (int i = 0; i < n; i++) free(e[i].covered);
-      free(e);
-      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (block grid of '%s')", T->name);
+    if (!q->covered || !q->needed) {
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (block grid of '%s')", T->name);
+      break;
     }
+  }
+  if (r) {
+    free_entries(e, n);
+    return r;
   }
   *out = e;
   *nout = n;
@@ -357,6 +397,15 @@ static reshard_result_t rewrite(rs_quant_layouts *q, const reshard_layout_t *src
     int hid;
     r = reshard_layout_add_tensor(q->src, T->name, T->dtype, T->ndim, T->shape, &e[i].codes);
     if (!r) r = reshard_layout_add_tensor(q->src, SC->name, SC->dtype, SC->ndim, SC->shape, &e[i].scales);
+    /* partial: they hold the blocks the destination needs (what it needs
+     * and nobody holds, plan creation names) */
+    if (!r) r = reshard_layout_allow_partial(q->src, e[i].codes);
+    if (!r) r = reshard_layout_allow_partial(q->src, e[i].scales);
+    if (!r) { /* blocked like the destination's: planning the rewritten
+               * layouts again moves codes and scales as they are */
+      rs_tensor *C = &q->src->tensors[e[i].codes];
+      C->block[0] = T->block[0], C->block[1] = T->block[1], C->scale_id = e[i].scales;
+    }
     if (!r) r = reshard_layout_add_tensor(q->dst, q->src->tensors[e[i].s].name, S->dtype, S->ndim, S->shape, &hid);
     if (!r) r = reshard_layout_allow_partial(q->dst, hid);
   }
@@ -403,6 +452,20 @@ reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshar
     }
   }
   size_t whole = boxes.n;
+  /* the blocks split across source ranks that a destination rank needs
+   * (a partial destination need not cover them all) */
+  int split = 0;
+  for (int i = 0; i < n && !split; i++)
+    for (int64_t k = 0; k < e[i].nlead * e[i].nbr * e[i].nbc && !split; k++) split = !e[i].covered[k];
+  for (int rk = 0; !r && split && rk < nranks; rk++) {
+    fv.n = 0;
+    r = rs_layout_rank_fragments(dst, rk, &fv);
+    for (size_t i = 0; !r && i < fv.n; i++) {
+      const int t = fv.v[i].tensor;
+      for (int k = 0; k < n; k++)
+        if (t == e[k].t || t == e[k].tscale) mark_needed(&e[k], &fv.v[i], t == e[k].tscale);
+    }
+  }
   for (int i = 0; !r && i < n; i++) r = split_blocks(src, &e[i], i, src->tensors[e[i].s].dtype, &boxes);
   if (!r) r = rewrite(out, src, dst, e, n);
   if (!r && boxes.n > whole) r = gather_layout(out, src);
@@ -413,8 +476,7 @@ reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshar
     r = add_rank(out, src, e, boxes.v + i, j - i, me);
     i = j;
   }
-  for (int i = 0; i < n; i++) free(e[i].covered);
-  free(e);
+  free_entries(e, n);
   free(qidx);
   free(boxes.v);
   rs_frag_vec_free(&fv);

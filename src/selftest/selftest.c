@@ -2,6 +2,7 @@
  * coordinates, byte-exact checks. */
 #include "reshard_selftest.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,6 +198,130 @@ void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L, uin
   }
 }
 
+/* ---- destinations quantized to fp8 blocks (reshard_layout_add_tensor_blocked) ---- */
+
+/* A weight quantized on the way: its source's seed, dtype and shape. */
+typedef struct qref {
+  uint64_t seed;
+  reshard_dtype_t sdt;
+  size_t ses;
+  int nd;
+  int64_t shape[RESHARD_MAX_DIMS];
+  int64_t block[2];
+} qref;
+
+/* The source's value of element g (global coordinates), exactly. */
+static double q_value(const qref *q, const int64_t *g) {
+  int64_t lin = 0;
+  for (int d = 0; d < q->nd; d++) lin = lin * q->shape[d] + g[d];
+  unsigned char raw[16];
+  elem_bytes(q->seed, lin, q->ses, raw);
+  return rs_ref_decode(q->sdt, le_bits(raw, q->ses));
+}
+
+/* max |x| over the block whose first element is g (NaN if it holds one). */
+static double q_amax(const qref *q, const int64_t *g0) {
+  int64_t g[RESHARD_MAX_DIMS];
+  memcpy(g, g0, sizeof g);
+  const int r = q->nd - 2, c = q->nd - 1;
+  double amax = 0;
+  for (int64_t i = g0[r]; i < g0[r] + q->block[0] && i < q->shape[r]; i++)
+    for (int64_t j = g0[c]; j < g0[c] + q->block[1] && j < q->shape[c]; j++) {
+      g[r] = i, g[c] = j;
+      double x = q_value(q, g);
+      if (x != x) return x;
+      if (fabs(x) > amax) amax = fabs(x);
+    }
+  return amax;
+}
+
+/* Checks a fragment of the weight's codes (scale 0) or of its scales
+ * (scale 1: coordinates are blocks) against the reference quantizer. */
+static int64_t check_quant(const qref *q, const reshard_fragment_info_t *f, const unsigned char *buf, int scale,
+                           const char *name, const char *label, int rank, int64_t bad) {
+  const int nd = f->ndim, r = nd - 2, c = nd - 1;
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= f->extent[d];
+  /* the amax of the blocks the fragment meets, computed once each:
+   * [leading index within the fragment][block row][block column] */
+  int64_t lead = 1;
+  for (int d = 0; d < r; d++) lead *= f->extent[d];
+  const int64_t b0 = scale ? f->start[r] : f->start[r] / q->block[0];
+  const int64_t b1 = scale ? f->start[c] : f->start[c] / q->block[1];
+  const int64_t nb0 = scale ? f->extent[r] : (f->start[r] + f->extent[r] - 1) / q->block[0] - b0 + 1;
+  const int64_t nb1 = scale ? f->extent[c] : (f->start[c] + f->extent[c] - 1) / q->block[1] - b1 + 1;
+  double *amax = malloc((size_t)(lead * nb0 * nb1) * sizeof *amax + 1);
+  unsigned char *done = calloc((size_t)(lead * nb0 * nb1) + 1, 1);
+  if (!amax || !done) {
+    free(amax);
+    free(done);
+    fprintf(stderr, "%s: rank %d tensor '%s': out of memory for the check\n", label, rank, name);
+    return bad + 1;
+  }
+  const size_t es = scale ? 4 : 1;
+  for (int64_t e = 0; e < n; e++) {
+    int64_t rel[RESHARD_MAX_DIMS], g[RESHARD_MAX_DIMS], rest = e, off = (int64_t)f->byte_offset, l = 0;
+    for (int d = nd - 1; d >= 0; d--) rel[d] = rest % f->extent[d], rest /= f->extent[d];
+    for (int d = 0; d < nd; d++) {
+      g[d] = f->start[d] + rel[d];
+      off += rel[d] * f->strides[d] * (int64_t)es;
+      if (d < r) l = l * f->extent[d] + rel[d];
+    }
+    /* the block: its coordinates, and its first element's */
+    const int64_t bi = scale ? g[r] : g[r] / q->block[0], bj = scale ? g[c] : g[c] / q->block[1];
+    const int64_t k = (l * nb0 + (bi - b0)) * nb1 + (bj - b1);
+    int64_t first[RESHARD_MAX_DIMS];
+    memcpy(first, g, sizeof first);
+    first[r] = bi * q->block[0], first[c] = bj * q->block[1];
+    if (!done[k]) amax[k] = q_amax(q, first), done[k] = 1;
+    float want_scale;
+    int64_t want = rs_ref_quant_e4m3(scale ? 0.0f : (float)q_value(q, g), (float)amax[k], &want_scale);
+    const unsigned char *at = buf + off;
+    int wrong;
+    if (scale) {
+      float got;
+      memcpy(&got, at, 4);
+      wrong = want_scale != want_scale ? got == got : memcmp(&got, &want_scale, 4) != 0;
+    } else {
+      wrong = want < 0 ? !rs_ref_is_nan(RESHARD_FP8_E4M3, at[0]) : at[0] != (unsigned char)want;
+    }
+    if (wrong) {
+      if (bad < 5)
+        fprintf(stderr, "%s: rank %d tensor '%s' %s %lld wrong (quantized to fp8 blocks)\n", label, rank, name,
+                scale ? "scale" : "element", (long long)e);
+      bad++;
+    }
+  }
+  free(amax);
+  free(done);
+  return bad;
+}
+
+/* Whether dst tensor t is a weight the plan quantizes (role 1) or its
+ * scales (role 2), and its reference. */
+static int quant_role(const reshard_layout_t *L, const reshard_layout_t *src, int t, uint64_t step, qref *q) {
+  const int n = reshard_layout_num_tensors(L);
+  for (int w = 0; w < n; w++) {
+    int64_t blk[2];
+    int sid;
+    if (reshard_layout_tensor_block(L, w, blk, &sid) || !blk[0] || (w != t && sid != t)) continue;
+    const char *name;
+    int s;
+    int64_t sblk[2];
+    if (reshard_layout_tensor_info(L, w, &name, NULL, &q->nd, q->shape) ||
+        reshard_layout_find_tensor(src, name, &s) || reshard_layout_tensor_block(src, s, sblk, NULL) || sblk[0] ||
+        reshard_layout_tensor_info(src, s, NULL, &q->sdt, NULL, NULL)) {
+      rs_error_clear();
+      return 0;
+    }
+    q->seed = tensor_seed(name, step);
+    q->ses = reshard_dtype_size(q->sdt);
+    q->block[0] = blk[0], q->block[1] = blk[1];
+    return w == t ? 1 : 2;
+  }
+  return 0;
+}
+
 int64_t reshard_selftest_check(const reshard_selftest_t *s, const reshard_layout_t *L, int rank,
                       uint64_t step, const char *label) {
   return reshard_selftest_check_from(s, L, NULL, rank, step, label);
@@ -211,6 +336,14 @@ int64_t reshard_selftest_check_from(const reshard_selftest_t *s, const reshard_l
     c.label = label;
     c.rank = rank;
     c.bad = bad;
+    qref q;
+    int role = src ? quant_role(L, src, s->frags[i].tensor_id, step, &q) : 0;
+    if (role) {
+      const char *name = "";
+      reshard_layout_tensor_info(L, s->frags[i].tensor_id, &name, NULL, NULL, NULL);
+      bad = check_quant(&q, &s->frags[i], c.buf, role == 2, name, label, rank, bad);
+      continue;
+    }
     if (src) { /* the tensor's dtype on the source side, where it differs */
       const char *name = NULL;
       int id = -1;
