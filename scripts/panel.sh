@@ -20,7 +20,10 @@ extra=${PANEL_ARGS:-}
 [[ -x $plan ]] || { echo "panel.sh: $plan not built (cmake --build $build --target reshard_plan)" >&2; exit 2; }
 mkdir -p "$logs"
 
-# name | config | train | infer | topology | published
+# name | config | train | infer | topology | published [| reshard_plan options]
+# (the fp8 rows quantize on the way, --infer-dtype fp8e4m3: their vLLM side
+# uses EP, since block scales need every split on whole 128 x 128 blocks,
+# which DeepSeek-V3's experts split over 128 ranks are not)
 # (Megatron-core needs pp to divide the layers unless the first/last
 # stage's count is given: DeepSeek-V3's and Kimi-K2's 61 layers, Qwen3's
 # 94; expert TP defaults to tp, so etp=1 where tp x dp / ep is smaller)
@@ -30,6 +33,8 @@ scenarios=(
   "Kimi-K2 1T|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32,etp=1,first=5|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (RDMA)"
   "Llama-3.1-70B|Llama-3.1-70B.json|tp=8,pp=4|tp=8,dp=8|h100-8x400g|"
   "Qwen3-30B-A3B|Qwen3-30B-A3B.json|tp=1,pp=2,dp=16,ep=16|tp=4,dp=8,ep=32|h100-8x400g|"
+  "DeepSeek-V3 671B, bf16 -> fp8 blocks|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16,first=16|tp=8,dp=16,ep=128|gb200-nvl72||--infer-dtype fp8e4m3"
+  "Kimi-K2 1T, bf16 -> fp8 blocks|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32,etp=1,first=5|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (fp8, RDMA)|--infer-dtype fp8e4m3"
 )
 
 field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }
@@ -38,13 +43,13 @@ echo "| scenario | GPUs (train + infer) | topology | T_lower s (bound) | source-
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 start_all=$SECONDS
 for s in "${scenarios[@]}"; do
-  IFS='|' read -r name cfg train infer topo pub <<<"$s"
+  IFS='|' read -r name cfg train infer topo pub args <<<"$s"
   log=$logs/$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_').txt
   start=$SECONDS
   # shellcheck disable=SC2086
   ok=1
   "$plan" --model-config "$repo/configs/$cfg" --train "$train" --infer "$infer" --topology "$topo" --no-check \
-    $extra >"$log" 2>&1 || ok=0
+    $extra ${args:-} >"$log" 2>&1 || ok=0
   echo "panel.sh: $name: $((SECONDS - start)) s" >&2
   if [[ $ok == 0 ]]; then
     echo "panel.sh: $name failed, see $log" >&2

@@ -283,6 +283,9 @@ void reshard_selftest_fill(reshard_selftest_t *s, const reshard_layout_t *L,
     uint64_t step);
 int64_t reshard_selftest_check(const reshard_selftest_t *s,
     const reshard_layout_t *L, int rank, uint64_t step, const char *label);
+int64_t reshard_selftest_check_from(const reshard_selftest_t *s,
+    const reshard_layout_t *L, const reshard_layout_t *src, int rank,
+    uint64_t step, const char *label);
 void reshard_selftest_free(reshard_selftest_t *s);
 void reshard_selftest_expected(const char *name, uint64_t step,
     int64_t linear, size_t esize, unsigned char *out);

@@ -50,12 +50,19 @@ class SelfTest:
         """Writes step's values into every fragment (a training update)."""
         lib.reshard_selftest_fill(self._live(), self._layout.handle, int(step))
 
-    def check(self, step, label="check"):
+    def check(self, step, label="check", src=None):
         """Wrong fragment elements plus modified bytes outside fragments
-        (0: all correct); the first few are printed to stderr."""
-        return int(lib.reshard_selftest_check(self._live(), self._layout.handle,
-                                              self.rank, int(step),
-                                              label.encode()))
+        (0: all correct); the first few are printed to stderr. ``src``: the
+        source Layout, for destinations whose tensors change dtype or are
+        quantized to fp8 blocks on the way (checked against the self-test's
+        reference casts and quantizer)."""
+        if src is None:
+            return int(lib.reshard_selftest_check(self._live(), self._layout.handle,
+                                                  self.rank, int(step),
+                                                  label.encode()))
+        return int(lib.reshard_selftest_check_from(self._live(), self._layout.handle,
+                                                   src.handle, self.rank, int(step),
+                                                   label.encode()))
 
     def close(self):
         """Drops this object's arrays; the memory is freed once no array

@@ -43,6 +43,12 @@
 #else
 #define RS_CVT static inline
 #endif
+/* A branch rarely taken (layout of the hot path only; same results). */
+#if defined(__GNUC__) || defined(__clang__)
+#define RS_CVT_RARE(c) __builtin_expect(!!(c), 0)
+#else
+#define RS_CVT_RARE(c) (c)
+#endif
 
 /* Whether dtype is one of the floating-point formats a cast handles. */
 RS_CVT int rs_cvt_float_dtype(int dtype) {
@@ -228,6 +234,21 @@ RS_CVT float rs_cvt_block_scale_inv(float amax) {
 #endif
 }
 
+/* rs_cvt_round_f32 to e4m3fn, bit for bit, without its data-dependent
+ * branches on the common path: at or above e4m3's smallest normal (2^-6)
+ * and below infinity, rounding to 3 mantissa bits is adding half an ulp
+ * (less one, plus the kept lowest bit: ties to even) and truncating, as
+ * for bf16, and the exponent is rebiased by a subtraction (127 - 7); a
+ * result at or past the NaN pattern (it rounded past 448: e4m3fn has no
+ * infinity) is NaN. Below 2^-6 (subnormals, zeros), infinities and NaN
+ * take the general path. test_convert compares the two. */
+RS_CVT uint32_t rs_cvt_round_e4m3(uint32_t x) {
+  const uint32_t a = x & 0x7fffffffu, sign = (x >> 24) & 0x80u;
+  if (RS_CVT_RARE(a < 0x3c800000u || a >= 0x7f800000u)) return rs_cvt_round_f32(x, rs_cvt_fmt_of(RESHARD_FP8_E4M3));
+  uint32_t code = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  return sign | (code < 0x7fu ? code : 0x7fu);
+}
+
 /* One element (as f32) quantized with its block's factor: e4m3fn bits. */
 RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
 #ifdef __CUDA_ARCH__
@@ -235,7 +256,7 @@ RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
 #else
   float p = x * factor;
 #endif
-  return rs_cvt_round_f32(rs_cvt_f32_bits(p), rs_cvt_fmt_of(RESHARD_FP8_E4M3));
+  return rs_cvt_round_e4m3(rs_cvt_f32_bits(p));
 }
 
 #endif

@@ -43,17 +43,16 @@ static void plane(const rs_qbox *q, const unsigned char *in, unsigned char *code
     const int64_t r1 = r0 + q->block[0] < R ? r0 + q->block[0] : R;
     for (int64_t c0 = 0; c0 < C; c0 += q->block[1]) {
       const int64_t c1 = c0 + q->block[1] < C ? c0 + q->block[1] : C;
-      /* amax over the block; a NaN anywhere makes it NaN (PyTorch's amax) */
+      /* amax over the block: |x| as bits orders like the values, and every
+       * NaN's bits lie above infinity's, so the largest bits are amax, or
+       * say the block holds a NaN (amax NaN then, as PyTorch's amax) */
       uint32_t amax_bits = 0;
-      int nan = 0;
       for (int64_t i = r0; i < r1; i++)
         for (int64_t j = c0; j < c1; j++) {
-          uint32_t a = load_f32(in + i * rs + j * cs, dt) & 0x7fffffffu;
-          nan |= a > 0x7f800000u;
-          /* non-negative f32s order like their bits */
-          if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
+          const uint32_t a = load_f32(in + i * rs + j * cs, dt) & 0x7fffffffu;
+          amax_bits = a > amax_bits ? a : amax_bits;
         }
-      const float amax = nan ? rs_cvt_bits_f32(0x7fc00000u) : rs_cvt_bits_f32(amax_bits);
+      const float amax = rs_cvt_bits_f32(amax_bits > 0x7f800000u ? 0x7fc00000u : amax_bits);
       const float factor = rs_cvt_block_factor(amax), scale = rs_cvt_block_scale_inv(amax);
       memcpy(scales + 4 * ((r0 / q->block[0]) * nbc + c0 / q->block[1]), &scale, 4);
       for (int64_t i = r0; i < r1; i++)

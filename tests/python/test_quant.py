@@ -118,3 +118,26 @@ def test_block_needs_fp8e4m3():
         lay.add_tensor("w", "bf16", SHAPE, block=BLOCK)
     assert lay.num_tensors == 0
     assert lay.tensor_block(lay.add_tensor("v", "bf16", SHAPE)) is None
+
+
+def test_model_bf16_training_to_fp8_serving():
+    """A whole model: Megatron in bf16 (no scales) -> vLLM with block
+    scales (reshard.models ... block_scales=True): every linear weight but
+    the router quantized on the way; the self-test's reference quantizer
+    checks every code and scale (SelfTest.check with src=)."""
+    import os
+    cfg = os.path.join(os.path.dirname(__file__), "..", "data", "tiny-deepseek-v3-fp8.json")
+    src = reshard.models.megatron_layout(cfg, "tp=2,dp=2,ep=2,etp=2", layers=2)
+    dst = reshard.models.vllm_layout(cfg, "tp=2,dp=2,ep=4", first_rank=4, layers=2, block_scales=True)
+    blocked = [t for t in dst.tensors() if dst.tensor_block(t.id)]
+    assert blocked and all(dst.tensor_block(t.id)[0] == (4, 8) for t in blocked)
+
+    def rank_fn(rank, comm):
+        s, d = reshard.SelfTest(src, rank, 5), reshard.SelfTest(dst, rank, -1)
+        with reshard.Plan(comm, src, dst, timeout_ms=30000) as plan:
+            plan.execute(s.arrays, d.arrays)
+            stats = plan.stats()
+        return d.check(5, "fp8 model", src=src), stats
+
+    results = run_ranks(8, rank_fn)
+    assert all(wrong == 0 for wrong, _ in results)
