@@ -96,9 +96,9 @@ static double busiest_link(const reshard_plan_t *plan, const rs_streams *st, int
 
 /* The busiest link's latency at P phases, seconds: each message's own
  * cost, every stream cut at its cap for the chunk this rank would size,
- * plus the link's latency once for every round it is used in: as many as
- * its longest stream spans (a stream in one phase sends every P-th
- * round). -1 when P does not fit the staging at all: a stream's spread
+ * plus the link's latency once for every round it is used in (the
+ * longest stream of each phase, summed over the phases: a stream in one
+ * phase sends every P-th round, beside the other streams of its phase). -1 when P does not fit the staging at all: a stream's spread
  * share is its bytes over the spread rounds a phase gets, and when a
  * phase holds more than its part of the bytes, those shares alone can
  * overflow the round. */
@@ -107,13 +107,26 @@ static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, const i
   uint64_t limit = rs_streams_limit(tmp, st, phase, tmp->opts.staging_bytes / 2, sums);
   if (limit < 64 && P > 1) return -1;
   uint64_t chunk = rs_chunk_bound(&tmp->opts, limit);
-  double msgs[4] = {0, 0, 0, 0}, rounds[4] = {0, 0, 0, 0};
+  /* The rounds a link is used in: a stream of m messages in phase p
+   * sends in rounds p, p + P, ..., so the streams of one phase share
+   * their rounds (the longest one's m of them) and phases use disjoint
+   * rounds; a wide stream sends in rounds 0 .. m-1, which overlap the
+   * phases' (counted as the larger of the two). */
+  double msgs[4] = {0, 0, 0, 0}, wide[4] = {0, 0, 0, 0}, rounds[4] = {0, 0, 0, 0};
+  double per_phase[4][MAX_P];
+  memset(per_phase, 0, sizeof per_phase);
   for (size_t i = 0; i < st->n; i++) {
     uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i]);
-    double m = (double)((st->bytes[i] + cap - 1) / cap), span = phase[i] < 0 ? m : m * (double)P;
+    double m = (double)((st->bytes[i] + cap - 1) / cap);
     int l = link_of(tmp, st->from[i], st->to[i]);
     msgs[l] += m;
-    if (span > rounds[l]) rounds[l] = span;
+    double *r = phase[i] < 0 ? &wide[l] : &per_phase[l][phase[i] % P];
+    if (m > *r) *r = m;
+  }
+  for (int l = 0; l < 4; l++) {
+    double phased = 0;
+    for (int64_t p = 0; p < P; p++) phased += per_phase[l][p];
+    rounds[l] = phased > wide[l] ? phased : wide[l];
   }
   double worst = 0;
   for (int l = 0; l < 4; l++) {
