@@ -158,8 +158,11 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
  * (DeepSeek's per_block_cast_to_fp8). A block held whole by a source rank
  * is quantized there (by each replica: the planner then picks among
  * them); a block split across source ranks is first gathered, in the
- * source dtype, to the rank that holds most of it. Host transports only
- * (device transports: RESHARD_ERROR_UNSUPPORTED at plan creation).
+ * source dtype, to the rank that holds most of it (only blocks some
+ * destination rank needs). Each source rank keeps a scratch of its codes
+ * and scales, so concurrent executes of such a plan run one after
+ * another. Host transports only (device transports:
+ * RESHARD_ERROR_UNSUPPORTED at plan creation).
  * When both sides declare it blocked (same block), codes and scales
  * move as they are. */
 reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *layout,

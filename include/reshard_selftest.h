@@ -70,7 +70,11 @@ int64_t reshard_selftest_check(const reshard_selftest_t *s,
  * (reshard_selftest_expected at the source's size) cast to the
  * destination's dtype by the self-test's own reference, written apart
  * from the library's casts (to nearest, ties to even; a NaN where the
- * cast gives NaN may be any NaN). src NULL: reshard_selftest_check. */
+ * cast gives NaN may be any NaN). A destination weight declared with
+ * reshard_layout_add_tensor_blocked whose source is not blocked is
+ * checked as quantized (each code and each scale against the self-test's
+ * reference quantizer, from the source's values over the whole block).
+ * src NULL: reshard_selftest_check. */
 int64_t reshard_selftest_check_from(const reshard_selftest_t *s,
                                     const reshard_layout_t *L,
                                     const reshard_layout_t *src, int rank,
