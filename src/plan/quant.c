@@ -457,15 +457,20 @@ reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshar
   int split = 0;
   for (int i = 0; i < n && !split; i++)
     for (int64_t k = 0; k < e[i].nlead * e[i].nbr * e[i].nbc && !split; k++) split = !e[i].covered[k];
+  /* destination tensor -> 2 x its entry (+1: the entry's scales), or -1 */
+  int *dmap = split ? rs_malloc(((size_t)dst->ntensors + 1) * sizeof *dmap) : NULL;
+  if (split && !dmap && !r) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  for (int i = 0; dmap && i < dst->ntensors; i++) dmap[i] = -1;
+  for (int k = 0; dmap && k < n; k++) dmap[e[k].t] = 2 * k, dmap[e[k].tscale] = 2 * k + 1;
   for (int rk = 0; !r && split && rk < nranks; rk++) {
     fv.n = 0;
     r = rs_layout_rank_fragments(dst, rk, &fv);
     for (size_t i = 0; !r && i < fv.n; i++) {
-      const int t = fv.v[i].tensor;
-      for (int k = 0; k < n; k++)
-        if (t == e[k].t || t == e[k].tscale) mark_needed(&e[k], &fv.v[i], t == e[k].tscale);
+      const int m = dmap[fv.v[i].tensor];
+      if (m >= 0) mark_needed(&e[m / 2], &fv.v[i], m % 2);
     }
   }
+  free(dmap);
   for (int i = 0; !r && i < n; i++) r = split_blocks(src, &e[i], i, src->tensors[e[i].s].dtype, &boxes);
   if (!r) r = rewrite(out, src, dst, e, n);
   if (!r && boxes.n > whole) r = gather_layout(out, src);
