@@ -12,9 +12,7 @@
 # fewer ranks, a markdown table on stdout; SIM_PANEL_ONLY=REGEX picks
 # scenarios by name (the 256- and 384-rank ones take long: SimGrid's
 # bookkeeping grows with the messages in flight); SIM_BASELINES= (empty)
-# runs reshard without the baselines (the reduced Kimi-K2 scenario's
-# gather + broadcast baseline crashes the simulation build:
-# docs/PERFORMANCE.md). Without either: the flat-cluster cases and
+# runs reshard without the baselines. Without either: the flat-cluster cases and
 # the presets' small cases below. Needs SimGrid (Debian: apt-get install
 # libsimgrid-dev).
 #

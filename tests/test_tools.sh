@@ -263,6 +263,19 @@ perf_np4)
   # fp8 block quantization, every code and scale checked against the self-test's reference quantizer
   perf_ok 4 0 --shape 48,40 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,4
   perf_ok 4 0 --shape 3,33,20 --dtype f16 --src-mesh 2,2 --src-placements R,S1 --dst-mesh 4 --dst-placements S2 --colocate --dst-dtype fp8e4m3 --block 5,3
+  # a tensor whose second first-replica fragment is never reached by the
+  # broadcast baseline's setup (the first is over one gather message): the
+  # baseline is skipped, and its cleanup frees only the handles it made
+  # (a zeroed handle was freed before: a crash on Open MPI and SMPI)
+  echo "== broadcast baseline skipped, RESHARD_PERF_BCAST_MAX_MSG=1000"
+  if RESHARD_PERF_BCAST_MAX_MSG=1000 "$mpiexec" -np 4 --oversubscribe "$perf" -c 1 -n 2 -w 1 \
+      --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --baseline broadcast >"$out" 2>"$err"; then
+    grep -Eq '^# baseline broadcast: skipped \(tensor .tensor.: a source fragment of 6144 bytes exceeds one gather message\)$' "$out" ||
+      fail "broadcast skip: no skipped line"
+    grep -Eq '^# reshard_perf: bytes=[0-9]+ time_us=[0-9.]+ algbw_GBps=[0-9.]+ wrong=0$' "$out" || fail "broadcast skip: reshard line"
+  else
+    fail "broadcast skip: exit status $?"
+  fi
   # the cost model's prediction beside the measurement, final lines unchanged
   for topo in cpu h100-8x400g; do
     perf_ok 4 1 --shape 64,48 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --topology $topo --baseline broadcast

@@ -549,6 +549,11 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
   const reshard_layout_t *S = c->L.src;
   int nt = b->sel.ntensors;
   int64_t max_tensor = 0, max_frag = 0;
+  /* one gather message's bytes at most; RESHARD_PERF_BCAST_MAX_MSG lowers
+   * it (tests: the skip path without gigabytes) */
+  int64_t max_msg = 1 << 30;
+  const char *mm = getenv("RESHARD_PERF_BCAST_MAX_MSG");
+  if (mm && atoll(mm) > 0 && atoll(mm) < max_msg) max_msg = atoll(mm);
   *crossed = 0;
   int nmembers = 1;
   for (int r = c->L.first_dst; r < c->L.first_dst + c->L.ndst; r++) nmembers += r != 0;
@@ -574,6 +579,10 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
       snprintf(note, notelen, "out of memory");
       break;
     }
+    /* every entry a null handle before any can be skipped: a zeroed
+     * handle is not MPI_DATATYPE_NULL where handles are pointers (Open
+     * MPI, SMPI), and bcast_free would free it */
+    for (int k = 0; k < b->sel.count[t]; k++) b->root_types[t][k] = MPI_DATATYPE_NULL;
     MPI_Datatype el = elem_type(es);
     for (int k = 0; k < b->sel.count[t]; k++) {
       const reshard_fragment_info_t *f = &b->sel.by_tensor[t][k].f;
@@ -586,7 +595,7 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
         if (world_rank == b->sel.by_tensor[t][k].rank) my_out += fb;
       }
       if (fb > max_frag) max_frag = fb;
-      if (fb > (1 << 30)) {
+      if (fb > max_msg) {
         bad = 1;
         snprintf(note, notelen, "tensor '%s': a source fragment of %lld bytes exceeds one gather message", name,
                  (long long)fb);
