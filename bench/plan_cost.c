@@ -129,3 +129,45 @@ reshard_result_t pc_estimate_global(const reshard_layout_t *src, const reshard_l
   pw_run_free(run);
   return RESHARD_SUCCESS;
 }
+
+/* ---- source-side spreading (plan/spread.h), decided as a real run ---- */
+
+typedef struct egress_ctx {
+  uint64_t *egress;
+} egress_ctx;
+
+static reshard_result_t egress_rank(int rank, reshard_plan_t *plan, void *arg) {
+  ((egress_ctx *)arg)->egress[rank] = rs_spread_egress(plan);
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t pc_spread_decide(pw_run *run, const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                  const reshard_options_t *opts, rs_spread_layouts *out) {
+  memset(out, 0, sizeof *out);
+  rs_topology topo;
+  int has = 0;
+  RS_CHECK(rs_topology_resolve(opts, &topo, &has));
+  if (!has) return RESHARD_SUCCESS;
+  uint64_t *w = calloc(2 * (size_t)nranks + 1, sizeof *w);
+  if (!w) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "spreading: out of memory");
+  egress_ctx c = {w};
+  reshard_result_t r = pw_run_plans(run, egress_rank, &c);
+  /* as create.c agree_loads: egress + 1 where the rank holds source data,
+   * and its held bytes */
+  for (int q = 0; !r && q < nranks; q++) {
+    uint64_t held = 0;
+    size_t nfrags = 0;
+    r = rs_layout_rank_bytes(src, q, &held, &nfrags);
+    w[q] = nfrags ? w[q] + 1 : 0;
+    w[nranks + q] = held;
+  }
+  rs_rank_map map;
+  memset(&map, 0, sizeof map);
+  if (!r) r = rs_rank_map_build(&topo, src, dst, nranks, &map);
+  if (!r)
+    r = rs_spread_layouts_make(src, &map, nranks, -1, w, w + nranks,
+                               (opts->flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0, out);
+  rs_rank_map_free(&map);
+  free(w);
+  return r;
+}

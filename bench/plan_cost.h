@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "plan/plan.h" /* rs_pace */
+#include "plan/spread.h"
 #include "plan_world.h"
 #include "reshard.h"
 
@@ -44,6 +45,15 @@ reshard_result_t pc_price_run(pw_run *run, const reshard_layout_t *src,
                               const reshard_layout_t *dst, int nranks,
                               const reshard_options_t *opts, pw_plan_fn also,
                               void *also_arg, reshard_estimate_t *out);
+
+/* Source-side spreading as reshard_plan_create decides it (plan/spread.h):
+ * every rank's egress out of its NVLink domain from the plans of run
+ * (one more pass 3), then the decision and the rewritten layouts (*out
+ * src NULL: nothing to spread, or no topology). Whether to keep them is
+ * the caller's: price the pre-plan (src -> out->pre, relay 0) and the
+ * main plan (out->src -> dst) and compare, as create.c does. */
+reshard_result_t pc_spread_decide(pw_run *run, const reshard_layout_t *src, const reshard_layout_t *dst, int nranks,
+                                  const reshard_options_t *opts, rs_spread_layouts *out);
 
 /* The pieces, for a caller that plans the ranks itself (reshard_plan):
  * a pricing session over nranks ranks, fed one plan at a time. */

@@ -381,6 +381,14 @@ plan_model)
   bad plan 2 "or give --block R,C" --model-config "$repo/tests/data/tiny-deepseek-v3.json" --infer-dtype fp8e4m3 --train tp=2 --infer tp=2
   plan_topo_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=4 --topology h100-8x400g
   plan_topo_ok --model-config "$D" --train tp=2,pp=2 --infer tp=2,dp=2 --colocate --topology cpu
+  # source-side spreading (src/plan/spread.h): with dp=8, ep=8 the last
+  # stage's experts have one replica; the spread plan is kept, priced with
+  # its pre-plan, and RESHARD_SPREAD=0 turns it off
+  DS="--model-config $repo/configs/DeepSeek-V3.json --layers 4 --train tp=1,pp=4,dp=8,ep=8 --infer tp=8,dp=4"
+  plan_topo_ok $DS --topology gb200-nvl72
+  grep -Eq '^# source-side spreading: [0-9.]+ MiB .* kept \(the report' "$out" || fail "spreading not kept: $DS"
+  RESHARD_SPREAD=0 plan_topo_ok $DS --topology gb200-nvl72
+  grep -q 'source-side spreading' "$out" && fail "RESHARD_SPREAD=0 still spread: $DS"
   bad plan 2 "--train 'tq=2'" --model-config "$D" --train tq=2 --infer tp=2
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2

@@ -41,6 +41,7 @@
 #include "layout/layout.h" /* rs_hash_bytes */
 #include "plan/plan.h"
 #include "plan/quant.h"
+#include "common/params.h"
 #include "reshard.h"
 
 /* ------------------------------------------------------------------ */
@@ -706,6 +707,71 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* Source-side spreading (plan/spread.h), decided and priced as
+   * reshard_plan_create does: from the kept plan's egress per rank, then
+   * the pre-plan and the main plan priced against it. When kept, the
+   * rest of the report is the main plan's (its source: the caller's plus
+   * the scratch copies), the prediction adds the pre-plan's, and T_lower
+   * stays the caller's layouts'. */
+  reshard_layout_t *user_src = L.src;
+  final_pass fs2[2];
+  memset(fs2, 0, sizeof fs2);
+  int64_t spread_env = 1;
+  if (rs_param_get(RS_PARAM_SPREAD, &spread_env) && spread_env == 2) opts.flags |= RESHARD_FLAG_SPREAD_ALWAYS;
+  if (!failed && priced && spread_env != 0) {
+    rs_spread_layouts sl;
+    reshard_estimate_t pre_est = RESHARD_ESTIMATE_INITIALIZER, main_est = RESHARD_ESTIMATE_INITIALIZER;
+    reshard_result_t rc = pc_spread_decide(run, L.src, L.dst, world, &opts, &sl);
+    pw_run *mrun = NULL;
+    int mrelay = opts.relay;
+    if (!rc && sl.src) {
+      reshard_options_t po = opts;
+      po.relay = 0;
+      rc = pc_estimate_global(L.src, sl.pre, world, &po, &pre_est, NULL);
+      if (!rc && final_init(&fs2[0], &L, &o, world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
+      if (!rc && final_init(&fs2[1], &L, &o, world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
+      reshard_options_t mo = opts;
+      if (!rc && o.relay == -1) {
+        reshard_estimate_t md = RESHARD_ESTIMATE_INITIALIZER, mr = RESHARD_ESTIMATE_INITIALIZER;
+        void *const args[2] = {&fs2[0], &fs2[1]};
+        mo.relay = -1;
+        rc = pc_choose_relay(sl.src, L.dst, world, &mo, &mrelay, &md, &mr, final_rank, args, &mrun);
+        main_est = mrelay ? mr : md;
+      } else if (!rc) {
+        rc = pw_run_create(sl.src, L.dst, world, &mo, &mrun);
+        if (!rc) rc = pc_price_run(mrun, sl.src, L.dst, world, &mo, final_rank, &fs2[mrelay > 0], &main_est);
+      }
+    }
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: source-side spreading: %s: %s\n", reshard_result_string(rc),
+              reshard_last_error());
+      failed = 1;
+    } else if (sl.src) {
+      const double with = pre_est.seconds + main_est.seconds;
+      const int keep = (opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) || with < ours.seconds * 0.98;
+      printf("# source-side spreading: %.1f MiB of sole-held data copied over NVLink first (%.6g s) + the main plan "
+             "(%.6g s%s) = %.6g s predicted, against %.6g s without: %s\n",
+             (double)sl.moved / 1048576.0, pre_est.seconds, main_est.seconds, mrelay ? ", relay" : ", direct", with,
+             ours.seconds, keep ? "kept (the report below is the main plan's, the prediction both plans')"
+                                : "not kept");
+      if (keep) {
+        pw_run_free(run);
+        run = mrun, mrun = NULL;
+        f = &fs2[mrelay > 0];
+        opts.relay = mrelay;
+        L.src = sl.src, sl.src = NULL;
+        ours = main_est;
+        ours.seconds += pre_est.seconds;
+        for (int k = 0; k < RESHARD_NUM_BOUNDS; k++) ours.bound_seconds[k] += pre_est.bound_seconds[k];
+        ours.latency_seconds += pre_est.latency_seconds;
+        ours.num_rounds += pre_est.num_rounds;
+        ours.bytes += pre_est.bytes;
+      }
+    }
+    pw_run_free(mrun);
+    rs_spread_layouts_free(&sl);
+  }
+
   /* Planning time and memory, each timed rank planned as given in a
    * forked child: what that rank's creation costs in a real run. */
   pm_result *ms = calloc((size_t)world + 1, sizeof *ms);
@@ -783,8 +849,11 @@ int main(int argc, char **argv) {
     fflush(stdout);
     /* the balanced-direct baseline is the direct plan: priced already
      * when the relay choice priced it, or when it is ours */
-    const reshard_estimate_t *direct = have_direct ? &direct_est : opts.relay == 0 ? &ours : NULL;
-    if (cr_report(&L, world, &opts, &ours, direct, stdout)) failed = 1;
+    const reshard_estimate_t *direct = have_direct ? &direct_est : opts.relay == 0 && L.src == user_src ? &ours : NULL;
+    /* bounds and baselines over the caller's layouts, also after spreading */
+    cli_layouts Lu = L;
+    Lu.src = user_src;
+    if (cr_report(&Lu, world, &opts, &ours, direct, stdout)) failed = 1;
   }
   if (o.profile) {
     struct timespec t_end;
@@ -793,8 +862,11 @@ int main(int argc, char **argv) {
   }
   final_free(&fs[0]);
   final_free(&fs[1]);
+  final_free(&fs2[0]);
+  final_free(&fs2[1]);
   pw_run_free(run);
   pw_share_first_replica(0);
+  if (L.src != user_src) reshard_layout_destroy(user_src);
   free(timed);
   free(ms);
   cli_layouts_free(&L);

@@ -206,12 +206,18 @@ class Plan(Node):
     0 never, 1 always), and flags: verify (end-to-end checksums),
     double_buffer (destinations as (copy0, copy1) pairs, atomic commit),
     first_replica (the "replica 0" baseline), sync (device transports:
-    execute waits for its work).
+    execute waits for its work), spread (source-side spreading with a
+    topology on host transports: True when the cost model predicts it
+    faster, False never, "always" wherever a domain is imbalanced).
     """
 
     def __init__(self, comm, src, dst, staging_bytes=None, chunk_bytes=None,
                  timeout_ms=None, topology=None, relay=None, verify=False,
-                 double_buffer=False, first_replica=False, sync=False):
+                 double_buffer=False, first_replica=False, sync=False,
+                 spread=True):
+        if spread not in (True, False, "always"):
+            raise InvalidArgumentError("reshard.Plan: spread is True, False "
+                                       "or \"always\", not %r" % (spread,))
         if not isinstance(src, Layout) or not isinstance(dst, Layout):
             raise InvalidArgumentError("reshard.Plan: src and dst must be "
                                        "reshard.Layout objects")
@@ -232,7 +238,10 @@ class Plan(Node):
         o.flags = ((lib.RESHARD_FLAG_VERIFY if verify else 0)
                    | (lib.RESHARD_FLAG_DOUBLE_BUFFER if double_buffer else 0)
                    | (lib.RESHARD_FLAG_FIRST_REPLICA if first_replica else 0)
-                   | (lib.RESHARD_FLAG_SYNC if sync else 0))
+                   | (lib.RESHARD_FLAG_SYNC if sync else 0)
+                   | (lib.RESHARD_FLAG_NO_SPREAD if not spread else 0)
+                   | (lib.RESHARD_FLAG_SPREAD_ALWAYS if spread == "always"
+                      else 0))
         self.comm = comm  # the C plan uses it: keep it open
         self.rank = comm.rank
         self.double_buffer = bool(double_buffer)

@@ -35,6 +35,10 @@ static struct {
     [RS_PARAM_MAX_PHASES] = {.name = "RESHARD_MAX_PHASES",
         .doc = "the most phases a plan with a topology may take (1 to 64, default 64; 1: every stream "
                 "sends every round)"},
+    [RS_PARAM_SPREAD] = {.name = "RESHARD_SPREAD",
+        .doc = "source-side spreading (copy sole-held data over NVLink to less busy ranks of its domain before "
+                "it crosses the network): 1 (default) when the cost model predicts it faster, 0 never, 2 "
+                "wherever a domain is imbalanced (sets options.flags)"},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;

@@ -14,6 +14,7 @@ typedef enum rs_param_id {
   RS_PARAM_RELAY,
   RS_PARAM_TOPOLOGY, /* a string */
   RS_PARAM_MAX_PHASES,
+  RS_PARAM_SPREAD,
   RS_NUM_PARAMS
 } rs_param_id;
 

@@ -44,6 +44,17 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
                                   void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
                                   reshard_result_t rejected);
 
+/* ---- spread.c ---- */
+
+/* An execute of a plan with source-side spreading (plan->spread): the
+ * pre-plan's copies into this rank's scratch, then the main plan, which
+ * reads the caller's source buffers and the scratch. Arguments as
+ * rs_execute_call's, in the caller's buffer counts. */
+reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                   void *const *src_buffers, size_t num_src, const size_t *src_bytes,
+                                   void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
+                                   reshard_result_t rejected);
+
 /* ---- state.c ---- */
 
 /* Results that leave the plan failed (messages in flight, partners out of

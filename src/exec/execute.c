@@ -607,6 +607,9 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   if (plan && plan->quant)
     return rs_quant_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
                             dst_bytes, stream, rejected);
+  if (plan && plan->spread)
+    return rs_spread_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+                             dst_bytes, stream, rejected);
   return rs_execute_call(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
                          dst_bytes, stream, rejected);
 }

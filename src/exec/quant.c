@@ -11,6 +11,7 @@
 #include "exec/exec_state.h"
 #include "pack/quantize.h"
 #include "plan/quant.h"
+#include "plan/spread.h"
 
 /* The caller's source buffers the boxes read: present and large enough
  * (checked before anything is read, so a bad call quantizes nothing). */
@@ -53,7 +54,9 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   }
   reshard_result_t r = rejected ? rejected : check_inputs(plan, q, src_buffers, num_src, src_bytes);
   /* the main plan's source arrays: the caller's buffers, then the scratch */
-  const size_t n = (size_t)plan->num_src_buffers;
+  /* the main plan's own source layout (its spreading, if any, appends
+   * scratch after it) */
+  const size_t n = plan->spread ? (size_t)plan->spread->user_nsrc : (size_t)plan->num_src_buffers;
   const int scratch_here = q->codes_buf >= 0;
   void **ptrs = rs_calloc(n + 1, sizeof *ptrs);
   size_t *bytes = rs_calloc(n + 1, sizeof *bytes);
@@ -94,8 +97,13 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   /* a rank with no source buffers and no scratch passes none, as its
    * caller did */
   const int pass = ptrs && bytes && (src_buffers || scratch_here);
-  r = rs_execute_call(plan, explicit_version, version_in, pass ? ptrs : NULL, pass ? n : 0,
-                      pass && src_bytes ? bytes : NULL, dst_buffers, num_dst, dst_bytes, stream, r);
+  /* the main plan may spread the codes and scales (plan/spread.h) */
+  if (plan->spread)
+    r = rs_spread_execute(plan, explicit_version, version_in, pass ? ptrs : NULL, pass ? n : 0,
+                          pass && src_bytes ? bytes : NULL, dst_buffers, num_dst, dst_bytes, stream, r);
+  else
+    r = rs_execute_call(plan, explicit_version, version_in, pass ? ptrs : NULL, pass ? n : 0,
+                        pass && src_bytes ? bytes : NULL, dst_buffers, num_dst, dst_bytes, stream, r);
   /* the plan fails with its pre-plan, also where the main plan had no
    * partner to hear of it */
   if (pre_failed) rs_plan_mark_failed(plan, 0, 0, pre_failed, reshard_last_error());

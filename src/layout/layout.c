@@ -708,6 +708,8 @@ uint64_t rs_layout_buffer_digest(const reshard_layout_t *L, int b) {
     h = rs_hash_bytes(r->strides, (size_t)n * sizeof(int64_t), h);
     h = rs_hash_bytes(&r->byte_offset, sizeof r->byte_offset, h);
   }
+  /* only where set: every other digest stays as it was */
+  if (B->spread_origin) h = rs_hash_bytes(&B->spread_origin, sizeof B->spread_origin, h ^ 0x5350524541440000ull);
   return h;
 }
 
@@ -884,4 +886,37 @@ reshard_result_t rs_layout_rename_tensors(reshard_layout_t *L, size_t n, const i
   rs_name_map_free(&L->names);
   L->names = fresh;
   return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_layout_tensors_only(const reshard_layout_t *L, reshard_layout_t **out) {
+  *out = NULL;
+  reshard_layout_t *T;
+  RS_CHECK(reshard_layout_create(&T));
+  for (int i = 0; i < L->ntensors; i++) {
+    const rs_tensor *S = &L->tensors[i];
+    int id;
+    reshard_result_t r = reshard_layout_add_tensor(T, S->name, S->dtype, S->ndim, S->shape, &id);
+    if (!r) r = reshard_layout_allow_partial(T, id);
+    if (r) {
+      reshard_layout_destroy(T);
+      return r;
+    }
+  }
+  *out = T;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_layout_rank_bytes(const reshard_layout_t *L, int rank, uint64_t *bytes, size_t *nfrags) {
+  *bytes = 0;
+  *nfrags = 0;
+  rs_frag_vec fv = {0};
+  reshard_result_t r = rs_layout_rank_fragments(L, rank, &fv);
+  for (size_t i = 0; !r && i < fv.n; i++) {
+    uint64_t n = reshard_dtype_size(L->tensors[fv.v[i].tensor].dtype);
+    for (int d = 0; d < fv.v[i].ndim; d++) n *= (uint64_t)fv.v[i].extent[d];
+    *bytes += n;
+  }
+  if (!r) *nfrags = fv.n;
+  rs_frag_vec_free(&fv);
+  return r;
 }

@@ -74,6 +74,11 @@ typedef struct rs_buffer {
   size_t raw_bytes;
   int32_t *raws;
   int32_t nraws, cap_raws;
+  /* Scratch of source-side spreading (src/plan/spread.h): the rank whose
+   * data this raw buffer holds a copy of, plus one; 0 for every other
+   * buffer. Replica choice sends from it, not from the origin, to
+   * receivers outside the origin's NVLink domain. */
+  int32_t spread_origin;
 } rs_buffer;
 
 typedef struct rs_raw {
@@ -124,6 +129,16 @@ void rs_frag_vec_free(rs_frag_vec *vec);
 
 /* A deep copy of L (*out NULL on failure, error set). */
 reshard_result_t rs_layout_clone(const reshard_layout_t *L, reshard_layout_t **out);
+
+/* A new layout declaring every tensor of L (same ids, names, dtypes,
+ * shapes), each allowed partial, and no buffer: the destination of a
+ * pre-plan that fills scratch (block quantization's gather, source-side
+ * spreading's copies), whose buffers the caller adds. */
+reshard_result_t rs_layout_tensors_only(const reshard_layout_t *L, reshard_layout_t **out);
+
+/* The bytes of the fragments `rank` holds (elements x dtype size) and
+ * their count. */
+reshard_result_t rs_layout_rank_bytes(const reshard_layout_t *L, int rank, uint64_t *bytes, size_t *nfrags);
 
 /* Renames tensors ids[0 .. n) to names[0 .. n) (taken over: freed by the
  * layout, also on failure). The new names must be unused. */

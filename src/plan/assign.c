@@ -108,7 +108,7 @@ static reshard_result_t bucket_holders(rs_assign_ctx *ctx, const rs_frag *H, con
    * that starts at or after its start (the bounds include it, clipped)
    * until its end */
   for (int pass = 0; pass < 2; pass++) {
-    int *fill = ctx->cands + 4 * (nh + 1);
+    int *fill = ctx->cands + 5 * (nh + 1);
     if (pass) memcpy(fill, at, nint * sizeof *fill);
     for (size_t j = 0; j < nh; j++) {
       const rs_frag *h = &H[order[j]];
@@ -240,6 +240,25 @@ static int prefer_domain(const rs_assign_ctx *ctx, const rs_frag *H,
   return n;
 }
 
+/* Source-side spreading (src/plan/spread.h): a cell that plan creation
+ * copied from its origin rank to scratch on another rank of the origin's
+ * NVLink domain has both as holders. The copy serves receivers outside
+ * that domain (it exists because the origin's NIC bounded the plan), the
+ * origin those inside it. Writes the holders left to out (nc entries)
+ * and returns their count; 0: no copy among them, nothing narrowed. */
+static int spread_narrow(const rs_assign_ctx *ctx, const rs_frag *H, const int *c, int nc, int receiver, int *out) {
+  if (!ctx->spread || !ctx->domain) return 0;
+  const rs_buffer *B = ctx->src->buffers;
+  int origin = -1;
+  for (int k = 0; k < nc && origin < 0; k++) origin = B[H[c[k]].buffer].spread_origin - 1;
+  if (origin < 0) return 0;
+  const int outside = ctx->domain[origin] != ctx->domain[receiver];
+  int n = 0;
+  for (int k = 0; k < nc; k++)
+    if ((B[H[c[k]].buffer].spread_origin != 0) == outside) out[n++] = c[k];
+  return n;
+}
+
 /* Whether fragment f meets the box [qs, qs + qe) (the layout's test). */
 static int hits(const rs_frag *f, const int64_t *qs, const int64_t *qe) {
   for (int d = 0; d < f->ndim; d++)
@@ -354,12 +373,13 @@ static reshard_result_t prep_box(rs_assign_ctx *ctx, const rs_frag *D, int src_t
     }
   }
   const size_t nh = ctx->holders.n;
-  /* cands holds four arrays of nh + 1: a cell's candidates, the holders
-   * in canonical order, the merge sort's scratch, and the candidates in
-   * the receiver's domain; then per_dim for bucket_holders */
-  if (ctx->cands_cap < 4 * (nh + 1) + per_dim) {
+  /* cands holds five arrays of nh + 1: a cell's candidates, the holders
+   * in canonical order, the merge sort's scratch, the candidates in the
+   * receiver's domain, and those source-side spreading leaves (spread.h);
+   * then per_dim for bucket_holders */
+  if (ctx->cands_cap < 5 * (nh + 1) + per_dim) {
     free(ctx->cands);
-    ctx->cands_cap = (4 * (nh + 1) + per_dim) * 2;
+    ctx->cands_cap = (5 * (nh + 1) + per_dim) * 2;
     ctx->cands = rs_malloc(ctx->cands_cap * sizeof(int));
     if (!ctx->cands) {
       ctx->cands_cap = 0;
@@ -505,9 +525,12 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       for (int o = 0; o < nowners; o++) {
         int64_t on = obase + (o < oextra);
         const int *cc = c;
-        int ncc = ctx->first_only ? 0 : prefer_domain(ctx, H, c, nc, owners[o], near);
-        if (ncc) cc = near;
-        else ncc = nc;
+        int ncc = nc;
+        int *left = ctx->cands + 4 * (nh + 1);
+        const int nleft = ctx->first_only ? 0 : spread_narrow(ctx, H, c, nc, owners[o], left);
+        if (nleft) cc = left, ncc = nleft;
+        const int nnear = ctx->first_only ? 0 : prefer_domain(ctx, H, cc, ncc, owners[o], near);
+        if (nnear) cc = near, ncc = nnear;
         /* the baseline of RESHARD_FLAG_FIRST_REPLICA: the lowest holder */
         int64_t np = ctx->first_only ? rs_min_i64(1, on) : rs_min_i64(ncc, on);
         int rot = ctx->first_only ? 0 : (int)((key + (uint64_t)o) % (uint64_t)ncc);

@@ -20,6 +20,7 @@
 #include "pack/convert.h"
 #include "plan/plan.h"
 #include "plan/quant.h"
+#include "plan/spread.h"
 #include "plan/relay.h"
 #include "transport/stream.h"
 #include "transport/transport.h"
@@ -87,6 +88,11 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
   if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) o->timeout_ms = v;
   if (rs_param_get(RS_PARAM_RELAY, &v)) o->relay = (int)(v < -1 ? -2 : v > 1 ? 2 : v);
+  if (rs_param_get(RS_PARAM_SPREAD, &v)) {
+    if (v < 0 || v > 2) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "RESHARD_SPREAD=%lld is not 0, 1 or 2", (long long)v);
+    o->flags &= ~(uint32_t)(RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_SPREAD_ALWAYS);
+    o->flags |= v == 0 ? RESHARD_FLAG_NO_SPREAD : v == 2 ? RESHARD_FLAG_SPREAD_ALWAYS : 0;
+  }
   const char *topo = rs_param_get_string(RS_PARAM_TOPOLOGY);
   if (topo) o->topology = topo;
   if (o->relay < -1 || o->relay > 1)
@@ -94,6 +100,9 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   if (o->flags & ~RS_KNOWN_FLAGS)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags 0x%x has unknown bits 0x%x", o->flags,
                     o->flags & ~RS_KNOWN_FLAGS);
+  if ((o->flags & RESHARD_FLAG_NO_SPREAD) && (o->flags & RESHARD_FLAG_SPREAD_ALWAYS))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags RESHARD_FLAG_NO_SPREAD and RESHARD_FLAG_SPREAD_ALWAYS "
+                    "contradict each other");
   if (o->staging_bytes < 4096)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
   return RESHARD_SUCCESS;
@@ -874,6 +883,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     c.relay = want;
     const int32_t *domain = p->has_topo ? p->map.domain : NULL;
     c.actx.domain = domain;
+    for (int b = 0; domain && b < src->nbuffers && !c.actx.spread; b++) c.actx.spread = src->buffers[b].spread_origin != 0;
     c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
   }
   int32_t spread = 0;
@@ -1085,6 +1095,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   if (!p) return;
   if (p->device_free) p->device_free(p);
   rs_quant_free(p->quant);
+  rs_spread_free(p->spread);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);
@@ -1156,7 +1167,7 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_
 }
 
 /* Adds the pre-plan's traffic to the plan's totals: the bytes a plan with
- * block quantization moves are both plans'. */
+ * block quantization or source-side spreading moves are both plans'. */
 static void add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre) {
   reshard_plan_stats_t *a = &p->stats;
   const reshard_plan_stats_t *b = &pre->stats;
@@ -1166,6 +1177,125 @@ static void add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre) {
   a->recv_messages += b->recv_messages;
   a->local_copy_bytes += b->local_copy_bytes;
   a->segments += b->segments;
+}
+
+/* Whether source-side spreading (spread.h) may be tried on plan p: the
+ * same answer on every rank (options, topology and transport are). */
+static int spread_wanted(const reshard_plan_t *p, const reshard_comm_t *comm) {
+  return p->has_topo && !(p->opts.flags & (RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_FIRST_REPLICA)) &&
+         !comm->ops->stream_ops && !rs_plan_force.stop && !rs_plan_force.keep && !rs_plan_force.use &&
+         p->map.ndomains > 0;
+}
+
+/* Every rank's egress out of its NVLink domain in plan p (plus one; 0 for
+ * a rank holding no source data) and held source bytes, agreed into w
+ * (2 x size words), and whether some rank failed (*any). The reduction
+ * runs in slices through a fixed buffer, so a rank without memory for w
+ * (*local set) still takes part. */
+static reshard_result_t agree_loads(reshard_comm_t *comm, const reshard_plan_t *p, const reshard_layout_t *src,
+                                    uint64_t *w, reshard_result_t *local, int *any) {
+  const int N = comm->size, me = comm->rank;
+  const uint64_t egress = rs_spread_egress(p);
+  uint64_t held = 0;
+  size_t nfrags = 0;
+  if (!*local) *local = rs_layout_rank_bytes(src, me, &held, &nfrags);
+  const int holds = nfrags > 0;
+  const size_t total = 2 * (size_t)N + 1; /* the last word: a rank that failed */
+  const int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+  *any = 0;
+  for (size_t at = 0; at < total; at += RS_AGREE_MAX_WORDS) {
+    uint64_t v[RS_AGREE_MAX_WORDS] = {0};
+    const size_t k = total - at < RS_AGREE_MAX_WORDS ? total - at : RS_AGREE_MAX_WORDS;
+    const size_t mine[3] = {(size_t)me, (size_t)N + (size_t)me, 2 * (size_t)N};
+    const uint64_t val[3] = {holds ? egress + 1 : 0, held, (uint64_t)(*local != RESHARD_SUCCESS)};
+    for (int j = 0; j < 3; j++)
+      if (mine[j] >= at && mine[j] < at + k) v[mine[j] - at] = val[j];
+    RS_CHECK(comm->ops->allreduce_max_u64(comm, v, (int)k, deadline));
+    if (w) memcpy(w + at, v, k * sizeof *v);
+    if (2 * (size_t)N >= at && 2 * (size_t)N < at + k && v[2 * (size_t)N - at]) *any = 1;
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* The direct plan, or a spread plan (spread.h) when the cost model
+ * predicts it faster. Creation of the plain plan, the loads' agreement,
+ * the verdict, the pre-plan and the main plan are all collective, and
+ * every choice is made from agreed figures, so every rank keeps the same
+ * kind of plan; a failure on one rank (memory for the decision or the
+ * scratch) fails creation on every rank, as everywhere in creation. */
+static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
+                                      const reshard_options_t *options, reshard_result_t prior,
+                                      reshard_plan_t **out) {
+  reshard_plan_t *p0 = NULL;
+  RS_CHECK(create_plain(comm, src, dst, options, prior, &p0));
+  if (!spread_wanted(p0, comm)) {
+    *out = p0;
+    return RESHARD_SUCCESS;
+  }
+  const int N = comm->size, me = comm->rank;
+  uint64_t *w = rs_calloc(2 * (size_t)N + 1, sizeof *w);
+  reshard_result_t local =
+      w ? RESHARD_SUCCESS : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory (spreading)", me);
+  int failed = 0;
+  reshard_result_t r = agree_loads(comm, p0, src, w, &local, &failed);
+  rs_spread_layouts sl;
+  memset(&sl, 0, sizeof sl);
+  rs_spread *sp = NULL;
+  if (!r && !failed) {
+    local = rs_spread_layouts_make(src, &p0->map, N, me, w, w + N, (p0->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0,
+                                   &sl);
+    if (!local && sl.src) local = rs_spread_create(&sl, src, me, &sp);
+  }
+  free(w);
+  char msg[640] = "";
+  if (local) snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  /* 0: nothing to spread, 1: spread, 2: some rank failed */
+  uint64_t verdict = local ? 2 : sl.src ? 1 : 0;
+  if (!r && !failed) r = comm->ops->allreduce_max_u64(comm, &verdict, 1, rs_deadline_after_ms(p0->opts.timeout_ms));
+  if (!r && (failed || verdict == 2))
+    r = local ? rs_error(local, "%s", msg)
+              : rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed (source-side spreading)", me);
+  reshard_plan_t *pre = NULL, *main_plan = NULL;
+  if (!r && verdict == 1) {
+    reshard_options_t o = p0->opts;
+    o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */
+    o.relay = 0;
+    r = create_plain(comm, src, sl.pre, &o, RESHARD_SUCCESS, &pre);
+    if (!r) r = create_plain(comm, sl.src, dst, options, RESHARD_SUCCESS, &main_plan);
+  }
+  int keep = 0;
+  if (!r && main_plan) {
+    reshard_estimate_t e0 = RESHARD_ESTIMATE_INITIALIZER, ep = RESHARD_ESTIMATE_INITIALIZER,
+                       em = RESHARD_ESTIMATE_INITIALIZER;
+    r = reshard_plan_estimate(p0, &e0);
+    if (!r) r = reshard_plan_estimate(pre, &ep);
+    if (!r) r = reshard_plan_estimate(main_plan, &em);
+    if (!r) {
+      keep = (p0->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) || ep.seconds + em.seconds < e0.seconds * 0.98;
+      RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN,
+             "rank %d: spreading %llu bytes: %.6f s + %.6f s predicted against %.6f s without: keeping the %s plan",
+             me, (unsigned long long)sl.moved, ep.seconds, em.seconds, e0.seconds, keep ? "spread" : "plain");
+    }
+  }
+  if (r) rs_error_prefix("plan_create rank %d (source-side spreading; RESHARD_SPREAD=0 turns it off): ", me);
+  rs_spread_layouts_free(&sl);
+  if (r || !keep) {
+    rs_spread_free(sp);
+    reshard_plan_destroy(pre);
+    reshard_plan_destroy(main_plan);
+    if (r) {
+      reshard_plan_destroy(p0);
+      return r;
+    }
+    *out = p0;
+    return RESHARD_SUCCESS;
+  }
+  reshard_plan_destroy(p0);
+  add_pre_stats(main_plan, pre);
+  sp->pre = pre;
+  main_plan->spread = sp;
+  *out = main_plan;
+  return RESHARD_SUCCESS;
 }
 
 reshard_result_t reshard_plan_create(reshard_comm_t *comm,
@@ -1183,7 +1313,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
    * fails alike instead of waiting for this one. */
   rs_quant_layouts ql;
   reshard_result_t r = rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql);
-  if (!r && !ql.src) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, out);
+  if (!r && !ql.src) return create_spread(comm, src, dst, options, RESHARD_SUCCESS, out);
   rs_quant *quant = NULL;
   if (!r && comm->ops->stream_ops)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
@@ -1196,7 +1326,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                  "the rewritten layouts itself)", comm->rank);
   if (!r) r = rs_quant_create(&ql, src, comm->rank, NULL, &quant);
   reshard_plan_t *main_plan = NULL, *pre = NULL;
-  r = create_plain(comm, r ? src : ql.src, r ? dst : ql.dst, options, r, &main_plan);
+  r = create_spread(comm, r ? src : ql.src, r ? dst : ql.dst, options, r, &main_plan);
   if (!r && ql.gather) {
     reshard_options_t o = main_plan->opts;
     o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */

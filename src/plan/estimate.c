@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "plan/cost.h"
 #include "plan/plan.h"
+#include "plan/spread.h"
 #include "transport/transport.h"
 
 /* In slices: transports bound one reduction to RS_AGREE_MAX_WORDS values
@@ -30,10 +31,7 @@ static reshard_result_t reduce(const reshard_plan_t *plan, uint64_t *v, size_t n
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estimate_t *out) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_estimate: plan is NULL");
-  RS_CHECK(rs_estimate_check(out, "plan_estimate"));
+static reshard_result_t estimate_one(const reshard_plan_t *plan, reshard_estimate_t *out) {
   if (!plan->has_topo) /* the same on every rank: the topology is part of the digest */
     return rs_error(RESHARD_ERROR_INVALID_USAGE,
                     "plan_estimate rank %d: the plan has no topology (set options.topology or RESHARD_TOPOLOGY to a preset)",
@@ -97,9 +95,7 @@ reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estim
     lat[k] = where[k] == me ? mine.lat_ps[(size_t)k * RS_NLINKS + (size_t)l] : 0;
   }
   if ((r = reduce(plan, lat, (size_t)n))) goto done;
-  reshard_estimate_t e;
-  rs_cost_assemble(n, kind, dur, where, lat, bytes, &e);
-  rs_estimate_store(out, &e);
+  rs_cost_assemble(n, kind, dur, where, lat, bytes, out);
 done:
   free(v);
   free(sums);
@@ -110,4 +106,30 @@ done:
   free(where);
   rs_cost_rank_free(&mine);
   return r;
+}
+
+reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estimate_t *out) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_estimate: plan is NULL");
+  RS_CHECK(rs_estimate_check(out, "plan_estimate"));
+  reshard_estimate_t e;
+  RS_CHECK(estimate_one(plan, &e));
+  if (plan->spread && plan->spread->pre) {
+    /* source-side spreading: the pre-plan's copies run first, then the
+     * main plan (src/exec/spread.c); the bound named stays the main
+     * plan's */
+    reshard_estimate_t p;
+    reshard_result_t r = estimate_one(plan->spread->pre, &p);
+    if (r) {
+      rs_error_prefix("(the spreading pre-plan) ");
+      return r;
+    }
+    e.seconds += p.seconds;
+    for (int k = 0; k < RESHARD_NUM_BOUNDS; k++) e.bound_seconds[k] += p.bound_seconds[k];
+    e.latency_seconds += p.latency_seconds;
+    e.num_rounds += p.num_rounds;
+    e.bytes += p.bytes;
+  }
+  rs_estimate_store(out, &e);
+  return RESHARD_SUCCESS;
 }

@@ -190,11 +190,15 @@ struct reshard_plan {
   /* Block quantization (plan/quant.h): the pre-plan, this rank's boxes
    * and scratch; NULL when no destination weight is quantized. */
   struct rs_quant *quant;
+  /* Source-side spreading (plan/spread.h): the pre-plan and this rank's
+   * scratch; NULL when the plan spreads nothing. */
+  struct rs_spread *spread;
 };
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
 #define RS_KNOWN_FLAGS \
-  (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA | RESHARD_FLAG_SYNC)
+  (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA | RESHARD_FLAG_SYNC | \
+   RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_SPREAD_ALWAYS)
 
 /* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
 
@@ -331,6 +335,9 @@ typedef struct rs_assign_ctx {
    * topology: a cell held in the receiver's domain is split only over
    * those holders. */
   const int32_t *domain;
+  /* src has scratch buffers of source-side spreading (spread.h): cells
+   * held by one go from it or from its origin by the receiver's domain */
+  int spread;
   /* NULL, or receives the boxes of every (cell, owner) range (src unset):
    * relay forwards move a range whole, whichever holders provided it. */
   struct rs_piece_vec *parts;

@@ -414,18 +414,6 @@ static reshard_result_t rewrite(rs_quant_layouts *q, const reshard_layout_t *src
   return r;
 }
 
-/* The pre-plan's destination: every source tensor, partial. */
-static reshard_result_t gather_layout(rs_quant_layouts *q, const reshard_layout_t *src) {
-  RS_CHECK(reshard_layout_create(&q->gather));
-  for (int i = 0; i < src->ntensors; i++) {
-    const rs_tensor *S = &src->tensors[i];
-    int id;
-    RS_CHECK(reshard_layout_add_tensor(q->gather, S->name, S->dtype, S->ndim, S->shape, &id));
-    RS_CHECK(reshard_layout_allow_partial(q->gather, id));
-  }
-  return RESHARD_SUCCESS;
-}
-
 reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshard_layout_t *dst, int nranks, int me,
                                        rs_quant_layouts *out) {
   memset(out, 0, sizeof *out);
@@ -473,7 +461,7 @@ reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshar
   free(dmap);
   for (int i = 0; !r && i < n; i++) r = split_blocks(src, &e[i], i, src->tensors[e[i].s].dtype, &boxes);
   if (!r) r = rewrite(out, src, dst, e, n);
-  if (!r && boxes.n > whole) r = gather_layout(out, src);
+  if (!r && boxes.n > whole) r = rs_layout_tensors_only(src, &out->gather);
   if (!r) qsort(boxes.v, boxes.n, sizeof *boxes.v, cmp_box);
   for (size_t i = 0; !r && i < boxes.n;) {
     size_t j = i;
