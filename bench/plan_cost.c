@@ -165,7 +165,7 @@ reshard_result_t pc_spread_decide(pw_run *run, const reshard_layout_t *src, cons
   memset(&map, 0, sizeof map);
   if (!r) r = rs_rank_map_build(&topo, src, dst, nranks, &map);
   if (!r)
-    r = rs_spread_layouts_make(src, &map, nranks, -1, w, w + nranks,
+    r = rs_spread_layouts_make(src, dst, &map, nranks, -1, w, w + nranks,
                                (opts->flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0, out);
   rs_rank_map_free(&map);
   free(w);

@@ -222,11 +222,19 @@ static void moe_stage_fp8(void **state) {
   a.src = src, a.dst = dst, a.steps = 2;
   a.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
   a.opts.topology = "h100-8x400g";
+  a.opts.flags = RESHARD_FLAG_NO_SPREAD;
+  run_world(16, &a);
+  assert_int_equal(a.failures, 0);
+  assert_int_equal(a.bad, 0);
+  const uint64_t plain_egress = a.egress[0];
   a.opts.flags = RESHARD_FLAG_SPREAD_ALWAYS;
   run_world(16, &a);
   assert_int_equal(a.failures, 0);
   assert_int_equal(a.bad, 0);
   for (int q = 0; q < 8; q++) assert_int_equal(a.spread[q], 1);
+  fprintf(stderr, "moe_stage_fp8: rank 0 sends %llu bytes out of its domain against %llu\n",
+          (unsigned long long)a.egress[0], (unsigned long long)plain_egress);
+  assert_true(a.egress[0] < plain_egress / 2);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }

@@ -1242,7 +1242,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
   memset(&sl, 0, sizeof sl);
   rs_spread *sp = NULL;
   if (!r && !failed) {
-    local = rs_spread_layouts_make(src, &p0->map, N, me, w, w + N, (p0->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0,
+    local = rs_spread_layouts_make(src, dst, &p0->map, N, me, w, w + N, (p0->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0,
                                    &sl);
     if (!local && sl.src) local = rs_spread_create(&sl, src, me, &sp);
   }

@@ -72,8 +72,27 @@ typedef struct taker {
  * it, everything inside) are at most RS_SPREAD_GRAIN bytes (the last dim
  * if none), for each index of the dims outside d* in turn: slices are
  * boxes, and a taker's share misses its room by less than a row. */
-static reshard_result_t give(const reshard_layout_t *src, int r, uint64_t excess, uint64_t rho, taker *tk, int ntk,
-                             int *at, rs_lower_cache *cache, rs_frag_vec *fv, rs_frag_vec *hv, slice_vec *out) {
+/* Whether a destination rank outside rank r's domain needs part of f
+ * (a tensor the destination does not declare, or declares and places
+ * nowhere near f, such as block quantization's source weight, gains
+ * nothing from a copy). */
+static reshard_result_t needed_outside(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map,
+                                       const rs_frag *f, rs_lower_cache *dcache, rs_frag_vec *hv, int *needed) {
+  *needed = 0;
+  int t;
+  if (reshard_layout_find_tensor(dst, src->tensors[f->tensor].name, &t) != RESHARD_SUCCESS) {
+    rs_error_clear();
+    return RESHARD_SUCCESS;
+  }
+  hv->n = 0;
+  RS_CHECK(rs_layout_find_holders(dst, t, f->start, f->extent, dcache, hv));
+  for (size_t i = 0; i < hv->n && !*needed; i++) *needed = map->domain[hv->v[i].rank] != map->domain[f->rank];
+  return RESHARD_SUCCESS;
+}
+
+static reshard_result_t give(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map, int r,
+                             uint64_t excess, uint64_t rho, taker *tk, int ntk, int *at, rs_lower_cache *cache,
+                             rs_lower_cache *dcache, rs_frag_vec *fv, rs_frag_vec *hv, slice_vec *out) {
   fv->n = 0;
   RS_CHECK(rs_layout_rank_fragments(src, r, fv));
   for (size_t i = 0; i < fv->n && excess > 0 && *at < ntk; i++) {
@@ -82,9 +101,11 @@ static reshard_result_t give(const reshard_layout_t *src, int r, uint64_t excess
     int64_t elems = 1;
     for (int d = 0; d < nd; d++) elems *= f->extent[d];
     if (nd == 0 || elems < 2) continue; /* not worth a slice */
-    int sole;
+    int sole, needed;
     RS_CHECK(sole_held(src, f, cache, hv, &sole));
     if (!sole) continue;
+    RS_CHECK(needed_outside(src, dst, map, f, dcache, hv, &needed));
+    if (!needed) continue;
     const uint64_t esize = reshard_dtype_size(src->tensors[f->tensor].dtype);
     int ds = nd - 1;
     uint64_t row = esize;
@@ -138,13 +159,15 @@ static reshard_result_t give(const reshard_layout_t *src, int r, uint64_t excess
  * A donor's byte moved saves about rho bytes of egress, rho = its egress
  * over its held bytes (at least 1: data several destination domains need
  * leaves once per domain). */
-static reshard_result_t decide(const reshard_layout_t *src, const rs_rank_map *map, int nranks,
+static reshard_result_t decide(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map,
+                               int nranks,
                                const uint64_t *egress, const uint64_t *held, uint64_t floor, slice_vec *out) {
   reshard_result_t r = RESHARD_SUCCESS;
   taker *tk = rs_malloc(((size_t)nranks + 1) * sizeof *tk);
   rs_frag_vec fv = {0}, hv = {0};
-  rs_lower_cache cache;
+  rs_lower_cache cache, dcache;
   memset(&cache, 0, sizeof cache);
+  memset(&dcache, 0, sizeof dcache);
   if (!tk) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (spreading)");
   /* domains in order of their first rank */
   for (int first = 0; !r && first < nranks; first++) {
@@ -168,13 +191,14 @@ static reshard_result_t decide(const reshard_layout_t *src, const rs_rank_map *m
       const uint64_t e = egress[q] - 1;
       uint64_t rho = held[q] ? e / held[q] : 1;
       if (rho < 1) rho = 1;
-      r = give(src, q, e - mean, rho, tk, ntk, &at, &cache, &fv, &hv, out);
+      r = give(src, dst, map, q, e - mean, rho, tk, ntk, &at, &cache, &dcache, &fv, &hv, out);
     }
   }
   free(tk);
   rs_frag_vec_free(&fv);
   rs_frag_vec_free(&hv);
   rs_lower_cache_free(&cache);
+  rs_lower_cache_free(&dcache);
   return r;
 }
 
@@ -212,12 +236,13 @@ uint64_t rs_spread_egress(const reshard_plan_t *p) {
   return e;
 }
 
-reshard_result_t rs_spread_layouts_make(const reshard_layout_t *src, const rs_rank_map *map, int nranks, int me,
+reshard_result_t rs_spread_layouts_make(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map,
+                                        int nranks, int me,
                                         const uint64_t *egress, const uint64_t *held, int always,
                                         rs_spread_layouts *out) {
   memset(out, 0, sizeof *out);
   slice_vec sv = {0};
-  reshard_result_t r = decide(src, map, nranks, egress, held, always ? 0 : RS_SPREAD_MIN_BYTES, &sv);
+  reshard_result_t r = decide(src, dst, map, nranks, egress, held, always ? 0 : RS_SPREAD_MIN_BYTES, &sv);
   if (r || !sv.n) {
     free(sv.v);
     return r;

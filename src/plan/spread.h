@@ -13,7 +13,8 @@
  * to the ranks below it:
  *
  *  - a pre-plan copies, over NVLink, row slices of the over-loaded ranks'
- *    sole-held fragments (no other rank holds any of their elements) into
+ *    sole-held fragments (no other rank holds any of their elements, and
+ *    some destination rank outside the domain needs part of them) into
  *    raw scratch buffers ("reshard.spread") of under-loaded ranks of the
  *    same domain;
  *  - the main plan's source is the caller's plus those scratch buffers,
@@ -69,7 +70,8 @@ uint64_t rs_spread_egress(const reshard_plan_t *p);
  * plan without spreading, plus one, or 0 when r holds no source data;
  * held[r]: the bytes of r's source fragments; always: no floor under a
  * rank's excess (RESHARD_FLAG_SPREAD_ALWAYS). */
-reshard_result_t rs_spread_layouts_make(const reshard_layout_t *src, const rs_rank_map *map, int nranks, int me,
+reshard_result_t rs_spread_layouts_make(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map,
+                                        int nranks, int me,
                                         const uint64_t *egress, const uint64_t *held, int always,
                                         rs_spread_layouts *out);
 void rs_spread_layouts_free(rs_spread_layouts *s);
