@@ -194,6 +194,9 @@ if [ "$panel" = 1 ]; then
     # the same models on fewer ranks (changed scenarios, said as such)
     "DeepSeek-V3 671B on 32 + 32 ranks (not the panel's 128 + 128), 4 of 61 layers|gb200-nvl72|32|32|--model-config configs/DeepSeek-V3.json --layers 4 --train tp=1,pp=4,dp=8,ep=8 --infer tp=8,dp=4"
     "Kimi-K2 1T on 64 + 32 ranks (not the panel's 256 + 128), 4 of 61 layers|h100-8x400g|64|32|--model-config configs/Kimi-K2-Instruct.json --layers 4 --train tp=2,pp=4,dp=8,ep=16,etp=1 --infer tp=8,dp=4,ep=32"
+    # experts without replicas on the last stage, bf16 training to fp8
+    # serving: source-side spreading of the codes (src/plan/spread.h)
+    "DeepSeek-V3 671B bf16 -> fp8 on 32 + 32 ranks, 4 of 61 layers|gb200-nvl72|32|32|--model-config configs/DeepSeek-V3.json --layers 4 --train tp=1,pp=4,dp=8,ep=8 --infer tp=8,dp=4,ep=32 --infer-dtype fp8e4m3"
   )
   f() { sed -nE "s/.*$1=([^ ;]+).*/\1/p" "$2" | head -n 1; }
   rows=()

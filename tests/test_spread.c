@@ -18,7 +18,12 @@
  * a topology (relays and small staging on some), byte-exact whether or
  * not they spread; the suite must spread in a good share of them.
  * RS_SPREAD_SEED=<n> replays one seed verbosely.
- * flags: the two flags together are refused on every rank. */
+ * flags: the two flags together are refused on every rank.
+ * alloc_faults: each allocation of a spreading creation on a rank that
+ * takes copies fails in turn: either every rank fails (that rank with
+ * OUT_OF_MEMORY, the others REMOTE), or, where the scratch itself could
+ * not be had, every rank keeps the plain plan, which moves every byte
+ * right; the sweep must meet that fallback. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +34,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "common/alloc.h"
 #include "plan/plan.h"
 #include "plan/spread.h"
 #include "reshard.h"
@@ -329,6 +335,96 @@ static void random_layouts(void **state) {
   assert_true(spread >= n / 10);
 }
 
+typedef struct sweep {
+  const reshard_layout_t *src, *dst;
+  reshard_options_t opts;
+  int victim;
+  long n;
+  pthread_barrier_t bar;
+  int fired;
+  reshard_result_t r[16];
+  int spread[16];
+  int64_t bad;
+} sweep;
+
+static int sweep_rank(int rank, reshard_comm_t *comm, void *arg) {
+  sweep *s = arg;
+  if (rank == s->victim) rs_alloc_fail_after(s->n);
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, s->src, s->dst, &s->opts, &plan);
+  if (rank == s->victim) {
+    s->fired = rs_alloc_fault_fired();
+    rs_alloc_fail_after(-1);
+  }
+  s->r[rank] = r;
+  s->spread[rank] = plan && plan->spread;
+  pthread_barrier_wait(&s->bar);
+  int64_t bad = 0;
+  if (plan) {
+    reshard_selftest_t in, out;
+    if (reshard_selftest_alloc(&in, s->src, rank, 1) || reshard_selftest_alloc(&out, s->dst, rank, -1)) {
+      bad = 1;
+    } else {
+      if (reshard_plan_execute(plan, (void *const *)in.ptr, (size_t)in.nbuf, (void *const *)out.ptr, (size_t)out.nbuf,
+                               NULL))
+        bad = 1;
+      else
+        bad = reshard_selftest_check(&out, s->dst, rank, 1, "alloc_faults");
+      reshard_selftest_free(&in);
+      reshard_selftest_free(&out);
+    }
+    reshard_plan_destroy(plan);
+  }
+  __atomic_fetch_add(&s->bad, bad, __ATOMIC_RELAXED);
+  return 0;
+}
+
+static void alloc_faults(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  moe_layouts(64, 0, &src, &dst);
+  static sweep s;
+  memset(&s, 0, sizeof s);
+  s.src = src, s.dst = dst;
+  s.opts = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  s.opts.topology = "h100-8x400g";
+  s.opts.relay = 0;
+  s.opts.flags = RESHARD_FLAG_SPREAD_ALWAYS;
+  s.victim = 2; /* takes copies from rank 0 */
+  int fallbacks = 0, failures = 0;
+  for (s.n = 0; s.n < 100000; s.n++) {
+    assert_int_equal(pthread_barrier_init(&s.bar, NULL, 16), 0);
+    s.fired = 0;
+    th_run_ranks(16, sweep_rank, &s);
+    pthread_barrier_destroy(&s.bar);
+    if (!s.fired) { /* past the last allocation: a clean spread plan */
+      for (int q = 0; q < 16; q++) assert_int_equal(s.r[q], RESHARD_SUCCESS);
+      assert_int_equal(s.spread[0], 1);
+      break;
+    }
+    if (s.r[s.victim] == RESHARD_SUCCESS) {
+      /* the fallback: every rank kept the plain plan */
+      for (int q = 0; q < 16; q++) {
+        assert_int_equal(s.r[q], RESHARD_SUCCESS);
+        assert_int_equal(s.spread[q], 0);
+      }
+      fallbacks++;
+    } else {
+      for (int q = 0; q < 16; q++)
+        if (s.r[q] != (q == s.victim ? RESHARD_ERROR_OUT_OF_MEMORY : RESHARD_ERROR_REMOTE))
+          fail_msg("allocation %ld: rank %d returned %s", s.n, q, reshard_result_string(s.r[q]));
+      failures++;
+    }
+    assert_int_equal(s.bad, 0);
+  }
+  fprintf(stderr, "alloc_faults: rank %d: %ld allocations swept, %d failed creation everywhere, %d fell back to the "
+          "plain plan\n", s.victim, s.n, failures, fallbacks);
+  assert_true(fallbacks >= 1);
+  assert_true(failures > 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(moe_stage),
@@ -336,6 +432,7 @@ int main(void) {
       cmocka_unit_test(balanced),
       cmocka_unit_test(flags),
       cmocka_unit_test(random_layouts),
+      cmocka_unit_test(alloc_faults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

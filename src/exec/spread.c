@@ -16,7 +16,11 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
                                    reshard_result_t rejected) {
   if (!rejected) rs_error_clear();
   rs_spread *s = plan->spread;
-  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  /* A failed plan still runs its pre-plan as a rejected call, so that
+   * the ranks copying to or from this one hear of it now instead of at
+   * their deadline. */
+  reshard_result_t refused = rejected ? RESHARD_SUCCESS : rs_plan_refuse_if_failed(plan);
+  if (refused) rejected = refused;
   /* One scratch per plan: concurrent executes run one after another (the
    * one running has its own deadlines, so this wait ends). */
   while (__atomic_exchange_n(&s->busy, 1, __ATOMIC_ACQUIRE)) {

@@ -1244,7 +1244,6 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
   if (!r && !failed) {
     local = rs_spread_layouts_make(src, dst, &p0->map, N, me, w, w + N, (p0->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) != 0,
                                    &sl);
-    if (!local && sl.src) local = rs_spread_create(&sl, src, me, &sp);
   }
   free(w);
   char msg[640] = "";
@@ -1275,6 +1274,24 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
       RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN,
              "rank %d: spreading %llu bytes: %.6f s + %.6f s predicted against %.6f s without: keeping the %s plan",
              me, (unsigned long long)sl.moved, ep.seconds, em.seconds, e0.seconds, keep ? "spread" : "plain");
+    }
+  }
+  /* The scratch, for a plan kept only. It can be large (what a rank
+   * takes), and the plain plan works without it: a rank that cannot
+   * allocate it makes every rank keep the plain plan, and says so on
+   * stderr whatever RESHARD_DEBUG says. */
+  if (!r && keep) {
+    reshard_result_t lr = rs_spread_create(&sl, src, me, &sp);
+    char why[640] = "";
+    if (lr) snprintf(why, sizeof why, "%s", reshard_last_error());
+    uint64_t short_of = lr != RESHARD_SUCCESS;
+    r = comm->ops->allreduce_max_u64(comm, &short_of, 1, rs_deadline_after_ms(p0->opts.timeout_ms));
+    if (!r && short_of) {
+      keep = 0;
+      if (lr)
+        rs_log(RS_LOG_WARN, RS_SUBSYS_PLAN, "%s: planning without source-side spreading on every rank (RESHARD_SPREAD=0 "
+               "skips it)", why);
+      rs_error_clear();
     }
   }
   if (r) rs_error_prefix("plan_create rank %d (source-side spreading; RESHARD_SPREAD=0 turns it off): ", me);
