@@ -77,16 +77,17 @@ typedef struct taker {
  * nowhere near f, such as block quantization's source weight, gains
  * nothing from a copy). */
 static reshard_result_t needed_outside(const reshard_layout_t *src, const reshard_layout_t *dst, const rs_rank_map *map,
-                                       const rs_frag *f, rs_lower_cache *dcache, rs_frag_vec *hv, int *needed) {
+                                       int tensor, const int64_t *start, const int64_t *extent, int origin,
+                                       rs_lower_cache *dcache, rs_frag_vec *hv, int *needed) {
   *needed = 0;
   int t;
-  if (reshard_layout_find_tensor(dst, src->tensors[f->tensor].name, &t) != RESHARD_SUCCESS) {
+  if (reshard_layout_find_tensor(dst, src->tensors[tensor].name, &t) != RESHARD_SUCCESS) {
     rs_error_clear();
     return RESHARD_SUCCESS;
   }
   hv->n = 0;
-  RS_CHECK(rs_layout_find_holders(dst, t, f->start, f->extent, dcache, hv));
-  for (size_t i = 0; i < hv->n && !*needed; i++) *needed = map->domain[hv->v[i].rank] != map->domain[f->rank];
+  RS_CHECK(rs_layout_find_holders(dst, t, start, extent, dcache, hv));
+  for (size_t i = 0; i < hv->n && !*needed; i++) *needed = map->domain[hv->v[i].rank] != map->domain[origin];
   return RESHARD_SUCCESS;
 }
 
@@ -104,7 +105,7 @@ static reshard_result_t give(const reshard_layout_t *src, const reshard_layout_t
     int sole, needed;
     RS_CHECK(sole_held(src, f, cache, hv, &sole));
     if (!sole) continue;
-    RS_CHECK(needed_outside(src, dst, map, f, dcache, hv, &needed));
+    RS_CHECK(needed_outside(src, dst, map, f->tensor, f->start, f->extent, r, dcache, hv, &needed));
     if (!needed) continue;
     const uint64_t esize = reshard_dtype_size(src->tensors[f->tensor].dtype);
     int ds = nd - 1;
@@ -137,8 +138,11 @@ static reshard_result_t give(const reshard_layout_t *src, const reshard_layout_t
         s.start[ds] += next;
         s.extent[ds] = rows;
         s.bytes = (uint64_t)rows * row;
-        RS_CHECK(push_slice(out, &s));
         next += rows;
+        /* rows only the origin's domain needs stay with the origin */
+        RS_CHECK(needed_outside(src, dst, map, s.tensor, s.start, s.extent, r, dcache, hv, &needed));
+        if (!needed) continue;
+        RS_CHECK(push_slice(out, &s));
         const uint64_t gone = s.bytes * rho;
         excess = gone < excess ? excess - gone : 0;
         t->room = gone < t->room ? t->room - gone : 0;
