@@ -369,7 +369,7 @@ static int sweep_rank(int rank, reshard_comm_t *comm, void *arg) {
                                NULL))
         bad = 1;
       else
-        bad = reshard_selftest_check(&out, s->dst, rank, 1, "alloc_faults");
+        bad = reshard_selftest_check_from(&out, s->dst, s->src, rank, 1, "alloc_faults");
       reshard_selftest_free(&in);
       reshard_selftest_free(&out);
     }
@@ -379,10 +379,12 @@ static int sweep_rank(int rank, reshard_comm_t *comm, void *arg) {
   return 0;
 }
 
-static void alloc_faults(void **state) {
-  (void)state;
+/* Sweeps the allocations of rank `victim` in creation: each fails in
+ * turn; counts the creations that failed everywhere and those that fell
+ * back to the plain plan. */
+static void sweep_allocs(int fp8, int victim, int *failures, int *fallbacks) {
   reshard_layout_t *src, *dst;
-  moe_layouts(64, 0, &src, &dst);
+  moe_layouts_q(fp8 ? 256 : 64, 0, fp8, &src, &dst);
   static sweep s;
   memset(&s, 0, sizeof s);
   s.src = src, s.dst = dst;
@@ -390,8 +392,8 @@ static void alloc_faults(void **state) {
   s.opts.topology = "h100-8x400g";
   s.opts.relay = 0;
   s.opts.flags = RESHARD_FLAG_SPREAD_ALWAYS;
-  s.victim = 2; /* takes copies from rank 0 */
-  int fallbacks = 0, failures = 0;
+  s.victim = victim;
+  *failures = *fallbacks = 0;
   for (s.n = 0; s.n < 100000; s.n++) {
     assert_int_equal(pthread_barrier_init(&s.bar, NULL, 16), 0);
     s.fired = 0;
@@ -408,21 +410,33 @@ static void alloc_faults(void **state) {
         assert_int_equal(s.r[q], RESHARD_SUCCESS);
         assert_int_equal(s.spread[q], 0);
       }
-      fallbacks++;
+      ++*fallbacks;
     } else {
       for (int q = 0; q < 16; q++)
         if (s.r[q] != (q == s.victim ? RESHARD_ERROR_OUT_OF_MEMORY : RESHARD_ERROR_REMOTE))
-          fail_msg("allocation %ld: rank %d returned %s", s.n, q, reshard_result_string(s.r[q]));
-      failures++;
+          fail_msg("%s, rank %d's allocation %ld failed: rank %d returned %s", fp8 ? "fp8" : "bf16", victim, s.n, q,
+                   reshard_result_string(s.r[q]));
+      ++*failures;
     }
     assert_int_equal(s.bad, 0);
   }
-  fprintf(stderr, "alloc_faults: rank %d: %ld allocations swept, %d failed creation everywhere, %d fell back to the "
-          "plain plan\n", s.victim, s.n, failures, fallbacks);
-  assert_true(fallbacks >= 1);
-  assert_true(failures > 0);
+  fprintf(stderr, "alloc_faults: %s, rank %d: %ld allocations swept, %d failed creation everywhere, %d fell back to "
+          "the plain plan\n", fp8 ? "fp8" : "bf16", victim, s.n, *failures, *fallbacks);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
+}
+
+static void alloc_faults(void **state) {
+  (void)state;
+  int failures, fallbacks;
+  sweep_allocs(0, 2, &failures, &fallbacks); /* rank 2 takes copies from rank 0 */
+  assert_true(fallbacks >= 1);
+  assert_true(failures > 0);
+  /* a source rank of a quantizing plan: its rewrite, its quantization
+   * scratch, the spreading decision (its peers plan the rewritten
+   * layouts; a failure here must read REMOTE there, not MISMATCH) */
+  sweep_allocs(1, 0, &failures, &fallbacks);
+  assert_true(failures > 0);
 }
 
 int main(void) {

@@ -1013,22 +1013,25 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     rs_error(local, "%s", local_msg);
     goto fail;
   }
+  /* Another rank's failure first: it may be why the digests differ (a
+   * rank whose block-quantization rewrite ran out of memory plans the
+   * caller's layouts, its peers the rewritten ones). */
+  if (v[AGREE_ERROR]) {
+    r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed with '%s'", comm->rank,
+                 reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
+    goto fail;
+  }
   if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
     /* every rank sees the digests differ and that no rank failed alone:
      * all of them narrow it down together */
     char why[512] = "";
-    if (!v[AGREE_ERROR] && explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
+    if (explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
       snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
     r = rs_error(RESHARD_ERROR_MISMATCH,
                  "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others range "
                  "%016llx..%016llx)",
                  comm->rank, why[0] ? why : "the digests differ", (unsigned long long)digest,
                  (unsigned long long)~v[AGREE_NOT_DIGEST], (unsigned long long)v[AGREE_DIGEST]);
-    goto fail;
-  }
-  if (v[AGREE_ERROR]) {
-    r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed with '%s'", comm->rank,
-                 reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
     goto fail;
   }
   /* The most rounds any rank needs: with it every rank's spread shares
