@@ -41,6 +41,7 @@
 #include "reshard_selftest.h"
 #include "support/harness.h"
 #include "support/random_layout.h"
+#include "support/test_scale.h"
 
 typedef struct run {
   const reshard_layout_t *src, *dst;
@@ -324,7 +325,7 @@ static void random_layouts(void **state) {
     assert_int_equal(one_seed(strtoull(one, NULL, 10), 1, &sp), 0);
     return;
   }
-  int failed = 0, spread = 0, n = 300;
+  int failed = 0, spread = 0, n = (int)rs_test_scaled(300);
   for (int i = 0; i < n; i++) {
     int sp = 0;
     failed += one_seed(0x5eed0000u + (uint64_t)i, 0, &sp);
@@ -332,7 +333,7 @@ static void random_layouts(void **state) {
   }
   fprintf(stderr, "random_layouts: %d of %d pairs spread\n", spread, n);
   assert_int_equal(failed, 0);
-  assert_true(spread >= n / 10);
+  assert_true(spread >= (n >= 100 ? n / 10 : 1));
 }
 
 typedef struct sweep {
@@ -379,9 +380,38 @@ static int sweep_rank(int rank, reshard_comm_t *comm, void *arg) {
   return 0;
 }
 
+/* One creation with rank s->victim's allocation s->n failing: 0 past
+ * the last allocation (a clean spread plan), 1 failed everywhere, 2 fell
+ * back to the plain plan everywhere. */
+static int sweep_one(sweep *s, int fp8) {
+  assert_int_equal(pthread_barrier_init(&s->bar, NULL, 16), 0);
+  s->fired = 0;
+  th_run_ranks(16, sweep_rank, s);
+  pthread_barrier_destroy(&s->bar);
+  assert_int_equal(s->bad, 0);
+  if (!s->fired) {
+    for (int q = 0; q < 16; q++) assert_int_equal(s->r[q], RESHARD_SUCCESS);
+    assert_int_equal(s->spread[0], 1);
+    return 0;
+  }
+  if (s->r[s->victim] == RESHARD_SUCCESS) {
+    for (int q = 0; q < 16; q++) {
+      assert_int_equal(s->r[q], RESHARD_SUCCESS);
+      assert_int_equal(s->spread[q], 0);
+    }
+    return 2;
+  }
+  for (int q = 0; q < 16; q++)
+    if (s->r[q] != (q == s->victim ? RESHARD_ERROR_OUT_OF_MEMORY : RESHARD_ERROR_REMOTE))
+      fail_msg("%s, rank %d's allocation %ld failed: rank %d returned %s", fp8 ? "fp8" : "bf16", s->victim, s->n, q,
+               reshard_result_string(s->r[q]));
+  return 1;
+}
+
 /* Sweeps the allocations of rank `victim` in creation: each fails in
- * turn; counts the creations that failed everywhere and those that fell
- * back to the plain plan. */
+ * turn (RESHARD_TEST_SCALE < 1: every 1/scale-th, then the last ones
+ * densely, where the scratch is allocated); counts the creations that
+ * failed everywhere and those that fell back to the plain plan. */
 static void sweep_allocs(int fp8, int victim, int *failures, int *fallbacks) {
   reshard_layout_t *src, *dst;
   moe_layouts_q(fp8 ? 256 : 64, 0, fp8, &src, &dst);
@@ -393,35 +423,28 @@ static void sweep_allocs(int fp8, int victim, int *failures, int *fallbacks) {
   s.opts.relay = 0;
   s.opts.flags = RESHARD_FLAG_SPREAD_ALWAYS;
   s.victim = victim;
-  *failures = *fallbacks = 0;
-  for (s.n = 0; s.n < 100000; s.n++) {
-    assert_int_equal(pthread_barrier_init(&s.bar, NULL, 16), 0);
-    s.fired = 0;
-    th_run_ranks(16, sweep_rank, &s);
-    pthread_barrier_destroy(&s.bar);
-    if (!s.fired) { /* past the last allocation: a clean spread plan */
-      for (int q = 0; q < 16; q++) assert_int_equal(s.r[q], RESHARD_SUCCESS);
-      assert_int_equal(s.spread[0], 1);
-      break;
-    }
-    if (s.r[s.victim] == RESHARD_SUCCESS) {
-      /* the fallback: every rank kept the plain plan */
-      for (int q = 0; q < 16; q++) {
-        assert_int_equal(s.r[q], RESHARD_SUCCESS);
-        assert_int_equal(s.spread[q], 0);
-      }
-      ++*fallbacks;
-    } else {
-      for (int q = 0; q < 16; q++)
-        if (s.r[q] != (q == s.victim ? RESHARD_ERROR_OUT_OF_MEMORY : RESHARD_ERROR_REMOTE))
-          fail_msg("%s, rank %d's allocation %ld failed: rank %d returned %s", fp8 ? "fp8" : "bf16", victim, s.n, q,
-                   reshard_result_string(s.r[q]));
-      ++*failures;
-    }
-    assert_int_equal(s.bad, 0);
+  const double scale = rs_test_scale();
+  const long stride = scale < 1 ? (long)(1 / scale + 0.5) : 1;
+  int counts[3] = {0, 0, 0}, k = 1;
+  long n = 0, swept = 0;
+  for (; n < 100000 && k; n += stride) {
+    s.n = n;
+    k = sweep_one(&s, fp8);
+    counts[k]++;
+    swept++;
   }
-  fprintf(stderr, "alloc_faults: %s, rank %d: %ld allocations swept, %d failed creation everywhere, %d fell back to "
-          "the plain plan\n", fp8 ? "fp8" : "bf16", victim, s.n, *failures, *fallbacks);
+  for (long m = n - 2 * stride + 1; stride > 1 && m < n - stride; m++) { /* the last ones, densely */
+    if (m < 0) continue;
+    s.n = m;
+    k = sweep_one(&s, fp8);
+    counts[k]++;
+    swept++;
+  }
+  *failures = counts[1];
+  *fallbacks = counts[2];
+  fprintf(stderr, "alloc_faults: %s, rank %d: %ld allocations swept (every %ld-th, then the last densely), %d failed "
+          "creation everywhere, %d fell back to the plain plan\n", fp8 ? "fp8" : "bf16", victim, swept, stride,
+          *failures, *fallbacks);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
