@@ -39,6 +39,7 @@
 #include "plan_measure.h"
 #include "proc_stats.h"
 #include "layout/layout.h" /* rs_hash_bytes */
+#include "plan/cost.h"
 #include "plan/plan.h"
 #include "plan/quant.h"
 #include "common/params.h"
@@ -761,11 +762,7 @@ int main(int argc, char **argv) {
         opts.relay = mrelay;
         L.src = sl.src, sl.src = NULL;
         ours = main_est;
-        ours.seconds += pre_est.seconds;
-        for (int k = 0; k < RESHARD_NUM_BOUNDS; k++) ours.bound_seconds[k] += pre_est.bound_seconds[k];
-        ours.latency_seconds += pre_est.latency_seconds;
-        ours.num_rounds += pre_est.num_rounds;
-        ours.bytes += pre_est.bytes;
+        rs_cost_add_before(&ours, &pre_est);
       }
     }
     pw_run_free(mrun);

@@ -27,14 +27,9 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
   }
+  /* The caller's arrays are checked by the pre-plan, whose source layout
+   * is the caller's: its refusal reaches the main plan as a rejection. */
   reshard_result_t r = rejected;
-  /* the count as the plain executor checks it: a rank that reads none of
-   * the caller's source buffers may pass none */
-  int reads = 0;
-  for (int i = 0; i < plan->nsrc_used && !reads; i++) reads = plan->src_used[i].id < s->user_nsrc;
-  if (!r && src_buffers && num_src != (size_t)s->user_nsrc && (num_src || reads))
-    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: %zu source buffers given, the source layout has %d",
-                 plan->rank, num_src, s->user_nsrc);
   /* the main plan's source arrays: the caller's buffers, then the scratch
    * (every rank's, NULL but this rank's); the pre-plan's destination: the
    * scratch */

@@ -267,3 +267,11 @@ const char *reshard_bound_name(reshard_bound_t b) {
                                                   "domain-ingress", "rank-ingress",    "sole-holder"};
   return (int)b >= 0 && b < RESHARD_NUM_BOUNDS ? names[b] : "invalid";
 }
+
+void rs_cost_add_before(reshard_estimate_t *into, const reshard_estimate_t *first) {
+  into->seconds += first->seconds;
+  for (int k = 0; k < RESHARD_NUM_BOUNDS; k++) into->bound_seconds[k] += first->bound_seconds[k];
+  into->latency_seconds += first->latency_seconds;
+  into->num_rounds += first->num_rounds;
+  into->bytes += first->bytes;
+}

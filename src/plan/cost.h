@@ -101,6 +101,11 @@ void rs_cost_assemble(int nrounds, const int *kind, const uint64_t *dur,
                       const int32_t *where, const uint64_t *lat,
                       uint64_t bytes, reshard_estimate_t *out);
 
+/* Adds the estimate of a plan that runs first (source-side spreading's
+ * pre-plan) to *into: times, rounds and bytes add up; the bound named
+ * stays into's. */
+void rs_cost_add_before(reshard_estimate_t *into, const reshard_estimate_t *first);
+
 /* Seconds -> the model's picoseconds (rounded to nearest). */
 uint64_t rs_cost_ps(double seconds);
 

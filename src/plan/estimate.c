@@ -124,11 +124,7 @@ reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estim
       rs_error_prefix("(the spreading pre-plan) ");
       return r;
     }
-    e.seconds += p.seconds;
-    for (int k = 0; k < RESHARD_NUM_BOUNDS; k++) e.bound_seconds[k] += p.bound_seconds[k];
-    e.latency_seconds += p.latency_seconds;
-    e.num_rounds += p.num_rounds;
-    e.bytes += p.bytes;
+    rs_cost_add_before(&e, &p);
   }
   rs_estimate_store(out, &e);
   return RESHARD_SUCCESS;
