@@ -39,6 +39,8 @@ add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/kernels/copy_kernels.cu
   ${PROJECT_SOURCE_DIR}/kernels/ipc_kernels.cu
   ${PROJECT_SOURCE_DIR}/kernels/verify_kernels.cu
+  ${PROJECT_SOURCE_DIR}/kernels/quant_kernels.cu
+  ${PROJECT_SOURCE_DIR}/src/device/quant_device.c
   ${PROJECT_SOURCE_DIR}/src/device/dev_comm.c
   ${PROJECT_SOURCE_DIR}/src/device/direct.c
   ${PROJECT_SOURCE_DIR}/src/device/mem_range.c

@@ -45,6 +45,10 @@ __global__ void rs_agree_import_kernel(const uint64_t *word, rs_dev_hdr want,
   rs_dev_agree_import(word, &want, st);
 }
 
+__global__ void rs_agree_absorb_kernel(const rs_dev_agree *prior, rs_dev_hdr want, rs_dev_agree *st) {
+  rs_dev_agree_absorb(prior, &want, st);
+}
+
 __global__ void rs_commit_select_kernel(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c,
                                         void **cur) {
   rs_dev_commit_select(tab, nsrc, ndst, c, cur);
@@ -78,6 +82,11 @@ extern "C" int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word,
 extern "C" int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
                                     rs_dev_agree *st, void *stream) {
   rs_agree_import_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(word, want, st);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rs_cuda_agree_absorb(const rs_dev_agree *prior, rs_dev_hdr want, rs_dev_agree *st, void *stream) {
+  rs_agree_absorb_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(prior, want, st);
   return (int)cudaGetLastError();
 }
 

@@ -67,6 +67,23 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * the other side's. */
 #define RS_DEV_AGREE_VERIFY 0xfffffffdu
 
+/* A plan run after another in one call (block quantization's: the
+ * pre-plan gathering blocks split across source ranks, src/plan/quant.h)
+ * inherits its failure: when the earlier plan's gate (prior) closed, this
+ * plan's closes too, before its own agreement (bad_index
+ * RS_DEV_AGREE_PRIOR, want: this call's header, got: the header of the
+ * earlier plan's failed call), so nothing computed from its data is
+ * written or committed. */
+#define RS_DEV_AGREE_PRIOR 0xfffffffcu
+
+RS_HD void rs_dev_agree_absorb(const rs_dev_agree *prior, const rs_dev_hdr *want, rs_dev_agree *st) {
+  if (!st->ok || prior->ok) return;
+  st->ok = 0;
+  st->bad_index = RS_DEV_AGREE_PRIOR;
+  st->want = *want;
+  st->got = prior->want;
+}
+
 RS_HD void rs_dev_agree_export(const rs_dev_agree *st, uint64_t *word) { *word = st->ok ? 0 : 1; }
 
 RS_HD void rs_dev_agree_import(const uint64_t *word, const rs_dev_hdr *want, rs_dev_agree *st) {

@@ -10,6 +10,7 @@
 #include "kernels/rs_verify.h"
 #include "kernels/rs_tile.h"
 #include "pack/copy.h"
+#include "pack/quantize.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +51,19 @@ int rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want,
 int rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *stream);
 int rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want,
                          rs_dev_agree *st, void *stream);
+
+/* rs_dev_agree_absorb (kernels/rs_agree.h): *st closes when *prior is
+ * closed, on `stream`. */
+int rs_cuda_agree_absorb(const rs_dev_agree *prior, rs_dev_hdr want, rs_dev_agree *st, void *stream);
+
+/* FP8 block quantization (src/pack/quant_block.h, quant_kernels.cu): every
+ * block of boxes[0, nboxes) (device memory; bstart[i], device memory, the
+ * first block of box i, bstart[nboxes] = nblocks), reading box i's input
+ * from tab[in_buf] (device array of the call's buffers) or, for in_buf
+ * < 0, from gather, writing its codes and scales at their offsets in
+ * codes and scales; on `stream`. */
+int rs_cuda_quantize(const rs_qbox *boxes, const uint64_t *bstart, uint32_t nboxes, uint64_t nblocks,
+                     void *const *tab, const void *gather, void *codes, void *scales, void *stream);
 
 /* RESHARD_FLAG_DOUBLE_BUFFER (kernels/rs_agree.h): the call's table of
  * buffers, and the commit after the reduction of the verdicts. */

@@ -42,6 +42,15 @@ void rs_device_plan_free(reshard_plan_t *plan);
 reshard_result_t rs_device_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
                                     size_t ndst);
 
+struct rs_quant;
+
+/* stream_ops->quant_prepare of device transports (quant_device.c). */
+reshard_result_t rs_device_quant_prepare(reshard_comm_t *c, struct rs_quant *q, int64_t timeout_ms);
+
+/* Enqueues on `stream` the quantization of this rank's boxes of q, their
+ * inputs read through tab (the call's buffer table, sources first). */
+reshard_result_t rs_device_quantize(const struct rs_quant *q, void *const *tab, void *stream, int rank);
+
 /* The allocation p lies in (src/device/mem_range.c): 0, or a cudaError_t. */
 int rs_cuda_mem_range(const void *p, void **base, size_t *size);
 

@@ -26,6 +26,7 @@
  * the next call's work with it. */
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@
 #include "device/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
+#include "plan/quant.h"
 #include "transport/stream.h"
 
 enum { S_PACK, S_XFER, S_UNPACK, S_COUNT };
@@ -184,6 +186,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
            "abort: its device memory and the staging pool are not freed", p->rank);
     if (d->pool_held) so->staging_release(p->comm, 1);
+    if (p->quant) ((reshard_plan_t *)p)->quant->dev_stuck = 1; /* its scratch stays too */
     return;
   }
   /* Stream-ordered allocations go back the same way (they exist only if
@@ -476,6 +479,11 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     "this relay plan failed its agreement (its data reaches this rank through forwards; its partners "
                     "name it); no destination byte of that call or a later one was written", p->rank,
                     (unsigned long long)a->want.call, (unsigned long long)a->want.version);
+  if (a->bad_index == RS_DEV_AGREE_PRIOR)
+    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: call %llu (weight version %llu): the plan gathering fp8 "
+                    "blocks split across source ranks failed at its call %llu (its status says why); nothing "
+                    "quantized from it was written", p->rank, (unsigned long long)a->want.call,
+                    (unsigned long long)a->want.version, (unsigned long long)a->got.call);
   if (a->bad_index == RS_DEV_AGREE_TRANSPORT) {
     int peer = (int)(int64_t)a->got.digest;
     uint64_t why = a->got.magic;
@@ -662,6 +670,10 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   CU(cudaEventRecord(d->ev_begin, d->s[S_PACK]), "cudaEventRecord(begin)");
   CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
+  /* Block quantization (plan/quant.h): this rank's boxes into the scratch
+   * that round 0's pack and the local copies read, through the call's
+   * table; the pre-plan that gathered split blocks ran before (begin). */
+  if (p->quant) RS_CHECK_GOTO(rs_device_quantize(p->quant, call_tab(d), d->s[S_PACK], p->rank), r, fail);
 
   /* The agreement, ahead of round 0 on the transfer stream: this rank's
    * header to every partner, theirs back, checked on the device. Unpacks
@@ -669,6 +681,16 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
    * the verdict as their gate: on a difference nothing is written. */
   if (d->d_agree) {
     rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, p->digest, call, version};
+    /* a quantizing plan inherits its pre-plan's failure (this call's or
+     * an earlier one's): its codes would come from blocks half gathered */
+    const rs_dev *pd = p->quant && p->quant->pre ? p->quant->pre->device : NULL;
+    if (pd && pd->d_agree) {
+      int ea = rs_cuda_agree_absorb(pd->d_agree, mine, d->d_agree, d->s[S_XFER]);
+      if (ea) {
+        r = rs_cuda_error(ea, "agreement absorb launch", p->rank);
+        goto fail;
+      }
+    }
     int e = rs_cuda_agree_stamp(d->d_hdr_out, mine, d->s[S_XFER]);
     if (e) {
       r = rs_cuda_error(e, "agreement header launch", p->rank);
@@ -897,7 +919,27 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
 void rs_device_poll(const reshard_plan_t *p) {
   rs_dev *d = p->device;
   if (!d) return;
+  /* a quantizing plan fails with its pre-plan, whose gate closes this
+   * plan's only where this plan has one (partners, a commit) */
+  const reshard_plan_t *pre = p->quant ? p->quant->pre : NULL;
+  reshard_result_t pre_failed = RESHARD_SUCCESS;
+  char pre_msg[640];
+  if (pre && pre->device) {
+    rs_device_poll(pre);
+    rs_dev *pd = pre->device;
+    pthread_mutex_lock(&pd->mu);
+    pre_failed = pd->failed;
+    if (pre_failed) snprintf(pre_msg, sizeof pre_msg, "%s", pd->failed_msg);
+    pthread_mutex_unlock(&pd->mu);
+  }
   pthread_mutex_lock(&d->mu);
+  if (pre_failed && !d->failed) {
+    rs_error(pre_failed, "execute rank %d: the plan gathering fp8 blocks split across source ranks failed: %s",
+             p->rank, pre_msg);
+    dev_failed(p, d, pre_failed);
+    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
+    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, pre_failed, d->failed_msg);
+  }
   commit_poll(p, d);
   reshard_result_t v = d->failed ? RESHARD_SUCCESS : agreement_verdict(p, d);
   if (v) {

@@ -1,7 +1,9 @@
 /* Execute of a plan with block quantization (see plan/quant.h): gather
  * the blocks split across source ranks (the pre-plan), quantize this
  * rank's boxes into its scratch, then run the main plan, which sends the
- * codes and scales like any other source data. */
+ * codes and scales like any other source data. On device transports both
+ * plans are enqueued on the caller's stream and the device executor
+ * quantizes (src/device/quant_device.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -81,7 +83,7 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
                    plan->rank);
     if (gd && gb && q->gather_buf >= 0) gd[q->gather_buf] = q->gather, gb[q->gather_buf] = q->gather_bytes;
     reshard_result_t rp = rs_execute_call(q->pre, explicit_version, version_in, src_buffers, num_src, src_bytes,
-                                          gd, gd ? (size_t)q->pre_ndst : 0, gd ? gb : NULL, NULL, r);
+                                          gd, gd ? (size_t)q->pre_ndst : 0, gd ? gb : NULL, stream, r);
     if (!r && rp) {
       r = rp;
       rs_error_prefix("execute rank %d (gathering blocks split across source ranks): ", plan->rank);
@@ -90,7 +92,9 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
     free(gd);
     free(gb);
   }
-  for (size_t i = 0; !r && i < q->nboxes; i++) {
+  /* (device transports: the device executor quantizes at the start of
+   * the main plan's execute, in stream order after the pre-plan) */
+  for (size_t i = 0; !r && !q->dev && i < q->nboxes; i++) {
     const rs_qbox *b = &q->boxes[i];
     rs_quantize_box(b, b->in_buf < 0 ? q->gather : src_buffers[b->in_buf], q->codes, q->scales);
   }

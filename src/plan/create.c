@@ -1335,16 +1335,12 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   reshard_result_t r = rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql);
   if (!r && !ql.src) return create_spread(comm, src, dst, options, RESHARD_SUCCESS, out);
   rs_quant *quant = NULL;
-  if (!r && comm->ops->stream_ops)
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED,
-                 "plan_create rank %d: the destination quantizes weights to fp8 blocks, which runs on host "
-                 "transports only (the %s transport has no quantize kernel yet)",
-                 comm->rank, comm->ops->name);
-  else if (!r && (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use))
+  if (!r && (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use))
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
                  "plan_create rank %d: staged planning does not cover fp8 block quantization (reshard_plan plans "
                  "the rewritten layouts itself)", comm->rank);
-  if (!r) r = rs_quant_create(&ql, src, comm->rank, NULL, &quant);
+  reshard_options_t defaults = RESHARD_OPTIONS_INITIALIZER;
+  if (!r) r = rs_quant_create(&ql, src, comm, (options ? options : &defaults)->timeout_ms, &quant);
   reshard_plan_t *main_plan = NULL, *pre = NULL;
   r = create_spread(comm, r ? src : ql.src, r ? dst : ql.dst, options, r, &main_plan);
   if (!r && ql.gather) {

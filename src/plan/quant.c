@@ -10,6 +10,7 @@
 #include "layout/layout.h"
 #include "pack/convert.h"
 #include "plan/plan.h"
+#include "transport/stream.h"
 
 #define RENAMED_SUFFIX " (before quantization)"
 
@@ -487,15 +488,13 @@ void rs_quant_layouts_free(rs_quant_layouts *q) {
   q->codes_buf = q->scales_buf = q->gather_buf = -1;
 }
 
-reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *user_src, int me, reshard_plan_t *pre,
-                                 rs_quant **out) {
+reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *user_src, reshard_comm_t *comm,
+                                 int64_t timeout_ms, rs_quant **out) {
   *out = NULL;
+  const int me = comm->rank;
+  const rs_stream_ops *so = comm->ops->stream_ops;
   rs_quant *q = rs_calloc(1, sizeof *q);
-  if (!q) {
-    reshard_plan_destroy(pre);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  }
-  q->pre = pre;
+  if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   q->user_nsrc = user_src->nbuffers;
   q->pre_ndst = ql->gather ? ql->gather->nbuffers : 0;
   q->boxes = ql->boxes, q->nboxes = ql->nboxes;
@@ -503,9 +502,11 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
   q->codes_buf = ql->codes_buf, q->scales_buf = ql->scales_buf, q->gather_buf = ql->gather_buf;
   q->codes_bytes = ql->codes_bytes, q->scales_bytes = ql->scales_bytes, q->gather_bytes = ql->gather_bytes;
   reshard_result_t r = RESHARD_SUCCESS;
-  if (q->codes_bytes && !(q->codes = rs_bulk_malloc(q->codes_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
-  if (q->scales_bytes && !(q->scales = rs_bulk_malloc(q->scales_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
-  if (q->gather_bytes && !(q->gather = rs_bulk_malloc(q->gather_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
+  if (!so) { /* (device transports allocate below, with the boxes) */
+    if (q->codes_bytes && !(q->codes = rs_bulk_malloc(q->codes_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
+    if (q->scales_bytes && !(q->scales = rs_bulk_malloc(q->scales_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
+    if (q->gather_bytes && !(q->gather = rs_bulk_malloc(q->gather_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
+  }
   /* the caller's buffers the boxes read, and how much of each */
   q->in_bufs = rs_malloc((q->nboxes + 1) * sizeof *q->in_bufs);
   q->in_need = rs_malloc((q->nboxes + 1) * sizeof *q->in_need);
@@ -522,12 +523,19 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
       q->in_need[q->nin++] = bytes;
     }
   }
+  if (r == RESHARD_ERROR_OUT_OF_MEMORY)
+    r = rs_error(r, "plan_create rank %d: out of memory for the quantization scratch (%zu + %zu + %zu bytes)", me,
+                 ql->codes_bytes, ql->scales_bytes, ql->gather_bytes);
+  if (!r && so) {
+    if (!so->quant_prepare)
+      r = rs_error(RESHARD_ERROR_UNSUPPORTED, "plan_create rank %d: the destination quantizes weights to fp8 blocks, "
+                   "which the %s transport cannot run", me, comm->ops->name);
+    else
+      r = so->quant_prepare(comm, q, timeout_ms);
+  }
   if (r) {
     rs_quant_free(q);
-    return r == RESHARD_ERROR_OUT_OF_MEMORY
-               ? rs_error(r, "plan_create rank %d: out of memory for the quantization scratch (%zu + %zu + %zu bytes)",
-                          me, ql->codes_bytes, ql->scales_bytes, ql->gather_bytes)
-               : r;
+    return r;
   }
   *out = q;
   return RESHARD_SUCCESS;
@@ -535,11 +543,15 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
 
 void rs_quant_free(rs_quant *q) {
   if (!q) return;
-  reshard_plan_destroy(q->pre);
+  reshard_plan_destroy(q->pre); /* first: its work writes the gather scratch */
   free(q->boxes);
-  rs_bulk_free(q->codes);
-  rs_bulk_free(q->scales);
-  rs_bulk_free(q->gather);
+  if (q->dev_free) {
+    q->dev_free(q);
+  } else {
+    rs_bulk_free(q->codes);
+    rs_bulk_free(q->scales);
+    rs_bulk_free(q->gather);
+  }
   free(q->in_bufs);
   free(q->in_need);
   free(q);

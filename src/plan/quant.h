@@ -64,12 +64,23 @@ typedef struct rs_quant {
   uint64_t *in_need;
   size_t nin;
   int busy; /* an execute is using the scratch */
+  /* Device transports (stream_ops->quant_prepare, src/device/
+   * quant_device.c): the scratch above is device memory, dev holds the
+   * boxes on the device, and dev_free releases both (NULL on host
+   * transports). dev_stuck: the GPU did not let go of the plan's work
+   * (src/device/execute_device.c): the memory is left allocated rather
+   * than freed under it. */
+  void *dev;
+  void (*dev_free)(struct rs_quant *q);
+  int dev_stuck;
 } rs_quant;
 
 /* Moves the boxes out of q into a new rs_quant with its scratch
- * allocated; pre is owned from now on (NULL: none). */
-reshard_result_t rs_quant_create(rs_quant_layouts *q, const reshard_layout_t *user_src, int me, reshard_plan_t *pre,
-                                 rs_quant **out);
+ * allocated: host memory, or on a device transport device memory with
+ * the boxes uploaded (stream_ops->quant_prepare, whose waits end
+ * timeout_ms from now). */
+reshard_result_t rs_quant_create(rs_quant_layouts *q, const reshard_layout_t *user_src, reshard_comm_t *comm,
+                                 int64_t timeout_ms, rs_quant **out);
 void rs_quant_free(rs_quant *q);
 
 #endif

@@ -658,6 +658,7 @@ static const rs_stream_ops rs_ipc_stream_ops = {
     .register_buffers = rs_device_register,
     .share = ipc_share,
     .unshare = ipc_unshare,
+    .quant_prepare = rs_device_quant_prepare,
 };
 
 static const rs_transport_ops rs_ipc_ops = {

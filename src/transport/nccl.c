@@ -424,6 +424,7 @@ static const rs_stream_ops rs_nccl_stream_ops = {
     .check = nccl_check,
     .poll = rs_device_poll,
     .poison = nccl_poison,
+    .quant_prepare = rs_device_quant_prepare,
 };
 
 static const rs_transport_ops rs_nccl_ops = {

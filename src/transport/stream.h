@@ -115,6 +115,12 @@ struct rs_stream_ops {
   reshard_result_t (*share)(reshard_comm_t *comm, void *const *bufs, size_t nbufs, rs_share *sh, size_t n,
                             void **mapset);
   void (*unshare)(reshard_comm_t *comm, void *mapset);
+  /* Plan creation with block quantization (plan/quant.h): allocates the
+   * quantization scratch in device memory and uploads this rank's boxes,
+   * setting q->dev and q->dev_free (which rs_quant_free calls); waits end
+   * timeout_ms from now. The device executor then quantizes at the start
+   * of every execute of the main plan (NULL: UNSUPPORTED). */
+  reshard_result_t (*quant_prepare)(reshard_comm_t *comm, struct rs_quant *q, int64_t timeout_ms);
 };
 
 static inline reshard_result_t rs_stream_execute(

@@ -12,6 +12,7 @@
 
 #include "kernels/rs_kernels.h"
 #include "kernels/rs_tile.h"
+#include "pack/quant_block.h"
 #include "transport/transport.h"
 
 _Thread_local mock_thread M;
@@ -24,7 +25,8 @@ typedef struct mcomm mcomm;
 
 enum {
   D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
-  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP, D_SUMS, D_COMPARE, D_MEMSET
+  D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP, D_SUMS, D_COMPARE, D_MEMSET,
+  D_QUANT, D_ABSORB
 };
 
 typedef struct dp2p {
@@ -75,6 +77,11 @@ typedef struct dop {
   rs_ipc_batch *batch;
   rs_ipc_wait iw;
   uint32_t ipc_done;
+  /* D_QUANT (block quantization): boxes, their first blocks, the blocks */
+  const rs_qbox *qboxes;
+  const uint64_t *bstart;
+  uint64_t nblocks;
+  void *scales;
 } dop;
 
 struct mstream {
@@ -549,6 +556,24 @@ static int step(mstream *s) {
   case D_FLIP:
     rs_dev_commit_flip(o->src, o->st, o->version, o->call, o->commit);
     break;
+  case D_ABSORB:
+    rs_dev_agree_absorb(o->src, &o->hdr, o->st);
+    break;
+  case D_QUANT: /* each block as RS_KERNEL_THREADS threads (quant_kernels.cu) */
+    for (uint64_t g = 0; g < o->nblocks; g++) {
+      const uint32_t k = rs_qblock_box(o->bstart, (uint32_t)o->n, g);
+      const rs_qbox *q = &o->qboxes[k];
+      rs_qblock b;
+      rs_qblock_locate(q, q->in_buf < 0 ? o->src : o->src_tab[q->in_buf], g - o->bstart[k], &b);
+      uint32_t amax = 0;
+      for (unsigned th = 0; th < RS_KERNEL_THREADS; th++) {
+        const uint32_t m = rs_qblock_amax_part(q, &b, th, RS_KERNEL_THREADS);
+        amax = m > amax ? m : amax;
+      }
+      for (unsigned th = 0; th < RS_KERNEL_THREADS; th++)
+        rs_qblock_write(q, &b, amax, o->dst, o->scales, th, RS_KERNEL_THREADS);
+    }
+    break;
   }
   s->done++;
   if (s->done == s->enq) s->base = s->enq;
@@ -993,6 +1018,30 @@ int __wrap_rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uin
   o->st = (rs_dev_agree *)st;
   o->version = version, o->call = call;
   o->commit = c;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+/* Block quantization and the pre-plan's verdict, emulated
+ * (pack/quant_block.h, kernels/rs_agree.h). */
+int __wrap_rs_cuda_quantize(const rs_qbox *boxes, const uint64_t *bstart, uint32_t nboxes, uint64_t nblocks,
+                            void *const *tab, const void *gather, void *codes, void *scales, void *stream) {
+  if (!nblocks) return 0;
+  LOCK();
+  dop *o = push(stream_of(stream), D_QUANT);
+  o->qboxes = boxes, o->bstart = bstart, o->n = nboxes, o->nblocks = nblocks;
+  o->src_tab = tab, o->src = gather, o->dst = codes, o->scales = scales;
+  progress();
+  UNLOCK();
+  return 0;
+}
+int __wrap_rs_cuda_agree_absorb(const rs_dev_agree *prior, rs_dev_hdr want, rs_dev_agree *st, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_ABSORB);
+  o->src = prior;
+  o->hdr = want;
+  o->st = st;
   progress();
   UNLOCK();
   return 0;

@@ -36,7 +36,7 @@ set(RS_GPU_WRAPPED
   cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle cudaMemset cudaMemcpy getpid
   rs_cuda_ipc_post rs_cuda_ipc_pull rs_cuda_ipc_ack rs_cuda_ipc_acked rs_cuda_ipc_max
   rs_cuda_commit_select rs_cuda_commit_flip rs_cuda_mem_range rs_cuda_verify_sums
-  rs_cuda_verify_compare cudaMemsetAsync)
+  rs_cuda_verify_compare cudaMemsetAsync rs_cuda_quantize rs_cuda_agree_absorb)
 # An executable over the emulated device (mock_device.c, every symbol of
 # RS_GPU_WRAPPED wrapped), with the random layouts of tests/support.
 function(rs_gpu_emulated_exe name src)

@@ -1,0 +1,129 @@
+/* One block of an fp8 block quantization (issue 19): where it lies in its
+ * box and the two passes over it (amax, then codes and the scale), in
+ * C11 and CUDA C++ at once, like convert.h. The host (src/pack/quantize.c,
+ * one thread: tid 0 of 1) and the CUDA kernel (kernels/quant_kernels.cu,
+ * a thread block per block: the partial maxima of its threads reduced
+ * between the passes) run this very code, and the emulated device of the
+ * CPU tests runs the kernel's threads one after another through it.
+ *
+ * Threads split a block into W columns (W = min(nthreads, block columns))
+ * and nthreads / W rows at a time: consecutive threads read consecutive
+ * elements of a row (coalesced on a GPU), and no per-element division. */
+#ifndef RS_PACK_QUANT_BLOCK_H
+#define RS_PACK_QUANT_BLOCK_H
+
+#include <stdint.h>
+
+#include "pack/convert.h"
+#include "pack/quantize.h"
+
+/* Where block blk of box q lies (blocks numbered plane by plane, then row
+ * major over the plane's block grid, as the box's scales are laid out). */
+typedef struct rs_qblock {
+  const unsigned char *in; /* the plane's first input element */
+  int64_t rs, cs;          /* input row and column strides, bytes */
+  int64_t r0, r1, c0, c1;  /* the block's rows and columns in the plane */
+  int64_t cols;            /* the plane's columns (codes are dense) */
+  uint64_t code_at;        /* the plane's first code, from codes */
+  uint64_t scale_at;       /* the block's scale, from scales */
+} rs_qblock;
+
+RS_CVT int64_t rs_qblock_cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* Blocks of box q (every plane's). */
+RS_CVT uint64_t rs_qblock_count(const rs_qbox *q) {
+  int64_t n = 1;
+  for (int d = 0; d < q->ndim - 2; d++) n *= q->extent[d];
+  return (uint64_t)(n * rs_qblock_cdiv(q->extent[q->ndim - 2], q->block[0]) *
+                    rs_qblock_cdiv(q->extent[q->ndim - 1], q->block[1]));
+}
+
+/* The box holding block g of a launch over boxes whose first blocks are
+ * bstart[0, nboxes] (bstart[nboxes]: every block): the last box whose
+ * first block is <= g (boxes without blocks share their start with the
+ * next). */
+RS_CVT uint32_t rs_qblock_box(const uint64_t *bstart, uint32_t nboxes, uint64_t g) {
+  uint32_t lo = 0, hi = nboxes;
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (bstart[mid] <= g) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+RS_CVT void rs_qblock_locate(const rs_qbox *q, const void *in_base, uint64_t blk, rs_qblock *b) {
+  const int nd = q->ndim;
+  const int64_t es = q->in_dtype == RESHARD_FP32 ? 4 : 2;
+  const int64_t R = q->extent[nd - 2], C = q->extent[nd - 1];
+  const int64_t nbr = rs_qblock_cdiv(R, q->block[0]), nbc = rs_qblock_cdiv(C, q->block[1]);
+  const uint64_t per_plane = (uint64_t)(nbr * nbc);
+  uint64_t p = blk / per_plane, in_plane = blk % per_plane;
+  const int64_t br = (int64_t)(in_plane / (uint64_t)nbc), bc = (int64_t)(in_plane % (uint64_t)nbc);
+  /* the plane's input offset: its leading index, innermost first */
+  int64_t off = (int64_t)q->in_off;
+  uint64_t rest = p;
+  for (int d = nd - 3; d >= 0; d--) {
+    off += (int64_t)(rest % (uint64_t)q->extent[d]) * q->in_stride[d] * es;
+    rest /= (uint64_t)q->extent[d];
+  }
+  b->in = (const unsigned char *)in_base + off;
+  b->rs = q->in_stride[nd - 2] * es;
+  b->cs = q->in_stride[nd - 1] * es;
+  b->r0 = br * q->block[0];
+  b->r1 = b->r0 + q->block[0] < R ? b->r0 + q->block[0] : R;
+  b->c0 = bc * q->block[1];
+  b->c1 = b->c0 + q->block[1] < C ? b->c0 + q->block[1] : C;
+  b->cols = C;
+  b->code_at = q->code_off + p * (uint64_t)(R * C);
+  b->scale_at = q->scale_off + 4 * blk;
+}
+
+/* Element at p of a float dtype of the box (f32, bf16, f16) as f32 bits:
+ * bf16 is f32's upper half, f16 widens exactly. */
+RS_CVT uint32_t rs_qblock_load(const unsigned char *p, int dtype) {
+  if (dtype == RESHARD_BF16) return ((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16;
+  if (dtype == RESHARD_FP32)
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  return rs_cvt_widen_f32((uint32_t)p[0] | (uint32_t)p[1] << 8, rs_cvt_fmt_of(RESHARD_FP16));
+}
+
+/* Thread tid of nth's part of the block's max |x|, as bits: |x| as bits
+ * orders like the values and every NaN's bits lie above infinity's, so
+ * the largest bits are amax, or say the block holds a NaN. The block's is
+ * the max of every thread's part. */
+RS_CVT uint32_t rs_qblock_amax_part(const rs_qbox *q, const rs_qblock *b, unsigned tid, unsigned nth) {
+  const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
+  uint32_t m = 0;
+  if ((int64_t)tid >= w * h) return 0;
+  for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
+    for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w) {
+      const uint32_t a = rs_qblock_load(b->in + i * b->rs + j * b->cs, q->in_dtype) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+  return m;
+}
+
+/* Thread tid of nth's codes of the block, given the block's amax bits;
+ * thread 0 also writes the scale (amax NaN: as PyTorch's amax). */
+RS_CVT void rs_qblock_write(const rs_qbox *q, const rs_qblock *b, uint32_t amax_bits, unsigned char *codes,
+                            unsigned char *scales, unsigned tid, unsigned nth) {
+  const float amax = rs_cvt_bits_f32(amax_bits > 0x7f800000u ? 0x7fc00000u : amax_bits);
+  const float factor = rs_cvt_block_factor(amax);
+  if (tid == 0) {
+    const uint32_t s = rs_cvt_f32_bits(rs_cvt_block_scale_inv(amax));
+    unsigned char *at = scales + b->scale_at;
+    at[0] = (unsigned char)s, at[1] = (unsigned char)(s >> 8), at[2] = (unsigned char)(s >> 16),
+    at[3] = (unsigned char)(s >> 24);
+  }
+  const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
+  if ((int64_t)tid >= w * h) return;
+  unsigned char *out = codes + b->code_at;
+  for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
+    for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w)
+      out[i * b->cols + j] =
+          (unsigned char)rs_cvt_quant_e4m3(rs_cvt_bits_f32(rs_qblock_load(b->in + i * b->rs + j * b->cs, q->in_dtype)),
+                                           factor);
+}
+
+#endif
