@@ -161,8 +161,10 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
  * source dtype, to the rank that holds most of it (only blocks some
  * destination rank needs). Each source rank keeps a scratch of its codes
  * and scales, so concurrent executes of such a plan run one after
- * another. Host transports only (device transports:
- * RESHARD_ERROR_UNSUPPORTED at plan creation).
+ * another. On device transports (NCCL, CUDA IPC) the scratch is device
+ * memory and a kernel quantizes at the start of each execute, in stream
+ * order on the caller's stream; reshard_plan_register_buffers refuses
+ * such a plan (RESHARD_ERROR_UNSUPPORTED: it executes staged).
  * When both sides declare it blocked (same block), codes and scales
  * move as they are. */
 reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *layout,
