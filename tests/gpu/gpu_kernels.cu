@@ -15,6 +15,7 @@
 extern "C" {
 #include "device/device.h"
 #include "pack/copy.h"
+#include "pack/quantize.h"
 }
 #include "gpu/gpu_common.h"
 #include "gpu/rand_copies.h"
@@ -380,6 +381,97 @@ static int run_ipc(void) {
   return bad;
 }
 
+/* FP8 block quantization: the kernel against the host (rs_quantize_box,
+ * the same block code as one thread), byte for byte over codes and
+ * scales: random 2-D and stacked 3-D boxes of bf16, f16 and f32 inputs
+ * read with a row pitch wider than the box, random and 128 x 128 blocks
+ * (ragged last ones), mostly finite values with a few zero blocks, one
+ * launch over all boxes, some read from the gather pointer. */
+static int run_quant(uint64_t seed) {
+  uint64_t s = seed ^ 0x51ed270b;
+  const int nbox = 24;
+  const reshard_dtype_t dts[3] = {RESHARD_BF16, RESHARD_FP16, RESHARD_FP32};
+  std::vector<rs_qbox> q(nbox);
+  std::vector<uint64_t> bstart(nbox + 1, 0);
+  uint64_t in_bytes[2] = {0, 0}, codes = 0, scales = 0;
+  for (int i = 0; i < nbox; i++) {
+    rs_qbox &b = q[i];
+    memset(&b, 0, sizeof b);
+    b.ndim = rc_rand(&s) % 3 ? 2 : 3;
+    b.in_dtype = dts[rc_rand(&s) % 3];
+    b.in_buf = rc_rand(&s) % 4 ? 0 : -1; /* -1: the gather buffer */
+    const int big = rc_rand(&s) % 4 == 0;
+    b.block[0] = big ? 128 : 1 + (int64_t)(rc_rand(&s) % 40);
+    b.block[1] = big ? 128 : 1 + (int64_t)(rc_rand(&s) % 40);
+    for (int d = 0; d < b.ndim; d++)
+      b.extent[d] = d < b.ndim - 2 ? 1 + (int64_t)(rc_rand(&s) % 3) : 1 + (int64_t)(rc_rand(&s) % (big ? 400 : 150));
+    const int64_t es = b.in_dtype == RESHARD_FP32 ? 4 : 2, nd = b.ndim;
+    const int64_t pitch = b.extent[nd - 1] + (int64_t)(rc_rand(&s) % 9);
+    b.in_stride[nd - 1] = 1;
+    b.in_stride[nd - 2] = pitch;
+    if (nd == 3) b.in_stride[0] = pitch * b.extent[1];
+    const int k = b.in_buf < 0;
+    b.in_off = (in_bytes[k] + 15) / 16 * 16 + (uint64_t)es * (rc_rand(&s) % 3);
+    in_bytes[k] = b.in_off + (uint64_t)(es * (nd == 3 ? b.in_stride[0] * b.extent[0] : pitch * b.extent[nd - 2]));
+    b.code_off = codes;
+    b.scale_off = scales;
+    codes += (uint64_t)rs_qbox_elems(&b);
+    scales += 4 * (uint64_t)rs_qbox_blocks(&b);
+    bstart[i + 1] = bstart[i] + (uint64_t)rs_qbox_blocks(&b);
+  }
+  std::vector<unsigned char> in[2] = {std::vector<unsigned char>(in_bytes[0] + 16),
+                                      std::vector<unsigned char>(in_bytes[1] + 16)};
+  for (int k = 0; k < 2; k++)
+    for (size_t j = 0; j + 1 < in[k].size(); j += 2) {
+      /* finite values of every magnitude, a zero run now and then */
+      uint32_t f = (uint32_t)(rc_rand(&s) >> 32);
+      uint32_t e = 100 + (f >> 24) % 40;
+      uint32_t bits = (f & 0x807fffffu) | (e << 23);
+      if ((j / 512) % 17 == 0) bits = 0;
+      in[k][j] = (unsigned char)(bits >> 16), in[k][j + 1] = (unsigned char)(bits >> 24);
+    }
+  std::vector<unsigned char> ref_c(codes + 1, 0xa5), ref_s(scales + 1, 0xa5), got_c(codes + 1), got_s(scales + 1);
+  for (int i = 0; i < nbox; i++)
+    rs_quantize_box(&q[i], in[q[i].in_buf < 0].data(), ref_c.data(), ref_s.data());
+  rs_qbox *dq;
+  uint64_t *dbs;
+  unsigned char *din[2], *dc, *ds;
+  void **tab;
+  CK(cudaMalloc(&dq, nbox * sizeof(rs_qbox)));
+  CK(cudaMalloc(&dbs, (nbox + 1) * sizeof(uint64_t)));
+  for (int k = 0; k < 2; k++) {
+    CK(cudaMalloc(&din[k], in[k].size()));
+    CK(cudaMemcpy(din[k], in[k].data(), in[k].size(), cudaMemcpyHostToDevice));
+  }
+  CK(cudaMalloc(&dc, codes + 1));
+  CK(cudaMalloc(&ds, scales + 1));
+  CK(cudaMalloc(&tab, sizeof(void *)));
+  CK(cudaMemset(dc, 0xa5, codes + 1));
+  CK(cudaMemset(ds, 0xa5, scales + 1));
+  CK(cudaMemcpy(dq, q.data(), nbox * sizeof(rs_qbox), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dbs, bstart.data(), (nbox + 1) * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(tab, &din[0], sizeof(void *), cudaMemcpyHostToDevice));
+  CK((cudaError_t)rs_cuda_quantize(dq, dbs, nbox, bstart[nbox], tab, din[1], dc, ds, NULL));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(got_c.data(), dc, codes + 1, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(got_s.data(), ds, scales + 1, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  for (uint64_t j = 0; j <= codes && bad < 5; j++)
+    if (got_c[j] != ref_c[j]) printf("quantize (seed %llu): code %llu is %02x, host %02x\n", (unsigned long long)seed,
+                                     (unsigned long long)j, got_c[j], ref_c[j]), bad++;
+  for (uint64_t j = 0; j <= scales && bad < 5; j++)
+    if (got_s[j] != ref_s[j]) printf("quantize (seed %llu): scale byte %llu is %02x, host %02x\n",
+                                     (unsigned long long)seed, (unsigned long long)j, got_s[j], ref_s[j]), bad++;
+  cudaFree(dq);
+  cudaFree(dbs);
+  cudaFree(din[0]);
+  cudaFree(din[1]);
+  cudaFree(dc);
+  cudaFree(ds);
+  cudaFree(tab);
+  return bad != 0;
+}
+
 int main(int argc, char **argv) {
   gpu_require_device("gpu_kernels");
   int small = argc > 1 && strcmp(argv[1], "--small") == 0;
@@ -395,6 +487,10 @@ int main(int argc, char **argv) {
   bad += run_agreement();
   bad += run_commit();
   bad += run_ipc();
+  int qbad = 0;
+  for (int it = 0; it < (small ? 2 : 20); it++) qbad += run_quant(seed0 + (uint64_t)it * 104729);
+  printf("quantize kernel against the host: %d of %d launches differ\n", qbad, small ? 2 : 20);
+  bad += qbad;
   printf("gpu_kernels: %s\n", bad ? "FAILED" : "passed");
   return bad ? 1 : 0;
 }
