@@ -28,6 +28,12 @@ typedef struct rs_dev_agree {
   uint32_t bad_index; /* then: which partner (index into the plan's peers) */
   rs_dev_hdr want;    /* this rank's header of that call */
   rs_dev_hdr got;     /* and the partner's */
+  /* 1 until a transport's wait gives up (kernels/rs_ipc.h): the packs'
+   * gate. A difference of headers closes ok only: this rank's partners
+   * that agreed with it still get its current data, packed as usual, and
+   * not stale staging (a gated pack would leave that in the half). */
+  uint32_t staging_ok;
+  uint32_t pad;
 } rs_dev_agree;
 
 /* Compares the n received headers with this rank's; records the first
@@ -75,6 +81,12 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * earlier plan's failed call), so nothing computed from its data is
  * written or committed. */
 #define RS_DEV_AGREE_PRIOR 0xfffffffcu
+
+/* The communicator was aborted (poisoned: a failed or timed-out call on
+ * it) while this plan's work was pending: the host closed the gate before
+ * the abort (src/device/dev_comm.c rs_dev_comm_close_gates), so that the
+ * launches behind the aborted transfers write nothing. */
+#define RS_DEV_AGREE_POISONED 0xfffffffbu
 
 RS_HD void rs_dev_agree_absorb(const rs_dev_agree *prior, const rs_dev_hdr *want, rs_dev_agree *st) {
   if (!st->ok || prior->ok) return;

@@ -146,6 +146,7 @@ RS_HD void rs_ipc_give_up(const rs_ipc_wait *w, const rs_ipc_op *o, uint64_t why
     RS_IPC_FENCE();
     *(volatile uint32_t *)&w->gate->ok = 0;
   }
+  if (w->gate) *(volatile uint32_t *)&w->gate->staging_ok = 0; /* (whatever closed ok before) */
   if (!rs_ipc_load(w->abort)) rs_ipc_store(w->abort, why);
   if (o->peer_abort && !rs_ipc_load(o->peer_abort)) rs_ipc_store(o->peer_abort, RS_IPC_ABORTED);
 }

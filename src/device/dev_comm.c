@@ -3,14 +3,19 @@
 
 #include <cuda_runtime.h>
 
+#include <stdlib.h>
+
 #include "common/clock.h"
+#include "common/debug.h"
 #include "common/error.h"
 #include "device/device.h"
+#include "kernels/rs_agree.h"
 
 static rs_dev_comm *dc(reshard_comm_t *c) { return (rs_dev_comm *)c->impl; }
 
 reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h) {
   rs_dev_comm *d = dc(c);
+  pthread_mutex_init(&d->gates_mu, NULL);
   d->hooks = h;
   cudaEvent_t ev = NULL;
   cudaError_t ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -32,6 +37,56 @@ void rs_dev_comm_fini(reshard_comm_t *c) {
   pool_drop(c, d); /* plans still alive (leaked by the caller) lose theirs */
   if (d->last_end) cudaEventDestroy((cudaEvent_t)d->last_end);
   d->last_end = NULL;
+  free(d->gates);
+  d->gates = NULL;
+  d->ngates = d->gates_cap = 0;
+  pthread_mutex_destroy(&d->gates_mu);
+  d->hooks = NULL;
+}
+
+reshard_result_t rs_dev_comm_gate_add(reshard_comm_t *c, void *agree) {
+  rs_dev_comm *d = dc(c);
+  reshard_result_t r = RESHARD_SUCCESS;
+  pthread_mutex_lock(&d->gates_mu);
+  if (d->ngates == d->gates_cap) {
+    size_t cap = d->gates_cap ? 2 * d->gates_cap : 8;
+    void **g = realloc(d->gates, cap * sizeof *g);
+    if (g) d->gates = g, d->gates_cap = cap;
+    else r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+  }
+  if (!r) d->gates[d->ngates++] = agree;
+  pthread_mutex_unlock(&d->gates_mu);
+  return r;
+}
+
+void rs_dev_comm_gate_remove(reshard_comm_t *c, void *agree) {
+  rs_dev_comm *d = dc(c);
+  pthread_mutex_lock(&d->gates_mu);
+  for (size_t i = 0; i < d->ngates; i++)
+    if (d->gates[i] == agree) {
+      d->gates[i] = d->gates[--d->ngates];
+      break;
+    }
+  pthread_mutex_unlock(&d->gates_mu);
+}
+
+void rs_dev_comm_close_gates(rs_dev_comm *d) {
+  if (!d->hooks) return;
+  /* {ok, bad_index}: the first two words of rs_dev_agree (pageable: the
+   * copy takes it at the call) */
+  static const uint32_t closed[2] = {0, RS_DEV_AGREE_POISONED};
+  pthread_mutex_lock(&d->gates_mu);
+  cudaStream_t s = NULL;
+  if (d->ngates && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+    for (size_t i = 0; i < d->ngates; i++) cudaMemcpyAsync(d->gates[i], closed, sizeof closed, cudaMemcpyHostToDevice, s);
+    int64_t until = rs_now_ns() + 1000000000;
+    unsigned spin = 0;
+    while (cudaStreamQuery(s) == cudaErrorNotReady && rs_now_ns() < until) rs_nap(spin++);
+    if (cudaStreamQuery(s) == cudaErrorNotReady)
+      RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "closing the plans' gates before an abort did not finish in 1 s");
+    cudaStreamDestroy(s);
+  }
+  pthread_mutex_unlock(&d->gates_mu);
 }
 
 reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,

@@ -7,6 +7,7 @@
 #ifndef RS_DEVICE_DEV_COMM_H
 #define RS_DEVICE_DEV_COMM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,12 +40,31 @@ typedef struct rs_dev_comm {
   size_t pool_bytes;
   uint64_t pool_gen;
   int pool_users, pool_abandoned;
+  /* The verdicts (rs_dev_agree, kernels/rs_agree.h; device memory) of the
+   * live plans that have one, closed before an abort (rs_dev_comm_close_
+   * gates): an aborted transfer ends early, and the unpacks after it
+   * must not write the half-received staging. */
+  pthread_mutex_t gates_mu;
+  void **gates;
+  size_t ngates, gates_cap;
 } rs_dev_comm;
 
 /* c->impl must start with the rs_dev_comm being set up. */
 reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h);
 /* Frees the pool (unless abandoned) and the event. */
 void rs_dev_comm_fini(reshard_comm_t *c);
+
+/* A plan's verdict (an rs_dev_agree in device memory) joins / leaves the
+ * communicator's list; add fails only for memory. */
+reshard_result_t rs_dev_comm_gate_add(reshard_comm_t *c, void *agree);
+void rs_dev_comm_gate_remove(reshard_comm_t *c, void *agree);
+
+/* Before the transport aborts its work (poison): closes every listed
+ * verdict (ok 0, bad_index RS_DEV_AGREE_POISONED) with copies, which run
+ * while the communicator's kernels hold the GPU, and waits for them (up
+ * to a second), so that the launches behind the aborted work, which
+ * then run, write no destination byte. No-op before rs_dev_comm_init. */
+void rs_dev_comm_close_gates(rs_dev_comm *d);
 
 /* Waits for GPU work, a stream or (stream NULL) an event: polled, with the
  * communicator's health between polls, until the deadline; past it the

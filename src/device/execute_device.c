@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "device/dev_comm.h"
 #include "device/device.h"
 #include "device/direct.h"
 #include "kernels/rs_kernels.h"
@@ -76,6 +77,7 @@ typedef struct rs_dev {
    * copy in pinned memory, read by the host once ev_agreed completed. */
   rs_dev_hdr *d_hdr_out, *d_hdr_in;
   rs_dev_agree *d_agree, *h_agree;
+  int gate_listed; /* d_agree is on the communicator's list (dev_comm.h) */
   uint64_t *d_word; /* relay plans: the verdict, reduced over every rank */
   int global;       /* relay plan: every rank takes part (see rs_agree.h) */
   rs_p2p *hdr_p2p; /* 2 x npeers: receive then send per partner */
@@ -170,6 +172,7 @@ static int streams_idle(rs_dev *d, int64_t deadline) {
 static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   if (!d) return;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
+  if (d->gate_listed) rs_dev_comm_gate_remove(p->comm, d->d_agree);
   /* Work of earlier executes may still read the descriptors and staging:
    * wait for it until the last execute's deadline. Past it the peers are
    * not coming: poison the communicator (NCCL ends its work) and give the
@@ -186,7 +189,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
            "abort: its device memory and the staging pool are not freed", p->rank);
     if (d->pool_held) so->staging_release(p->comm, 1);
-    if (p->quant) ((reshard_plan_t *)p)->quant->dev_stuck = 1; /* its scratch stays too */
+    if (p->stuck_out) *p->stuck_out = 1; /* memory others own that the work uses stays too */
     return;
   }
   /* Stream-ordered allocations go back the same way (they exist only if
@@ -351,7 +354,7 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   /* The agreement: with the partners; in relay plans also with every rank
    * (forwarded data comes from ranks this one swaps no header with), so
    * there every rank takes part, partners or not. */
-  d->global = p->opts.relay == 1 || p->relay_chosen;
+  d->global = p->opts.relay == 1 || p->relay_chosen || (p->opts.flags & RS_FLAG_GLOBAL_VERDICT);
   /* A double-buffered plan's commit reduces every rank's verdict: every
    * rank has one, partners or not. */
   if (p->npeers || d->global || d->dbuf || d->verify) {
@@ -367,9 +370,13 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
     if (d->global || d->dbuf)
       CU(cudaMallocAsync((void **)&d->d_word, sizeof(uint64_t), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     CU(cudaMallocAsync((void **)&d->d_agree, sizeof(rs_dev_agree), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+    /* closed by the communicator before it aborts (dev_comm.h) */
+    RS_CHECK_GOTO(rs_dev_comm_gate_add(p->comm, d->d_agree), r, fail);
+    d->gate_listed = 1;
     CU(cudaMallocHost((void **)&d->h_agree, sizeof(rs_dev_agree)), "cudaMallocHost(agreement)");
     memset(d->h_agree, 0, sizeof *d->h_agree);
     d->h_agree->ok = 1;
+    d->h_agree->staging_ok = 1;
     /* pinned: copied when the stream gets there, before the wait below */
     CU(cudaMemcpyAsync(d->d_agree, d->h_agree, sizeof *d->h_agree, cudaMemcpyHostToDevice, d->s[S_PACK]),
        "cudaMemcpyAsync(agreement)");
@@ -452,15 +459,24 @@ fail:
  * view: the inactive copy). */
 static void *const *call_tab(const rs_dev *d) { return d->dbuf ? d->d_cur : d->d_tab[d->tab_cur]; }
 
-/* Enqueues one launch over tiles [a, b). gated: it writes destination
- * buffers (unpacks, local copies), so it writes nothing once the
- * agreement failed. */
+/* What gates a launch: GATE_DST, it writes destination buffers
+ * (unpacks, local copies), so it writes nothing once the verdict failed;
+ * GATE_STAGING, it packs into staging, which must not change once a
+ * transport's wait gave up (a late partner may still read it), but is
+ * packed as usual after a difference of headers with some partner (the
+ * others take this rank's data). */
+enum { GATE_DST = 1, GATE_STAGING = 2 };
+
+/* Enqueues one launch over tiles [a, b). */
 static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
                                void *staging, int stream, int gated, const char *what) {
   if (a == b) return RESHARD_SUCCESS;
   void *const *src = call_tab(d);
   void *const *dst = src + p->num_src_buffers;
-  const uint32_t *gate = gated && d->d_agree ? &d->d_agree->ok : NULL;
+  const uint32_t *gate = !d->d_agree ? NULL
+                         : gated == GATE_DST ? &d->d_agree->ok
+                         : gated == GATE_STAGING ? &d->d_agree->staging_ok
+                                                 : NULL;
   int e = rs_cuda_launch_copies_gated(d->d_tiles + a, b - a, d->d_copies, src, dst, staging, gate, d->s[stream]);
   if (e) return rs_cuda_error(e, what, p->rank);
   return RESHARD_SUCCESS;
@@ -476,9 +492,15 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
   if (a->ok) return RESHARD_SUCCESS;
   if (a->bad_index == RS_DEV_AGREE_ELSEWHERE)
     return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: call %llu (weight version %llu): a rank elsewhere in "
-                    "this relay plan failed its agreement (its data reaches this rank through forwards; its partners "
-                    "name it); no destination byte of that call or a later one was written", p->rank,
+                    "this plan failed its agreement (in a relay plan its data reaches this rank through forwards; in "
+                    "a quantizing plan its gathering of fp8 blocks may have failed; its partners name it); no "
+                    "destination byte of that call or a later one was written", p->rank,
                     (unsigned long long)a->want.call, (unsigned long long)a->want.version);
+  if (a->bad_index == RS_DEV_AGREE_POISONED)
+    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: at or after call %llu (weight version %llu): reshard's "
+                    "communicator was aborted (a failed or timed-out call on it, this plan's or another's) while "
+                    "this plan's work was pending; its later unpacks wrote nothing (destination buffers may be "
+                    "partly updated)", p->rank, (unsigned long long)a->want.call, (unsigned long long)a->want.version);
   if (a->bad_index == RS_DEV_AGREE_PRIOR)
     return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: call %llu (weight version %llu): the plan gathering fp8 "
                     "blocks split across source ranks failed at its call %llu (its status says why); nothing "
@@ -734,17 +756,16 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
      * it (one stream) have written what they read. */
     if (k >= 2 && d->fwd_round[k])
       CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
-    /* (gated too: once a wait gave up, a late partner may still read this
-     * rank's staging, which must not change under it) */
     if (!direct)
-      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, 1, "pack launch"),
+      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, GATE_STAGING,
+                           "pack launch"),
                     r, fail);
     if (d->verify)
       RS_CHECK_GOTO(verify_sums(p, d, d->pack_start[k], d->pack_start[k + 1], 0, ssums, 0, S_PACK), r, fail);
     CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
     if (k == 0 && d->local_end > d->local_start) {
       if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
-      RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+      RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, GATE_DST, "local copy launch"), r, fail);
       if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
     }
 
@@ -774,7 +795,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
 
     CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
     if (!direct)
-      RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, 1,
+      RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, GATE_DST,
                            "unpack launch"),
                     r, fail);
     if (d->verify)
@@ -784,7 +805,10 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
   }
   if (p->nrounds == 0) {
-    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, 1, "local copy launch"), r, fail);
+    /* (after the verdict, which an earlier plan of the call can close:
+     * kernels/rs_agree.h rs_dev_agree_absorb) */
+    if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
+    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, GATE_DST, "local copy launch"), r, fail);
     if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
   }
 

@@ -823,12 +823,14 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
 
 /* prior: a failure this rank found before (its error set), which the
  * creation agrees on like its own, so that every rank fails alike. */
+/* internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
+ * the caller's options are checked. */
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
                                         const reshard_options_t *options,
                                         int relay_mode, reshard_result_t prior,
-                                        reshard_plan_t **out) {
+                                        uint32_t internal, reshard_plan_t **out) {
   if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
   if (out) *out = NULL;
   char prior_msg[768] = "";
@@ -848,6 +850,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->active_copy = -1;
     local = read_options(options, &p->opts);
     if (!local) local = apply_params(&p->opts);
+    p->opts.flags |= internal;
     if (!local && prior) local = rs_error(prior, "%s", prior_msg);
   }
   if (!local && (!src || !dst || !out))
@@ -1128,9 +1131,9 @@ static int auto_relay(const reshard_plan_t *p) { return p->opts.relay == -1 && p
 
 static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_t *src,
                                      const reshard_layout_t *dst, const reshard_options_t *options,
-                                     reshard_result_t prior, reshard_plan_t **out) {
+                                     reshard_result_t prior, uint32_t internal, reshard_plan_t **out) {
   reshard_plan_t *direct = NULL, *relay = NULL;
-  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, prior, out ? &direct : NULL));
+  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, prior, internal, out ? &direct : NULL));
   if (!auto_relay(direct)) {
     *out = direct;
     return RESHARD_SUCCESS;
@@ -1151,7 +1154,7 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_
    * all ranks, so every rank keeps the same kind of plan. A tie keeps the
    * direct plan (fewer hops, no forwarding through destination ranks). */
   reshard_estimate_t ed = RESHARD_ESTIMATE_INITIALIZER, er = RESHARD_ESTIMATE_INITIALIZER;
-  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, RESHARD_SUCCESS, &relay);
+  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, RESHARD_SUCCESS, internal, &relay);
   if (!r) r = reshard_plan_estimate(direct, &ed);
   if (!r) r = reshard_plan_estimate(relay, &er);
   if (r) {
@@ -1227,10 +1230,10 @@ static reshard_result_t agree_loads(reshard_comm_t *comm, const reshard_plan_t *
  * kind of plan; a failure on one rank (memory for the decision or the
  * scratch) fails creation on every rank, as everywhere in creation. */
 static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
-                                      const reshard_options_t *options, reshard_result_t prior,
+                                      const reshard_options_t *options, reshard_result_t prior, uint32_t internal,
                                       reshard_plan_t **out) {
   reshard_plan_t *p0 = NULL;
-  RS_CHECK(create_plain(comm, src, dst, options, prior, &p0));
+  RS_CHECK(create_plain(comm, src, dst, options, prior, internal, &p0));
   if (!spread_wanted(p0, comm)) {
     *out = p0;
     return RESHARD_SUCCESS;
@@ -1260,10 +1263,11 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
   reshard_plan_t *pre = NULL, *main_plan = NULL;
   if (!r && verdict == 1) {
     reshard_options_t o = p0->opts;
-    o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */
+    /* its destination is scratch; (internal bits are not options) */
+    o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);
     o.relay = 0;
-    r = create_plain(comm, src, sl.pre, &o, RESHARD_SUCCESS, &pre);
-    if (!r) r = create_plain(comm, sl.src, dst, options, RESHARD_SUCCESS, &main_plan);
+    r = create_plain(comm, src, sl.pre, &o, RESHARD_SUCCESS, 0, &pre);
+    if (!r) r = create_plain(comm, sl.src, dst, options, RESHARD_SUCCESS, internal, &main_plan);
   }
   int keep = 0;
   if (!r && main_plan) {
@@ -1325,7 +1329,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                                      reshard_plan_t **out) {
   rs_error_clear();
   if (out) *out = NULL;
-  if (!comm || !out) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, out); /* which says why */
+  if (!comm || !out) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, 0, out); /* which says why */
   /* Block quantization: a main plan over rewritten layouts and, for
    * blocks no source rank holds whole, a pre-plan gathering them. Both
    * creations are collective; whatever fails on this rank before them
@@ -1333,7 +1337,7 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
    * fails alike instead of waiting for this one. */
   rs_quant_layouts ql;
   reshard_result_t r = rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql);
-  if (!r && !ql.src) return create_spread(comm, src, dst, options, RESHARD_SUCCESS, out);
+  if (!r && !ql.src) return create_spread(comm, src, dst, options, RESHARD_SUCCESS, 0, out);
   rs_quant *quant = NULL;
   if (!r && (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use))
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
@@ -1342,12 +1346,16 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   reshard_options_t defaults = RESHARD_OPTIONS_INITIALIZER;
   if (!r) r = rs_quant_create(&ql, src, comm, (options ? options : &defaults)->timeout_ms, &quant);
   reshard_plan_t *main_plan = NULL, *pre = NULL;
-  r = create_spread(comm, r ? src : ql.src, r ? dst : ql.dst, options, r, &main_plan);
+  /* (with a pre-plan, a rank whose gathering failed must close every
+   * rank's gate: the main plan's verdict is global, see plan.h) */
+  r = create_spread(comm, r ? src : ql.src, r ? dst : ql.dst, options, r,
+                    ql.gather ? RS_FLAG_GLOBAL_VERDICT : 0, &main_plan);
   if (!r && ql.gather) {
     reshard_options_t o = main_plan->opts;
-    o.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER; /* its destination is scratch */
+    /* its destination is scratch; (internal bits are not options) */
+    o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);
     o.relay = 0;
-    r = create_plain(comm, src, ql.gather, &o, RESHARD_SUCCESS, &pre);
+    r = create_plain(comm, src, ql.gather, &o, RESHARD_SUCCESS, 0, &pre);
     if (r) rs_error_prefix("plan_create rank %d (the plan gathering blocks split across source ranks): ", comm->rank);
   }
   rs_quant_layouts_free(&ql);
@@ -1359,6 +1367,9 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
   if (pre) add_pre_stats(main_plan, pre);
   quant->pre = pre;
   main_plan->quant = quant;
+  /* work left running on the GPU by either plan keeps the scratch */
+  main_plan->stuck_out = &quant->dev_stuck;
+  if (pre) pre->stuck_out = &quant->dev_stuck;
   *out = main_plan;
   return RESHARD_SUCCESS;
 }

@@ -186,6 +186,10 @@ struct reshard_plan {
    * from reshard_plan_destroy. NULL on host transports. */
   void *device;
   void (*device_free)(struct reshard_plan *plan);
+  /* Set to 1 by device_free when the GPU did not let go of the plan's
+   * work and its memory was left allocated: memory others own that the
+   * work uses must stay too (a quantizing plan's scratch; NULL: none). */
+  int *stuck_out;
 
   /* Block quantization (plan/quant.h): the pre-plan, this rank's boxes
    * and scratch; NULL when no destination weight is quantized. */
@@ -194,6 +198,13 @@ struct reshard_plan {
    * scratch; NULL when the plan spreads nothing. */
   struct rs_spread *spread;
 };
+
+/* Internal: every rank of a plan on a device transport takes part in its
+ * verdict (reduced over the communicator before any unpack), as in relay
+ * plans. Set by plan creation for a quantizing main plan, whose rank
+ * whose pre-plan failed must close every gate: its partners' headers
+ * alone would not say so. Never taken from the caller's options. */
+#define RS_FLAG_GLOBAL_VERDICT 0x80000000u
 
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
 #define RS_KNOWN_FLAGS \

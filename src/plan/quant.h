@@ -67,9 +67,9 @@ typedef struct rs_quant {
   /* Device transports (stream_ops->quant_prepare, src/device/
    * quant_device.c): the scratch above is device memory, dev holds the
    * boxes on the device, and dev_free releases both (NULL on host
-   * transports). dev_stuck: the GPU did not let go of the plan's work
-   * (src/device/execute_device.c): the memory is left allocated rather
-   * than freed under it. */
+   * transports). dev_stuck: the GPU did not let go of the main plan's or
+   * the pre-plan's work (their stuck_out, plan.h): the memory is left
+   * allocated rather than freed under it. */
   void *dev;
   void (*dev_free)(struct rs_quant *q);
   int dev_stuck;

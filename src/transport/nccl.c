@@ -96,6 +96,9 @@ static reshard_result_t nccl_fail(ncclResult_t e, const char *what, int rank, rs
 /* Only ever reshard's private communicator (see the top). */
 static void nccl_abort(rs_nccl *n) {
   if (n->aborted) return;
+  /* the aborted transfers end early and the unpacks behind them run:
+   * their gates close first */
+  rs_dev_comm_close_gates(&n->dev);
   ncclCommAbort(n->comm);
   n->aborted = 1;
 }

@@ -914,8 +914,11 @@ int __wrap_rs_cuda_launch_copies_gated(const rs_tile *tiles, uint64_t ntiles, co
 }
 
 /* The agreement kernels, emulated: the very check of kernels/rs_agree.h. */
+/* Whether this rank's headers of the plan with this digest are tampered. */
+static int tampered(uint64_t digest) { return M.tamper_version && (!M.tamper_digest || M.tamper_digest == digest); }
+
 int __wrap_rs_cuda_agree_stamp(rs_dev_hdr *out, rs_dev_hdr mine, void *stream) {
-  if (M.tamper_version) mine.version += M.tamper_version; /* a rank at another step */
+  if (tampered(mine.digest)) mine.version += M.tamper_version; /* a rank at another step */
   LOCK();
   dop *o = push(stream_of(stream), D_STAMP);
   o->dst = out;
@@ -934,7 +937,7 @@ int __wrap_rs_cuda_agree_export(const rs_dev_agree *st, uint64_t *word, void *st
   return 0;
 }
 int __wrap_rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want, rs_dev_agree *st, void *stream) {
-  if (M.tamper_version) want.version += M.tamper_version;
+  if (tampered(want.digest)) want.version += M.tamper_version;
   LOCK();
   dop *o = push(stream_of(stream), D_IMPORT);
   o->src = word;
@@ -946,7 +949,7 @@ int __wrap_rs_cuda_agree_import(const uint64_t *word, rs_dev_hdr want, rs_dev_ag
 }
 int __wrap_rs_cuda_agree_check(const rs_dev_hdr *in, uint32_t n, rs_dev_hdr want, rs_dev_agree *st,
                                void *stream) {
-  if (M.tamper_version) want.version += M.tamper_version;
+  if (tampered(want.digest)) want.version += M.tamper_version;
   LOCK();
   dop *o = push(stream_of(stream), D_CHECK);
   o->src = in;

@@ -109,6 +109,7 @@ typedef struct mock_thread {
   int splits;           /* ncclCommSplit calls */
   int64_t kernel_ns;    /* device time of every copy kernel */
   uint64_t tamper_version; /* added to the version in this rank's agreement */
+  uint64_t tamper_digest;  /* nonzero: only in the headers of the plan with this digest */
   int fail_ipc_open;       /* cudaIpcOpenMemHandle fails */
   const reshard_plan_t *plan; /* to classify launches in the log */
 } mock_thread;

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/mock_device.h"
+#include "plan/quant.h"
 #include "plan/relay.h"
 #include "transport/transport.h"
 #include "reshard.h"
@@ -791,8 +792,10 @@ typedef struct quant_ctx {
   reshard_layout_t *src, *dst;
   int nccl;
   size_t staging;
-  int tamper; /* rank 1 runs one version ahead at step 1 */
+  int tamper; /* rank 1 runs one version ahead at step 1: 1 in both
+                 plans, 2 in the pre-plan only (gathering blocks) */
   int named_pre; /* ranks whose failure names the pre-plan */
+  int had_pre;   /* ranks whose plan has a pre-plan */
 } quant_ctx;
 
 /* A random pair on n ranks: two quantized weights (2-D, or stacked 3-D)
@@ -870,12 +873,18 @@ static void quant_rank(ipc_rank *r) {
       break;
     }
     unsigned char **before = NULL;
-    if (x->tamper && step == 1) {
+    /* (every rank has a pre-plan, or none: it is created collectively) */
+    const reshard_plan_t *pre = plan->quant ? plan->quant->pre : NULL;
+    if (x->tamper && step == 1 && (x->tamper == 1 || pre)) {
       /* the destination as step 0 left it: step 1 must leave it so */
       before = calloc((size_t)d.nbuf + 1, sizeof *before);
       for (int b = 0; b < d.nbuf; b++)
         if (d.ptr[b]) before[b] = malloc(d.bytes[b]), memcpy(before[b], d.ptr[b], d.bytes[b]);
-      if (r->rank == 1) M.tamper_version = 1;
+      if (pre) __atomic_fetch_add(&((quant_ctx *)r->ctx)->had_pre, 1, __ATOMIC_RELAXED);
+      if (r->rank == 1) {
+        M.tamper_version = 1;
+        M.tamper_digest = x->tamper == 2 ? pre->digest : 0;
+      }
     }
     reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                               (size_t)d.nbuf, NULL);
@@ -894,10 +903,21 @@ static void quant_rank(ipc_rank *r) {
       long ch = 0;
       for (int b = 0; b < d.nbuf; b++)
         for (size_t i = 0; d.ptr[b] && i < d.bytes[b]; i++) ch += d.ptr[b][i] != before[b][i];
-      if (ch) RFAIL(r, "%ld destination bytes written by a call that failed its agreement", ch);
-      reshard_plan_stats_t ps;
-      reshard_plan_get_stats(plan, &ps);
-      if (!e && !st.failed && (ps.send_bytes || ps.recv_bytes))
+      /* A rank writes the call whole or not at all (its gate is its own):
+       * nothing where a partner's header differed or, in a plan with a
+       * pre-plan (whose verdict every rank reduces), anywhere; elsewhere
+       * either nothing, or the call's data exactly (its partners agreed
+       * with it and packed their current data; a stale staging half
+       * would be neither). */
+      if (ch && (pre || reshard_selftest_check_from(&d, x->dst, x->src, r->rank, 1, "fp8 on device, step 1")))
+        RFAIL(r, "%ld destination bytes changed by a call that failed its agreement%s (e=%d status %d %s; step-1 data %s)", ch,
+              pre ? "" : ", and not to the call's data", e, st.failed, st.failure_message,
+              reshard_selftest_check_from(&d, x->dst, x->src, r->rank, 1, "dbg") ? "no" : "yes");
+      /* the rank out of step fails wherever it has partners (in the
+       * pre-plan only: where that has); others may succeed with the
+       * call's data (checked above) */
+      const reshard_plan_t *tp = x->tamper == 2 ? pre : plan;
+      if (r->rank == 1 && !e && !st.failed && tp->npeers)
         RFAIL(r, "the mismatched call did not fail");
       if (st.failed && st.failure != RESHARD_ERROR_MISMATCH && st.failure != RESHARD_ERROR_REMOTE &&
           st.failure != RESHARD_ERROR_TIMEOUT)
@@ -934,7 +954,7 @@ static void quant_worlds(void **state) {
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
   for (int it = 0; it < 40; it++) {
     uint64_t seed = seed0 + (uint64_t)it;
-    quant_ctx x = {NULL, NULL, it % 2, it % 3 == 0 ? 4096 : (size_t)1 << 20, 0, 0};
+    quant_ctx x = {NULL, NULL, it % 2, it % 3 == 0 ? 4096 : (size_t)1 << 20, 0, 0, 0};
     int n = 2 + (int)(seed % 4);
     quant_pair(seed, n, &x.src, &x.dst);
     if (getenv("RS_QUANT_VERBOSE"))
@@ -948,20 +968,31 @@ static void quant_worlds(void **state) {
   }
 }
 
-/* A rank one version ahead at the second execute of a quantizing plan:
- * the pre-plan's and the main plan's agreements fail, no destination byte
- * of that call is written on any rank. */
+/* A rank one version ahead at the second execute of a quantizing plan,
+ * in both plans or in its pre-plan only (so that only the ranks gathering
+ * blocks with it see the difference, and the main plan's partners must
+ * learn it from the verdict every rank reduces): every rank's status
+ * fails and no destination byte of that call is written on any rank. */
 static void quant_mismatch_writes_nothing(void **state) {
   (void)state;
-  for (int nccl = 0; nccl < 2; nccl++) {
-    quant_ctx x = {NULL, NULL, nccl, (size_t)1 << 20, 1, 0};
-    quant_pair(11, 3, &x.src, &x.dst);
-    world_label[0] = '\0';
-    run_world(3, quant_rank, &x);
-    assert_true(x.named_pre > 0);
-    reshard_layout_destroy(x.src);
-    reshard_layout_destroy(x.dst);
-  }
+  int pre_only_worlds = 0;
+  for (int tamper = 1; tamper <= 2; tamper++)
+    for (uint64_t seed = 11; seed < 17; seed++)
+      for (int nccl = 0; nccl < 2; nccl++) {
+        quant_ctx x = {NULL, NULL, nccl, (size_t)1 << 20, tamper, 0, 0};
+        const int n = 3 + (int)(seed % 3);
+        quant_pair(seed, n, &x.src, &x.dst);
+        snprintf(world_label, sizeof world_label, "seed %llu, %d ranks over %s, tamper %d: ",
+                 (unsigned long long)seed, n, nccl ? "NCCL" : "CUDA IPC", tamper);
+        run_world(n, quant_rank, &x);
+        world_label[0] = '\0';
+        if (tamper == 1 && x.had_pre) assert_true(x.named_pre > 0);
+        pre_only_worlds += tamper == 2 && x.had_pre;
+        reshard_layout_destroy(x.src);
+        reshard_layout_destroy(x.dst);
+      }
+  print_message("worlds where only the pre-plan disagreed: %d\n", pre_only_worlds);
+  assert_true(pre_only_worlds >= 4);
 }
 
 static void bad_arguments(void **state) {

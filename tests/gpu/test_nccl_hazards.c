@@ -714,6 +714,53 @@ static void sync_rank(hz_rank *r) {
   mock_stream_drain(NULL);
 }
 
+/* An abort ends pending transfers early, and the launches behind them on
+ * reshard's streams then run: the unpacks must find the gate closed, not
+ * write the half-received staging. Ranks 0 and 1 exchange a tensor; rank
+ * 2 only copies locally, but the plan is a relay plan (relay 1), whose
+ * verdict every rank reduces. At the second step rank 2 does not come:
+ * ranks 0 and 1 swap headers and agree, their reduction waits for rank 2
+ * until the deadline, the poll aborts, and their unpacks run. Before the
+ * fix (gates closed before the abort, dev_comm.c) they wrote the stale
+ * receive half: the first step's data over the destination, which the
+ * test had overwritten with a pattern. */
+static void abort_gate_rank(hz_rank *r) {
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) { RFAIL(r, "comm: %s", reshard_last_error()); return; }
+  hz_plan p;
+  memset(&p, 0, sizeof p);
+  assert_int_equal(reshard_layout_create(&p.src), 0);
+  assert_int_equal(reshard_layout_create(&p.dst), 0);
+  add_exchange(p.src, p.dst, "a", 64, 64, (int[]){0, 1}, 2);
+  add_exchange(p.src, p.dst, "b", 16, 16, (int[]){2}, 1);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 300;
+  o.relay = 1;
+  if (reshard_plan_create(c, p.src, p.dst, &o, &p.plan)) { RFAIL(r, "plan_create: %s", reshard_last_error()); return; }
+  if (run_plan(&p, r->rank, 0) || mock_stream_drain(NULL)) RFAIL(r, "step 0: %s", reshard_last_error());
+  else if (reshard_selftest_check(&p.d, p.dst, r->rank, 0, "abort")) RFAIL(r, "step 0 wrong");
+  if (r->rank < 2 && !r->failed) {
+    for (int b = 0; b < p.d.nbuf; b++)
+      if (p.d.ptr[b]) memset(p.d.ptr[b], 0x5a, p.d.bytes[b]);
+    if (run_plan(&p, r->rank, 1)) RFAIL(r, "step 1 enqueue: %s", reshard_last_error());
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    for (int64_t t0 = ms_now(); !st.failed && ms_now() - t0 < 3000; sleep_ms(5)) reshard_plan_get_status(p.plan, &st);
+    if (st.failure != RESHARD_ERROR_TIMEOUT) RFAIL(r, "status %s (%s)", reshard_result_string(st.failure), st.failure_message);
+    if (mock_stream_drain(NULL)) RFAIL(r, "the aborted work never drained");
+    long changed = 0;
+    for (int b = 0; b < p.d.nbuf; b++)
+      for (size_t i = 0; p.d.ptr[b] && i < p.d.bytes[b]; i++) changed += p.d.ptr[b][i] != 0x5a;
+    if (changed) RFAIL(r, "%ld destination bytes written after the abort", changed);
+  }
+  free_plan(&p);
+  reshard_comm_destroy(c);
+}
+
+static void abort_closes_gates(void **state) {
+  (void)state;
+  run_world(3, 0, abort_gate_rank, NULL);
+}
+
 static void sync_flag_returns_the_result(void **state) {
   (void)state;
   hz_flags = RESHARD_FLAG_SYNC;
@@ -874,6 +921,7 @@ int main(void) {
       cmocka_unit_test(agreement_mismatch_on_device),
       cmocka_unit_test(agreement_mismatch_in_relay_plan),
       cmocka_unit_test(sync_flag_returns_the_result),
+      cmocka_unit_test(abort_closes_gates),
       cmocka_unit_test(execute_inside_caller_group),
       cmocka_unit_test(wrong_device_refused),
   };
