@@ -163,8 +163,8 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
  * and scales, so concurrent executes of such a plan run one after
  * another. On device transports (NCCL, CUDA IPC) the scratch is device
  * memory and a kernel quantizes at the start of each execute, in stream
- * order on the caller's stream; reshard_plan_register_buffers refuses
- * such a plan (RESHARD_ERROR_UNSUPPORTED: it executes staged).
+ * order on the caller's stream; reshard_plan_register_buffers (CUDA IPC)
+ * registers the scratch along with the caller's buffers.
  * When both sides declare it blocked (same block), codes and scales
  * move as they are. */
 reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *layout,

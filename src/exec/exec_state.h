@@ -44,6 +44,11 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
                                   void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
                                   reshard_result_t rejected);
 
+/* reshard_plan_register_buffers of a quantizing plan (the pre-plan and
+ * the main plan, with reshard's scratch; see quant.c). */
+reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
+                                   size_t ndst);
+
 /* ---- spread.c ---- */
 
 /* An execute of a plan with source-side spreading (plan->spread): the

@@ -662,9 +662,6 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
     return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the %s transport does not map its peers' "
                     "buffers (CUDA IPC does); execute needs no registration here", plan->rank,
                     plan->comm->ops->name);
-  if (plan->quant)
-    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the plan quantizes weights to fp8 blocks "
-                    "(its source includes reshard's scratch, and a pre-plan gathers blocks): registered execution "
-                    "does not cover it yet; execute it unregistered (staged)", plan->rank);
+  if (plan->quant) return rs_quant_register(plan, src, nsrc, dst, ndst);
   return so->register_buffers(plan, src, nsrc, dst, ndst);
 }

@@ -14,6 +14,7 @@
 #include "pack/quantize.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
+#include "transport/stream.h"
 
 /* The caller's source buffers the boxes read: present and large enough
  * (checked before anything is read, so a bad call quantizes nothing). */
@@ -115,4 +116,58 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   free(bytes);
   __atomic_store_n(&q->busy, 0, __ATOMIC_RELEASE);
   return r;
+}
+
+/* reshard_plan_register_buffers of a quantizing plan on a transport that
+ * maps its peers' memory: the pre-plan registers the caller's sources and
+ * the gather scratch, the main plan the caller's sources with the codes
+ * and scales scratch after them, and the caller's destinations; executes
+ * then pass exactly those (rs_quant_execute does). Both registrations are
+ * collective and all or nothing; when the main plan's fails, the
+ * pre-plan's is undone, so both plans go back to staging. NULL arrays:
+ * both unregister. A rank out of memory for the arrays returns before any
+ * collective call, as rs_device_register does. */
+reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
+                                   size_t ndst) {
+  const rs_stream_ops *so = plan->comm->ops->stream_ops;
+  rs_quant *q = plan->quant;
+  const int unregister = !src && !dst && !nsrc && !ndst;
+  if (!unregister && nsrc != (size_t)q->user_nsrc)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source buffers given, the source "
+                    "layout has %d", plan->rank, nsrc, q->user_nsrc);
+  const size_t n = (size_t)plan->num_src_buffers, ng = (size_t)q->pre_ndst;
+  void **ms = rs_calloc(n + 1, sizeof *ms), **gd = rs_calloc(ng + 1, sizeof *gd);
+  if (!ms || !gd) { /* (before any collective call: the partners' exchanges end at their deadline) */
+    free(ms);
+    free(gd);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", plan->rank);
+  }
+  const int none = unregister;
+  if (!none) {
+    for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
+    if (q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
+    if (q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
+  }
+  reshard_result_t rp = RESHARD_SUCCESS;
+  if (q->pre) {
+    rp = none ? so->register_buffers(q->pre, NULL, 0, NULL, 0) : so->register_buffers(q->pre, src, nsrc, gd, ng);
+    if (rp) rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ",
+                            plan->rank);
+  }
+  char msg[640] = "";
+  if (rp) snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  /* the main plan: registered only where the pre-plan's registration held */
+  reshard_result_t rm = none || rp ? so->register_buffers(plan, NULL, 0, NULL, 0)
+                                   : so->register_buffers(plan, (void *const *)ms, n, dst, ndst);
+  if (!none && !rp && rm && q->pre) { /* undo the pre-plan's */
+    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    so->register_buffers(q->pre, NULL, 0, NULL, 0);
+  } else if (rm && !rp) {
+    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  }
+  free(ms);
+  free(gd);
+  reshard_result_t e = rp ? rp : rm;
+  if (e) return rs_error(e, "%s", msg);
+  return RESHARD_SUCCESS;
 }

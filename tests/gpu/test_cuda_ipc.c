@@ -796,6 +796,7 @@ typedef struct quant_ctx {
                  plans, 2 in the pre-plan only (gathering blocks) */
   int named_pre; /* ranks whose failure names the pre-plan */
   int had_pre;   /* ranks whose plan has a pre-plan */
+  int registered; /* IPC: reshard_plan_register_buffers, direct copies */
 } quant_ctx;
 
 /* A random pair on n ranks: two quantized weights (2-D, or stacked 3-D)
@@ -865,10 +866,21 @@ static void quant_rank(ipc_rank *r) {
   }
   reshard_selftest_t s = {0}, d;
   if (reshard_selftest_alloc(&d, x->dst, r->rank, -1)) RFAIL(r, "selftest alloc");
-  if (reshard_plan_register_buffers(plan, NULL, 0, NULL, 0) != RESHARD_ERROR_UNSUPPORTED)
-    RFAIL(r, "register_buffers on a quantizing plan: %s", reshard_last_error());
+  /* NCCL maps no peer memory; IPC unregisters (nothing registered) */
+  if (reshard_plan_register_buffers(plan, NULL, 0, NULL, 0) != (x->nccl ? RESHARD_ERROR_UNSUPPORTED : 0))
+    RFAIL(r, "unregistering a quantizing plan: %s", reshard_last_error());
+  if (x->registered) {
+    /* one set of sources, registered with the destinations (the scratch
+     * and the gathering plan's with them), refilled every step */
+    if (reshard_selftest_alloc(&s, x->src, r->rank, 0)) RFAIL(r, "selftest alloc");
+    else if (reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                           (size_t)d.nbuf))
+      RFAIL(r, "register_buffers: %s", reshard_last_error());
+  }
   for (int step = 0; step < 3 && !r->failed; step++) {
-    if (reshard_selftest_alloc(&s, x->src, r->rank, step)) {
+    if (x->registered) {
+      reshard_selftest_fill(&s, x->src, (uint64_t)step);
+    } else if (reshard_selftest_alloc(&s, x->src, r->rank, step)) {
       RFAIL(r, "selftest alloc");
       break;
     }
@@ -938,7 +950,7 @@ static void quant_rank(ipc_rank *r) {
     reshard_plan_status_t st = {.struct_size = sizeof st};
     reshard_plan_get_status(plan, &st);
     if (st.failed) RFAIL(r, "status: %s", st.failure_message);
-    reshard_selftest_free(&s);
+    if (!x->registered) reshard_selftest_free(&s);
   }
   reshard_selftest_free(&s);
   reshard_selftest_free(&d);
@@ -948,24 +960,33 @@ static void quant_rank(ipc_rank *r) {
 
 static void quant_worlds(void **state) {
   (void)state;
+  int registered_worlds_run = 0;
   /* RS_QUANT_SEED0 replays (seed = seed0 + it); RS_QUANT_VERBOSE lists
    * the worlds */
   const char *e0 = getenv("RS_QUANT_SEED0");
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
   for (int it = 0; it < 40; it++) {
     uint64_t seed = seed0 + (uint64_t)it;
-    quant_ctx x = {NULL, NULL, it % 2, it % 3 == 0 ? 4096 : (size_t)1 << 20, 0, 0, 0};
+    /* IPC worlds alternate staged and registered */
+    quant_ctx x = {NULL, NULL, it % 2, it % 3 == 0 ? 4096 : (size_t)1 << 20, 0, 0, 0, it % 4 == 2};
     int n = 2 + (int)(seed % 4);
     quant_pair(seed, n, &x.src, &x.dst);
     if (getenv("RS_QUANT_VERBOSE"))
       print_message("seed %llu: %d ranks over %s\n", (unsigned long long)seed, n, x.nccl ? "NCCL" : "CUDA IPC");
-    snprintf(world_label, sizeof world_label, "seed %llu (RS_QUANT_SEED0 replays it), %d ranks over %s: ",
-             (unsigned long long)seed, n, x.nccl ? "NCCL" : "CUDA IPC");
+    snprintf(world_label, sizeof world_label, "seed %llu (RS_QUANT_SEED0 replays it), %d ranks over %s%s: ",
+             (unsigned long long)seed, n, x.nccl ? "NCCL" : "CUDA IPC", x.registered ? ", registered" : "");
     run_world(n, quant_rank, &x);
     world_label[0] = '\0';
+    /* registered: both plans copy straight from the partners' buffers
+     * and scratch, nothing through a staging pool */
+    if (x.registered && world.ipc_pool_pulls)
+      fail_msg("seed %llu, registered: %ld messages pulled from staging pools", (unsigned long long)seed,
+               world.ipc_pool_pulls);
+    registered_worlds_run += x.registered;
     reshard_layout_destroy(x.src);
     reshard_layout_destroy(x.dst);
   }
+  assert_true(registered_worlds_run >= 5);
 }
 
 /* A rank one version ahead at the second execute of a quantizing plan,
@@ -979,7 +1000,7 @@ static void quant_mismatch_writes_nothing(void **state) {
   for (int tamper = 1; tamper <= 2; tamper++)
     for (uint64_t seed = 11; seed < 17; seed++)
       for (int nccl = 0; nccl < 2; nccl++) {
-        quant_ctx x = {NULL, NULL, nccl, (size_t)1 << 20, tamper, 0, 0};
+        quant_ctx x = {NULL, NULL, nccl, (size_t)1 << 20, tamper, 0, 0, 0};
         const int n = 3 + (int)(seed % 3);
         quant_pair(seed, n, &x.src, &x.dst);
         snprintf(world_label, sizeof world_label, "seed %llu, %d ranks over %s, tamper %d: ",
