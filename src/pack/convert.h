@@ -234,29 +234,53 @@ RS_CVT float rs_cvt_block_scale_inv(float amax) {
 #endif
 }
 
-/* rs_cvt_round_f32 to e4m3fn, bit for bit, without its data-dependent
- * branches on the common path: at or above e4m3's smallest normal (2^-6)
- * and below infinity, rounding to 3 mantissa bits is adding half an ulp
- * (less one, plus the kept lowest bit: ties to even) and truncating, as
- * for bf16, and the exponent is rebiased by a subtraction (127 - 7); a
- * result at or past the NaN pattern (it rounded past 448: e4m3fn has no
- * infinity) is NaN. Below 2^-6 (subnormals, zeros), infinities and NaN
- * take the general path. test_convert compares the two. */
-RS_CVT uint32_t rs_cvt_round_e4m3(uint32_t x) {
-  const uint32_t a = x & 0x7fffffffu, sign = (x >> 24) & 0x80u;
-  if (RS_CVT_RARE(a < 0x3c800000u || a >= 0x7f800000u)) return rs_cvt_round_f32(x, rs_cvt_fmt_of(RESHARD_FP8_E4M3));
-  uint32_t code = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  return sign | (code < 0x7fu ? code : 0x7fu);
+/* rs_cvt_round_f32 to e4m3fn, bit for bit, without data-dependent
+ * branches for finite inputs (rs_cvt_round_e4m3_finite; loops over a
+ * block whose amax is finite vectorize): at or above e4m3's smallest
+ * normal (2^-6), rounding to 3 mantissa bits is adding half an ulp (less
+ * one, plus the kept lowest bit: ties to even) and truncating, as for
+ * bf16, and the exponent is rebiased by a subtraction (127 - 7); a result
+ * at or past the NaN pattern (it rounded past 448: e4m3fn has no
+ * infinity) is NaN; below 2^-6, see the function. Infinities and NaN take
+ * the general path. test_convert compares them. */
+RS_CVT uint32_t rs_cvt_round_e4m3_finite(uint32_t x) {
+  /* (signed 32-bit arithmetic on values below 2^31: what SSE2 compares) */
+  const int32_t a = (int32_t)(x & 0x7fffffffu), sign = (int32_t)((x >> 24) & 0x80u);
+  const int32_t small = a < 0x3c800000;
+  int32_t code = ((a + 0x7ffff + ((a >> 20) & 1)) >> 20) - (120 << 3);
+  code = code < 0x7f ? code : 0x7f;
+  /* below 2^-6: e4m3's subnormals are the multiples of 2^-9, so the code
+   * is |x| / 2^-9 rounded to an integer, ties to even: the product is
+   * exact, and adding 2^23 rounds it so in f32, leaving the integer in
+   * the low mantissa bits of 2^23 + code (no conversion, which would
+   * keep the loop from vectorizing; a larger |x| is not used) */
+  const float t = rs_cvt_bits_f32((uint32_t)a & (0u - (uint32_t)small)) * 512.0f; /* (a mask: no branch) */
+  const int32_t sub = (int32_t)(rs_cvt_f32_bits(t + 8388608.0f) - 0x4b000000u); /* 0 .. 8 */
+  const int32_t m = -small; /* (masks, not a ?: the compiler would branch on) */
+  return (uint32_t)(sign | (sub & m) | (code & ~m));
 }
 
-/* One element (as f32) quantized with its block's factor: e4m3fn bits. */
-RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
+RS_CVT uint32_t rs_cvt_round_e4m3(uint32_t x) {
+  if (RS_CVT_RARE((x & 0x7fffffffu) >= 0x7f800000u)) return rs_cvt_round_f32(x, rs_cvt_fmt_of(RESHARD_FP8_E4M3));
+  return rs_cvt_round_e4m3_finite(x);
+}
+
+/* One element (as f32) quantized with its block's factor: e4m3fn bits;
+ * _finite when the product is finite (the block's amax is). */
+RS_CVT float rs_cvt_quant_product(float x, float factor) {
 #ifdef __CUDA_ARCH__
-  float p = __fmul_rn(x, factor); /* never contracted into anything */
+  return __fmul_rn(x, factor); /* never contracted into anything */
 #else
-  float p = x * factor;
+  return x * factor;
 #endif
-  return rs_cvt_round_e4m3(rs_cvt_f32_bits(p));
+}
+
+RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
+  return rs_cvt_round_e4m3(rs_cvt_f32_bits(rs_cvt_quant_product(x, factor)));
+}
+
+RS_CVT uint32_t rs_cvt_quant_e4m3_finite(float x, float factor) {
+  return rs_cvt_round_e4m3_finite(rs_cvt_f32_bits(rs_cvt_quant_product(x, factor)));
 }
 
 #endif

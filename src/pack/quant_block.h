@@ -88,6 +88,25 @@ RS_CVT uint32_t rs_qblock_load(const unsigned char *p, int dtype) {
   return rs_cvt_widen_f32((uint32_t)p[0] | (uint32_t)p[1] << 8, rs_cvt_fmt_of(RESHARD_FP16));
 }
 
+/* Row helpers of the one-thread (host) path over contiguous bf16, each a
+ * loop of its own, which the compiler vectorizes: max |x| as 15-bit
+ * integers, and the codes of a row given its block's finite factor. */
+RS_CVT int16_t rs_qrow_amax_bf16(const unsigned char *row, int64_t c0, int64_t c1) {
+  int16_t m = 0;
+  for (int64_t j = c0; j < c1; j++) {
+    const int16_t a = (int16_t)(((unsigned)row[2 * j] | (unsigned)row[2 * j + 1] << 8) & 0x7fffu);
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+RS_CVT void rs_qrow_quant_bf16(const unsigned char *row, unsigned char *o, int64_t c0, int64_t c1, float factor) {
+  for (int64_t j = c0; j < c1; j++) {
+    const uint32_t x = ((uint32_t)row[2 * j] | (uint32_t)row[2 * j + 1] << 8) << 16;
+    o[j] = (unsigned char)rs_cvt_quant_e4m3_finite(rs_cvt_bits_f32(x), factor);
+  }
+}
+
 /* Thread tid of nth's part of the block's max |x|, as bits: |x| as bits
  * orders like the values and every NaN's bits lie above infinity's, so
  * the largest bits are amax, or say the block holds a NaN. The block's is
@@ -96,6 +115,16 @@ RS_CVT uint32_t rs_qblock_amax_part(const rs_qbox *q, const rs_qblock *b, unsign
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   uint32_t m = 0;
   if ((int64_t)tid >= w * h) return 0;
+  if (q->in_dtype == RESHARD_BF16 && b->cs == 2 && w == 1) {
+    /* one thread (the host), contiguous bf16 rows: |x| as 15-bit
+     * integers, whose max is a signed 16-bit max (SSE2 has it) */
+    int16_t m16 = 0;
+    for (int64_t i = b->r0 + (int64_t)tid; i < b->r1; i += h) {
+      const int16_t r = rs_qrow_amax_bf16(b->in + i * b->rs, b->c0, b->c1);
+      m16 = r > m16 ? r : m16;
+    }
+    return (uint32_t)(uint16_t)m16 << 16;
+  }
   for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
     for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w) {
       const uint32_t a = rs_qblock_load(b->in + i * b->rs + j * b->cs, q->in_dtype) & 0x7fffffffu;
@@ -119,6 +148,23 @@ RS_CVT void rs_qblock_write(const rs_qbox *q, const rs_qblock *b, uint32_t amax_
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   if ((int64_t)tid >= w * h) return;
   unsigned char *out = codes + b->code_at;
+  if (amax_bits > 0x7f800000u) {
+    /* a block holding a NaN: x * NaN is NaN, e4m3fn's 0x7f (the positive
+     * one: PyTorch on a GPU, whose NaN results are canonical) */
+    for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
+      if (w == 1) /* (one thread: the row at once) */
+        memset(out + i * b->cols + b->c0, 0x7f, (size_t)(b->c1 - b->c0));
+      else
+        for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w) out[i * b->cols + j] = 0x7f;
+    return;
+  }
+  if (amax_bits < 0x7f800000u && q->in_dtype == RESHARD_BF16 && b->cs == 2 && w == 1) {
+    /* one thread (the host), contiguous bf16 rows, every product finite:
+     * the same steps in a loop without branches, which vectorizes */
+    for (int64_t i = b->r0 + (int64_t)tid; i < b->r1; i += h)
+      rs_qrow_quant_bf16(b->in + i * b->rs, out + i * b->cols, b->c0, b->c1, factor);
+    return;
+  }
   for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
     for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w)
       out[i * b->cols + j] =
