@@ -138,13 +138,14 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     done
     # fp8 block quantization on the device: the quantize kernel, and the
     # pre-plan gathering blocks split across source ranks (TP2 splits
-    # 896 rows into 448, not a multiple of 128); registered (codes read
-    # from the quantizing rank's scratch) and staged; every code and
-    # scale checked
+    # 896 rows into 448, not a multiple of 128; vLLM at tp=1, since 128-row
+    # scales cannot be cut like 64-row heads); registered (codes read from
+    # the quantizing rank's scratch) and staged; every code and scale
+    # checked
     for staged in 0 1; do
       step "reshard_perf --backend ipc, bf16 -> fp8 blocks (staged $staged)" 150 env RESHARD_PERF_IPC_STAGED=$staged \
         mpirun -np 4 --oversubscribe "$BUILD/tools/reshard_perf" --backend ipc \
-        --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 --infer tp=2 --infer-dtype fp8e4m3 \
+        --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 --infer tp=1,dp=2 --infer-dtype fp8e4m3 \
         --block 128,128 -c 1 -n 5 -w 2
     done
     if command -v compute-sanitizer >/dev/null; then
