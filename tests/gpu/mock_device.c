@@ -131,6 +131,9 @@ typedef struct mchan {
 
 typedef struct mcoll {
   int gid, arrived, consumed, done;
+  int broken; /* a rank that arrived aborted its communicator first: as in
+                 NCCL, the others' share never completes (and the freed
+                 buffer of the aborted rank is not read) */
   uint64_t coll;
   int n;
   uint64_t *bufs[MAXR];
@@ -399,6 +402,7 @@ static int step_allreduce(dop *o) {
     k->next = G.colls;
     G.colls = k;
   }
+  if (k->broken) return 0; /* until this rank's own abort ends it */
   if (!o->arrived) {
     o->arrived = 1;
     k->bufs[c->rank] = o->vals;
@@ -1297,6 +1301,9 @@ ncclResult_t __wrap_ncclCommAbort(ncclComm_t h) {
   mcomm *c = comm_of(h);
   usable(c);
   c->aborted = 1;
+  /* its share of collectives still waiting for others is withdrawn */
+  for (mcoll *k = G.colls; k; k = k->next)
+    if (k->gid == c->gid && !k->done && k->bufs[c->rank]) k->broken = 1, k->bufs[c->rank] = NULL;
   progress();
   pthread_cond_broadcast(&G.cv);
   UNLOCK();
@@ -1308,6 +1315,8 @@ ncclResult_t __wrap_ncclCommDestroy(ncclComm_t h) {
   mcomm *c = comm_of(h);
   usable(c);
   c->destroyed = 1;
+  for (mcoll *k = G.colls; k; k = k->next) /* (as in abort) */
+    if (k->gid == c->gid && !k->done && k->bufs[c->rank]) k->broken = 1, k->bufs[c->rank] = NULL;
   progress();
   UNLOCK();
   return ncclSuccess;
