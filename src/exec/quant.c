@@ -142,28 +142,24 @@ reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_
     free(gd);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", plan->rank);
   }
-  const int none = unregister;
-  if (!none) {
-    for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
-    if (q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
-    if (q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
-  }
+  for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
+  if (q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
+  if (q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
   reshard_result_t rp = RESHARD_SUCCESS;
-  if (q->pre) {
-    rp = none ? so->register_buffers(q->pre, NULL, 0, NULL, 0) : so->register_buffers(q->pre, src, nsrc, gd, ng);
-    if (rp) rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ",
-                            plan->rank);
-  }
   char msg[640] = "";
-  if (rp) snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  if (q->pre) {
+    rp = unregister ? so->register_buffers(q->pre, NULL, 0, NULL, 0) : so->register_buffers(q->pre, src, nsrc, gd, ng);
+    if (rp) {
+      rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ", plan->rank);
+      snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    }
+  }
   /* the main plan: registered only where the pre-plan's registration held */
-  reshard_result_t rm = none || rp ? so->register_buffers(plan, NULL, 0, NULL, 0)
-                                   : so->register_buffers(plan, (void *const *)ms, n, dst, ndst);
-  if (!none && !rp && rm && q->pre) { /* undo the pre-plan's */
+  reshard_result_t rm = unregister || rp ? so->register_buffers(plan, NULL, 0, NULL, 0)
+                                         : so->register_buffers(plan, (void *const *)ms, n, dst, ndst);
+  if (rm && !rp) {
     snprintf(msg, sizeof msg, "%s", reshard_last_error());
-    so->register_buffers(q->pre, NULL, 0, NULL, 0);
-  } else if (rm && !rp) {
-    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    if (!unregister && q->pre) so->register_buffers(q->pre, NULL, 0, NULL, 0); /* undo the pre-plan's */
   }
   free(ms);
   free(gd);

@@ -822,8 +822,8 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
 }
 
 /* prior: a failure this rank found before (its error set), which the
- * creation agrees on like its own, so that every rank fails alike. */
-/* internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
+ * creation agrees on like its own, so that every rank fails alike.
+ * internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
  * the caller's options are checked. */
 static reshard_result_t plan_create_one(reshard_comm_t *comm,
                                         const reshard_layout_t *src,

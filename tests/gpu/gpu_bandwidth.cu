@@ -20,6 +20,24 @@ extern "C" {
 
 static const uint64_t TOTAL = 256ull << 20; /* bytes per pass */
 
+/* Milliseconds of `reps` enqueues of `launch` on st (after one to warm
+ * up), timed with events. */
+template <class F> static float time_reps(cudaStream_t st, int reps, F launch) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  launch();
+  CK(cudaEventRecord(a, st));
+  for (int i = 0; i < reps; i++) launch();
+  CK(cudaEventRecord(b, st));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms;
+}
+
 /* One pass over `segs` segments of `len` bytes; the strided side has a gap
  * of one segment between segments. Returns GB/s. */
 static double run(unsigned char *strided, unsigned char *dense, uint64_t len, bool pack, bool per_seg,
@@ -53,19 +71,8 @@ static double run(unsigned char *strided, unsigned char *dense, uint64_t len, bo
   CK(cudaMemcpy(dc, c.data(), c.size() * sizeof(rs_copy), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dt, t.data(), nt * sizeof(rs_tile), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(tab, &strided, sizeof(void *), cudaMemcpyHostToDevice));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   const int reps = 10;
-  CK((cudaError_t)rs_cuda_launch_copies(dt, nt, dc, tab, tab, dense, st)); /* warm up */
-  CK(cudaEventRecord(a, st));
-  for (int i = 0; i < reps; i++) CK((cudaError_t)rs_cuda_launch_copies(dt, nt, dc, tab, tab, dense, st));
-  CK(cudaEventRecord(b, st));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  float ms = time_reps(st, reps, [&] { CK((cudaError_t)rs_cuda_launch_copies(dt, nt, dc, tab, tab, dense, st)); });
   cudaFree(dc);
   cudaFree(dt);
   cudaFree(tab);
@@ -73,18 +80,7 @@ static double run(unsigned char *strided, unsigned char *dense, uint64_t len, bo
 }
 
 static double memcpy_bw(unsigned char *x, unsigned char *y, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaMemcpyAsync(y, x, TOTAL, cudaMemcpyDeviceToDevice, st));
-  CK(cudaEventRecord(a, st));
-  for (int i = 0; i < 10; i++) CK(cudaMemcpyAsync(y, x, TOTAL, cudaMemcpyDeviceToDevice, st));
-  CK(cudaEventRecord(b, st));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  float ms = time_reps(st, 10, [&] { CK(cudaMemcpyAsync(y, x, TOTAL, cudaMemcpyDeviceToDevice, st)); });
   return (double)TOTAL * 10 / (ms * 1e-3) / 1e9;
 }
 
@@ -115,18 +111,7 @@ static double quant_bw(unsigned char *in, unsigned char *out, cudaStream_t st) {
   CK(cudaMemcpy(dq, &q, sizeof q, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dbs, bs, sizeof bs, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(tab, &in, sizeof(void *), cudaMemcpyHostToDevice));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK((cudaError_t)rs_cuda_quantize(dq, dbs, 1, blocks, tab, NULL, out, out, st)); /* warm up */
-  CK(cudaEventRecord(a, st));
-  for (int i = 0; i < 10; i++) CK((cudaError_t)rs_cuda_quantize(dq, dbs, 1, blocks, tab, NULL, out, out, st));
-  CK(cudaEventRecord(b, st));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  float ms = time_reps(st, 10, [&] { CK((cudaError_t)rs_cuda_quantize(dq, dbs, 1, blocks, tab, NULL, out, out, st)); });
   cudaFree(dq);
   cudaFree(dbs);
   cudaFree(tab);
