@@ -1,20 +1,18 @@
-/* The executor: replays a plan over any transport.
- *
- * Round k's receives are posted and its messages packed and sent while
- * round k-1's messages are still arriving; round k-1 is unpacked next, so
- * packing, transfer and unpacking overlap with two staging halves per
- * direction. Local copies run while round 0 is in flight.
+/* The host executor: replays a plan over any host transport, walking
+ * the schedule (exec/schedule.h) that the device executor enqueues:
+ * packing round k+1, transferring round k and unpacking round k-1
+ * overlap with two staging halves per direction, local copies run while
+ * round 0 is in flight, relay forwards (rs_msg.fwd) leave two rounds after
+ * their data landed. Here a step runs when the walk reaches it; the sends
+ * and receives a transfer posts complete later, its receives one by one
+ * in the unpack that needs them, its sends when a step needs their
+ * staging half (host_wait).
  *
  * Around the rounds: the per-execute agreement with every partner first
  * (agree.c), and, with RESHARD_FLAG_DOUBLE_BUFFER, a commit agreement of
  * all ranks last. RESHARD_FLAG_VERIFY adds a checksum message per
  * message (verify.c). A call that fails after its agreement started
- * leaves the plan failed (state.c).
- *
- * Relay forwards (rs_msg.fwd) send from the destination buffers what this
- * rank received two rounds earlier: a receive of round q has landed in the
- * destination buffers when finish_round(q) returns, in run_rounds'
- * iteration q+1, before start_round(q+2) posts the forward. */
+ * leaves the plan failed (state.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +22,7 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
+#include "exec/schedule.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
 #include "transport/stream.h"
@@ -47,6 +46,9 @@ typedef struct exec_state {
   /* The agreement's status exchange, polled while waiting (NULL without
    * partners). */
   rs_agree *agree;
+  uint64_t call, version;
+  rs_xfer *xfers;  /* one round's transfers (rs_sched_xfers) */
+  int sent_upto;   /* the rounds before it have completed their sends */
 } exec_state;
 
 /* How often a wait looks at the partners' statuses. */
@@ -150,8 +152,6 @@ static reshard_result_t run_local(exec_state *st) {
   return RESHARD_SUCCESS;
 }
 
-static int rounds_of(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
-
 /* Posts one receive: into its buffers when the message is one run of
  * them (direct) or the transport takes boxes, else into staging. */
 static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i) {
@@ -196,38 +196,40 @@ static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64
   return st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot);
 }
 
-/* Posts round k: receives first, then packs and sends. In verify mode each
- * message is followed by its box sums, posted in the same order on both
- * sides (transports keep per-tag order; MPI's tags ignore the round). */
-static reshard_result_t start_round(exec_state *st, int k) {
+/* Posts round k (RS_STEP_XFER): its transfers in the schedule's order,
+ * each send packed as it is posted (so that packing overlaps the sends
+ * already out: the host's PACK step is this). In verify mode each message
+ * is followed by its box sums (transports keep per-tag order; MPI's tags
+ * ignore the round). */
+static reshard_result_t post_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
   int h = k & 1;
   uint64_t tag = st->tag | (uint64_t)k;
-  if (k < rounds_of(p->recvs, p->nrecvs))
-    for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++) {
-      const rs_msg *m = &p->recvs[i];
+  size_t n = rs_sched_xfers(p, k, st->verify, st->xfers);
+  for (size_t i = 0; i < n; i++) {
+    const rs_xfer *x = &st->xfers[i];
+    const rs_msg *m = x->m;
+    if (x->recv && !x->sums) {
       size_t si = st->nrreq[h]++;
       st->rreq[h][si] = NULL;
       if (st->verify) st->vrreq[h][si] = NULL;
       RS_CHECK(post_recv(st, m, h, tag, si));
-      if (st->verify)
-        RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
-                                      (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][si]));
-    }
-  if (k < rounds_of(p->sends, p->nsends))
-    for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
-      const rs_msg *m = &p->sends[i];
+    } else if (x->recv) {
+      RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
+                                    (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][st->nrreq[h] - 1]));
+    } else if (!x->sums) {
       size_t si = st->nsreq[h]++;
       st->sreq[h][si] = NULL;
       if (st->verify) st->vsreq[h][si] = NULL;
       RS_CHECK(post_send(st, m, h, tag, &st->sreq[h][si]));
-      if (st->verify) {
-        uint64_t *sums = st->send_sums + m->first_copy;
-        sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m), sums);
-        RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums,
-                                      (size_t)m->ncopies * sizeof(uint64_t), &st->vsreq[h][si]));
-      }
+    } else {
+      uint64_t *sums = st->send_sums + m->first_copy;
+      sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m),
+                 sums);
+      RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums,
+                                    (size_t)m->ncopies * sizeof(uint64_t), &st->vsreq[h][st->nsreq[h] - 1]));
     }
+  }
   return RESHARD_SUCCESS;
 }
 
@@ -257,13 +259,12 @@ static reshard_result_t wait_send(exec_state *st, rs_request **slot, int k, cons
   return r;
 }
 
-/* Completes round k: unpacks each message as it arrives, then makes sure
- * the round's sends are done before their staging half is reused. */
-static reshard_result_t finish_round(exec_state *st, int k) {
+/* Unpacks round k (RS_STEP_UNPACK): each message as it arrives. */
+static reshard_result_t unpack_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
   int h = k & 1;
   size_t first = 0;
-  if (k < rounds_of(p->recvs, p->nrecvs)) first = p->recv_round[k];
+  rs_sched_round_msgs(p, k, 1, &first);
   for (size_t i = 0; i < st->nrreq[h]; i++) {
     const rs_msg *m = &p->recvs[first + i];
     reshard_result_t r = wait_slot(st, &st->rreq[h][i]);
@@ -280,25 +281,69 @@ static reshard_result_t finish_round(exec_state *st, int k) {
     if (st->verify) RS_CHECK(check_sums(st, m, h, i, k));
   }
   st->nrreq[h] = 0;
-  for (size_t i = 0; i < st->nsreq[h]; i++) {
-    RS_CHECK(wait_send(st, &st->sreq[h][i], k, "send"));
-    if (st->verify) RS_CHECK(wait_send(st, &st->vsreq[h][i], k, "verify: send checksums"));
-  }
-  st->nsreq[h] = 0;
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t run_rounds(exec_state *st) {
-  const reshard_plan_t *p = st->plan;
-  for (int k = 0; k < p->nrounds; k++) {
-    RS_CHECK(start_round(st, k));
-    if (k == 0) RS_CHECK(run_local(st));
-    if (k > 0) RS_CHECK(finish_round(st, k - 1));
+/* The host's way of waiting for a transfer to have sent: its sends, and
+ * those of the rounds before it, complete (their staging half is free). */
+static reshard_result_t complete_sends(exec_state *st, int through) {
+  for (; st->sent_upto <= through; st->sent_upto++) {
+    int k = st->sent_upto, h = k & 1;
+    for (size_t i = 0; i < st->nsreq[h]; i++) {
+      RS_CHECK(wait_send(st, &st->sreq[h][i], k, "send"));
+      if (st->verify) RS_CHECK(wait_send(st, &st->vsreq[h][i], k, "verify: send checksums"));
+    }
+    st->nsreq[h] = 0;
   }
-  if (p->nrounds > 0) RS_CHECK(finish_round(st, p->nrounds - 1));
-  else RS_CHECK(run_local(st));
   return RESHARD_SUCCESS;
 }
+
+/* The schedule's waits on the host: every step but a transfer is done
+ * when its run returned. A transfer's receives are waited for one by one
+ * by the unpack that needs them, its sends when a step needs their
+ * staging half (or the call ends). */
+static reshard_result_t host_wait(void *ctx, rs_step step, rs_dep dep) {
+  (void)step;
+  exec_state *st = ctx;
+  if (dep.on.kind != RS_STEP_XFER || dep.need == RS_NEED_RECEIVED) return RESHARD_SUCCESS;
+  return complete_sends(st, dep.on.round);
+}
+
+/* The agreement (RS_STEP_AGREE), under the agreement turn run_call
+ * waited for: the turn passes here whatever happens, and a failure that
+ * fails the plan is recorded first, so that a concurrent later call finds
+ * the plan failed rather than this call's leftover control messages. */
+static reshard_result_t host_agree(exec_state *st) {
+  const reshard_plan_t *p = st->plan;
+  reshard_result_t r = rs_agree_begin(p, st->call, st->version, st->deadline, RESHARD_SUCCESS, &st->agree);
+  if (rs_result_fails_plan(r)) rs_plan_mark_failed(p, st->call, st->version, r, reshard_last_error());
+  rs_agree_turn_pass(p, st->call);
+  return r;
+}
+
+/* The schedule's steps on the host. PACK is done by XFER, which packs
+ * each send as it posts it; CHECK has nothing left to run once its waits
+ * completed the sends: the agreement's end and the commit follow the
+ * walk in run_call, on every path (a failed call joins them too). */
+static reshard_result_t host_run(void *ctx, rs_step step) {
+  exec_state *st = ctx;
+  switch (step.kind) {
+  case RS_STEP_AGREE:
+    return host_agree(st);
+  case RS_STEP_XFER:
+    return post_round(st, step.round);
+  case RS_STEP_LOCAL:
+    return run_local(st);
+  case RS_STEP_UNPACK:
+    return unpack_round(st, step.round);
+  case RS_STEP_PACK:
+  case RS_STEP_CHECK:
+    break;
+  }
+  return RESHARD_SUCCESS;
+}
+
+static const rs_sched_ops host_sched = {host_wait, host_run};
 
 /* Double buffering: every rank of the communicator says how its call
  * went, and the copies flip only if all succeeded with the same call and
@@ -385,7 +430,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
    * slots and the box sums. */
   size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
-  size_t need = nreq * sizeof(rs_request *) + nreq;
+  size_t nxf = rs_sched_max_xfers(plan, verify);
+  size_t need = nreq * sizeof(rs_request *) + nxf * sizeof(rs_xfer) + nreq;
   size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
   void *sblock = NULL, *block = rs_malloc(need ? need : 1), *vblock = NULL;
@@ -423,6 +469,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.recv_stage[0] = b ? b + 2 * plan->send_half : NULL;
   st.recv_stage[1] = b ? b + 2 * plan->send_half + plan->recv_half : NULL;
   rs_request **reqs = block;
+  st.xfers = (rs_xfer *)(reqs + nreq);
   /* max_round_msgs bounds sends + receives of one round, so each half's
    * sends and receives share one slice of it */
   size_t per = plan->max_round_msgs;
@@ -430,7 +477,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.rreq[0] = reqs + plan->max_round_sends;
   st.sreq[1] = reqs + per;
   st.rreq[1] = reqs + per + plan->max_round_sends;
-  st.in_place[0] = (unsigned char *)(reqs + nreq);
+  st.in_place[0] = (unsigned char *)(st.xfers + nxf);
   st.in_place[1] = st.in_place[0] + per;
   if (verify) {
     rs_request **v = vblock;
@@ -448,23 +495,19 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
   uint64_t version = 0;
   int target = 0;
-  reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
-  if (r == RESHARD_SUCCESS) {
-    version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_agree_begin(plan, call, version, st.deadline, RESHARD_SUCCESS, &st.agree);
-    /* before the turn passes: a concurrent call must find the plan
-     * failed rather than read this call's leftover control messages */
-    if (rs_result_fails_plan(r)) rs_plan_mark_failed(plan, call, version, r, reshard_last_error());
-    rs_agree_turn_pass(plan, call);
-  }
   if (dbuf) {
     int active = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
     target = active < 0 ? 0 : 1 - active;
   }
   st.dst = dst_copies[target];
   st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
+  st.call = call;
+  /* the schedule (exec/schedule.h), from the agreement on, once this
+   * call's turn came (its first step passes the turn on) */
+  reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
   if (r == RESHARD_SUCCESS) {
-    r = run_rounds(&st);
+    version = st.version = rs_plan_take_version(plan, explicit_version, version_in);
+    r = rs_sched_run(plan, &host_sched, &st);
     if (r != RESHARD_SUCCESS) cancel_all(&st);
   }
   r = rs_agree_end(st.agree, r, st.deadline);
