@@ -38,6 +38,7 @@
 #include "device/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
+#include "exec/schedule.h"
 #include "plan/quant.h"
 #include "transport/stream.h"
 
@@ -56,7 +57,6 @@ typedef struct rs_dev {
   rs_copy *d_copies; /* send | recv | local descriptors */
   rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
   uint64_t *pack_start, *unpack_start; /* nrounds + 1 tile indices */
-  unsigned char *fwd_round; /* nrounds: the round sends relay forwards */
   uint64_t local_start, local_end;
 
   /* Buffer base addresses, source then destination: the only per-call
@@ -71,6 +71,7 @@ typedef struct rs_dev {
 
   size_t staging_bytes; /* send halves, then receive halves, in the pool */
   rs_p2p *p2p;          /* one round's group */
+  rs_xfer *xfers;       /* and its transfers (rs_sched_xfers) */
 
   /* The agreement with the plan's partners (kernels/rs_agree.h): this
    * rank's header, the partners', the sticky verdict on the device and its
@@ -121,7 +122,7 @@ typedef struct rs_dev {
 
   cudaStream_t s[S_COUNT];
   cudaEvent_t ev_begin, ev_end[S_COUNT];
-  cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2];
+  cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2], ev_local;
 } rs_dev;
 
 reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
@@ -138,7 +139,7 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
   {&(d)->tab_ev[0],  &(d)->tab_ev[1],  &(d)->tab_ev[2],      &(d)->tab_ev[3],      &(d)->ev_begin,             \
    &(d)->ev_end[0],  &(d)->ev_end[1],  &(d)->ev_end[2],      &(d)->ev_packed[0],   &(d)->ev_packed[1],         \
    &(d)->ev_xfer[0], &(d)->ev_xfer[1], &(d)->ev_unpacked[0], &(d)->ev_unpacked[1], &(d)->ev_checked,           \
-   &(d)->ev_agreed,  &(d)->ev_committed}
+   &(d)->ev_agreed,  &(d)->ev_committed, &(d)->ev_local}
 
 #define CU(call, what)                                                     \
   do {                                                                     \
@@ -231,7 +232,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   free(d->dstart);
   free(d->pack_start);
   free(d->unpack_start);
-  free(d->fwd_round);
+  free(d->xfers);
   free(d->p2p);
   pthread_mutex_destroy(&d->mu);
   free(d);
@@ -285,13 +286,13 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   int nr = p->nrounds;
   d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
   d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
-  d->fwd_round = calloc((size_t)nr + 1, 1);
   d->verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
   /* verify: each message is followed by its sums */
-  d->p2p = calloc((p->max_round_msgs ? p->max_round_msgs : 1) * (d->verify ? 2 : 1), sizeof *d->p2p);
+  d->p2p = calloc(rs_sched_max_xfers(p, d->verify), sizeof *d->p2p);
+  d->xfers = calloc(rs_sched_max_xfers(p, d->verify), sizeof *d->xfers);
   size_t ncop = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
   hc = malloc((ncop ? ncop : 1) * sizeof *hc);
-  if (!d->pack_start || !d->unpack_start || !d->fwd_round || !d->p2p || !hc) {
+  if (!d->pack_start || !d->unpack_start || !d->xfers || !d->p2p || !hc) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
     goto fail;
   }
@@ -308,10 +309,9 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
    * device their source index points past the source buffers into the
    * one table (source buffers, then destination buffers) that every
    * launch gets as its source table. Its round's pack waits for the
-   * unpacks that wrote the data (below). */
+   * unpacks that wrote the data (exec/schedule.h). */
   for (size_t i = 0; i < p->nsends; i++) {
     if (!p->sends[i].fwd) continue;
-    d->fwd_round[p->sends[i].round] = 1;
     for (uint32_t k = 0; k < p->sends[i].ncopies; k++) {
       rs_copy *c = &hc[p->sends[i].first_copy + k];
       if (c->src_buf != RS_BUF_STAGING) c->src_buf += p->num_src_buffers;
@@ -619,6 +619,201 @@ static reshard_result_t direct_round(const reshard_plan_t *p, rs_dev *d, int k, 
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree);
 }
 
+/* One execute as the schedule (exec/schedule.h) enqueues it. */
+typedef struct dev_call {
+  const reshard_plan_t *p;
+  rs_dev *d;
+  int64_t deadline;
+  uint64_t call, version;
+  unsigned char *staging; /* the pool: send halves, receive halves, sums */
+} dev_call;
+
+/* A lane's stream: the schedule's lanes are the executor's streams. */
+static cudaStream_t lane_stream(const rs_dev *d, rs_lane lane) {
+  return d->s[lane == RS_LANE_PACK ? S_PACK : lane == RS_LANE_XFER ? S_XFER : S_UNPACK];
+}
+
+/* The event recorded behind a step: two halves of round events suffice,
+ * since nothing waits for a step more than two rounds back, and a wait
+ * is enqueued before the step two rounds on records the same event. */
+static cudaEvent_t step_event(rs_dev *d, rs_step s) {
+  switch (s.kind) {
+  case RS_STEP_AGREE:
+    return d->ev_checked;
+  case RS_STEP_PACK:
+    return d->ev_packed[s.round & 1];
+  case RS_STEP_LOCAL:
+    return d->ev_local;
+  case RS_STEP_XFER:
+    return d->ev_xfer[s.round & 1];
+  case RS_STEP_UNPACK:
+    return d->ev_unpacked[s.round & 1];
+  case RS_STEP_CHECK:
+    break;
+  }
+  return NULL;
+}
+
+/* The schedule's waits on the device: a lane is a stream, so a step
+ * waits for one on another lane through the event behind it (a
+ * transfer's sending and receiving are one group: one event). */
+static reshard_result_t dev_wait(void *ctx, rs_step step, rs_dep dep) {
+  dev_call *c = ctx;
+  const reshard_plan_t *p = c->p;
+  if (dep.on.lane == step.lane) return RESHARD_SUCCESS;
+  cudaError_t e = cudaStreamWaitEvent(lane_stream(c->d, step.lane), step_event(c->d, dep.on), 0);
+  if (e) return rs_cuda_error(e, "cudaStreamWaitEvent(schedule)", p->rank);
+  return RESHARD_SUCCESS;
+}
+
+/* The agreement, ahead of round 0 on the transfer stream: this rank's
+ * header to every partner, theirs back, checked on the device. Unpacks
+ * (after it in stream order) and local copies (which wait for it) read
+ * the verdict as their gate: on a difference nothing is written. */
+static reshard_result_t dev_agree(dev_call *c) {
+  const reshard_plan_t *p = c->p;
+  rs_dev *d = c->d;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  if (!d->d_agree) return RESHARD_SUCCESS;
+  rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, p->digest, c->call, c->version};
+  cudaStream_t s = d->s[S_XFER];
+  /* a quantizing plan inherits its pre-plan's failure (this call's or an
+   * earlier one's): its codes would come from blocks half gathered */
+  const rs_dev *pd = p->quant && p->quant->pre ? p->quant->pre->device : NULL;
+  int e = pd && pd->d_agree ? rs_cuda_agree_absorb(pd->d_agree, mine, d->d_agree, s) : 0;
+  if (e) return rs_cuda_error(e, "agreement absorb launch", p->rank);
+  e = rs_cuda_agree_stamp(d->d_hdr_out, mine, s);
+  if (e) return rs_cuda_error(e, "agreement header launch", p->rank);
+  RS_CHECK(so->group(p->comm, d->hdr_p2p, 2 * p->npeers, s, c->deadline, d->d_agree));
+  e = rs_cuda_agree_check(d->d_hdr_in, (uint32_t)p->npeers, mine, d->d_agree, s);
+  if (e) return rs_cuda_error(e, "agreement check launch", p->rank);
+  if (!d->global) return RESHARD_SUCCESS;
+  e = rs_cuda_agree_export(d->d_agree, d->d_word, s);
+  if (e) return rs_cuda_error(e, "agreement export launch", p->rank);
+  RS_CHECK(so->reduce_word(p->comm, d->d_word, s, c->deadline, d->d_agree));
+  e = rs_cuda_agree_import(d->d_word, mine, d->d_agree, s);
+  if (e) return rs_cuda_error(e, "agreement import launch", p->rank);
+  return RESHARD_SUCCESS;
+}
+
+/* Round k's pack (staging) or unpack (registered buffers: nothing, the
+ * receivers copy straight from the senders), and verify's sums of it. */
+static reshard_result_t dev_pack(dev_call *c, int k, int unpack) {
+  const reshard_plan_t *p = c->p;
+  rs_dev *d = c->d;
+  const uint64_t *start = unpack ? d->unpack_start : d->pack_start;
+  int h = k & 1;
+  unsigned char *half = unpack ? c->staging + 2 * p->send_half + h * p->recv_half : c->staging + h * p->send_half;
+  if (!d->reg)
+    RS_CHECK(launch(p, d, start[k], start[k + 1], half, unpack ? S_UNPACK : S_PACK, unpack ? GATE_DST : GATE_STAGING,
+                    unpack ? "unpack launch" : "pack launch"));
+  if (!d->verify) return RESHARD_SUCCESS;
+  /* (sums sent: in the pool after the halves; sums of what landed: d_rmine) */
+  uint64_t *ssums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half));
+  return unpack ? verify_sums(p, d, start[k], start[k + 1], 1, d->d_rmine, (uint32_t)p->nsend_copies, S_UNPACK)
+                : verify_sums(p, d, start[k], start[k + 1], 0, ssums, 0, S_PACK);
+}
+
+/* Round k's transfers: one group in the schedule's posting order (or, with
+ * registered buffers, the direct round). */
+static reshard_result_t dev_xfer(dev_call *c, int k) {
+  const reshard_plan_t *p = c->p;
+  rs_dev *d = c->d;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  int h = k & 1;
+  unsigned char *send_half = c->staging + h * p->send_half;
+  unsigned char *recv_half = c->staging + 2 * p->send_half + h * p->recv_half;
+  uint64_t *ssums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half)), *rsums = ssums + p->nsend_copies;
+  size_t n = rs_sched_xfers(p, k, d->verify, d->xfers);
+  for (size_t i = 0; i < n; i++) {
+    const rs_xfer *x = &d->xfers[i];
+    const rs_msg *m = x->m;
+    void *buf = x->sums ? (void *)((x->recv ? rsums : ssums) + m->first_copy)
+                        : (void *)((x->recv ? recv_half : send_half) + m->staging_off);
+    d->p2p[i] = (rs_p2p){m->peer, x->recv, buf, x->sums ? 8 * (uint64_t)m->ncopies : m->bytes};
+  }
+  if (d->reg) return direct_round(p, d, k, n, c->deadline);
+  return so->group(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree);
+}
+
+/* The local copies (device to device through the same kernel), gated. */
+static reshard_result_t dev_local(dev_call *c) {
+  const reshard_plan_t *p = c->p;
+  rs_dev *d = c->d;
+  RS_CHECK(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, GATE_DST, "local copy launch"));
+  return d->verify ? verify_locals(p, d) : RESHARD_SUCCESS;
+}
+
+/* After every write of the call: verify's comparison of every received
+ * box with its sender's sums, the commit (double buffering: this rank's
+ * verdict, reduced over every rank, flips the copies on the device only
+ * if no rank failed), and the verdict's copy for the host, after the last
+ * transfer, so that it covers every round (a transport's wait that gave up
+ * closes the gate, see transport/stream.h). */
+static reshard_result_t dev_check(dev_call *c) {
+  const reshard_plan_t *p = c->p;
+  rs_dev *d = c->d;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  cudaStream_t s = d->s[S_XFER];
+  int e = 0;
+  if (d->verify && p->nrecv_copies) {
+    uint64_t *rsums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half)) + p->nsend_copies;
+    e = rs_cuda_verify_compare(d->d_rmine, rsums, (uint32_t)p->nrecv_copies, (uint32_t)p->nsend_copies, 0,
+                               d->d_agree, s);
+    if (e) return rs_cuda_error(e, "verify compare launch", p->rank);
+  }
+  if (d->dbuf) {
+    e = rs_cuda_agree_export(d->d_agree, d->d_word, s);
+    if (e) return rs_cuda_error(e, "commit export launch", p->rank);
+    RS_CHECK(so->reduce_word(p->comm, d->d_word, s, c->deadline, d->d_agree));
+    e = rs_cuda_commit_flip(d->d_word, d->d_agree, c->version, c->call, d->d_commit, s);
+    if (e) return rs_cuda_error(e, "commit launch", p->rank);
+    cudaError_t ce = cudaMemcpyAsync(d->h_commit, d->d_commit, sizeof *d->h_commit, cudaMemcpyDeviceToHost, s);
+    if (!ce) ce = cudaEventRecord(d->ev_committed, s);
+    if (ce) return rs_cuda_error(ce, "commit record copy", p->rank);
+    d->committed_once = 1;
+  }
+  if (d->d_agree) {
+    cudaError_t ce = cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, s);
+    if (!ce) ce = cudaEventRecord(d->ev_agreed, s);
+    if (ce) return rs_cuda_error(ce, "agreement verdict copy", p->rank);
+    d->agreed_once = 1;
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* The schedule's steps on the device: enqueued on their lane's stream,
+ * each followed by its event. */
+static reshard_result_t dev_run(void *ctx, rs_step step) {
+  dev_call *c = ctx;
+  reshard_result_t r = RESHARD_SUCCESS;
+  switch (step.kind) {
+  case RS_STEP_AGREE:
+    r = dev_agree(c);
+    break;
+  case RS_STEP_PACK:
+    r = dev_pack(c, step.round, 0);
+    break;
+  case RS_STEP_LOCAL:
+    r = dev_local(c);
+    break;
+  case RS_STEP_XFER:
+    r = dev_xfer(c, step.round);
+    break;
+  case RS_STEP_UNPACK:
+    r = dev_pack(c, step.round, 1);
+    break;
+  case RS_STEP_CHECK:
+    return dev_check(c);
+  }
+  if (r) return r;
+  cudaError_t e = cudaEventRecord(step_event(c->d, step), lane_stream(c->d, step.lane));
+  if (e) return rs_cuda_error(e, "cudaEventRecord(schedule)", c->p->rank);
+  return RESHARD_SUCCESS;
+}
+
+static const rs_sched_ops dev_sched = {dev_wait, dev_run};
+
 static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
                                 void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
                                 uint64_t version) {
@@ -697,167 +892,8 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
    * table; the pre-plan that gathered split blocks ran before (begin). */
   if (p->quant) RS_CHECK_GOTO(rs_device_quantize(p->quant, call_tab(d), d->s[S_PACK], p->rank), r, fail);
 
-  /* The agreement, ahead of round 0 on the transfer stream: this rank's
-   * header to every partner, theirs back, checked on the device. Unpacks
-   * (after it in stream order) and local copies (which wait for it) read
-   * the verdict as their gate: on a difference nothing is written. */
-  if (d->d_agree) {
-    rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, p->digest, call, version};
-    /* a quantizing plan inherits its pre-plan's failure (this call's or
-     * an earlier one's): its codes would come from blocks half gathered */
-    const rs_dev *pd = p->quant && p->quant->pre ? p->quant->pre->device : NULL;
-    if (pd && pd->d_agree) {
-      int ea = rs_cuda_agree_absorb(pd->d_agree, mine, d->d_agree, d->s[S_XFER]);
-      if (ea) {
-        r = rs_cuda_error(ea, "agreement absorb launch", p->rank);
-        goto fail;
-      }
-    }
-    int e = rs_cuda_agree_stamp(d->d_hdr_out, mine, d->s[S_XFER]);
-    if (e) {
-      r = rs_cuda_error(e, "agreement header launch", p->rank);
-      goto fail;
-    }
-    RS_CHECK_GOTO(so->group(p->comm, d->hdr_p2p, 2 * p->npeers, d->s[S_XFER], deadline, d->d_agree), r, fail);
-    e = rs_cuda_agree_check(d->d_hdr_in, (uint32_t)p->npeers, mine, d->d_agree, d->s[S_XFER]);
-    if (e) {
-      r = rs_cuda_error(e, "agreement check launch", p->rank);
-      goto fail;
-    }
-    if (d->global) {
-      e = rs_cuda_agree_export(d->d_agree, d->d_word, d->s[S_XFER]);
-      if (e) {
-        r = rs_cuda_error(e, "agreement export launch", p->rank);
-        goto fail;
-      }
-      RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree), r, fail);
-      e = rs_cuda_agree_import(d->d_word, mine, d->d_agree, d->s[S_XFER]);
-      if (e) {
-        r = rs_cuda_error(e, "agreement import launch", p->rank);
-        goto fail;
-      }
-    }
-    CU(cudaEventRecord(d->ev_checked, d->s[S_XFER]), "cudaEventRecord(checked)");
-  }
-
-  /* registered buffers: direct copies, no staging (checked by the caller) */
-  int direct = d->reg != NULL;
-  unsigned char *send_stage[2] = {staging, staging + p->send_half};
-  unsigned char *recv_stage[2] = {staging + 2 * p->send_half, staging + 2 * p->send_half + p->recv_half};
-  /* verify: the sums sent (per send descriptor) and received (per receive
-   * descriptor), in the pool after the halves */
-  uint64_t *ssums = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half)), *rsums = ssums + p->nsend_copies;
-  int nrs = dir_rounds(p->recvs, p->nrecvs), nss = dir_rounds(p->sends, p->nsends);
-  for (int k = 0; k < p->nrounds; k++) {
-    int h = k & 1;
-    if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(send half)");
-    /* Forwards leave two rounds after their data arrives (plan/chunk.c):
-     * unpack k-2, the last recorded on this half, and the unpacks before
-     * it (one stream) have written what they read. */
-    if (k >= 2 && d->fwd_round[k])
-      CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(forwarded data)");
-    if (!direct)
-      RS_CHECK_GOTO(launch(p, d, d->pack_start[k], d->pack_start[k + 1], send_stage[h], S_PACK, GATE_STAGING,
-                           "pack launch"),
-                    r, fail);
-    if (d->verify)
-      RS_CHECK_GOTO(verify_sums(p, d, d->pack_start[k], d->pack_start[k + 1], 0, ssums, 0, S_PACK), r, fail);
-    CU(cudaEventRecord(d->ev_packed[h], d->s[S_PACK]), "cudaEventRecord(packed)");
-    if (k == 0 && d->local_end > d->local_start) {
-      if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
-      RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, GATE_DST, "local copy launch"), r, fail);
-      if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
-    }
-
-    /* (verify: each message followed by its sums, in the same order on
-     * both ends) */
-    size_t n = 0;
-    if (k < nrs)
-      for (size_t i = p->recv_round[k]; i < p->recv_round[k + 1]; i++) {
-        const rs_msg *m = &p->recvs[i];
-        d->p2p[n++] = (rs_p2p){m->peer, 1, recv_stage[h] + m->staging_off, m->bytes};
-        if (d->verify) d->p2p[n++] = (rs_p2p){m->peer, 1, rsums + m->first_copy, 8 * (uint64_t)m->ncopies};
-      }
-    if (k < nss)
-      for (size_t i = p->send_round[k]; i < p->send_round[k + 1]; i++) {
-        const rs_msg *m = &p->sends[i];
-        d->p2p[n++] = (rs_p2p){m->peer, 0, send_stage[h] + m->staging_off, m->bytes};
-        if (d->verify) d->p2p[n++] = (rs_p2p){m->peer, 0, ssums + m->first_copy, 8 * (uint64_t)m->ncopies};
-      }
-    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_packed[h], 0), "cudaStreamWaitEvent(packed)");
-    if (k >= 2) CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_unpacked[h], 0), "cudaStreamWaitEvent(receive half)");
-    if (direct) {
-      RS_CHECK_GOTO(direct_round(p, d, k, n, deadline), r, fail);
-    } else {
-      RS_CHECK_GOTO(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree), r, fail);
-    }
-    CU(cudaEventRecord(d->ev_xfer[h], d->s[S_XFER]), "cudaEventRecord(transfer)");
-
-    CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_xfer[h], 0), "cudaStreamWaitEvent(transfer)");
-    if (!direct)
-      RS_CHECK_GOTO(launch(p, d, d->unpack_start[k], d->unpack_start[k + 1], recv_stage[h], S_UNPACK, GATE_DST,
-                           "unpack launch"),
-                    r, fail);
-    if (d->verify)
-      RS_CHECK_GOTO(verify_sums(p, d, d->unpack_start[k], d->unpack_start[k + 1], 1, d->d_rmine,
-                                (uint32_t)p->nsend_copies, S_UNPACK),
-                    r, fail);
-    CU(cudaEventRecord(d->ev_unpacked[h], d->s[S_UNPACK]), "cudaEventRecord(unpacked)");
-  }
-  if (p->nrounds == 0) {
-    /* (after the verdict, which an earlier plan of the call can close:
-     * kernels/rs_agree.h rs_dev_agree_absorb) */
-    if (d->d_agree) CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_checked, 0), "cudaStreamWaitEvent(agreement)");
-    RS_CHECK_GOTO(launch(p, d, d->local_start, d->local_end, NULL, S_PACK, GATE_DST, "local copy launch"), r, fail);
-    if (d->verify) RS_CHECK_GOTO(verify_locals(p, d), r, fail);
-  }
-
-  /* The commit (double buffering), after every write of the call: this
-   * rank's verdict, reduced over every rank, flips the copies on the
-   * device only if no rank failed. */
-  if (d->dbuf || d->verify) { /* (verify: its last comparisons, before the verdict) */
-    CU(cudaEventRecord(d->ev_end[S_PACK], d->s[S_PACK]), "cudaEventRecord(writes done)");
-    CU(cudaEventRecord(d->ev_end[S_UNPACK], d->s[S_UNPACK]), "cudaEventRecord(writes done)");
-    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_PACK], 0), "cudaStreamWaitEvent(writes done)");
-    CU(cudaStreamWaitEvent(d->s[S_XFER], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(writes done)");
-  }
-  /* verify: every received box against its sender's sums, once they
-   * all arrived and were unpacked */
-  if (d->verify && p->nrecv_copies) {
-    int e = rs_cuda_verify_compare(d->d_rmine, rsums, (uint32_t)p->nrecv_copies, (uint32_t)p->nsend_copies, 0,
-                                   d->d_agree, d->s[S_XFER]);
-    if (e) {
-      r = rs_cuda_error(e, "verify compare launch", p->rank);
-      goto fail;
-    }
-  }
-  if (d->dbuf) {
-    int e = rs_cuda_agree_export(d->d_agree, d->d_word, d->s[S_XFER]);
-    if (e) {
-      r = rs_cuda_error(e, "commit export launch", p->rank);
-      goto fail;
-    }
-    RS_CHECK_GOTO(so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree), r, fail);
-    e = rs_cuda_commit_flip(d->d_word, d->d_agree, version, call, d->d_commit, d->s[S_XFER]);
-    if (e) {
-      r = rs_cuda_error(e, "commit launch", p->rank);
-      goto fail;
-    }
-    CU(cudaMemcpyAsync(d->h_commit, d->d_commit, sizeof *d->h_commit, cudaMemcpyDeviceToHost, d->s[S_XFER]),
-       "cudaMemcpyAsync(commit record)");
-    CU(cudaEventRecord(d->ev_committed, d->s[S_XFER]), "cudaEventRecord(committed)");
-    d->committed_once = 1;
-  }
-
-  /* The call's verdict for the host, after its last transfer: the
-   * agreement's, or a transport's wait that gave up in any round (CUDA
-   * IPC closes the gate then, see transport/stream.h). */
-  if (d->d_agree) {
-    CU(cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, d->s[S_XFER]),
-       "cudaMemcpyAsync(agreement verdict)");
-    CU(cudaEventRecord(d->ev_agreed, d->s[S_XFER]), "cudaEventRecord(agreed)");
-    d->agreed_once = 1;
-  }
+  dev_call c = {p, d, deadline, call, version, staging};
+  RS_CHECK_GOTO(rs_sched_run(p, &dev_sched, &c), r, fail);
 
   /* Completion becomes visible on the caller's stream. */
   for (int i = 0; i < S_COUNT; i++) {
