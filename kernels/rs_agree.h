@@ -36,6 +36,17 @@ typedef struct rs_dev_agree {
   uint32_t pad;
 } rs_dev_agree;
 
+/* How a partner's header compares with this rank's: the one comparison
+ * of both executors (the host's header, src/exec/agree.c, starts with
+ * these four words and adds a rejection and its message). */
+enum { RS_HDR_SAME = 0, RS_HDR_OTHER_PLAN = 1, RS_HDR_OTHER_CALL = 2 };
+
+RS_HD int rs_hdr_compare(const rs_dev_hdr *got, const rs_dev_hdr *want) {
+  if (got->magic != want->magic || got->digest != want->digest) return RS_HDR_OTHER_PLAN;
+  if (got->call != want->call || got->version != want->version) return RS_HDR_OTHER_CALL;
+  return RS_HDR_SAME;
+}
+
 /* Compares the n received headers with this rank's; records the first
  * difference in *st unless one is recorded already. One thread. */
 RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr *want, rs_dev_agree *st) {
@@ -43,8 +54,7 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
   st->want = *want; /* the call a later transport failure belongs to */
   for (uint32_t i = 0; i < n; i++) {
     const rs_dev_hdr *h = &in[i];
-    if (h->magic != want->magic || h->digest != want->digest || h->call != want->call ||
-        h->version != want->version) {
+    if (rs_hdr_compare(h, want) != RS_HDR_SAME) {
       st->bad_index = i;
       st->want = *want;
       st->got = *h;

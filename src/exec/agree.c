@@ -22,6 +22,7 @@
 #include "common/alloc.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
+#include "kernels/rs_agree.h"
 #include "transport/transport.h"
 
 #define RS_HDR_MAGIC 0x3230524448535253ull /* "RSHDR02": 256 bytes, with abort and why */
@@ -95,20 +96,24 @@ static void check_header(rs_agree *a, size_t i) {
   rs_exec_hdr *h = &a->in[i];
   const rs_exec_hdr *mine = &a->mine;
   int peer = p->peers[i].peer;
-  if (h->magic == RS_HDR_MAGIC && h->digest == p->digest && h->abort) {
+  /* the comparison the device executor runs (kernels/rs_agree.h) */
+  rs_dev_hdr got = {h->magic, h->digest, h->call, h->version}, want = {RS_HDR_MAGIC, p->digest, mine->call,
+                                                                       mine->version};
+  int how = rs_hdr_compare(&got, &want);
+  if (how != RS_HDR_OTHER_PLAN && h->abort) {
     h->why[sizeof h->why - 1] = '\0';
     fail(a, rs_error(RESHARD_ERROR_REMOTE,
                      "execute rank %d: rank %d rejected execute call %llu with '%s': %s", p->rank, peer,
                      (unsigned long long)h->call, reshard_result_string((reshard_result_t)h->abort), h->why),
          "");
-  } else if (h->magic != RS_HDR_MAGIC || h->digest != p->digest) {
+  } else if (how == RS_HDR_OTHER_PLAN) {
     fail(a, rs_error(RESHARD_ERROR_MISMATCH,
                      "execute rank %d: rank %d runs another plan or protocol (header magic %016llx digest %016llx, "
                      "expected %016llx %016llx)",
                      p->rank, peer, (unsigned long long)h->magic, (unsigned long long)h->digest,
                      (unsigned long long)RS_HDR_MAGIC, (unsigned long long)p->digest),
          "");
-  } else if (h->call != mine->call || h->version != mine->version) {
+  } else if (how == RS_HDR_OTHER_CALL) {
     fail(a, rs_error(RESHARD_ERROR_MISMATCH,
                      "execute rank %d: rank %d is at another execute of this plan: expected call %llu version %llu, "
                      "received call %llu version %llu from rank %d (a rank skipped or repeated a step?)",
