@@ -42,8 +42,30 @@ typedef struct reshard_selftest {
   size_t nfrags;
 } reshard_selftest_t;
 
+/* What the self-test writes into the elements of float tensors (bf16,
+ * f16, f32, f64, fp8). Process-wide; set it before allocating, filling or
+ * checking (the tools' --values).
+ *
+ * RESHARD_SELFTEST_BITS (the default): every byte comes from the hash, so
+ * every bit pattern occurs, NaNs and infinities included: what byte-exact
+ * tests of moves and casts want. A fp8 block of such values almost
+ * always holds a NaN, so quantization takes its NaN path.
+ * RESHARD_SELFTEST_FINITE: finite weight-like values, with a random sign
+ * and mantissa and a magnitude under 1 that falls off geometrically (half
+ * the values in [1/2, 1), a quarter in [1/4, 1/2), ...), clamped at the
+ * dtype's smallest normal: blocks then quantize as trained weights do
+ * (nearly every code an e4m3 normal, a thin tail of tiny values rarely
+ * reaching its subnormals). What the timing of a converting
+ * or quantizing sync should use. Other dtypes keep the hash's bytes. */
+typedef enum reshard_selftest_values {
+  RESHARD_SELFTEST_BITS = 0,
+  RESHARD_SELFTEST_FINITE = 1
+} reshard_selftest_values_t;
+void reshard_selftest_set_values(reshard_selftest_values_t v);
+reshard_selftest_values_t reshard_selftest_get_values(void);
+
 /* The bytes of element `linear` (global row-major index) of tensor `name`
- * at `step`. */
+ * at `step`, as RESHARD_SELFTEST_BITS writes them (every dtype). */
 void reshard_selftest_expected(const char *name, uint64_t step, int64_t linear,
                                size_t esize, unsigned char *out);
 

@@ -670,6 +670,103 @@ static void selftest_checks(void **state) {
   qcase_free(&c);
 }
 
+/* RESHARD_SELFTEST_FINITE (what the tools time converting syncs with):
+ * every float dtype's values are finite and spread geometrically below 1
+ * (most within a few octaves of the top, a tail far below it); a
+ * quantizing sync of them passes the self-test's check, which still finds
+ * one wrong code or scale; and its codes are e4m3 normals (subnormals and
+ * zeros are as rare as in trained weights), not the NaN path of BITS
+ * values. */
+static int finite_codes_rank(int rank, reshard_comm_t *comm, void *arg) {
+  const qcase *c = arg;
+  int fails = selftest_rank(rank, comm, arg);
+  /* the codes once more, counted by kind */
+  reshard_plan_t *plan = NULL;
+  th_side src, dst;
+  fails |= reshard_plan_create(comm, c->src, c->dst, NULL, &plan) != RESHARD_SUCCESS;
+  fails |= th_side_alloc(&src, c->src, rank, 3) != 0;
+  fails |= th_side_alloc(&dst, c->dst, rank, -1) != 0;
+  if (!fails)
+    fails |= reshard_plan_execute(plan, (void *const *)src.ptr, (size_t)src.nbuf, (void *const *)dst.ptr,
+                                  (size_t)dst.nbuf, NULL) != RESHARD_SUCCESS;
+  int64_t normal = 0, subnormal = 0, nan = 0;
+  for (size_t f = 0; !fails && f < dst.nfrags; f++) {
+    const reshard_fragment_info_t *fr = &dst.frags[f];
+    if (fr->tensor_id != c->wid[0]) continue;
+    int64_t n = fr->extent[0] * fr->extent[1];
+    assert_int_equal(fr->strides[0], fr->extent[1]); /* (a whole-row shard: contiguous) */
+    for (int64_t e = 0; e < n; e++) {
+      unsigned char code = dst.ptr[fr->buffer_id][fr->byte_offset + (uint64_t)e];
+      if ((code & 0x7f) == 0x7f) nan++;
+      else if ((code & 0x78) == 0 && (code & 7)) subnormal++;
+      else if (code & 0x78) normal++;
+    }
+  }
+  if (!fails && (nan || normal < 100 * (subnormal + 1) || normal < (int64_t)dst.bytes[0] / 2)) {
+    fprintf(stderr, "finite values: rank %d: %lld normal, %lld subnormal, %lld NaN codes\n", rank, (long long)normal,
+            (long long)subnormal, (long long)nan);
+    fails = 1;
+  }
+  th_side_free(&src);
+  th_side_free(&dst);
+  reshard_plan_destroy(plan);
+  return fails;
+}
+
+static void finite_values(void **state) {
+  (void)state;
+  reshard_selftest_set_values(RESHARD_SELFTEST_FINITE);
+  assert_int_equal(reshard_selftest_get_values(), RESHARD_SELFTEST_FINITE);
+  /* every float dtype: finite, under 1, about half of them in [1/2, 1) */
+  static const reshard_dtype_t dts[] = {RESHARD_BF16, RESHARD_FP16, RESHARD_FP32, RESHARD_FP64, RESHARD_FP8_E4M3,
+                                        RESHARD_FP8_E5M2};
+  for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
+    reshard_layout_t *L;
+    int t, m, b;
+    const int64_t shape[1] = {4096};
+    const int one[1] = {1};
+    reshard_placement_t p = reshard_replicate();
+    assert_int_equal(reshard_layout_create(&L), 0);
+    assert_int_equal(reshard_layout_add_tensor(L, "v", dts[i], 1, shape, &t), 0);
+    assert_int_equal(reshard_layout_add_mesh_strided(L, 1, one, 0, 1, &m), 0);
+    assert_int_equal(reshard_layout_place(L, t, m, &p, &b), 0);
+    reshard_selftest_t s;
+    assert_int_equal(reshard_selftest_alloc(&s, L, 0, 5), 0);
+    size_t es = reshard_dtype_size(dts[i]);
+    int top = 0, bad = 0;
+    for (int64_t e = 0; e < shape[0]; e++) {
+      const unsigned char *at = s.ptr[0] + (size_t)e * es;
+      double v;
+      if (dts[i] == RESHARD_FP64) {
+        memcpy(&v, at, 8);
+      } else {
+        uint32_t bits = 0;
+        for (size_t k = 0; k < es; k++) bits |= (uint32_t)at[k] << (8 * k);
+        v = rs_ref_decode(dts[i], bits);
+      }
+      bad += !(fabs(v) < 1.0) || v == 0;
+      top += fabs(v) >= 0.5;
+    }
+    if (bad || top < 1800 || top > 2300)
+      fprintf(stderr, "finite values: %s: %d bad, %d of 4096 in [1/2, 1)\n", reshard_dtype_name(dts[i]), bad, top);
+    assert_int_equal(bad, 0);
+    assert_true(top >= 1800 && top <= 2300);
+    reshard_selftest_free(&s);
+    reshard_layout_destroy(L);
+  }
+  /* a quantizing sync, gathered blocks included (rows split through them) */
+  qcase c;
+  const int64_t sz[2] = {40, 24};
+  tp_case(&c, 2, RESHARD_BF16, 64, 128, 16, 32, 2, 0, sz, 2, 0);
+  int r = th_run_ranks(2, finite_codes_rank, &c);
+  qcase_free(&c);
+  tp_case(&c, 1, RESHARD_FP32, 128, 64, 32, 32, 1, 0, NULL, 1, 0);
+  r |= th_run_ranks(1, finite_codes_rank, &c);
+  qcase_free(&c);
+  reshard_selftest_set_values(RESHARD_SELFTEST_BITS);
+  assert_int_equal(r, 0);
+}
+
 /* Review findings (2026-12-02), each a test first:
  * - a rank whose rewrite fails alone (its layout differs) fails inside the
  *   collective creation, so the others fail too instead of waiting;
@@ -887,6 +984,7 @@ int main(void) {
       cmocka_unit_test(bad_layouts),
       cmocka_unit_test(model_sync),
       cmocka_unit_test(selftest_checks),
+      cmocka_unit_test(finite_values),
       cmocka_unit_test(review_cases),
       cmocka_unit_test(double_buffer),
       cmocka_unit_test(random_layouts),

@@ -260,9 +260,14 @@ perf_np4)
   perf_ok 4 0 --shape 24,30,7 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --dst-dtype bf16
   perf_ok 4 0 --shape 64,48 --dtype f16 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --staging 4K --dst-dtype fp8e5m2
   perf_ok 4 0 --shape 61,37 --dtype fp8e4m3 --src-mesh 2 --src-placements S1 --dst-mesh 2 --dst-placements R --dst-dtype f32
+  grep -q '^# values: finite (weight-like floats)$' "$out" || fail "--dst-dtype: the values are not finite by default"
+  # ... and every bit pattern (NaNs, infinities) on request
+  perf_ok 4 0 --shape 24,30,7 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --dst-dtype fp8e5m2 --values bits
+  grep -q '^# values: bits (every bit pattern)$' "$out" || fail "--values bits: no values line"
   # fp8 block quantization, every code and scale checked against the self-test's reference quantizer
   perf_ok 4 0 --shape 48,40 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,4
   perf_ok 4 0 --shape 3,33,20 --dtype f16 --src-mesh 2,2 --src-placements R,S1 --dst-mesh 4 --dst-placements S2 --colocate --dst-dtype fp8e4m3 --block 5,3
+  perf_ok 4 0 --shape 48,40 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,4 --values bits
   # a tensor whose second first-replica fragment is never reached by the
   # broadcast baseline's setup (the first is over one gather message): the
   # baseline is skipped, and its cleanup frees only the handles it made
@@ -312,6 +317,7 @@ perf_bad_options)
   bad perf nonzero "3 MPI ranks, but the layouts need exactly 4" --shape 64,48 --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1 --colocate
   bad perf nonzero "S2 shards dim 2 but --shape has 2 dims" --shape 64,48 --src-mesh 3 --src-placements S2 --dst-mesh 3 --dst-placements S1 --colocate
   bad perf nonzero "unknown baseline 'nccl'" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --baseline broadcast,nccl
+  bad perf nonzero "--values 'floats': expected auto, bits or finite" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --values floats
   bad perf nonzero "-c '2': expected 0 or 1" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate -c 2
   bad perf nonzero "--topology 'tpu': unknown preset" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --topology tpu
   bad perf nonzero "the baselines move bytes as they are" --shape 64,48 --src-mesh 3 --src-placements S0 --dst-mesh 3 --dst-placements S1 --colocate --dst-dtype bf16 --baseline broadcast

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "plan/topology.h"
+#include "reshard_selftest.h"
 
 #ifdef RESHARD_TOOLS_HAVE_MODELS
 #include "reshard_models.h"
@@ -228,6 +229,12 @@ void cli_usage(int tool, FILE *out) {
             "  --verify              also time a second plan with RESHARD_FLAG_VERIFY (end-to-end\n"
             "                        box checksums), interleaved with the plain one; prints its\n"
             "                        cost as '# verify: ... ratio=' (every backend)\n"
+            "  --values auto|bits|finite\n"
+            "                        what the source's float elements hold: bits, every bit pattern\n"
+            "                        (NaNs included: a fp8 block then takes the quantizer's NaN\n"
+            "                        path); finite, weight-like finite values; auto (default):\n"
+            "                        finite when the destination converts (--infer-dtype,\n"
+            "                        --dst-dtype), else bits\n"
             "  --inject-error        (testing) corrupt one destination byte after each checked\n"
             "                        run, to show that the check catches it\n"
             "The world size must be the source ranks plus the destination ranks, or with\n"
@@ -283,6 +290,7 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   memset(o, 0, sizeof *o);
   o->tool = tool;
   o->iters = 20;
+  o->values = -1;
   o->warmup = 5;
   o->rank = -1;
   o->relay = -1;
@@ -401,6 +409,12 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       if (parse_baselines(v, o, err, errlen)) return -1;
     } else if (perf && !strcmp(a, "--verify")) {
       o->verify = 1;
+    } else if (perf && !strcmp(a, "--values")) {
+      VALUE();
+      if (!strcmp(v, "auto")) o->values = -1;
+      else if (!strcmp(v, "bits")) o->values = RESHARD_SELFTEST_BITS;
+      else if (!strcmp(v, "finite")) o->values = RESHARD_SELFTEST_FINITE;
+      else return cli_fail(err, errlen, "--values '%s': expected auto, bits or finite", v);
     } else if (!strcmp(a, "--inject-error")) {
       o->inject_error = 1;
     } else if (plan && !strcmp(a, "--world")) {

@@ -1042,6 +1042,14 @@ int main(int argc, char **argv) {
   }
   c.is_src = world_rank < c.L.nsrc;
   c.is_dst = world_rank >= c.L.first_dst && world_rank < c.L.first_dst + c.L.ndst;
+  /* the source's values: finite ones where the destination converts, so
+   * that the conversion and quantization are timed on the paths real
+   * weights take (random bits put a NaN in nearly every fp8 block) */
+  const int converts = (c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype) || c.o.infer_fp8;
+  const reshard_selftest_values_t values = c.o.values >= 0 ? (reshard_selftest_values_t)c.o.values
+                                           : converts      ? RESHARD_SELFTEST_FINITE
+                                                           : RESHARD_SELFTEST_BITS;
+  reshard_selftest_set_values(values);
 
   /* tensor ids across the sides (the plan matches them by name too) */
   int ndt = reshard_layout_num_tensors(c.L.dst);
@@ -1186,6 +1194,7 @@ int main(int argc, char **argv) {
   say0("# reshard_perf, %d MPI ranks: %s\n", world_size, c.L.desc);
   say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
+  say0("# values: %s\n", values == RESHARD_SELFTEST_FINITE ? "finite (weight-like floats)" : "bits (every bit pattern)");
   if (nccl)
     say0("# backend %s: device buffers%s, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
          c.o.backend != CLI_BACKEND_IPC ? ""

@@ -291,6 +291,12 @@ int64_t reshard_selftest_check_from(const reshard_selftest_t *s,
 void reshard_selftest_free(reshard_selftest_t *s);
 void reshard_selftest_expected(const char *name, uint64_t step,
     int64_t linear, size_t esize, unsigned char *out);
+typedef enum reshard_selftest_values {
+  RESHARD_SELFTEST_BITS = 0,
+  RESHARD_SELFTEST_FINITE = 1
+} reshard_selftest_values_t;
+void reshard_selftest_set_values(reshard_selftest_values_t v);
+reshard_selftest_values_t reshard_selftest_get_values(void);
 
 /* reshard_models.h */
 typedef struct rm_model rm_model;

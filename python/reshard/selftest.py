@@ -89,3 +89,21 @@ def expected(name, step, linear, esize):
     lib.reshard_selftest_expected(name.encode(), int(step), int(linear),
                                   int(esize), out)
     return bytes(ffi.buffer(out, int(esize)))
+
+
+_VALUES = {"bits": 0, "finite": 1}
+
+
+def set_values(mode):
+    """What the self-test writes into float tensors, process-wide
+    (reshard_selftest_set_values): ``"bits"`` (default: every bit pattern,
+    NaNs included) or ``"finite"`` (weight-like finite values, for timing
+    converting or quantizing syncs)."""
+    if mode not in _VALUES:
+        raise ValueError("set_values: mode %r: expected 'bits' or 'finite'" % (mode,))
+    lib.reshard_selftest_set_values(_VALUES[mode])
+
+
+def get_values():
+    """The self-test's current values mode, ``"bits"`` or ``"finite"``."""
+    return "finite" if lib.reshard_selftest_get_values() else "bits"

@@ -48,6 +48,55 @@ static inline void elem_bytes(uint64_t seed, int64_t linear, size_t esize,
   if (esize == 1 && out[0] == RESHARD_SELFTEST_SENTINEL) out[0] ^= 0x5a;
 }
 
+static int values_mode; /* reshard_selftest_values_t, read and written atomically */
+
+void reshard_selftest_set_values(reshard_selftest_values_t v) {
+  __atomic_store_n(&values_mode, v == RESHARD_SELFTEST_FINITE ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+reshard_selftest_values_t reshard_selftest_get_values(void) {
+  return __atomic_load_n(&values_mode, __ATOMIC_RELAXED) ? RESHARD_SELFTEST_FINITE : RESHARD_SELFTEST_BITS;
+}
+
+/* RESHARD_SELFTEST_FINITE's value of dtype dt from an element's hash v:
+ * sign from bit 0, mantissa from the bits above it, exponent -1 - (the
+ * trailing zeros of v >> 24), clamped at the dtype's smallest normal
+ * exponent (so never a subnormal, a NaN or an infinity in the tensor
+ * itself); the bits written little-endian like elem_bytes'. Returns 0 for
+ * a dtype that is not a float. */
+static inline int finite_bytes(uint64_t v, reshard_dtype_t dt, unsigned char *out) {
+  uint64_t t = v >> 24;
+  int e = -1 - (t ? __builtin_ctzll(t) : 40), n;
+  uint64_t sign = v & 1, m = v >> 1, b;
+#define RS_FINITE(bias, emin, mbits, width)                                                      \
+  do {                                                                                          \
+    int ee = e < (emin) ? (emin) : e;                                                           \
+    b = sign << ((width)-1) | (uint64_t)((bias) + ee) << (mbits) | (m & ((1ull << (mbits)) - 1)); \
+    n = (width) / 8;                                                                            \
+  } while (0)
+  switch (dt) {
+  case RESHARD_FP64: RS_FINITE(1023, -1022, 52, 64); break;
+  case RESHARD_FP32: RS_FINITE(127, -126, 23, 32); break;
+  case RESHARD_BF16: RS_FINITE(127, -126, 7, 16); break;
+  case RESHARD_FP16: RS_FINITE(15, -14, 10, 16); break;
+  case RESHARD_FP8_E4M3: RS_FINITE(7, -6, 3, 8); break;
+  case RESHARD_FP8_E5M2: RS_FINITE(15, -14, 2, 8); break;
+  default: return 0;
+  }
+#undef RS_FINITE
+  /* a one-byte value equal to the sentinel would hide a missed write */
+  if (n == 1 && b == RESHARD_SELFTEST_SENTINEL) b ^= 1;
+  for (int i = 0; i < n; i++) out[i] = (unsigned char)(b >> (8 * i));
+  return 1;
+}
+
+/* An element's bytes in the current mode (dt: the tensor's dtype). */
+static inline void elem_value(uint64_t seed, int64_t linear, reshard_dtype_t dt, size_t esize, unsigned char *out) {
+  if (__atomic_load_n(&values_mode, __ATOMIC_RELAXED) && finite_bytes(elem_bits(seed, (uint64_t)linear), dt, out))
+    return;
+  elem_bytes(seed, linear, esize, out);
+}
+
 void reshard_selftest_expected(const char *name, uint64_t step, int64_t linear,
                  size_t esize, unsigned char *out) {
   elem_bytes(tensor_seed(name, step), linear, esize, out);
@@ -72,6 +121,7 @@ typedef struct elem_ctx {
   const char *name;
   uint64_t seed;
   size_t es;
+  reshard_dtype_t dt;
   unsigned char *buf, *mask;
   int64_t bad;
   const char *label;
@@ -93,7 +143,7 @@ static uint32_t le_bits(const unsigned char *p, size_t n) {
  * reference (src/selftest/ref_cast.c); any NaN where the cast gives one. */
 static int cast_differs(const elem_ctx *x, int64_t lin, const unsigned char *at) {
   unsigned char raw[16];
-  elem_bytes(x->seed, lin, x->ses, raw);
+  elem_value(x->seed, lin, x->sdt, x->ses, raw);
   int64_t want = rs_ref_round(x->ddt, rs_ref_decode(x->sdt, le_bits(raw, x->ses)));
   uint32_t got = le_bits(at, x->es);
   return want < 0 ? !rs_ref_is_nan(x->ddt, got) : got != (uint32_t)want;
@@ -124,10 +174,10 @@ static void for_each_row(const reshard_fragment_info_t *f,
       if (what == VISIT_MASK) {
         for (size_t k = 0; k < x->es; k++) at[k] = 1;
       } else if (what == VISIT_FILL) {
-        elem_bytes(x->seed, lin, x->es, at);
+        elem_value(x->seed, lin, x->dt, x->es, at);
       } else {
         unsigned char want[16];
-        if (!x->cast) elem_bytes(x->seed, lin, x->es, want);
+        if (!x->cast) elem_value(x->seed, lin, x->dt, x->es, want);
         if (x->cast ? cast_differs(x, lin, at) : bytes_differ(want, at, x->es)) {
           if (x->bad < 5)
             fprintf(stderr, "%s: rank %d tensor '%s' element %lld (buffer byte %lld) wrong\n", x->label, x->rank, x->name,
@@ -148,6 +198,7 @@ static void visit(const reshard_layout_t *L, const reshard_fragment_info_t *f,
   int64_t shape[RESHARD_MAX_DIMS];
   reshard_layout_tensor_info(L, f->tensor_id, &c->name, &dt, NULL, shape);
   c->es = reshard_dtype_size(dt);
+  c->dt = dt;
   c->seed = tensor_seed(c->name, step);
   for_each_row(f, shape, what, c);
 }
@@ -215,7 +266,7 @@ static double q_value(const qref *q, const int64_t *g) {
   int64_t lin = 0;
   for (int d = 0; d < q->nd; d++) lin = lin * q->shape[d] + g[d];
   unsigned char raw[16];
-  elem_bytes(q->seed, lin, q->ses, raw);
+  elem_value(q->seed, lin, q->sdt, q->ses, raw);
   return rs_ref_decode(q->sdt, le_bits(raw, q->ses));
 }
 

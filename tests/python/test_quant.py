@@ -141,3 +141,32 @@ def test_model_bf16_training_to_fp8_serving():
 
     results = run_ranks(8, rank_fn)
     assert all(wrong == 0 for wrong, _ in results)
+
+
+@pytest.mark.parametrize("mode", ["finite", "bits"])
+def test_model_sync_checked_with_either_values(mode):
+    """The self-test's values mode (reshard.selftest.set_values): weight-like
+    finite floats (what the tools time converting syncs with) or every bit
+    pattern; a quantizing model sync is checked exactly with either (the C
+    test test_quant finite_values counts the codes' kinds)."""
+    import os
+    cfg = os.path.join(os.path.dirname(__file__), "..", "data", "tiny-deepseek-v3-fp8.json")
+    src = reshard.models.megatron_layout(cfg, "tp=2", layers=1)
+    dst = reshard.models.vllm_layout(cfg, "tp=2", first_rank=2, layers=1, block_scales=True)
+    with pytest.raises(ValueError, match="expected 'bits' or 'finite'"):
+        reshard.selftest.set_values("floats")
+    reshard.selftest.set_values(mode)
+    try:
+        assert reshard.selftest.get_values() == mode
+        blocked = [t.id for t in dst.tensors() if dst.tensor_block(t.id)]
+
+        def rank_fn(rank, comm):
+            s, d = reshard.SelfTest(src, rank, 2), reshard.SelfTest(dst, rank, -1)
+            with reshard.Plan(comm, src, dst, timeout_ms=30000) as plan:
+                plan.execute(s.arrays, d.arrays)
+            return d.check(2, "values " + mode, src=src)
+
+        assert run_ranks(4, rank_fn) == [0, 0, 0, 0]
+        assert blocked
+    finally:
+        reshard.selftest.set_values("bits")
