@@ -133,18 +133,26 @@ RS_CVT uint32_t rs_qblock_amax_part(const rs_qbox *q, const rs_qblock *b, unsign
   return m;
 }
 
+/* The block's amax from its bits (a NaN's: as PyTorch's amax), the
+ * factor its codes are computed with, and its scale, written little-endian
+ * at scales + b->scale_at. */
+RS_CVT float rs_qblock_amax(uint32_t amax_bits) {
+  return rs_cvt_bits_f32(amax_bits > 0x7f800000u ? 0x7fc00000u : amax_bits);
+}
+
+RS_CVT void rs_qblock_put_scale(const rs_qblock *b, uint32_t amax_bits, unsigned char *scales) {
+  const uint32_t s = rs_cvt_f32_bits(rs_cvt_block_scale_inv(rs_qblock_amax(amax_bits)));
+  unsigned char *at = scales + b->scale_at;
+  at[0] = (unsigned char)s, at[1] = (unsigned char)(s >> 8), at[2] = (unsigned char)(s >> 16),
+  at[3] = (unsigned char)(s >> 24);
+}
+
 /* Thread tid of nth's codes of the block, given the block's amax bits;
- * thread 0 also writes the scale (amax NaN: as PyTorch's amax). */
+ * thread 0 also writes the scale. */
 RS_CVT void rs_qblock_write(const rs_qbox *q, const rs_qblock *b, uint32_t amax_bits, unsigned char *codes,
                             unsigned char *scales, unsigned tid, unsigned nth) {
-  const float amax = rs_cvt_bits_f32(amax_bits > 0x7f800000u ? 0x7fc00000u : amax_bits);
-  const float factor = rs_cvt_block_factor(amax);
-  if (tid == 0) {
-    const uint32_t s = rs_cvt_f32_bits(rs_cvt_block_scale_inv(amax));
-    unsigned char *at = scales + b->scale_at;
-    at[0] = (unsigned char)s, at[1] = (unsigned char)(s >> 8), at[2] = (unsigned char)(s >> 16),
-    at[3] = (unsigned char)(s >> 24);
-  }
+  const float factor = rs_cvt_block_factor(rs_qblock_amax(amax_bits));
+  if (tid == 0) rs_qblock_put_scale(b, amax_bits, scales);
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   if ((int64_t)tid >= w * h) return;
   unsigned char *out = codes + b->code_at;
