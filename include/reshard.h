@@ -715,7 +715,10 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
  * mappings of the old buffers are released. Buffers must be cudaMalloc
  * allocations or pieces of them (PyTorch's caching allocator without
  * expandable_segments): others give RESHARD_ERROR_BACKEND naming the
- * buffer. Not with RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Other
+ * buffer. A plan that converts dtypes casts inside the direct copy (the
+ * same conversion, on the same side of the wire's dtype, as its staged
+ * executes). Not with RESHARD_FLAG_DOUBLE_BUFFER or RESHARD_FLAG_VERIFY
+ * (UNSUPPORTED). Other
  * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
  * (their executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,

@@ -280,14 +280,24 @@ static void test_random(void **state) {
  * unpack (dense staging -> random destination strides) of one random box,
  * each merged its own way, composed into one descriptor: running it
  * gives the destination the two steps give, byte for byte (and the bytes
- * around the box untouched, since both start from the same sentinel). */
+ * around the box untouched, since both start from the same sentinel).
+ * A third of the cases cast in the pack (the sender narrows) and a third
+ * in the unpack (the receiver widens), between random float dtypes. */
 static void run_compose_case(uint64_t seed) {
   rng r = {seed ^ 0x9E3779B97F4A7C15ULL};
   rng_next(&r);
   static const size_t sizes[] = {1, 2, 4, 8, 3, 16};
   static const int64_t caps[] = {1, 4096, 256, 40, 16, 9, 6, 5, 4};
+  static const reshard_dtype_t floats[] = {RESHARD_FP32, RESHARD_BF16, RESHARD_FP16, RESHARD_FP8_E4M3,
+                                           RESHARD_FP8_E5M2};
+  const int cast = (int)(seed % 3); /* 0: none, 1: in the pack, 2: in the unpack */
+  reshard_dtype_t a = floats[rng_range(&r, 0, 4)], w = floats[rng_range(&r, 0, 4)];
+  if (cast && a == w) w = a == RESHARD_FP32 ? RESHARD_BF16 : RESHARD_FP32;
   int ndim = (int)rng_range(&r, 0, RS_COPY_MAX_DIMS);
   size_t es = sizes[rng_range(&r, 0, 5)];
+  /* element sizes: source, staging, destination */
+  size_t ses = cast ? reshard_dtype_size(a) : es, wes = cast == 1 ? reshard_dtype_size(w) : ses;
+  size_t des = cast == 2 ? reshard_dtype_size(w) : wes;
   int64_t extent[RS_COPY_MAX_DIMS], dense[RS_COPY_MAX_DIMS];
   for (int k = 0; k < ndim; k++) extent[k] = rng_range(&r, 0, 3) == 0 ? 1 : rng_range(&r, 1, caps[ndim]);
   while (box_elems(ndim, extent) > MAX_ELEMS) {
@@ -301,22 +311,30 @@ static void run_compose_case(uint64_t seed) {
   int64_t ss[RS_COPY_MAX_DIMS], ds[RS_COPY_MAX_DIMS];
   int64_t s_base = random_strides(&r, ndim, extent, ss, 1);
   int64_t d_base = random_strides(&r, ndim, extent, ds, 0);
-  uint64_t src_off = (uint64_t)(s_base * (int64_t)es + rng_range(&r, 0, 37));
-  uint64_t dst_off = (uint64_t)(d_base * (int64_t)es + rng_range(&r, 0, 37));
+  uint64_t src_off = (uint64_t)(s_base * (int64_t)ses + rng_range(&r, 0, 37));
+  uint64_t dst_off = (uint64_t)(d_base * (int64_t)des + rng_range(&r, 0, 37));
   uint64_t stage_off = rng_range(&r, 0, 100);
   int64_t lo, hi;
-  box_span(ndim, extent, es, ss, &lo, &hi);
+  box_span(ndim, extent, ses, ss, &lo, &hi);
   size_t src_size = (size_t)((int64_t)src_off + hi) + 64;
-  box_span(ndim, extent, es, ds, &lo, &hi);
+  box_span(ndim, extent, des, ds, &lo, &hi);
   size_t dst_size = (size_t)((int64_t)dst_off + hi) + 64;
-  size_t stage_size = stage_off + box_elems(ndim, extent) * es + 64;
+  size_t stage_size = stage_off + box_elems(ndim, extent) * wes + 64;
   unsigned char *src = random_bytes(src_size, seed), *stage = calloc(1, stage_size);
   unsigned char *want = malloc(dst_size), *got = malloc(dst_size);
   fill_sentinel(want, dst_size, 0);
   fill_sentinel(got, dst_size, 0);
   rs_copy pk, un, c;
-  rs_copy_init(&pk, ndim, extent, es, 2, src_off, ss, RS_BUF_STAGING, stage_off, dense);
-  rs_copy_init(&un, ndim, extent, es, RS_BUF_STAGING, stage_off, dense, 5, dst_off, ds);
+  if (cast == 1) {
+    rs_copy_init_cvt(&pk, ndim, extent, a, 2, src_off, ss, w, RS_BUF_STAGING, stage_off, dense);
+    rs_copy_init(&un, ndim, extent, wes, RS_BUF_STAGING, stage_off, dense, 5, dst_off, ds);
+  } else if (cast == 2) {
+    rs_copy_init(&pk, ndim, extent, ses, 2, src_off, ss, RS_BUF_STAGING, stage_off, dense);
+    rs_copy_init_cvt(&un, ndim, extent, a, RS_BUF_STAGING, stage_off, dense, w, 5, dst_off, ds);
+  } else {
+    rs_copy_init(&pk, ndim, extent, es, 2, src_off, ss, RS_BUF_STAGING, stage_off, dense);
+    rs_copy_init(&un, ndim, extent, es, RS_BUF_STAGING, stage_off, dense, 5, dst_off, ds);
+  }
   rs_copy_run(&pk, src, stage);
   rs_copy_run(&un, stage, want);
   int rc = rs_copy_compose(&pk, &un, &c);
@@ -324,11 +342,14 @@ static void run_compose_case(uint64_t seed) {
   const char *why = rc ? "compose refused a pack and its unpack"
                    : memcmp(want, got, dst_size) ? "composed copy differs from pack + unpack"
                    : c.src_buf != 2 || c.dst_buf != 5 ? "buffer ids not carried over"
-                   : rs_copy_bytes(&c) != box_elems(ndim, extent) * es ? "wrong byte count"
+                   : rs_copy_bytes(&c) != box_elems(ndim, extent) * ses ? "wrong byte count"
+                   : rs_copy_dst_run(&c) / des * ses != c.run_bytes ? "run not whole elements"
                                                                        : NULL;
   free(src), free(stage), free(want), free(got);
   if (why) {
-    print_case(seed, ndim, extent, es, src_off, ss, dst_off, ds);
+    if (cast) fprintf(stderr, "cast %s -> %s in the %s\n", reshard_dtype_name(a), reshard_dtype_name(w),
+                      cast == 1 ? "pack" : "unpack");
+    print_case(seed, ndim, extent, ses, src_off, ss, dst_off, ds);
     fail_msg("compose case seed=0x%016llx: %s", (unsigned long long)seed, why);
   }
 }
@@ -346,6 +367,10 @@ static void test_compose_random(void **state) {
   rs_copy a, b2, c;
   rs_copy_init(&a, 1, ext, 4, 0, 0, one_s, RS_BUF_STAGING, 0, one_s);
   rs_copy_init(&b2, 1, ext, 4, RS_BUF_STAGING, 16, one_s, 0, 0, one_s);
+  assert_int_equal(rs_copy_compose(&a, &b2, &c), -1);
+  /* both casting (two conversions of one element): refused */
+  rs_copy_init_cvt(&a, 1, ext, RESHARD_FP32, 0, 0, one_s, RESHARD_BF16, RS_BUF_STAGING, 0, one_s);
+  rs_copy_init_cvt(&b2, 1, ext, RESHARD_BF16, RS_BUF_STAGING, 0, one_s, RESHARD_FP16, 0, 0, one_s);
   assert_int_equal(rs_copy_compose(&a, &b2, &c), -1);
 }
 
@@ -560,7 +585,35 @@ static void test_cast_descriptors(void **state) {
   assert_int_equal(rs_copy_dst_run(&a), 30);
   rs_copy_init_cvt(&p, 2, extent, RESHARD_FP32, 0, 0, st, RESHARD_BF16, RS_BUF_STAGING, 0, st);
   rs_copy_init(&u, 2, extent, 2, RS_BUF_STAGING, 0, st, 1, 0, st);
-  assert_int_equal(rs_copy_compose(&p, &u, &out), -1);
+  /* composed (registered buffers): the pack's cast is the copy's */
+  assert_int_equal(rs_copy_compose(&p, &u, &out), 0);
+  assert_int_equal(out.cvt_from, RESHARD_FP32 + 1);
+  assert_int_equal(out.cvt_to, RESHARD_BF16 + 1);
+  assert_int_equal(rs_copy_bytes(&out), 60);
+  assert_int_equal(rs_copy_dst_run(&out) * (rs_copy_bytes(&out) / out.run_bytes), 30);
+  /* the other side's runs shorter than the cast side's: the composed dims
+   * cut inside the pack's one run (f32 source, dense) and the unpack's
+   * rows land 7 bf16 apart; and the mirror, the cast in the unpack */
+  for (int side = 0; side < 2; side++) {
+    int64_t padded[2] = {7, 1};
+    float in[15];
+    for (int i = 0; i < 15; i++) in[i] = 1.0f + (float)i / 64.0f;
+    unsigned char stage[64], want[64], got[64];
+    memset(want, 0xA5, sizeof want), memset(got, 0xA5, sizeof got);
+    if (side == 0) {
+      rs_copy_init_cvt(&p, 2, extent, RESHARD_FP32, 0, 0, st, RESHARD_BF16, RS_BUF_STAGING, 0, st);
+      rs_copy_init(&u, 2, extent, 2, RS_BUF_STAGING, 0, st, 1, 0, padded);
+    } else {
+      rs_copy_init(&p, 2, extent, 4, 0, 0, st, RS_BUF_STAGING, 0, st);
+      rs_copy_init_cvt(&u, 2, extent, RESHARD_FP32, RS_BUF_STAGING, 0, st, RESHARD_BF16, 1, 0, padded);
+    }
+    rs_copy_run(&p, in, stage);
+    rs_copy_run(&u, stage, want);
+    assert_int_equal(rs_copy_compose(&p, &u, &out), 0);
+    assert_true(out.ndim >= 1);
+    rs_copy_run(&out, in, got);
+    assert_memory_equal(want, got, sizeof want);
+  }
 }
 
 int main(void) {

@@ -1123,9 +1123,6 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   else if (d->dbuf || d->verify)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with %s (yet)", p->rank,
                  d->dbuf ? "RESHARD_FLAG_DOUBLE_BUFFER" : "RESHARD_FLAG_VERIFY");
-  else if (p->casts && (src || dst || nsrc || ndst)) /* registered buffers are read as they are: no pack to cast in */
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not for a plan that converts dtypes (yet); "
-                 "execute it unregistered", p->rank);
   else if (!src && !dst && !nsrc && !ndst)
     unregister = 1;
   else if (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers)

@@ -111,11 +111,14 @@ uint64_t rs_copy_dst_run(const rs_copy *c) {
 }
 
 /* The real side's byte stride at staging unit u (a breakpoint of the
- * refinement): within the run it is u itself; past it, unit u lies in the
- * one dim d whose staging stride divides it. stage/real: the staging and
- * real strides of c. */
-static int64_t stride_at(const rs_copy *c, const int64_t *stage, const int64_t *real, uint64_t u) {
-  if (u < c->run_bytes) return (int64_t)u;
+ * refinement, in staging bytes): within the staging run (run bytes) it is
+ * u's elements at the real side's size (u itself without a cast); past
+ * it, unit u lies in the one dim d whose staging stride divides it.
+ * stage/real: the staging and real strides of c; stage_es/real_es: the
+ * element sizes of the two sides (equal without a cast). */
+static int64_t stride_at(const rs_copy *c, const int64_t *stage, const int64_t *real, uint64_t run, uint64_t stage_es,
+                         uint64_t real_es, uint64_t u) {
+  if (u < run) return (int64_t)(u / stage_es * real_es);
   for (int d = 0; d < c->ndim; d++) {
     uint64_t lo = (uint64_t)stage[d];
     if (u >= lo && u < lo * (uint64_t)c->extent[d]) return real[d] * (int64_t)(u / lo);
@@ -124,8 +127,14 @@ static int64_t stride_at(const rs_copy *c, const int64_t *stage, const int64_t *
 }
 
 int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out) {
-  uint64_t total = rs_copy_bytes(s);
-  if (s->cvt_from || r->cvt_from ||s->dst_buf != RS_BUF_STAGING || r->src_buf != RS_BUF_STAGING || s->dst_off != r->src_off ||
+  /* A cast in one of the two (never both: one conversion per element)
+   * becomes the composed copy's, between s's source and r's destination
+   * element sizes; everything below counts in staging bytes. */
+  const int scast = s->cvt_from != 0, rcast = r->cvt_from != 0;
+  const uint64_t s_stage_es = scast ? rs_cvt_size(s->cvt_to - 1) : 1, s_real_es = scast ? rs_cvt_size(s->cvt_from - 1) : 1;
+  const uint64_t r_stage_es = rcast ? rs_cvt_size(r->cvt_from - 1) : 1, r_real_es = rcast ? rs_cvt_size(r->cvt_to - 1) : 1;
+  const uint64_t s_run = rs_copy_dst_run(s), total = rs_copy_bytes(s) / s_real_es * s_stage_es;
+  if ((scast && rcast) || s->dst_buf != RS_BUF_STAGING || r->src_buf != RS_BUF_STAGING || s->dst_off != r->src_off ||
       total != rs_copy_bytes(r))
     return -1;
   memset(out, 0, sizeof *out);
@@ -137,11 +146,13 @@ int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out) {
     make_empty(out, 1);
     return 0;
   }
+  out->cvt_from = scast ? s->cvt_from : r->cvt_from;
+  out->cvt_to = scast ? s->cvt_to : r->cvt_to;
   /* The breakpoints: both runs, every dim's staging unit, the total;
    * sorted, deduplicated, each dividing the next. */
   uint64_t b[2 * RS_COPY_MAX_DIMS + 3];
   int nb = 0;
-  b[nb++] = s->run_bytes;
+  b[nb++] = s_run;
   b[nb++] = r->run_bytes;
   b[nb++] = total;
   for (int d = 0; d < s->ndim; d++) b[nb++] = (uint64_t)s->dst_stride[d];
@@ -157,16 +168,17 @@ int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out) {
     if (!m || b[i] != b[m - 1]) b[m++] = b[i];
   for (int i = 1; i < m; i++)
     if (b[i] % b[i - 1]) return -1;
-  if (m - 1 > RS_COPY_MAX_DIMS) return -1;
-  out->run_bytes = b[0];
+  if (m - 1 > RS_COPY_MAX_DIMS || b[0] % (scast ? s_stage_es : r_stage_es)) return -1;
+  /* (a cast copy's run counts source bytes) */
+  out->run_bytes = scast ? b[0] / s_stage_es * s_real_es : b[0];
   out->ndim = m - 1;
   /* dim j (outermost first) is level m-2-j: unit b[level], extent
    * b[level+1] / b[level] */
   for (int j = 0; j < m - 1; j++) {
     int lv = m - 2 - j;
     out->extent[j] = (int64_t)(b[lv + 1] / b[lv]);
-    out->src_stride[j] = stride_at(s, s->dst_stride, s->src_stride, b[lv]);
-    out->dst_stride[j] = stride_at(r, r->src_stride, r->dst_stride, b[lv]);
+    out->src_stride[j] = stride_at(s, s->dst_stride, s->src_stride, s_run, s_stage_es, s_real_es, b[lv]);
+    out->dst_stride[j] = stride_at(r, r->src_stride, r->dst_stride, r->run_bytes, r_stage_es, r_real_es, b[lv]);
   }
   return 0;
 }

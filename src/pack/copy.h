@@ -83,10 +83,10 @@ uint64_t rs_copy_dst_run(const rs_copy *c);
  * the common refinement of their dims (both are coarsenings of the same
  * row-major box, so the refinement has at most RS_COPY_MAX_DIMS dims).
  * Used for registered buffers, where a receiver reads the sender's
- * buffers (src/device/). Returns 0, or -1 when s and r are not a pack and
- * unpack of one box (different offsets or sizes). */
+ * buffers (src/device/). A cast in s or r (not both) is the composed
+ * copy's. Returns 0, or -1 when s and r are not a pack and unpack of one
+ * box (different offsets or sizes) or both cast. */
 int rs_copy_compose(const rs_copy *s, const rs_copy *r, rs_copy *out);
-/* (-1 too when s or r casts: registered buffers move bytes as they are.) */
 
 /* Executes one descriptor on host memory. */
 void rs_copy_run(const rs_copy *c, const void *src_base, void *dst_base);

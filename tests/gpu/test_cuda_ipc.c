@@ -264,7 +264,7 @@ static void random_rank(ipc_rank *r) {
                                               (size_t)d.nbuf, NULL);
     if (e) RFAIL(r, "execute: %s", reshard_last_error());
     else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
-    else r->wrong += reshard_selftest_check(&d, x->pair->dst, r->rank, (uint64_t)step, "ipc world");
+    else r->wrong += reshard_selftest_check_from(&d, x->pair->dst, x->pair->src, r->rank, (uint64_t)step, "ipc world");
     reshard_plan_status_t st = {.struct_size = sizeof st};
     reshard_plan_get_status(plan, &st);
     if (st.failed) RFAIL(r, "status: %s", st.failure_message);
@@ -277,6 +277,8 @@ static void random_rank(ipc_rank *r) {
 }
 
 static int registered_worlds; /* rand_ctx.registered of random_worlds */
+static rl_mode worlds_mode;    /* RL_ANY, or RL_CASTS: dtypes converted on the way */
+static int worlds_iters;       /* 0: 120 (RS_ITERS overrides either) */
 static uint32_t worlds_flags;  /* rand_ctx.flags */
 static int worlds_nccl;        /* every other world over NCCL */
 
@@ -285,12 +287,12 @@ static void random_worlds(void **state) {
   /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 104729) */
   const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
-  int iters = ei ? atoi(ei) : 120, it0 = ef ? atoi(ef) : 0;
+  int iters = ei ? atoi(ei) : worlds_iters ? worlds_iters : 120, it0 = ef ? atoi(ef) : 0;
   long delivered0 = world.delivered;
   for (int it = it0; it < it0 + iters; it++) {
     uint64_t seed = seed0 + (uint64_t)it * 104729;
     rl_pair pair;
-    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    if (rl_pair_make(seed, worlds_mode, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
     rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
@@ -341,6 +343,21 @@ static void random_worlds(void **state) {
 static void registered_random_worlds(void **state) {
   registered_worlds = 1;
   random_worlds(state);
+  registered_worlds = 0;
+}
+
+/* Registered buffers with dtypes converted on the way (support/
+ * random_layout RL_CASTS: f32, bf16, f16 and fp8 into each other): each
+ * direct copy casts as the composed pack and unpack would
+ * (rs_copy_compose carries the cast), checked against the self-test's
+ * reference casts; the unregistered step goes staged. */
+static void registered_cast_worlds(void **state) {
+  registered_worlds = 1;
+  worlds_mode = RL_CASTS;
+  worlds_iters = 48;
+  random_worlds(state);
+  worlds_iters = 0;
+  worlds_mode = RL_ANY;
   registered_worlds = 0;
 }
 
@@ -1050,6 +1067,7 @@ int main(void) {
       cmocka_unit_test(registered_plan_refuses_other_buffers),
       cmocka_unit_test(register_unsupported_on_nccl),
       cmocka_unit_test(registered_random_worlds),
+      cmocka_unit_test(registered_cast_worlds),
       cmocka_unit_test(verify_random_worlds),
       cmocka_unit_test(verify_catches_corruption),
       cmocka_unit_test(quant_worlds),
