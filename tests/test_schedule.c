@@ -283,6 +283,7 @@ typedef struct marks {
   int mark;
   int worst; /* reading: the latest receive round seen */
   int unwritten, local;
+  int32_t *cur; /* the buffer the copy at hand touches */
 } marks;
 
 static void grow(void *arg, uint64_t off, uint64_t len) {
@@ -290,25 +291,24 @@ static void grow(void *arg, uint64_t off, uint64_t len) {
   if (off + len > *end) *end = off + len;
 }
 
-static int32_t *cur_buf;
 static void mark_run(void *arg, uint64_t off, uint64_t len) {
   marks *m = arg;
-  for (uint64_t b = off; b < off + len; b++) cur_buf[b] = m->mark;
+  for (uint64_t b = off; b < off + len; b++) m->cur[b] = m->mark;
 }
 
 static void read_run(void *arg, uint64_t off, uint64_t len) {
   marks *m = arg;
   for (uint64_t b = off; b < off + len; b++) {
-    if (cur_buf[b] == UNWRITTEN) m->unwritten++;
-    else if (cur_buf[b] == BY_LOCAL) m->local = 1;
-    else if (cur_buf[b] > m->worst) m->worst = cur_buf[b];
+    if (m->cur[b] == UNWRITTEN) m->unwritten++;
+    else if (m->cur[b] == BY_LOCAL) m->local = 1;
+    else if (m->cur[b] > m->worst) m->worst = m->cur[b];
   }
 }
 
 static void check_forwards(const rec *r, const device_hb *h, errs *e, int *nfwd) {
   const reshard_plan_t *p = r->p;
   int nb = p->num_dst_buffers;
-  marks m = {calloc((size_t)nb + 1, sizeof(int32_t *)), calloc((size_t)nb + 1, sizeof(uint64_t)), 0, 0, 0, 0};
+  marks m = {calloc((size_t)nb + 1, sizeof(int32_t *)), calloc((size_t)nb + 1, sizeof(uint64_t)), 0, 0, 0, 0, NULL};
   assert_non_null(m.round_of);
   assert_non_null(m.size);
   /* buffer extents from every copy that touches a destination buffer */
@@ -329,12 +329,12 @@ static void check_forwards(const rec *r, const device_hb *h, errs *e, int *nfwd)
     for (uint32_t c = 0; c < p->recvs[i].ncopies; c++) {
       const rs_copy *cp = &p->recv_copies[p->recvs[i].first_copy + c];
       m.mark = p->recvs[i].round;
-      cur_buf = m.round_of[cp->dst_buf];
+      m.cur = m.round_of[cp->dst_buf];
       runs(cp, 1, mark_run, &m);
     }
   for (size_t i = 0; i < p->nlocal_copies; i++) {
     m.mark = BY_LOCAL;
-    cur_buf = m.round_of[p->local_copies[i].dst_buf];
+    m.cur = m.round_of[p->local_copies[i].dst_buf];
     runs(&p->local_copies[i], 1, mark_run, &m);
   }
   long local = find(r, mk(RS_STEP_LOCAL, -1));
@@ -347,7 +347,7 @@ static void check_forwards(const rec *r, const device_hb *h, errs *e, int *nfwd)
       const rs_copy *cp = &p->send_copies[s->first_copy + c];
       m.worst = -1;
       m.unwritten = m.local = 0;
-      cur_buf = m.round_of[cp->src_buf];
+      m.cur = m.round_of[cp->src_buf];
       runs(cp, 0, read_run, &m);
       if (m.unwritten) err(e, "forward to rank %d in round %d reads %d bytes nothing here wrote", s->peer, s->round,
                            m.unwritten);
