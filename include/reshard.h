@@ -717,8 +717,9 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
  * expandable_segments): others give RESHARD_ERROR_BACKEND naming the
  * buffer. A plan that converts dtypes casts inside the direct copy (the
  * same conversion, on the same side of the wire's dtype, as its staged
- * executes). Not with RESHARD_FLAG_DOUBLE_BUFFER or RESHARD_FLAG_VERIFY
- * (UNSUPPORTED). Other
+ * executes). With RESHARD_FLAG_VERIFY each receiver sums the senders'
+ * boxes through the mapping and its own after the copy. Not with
+ * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Other
  * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
  * (their executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,

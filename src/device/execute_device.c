@@ -605,15 +605,28 @@ static reshard_result_t verify_locals(const reshard_plan_t *p, rs_dev *d) {
  * (gated like unpacks), and a token back says they are done reading, so
  * that the sender's stream, and so its caller, goes on only then.
  * d->p2p holds the round's n transfers (receives first). */
-static reshard_result_t direct_round(const reshard_plan_t *p, rs_dev *d, int k, size_t n, int64_t deadline) {
+static reshard_result_t direct_round(const reshard_plan_t *p, rs_dev *d, int k, size_t n, int64_t deadline,
+                                     uint64_t *rsums) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   for (size_t i = 0; i < n; i++) d->p2p[i].bytes = 0, d->p2p[i].buf = d->d_word ? (void *)d->d_word : (void *)d;
   RS_CHECK(so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree));
   if (k < dir_rounds(p->recvs, p->nrecvs) && d->dstart[k + 1] > d->dstart[k]) {
     const uint32_t *gate = d->d_agree ? &d->d_agree->ok : NULL;
-    int e = rs_cuda_launch_copies_gated(d->d_dtiles + d->dstart[k], d->dstart[k + 1] - d->dstart[k], d->d_dcopies,
-                                        d->d_dtab, d->d_dtab + d->dtab_dst, NULL, gate, d->s[S_XFER]);
+    const rs_tile *t = d->d_dtiles + d->dstart[k];
+    const uint64_t nt = d->dstart[k + 1] - d->dstart[k];
+    int e = rs_cuda_launch_copies_gated(t, nt, d->d_dcopies, d->d_dtab, d->d_dtab + d->dtab_dst, NULL, gate,
+                                        d->s[S_XFER]);
     if (e) return rs_cuda_error(e, "direct copy launch", p->rank);
+    /* verify: the senders' side of each box, summed here from their
+     * buffers as mapped (before the "done" tokens let them go on); the
+     * direct copies are the receives' (same boxes, same order), so the
+     * receives' boxes and their sums' slots serve; this rank's side is
+     * summed by the unpack step as on the staged path */
+    if (d->verify) {
+      e = rs_cuda_verify_sums(t, nt, d->d_dcopies, d->d_vbox + p->nsend_copies, d->d_vtensors, d->d_dtab,
+                              d->d_dtab + d->dtab_dst, 0, rsums, 0, d->s[S_XFER]);
+      if (e) return rs_cuda_error(e, "verify sums launch", p->rank);
+    }
   }
   for (size_t i = 0; i < n; i++) d->p2p[i].is_recv = !d->p2p[i].is_recv;
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], deadline, d->d_agree);
@@ -707,7 +720,9 @@ static reshard_result_t dev_pack(dev_call *c, int k, int unpack) {
   if (!d->reg)
     RS_CHECK(launch(p, d, start[k], start[k + 1], half, unpack ? S_UNPACK : S_PACK, unpack ? GATE_DST : GATE_STAGING,
                     unpack ? "unpack launch" : "pack launch"));
-  if (!d->verify) return RESHARD_SUCCESS;
+  /* (with registered buffers the receivers sum this rank's sources
+   * themselves: direct_round) */
+  if (!d->verify || (d->reg && !unpack)) return RESHARD_SUCCESS;
   /* (sums sent: in the pool after the halves; sums of what landed: d_rmine) */
   uint64_t *ssums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half));
   return unpack ? verify_sums(p, d, start[k], start[k + 1], 1, d->d_rmine, (uint32_t)p->nsend_copies, S_UNPACK)
@@ -732,7 +747,7 @@ static reshard_result_t dev_xfer(dev_call *c, int k) {
                         : (void *)((x->recv ? recv_half : send_half) + m->staging_off);
     d->p2p[i] = (rs_p2p){m->peer, x->recv, buf, x->sums ? 8 * (uint64_t)m->ncopies : m->bytes};
   }
-  if (d->reg) return direct_round(p, d, k, n, c->deadline);
+  if (d->reg) return direct_round(p, d, k, n, c->deadline, rsums);
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree);
 }
 
@@ -880,7 +895,9 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
    * contiguous, so once per call, before any stream adds) */
   if (d->verify) {
     uint64_t *ss = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half));
-    if (p->nsend_copies) CU(cudaMemsetAsync(ss, 0, 8 * p->nsend_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+    /* (registered: the senders' sums are added up here too, after them) */
+    const size_t nsums = p->nsend_copies + (d->reg ? p->nrecv_copies : 0);
+    if (nsums) CU(cudaMemsetAsync(ss, 0, 8 * nsums, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
     if (p->nrecv_copies)
       CU(cudaMemsetAsync(d->d_rmine, 0, 8 * p->nrecv_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
   }
@@ -1120,9 +1137,9 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   else if (d->failed)
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "register_buffers rank %d: this plan failed earlier (%s)", p->rank,
                  d->failed_msg);
-  else if (d->dbuf || d->verify)
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with %s (yet)", p->rank,
-                 d->dbuf ? "RESHARD_FLAG_DOUBLE_BUFFER" : "RESHARD_FLAG_VERIFY");
+  else if (d->dbuf)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
+                 p->rank);
   else if (!src && !dst && !nsrc && !ndst)
     unregister = 1;
   else if (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers)

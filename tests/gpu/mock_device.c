@@ -315,6 +315,14 @@ static void run_kernel(dop *o) {
     unsigned char *d = c->dst_buf == RS_BUF_STAGING ? o->staging : o->dst_tab[c->dst_buf];
     for (unsigned t = 0; t < 32; t++) rs_tile_copy(c, &o->tiles[i], s, d, t, 32);
   }
+  /* a bit flipped in the first element a destination-writing copy wrote */
+  if (world.corrupt_copy_next && o->ntiles) {
+    const rs_copy *c = &o->copies[o->tiles[0].desc];
+    if (c->dst_buf != RS_BUF_STAGING && o->dst_tab[c->dst_buf]) {
+      ((unsigned char *)o->dst_tab[c->dst_buf])[c->dst_off] ^= 0x10;
+      world.corrupt_copy_next = 0;
+    }
+  }
 }
 
 static int step_group(dop *o) {
@@ -650,6 +658,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.hangs = world.bad_size = world.use_after_free = 0;
   world.ipc_mapped = world.ipc_timeouts = world.ipc_pool_pulls = 0;
   world.parent_aborts = world.parent_destroys = world.leftover = 0;
+  world.corrupt_next = world.corrupt_copy_next = 0;
   UNLOCK();
 }
 
@@ -675,6 +684,12 @@ mop *mock_log(int kind, void *stream) {
 void mock_corrupt_next(void) {
   LOCK();
   world.corrupt_next = 1;
+  UNLOCK();
+}
+
+void mock_corrupt_next_copy(void) {
+  LOCK();
+  world.corrupt_copy_next = 1;
   UNLOCK();
 }
 

@@ -132,6 +132,9 @@ typedef struct mock_world {
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
   long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
   int corrupt_next;    /* flip a bit of the next message over 64 bytes received */
+  int corrupt_copy_next; /* flip a bit of what the next copy kernel writes into
+                            destination buffers (a registered, direct copy
+                            moves no message to corrupt) */
 } mock_world;
 
 extern mock_world world;
@@ -151,6 +154,8 @@ mop *mock_log(int kind, void *stream);
 int mock_stream_drain(void *stream);
 /* world.corrupt_next = 1, under the world's lock. */
 void mock_corrupt_next(void);
+/* world.corrupt_copy_next = 1, under the world's lock. */
+void mock_corrupt_next_copy(void);
 
 /* The caller's communicator every test passes to reshard. */
 #define MOCK_PARENT ((ncclComm_t)0x1)

@@ -361,6 +361,19 @@ static void registered_cast_worlds(void **state) {
   registered_worlds = 0;
 }
 
+/* RESHARD_FLAG_VERIFY with registered buffers: each receiver sums the
+ * senders' boxes from their mapped buffers and its own after the direct
+ * copies; clean worlds (relays, local copies) agree. */
+static void registered_verify_worlds(void **state) {
+  registered_worlds = 1;
+  worlds_flags = RESHARD_FLAG_VERIFY;
+  worlds_iters = 60;
+  random_worlds(state);
+  worlds_iters = 0;
+  worlds_flags = 0;
+  registered_worlds = 0;
+}
+
 /* RESHARD_FLAG_VERIFY on the device (issue 17, item 4), over CUDA IPC and
  * NCCL (every other world): the box sums of both ends agree on clean
  * transfers, relays and local copies included. */
@@ -378,6 +391,7 @@ static void verify_random_worlds(void **state) {
 typedef struct corrupt_ctx {
   int nccl;
   uint32_t flags;
+  int registered; /* registered buffers: the direct copy is corrupted */
   int caught, wrong_unnoticed, wrong;
   pthread_mutex_t mu;
 } corrupt_ctx;
@@ -398,7 +412,13 @@ static void corrupt_rank(ipc_rank *r) {
       reshard_selftest_alloc(&d, dst, r->rank, -1)) {
     RFAIL(r, "setup: %s", reshard_last_error());
   } else {
-    if (r->rank == 0) mock_corrupt_next();
+    if (x->registered && reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf,
+                                                       (void *const *)d.ptr, (size_t)d.nbuf))
+      RFAIL(r, "register: %s", reshard_last_error());
+    if (r->rank == 0) {
+      if (x->registered) mock_corrupt_next_copy();
+      else mock_corrupt_next();
+    }
     if (reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL))
       RFAIL(r, "execute: %s", reshard_last_error());
     mock_stream_drain(NULL);
@@ -406,7 +426,8 @@ static void corrupt_rank(ipc_rank *r) {
     reshard_plan_status_t st = wait_failed(plan, x->flags ? 2000 : 50);
     pthread_mutex_lock(&x->mu);
     if (st.failed && st.failure == RESHARD_ERROR_MISMATCH && strstr(st.failure_message, "verify: tensor 'w'") &&
-        strstr(st.failure_message, "received from rank"))
+        (strstr(st.failure_message, "received from rank") ||
+         (x->registered && strstr(st.failure_message, "copied locally on rank"))))
       x->caught++;
     if (wrong && !st.failed) x->wrong_unnoticed++;
     if (st.failed && getenv("RS_TEST_VERBOSE")) fprintf(stderr, "rank %d: %s\n", r->rank, st.failure_message);
@@ -424,16 +445,21 @@ static void corrupt_rank(ipc_rank *r) {
 
 static void verify_catches_corruption(void **state) {
   (void)state;
-  for (int nccl = 0; nccl < 2; nccl++)
+  /* NCCL, IPC staged, IPC registered (a direct copy, or a local one,
+   * writes a wrong byte: verify sums the senders' side from their mapped
+   * buffers) */
+  for (int mode = 0; mode < 3; mode++)
     for (int flag = 0; flag < 2; flag++) {
-      corrupt_ctx x = {.nccl = nccl, .flags = flag ? RESHARD_FLAG_VERIFY : 0, .mu = PTHREAD_MUTEX_INITIALIZER};
+      const char *name = mode == 0 ? "NCCL" : mode == 1 ? "IPC" : "IPC registered";
+      corrupt_ctx x = {.nccl = mode == 0, .registered = mode == 2, .flags = flag ? RESHARD_FLAG_VERIFY : 0,
+                       .mu = PTHREAD_MUTEX_INITIALIZER};
       run_world(3, corrupt_rank, &x);
       if (flag && (x.caught != 1 || x.wrong_unnoticed))
-        fail_msg("%s, verify: caught by %d ranks (expected 1), %d with wrong data unnoticed", nccl ? "NCCL" : "IPC",
-                 x.caught, x.wrong_unnoticed);
+        fail_msg("%s, verify: caught by %d ranks (expected 1), %d with wrong data unnoticed", name, x.caught,
+                 x.wrong_unnoticed);
       if (!flag && (x.caught || !x.wrong_unnoticed))
-        fail_msg("%s, no verify: caught %d, unnoticed %d (the damage must land unnoticed)", nccl ? "NCCL" : "IPC",
-                 x.caught, x.wrong_unnoticed);
+        fail_msg("%s, no verify: caught %d, unnoticed %d (the damage must land unnoticed)", name, x.caught,
+                 x.wrong_unnoticed);
     }
 }
 
@@ -1068,6 +1094,7 @@ int main(void) {
       cmocka_unit_test(register_unsupported_on_nccl),
       cmocka_unit_test(registered_random_worlds),
       cmocka_unit_test(registered_cast_worlds),
+      cmocka_unit_test(registered_verify_worlds),
       cmocka_unit_test(verify_random_worlds),
       cmocka_unit_test(verify_catches_corruption),
       cmocka_unit_test(quant_worlds),
