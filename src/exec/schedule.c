@@ -91,10 +91,12 @@ size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer *out) 
   size_t n = 0;
   for (int recv = 1; recv >= 0; recv--) {
     size_t first, cnt = rs_sched_round_msgs(p, k, recv, &first);
-    const rs_msg *m = (recv ? p->recvs : p->sends) + first;
-    for (size_t i = 0; i < cnt; i++) {
-      out[n++] = (rs_xfer){&m[i], (unsigned char)recv, 0};
-      if (verify) out[n++] = (rs_xfer){&m[i], (unsigned char)recv, 1};
+    /* (indexed only when there are messages: a direction without any
+     * may have no array at all) */
+    for (size_t i = first; i < first + cnt; i++) {
+      const rs_msg *m = recv ? &p->recvs[i] : &p->sends[i];
+      out[n++] = (rs_xfer){m, (unsigned char)recv, 0};
+      if (verify) out[n++] = (rs_xfer){m, (unsigned char)recv, 1};
     }
   }
   return n;
