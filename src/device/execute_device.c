@@ -638,8 +638,22 @@ typedef struct dev_call {
   rs_dev *d;
   int64_t deadline;
   uint64_t call, version;
-  unsigned char *staging; /* the pool: send halves, receive halves, sums */
+  /* the communicator's pool as this plan lays it out: send halves,
+   * receive halves, then (verify) the sums sent and the sums received */
+  unsigned char *send_half[2], *recv_half[2];
+  uint64_t *ssums, *rsums;
 } dev_call;
+
+static dev_call call_of(const reshard_plan_t *p, rs_dev *d, int64_t deadline, uint64_t call, uint64_t version,
+                        unsigned char *pool) {
+  dev_call c = {p, d, deadline, call, version, {NULL, NULL}, {NULL, NULL}, NULL, NULL};
+  if (!pool) return c; /* (a plan without staging) */
+  c.send_half[0] = pool, c.send_half[1] = pool + p->send_half;
+  c.recv_half[0] = pool + 2 * p->send_half, c.recv_half[1] = c.recv_half[0] + p->recv_half;
+  c.ssums = (uint64_t *)(pool + 2 * (p->send_half + p->recv_half));
+  c.rsums = c.ssums + p->nsend_copies;
+  return c;
+}
 
 /* A lane's stream: the schedule's lanes are the executor's streams. */
 static cudaStream_t lane_stream(const rs_dev *d, rs_lane lane) {
@@ -716,17 +730,16 @@ static reshard_result_t dev_pack(dev_call *c, int k, int unpack) {
   rs_dev *d = c->d;
   const uint64_t *start = unpack ? d->unpack_start : d->pack_start;
   int h = k & 1;
-  unsigned char *half = unpack ? c->staging + 2 * p->send_half + h * p->recv_half : c->staging + h * p->send_half;
+  unsigned char *half = unpack ? c->recv_half[h] : c->send_half[h];
   if (!d->reg)
     RS_CHECK(launch(p, d, start[k], start[k + 1], half, unpack ? S_UNPACK : S_PACK, unpack ? GATE_DST : GATE_STAGING,
                     unpack ? "unpack launch" : "pack launch"));
   /* (with registered buffers the receivers sum this rank's sources
    * themselves: direct_round) */
   if (!d->verify || (d->reg && !unpack)) return RESHARD_SUCCESS;
-  /* (sums sent: in the pool after the halves; sums of what landed: d_rmine) */
-  uint64_t *ssums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half));
+  /* (sums of what landed: d_rmine) */
   return unpack ? verify_sums(p, d, start[k], start[k + 1], 1, d->d_rmine, (uint32_t)p->nsend_copies, S_UNPACK)
-                : verify_sums(p, d, start[k], start[k + 1], 0, ssums, 0, S_PACK);
+                : verify_sums(p, d, start[k], start[k + 1], 0, c->ssums, 0, S_PACK);
 }
 
 /* Round k's transfers: one group in the schedule's posting order (or, with
@@ -736,18 +749,15 @@ static reshard_result_t dev_xfer(dev_call *c, int k) {
   rs_dev *d = c->d;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   int h = k & 1;
-  unsigned char *send_half = c->staging + h * p->send_half;
-  unsigned char *recv_half = c->staging + 2 * p->send_half + h * p->recv_half;
-  uint64_t *ssums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half)), *rsums = ssums + p->nsend_copies;
   size_t n = rs_sched_xfers(p, k, d->verify, d->xfers);
   for (size_t i = 0; i < n; i++) {
     const rs_xfer *x = &d->xfers[i];
     const rs_msg *m = x->m;
-    void *buf = x->sums ? (void *)((x->recv ? rsums : ssums) + m->first_copy)
-                        : (void *)((x->recv ? recv_half : send_half) + m->staging_off);
+    void *buf = x->sums ? (void *)((x->recv ? c->rsums : c->ssums) + m->first_copy)
+                        : (void *)((x->recv ? c->recv_half[h] : c->send_half[h]) + m->staging_off);
     d->p2p[i] = (rs_p2p){m->peer, x->recv, buf, x->sums ? 8 * (uint64_t)m->ncopies : m->bytes};
   }
-  if (d->reg) return direct_round(p, d, k, n, c->deadline, rsums);
+  if (d->reg) return direct_round(p, d, k, n, c->deadline, c->rsums);
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree);
 }
 
@@ -772,8 +782,7 @@ static reshard_result_t dev_check(dev_call *c) {
   cudaStream_t s = d->s[S_XFER];
   int e = 0;
   if (d->verify && p->nrecv_copies) {
-    uint64_t *rsums = (uint64_t *)(c->staging + 2 * (p->send_half + p->recv_half)) + p->nsend_copies;
-    e = rs_cuda_verify_compare(d->d_rmine, rsums, (uint32_t)p->nrecv_copies, (uint32_t)p->nsend_copies, 0,
+    e = rs_cuda_verify_compare(d->d_rmine, c->rsums, (uint32_t)p->nrecv_copies, (uint32_t)p->nsend_copies, 0,
                                d->d_agree, s);
     if (e) return rs_cuda_error(e, "verify compare launch", p->rank);
   }
@@ -893,11 +902,11 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   }
   /* verify: the call's sums start at zero (the copies of a round are not
    * contiguous, so once per call, before any stream adds) */
+  dev_call c = call_of(p, d, deadline, call, version, staging);
   if (d->verify) {
-    uint64_t *ss = (uint64_t *)(staging + 2 * (p->send_half + p->recv_half));
     /* (registered: the senders' sums are added up here too, after them) */
     const size_t nsums = p->nsend_copies + (d->reg ? p->nrecv_copies : 0);
-    if (nsums) CU(cudaMemsetAsync(ss, 0, 8 * nsums, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
+    if (nsums) CU(cudaMemsetAsync(c.ssums, 0, 8 * nsums, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
     if (p->nrecv_copies)
       CU(cudaMemsetAsync(d->d_rmine, 0, 8 * p->nrecv_copies, d->s[S_PACK]), "cudaMemsetAsync(verify sums)");
   }
@@ -909,7 +918,6 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
    * table; the pre-plan that gathered split blocks ran before (begin). */
   if (p->quant) RS_CHECK_GOTO(rs_device_quantize(p->quant, call_tab(d), d->s[S_PACK], p->rank), r, fail);
 
-  dev_call c = {p, d, deadline, call, version, staging};
   RS_CHECK_GOTO(rs_sched_run(p, &dev_sched, &c), r, fail);
 
   /* Completion becomes visible on the caller's stream. */
