@@ -88,9 +88,10 @@ RS_CVT uint32_t rs_qblock_load(const unsigned char *p, int dtype) {
   return rs_cvt_widen_f32((uint32_t)p[0] | (uint32_t)p[1] << 8, rs_cvt_fmt_of(RESHARD_FP16));
 }
 
-/* Row helpers of the one-thread (host) path over contiguous bf16, each a
- * loop of its own, which the compiler vectorizes: max |x| as 15-bit
- * integers, and the codes of a row given its block's finite factor. */
+/* Row helpers of the host's runs of contiguous bf16 blocks
+ * (src/pack/quantize.c), each a loop of its own, which the compiler
+ * vectorizes: max |x| as 15-bit integers (a signed 16-bit max: SSE2 has
+ * it), and the codes of a row given its block's finite factor. */
 RS_CVT int16_t rs_qrow_amax_bf16(const unsigned char *row, int64_t c0, int64_t c1) {
   int16_t m = 0;
   for (int64_t j = c0; j < c1; j++) {
@@ -115,16 +116,6 @@ RS_CVT uint32_t rs_qblock_amax_part(const rs_qbox *q, const rs_qblock *b, unsign
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   uint32_t m = 0;
   if ((int64_t)tid >= w * h) return 0;
-  if (q->in_dtype == RESHARD_BF16 && b->cs == 2 && w == 1) {
-    /* one thread (the host), contiguous bf16 rows: |x| as 15-bit
-     * integers, whose max is a signed 16-bit max (SSE2 has it) */
-    int16_t m16 = 0;
-    for (int64_t i = b->r0 + (int64_t)tid; i < b->r1; i += h) {
-      const int16_t r = rs_qrow_amax_bf16(b->in + i * b->rs, b->c0, b->c1);
-      m16 = r > m16 ? r : m16;
-    }
-    return (uint32_t)(uint16_t)m16 << 16;
-  }
   for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)
     for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w) {
       const uint32_t a = rs_qblock_load(b->in + i * b->rs + j * b->cs, q->in_dtype) & 0x7fffffffu;
@@ -164,13 +155,6 @@ RS_CVT void rs_qblock_write(const rs_qbox *q, const rs_qblock *b, uint32_t amax_
         memset(out + i * b->cols + b->c0, 0x7f, (size_t)(b->c1 - b->c0));
       else
         for (int64_t j = b->c0 + (int64_t)tid % w; j < b->c1; j += w) out[i * b->cols + j] = 0x7f;
-    return;
-  }
-  if (amax_bits < 0x7f800000u && q->in_dtype == RESHARD_BF16 && b->cs == 2 && w == 1) {
-    /* one thread (the host), contiguous bf16 rows, every product finite:
-     * the same steps in a loop without branches, which vectorizes */
-    for (int64_t i = b->r0 + (int64_t)tid; i < b->r1; i += h)
-      rs_qrow_quant_bf16(b->in + i * b->rs, out + i * b->cols, b->c0, b->c1, factor);
     return;
   }
   for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += h)

@@ -11,8 +11,9 @@ int64_t rs_qbox_elems(const rs_qbox *q) {
 
 int64_t rs_qbox_blocks(const rs_qbox *q) { return (int64_t)rs_qblock_count(q); }
 
-/* Block by block, as one thread of the kernel's (pack/quant_block.h). */
-/* Blocks of one run (below). */
+/* One thread over a box: contiguous bf16 blocks in runs along a block
+ * row (below), every other block as one thread of the kernel's
+ * (pack/quant_block.h). Blocks of one run: */
 #define RS_QRUN 16
 
 /* Compiled for several x86-64 levels, the best picked at load time (an
