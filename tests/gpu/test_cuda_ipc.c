@@ -276,27 +276,30 @@ static void random_rank(ipc_rank *r) {
   close_ipc(c, host);
 }
 
-static int registered_worlds; /* rand_ctx.registered of random_worlds */
-static rl_mode worlds_mode;    /* RL_ANY, or RL_CASTS: dtypes converted on the way */
-static int worlds_iters;       /* 0: 120 (RS_ITERS overrides either) */
-static uint32_t worlds_flags;  /* rand_ctx.flags */
-static int worlds_nccl;        /* every other world over NCCL */
+/* What a run of random worlds varies (each test sets all of it, so a
+ * failed test leaves nothing behind for the next). */
+typedef struct worlds_cfg {
+  int registered;  /* rand_ctx.registered */
+  rl_mode mode;    /* RL_ANY, or RL_CASTS: dtypes converted on the way */
+  int iters;       /* 0: 120 (RS_ITERS overrides either) */
+  uint32_t flags;  /* rand_ctx.flags */
+  int nccl;        /* every other world over NCCL */
+} worlds_cfg;
 
-static void random_worlds(void **state) {
-  (void)state;
+static void run_worlds(worlds_cfg cfg) {
   /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 104729) */
   const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
-  int iters = ei ? atoi(ei) : worlds_iters ? worlds_iters : 120, it0 = ef ? atoi(ef) : 0;
+  int iters = ei ? atoi(ei) : cfg.iters ? cfg.iters : 120, it0 = ef ? atoi(ef) : 0;
   long delivered0 = world.delivered;
   for (int it = it0; it < it0 + iters; it++) {
     uint64_t seed = seed0 + (uint64_t)it * 104729;
     rl_pair pair;
-    if (rl_pair_make(seed, worlds_mode, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    if (rl_pair_make(seed, cfg.mode, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
     rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
-                  it % 4 == 3 ? "h100-8x400g" : NULL, registered_worlds, worlds_flags, worlds_nccl && it % 2};
+                  it % 4 == 3 ? "h100-8x400g" : NULL, cfg.registered, cfg.flags, cfg.nccl && it % 2};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     /* run_world's failure message, with the seed first */
     mock_world_begin(pair.nranks, 0);
@@ -336,14 +339,18 @@ static void random_worlds(void **state) {
   if (iters >= 100) assert_true(world.delivered - delivered0 > 300);
 }
 
+static void random_worlds(void **state) {
+  (void)state;
+  run_worlds((worlds_cfg){0, RL_ANY, 0, 0, 0});
+}
+
 /* The same with registered buffers: direct copies from the senders'
  * buffers (relays included: forwards read the relaying rank's registered
  * destination buffers), then unregistered, a step with other buffers
  * (staged). */
 static void registered_random_worlds(void **state) {
-  registered_worlds = 1;
-  random_worlds(state);
-  registered_worlds = 0;
+  (void)state;
+  run_worlds((worlds_cfg){1, RL_ANY, 0, 0, 0});
 }
 
 /* Registered buffers with dtypes converted on the way (support/
@@ -352,37 +359,24 @@ static void registered_random_worlds(void **state) {
  * (rs_copy_compose carries the cast), checked against the self-test's
  * reference casts; the unregistered step goes staged. */
 static void registered_cast_worlds(void **state) {
-  registered_worlds = 1;
-  worlds_mode = RL_CASTS;
-  worlds_iters = 48;
-  random_worlds(state);
-  worlds_iters = 0;
-  worlds_mode = RL_ANY;
-  registered_worlds = 0;
+  (void)state;
+  run_worlds((worlds_cfg){1, RL_CASTS, 48, 0, 0});
 }
 
 /* RESHARD_FLAG_VERIFY with registered buffers: each receiver sums the
  * senders' boxes from their mapped buffers and its own after the direct
  * copies; clean worlds (relays, local copies) agree. */
 static void registered_verify_worlds(void **state) {
-  registered_worlds = 1;
-  worlds_flags = RESHARD_FLAG_VERIFY;
-  worlds_iters = 60;
-  random_worlds(state);
-  worlds_iters = 0;
-  worlds_flags = 0;
-  registered_worlds = 0;
+  (void)state;
+  run_worlds((worlds_cfg){1, RL_ANY, 60, RESHARD_FLAG_VERIFY, 0});
 }
 
 /* RESHARD_FLAG_VERIFY on the device (issue 17, item 4), over CUDA IPC and
  * NCCL (every other world): the box sums of both ends agree on clean
  * transfers, relays and local copies included. */
 static void verify_random_worlds(void **state) {
-  worlds_flags = RESHARD_FLAG_VERIFY;
-  worlds_nccl = 1;
-  random_worlds(state);
-  worlds_flags = 0;
-  worlds_nccl = 0;
+  (void)state;
+  run_worlds((worlds_cfg){0, RL_ANY, 0, RESHARD_FLAG_VERIFY, 1});
 }
 
 /* A bit flipped in flight: verify on the device catches it (MISMATCH
