@@ -60,6 +60,32 @@
  * reshard_plan_get_status together; cudaStreamSynchronize would wait for
  * as long as NCCL does (forever, on NVLink).
  *
+ * CUDA graphs. An execute may be captured into a CUDA graph
+ * (cudaStreamBeginCapture on `stream`, any mode) and the graph launched
+ * any number of times: each launch runs that call again on the GPU, with
+ * the values its source buffers hold then, ordered after the execute
+ * before it and before the one after it (captured or not: external event
+ * nodes). Every rank captures and launches alike, as NCCL requires of
+ * captured work. Refused before anything is enqueued, the capture left
+ * valid and the plan usable: a plan's first execute (capture after one
+ * execute with the same buffers: a graph reads the buffer table as it
+ * stands, INVALID_USAGE, as for other buffers), RESHARD_FLAG_SYNC
+ * (INVALID_USAGE), quantizing plans (UNSUPPORTED, untested), and the
+ * CUDA IPC transport (UNSUPPORTED: its sequence numbers are counted on
+ * the host). What a launch repeats is the captured call: the same call
+ * number and weight version in its agreement headers and, with
+ * RESHARD_FLAG_DOUBLE_BUFFER, in its commit (the copies flip at every
+ * launch; reshard_plan_get_status's committed_version stays the
+ * captured call's; execute again, uncaptured, to advance it). A launch's
+ * deadline counts from when it starts on the GPU (a host node of the
+ * graph stamps it), and reshard_plan_get_status fails the plan with
+ * RESHARD_ERROR_TIMEOUT past it, as for an execute. The graph reads the
+ * plan's device state and the communicator's staging pool as captured
+ * (a pool replaced by a later, larger plan is kept for it): destroy the
+ * graph executables before the plan, and do not capture more than three
+ * executes of one plan with different buffers (each keeps one of the
+ * plan's four buffer tables; a fourth is refused, INVALID_USAGE).
+ *
  * Failures. CUDA and NCCL failures are RESHARD_ERROR_BACKEND (REMOTE when
  * NCCL reports a remote peer's failure, OUT_OF_MEMORY for allocations),
  * with the CUDA/NCCL error in reshard_last_error(). An execute that fails

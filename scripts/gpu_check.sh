@@ -76,7 +76,7 @@ step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
 if [ -x "$BUILD/gpu_kernels" ]; then
   step "kernels vs host reference" 120 "$BUILD/gpu_kernels"
-  step "one-rank NCCL plan" 120 "$BUILD/gpu_nccl_local"
+  step "one-rank NCCL plan, its CUDA graphs" 120 "$BUILD/gpu_nccl_local"
   if command -v compute-sanitizer >/dev/null; then
     step "memcheck (kernels, small)" 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
       "$BUILD/gpu_kernels" --small 12345

@@ -26,9 +26,29 @@ reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h)
 
 static void pool_drop(reshard_comm_t *c, rs_dev_comm *d) {
   if (d->pool && !d->pool_abandoned) d->hooks->pool_free(c, d->pool);
+  for (size_t i = 0; i < d->nretired && !d->pool_abandoned; i++) d->hooks->pool_free(c, d->retired[i]);
+  free(d->retired);
+  d->retired = NULL;
+  d->nretired = 0;
   d->pool = NULL;
   d->pool_bytes = 0;
   d->pool_abandoned = 0;
+  d->pool_captured = 0;
+}
+
+int rs_stream_capturing(void *stream) {
+  if (!stream) return 0;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) return -1;
+  return st == cudaStreamCaptureStatusActive ? 1 : st == cudaStreamCaptureStatusNone ? 0 : -1;
+}
+
+void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline) {
+  rs_dev_comm *d = dc(c);
+  int64_t cur = __atomic_load_n(&d->last_deadline, __ATOMIC_ACQUIRE);
+  while (deadline > cur &&
+         !__atomic_compare_exchange_n(&d->last_deadline, &cur, deadline, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+  }
 }
 
 void rs_dev_comm_fini(reshard_comm_t *c) {
@@ -109,7 +129,8 @@ reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, 
 reshard_result_t rs_dev_comm_drain(reshard_comm_t *c) {
   rs_dev_comm *d = dc(c);
   if (!d->have_last) return RESHARD_SUCCESS;
-  RS_CHECK(rs_dev_comm_wait(c, NULL, d->last_end, d->last_deadline, "cudaEventQuery(previous execute)",
+  RS_CHECK(rs_dev_comm_wait(c, NULL, d->last_end, __atomic_load_n(&d->last_deadline, __ATOMIC_ACQUIRE),
+                            "cudaEventQuery(previous execute)",
                             "an earlier execute on this communicator did not finish before its deadline (a peer is "
                             "missing or its calls come in another order)"));
   d->have_last = 0;
@@ -119,18 +140,26 @@ reshard_result_t rs_dev_comm_drain(reshard_comm_t *c) {
 reshard_result_t rs_dev_comm_begin(reshard_comm_t *c, void *stream, void **staging) {
   rs_dev_comm *d = dc(c);
   *staging = d->pool;
-  if (!d->have_last) return RESHARD_SUCCESS;
-  cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)d->last_end, 0);
+  int cap = rs_stream_capturing(stream);
+  if (cap) d->pool_captured = 1;
+  /* (in a graph: each launch waits for the execute before it, captured or
+   * not; an event never recorded is no wait) */
+  if (!d->have_last && !cap) return RESHARD_SUCCESS;
+  cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)d->last_end, cap ? cudaEventWaitExternal : 0);
   if (ce) return rs_cuda_error(ce, "cudaStreamWaitEvent(previous execute)", c->rank);
   return RESHARD_SUCCESS;
 }
 
 reshard_result_t rs_dev_comm_end(reshard_comm_t *c, void *stream, int64_t deadline) {
   rs_dev_comm *d = dc(c);
-  cudaError_t ce = cudaEventRecord((cudaEvent_t)d->last_end, (cudaStream_t)stream);
+  /* in a graph, recorded by each launch; its deadline is the launch's
+   * (rs_dev_comm_launched) */
+  int cap = rs_stream_capturing(stream);
+  cudaError_t ce = cap ? cudaEventRecordWithFlags((cudaEvent_t)d->last_end, (cudaStream_t)stream, cudaEventRecordExternal)
+                       : cudaEventRecord((cudaEvent_t)d->last_end, (cudaStream_t)stream);
   if (ce) return rs_cuda_error(ce, "cudaEventRecord(execute end)", c->rank);
   d->have_last = 1;
-  d->last_deadline = deadline;
+  if (!cap) __atomic_store_n(&d->last_deadline, deadline, __ATOMIC_RELEASE);
   return RESHARD_SUCCESS;
 }
 
@@ -147,7 +176,19 @@ reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes) {
       d->hooks->pool_free(c, p);
       return r;
     }
-    pool_drop(c, d);
+    if (d->pool_captured && d->pool && !d->pool_abandoned) {
+      /* a graph's launches still use it: kept until the last plan goes */
+      void **kept = realloc(d->retired, (d->nretired + 1) * sizeof *kept);
+      if (!kept) {
+        d->hooks->pool_free(c, p);
+        return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+      }
+      d->retired = kept;
+      d->retired[d->nretired++] = d->pool;
+    } else if (d->pool && !d->pool_abandoned) {
+      d->hooks->pool_free(c, d->pool);
+    }
+    d->pool_abandoned = 0;
     d->pool = p;
     d->pool_bytes = bytes;
     d->pool_gen++;

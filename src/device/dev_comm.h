@@ -29,7 +29,8 @@ typedef struct rs_dev_comm {
   const rs_dev_comm_hooks *hooks;
   /* Executes of every plan on the communicator run one after another
    * (they share the staging pool): the last one's end, recorded on its
-   * caller's stream (a cudaEvent_t), and its deadline. */
+   * caller's stream (a cudaEvent_t), and its deadline (atomic: a launch
+   * of a CUDA graph holding an execute moves it, from CUDA's thread). */
   void *last_end;
   int have_last;
   int64_t last_deadline;
@@ -40,6 +41,12 @@ typedef struct rs_dev_comm {
   size_t pool_bytes;
   uint64_t pool_gen;
   int pool_users, pool_abandoned;
+  /* An execute was captured into a CUDA graph (rs_dev_comm_begin): its
+   * launches use the pool of the capture, so a pool replaced later is
+   * kept (retired) until the last plan goes, not freed. */
+  int pool_captured;
+  void **retired;
+  size_t nretired;
   /* The verdicts (rs_dev_agree, kernels/rs_agree.h; device memory) of the
    * live plans that have one, closed before an abort (rs_dev_comm_close_
    * gates): an aborted transfer ends early, and the unpacks after it
@@ -72,7 +79,22 @@ void rs_dev_comm_close_gates(rs_dev_comm *d);
 reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,
                                   const char *late);
 
-/* stream_ops begin, end, drain, staging_acquire and staging_release. */
+/* Whether work enqueued on `stream` (a cudaStream_t) is captured into a
+ * CUDA graph rather than run: 1, 0, or -1 when the capture was
+ * invalidated (an error of the caller's or of an earlier call). The
+ * legacy stream (NULL) is never capturing. */
+int rs_stream_capturing(void *stream);
+
+/* A launch of a CUDA graph holding an execute started (a host node of the
+ * graph, on CUDA's thread): the communicator's executes are busy until
+ * `deadline` at least. */
+void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline);
+
+/* stream_ops begin, end, drain, staging_acquire and staging_release.
+ * Under a capture of the stream, begin and end order the graph's
+ * launches with the executes before and after them through external
+ * event nodes (cudaEventWaitExternal, cudaEventRecordExternal), so that
+ * a launch runs after the execute before it as an execute would. */
 reshard_result_t rs_dev_comm_begin(reshard_comm_t *c, void *stream, void **staging);
 reshard_result_t rs_dev_comm_end(reshard_comm_t *c, void *stream, int64_t deadline);
 reshard_result_t rs_dev_comm_drain(reshard_comm_t *c);

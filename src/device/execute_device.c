@@ -46,6 +46,7 @@ enum { S_PACK, S_XFER, S_UNPACK, S_COUNT };
 #define RS_TAB_SLOTS 4
 
 typedef struct rs_dev {
+  const reshard_plan_t *plan;
   pthread_mutex_t mu;
   /* A plan whose enqueued work may be half done (or whose communicator
    * failed) cannot run again: execute then returns INVALID_USAGE. */
@@ -53,6 +54,11 @@ typedef struct rs_dev {
   char failed_msg[640];
   int pool_held;          /* a user of the communicator's staging pool */
   int64_t last_deadline;  /* of the last execute enqueued (0: none) */
+  /* CUDA graphs: the deadline of the latest launch of a graph holding an
+   * execute of this plan (0: none; atomic, written by a host node of the
+   * graph on CUDA's thread). A launch starts when the GPU gets there,
+   * unknown to reshard: its deadline counts from then. */
+  int64_t launch_deadline;
 
   rs_copy *d_copies; /* send | recv | local descriptors */
   rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
@@ -68,6 +74,8 @@ typedef struct rs_dev {
   cudaEvent_t tab_ev[RS_TAB_SLOTS];
   size_t ntab;
   int tab_uploaded, tab_cur;
+  unsigned tab_pinned; /* slots a captured execute reads: never reused */
+  unsigned tab_valid;  /* slots uploaded (their h_tab is their d_tab) */
 
   size_t staging_bytes; /* send halves, then receive halves, in the pool */
   rs_p2p *p2p;          /* one round's group */
@@ -121,7 +129,10 @@ typedef struct rs_dev {
   uint64_t *d_rmine, *d_lsrc, *d_ldst;
 
   cudaStream_t s[S_COUNT];
-  cudaEvent_t ev_begin, ev_end[S_COUNT];
+  /* ev_end: each stream's end of the last execute (recorded by a graph's
+   * launches too); ev_fork, ev_join: a captured execute's fork from and
+   * join into the caller's stream (events of the capture) */
+  cudaEvent_t ev_begin, ev_end[S_COUNT], ev_fork, ev_join[S_COUNT];
   cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2], ev_local;
 } rs_dev;
 
@@ -139,7 +150,8 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
   {&(d)->tab_ev[0],  &(d)->tab_ev[1],  &(d)->tab_ev[2],      &(d)->tab_ev[3],      &(d)->ev_begin,             \
    &(d)->ev_end[0],  &(d)->ev_end[1],  &(d)->ev_end[2],      &(d)->ev_packed[0],   &(d)->ev_packed[1],         \
    &(d)->ev_xfer[0], &(d)->ev_xfer[1], &(d)->ev_unpacked[0], &(d)->ev_unpacked[1], &(d)->ev_checked,           \
-   &(d)->ev_agreed,  &(d)->ev_committed, &(d)->ev_local}
+   &(d)->ev_agreed,  &(d)->ev_committed, &(d)->ev_local,       &(d)->ev_fork,        &(d)->ev_join[0],           \
+   &(d)->ev_join[1], &(d)->ev_join[2]}
 
 #define CU(call, what)                                                     \
   do {                                                                     \
@@ -162,12 +174,54 @@ static cudaError_t poll_done(cudaStream_t s, cudaEvent_t e, int64_t deadline) {
   }
 }
 
-/* Whether the plan's streams went idle before the deadline (a stream
- * whose query fails counts as idle: nothing more will run on it). */
-static int streams_idle(rs_dev *d, int64_t deadline) {
+/* Whether the plan's streams are in a stream capture the caller has
+ * open (an execute captured into a CUDA graph joins them to it until it
+ * ends): they have no status to ask for then (asking would invalidate
+ * the capture). */
+static int in_capture(const rs_dev *d) {
   for (int i = 0; i < S_COUNT; i++)
+    if (d->s[i] && rs_stream_capturing(d->s[i])) return 1;
+  return 0;
+}
+
+/* Whether the plan's work went idle before the deadline: its streams, and
+ * the ends of its last execute (ev_end, which a graph's launches record
+ * too: their work runs on the graph's streams, not these). A stream or
+ * event whose query fails counts as idle: nothing more will run there.
+ * Streams in an open capture count as busy. */
+static int streams_idle(rs_dev *d, int64_t deadline) {
+  if (in_capture(d)) return 0;
+  for (int i = 0; i < S_COUNT; i++) {
     if (d->s[i] && poll_done(d->s[i], NULL, deadline) == cudaErrorNotReady) return 0;
+    if (d->ev_end[i] && poll_done(NULL, d->ev_end[i], deadline) == cudaErrorNotReady) return 0;
+  }
   return 1;
+}
+
+/* The deadline of the plan's latest work: its last execute's, or a
+ * graph's latest launch's. */
+static int64_t work_deadline(rs_dev *d) {
+  int64_t dl = __atomic_load_n(&d->launch_deadline, __ATOMIC_ACQUIRE);
+  return d->last_deadline > dl ? d->last_deadline : dl;
+}
+
+/* A host node at the start of a captured execute: each launch of the
+ * graph gives its execute a deadline from now (the plan's timeout), for
+ * rs_device_poll and the communicator's next drain. On CUDA's thread: no
+ * CUDA call, atomics only. */
+static void CUDART_CB launched(void *arg) {
+  rs_dev *d = arg;
+  int64_t dl = rs_deadline_after_ms(d->plan->opts.timeout_ms);
+  if (dl == RS_NO_DEADLINE) dl = INT64_MAX;
+  __atomic_store_n(&d->launch_deadline, dl, __ATOMIC_RELEASE);
+  rs_dev_comm_launched(d->plan->comm, dl);
+}
+
+/* An event recorded by a step that executes after it may wait for (or the
+ * host may query): in a capture, recorded by each launch of the graph
+ * (an external record node), so that it means the same as outside one. */
+static cudaError_t record_lasting(cudaEvent_t e, cudaStream_t s, int captured) {
+  return captured ? cudaEventRecordWithFlags(e, s, cudaEventRecordExternal) : cudaEventRecord(e, s);
 }
 
 static void dev_free(const reshard_plan_t *p, rs_dev *d) {
@@ -179,7 +233,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
    * not coming: poison the communicator (NCCL ends its work) and give the
    * GPU one more timeout to let go. If even then it does not, the device
    * memory is left allocated rather than freed under running work. */
-  int idle = streams_idle(d, d->last_deadline ? d->last_deadline : rs_now_ns());
+  int idle = streams_idle(d, work_deadline(d) ? work_deadline(d) : rs_now_ns());
   if (!idle) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: plan destroyed while its last execute is not done past its "
            "deadline: poisoning the communicator", p->rank);
@@ -283,6 +337,7 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   rs_dev *d = calloc(1, sizeof *d);
   if (!d) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
   pthread_mutex_init(&d->mu, NULL);
+  d->plan = p;
   int nr = p->nrounds;
   d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
   d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
@@ -638,6 +693,7 @@ typedef struct dev_call {
   rs_dev *d;
   int64_t deadline;
   uint64_t call, version;
+  int captured; /* into a CUDA graph (rs_device_execute) */
   /* the communicator's pool as this plan lays it out: send halves,
    * receive halves, then (verify) the sums sent and the sums received */
   unsigned char *send_half[2], *recv_half[2];
@@ -646,7 +702,7 @@ typedef struct dev_call {
 
 static dev_call call_of(const reshard_plan_t *p, rs_dev *d, int64_t deadline, uint64_t call, uint64_t version,
                         unsigned char *pool) {
-  dev_call c = {p, d, deadline, call, version, {NULL, NULL}, {NULL, NULL}, NULL, NULL};
+  dev_call c = {p, d, deadline, call, version, 0, {NULL, NULL}, {NULL, NULL}, NULL, NULL};
   if (!pool) return c; /* (a plan without staging) */
   c.send_half[0] = pool, c.send_half[1] = pool + p->send_half;
   c.recv_half[0] = pool + 2 * p->send_half, c.recv_half[1] = c.recv_half[0] + p->recv_half;
@@ -793,13 +849,13 @@ static reshard_result_t dev_check(dev_call *c) {
     e = rs_cuda_commit_flip(d->d_word, d->d_agree, c->version, c->call, d->d_commit, s);
     if (e) return rs_cuda_error(e, "commit launch", p->rank);
     cudaError_t ce = cudaMemcpyAsync(d->h_commit, d->d_commit, sizeof *d->h_commit, cudaMemcpyDeviceToHost, s);
-    if (!ce) ce = cudaEventRecord(d->ev_committed, s);
+    if (!ce) ce = record_lasting(d->ev_committed, s, c->captured);
     if (ce) return rs_cuda_error(ce, "commit record copy", p->rank);
     d->committed_once = 1;
   }
   if (d->d_agree) {
     cudaError_t ce = cudaMemcpyAsync(d->h_agree, d->d_agree, sizeof *d->h_agree, cudaMemcpyDeviceToHost, s);
-    if (!ce) ce = cudaEventRecord(d->ev_agreed, s);
+    if (!ce) ce = record_lasting(d->ev_agreed, s, c->captured);
     if (ce) return rs_cuda_error(ce, "agreement verdict copy", p->rank);
     d->agreed_once = 1;
   }
@@ -838,58 +894,109 @@ static reshard_result_t dev_run(void *ctx, rs_step step) {
 
 static const rs_sched_ops dev_sched = {dev_wait, dev_run};
 
+/* Whether table slot `slot` holds the call's buffers. */
+static int table_holds(const reshard_plan_t *p, const rs_dev *d, int slot, void *const *src, size_t nsrc,
+                       void *const *dst, size_t ndst) {
+  if (!(d->tab_valid >> slot & 1)) return 0;
+  const size_t ns = (size_t)p->num_src_buffers;
+  for (size_t i = 0; i < d->ntab; i++) {
+    void *v = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+    if (d->h_tab[slot][i] != v) return 0;
+  }
+  return 1;
+}
+
+/* Whether the call's buffers differ from those of the table in use. */
+static int table_changed(const reshard_plan_t *p, const rs_dev *d, void *const *src, size_t nsrc, void *const *dst,
+                         size_t ndst) {
+  return !d->tab_uploaded || !table_holds(p, d, d->tab_cur, src, nsrc, dst, ndst);
+}
+
+/* The call's buffers become the table in use (d->tab_cur): a slot that
+ * holds them already serves as it is (buffers that alternate, or those
+ * of a graph); else they go into the next slot no captured execute reads
+ * (tab_pinned). That slot's pinned table may still feed an upload
+ * RS_TAB_SLOTS executes back: the only host wait an execute can make,
+ * and only when buffer addresses keep changing faster than the GPU runs.
+ * The device table of the slot is overwritten in stream order, after
+ * every earlier execute of the plan (enqueue's waits). */
+/* The slot for the call's buffers (switch_table), *held when it holds
+ * them already; -1 when every slot is a graph's. */
+static int table_slot(const reshard_plan_t *p, const rs_dev *d, void *const *src, size_t nsrc, void *const *dst,
+                      size_t ndst, int *held) {
+  *held = 1;
+  for (int k = 0; k < RS_TAB_SLOTS; k++)
+    if (table_holds(p, d, k, src, nsrc, dst, ndst)) return k;
+  *held = 0;
+  if (!d->tab_uploaded) return 0;
+  for (int k = 1; k <= RS_TAB_SLOTS; k++) {
+    int cand = (d->tab_cur + k) % RS_TAB_SLOTS;
+    if (!(d->tab_pinned >> cand & 1)) return cand;
+  }
+  return -1;
+}
+
+static reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
+                                     void *const *dst, size_t ndst, int64_t deadline) {
+  int held, slot = table_slot(p, d, src, nsrc, dst, ndst, &held);
+  if (slot < 0) /* (its partners may have queued their half: the plan fails) */
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: every one of the plan's %d buffer tables is read "
+                    "by a CUDA graph holding an execute of it: executes with other buffers than those need a new "
+                    "plan", p->rank, RS_TAB_SLOTS);
+  if (held) {
+    d->tab_cur = slot;
+    return RESHARD_SUCCESS;
+  }
+  cudaError_t q = poll_done(NULL, d->tab_ev[slot], deadline);
+  if (q == cudaErrorNotReady)
+    return rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back "
+                    "(addresses changed on each) is still in use past the deadline: earlier executes are not "
+                    "finishing", p->rank, RS_TAB_SLOTS);
+  if (q) return rs_cuda_error(q, "cudaEventQuery(buffer table)", p->rank);
+  const size_t ns = (size_t)p->num_src_buffers;
+  void **h = d->h_tab[slot];
+  for (size_t i = 0; i < d->ntab; i++)
+    h[i] = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+  cudaError_t ce = cudaMemcpyAsync(d->d_tab[slot], h, d->ntab * sizeof(void *), cudaMemcpyHostToDevice, d->s[S_PACK]);
+  if (!ce) ce = cudaEventRecord(d->tab_ev[slot], d->s[S_PACK]);
+  if (ce) return rs_cuda_error(ce, "buffer table upload", p->rank);
+  d->tab_cur = slot;
+  d->tab_uploaded = 1;
+  d->tab_valid |= 1u << slot;
+  return RESHARD_SUCCESS;
+}
+
+/* Enqueues one execute after the caller's work on `caller`; captured: the
+ * caller's stream is capturing a CUDA graph (rs_device_execute checked
+ * what that allows), so that every launch of the graph runs this call
+ * again: it waits for the execute before it and records its ends through
+ * external event nodes, and sets its own deadline when it starts. */
 static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
                                 void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
-                                uint64_t version) {
+                                uint64_t version, int captured) {
   reshard_result_t r = RESHARD_SUCCESS;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
-  cudaEvent_t ev_start = d->ev_end[S_PACK]; /* reused: recorded again at the end */
   /* From the first thing enqueued, destroy may wait for this call's work
-   * until its deadline, even if the call fails halfway. */
-  d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
+   * until its deadline, even if the call fails halfway (a graph's
+   * launches set theirs: launched). */
+  if (!captured) d->last_deadline = deadline == RS_NO_DEADLINE ? INT64_MAX : deadline;
 
   /* Start after the caller's work, after this plan's previous execute
    * (the buffer table) and after the communicator's previous execute of
    * any plan (the staging pool). */
   unsigned char *staging = NULL;
-  CU(cudaEventRecord(ev_start, caller), "cudaEventRecord(start)");
-  CU(cudaStreamWaitEvent(d->s[S_PACK], ev_start, 0), "cudaStreamWaitEvent(start)");
-  CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_XFER], 0), "cudaStreamWaitEvent(previous)");
-  CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[S_UNPACK], 0), "cudaStreamWaitEvent(previous)");
+  const unsigned ext = captured ? cudaEventWaitExternal : 0;
+  CU(cudaEventRecord(d->ev_fork, caller), "cudaEventRecord(start)");
+  CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_fork, 0), "cudaStreamWaitEvent(start)");
+  if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], launched, d), "cudaLaunchHostFunc(launch deadline)");
+  for (int i = 0; i < S_COUNT; i++)
+    CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[i], ext), "cudaStreamWaitEvent(previous)");
   RS_CHECK_GOTO(so->begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
 
-  int changed = !d->tab_uploaded;
-  for (size_t i = 0; i < d->ntab && !changed; i++) {
-    size_t ns = (size_t)p->num_src_buffers;
-    void *v = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
-    changed = d->h_tab[d->tab_cur][i] != v;
-  }
-  if (changed && d->ntab) {
-    /* The next slot's pinned table may still feed an upload RS_TAB_SLOTS
-     * executes back: the only host wait an execute can make, and only
-     * when buffer addresses keep changing faster than the GPU runs. The
-     * device table of the slot is overwritten in stream order, after
-     * every earlier execute of the plan (see the waits above). */
-    int slot = d->tab_uploaded ? (d->tab_cur + 1) % RS_TAB_SLOTS : 0;
-    cudaError_t q = poll_done(NULL, d->tab_ev[slot], deadline);
-    if (q == cudaErrorNotReady) {
-      r = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the buffer table of the execute %d calls back (addresses "
-                   "changed on each) is still in use past the deadline: earlier executes are not finishing",
-                   p->rank, RS_TAB_SLOTS);
-      goto fail;
-    }
-    CU(q, "cudaEventQuery(buffer table)");
-    size_t ns = (size_t)p->num_src_buffers;
-    void **h = d->h_tab[slot];
-    for (size_t i = 0; i < d->ntab; i++)
-      h[i] = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
-    CU(cudaMemcpyAsync(d->d_tab[slot], h, d->ntab * sizeof(void *), cudaMemcpyHostToDevice, d->s[S_PACK]),
-       "cudaMemcpyAsync(buffer table)");
-    CU(cudaEventRecord(d->tab_ev[slot], d->s[S_PACK]), "cudaEventRecord(buffer table)");
-    d->tab_cur = slot;
-    d->tab_uploaded = 1;
-  }
+  /* (a captured execute has the table in use: rs_device_execute) */
+  if (!captured && d->ntab && table_changed(p, d, src, nsrc, dst, ndst))
+    RS_CHECK_GOTO(switch_table(p, d, src, nsrc, dst, ndst, deadline), r, fail);
   /* Double buffering: this call's view of the table, from the commit
    * record as the previous call left it (stream order). */
   if (d->dbuf && d->nview) {
@@ -903,6 +1010,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   /* verify: the call's sums start at zero (the copies of a round are not
    * contiguous, so once per call, before any stream adds) */
   dev_call c = call_of(p, d, deadline, call, version, staging);
+  c.captured = captured;
   if (d->verify) {
     /* (registered: the senders' sums are added up here too, after them) */
     const size_t nsums = p->nsend_copies + (d->reg ? p->nrecv_copies : 0);
@@ -920,11 +1028,19 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
 
   RS_CHECK_GOTO(rs_sched_run(p, &dev_sched, &c), r, fail);
 
-  /* Completion becomes visible on the caller's stream. */
+  /* Completion becomes visible on the caller's stream (in a capture, the
+   * join of the plan's streams into the caller's, which the capture's
+   * end requires). */
   for (int i = 0; i < S_COUNT; i++) {
-    CU(cudaEventRecord(d->ev_end[i], d->s[i]), "cudaEventRecord(end)");
-    CU(cudaStreamWaitEvent(caller, d->ev_end[i], 0), "cudaStreamWaitEvent(caller)");
+    CU(record_lasting(d->ev_end[i], d->s[i], captured), "cudaEventRecord(end)");
+    cudaEvent_t join = d->ev_end[i];
+    if (captured) {
+      join = d->ev_join[i];
+      CU(cudaEventRecord(join, d->s[i]), "cudaEventRecord(join)");
+    }
+    CU(cudaStreamWaitEvent(caller, join, 0), "cudaStreamWaitEvent(caller)");
   }
+  if (captured) d->tab_pinned |= 1u << d->tab_cur;
   RS_CHECK_GOTO(so->end(p->comm, caller, deadline), r, fail);
   return RESHARD_SUCCESS;
 fail:
@@ -985,7 +1101,39 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
                    i < (size_t)p->num_src_buffers ? "source" : "destination",
                    i < (size_t)p->num_src_buffers ? i : i - p->num_src_buffers, given, d->reg[i]);
   }
-  if (r == RESHARD_SUCCESS) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version);
+  /* Captured into a CUDA graph: every launch runs this call again (same
+   * buffers, same call number and version in the headers and the
+   * commit), ordered after the execute before it through external event
+   * nodes. Refused before anything is enqueued where a launch could not
+   * mean the same. */
+  const int captured = r == RESHARD_SUCCESS ? rs_stream_capturing(stream) : 0;
+  if (captured < 0)
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: the caller's stream is in a CUDA graph capture that "
+                 "was invalidated (by an earlier call); end it and capture again", p->rank);
+  else if (captured && !so->graphs)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "execute rank %d: the %s transport cannot be captured into a CUDA graph "
+                 "(its messages' sequence numbers are counted on the host: a launch would replay stale ones); "
+                 "execute without capturing", p->rank, p->comm->ops->name);
+  else if (captured && (p->opts.flags & RESHARD_FLAG_SYNC))
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: RESHARD_FLAG_SYNC waits on the host for the call's "
+                 "result, which a CUDA graph capture does not run; capture plans without it and read "
+                 "reshard_plan_get_status after a launch", p->rank);
+  else if (captured && p->quant)
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "execute rank %d: a plan that quantizes to fp8 blocks cannot be "
+                 "captured into a CUDA graph yet (untested); execute it without capturing", p->rank);
+  else if (captured && table_changed(p, d, src, nsrc, dst, ndst))
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: a captured execute must use the buffers of the "
+                 "plan's previous execute (a CUDA graph reads the buffer table as it stands; capture after one "
+                 "execute with these very buffers)", p->rank);
+  if (r != RESHARD_SUCCESS && captured) {
+    /* nothing enqueued, on this rank or (by this call) a peer: the plan
+     * stays usable (a peer that captured its half fails at its launch's
+     * deadline, or its next call disagrees with this rank's) */
+    pthread_mutex_unlock(&d->mu);
+    return r;
+  }
+  if (r == RESHARD_SUCCESS)
+    r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version, captured);
   if (r == RESHARD_SUCCESS && (p->opts.flags & RESHARD_FLAG_SYNC)) {
     /* the call's own result: its work done (polled until its deadline),
      * then its agreement's verdict */
@@ -1032,7 +1180,10 @@ void rs_device_poll(const reshard_plan_t *p) {
     /* the call whose check failed, not the latest enqueued */
     rs_plan_mark_failed(p, d->h_agree->want.call, d->h_agree->want.version, v, d->failed_msg);
   }
-  if (!d->failed && d->last_deadline && rs_now_ns() > d->last_deadline && !streams_idle(d, 0)) {
+  /* the latest deadline: the last execute's, or a graph's launch's (a
+   * capture still open has no status to ask for) */
+  int64_t dl = work_deadline(d);
+  if (!d->failed && dl && rs_now_ns() > dl && !in_capture(d) && !streams_idle(d, 0)) {
     v = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its deadline "
                  "(a peer did not run its part, or issued its calls in another order); reshard's NCCL communicator "
                  "was aborted, which ends the work", p->rank);
@@ -1154,7 +1305,7 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source and %zu destination buffers "
                  "given, the layouts have %d and %d", p->rank, nsrc, ndst, p->num_src_buffers, p->num_dst_buffers);
   /* earlier executes may still read the old registration's tables */
-  if (!r && !streams_idle(d, d->last_deadline ? d->last_deadline : rs_now_ns()))
+  if (!r && !streams_idle(d, work_deadline(d) ? work_deadline(d) : rs_now_ns()))
     r = rs_error(RESHARD_ERROR_TIMEOUT, "register_buffers rank %d: the plan's last execute is not done past its "
                  "deadline", p->rank);
   for (size_t i = 0; i < nb && bufs && reg; i++) bufs[i] = reg[i] = i < nsrc ? (src ? src[i] : NULL) : (dst ? dst[i - nsrc] : NULL);

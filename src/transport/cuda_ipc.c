@@ -435,7 +435,7 @@ static void ipc_destroy(reshard_comm_t *c) {
    * until its deadline, poisoned or not (past it, poison: the waits give
    * up, and the work ends soon after). */
   if (x->dev.have_last) {
-    int64_t deadline = x->dev.last_deadline;
+    int64_t deadline = __atomic_load_n(&x->dev.last_deadline, __ATOMIC_ACQUIRE);
     for (unsigned spin = 0; cudaEventQuery((cudaEvent_t)x->dev.last_end) == cudaErrorNotReady; spin++) {
       if (rs_now_ns() > deadline) {
         if (x->poisoned) break;

@@ -121,6 +121,11 @@ struct rs_stream_ops {
    * timeout_ms from now. The device executor then quantizes at the start
    * of every execute of the main plan (NULL: UNSUPPORTED). */
   reshard_result_t (*quant_prepare)(reshard_comm_t *comm, struct rs_quant *q, int64_t timeout_ms);
+  /* Whether an execute may be captured into a CUDA graph: every launch
+   * of the graph then runs the same enqueued work again. A transport
+   * whose enqueued work carries per-message state the host counts (CUDA
+   * IPC's sequence numbers, kernels/rs_ipc.h) cannot be replayed. */
+  int graphs;
 };
 
 static inline reshard_result_t rs_stream_execute(

@@ -9,7 +9,12 @@
  * inside the caller's ncclGroupStart is refused (and at depth 0 the probe
  * that tells has no effect: every execute above went through it); the
  * caller's communicator is neither aborted nor destroyed by reshard and
- * still works afterwards. Exit 77 without a device. */
+ * still works afterwards. And CUDA graphs (issue 17, item 6) on the real
+ * runtime, whose capture rules the emulated device only models: an
+ * execute captured, then launched 10 times with new source values, each
+ * checked; the same with RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY
+ * (an NCCL allreduce and the commit inside the graph; the active copy
+ * alternates). Exit 77 without a device. */
 #include <nccl.h>
 #include <stdio.h>
 #include <time.h>
@@ -81,6 +86,72 @@ static void CUDART_CB stall(void *arg) {
   (void)arg;
   struct timespec ts = {1, 500000000L};
   nanosleep(&ts, NULL);
+}
+
+static void copy_back(reshard_selftest_t *d, void *const *dd, int n) {
+  for (int i = 0; i < n; i++)
+    if (d->ptr[i]) CK(cudaMemcpy(d->ptr[i], dd[i], d->bytes[i], cudaMemcpyDeviceToHost));
+}
+
+/* Captures one execute of `plan` (sources sd, destinations dd, nd of them)
+ * on `stream` and launches it `n` times, the sources refilled with step
+ * 100 + k before launch k and the destination copy `dsel(k)` checked
+ * after it; plain executes with the same buffers come first (the
+ * capture's rule). Returns the wrong elements plus failures. */
+static int64_t graph_steps(reshard_plan_t *plan, const reshard_layout_t *src, const reshard_layout_t *dst,
+                           cudaStream_t stream, int dbuf, int n) {
+  reshard_selftest_t s, d[2];
+  int64_t bad = 0;
+  if (reshard_selftest_alloc(&s, src, 0, 99) || reshard_selftest_alloc(&d[0], dst, 0, -1) ||
+      reshard_selftest_alloc(&d[1], dst, 0, -1))
+    return 1;
+  void **sd = to_device(&s), **d0 = to_device(&d[0]), **d1 = to_device(&d[1]);
+  int nb = d[0].nbuf;
+  void **dd = calloc(2 * (size_t)nb, sizeof *dd);
+  for (int i = 0; i < nb; i++) dd[i] = d0[i], dd[nb + i] = d1[i];
+  size_t nd = (size_t)(dbuf ? 2 * nb : nb);
+  RS(reshard_plan_execute(plan, sd, (size_t)s.nbuf, dd, nd, stream));
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t g;
+  cudaGraphExec_t gx;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  reshard_result_t r = reshard_plan_execute(plan, sd, (size_t)s.nbuf, dd, nd, stream);
+  cudaError_t ce = cudaStreamEndCapture(stream, &g);
+  if (r || ce) {
+    fprintf(stderr, "FAIL: capture: %s (%s), cudaStreamEndCapture: %s\n", reshard_result_string(r),
+            reshard_last_error(), cudaGetErrorString(ce));
+    return 1;
+  }
+  CK(cudaGraphInstantiate(&gx, g, 0));
+  for (int k = 0; k < n; k++) {
+    reshard_selftest_fill(&s, src, 100 + (uint64_t)k);
+    for (int i = 0; i < s.nbuf; i++)
+      if (s.ptr[i]) CK(cudaMemcpy(sd[i], s.ptr[i], s.bytes[i], cudaMemcpyHostToDevice));
+    CK(cudaGraphLaunch(gx, stream));
+    CK(cudaStreamSynchronize(stream));
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    RS(reshard_plan_get_status(plan, &st));
+    /* (double buffering: the plain execute committed copy 0, each launch
+     * flips) */
+    int act = dbuf ? (k + 1) % 2 : 0;
+    if (st.failed || (dbuf && st.active_copy != act)) {
+      fprintf(stderr, "FAIL: launch %d: failed %d (%s), active copy %d\n", k, st.failed, st.failure_message,
+              st.active_copy);
+      bad++;
+    }
+    copy_back(&d[act], act ? d1 : d0, nb);
+    bad += reshard_selftest_check(&d[act], dst, 0, 100 + (uint64_t)k, "gpu_nccl_local graph");
+  }
+  CK(cudaGraphExecDestroy(gx));
+  CK(cudaGraphDestroy(g));
+  free_device(sd, s.nbuf);
+  free_device(d0, nb);
+  free_device(d1, nb);
+  free(dd);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d[0]);
+  reshard_selftest_free(&d[1]);
+  return bad;
 }
 
 static double now_s(void) {
@@ -172,6 +243,18 @@ int main(void) {
   }
   free_device(dd, d.nbuf);
   reshard_selftest_free(&d);
+  {
+    /* CUDA graphs: the plain plan, then double buffering with verify */
+    int64_t gbad = graph_steps(plan, src, dst, stream, 0, 10);
+    reshard_options_t od = o;
+    od.flags = RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY;
+    reshard_plan_t *plan3 = NULL;
+    RS(reshard_plan_create(comm, src, dst, &od, &plan3));
+    gbad += graph_steps(plan3, src, dst, stream, 1, 10);
+    reshard_plan_destroy(plan3);
+    printf("gpu_nccl_local: 2 x 10 graph launches: %lld wrong\n", (long long)gbad);
+    bad += gbad;
+  }
   reshard_plan_destroy(plan);
   reshard_comm_destroy(comm);
   {

@@ -22,11 +22,13 @@ mock_world world = {.chan_cap = 1 << 30, .hang_ms = 3000};
 
 typedef struct mstream mstream;
 typedef struct mcomm mcomm;
+typedef struct mcap mcap;
+typedef struct mevent mevent;
 
 enum {
   D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
   D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP, D_SUMS, D_COMPARE, D_MEMSET,
-  D_QUANT, D_ABSORB
+  D_QUANT, D_ABSORB, D_HOSTFN
 };
 
 typedef struct dp2p {
@@ -39,6 +41,14 @@ typedef struct dop {
   int kind;
   mstream *ws; /* D_WAIT: the stream and position waited for */
   uint64_t wtarget;
+  /* captured D_WAIT (a graph node): member stream wj's first wtarget
+   * nodes, or (xev) the external event's state at launch; xrec: an
+   * external record of xev (a node that waits for nothing) */
+  int wj, xrec;
+  mevent *xev;
+  /* D_HOSTFN */
+  cudaHostFn_t fn;
+  void *arg;
   /* D_KERNEL */
   const rs_tile *tiles;
   uint64_t ntiles;
@@ -87,15 +97,43 @@ typedef struct dop {
 struct mstream {
   void *key; /* the handle the caller passes */
   int rank, created, live;
+  mcap *capt; /* the capture the stream is in (NULL: none) */
+  int cj;    /* its index among the capture's streams */
   dop *q;
   size_t cap;
   uint64_t base, enq, done; /* q[i - base] is op i; done <= enq */
 };
 
-typedef struct mevent {
+struct mevent {
   mstream *s; /* NULL: never recorded (complete) */
   uint64_t target;
-} mevent;
+  /* last recorded in a capture: node count cpos of its stream cj */
+  mcap *cap;
+  int cj;
+  uint64_t cpos;
+};
+
+/* A stream capture, then the graph it made (mock_device.h: captures).
+ * Its nodes in capture order, each on the capture's stream j: members[0]
+ * is the origin, the others joined by waiting on a captured event. */
+#define MAXCAP 16
+typedef struct mnode {
+  int j;
+  dop op;
+} mnode;
+struct mcap {
+  int rank, invalid, ended, refs;
+  int nmembers;
+  mstream *members[MAXCAP];
+  uint64_t cpos[MAXCAP]; /* nodes per member so far */
+  mnode *nodes;
+  size_t nn, capn;
+  mcap *next; /* G.caps */
+};
+typedef struct mexec {
+  mcap *g;
+  mstream *r[MAXCAP]; /* the streams its launches run on, per member */
+} mexec;
 
 typedef struct mgroup {
   int gid, size;
@@ -159,6 +197,7 @@ static struct {
   mchan *chans;
   mcoll *colls;
   mpin *pins;
+  mcap *caps; /* captures of the world, live and ended */
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static int64_t now_ns(void) {
@@ -200,6 +239,15 @@ static void reset_tables(void) {
   G.chans = NULL;
   for (mcoll *c = G.colls, *nx; c; c = nx) nx = c->next, free(c);
   G.colls = NULL;
+  /* (graphs and their executables outlive a world only as handles the
+   * tests no longer use) */
+  for (mcap *c = G.caps, *nx; c; c = nx) {
+    nx = c->next;
+    for (size_t i = 0; i < c->nn; i++) free(c->nodes[i].op.p), free(c->nodes[i].op.batch);
+    free(c->nodes);
+    free(c);
+  }
+  G.caps = NULL;
 }
 
 static mstream *new_stream(void *key);
@@ -227,6 +275,19 @@ static mstream *new_stream(void *key) {
 }
 
 static dop *push(mstream *s, int kind) {
+  if (s->capt) { /* captured: a node of the graph, run by its launches */
+    mcap *c = s->capt;
+    if (c->nn == c->capn) {
+      c->capn = c->capn ? 2 * c->capn : 64;
+      c->nodes = realloc(c->nodes, c->capn * sizeof *c->nodes);
+    }
+    mnode *n = &c->nodes[c->nn++];
+    memset(n, 0, sizeof *n);
+    n->j = s->cj;
+    c->cpos[s->cj]++;
+    n->op.kind = kind;
+    return &n->op;
+  }
   if (s->enq - s->base == s->cap) {
     s->cap = s->cap ? 2 * s->cap : 16;
     s->q = realloc(s->q, s->cap * sizeof *s->q);
@@ -571,6 +632,9 @@ static int step(mstream *s) {
   case D_ABSORB:
     rs_dev_agree_absorb(o->src, &o->hdr, o->st);
     break;
+  case D_HOSTFN: /* (on a driver thread in CUDA; here whoever progresses) */
+    o->fn(o->arg);
+    break;
   case D_QUANT: /* each block as RS_KERNEL_THREADS threads (quant_kernels.cu) */
     for (uint64_t g = 0; g < o->nblocks; g++) {
       const uint32_t k = rs_qblock_box(o->bstart, (uint32_t)o->n, g);
@@ -659,6 +723,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.ipc_mapped = world.ipc_timeouts = world.ipc_pool_pulls = 0;
   world.parent_aborts = world.parent_destroys = world.leftover = 0;
   world.corrupt_next = world.corrupt_copy_next = 0;
+  world.capture_violations = 0;
   UNLOCK();
 }
 
@@ -707,6 +772,24 @@ static void *dev_alloc(size_t n) {
   return calloc(1, n ? n : 1);
 }
 
+/* This rank's open capture (a rank is a process: global mode reaches
+ * its own captures only). */
+static mcap *open_capture(void) {
+  for (mcap *c = G.caps; c; c = c->next)
+    if (!c->ended && c->rank == M.rank) return c;
+  return NULL;
+}
+/* A call that cudaStreamCaptureModeGlobal forbids while a capture is
+ * open (allocation, synchronous copies, device synchronization): the
+ * capture is invalidated and the call fails. Lock held. */
+static int forbidden(void) {
+  mcap *c = open_capture();
+  if (!c) return 0;
+  c->invalid = 1;
+  world.capture_violations++;
+  return 1;
+}
+
 cudaError_t __wrap_cudaGetDevice(int *d) {
   *d = M.device;
   return cudaSuccess;
@@ -718,14 +801,23 @@ cudaError_t __wrap_cudaSetDevice(int d) {
 cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
   if (M.fail_malloc) return cudaErrorMemoryAllocation;
   LOCK();
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   *p = dev_alloc(n);
   UNLOCK();
   return cudaSuccess;
 }
 cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
-  (void)s;
   if (++M.malloc_async_calls == M.fail_malloc_async_at) return cudaErrorMemoryAllocation;
   LOCK();
+  if (stream_of(s)->capt) { /* (graph allocation nodes: not emulated) */
+    stream_of(s)->capt->invalid = 1;
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   *p = dev_alloc(n);
   UNLOCK();
   return cudaSuccess;
@@ -760,6 +852,12 @@ cudaError_t __wrap_cudaFree(void *p) {
 cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
   if (!p) return cudaSuccess;
   LOCK();
+  if (stream_of(s)->capt) {
+    stream_of(s)->capt->invalid = 1;
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   dop *o = push(stream_of(s), D_FREE);
   o->dst = p;
   o->mem = &M.mem;
@@ -815,6 +913,12 @@ cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
   M.syncs++;
   mock_log(OP_SYNC, s);
   LOCK();
+  if (stream_of(s)->capt) {
+    stream_of(s)->capt->invalid = 1;
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   int r = wait_for(stream_done, stream_of(s), "cudaStreamSynchronize");
   UNLOCK();
   return r ? cudaErrorLaunchTimeout : cudaSuccess;
@@ -823,6 +927,10 @@ cudaError_t __wrap_cudaDeviceSynchronize(void) {
   M.syncs++;
   mock_log(OP_SYNC, NULL);
   LOCK();
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   int r = wait_for(rank_done, NULL, "cudaDeviceSynchronize");
   UNLOCK();
   return r ? cudaErrorLaunchTimeout : cudaSuccess;
@@ -831,12 +939,23 @@ cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
   M.syncs++;
   mock_log(OP_SYNC, NULL);
   LOCK();
+  if (((mevent *)e)->cap) {
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorCapturedEvent;
+  }
   int r = wait_for(event_done, e, "cudaEventSynchronize");
   UNLOCK();
   return r ? cudaErrorLaunchTimeout : cudaSuccess;
 }
 cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
   LOCK();
+  if (stream_of(s)->capt) { /* a capturing stream has no status */
+    stream_of(s)->capt->invalid = 1;
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   progress();
   int d = stream_done(stream_of(s));
   UNLOCK();
@@ -844,6 +963,11 @@ cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
 }
 cudaError_t __wrap_cudaEventQuery(cudaEvent_t e) {
   LOCK();
+  if (((mevent *)e)->cap) { /* last recorded in a capture: no status */
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorCapturedEvent;
+  }
   progress();
   int d = event_done(e);
   UNLOCK();
@@ -853,26 +977,86 @@ cudaError_t __wrap_cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   mock_log(OP_REC, s)->ev = e;
   LOCK();
   mevent *ev = (mevent *)e;
-  ev->s = stream_of(s);
-  ev->target = ev->s->enq;
+  mstream *st = stream_of(s);
+  if (st->capt) { /* a captured event: the position in the capture */
+    ev->s = NULL;
+    ev->cap = st->capt;
+    ev->cj = st->cj;
+    ev->cpos = st->capt->cpos[st->cj];
+  } else {
+    ev->cap = NULL;
+    ev->s = st;
+    ev->target = st->enq;
+  }
+  UNLOCK();
+  return cudaSuccess;
+}
+/* cudaEventRecordExternal: only in a capture, where it is a node that
+ * records the event each time a launch of the graph reaches it. */
+cudaError_t __wrap_cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned f) {
+  if (!(f & cudaEventRecordExternal)) return __wrap_cudaEventRecord(e, s);
+  mock_log(OP_REC, s)->ev = e;
+  LOCK();
+  mstream *st = stream_of(s);
+  if (!st->capt) {
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorInvalidValue;
+  }
+  dop *o = push(st, D_WAIT);
+  o->xev = (mevent *)e;
+  o->xrec = 1;
   UNLOCK();
   return cudaSuccess;
 }
 cudaError_t __wrap_cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
-  (void)f;
   mock_log(OP_WAIT, s)->ev = e;
   LOCK();
   mevent *ev = (mevent *)e;
-  if (ev->s) { /* waiting for a never-recorded event is a no-op */
+  mstream *st = stream_of(s);
+  cudaError_t bad = cudaSuccess;
+  if (f & cudaEventWaitExternal) {
+    /* only in a capture: a node waiting for the event as recorded when
+     * a launch of the graph is enqueued */
+    if (!st->capt || ev->cap) bad = cudaErrorInvalidValue;
+    else push(st, D_WAIT)->xev = ev;
+  } else if (ev->cap) {
+    /* an event of a capture: the waiting stream joins it (fork), or
+     * waits inside it (join); never across captures, nor from outside
+     * one that ended */
+    mcap *c = ev->cap;
+    if (c->ended || (st->capt && st->capt != c) || (!st->capt && c->nmembers == MAXCAP)) {
+      bad = cudaErrorStreamCaptureIsolation;
+      c->invalid = 1;
+    } else {
+      if (!st->capt) {
+        st->capt = c;
+        st->cj = c->nmembers;
+        c->members[c->nmembers++] = st;
+        c->cpos[st->cj] = 0;
+      }
+      dop *o = push(st, D_WAIT);
+      o->wj = ev->cj;
+      o->wtarget = ev->cpos;
+    }
+  } else if (st->capt && ev->s) {
+    /* CUDA: a capturing stream may wait for an event recorded outside
+     * the capture only with cudaEventWaitExternal */
+    bad = cudaErrorStreamCaptureIsolation;
+    st->capt->invalid = 1;
+  } else if (st->capt) {
+    /* (a never-recorded event: nothing to wait for) */
+  } else if (ev->s) { /* waiting for a never-recorded event is a no-op */
     mstream *ws = ev->s;
     uint64_t target = ev->target;
-    dop *o = push(stream_of(s), D_WAIT);
+    dop *o = push(st, D_WAIT);
     o->ws = ws;
     o->wtarget = target;
     progress();
   }
+  if (bad) world.capture_violations++;
   UNLOCK();
-  return cudaSuccess;
+  return bad;
 }
 cudaError_t __wrap_cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
   mock_log(OP_MEMCPY, st);
@@ -881,7 +1065,16 @@ cudaError_t __wrap_cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMe
   for (mpin *q = G.pins; q; q = q->next)
     if ((const unsigned char *)s >= (unsigned char *)q->p && (const unsigned char *)s < (unsigned char *)q->p + q->n)
       pinned = 1;
-  dop *o = push(stream_of(st), D_MEMCPY);
+  mstream *ms = stream_of(st);
+  if (ms->capt && k == cudaMemcpyHostToDevice && !pinned) {
+    /* (a graph reads its copy's source at each launch: pageable memory
+     * the caller may reuse at once is a bug there) */
+    ms->capt->invalid = 1;
+    world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  dop *o = push(ms, D_MEMCPY);
   o->dst = d;
   o->src = s;
   o->n = n;
@@ -1099,6 +1292,10 @@ cudaError_t __wrap_cudaIpcCloseMemHandle(void *p) {
 cudaError_t __wrap_cudaMemcpy(void *d, const void *src, size_t n, enum cudaMemcpyKind k) {
   (void)k;
   LOCK();
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   progress();
   memcpy(d, src, n);
   UNLOCK();
@@ -1106,6 +1303,10 @@ cudaError_t __wrap_cudaMemcpy(void *d, const void *src, size_t n, enum cudaMemcp
 }
 cudaError_t __wrap_cudaMemset(void *p, int v, size_t n) {
   LOCK();
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   progress();
   memset(p, v, n);
   UNLOCK();
@@ -1152,6 +1353,192 @@ int __wrap_rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, voi
   progress();
   UNLOCK();
   return 0;
+}
+
+/* ------------------------------------------------------------ graphs */
+
+cudaError_t __wrap_cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
+  LOCK();
+  dop *o = push(stream_of(s), D_HOSTFN);
+  o->fn = fn;
+  o->arg = arg;
+  progress();
+  UNLOCK();
+  return cudaSuccess;
+}
+
+cudaError_t __wrap_cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+  (void)mode; /* (every capture behaves as global mode, for its own rank) */
+  if (!s) return cudaErrorStreamCaptureUnsupported; /* the legacy stream */
+  LOCK();
+  mstream *st = stream_of(s);
+  if (st->capt) {
+    UNLOCK();
+    return cudaErrorIllegalState;
+  }
+  mcap *c = calloc(1, sizeof *c);
+  c->rank = M.rank;
+  c->refs = 1;
+  c->members[0] = st;
+  c->nmembers = 1;
+  c->next = G.caps;
+  G.caps = c;
+  st->capt = c;
+  st->cj = 0;
+  UNLOCK();
+  return cudaSuccess;
+}
+
+cudaError_t __wrap_cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *out) {
+  LOCK();
+  mstream *st = s ? stream_of(s) : NULL;
+  *out = !st || !st->capt ? cudaStreamCaptureStatusNone
+         : st->capt->invalid ? cudaStreamCaptureStatusInvalidated
+                             : cudaStreamCaptureStatusActive;
+  UNLOCK();
+  return cudaSuccess;
+}
+
+/* Ends the capture begun on s: every stream that joined must have been
+ * joined back into s (here: s waited for its last node directly). */
+cudaError_t __wrap_cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *out) {
+  *out = NULL;
+  LOCK();
+  mstream *st = stream_of(s);
+  mcap *c = st->capt;
+  if (!c || c->members[0] != st) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnmatched;
+  }
+  cudaError_t r = cudaSuccess;
+  for (int j = 1; j < c->nmembers; j++) {
+    int joined = 0;
+    for (size_t i = 0; i < c->nn; i++) {
+      const mnode *n = &c->nodes[i];
+      if (n->j == 0 && n->op.kind == D_WAIT && !n->op.xev && n->op.wj == j && n->op.wtarget >= c->cpos[j]) joined = 1;
+    }
+    if (!joined) r = cudaErrorStreamCaptureUnjoined;
+  }
+  if (c->invalid) r = cudaErrorStreamCaptureInvalidated;
+  for (int j = 0; j < c->nmembers; j++) c->members[j]->capt = NULL;
+  c->ended = 1;
+  if (r) {
+    world.capture_violations++;
+    c->refs = 0; /* (freed with the world) */
+  } else {
+    *out = (cudaGraph_t)c;
+  }
+  UNLOCK();
+  return r;
+}
+
+cudaError_t __wrap_cudaGraphInstantiate(cudaGraphExec_t *out, cudaGraph_t g, unsigned long long flags) {
+  (void)flags;
+  mexec *x = calloc(1, sizeof *x);
+  LOCK();
+  x->g = (mcap *)g;
+  x->g->refs++;
+  UNLOCK();
+  *out = (cudaGraphExec_t)x;
+  return cudaSuccess;
+}
+
+cudaError_t __wrap_cudaGraphDestroy(cudaGraph_t g) {
+  LOCK();
+  ((mcap *)g)->refs--; /* (freed with the world) */
+  UNLOCK();
+  return cudaSuccess;
+}
+
+cudaError_t __wrap_cudaGraphExecDestroy(cudaGraphExec_t e) {
+  mexec *x = (mexec *)e;
+  LOCK();
+  x->g->refs--;
+  for (int j = 0; j < MAXCAP; j++)
+    if (x->r[j]) x->r[j]->live = 0;
+  UNLOCK();
+  free(x);
+  return cudaSuccess;
+}
+
+/* A launch: the graph's nodes, in capture order, onto the executable's
+ * own streams (one per captured stream), after the work on s; s then
+ * waits for all of them. Waits inside the graph point into this launch,
+ * external waits at the events as they stand now, external records
+ * record there; NCCL work takes its place in the communicator's issue
+ * order now, as a fresh launch of NCCL's kernels would. */
+cudaError_t __wrap_cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  mexec *x = (mexec *)e;
+  LOCK();
+  mstream *L = stream_of(s);
+  mcap *g = x->g;
+  if (L->capt) { /* (a graph launched into a capture: not emulated) */
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  uint64_t base[MAXCAP];
+  for (int j = 0; j < g->nmembers; j++) {
+    if (!x->r[j]) {
+      x->r[j] = new_stream(NULL);
+      x->r[j]->key = x->r[j];
+      x->r[j]->created = 1;
+    }
+    if (j == 0) {
+      dop *w = push(x->r[0], D_WAIT);
+      w->ws = L;
+      w->wtarget = L->enq;
+    }
+    base[j] = x->r[j]->enq;
+  }
+  for (size_t i = 0; i < g->nn; i++) {
+    const mnode *n = &g->nodes[i];
+    mstream *R = x->r[n->j];
+    dop *o = push(R, n->op.kind);
+    *o = n->op;
+    switch (o->kind) {
+    case D_WAIT:
+      if (o->xev && o->xrec) { /* records the event here; waits for nothing */
+        o->xev->s = R;
+        o->xev->target = R->enq - 1;
+        o->xev->cap = NULL;
+        o->ws = R, o->wtarget = 0;
+      } else if (o->xev) {
+        o->ws = o->xev->s ? o->xev->s : R;
+        o->wtarget = o->xev->s ? o->xev->target : 0;
+      } else {
+        o->ws = x->r[o->wj];
+        o->wtarget = base[o->wj] + o->wtarget;
+      }
+      o->xev = NULL;
+      break;
+    case D_GROUP:
+      o->p = malloc((size_t)o->np * sizeof *o->p);
+      memcpy(o->p, n->op.p, (size_t)o->np * sizeof *o->p);
+      o->ticket = o->comm->nccl_issued++;
+      break;
+    case D_ALLRED:
+      o->ticket = o->comm->nccl_issued++;
+      o->coll = o->comm->coll_issued++;
+      break;
+    case D_IPC_POST:
+    case D_IPC_PULL:
+    case D_IPC_ACK:
+    case D_IPC_ACKED:
+      o->batch = malloc(sizeof *o->batch);
+      memcpy(o->batch, n->op.batch, sizeof *o->batch);
+      break;
+    default:
+      break;
+    }
+  }
+  for (int j = 0; j < g->nmembers; j++) {
+    dop *w = push(L, D_WAIT);
+    w->ws = x->r[j];
+    w->wtarget = x->r[j]->enq;
+  }
+  progress();
+  UNLOCK();
+  return cudaSuccess;
 }
 
 /* ------------------------------------------------------------ NCCL */
@@ -1232,9 +1619,10 @@ ncclResult_t __wrap_ncclGroupEnd(void) {
   ncclComm_t handle = M.p2p[first].comm;
   LOCK();
   mcomm *c = comm_of(handle);
-  dop *o = push(stream_of(M.p2p[first].stream), D_GROUP);
+  mstream *gs = stream_of(M.p2p[first].stream);
+  dop *o = push(gs, D_GROUP);
   o->comm = c;
-  o->ticket = c->nccl_issued++;
+  if (!gs->capt) o->ticket = c->nccl_issued++; /* (captured: at each launch) */
   o->p = calloc((size_t)n, sizeof *o->p);
   o->np = n;
   mgroup *g = alone(c) ? NULL : group_of(c->gid, c->size);
@@ -1399,10 +1787,13 @@ ncclResult_t __wrap_ncclAllReduce(const void *s, void *r, size_t n, ncclDataType
     return ncclInvalidArgument;
   }
   if (s != r) memcpy(r, s, n * 8);
-  dop *o = push(stream_of(st), D_ALLRED);
+  mstream *as = stream_of(st);
+  dop *o = push(as, D_ALLRED);
   o->comm = c;
-  o->ticket = c->nccl_issued++;
-  o->coll = c->coll_issued++;
+  if (!as->capt) { /* (captured: at each launch) */
+    o->ticket = c->nccl_issued++;
+    o->coll = c->coll_issued++;
+  }
   o->vals = r;
   o->nvals = (int)n;
   progress();

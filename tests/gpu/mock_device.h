@@ -27,6 +27,21 @@
  *   ncclCommAbort drops the communicator's pending work; any later use of
  *   an aborted or destroyed communicator is counted as a use after free.
  *
+ * CUDA graphs (stream capture) are modelled as reshard meets them:
+ * work enqueued on a capturing stream becomes a node of the capture; a
+ * stream joins it by waiting on an event recorded in it; EndCapture
+ * wants every joined stream waited for by the origin; each
+ * cudaGraphLaunch enqueues the nodes again, in capture order, on the
+ * executable's own streams after the launch stream's work, with NCCL's
+ * tickets taken then. What CUDA rejects during a capture is rejected and
+ * counted in world.capture_violations: querying or synchronizing a
+ * capturing stream or a captured event, waiting from a capture on an
+ * event recorded outside it without cudaEventWaitExternal (or on a
+ * captured one from outside), the External flags outside a capture,
+ * allocation, synchronous copies and device synchronization while the
+ * rank has a capture open (global mode), and (stricter than CUDA, which
+ * reads the source at each launch) copies from pageable host memory.
+ *
  * A host wait that could never end (a synchronization on work that waits
  * for a message nobody sends) is cut after world.hang_ms and counted in
  * world.hangs: the test then fails instead of hanging.
@@ -132,6 +147,7 @@ typedef struct mock_world {
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
   long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
   int corrupt_next;    /* flip a bit of the next message over 64 bytes received */
+  long capture_violations; /* calls a CUDA stream capture forbids (above) */
   int corrupt_copy_next; /* flip a bit of what the next copy kernel writes into
                             destination buffers (a registered, direct copy
                             moves no message to corrupt) */

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/mock_device.h"
+#include "gpu/mock_world.h"
 #include "plan/quant.h"
 #include "plan/relay.h"
 #include "transport/transport.h"
@@ -40,59 +41,19 @@ static int64_t ms_now(void) {
 
 /* ------------------------------------------------------------ worlds */
 
-typedef struct ipc_rank ipc_rank;
-typedef void (*ipc_fn)(ipc_rank *r);
-
-struct ipc_rank {
-  int rank, n;
-  reshard_inproc_world_t *host_world;
-  void *ctx;
-  ipc_fn fn;
-  int failed;
-  char why[512];
-  int64_t wrong;
-};
-
-#define RFAIL(r, ...)                                                   \
-  do {                                                                  \
-    if (!(r)->failed) snprintf((r)->why, sizeof (r)->why, __VA_ARGS__); \
-    (r)->failed = 1;                                                    \
-  } while (0)
-
-static void *thread_main(void *p) {
-  ipc_rank *r = p;
-  mock_reset(r->rank, r->n);
-  M.log_off = 1;
-  r->fn(r);
-  if (M.mem || M.streams || M.events)
-    RFAIL(r, "leaked %ld allocations, %ld streams, %ld events", M.mem, M.streams, M.events);
-  return NULL;
-}
+typedef mw_rank ipc_rank;
 
 /* Said first when a world fails (a seed). */
 static char world_label[160];
 
 /* Runs fn on n rank threads; fails the test on a failed rank, a hang, or
  * a mapping left open. */
-static void run_world(int n, ipc_fn fn, void *ctx) {
-  mock_world_begin(n, 0);
-  world.hang_ms = 4000;
-  reshard_inproc_world_t *hw = NULL;
-  assert_int_equal(reshard_inproc_world_create(n, &hw), 0);
+static void run_world(int n, mw_fn fn, void *ctx) {
   ipc_rank r[MAXR];
-  pthread_t th[MAXR];
-  for (int i = 0; i < n; i++) {
-    r[i] = (ipc_rank){.rank = i, .n = n, .host_world = hw, .ctx = ctx, .fn = fn};
-    pthread_create(&th[i], NULL, thread_main, &r[i]);
-  }
-  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-  long hangs = world.hangs, mapped = world.ipc_mapped;
-  mock_world_end();
-  world.hang_ms = 3000;
-  reshard_inproc_world_destroy(hw);
+  mw_outcome o = mw_run(n, 4000, fn, ctx, r);
   for (int i = 0; i < n; i++)
     if (r[i].failed) fail_msg("%srank %d: %s", world_label, i, r[i].why);
-  if (hangs || mapped) fail_msg("%ld hangs, %ld IPC mappings left open", hangs, mapped);
+  if (o.hangs || o.ipc_mapped) fail_msg("%ld hangs, %ld IPC mappings left open", o.hangs, o.ipc_mapped);
 }
 
 /* This rank's host and IPC communicators (NULL after RFAIL). */
@@ -134,28 +95,10 @@ typedef struct ipc_plan {
   unsigned char **before; /* copies of d's buffers (untouched checks) */
 } ipc_plan;
 
-/* All n ranks exchange one rows x cols fp32 tensor: rows sharded over
- * the ranks on the source, columns over them in reverse on the
- * destination. */
-static void layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, reshard_layout_t **dst) {
-  int64_t shape[2] = {rows, cols};
-  int t, m, b, sn[1] = {n}, ranks[MAXR], rev[MAXR];
-  for (int i = 0; i < n; i++) ranks[i] = i, rev[i] = n - 1 - i;
-  reshard_placement_t p0[1] = {reshard_shard(0)}, p1[1] = {reshard_shard(1)};
-  assert_int_equal(reshard_layout_create(src), 0);
-  assert_int_equal(reshard_layout_create(dst), 0);
-  assert_int_equal(reshard_layout_add_tensor(*src, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_tensor(*dst, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh(*src, 1, sn, ranks, &m), 0);
-  assert_int_equal(reshard_layout_place(*src, t, m, p0, &b), 0);
-  assert_int_equal(reshard_layout_add_mesh(*dst, 1, sn, rev, &m), 0);
-  assert_int_equal(reshard_layout_place(*dst, t, m, p1, &b), 0);
-}
-
 static reshard_result_t make_plan(reshard_comm_t *c, ipc_plan *p, int n, int64_t rows, size_t staging,
                                   int64_t timeout_ms, int rank) {
   memset(p, 0, sizeof *p);
-  layouts_all(n, rows, 32 * (int64_t)n, &p->src, &p->dst);
+  mw_layouts_all(n, rows, 32 * (int64_t)n, &p->src, &p->dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = staging;
   o.timeout_ms = timeout_ms;
@@ -302,26 +245,11 @@ static void run_worlds(worlds_cfg cfg) {
                   it % 4 == 3 ? "h100-8x400g" : NULL, cfg.registered, cfg.flags, cfg.nccl && it % 2};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     /* run_world's failure message, with the seed first */
-    mock_world_begin(pair.nranks, 0);
-    world.hang_ms = 4000;
-    reshard_inproc_world_t *hw = NULL;
-    assert_int_equal(reshard_inproc_world_create(pair.nranks, &hw), 0);
     ipc_rank r[MAXR];
-    pthread_t th[MAXR];
-    for (int i = 0; i < pair.nranks; i++) {
-      r[i] = (ipc_rank){.rank = i, .n = pair.nranks, .host_world = hw, .ctx = &x, .fn = random_rank};
-      pthread_create(&th[i], NULL, thread_main, &r[i]);
-    }
-    int64_t wrong = 0;
-    int failed = -1;
-    for (int i = 0; i < pair.nranks; i++) {
-      pthread_join(th[i], NULL);
-      wrong += r[i].wrong;
-      if (r[i].failed && failed < 0) failed = i;
-    }
-    long hangs = world.hangs, mapped = world.ipc_mapped;
-    mock_world_end();
-    reshard_inproc_world_destroy(hw);
+    mw_outcome o = mw_run(pair.nranks, 4000, random_rank, &x, r);
+    int64_t wrong = o.wrong;
+    int failed = o.failed;
+    long hangs = o.hangs, mapped = o.ipc_mapped;
     if (wrong || failed >= 0 || hangs || mapped) {
       rl_pair_print(&pair, stderr);
       for (int i = 0; i < pair.nranks; i++)
@@ -395,7 +323,7 @@ static void corrupt_rank(ipc_rank *r) {
   reshard_comm_t *host = NULL, *c = NULL;
   if (!(c = open_comm(r, x->nccl, &host))) return;
   reshard_layout_t *src, *dst;
-  layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
+  mw_layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = 1 << 20;
   o.timeout_ms = 3000;
@@ -747,7 +675,7 @@ static void dbuf_rank(ipc_rank *r) {
   reshard_comm_t *host = NULL, *c = NULL;
   if (!(c = open_comm(r, nccl, &host))) return;
   reshard_layout_t *src, *dst;
-  layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
+  mw_layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.staging_bytes = 4096;
   o.timeout_ms = 3000;

@@ -36,12 +36,14 @@ set(RS_GPU_WRAPPED
   cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle cudaMemset cudaMemcpy getpid
   rs_cuda_ipc_post rs_cuda_ipc_pull rs_cuda_ipc_ack rs_cuda_ipc_acked rs_cuda_ipc_max
   rs_cuda_commit_select rs_cuda_commit_flip rs_cuda_mem_range rs_cuda_verify_sums
-  rs_cuda_verify_compare cudaMemsetAsync rs_cuda_quantize rs_cuda_agree_absorb)
+  rs_cuda_verify_compare cudaMemsetAsync rs_cuda_quantize rs_cuda_agree_absorb
+  cudaEventRecordWithFlags cudaLaunchHostFunc cudaStreamBeginCapture cudaStreamEndCapture
+  cudaStreamIsCapturing cudaGraphInstantiate cudaGraphLaunch cudaGraphExecDestroy cudaGraphDestroy)
 # An executable over the emulated device (mock_device.c, every symbol of
 # RS_GPU_WRAPPED wrapped), with the random layouts of tests/support.
 function(rs_gpu_emulated_exe name src)
   add_executable(${name} ${RS_GPU_TEST_DIR}/${src} ${RS_GPU_TEST_DIR}/mock_device.c
-    ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
+    ${RS_GPU_TEST_DIR}/mock_world.c ${PROJECT_SOURCE_DIR}/tests/support/random_layout.c)
   target_compile_options(${name} PRIVATE ${RESHARD_WARNINGS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(${name} PRIVATE reshard_tools reshard_static PkgConfig::RS_GPU_CMOCKA)
@@ -64,6 +66,12 @@ set_tests_properties(test_gpu_nccl_hazards PROPERTIES TIMEOUT 300)
 rs_gpu_emulated_exe(test_gpu_cuda_ipc test_cuda_ipc.c)
 add_test(NAME test_gpu_cuda_ipc COMMAND test_gpu_cuda_ipc)
 set_tests_properties(test_gpu_cuda_ipc PROPERTIES TIMEOUT 300)
+
+# CUDA graphs (issue 17, item 6): executes captured and launched on the
+# emulated device, whose captures keep CUDA's rules.
+rs_gpu_emulated_exe(test_gpu_graphs test_graphs.c)
+add_test(NAME test_gpu_graphs COMMAND test_gpu_graphs)
+set_tests_properties(test_gpu_graphs PROPERTIES TIMEOUT 300)
 
 # The same mock with real MPI: reshard_comm_create_nccl_with_mpi, whose
 # plan agreement runs over MPI, one mocked NCCL rank per MPI process (only

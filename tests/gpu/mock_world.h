@@ -1,0 +1,54 @@
+/* Ranks as threads over one emulated world (mock_device.h), each with an
+ * in-process host world at hand (for CUDA IPC's bootstrap): the runner
+ * the multi-rank tests of the emulated device share. */
+#ifndef RS_TESTS_GPU_MOCK_WORLD_H
+#define RS_TESTS_GPU_MOCK_WORLD_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpu/mock_device.h"
+#include "reshard.h"
+
+typedef struct mw_rank mw_rank;
+typedef void (*mw_fn)(mw_rank *r);
+
+struct mw_rank {
+  int rank, n;
+  reshard_inproc_world_t *host_world;
+  void *ctx;
+  mw_fn fn;
+  int failed;
+  char why[512];
+  int64_t wrong; /* wrong bytes the rank counted */
+};
+
+/* The rank failed; the first reason stays. */
+#define RFAIL(r, ...)                                                   \
+  do {                                                                  \
+    if (!(r)->failed) snprintf((r)->why, sizeof (r)->why, __VA_ARGS__); \
+    (r)->failed = 1;                                                    \
+  } while (0)
+
+/* What a world left behind, read before it ended. */
+typedef struct mw_outcome {
+  int64_t wrong;           /* the ranks' wrong bytes, summed */
+  int failed;              /* the first failed rank; -1: none */
+  long hangs;              /* host waits that could never end */
+  long ipc_mapped;         /* CUDA IPC mappings left open */
+  long capture_violations; /* calls a CUDA stream capture forbids */
+  long bad_size;           /* messages matched to a receive of another size */
+} mw_outcome;
+
+/* Runs fn on n rank threads (r[0, n): each thread resets its rank, logs no
+ * calls, runs fn, and fails if it leaked device memory, streams or
+ * events) in a fresh world whose host waits are cut after hang_ms, with
+ * an in-process host world of n ranks; ends both. */
+mw_outcome mw_run(int n, int64_t hang_ms, mw_fn fn, void *ctx, mw_rank *r);
+
+/* Layouts in which all n ranks exchange one rows x cols fp32 tensor "w":
+ * rows sharded over the ranks on the source, columns over them in
+ * reverse on the destination (every rank sends to every other). */
+void mw_layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, reshard_layout_t **dst);
+
+#endif

@@ -1,0 +1,513 @@
+/* CUDA graphs (issue 17, item 6): reshard_plan_execute captured into a
+ * graph on the NCCL transport, then launched again and again, against the
+ * emulated device (mock_device.h). Its captures keep the rules CUDA
+ * enforces (a forked stream joined back, no host query of a capturing
+ * stream, no wait from a capture on an event recorded outside it without
+ * cudaEventWaitExternal, ...) and count every breach in
+ * world.capture_violations, which every world here requires to be 0.
+ *
+ * Every launch moves the values the sources hold at that moment, and
+ * every destination element is checked against the self-test's values
+ * from global coordinates, the bytes around the fragments untouched. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include <cuda_runtime.h>
+
+#include "gpu/mock_device.h"
+#include "gpu/mock_world.h"
+#include "plan/relay.h"
+#include "reshard.h"
+#include "reshard_cuda_ipc.h"
+#include "reshard_nccl.h"
+#include "reshard_selftest.h"
+#include "support/random_layout.h"
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------ worlds */
+
+typedef mw_rank g_rank;
+
+/* Runs fn on n rank threads; fails the test (label first) on a failed
+ * rank, a hang, a breach of a capture's rules, a size mismatch or a wrong
+ * byte. */
+static void run_world(int n, mw_fn fn, void *ctx, const char *label) {
+  g_rank r[MAXR];
+  mw_outcome o = mw_run(n, 4000, fn, ctx, r);
+  for (int i = 0; i < n; i++)
+    if (r[i].failed) fail_msg("%srank %d: %s", label, i, r[i].why);
+  if (o.wrong || o.hangs || o.capture_violations || o.bad_size)
+    fail_msg("%s%lld wrong bytes, %ld hangs, %ld breaches of a capture's rules, %ld size mismatches", label,
+             (long long)o.wrong, o.hangs, o.capture_violations, o.bad_size);
+}
+
+/* The caller's stream of a rank (a handle the emulation makes a stream of;
+ * not the legacy stream, which cannot capture). */
+static cudaStream_t caller_stream(const g_rank *r) { return (cudaStream_t)(uintptr_t)(0x7000 + 16 * r->rank); }
+
+static reshard_result_t exec_on(reshard_plan_t *plan, reshard_selftest_t *s, void *const *dst, size_t ndst,
+                                cudaStream_t st) {
+  return reshard_plan_execute(plan, (void *const *)s->ptr, (size_t)s->nbuf, dst, ndst, st);
+}
+
+/* Captures one execute of plan on st into *gx (0), or says why not. */
+static int capture(g_rank *r, reshard_plan_t *plan, reshard_selftest_t *s, void *const *dst, size_t ndst,
+                   cudaStream_t st, cudaGraphExec_t *gx) {
+  cudaGraph_t g = NULL;
+  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal)) {
+    RFAIL(r, "cudaStreamBeginCapture failed");
+    return -1;
+  }
+  reshard_result_t e = exec_on(plan, s, dst, ndst, st);
+  char why[400];
+  snprintf(why, sizeof why, "%s", reshard_last_error());
+  cudaError_t ce = cudaStreamEndCapture(st, &g);
+  if (e || ce) {
+    RFAIL(r, "captured execute: %s (%s); cudaStreamEndCapture: %d", reshard_result_string(e), why, (int)ce);
+    if (g) cudaGraphDestroy(g);
+    return -1;
+  }
+  ce = cudaGraphInstantiate(gx, g, 0);
+  cudaGraphDestroy(g);
+  if (ce) RFAIL(r, "cudaGraphInstantiate: %d", (int)ce);
+  return ce ? -1 : 0;
+}
+
+static reshard_plan_status_t status_of(const reshard_plan_t *plan) {
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(plan, &st);
+  return st;
+}
+
+/* ------------------------------------------------ launches, byte-exact */
+
+/* One world: a random layout pair, its plan as the cost model or the
+ * options make it (relays, verify, small staging and many rounds). */
+typedef struct graph_ctx {
+  const rl_pair *pair;
+  size_t staging;
+  int relay;
+  const char *topology;
+  uint32_t flags;
+} graph_ctx;
+
+/* An execute on the caller's stream (the capture needs the buffer table
+ * in place), then one captured, then 12 steps: the sources refilled with
+ * the step's values, a launch of the graph (at steps 5 and 9 an
+ * uncaptured execute instead: launches and executes interleave), the
+ * destination checked. The capture itself moves nothing. */
+static void graph_rank(g_rank *r) {
+  const graph_ctx *x = r->ctx;
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
+    RFAIL(r, "comm: %s", reshard_last_error());
+    return;
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.flags = x->flags;
+  o.staging_bytes = x->staging;
+  o.timeout_ms = 20000;
+  o.relay = x->relay;
+  o.topology = x->topology;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d = {0};
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    goto out;
+  }
+  if (reshard_selftest_alloc(&s, x->pair->src, r->rank, 0) || reshard_selftest_alloc(&d, x->pair->dst, r->rank, -1)) {
+    RFAIL(r, "selftest alloc");
+    goto out;
+  }
+  void *const *dst = (void *const *)d.ptr;
+  const size_t nd = (size_t)d.nbuf;
+  if (exec_on(plan, &s, dst, nd, st) || mock_stream_drain(st)) {
+    RFAIL(r, "execute 0: %s", reshard_last_error());
+    goto out;
+  }
+  r->wrong += reshard_selftest_check_from(&d, x->pair->dst, x->pair->src, r->rank, 0, "graph: step 0");
+  reshard_selftest_fill(&s, x->pair->src, 1);
+  if (capture(r, plan, &s, dst, nd, st, &gx)) goto out;
+  mock_stream_drain(st);
+  r->wrong += reshard_selftest_check_from(&d, x->pair->dst, x->pair->src, r->rank, 0, "graph: after the capture");
+  for (int step = 1; step <= 12 && !r->failed && !r->wrong; step++) {
+    reshard_selftest_fill(&s, x->pair->src, (uint64_t)step);
+    if (step == 5 || step == 9) {
+      if (exec_on(plan, &s, dst, nd, st)) RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
+    } else if (cudaGraphLaunch(gx, st)) {
+      RFAIL(r, "step %d: cudaGraphLaunch failed", step);
+    }
+    if (mock_stream_drain(st)) RFAIL(r, "step %d: drain hung", step);
+    char label[48];
+    snprintf(label, sizeof label, "graph: step %d", step);
+    r->wrong += reshard_selftest_check_from(&d, x->pair->dst, x->pair->src, r->rank, (uint64_t)step, label);
+    reshard_plan_status_t sta = status_of(plan);
+    if (sta.failed) RFAIL(r, "step %d: status: %s", step, sta.failure_message);
+  }
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_comm_destroy(c);
+}
+
+static void launches_random_worlds(void **state) {
+  (void)state;
+  /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 7919) */
+  const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  int iters = ei ? atoi(ei) : 48, it0 = ef ? atoi(ef) : 0;
+  long delivered0 = world.delivered;
+  int relays = 0;
+  for (int it = it0; it < it0 + iters; it++) {
+    uint64_t seed = seed0 + (uint64_t)it * 7919;
+    rl_pair pair;
+    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    assert_true(pair.nranks <= MAXR);
+    int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
+    graph_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
+                   it % 4 == 3 ? "h100-8x400g" : NULL, it % 5 == 2 ? RESHARD_FLAG_VERIFY : 0};
+    rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
+    relays += relay != 0;
+    char label[200];
+    snprintf(label, sizeof label, "seed %llu (RS_SEED0=%llu RS_IT0=%d RS_ITERS=1 replays it; %d ranks, staging %zu, "
+             "relay %d, flags %u): ", (unsigned long long)seed, (unsigned long long)seed0, it, pair.nranks,
+             x.staging, relay, x.flags);
+    run_world(pair.nranks, graph_rank, &x, label);
+    rl_pair_free(&pair);
+  }
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  print_message("graph worlds: %ld messages delivered, %d with relays on\n", world.delivered - delivered0, relays);
+  if (iters >= 40) assert_true(world.delivered - delivered0 > 1000);
+}
+
+/* ------------------------------------------------------ fixed layouts */
+
+/* A rank of a world whose n ranks exchange one 48 x 32n fp32 tensor
+ * (mw_layouts_all): its communicator (NCCL, or CUDA IPC over the
+ * in-process host one), the plan, its sources at step 0 and its
+ * destination (sentinel only). */
+typedef struct g_fixed {
+  reshard_comm_t *host, *c;
+  reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  reshard_selftest_t s, d;
+} g_fixed;
+
+static int fixed_open(g_rank *r, g_fixed *f, int ipc, uint32_t flags, int64_t timeout_ms) {
+  memset(f, 0, sizeof *f);
+  reshard_result_t e = ipc ? reshard_comm_create_inproc(r->host_world, r->rank, &f->host) : 0;
+  if (!e) e = ipc ? reshard_comm_create_cuda_ipc(f->host, &f->c) : reshard_comm_create_nccl(MOCK_PARENT, &f->c);
+  if (!e) {
+    mw_layouts_all(r->n, 48, 32 * (int64_t)r->n, &f->src, &f->dst);
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.staging_bytes = 4096;
+    o.timeout_ms = timeout_ms;
+    o.flags = flags;
+    e = reshard_plan_create(f->c, f->src, f->dst, &o, &f->plan);
+  }
+  if (!e && (reshard_selftest_alloc(&f->s, f->src, r->rank, 0) || reshard_selftest_alloc(&f->d, f->dst, r->rank, -1)))
+    e = RESHARD_ERROR_OUT_OF_MEMORY;
+  if (e) RFAIL(r, "setup: %s", reshard_last_error());
+  return e ? -1 : 0;
+}
+
+static void fixed_close(g_fixed *f) {
+  reshard_plan_destroy(f->plan);
+  reshard_selftest_free(&f->s);
+  reshard_selftest_free(&f->d);
+  reshard_layout_destroy(f->src);
+  reshard_layout_destroy(f->dst);
+  reshard_comm_destroy(f->c);
+  reshard_comm_destroy(f->host);
+}
+
+/* A plain execute of f's plan into its destination, on st, drained. */
+static int fixed_exec(g_rank *r, g_fixed *f, cudaStream_t st) {
+  if (!exec_on(f->plan, &f->s, (void *const *)f->d.ptr, (size_t)f->d.nbuf, st) && !mock_stream_drain(st)) return 0;
+  RFAIL(r, "execute: %s", reshard_last_error());
+  return -1;
+}
+
+/* RESHARD_FLAG_DOUBLE_BUFFER: each launch writes the inactive copy and
+ * flips the copies on the GPU, as an execute does; what a launch repeats
+ * is the captured call, so the committed version stays the capture's
+ * (2 here) while the active copy alternates. */
+static void dbuf_rank(g_rank *r) {
+  g_fixed f;
+  reshard_selftest_t d1 = {0};
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  void *bufs[16];
+  if (fixed_open(r, &f, 0, RESHARD_FLAG_DOUBLE_BUFFER, 5000)) goto out;
+  if (reshard_selftest_alloc(&d1, f.dst, r->rank, -1) || f.d.nbuf > 8) {
+    RFAIL(r, "selftest alloc");
+    goto out;
+  }
+  const reshard_selftest_t *d[2] = {&f.d, &d1};
+  for (int b = 0; b < f.d.nbuf; b++) bufs[b] = f.d.ptr[b], bufs[f.d.nbuf + b] = d1.ptr[b];
+  const size_t nd = 2 * (size_t)f.d.nbuf;
+  if (exec_on(f.plan, &f.s, bufs, nd, st) || mock_stream_drain(st)) {
+    RFAIL(r, "execute 0: %s", reshard_last_error());
+    goto out;
+  }
+  if (capture(r, f.plan, &f.s, bufs, nd, st, &gx)) goto out;
+  for (int step = 1; step <= 6 && !r->failed; step++) {
+    reshard_selftest_fill(&f.s, f.src, (uint64_t)step);
+    if (cudaGraphLaunch(gx, st) || mock_stream_drain(st)) RFAIL(r, "step %d: launch", step);
+    reshard_plan_status_t sta = status_of(f.plan);
+    if (sta.failed || sta.committed_version != 2 || sta.active_copy != step % 2)
+      RFAIL(r, "step %d: failed %d (%s), committed version %llu, active copy %d", step, sta.failed,
+            sta.failure_message, (unsigned long long)sta.committed_version, sta.active_copy);
+    else
+      r->wrong += reshard_selftest_check(d[step % 2], f.dst, r->rank, (uint64_t)step, "graph dbuf: active") +
+                  reshard_selftest_check(d[(step + 1) % 2], f.dst, r->rank, (uint64_t)step - 1, "graph dbuf: inactive");
+  }
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  reshard_selftest_free(&d1);
+  fixed_close(&f);
+}
+
+static void launches_commit(void **state) {
+  (void)state;
+  run_world(3, dbuf_rank, NULL, "double buffer: ");
+}
+
+/* What a capture refuses, before it enqueues anything (the capture stays
+ * valid and the plan usable): the first execute of a plan (no buffer
+ * table yet), buffers other than the previous execute's, RESHARD_FLAG_SYNC
+ * (a host wait for a result the capture does not run), and the CUDA IPC
+ * transport (its sequence numbers are the host's). */
+typedef struct refuse_ctx {
+  int ipc, sync;
+} refuse_ctx;
+
+/* A capture whose execute must fail with `want`, naming `says`: 0 when it
+ * did and the capture ended valid. */
+static int refused(g_rank *r, g_fixed *f, void *const *dst, cudaStream_t st, reshard_result_t want,
+                   const char *says) {
+  cudaGraph_t g = NULL;
+  cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+  reshard_result_t e = exec_on(f->plan, &f->s, dst, (size_t)f->d.nbuf, st);
+  char why[400];
+  snprintf(why, sizeof why, "%s", reshard_last_error());
+  cudaError_t ce = cudaStreamEndCapture(st, &g);
+  if (g) cudaGraphDestroy(g);
+  if (e == want && !ce && strstr(why, says)) return 0;
+  RFAIL(r, "%s: %s (%s), wanted %s; cudaStreamEndCapture %d", says, reshard_result_string(e), why,
+        reshard_result_string(want), (int)ce);
+  return -1;
+}
+
+static void refuse_rank(g_rank *r) {
+  const refuse_ctx *x = r->ctx;
+  g_fixed f;
+  reshard_selftest_t d2 = {0};
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (fixed_open(r, &f, x->ipc, x->sync ? RESHARD_FLAG_SYNC : 0, 5000)) goto out;
+  if (reshard_selftest_alloc(&d2, f.dst, r->rank, -1)) {
+    RFAIL(r, "selftest alloc");
+    goto out;
+  }
+  void *const *dst1 = (void *const *)f.d.ptr;
+  if (!x->ipc && !x->sync && refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "previous execute")) goto out;
+  if (fixed_exec(r, &f, st)) goto out;
+  r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 0, "refusals: step 0");
+  if (x->ipc ? refused(r, &f, dst1, st, RESHARD_ERROR_UNSUPPORTED, "CUDA graph")
+      : x->sync ? refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "RESHARD_FLAG_SYNC")
+                : refused(r, &f, (void *const *)d2.ptr, st, RESHARD_ERROR_INVALID_USAGE, "previous execute"))
+    goto out;
+  /* the plan goes on: an execute (and, on NCCL without SYNC, a capture
+   * and a launch) of step 1 */
+  reshard_selftest_fill(&f.s, f.src, 1);
+  if (!x->ipc && !x->sync) {
+    if (capture(r, f.plan, &f.s, dst1, (size_t)f.d.nbuf, st, &gx)) goto out;
+    if (cudaGraphLaunch(gx, st) || mock_stream_drain(st)) RFAIL(r, "launch");
+  } else if (fixed_exec(r, &f, st)) {
+    goto out;
+  }
+  r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 1, "refusals: step 1");
+  if (status_of(f.plan).failed) RFAIL(r, "status: %s", status_of(f.plan).failure_message);
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  reshard_selftest_free(&d2);
+  fixed_close(&f);
+}
+
+static void capture_refusals(void **state) {
+  (void)state;
+  refuse_ctx nccl = {0, 0}, ipc = {1, 0}, sync = {0, 1};
+  run_world(3, refuse_rank, &nccl, "NCCL: ");
+  run_world(3, refuse_rank, &ipc, "CUDA IPC: ");
+  run_world(3, refuse_rank, &sync, "RESHARD_FLAG_SYNC: ");
+}
+
+/* A launch's deadline counts from when it starts, not from the capture:
+ * 1 s after the capture (the plan's timeout is 400 ms) every rank
+ * launches, rank 2 150 ms after the others, which poll their status
+ * meanwhile: nobody fails. Then a launch whose partner never launches
+ * (rank 2 does not) fails at its own deadline, TIMEOUT in
+ * reshard_plan_get_status, and nothing hangs. */
+typedef struct late_ctx {
+  int reported; /* ranks that saw their launch fail */
+  pthread_mutex_t mu;
+} late_ctx;
+
+static void nap_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void late_rank(g_rank *r) {
+  late_ctx *x = r->ctx;
+  g_fixed f;
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (fixed_open(r, &f, 0, 0, 400) || fixed_exec(r, &f, st) ||
+      capture(r, f.plan, &f.s, (void *const *)f.d.ptr, (size_t)f.d.nbuf, st, &gx))
+    goto out;
+  nap_ms(1000);
+  reshard_selftest_fill(&f.s, f.src, 1);
+  if (r->rank == 2) nap_ms(150);
+  if (cudaGraphLaunch(gx, st)) RFAIL(r, "launch 1");
+  for (int64_t t0 = ms_now(); ms_now() - t0 < 300; nap_ms(2)) {
+    reshard_plan_status_t sta = status_of(f.plan);
+    if (sta.failed) {
+      RFAIL(r, "a launch within its deadline failed: %s", sta.failure_message);
+      break;
+    }
+  }
+  if (mock_stream_drain(st)) RFAIL(r, "launch 1 never ends");
+  r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 1, "late launch");
+  if (r->failed) goto out;
+  if (r->rank != 2) {
+    if (cudaGraphLaunch(gx, st)) RFAIL(r, "launch");
+    reshard_plan_status_t sta = status_of(f.plan);
+    for (int64_t t0 = ms_now(); !sta.failed && ms_now() - t0 < 5000; sta = status_of(f.plan)) nap_ms(2);
+    if (sta.failure != RESHARD_ERROR_TIMEOUT)
+      RFAIL(r, "the launch without its partner: %s (%s)", reshard_result_string(sta.failure), sta.failure_message);
+    if (mock_stream_drain(st)) RFAIL(r, "the failed launch never ends");
+  }
+  pthread_mutex_lock(&x->mu);
+  x->reported += r->rank != 2;
+  pthread_mutex_unlock(&x->mu);
+  /* rank 2 keeps its communicator until the others are done */
+  for (int64_t t0 = ms_now(); ms_now() - t0 < 8000; nap_ms(2)) {
+    pthread_mutex_lock(&x->mu);
+    int done = x->reported == 2;
+    pthread_mutex_unlock(&x->mu);
+    if (done) break;
+  }
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  fixed_close(&f);
+}
+
+static void launch_without_partner_times_out(void **state) {
+  (void)state;
+  late_ctx x = {0, PTHREAD_MUTEX_INITIALIZER};
+  run_world(3, late_rank, &x, "a partner that never launches: ");
+  assert_int_equal(x.reported, 2);
+}
+
+/* A graph reads the buffer table and the staging pool as they were
+ * captured, whatever comes after: executes with other buffers (each
+ * uploads a table; a plan has 4 table slots, and the one the graph reads
+ * must not be reused) and a plan whose staging grows the communicator's
+ * pool (the pool the graph uses is kept, not freed). Then three more
+ * graphs, one per set of buffers, hold all four slots: executes with
+ * any of those sets still run (the slot holding them serves), every
+ * graph writes its own buffers, and a fifth set is refused. */
+static void kept_rank(g_rank *r) {
+  g_fixed f;
+  reshard_plan_t *big = NULL;
+  reshard_selftest_t other[5];
+  memset(other, 0, sizeof other);
+  cudaGraphExec_t gx[4] = {NULL, NULL, NULL, NULL};
+  const cudaStream_t st = caller_stream(r);
+  if (fixed_open(r, &f, 0, 0, 5000) || fixed_exec(r, &f, st)) goto out;
+  reshard_selftest_t *const src = &f.s;
+  const size_t nd = (size_t)f.d.nbuf;
+  if (capture(r, f.plan, src, (void *const *)f.d.ptr, nd, st, &gx[0])) goto out;
+  for (int k = 0; k < 5 && !r->failed; k++) {
+    reshard_selftest_fill(src, f.src, 10 + (uint64_t)k);
+    if (reshard_selftest_alloc(&other[k], f.dst, r->rank, -1) ||
+        exec_on(f.plan, src, (void *const *)other[k].ptr, nd, st) || mock_stream_drain(st))
+      RFAIL(r, "execute with other buffers %d: %s", k, reshard_last_error());
+    else
+      r->wrong += reshard_selftest_check(&other[k], f.dst, r->rank, 10 + (uint64_t)k, "other buffers");
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = (size_t)1 << 20;
+  o.timeout_ms = 5000;
+  if (reshard_plan_create(f.c, f.src, f.dst, &o, &big)) RFAIL(r, "a plan with more staging: %s", reshard_last_error());
+  for (int step = 1; step <= 2 && !r->failed; step++) {
+    reshard_selftest_fill(src, f.src, (uint64_t)step);
+    if (cudaGraphLaunch(gx[0], st) || mock_stream_drain(st)) RFAIL(r, "launch %d", step);
+    r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, (uint64_t)step, "the captured buffers");
+  }
+  /* and the new plan runs on the new pool */
+  reshard_selftest_fill(src, f.src, 3);
+  if (!r->failed && (exec_on(big, src, (void *const *)f.d.ptr, nd, st) || mock_stream_drain(st)))
+    RFAIL(r, "the plan with more staging: %s", reshard_last_error());
+  r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 3, "the new plan");
+  /* graphs 1-3 on other[0-2]: every slot held */
+  for (int k = 1; k < 4 && !r->failed; k++) {
+    void *const *o_k = (void *const *)other[k - 1].ptr;
+    if (exec_on(f.plan, src, o_k, nd, st) || mock_stream_drain(st) || capture(r, f.plan, src, o_k, nd, st, &gx[k]))
+      RFAIL(r, "graph %d: %s", k, reshard_last_error());
+  }
+  for (int k = 0; k < 4 && !r->failed; k++) {
+    reshard_selftest_t *want = k ? &other[k - 1] : &f.d;
+    reshard_selftest_fill(src, f.src, 20 + (uint64_t)k);
+    if (exec_on(f.plan, src, (void *const *)want->ptr, nd, st) || mock_stream_drain(st))
+      RFAIL(r, "graph %d's buffers: an execute: %s", k, reshard_last_error());
+    r->wrong += reshard_selftest_check(want, f.dst, r->rank, 20 + (uint64_t)k, "buffers of a graph, executed");
+    reshard_selftest_fill(src, f.src, 30 + (uint64_t)k);
+    if (cudaGraphLaunch(gx[k], st) || mock_stream_drain(st)) RFAIL(r, "graph %d: launch", k);
+    r->wrong += reshard_selftest_check(want, f.dst, r->rank, 30 + (uint64_t)k, "buffers of a graph, launched");
+  }
+  if (!r->failed && exec_on(f.plan, src, (void *const *)other[3].ptr, nd, st) != RESHARD_ERROR_INVALID_USAGE)
+    RFAIL(r, "a fifth set of buffers was taken: %s", reshard_last_error());
+  mock_stream_drain(st);
+out:
+  for (int k = 0; k < 4; k++)
+    if (gx[k]) cudaGraphExecDestroy(gx[k]);
+  reshard_plan_destroy(big);
+  for (int k = 0; k < 5; k++) reshard_selftest_free(&other[k]);
+  fixed_close(&f);
+}
+
+static void launches_keep_their_buffers(void **state) {
+  (void)state;
+  run_world(3, kept_rank, NULL, "kept buffers: ");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(capture_refusals),
+      cmocka_unit_test(launches_commit),
+      cmocka_unit_test(launches_keep_their_buffers),
+      cmocka_unit_test(launch_without_partner_times_out),
+      cmocka_unit_test(launches_random_worlds),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
