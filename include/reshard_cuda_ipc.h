@@ -35,7 +35,10 @@
  * options, device buffers and a cudaStream_t at execute, the same order
  * rule (every rank creates and executes the plans of one communicator in
  * the same order), the same agreement and RESHARD_FLAG_SYNC, the same
- * deadlines and reshard_plan_get_status.
+ * deadlines and reshard_plan_get_status, and CUDA graphs (a captured
+ * execute, registered or staged, launched again and again: every
+ * message's sequence number comes from counters on the device, which
+ * each launch advances in stream order).
  *
  * No hang. Every wait on the GPU gives up after the plan's timeout_ms
  * (measured on the GPU's clock from when the wait starts), and a failed

@@ -61,30 +61,42 @@
  * as long as NCCL does (forever, on NVLink).
  *
  * CUDA graphs. An execute may be captured into a CUDA graph
- * (cudaStreamBeginCapture on `stream`, any mode) and the graph launched
- * any number of times: each launch runs that call again on the GPU, with
- * the values its source buffers hold then, ordered after the execute
- * before it and before the one after it (captured or not: external event
+ * (cudaStreamBeginCapture on `stream`, in any capture mode: reshard's
+ * own host queries are made in relaxed mode, so they invalidate no
+ * capture, this thread's or another's) and the graph launched any number
+ * of times: each launch runs that call again on the GPU, with the values
+ * its source buffers hold then, ordered after the execute (or launch)
+ * before it and before the one after it, captured or not (external event
  * nodes). Every rank captures and launches alike, as NCCL requires of
- * captured work. Refused before anything is enqueued, the capture left
- * valid and the plan usable: a plan's first execute (capture after one
- * execute with the same buffers: a graph reads the buffer table as it
- * stands, INVALID_USAGE, as for other buffers), RESHARD_FLAG_SYNC
- * (INVALID_USAGE), quantizing plans (UNSUPPORTED, untested), and the
- * CUDA IPC transport (UNSUPPORTED: its sequence numbers are counted on
- * the host). What a launch repeats is the captured call: the same call
- * number and weight version in its agreement headers and, with
- * RESHARD_FLAG_DOUBLE_BUFFER, in its commit (the copies flip at every
- * launch; reshard_plan_get_status's committed_version stays the
- * captured call's; execute again, uncaptured, to advance it). A launch's
- * deadline counts from when it starts on the GPU (a host node of the
- * graph stamps it), and reshard_plan_get_status fails the plan with
- * RESHARD_ERROR_TIMEOUT past it, as for an execute. The graph reads the
- * plan's device state and the communicator's staging pool as captured
- * (a pool replaced by a later, larger plan is kept for it): destroy the
- * graph executables before the plan, and do not capture more than three
- * executes of one plan with different buffers (each keeps one of the
- * plan's four buffer tables; a fourth is refused, INVALID_USAGE).
+ * captured work. On CUDA IPC too (reshard_cuda_ipc.h: its messages are
+ * numbered by counters on the device). Refused before anything is
+ * enqueued, the capture left valid and the plan usable: a plan's first
+ * execute (capture after one execute with the same buffers: a graph reads
+ * the buffer table as it stands; INVALID_USAGE, as for other buffers),
+ * RESHARD_FLAG_SYNC (INVALID_USAGE) and quantizing plans (UNSUPPORTED,
+ * untested); an uncaptured execute of a plan while an execute of it is
+ * being captured on another stream is refused (INVALID_USAGE) and fails
+ * the plan. An execute that fails inside a capture leaves part of the
+ * call in it: discard that capture. What a launch repeats is the
+ * captured call: the same call number and weight version in its
+ * agreement headers and, with RESHARD_FLAG_DOUBLE_BUFFER, in its commit
+ * (the copies flip at every launch; reshard_plan_get_status's
+ * committed_version stays the captured call's; execute again, uncaptured,
+ * to advance it), so ranks that launch different graphs of one plan, or
+ * skip a launch, are told apart only where those calls differ. A
+ * launch's deadline counts from when it starts on the GPU, once the work
+ * before it is done (a host node of the graph stamps it; a launch queued
+ * behind your stream's work has none yet), and reshard_plan_get_status
+ * fails the plan with RESHARD_ERROR_TIMEOUT past it, as for an execute.
+ * The graph reads the plan's device state and the communicator's staging
+ * pool as captured (a pool replaced by a later, larger plan is kept for
+ * it): destroy the graph executables before the plan, and stop launching
+ * them once the plan failed (a launch after reshard aborted its
+ * communicator would run NCCL work on it). Each set of buffers a captured
+ * execute uses keeps one of the plan's four buffer tables; an execute
+ * with buffers that need a fifth is refused (INVALID_USAGE) and fails the
+ * plan. A registered plan (CUDA IPC) cannot be registered again once an
+ * execute of it was captured.
  *
  * Failures. CUDA and NCCL failures are RESHARD_ERROR_BACKEND (REMOTE when
  * NCCL reports a remote peer's failure, OUT_OF_MEMORY for allocations),

@@ -42,13 +42,18 @@ __device__ int spin(const rs_ipc_op *o, const rs_ipc_wait *w, int acked) {
  * the partners stop instead of reading buffers this rank goes on
  * reusing. */
 __global__ void post_kernel(rs_ipc_batch b, rs_ipc_wait w) {
-  if (threadIdx.x < b.n && !rs_ipc_load(w.abort)) rs_ipc_post(&b.op[threadIdx.x]);
+  if (threadIdx.x < b.n && !rs_ipc_load(w.abort)) {
+    const rs_ipc_op o = rs_ipc_at(&b.op[threadIdx.x]);
+    rs_ipc_post(&o);
+  }
 }
 
 /* Block (x, y) copies slice x of receive y once it arrived. */
 __global__ void __launch_bounds__(RS_KERNEL_THREADS) pull_kernel(rs_ipc_batch b, rs_ipc_wait w) {
   __shared__ int go;
-  const rs_ipc_op *o = &b.op[blockIdx.y];
+  /* (the counts move on only in the acks, after this launch) */
+  const rs_ipc_op at = rs_ipc_at(&b.op[blockIdx.y]);
+  const rs_ipc_op *o = &at;
   if (threadIdx.x == 0) {
     go = spin(o, &w, 0);
     uint64_t bad = go ? rs_ipc_check(o) : 0;
@@ -69,13 +74,21 @@ __global__ void __launch_bounds__(RS_KERNEL_THREADS) pull_kernel(rs_ipc_batch b,
  * thread in order (see rs_ipc_ack). */
 __global__ void ack_kernel(rs_ipc_batch b) {
   for (uint32_t i = 0; i < b.n; i++) {
-    const rs_ipc_op *o = &b.op[i];
-    if (rs_ipc_arrived(o) && !rs_ipc_check(o)) rs_ipc_ack(o);
+    const rs_ipc_op o = rs_ipc_at(&b.op[i]);
+    if (rs_ipc_arrived(&o) && !rs_ipc_check(&o)) rs_ipc_ack(&o);
   }
+  for (uint32_t i = 0; i < b.n; i++) rs_ipc_advance(&b.op[i]);
 }
 
+/* Every operation resolved before any moves its count on. */
 __global__ void acked_kernel(rs_ipc_batch b, rs_ipc_wait w) {
-  if (threadIdx.x < b.n) spin(&b.op[threadIdx.x], &w, 1);
+  rs_ipc_op o;
+  if (threadIdx.x < b.n) o = rs_ipc_at(&b.op[threadIdx.x]);
+  __syncthreads();
+  if (threadIdx.x < b.n) {
+    spin(&o, &w, 1);
+    rs_ipc_advance(&b.op[threadIdx.x]);
+  }
 }
 
 __global__ void max_kernel(const uint64_t *words, uint32_t n, uint64_t *out) {

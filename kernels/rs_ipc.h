@@ -21,7 +21,8 @@
  * and the remote side only writes.
  *
  * A point-to-point message s -> r with sequence number k (per ordered
- * pair, counted in posting order on both sides, from 1) is:
+ * pair, counted in posting order on both sides, from 1; the counts live
+ * on the device, see rs_ipc_at) is:
  *   s: post     write inbox_r[s][k % RING] (payload or offset, size), then
  *               its sequence number, behind a system-scope fence;
  *   r: pull     wait until that slot holds k; copy the payload from it or
@@ -74,9 +75,16 @@ RS_HD uint64_t rs_ipc_window_bytes(uint32_t n) { return rs_ipc_slot_off(n, n, 0)
 /* Why a wait gave up (recorded in the verdict's got.magic). */
 enum { RS_IPC_TIMEOUT = 1, RS_IPC_ABORTED = 2, RS_IPC_BAD_SIZE = 3, RS_IPC_STALE = 4 };
 
-/* One operation of a launch; every pointer is computed by the host. */
+/* One operation of a launch; every pointer is computed by the host. As the
+ * host enqueues it, an operation names its message by its place in its
+ * group (seq: 1, 2, ... per peer and direction) and its slot by the
+ * sender's ring of RS_IPC_RING slots in the receiver's window; the
+ * messages of earlier groups with that peer in that direction are
+ * counted on the device (*count), so that a group captured into a CUDA
+ * graph numbers its messages after everything before it at every launch.
+ * rs_ipc_at gives the operation with its sequence number and slot. */
 typedef struct rs_ipc_op {
-  rs_ipc_slot *slot;   /* post: the receiver's slot (mapped); pull: this window's */
+  rs_ipc_slot *slot;   /* post: in the receiver's window (mapped); pull: in this window */
   unsigned char *buf;  /* post: the payload (inline copy); pull: the destination */
   const unsigned char *pool; /* pull: the sender's pool as mapped here */
   uint64_t *ack;       /* pull: the sender's ack word for this rank (mapped);
@@ -87,8 +95,13 @@ typedef struct rs_ipc_op {
   uint64_t off;        /* post: the payload's offset in this rank's pool */
   uint64_t gen;        /* post: this rank's pool generation; pull: the
                           sender's, as mapped here */
+  uint64_t *count;     /* this rank's count of the messages before the
+                          group with the peer in this direction (device);
+                          NULL once rs_ipc_at resolved the operation */
   int32_t peer;
-  uint32_t pad;
+  uint32_t last;       /* on the group's last message with the peer in this
+                          direction: the group's messages with it, which
+                          rs_ipc_advance adds to *count; else 0 */
 } rs_ipc_op;
 
 typedef struct rs_ipc_batch {
@@ -103,6 +116,26 @@ typedef struct rs_ipc_wait {
   rs_dev_agree *gate; /* the plan's verdict (may be NULL) */
   uint64_t timeout_ns;
 } rs_ipc_wait;
+
+/* The operation with its sequence number and slot (the count read once,
+ * before the group's last use of it advances it: see rs_ipc_advance). */
+RS_HD rs_ipc_op rs_ipc_at(const rs_ipc_op *o) {
+  rs_ipc_op r = *o;
+  if (o->count) {
+    r.seq = *(const volatile uint64_t *)o->count + o->seq;
+    r.slot = o->slot + r.seq % RS_IPC_RING;
+    r.count = NULL;
+  }
+  return r;
+}
+
+/* After the group's last use of a count (the acks of its receives, the
+ * wait for its sends' acks; every operation of the launch resolved
+ * before): its last message with a peer moves that count on. u is the
+ * operation as enqueued (not resolved). */
+RS_HD void rs_ipc_advance(const rs_ipc_op *u) {
+  if (u->count && u->last) *(volatile uint64_t *)u->count += u->last;
+}
 
 /* On the GPU a system-scope fence (the peer is another process, maybe on
  * another GPU); the CPU emulation runs every step under one lock, so a

@@ -43,6 +43,14 @@ int rs_stream_capturing(void *stream) {
   return st == cudaStreamCaptureStatusActive ? 1 : st == cudaStreamCaptureStatusNone ? 0 : -1;
 }
 
+int rs_cuda_query(void *stream, void *event) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaError_t q = stream ? cudaStreamQuery((cudaStream_t)stream) : cudaEventQuery((cudaEvent_t)event);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return (int)q;
+}
+
 void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline) {
   rs_dev_comm *d = dc(c);
   int64_t cur = __atomic_load_n(&d->last_deadline, __ATOMIC_ACQUIRE);
@@ -101,8 +109,8 @@ void rs_dev_comm_close_gates(rs_dev_comm *d) {
     for (size_t i = 0; i < d->ngates; i++) cudaMemcpyAsync(d->gates[i], closed, sizeof closed, cudaMemcpyHostToDevice, s);
     int64_t until = rs_now_ns() + 1000000000;
     unsigned spin = 0;
-    while (cudaStreamQuery(s) == cudaErrorNotReady && rs_now_ns() < until) rs_nap(spin++);
-    if (cudaStreamQuery(s) == cudaErrorNotReady)
+    while (rs_cuda_query(s, NULL) == cudaErrorNotReady && rs_now_ns() < until) rs_nap(spin++);
+    if (rs_cuda_query(s, NULL) == cudaErrorNotReady)
       RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "closing the plans' gates before an abort did not finish in 1 s");
     cudaStreamDestroy(s);
   }
@@ -113,7 +121,7 @@ reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, 
                                   const char *late) {
   rs_dev_comm *d = dc(c);
   for (unsigned spin = 0;; spin++) {
-    cudaError_t ce = stream ? cudaStreamQuery((cudaStream_t)stream) : cudaEventQuery((cudaEvent_t)event);
+    cudaError_t ce = (cudaError_t)rs_cuda_query(stream, event);
     if (ce == cudaSuccess) return RESHARD_SUCCESS;
     if (ce != cudaErrorNotReady) return rs_cuda_error(ce, what, c->rank);
     RS_CHECK(d->hooks->health(c));

@@ -85,6 +85,13 @@ reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, 
  * legacy stream (NULL) is never capturing. */
 int rs_stream_capturing(void *stream);
 
+/* cudaStreamQuery(stream), or with stream NULL cudaEventQuery(event), made
+ * in relaxed capture mode (a cudaError_t): a stream capture open on this
+ * thread, or in global mode on any thread of the process, forbids such
+ * queries and is invalidated by one; reshard's touch nothing captured.
+ * Every host query of the device path goes through it. */
+int rs_cuda_query(void *stream, void *event);
+
 /* A launch of a CUDA graph holding an execute started (a host node of the
  * graph, on CUDA's thread): the communicator's executes are busy until
  * `deadline` at least. */

@@ -54,10 +54,13 @@ typedef struct rs_dev {
   char failed_msg[640];
   int pool_held;          /* a user of the communicator's staging pool */
   int64_t last_deadline;  /* of the last execute enqueued (0: none) */
-  /* CUDA graphs: the deadline of the latest launch of a graph holding an
-   * execute of this plan (0: none; atomic, written by a host node of the
-   * graph on CUDA's thread). A launch starts when the GPU gets there,
-   * unknown to reshard: its deadline counts from then. */
+  /* CUDA graphs: launches of graphs holding an execute of this plan that
+   * started and that finished, and the deadline of the latest to start
+   * (atomic, written by host nodes of the graph on CUDA's thread). A
+   * launch starts when the GPU gets there (after the work before it),
+   * unknown to reshard: its deadline counts from then. At most one runs
+   * at a time (each waits for the end of the work before it). */
+  uint64_t launches_started, launches_landed;
   int64_t launch_deadline;
 
   rs_copy *d_copies; /* send | recv | local descriptors */
@@ -86,6 +89,7 @@ typedef struct rs_dev {
    * copy in pinned memory, read by the host once ev_agreed completed. */
   rs_dev_hdr *d_hdr_out, *d_hdr_in;
   rs_dev_agree *d_agree, *h_agree;
+  rs_dev_agree verdict; /* the latest consistent copy of *h_agree read */
   int gate_listed; /* d_agree is on the communicator's list (dev_comm.h) */
   uint64_t *d_word; /* relay plans: the verdict, reduced over every rank */
   int global;       /* relay plan: every rank takes part (see rs_agree.h) */
@@ -168,7 +172,7 @@ reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
  * deadline passed first. */
 static cudaError_t poll_done(cudaStream_t s, cudaEvent_t e, int64_t deadline) {
   for (unsigned spin = 0;; spin++) {
-    cudaError_t q = s ? cudaStreamQuery(s) : cudaEventQuery(e);
+    cudaError_t q = (cudaError_t)rs_cuda_query(s, e);
     if (q != cudaErrorNotReady || rs_now_ns() > deadline) return q;
     rs_nap(spin);
   }
@@ -214,7 +218,21 @@ static void CUDART_CB launched(void *arg) {
   int64_t dl = rs_deadline_after_ms(d->plan->opts.timeout_ms);
   if (dl == RS_NO_DEADLINE) dl = INT64_MAX;
   __atomic_store_n(&d->launch_deadline, dl, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&d->launches_started, 1, __ATOMIC_RELEASE);
   rs_dev_comm_launched(d->plan->comm, dl);
+}
+
+/* ... and one at its end, on the caller's stream after everything. */
+static void CUDART_CB landed(void *arg) {
+  rs_dev *d = arg;
+  __atomic_fetch_add(&d->launches_landed, 1, __ATOMIC_RELEASE);
+}
+
+/* Whether the plan's streams hold work not done (outside a capture). */
+static int streams_busy(rs_dev *d) {
+  for (int i = 0; i < S_COUNT; i++)
+    if (d->s[i] && rs_cuda_query(d->s[i], NULL) == cudaErrorNotReady) return 1;
+  return 0;
 }
 
 /* An event recorded by a step that executes after it may wait for (or the
@@ -542,8 +560,14 @@ static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, u
  * partner's header differed (sticky: the first difference). Never
  * blocks. */
 static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
-  if (!d->h_agree || !d->agreed_once || cudaEventQuery(d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
-  const volatile rs_dev_agree *a = d->h_agree;
+  if (!d->h_agree || !d->agreed_once || rs_cuda_query(NULL, d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
+  /* a snapshot, kept only if no later copy began meanwhile (a launch of a
+   * graph, enqueued by another thread, re-records the event first) */
+  rs_dev_agree snap;
+  memcpy(&snap, (const void *)d->h_agree, sizeof snap);
+  if (rs_cuda_query(NULL, d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
+  d->verdict = snap;
+  const rs_dev_agree *a = &d->verdict;
   if (a->ok) return RESHARD_SUCCESS;
   if (a->bad_index == RS_DEV_AGREE_ELSEWHERE)
     return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: call %llu (weight version %llu): a rank elsewhere in "
@@ -989,10 +1013,11 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   const unsigned ext = captured ? cudaEventWaitExternal : 0;
   CU(cudaEventRecord(d->ev_fork, caller), "cudaEventRecord(start)");
   CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_fork, 0), "cudaStreamWaitEvent(start)");
-  if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], launched, d), "cudaLaunchHostFunc(launch deadline)");
   for (int i = 0; i < S_COUNT; i++)
     CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[i], ext), "cudaStreamWaitEvent(previous)");
   RS_CHECK_GOTO(so->begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
+  /* a launch starts once everything before it is done */
+  if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], launched, d), "cudaLaunchHostFunc(launch start)");
 
   /* (a captured execute has the table in use: rs_device_execute) */
   if (!captured && d->ntab && table_changed(p, d, src, nsrc, dst, ndst))
@@ -1040,7 +1065,10 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     }
     CU(cudaStreamWaitEvent(caller, join, 0), "cudaStreamWaitEvent(caller)");
   }
-  if (captured) d->tab_pinned |= 1u << d->tab_cur;
+  if (captured) {
+    CU(cudaLaunchHostFunc(caller, landed, d), "cudaLaunchHostFunc(launch end)");
+    d->tab_pinned |= 1u << d->tab_cur;
+  }
   RS_CHECK_GOTO(so->end(p->comm, caller, deadline), r, fail);
   return RESHARD_SUCCESS;
 fail:
@@ -1050,8 +1078,11 @@ fail:
 /* Double buffering: the committed version and active copy, once the GPU
  * has done the latest enqueued commit (d->mu held; never blocks). */
 static void commit_poll(const reshard_plan_t *p, rs_dev *d) {
-  if (!d->dbuf || !d->committed_once || cudaEventQuery(d->ev_committed) != cudaSuccess) return;
-  const volatile rs_dev_commit *c = d->h_commit;
+  if (!d->dbuf || !d->committed_once || rs_cuda_query(NULL, d->ev_committed) != cudaSuccess) return;
+  rs_dev_commit snap; /* (kept only if no later copy began: agreement_verdict) */
+  memcpy(&snap, (const void *)d->h_commit, sizeof snap);
+  if (rs_cuda_query(NULL, d->ev_committed) != cudaSuccess) return;
+  const rs_dev_commit *c = &snap;
   if (!c->commits) return;
   reshard_plan_t *m = (reshard_plan_t *)p;
   __atomic_store_n(&m->committed_version, c->version, __ATOMIC_RELEASE);
@@ -1084,8 +1115,18 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     pthread_mutex_unlock(&d->mu);
     return r;
   }
-  commit_poll(p, d);
-  r = agreement_verdict(p, d);
+  /* Captured into a CUDA graph: every launch runs this call again (same
+   * buffers, same call number and version in the headers and the
+   * commit), ordered after the execute before it through external event
+   * nodes. Refused before anything is enqueued where a launch could not
+   * mean the same. (The verdicts of earlier calls are read by the next
+   * uncaptured execute or reshard_plan_get_status.) */
+  const int captured = rs_stream_capturing(stream);
+  r = RESHARD_SUCCESS;
+  if (!captured) {
+    commit_poll(p, d);
+    r = agreement_verdict(p, d);
+  }
   if (r == RESHARD_SUCCESS) r = so->check(p->comm);
   /* A registered plan runs direct on every rank: its partners read this
    * rank's registered buffers, so other pointers are refused (a rank
@@ -1101,13 +1142,9 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
                    i < (size_t)p->num_src_buffers ? "source" : "destination",
                    i < (size_t)p->num_src_buffers ? i : i - p->num_src_buffers, given, d->reg[i]);
   }
-  /* Captured into a CUDA graph: every launch runs this call again (same
-   * buffers, same call number and version in the headers and the
-   * commit), ordered after the execute before it through external event
-   * nodes. Refused before anything is enqueued where a launch could not
-   * mean the same. */
-  const int captured = r == RESHARD_SUCCESS ? rs_stream_capturing(stream) : 0;
-  if (captured < 0)
+  if (r != RESHARD_SUCCESS)
+    ;
+  else if (captured < 0)
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: the caller's stream is in a CUDA graph capture that "
                  "was invalidated (by an earlier call); end it and capture again", p->rank);
   else if (captured && !so->graphs)
@@ -1125,15 +1162,24 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: a captured execute must use the buffers of the "
                  "plan's previous execute (a CUDA graph reads the buffer table as it stands; capture after one "
                  "execute with these very buffers)", p->rank);
+  else if (!captured && in_capture(d))
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: an execute of this plan is being captured into a "
+                 "CUDA graph on another stream, whose capture is still open: end it before executing the plan",
+                 p->rank);
+  const int refused = r != RESHARD_SUCCESS;
+  if (!refused) r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version, captured);
   if (r != RESHARD_SUCCESS && captured) {
-    /* nothing enqueued, on this rank or (by this call) a peer: the plan
+    if (!refused)
+      rs_error_prefix("execute rank %d (captured into a CUDA graph, which now holds part of the call: discard it): ",
+                      p->rank);
+    /* refused before anything was enqueued, or failed inside the capture:
+     * nothing ran, on this rank or (by this call) a peer, so the plan
      * stays usable (a peer that captured its half fails at its launch's
-     * deadline, or its next call disagrees with this rank's) */
+     * deadline, or its next call disagrees with this rank's); a capture
+     * that holds part of the call must be discarded (the error says so) */
     pthread_mutex_unlock(&d->mu);
     return r;
   }
-  if (r == RESHARD_SUCCESS)
-    r = enqueue(p, d, src, nsrc, dst, ndst, (cudaStream_t)stream, call, version, captured);
   if (r == RESHARD_SUCCESS && (p->opts.flags & RESHARD_FLAG_SYNC)) {
     /* the call's own result: its work done (polled until its deadline),
      * then its agreement's verdict */
@@ -1178,12 +1224,18 @@ void rs_device_poll(const reshard_plan_t *p) {
   if (v) {
     dev_failed(p, d, v);
     /* the call whose check failed, not the latest enqueued */
-    rs_plan_mark_failed(p, d->h_agree->want.call, d->h_agree->want.version, v, d->failed_msg);
+    rs_plan_mark_failed(p, d->verdict.want.call, d->verdict.want.version, v, d->failed_msg);
   }
-  /* the latest deadline: the last execute's, or a graph's launch's (a
-   * capture still open has no status to ask for) */
-  int64_t dl = work_deadline(d);
-  if (!d->failed && dl && rs_now_ns() > dl && !in_capture(d) && !streams_idle(d, 0)) {
+  /* Past its deadline: a launch of a graph that started and has not
+   * finished, or else uncaptured work on the plan's streams (a launch
+   * queued behind the caller's work has not started: no deadline yet; a
+   * capture still open has no status to ask for). */
+  uint64_t landed_n = __atomic_load_n(&d->launches_landed, __ATOMIC_ACQUIRE);
+  uint64_t started_n = __atomic_load_n(&d->launches_started, __ATOMIC_ACQUIRE);
+  int64_t now = rs_now_ns();
+  int late = started_n > landed_n ? now > __atomic_load_n(&d->launch_deadline, __ATOMIC_ACQUIRE)
+                                  : d->last_deadline && now > d->last_deadline && !in_capture(d) && streams_busy(d);
+  if (!d->failed && late) {
     v = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its deadline "
                  "(a peer did not run its part, or issued its calls in another order); reshard's NCCL communicator "
                  "was aborted, which ends the work", p->rank);
@@ -1299,6 +1351,10 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   else if (d->dbuf)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
                  p->rank);
+  else if (d->tab_pinned)
+    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "register_buffers rank %d: a CUDA graph holds an execute of this plan "
+                 "and reads its registration and buffer tables as captured; create a new plan to register other "
+                 "buffers", p->rank);
   else if (!src && !dst && !nsrc && !ndst)
     unregister = 1;
   else if (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers)

@@ -66,7 +66,12 @@ typedef struct rs_ipc {
   unsigned char *win;     /* this rank's window */
   mapping *win_of;        /* every rank's window as mapped here */
   mapping *pool_of;       /* every rank's staging pool as mapped here */
-  uint64_t *send_seq, *recv_seq; /* messages posted to / expected from each peer */
+  /* messages posted to / expected from each peer: 2n counts on the device
+   * (kernels/rs_ipc.h, rs_ipc_at), [2 * peer] sent, [2 * peer + 1]
+   * received, which a group's kernels read and advance in stream order:
+   * a launch of a CUDA graph numbers its messages after everything
+   * before it */
+  uint64_t *d_count;
   uint64_t *d_words;      /* reduce_word: every rank's word (device) */
   uint64_t *h_abort;      /* pinned: the poison value */
   cudaStream_t ctl;       /* poisoning copies */
@@ -77,6 +82,9 @@ typedef struct rs_ipc {
   region *regions;        /* registered peers' allocations mapped here */
   void **deferred;        /* pools freed at destroy (see ipc_pool_free) */
   size_t ndeferred;
+  mapping *kept;          /* peers' replaced pools a CUDA graph may pull from
+                             (exchange_pools), closed at destroy */
+  size_t nkept;
 } rs_ipc;
 
 static reshard_result_t cu(cudaError_t e, const char *what, int rank) {
@@ -193,34 +201,40 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
                      c->rank, (unsigned long long)o->bytes, o->peer);
         break;
       }
-      uint64_t seq = x->send_seq[peer] + 1;
+      /* the message's place in the group, its slot ring: rs_ipc_at */
       send[ns++] = (rs_ipc_op){
-          .slot = (rs_ipc_slot *)(x->win_of[peer].base + rs_ipc_slot_off(x->n, (uint32_t)c->rank, seq)),
+          .slot = (rs_ipc_slot *)(x->win_of[peer].base + rs_ipc_slot_off(x->n, (uint32_t)c->rank, 0)),
           .buf = o->buf,
           .ack = (uint64_t *)(x->win + rs_ipc_ack_off(peer)),
           .peer_abort = (uint64_t *)(x->win_of[peer].base + RS_IPC_ABORT_OFF),
-          .seq = seq,
+          .seq = x->count[2 * peer],
           .bytes = o->bytes,
           .off = o->bytes > RS_IPC_INLINE ? (uint64_t)(b - pool) : 0,
           .gen = x->dev.pool_gen,
+          .count = x->d_count + 2 * peer,
           .peer = o->peer};
     } else {
-      uint64_t seq = x->recv_seq[peer] + 1;
       recv[nr++] = (rs_ipc_op){
-          .slot = (rs_ipc_slot *)(x->win + rs_ipc_slot_off(x->n, peer, seq)),
+          .slot = (rs_ipc_slot *)(x->win + rs_ipc_slot_off(x->n, peer, 0)),
           .buf = o->buf,
           .pool = x->pool_of[peer].base,
           .ack = (uint64_t *)(x->win_of[peer].base + rs_ipc_ack_off((uint32_t)c->rank)),
           .peer_abort = (uint64_t *)(x->win_of[peer].base + RS_IPC_ABORT_OFF),
-          .seq = seq,
+          .seq = x->count[2 * peer + 1],
           .bytes = o->bytes,
           .gen = x->pool_of[peer].gen,
+          .count = x->d_count + 2 * peer + 1,
           .peer = o->peer};
     }
-    /* counted once the operation is valid: a refused group enqueues
-     * nothing, and poisons the communicator anyway */
-    if (o->is_recv) x->recv_seq[peer]++;
-    else x->send_seq[peer]++;
+  }
+  /* each peer's last message in each direction moves its count on, by the
+   * group's messages with it, once the group no longer reads it
+   * (rs_ipc_advance); a refused group enqueues nothing (and poisons the
+   * communicator anyway) */
+  for (size_t i = 0; !r && i < ns + nr; i++) {
+    rs_ipc_op *q = i < ns ? &send[i] : &recv[i - ns];
+    uint32_t total = x->count[2 * (uint32_t)q->peer + (i < ns ? 0 : 1)];
+    q->last = q->seq == total ? total : 0;
   }
   /* Every send is posted before anything waits (see kernels/rs_ipc.h). */
   rs_ipc_wait w = wait_of(x, deadline, gate);
@@ -348,7 +362,20 @@ static reshard_result_t exchange_pools(reshard_comm_t *c) {
       x->pool_of[k] = (mapping){x->dev.pool, (uint64_t)(uintptr_t)x->dev.pool, x->dev.pool_gen, 0};
       continue;
     }
-    r = map(c, (int)k, &all[k], &x->pool_of[k], "staging pool");
+    mapping *m = &x->pool_of[k];
+    if (x->dev.pool_captured && m->base && (m->gen != all[k].gen || m->rptr != all[k].ptr)) {
+      /* a graph captured here pulls from the pool as it was mapped then
+       * (its sender keeps it too: dev_comm.c) */
+      mapping *kept = realloc(x->kept, (x->nkept + 1) * sizeof *kept);
+      if (!kept) {
+        r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+        break;
+      }
+      x->kept = kept;
+      x->kept[x->nkept++] = *m;
+      memset(m, 0, sizeof *m);
+    }
+    r = map(c, (int)k, &all[k], m, "staging pool");
   }
   free(all);
   /* every rank remapped (or failed): the pools replaced before can go,
@@ -405,6 +432,8 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   if (x->ctl) cudaStreamSynchronize(x->ctl);
   for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
   for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
+  for (size_t i = 0; i < x->nkept; i++) unmap(&x->kept[i]);
+  free(x->kept);
   rs_dev_comm_fini(c);
   /* registrations of plans the caller leaked */
   for (region *g = x->regions, *nx; g; g = nx) {
@@ -421,8 +450,7 @@ static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   if (x->win) cudaFree(x->win);
   free(x->win_of);
   free(x->pool_of);
-  free(x->send_seq);
-  free(x->recv_seq);
+  if (x->d_count) cudaFree(x->d_count);
   free(x->count);
   free(x->ops);
   free(x->red);
@@ -436,7 +464,7 @@ static void ipc_destroy(reshard_comm_t *c) {
    * up, and the work ends soon after). */
   if (x->dev.have_last) {
     int64_t deadline = __atomic_load_n(&x->dev.last_deadline, __ATOMIC_ACQUIRE);
-    for (unsigned spin = 0; cudaEventQuery((cudaEvent_t)x->dev.last_end) == cudaErrorNotReady; spin++) {
+    for (unsigned spin = 0; rs_cuda_query(NULL, x->dev.last_end) == cudaErrorNotReady; spin++) {
       if (rs_now_ns() > deadline) {
         if (x->poisoned) break;
         ipc_poison(c);
@@ -659,6 +687,7 @@ static const rs_stream_ops rs_ipc_stream_ops = {
     .share = ipc_share,
     .unshare = ipc_unshare,
     .quant_prepare = rs_device_quant_prepare,
+    .graphs = 1,
 };
 
 static const rs_transport_ops rs_ipc_ops = {
@@ -678,11 +707,9 @@ static reshard_result_t setup(reshard_comm_t *c, rs_ipc *x) {
   RS_CHECK(cu(cudaGetDevice(&x->device), "cudaGetDevice", c->rank));
   x->win_of = calloc(x->n, sizeof *x->win_of);
   x->pool_of = calloc(x->n, sizeof *x->pool_of);
-  x->send_seq = calloc(x->n, sizeof *x->send_seq);
-  x->recv_seq = calloc(x->n, sizeof *x->recv_seq);
   x->count = calloc(2 * (size_t)x->n, sizeof *x->count);
   x->red = calloc(2 * (size_t)x->n, sizeof *x->red);
-  if (!x->win_of || !x->pool_of || !x->send_seq || !x->recv_seq || !x->count || !x->red)
+  if (!x->win_of || !x->pool_of || !x->count || !x->red)
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   RS_CHECK(rs_dev_comm_init(c, &rs_ipc_hooks));
   uint64_t wb = rs_ipc_window_bytes(x->n);
@@ -690,6 +717,8 @@ static reshard_result_t setup(reshard_comm_t *c, rs_ipc *x) {
   if (!ce) ce = cudaMemset(x->win, 0, wb);
   if (!ce) ce = cudaMalloc((void **)&x->d_words, 8 * (size_t)x->n);
   if (!ce) ce = cudaMemset(x->d_words, 0, 8 * (size_t)x->n);
+  if (!ce) ce = cudaMalloc((void **)&x->d_count, 16 * (size_t)x->n);
+  if (!ce) ce = cudaMemset(x->d_count, 0, 16 * (size_t)x->n);
   if (!ce) ce = cudaMallocHost((void **)&x->h_abort, 8);
   if (!ce) ce = cudaStreamCreateWithFlags(&x->ctl, cudaStreamNonBlocking);
   if (!ce) ce = cudaDeviceSynchronize(); /* the windows are zero before any peer writes them */

@@ -84,7 +84,7 @@ typedef struct dop {
   int dst_side;
   uint32_t desc_base, vkind; /* vkind: compare's kind, memset's value */
   /* D_IPC_*: the launch's operations, its wait, which are done */
-  rs_ipc_batch *batch;
+  rs_ipc_batch *batch, *at; /* at: resolved at the first step (rs_ipc_at) */
   rs_ipc_wait iw;
   uint32_t ipc_done;
   /* D_QUANT (block quantization): boxes, their first blocks, the blocks */
@@ -123,6 +123,8 @@ typedef struct mnode {
 } mnode;
 struct mcap {
   int rank, invalid, ended, refs;
+  int mode;         /* cudaStreamCaptureMode of the capture */
+  pthread_t thread; /* the thread that began it */
   int nmembers;
   mstream *members[MAXCAP];
   uint64_t cpos[MAXCAP]; /* nodes per member so far */
@@ -178,6 +180,15 @@ typedef struct mcoll {
   struct mcoll *next;
 } mcoll;
 
+/* An address mapped with cudaIpcOpenMemHandle (the emulation maps every
+ * allocation at its own address): how many mappings of it are open. */
+typedef struct mmap_ {
+  const void *base;
+  int rank; /* the rank (process) that mapped it */
+  int open;
+  struct mmap_ *next;
+} mmap_;
+
 typedef struct mpin {
   void *p;
   size_t n;
@@ -198,6 +209,7 @@ static struct {
   mcoll *colls;
   mpin *pins;
   mcap *caps; /* captures of the world, live and ended */
+  mmap_ *maps;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static int64_t now_ns(void) {
@@ -217,6 +229,7 @@ static void free_stream(mstream *s) {
     free(o->snap);
     free(o->p);
     free(o->batch);
+    free(o->at);
   }
   free(s->q);
   free(s);
@@ -248,6 +261,19 @@ static void reset_tables(void) {
     free(c);
   }
   G.caps = NULL;
+  for (mmap_ *m = G.maps, *nx; m; m = nx) nx = m->next, free(m);
+  G.maps = NULL;
+}
+
+static mmap_ *map_of(int rank, const void *base) {
+  for (mmap_ *m = G.maps; m; m = m->next)
+    if (m->base == base && m->rank == rank) return m;
+  mmap_ *m = calloc(1, sizeof *m);
+  m->base = base;
+  m->rank = rank;
+  m->next = G.maps;
+  G.maps = m;
+  return m;
 }
 
 static mstream *new_stream(void *key);
@@ -501,18 +527,27 @@ static int step_allreduce(dop *o) {
  * each operation that can go goes (the very code of kernels/rs_ipc.h);
  * one that waits past the timeout, or finds the abort word set, gives
  * up as the kernel does. 1 when every operation is done. */
-static int step_ipc_wait(dop *o, int acked) {
+static int step_ipc_wait(dop *o, int acked, int rank) {
   int64_t t = now_ns();
-  if (!o->started) o->started = t;
+  if (!o->started) {
+    /* the kernel resolves every operation at its start */
+    o->started = t;
+    o->at = malloc(sizeof *o->at);
+    *o->at = *o->batch;
+    for (uint32_t i = 0; i < o->batch->n; i++) o->at->op[i] = rs_ipc_at(&o->batch->op[i]);
+  }
   int all = 1;
   for (uint32_t i = 0; i < o->batch->n; i++) {
     if (o->ipc_done >> i & 1) continue;
-    const rs_ipc_op *x = &o->batch->op[i];
+    const rs_ipc_op *x = &o->at->op[i];
     if (acked ? rs_ipc_acked(x) : rs_ipc_arrived(x)) {
       if (!acked) {
         uint64_t bad = rs_ipc_check(x);
         if (bad) rs_ipc_give_up(&o->iw, x, bad);
         else {
+          /* a pooled payload is read through the sender's pool as mapped
+           * here: that mapping must still be open */
+          if (x->bytes > RS_IPC_INLINE && map_of(rank, x->pool)->open <= 0) world.ipc_closed_reads++;
           rs_ipc_copy(x, 0, x->bytes, 0, 1);
           world.delivered++;
           if (world.corrupt_next && x->bytes > 64) { /* a bit flipped in flight */
@@ -581,20 +616,27 @@ static int step(mstream *s) {
     if (!step_allreduce(o)) return 0;
     break;
   case D_IPC_POST: /* nothing once a wait here gave up (ipc_kernels.cu) */
-    for (uint32_t i = 0; i < o->batch->n && !rs_ipc_load(o->iw.abort); i++) rs_ipc_post(&o->batch->op[i]);
+    for (uint32_t i = 0; i < o->batch->n && !rs_ipc_load(o->iw.abort); i++) {
+      const rs_ipc_op x = rs_ipc_at(&o->batch->op[i]);
+      rs_ipc_post(&x);
+    }
     free(o->batch);
     break;
   case D_IPC_ACK:
     for (uint32_t i = 0; i < o->batch->n; i++) {
-      const rs_ipc_op *x = &o->batch->op[i];
-      if (rs_ipc_arrived(x) && !rs_ipc_check(x)) rs_ipc_ack(x);
+      const rs_ipc_op x = rs_ipc_at(&o->batch->op[i]);
+      if (rs_ipc_arrived(&x) && !rs_ipc_check(&x)) rs_ipc_ack(&x);
     }
+    for (uint32_t i = 0; i < o->batch->n; i++) rs_ipc_advance(&o->batch->op[i]);
     free(o->batch);
     break;
   case D_IPC_PULL:
   case D_IPC_ACKED:
-    if (!step_ipc_wait(o, o->kind == D_IPC_ACKED)) return 0;
+    if (!step_ipc_wait(o, o->kind == D_IPC_ACKED, s->rank)) return 0;
+    if (o->kind == D_IPC_ACKED)
+      for (uint32_t i = 0; i < o->batch->n; i++) rs_ipc_advance(&o->batch->op[i]);
     free(o->batch);
+    free(o->at);
     break;
   case D_IPC_MAX:
     rs_ipc_max(o->src, (uint32_t)o->n, o->dst);
@@ -724,6 +766,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.parent_aborts = world.parent_destroys = world.leftover = 0;
   world.corrupt_next = world.corrupt_copy_next = 0;
   world.capture_violations = 0;
+  world.ipc_closed_reads = 0;
   UNLOCK();
 }
 
@@ -772,22 +815,27 @@ static void *dev_alloc(size_t n) {
   return calloc(1, n ? n : 1);
 }
 
-/* This rank's open capture (a rank is a process: global mode reaches
- * its own captures only). */
-static mcap *open_capture(void) {
-  for (mcap *c = G.caps; c; c = c->next)
-    if (!c->ended && c->rank == M.rank) return c;
-  return NULL;
-}
-/* A call that cudaStreamCaptureModeGlobal forbids while a capture is
- * open (allocation, synchronous copies, device synchronization): the
- * capture is invalidated and the call fails. Lock held. */
+/* A "potentially unsafe" call (allocation, synchronous copies, device
+ * synchronization, queries) that a stream capture forbids, as
+ * cudaThreadExchangeStreamCaptureMode says: in the calling thread's mode
+ * (M.capture_mode), relaxed allows everything; otherwise an open capture
+ * of this thread not begun relaxed forbids it, and in global mode so
+ * does a global capture of another thread of the process (a rank). The
+ * captures concerned are invalidated and the call fails. Lock held. */
 static int forbidden(void) {
-  mcap *c = open_capture();
-  if (!c) return 0;
-  c->invalid = 1;
-  world.capture_violations++;
-  return 1;
+  if (M.capture_mode == cudaStreamCaptureModeRelaxed) return 0;
+  int hit = 0;
+  for (mcap *c = G.caps; c; c = c->next) {
+    if (c->ended || c->rank != M.rank) continue;
+    int mine = pthread_equal(c->thread, pthread_self());
+    if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && M.capture_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal)) {
+      c->invalid = 1;
+      hit = 1;
+    }
+  }
+  if (hit) world.capture_violations++;
+  return hit;
 }
 
 cudaError_t __wrap_cudaGetDevice(int *d) {
@@ -913,7 +961,7 @@ cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
   M.syncs++;
   mock_log(OP_SYNC, s);
   LOCK();
-  if (stream_of(s)->capt) {
+  if (stream_of(s)->capt || forbidden()) {
     stream_of(s)->capt->invalid = 1;
     world.capture_violations++;
     UNLOCK();
@@ -944,6 +992,10 @@ cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
     UNLOCK();
     return cudaErrorCapturedEvent;
   }
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
   int r = wait_for(event_done, e, "cudaEventSynchronize");
   UNLOCK();
   return r ? cudaErrorLaunchTimeout : cudaSuccess;
@@ -953,6 +1005,10 @@ cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
   if (stream_of(s)->capt) { /* a capturing stream has no status */
     stream_of(s)->capt->invalid = 1;
     world.capture_violations++;
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (forbidden()) {
     UNLOCK();
     return cudaErrorStreamCaptureUnsupported;
   }
@@ -967,6 +1023,10 @@ cudaError_t __wrap_cudaEventQuery(cudaEvent_t e) {
     world.capture_violations++;
     UNLOCK();
     return cudaErrorCapturedEvent;
+  }
+  if (forbidden()) {
+    UNLOCK();
+    return cudaErrorStreamCaptureUnsupported;
   }
   progress();
   int d = event_done(e);
@@ -1277,13 +1337,14 @@ cudaError_t __wrap_cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned
   memcpy(p, h.reserved, sizeof *p);
   LOCK();
   world.ipc_mapped++;
+  map_of(M.rank, *p)->open++;
   UNLOCK();
   return cudaSuccess;
 }
 cudaError_t __wrap_cudaIpcCloseMemHandle(void *p) {
-  (void)p;
   LOCK();
   world.ipc_mapped--;
+  map_of(M.rank, p)->open--;
   UNLOCK();
   return cudaSuccess;
 }
@@ -1367,8 +1428,14 @@ cudaError_t __wrap_cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg
   return cudaSuccess;
 }
 
+cudaError_t __wrap_cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  enum cudaStreamCaptureMode old = (enum cudaStreamCaptureMode)M.capture_mode;
+  M.capture_mode = (int)*mode;
+  *mode = old;
+  return cudaSuccess;
+}
+
 cudaError_t __wrap_cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
-  (void)mode; /* (every capture behaves as global mode, for its own rank) */
   if (!s) return cudaErrorStreamCaptureUnsupported; /* the legacy stream */
   LOCK();
   mstream *st = stream_of(s);
@@ -1379,6 +1446,8 @@ cudaError_t __wrap_cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCapture
   mcap *c = calloc(1, sizeof *c);
   c->rank = M.rank;
   c->refs = 1;
+  c->mode = (int)mode;
+  c->thread = pthread_self();
   c->members[0] = st;
   c->nmembers = 1;
   c->next = G.caps;
@@ -1526,6 +1595,7 @@ cudaError_t __wrap_cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     case D_IPC_ACKED:
       o->batch = malloc(sizeof *o->batch);
       memcpy(o->batch, n->op.batch, sizeof *o->batch);
+      o->at = NULL;
       break;
     default:
       break;

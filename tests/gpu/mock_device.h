@@ -33,14 +33,17 @@
  * wants every joined stream waited for by the origin; each
  * cudaGraphLaunch enqueues the nodes again, in capture order, on the
  * executable's own streams after the launch stream's work, with NCCL's
- * tickets taken then. What CUDA rejects during a capture is rejected and
+ * tickets taken then; a host node (cudaLaunchHostFunc) runs when its
+ * stream gets there. What CUDA rejects during a capture is rejected and
  * counted in world.capture_violations: querying or synchronizing a
- * capturing stream or a captured event, waiting from a capture on an
- * event recorded outside it without cudaEventWaitExternal (or on a
- * captured one from outside), the External flags outside a capture,
- * allocation, synchronous copies and device synchronization while the
- * rank has a capture open (global mode), and (stricter than CUDA, which
- * reads the source at each launch) copies from pageable host memory.
+ * capturing stream or a captured event; any query, synchronization,
+ * allocation or synchronous copy while a capture forbids it (the calling
+ * thread's mode, cudaThreadExchangeStreamCaptureMode, against the open
+ * captures of its rank, a rank being a process); waiting from a capture
+ * on an event recorded outside it without cudaEventWaitExternal (or on a
+ * captured one from outside); the External flags outside a capture; and
+ * (stricter than CUDA, which reads the source at each launch) copies
+ * from pageable host memory.
  *
  * A host wait that could never end (a synchronization on work that waits
  * for a message nobody sends) is cut after world.hang_ms and counted in
@@ -127,6 +130,7 @@ typedef struct mock_thread {
   uint64_t tamper_digest;  /* nonzero: only in the headers of the plan with this digest */
   int fail_ipc_open;       /* cudaIpcOpenMemHandle fails */
   const reshard_plan_t *plan; /* to classify launches in the log */
+  int capture_mode;           /* cudaThreadExchangeStreamCaptureMode's (0: global) */
 } mock_thread;
 
 extern _Thread_local mock_thread M;
@@ -146,6 +150,7 @@ typedef struct mock_world {
   long ipc_mapped;   /* cudaIpcOpenMemHandle mappings not closed */
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
   long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
+  long ipc_closed_reads; /* ... through a mapping of it already closed */
   int corrupt_next;    /* flip a bit of the next message over 64 bytes received */
   long capture_violations; /* calls a CUDA stream capture forbids (above) */
   int corrupt_copy_next; /* flip a bit of what the next copy kernel writes into

@@ -36,6 +36,7 @@ typedef struct mw_outcome {
   int failed;              /* the first failed rank; -1: none */
   long hangs;              /* host waits that could never end */
   long ipc_mapped;         /* CUDA IPC mappings left open */
+  long ipc_closed_reads;   /* pulls through a CUDA IPC mapping closed before */
   long capture_violations; /* calls a CUDA stream capture forbids */
   long bad_size;           /* messages matched to a receive of another size */
 } mw_outcome;

@@ -53,7 +53,9 @@ static void run_world(int n, mw_fn fn, void *ctx) {
   mw_outcome o = mw_run(n, 4000, fn, ctx, r);
   for (int i = 0; i < n; i++)
     if (r[i].failed) fail_msg("%srank %d: %s", world_label, i, r[i].why);
-  if (o.hangs || o.ipc_mapped) fail_msg("%ld hangs, %ld IPC mappings left open", o.hangs, o.ipc_mapped);
+  if (o.hangs || o.ipc_mapped || o.ipc_closed_reads)
+    fail_msg("%ld hangs, %ld IPC mappings left open, %ld pulls through closed mappings", o.hangs, o.ipc_mapped,
+             o.ipc_closed_reads);
 }
 
 /* This rank's host and IPC communicators (NULL after RFAIL). */
@@ -249,14 +251,15 @@ static void run_worlds(worlds_cfg cfg) {
     mw_outcome o = mw_run(pair.nranks, 4000, random_rank, &x, r);
     int64_t wrong = o.wrong;
     int failed = o.failed;
-    long hangs = o.hangs, mapped = o.ipc_mapped;
-    if (wrong || failed >= 0 || hangs || mapped) {
+    long hangs = o.hangs, mapped = o.ipc_mapped, closed = o.ipc_closed_reads;
+    if (wrong || failed >= 0 || hangs || mapped || closed) {
       rl_pair_print(&pair, stderr);
       for (int i = 0; i < pair.nranks; i++)
         if (r[i].failed) fprintf(stderr, "rank %d: %s\n", i, r[i].why);
       fprintf(stderr, "replay: RS_SEED0=%llu RS_IT0=%d RS_ITERS=1\n", (unsigned long long)seed0, it);
-      fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %ld hangs, %ld mappings open%s%s",
-               (unsigned long long)seed, pair.nranks, x.staging, relay, (long long)wrong, hangs, mapped,
+      fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %ld hangs, %ld mappings open, %ld pulls "
+               "through closed mappings%s%s", (unsigned long long)seed, pair.nranks, x.staging, relay,
+               (long long)wrong, hangs, mapped, closed,
                failed >= 0 ? "; first failed rank: " : "", failed >= 0 ? r[failed].why : "");
     }
     rl_pair_free(&pair);

@@ -49,9 +49,10 @@ static void run_world(int n, mw_fn fn, void *ctx, const char *label) {
   mw_outcome o = mw_run(n, 4000, fn, ctx, r);
   for (int i = 0; i < n; i++)
     if (r[i].failed) fail_msg("%srank %d: %s", label, i, r[i].why);
-  if (o.wrong || o.hangs || o.capture_violations || o.bad_size)
-    fail_msg("%s%lld wrong bytes, %ld hangs, %ld breaches of a capture's rules, %ld size mismatches", label,
-             (long long)o.wrong, o.hangs, o.capture_violations, o.bad_size);
+  if (o.wrong || o.hangs || o.capture_violations || o.bad_size || o.ipc_closed_reads || o.ipc_mapped)
+    fail_msg("%s%lld wrong bytes, %ld hangs, %ld breaches of a capture's rules, %ld size mismatches, %ld pulls "
+             "through closed mappings, %ld mappings left open", label, (long long)o.wrong, o.hangs,
+             o.capture_violations, o.bad_size, o.ipc_closed_reads, o.ipc_mapped);
 }
 
 /* The caller's stream of a rank (a handle the emulation makes a stream of;
@@ -63,11 +64,14 @@ static reshard_result_t exec_on(reshard_plan_t *plan, reshard_selftest_t *s, voi
   return reshard_plan_execute(plan, (void *const *)s->ptr, (size_t)s->nbuf, dst, ndst, st);
 }
 
+/* The capture mode of capture() (a world sets it before it starts). */
+static enum cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+
 /* Captures one execute of plan on st into *gx (0), or says why not. */
 static int capture(g_rank *r, reshard_plan_t *plan, reshard_selftest_t *s, void *const *dst, size_t ndst,
                    cudaStream_t st, cudaGraphExec_t *gx) {
   cudaGraph_t g = NULL;
-  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal)) {
+  if (cudaStreamBeginCapture(st, capture_mode)) {
     RFAIL(r, "cudaStreamBeginCapture failed");
     return -1;
   }
@@ -86,6 +90,17 @@ static int capture(g_rank *r, reshard_plan_t *plan, reshard_selftest_t *s, void 
   return ce ? -1 : 0;
 }
 
+/* This rank's communicator: NCCL over the mocked caller's, or CUDA IPC
+ * over an in-process host one (*host); NULL after RFAIL. */
+static reshard_comm_t *comm_open(g_rank *r, int ipc, reshard_comm_t **host) {
+  reshard_comm_t *c = NULL;
+  *host = NULL;
+  reshard_result_t e = ipc ? reshard_comm_create_inproc(r->host_world, r->rank, host) : 0;
+  if (!e) e = ipc ? reshard_comm_create_cuda_ipc(*host, &c) : reshard_comm_create_nccl(MOCK_PARENT, &c);
+  if (e) RFAIL(r, "comm: %s", reshard_last_error());
+  return c;
+}
+
 static reshard_plan_status_t status_of(const reshard_plan_t *plan) {
   reshard_plan_status_t st = {.struct_size = sizeof st};
   reshard_plan_get_status(plan, &st);
@@ -102,18 +117,21 @@ typedef struct graph_ctx {
   int relay;
   const char *topology;
   uint32_t flags;
+  int ipc;        /* over CUDA IPC (else NCCL) */
+  int registered; /* IPC: reshard_plan_register_buffers first (direct copies) */
 } graph_ctx;
 
 /* An execute on the caller's stream (the capture needs the buffer table
  * in place), then one captured, then 12 steps: the sources refilled with
  * the step's values, a launch of the graph (at steps 5 and 9 an
- * uncaptured execute instead: launches and executes interleave), the
- * destination checked. The capture itself moves nothing. */
+ * uncaptured execute instead: launches and executes interleave, and over
+ * CUDA IPC every message of both is numbered by the device's counts),
+ * the destination checked. The capture itself moves nothing. */
 static void graph_rank(g_rank *r) {
   const graph_ctx *x = r->ctx;
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
+  reshard_comm_t *host = NULL, *c = comm_open(r, x->ipc, &host);
+  if (!c) {
+    reshard_comm_destroy(host);
     return;
   }
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
@@ -136,6 +154,11 @@ static void graph_rank(g_rank *r) {
   }
   void *const *dst = (void *const *)d.ptr;
   const size_t nd = (size_t)d.nbuf;
+  if (x->registered &&
+      reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, dst, nd)) {
+    RFAIL(r, "register_buffers: %s", reshard_last_error());
+    goto out;
+  }
   if (exec_on(plan, &s, dst, nd, st) || mock_stream_drain(st)) {
     RFAIL(r, "execute 0: %s", reshard_last_error());
     goto out;
@@ -159,12 +182,18 @@ static void graph_rank(g_rank *r) {
     reshard_plan_status_t sta = status_of(plan);
     if (sta.failed) RFAIL(r, "step %d: status: %s", step, sta.failure_message);
   }
+  /* a graph reads the registration as captured: no other one */
+  if (x->registered && !r->failed &&
+      reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, dst, nd) !=
+          RESHARD_ERROR_INVALID_USAGE)
+    RFAIL(r, "registering again under a graph: %s", reshard_last_error());
 out:
   if (gx) cudaGraphExecDestroy(gx);
   reshard_plan_destroy(plan);
   reshard_selftest_free(&s);
   reshard_selftest_free(&d);
   reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
 }
 
 static void launches_random_worlds(void **state) {
@@ -181,18 +210,24 @@ static void launches_random_worlds(void **state) {
     if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
+    /* NCCL, CUDA IPC staged and CUDA IPC registered in turn */
     graph_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
-                   it % 4 == 3 ? "h100-8x400g" : NULL, it % 5 == 2 ? RESHARD_FLAG_VERIFY : 0};
+                   it % 4 == 3 ? "h100-8x400g" : NULL, it % 5 == 2 ? RESHARD_FLAG_VERIFY : 0, it % 3 != 0, it % 3 == 2};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     relays += relay != 0;
-    char label[200];
-    snprintf(label, sizeof label, "seed %llu (RS_SEED0=%llu RS_IT0=%d RS_ITERS=1 replays it; %d ranks, staging %zu, "
-             "relay %d, flags %u): ", (unsigned long long)seed, (unsigned long long)seed0, it, pair.nranks,
-             x.staging, relay, x.flags);
+    static const enum cudaStreamCaptureMode modes[3] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                                        cudaStreamCaptureModeRelaxed};
+    capture_mode = modes[(it / 3) % 3];
+    char label[260];
+    snprintf(label, sizeof label, "seed %llu (RS_SEED0=%llu RS_IT0=%d RS_ITERS=1 replays it; %d ranks over %s, "
+             "staging %zu, relay %d, flags %u, capture mode %d): ", (unsigned long long)seed,
+             (unsigned long long)seed0, it, pair.nranks, x.registered ? "CUDA IPC, registered" : x.ipc ? "CUDA IPC" : "NCCL",
+             x.staging, relay, x.flags, (int)capture_mode);
     run_world(pair.nranks, graph_rank, &x, label);
     rl_pair_free(&pair);
   }
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  capture_mode = cudaStreamCaptureModeGlobal;
   print_message("graph worlds: %ld messages delivered, %d with relays on\n", world.delivered - delivered0, relays);
   if (iters >= 40) assert_true(world.delivered - delivered0 > 1000);
 }
@@ -212,9 +247,10 @@ typedef struct g_fixed {
 
 static int fixed_open(g_rank *r, g_fixed *f, int ipc, uint32_t flags, int64_t timeout_ms) {
   memset(f, 0, sizeof *f);
-  reshard_result_t e = ipc ? reshard_comm_create_inproc(r->host_world, r->rank, &f->host) : 0;
-  if (!e) e = ipc ? reshard_comm_create_cuda_ipc(f->host, &f->c) : reshard_comm_create_nccl(MOCK_PARENT, &f->c);
-  if (!e) {
+  f->c = comm_open(r, ipc, &f->host);
+  if (!f->c) return -1;
+  reshard_result_t e = RESHARD_SUCCESS;
+  {
     mw_layouts_all(r->n, 48, 32 * (int64_t)r->n, &f->src, &f->dst);
     reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
     o.staging_bytes = 4096;
@@ -255,7 +291,7 @@ static void dbuf_rank(g_rank *r) {
   cudaGraphExec_t gx = NULL;
   const cudaStream_t st = caller_stream(r);
   void *bufs[16];
-  if (fixed_open(r, &f, 0, RESHARD_FLAG_DOUBLE_BUFFER, 5000)) goto out;
+  if (fixed_open(r, &f, *(const int *)r->ctx, RESHARD_FLAG_DOUBLE_BUFFER, 5000)) goto out;
   if (reshard_selftest_alloc(&d1, f.dst, r->rank, -1) || f.d.nbuf > 8) {
     RFAIL(r, "selftest alloc");
     goto out;
@@ -287,14 +323,16 @@ out:
 
 static void launches_commit(void **state) {
   (void)state;
-  run_world(3, dbuf_rank, NULL, "double buffer: ");
+  int nccl = 0, ipc = 1;
+  run_world(3, dbuf_rank, &nccl, "double buffer over NCCL: ");
+  run_world(3, dbuf_rank, &ipc, "double buffer over CUDA IPC: ");
 }
 
 /* What a capture refuses, before it enqueues anything (the capture stays
- * valid and the plan usable): the first execute of a plan (no buffer
- * table yet), buffers other than the previous execute's, RESHARD_FLAG_SYNC
- * (a host wait for a result the capture does not run), and the CUDA IPC
- * transport (its sequence numbers are the host's). */
+ * valid and the plan usable), over NCCL and CUDA IPC: the first execute
+ * of a plan (no buffer table yet), buffers other than the previous
+ * execute's, and RESHARD_FLAG_SYNC (a host wait for a result the capture
+ * does not run). */
 typedef struct refuse_ctx {
   int ipc, sync;
 } refuse_ctx;
@@ -328,17 +366,16 @@ static void refuse_rank(g_rank *r) {
     goto out;
   }
   void *const *dst1 = (void *const *)f.d.ptr;
-  if (!x->ipc && !x->sync && refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "previous execute")) goto out;
+  if (!x->sync && refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "previous execute")) goto out;
   if (fixed_exec(r, &f, st)) goto out;
   r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 0, "refusals: step 0");
-  if (x->ipc ? refused(r, &f, dst1, st, RESHARD_ERROR_UNSUPPORTED, "CUDA graph")
-      : x->sync ? refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "RESHARD_FLAG_SYNC")
-                : refused(r, &f, (void *const *)d2.ptr, st, RESHARD_ERROR_INVALID_USAGE, "previous execute"))
+  if (x->sync ? refused(r, &f, dst1, st, RESHARD_ERROR_INVALID_USAGE, "RESHARD_FLAG_SYNC")
+              : refused(r, &f, (void *const *)d2.ptr, st, RESHARD_ERROR_INVALID_USAGE, "previous execute"))
     goto out;
-  /* the plan goes on: an execute (and, on NCCL without SYNC, a capture
-   * and a launch) of step 1 */
+  /* the plan goes on: an execute (and, without SYNC, a capture and a
+   * launch) of step 1 */
   reshard_selftest_fill(&f.s, f.src, 1);
-  if (!x->ipc && !x->sync) {
+  if (!x->sync) {
     if (capture(r, f.plan, &f.s, dst1, (size_t)f.d.nbuf, st, &gx)) goto out;
     if (cudaGraphLaunch(gx, st) || mock_stream_drain(st)) RFAIL(r, "launch");
   } else if (fixed_exec(r, &f, st)) {
@@ -354,10 +391,11 @@ out:
 
 static void capture_refusals(void **state) {
   (void)state;
-  refuse_ctx nccl = {0, 0}, ipc = {1, 0}, sync = {0, 1};
+  refuse_ctx nccl = {0, 0}, ipc = {1, 0}, sync = {0, 1}, ipc_sync = {1, 1};
   run_world(3, refuse_rank, &nccl, "NCCL: ");
   run_world(3, refuse_rank, &ipc, "CUDA IPC: ");
   run_world(3, refuse_rank, &sync, "RESHARD_FLAG_SYNC: ");
+  run_world(3, refuse_rank, &ipc_sync, "RESHARD_FLAG_SYNC over CUDA IPC: ");
 }
 
 /* A launch's deadline counts from when it starts, not from the capture:
@@ -367,7 +405,10 @@ static void capture_refusals(void **state) {
  * (rank 2 does not) fails at its own deadline, TIMEOUT in
  * reshard_plan_get_status, and nothing hangs. */
 typedef struct late_ctx {
+  int ipc;
   int reported; /* ranks that saw their launch fail */
+  int timeouts; /* ... with TIMEOUT (over CUDA IPC the first to give up
+                   aborts the other's wait: REMOTE there) */
   pthread_mutex_t mu;
 } late_ctx;
 
@@ -381,7 +422,7 @@ static void late_rank(g_rank *r) {
   g_fixed f;
   cudaGraphExec_t gx = NULL;
   const cudaStream_t st = caller_stream(r);
-  if (fixed_open(r, &f, 0, 0, 400) || fixed_exec(r, &f, st) ||
+  if (fixed_open(r, &f, x->ipc, 0, 400) || fixed_exec(r, &f, st) ||
       capture(r, f.plan, &f.s, (void *const *)f.d.ptr, (size_t)f.d.nbuf, st, &gx))
     goto out;
   nap_ms(1000);
@@ -402,9 +443,12 @@ static void late_rank(g_rank *r) {
     if (cudaGraphLaunch(gx, st)) RFAIL(r, "launch");
     reshard_plan_status_t sta = status_of(f.plan);
     for (int64_t t0 = ms_now(); !sta.failed && ms_now() - t0 < 5000; sta = status_of(f.plan)) nap_ms(2);
-    if (sta.failure != RESHARD_ERROR_TIMEOUT)
+    if (sta.failure != RESHARD_ERROR_TIMEOUT && !(x->ipc && sta.failure == RESHARD_ERROR_REMOTE))
       RFAIL(r, "the launch without its partner: %s (%s)", reshard_result_string(sta.failure), sta.failure_message);
     if (mock_stream_drain(st)) RFAIL(r, "the failed launch never ends");
+    pthread_mutex_lock(&x->mu);
+    x->timeouts += sta.failure == RESHARD_ERROR_TIMEOUT;
+    pthread_mutex_unlock(&x->mu);
   }
   pthread_mutex_lock(&x->mu);
   x->reported += r->rank != 2;
@@ -423,9 +467,12 @@ out:
 
 static void launch_without_partner_times_out(void **state) {
   (void)state;
-  late_ctx x = {0, PTHREAD_MUTEX_INITIALIZER};
-  run_world(3, late_rank, &x, "a partner that never launches: ");
-  assert_int_equal(x.reported, 2);
+  for (int ipc = 0; ipc < 2; ipc++) {
+    late_ctx x = {ipc, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+    run_world(3, late_rank, &x, ipc ? "a partner that never launches, CUDA IPC: " : "a partner that never launches: ");
+    assert_int_equal(x.reported, 2);
+    assert_true(x.timeouts >= 1);
+  }
 }
 
 /* A graph reads the buffer table and the staging pool as they were
@@ -443,7 +490,7 @@ static void kept_rank(g_rank *r) {
   memset(other, 0, sizeof other);
   cudaGraphExec_t gx[4] = {NULL, NULL, NULL, NULL};
   const cudaStream_t st = caller_stream(r);
-  if (fixed_open(r, &f, 0, 0, 5000) || fixed_exec(r, &f, st)) goto out;
+  if (fixed_open(r, &f, *(const int *)r->ctx, 0, 5000) || fixed_exec(r, &f, st)) goto out;
   reshard_selftest_t *const src = &f.s;
   const size_t nd = (size_t)f.d.nbuf;
   if (capture(r, f.plan, src, (void *const *)f.d.ptr, nd, st, &gx[0])) goto out;
@@ -498,7 +545,127 @@ out:
 
 static void launches_keep_their_buffers(void **state) {
   (void)state;
-  run_world(3, kept_rank, NULL, "kept buffers: ");
+  int nccl = 0, ipc = 1;
+  run_world(3, kept_rank, &nccl, "kept buffers: ");
+  run_world(3, kept_rank, &ipc, "kept buffers, CUDA IPC: ");
+}
+
+/* A launch queued behind other work on the caller's stream has not
+ * started: no deadline applies to it yet, though its plan's last execute's
+ * is long past. Another plan's execute whose kernels take 300 ms each
+ * holds the stream (the plan's timeout is 400 ms, its last execute 600 ms
+ * back); the status polled right after the launch is fine, and so is the
+ * data once the stream drained. */
+static void pending_rank(g_rank *r) {
+  g_fixed f;
+  reshard_plan_t *other = NULL;
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (fixed_open(r, &f, *(const int *)r->ctx, 0, 400) || fixed_exec(r, &f, st) ||
+      capture(r, f.plan, &f.s, (void *const *)f.d.ptr, (size_t)f.d.nbuf, st, &gx))
+    goto out;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 4096;
+  o.timeout_ms = 20000;
+  if (reshard_plan_create(f.c, f.src, f.dst, &o, &other)) {
+    RFAIL(r, "the other plan: %s", reshard_last_error());
+    goto out;
+  }
+  nap_ms(600);
+  M.kernel_ns = 300 * 1000000LL;
+  if (exec_on(other, &f.s, (void *const *)f.d.ptr, (size_t)f.d.nbuf, st))
+    RFAIL(r, "the other plan's execute: %s", reshard_last_error());
+  M.kernel_ns = 0;
+  reshard_selftest_fill(&f.s, f.src, 1);
+  if (cudaGraphLaunch(gx, st)) RFAIL(r, "launch");
+  reshard_plan_status_t sta = status_of(f.plan);
+  if (sta.failed) RFAIL(r, "a launch not started yet failed: %s", sta.failure_message);
+  if (mock_stream_drain(st)) RFAIL(r, "drain hung");
+  r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 1, "queued launch");
+  if (status_of(f.plan).failed) RFAIL(r, "status after the launch: %s", status_of(f.plan).failure_message);
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  reshard_plan_destroy(other);
+  fixed_close(&f);
+}
+
+static void queued_launch_not_late(void **state) {
+  (void)state;
+  int nccl = 0, ipc = 1;
+  run_world(3, pending_rank, &nccl, "queued launch: ");
+  run_world(3, pending_rank, &ipc, "queued launch, CUDA IPC: ");
+}
+
+/* reshard_plan_get_status polled from another thread of the rank (as a
+ * framework's watchdog would) while the rank's main thread captures, in
+ * global mode: reshard's queries do not invalidate the capture. (Only
+ * while a capture is open: a poll that races the GPU's copy of a verdict
+ * keeps nothing of it, agreement_verdict, but ThreadSanitizer sees the
+ * emulated copy and the read race all the same.) */
+typedef struct poller {
+  g_fixed *f;
+  int rank, n, stop, open, busy;
+  long polls;
+} poller;
+
+static void *poll_main(void *arg) {
+  poller *q = arg;
+  mock_reset(q->rank, q->n); /* this thread is of the rank's process */
+  M.log_off = 1;
+  while (!__atomic_load_n(&q->stop, __ATOMIC_ACQUIRE)) {
+    __atomic_store_n(&q->busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&q->open, __ATOMIC_SEQ_CST)) {
+      status_of(q->f->plan);
+      __atomic_fetch_add(&q->polls, 1, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&q->busy, 0, __ATOMIC_SEQ_CST);
+    nap_ms(1);
+  }
+  return NULL;
+}
+
+static void watched_rank(g_rank *r) {
+  g_fixed f;
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (fixed_open(r, &f, *(const int *)r->ctx, 0, 5000) || fixed_exec(r, &f, st)) {
+    fixed_close(&f);
+    return;
+  }
+  poller q = {&f, r->rank, r->n, 0, 0, 0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, poll_main, &q);
+  for (int k = 0; k < 5 && !r->failed; k++) {
+    if (gx) cudaGraphExecDestroy(gx);
+    gx = NULL;
+    /* the capture stays open a while, the poller at work */
+    cudaGraph_t g = NULL;
+    cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+    __atomic_store_n(&q.open, 1, __ATOMIC_SEQ_CST);
+    reshard_result_t e = exec_on(f.plan, &f.s, (void *const *)f.d.ptr, (size_t)f.d.nbuf, st);
+    nap_ms(20);
+    /* the poller is done before the capture ends */
+    __atomic_store_n(&q.open, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&q.busy, __ATOMIC_SEQ_CST)) nap_ms(1);
+    cudaError_t ce = cudaStreamEndCapture(st, &g);
+    if (e || ce || cudaGraphInstantiate(&gx, g, 0)) RFAIL(r, "capture %d: %s; %d", k, reshard_last_error(), (int)ce);
+    if (g) cudaGraphDestroy(g);
+    reshard_selftest_fill(&f.s, f.src, 1 + (uint64_t)k);
+    if (!r->failed && (cudaGraphLaunch(gx, st) || mock_stream_drain(st))) RFAIL(r, "launch %d", k);
+    r->wrong += reshard_selftest_check(&f.d, f.dst, r->rank, 1 + (uint64_t)k, "watched");
+  }
+  __atomic_store_n(&q.stop, 1, __ATOMIC_RELEASE);
+  pthread_join(th, NULL);
+  if (!__atomic_load_n(&q.polls, __ATOMIC_RELAXED)) RFAIL(r, "the poller never polled");
+  if (gx) cudaGraphExecDestroy(gx);
+  fixed_close(&f);
+}
+
+static void status_polled_during_capture(void **state) {
+  (void)state;
+  int nccl = 0, ipc = 1;
+  run_world(3, watched_rank, &nccl, "polled during capture: ");
+  run_world(3, watched_rank, &ipc, "polled during capture, CUDA IPC: ");
 }
 
 int main(void) {
@@ -507,6 +674,8 @@ int main(void) {
       cmocka_unit_test(launches_commit),
       cmocka_unit_test(launches_keep_their_buffers),
       cmocka_unit_test(launch_without_partner_times_out),
+      cmocka_unit_test(queued_launch_not_late),
+      cmocka_unit_test(status_polled_during_capture),
       cmocka_unit_test(launches_random_worlds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -38,7 +38,8 @@ set(RS_GPU_WRAPPED
   rs_cuda_commit_select rs_cuda_commit_flip rs_cuda_mem_range rs_cuda_verify_sums
   rs_cuda_verify_compare cudaMemsetAsync rs_cuda_quantize rs_cuda_agree_absorb
   cudaEventRecordWithFlags cudaLaunchHostFunc cudaStreamBeginCapture cudaStreamEndCapture
-  cudaStreamIsCapturing cudaGraphInstantiate cudaGraphLaunch cudaGraphExecDestroy cudaGraphDestroy)
+  cudaStreamIsCapturing cudaGraphInstantiate cudaGraphLaunch cudaGraphExecDestroy cudaGraphDestroy
+  cudaThreadExchangeStreamCaptureMode)
 # An executable over the emulated device (mock_device.c, every symbol of
 # RS_GPU_WRAPPED wrapped), with the random layouts of tests/support.
 function(rs_gpu_emulated_exe name src)
