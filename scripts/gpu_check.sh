@@ -129,6 +129,15 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "reshard_perf --backend ipc --verify" 150 env RESHARD_PERF_IPC_STAGED=1 mpirun -np 4 --oversubscribe \
       "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
       --infer tp=2 -c 1 -n 5 -w 2 --verify
+    # issue 17 item 6 on the GPU: each execute captured into a CUDA graph
+    # at its second call and launched from then on (RESHARD_PERF_GRAPH=1),
+    # registered, then staged with relays; every element checked
+    step "reshard_perf --backend ipc, CUDA graphs" 150 env RESHARD_PERF_GRAPH=1 mpirun -np 4 --oversubscribe \
+      "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
+      --infer tp=2 -c 1 -n 5 -w 2
+    step "reshard_perf --backend ipc, CUDA graphs, staged relays" 150 env RESHARD_PERF_GRAPH=1 \
+      RESHARD_PERF_IPC_STAGED=1 RESHARD_RELAY=1 mpirun -np 4 --oversubscribe "$BUILD/tools/reshard_perf" \
+      --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 --infer tp=1,dp=2 -c 1 -n 5 -w 2
     # issue 19 on the GPU: casts in the pack and unpack kernels (staged:
     # registered buffers refuse casts), every element checked against the
     # self-test's reference casts

@@ -23,6 +23,12 @@ struct perf_nccl {
   int nsrc, ndst;
   void **src, **dst; /* device buffers, NULL where the rank holds none */
   size_t *src_bytes, *dst_bytes;
+  /* RESHARD_PERF_GRAPH=1: after the first execute of a plan, its execute
+   * captured into a CUDA graph that later calls launch */
+  int graph;
+  const reshard_plan_t *graph_plan;
+  cudaGraphExec_t graph_exec;
+  int executed;
 };
 
 static int cuda_fail(char *err, size_t errlen, const char *what, cudaError_t e) {
@@ -64,6 +70,8 @@ int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *e
   if (!p) return cli_fail(err, errlen, "out of memory");
   p->device = lr % n;
   p->ipc = ipc;
+  const char *graph = getenv("RESHARD_PERF_GRAPH");
+  p->graph = graph && !strcmp(graph, "1");
   e = cudaSetDevice(p->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
@@ -78,6 +86,8 @@ int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *e
   *out = p;
   return 0;
 }
+
+int perf_nccl_graphs(const perf_nccl *p) { return p && p->graph; }
 
 int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen) {
   if (p->ipc) {
@@ -146,10 +156,47 @@ int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t 
   return copy_side(p->dst, dst->ptr, p->dst_bytes, p->ndst, 0, err, errlen);
 }
 
-int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
+void perf_nccl_drop_graph(perf_nccl *p) {
+  if (p && p->graph_exec) cudaGraphExecDestroy(p->graph_exec);
+  if (p) p->graph_exec = NULL, p->graph_plan = NULL;
+}
+
+/* The plan's execute captured into p->graph_exec (its first execute ran
+ * already: a capture needs the buffer table in place). */
+static int capture(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
+  perf_nccl_drop_graph(p);
+  cudaGraph_t g = NULL;
+  cudaError_t e = cudaStreamBeginCapture(p->stream, cudaStreamCaptureModeGlobal);
+  if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaStreamBeginCapture", e);
   reshard_result_t r =
       reshard_plan_execute(plan, p->src, (size_t)p->nsrc, p->dst, (size_t)p->ndst, (void *)p->stream);
-  if (r) return cli_fail(err, errlen, "reshard_plan_execute: %s: %s", reshard_result_string(r), reshard_last_error());
+  char why[512];
+  snprintf(why, sizeof why, "%s", reshard_last_error());
+  e = cudaStreamEndCapture(p->stream, &g);
+  if (r) {
+    if (g) cudaGraphDestroy(g);
+    return cli_fail(err, errlen, "captured reshard_plan_execute: %s: %s", reshard_result_string(r), why);
+  }
+  if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaStreamEndCapture", e);
+  e = cudaGraphInstantiate(&p->graph_exec, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaGraphInstantiate", e);
+  p->graph_plan = plan;
+  return 0;
+}
+
+int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen) {
+  if (p->graph && p->executed && p->graph_plan != plan && capture(p, plan, err, errlen)) return -1;
+  if (p->graph && p->graph_plan == plan) {
+    cudaError_t e = cudaGraphLaunch(p->graph_exec, p->stream);
+    if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaGraphLaunch", e);
+  } else {
+    reshard_result_t r =
+        reshard_plan_execute(plan, p->src, (size_t)p->nsrc, p->dst, (size_t)p->ndst, (void *)p->stream);
+    if (r)
+      return cli_fail(err, errlen, "reshard_plan_execute: %s: %s", reshard_result_string(r), reshard_last_error());
+    p->executed = 1;
+  }
   cudaError_t e = cudaStreamSynchronize(p->stream);
   if (e != cudaSuccess) return cuda_fail(err, errlen, "cudaStreamSynchronize", e);
   return 0;
@@ -157,6 +204,7 @@ int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errl
 
 void perf_nccl_close(perf_nccl *p) {
   if (!p) return;
+  perf_nccl_drop_graph(p);
   for (int b = 0; p->src && b < p->nsrc; b++) cudaFree(p->src[b]);
   for (int b = 0; p->dst && b < p->ndst; b++) cudaFree(p->dst[b]);
   free(p->src);

@@ -34,8 +34,16 @@ int perf_nccl_register(perf_nccl *p, reshard_plan_t *plan, char *err, size_t err
 /* Device -> host copy of the destination buffers. */
 int perf_nccl_download(perf_nccl *p, reshard_selftest_t *dst, char *err, size_t errlen);
 /* reshard_plan_execute on the device buffers and the stream, then
- * cudaStreamSynchronize (so that a timed call covers the whole reshard). */
+ * cudaStreamSynchronize (so that a timed call covers the whole reshard).
+ * With RESHARD_PERF_GRAPH=1 in the environment (perf_nccl_graphs), the
+ * first call executes, the next captures the execute into a CUDA graph
+ * (again whenever the plan changes), and every call from then on
+ * launches that graph instead. */
 int perf_nccl_execute(perf_nccl *p, reshard_plan_t *plan, char *err, size_t errlen);
+/* Whether calls launch CUDA graphs (RESHARD_PERF_GRAPH=1). */
+int perf_nccl_graphs(const perf_nccl *p);
+/* Destroys the graph of perf_nccl_execute (before its plan goes). */
+void perf_nccl_drop_graph(perf_nccl *p);
 /* Frees the device buffers and the stream (the communicator is the
  * caller's to destroy, before this). NULL is fine. */
 void perf_nccl_close(perf_nccl *p);

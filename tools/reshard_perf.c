@@ -47,7 +47,9 @@
  * reshard_comm_create_mpi(MPI_COMM_WORLD)): ranks of one node, several
  * per GPU allowed; the device buffers are registered
  * (reshard_plan_register_buffers: direct copies, no staging) unless
- * RESHARD_PERF_IPC_STAGED=1. The CUDA side lives in tools/perf_nccl.c.
+ * RESHARD_PERF_IPC_STAGED=1. RESHARD_PERF_GRAPH=1 (either device backend):
+ * a plan's execute is captured into a CUDA graph at its second call, and
+ * later calls launch the graph. The CUDA side lives in tools/perf_nccl.c.
  *
  * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
  * runs as one more method ("reshard+verify"), interleaved with the plain
@@ -1195,12 +1197,17 @@ int main(int argc, char **argv) {
   say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
        c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
   say0("# values: %s\n", values == RESHARD_SELFTEST_FINITE ? "finite (weight-like floats)" : "bits (every bit pattern)");
+  const char *how = "execute";
+#ifdef RESHARD_PERF_HAVE_NCCL
+  if (perf_nccl_graphs(c.dev))
+    how = "execute captured into a CUDA graph at the second call, then launched (RESHARD_PERF_GRAPH=1)";
+#endif
   if (nccl)
-    say0("# backend %s: device buffers%s, execute on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
+    say0("# backend %s: device buffers%s, %s on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
          c.o.backend != CLI_BACKEND_IPC ? ""
          : staged && !strcmp(staged, "1") ? " (staged: RESHARD_PERF_IPC_STAGED=1)"
                                           : " (registered: direct copies)",
-         devdesc);
+         how, devdesc);
   say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds in %lld phases, staging up to %.1f "
        "MiB/rank, %lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
        plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (long long)mx[3], (double)mx[1] / 1048576.0, (long long)sum[4],
@@ -1297,6 +1304,9 @@ int main(int argc, char **argv) {
   a2aw_free(ast);
   reshard_selftest_free(&c.s);
   reshard_selftest_free(&c.d);
+#ifdef RESHARD_PERF_HAVE_NCCL
+  perf_nccl_drop_graph(c.dev);
+#endif
   reshard_plan_destroy(rst.plan);
   reshard_plan_destroy(vst.plan);
   reshard_comm_destroy(comm);
