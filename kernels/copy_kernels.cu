@@ -54,9 +54,13 @@ __global__ void rs_commit_select_kernel(void *const *tab, uint32_t nsrc, uint32_
   rs_dev_commit_select(tab, nsrc, ndst, c, cur);
 }
 
-__global__ void rs_commit_flip_kernel(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+__global__ void rs_commit_vote_kernel(const rs_dev_agree *st, uint64_t version, uint64_t call, uint64_t *v) {
+  rs_dev_commit_vote(st, version, call, v);
+}
+
+__global__ void rs_commit_flip_kernel(const uint64_t *v, rs_dev_agree *st, uint64_t version, uint64_t call,
                                       rs_dev_commit *c) {
-  rs_dev_commit_flip(word, st, version, call, c);
+  rs_dev_commit_flip(v, st, version, call, c);
 }
 
 } // namespace
@@ -67,9 +71,15 @@ extern "C" int rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t n
   return (int)cudaGetLastError();
 }
 
-extern "C" int rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+extern "C" int rs_cuda_commit_vote(const rs_dev_agree *st, uint64_t version, uint64_t call, uint64_t *v,
+                                   void *stream) {
+  rs_commit_vote_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(st, version, call, v);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rs_cuda_commit_flip(const uint64_t *v, rs_dev_agree *st, uint64_t version, uint64_t call,
                                    rs_dev_commit *c, void *stream) {
-  rs_commit_flip_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(word, st, version, call, c);
+  rs_commit_flip_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(v, st, version, call, c);
   return (int)cudaGetLastError();
 }
 

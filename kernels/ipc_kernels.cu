@@ -91,8 +91,8 @@ __global__ void acked_kernel(rs_ipc_batch b, rs_ipc_wait w) {
   }
 }
 
-__global__ void max_kernel(const uint64_t *words, uint32_t n, uint64_t *out) {
-  rs_ipc_max(words, n, out);
+__global__ void max_kernel(const uint64_t *words, uint32_t n, uint32_t stride, uint32_t k, uint64_t *out) {
+  rs_ipc_max(words, n, stride, k, out);
 }
 
 } // namespace
@@ -119,7 +119,8 @@ extern "C" int rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *str
   return (int)cudaGetLastError();
 }
 
-extern "C" int rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, void *stream) {
-  max_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(words, n, out);
+extern "C" int rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint32_t stride, uint32_t k, uint64_t *out,
+                               void *stream) {
+  max_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(words, n, stride, k, out);
   return (int)cudaGetLastError();
 }

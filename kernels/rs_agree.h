@@ -98,6 +98,13 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * launches behind the aborted transfers write nothing. */
 #define RS_DEV_AGREE_POISONED 0xfffffffbu
 
+/* The double-buffer commit's vote found the ranks at different calls
+ * (rs_commit_outcome: a rank out of step that no partner's header
+ * caught, one without partners): got.call and got.version the largest
+ * call and version voted, got.digest and got.magic the smallest; want:
+ * this rank's header of the call. Nothing is committed. */
+#define RS_DEV_AGREE_APART 0xfffffffau
+
 RS_HD void rs_dev_agree_absorb(const rs_dev_agree *prior, const rs_dev_hdr *want, rs_dev_agree *st) {
   if (!st->ok || prior->ok) return;
   st->ok = 0;
@@ -116,13 +123,40 @@ RS_HD void rs_dev_agree_import(const uint64_t *word, const rs_dev_hdr *want, rs_
   st->got = *want;
 }
 
-/* RESHARD_FLAG_DOUBLE_BUFFER on the device: the commit record, in device
- * memory, and the two steps around an execute. select writes the table
- * every launch of the call reads (src pointers, then the inactive copy's
- * destination pointers: copy 0 before the first commit); flip makes the
- * inactive copy active, and the call's version the committed one, only
- * when the reduction of every rank's verdict (rs_dev_agree_export, max
- * over the communicator) is 0 and this rank's own gate is open. */
+/* RESHARD_FLAG_DOUBLE_BUFFER: the commit's vote, the one of both
+ * executors (the host's commit, src/exec/execute.c, and the device's
+ * flip below). Every rank's RS_COMMIT_WORDS words are max-reduced over
+ * the communicator: word 0 says whether some rank failed (its failure
+ * code; 0: none), the others whether every rank is at the same call and
+ * version (the max of each and of its complement give the largest and
+ * the smallest): a rank out of step that no partner's header caught (one
+ * without partners) makes the call commit nowhere. */
+#define RS_COMMIT_WORDS 5
+enum { RS_COMMIT_OK = 0, RS_COMMIT_FAILED = 1, RS_COMMIT_APART = 2 };
+
+RS_HD void rs_commit_vote(uint64_t failure, uint64_t version, uint64_t call, uint64_t *v) {
+  v[0] = failure;
+  v[1] = version;
+  v[2] = ~version;
+  v[3] = call;
+  v[4] = ~call;
+}
+
+/* The outcome of the reduced vote v for a rank at (version, call). */
+RS_HD int rs_commit_outcome(const uint64_t *v, uint64_t version, uint64_t call) {
+  if (v[0]) return RS_COMMIT_FAILED;
+  if (v[1] != version || ~v[2] != version || v[3] != call || ~v[4] != call) return RS_COMMIT_APART;
+  return RS_COMMIT_OK;
+}
+
+/* On the device: the commit record, in device memory, and the steps
+ * around an execute. select writes the table every launch of the call
+ * reads (src pointers, then the inactive copy's destination pointers:
+ * copy 0 before the first commit); vote writes this rank's vote (its
+ * gate closed: a failure); flip, after the reduction, makes the inactive
+ * copy active, and the call's version the committed one, only when the
+ * outcome is RS_COMMIT_OK and this rank's own gate is open (ranks apart
+ * close it: RS_DEV_AGREE_APART). */
 typedef struct rs_dev_commit {
   int32_t active; /* the copy holding the committed version; -1: none yet */
   uint32_t pad;
@@ -136,9 +170,22 @@ RS_HD void rs_dev_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, 
   for (uint32_t i = 0; i < ndst; i++) cur[nsrc + i] = tab[nsrc + inactive * ndst + i];
 }
 
-RS_HD void rs_dev_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+RS_HD void rs_dev_commit_vote(const rs_dev_agree *st, uint64_t version, uint64_t call, uint64_t *v) {
+  rs_commit_vote(st->ok ? 0 : 1, version, call, v);
+}
+
+RS_HD void rs_dev_commit_flip(const uint64_t *v, rs_dev_agree *st, uint64_t version, uint64_t call,
                               rs_dev_commit *c) {
-  if (*word || !st->ok) return;
+  const int outcome = rs_commit_outcome(v, version, call);
+  if (outcome == RS_COMMIT_APART && st->ok) {
+    st->bad_index = RS_DEV_AGREE_APART;
+    st->got.call = v[3];
+    st->got.version = v[1];
+    st->got.digest = ~v[4];
+    st->got.magic = ~v[2];
+    st->ok = 0;
+  }
+  if (outcome != RS_COMMIT_OK || !st->ok) return;
   c->active = c->active == 0 ? 1 : 0;
   c->version = version;
   c->call = call;

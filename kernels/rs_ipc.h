@@ -218,12 +218,16 @@ RS_HD void rs_ipc_ack(const rs_ipc_op *o) {
   rs_ipc_store(o->ack, o->seq);
 }
 
-/* The max of n words (the reduction of the agreement's verdict). */
-RS_HD void rs_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out) {
-  uint64_t m = *out;
-  for (uint32_t i = 0; i < n; i++)
-    if (words[i] > m) m = words[i];
-  *out = m;
+/* The max, word by word, of n vectors of k words (vector i at words[i *
+ * stride]) and out[0, k), into out (the reduction of the agreement's
+ * verdict, k = 1, and of the commit's vote). */
+RS_HD void rs_ipc_max(const uint64_t *words, uint32_t n, uint32_t stride, uint32_t k, uint64_t *out) {
+  for (uint32_t j = 0; j < k; j++) {
+    uint64_t m = out[j];
+    for (uint32_t i = 0; i < n; i++)
+      if (words[(uint64_t)i * stride + j] > m) m = words[(uint64_t)i * stride + j];
+    out[j] = m;
+  }
 }
 
 #endif

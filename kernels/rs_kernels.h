@@ -66,11 +66,13 @@ int rs_cuda_quantize(const rs_qbox *boxes, const uint64_t *bstart, uint32_t nbox
                      void *const *tab, const void *gather, void *codes, void *scales, void *stream);
 
 /* RESHARD_FLAG_DOUBLE_BUFFER (kernels/rs_agree.h): the call's table of
- * buffers, and the commit after the reduction of the verdicts. */
+ * buffers, this rank's vote (RS_COMMIT_WORDS words at v), and the commit
+ * after the reduction of the votes. */
 int rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst, const rs_dev_commit *c, void **cur,
                           void *stream);
-int rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
-                        rs_dev_commit *c, void *stream);
+int rs_cuda_commit_vote(const rs_dev_agree *st, uint64_t version, uint64_t call, uint64_t *v, void *stream);
+int rs_cuda_commit_flip(const uint64_t *v, rs_dev_agree *st, uint64_t version, uint64_t call, rs_dev_commit *c,
+                        void *stream);
 
 /* RESHARD_FLAG_VERIFY (kernels/rs_verify.h): adds to sums[desc -
  * desc_base] the box sums of tiles[0, ntiles) on one side of their
@@ -85,13 +87,14 @@ int rs_cuda_verify_compare(const uint64_t *mine, const uint64_t *theirs, uint32_
 /* The CUDA IPC transport's protocol (kernels/rs_ipc.h, ipc_kernels.cu),
  * each on `stream`: post the sends of b; pull its receives (each waits
  * for its message, then blocks_per_op blocks copy it); acknowledge the
- * receives that arrived; wait for the sends' acknowledgements; the max of
- * n words into *out (which counts as one of them). */
+ * receives that arrived; wait for the sends' acknowledgements; the max,
+ * word by word, of n vectors of k words (vector i at words[i * stride])
+ * into out[0, k) (which counts as one of them). */
 int rs_cuda_ipc_post(const rs_ipc_batch *b, rs_ipc_wait w, void *stream);
 int rs_cuda_ipc_pull(const rs_ipc_batch *b, rs_ipc_wait w, unsigned blocks_per_op, void *stream);
 int rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream);
 int rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *stream);
-int rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, void *stream);
+int rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint32_t stride, uint32_t k, uint64_t *out, void *stream);
 
 #ifdef __cplusplus
 }

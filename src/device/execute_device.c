@@ -91,7 +91,8 @@ typedef struct rs_dev {
   rs_dev_agree *d_agree, *h_agree;
   rs_dev_agree verdict; /* the latest consistent copy of *h_agree read */
   int gate_listed; /* d_agree is on the communicator's list (dev_comm.h) */
-  uint64_t *d_word; /* relay plans: the verdict, reduced over every rank */
+  uint64_t *d_word; /* relay plans: the verdict, reduced over every rank;
+                       double buffering: the commit's vote (RS_COMMIT_WORDS) */
   int global;       /* relay plan: every rank takes part (see rs_agree.h) */
   rs_p2p *hdr_p2p; /* 2 x npeers: receive then send per partner */
   cudaEvent_t ev_checked, ev_agreed;
@@ -441,7 +442,8 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
     CU(cudaMallocAsync((void **)&d->d_hdr_in, (np ? np : 1) * sizeof(rs_dev_hdr), d->s[S_PACK]),
        "cudaMallocAsync(agreement)");
     if (d->global || d->dbuf)
-      CU(cudaMallocAsync((void **)&d->d_word, sizeof(uint64_t), d->s[S_PACK]), "cudaMallocAsync(agreement)");
+      CU(cudaMallocAsync((void **)&d->d_word, RS_COMMIT_WORDS * sizeof(uint64_t), d->s[S_PACK]),
+         "cudaMallocAsync(agreement)");
     CU(cudaMallocAsync((void **)&d->d_agree, sizeof(rs_dev_agree), d->s[S_PACK]), "cudaMallocAsync(agreement)");
     /* closed by the communicator before it aborts (dev_comm.h) */
     RS_CHECK_GOTO(rs_dev_comm_gate_add(p->comm, d->d_agree), r, fail);
@@ -606,6 +608,13 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     "partly updated)", p->rank, (unsigned long long)a->want.call,
                     (unsigned long long)a->want.version, peer, what);
   }
+  if (a->bad_index == RS_DEV_AGREE_APART)
+    return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d (double-buffer commit): ranks are at different "
+                    "executes: this rank call %llu version %llu, others from call %llu version %llu up to call %llu "
+                    "version %llu; nothing committed, and no destination byte of a later call written", p->rank,
+                    (unsigned long long)a->want.call, (unsigned long long)a->want.version,
+                    (unsigned long long)a->got.digest, (unsigned long long)a->got.magic,
+                    (unsigned long long)a->got.call, (unsigned long long)a->got.version);
   if (a->bad_index == RS_DEV_AGREE_VERIFY) {
     /* the descriptor: a receive (its message names the peer) or a local copy */
     uint64_t desc = a->got.digest;
@@ -797,7 +806,7 @@ static reshard_result_t dev_agree(dev_call *c) {
   if (!d->global) return RESHARD_SUCCESS;
   e = rs_cuda_agree_export(d->d_agree, d->d_word, s);
   if (e) return rs_cuda_error(e, "agreement export launch", p->rank);
-  RS_CHECK(so->reduce_word(p->comm, d->d_word, s, c->deadline, d->d_agree));
+  RS_CHECK(so->reduce_words(p->comm, d->d_word, 1, s, c->deadline, d->d_agree));
   e = rs_cuda_agree_import(d->d_word, mine, d->d_agree, s);
   if (e) return rs_cuda_error(e, "agreement import launch", p->rank);
   return RESHARD_SUCCESS;
@@ -867,9 +876,9 @@ static reshard_result_t dev_check(dev_call *c) {
     if (e) return rs_cuda_error(e, "verify compare launch", p->rank);
   }
   if (d->dbuf) {
-    e = rs_cuda_agree_export(d->d_agree, d->d_word, s);
-    if (e) return rs_cuda_error(e, "commit export launch", p->rank);
-    RS_CHECK(so->reduce_word(p->comm, d->d_word, s, c->deadline, d->d_agree));
+    e = rs_cuda_commit_vote(d->d_agree, c->version, c->call, d->d_word, s);
+    if (e) return rs_cuda_error(e, "commit vote launch", p->rank);
+    RS_CHECK(so->reduce_words(p->comm, d->d_word, RS_COMMIT_WORDS, s, c->deadline, d->d_agree));
     e = rs_cuda_commit_flip(d->d_word, d->d_agree, c->version, c->call, d->d_commit, s);
     if (e) return rs_cuda_error(e, "commit launch", p->rank);
     cudaError_t ce = cudaMemcpyAsync(d->h_commit, d->d_commit, sizeof *d->h_commit, cudaMemcpyDeviceToHost, s);
@@ -1297,7 +1306,8 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
   if (!r) r = so->group(p->comm, ops, k, d->s[S_XFER], deadline, d->d_agree);
   /* relay plans: the verdict's reduction over every rank, once, so that
    * its connections are made here too */
-  if (!r && (d->global || d->dbuf)) r = so->reduce_word(p->comm, d->d_word, d->s[S_XFER], deadline, d->d_agree);
+  if (!r && (d->global || d->dbuf))
+    r = so->reduce_words(p->comm, d->d_word, d->dbuf ? RS_COMMIT_WORDS : 1, d->s[S_XFER], deadline, d->d_agree);
   if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
   if (!r) r = so->drain(p->comm);
   /* a transport whose waits give up on the device (CUDA IPC) closed the

@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "exec/exec_state.h"
 #include "exec/schedule.h"
+#include "kernels/rs_agree.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
 #include "transport/stream.h"
@@ -358,8 +359,9 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t v[5] = {(uint64_t)r, version, ~version, call, ~call};
-  reshard_result_t rr = p->comm->ops->allreduce_max_u64(p->comm, v, 5, late);
+  uint64_t v[RS_COMMIT_WORDS]; /* (the vote of both executors: kernels/rs_agree.h) */
+  rs_commit_vote((uint64_t)r, version, call, v);
+  reshard_result_t rr = p->comm->ops->allreduce_max_u64(p->comm, v, RS_COMMIT_WORDS, late);
   if (r != RESHARD_SUCCESS) {
     rs_error(r, "%s", msg); /* this rank's own failure is the story */
     return r;
@@ -368,14 +370,15 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
     rs_error_prefix("execute rank %d (double-buffer commit): ", p->rank);
     return rr;
   }
-  if (v[0])
+  const int outcome = rs_commit_outcome(v, version, call);
+  if (outcome == RS_COMMIT_FAILED)
     return rs_error(RESHARD_ERROR_REMOTE,
                     "execute rank %d: another rank failed execute call %llu with '%s'; nothing committed, copy %d "
                     "still holds version %llu",
                     p->rank, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]),
                     __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE),
                     (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
-  if (v[1] != version || ~v[2] != version || v[3] != call || ~v[4] != call)
+  if (outcome == RS_COMMIT_APART)
     return rs_error(RESHARD_ERROR_MISMATCH,
                     "execute rank %d (double-buffer commit): ranks are at different executes: this rank call %llu "
                     "version %llu, others up to call %llu version %llu, from call %llu version %llu",

@@ -72,13 +72,13 @@ typedef struct rs_ipc {
    * a launch of a CUDA graph numbers its messages after everything
    * before it */
   uint64_t *d_count;
-  uint64_t *d_words;      /* reduce_word: every rank's word (device) */
+  uint64_t *d_words;      /* reduce_words: every rank's words (device) */
   uint64_t *h_abort;      /* pinned: the poison value */
   cudaStream_t ctl;       /* poisoning copies */
   uint32_t *count;        /* group: messages per peer (scratch) */
   rs_ipc_op *ops;         /* group: its sends, then its receives (scratch, grown) */
   size_t ops_cap;
-  rs_p2p *red;            /* reduce_word's group: 2 per other rank */
+  rs_p2p *red;            /* reduce_words' group: 2 per other rank */
   region *regions;        /* registered peers' allocations mapped here */
   void **deferred;        /* pools freed at destroy (see ipc_pool_free) */
   size_t ndeferred;
@@ -246,22 +246,26 @@ static reshard_result_t ipc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
   return r;
 }
 
-/* Every rank's word to every other, then their max: the agreement's
- * verdict in relay plans (8-byte messages travel in the mailboxes). */
-static reshard_result_t ipc_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline,
-                                        void *gate) {
+/* Every rank's words to every other, then their max: the agreement's
+ * verdict in relay plans and the commit's vote (messages of at most 40
+ * bytes travel in the mailboxes). Rank r's words land at d_words + r *
+ * RS_COMMIT_WORDS; this rank's own slot stays 0. */
+static reshard_result_t ipc_reduce_words(reshard_comm_t *c, uint64_t *words, uint32_t nw, void *stream,
+                                         int64_t deadline, void *gate) {
   rs_ipc *x = c->impl;
   if (c->size == 1) return RESHARD_SUCCESS;
+  if (nw < 1 || nw > RS_COMMIT_WORDS)
+    return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a reduction of %u words", c->rank, nw);
   rs_p2p *ops = x->red;
   size_t k = 0;
   for (int r = 0; r < c->size; r++) {
     if (r == c->rank) continue;
-    ops[k++] = (rs_p2p){r, 0, word, 8};
-    ops[k++] = (rs_p2p){r, 1, x->d_words + r, 8};
+    ops[k++] = (rs_p2p){r, 0, words, 8 * (uint64_t)nw};
+    ops[k++] = (rs_p2p){r, 1, x->d_words + (size_t)r * RS_COMMIT_WORDS, 8 * (uint64_t)nw};
   }
   reshard_result_t res = ipc_group(c, ops, k, stream, deadline, gate);
   if (res) return res;
-  int e = rs_cuda_ipc_max(x->d_words, x->n, word, stream);
+  int e = rs_cuda_ipc_max(x->d_words, x->n, RS_COMMIT_WORDS, nw, words, stream);
   if (e) return rs_cuda_error(e, "CUDA IPC reduction launch", c->rank);
   return RESHARD_SUCCESS;
 }
@@ -674,7 +678,7 @@ static const rs_stream_ops rs_ipc_stream_ops = {
     .prepare_local = rs_device_prepare_local,
     .prepare_peers = ipc_prepare_peers,
     .group = ipc_group,
-    .reduce_word = ipc_reduce_word,
+    .reduce_words = ipc_reduce_words,
     .staging_acquire = rs_dev_comm_staging_acquire,
     .staging_release = rs_dev_comm_staging_release,
     .begin = rs_dev_comm_begin,
@@ -715,8 +719,8 @@ static reshard_result_t setup(reshard_comm_t *c, rs_ipc *x) {
   uint64_t wb = rs_ipc_window_bytes(x->n);
   cudaError_t ce = cudaMalloc((void **)&x->win, wb);
   if (!ce) ce = cudaMemset(x->win, 0, wb);
-  if (!ce) ce = cudaMalloc((void **)&x->d_words, 8 * (size_t)x->n);
-  if (!ce) ce = cudaMemset(x->d_words, 0, 8 * (size_t)x->n);
+  if (!ce) ce = cudaMalloc((void **)&x->d_words, 8 * RS_COMMIT_WORDS * (size_t)x->n);
+  if (!ce) ce = cudaMemset(x->d_words, 0, 8 * RS_COMMIT_WORDS * (size_t)x->n);
   if (!ce) ce = cudaMalloc((void **)&x->d_count, 16 * (size_t)x->n);
   if (!ce) ce = cudaMemset(x->d_count, 0, 16 * (size_t)x->n);
   if (!ce) ce = cudaMallocHost((void **)&x->h_abort, 8);

@@ -228,11 +228,11 @@ static reshard_result_t nccl_group(reshard_comm_t *c, const rs_p2p *ops, size_t 
   return RESHARD_SUCCESS;
 }
 
-static reshard_result_t nccl_reduce_word(reshard_comm_t *c, uint64_t *word, void *stream, int64_t deadline,
-                                         void *gate) {
+static reshard_result_t nccl_reduce_words(reshard_comm_t *c, uint64_t *words, uint32_t nw, void *stream,
+                                          int64_t deadline, void *gate) {
   rs_nccl *n = c->impl;
   (void)gate;
-  ncclResult_t e = ncclAllReduce(word, word, 1, ncclUint64, ncclMax, n->comm, (cudaStream_t)stream);
+  ncclResult_t e = ncclAllReduce(words, words, nw, ncclUint64, ncclMax, n->comm, (cudaStream_t)stream);
   if (e == ncclInProgress) return wait_in_progress(c, "ncclAllReduce(agreement verdict)", deadline);
   if (e != ncclSuccess) return nccl_fail(e, "ncclAllReduce(agreement verdict)", c->rank, n);
   return RESHARD_SUCCESS;
@@ -418,7 +418,7 @@ static const rs_stream_ops rs_nccl_stream_ops = {
     .prepare_local = rs_device_prepare_local,
     .prepare_peers = rs_device_prepare_peers,
     .group = nccl_group,
-    .reduce_word = nccl_reduce_word,
+    .reduce_words = nccl_reduce_words,
     .staging_acquire = rs_dev_comm_staging_acquire,
     .staging_release = rs_dev_comm_staging_release,
     .begin = rs_dev_comm_begin,

@@ -54,12 +54,13 @@ struct rs_stream_ops {
    * wait on the GPU, never a host wait or an abort. */
   reshard_result_t (*prepare_local)(reshard_plan_t *plan);
   reshard_result_t (*prepare_peers)(reshard_plan_t *plan);
-  /* Enqueues a max-reduction of one word (device memory) over the whole
-   * communicator on `stream` (the global agreement of relay plans); the
+  /* Enqueues a max-reduction, word by word, of n words (device memory, at
+   * most RS_COMMIT_WORDS) over the whole communicator on `stream` (the
+   * global agreement of relay plans, one word; the commit's vote); the
    * enqueue's wait ends at deadline_ns like group's, and gate is group's. */
-  reshard_result_t (*reduce_word)(reshard_comm_t *comm, uint64_t *word,
-                                  void *stream, int64_t deadline_ns,
-                                  void *gate);
+  reshard_result_t (*reduce_words)(reshard_comm_t *comm, uint64_t *words,
+                                   uint32_t n, void *stream,
+                                   int64_t deadline_ns, void *gate);
   /* Enqueues one group of transfers (all of one round) on `stream`. A
    * nonblocking communicator may need to finish enqueueing: that wait ends
    * at deadline_ns (then reshard's communicator is aborted: TIMEOUT).

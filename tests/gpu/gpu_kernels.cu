@@ -246,20 +246,20 @@ static int run_agreement(void) {
 }
 
 /* The double-buffer commit (kernels/rs_agree.h): select picks copy 0
- * before any commit, flip commits only with a zero word and an open gate,
- * and select then picks the other copy. */
+ * before any commit, flip commits only on a vote without failure or
+ * ranks apart and an open gate, and select then picks the other copy. */
 static int run_commit(void) {
   int bad = 0;
   void *h_tab[5] = {(void *)0x10, (void *)0x20, (void *)0x30, (void *)0x40, (void *)0x50}; /* src, 2 x 2 dst */
   void **tab, **cur, *h_cur[3];
   rs_dev_commit *c, hc;
   rs_dev_agree *st, hst;
-  uint64_t *word, zero = 0, one = 1;
+  uint64_t *word, vote[RS_COMMIT_WORDS];
   CK(cudaMalloc((void **)&tab, sizeof h_tab));
   CK(cudaMalloc((void **)&cur, sizeof h_cur));
   CK(cudaMalloc((void **)&c, sizeof hc));
   CK(cudaMalloc((void **)&st, sizeof hst));
-  CK(cudaMalloc((void **)&word, 8));
+  CK(cudaMalloc((void **)&word, sizeof vote));
   memset(&hc, 0, sizeof hc);
   hc.active = -1;
   memset(&hst, 0, sizeof hst);
@@ -275,7 +275,8 @@ static int run_commit(void) {
       printf("commit step %d: select picked the wrong copy\n", step);
       bad++;
     }
-    CK(cudaMemcpy(word, step == 1 ? &one : &zero, 8, cudaMemcpyHostToDevice));
+    rs_commit_vote(step == 1 ? 1 : 0, 100 + (uint64_t)step, (uint64_t)step, vote); /* step 1: a rank failed */
+    CK(cudaMemcpy(word, vote, sizeof vote, cudaMemcpyHostToDevice));
     CK((cudaError_t)rs_cuda_commit_flip(word, st, 100 + step, step, c, 0));
     CK(cudaMemcpy(&hc, c, sizeof hc, cudaMemcpyDeviceToHost));
     int want_active = 0; /* step 0 commits copy 0; step 1 (a rank failed) keeps it; step 2 commits copy 1 */

@@ -28,7 +28,7 @@ typedef struct mevent mevent;
 enum {
   D_WAIT, D_KERNEL, D_MEMCPY, D_GROUP, D_ALLRED, D_FREE, D_STAMP, D_CHECK, D_EXPORT, D_IMPORT,
   D_IPC_POST, D_IPC_PULL, D_IPC_ACK, D_IPC_ACKED, D_IPC_MAX, D_SELECT, D_FLIP, D_SUMS, D_COMPARE, D_MEMSET,
-  D_QUANT, D_ABSORB, D_HOSTFN
+  D_QUANT, D_ABSORB, D_HOSTFN, D_VOTE
 };
 
 typedef struct dp2p {
@@ -639,7 +639,7 @@ static int step(mstream *s) {
     free(o->at);
     break;
   case D_IPC_MAX:
-    rs_ipc_max(o->src, (uint32_t)o->n, o->dst);
+    rs_ipc_max(o->src, (uint32_t)o->n, o->nsrc, o->ndst, o->dst);
     break;
   case D_SUMS:
 
@@ -667,6 +667,9 @@ static int step(mstream *s) {
     break;
   case D_SELECT:
     rs_dev_commit_select(o->src, o->nsrc, o->ndst, o->commit, o->dst);
+    break;
+  case D_VOTE:
+    rs_dev_commit_vote(o->st, o->version, o->call, o->dst);
     break;
   case D_FLIP:
     rs_dev_commit_flip(o->src, o->st, o->version, o->call, o->commit);
@@ -1285,12 +1288,23 @@ int __wrap_rs_cuda_commit_select(void *const *tab, uint32_t nsrc, uint32_t ndst,
   UNLOCK();
   return 0;
 }
-int __wrap_rs_cuda_commit_flip(const uint64_t *word, const rs_dev_agree *st, uint64_t version, uint64_t call,
+int __wrap_rs_cuda_commit_vote(const rs_dev_agree *st, uint64_t version, uint64_t call, uint64_t *v, void *stream) {
+  LOCK();
+  dop *o = push(stream_of(stream), D_VOTE);
+  o->st = (rs_dev_agree *)st;
+  o->version = version, o->call = call;
+  o->dst = v;
+  progress();
+  UNLOCK();
+  return 0;
+}
+
+int __wrap_rs_cuda_commit_flip(const uint64_t *v, rs_dev_agree *st, uint64_t version, uint64_t call,
                                rs_dev_commit *c, void *stream) {
   LOCK();
   dop *o = push(stream_of(stream), D_FLIP);
-  o->src = word;
-  o->st = (rs_dev_agree *)st;
+  o->src = v;
+  o->st = st;
   o->version = version, o->call = call;
   o->commit = c;
   progress();
@@ -1405,11 +1419,13 @@ int __wrap_rs_cuda_ipc_ack(const rs_ipc_batch *b, void *stream) { return ipc_lau
 int __wrap_rs_cuda_ipc_acked(const rs_ipc_batch *b, rs_ipc_wait w, void *stream) {
   return ipc_launch(D_IPC_ACKED, b, &w, stream);
 }
-int __wrap_rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint64_t *out, void *stream) {
+int __wrap_rs_cuda_ipc_max(const uint64_t *words, uint32_t n, uint32_t stride, uint32_t k, uint64_t *out,
+                           void *stream) {
   LOCK();
   dop *o = push(stream_of(stream), D_IPC_MAX);
   o->src = words;
   o->n = n;
+  o->nsrc = stride, o->ndst = k; /* (the dop's spare words) */
   o->dst = out;
   progress();
   UNLOCK();

@@ -747,6 +747,85 @@ static void double_buffer_on_device(void **state) {
   run_world(3, dbuf_rank, &nccl);
 }
 
+/* The commit's vote (kernels/rs_agree.h, the host's too) carries each
+ * rank's call and version: a rank out of step that no partner's header
+ * can catch (rank 2 copies only locally, its data its own) makes the
+ * call commit nowhere. Ranks 0 and 1 exchange a tensor, rank 2 holds
+ * another on both sides; at step 1 rank 2 passes version 7, the others
+ * 2: every rank reports MISMATCH ("different executes" where the vote
+ * found it), the active copy keeps step 0 byte for byte and the
+ * committed version stays 1. Before, rank 2 flipped alone. */
+static void apart_rank(ipc_rank *r) {
+  int nccl = *(const int *)r->ctx;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, nccl, &host))) return;
+  reshard_layout_t *src, *dst;
+  assert_int_equal(reshard_layout_create(&src), 0);
+  assert_int_equal(reshard_layout_create(&dst), 0);
+  int64_t sw[2] = {16, 32}, su[1] = {40};
+  int tw, tu, m01, m2, b, n2[1] = {2}, one[1] = {1};
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L = side ? dst : src;
+    assert_int_equal(reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sw, &tw), 0);
+    assert_int_equal(reshard_layout_add_tensor(L, "u", RESHARD_BF16, 1, su, &tu), 0);
+    assert_int_equal(reshard_layout_add_mesh(L, 1, n2, side ? (int[]){1, 0} : (int[]){0, 1}, &m01), 0);
+    assert_int_equal(reshard_layout_add_mesh(L, 1, one, (int[]){2}, &m2), 0);
+    reshard_placement_t ps[1] = {reshard_shard(side)}, rep[1] = {reshard_replicate()};
+    assert_int_equal(reshard_layout_place(L, tw, m01, ps, &b), 0);
+    assert_int_equal(reshard_layout_place(L, tu, m2, rep, &b), 0);
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 4096;
+  o.timeout_ms = 3000;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d[2] = {{0}, {0}};
+  void *bufs[16];
+  if (reshard_plan_create(c, src, dst, &o, &plan) || reshard_selftest_alloc(&d[0], dst, r->rank, -1) ||
+      reshard_selftest_alloc(&d[1], dst, r->rank, -1) || d[0].nbuf > 8) {
+    RFAIL(r, "setup: %s", reshard_last_error());
+    goto out;
+  }
+  if (r->rank == 2 && plan->npeers) RFAIL(r, "rank 2 has partners: the test needs none");
+  for (int b2 = 0; b2 < d[0].nbuf; b2++) bufs[b2] = d[0].ptr[b2], bufs[d[0].nbuf + b2] = d[1].ptr[b2];
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    reshard_selftest_free(&s);
+    if (reshard_selftest_alloc(&s, src, r->rank, step)) {
+      RFAIL(r, "selftest alloc");
+      break;
+    }
+    uint64_t version = step == 1 && r->rank == 2 ? 7 : (uint64_t)step + 1;
+    if (reshard_plan_execute_version(plan, version, (void *const *)s.ptr, (size_t)s.nbuf, bufs,
+                                     2 * (size_t)d[0].nbuf, NULL) ||
+        mock_stream_drain(NULL))
+      RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
+  }
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(plan, &st);
+  if (!r->failed && (!st.failed || st.failure != RESHARD_ERROR_MISMATCH || st.committed_version != 1 ||
+                     st.active_copy != 0))
+    RFAIL(r, "a rank out of step at the commit: failed %d (%s: %s), committed version %llu, active copy %d", st.failed,
+          reshard_result_string(st.failure), st.failure_message, (unsigned long long)st.committed_version,
+          st.active_copy);
+  r->wrong += reshard_selftest_check(&d[0], dst, r->rank, 0, "apart: the active copy");
+out:
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d[0]);
+  reshard_selftest_free(&d[1]);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static void commit_vote_catches_ranks_apart(void **state) {
+  (void)state;
+  int ipc = 0, nccl = 1;
+  run_world(3, apart_rank, &ipc);
+  run_world(3, apart_rank, &nccl);
+}
+
 /* Bad arguments: no host communicator, a device communicator as host. */
 /* ------------------------------------------------------------ fp8 blocks */
 
@@ -1013,6 +1092,7 @@ int main(void) {
       cmocka_unit_test(poison_reaches_partners),
       cmocka_unit_test(version_mismatch_writes_nothing),
       cmocka_unit_test(double_buffer_on_device),
+      cmocka_unit_test(commit_vote_catches_ranks_apart),
       cmocka_unit_test(random_worlds),
       cmocka_unit_test(registered_buffers_go_direct),
       cmocka_unit_test(registered_plan_refuses_other_buffers),
