@@ -73,8 +73,10 @@
  * enqueued, the capture left valid and the plan usable: a plan's first
  * execute (capture after one execute with the same buffers: a graph reads
  * the buffer table as it stands; INVALID_USAGE, as for other buffers),
- * RESHARD_FLAG_SYNC (INVALID_USAGE) and quantizing plans (UNSUPPORTED,
- * untested); an uncaptured execute of a plan while an execute of it is
+ * and RESHARD_FLAG_SYNC (INVALID_USAGE). Quantizing plans are captured
+ * whole (the plan gathering split blocks, the quantize kernel and the
+ * sync; a refusal of the sync's capture may come after the gathering's
+ * was captured: discard that capture). An uncaptured execute of a plan while an execute of it is
  * being captured on another stream is refused (INVALID_USAGE) and fails
  * the plan. An execute that fails inside a capture leaves part of the
  * call in it: discard that capture. What a launch repeats is the

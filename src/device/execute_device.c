@@ -1164,9 +1164,6 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: RESHARD_FLAG_SYNC waits on the host for the call's "
                  "result, which a CUDA graph capture does not run; capture plans without it and read "
                  "reshard_plan_get_status after a launch", p->rank);
-  else if (captured && p->quant)
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "execute rank %d: a plan that quantizes to fp8 blocks cannot be "
-                 "captured into a CUDA graph yet (untested); execute it without capturing", p->rank);
   else if (captured && table_changed(p, d, src, nsrc, dst, ndst))
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: a captured execute must use the buffers of the "
                  "plan's previous execute (a CUDA graph reads the buffer table as it stands; capture after one "

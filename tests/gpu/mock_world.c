@@ -56,3 +56,62 @@ void mw_layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, r
     abort();
   }
 }
+
+/* A layout call that cannot fail here (the pair's own bug if it does). */
+#define MW_OK(call)                                                     \
+  do {                                                                  \
+    if ((call) != RESHARD_SUCCESS) {                                    \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
+              reshard_last_error());                                    \
+      abort();                                                          \
+    }                                                                   \
+  } while (0)
+
+void mw_quant_pair(uint64_t seed, int n, reshard_layout_t **src, reshard_layout_t **dst) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+#define QR(k) (int64_t)(((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (uint64_t)(k))
+  MW_OK(reshard_layout_create(src));
+  MW_OK(reshard_layout_create(dst));
+  static const reshard_dtype_t dts[3] = {RESHARD_BF16, RESHARD_FP16, RESHARD_FP32};
+  int ns = 1 + (int)QR(n), nd = 1 + (int)QR(n), sr[MAXR], dr[MAXR];
+  for (int i = 0; i < ns; i++) sr[i] = i;
+  for (int i = 0; i < nd; i++) dr[i] = n - nd + i; /* overlapping: colocated */
+  int msrc, mdst, t, b, s, mesh1;
+  int one[1] = {0};
+  MW_OK(reshard_layout_add_mesh(*src, 1, &ns, sr, &msrc));
+  MW_OK(reshard_layout_add_mesh(*dst, 1, &nd, dr, &mdst));
+  MW_OK(reshard_layout_add_mesh(*dst, 1, (int[]){1}, one, &mesh1));
+  for (int q = 0; q < 2; q++) {
+    char name[32];
+    snprintf(name, sizeof name, "layers.%d.weight", q);
+    int nd_t = QR(3) ? 2 : 3;
+    int64_t shape[3], blk[2] = {1 + (int64_t)QR(12), 1 + (int64_t)QR(12)};
+    for (int d = 0; d < nd_t; d++) shape[d] = d < nd_t - 2 ? 1 + (int64_t)QR(3) : 1 + (int64_t)QR(40);
+    MW_OK(reshard_layout_add_tensor(*src, name, dts[QR(3)], nd_t, shape, &t));
+    int sdim = nd_t - 2 + (int)QR(2);
+    int64_t sizes[MAXR], left = shape[sdim];
+    for (int i = 0; i < ns; i++) {
+      sizes[i] = i == ns - 1 ? left : QR(left + 1);
+      left -= sizes[i];
+    }
+    reshard_placement_t ps[1] = {reshard_shard_sizes(sdim, sizes)};
+    MW_OK(reshard_layout_place(*src, t, msrc, ps, &b));
+    MW_OK(reshard_layout_add_tensor_blocked(*dst, name, RESHARD_FP8_E4M3, nd_t, shape, blk, &t));
+    int64_t bb[2];
+    MW_OK(reshard_layout_tensor_block(*dst, t, bb, &s));
+    int kind = (int)QR(3), ddim = nd_t - 2 + (int)QR(2);
+    reshard_placement_t pd[1] = {kind ? reshard_shard(ddim) : reshard_replicate()};
+    MW_OK(reshard_layout_place(*dst, t, mdst, pd, &b));
+    reshard_placement_t one_p[1] = {reshard_replicate()};
+    if (QR(2)) MW_OK(reshard_layout_place(*dst, s, mdst, pd, &b));
+    else MW_OK(reshard_layout_place(*dst, s, mesh1, one_p, &b));
+  }
+  int64_t nshape[1] = {1 + (int64_t)QR(50)};
+  reshard_placement_t rows[1] = {reshard_shard(0)};
+  MW_OK(reshard_layout_add_tensor(*src, "norm.weight", RESHARD_BF16, 1, nshape, &t));
+  MW_OK(reshard_layout_place(*src, t, msrc, rows, &b));
+  MW_OK(reshard_layout_add_tensor(*dst, "norm.weight", RESHARD_BF16, 1, nshape, &t));
+  MW_OK(reshard_layout_place(*dst, t, mdst, rows, &b));
+#undef QR
+}
+

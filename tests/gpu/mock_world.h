@@ -52,4 +52,11 @@ mw_outcome mw_run(int n, int64_t hang_ms, mw_fn fn, void *ctx, mw_rank *r);
  * reverse on the destination (every rank sends to every other). */
 void mw_layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, reshard_layout_t **dst);
 
+/* A random pair on n ranks for block quantization (seeded): two weights
+ * (2-D, or stacked 3-D) quantized to fp8e4m3 in random blocks, split
+ * unevenly on the source (blocks span source ranks) and randomly on the
+ * destination (scales split like their weight, or replicated), and a
+ * bf16 tensor that is not quantized. */
+void mw_quant_pair(uint64_t seed, int n, reshard_layout_t **src, reshard_layout_t **dst);
+
 #endif

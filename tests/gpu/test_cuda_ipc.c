@@ -846,58 +846,6 @@ typedef struct quant_ctx {
   int registered; /* IPC: reshard_plan_register_buffers, direct copies */
 } quant_ctx;
 
-/* A random pair on n ranks: two quantized weights (2-D, or stacked 3-D)
- * with random blocks, split unevenly on the source (blocks span source
- * ranks) and randomly on the destination (scales split like their
- * weight, or replicated), and a bf16 tensor that is not quantized. */
-static void quant_pair(uint64_t seed, int n, reshard_layout_t **src, reshard_layout_t **dst) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
-#define QR(k) (int64_t)(((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (uint64_t)(k))
-  assert_int_equal(reshard_layout_create(src), 0);
-  assert_int_equal(reshard_layout_create(dst), 0);
-  static const reshard_dtype_t dts[3] = {RESHARD_BF16, RESHARD_FP16, RESHARD_FP32};
-  int ns = 1 + (int)QR(n), nd = 1 + (int)QR(n), sr[MAXR], dr[MAXR];
-  for (int i = 0; i < ns; i++) sr[i] = i;
-  for (int i = 0; i < nd; i++) dr[i] = n - nd + i; /* overlapping: colocated */
-  int msrc, mdst, t, b, s, mesh1;
-  int one[1] = {0};
-  assert_int_equal(reshard_layout_add_mesh(*src, 1, &ns, sr, &msrc), 0);
-  assert_int_equal(reshard_layout_add_mesh(*dst, 1, &nd, dr, &mdst), 0);
-  assert_int_equal(reshard_layout_add_mesh(*dst, 1, (int[]){1}, one, &mesh1), 0);
-  for (int q = 0; q < 2; q++) {
-    char name[32];
-    snprintf(name, sizeof name, "layers.%d.weight", q);
-    int nd_t = QR(3) ? 2 : 3;
-    int64_t shape[3], blk[2] = {1 + (int64_t)QR(12), 1 + (int64_t)QR(12)};
-    for (int d = 0; d < nd_t; d++) shape[d] = d < nd_t - 2 ? 1 + (int64_t)QR(3) : 1 + (int64_t)QR(40);
-    assert_int_equal(reshard_layout_add_tensor(*src, name, dts[QR(3)], nd_t, shape, &t), 0);
-    int sdim = nd_t - 2 + (int)QR(2);
-    int64_t sizes[MAXR], left = shape[sdim];
-    for (int i = 0; i < ns; i++) {
-      sizes[i] = i == ns - 1 ? left : QR(left + 1);
-      left -= sizes[i];
-    }
-    reshard_placement_t ps[1] = {reshard_shard_sizes(sdim, sizes)};
-    assert_int_equal(reshard_layout_place(*src, t, msrc, ps, &b), 0);
-    assert_int_equal(reshard_layout_add_tensor_blocked(*dst, name, RESHARD_FP8_E4M3, nd_t, shape, blk, &t), 0);
-    int64_t bb[2];
-    assert_int_equal(reshard_layout_tensor_block(*dst, t, bb, &s), 0);
-    int kind = (int)QR(3), ddim = nd_t - 2 + (int)QR(2);
-    reshard_placement_t pd[1] = {kind ? reshard_shard(ddim) : reshard_replicate()};
-    assert_int_equal(reshard_layout_place(*dst, t, mdst, pd, &b), 0);
-    reshard_placement_t one_p[1] = {reshard_replicate()};
-    if (QR(2)) assert_int_equal(reshard_layout_place(*dst, s, mdst, pd, &b), 0);
-    else assert_int_equal(reshard_layout_place(*dst, s, mesh1, one_p, &b), 0);
-  }
-  int64_t nshape[1] = {1 + (int64_t)QR(50)};
-  reshard_placement_t rows[1] = {reshard_shard(0)};
-  assert_int_equal(reshard_layout_add_tensor(*src, "norm.weight", RESHARD_BF16, 1, nshape, &t), 0);
-  assert_int_equal(reshard_layout_place(*src, t, msrc, rows, &b), 0);
-  assert_int_equal(reshard_layout_add_tensor(*dst, "norm.weight", RESHARD_BF16, 1, nshape, &t), 0);
-  assert_int_equal(reshard_layout_place(*dst, t, mdst, rows, &b), 0);
-#undef QR
-}
-
 static void quant_rank(ipc_rank *r) {
   const quant_ctx *x = r->ctx;
   reshard_comm_t *host = NULL, *c = NULL;
@@ -1017,7 +965,7 @@ static void quant_worlds(void **state) {
     /* IPC worlds alternate staged and registered */
     quant_ctx x = {NULL, NULL, it % 2, it % 3 == 0 ? 4096 : (size_t)1 << 20, 0, 0, 0, it % 4 == 2};
     int n = 2 + (int)(seed % 4);
-    quant_pair(seed, n, &x.src, &x.dst);
+    mw_quant_pair(seed, n, &x.src, &x.dst);
     if (getenv("RS_QUANT_VERBOSE"))
       print_message("seed %llu: %d ranks over %s\n", (unsigned long long)seed, n, x.nccl ? "NCCL" : "CUDA IPC");
     snprintf(world_label, sizeof world_label, "seed %llu (RS_QUANT_SEED0 replays it), %d ranks over %s%s: ",
@@ -1049,7 +997,7 @@ static void quant_mismatch_writes_nothing(void **state) {
       for (int nccl = 0; nccl < 2; nccl++) {
         quant_ctx x = {NULL, NULL, nccl, (size_t)1 << 20, tamper, 0, 0, 0};
         const int n = 3 + (int)(seed % 3);
-        quant_pair(seed, n, &x.src, &x.dst);
+        mw_quant_pair(seed, n, &x.src, &x.dst);
         snprintf(world_label, sizeof world_label, "seed %llu, %d ranks over %s, tamper %d: ",
                  (unsigned long long)seed, n, nccl ? "NCCL" : "CUDA IPC", tamper);
         run_world(n, quant_rank, &x);

@@ -668,6 +668,76 @@ static void status_polled_during_capture(void **state) {
   run_world(3, watched_rank, &ipc, "polled during capture, CUDA IPC: ");
 }
 
+/* Block quantization in a graph (issue 19 on the device): a plan that
+ * quantizes bf16/f16/f32 weights into fp8 blocks on the way, with the
+ * internal plan that first gathers blocks split across source ranks,
+ * both captured with the call: each launch quantizes the sources'
+ * current values (every code and scale checked against the self-test's
+ * reference quantizer), over NCCL and CUDA IPC. */
+typedef struct quant_ctx {
+  reshard_layout_t *src, *dst;
+  int ipc;
+} quant_ctx;
+
+static void quant_rank(g_rank *r) {
+  const quant_ctx *x = r->ctx;
+  reshard_comm_t *host = NULL, *c = comm_open(r, x->ipc, &host);
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d = {0};
+  cudaGraphExec_t gx = NULL;
+  const cudaStream_t st = caller_stream(r);
+  if (!c) goto out;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = 4096;
+  o.timeout_ms = 20000;
+  if (reshard_plan_create(c, x->src, x->dst, &o, &plan) || reshard_selftest_alloc(&s, x->src, r->rank, 0) ||
+      reshard_selftest_alloc(&d, x->dst, r->rank, -1)) {
+    RFAIL(r, "setup: %s", reshard_last_error());
+    goto out;
+  }
+  void *const *dst = (void *const *)d.ptr;
+  const size_t nd = (size_t)d.nbuf;
+  if (exec_on(plan, &s, dst, nd, st) || mock_stream_drain(st)) {
+    RFAIL(r, "execute 0: %s", reshard_last_error());
+    goto out;
+  }
+  r->wrong += reshard_selftest_check_from(&d, x->dst, x->src, r->rank, 0, "quantized graph: step 0");
+  if (capture(r, plan, &s, dst, nd, st, &gx)) goto out;
+  for (int step = 1; step <= 4 && !r->failed && !r->wrong; step++) {
+    reshard_selftest_fill(&s, x->src, (uint64_t)step);
+    if (cudaGraphLaunch(gx, st) || mock_stream_drain(st)) RFAIL(r, "step %d: launch", step);
+    r->wrong += reshard_selftest_check_from(&d, x->dst, x->src, r->rank, (uint64_t)step, "quantized graph");
+    reshard_plan_status_t sta = status_of(plan);
+    if (sta.failed) RFAIL(r, "step %d: status: %s", step, sta.failure_message);
+  }
+out:
+  if (gx) cudaGraphExecDestroy(gx);
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static void launches_quantize(void **state) {
+  (void)state;
+  /* RS_QUANT_SEED0 replays (seed = seed0 + it) */
+  const char *e0 = getenv("RS_QUANT_SEED0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  for (int it = 0; it < 16; it++) {
+    uint64_t seed = seed0 + (uint64_t)it;
+    quant_ctx x = {NULL, NULL, it % 2};
+    const int n = 2 + (int)(seed % 4);
+    mw_quant_pair(seed, n, &x.src, &x.dst);
+    char label[160];
+    snprintf(label, sizeof label, "seed %llu (RS_QUANT_SEED0 replays it), %d ranks over %s: ", (unsigned long long)seed,
+             n, x.ipc ? "CUDA IPC" : "NCCL");
+    run_world(n, quant_rank, &x, label);
+    reshard_layout_destroy(x.src);
+    reshard_layout_destroy(x.dst);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(capture_refusals),
@@ -677,6 +747,7 @@ int main(void) {
       cmocka_unit_test(queued_launch_not_late),
       cmocka_unit_test(status_polled_during_capture),
       cmocka_unit_test(launches_random_worlds),
+      cmocka_unit_test(launches_quantize),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
