@@ -117,6 +117,10 @@ if [ -x "$BUILD/gpu_kernels" ]; then
         --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=$half --infer tp=$half \
         -c 1 -n 5 -w 2
     done
+    # colocated: each process both a trainer and an inference rank
+    step "reshard_perf --backend ipc -np 4, colocated" 150 mpirun -np 4 --oversubscribe "$BUILD/tools/reshard_perf" \
+      --backend ipc --colocate --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2,pp=2 --infer tp=2,dp=2 \
+      -c 1 -n 5 -w 2
     step "reshard_perf --backend ipc -np 4, staged" 150 env RESHARD_PERF_IPC_STAGED=1 mpirun -np 4 --oversubscribe \
       "$BUILD/tools/reshard_perf" --backend ipc --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 \
       --infer tp=2 -c 1 -n 5 -w 2
