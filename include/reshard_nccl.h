@@ -62,8 +62,11 @@
  *
  * CUDA graphs. An execute may be captured into a CUDA graph
  * (cudaStreamBeginCapture on `stream`, in any capture mode: reshard's
- * own host queries are made in relaxed mode, so they invalidate no
- * capture, this thread's or another's) and the graph launched any number
+ * host queries, in executes and reshard_plan_get_status, are made in
+ * relaxed mode, so they invalidate no capture, this thread's or another's;
+ * plan and communicator creation and destruction allocate and copy
+ * synchronously, which a global-mode capture open on another thread
+ * forbids) and the graph launched any number
  * of times: each launch runs that call again on the GPU, with the values
  * its source buffers hold then, ordered after the execute (or launch)
  * before it and before the one after it, captured or not (external event
@@ -88,11 +91,14 @@
  * skip a launch, are told apart only where those calls differ. A
  * launch's deadline counts from when it starts on the GPU, once the work
  * before it is done (a host node of the graph stamps it; a launch queued
- * behind your stream's work has none yet), and reshard_plan_get_status
+ * behind your stream's work has none yet, and plan creation, which waits
+ * for the communicator's executes, gives it RESHARD_TIMEOUT_MS, default
+ * 60 s, to start and finish), and reshard_plan_get_status
  * fails the plan with RESHARD_ERROR_TIMEOUT past it, as for an execute.
  * The graph reads the plan's device state and the communicator's staging
- * pool as captured (a pool replaced by a later, larger plan is kept for
- * it): destroy the graph executables before the plan, and stop launching
+ * pool as captured (a pool replaced by a later, larger plan is kept, until
+ * the communicator goes): destroy the graph executables before the plan,
+ * and stop launching
  * them once the plan failed (a launch after reshard aborted its
  * communicator would run NCCL work on it). Each set of buffers a captured
  * execute uses keeps one of the plan's four buffer tables; an execute

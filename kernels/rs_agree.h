@@ -105,6 +105,11 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
  * this rank's header of the call. Nothing is committed. */
 #define RS_DEV_AGREE_APART 0xfffffffau
 
+/* The commit's vote found a rank that failed the call (and this rank's
+ * gate open: its partners agreed with it): nothing is committed, and this
+ * rank fails too, as the host's commit does (want: this rank's header). */
+#define RS_DEV_AGREE_NOCOMMIT 0xfffffff9u
+
 RS_HD void rs_dev_agree_absorb(const rs_dev_agree *prior, const rs_dev_hdr *want, rs_dev_agree *st) {
   if (!st->ok || prior->ok) return;
   st->ok = 0;
@@ -155,8 +160,8 @@ RS_HD int rs_commit_outcome(const uint64_t *v, uint64_t version, uint64_t call) 
  * copy 0 before the first commit); vote writes this rank's vote (its
  * gate closed: a failure); flip, after the reduction, makes the inactive
  * copy active, and the call's version the committed one, only when the
- * outcome is RS_COMMIT_OK and this rank's own gate is open (ranks apart
- * close it: RS_DEV_AGREE_APART). */
+ * outcome is RS_COMMIT_OK and this rank's own gate is open (otherwise
+ * the gate closes: RS_DEV_AGREE_APART, RS_DEV_AGREE_NOCOMMIT). */
 typedef struct rs_dev_commit {
   int32_t active; /* the copy holding the committed version; -1: none yet */
   uint32_t pad;
@@ -183,6 +188,9 @@ RS_HD void rs_dev_commit_flip(const uint64_t *v, rs_dev_agree *st, uint64_t vers
     st->got.version = v[1];
     st->got.digest = ~v[4];
     st->got.magic = ~v[2];
+    st->ok = 0;
+  } else if (outcome == RS_COMMIT_FAILED && st->ok) {
+    st->bad_index = RS_DEV_AGREE_NOCOMMIT;
     st->ok = 0;
   }
   if (outcome != RS_COMMIT_OK || !st->ok) return;

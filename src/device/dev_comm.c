@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "common/params.h"
 #include "device/device.h"
 #include "kernels/rs_agree.h"
 
@@ -24,16 +25,42 @@ reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h)
   return RESHARD_SUCCESS;
 }
 
-static void pool_drop(reshard_comm_t *c, rs_dev_comm *d) {
-  if (d->pool && !d->pool_abandoned) d->hooks->pool_free(c, d->pool);
-  for (size_t i = 0; i < d->nretired && !d->pool_abandoned; i++) d->hooks->pool_free(c, d->retired[i]);
-  free(d->retired);
-  d->retired = NULL;
-  d->nretired = 0;
+/* The pool goes (the last plan went, or the communicator: final). Pools
+ * retired under a capture go only with the communicator: the peers keep
+ * their mappings of them until then (cuda_ipc.c, exchange_pools), and
+ * memory must not be freed while another process has it mapped. */
+/* A pool this communicator no longer uses: freed, or with a capture on it
+ * (and not final) kept with the retired ones (leaked if even that list
+ * cannot grow: never freed under a peer's mapping). */
+static void pool_retire(reshard_comm_t *c, rs_dev_comm *d, void *p, int final) {
+  if (!d->pool_captured || final) {
+    d->hooks->pool_free(c, p);
+    return;
+  }
+  void **kept = realloc(d->retired, (d->nretired + 1) * sizeof *kept);
+  if (!kept) return;
+  d->retired = kept;
+  d->retired[d->nretired++] = p;
+}
+
+static void pool_drop(reshard_comm_t *c, rs_dev_comm *d, int final) {
+  if (d->pool && !d->pool_abandoned) pool_retire(c, d, d->pool, final);
+  if (final) {
+    for (size_t i = 0; i < d->nretired && !d->pool_abandoned; i++) d->hooks->pool_free(c, d->retired[i]);
+    free(d->retired);
+    d->retired = NULL;
+    d->nretired = 0;
+  }
   d->pool = NULL;
   d->pool_bytes = 0;
   d->pool_abandoned = 0;
-  d->pool_captured = 0;
+}
+
+void rs_dev_comm_free_exported(reshard_comm_t *c, void *p) {
+  if (!p) return;
+  rs_dev_comm *d = dc(c);
+  if (d && d->hooks && d->hooks->free_exported) d->hooks->free_exported(c, p);
+  else cudaFree(p);
 }
 
 int rs_stream_capturing(void *stream) {
@@ -62,7 +89,7 @@ void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline) {
 void rs_dev_comm_fini(reshard_comm_t *c) {
   rs_dev_comm *d = dc(c);
   if (!d || !d->hooks) return;
-  pool_drop(c, d); /* plans still alive (leaked by the caller) lose theirs */
+  pool_drop(c, d, 1); /* plans still alive (leaked by the caller) lose theirs */
   if (d->last_end) cudaEventDestroy((cudaEvent_t)d->last_end);
   d->last_end = NULL;
   free(d->gates);
@@ -134,11 +161,25 @@ reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, 
   }
 }
 
+int64_t rs_dev_comm_busy_until(reshard_comm_t *c) {
+  rs_dev_comm *d = dc(c);
+  int64_t dl = __atomic_load_n(&d->last_deadline, __ATOMIC_ACQUIRE);
+  if (d->pool_captured) {
+    /* a launch of a graph may be queued behind its caller's work, its
+     * deadline not stamped yet: it gets RESHARD_TIMEOUT_MS (default 60 s)
+     * from now to start and finish */
+    int64_t ms = 60000;
+    rs_param_get(RS_PARAM_TIMEOUT_MS, &ms);
+    int64_t floor = rs_deadline_after_ms(ms);
+    if (floor > dl) dl = floor;
+  }
+  return dl;
+}
+
 reshard_result_t rs_dev_comm_drain(reshard_comm_t *c) {
   rs_dev_comm *d = dc(c);
   if (!d->have_last) return RESHARD_SUCCESS;
-  RS_CHECK(rs_dev_comm_wait(c, NULL, d->last_end, __atomic_load_n(&d->last_deadline, __ATOMIC_ACQUIRE),
-                            "cudaEventQuery(previous execute)",
+  RS_CHECK(rs_dev_comm_wait(c, NULL, d->last_end, rs_dev_comm_busy_until(c), "cudaEventQuery(previous execute)",
                             "an earlier execute on this communicator did not finish before its deadline (a peer is "
                             "missing or its calls come in another order)"));
   d->have_last = 0;
@@ -184,18 +225,8 @@ reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes) {
       d->hooks->pool_free(c, p);
       return r;
     }
-    if (d->pool_captured && d->pool && !d->pool_abandoned) {
-      /* a graph's launches still use it: kept until the last plan goes */
-      void **kept = realloc(d->retired, (d->nretired + 1) * sizeof *kept);
-      if (!kept) {
-        d->hooks->pool_free(c, p);
-        return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
-      }
-      d->retired = kept;
-      d->retired[d->nretired++] = d->pool;
-    } else if (d->pool && !d->pool_abandoned) {
-      d->hooks->pool_free(c, d->pool);
-    }
+    /* (a graph's launches may still use it: kept, see pool_retire) */
+    if (d->pool && !d->pool_abandoned) pool_retire(c, d, d->pool, 0);
     d->pool_abandoned = 0;
     d->pool = p;
     d->pool_bytes = bytes;
@@ -208,7 +239,7 @@ reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes) {
 void rs_dev_comm_staging_release(reshard_comm_t *c, int in_use) {
   rs_dev_comm *d = dc(c);
   if (in_use) d->pool_abandoned = 1; /* leaked rather than freed under running work */
-  if (d->pool_users > 0 && --d->pool_users == 0) pool_drop(c, d);
+  if (d->pool_users > 0 && --d->pool_users == 0) pool_drop(c, d, 0);
 }
 
 reshard_result_t rs_dev_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,

@@ -23,6 +23,10 @@ typedef struct rs_dev_comm_hooks {
    * or cudaMalloc for memory that IPC can export). */
   reshard_result_t (*pool_alloc)(reshard_comm_t *c, size_t bytes, void **out);
   void (*pool_free)(reshard_comm_t *c, void *p);
+  /* Frees cudaMalloc'd memory the peers may have mapped (a registered
+   * plan's buffers of reshard's own: the quantization scratch) once no
+   * peer can have it mapped (NULL: at once, with cudaFree). */
+  void (*free_exported)(reshard_comm_t *c, void *p);
 } rs_dev_comm_hooks;
 
 typedef struct rs_dev_comm {
@@ -41,9 +45,9 @@ typedef struct rs_dev_comm {
   size_t pool_bytes;
   uint64_t pool_gen;
   int pool_users, pool_abandoned;
-  /* An execute was captured into a CUDA graph (rs_dev_comm_begin): its
-   * launches use the pool of the capture, so a pool replaced later is
-   * kept (retired) until the last plan goes, not freed. */
+  /* An execute was captured into a CUDA graph (rs_dev_comm_begin; sticky):
+   * its launches use the pool of the capture, so a pool replaced later is
+   * kept (retired) until the communicator goes, not freed. */
   int pool_captured;
   void **retired;
   size_t nretired;
@@ -55,6 +59,10 @@ typedef struct rs_dev_comm {
   void **gates;
   size_t ngates, gates_cap;
 } rs_dev_comm;
+
+/* cudaMalloc'd memory of reshard's that peers may have mapped goes
+ * (hooks->free_exported, or cudaFree). */
+void rs_dev_comm_free_exported(reshard_comm_t *c, void *p);
 
 /* c->impl must start with the rs_dev_comm being set up. */
 reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h);
@@ -91,6 +99,12 @@ int rs_stream_capturing(void *stream);
  * queries and is invalidated by one; reshard's touch nothing captured.
  * Every host query of the device path goes through it. */
 int rs_cuda_query(void *stream, void *event);
+
+/* Until when the communicator's executes may run: the last one's
+ * deadline, or a graph launch's (stamped when it starts), and with a
+ * capture on it at least RESHARD_TIMEOUT_MS from now (a launch queued
+ * behind its caller's work has no stamp yet). */
+int64_t rs_dev_comm_busy_until(reshard_comm_t *c);
 
 /* A launch of a CUDA graph holding an execute started (a host node of the
  * graph, on CUDA's thread): the communicator's executes are busy until

@@ -562,12 +562,16 @@ static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, u
  * partner's header differed (sticky: the first difference). Never
  * blocks. */
 static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
+  /* a snapshot, kept only if no later copy began meanwhile: a launch of a
+   * graph, enqueued by another thread, re-records the event first, and
+   * one that ran whole meanwhile counted its start */
+  const uint64_t launches = __atomic_load_n(&d->launches_started, __ATOMIC_ACQUIRE);
   if (!d->h_agree || !d->agreed_once || rs_cuda_query(NULL, d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
-  /* a snapshot, kept only if no later copy began meanwhile (a launch of a
-   * graph, enqueued by another thread, re-records the event first) */
   rs_dev_agree snap;
   memcpy(&snap, (const void *)d->h_agree, sizeof snap);
-  if (rs_cuda_query(NULL, d->ev_agreed) != cudaSuccess) return RESHARD_SUCCESS;
+  if (rs_cuda_query(NULL, d->ev_agreed) != cudaSuccess ||
+      __atomic_load_n(&d->launches_started, __ATOMIC_ACQUIRE) != launches)
+    return RESHARD_SUCCESS;
   d->verdict = snap;
   const rs_dev_agree *a = &d->verdict;
   if (a->ok) return RESHARD_SUCCESS;
@@ -615,6 +619,11 @@ static reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     (unsigned long long)a->want.call, (unsigned long long)a->want.version,
                     (unsigned long long)a->got.digest, (unsigned long long)a->got.magic,
                     (unsigned long long)a->got.call, (unsigned long long)a->got.version);
+  if (a->bad_index == RS_DEV_AGREE_NOCOMMIT)
+    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: call %llu (weight version %llu): another rank failed it "
+                    "(its status says why); nothing committed (double buffering), and no destination byte of a "
+                    "later call written", p->rank, (unsigned long long)a->want.call,
+                    (unsigned long long)a->want.version);
   if (a->bad_index == RS_DEV_AGREE_VERIFY) {
     /* the descriptor: a receive (its message names the peer) or a local copy */
     uint64_t desc = a->got.digest;
@@ -1087,10 +1096,13 @@ fail:
 /* Double buffering: the committed version and active copy, once the GPU
  * has done the latest enqueued commit (d->mu held; never blocks). */
 static void commit_poll(const reshard_plan_t *p, rs_dev *d) {
+  const uint64_t launches = __atomic_load_n(&d->launches_started, __ATOMIC_ACQUIRE);
   if (!d->dbuf || !d->committed_once || rs_cuda_query(NULL, d->ev_committed) != cudaSuccess) return;
   rs_dev_commit snap; /* (kept only if no later copy began: agreement_verdict) */
   memcpy(&snap, (const void *)d->h_commit, sizeof snap);
-  if (rs_cuda_query(NULL, d->ev_committed) != cudaSuccess) return;
+  if (rs_cuda_query(NULL, d->ev_committed) != cudaSuccess ||
+      __atomic_load_n(&d->launches_started, __ATOMIC_ACQUIRE) != launches)
+    return;
   const rs_dev_commit *c = &snap;
   if (!c->commits) return;
   reshard_plan_t *m = (reshard_plan_t *)p;

@@ -14,6 +14,7 @@
 #include "plan/quant.h"
 
 typedef struct rs_qdev {
+  reshard_comm_t *comm; /* (registered scratch may be mapped by peers) */
   rs_qbox *d_boxes;
   uint64_t *d_bstart; /* nboxes + 1: each box's first block */
   uint64_t nblocks;
@@ -25,9 +26,13 @@ static void qdev_free(rs_quant *q) {
    * the pre-plan's, rs_quant_free) nothing runs on this memory, unless
    * the GPU did not let go of the main plan's work: then it stays. */
   if (!q->dev_stuck) {
-    if (q->codes) cudaFree(q->codes);
-    if (q->scales) cudaFree(q->scales);
-    if (q->gather) cudaFree(q->gather);
+    /* the scratch may be registered, mapped by the partners until they
+     * destroy their plans too: the communicator frees it when none can */
+    void *scratch[3] = {q->codes, q->scales, q->gather};
+    for (int i = 0; i < 3; i++) {
+      if (x && x->comm) rs_dev_comm_free_exported(x->comm, scratch[i]);
+      else if (scratch[i]) cudaFree(scratch[i]);
+    }
     if (x && x->d_boxes) cudaFree(x->d_boxes);
     if (x && x->d_bstart) cudaFree(x->d_bstart);
   }
@@ -45,6 +50,7 @@ reshard_result_t rs_device_quant_prepare(reshard_comm_t *c, rs_quant *q, int64_t
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory", c->rank);
   }
   q->dev = x;
+  x->comm = c;
   q->dev_free = qdev_free;
   if (q->nboxes > UINT32_MAX) {
     free(bstart);

@@ -35,6 +35,8 @@
 enum { H_WORDS = sizeof(cudaIpcMemHandle_t) / 8 };
 typedef struct rec {
   uint64_t pid, device, ptr, bytes, gen;
+  uint64_t kept; /* pools: the owner keeps those it replaces until the
+                    communicator goes (a capture on it, dev_comm.c) */
   uint64_t handle[H_WORDS];
 } rec;
 #define REC_WORDS (sizeof(rec) / 8)
@@ -354,6 +356,7 @@ static reshard_result_t exchange_pools(reshard_comm_t *c) {
   if (!all) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   reshard_result_t r = record(c, x->dev.pool, x->dev.pool_bytes, x->dev.pool_gen, &mine);
   if (r) memset(&mine, 0, sizeof mine);
+  mine.kept = (uint64_t)x->dev.pool_captured;
   reshard_result_t rx = exchange(c, &mine, all);
   if (!r) r = rx;
   int changed = 0;
@@ -367,9 +370,11 @@ static reshard_result_t exchange_pools(reshard_comm_t *c) {
       continue;
     }
     mapping *m = &x->pool_of[k];
-    if (x->dev.pool_captured && m->base && (m->gen != all[k].gen || m->rptr != all[k].ptr)) {
-      /* a graph captured here pulls from the pool as it was mapped then
-       * (its sender keeps it too: dev_comm.c) */
+    if (all[k].kept && m->base && (m->gen != all[k].gen || m->rptr != all[k].ptr)) {
+      /* a graph captured there (and here: captures are collective) pulls
+       * from the pool as it was mapped then; its owner keeps it until the
+       * communicator goes, and so does this mapping (closed first, at
+       * destroy) */
       mapping *kept = realloc(x->kept, (x->nkept + 1) * sizeof *kept);
       if (!kept) {
         r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
@@ -431,21 +436,28 @@ static reshard_result_t ipc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
   return x->host->ops->allreduce_max_u64(x->host, vals, n, deadline);
 }
 
-static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
+/* Closes every mapping of the peers' memory this rank holds (windows,
+ * pools, kept pools, the registrations of plans the caller leaked). */
+static void ipc_unmap_all(rs_ipc *x) {
   /* poison copies may still be writing into the peers' windows */
   if (x->ctl) cudaStreamSynchronize(x->ctl);
   for (uint32_t r = 0; x->pool_of && r < x->n; r++) unmap(&x->pool_of[r]);
   for (uint32_t r = 0; x->win_of && r < x->n; r++) unmap(&x->win_of[r]);
   for (size_t i = 0; i < x->nkept; i++) unmap(&x->kept[i]);
   free(x->kept);
-  rs_dev_comm_fini(c);
-  /* registrations of plans the caller leaked */
+  x->kept = NULL;
+  x->nkept = 0;
   for (region *g = x->regions, *nx; g; g = nx) {
     nx = g->next;
     cudaIpcCloseMemHandle(g->base);
     free(g);
   }
   x->regions = NULL;
+}
+
+static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
+  ipc_unmap_all(x);
+  rs_dev_comm_fini(c);
   for (size_t i = 0; i < x->ndeferred; i++) cudaFree(x->deferred[i]);
   free(x->deferred);
   if (x->ctl) cudaStreamDestroy(x->ctl);
@@ -467,7 +479,7 @@ static void ipc_destroy(reshard_comm_t *c) {
    * until its deadline, poisoned or not (past it, poison: the waits give
    * up, and the work ends soon after). */
   if (x->dev.have_last) {
-    int64_t deadline = __atomic_load_n(&x->dev.last_deadline, __ATOMIC_ACQUIRE);
+    int64_t deadline = rs_dev_comm_busy_until(c);
     for (unsigned spin = 0; rs_cuda_query(NULL, x->dev.last_end) == cudaErrorNotReady; spin++) {
       if (rs_now_ns() > deadline) {
         if (x->poisoned) break;
@@ -481,6 +493,10 @@ static void ipc_destroy(reshard_comm_t *c) {
    * its window before every rank got here (collective, with a deadline:
    * a rank that died does not hold the others). */
   uint64_t here = 0;
+  x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
+  /* ... and no rank frees memory another still has mapped (undefined in
+   * CUDA): every mapping closed everywhere first */
+  ipc_unmap_all(x);
   x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
   ipc_release(c, x);
   free(x);
@@ -671,6 +687,7 @@ static const rs_dev_comm_hooks rs_ipc_hooks = {
     .poison = ipc_poison,
     .pool_alloc = ipc_pool_alloc,
     .pool_free = ipc_pool_free,
+    .free_exported = ipc_pool_free, /* (the same deferral) */
 };
 
 static const rs_stream_ops rs_ipc_stream_ops = {
@@ -745,10 +762,10 @@ reshard_result_t reshard_comm_create_cuda_ipc(reshard_comm_t *host, reshard_comm
     free(c);
     free(x);
     /* the others must not wait for this rank: it still takes part in
-     * both agreements below */
-    for (int stage = 0; stage < 2; stage++) {
+     * both agreements below, and in the failure's barrier */
+    for (int stage = 0; stage < 3; stage++) {
       uint64_t v = 1;
-      host->ops->allreduce_max_u64(host, &v, 1, rs_deadline_after_ms(60000));
+      host->ops->allreduce_max_u64(host, &v, 1, rs_deadline_after_ms(stage < 2 ? 60000 : 10000));
     }
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_cuda_ipc: out of memory");
   }
@@ -784,6 +801,11 @@ reshard_result_t reshard_comm_create_cuda_ipc(reshard_comm_t *host, reshard_comm
                    "communicator", c->rank);
   }
   if (r) {
+    /* every rank fails here: no memory is freed while a peer still maps
+     * it (a window mapped before a later rank's failure) */
+    uint64_t here = 0;
+    ipc_unmap_all(x);
+    host->ops->allreduce_max_u64(host, &here, 1, rs_deadline_after_ms(10000));
     ipc_release(c, x);
     free(x);
     free(c);

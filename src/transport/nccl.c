@@ -344,7 +344,7 @@ static reshard_result_t nccl_allreduce_on_device(reshard_comm_t *c, uint64_t *va
    * the agreement's deadline measures the agreement. The peers drain
    * theirs too, which may end later than this rank's (up to the same
    * deadline): the agreement's timeout then counts from there. */
-  int64_t t0 = rs_now_ns(), busy_until = n->dev.have_last ? __atomic_load_n(&n->dev.last_deadline, __ATOMIC_ACQUIRE) : 0;
+  int64_t t0 = rs_now_ns(), busy_until = n->dev.have_last ? rs_dev_comm_busy_until(c) : 0;
   RS_CHECK(rs_dev_comm_drain(c));
   int64_t span = deadline > t0 ? deadline - t0 : 0;
   if (busy_until > t0 && deadline != RS_NO_DEADLINE && busy_until < RS_NO_DEADLINE - span) deadline = busy_until + span;

@@ -770,6 +770,7 @@ void mock_world_begin(int n, int chan_cap) {
   world.corrupt_next = world.corrupt_copy_next = 0;
   world.capture_violations = 0;
   world.ipc_closed_reads = 0;
+  world.ipc_freed_mapped = 0;
   UNLOCK();
 }
 
@@ -894,6 +895,9 @@ static mpin *unpin(void *p) {
 cudaError_t __wrap_cudaFree(void *p) {
   if (!p) return cudaSuccess;
   LOCK();
+  /* freeing memory another process still has mapped is undefined */
+  for (mmap_ *m = G.maps; m; m = m->next)
+    if (m->base == p && m->open > 0 && m->rank != M.rank) world.ipc_freed_mapped++;
   progress();
   M.mem--;
   free(p);

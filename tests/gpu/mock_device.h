@@ -151,6 +151,7 @@ typedef struct mock_world {
   long ipc_timeouts; /* CUDA IPC waits that gave up at their timeout */
   long ipc_pool_pulls; /* CUDA IPC messages pulled from a peer's staging pool */
   long ipc_closed_reads; /* ... through a mapping of it already closed */
+  long ipc_freed_mapped; /* cudaFree of memory another rank has mapped */
   int corrupt_next;    /* flip a bit of the next message over 64 bytes received */
   long capture_violations; /* calls a CUDA stream capture forbids (above) */
   int corrupt_copy_next; /* flip a bit of what the next copy kernel writes into

@@ -15,7 +15,7 @@ static void *rank_main(void *p) {
 }
 
 mw_outcome mw_run(int n, int64_t hang_ms, mw_fn fn, void *ctx, mw_rank *r) {
-  mw_outcome o = {0, -1, 0, 0, 0, 0, 0};
+  mw_outcome o = {0, -1, 0, 0, 0, 0, 0, 0};
   if (n < 1 || n > MAXR) abort();
   mock_world_begin(n, 0);
   world.hang_ms = hang_ms;
@@ -34,6 +34,7 @@ mw_outcome mw_run(int n, int64_t hang_ms, mw_fn fn, void *ctx, mw_rank *r) {
   o.hangs = world.hangs;
   o.ipc_mapped = world.ipc_mapped;
   o.ipc_closed_reads = world.ipc_closed_reads;
+  o.ipc_freed_mapped = world.ipc_freed_mapped;
   o.capture_violations = world.capture_violations;
   o.bad_size = world.bad_size;
   mock_world_end();

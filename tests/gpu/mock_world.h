@@ -37,6 +37,7 @@ typedef struct mw_outcome {
   long hangs;              /* host waits that could never end */
   long ipc_mapped;         /* CUDA IPC mappings left open */
   long ipc_closed_reads;   /* pulls through a CUDA IPC mapping closed before */
+  long ipc_freed_mapped;   /* cudaFree of memory another rank had mapped */
   long capture_violations; /* calls a CUDA stream capture forbids */
   long bad_size;           /* messages matched to a receive of another size */
 } mw_outcome;

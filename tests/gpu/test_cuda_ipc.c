@@ -53,9 +53,9 @@ static void run_world(int n, mw_fn fn, void *ctx) {
   mw_outcome o = mw_run(n, 4000, fn, ctx, r);
   for (int i = 0; i < n; i++)
     if (r[i].failed) fail_msg("%srank %d: %s", world_label, i, r[i].why);
-  if (o.hangs || o.ipc_mapped || o.ipc_closed_reads)
-    fail_msg("%ld hangs, %ld IPC mappings left open, %ld pulls through closed mappings", o.hangs, o.ipc_mapped,
-             o.ipc_closed_reads);
+  if (o.hangs || o.ipc_mapped || o.ipc_closed_reads || o.ipc_freed_mapped)
+    fail_msg("%ld hangs, %ld IPC mappings left open, %ld pulls through closed mappings, %ld frees of memory a peer "
+             "had mapped", o.hangs, o.ipc_mapped, o.ipc_closed_reads, o.ipc_freed_mapped);
 }
 
 /* This rank's host and IPC communicators (NULL after RFAIL). */
@@ -251,14 +251,14 @@ static void run_worlds(worlds_cfg cfg) {
     mw_outcome o = mw_run(pair.nranks, 4000, random_rank, &x, r);
     int64_t wrong = o.wrong;
     int failed = o.failed;
-    long hangs = o.hangs, mapped = o.ipc_mapped, closed = o.ipc_closed_reads;
+    long hangs = o.hangs, mapped = o.ipc_mapped, closed = o.ipc_closed_reads + o.ipc_freed_mapped;
     if (wrong || failed >= 0 || hangs || mapped || closed) {
       rl_pair_print(&pair, stderr);
       for (int i = 0; i < pair.nranks; i++)
         if (r[i].failed) fprintf(stderr, "rank %d: %s\n", i, r[i].why);
       fprintf(stderr, "replay: RS_SEED0=%llu RS_IT0=%d RS_ITERS=1\n", (unsigned long long)seed0, it);
       fail_msg("seed %llu (%d ranks, staging %zu, relay %d): %lld wrong, %ld hangs, %ld mappings open, %ld pulls "
-               "through closed mappings%s%s", (unsigned long long)seed, pair.nranks, x.staging, relay,
+               "through closed mappings or frees of mapped memory%s%s", (unsigned long long)seed, pair.nranks, x.staging, relay,
                (long long)wrong, hangs, mapped, closed,
                failed >= 0 ? "; first failed rank: " : "", failed >= 0 ? r[failed].why : "");
     }
@@ -754,9 +754,18 @@ static void double_buffer_on_device(void **state) {
  * another on both sides; at step 1 rank 2 passes version 7, the others
  * 2: every rank reports MISMATCH ("different executes" where the vote
  * found it), the active copy keeps step 0 byte for byte and the
- * committed version stays 1. Before, rank 2 flipped alone. */
+ * committed version stays 1. Before, rank 2 flipped alone. And the vote's
+ * failure word: when rank 1 passes version 7 instead, ranks 0 and 1 fail
+ * their agreement, and rank 2, which has no partner to tell it, fails
+ * with REMOTE (it used to keep its plan silently uncommitted). */
+typedef struct apart_ctx {
+  int nccl;
+  int odd; /* the rank at another version */
+} apart_ctx;
+
 static void apart_rank(ipc_rank *r) {
-  int nccl = *(const int *)r->ctx;
+  const apart_ctx *x = r->ctx;
+  const int nccl = x->nccl;
   reshard_comm_t *host = NULL, *c = NULL;
   if (!(c = open_comm(r, nccl, &host))) return;
   reshard_layout_t *src, *dst;
@@ -794,7 +803,7 @@ static void apart_rank(ipc_rank *r) {
       RFAIL(r, "selftest alloc");
       break;
     }
-    uint64_t version = step == 1 && r->rank == 2 ? 7 : (uint64_t)step + 1;
+    uint64_t version = step == 1 && r->rank == x->odd ? 7 : (uint64_t)step + 1;
     if (reshard_plan_execute_version(plan, version, (void *const *)s.ptr, (size_t)s.nbuf, bufs,
                                      2 * (size_t)d[0].nbuf, NULL) ||
         mock_stream_drain(NULL))
@@ -802,8 +811,8 @@ static void apart_rank(ipc_rank *r) {
   }
   reshard_plan_status_t st = {.struct_size = sizeof st};
   reshard_plan_get_status(plan, &st);
-  if (!r->failed && (!st.failed || st.failure != RESHARD_ERROR_MISMATCH || st.committed_version != 1 ||
-                     st.active_copy != 0))
+  const reshard_result_t want = x->odd == 1 && r->rank == 2 ? RESHARD_ERROR_REMOTE : RESHARD_ERROR_MISMATCH;
+  if (!r->failed && (!st.failed || st.failure != want || st.committed_version != 1 || st.active_copy != 0))
     RFAIL(r, "a rank out of step at the commit: failed %d (%s: %s), committed version %llu, active copy %d", st.failed,
           reshard_result_string(st.failure), st.failure_message, (unsigned long long)st.committed_version,
           st.active_copy);
@@ -821,9 +830,11 @@ out:
 
 static void commit_vote_catches_ranks_apart(void **state) {
   (void)state;
-  int ipc = 0, nccl = 1;
-  run_world(3, apart_rank, &ipc);
-  run_world(3, apart_rank, &nccl);
+  for (int odd = 1; odd <= 2; odd++)
+    for (int nccl = 0; nccl < 2; nccl++) {
+      apart_ctx x = {nccl, odd};
+      run_world(3, apart_rank, &x);
+    }
 }
 
 /* Bad arguments: no host communicator, a device communicator as host. */
