@@ -76,7 +76,7 @@ typedef struct rs_dev {
   void **h_tab[RS_TAB_SLOTS], **d_tab[RS_TAB_SLOTS]; /* pinned, device */
   cudaEvent_t tab_ev[RS_TAB_SLOTS];
   size_t ntab;
-  int tab_uploaded, tab_cur;
+  int tab_cur;
   unsigned tab_pinned; /* slots a captured execute reads: never reused */
   unsigned tab_valid;  /* slots uploaded (their h_tab is their d_tab) */
 
@@ -936,22 +936,27 @@ static reshard_result_t dev_run(void *ctx, rs_step step) {
 
 static const rs_sched_ops dev_sched = {dev_wait, dev_run};
 
+/* Entry i of the call's buffer table (source buffers, then destination
+ * buffers; NULL where the caller passed none). */
+static void *call_buf(const reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
+                      size_t i) {
+  const size_t ns = (size_t)p->num_src_buffers;
+  return i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+}
+
 /* Whether table slot `slot` holds the call's buffers. */
 static int table_holds(const reshard_plan_t *p, const rs_dev *d, int slot, void *const *src, size_t nsrc,
                        void *const *dst, size_t ndst) {
   if (!(d->tab_valid >> slot & 1)) return 0;
-  const size_t ns = (size_t)p->num_src_buffers;
-  for (size_t i = 0; i < d->ntab; i++) {
-    void *v = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
-    if (d->h_tab[slot][i] != v) return 0;
-  }
+  for (size_t i = 0; i < d->ntab; i++)
+    if (d->h_tab[slot][i] != call_buf(p, src, nsrc, dst, ndst, i)) return 0;
   return 1;
 }
 
 /* Whether the call's buffers differ from those of the table in use. */
 static int table_changed(const reshard_plan_t *p, const rs_dev *d, void *const *src, size_t nsrc, void *const *dst,
                          size_t ndst) {
-  return !d->tab_uploaded || !table_holds(p, d, d->tab_cur, src, nsrc, dst, ndst);
+  return !table_holds(p, d, d->tab_cur, src, nsrc, dst, ndst);
 }
 
 /* The call's buffers become the table in use (d->tab_cur): a slot that
@@ -970,7 +975,7 @@ static int table_slot(const reshard_plan_t *p, const rs_dev *d, void *const *src
   for (int k = 0; k < RS_TAB_SLOTS; k++)
     if (table_holds(p, d, k, src, nsrc, dst, ndst)) return k;
   *held = 0;
-  if (!d->tab_uploaded) return 0;
+  if (!d->tab_valid) return 0;
   for (int k = 1; k <= RS_TAB_SLOTS; k++) {
     int cand = (d->tab_cur + k) % RS_TAB_SLOTS;
     if (!(d->tab_pinned >> cand & 1)) return cand;
@@ -995,15 +1000,12 @@ static reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *c
                     "(addresses changed on each) is still in use past the deadline: earlier executes are not "
                     "finishing", p->rank, RS_TAB_SLOTS);
   if (q) return rs_cuda_error(q, "cudaEventQuery(buffer table)", p->rank);
-  const size_t ns = (size_t)p->num_src_buffers;
   void **h = d->h_tab[slot];
-  for (size_t i = 0; i < d->ntab; i++)
-    h[i] = i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+  for (size_t i = 0; i < d->ntab; i++) h[i] = call_buf(p, src, nsrc, dst, ndst, i);
   cudaError_t ce = cudaMemcpyAsync(d->d_tab[slot], h, d->ntab * sizeof(void *), cudaMemcpyHostToDevice, d->s[S_PACK]);
   if (!ce) ce = cudaEventRecord(d->tab_ev[slot], d->s[S_PACK]);
   if (ce) return rs_cuda_error(ce, "buffer table upload", p->rank);
   d->tab_cur = slot;
-  d->tab_uploaded = 1;
   d->tab_valid |= 1u << slot;
   return RESHARD_SUCCESS;
 }
@@ -1153,9 +1155,7 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
    * rank's registered buffers, so other pointers are refused (a rank
    * falling back to staging alone would not pair with its partners). */
   for (size_t i = 0; r == RESHARD_SUCCESS && d->reg && i < d->nreg; i++) {
-    void *given = i < (size_t)p->num_src_buffers ? (src && i < nsrc ? src[i] : NULL)
-                                                 : (dst && i - p->num_src_buffers < ndst ? dst[i - p->num_src_buffers]
-                                                                                         : NULL);
+    void *given = call_buf(p, src, nsrc, dst, ndst, i);
     if (given != d->reg[i])
       r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffer %zu is %p, not the registered %p: a "
                    "plan with registered buffers executes with exactly those (call reshard_plan_register_buffers "

@@ -455,6 +455,18 @@ static void ipc_unmap_all(rs_ipc *x) {
   x->regions = NULL;
 }
 
+static void ipc_release(reshard_comm_t *c, rs_ipc *x);
+
+/* The end of a communicator every rank reaches together (destroy, a
+ * failed creation): no rank frees memory another still has mapped
+ * (undefined in CUDA), so every mapping is closed everywhere first. */
+static void ipc_teardown(reshard_comm_t *c, rs_ipc *x) {
+  uint64_t here = 0;
+  ipc_unmap_all(x);
+  x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
+  ipc_release(c, x);
+}
+
 static void ipc_release(reshard_comm_t *c, rs_ipc *x) {
   ipc_unmap_all(x);
   rs_dev_comm_fini(c);
@@ -494,11 +506,7 @@ static void ipc_destroy(reshard_comm_t *c) {
    * a rank that died does not hold the others). */
   uint64_t here = 0;
   x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
-  /* ... and no rank frees memory another still has mapped (undefined in
-   * CUDA): every mapping closed everywhere first */
-  ipc_unmap_all(x);
-  x->host->ops->allreduce_max_u64(x->host, &here, 1, rs_deadline_after_ms(10000));
-  ipc_release(c, x);
+  ipc_teardown(c, x);
   free(x);
   c->impl = NULL;
 }
@@ -801,12 +809,9 @@ reshard_result_t reshard_comm_create_cuda_ipc(reshard_comm_t *host, reshard_comm
                    "communicator", c->rank);
   }
   if (r) {
-    /* every rank fails here: no memory is freed while a peer still maps
-     * it (a window mapped before a later rank's failure) */
-    uint64_t here = 0;
-    ipc_unmap_all(x);
-    host->ops->allreduce_max_u64(host, &here, 1, rs_deadline_after_ms(10000));
-    ipc_release(c, x);
+    /* every rank fails here (a window may be mapped before a later
+     * rank's failure) */
+    ipc_teardown(c, x);
     free(x);
     free(c);
     return r;

@@ -842,6 +842,26 @@ static int forbidden(void) {
   return hit;
 }
 
+/* What a capture refuses of a call (lock held): any call on a capturing
+ * stream s that the emulation does not capture (queries,
+ * synchronization, stream-ordered allocation), any call on an event e
+ * last recorded in a capture (it has no status), and (unsafe) a
+ * potentially unsafe call forbidden(). cudaSuccess, or the error:
+ * counted, and the capture invalidated where CUDA does. */
+static cudaError_t capture_refuses(mstream *s, const mevent *e, int unsafe) {
+  if (s && s->capt) {
+    s->capt->invalid = 1;
+    world.capture_violations++;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (e && e->cap) {
+    world.capture_violations++;
+    return cudaErrorCapturedEvent;
+  }
+  if (unsafe && forbidden()) return cudaErrorStreamCaptureUnsupported;
+  return cudaSuccess;
+}
+
 cudaError_t __wrap_cudaGetDevice(int *d) {
   *d = M.device;
   return cudaSuccess;
@@ -864,11 +884,10 @@ cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
 cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
   if (++M.malloc_async_calls == M.fail_malloc_async_at) return cudaErrorMemoryAllocation;
   LOCK();
-  if (stream_of(s)->capt) { /* (graph allocation nodes: not emulated) */
-    stream_of(s)->capt->invalid = 1;
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(stream_of(s), NULL, 0); /* (graph allocation nodes: not emulated) */
+  if (no) {
     UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   *p = dev_alloc(n);
   UNLOCK();
@@ -907,11 +926,10 @@ cudaError_t __wrap_cudaFree(void *p) {
 cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
   if (!p) return cudaSuccess;
   LOCK();
-  if (stream_of(s)->capt) {
-    stream_of(s)->capt->invalid = 1;
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(stream_of(s), NULL, 0);
+  if (no) {
     UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   dop *o = push(stream_of(s), D_FREE);
   o->dst = p;
@@ -968,11 +986,10 @@ cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
   M.syncs++;
   mock_log(OP_SYNC, s);
   LOCK();
-  if (stream_of(s)->capt || forbidden()) {
-    stream_of(s)->capt->invalid = 1;
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(stream_of(s), NULL, 1);
+  if (no) {
     UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   int r = wait_for(stream_done, stream_of(s), "cudaStreamSynchronize");
   UNLOCK();
@@ -994,14 +1011,10 @@ cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
   M.syncs++;
   mock_log(OP_SYNC, NULL);
   LOCK();
-  if (((mevent *)e)->cap) {
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(NULL, (const mevent *)e, 1);
+  if (no) {
     UNLOCK();
-    return cudaErrorCapturedEvent;
-  }
-  if (forbidden()) {
-    UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   int r = wait_for(event_done, e, "cudaEventSynchronize");
   UNLOCK();
@@ -1009,15 +1022,10 @@ cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
 }
 cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
   LOCK();
-  if (stream_of(s)->capt) { /* a capturing stream has no status */
-    stream_of(s)->capt->invalid = 1;
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(stream_of(s), NULL, 1);
+  if (no) {
     UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
-  }
-  if (forbidden()) {
-    UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   progress();
   int d = stream_done(stream_of(s));
@@ -1026,14 +1034,10 @@ cudaError_t __wrap_cudaStreamQuery(cudaStream_t s) {
 }
 cudaError_t __wrap_cudaEventQuery(cudaEvent_t e) {
   LOCK();
-  if (((mevent *)e)->cap) { /* last recorded in a capture: no status */
-    world.capture_violations++;
+  cudaError_t no = capture_refuses(NULL, (const mevent *)e, 1);
+  if (no) {
     UNLOCK();
-    return cudaErrorCapturedEvent;
-  }
-  if (forbidden()) {
-    UNLOCK();
-    return cudaErrorStreamCaptureUnsupported;
+    return no;
   }
   progress();
   int d = event_done(e);

@@ -58,6 +58,16 @@ static void run_world(int n, mw_fn fn, void *ctx, const char *label) {
              o.ipc_freed_mapped);
 }
 
+/* Runs fn on 3 ranks over NCCL, then over CUDA IPC (r->ctx: an int, 1
+ * for CUDA IPC), each world labelled with `what` and its transport. */
+static void run_both(mw_fn fn, const char *what) {
+  for (int ipc = 0; ipc < 2; ipc++) {
+    char label[128];
+    snprintf(label, sizeof label, "%s over %s: ", what, ipc ? "CUDA IPC" : "NCCL");
+    run_world(3, fn, &ipc, label);
+  }
+}
+
 /* The caller's stream of a rank (a handle the emulation makes a stream of;
  * not the legacy stream, which cannot capture). */
 static cudaStream_t caller_stream(const g_rank *r) { return (cudaStream_t)(uintptr_t)(0x7000 + 16 * r->rank); }
@@ -326,9 +336,7 @@ out:
 
 static void launches_commit(void **state) {
   (void)state;
-  int nccl = 0, ipc = 1;
-  run_world(3, dbuf_rank, &nccl, "double buffer over NCCL: ");
-  run_world(3, dbuf_rank, &ipc, "double buffer over CUDA IPC: ");
+  run_both(dbuf_rank, "double buffer");
 }
 
 /* What a capture refuses, before it enqueues anything (the capture stays
@@ -548,9 +556,7 @@ out:
 
 static void launches_keep_their_buffers(void **state) {
   (void)state;
-  int nccl = 0, ipc = 1;
-  run_world(3, kept_rank, &nccl, "kept buffers: ");
-  run_world(3, kept_rank, &ipc, "kept buffers, CUDA IPC: ");
+  run_both(kept_rank, "kept buffers");
 }
 
 /* A launch queued behind other work on the caller's stream has not
@@ -593,9 +599,7 @@ out:
 
 static void queued_launch_not_late(void **state) {
   (void)state;
-  int nccl = 0, ipc = 1;
-  run_world(3, pending_rank, &nccl, "queued launch: ");
-  run_world(3, pending_rank, &ipc, "queued launch, CUDA IPC: ");
+  run_both(pending_rank, "queued launch");
 }
 
 /* reshard_plan_get_status polled from another thread of the rank (as a
@@ -665,9 +669,7 @@ static void watched_rank(g_rank *r) {
 
 static void status_polled_during_capture(void **state) {
   (void)state;
-  int nccl = 0, ipc = 1;
-  run_world(3, watched_rank, &nccl, "polled during capture: ");
-  run_world(3, watched_rank, &ipc, "polled during capture, CUDA IPC: ");
+  run_both(watched_rank, "polled during capture");
 }
 
 /* Block quantization in a graph (issue 19 on the device): a plan that
