@@ -175,6 +175,7 @@ static void encode(wbuf *b, const rs_plan_stage *st) {
   for (int k = 0; k < RS_WIDE_CANDIDATES; k++) {
     put_u(b, st->pace_cand[k].narrow);
     put_u(b, st->pace_cand[k].wide);
+    put_u(b, st->pace_cand[k].inside);
   }
   /* in stream order, with each segment's push order, when the creation
    * sorted them (it does, sizing its streams): later creations then
@@ -221,6 +222,7 @@ static reshard_result_t decode(rbuf *b, size_t len, rs_plan_stage *st, int rank)
   for (int k = 0; k < RS_WIDE_CANDIDATES; k++) {
     st->pace_cand[k].narrow = get_u(b);
     st->pace_cand[k].wide = get_u(b);
+    st->pace_cand[k].inside = get_u(b);
   }
   if (b->bad || nsegs > len || nlocals > len)
     return rs_error(RESHARD_ERROR_INTERNAL, "stage store: rank %d: corrupt header", rank);

@@ -835,7 +835,8 @@ typedef struct reshard_plan_stats {
                                  (the rounds of its longest narrow stream, one
                                  in `phases`, or of its longest wide one),
                                  within which streams inside an NVLink domain
-                                 finish and over which wide network streams
+                                 finish and over which wide network streams,
+                                 and those nothing waits on past NVLink,
                                  spread (0: no pacing) */
 } reshard_plan_stats_t;
 

@@ -174,10 +174,10 @@ static void test_everything_fits_in_one_round(void **state) {
   reshard_layout_destroy(dst);
 }
 
-/* n f32 tensors of rows x cols, all from rank 1 to rank 0 (one stream),
- * cut with chunk_bytes = chunk: want messages each way and rounds, then a
- * byte-exact sync. */
-static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want) {
+/* n f32 tensors of rows x cols (1 x rows x cols with lead), all from
+ * rank 1 to rank 0 (one stream), cut with chunk_bytes = chunk: want
+ * messages each way and rounds, then a byte-exact sync. */
+static void one_stream_shaped(int n, int lead, int64_t rows, int64_t cols, size_t chunk, int want) {
   reshard_layout_t *side[2];
   reshard_placement_t rep = reshard_replicate();
   int one = 1;
@@ -188,8 +188,9 @@ static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want
     for (int i = 0; i < n; i++) {
       char name[16];
       snprintf(name, sizeof name, "t%d", i);
-      int64_t shape[2] = {rows, cols};
-      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+      int64_t shape[3] = {1, rows, cols};
+      assert_int_equal(reshard_layout_add_tensor(side[k], name, RESHARD_FP32, lead ? 3 : 2, lead ? shape : shape + 1, &t),
+                       RESHARD_SUCCESS);
       assert_int_equal(reshard_layout_place(side[k], t, m, &rep, &b), RESHARD_SUCCESS);
     }
   }
@@ -208,6 +209,10 @@ static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want
   sync_twice(2, side[0], side[1], &a.opts);
   reshard_layout_destroy(side[0]);
   reshard_layout_destroy(side[1]);
+}
+
+static void one_stream(int n, int64_t rows, int64_t cols, size_t chunk, int want) {
+  one_stream_shaped(n, 0, rows, cols, chunk, want);
 }
 
 /* Two 24 KiB tensors in one stream with 16 KiB messages: the second box's
@@ -267,6 +272,15 @@ static void test_cut_fits_more_than_all_streams_at_once(void **state) {
 static void test_medium_boxes_top_up(void **state) {
   (void)state;
   one_stream(4, 48, 64, 16384, 3);
+}
+
+/* The same as 1 x 48 x 64 tensors (a stacked-expert slice is [1, rows,
+ * cols]): a dim of extent 1 is no slab, so the box tops up the open
+ * message with rows of the next dim; it went whole to the next message
+ * before, four messages three-quarters full. */
+static void test_leading_unit_dims_top_up(void **state) {
+  (void)state;
+  one_stream_shaped(4, 1, 48, 64, 16384, 3);
 }
 
 typedef struct peers_args {
@@ -359,6 +373,7 @@ int main(void) {
       cmocka_unit_test(test_cut_fits_more_than_all_streams_at_once),
       cmocka_unit_test(test_domain_streams_take_smaller_messages),
       cmocka_unit_test(test_medium_boxes_top_up),
+      cmocka_unit_test(test_leading_unit_dims_top_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

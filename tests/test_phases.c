@@ -20,7 +20,7 @@
 #include "support/harness.h"
 
 #define STAGING ((size_t)65536)
-enum { NSRC = 8, MAXR = 32, ROWS = 256, COLS = 4096 };
+enum { NSRC = 8, MAXR = 32, ROWS = 256, COLS = 4096, MAX_ROUNDS = 512 };
 
 /* Candidate c of 2^k phases and wide threshold w. */
 static int cand(int k, int w) { return k * RS_WIDE_CANDIDATES + w; }
@@ -127,6 +127,8 @@ typedef struct phase_args {
   uint64_t wide_most[MAXR];   /* the largest send of a wide network stream */
   int off_phase[MAXR]; /* messages outside their stream's phase */
   int wide_phases[MAXR]; /* the most phases a wide stream's sends used */
+  double seconds[MAXR];  /* the cost model's estimate (reshard_plan_estimate) */
+  uint64_t sent[MAXR][MAX_ROUNDS]; /* bytes sent per round (rounds past MAX_ROUNDS: in the last) */
 } phase_args;
 
 /* The bytes this rank sends to (dir 0) or receives from (1) peer. */
@@ -175,6 +177,9 @@ static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
   rs_plan_force = (rs_plan_agreed){0};
   if (r != RESHARD_SUCCESS) return 1;
   int bad = reshard_plan_get_stats(plan, &a->st[rank]) != RESHARD_SUCCESS;
+  reshard_estimate_t est = RESHARD_ESTIMATE_INITIALIZER;
+  bad |= reshard_plan_estimate(plan, &est) != RESHARD_SUCCESS;
+  a->seconds[rank] = est.seconds;
   a->off_phase[rank] = count_off_phase(plan, &a->wide_phases[rank]);
   a->pace[rank] = plan->pace;
   a->last_inside[rank] = a->last_network[rank] = -1;
@@ -186,6 +191,8 @@ static int phase_rank(int rank, reshard_comm_t *comm, void *arg) {
     if (sent > a->wide_most[rank]) a->wide_most[rank] = sent;
     if (horizon) a->over_pace[rank] += sent > ((b + horizon - 1) / horizon + 63) / 64 * 64;
   }
+  for (size_t i = 0; i < plan->nsends; i++)
+    a->sent[rank][plan->sends[i].round < MAX_ROUNDS ? plan->sends[i].round : MAX_ROUNDS - 1] += plan->sends[i].bytes;
   for (int dir = 0; dir < 2; dir++) {
     const rs_msg *m = dir ? plan->recvs : plan->sends;
     size_t n = dir ? plan->nrecvs : plan->nsends;
@@ -326,8 +333,8 @@ static void test_relay_in_phases(void **state) {
  * phases with it narrow lose to the same with it wide (over a threshold
  * below its bytes: spread over every phase), which also beats one
  * phase's 8 streams a round in small messages. Its messages then use
- * every phase, as large as without pacing (it sets the horizon); the
- * 64 KiB streams stay in theirs; bytes exact. */
+ * every phase, at least as large as without pacing (it sets the
+ * horizon); the 64 KiB streams stay in theirs; bytes exact. */
 static void test_long_stream_goes_wide(void **state) {
   (void)state;
   reshard_layout_t *src, *dst;
@@ -344,8 +351,10 @@ static void test_long_stream_goes_wide(void **state) {
   assert_true(a.st[0].phases > 1);
   assert_true(a.st[0].wide_bytes > 65536 && a.st[0].wide_bytes < ((size_t)2 << 20) + 65536);
   for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_phases[r], a.st[0].phases);
-  /* longer than the horizon (it is the horizon): pacing leaves it its share */
-  for (int r = 0; r < NSRC; r++) assert_int_equal(a.wide_most[r], off.wide_most[r]);
+  /* longer than the horizon (it is the horizon): pacing leaves it its
+   * share, and no less (more, here: the 64 KiB streams, paced, leave the
+   * round staging for a larger chunk) */
+  for (int r = 0; r < NSRC; r++) assert_true(a.wide_most[r] >= off.wide_most[r]);
   sync_twice(2 * NSRC, src, dst, 0);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
@@ -359,8 +368,14 @@ static void test_long_stream_goes_wide(void **state) {
  * while the network streams of "e" set the rounds. Cut alone, at chunk /
  * 4 one round in P, those forwards outlast the network's streams many
  * times over; paced (unforced), they end within a few rounds of the
- * network's last (the rounds past it at least halve), while staging
- * stays within the budget (plan_all) and the bytes are exact. */
+ * network's last (the rounds past it at least halve), while staging stays
+ * within the budget (plan_all) and the bytes are exact. The source ->
+ * owner streams of "w" are free (RS_PACE_FREE) but short: their paced
+ * messages would fall under RS_RELAY_MIN_PART_DEFAULT, so they keep
+ * their caps; paced over the whole horizon they would make the forwards,
+ * which send each part's bytes in order, wait for the last of its 8
+ * sources (135 rounds past the network's last, 1.520 ms predicted
+ * against 1.438). */
 enum { E_ROWS = 512, DOM_SHARDS = 4, DOM_REPLICAS = 2, DOM_RANKS = 2 * NSRC };
 static void build_domains(reshard_layout_t **src, reshard_layout_t **dst) {
   int64_t shape[2] = {ROWS, COLS}, eshape[2] = {NSRC * E_ROWS, COLS};
@@ -405,9 +420,9 @@ static void test_domain_forwards_keep_pace(void **state) {
   int32_t in_on = most(on.last_inside, DOM_RANKS), net_on = most(on.last_network, DOM_RANKS);
   int32_t in_off = most(off.last_inside, DOM_RANKS), net_off = most(off.last_network, DOM_RANKS);
   printf("domains: %d phases, chunk %zu B, paced over %d rounds (longest narrow %llu B): last round inside a domain %d, "
-         "between %d; unpaced (chunk %zu B): %d, %d\n",
+         "between %d, %.6f s predicted; unpaced (chunk %zu B): %d, %d, %.6f s\n",
          on.st[0].phases, on.st[0].chunk_bytes, on.st[0].pace_rounds, (unsigned long long)on.pace[0].narrow, in_on, net_on,
-         off.st[0].chunk_bytes, in_off, net_off);
+         on.seconds[0], off.st[0].chunk_bytes, in_off, net_off, off.seconds[0]);
   assert_true(on.pace[0].narrow > 0 && on.st[0].pace_rounds > 0);
   assert_int_equal(off.pace[0].narrow, 0);
   assert_int_equal(off.st[0].pace_rounds, 0);
@@ -523,6 +538,126 @@ static void test_send_and_receive_halves_fit(void **state) {
   assert_true(phased > 0);
 }
 
+
+/* Free network streams paced (rs_chunk_cap, RS_PACE_FREE): the 8 sources
+ * on node 0 each send 4 MiB to node 1, the even ones in one stream (to
+ * the destination of their index), the odd ones in four 1 MiB streams
+ * (to the odd destinations: every destination receives 4 MiB too). Cut alone, each stream at
+ * the chunk until done, an odd source sends four messages a round for a
+ * quarter of the rounds and an even one a message a round for all of
+ * them: the round maxima sum to 1.75 x a source's 4 MiB. Paced over the
+ * horizon (the longest stream's rounds), every source sends its bytes
+ * evenly: the maxima sum to its 4 MiB (within a message's rounding),
+ * and the cost model's estimate falls. Phases forced to one, so that the
+ * rounds compare; bytes exact. */
+enum { FREE_ROWS = 64 }; /* 1 MiB of COLS fp32 */
+static void build_free(int colocated, int parts, reshard_layout_t **src, reshard_layout_t **dst) {
+  assert_int_equal(reshard_layout_create(src), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_create(dst), RESHARD_SUCCESS);
+  reshard_placement_t rep = reshard_replicate();
+  int one = 1;
+  for (int r = 0; r < NSRC; r++)
+    for (int k = 0; k < (r % 2 ? parts : 1); k++) {
+      char name[32];
+      snprintf(name, sizeof name, "t%d_%d", r, k);
+      int64_t shape[2] = {(r % 2 ? 4 / parts : 4) * FREE_ROWS, COLS};
+      int to = colocated ? (r + 1 + 2 * k) % NSRC : NSRC + (r + 2 * k) % NSRC, t, m, b;
+      for (int side = 0; side < 2; side++) {
+        reshard_layout_t *L = side ? *dst : *src;
+        assert_int_equal(reshard_layout_add_tensor(L, name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+        assert_int_equal(reshard_layout_add_mesh(L, 1, &one, side ? &to : &r, &m), RESHARD_SUCCESS);
+        assert_int_equal(reshard_layout_place(L, t, m, &rep, &b), RESHARD_SUCCESS);
+      }
+    }
+}
+
+/* The sum over rounds of the most any source sends in the round. */
+static uint64_t round_maxima(const phase_args *a) {
+  uint64_t sum = 0;
+  for (int k = 0; k < MAX_ROUNDS; k++) {
+    uint64_t most = 0;
+    for (int r = 0; r < NSRC; r++)
+      if (a->sent[r][k] > most) most = a->sent[r][k];
+    sum += most;
+  }
+  return sum;
+}
+
+static void test_free_streams_paced_evenly(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build_free(0, 4, &src, &dst);
+  const uint64_t each = (uint64_t)4 * FREE_ROWS * COLS * sizeof(float);
+  static phase_args on, off;
+  memset(&on, 0, sizeof on);
+  on.staging = (size_t)4 << 20;
+  on.force = (rs_plan_agreed){.set_phases = 1, .phases = 1, .wide = 0, .pace = {each, 0}};
+  plan_all(&on, 2 * NSRC, src, dst, 0, 0);
+  memset(&off, 0, sizeof off);
+  off.staging = (size_t)4 << 20;
+  off.force = (rs_plan_agreed){.set_phases = 1, .phases = 1, .wide = 0, .pace = {0, 0}};
+  plan_all(&off, 2 * NSRC, src, dst, 0, 0);
+  uint64_t m_on = round_maxima(&on), m_off = round_maxima(&off);
+  printf("free streams: paced over %d rounds (chunk %zu B): round maxima %.3f x a source's bytes, %.6f s predicted; "
+         "unpaced (chunk %zu B): %.3f x, %.6f s\n",
+         on.st[0].pace_rounds, on.st[0].chunk_bytes, (double)m_on / (double)each, on.seconds[0], off.st[0].chunk_bytes,
+         (double)m_off / (double)each, off.seconds[0]);
+  assert_true(on.st[0].pace_rounds > 1 && off.st[0].pace_rounds == 0);
+  for (int r = 0; r < NSRC; r++) assert_true(on.sent[r][MAX_ROUNDS - 1] == 0 && off.sent[r][MAX_ROUNDS - 1] == 0);
+  assert_true(10 * m_on <= 11 * each);  /* within 10% of the bound (messages round up) */
+  assert_true(4 * m_off >= 6 * each);   /* the case pacing is for */
+  assert_true(on.seconds[0] < off.seconds[0]);
+  sync_twice_staged(2 * NSRC, src, dst, 0, (size_t)4 << 20);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* Such streams inside one NVLink domain (the 8 ranks of an h100-8x400g
+ * node, each a source and a destination: an even source to the next
+ * rank, an odd one to the next two even ranks, 4 MiB into every rank;
+ * the odd sources' 4 MiB in two streams, so that paced messages stay
+ * over the 256 KiB floor at this budget): no network stream, so no network horizon; the plan takes its
+ * horizon from its longest stream inside (RS_PACE_INSIDE in a plan
+ * whose pace has no network stream: a spreading pre-plan's copies), and
+ * every stream keeps to it. Unpaced, the odd sources' four streams front-
+ * load their rounds as above; paced, the round maxima sum to about a
+ * source's bytes and the estimate falls (one phase forced on both, as
+ * above, so that the rounds compare); bytes exact. */
+static void test_inside_only_plan_paced(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  build_free(1, 2, &src, &dst);
+  const uint64_t each = (uint64_t)4 * FREE_ROWS * COLS * sizeof(float);
+  static phase_args on, off;
+  memset(&on, 0, sizeof on);
+  on.staging = (size_t)4 << 20;
+  plan_all(&on, NSRC, src, dst, 0, 0); /* unforced: what the ranks agree */
+  assert_int_equal(on.pace[0].narrow, 0);
+  assert_int_equal(on.pace[0].wide, 0);
+  assert_int_equal(on.pace[0].inside, each);
+  assert_true(on.st[0].pace_rounds > 1);
+  memset(&on, 0, sizeof on);
+  on.staging = (size_t)4 << 20;
+  on.force = (rs_plan_agreed){.set_phases = 1, .phases = 1, .wide = 0, .pace = {0, 0, each}};
+  plan_all(&on, NSRC, src, dst, 0, 0);
+  memset(&off, 0, sizeof off);
+  off.staging = (size_t)4 << 20;
+  off.force = (rs_plan_agreed){.set_phases = 1, .phases = 1, .wide = 0, .pace = {0, 0, 0}};
+  plan_all(&off, NSRC, src, dst, 0, 0);
+  uint64_t m_on = round_maxima(&on), m_off = round_maxima(&off);
+  printf("inside only: %d phases, paced over %d rounds (longest inside %llu B, chunk %zu B): round maxima %.3f x a "
+         "source's bytes, %.6f s predicted; unpaced: %.3f x, %.6f s\n",
+         on.st[0].phases, on.st[0].pace_rounds, (unsigned long long)on.pace[0].inside, on.st[0].chunk_bytes,
+         (double)m_on / (double)each, on.seconds[0], (double)m_off / (double)each, off.seconds[0]);
+  assert_true(on.st[0].pace_rounds > 1 && off.st[0].pace_rounds == 0);
+  assert_true(10 * m_on <= 11 * each);
+  assert_true(4 * m_off >= 6 * each);
+  assert_true(on.seconds[0] < off.seconds[0]);
+  sync_twice_staged(NSRC, src, dst, 0, (size_t)4 << 20);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_choose),
@@ -533,6 +668,8 @@ int main(void) {
       cmocka_unit_test(test_send_and_receive_halves_fit),
       cmocka_unit_test(test_domain_forwards_keep_pace),
       cmocka_unit_test(test_wide_stream_paced),
+      cmocka_unit_test(test_free_streams_paced_evenly),
+      cmocka_unit_test(test_inside_only_plan_paced),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,7 @@ static void random_stage(rs_plan_stage *st, size_t n, int sort) {
   st->spread = any32();
   st->digest = rnd();
   for (int k = 0; k < RS_PHASE_CANDIDATES; k++) st->phase_est[k] = rnd() % 2 ? rnd() : UINT64_MAX;
-  for (int k = 0; k < RS_WIDE_CANDIDATES; k++) st->pace_cand[k] = (rs_pace){rnd(), rnd() % 7};
+  for (int k = 0; k < RS_WIDE_CANDIDATES; k++) st->pace_cand[k] = (rs_pace){rnd(), rnd() % 7, rnd() % 5};
 }
 
 /* got[k] must be want's segment w (every field; dims past ndim 0). */

@@ -815,9 +815,14 @@ int main(int argc, char **argv) {
            "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
            ag->chunk, (int)ag->spread, (int)ag->phases);
     if (ag->wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(ag->wide >> 20));
-    if (world > 0 && agreed[0].pace_rounds)
+    if (world > 0 && agreed[0].pace_rounds && !ag->pace.narrow && !ag->pace.wide)
+      printf("# paced over %d rounds (no network stream; the longest inside an NVLink domain: %.1f MiB): every stream\n"
+             "# keeps to them\n",
+             agreed[0].pace_rounds, (double)ag->pace.inside / (1 << 20));
+    else if (world > 0 && agreed[0].pace_rounds)
       printf("# paced over %d rounds (the longest network streams: narrow %.1f MiB, wide %.1f MiB): streams inside an\n"
-             "# NVLink domain finish within them, wide network streams spread over them\n",
+             "# NVLink domain finish within them; wide network streams, and those nothing waits on past NVLink,\n"
+             "# spread over them\n",
              agreed[0].pace_rounds, (double)ag->pace.narrow / (1 << 20), (double)ag->pace.wide / (1 << 20));
     if (ag->phases > 1 || ag->est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(ag->est);
     print_header();

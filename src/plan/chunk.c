@@ -266,6 +266,12 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   uint64_t slice = s->esize;
   for (int j = d + 1; j < nd; j++) slice *= (uint64_t)ext[j];
   uint64_t total = d < nd ? slice * (uint64_t)ext[d] : slice;
+  /* A dim of extent 1 has one slice, the whole box: its slabs are the
+   * next dim's. Without this, a stacked-expert box ([1, rows, cols])
+   * under the cap that did not fit the open message went whole to the
+   * next one instead of topping it up with rows: DeepSeek-V3's 64-row
+   * expert slices left 18% of every message empty. */
+  if (d + 1 < nd && ext[d] == 1) return split_box(ch, s, d + 1, off, ext, at);
   const uint64_t pos = ch->nruns ? seg_pos(s, at) : 0;
   /* A box within the cap goes whole, unless it does not fit the open
    * message but a slice does: it then tops the message up with whole
@@ -557,10 +563,16 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
     uint64_t n = (plan->pace.wide + cap - 1) / cap;
     if (n > h) h = n;
   }
+  /* no network stream: the longest inside a domain, at its chunk */
+  if (!h && plan->pace.inside) {
+    uint64_t cap = spread_cap(plan, chunk, plan->pace.inside, 1);
+    h = (plan->pace.inside + cap - 1) / cap;
+    if (plan->phases > 1 && !rs_stream_wide(plan, plan->pace.inside)) h *= (uint64_t)plan->phases;
+  }
   return h;
 }
 
-/* Pacing. The network's streams set the plan's rounds; two kinds of
+/* Pacing. The network's streams set the plan's rounds; three kinds of
  * stream were cut as if they were alone. A stream inside a domain, at
  * chunk / domain_div in one round of `phases`, took many times the
  * network's rounds to move bytes that NVLink carries in a fraction of
@@ -572,24 +584,57 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * A wide network stream (a relay forward between domains) whose data is
  * ready early sent a chunk every round and piled onto its receiver's
  * first rounds; it now takes at most its bytes over the horizon.
- * Smaller caps never raise a round's staging, and round_load and the
- * ladder's cuts price the larger ones, so the chunk agreed stays within
- * the budget. `bytes` may be padded to 64: the cap only grows with it. */
-uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside) {
+ * A narrow network stream nothing waits on past NVLink (RS_PACE_FREE:
+ * direct traffic, a source -> owner stream of a group inside one domain)
+ * sent a chunk a round until done, so a rank whose streams were short
+ * sent most of its bytes in the first rounds and one whose streams were
+ * long sent evenly: the ranks' rounds differed, and a round takes its
+ * busiest rank's time. DeepSeek-V3 on 32 + 32 ranks, every source rank
+ * sending 900 MiB: rounds of 2.3 ms on some ranks beside 1.1 ms on
+ * others, the main plan 1.34 x its NIC time. It now also takes at most
+ * its bytes over its rounds within the horizon, so that every rank's
+ * rounds carry its bytes evenly, in messages of at least
+ * RS_RELAY_MIN_PART_DEFAULT (256 KiB, about five times a message's cost
+ * in NIC time): paced into one message a round, the short streams of
+ * Llama-3.1-70B's plan (302 rounds) tripled its messages' cost, 1.015
+ * -> 1.038 x T_lower, and Qwen3-30B-A3B's went 1.032 -> 1.083. Streams
+ * that others wait on keep their caps: a relay stream that pipelines
+ * over the network, and forwards, which go as their data arrives
+ * (paced, the panel's DeepSeek-V3 went from 1.095 to 1.146 x T_lower:
+ * the forwards between domains left later). A plan without network
+ * streams (a spreading pre-plan, a plan inside one node) takes its
+ * horizon from its longest stream inside a domain, and every stream
+ * inside takes at most its bytes over it, for the same reason: the
+ * DeepSeek-V3 spreading copy's givers sent 98 us rounds beside others'
+ * 79 us, 3.33 -> 2.63 ms. Smaller caps never raise a round's staging, and round_load
+ * and the ladder's cuts price the larger ones (they pass RS_PACE_NONE
+ * or RS_PACE_INSIDE, not knowing which network streams are free), so
+ * the chunk agreed stays within the budget. `bytes` may be padded to
+ * 64: the cap only grows with it. */
+uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int kind) {
+  const int inside = kind == RS_PACE_INSIDE;
   uint64_t cap = spread_cap(plan, chunk, bytes, inside);
   uint64_t horizon = rs_pace_rounds(plan, chunk);
   int wide = rs_stream_wide(plan, bytes);
-  if (horizon && (inside || wide)) {
+  if (horizon && (inside || wide || kind == RS_PACE_FREE)) {
     /* the rounds this stream sends in within the horizon, and the bytes
      * a message needs to be done by its end */
     uint64_t rounds = plan->phases > 1 && !wide ? horizon / (uint64_t)plan->phases : horizon;
     if (!rounds) rounds = 1;
     uint64_t need = ((bytes + rounds - 1) / rounds + 63) & ~(uint64_t)63;
-    if (inside) { /* NVLink keeps pace with the network */
+    if (inside && !plan->pace.narrow && !plan->pace.wide) { /* no network: NVLink sets the pace */
+      if (need < RS_RELAY_MIN_PART_DEFAULT) need = RS_RELAY_MIN_PART_DEFAULT;
+      if (need < cap) cap = need;
+    } else if (inside) { /* NVLink keeps pace with the network */
       if (need > chunk) need = chunk & ~(uint64_t)63;
       if (need > cap) cap = need;
-    } else if (need < cap) { /* a wide network stream spreads over the horizon; one */
-      cap = need;            /* longer than it keeps its spread share */
+    } else {
+      /* a free stream's messages stay worth their cost (a short one
+       * goes in a few messages of RS_RELAY_MIN_PART_DEFAULT) */
+      if (kind == RS_PACE_FREE && !wide && need < RS_RELAY_MIN_PART_DEFAULT) need = RS_RELAY_MIN_PART_DEFAULT;
+      if (need < cap) { /* a network stream spreads over the horizon; one */
+        cap = need;     /* longer than it keeps its spread share */
+      }
     }
   }
   return cap;
@@ -651,7 +696,7 @@ static uint64_t round_load(const reshard_plan_t *plan, const rs_streams *st, con
   memset(sums, 0, 2 * (size_t)np * sizeof *sums);
   uint64_t all[2] = {0, 0};
   for (size_t i = 0; i < st->n; i++) {
-    uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i]);
+    uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i] ? RS_PACE_INSIDE : RS_PACE_NONE);
     int send = st->from[i] == plan->rank;
     uint64_t most = st->bytes[i] < cap ? st->bytes[i] : cap;
     if (phase && phase[i] < 0) all[send] += most;
@@ -841,11 +886,18 @@ static uint64_t relay_pipeline_cap(uint64_t cap, uint64_t bytes) {
   return want < cap ? want : cap;
 }
 
-/* The cap of the stream of `bytes` that segment s opens: rs_chunk_cap's,
- * and a source -> owner relay stream's pipelining cap (rs_seg.pipe). */
+/* The cap of the stream of `bytes` that segment s opens: rs_chunk_cap's
+ * (paced as RS_PACE_FREE where nothing waits on it past NVLink: direct
+ * traffic, and a source -> owner relay stream that does not pipeline),
+ * and a source -> owner relay stream's pipelining cap (rs_seg.pipe).
+ * Every party of the stream, virtual ones included, knows its segments'
+ * group, origin and pipe, so all cut it alike. */
 static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, const rs_seg *s) {
-  uint64_t cap = rs_chunk_cap(plan, chunk, bytes, in_domain(plan, s->from, s->to));
-  if (s->group >= 0 && s->origin >= 0 && s->pipe) cap = relay_pipeline_cap(cap, bytes);
+  const int inside = in_domain(plan, s->from, s->to);
+  const int pipelines = s->group >= 0 && s->origin >= 0 && s->pipe;
+  const int free_ = s->group < 0 || (s->origin >= 0 && !s->pipe);
+  uint64_t cap = rs_chunk_cap(plan, chunk, bytes, inside ? RS_PACE_INSIDE : free_ ? RS_PACE_FREE : RS_PACE_NONE);
+  if (pipelines) cap = relay_pipeline_cap(cap, bytes);
   return (size_t)cap;
 }
 

@@ -467,8 +467,9 @@ static void fill_stats(reshard_plan_t *p) {
   s->chunk_bytes = p->chunk_bytes;
   s->phases = p->phases;
   s->wide_bytes = p->phases > 1 ? p->wide_bytes : 0;
-  /* the horizon paces streams inside a domain (domain_div > 1) and wide ones */
-  uint64_t horizon = p->domain_div > 1 || s->wide_bytes ? rs_pace_rounds(p, p->chunk_bytes) : 0;
+  /* the horizon paces streams inside a domain, wide ones and the network
+   * streams nothing waits on (rs_chunk_cap): 0 without a pace */
+  uint64_t horizon = rs_pace_rounds(p, p->chunk_bytes);
   s->pace_rounds = horizon > INT32_MAX ? INT32_MAX : (int)horizon;
   s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
   s->send_messages = p->nsends;
@@ -589,7 +590,8 @@ static void build_ctx_free(build_ctx *c) {
 _Thread_local rs_plan_agreed rs_plan_force;
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
-       AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_N = AGREE_PACE + 2 * RS_WIDE_CANDIDATES };
+       AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_PACE_INSIDE = AGREE_PACE + 2 * RS_WIDE_CANDIDATES,
+       AGREE_N };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
 /* ---- naming a disagreement ----
@@ -1005,6 +1007,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     v[AGREE_PACE + 2 * k] = p->pace_cand[k].narrow;
     v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
   }
+  if (!local && p) v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside; /* the same for every threshold */
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -1042,7 +1045,8 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
   /* The phases from the ranks' estimates (phases.c). */
   memcpy(p->phase_est, &v[AGREE_PHASE_EST], sizeof p->phase_est);
-  for (int k = 0; k < RS_WIDE_CANDIDATES; k++) p->pace_cand[k] = (rs_pace){v[AGREE_PACE + 2 * k], v[AGREE_PACE + 2 * k + 1]};
+  for (int k = 0; k < RS_WIDE_CANDIDATES; k++)
+    p->pace_cand[k] = (rs_pace){v[AGREE_PACE + 2 * k], v[AGREE_PACE + 2 * k + 1], v[AGREE_PACE_INSIDE]};
   p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
   p->pace = rs_pace_choose(p->pace_cand, p->wide_bytes);
   if (rs_plan_force.set_phases) {

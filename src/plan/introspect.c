@@ -47,8 +47,10 @@ reshard_result_t reshard_plan_dump(const reshard_plan_t *p, FILE *f,
           s->local_copy_bytes, s->segments, s->num_chunks, s->chunk_bytes, s->phases, s->staging_bytes);
   if (s->wide_bytes) fprintf(f, "  streams over %zu bytes send in every round\n", s->wide_bytes);
   if (s->pace_rounds)
-    fprintf(f, "  paced over %d rounds (the longest network streams: narrow %" PRIu64 " bytes, wide %" PRIu64 " bytes)\n",
-            s->pace_rounds, p->pace.narrow, p->pace.wide);
+    fprintf(f,
+            "  paced over %d rounds (the longest network streams: narrow %" PRIu64 " bytes, wide %" PRIu64
+            " bytes; inside a domain %" PRIu64 " bytes)\n",
+            s->pace_rounds, p->pace.narrow, p->pace.wide, p->pace.inside);
   for (size_t i = 0; i < p->npeers; i++)
     fprintf(f, "  peer %d: send %zu bytes / %zu msgs, receive %zu bytes / %zu msgs\n", p->peers[i].peer, p->peers[i].send_bytes,
             p->peers[i].send_messages, p->peers[i].recv_bytes, p->peers[i].recv_messages);

@@ -116,7 +116,7 @@ static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, const i
   double per_phase[4][MAX_P];
   memset(per_phase, 0, sizeof per_phase);
   for (size_t i = 0; i < st->n; i++) {
-    uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i]);
+    uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i] ? RS_PACE_INSIDE : RS_PACE_NONE);
     double m = (double)((st->bytes[i] + cap - 1) / cap);
     int l = link_of(tmp, st->from[i], st->to[i]);
     msgs[l] += m;
@@ -209,9 +209,12 @@ int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide) {
 void rs_pace_candidates(const rs_streams *st, rs_pace *cand) {
   for (int w = 0; w < RS_WIDE_CANDIDATES; w++) {
     uint64_t wide = rs_phase_wide_bytes(w);
-    rs_pace most = {0, 0};
+    rs_pace most = {0, 0, 0};
     for (size_t i = 0; i < st->n; i++) {
-      if (st->inside[i]) continue;
+      if (st->inside[i]) {
+        if (st->bytes[i] > most.inside) most.inside = st->bytes[i];
+        continue;
+      }
       uint64_t *m = is_wide(wide, st->bytes[i]) ? &most.wide : &most.narrow;
       if (st->bytes[i] > *m) *m = st->bytes[i];
     }
@@ -223,11 +226,12 @@ void rs_pace_merge(rs_pace *into, const rs_pace *from) {
   for (int w = 0; w < RS_WIDE_CANDIDATES; w++) {
     if (from[w].narrow > into[w].narrow) into[w].narrow = from[w].narrow;
     if (from[w].wide > into[w].wide) into[w].wide = from[w].wide;
+    if (from[w].inside > into[w].inside) into[w].inside = from[w].inside;
   }
 }
 
 rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide) {
   for (int w = 0; w < RS_WIDE_CANDIDATES; w++)
     if (rs_phase_wide_bytes(w) == wide) return cand[w];
-  return (rs_pace){0, 0};
+  return (rs_pace){0, 0, 0};
 }

@@ -72,10 +72,12 @@ typedef struct rs_used_buffer {
 enum { RS_PHASE_MARGIN = 100 }; /* more phases must estimate 1/100 lower (rs_phases_choose) */
 enum { RS_PHASE_COUNTS = 7, RS_WIDE_CANDIDATES = 12, RS_PHASE_CANDIDATES = RS_PHASE_COUNTS * RS_WIDE_CANDIDATES };
 
-/* What sets a plan's network horizon (rs_pace_rounds): the bytes of its
- * longest narrow network stream and of its longest wide one (0: none). */
+/* What sets a plan's horizon (rs_pace_rounds): the bytes of its longest
+ * narrow network stream and of its longest wide one (0: none), and of its
+ * longest stream inside a domain, which sets it in a plan without network
+ * streams (a spreading pre-plan: all its copies go over NVLink). */
 typedef struct rs_pace {
-  uint64_t narrow, wide;
+  uint64_t narrow, wide, inside;
 } rs_pace;
 
 struct reshard_plan {
@@ -462,14 +464,22 @@ rs_pace rs_pace_choose(const rs_pace *cand, uint64_t wide);
 int32_t rs_phases_choose(const uint64_t *est, uint64_t *wide);
 
 
+/* What rs_chunk_cap knows of a stream. RS_PACE_NONE: a network stream
+ * others wait on (a relay stream that pipelines, a forward), or one whose
+ * kind the caller does not know (its cap is then the largest a network
+ * stream gets); RS_PACE_INSIDE: inside an NVLink domain; RS_PACE_FREE: a
+ * network stream nothing waits on past NVLink (direct traffic, a source
+ * -> owner stream of a group inside one domain). */
+enum { RS_PACE_NONE = 0, RS_PACE_INSIDE = 1, RS_PACE_FREE = 2 };
+
 /* A stream's largest message at chunk c: the chunk (divided by
  * domain_div inside a domain), or its share of the spread rounds (a
  * stream sends one round in `phases`, a wide one every round) when that
  * is larger, never above options.chunk_bytes or an int's count. With a
  * pace (plan->pace): a stream inside a domain takes at least, and a wide
- * network stream at most, what finishes it within the horizon
- * (rs_pace_rounds), never above c. */
-uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int inside);
+ * or free (kind RS_PACE_FREE) network stream at most, what finishes it
+ * within the horizon (rs_pace_rounds), never above c. */
+uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int kind);
 
 /* rs_chunk_limit on sized streams, stream i in phase[i] (NULL: all in
  * phase 0) of plan->phases; sums: 2 x plan->phases scratch. */
