@@ -833,7 +833,9 @@ typedef struct reshard_plan_stats {
                                  in every round (0: none) */
   int pace_rounds;            /* with a topology: the network's horizon
                                  (the rounds of its longest narrow stream, one
-                                 in `phases`, or of its longest wide one),
+                                 in `phases`, or of its longest wide one; with
+                                 no network stream, of its longest stream
+                                 inside a domain, which all keep to),
                                  within which streams inside an NVLink domain
                                  finish and over which wide network streams,
                                  and those nothing waits on past NVLink,

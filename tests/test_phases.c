@@ -225,6 +225,7 @@ static void plan_all(phase_args *a, int nranks, const reshard_layout_t *src, con
     assert_int_equal(a->st[r].wide_bytes, a->st[0].wide_bytes);
     assert_int_equal(a->pace[r].narrow, a->pace[0].narrow);
     assert_int_equal(a->pace[r].wide, a->pace[0].wide);
+    assert_int_equal(a->pace[r].inside, a->pace[0].inside);
     assert_int_equal(a->st[r].pace_rounds, a->st[0].pace_rounds);
     assert_int_equal(a->off_phase[r], 0);
     assert_true(a->st[r].staging_bytes <= staging);

@@ -118,12 +118,14 @@ struct reshard_plan {
   /* rs_phase_estimates of this rank, then their maxima over the ranks
    * (after the agreement: what chose phases and wide_bytes). */
   uint64_t phase_est[RS_PHASE_CANDIDATES];
-  /* Pace: the longest narrow and wide network streams of the plan
-   * (agreed as the maxima over the ranks, for the chosen wide_bytes;
-   * zeros: no pacing). The rounds they take at a chunk are the plan's
-   * network horizon, within which streams inside a domain finish and
-   * over which wide network streams spread (rs_chunk_cap). pace_cand:
-   * this rank's per wide candidate, then their maxima over the ranks. */
+  /* Pace: the longest narrow and wide network streams of the plan, and
+   * its longest stream inside a domain (agreed as the maxima over the
+   * ranks, for the chosen wide_bytes; zeros: no pacing). The rounds they
+   * take at a chunk are the plan's horizon (rs_pace_rounds: the
+   * network's, or without network streams the longest inside stream's),
+   * within which streams inside a domain finish and over which wide and
+   * free network streams spread (rs_chunk_cap). pace_cand: this rank's
+   * per wide candidate, then their maxima over the ranks. */
   rs_pace pace;
   rs_pace pace_cand[RS_WIDE_CANDIDATES];
 
@@ -478,7 +480,9 @@ enum { RS_PACE_NONE = 0, RS_PACE_INSIDE = 1, RS_PACE_FREE = 2 };
  * is larger, never above options.chunk_bytes or an int's count. With a
  * pace (plan->pace): a stream inside a domain takes at least, and a wide
  * or free (kind RS_PACE_FREE) network stream at most, what finishes it
- * within the horizon (rs_pace_rounds), never above c. */
+ * within the horizon (rs_pace_rounds), never above c; in a plan without
+ * network streams, a stream inside takes at most that. Free and inside-
+ * only paced messages are not cut under RS_RELAY_MIN_PART_DEFAULT. */
 uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes, int kind);
 
 /* rs_chunk_limit on sized streams, stream i in phase[i] (NULL: all in
