@@ -2,7 +2,9 @@
  * quantization block, grid-stride over every block of a rank's boxes. The
  * block's body is src/pack/quant_block.h, the host's too: the partial
  * maxima of the threads are reduced in shared memory between its two
- * passes (|x| as bits orders like the values, so an integer max). */
+ * passes (|x| as bits orders like the values, so an integer max). The
+ * CPU tests' emulated device (tests/gpu/mock_device.c, D_QUANT) runs the
+ * same calls in the same order, a thread at a time. */
 #include <cuda_runtime.h>
 
 #include "kernels/rs_kernels.h"
@@ -14,18 +16,28 @@ __global__ void __launch_bounds__(RS_KERNEL_THREADS)
 quant_kernel(const rs_qbox *__restrict__ boxes, const uint64_t *__restrict__ bstart, uint32_t nboxes, uint64_t nblocks,
              void *const *tab, const void *gather, unsigned char *codes, unsigned char *scales) {
   __shared__ unsigned amax;
+  __shared__ uint32_t box;
+  __shared__ rs_qblock sb;
   for (uint64_t g = blockIdx.x; g < nblocks; g += gridDim.x) {
-    const uint32_t lo = rs_qblock_box(bstart, nboxes, g);
-    const rs_qbox *q = &boxes[lo];
-    rs_qblock b;
-    rs_qblock_locate(q, q->in_buf < 0 ? gather : tab[q->in_buf], g - bstart[lo], &b);
-    if (threadIdx.x == 0) amax = 0;
+    /* One thread finds the block (a search and 64-bit divisions: as many
+     * instructions as quantizing a thread's share of it, if every warp
+     * did them) and whether its threads take 8 elements at a time. */
+    if (threadIdx.x == 0) {
+      const uint32_t lo = rs_qblock_box(bstart, nboxes, g);
+      const rs_qbox *q = &boxes[lo];
+      rs_qblock_locate(q, q->in_buf < 0 ? gather : tab[q->in_buf], g - bstart[lo], &sb);
+      rs_qblock_vec(q, &sb, codes);
+      box = lo;
+      amax = 0;
+    }
     __syncthreads();
+    const rs_qbox *q = &boxes[box];
+    const rs_qblock b = sb;
     const uint32_t m = rs_qblock_amax_part(q, &b, threadIdx.x, blockDim.x);
     if (m) atomicMax(&amax, m);
     __syncthreads();
     rs_qblock_write(q, &b, amax, codes, scales, threadIdx.x, blockDim.x);
-    __syncthreads(); /* amax is reset for the next block */
+    __syncthreads(); /* amax, box and sb are set for the next block */
   }
 }
 

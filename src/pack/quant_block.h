@@ -26,6 +26,7 @@ typedef struct rs_qblock {
   int64_t cols;            /* the plane's columns (codes are dense) */
   uint64_t code_at;        /* the plane's first code, from codes */
   uint64_t scale_at;       /* the block's scale, from scales */
+  int vec;                 /* threads take 8 elements at a time (rs_qblock_vec) */
 } rs_qblock;
 
 RS_CVT int64_t rs_qblock_cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
@@ -77,6 +78,98 @@ RS_CVT void rs_qblock_locate(const rs_qbox *q, const void *in_base, uint64_t blk
   b->cols = C;
   b->code_at = q->code_off + p * (uint64_t)(R * C);
   b->scale_at = q->scale_off + 4 * blk;
+  b->vec = 0;
+}
+
+/* The kernel's threads take a block 8 elements at a time (16 bytes
+ * read, 8 codes written, one load and one store each) where it can: a
+ * bf16 block whose rows are contiguous, span a multiple of 8 elements and
+ * start 16-byte aligned, and whose rows of codes start 8-byte aligned
+ * (codes: the launch's, which rs_qblock_write is given). Element by
+ * element (the loops below this), a thread spends two byte loads and a
+ * 64-bit address on each element, and the kernel is bound by issuing
+ * instructions, not by memory (docs/PERFORMANCE.md counts them). The same
+ * codes either way: the vector loops round each element as the scalar
+ * ones do. Sets b->vec; the host's one thread does not ask (its runs of
+ * blocks are quantize.c's). Little-endian only: element 2k is the low
+ * half of word k. */
+RS_CVT void rs_qblock_vec(const rs_qbox *q, rs_qblock *b, const unsigned char *codes) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+  (void)q, (void)codes;
+  b->vec = 0;
+#else
+  const uintptr_t in = (uintptr_t)(b->in + b->r0 * b->rs + b->c0 * 2);
+  const uintptr_t out = (uintptr_t)(codes + b->code_at + (uint64_t)(b->r0 * b->cols + b->c0));
+  b->vec = q->in_dtype == RESHARD_BF16 && b->cs == 2 && (b->c1 - b->c0) % 8 == 0 &&
+           ((in | (uintptr_t)b->rs) % 16 == 0) && ((out | (uintptr_t)b->cols) % 8 == 0);
+#endif
+}
+
+/* Rows a thread loads before it uses the first: the first pass reads
+ * memory (the second, the same bytes again, mostly from L2), and on a GPU
+ * four loads in flight per thread, not one, hide its latency. */
+#define RS_Q8_BATCH 4
+
+/* Eight bf16 at p (16-byte aligned): element 2k in the low half of w[k]. */
+typedef struct rs_q8 {
+  uint32_t w[4];
+} rs_q8;
+
+RS_CVT rs_q8 rs_q8_load(const unsigned char *p) {
+  rs_q8 v;
+#ifdef __CUDA_ARCH__
+  const uint4 u = __ldg((const uint4 *)p); /* (read-only for the kernel's life) */
+  v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
+#else
+  memcpy(v.w, p, 16);
+#endif
+  return v;
+}
+
+RS_CVT rs_q8 rs_q8_zero(void) {
+  rs_q8 v = {{0, 0, 0, 0}};
+  return v;
+}
+
+/* rs_q8_load where `load`, else zeros (a row past the block's). */
+RS_CVT rs_q8 rs_q8_load_if(int load, const unsigned char *p) { return load ? rs_q8_load(p) : rs_q8_zero(); }
+
+/* Eight codes to o (8-byte aligned), code k in byte k mod 4 of word k / 4. */
+RS_CVT void rs_q8_store(unsigned char *o, uint32_t lo, uint32_t hi) {
+#ifdef __CUDA_ARCH__
+  *(uint2 *)o = make_uint2(lo, hi);
+#else
+  memcpy(o, &lo, 4);
+  memcpy(o + 4, &hi, 4);
+#endif
+}
+
+/* The e4m3fn codes of eight elements, each rounded as rs_qblock_write's
+ * scalar loop rounds it (_finite where the block's amax is finite). */
+RS_CVT void rs_q8_codes(rs_q8 v, float factor, int finite, uint32_t c[2]) {
+  c[0] = c[1] = 0;
+  for (int k = 0; k < 8; k++) {
+    const float x = rs_cvt_bits_f32(k % 2 ? v.w[k / 2] & 0xffff0000u : v.w[k / 2] << 16);
+    const uint32_t e = finite ? rs_cvt_quant_e4m3_finite(x, factor) : rs_cvt_quant_e4m3(x, factor);
+    c[k / 4] |= e << (8 * (k % 4));
+  }
+}
+
+/* The larger of each 16-bit half of a and b (unsigned). */
+RS_CVT uint32_t rs_q8_max2(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __vmaxu2(a, b);
+#else
+  const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+  const uint32_t hi = (a >> 16) > (b >> 16) ? a >> 16 : b >> 16;
+  return hi << 16 | lo;
+#endif
+}
+
+/* m2 with each half raised to the |x| (15 bits) of v's halves. */
+RS_CVT uint32_t rs_q8_amax(uint32_t m2, rs_q8 v) {
+  return rs_q8_max2(m2, rs_q8_max2(rs_q8_max2(v.w[0] & 0x7fff7fffu, v.w[1] & 0x7fff7fffu),
+                                   rs_q8_max2(v.w[2] & 0x7fff7fffu, v.w[3] & 0x7fff7fffu)));
 }
 
 /* Element at p of a float dtype of the box (f32, bf16, f16) as f32 bits:
@@ -113,6 +206,25 @@ RS_CVT void rs_qrow_quant_bf16(const unsigned char *row, unsigned char *o, int64
  * the largest bits are amax, or say the block holds a NaN. The block's is
  * the max of every thread's part. */
 RS_CVT uint32_t rs_qblock_amax_part(const rs_qbox *q, const rs_qblock *b, unsigned tid, unsigned nth) {
+  if (b->vec) { /* rs_qblock_vec: groups of 8 columns, |x| as 15 bits */
+    const int64_t g = (b->c1 - b->c0) / 8, w = g < (int64_t)nth ? g : (int64_t)nth, h = (int64_t)nth / w;
+    if ((int64_t)tid >= w * h) return 0;
+    const unsigned char *row = b->in + (b->r0 + (int64_t)tid / w) * b->rs + b->c0 * 2;
+    const int64_t j0 = (int64_t)tid % w;
+    uint32_t m2 = 0;
+    if (w == g) /* a group of each of its rows, RS_Q8_BATCH rows' loads at once */
+      for (int64_t i = b->r0 + (int64_t)tid / w; i < b->r1; i += RS_Q8_BATCH * h) {
+        rs_q8 v[RS_Q8_BATCH];
+        for (int k = 0; k < RS_Q8_BATCH; k++) v[k] = rs_q8_load_if(i + k * h < b->r1, row + k * h * b->rs + 16 * j0);
+        for (int k = 0; k < RS_Q8_BATCH; k++) m2 = rs_q8_amax(m2, v[k]);
+        row += RS_Q8_BATCH * h * b->rs;
+      }
+    else /* (w == nth, h == 1: the rows are wider) */
+      for (int64_t i = b->r0; i < b->r1; i++, row += b->rs)
+        for (int64_t j = j0; j < g; j += w) m2 = rs_q8_amax(m2, rs_q8_load(row + 16 * j));
+    const uint32_t lo = m2 & 0xffffu, hi = m2 >> 16;
+    return (hi > lo ? hi : lo) << 16;
+  }
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   uint32_t m = 0;
   if ((int64_t)tid >= w * h) return 0;
@@ -138,12 +250,53 @@ RS_CVT void rs_qblock_put_scale(const rs_qblock *b, uint32_t amax_bits, unsigned
   at[3] = (unsigned char)(s >> 24);
 }
 
+/* rs_qblock_write's vector loops (rs_qblock_vec), for a block holding a
+ * NaN (every code 0x7f), a finite block, and a block whose amax is
+ * infinite: kind is a constant at each call, so each is a loop of its own
+ * and the finite one holds the rounding's common path only. */
+enum { RS_Q8_NAN, RS_Q8_FINITE, RS_Q8_INF };
+
+RS_CVT void rs_q8_write(rs_q8 v, unsigned char *o, float factor, int kind) {
+  uint32_t c[2] = {0x7f7f7f7fu, 0x7f7f7f7fu}; /* NaN: as the scalar loop, below */
+  if (kind != RS_Q8_NAN) rs_q8_codes(v, factor, kind == RS_Q8_FINITE, c);
+  rs_q8_store(o, c[0], c[1]);
+}
+
+RS_CVT void rs_qblock_write_vec(const rs_qblock *b, unsigned char *codes, float factor, int kind, unsigned tid,
+                                unsigned nth) {
+  const int64_t g = (b->c1 - b->c0) / 8, w = g < (int64_t)nth ? g : (int64_t)nth, h = (int64_t)nth / w;
+  if ((int64_t)tid >= w * h) return;
+  const int64_t i0 = b->r0 + (int64_t)tid / w, j0 = (int64_t)tid % w;
+  const unsigned char *row = b->in + i0 * b->rs + b->c0 * 2;
+  unsigned char *o = codes + b->code_at + (uint64_t)(i0 * b->cols + b->c0);
+  /* (as rs_qblock_amax_part's vector loops) */
+  if (w == g)
+    for (int64_t i = i0; i < b->r1; i += RS_Q8_BATCH * h) {
+      rs_q8 v[RS_Q8_BATCH];
+      for (int k = 0; k < RS_Q8_BATCH; k++)
+        v[k] = rs_q8_load_if(kind != RS_Q8_NAN && i + k * h < b->r1, row + k * h * b->rs + 16 * j0);
+      for (int k = 0; k < RS_Q8_BATCH && i + k * h < b->r1; k++)
+        rs_q8_write(v[k], o + k * h * b->cols + 8 * j0, factor, kind);
+      row += RS_Q8_BATCH * h * b->rs, o += RS_Q8_BATCH * h * b->cols;
+    }
+  else
+    for (int64_t i = i0; i < b->r1; i++, row += b->rs, o += b->cols)
+      for (int64_t j = j0; j < g; j += w)
+        rs_q8_write(kind != RS_Q8_NAN ? rs_q8_load(row + 16 * j) : rs_q8_zero(), o + 8 * j, factor, kind);
+}
+
 /* Thread tid of nth's codes of the block, given the block's amax bits;
  * thread 0 also writes the scale. */
 RS_CVT void rs_qblock_write(const rs_qbox *q, const rs_qblock *b, uint32_t amax_bits, unsigned char *codes,
                             unsigned char *scales, unsigned tid, unsigned nth) {
   const float factor = rs_cvt_block_factor(rs_qblock_amax(amax_bits));
   if (tid == 0) rs_qblock_put_scale(b, amax_bits, scales);
+  if (b->vec) { /* rs_qblock_vec: each kind of block its own loop */
+    if (amax_bits > 0x7f800000u) rs_qblock_write_vec(b, codes, factor, RS_Q8_NAN, tid, nth);
+    else if (amax_bits < 0x7f800000u) rs_qblock_write_vec(b, codes, factor, RS_Q8_FINITE, tid, nth);
+    else rs_qblock_write_vec(b, codes, factor, RS_Q8_INF, tid, nth);
+    return;
+  }
   const int64_t w = b->c1 - b->c0 < (int64_t)nth ? b->c1 - b->c0 : (int64_t)nth, h = (int64_t)nth / w;
   if ((int64_t)tid >= w * h) return;
   unsigned char *out = codes + b->code_at;

@@ -386,8 +386,9 @@ static int run_ipc(void) {
  * the same block code as one thread), byte for byte over codes and
  * scales: random 2-D and stacked 3-D boxes of bf16, f16 and f32 inputs
  * read with a row pitch wider than the box, random and 128 x 128 blocks
- * (ragged last ones), mostly finite values with a few zero blocks, one
- * launch over all boxes, some read from the gather pointer. */
+ * (ragged last ones), half the boxes aligned for the vector loops, mostly
+ * finite values with a few zero blocks, one launch over all boxes, some
+ * read from the gather pointer. */
 static int run_quant(uint64_t seed) {
   uint64_t s = seed ^ 0x51ed270b;
   const int nbox = 24;
@@ -407,12 +408,18 @@ static int run_quant(uint64_t seed) {
     for (int d = 0; d < b.ndim; d++)
       b.extent[d] = d < b.ndim - 2 ? 1 + (int64_t)(rc_rand(&s) % 3) : 1 + (int64_t)(rc_rand(&s) % (big ? 400 : 150));
     const int64_t es = b.in_dtype == RESHARD_FP32 ? 4 : 2, nd = b.ndim;
-    const int64_t pitch = b.extent[nd - 1] + (int64_t)(rc_rand(&s) % 9);
+    /* half the boxes aligned for the kernel's vector loops where bf16
+     * (pack/quant_block.h rs_qblock_vec: rows of a multiple of 8 elements,
+     * 16-byte aligned, codes 8-byte aligned) */
+    const int aligned = rc_rand(&s) % 2;
+    if (aligned) b.extent[nd - 1] = (b.extent[nd - 1] + 7) / 8 * 8;
+    const int64_t pitch = b.extent[nd - 1] + (aligned ? 8 * (int64_t)(rc_rand(&s) % 2) : (int64_t)(rc_rand(&s) % 9));
     b.in_stride[nd - 1] = 1;
     b.in_stride[nd - 2] = pitch;
     if (nd == 3) b.in_stride[0] = pitch * b.extent[1];
     const int k = b.in_buf < 0;
-    b.in_off = (in_bytes[k] + 15) / 16 * 16 + (uint64_t)es * (rc_rand(&s) % 3);
+    b.in_off = (in_bytes[k] + 15) / 16 * 16 + (aligned ? 0 : (uint64_t)es * (rc_rand(&s) % 3));
+    if (aligned) codes = (codes + 7) / 8 * 8;
     in_bytes[k] = b.in_off + (uint64_t)(es * (nd == 3 ? b.in_stride[0] * b.extent[0] : pitch * b.extent[nd - 2]));
     b.code_off = codes;
     b.scale_off = scales;

@@ -13,6 +13,7 @@
 #include "kernels/rs_kernels.h"
 #include "kernels/rs_tile.h"
 #include "pack/quant_block.h"
+#include "support/quant_emul.h"
 #include "transport/transport.h"
 
 _Thread_local mock_thread M;
@@ -684,15 +685,7 @@ static int step(mstream *s) {
     for (uint64_t g = 0; g < o->nblocks; g++) {
       const uint32_t k = rs_qblock_box(o->bstart, (uint32_t)o->n, g);
       const rs_qbox *q = &o->qboxes[k];
-      rs_qblock b;
-      rs_qblock_locate(q, q->in_buf < 0 ? o->src : o->src_tab[q->in_buf], g - o->bstart[k], &b);
-      uint32_t amax = 0;
-      for (unsigned th = 0; th < RS_KERNEL_THREADS; th++) {
-        const uint32_t m = rs_qblock_amax_part(q, &b, th, RS_KERNEL_THREADS);
-        amax = m > amax ? m : amax;
-      }
-      for (unsigned th = 0; th < RS_KERNEL_THREADS; th++)
-        rs_qblock_write(q, &b, amax, o->dst, o->scales, th, RS_KERNEL_THREADS);
+      rs_emul_quant_block(q, q->in_buf < 0 ? o->src : o->src_tab[q->in_buf], g - o->bstart[k], o->dst, o->scales, 0);
     }
     break;
   }
