@@ -155,7 +155,10 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
  * block of the global tensor, over its elements read as f32,
  * amax = max(max |x|, 1e-4), code = e4m3fn(x * (448 / amax)) (the factor
  * and the product in f32, round to nearest even), scale = amax / 448
- * (DeepSeek's per_block_cast_to_fp8). A block held whole by a source rank
+ * (DeepSeek's per_block_cast_to_fp8). A block holding a NaN has a NaN
+ * scale and every code 0x7f; a block whose amax is infinite has the
+ * factor 0, so its finite elements' codes are signed zeros and its infinities'
+ * 0x7f (NaN), on hosts and GPUs alike. A block held whole by a source rank
  * is quantized there (by each replica: the planner then picks among
  * them); a block split across source ranks is first gathered, in the
  * source dtype, to the rank that holds most of it (only blocks some

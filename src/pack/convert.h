@@ -276,7 +276,13 @@ RS_CVT float rs_cvt_quant_product(float x, float factor) {
 }
 
 RS_CVT uint32_t rs_cvt_quant_e4m3(float x, float factor) {
-  return rs_cvt_round_e4m3(rs_cvt_f32_bits(rs_cvt_quant_product(x, factor)));
+  const uint32_t p = rs_cvt_f32_bits(rs_cvt_quant_product(x, factor));
+  /* A NaN product (an infinity times the factor 0 of a block whose amax
+   * is infinite) is 0x7f, whatever sign the hardware gave it: x86 makes
+   * 0xffc00000 (0xff), a GPU 0x7fffffff (0x7f, what PyTorch on a GPU
+   * gives), and the host and device codes must be the same bytes. */
+  if (RS_CVT_RARE((p & 0x7fffffffu) > 0x7f800000u)) return 0x7f;
+  return rs_cvt_round_e4m3(p);
 }
 
 RS_CVT uint32_t rs_cvt_quant_e4m3_finite(float x, float factor) {

@@ -121,6 +121,7 @@ RS_CVT rs_q8 rs_q8_load(const unsigned char *p) {
   const uint4 u = __ldg((const uint4 *)p); /* (read-only for the kernel's life) */
   v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
 #else
+  if ((uintptr_t)p % 16) __builtin_trap(); /* (a GPU faults here: so do the CPU tests) */
   memcpy(v.w, p, 16);
 #endif
   return v;
@@ -139,6 +140,7 @@ RS_CVT void rs_q8_store(unsigned char *o, uint32_t lo, uint32_t hi) {
 #ifdef __CUDA_ARCH__
   *(uint2 *)o = make_uint2(lo, hi);
 #else
+  if ((uintptr_t)o % 8) __builtin_trap(); /* (as rs_q8_load) */
   memcpy(o, &lo, 4);
   memcpy(o + 4, &hi, 4);
 #endif

@@ -387,7 +387,8 @@ static int run_ipc(void) {
  * scales: random 2-D and stacked 3-D boxes of bf16, f16 and f32 inputs
  * read with a row pitch wider than the box, random and 128 x 128 blocks
  * (ragged last ones), half the boxes aligned for the vector loops, mostly
- * finite values with a few zero blocks, one launch over all boxes, some
+ * finite values with a few zero blocks and a few holding a NaN or an
+ * infinity, one launch over all boxes, some
  * read from the gather pointer. */
 static int run_quant(uint64_t seed) {
   uint64_t s = seed ^ 0x51ed270b;
@@ -436,6 +437,8 @@ static int run_quant(uint64_t seed) {
       uint32_t e = 100 + (f >> 24) % 40;
       uint32_t bits = (f & 0x807fffffu) | (e << 23);
       if ((j / 512) % 17 == 0) bits = 0;
+      /* now and then a NaN or an infinity (its block's other path) */
+      if (f % 150001 == 0) bits = f & 1 ? 0x7fc00000u : (f & 0x80000000u) | 0x7f800000u;
       in[k][j] = (unsigned char)(bits >> 16), in[k][j + 1] = (unsigned char)(bits >> 24);
     }
   std::vector<unsigned char> ref_c(codes + 1, 0xa5), ref_s(scales + 1, 0xa5), got_c(codes + 1), got_s(scales + 1);
