@@ -3,8 +3,9 @@
  * block's body is src/pack/quant_block.h, the host's too: the partial
  * maxima of the threads are reduced in shared memory between its two
  * passes (|x| as bits orders like the values, so an integer max). The
- * CPU tests' emulated device (tests/gpu/mock_device.c, D_QUANT) runs the
- * same calls in the same order, a thread at a time. */
+ * CPU tests (tests/support/quant_emul.h: the emulated device and
+ * test_quant_kernel) run the same calls in the same order, a thread at a
+ * time. */
 #include <cuda_runtime.h>
 
 #include "kernels/rs_kernels.h"

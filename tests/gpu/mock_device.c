@@ -681,7 +681,7 @@ static int step(mstream *s) {
   case D_HOSTFN: /* (on a driver thread in CUDA; here whoever progresses) */
     o->fn(o->arg);
     break;
-  case D_QUANT: /* each block as RS_KERNEL_THREADS threads (quant_kernels.cu) */
+  case D_QUANT: /* each block as the kernel's threads run it (support/quant_emul.h) */
     for (uint64_t g = 0; g < o->nblocks; g++) {
       const uint32_t k = rs_qblock_box(o->bstart, (uint32_t)o->n, g);
       const rs_qbox *q = &o->qboxes[k];
