@@ -111,7 +111,9 @@
  * NOT MODELLED: Megatron with tp not dividing the KV heads (linear_qkv
  * then split evenly across groups), vLLM's EPLB redundant experts, round_robin expert
  * placement, VLLM_PP_LAYER_PARTITION, added (LoRA) vocabulary, prefill
- * context parallelism; Megatron's virtual pipeline stages,
+ * context parallelism, the last stage's extra embed_tokens under
+ * EAGLE-style speculative decoding (models/utils.py
+ * spec_decode_needs_target_embed); Megatron's virtual pipeline stages,
  * pipeline_model_parallel_layout, context parallelism,
  * account_for_embedding/loss_in_pipeline_split, fused MLA down projections
  * (mla_down_proj_fusion) and linear_q_proj.layer_norm_weight (MLA without
@@ -248,7 +250,14 @@ const rm_tensor *rm_model_tensor(const rm_model *m, int i);
  * are replicated instead of TP-sharded under sequence-parallel MoE: by
  * default (vLLM's use_sequence_parallel_moe with its default all2all
  * backend) when ep > 1, tp > 1 and dp > 1; sp_moe=0 / sp_moe=1 force it
- * (other all2all backends). Pipeline stages follow get_pp_indices.
+ * (other all2all backends). Pipeline stages follow get_pp_indices; what a
+ * stage builds besides its layers follows each model class: Qwen3-MoE and
+ * Mixtral build model.embed_tokens, model.norm and lm_head on every stage
+ * (Qwen3MoeModel / MixtralModel.__init__), Llama, Mistral, Qwen2 and Qwen3
+ * embed_tokens on the first stage (and the last when tied), norm and
+ * lm_head on the last, DeepSeek-V3 embed_tokens on the first and norm and
+ * lm_head on the last, never tied (a tied config's lm_head.weight is
+ * written from the embedding). Each such replica is a destination.
  *
  * Both: per-expert models have the same parallel semantics; with block
  * scales, each scale tensor is split like its weight, which needs every

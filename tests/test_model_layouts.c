@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "reshard.h"
@@ -741,6 +742,209 @@ static void golden_fp8_qkv_scales(void **state) {
   rm_model_free(m);
 }
 
+/* ------------------------------------------------------------------ */
+/* 10. What each pipeline stage builds besides its layers              */
+/* ------------------------------------------------------------------ */
+
+/* A config written from json (single quotes for double quotes) to a
+ * temporary file, loaded, and the file removed. */
+static rm_model *load_json(const char *json) {
+  char path[] = "/tmp/reshard_layouts_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  assert_non_null(f);
+  for (const char *c = json; *c; c++) fputc(*c == '\'' ? '"' : *c, f);
+  assert_int_equal(fclose(f), 0);
+  rm_model *m = load(path, 0);
+  unlink(path);
+  return m;
+}
+
+/* The three names a stage may build besides its layers, on rank: exactly
+ * those of want (embed_tokens, norm, lm_head; NULL where the rank must
+ * have none), in the order named_parameters gives them. */
+static void expect_ends(const reshard_layout_t *L, int rank, const char *embed, const char *norm, const char *head) {
+  const char *names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+  const char *want[3] = {embed, norm, head};
+  for (int i = 0; i < 3; i++) {
+    if (want[i]) {
+      expect_lines(L, rank, names[i], LINES(want[i]));
+    } else {
+      int b;
+      if (reshard_layout_find_buffer(L, names[i], rank, &b) == RESHARD_SUCCESS)
+        print_error("rank %d holds '%s' (buffer %d); vLLM builds PPMissingLayer there\n", rank, names[i], b);
+      assert_int_equal(param_bytes(L, names[i], rank), 0);
+    }
+  }
+}
+
+/* vLLM 0.33.0, per architecture (the "stage ends" of src/models/vllm.c):
+ *  - qwen3_moe.py Qwen3MoeModel.__init__ / Qwen3MoeForCausalLM.__init__
+ *    and mixtral.py MixtralModel.__init__ / MixtralForCausalLM.__init__
+ *    build embed_tokens, norm and lm_head with no get_pp_group() test, so
+ *    every stage has all three (AutoWeightsLoader loads them there); tied
+ *    (ParallelLMHead.tie_weights), lm_head.weight IS embed_tokens.weight
+ *    and named_parameters lists it once, as model.embed_tokens.weight;
+ *  - llama.py LlamaModel.__init__ / LlamaForCausalLM.__init__ (Mistral's
+ *    too), qwen2.py Qwen2Model.__init__ / Qwen2ForCausalLM.__init__,
+ *    qwen3.py Qwen3ForCausalLM.__init__: embed_tokens where is_first_rank
+ *    or (tie_word_embeddings and is_last_rank), norm and lm_head where
+ *    is_last_rank, PPMissingLayer elsewhere;
+ *  - deepseek_v2.py DeepseekV2Model.__init__ / DeepseekV2ForCausalLM
+ *    .__init__ (DeepseekV3ForCausalLM): embed_tokens where is_first_rank,
+ *    norm and lm_head where is_last_rank, never tied: a tied config's last
+ *    stage still has its own lm_head.weight (filled from the embedding).
+ * make_layers (models/utils.py) builds only the stage's layers
+ * (get_pp_indices); tp 2, pp 2: stage 0 is ranks 0, 1, stage 1 ranks 2, 3;
+ * 1000 rows padded to 1024, 512 a TP rank. */
+static void vllm_stage_ends(void **state) {
+  (void)state;
+  const char *moe[] = {DATA("tiny-qwen3-moe.json"), DATA("tiny-mixtral.json")};
+  for (int i = 0; i < 2; i++) {
+    rm_model *m = load(moe[i], 0);
+    reshard_layout_t *L = layout(m, VLLM, "tp=2,pp=2");
+    expect_ends(L, 1,
+                "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+                "rank=1 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+                "rank=1 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=512:1000,0:64 offset=0");
+    expect_ends(L, 2,
+                "rank=2 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:512,0:64 offset=0",
+                "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+                "rank=2 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=0:512,0:64 offset=0");
+    /* the layers stay the stage's own */
+    assert_int_equal(param_bytes(L, "model.layers.0.input_layernorm.weight", 2), 0);
+    reshard_layout_destroy(L);
+    rm_model_free(m);
+  }
+  /* pp 3 over tiny-qwen3-moe's 4 layers ([1, 2, 1]): the middle stage too */
+  rm_model *m = load(DATA("tiny-qwen3-moe.json"), 0);
+  reshard_layout_t *L = layout(m, VLLM, "pp=3");
+  expect_ends(L, 1, "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:1000,0:64 offset=0",
+              "rank=1 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+              "rank=1 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=0:1000,0:64 offset=0");
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* tied: embed_tokens on every stage, no lm_head.weight anywhere */
+  const char *tied[] = {
+      "{'architectures': ['Qwen3MoeForCausalLM'], 'model_type': 'qwen3_moe', 'vocab_size': 1000, 'hidden_size': 64,"
+      " 'num_hidden_layers': 4, 'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 8,"
+      " 'num_experts': 8, 'moe_intermediate_size': 32, 'decoder_sparse_step': 1, 'mlp_only_layers': [],"
+      " 'tie_word_embeddings': true}",
+      "{'architectures': ['MixtralForCausalLM'], 'model_type': 'mixtral', 'vocab_size': 1000, 'hidden_size': 64,"
+      " 'intermediate_size': 48, 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+      " 'num_local_experts': 4, 'tie_word_embeddings': true}"};
+  for (int i = 0; i < 2; i++) {
+    m = load_json(tied[i]);
+    L = layout(m, VLLM, "tp=2,pp=2");
+    expect_ends(L, 1,
+                "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+                "rank=1 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0", NULL);
+    expect_ends(L, 2,
+                "rank=2 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:512,0:64 offset=0",
+                "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0", NULL);
+    reshard_layout_destroy(L);
+    rm_model_free(m);
+  }
+
+  /* Llama (and Mistral, Qwen2, Qwen3): the first stage embeds, the last
+   * normalizes and projects */
+  m = load(DATA("tiny-llama.json"), 0);
+  L = layout(m, VLLM, "tp=2,pp=2");
+  expect_ends(L, 1,
+              "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+              NULL, NULL);
+  expect_ends(L, 2, NULL, "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+              "rank=2 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=0:512,0:64 offset=0");
+  reshard_layout_destroy(L);
+  /* pp 3: the middle stage builds none of them */
+  L = layout(m, VLLM, "pp=3");
+  expect_ends(L, 1, NULL, NULL, NULL);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+  /* tied Qwen3: the last stage's own embed_tokens is its lm_head */
+  m = load(DATA("tiny-qwen3-bias.json"), 0);
+  L = layout(m, VLLM, "tp=2,pp=2");
+  expect_ends(L, 1,
+              "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+              NULL, NULL);
+  expect_ends(L, 2,
+              "rank=2 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:512,0:64 offset=0",
+              "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0", NULL);
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+
+  /* DeepSeek-V3: first / last only, like Llama untied */
+  m = load(DATA("tiny-deepseek-v3.json"), 0);
+  L = layout(m, VLLM, "tp=2,pp=2");
+  expect_ends(L, 1,
+              "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+              NULL, NULL);
+  expect_ends(L, 2, NULL, "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+              "rank=2 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=0:512,0:64 offset=0");
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+  /* tied DeepSeek: vLLM's lm_head stays a parameter of its own, on the
+   * last stage only, holding the embedding; pp 1: both on the one stage */
+  m = load_json("{'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'deepseek_v3', 'vocab_size': 1000,"
+                " 'hidden_size': 64, 'intermediate_size': 96, 'moe_intermediate_size': 16, 'num_hidden_layers': 2,"
+                " 'num_attention_heads': 4, 'q_lora_rank': 24, 'kv_lora_rank': 16, 'qk_nope_head_dim': 8,"
+                " 'qk_rope_head_dim': 4, 'v_head_dim': 8, 'n_routed_experts': 8, 'n_shared_experts': 2,"
+                " 'first_k_dense_replace': 1, 'topk_method': 'noaux_tc', 'tie_word_embeddings': true}");
+  L = layout(m, VLLM, "tp=2,pp=2");
+  expect_ends(L, 1,
+              "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+              NULL, NULL);
+  expect_ends(L, 2, NULL, "rank=2 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+              "rank=2 name=lm_head.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:512,0:64 offset=0");
+  reshard_layout_destroy(L);
+  L = layout(m, VLLM, "tp=2");
+  expect_ends(L, 1,
+              "rank=1 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0",
+              "rank=1 name=model.norm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0",
+              "rank=1 name=lm_head.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0");
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* 11. ep / etp on a dense model: what was given, etp 0 being unset     */
+/* ------------------------------------------------------------------ */
+
+/* The message names the settings the user gave (rm_parallel.etp 0 is
+ * unset, RM_PARALLEL_INIT), not the unset etp as "etp 0"; ep=1 / etp=1
+ * say nothing a dense model lacks and are accepted. */
+static void dense_ep_etp(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-llama.json"), 0);
+  for (int side = MEGATRON; side <= VLLM; side++) {
+    const char *who = side == VLLM ? "vllm layout: " : "megatron layout: ";
+    char want[256];
+    snprintf(want, sizeof want, "%sep 2 given for the dense model '%s'", who, DATA("tiny-llama.json"));
+    refused(m, side, "dp=2,ep=2", want);
+    assert_null(strstr(reshard_last_error(), "etp"));
+    snprintf(want, sizeof want, "%setp 2 given for the dense model", who);
+    refused(m, side, "tp=2,etp=2", want);
+    assert_null(strstr(reshard_last_error(), "ep 1"));
+    snprintf(want, sizeof want, "%sep 2 and etp 2 given for the dense model", who);
+    refused(m, side, "dp=2,ep=2,etp=2", want);
+    reshard_layout_destroy(layout(m, side, "tp=2,ep=1,etp=1"));
+  }
+  /* a programmatic rm_parallel: etp 0 is unset, a negative one is given */
+  rm_parallel p = RM_PARALLEL_INIT;
+  reshard_layout_t *L = NULL;
+  assert_int_equal(p.etp, 0);
+  assert_int_equal(rm_vllm_layout(m, &p, 0, &L), RESHARD_SUCCESS);
+  reshard_layout_destroy(L);
+  L = NULL;
+  p.etp = -1;
+  assert_int_equal(rm_vllm_layout(m, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "etp -1 given for the dense model"));
+  assert_null(L);
+  rm_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vllm_rank_order),          cmocka_unit_test(megatron_vocab_rows),
@@ -749,7 +953,8 @@ int main(void) {
       cmocka_unit_test(golden_dense_gqa),         cmocka_unit_test(golden_qwen3_moe),
       cmocka_unit_test(golden_mixtral),           cmocka_unit_test(golden_deepseek_v3),
       cmocka_unit_test(golden_shipped_sizes),     cmocka_unit_test(after_load_flags),
-      cmocka_unit_test(golden_fp8_qkv_scales),
+      cmocka_unit_test(golden_fp8_qkv_scales),    cmocka_unit_test(vllm_stage_ends),
+      cmocka_unit_test(dense_ep_etp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -393,6 +393,26 @@ static const char *DEEPSEEK =
     " 'qk_nope_head_dim': 8, 'qk_rope_head_dim': 4, 'v_head_dim': 8, 'n_routed_experts': 8,"
     " 'n_shared_experts': 2, 'first_k_dense_replace': 1, 'moe_layer_freq': 1, 'topk_method': 'noaux_tc',"
     " 'num_nextn_predict_layers': 1, 'tie_word_embeddings': false}";
+/* Tied embeddings where vLLM builds embed_tokens / lm_head on every
+ * pipeline stage (qwen3_moe.py Qwen3MoeModel.__init__, mixtral.py
+ * MixtralModel.__init__: the tied lm_head is embed_tokens' parameter) or
+ * never ties (deepseek_v2.py DeepseekV2ForCausalLM.__init__: lm_head its
+ * own parameter on the last stage, written from the embedding). */
+static const char *QWEN3_MOE_TIED =
+    "{'architectures': ['Qwen3MoeForCausalLM'], 'model_type': 'qwen3_moe', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'num_hidden_layers': 3, 'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 8,"
+    " 'num_experts': 8, 'moe_intermediate_size': 32, 'decoder_sparse_step': 1, 'mlp_only_layers': [],"
+    " 'tie_word_embeddings': true}";
+static const char *MIXTRAL_TIED =
+    "{'architectures': ['MixtralForCausalLM'], 'model_type': 'mixtral', 'vocab_size': 1000, 'hidden_size': 64,"
+    " 'intermediate_size': 48, 'num_hidden_layers': 2, 'num_attention_heads': 8, 'num_key_value_heads': 2,"
+    " 'num_local_experts': 4, 'tie_word_embeddings': true}";
+static const char *DEEPSEEK_TIED =
+    "{'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'deepseek_v3', 'vocab_size': 1000,"
+    " 'hidden_size': 64, 'intermediate_size': 96, 'moe_intermediate_size': 16, 'num_hidden_layers': 2,"
+    " 'num_attention_heads': 4, 'q_lora_rank': 24, 'kv_lora_rank': 16, 'qk_nope_head_dim': 8,"
+    " 'qk_rope_head_dim': 4, 'v_head_dim': 8, 'n_routed_experts': 8, 'n_shared_experts': 2,"
+    " 'first_k_dense_replace': 1, 'topk_method': 'noaux_tc', 'tie_word_embeddings': true}";
 /* DeepSeek-V2-Lite style: no q LoRA (plain q_proj). */
 static const char *DEEPSEEK_NOQ =
     "{'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'deepseek_v3', 'vocab_size': 1000,"
@@ -762,6 +782,9 @@ static void e2e_qwen3_moe(void **state) {
   reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,pp=2,dp=2,ep=2,etp=2,first=1", "tp=4", 0, 0);
   reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=2", "tp=4,ep=4", 1, 8192);
   reshard("qwen3_moe.json", QWEN3_MOE, "tp=2,dp=2,ep=4,etp=1", "tp=2,pp=3,dp=2,ep=4", 0, 0);
+  /* every vLLM stage holds embed_tokens (= the tied lm_head) and norm */
+  reshard("qwen3_moe_tied.json", QWEN3_MOE_TIED, "tp=2,pp=3,ep=2,etp=1", "tp=2,pp=3,ep=2", 0, 0);
+  reshard("qwen3_moe_tied.json", QWEN3_MOE_TIED, "tp=2,ep=2,etp=1", "tp=2,pp=2,dp=2,ep=4", 1, 4096);
 }
 
 static void e2e_mixtral(void **state) {
@@ -770,6 +793,7 @@ static void e2e_mixtral(void **state) {
   reshard("mixtral.json", MIXTRAL, "tp=2,etp=2", "tp=2,ep=2", 0, 0);
   reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=2,grouped_gemm=0", "tp=2,pp=2,dp=2,ep=4", 0, 0);
   reshard("mixtral.json", MIXTRAL, "tp=2,dp=2,ep=4,etp=1", "tp=4,etp=4", 1, 0);
+  reshard("mixtral_tied.json", MIXTRAL_TIED, "tp=2,pp=2,ep=2,etp=1", "tp=2,pp=2,ep=2", 0, 0);
 }
 
 static void e2e_deepseek_v3(void **state) {
@@ -780,6 +804,10 @@ static void e2e_deepseek_v3(void **state) {
   reshard("deepseek.json", DEEPSEEK, "tp=2,dp=2,ep=4,etp=1", "tp=2,pp=2,dp=2,ep=4", 0, 0);
   reshard("deepseek_noq.json", DEEPSEEK_NOQ, "tp=2,pp=2", "tp=2,dp=2,ep=4", 0, 0);
   reshard("deepseek_noq.json", DEEPSEEK_NOQ, "dp=2,ep=2", "tp=2,dp=2,ep=4,sp_moe=0", 0, 0);
+  /* tied: vLLM's lm_head (last stage; the one stage at pp 1) is filled
+   * from the embedding */
+  reshard("deepseek_tied.json", DEEPSEEK_TIED, "tp=2,pp=2,ep=2,etp=1", "tp=2,pp=2,ep=2", 0, 0);
+  reshard("deepseek_tied.json", DEEPSEEK_TIED, "tp=2,ep=2,etp=1", "tp=4,ep=4", 1, 0);
 }
 
 int main(void) {

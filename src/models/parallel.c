@@ -107,9 +107,17 @@ reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int et
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp %d does not divide the %lld attention heads", side,
                     p->tp, (long long)m->c.heads);
   if (m->c.experts == 0) {
-    if (p->ep != 1 || p->etp > 1)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d / etp %d given for the dense model '%s'",
+    /* ep 1 and etp 0 are the defaults (RM_PARALLEL_INIT: etp 0 is unset),
+     * ep=1 / etp=1 say nothing more; name only what was set beyond them */
+    const int bad_ep = p->ep != 1, bad_etp = p->etp != 0 && p->etp != 1;
+    if (bad_ep && bad_etp)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "%s layout: ep %d and etp %d given for the dense model '%s' (it has no experts: leave both out)",
                       side, p->ep, p->etp, m->path);
+    if (bad_ep || bad_etp)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "%s layout: %s %d given for the dense model '%s' (it has no experts: leave it out)", side,
+                      bad_ep ? "ep" : "etp", bad_ep ? p->ep : p->etp, m->path);
     return RESHARD_SUCCESS;
   }
   int64_t stage = (int64_t)p->tp * p->dp;

@@ -28,8 +28,31 @@
  *   stages           vllm/distributed/utils.py get_pp_indices (see
  *                    rm_vllm_stage_layers); models/utils.py make_layers:
  *                    parameter names keep the global layer index
- *   tied embeddings  models/llama.py, qwen2.py: the last stage builds its
- *                    own embed_tokens when tie_word_embeddings
+ *   stage ends       which stages build embed_tokens, the final norm and
+ *                    lm_head, per architecture (see stage_ends):
+ *                    models/llama.py LlamaModel.__init__ and
+ *                    LlamaForCausalLM.__init__ (mistral.py
+ *                    MistralForCausalLM subclasses LlamaForCausalLM),
+ *                    qwen2.py Qwen2Model.__init__ and
+ *                    Qwen2ForCausalLM.__init__, qwen3.py Qwen3Model
+ *                    (a Qwen2Model) and Qwen3ForCausalLM.__init__:
+ *                    embed_tokens where get_pp_group().is_first_rank or
+ *                    (tie_word_embeddings and is_last_rank), norm and
+ *                    lm_head where is_last_rank, PPMissingLayer elsewhere;
+ *                    a tied lm_head is embed_tokens' parameter
+ *                    (ParallelLMHead.tie_weights), which named_parameters
+ *                    lists once, as model.embed_tokens.weight;
+ *                    models/qwen3_moe.py Qwen3MoeModel.__init__ and
+ *                    Qwen3MoeForCausalLM.__init__, mixtral.py
+ *                    MixtralModel.__init__ and MixtralForCausalLM.__init__:
+ *                    all three on EVERY stage, unconditionally, and
+ *                    load_weights (AutoWeightsLoader) loads them there;
+ *                    models/deepseek_v2.py DeepseekV2Model.__init__ and
+ *                    DeepseekV2ForCausalLM.__init__ (DeepseekV3ForCausalLM
+ *                    subclasses it): embed_tokens where is_first_rank only,
+ *                    norm and lm_head where is_last_rank, and no tying: a
+ *                    tied config still gets its own lm_head parameter,
+ *                    which reshard fills from the embedding
  *   DeepSeek MLA/MoE models/deepseek_v2.py DeepseekV2MLAAttention
  *                    (fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa]
  *                    replicated), DeepseekV2MoE (gate replicated,
@@ -46,7 +69,8 @@
  *     (reshard_layout_add_vllm_qkv, src/layout/builders.c);
  *   gate_up_proj = [gate shard; up shard] (reshard_layout_add_gate_up);
  *   o_proj, down_proj row-parallel (Shard(1));
- *   embed_tokens / lm_head, padded to a multiple of 64;
+ *   embed_tokens / lm_head, padded to a multiple of 64, and the final
+ *     norm, on the stages stage_ends names;
  *   MLA: fused_qkv_a_proj replicated (when q_lora_rank is set), q_b_proj /
  *     kv_b_proj column-parallel, o_proj row-parallel, the layernorms
  *     replicated; shared experts column/row-parallel, or replicated under
@@ -124,6 +148,26 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int 
   return RESHARD_SUCCESS;
 }
 
+/* What stage s of pp builds besides its layers (the "stage ends" sources
+ * above): *embed whether it has model.embed_tokens.weight, *norm whether it
+ * has model.norm.weight, *head the tensor its lm_head.weight holds (-1:
+ * none, or tied to its embed_tokens). Every stage that builds one of them
+ * holds a whole replica, loaded like the first / last stage's. */
+static void stage_ends(const rm_model *m, int s, int pp, int *embed, int *norm, int *head) {
+  const rm_arch a = m->c.arch;
+  const int every = a == RM_ARCH_QWEN3_MOE || a == RM_ARCH_MIXTRAL; /* no is_first/last_rank tests */
+  const int first = every || s == 0, last = every || s == pp - 1, tied = m->lm_head < 0;
+  if (a == RM_ARCH_DEEPSEEK_V3) { /* never ties */
+    *embed = first;
+    *norm = last;
+    *head = last ? (tied ? m->embed : m->lm_head) : -1;
+    return;
+  }
+  *embed = first || (last && tied);
+  *norm = last;
+  *head = last && !tied ? m->lm_head : -1;
+}
+
 /* The first expert of EP rank r under vLLM's linear placement. */
 static int expert_start(int E, int ep, int r) { return r * (E / ep) + (r < E % ep ? r : E % ep); }
 
@@ -183,10 +227,9 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
     if (E > 0 && !per_expert) CK(reshard_layout_add_mesh(L, 2, (const int[]){ep, flat / ep}, ranks, &emesh));
     for (int er = 0; per_expert && er < ep; er++)
       CK(reshard_layout_add_mesh(L, 1, (const int[]){flat / ep}, ranks + er * (flat / ep), &emeshes[er]));
-    /* vLLM builds embed_tokens on the first stage, and on the last one too
-     * when the lm_head is tied to it. */
-    if (s == 0 || (s == pp - 1 && m->lm_head < 0))
-      CK(rm_buf_vocab(L, "model.embed_tokens.weight", m->embed, mesh, vpad, H));
+    int embed, norm, head;
+    stage_ends(m, s, pp, &embed, &norm, &head);
+    if (embed) CK(rm_buf_vocab(L, "model.embed_tokens.weight", m->embed, mesh, vpad, H));
     const char *moe = c->arch == RM_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
     int l0, nl;
     rm_vllm_stage_layers(m->layers, pp, s, &l0, &nl);
@@ -250,10 +293,8 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
 #undef BUF
 #undef MOEBUF
     }
-    if (s == pp - 1) {
-      CK(rm_weight1(&B, "model.norm.weight", m->norm, mesh, rep));
-      if (m->lm_head >= 0) CK(rm_buf_vocab(L, "lm_head.weight", m->lm_head, mesh, vpad, H));
-    }
+    if (norm) CK(rm_weight1(&B, "model.norm.weight", m->norm, mesh, rep));
+    if (head >= 0) CK(rm_buf_vocab(L, "lm_head.weight", head, mesh, vpad, H));
   }
   free(ranks);
   free(emeshes);
