@@ -44,7 +44,13 @@ def comm(transport, rank, world_size, master_address, master_port, device):
         pg = StatelessProcessGroup.create(host=master_address,
                                           port=master_port, rank=rank,
                                           world_size=world_size)
-        c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
+        # vLLM builds its weight-transfer communicators without the NCCL_*
+        # settings batch-invariant mode pins (nccl_common.py,
+        # stateless_init_process_group: unpinned_nccl_env): a communicator
+        # shared by processes with different NCCL_* settings can hang.
+        from vllm.utils.nccl import unpinned_nccl_env
+        with unpinned_nccl_env():
+            c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
     else:
         raise InvalidArgumentError("reshard integration: transport %r: "
                                    "'nccl', 'mpi' or 'inproc:<key>'"

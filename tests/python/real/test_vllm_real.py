@@ -1,0 +1,244 @@
+"""reshard's vLLM engine against the real vLLM 0.33 (PyPI's wheel, on the
+CPU platform: VLLM_TARGET_DEVICE=cpu). Nothing of vLLM is stood in for
+here except where named: vLLM's own model classes, factories, plugin
+loading and fused-MoE oracle. Run by scripts/test_real.sh, which builds
+the environment; skipped where vLLM is not installed (the default test
+environment, scripts/test_python.sh, has no vLLM: 9.5 GB)."""
+import os
+import subprocess
+import sys
+import types
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import pytest  # noqa: E402
+
+pytest.importorskip("vllm", reason="the real vLLM: bash scripts/test_real.sh")
+torch = pytest.importorskip("torch")
+
+import reshard  # noqa: E402
+from reshard.integrations import vllm as rvllm  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import vllm_world  # noqa: E402  (model configs and builder, shared)
+
+from vllm.model_executor.layers.fused_moe.oracle import unquantized  # noqa: E402
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import \
+    UnquantizedMoeBackend  # noqa: E402
+
+WORLD_DEADLINE_S = 1500
+
+
+def test_plugin_found_by_vllm_in_a_fresh_process():
+    """A worker process of a real vLLM runs load_general_plugins() at start
+    (vllm/plugins/__init__.py); the installed reshard's vllm.general_plugins
+    entry point must register backend "reshard" there, with no code in the
+    user's driver."""
+    code = (
+        "from vllm.distributed.weight_transfer.factory import "
+        "WeightTransferEngineFactory as W, WeightTransferTrainerFactory as T\n"
+        "assert 'reshard' not in W._registry\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "print(sorted(W._registry), sorted(T._registry))\n"
+        "assert W._registry['reshard']().__name__ == 'ReshardWeightTransferEngine'\n"
+        "assert T._registry['reshard']().__name__ == "
+        "'ReshardTrainerWeightTransferEngine'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_every_unquantized_moe_backend_is_classified():
+    """Every fused-MoE backend of vLLM 0.33 is either written directly (its
+    kernel format is the loaded one) or refused with the backend named; a
+    vLLM that adds a backend fails here until it is classified."""
+    assert {b.name for b in UnquantizedMoeBackend} == {
+        "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "AITER", "TRITON",
+        "BATCHED_TRITON", "MOONEP", "CPU", "XPU", "TPU", "OOT"}
+    for b in UnquantizedMoeBackend:
+        m = types.SimpleNamespace(
+            quant_method=types.SimpleNamespace(unquantized_backend=b))
+        why = rvllm._moe_refusal(m, "flagged")
+        if b.name in ("TRITON", "BATCHED_TRITON"):
+            assert why is None, b
+        else:
+            assert why and b.value in why and "--moe-backend triton" in why, b
+
+
+class _Platform:
+    """current_platform as a CUDA device of one capability family (the
+    only stand-in: there is no GPU here)."""
+
+    def __init__(self, family):
+        self.family = family
+
+    def is_rocm(self):
+        return False
+
+    def is_cuda(self):
+        return True
+
+    def is_device_capability_family(self, family):
+        return family == self.family
+
+
+@pytest.mark.parametrize("family,first", [(90, "TRITON"),
+                                          (100, "FLASHINFER_TRTLLM")])
+def test_vllm_oracle_default_backend(monkeypatch, family, first):
+    """The premise of writing w13/w2 directly on Hopper: vLLM's own
+    _get_priority_backends (fused_moe/oracle/unquantized.py) puts Triton
+    first for bf16 on SM90; on Blackwell it puts FlashInfer TRT-LLM first,
+    which reshard refuses (it pads and reorders w13/w2)."""
+    monkeypatch.setattr(unquantized, "current_platform", _Platform(family))
+    cfg = types.SimpleNamespace(
+        moe_parallel_config=types.SimpleNamespace(dp_size=1),
+        activation=unquantized.MoEActivation.SILU)
+    assert unquantized._get_priority_backends(cfg)[0].name == first
+
+
+# ------------------------------------------- real models in this process
+@pytest.fixture(scope="module")
+def vllm_dist(tmp_path_factory):
+    from vllm.distributed import (cleanup_dist_env_and_memory,
+                                  init_distributed_environment)
+    port = 29700 + os.getpid() % 200
+    init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                 distributed_init_method="tcp://127.0.0.1:%d" % port,
+                                 backend="gloo")
+    yield vllm_world.write_configs(str(tmp_path_factory.mktemp("cfg")))
+    cleanup_dist_env_and_memory()
+
+
+def _real_model(path):
+    from vllm.config import (ModelConfig, ParallelConfig, VllmConfig,
+                             set_current_vllm_config)
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed import (destroy_model_parallel,
+                                  initialize_model_parallel)
+    vc = VllmConfig(
+        model_config=ModelConfig(model=path, skip_tokenizer_init=True,
+                                 dtype="bfloat16", enforce_eager=True),
+        parallel_config=ParallelConfig(),
+        weight_transfer_config=WeightTransferConfig(backend="reshard"))
+    with set_current_vllm_config(vc):
+        destroy_model_parallel()
+        initialize_model_parallel(1, 1)
+    return vc, vllm_world.build(vc)
+
+
+def _engine(vc, model):
+    from vllm.distributed.weight_transfer.factory import \
+        WeightTransferEngineFactory
+    rvllm.register()
+    return WeightTransferEngineFactory.create_engine(
+        vc.weight_transfer_config, vc, torch.device("cpu"), model)
+
+
+def test_cpu_moe_backend_refused_with_the_way_out(vllm_dist):
+    """vLLM's CPU platform prepacks w13/w2 (UnquantizedMoeBackend.CPU):
+    the worker refuses at init, naming the parameter, the backend and the
+    way out, and holds no plan or communicator."""
+    path = vllm_dist["qwen3_moe"]
+    vc, model = _real_model(path)
+    backends = {m.quant_method.unquantized_backend for m in model.modules()
+                if hasattr(getattr(m, "quant_method", None),
+                           "unquantized_backend")}
+    assert backends == {UnquantizedMoeBackend.CPU}  # vLLM's own choice here
+    e = _engine(vc, model)
+    world = reshard.InprocWorld(2)
+    rvllm.WORLDS["cpu-moe"] = world
+    try:
+        with pytest.raises(reshard.UnsupportedError) as ei:
+            e.init_transfer_engine(e.parse_init_info(dict(
+                model_config_path=os.path.join(path, "config.json"),
+                train="tp=1", infer="tp=1", rank_offset=1, world_size=2,
+                transport="inproc:cpu-moe")))
+        msg = str(ei.value)
+        assert "rank 1" in msg and "w13_weight" in msg and "CPU" in msg
+        assert "--moe-backend triton" in msg
+        assert e.plan is None and e.comm is None
+    finally:
+        world.close()
+        del rvllm.WORLDS["cpu-moe"]
+
+
+def test_mla_views_written_directly_copies_refused(vllm_dist):
+    """MLA: after vLLM's processing, W_UK_T and W_UV are views of
+    kv_b_proj.weight for bf16 (MLAAttention.process_weights_after_loading,
+    layers/attention/mla_attention.py): writing kv_b_proj in place updates
+    them, so it is accepted; derived copies (a dequantized or repacked
+    kernel) would go stale, so they are refused. The derived tensors are
+    set here as processing leaves them (processing itself needs vLLM's
+    CUDA ops)."""
+    path = vllm_dist["deepseek_v3"]
+    vc, model = _real_model(path)
+    dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+        model_config_path=os.path.join(path, "config.json"), layers=0,
+        dtype="bf16", train="tp=1", infer="tp=1"), 1)
+    def mla(refusals):  # (this CPU's MoE backend is refused too: above)
+        return sorted(n for n in refusals if ".kv_b_proj." in n)
+    assert mla(rvllm._live_refusals(model, dmodel, dst, 1)) == []  # unprocessed
+    attns = [m for m in model.modules() if hasattr(m, "kv_b_proj")
+             and type(m).__name__ == "MLAAttention"]
+    assert attns, "no MLAAttention in vLLM's DeepSeek-V3"
+    for a in attns:
+        w = a.kv_b_proj.weight
+        a.W_UV, a.W_UK_T = w[: w.shape[0] // 2], w[w.shape[0] // 2:].t()
+    assert mla(rvllm._live_refusals(model, dmodel, dst, 1)) == []
+    attns[0].W_UV = attns[0].W_UV.clone()
+    bad = mla(rvllm._live_refusals(model, dmodel, dst, 1))
+    assert bad == [n for n, p in model.named_parameters()
+                   if p is attns[0].kv_b_proj.weight]
+
+
+def test_world_size_must_cover_every_replica(tmp_path):
+    """A world that leaves workers outside the inference layout (dp left
+    out of infer) would leave them serving stale weights: refused on
+    every rank before any collective."""
+    cfg = vllm_world.write_configs(str(tmp_path))["llama"]
+    info = rvllm.ReshardTrainerInitInfo(
+        model_config_path=os.path.join(cfg, "config.json"), train="tp=2",
+        infer="tp=1", world_size=6, transport="inproc:none", rank=0)
+    from vllm.distributed.weight_transfer.factory import \
+        WeightTransferTrainerFactory
+
+    class Client:
+        calls = []
+
+        def __getattr__(self, name):
+            self.calls.append(name)
+            return lambda *a, **k: None
+    rvllm.register()
+    with pytest.raises(reshard.InvalidArgumentError,
+                       match=r"world_size 6 .* 2 trainer ranks .* 1 inference"):
+        WeightTransferTrainerFactory.trainer_init(
+            info, client=Client(), source=types.SimpleNamespace())
+    assert Client.calls == []
+
+
+def test_real_vllm_world():
+    """The MPI job of vllm_world.py: 2 Megatron trainer ranks, 4 vLLM
+    worker processes, every panel architecture at tp 1/2/4 and pp 2, two
+    steps, every byte checked (see its docstring)."""
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no mpirun")
+    out = os.environ.get("RESHARD_REAL_OUT", "/tmp/reshard-vllm-world")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1")
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "6",
+           sys.executable, os.path.join(HERE, "vllm_world.py"),
+           "--trainers", "2", "--out", out,
+           "--port", str(29500 + os.getpid() % 100)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                           timeout=WORLD_DEADLINE_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("vllm_world.py ran past %d s: %s" % (
+            WORLD_DEADLINE_S, (e.stdout or b"")[-3000:]))
+    lines = [ln for ln in r.stdout.splitlines()
+             if ln.startswith(("FAIL", "#")) or " passed, " in ln]
+    print("\n".join(lines[-60:]))
+    assert r.returncode == 0, "\n".join(lines[-60:]) + r.stderr[-3000:]
+    assert any(ln.endswith(" passed, 0 failed") for ln in lines)

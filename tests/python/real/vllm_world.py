@@ -1,0 +1,548 @@
+"""One MPI job against the real vLLM (0.33, CPU platform): Megatron trainer
+ranks and vLLM worker processes, reshard's vLLM engine between them.
+
+    VLLM_TARGET_DEVICE=cpu mpirun -n 6 python vllm_world.py \
+        --trainers 2 --port 29600 --out DIR
+
+Ranks 0 .. T-1 are trainer ranks; ranks T .. are vLLM workers, which
+also form their own torch.distributed world (gloo) as vLLM's workers do.
+For every case (a model config, the inference tp x pp, the trainer's
+Megatron spec), every worker:
+
+  1. builds vLLM's own model class for the config (vLLM's
+     initialize_model, bf16, random-free: every byte set to a sentinel),
+     under vLLM's model-parallel groups for tp x pp (the workers beyond
+     one tp x pp replica are further replicas);
+  2. checks reshard's layout of its rank against the real
+     named_parameters(): the same names, and each parameter's bytes;
+  3. gets its engine from vLLM's real WeightTransferEngineFactory with
+     backend "reshard", found through vLLM's own plugin loading
+     (load_general_plugins: the vllm.general_plugins entry point of the
+     installed reshard), and the trainer gets its engine from the real
+     WeightTransferTrainerFactory; the trainer's sender drives the
+     workers through a control-plane client over MPI messages (the part
+     of a real job that is HTTP or Ray: the only stand-in here);
+  4. after each of two steps (the trainer's weights change in between),
+     checks every byte of every parameter: inside reshard's fragments
+     against values from global coordinates (an independent
+     expectation) AND against a second instance of the same vLLM model
+     class loaded by vLLM's own load_weights with the same HF tensors;
+     outside the fragments, the sentinel untouched.
+
+Checks print "FAIL ..." lines; the last line is "N passed, M failed".
+Every wait has a deadline (the control messages; reshard's own
+timeouts). vLLM's CPU platform cannot run process_weights_after_loading
+with the PyPI (CUDA) build here (torch.ops._C is absent), so the models
+are compared in the format vLLM's loaders write, before post-processing:
+exactly the format reshard's layouts describe.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/python: conftest helpers
+
+SENTINEL = 0xA5
+CTL_DEADLINE_S = 300
+
+# name -> HF config: small shapes, every architecture family the engine
+# serves (dense GQA, attention bias, q/k norms, MoE, MLA with and without
+# q_lora_rank). Layer counts give each pp stage >= 1 layer.
+CONFIGS = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+        "vocab_size": 200, "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False},
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 200,
+        "tie_word_embeddings": True, "rms_norm_eps": 1e-6},
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+        "vocab_size": 200, "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "num_hidden_layers": 2, "vocab_size": 200, "num_experts": 4,
+        "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "norm_topk_prob": True,
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 200,
+        "num_local_experts": 4, "num_experts_per_tok": 2,
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-5},
+    # DeepSeek-V2-Lite-style MLA (no q_lora_rank: q_proj, not
+    # q_a/q_b) under DeepSeek-V3's router: reshard's front-end reads
+    # deepseek_v3 configs only (DeepseekV2ForCausalLM is not listed)
+    "deepseek_v3_nolora": {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 200, "n_routed_experts": 4,
+        "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1,
+        "topk_group": 1, "routed_scaling_factor": 1.0,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "q_lora_rank": None, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
+    "deepseek_v3": {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 200, "n_routed_experts": 4,
+        "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 2,
+        "topk_group": 1, "routed_scaling_factor": 2.5,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "q_lora_rank": 48, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
+}
+for _c in CONFIGS.values():
+    _c.update(torch_dtype="bfloat16", max_position_embeddings=256)
+
+# (config, inference spec, trainer spec over 2 ranks)
+CASES = [
+    ("llama", "tp=1", "tp=2"), ("llama", "tp=2", "pp=2"),
+    ("llama", "tp=4", "tp=2"), ("llama", "tp=2,pp=2", "tp=2"),
+    ("qwen2", "tp=2", "tp=2"), ("qwen2", "tp=4", "pp=2"),
+    ("qwen3", "tp=2", "tp=2"), ("qwen3", "tp=1,pp=2", "tp=2"),
+    ("qwen3_moe", "tp=1", "tp=2"), ("qwen3_moe", "tp=2", "dp=2,ep=2"),
+    ("qwen3_moe", "tp=4", "tp=2"), ("qwen3_moe", "tp=2,pp=2", "tp=2"),
+    ("mixtral", "tp=2", "tp=2"), ("mixtral", "tp=4", "dp=2,ep=2"),
+    ("deepseek_v3_nolora", "tp=1", "tp=2"), ("deepseek_v3_nolora", "tp=2", "tp=2"),
+    ("deepseek_v3_nolora", "tp=4", "dp=2,ep=2"),
+    ("deepseek_v3", "tp=2", "tp=2"), ("deepseek_v3", "tp=4", "pp=2"),
+]
+
+
+def spec_of(s):
+    d = dict(kv.split("=") for kv in s.split(","))
+    return {k: int(v) for k, v in d.items()}
+
+
+def torch_dtype(name):
+    import torch
+    import reshard
+    return getattr(torch, reshard.dtypes.torch_name(reshard.dtypes.to_c(name)))
+
+
+def esize(name):
+    import reshard
+    return reshard.dtypes.size(reshard.dtypes.to_c(name))
+
+
+def with_dp(infer, workers):
+    """The inference spec over all workers: the replicas beyond one tp x
+    pp group are data-parallel."""
+    sp = spec_of(infer)
+    return "%s,dp=%d" % (infer, workers // (sp.get("tp", 1) * sp.get("pp", 1)))
+
+
+def finite(b):
+    """Element bytes made finite floats (the exponent's top bit cleared:
+    a loader that converts would otherwise canonicalise NaNs); the same
+    rule on both sides, so still an independent expectation."""
+    b = b.copy()
+    b[:, -1] &= 0xBF
+    return b
+
+
+def want(tensor_id, shape, box, esize, step):
+    from conftest import box_linear, values
+    return finite(values(tensor_id + 1000 * step, box_linear(shape, box),
+                         esize)).ravel()
+
+
+def positions(f, esize):
+    idx = np.meshgrid(*[np.arange(hi - lo) for lo, hi in f.box], indexing="ij")
+    elem = sum(i.ravel() * s for i, s in zip(idx, f.strides)) + f.offset // esize
+    return (elem[:, None] * esize + np.arange(esize)).ravel()
+
+
+class Ctl:
+    """The control plane between the trainer's sender (rank 0) and the
+    workers: pickled messages over MPI with a deadline on every receive."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def send(self, dest, msg):
+        self.comm.send(msg, dest=dest, tag=7)
+
+    def recv(self, source):
+        req = self.comm.irecv(source=source, tag=7)
+        end = time.time() + CTL_DEADLINE_S
+        while True:
+            done, msg = req.test()
+            if done:
+                return msg
+            if time.time() > end:
+                raise TimeoutError("control message from rank %d not in %d s"
+                                   % (source, CTL_DEADLINE_S))
+            time.sleep(0.002)
+
+
+class Client:
+    """VLLMWeightSyncClient (vllm/distributed/weight_transfer/base.py) over
+    MPI: each call reaches every worker, as vLLM's collective_rpc does;
+    the workers run the engine's methods when the message arrives."""
+
+    def __init__(self, ctl, workers):
+        self.ctl, self.workers, self.calls = ctl, workers, []
+
+    def _all(self, *msg):
+        self.calls.append(msg[0])
+        for w in self.workers:
+            self.ctl.send(w, msg)
+
+    def init_weight_transfer_engine(self, init_info):
+        json.dumps(init_info)  # the real control planes carry JSON
+        self._all("init", init_info)
+
+    def start_weight_update(self):
+        self._all("start")
+
+    def update_weights(self, update_info):
+        self._all("update", update_info)
+
+    def finish_weight_update(self, weight_version=None):
+        self._all("finish", weight_version)
+
+
+def write_configs(out):
+    paths = {}
+    for name, cfg in CONFIGS.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as fh:
+            json.dump(cfg, fh)
+        paths[name] = d
+    return paths
+
+
+# ------------------------------------------------------------------ trainer
+def trainer(rank, T, W, ctl, paths, port):
+    import torch
+    import reshard
+    from vllm.distributed.weight_transfer.base import WeightSource, ParamMeta
+    from vllm.distributed.weight_transfer.factory import \
+        WeightTransferTrainerFactory
+    from vllm.plugins import load_general_plugins
+    from functools import cached_property
+    from reshard.integrations.vllm import ReshardTrainerInitInfo
+    load_general_plugins()  # the trainer side finds the engine the same way
+
+    class Source(WeightSource):
+        """This rank's Megatron parameters under DDP's double wrapping
+        (module.module.<name>), the pieces held locally."""
+
+        def __init__(self, tensors):
+            self.tensors = tensors
+            self.passes = 0
+
+        @cached_property
+        def metadata(self):
+            return [ParamMeta("module.module." + n, t.dtype, tuple(t.shape))
+                    for n, t in self.tensors.items()]
+
+        def iter_local(self):
+            self.passes += 1
+            for n, t in self.tensors.items():
+                yield "module.module." + n, t
+
+    bad = 0
+    for ci, (cfg, infer, train) in enumerate(CASES):
+        model = reshard.models.Model(os.path.join(paths[cfg], "config.json"))
+        src = reshard.models.megatron_layout(model, train)
+        bufs, tensors = {}, {}
+        dtype = {src.buffer_name(f.buffer): f.dtype for f in src.fragments(rank)}
+        for n, b in src.buffers(rank).items():
+            nb = src.buffer_bytes(b, rank)
+            bufs[n] = np.full(nb, SENTINEL, np.uint8)
+            tensors[n] = torch.from_numpy(bufs[n]).view(torch_dtype(dtype[n]))
+
+        def fill(step):
+            for f in src.fragments(rank):
+                es = esize(f.dtype)
+                buf = bufs[src.buffer_name(f.buffer)]
+                buf[positions(f, es)] = want(f.tensor, src.tensor(f.tensor).shape,
+                                             f.box, es, step)
+        fill(1)
+        source = Source(tensors)
+        info = ReshardTrainerInitInfo(
+            model_config_path=os.path.join(paths[cfg], "config.json"),
+            train=train, infer=with_dp(infer, W), world_size=T + W,
+            transport="mpi",
+            timeout_ms=60000, rank=rank)
+        client = Client(ctl, list(range(T, T + W))) if rank == 0 else None
+        eng = WeightTransferTrainerFactory.trainer_init(info, client=client,
+                                                        source=source)
+        for step in (1, 2):
+            if step == 2:
+                fill(2)  # the optimizer step, in place
+            eng.send_weights()
+        if source.passes != 2:
+            bad += 1
+            print("FAIL case %d: the engine read the source %d times in 2 "
+                  "steps (a fresh pass each step)" % (ci, source.passes))
+        if rank == 0 and client.calls != ["init"] + ["start", "update",
+                                                     "finish"] * 2:
+            bad += 1
+            print("FAIL case %d: control calls %s" % (ci, client.calls))
+        eng.shutdown()
+        if rank == 0:
+            for w in range(T, T + W):
+                ctl.send(w, ("next",))
+    return bad, 0
+
+
+# ------------------------------------------------------------------ worker
+def build(vc):
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    with set_current_vllm_config(vc), set_default_torch_dtype(torch.bfloat16), \
+            torch.device("cpu"):
+        m = initialize_model(vllm_config=vc)
+    for p in m.parameters():
+        p.data.view(torch.uint8).fill_(SENTINEL)
+    return m
+
+
+def hopper_moe_backend(model):
+    """vLLM's CPU platform can only choose the CPU fused-MoE backend (it
+    prepacks w13/w2, which reshard's engine refuses: test_vllm_real.py
+    checks that refusal). On Hopper, bf16 MoE gets Triton
+    (fused_moe/oracle/unquantized.py _get_priority_backends), whose kernel
+    format is the loaded one. The one stand-in here: each MoE layer's
+    quant method is given the backend Hopper's oracle picks, so the
+    engine's live classification (not a flag) accepts it."""
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import \
+        UnquantizedMoeBackend
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if getattr(qm, "unquantized_backend", None) is not None:
+            assert qm.unquantized_backend == UnquantizedMoeBackend.CPU
+            qm.unquantized_backend = UnquantizedMoeBackend.TRITON
+
+
+def hf_tensors(path, step):
+    """The HF checkpoint's tensors with values from global coordinates:
+    one per expert, as checkpoints store them (the stacked logical
+    tensor's slice e)."""
+    import torch
+    import reshard
+    stacked = {t.name: t for t in reshard.models.Model(path).tensors()}
+    for t in reshard.models.Model(path, per_expert=True).tensors():
+        m = re.match(r"(.*\.experts\.)(\d+)\.(.*)$", t.name)
+        if m and t.name not in stacked:
+            s = stacked[m.group(1) + m.group(3)]
+            e = int(m.group(2))
+            box = [(e, e + 1)] + [(0, n) for n in s.shape[1:]]
+        else:
+            s = stacked[t.name]
+            box = [(0, n) for n in s.shape]
+        b = want(s.id, s.shape, box, esize(s.dtype), step)
+        yield t.name, torch.from_numpy(b.copy()).view(
+            torch_dtype(s.dtype)).reshape(t.shape)
+
+
+def worker(rank, T, W, ctl, paths, port):
+    import torch
+    import reshard
+    from vllm.config import (ModelConfig, ParallelConfig, VllmConfig,
+                             set_current_vllm_config)
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed import (destroy_model_parallel,
+                                  init_distributed_environment,
+                                  initialize_model_parallel)
+    from vllm.distributed.weight_transfer.factory import \
+        WeightTransferEngineFactory
+    from vllm.plugins import load_general_plugins
+
+    w = rank - T
+    # WeightTransferEngine.update_weights ends with
+    # torch.accelerator.synchronize(): the PyPI torch is CUDA's build,
+    # which raises without a driver. There is nothing to synchronize on
+    # the CPU.
+    torch.accelerator.synchronize = lambda *a, **k: None
+    load_general_plugins()  # as vLLM's worker processes do at start
+    init_distributed_environment(world_size=W, rank=w, local_rank=w,
+                                 distributed_init_method="tcp://127.0.0.1:%d" % port,
+                                 backend="gloo")
+    passed = bad = 0
+
+    def fail(msg):
+        nonlocal bad
+        bad += 1
+        print("FAIL rank %d: %s" % (rank, msg))
+
+    for ci, (cfg, infer, train) in enumerate(CASES):
+        what = "case %d (%s infer %s train %s)" % (ci, cfg, infer, train)
+        sp = spec_of(infer)
+        tp, pp = sp.get("tp", 1), sp.get("pp", 1)
+        def config():
+            vc = VllmConfig(
+                model_config=ModelConfig(model=paths[cfg],
+                                         skip_tokenizer_init=True,
+                                         dtype="bfloat16", enforce_eager=True),
+                parallel_config=ParallelConfig(
+                    tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                    data_parallel_size=W // (tp * pp),
+                    data_parallel_rank=w // (tp * pp)),
+                weight_transfer_config=WeightTransferConfig(backend="reshard"))
+            # vLLM's numbering of this worker: data-parallel rank and
+            # rank inside it (tp fastest, then pp); the workers are one
+            # vLLM instance with dp = W / (tp x pp) (MoE experts are
+            # split over tp x dp: FusedMoEParallelConfig.make)
+            vc.parallel_config.rank = w % (tp * pp)
+            assert vc.parallel_config.data_parallel_index == w // (tp * pp)
+            return vc
+        vc = config()
+        with set_current_vllm_config(vc):
+            destroy_model_parallel()
+            initialize_model_parallel(tp, pp)
+        # two instances, each under its own config (a config registers
+        # each attention layer's name once: static_forward_context)
+        model, ref = build(vc), build(config())
+        hopper_moe_backend(model)
+        path = os.path.join(paths[cfg], "config.json")
+        dst = reshard.models.vllm_layout(path, with_dp(infer, W), first_rank=T)
+        # (2) the layout against the real named_parameters()
+        params = dict(model.named_parameters())
+        mine = dst.buffers(rank)
+        dtype = {dst.buffer_name(f.buffer): f.dtype for f in dst.fragments(rank)}
+        if set(mine) != set(params):
+            fail("%s: names differ: reshard only %s, vLLM only %s" % (
+                what, sorted(set(mine) - set(params))[:4],
+                sorted(set(params) - set(mine))[:4]))
+        for n in set(mine) & set(params):
+            nb = params[n].numel() * params[n].element_size()
+            if dst.buffer_bytes(mine[n], rank) != nb or \
+                    params[n].dtype != torch_dtype(dtype[n]):
+                fail("%s: %s: reshard %d bytes %s, vLLM %d bytes %s" % (
+                    what, n, dst.buffer_bytes(mine[n], rank), dtype[n], nb,
+                    params[n].dtype))
+        # (3) the engine, from vLLM's factory
+        eng = WeightTransferEngineFactory.create_engine(
+            vc.weight_transfer_config, vc, torch.device("cpu"), model)
+        step = 0
+        while True:
+            msg = ctl.recv(0)
+            if msg[0] == "next":
+                break
+            if msg[0] == "init":
+                eng.init_transfer_engine(eng.parse_init_info(msg[1]))
+            elif msg[0] == "start":
+                eng.start_weight_update()
+            elif msg[0] == "update":
+                eng.update_weights(msg[1])
+                step = msg[1]["version"]
+            elif msg[0] == "finish":
+                eng.finish_weight_update()
+                bad_before = bad
+                check(step, dst, rank, model, ref, path, what, fail)
+                passed += bad == bad_before
+        eng.shutdown()
+        with set_current_vllm_config(vc):
+            destroy_model_parallel()
+    return bad, passed
+
+
+def check(step, dst, rank, model, ref, path, what, fail):
+    """Every byte of every parameter: fragments against the global
+    coordinates' values and against vLLM's own load_weights; the rest
+    untouched."""
+    import torch
+    from vllm.config import set_current_vllm_config  # noqa: F401
+    ref.load_weights(hf_tensors(path, step))
+    got = {n: p.data.view(torch.uint8).reshape(-1).numpy()
+           for n, p in model.named_parameters()}
+    exp = {n: p.data.view(torch.uint8).reshape(-1).numpy()
+           for n, p in ref.named_parameters()}
+    inside = {n: np.zeros(a.size, bool) for n, a in got.items()}
+    for f in dst.fragments(rank):
+        n = dst.buffer_name(f.buffer)
+        if n not in got:
+            continue  # reported by the name check
+        es = esize(f.dtype)
+        pos = positions(f, es)
+        w = want(f.tensor, dst.tensor(f.tensor).shape, f.box, es, step)
+        k = int(np.count_nonzero(got[n][pos] != w))
+        if k and os.environ.get("DBG"):
+            print("DBG", n, got[n][pos][:16], w[:16], exp[n][pos][:16])
+        if k:
+            fail("%s step %d: %s: %d bytes differ from the global "
+                 "coordinates' values" % (what, step, n, k))
+        k = int(np.count_nonzero(got[n][pos] != exp[n][pos]))
+        if k:
+            fail("%s step %d: %s: %d bytes differ from vLLM's load_weights"
+                 % (what, step, n, k))
+        inside[n][pos] = True
+    for n, a in got.items():
+        k = int(np.count_nonzero(a[~inside[n]] != SENTINEL))
+        if k:
+            fail("%s step %d: %s: %d bytes outside the fragments changed"
+                 % (what, step, n, k))
+        # what vLLM's loader writes that reshard does not (padding it
+        # zeroes) must be outside the fragments only: covered above; and
+        # every byte vLLM loads must be inside one
+        k = int(np.count_nonzero((exp[n] != SENTINEL) & ~inside[n]
+                                 & (exp[n] != 0)))
+        if k:
+            fail("%s step %d: %s: %d bytes vLLM loads lie outside reshard's "
+                 "fragments" % (what, step, n, k))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--port", type=int, default=29600)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="")
+    a = ap.parse_args()
+    if a.cases:
+        keep = [int(i) for i in a.cases.split(",")]
+        CASES[:] = [CASES[i] for i in keep]
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    T, W = a.trainers, comm.Get_size() - a.trainers
+    ctl = Ctl(comm.Dup())
+    paths = write_configs(os.path.join(a.out, "r%d" % rank))
+    t0 = time.time()
+    try:
+        fn = trainer if rank < T else worker
+        bad, passed = fn(rank, T, W, ctl, paths, a.port)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        comm.Abort(3)
+    tot = comm.allreduce(np.array([passed, bad]), op=MPI.SUM)
+    if rank == 0:
+        print("%d passed, %d failed" % (tot[0], tot[1]))
+        print("# %.0f s" % (time.time() - t0))
+    sys.stdout.flush()
+    sys.exit(1 if tot[1] else 0)
+
+
+if __name__ == "__main__":
+    main()
