@@ -158,12 +158,18 @@ typedef struct rm_parallel {
   /* vLLM: -1 (default) sequence-parallel MoE as vLLM decides it; 0 or 1:
    * forced (see rm_vllm_layout). */
   int sp_moe;
+  /* vLLM: 0 (default) routed experts' w13 per expert as loaded, [gate
+   * (w1); up (w3)]; 1: [up (w3); gate (w1)], the format FlashInfer
+   * CUTLASS's fused-MoE kernels read (fused_moe/oracle/unquantized.py
+   * convert_to_unquantized_kernel_format: swap_w13_to_w31), so a vLLM
+   * serving with that backend is written in its live format. */
+  int w31;
 } rm_parallel;
-#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1}
+#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0}
 
 /* Parses "tp=4,pp=2,dp=2,ep=8" (any order; missing keys keep their
  * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (both sides);
- * vocab, first, last, grouped_gemm (Megatron); sp_moe (vLLM). A layout
+ * vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM). A layout
  * builder refuses the other framework's keys when they are set.
  * RESHARD_ERROR_INVALID_ARGUMENT with a message naming the bad key. */
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);

@@ -945,6 +945,48 @@ static void dense_ep_etp(void **state) {
   rm_model_free(m);
 }
 
+/* w31=1: routed experts' w13 as [up (w3); gate (w1)] per expert, the
+ * live format of vLLM's FlashInfer CUTLASS fused-MoE backend
+ * (vllm/model_executor/layers/fused_moe/oracle/unquantized.py
+ * convert_to_unquantized_kernel_format -> quantization/utils/
+ * flashinfer_utils.py swap_w13_to_w31: the two halves of each expert's
+ * rows flipped); everything else as without it. Refused for Megatron and
+ * for dense models. */
+static void vllm_w31(void **state) {
+  (void)state;
+  rm_model *m = load(DATA("tiny-qwen3-moe.json"), 0);
+  reshard_layout_t *L = layout(m, VLLM, "tp=2,dp=2,w31=1");
+  expect_lines(L, 3, "model.layers.0.mlp.experts.routed_experts.w13_weight",
+               LINES("rank=3 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=0:8,24:32,0:64 offset=0",
+                     "rank=3 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=0:8,24:32,0:64 offset=1024"));
+  expect_lines(L, 3, "model.layers.0.mlp.experts.routed_experts.w2_weight",
+               LINES("rank=3 name=model.layers.0.mlp.experts.routed_experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=0:8,0:64,24:32 offset=0"));
+  reshard_layout_destroy(L);
+  L = layout(m, VLLM, "tp=2,dp=2,ep=4,w31=1");
+  expect_lines(L, 2, "model.layers.0.mlp.experts.routed_experts.w13_weight",
+               LINES("rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=0",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:6,0:32,0:64 offset=4096"));
+  reshard_layout_destroy(L);
+  refused(m, MEGATRON, "tp=2,w31=1", "megatron layout: key 'w31' is vLLM's");
+  rm_model_free(m);
+  /* per-expert tensors (checkpoint names): each expert's up then gate */
+  rm_model_options o = RM_MODEL_OPTIONS_INIT;
+  o.per_expert = 1;
+  m = NULL;
+  assert_int_equal(rm_model_load_ex(DATA("tiny-qwen3-moe.json"), &o, &m), RESHARD_SUCCESS);
+  L = layout(m, VLLM, "tp=2,dp=2,ep=4,w31=1");
+  expect_lines(L, 2, "model.layers.0.mlp.experts.routed_experts.w13_weight",
+               LINES("rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.4.up_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.4.gate_proj.weight dtype=bf16 box=0:32,0:64 offset=4096",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.5.up_proj.weight dtype=bf16 box=0:32,0:64 offset=8192",
+                     "rank=2 name=model.layers.0.mlp.experts.routed_experts.w13_weight tensor=model.layers.0.mlp.experts.5.gate_proj.weight dtype=bf16 box=0:32,0:64 offset=12288"));
+  reshard_layout_destroy(L);
+  rm_model_free(m);
+  m = load(DATA("tiny-llama.json"), 0);
+  refused(m, VLLM, "tp=2,w31=1", "vllm layout: w31=1 given for the dense model");
+  rm_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vllm_rank_order),          cmocka_unit_test(megatron_vocab_rows),
@@ -954,7 +996,7 @@ int main(void) {
       cmocka_unit_test(golden_mixtral),           cmocka_unit_test(golden_deepseek_v3),
       cmocka_unit_test(golden_shipped_sizes),     cmocka_unit_test(after_load_flags),
       cmocka_unit_test(golden_fp8_qkv_scales),    cmocka_unit_test(vllm_stage_ends),
-      cmocka_unit_test(dense_ep_etp),
+      cmocka_unit_test(dense_ep_etp),             cmocka_unit_test(vllm_w31),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

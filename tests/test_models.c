@@ -592,6 +592,9 @@ static void parallel_spec_parsing(void **state) {
   assert_int_equal(rm_parallel_ranks(&p), 1);
   assert_int_equal(p.grouped_gemm, 1);
   assert_int_equal(p.sp_moe, -1);
+  assert_int_equal(p.w31, 0);
+  p = par("w31=1");
+  assert_int_equal(p.w31, 1);
   p = par("vocab=152064,first=3,last=2,grouped_gemm=0,sp_moe=1");
   assert_int_equal(p.vocab, 152064);
   assert_int_equal(p.first, 3);
@@ -608,9 +611,10 @@ static void parallel_spec_parsing(void **state) {
       {"tp=2,tp=4", "twice"},   {"pp=99999999999", "'pp'"}, {"dp=", "'dp'"},       {"ep=4=4", "'ep'"},
       {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},          {"vocab=0", "'vocab'"}, {"sp_moe=2", "'sp_moe'"},
       {"grouped_gemm=-1", "'grouped_gemm'"}, {"first=0", "'first'"}, {"vocab=2147483648", "'vocab'"},
+      {"w31=2", "'w31'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
     reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
     if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
       print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),

@@ -307,6 +307,7 @@ typedef struct {
   int first, last;
   int grouped_gemm;
   int sp_moe;
+  int w31;
   ...;
 } rm_parallel;
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);

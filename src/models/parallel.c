@@ -30,9 +30,10 @@ static const struct spec_key {
     {"last", offsetof(rm_parallel, last), 0, 1, 1 << 20},
     {"grouped_gemm", offsetof(rm_parallel, grouped_gemm), 0, 0, 1},
     {"sp_moe", offsetof(rm_parallel, sp_moe), 0, 0, 1},
+    {"w31", offsetof(rm_parallel, w31), 0, 0, 1},
 };
 #define NKEYS ((int)(sizeof spec_keys / sizeof spec_keys[0]))
-#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe"
+#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe, w31"
 
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
   rs_error_clear();

@@ -16,7 +16,12 @@
  *                    ranks one more
  *   w13 / w2         fused_moe/unquantized_fused_moe_method.py
  *                    create_weights, routed_experts.py _load_w13:
- *                    w13 [E_local, 2 I_local, H] = [gate (w1); up (w3)],
+ *                    w13 [E_local, 2 I_local, H] = [gate (w1); up (w3)]
+ *                    ([up; gate] with spec key w31=1: FlashInfer
+ *                    CUTLASS's live format, oracle/unquantized.py
+ *                    convert_to_unquantized_kernel_format ->
+ *                    quantization/utils/flashinfer_utils.py
+ *                    swap_w13_to_w31),
  *                    w2 [E_local, H, I_local]
  *   fused linears    vllm/model_executor/layers/linear.py QKVParallelLinear
  *                    ([q; k; v] shards, KV heads replicated on tp / kv
@@ -111,6 +116,9 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int 
                     "vllm layout: key '%s' is Megatron's (vLLM pads the vocabulary to 64, splits stages with "
                     "get_pp_indices and has one kind of MoE layer)",
                     p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : "grouped_gemm");
+  if (p->w31 && c->experts == 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "vllm layout: w31=1 given for the dense model '%s' (it orders routed experts' w13)", m->path);
   if (!c->mla && (tp > c->kv_heads ? tp % c->kv_heads : c->kv_heads % tp))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "vllm layout: tp %d and num_key_value_heads %lld: one must divide the other (QKVParallelLinear)",
@@ -271,8 +279,9 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
         if (per_expert) {
           for (int er = 0; er < ep; er++)
             for (int e = expert_start(E, ep, er); e < expert_start(E, ep, er + 1); e++) {
-              xparts[2 * e] = (reshard_part_t){rm_expert(m, l, e, 0), emeshes[er], xw13, NULL};
-              xparts[2 * e + 1] = (reshard_part_t){rm_expert(m, l, e, 1), emeshes[er], xw13, NULL};
+              /* [gate; up] per expert, or [up; gate] under w31 */
+              xparts[2 * e] = (reshard_part_t){rm_expert(m, l, e, p->w31), emeshes[er], xw13, NULL};
+              xparts[2 * e + 1] = (reshard_part_t){rm_expert(m, l, e, !p->w31), emeshes[er], xw13, NULL};
             }
           CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w13_weight"), 0, 1, 2 * E, xparts, NULL));
           for (int er = 0; er < ep; er++)
@@ -281,6 +290,11 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p, int fir
           CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w2_weight"), 0, 1, E, xparts, NULL));
         } else {
           reshard_part_t gu[2] = {{t->egate, emesh, w13, NULL}, {t->eup, emesh, w13, NULL}};
+          if (p->w31) { /* FlashInfer CUTLASS's [up (w3); gate (w1)] (rm_parallel.w31) */
+            const reshard_part_t g = gu[0];
+            gu[0] = gu[1];
+            gu[1] = g;
+          }
           CK(rm_add_weights(&B, MOEBUF("experts.routed_experts.w13_weight"), 1, 1, 2, gu, NULL));
           CK(rm_weight1(&B, MOEBUF("experts.routed_experts.w2_weight"), t->edown, emesh, w2));
         }

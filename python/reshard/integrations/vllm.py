@@ -106,7 +106,8 @@ def _layouts(info, first_infer_rank):
     return model, src, dst
 
 
-# vLLM 0.33 fused-MoE backends whose kernel format is the loaded one:
+# vLLM 0.33 fused-MoE backends whose kernel format is the loaded one
+# (FlashInfer CUTLASS's is a pure relayout of it: w31=1, _moe_refusal):
 # convert_to_unquantized_kernel_format (fused_moe/oracle/unquantized.py)
 # returns w13/w2 as they were loaded (.contiguous() of a contiguous
 # parameter) for these, and UnquantizedFusedMoEMethod._setup_kernel keeps
@@ -127,7 +128,9 @@ def _owner(model, name):
         return None
 
 
-def _moe_refusal(module, what):
+def _moe_refusal(module, what, w31=0):
+    """Why w13/w2 of this live fused-MoE layer cannot be written as the
+    layout says (w31: the inference spec's w13 order), or None."""
     qm = getattr(module, "quant_method", None)
     backend = getattr(qm, "unquantized_backend", None)
     if backend is None:
@@ -135,6 +138,11 @@ def _moe_refusal(module, what):
         # FlashInfer swaps, ...): the static description says what
         return what
     if backend.name in _LOADED_FORMAT_MOE:
+        if w31:
+            return ("vLLM chose the %s fused-MoE backend for this layer, which "
+                    "reads w13 as loaded ([gate; up]), but the inference spec "
+                    "says w31=1 ([up; gate], FlashInfer CUTLASS's): drop w31=1"
+                    % backend.value)
         import os
         from vllm.platforms import current_platform
         # Triton on ROCm pads each expert's rows when VLLM_ROCM_MOE_PADDING
@@ -143,6 +151,21 @@ def _moe_refusal(module, what):
         if not (current_platform.is_rocm() and
                 os.environ.get("VLLM_ROCM_MOE_PADDING", "1") != "0"):
             return None
+    elif backend.name == "FLASHINFER_CUTLASS":
+        # convert_to_unquantized_kernel_format swaps each expert's halves
+        # (swap_w13_to_w31) for gated activations, nothing else: a pure
+        # relayout the destination layout expresses with w31=1
+        gated = getattr(getattr(qm, "moe", None), "is_act_and_mul", True)
+        if w31 and gated:
+            return None
+        if not gated:
+            return ("vLLM chose the FlashInfer CUTLASS fused-MoE backend for a "
+                    "non-gated activation (w13 is one projection, not swapped): "
+                    "not modelled; serve with --moe-backend triton")
+        return ("vLLM chose the FlashInfer CUTLASS fused-MoE backend for this "
+                "layer, which keeps w13 as [up; gate] (swap_w13_to_w31): add "
+                "w31=1 to the inference spec (infer=...), or serve with "
+                "--moe-backend triton")
     return ("vLLM chose the %s fused-MoE backend for this layer, which "
             "rewrites w13/w2 after loading (fused_moe/oracle/unquantized.py "
             "convert_to_unquantized_kernel_format): reshard writes the loaded "
@@ -179,7 +202,7 @@ def _mla_refusal(model, name, module, what):
     return what
 
 
-def _live_refusals(model, dmodel, dst, rank):
+def _live_refusals(model, dmodel, dst, rank, w31=0):
     """{parameter name: why} for this worker's parameters whose live
     kernel format is not what reshard writes (the loaded format), read
     from the live modules; empty when every parameter can be written in
@@ -194,7 +217,7 @@ def _live_refusals(model, dmodel, dst, rank):
             out[name] = ("no live module holds it, so its kernel format "
                          "cannot be read; " + what)
         elif name.endswith(("w13_weight", "w2_weight")):
-            why = _moe_refusal(module, what)
+            why = _moe_refusal(module, what, w31)
             if why:
                 out[name] = why
         elif ".kv_b_proj." in name:
@@ -255,7 +278,8 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
                 + pc.rank)
         _check_world(init_info, init_info.rank_offset, rank)
         dmodel, src, dst = _layouts(init_info, init_info.rank_offset)
-        flagged = _live_refusals(self.model, dmodel, dst, rank)
+        flagged = _live_refusals(self.model, dmodel, dst, rank,
+                                 reshard.models.parallel(init_info.infer).w31)
         # The communicator first (its creation is collective with the
         # trainer, MPI's Comm_dup for one): a refusal then leaves the
         # trainer in plan creation, which has a deadline.

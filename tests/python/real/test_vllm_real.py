@@ -60,10 +60,16 @@ def test_every_unquantized_moe_backend_is_classified():
         m = types.SimpleNamespace(
             quant_method=types.SimpleNamespace(unquantized_backend=b))
         why = rvllm._moe_refusal(m, "flagged")
+        why31 = rvllm._moe_refusal(m, "flagged", w31=1)
         if b.name in ("TRITON", "BATCHED_TRITON"):
             assert why is None, b
+            assert "drop w31=1" in why31, b  # the spec contradicts the kernels
+        elif b.name == "FLASHINFER_CUTLASS":
+            assert why31 is None, b  # [up; gate]: the layout's w31=1
+            assert "add w31=1" in why and "--moe-backend triton" in why, b
         else:
-            assert why and b.value in why and "--moe-backend triton" in why, b
+            for w in (why, why31):
+                assert w and b.value in w and "--moe-backend triton" in w, b
 
 
 class _Platform:

@@ -126,6 +126,10 @@ CASES = [
     ("qwen3_moe", "tp=1", "tp=2"), ("qwen3_moe", "tp=2", "dp=2,ep=2"),
     ("qwen3_moe", "tp=4", "tp=2"), ("qwen3_moe", "tp=2,pp=2", "tp=2"),
     ("mixtral", "tp=2", "tp=2"), ("mixtral", "tp=4", "dp=2,ep=2"),
+    # FlashInfer CUTLASS's live w13, [up; gate] (the workers' MoE layers
+    # get that backend; their expectation is vLLM's own swap_w13_to_w31
+    # of what its load_weights wrote)
+    ("qwen3_moe", "tp=2,w31=1", "tp=2"), ("mixtral", "tp=1,w31=1", "dp=2,ep=2"),
     ("deepseek_v3_nolora", "tp=1", "tp=2"), ("deepseek_v3_nolora", "tp=2", "tp=2"),
     ("deepseek_v3_nolora", "tp=4", "dp=2,ep=2"),
     ("deepseek_v3", "tp=2", "tp=2"), ("deepseek_v3", "tp=4", "pp=2"),
@@ -327,21 +331,28 @@ def build(vc):
     return m
 
 
-def hopper_moe_backend(model):
+def gpu_moe_backend(model, w31):
     """vLLM's CPU platform can only choose the CPU fused-MoE backend (it
     prepacks w13/w2, which reshard's engine refuses: test_vllm_real.py
     checks that refusal). On Hopper, bf16 MoE gets Triton
     (fused_moe/oracle/unquantized.py _get_priority_backends), whose kernel
-    format is the loaded one. The one stand-in here: each MoE layer's
-    quant method is given the backend Hopper's oracle picks, so the
-    engine's live classification (not a flag) accepts it."""
+    format is the loaded one; FlashInfer CUTLASS (w31 cases) keeps w13 as
+    [up; gate]. The one stand-in here: each MoE layer's quant method is
+    given the backend a GPU's oracle picks, so the engine's live
+    classification (not a flag) accepts it. Returns how that backend's
+    post-load processing changes w13 (vLLM's own function), for the
+    expectation."""
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import \
         UnquantizedMoeBackend
+    from vllm.model_executor.layers.quantization.utils.flashinfer_utils \
+        import swap_w13_to_w31
     for m in model.modules():
         qm = getattr(m, "quant_method", None)
         if getattr(qm, "unquantized_backend", None) is not None:
             assert qm.unquantized_backend == UnquantizedMoeBackend.CPU
-            qm.unquantized_backend = UnquantizedMoeBackend.TRITON
+            qm.unquantized_backend = (UnquantizedMoeBackend.FLASHINFER_CUTLASS
+                                      if w31 else UnquantizedMoeBackend.TRITON)
+    return swap_w13_to_w31 if w31 else None
 
 
 def hf_tensors(path, step):
@@ -423,7 +434,7 @@ def worker(rank, T, W, ctl, paths, port):
         # two instances, each under its own config (a config registers
         # each attention layer's name once: static_forward_context)
         model, ref = build(vc), build(config())
-        hopper_moe_backend(model)
+        w13_live = gpu_moe_backend(model, sp.get("w31", 0))
         path = os.path.join(paths[cfg], "config.json")
         dst = reshard.models.vllm_layout(path, with_dp(infer, W), first_rank=T)
         # (2) the layout against the real named_parameters()
@@ -459,7 +470,7 @@ def worker(rank, T, W, ctl, paths, port):
             elif msg[0] == "finish":
                 eng.finish_weight_update()
                 bad_before = bad
-                check(step, dst, rank, model, ref, path, what, fail)
+                check(step, dst, rank, model, ref, path, what, fail, w13_live)
                 passed += bad == bad_before
         eng.shutdown()
         with set_current_vllm_config(vc):
@@ -467,7 +478,7 @@ def worker(rank, T, W, ctl, paths, port):
     return bad, passed
 
 
-def check(step, dst, rank, model, ref, path, what, fail):
+def check(step, dst, rank, model, ref, path, what, fail, w13_live=None):
     """Every byte of every parameter: fragments against the global
     coordinates' values and against vLLM's own load_weights; the rest
     untouched."""
@@ -475,7 +486,8 @@ def check(step, dst, rank, model, ref, path, what, fail):
     ref.load_weights(hf_tensors(path, step))
     got = {n: p.data.view(torch.uint8).reshape(-1).numpy()
            for n, p in model.named_parameters()}
-    exp = {n: p.data.view(torch.uint8).reshape(-1).numpy()
+    exp = {n: (w13_live(p.data) if w13_live and n.endswith(".w13_weight")
+               else p.data).contiguous().view(torch.uint8).reshape(-1).numpy()
            for n, p in ref.named_parameters()}
     inside = {n: np.zeros(a.size, bool) for n, a in got.items()}
     for f in dst.fragments(rank):
