@@ -86,21 +86,6 @@ CONFIGS = {
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 200,
         "num_local_experts": 4, "num_experts_per_tok": 2,
         "tie_word_embeddings": False, "rms_norm_eps": 1e-5},
-    # DeepSeek-V2-Lite-style MLA (no q_lora_rank: q_proj, not
-    # q_a/q_b) under DeepSeek-V3's router: reshard's front-end reads
-    # deepseek_v3 configs only (DeepseekV2ForCausalLM is not listed)
-    "deepseek_v3_nolora": {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
-        "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 200, "n_routed_experts": 4,
-        "n_shared_experts": 1, "num_experts_per_tok": 2,
-        "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1,
-        "topk_group": 1, "routed_scaling_factor": 1.0,
-        "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-        "norm_topk_prob": True, "q_lora_rank": None, "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-        "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
     "deepseek_v3": {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
         "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
@@ -114,6 +99,11 @@ CONFIGS = {
         "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
         "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
 }
+# DeepSeek-V2-Lite-style MLA (no q_lora_rank: q_proj, not q_a/q_b)
+# under DeepSeek-V3's router: reshard's front-end reads deepseek_v3
+# configs only (DeepseekV2ForCausalLM is not listed)
+CONFIGS["deepseek_v3_nolora"] = dict(CONFIGS["deepseek_v3"], q_lora_rank=None,
+                                     n_group=1, routed_scaling_factor=1.0)
 for _c in CONFIGS.values():
     _c.update(torch_dtype="bfloat16", max_position_embeddings=256)
 
