@@ -3,7 +3,8 @@
 # same way): a virtual environment with vLLM 0.33.0 and torch from PyPI
 # (CUDA's wheels, used here on vLLM's CPU platform: VLLM_TARGET_DEVICE=cpu)
 # and verl 0.9.1, reshard installed into it with `pip install .`, then
-# pytest over tests/python/real and the engine tests that need vLLM.
+# pytest over tests/python/real and the engine tests that need vLLM or
+# verl.
 #
 #   bash scripts/test_real.sh            # venv in build/real-venv
 #
@@ -44,5 +45,5 @@ echo "real-venv: installed in $((SECONDS - start)) s"
 
 # Never hang: each test has its own deadline; this is the backstop.
 VLLM_TARGET_DEVICE=cpu OMP_NUM_THREADS=1 timeout 2400 "$venv/bin/python" -m pytest -q \
-  tests/python/real tests/python/test_vllm_engine.py
+  tests/python/real tests/python/test_vllm_engine.py tests/python/test_verl_engine.py
 echo "real-framework tests: $((SECONDS - start)) s in all"

@@ -5,9 +5,21 @@ Written against verl's interface as of verl 0.9.1
 (verl/checkpoint_engine/base.py: CheckpointEngine, CheckpointEngineRegistry;
 the manager calls prepare -> build_topology -> init_process_group ->
 send_weights / receive_weights -> finalize for each update). Importing this
-module needs verl and registers backend "reshard"; point verl at it with
-checkpoint_engine.custom_backend_module=reshard.integrations.verl and
-engine kwargs {"model_config_path": "<HF config.json>", ...}.
+module needs verl and registers backend "reshard" in verl's
+CheckpointEngineRegistry. verl imports it on every actor and rollout
+worker through checkpoint_engine.custom_backend_module
+(verl/workers/config/rollout.py CheckpointEngineConfig; imported with
+import_external_libs in verl/workers/engine_workers.py and
+verl/checkpoint_engine/base.py before CheckpointEngineRegistry.new), and
+hands the engine checkpoint_engine.engine_kwargs[<backend>] as keywords:
+
+    actor_rollout_ref.rollout.checkpoint_engine.backend=reshard
+    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=reshard.integrations.verl
+    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.reshard.model_config_path=/path/config.json
+
+(the last one and any other keyword below, e.g. ...engine_kwargs.reshard.
+timeout_ms=60000, as Hydra overrides or under engine_kwargs: reshard: in
+the YAML).
 
 What verl's interface allows: the actor side hands send_weights full
 tensors by HF name (actor.get_per_tensor_param()), on every actor worker,
@@ -44,6 +56,25 @@ from ..errors import InvalidArgumentError
 from ._transport import comm as _comm
 
 
+def _routable_address():
+    """This node's address as its peers reach it: what verl's own NCCL
+    engine announces (verl/checkpoint_engine/nccl_checkpoint_engine.py
+    _start_zmq_server: ray.util.get_node_ip_address()), else the
+    interface of the default route; never the hostname's, which often
+    resolves to 127.0.0.1."""
+    try:
+        import ray
+        return ray.util.get_node_ip_address().strip("[]")
+    except ImportError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
 def _groups(tensors, bucket_size):
     """Consecutive tensors (model order) in groups of <= bucket_size bytes
     (a larger tensor alone)."""
@@ -75,7 +106,8 @@ class ReshardCheckpointEngine(CheckpointEngine):
     (verl passes bucket_size and the backend's engine kwargs):
     model_config_path (required), transport ("nccl", "mpi",
     "inproc:<key>"), layers, dtype, staging_bytes, timeout_ms, topology,
-    master_address (default: this host's address) and is_master."""
+    master_address (default: this node's address as verl's own NCCL
+    engine finds it, _routable_address) and is_master."""
 
     def __init__(self, bucket_size, model_config_path, transport="nccl",
                  is_master=False, layers=0, dtype="bf16", staging_bytes=None,
@@ -97,7 +129,7 @@ class ReshardCheckpointEngine(CheckpointEngine):
     def prepare(self):
         if not self.is_master or not self.transport == "nccl":
             return {}
-        addr = self.master_address or socket.gethostbyname(socket.gethostname())
+        addr = self.master_address or _routable_address()
         with socket.socket() as s:  # a free port for the rendezvous
             s.bind((addr, 0))
             port = s.getsockname()[1]
@@ -200,14 +232,23 @@ class ReshardCheckpointEngine(CheckpointEngine):
                    " and %d more" % (len(missing) - 1) if len(missing) > 1 else ""))
 
     async def receive_weights(self, global_steps=None):
-        torch = sys.modules.get("torch") if self.comm.device else None
+        # torch tensors, on the GPU or on the host: verl's server adapters
+        # (BucketedWeightSender, verl/workers/rollout/vllm_rollout/
+        # bucketed_weight_transfer.py) call
+        # element_size(), read .dtype as torch's and copy_() them. numpy
+        # arrays only where torch is not installed (no verl rollout then).
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        device = "cuda" if self.comm.device else "cpu"
         for g, plan in zip(self.groups, self.plans):
             out = {}
             for t in g:
                 d = reshard.dtypes.to_c(t.dtype)
                 if torch is not None:
                     out[t.name] = torch.empty(
-                        t.shape, device="cuda",
+                        t.shape, device=device,
                         dtype=getattr(torch, reshard.dtypes.torch_name(d)))
                 else:
                     out[t.name] = np.empty(t.shape, reshard.dtypes.numpy_storage(d))

@@ -80,3 +80,25 @@ def test_vllm_trainer_snippet_runs(monkeypatch):
     _layouts(types.SimpleNamespace(**{f: getattr(info, f) for f in (
         "model_config_path", "train", "infer", "layers", "dtype")}),
         reshard.models.ranks(info.train))
+
+
+def test_verl_config_snippet_builds_the_engine(tmp_path):
+    """The README's verl YAML through verl's own config class, plugin
+    import and registry: the engine it names is built with its kwargs."""
+    pytest.importorskip("verl")
+    yaml = pytest.importorskip("yaml")
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+    from verl.utils.import_utils import import_external_libs
+    from verl.workers.config.rollout import CheckpointEngineConfig
+    doc = yaml.safe_load(snippet("verl-config"))
+    ce = dict(doc["actor_rollout_ref"]["rollout"]["checkpoint_engine"])
+    ce["engine_kwargs"]["reshard"]["model_config_path"] = os.path.join(
+        ROOT, "configs", "Qwen3-8B.json")
+    cfg = CheckpointEngineConfig(**ce)
+    import_external_libs(cfg.custom_backend_module)
+    e = CheckpointEngineRegistry.new(
+        cfg.backend, bucket_size=cfg.update_weights_bucket_megabytes << 20,
+        **cfg.engine_kwargs[cfg.backend])
+    assert type(e).__name__ == "ReshardCheckpointEngine"
+    assert e.options["timeout_ms"] == 60000 and e.groups
+    e.close()
