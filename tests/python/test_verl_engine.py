@@ -104,3 +104,12 @@ def test_verl_engine_names_unknown_and_missing_weights(tmp_path):
     r.close()
     world.close()
     del reshard.integrations.WORLDS["verl1"]
+
+
+def test_verl_engine_refuses_unknown_keywords(tmp_path):
+    """A misspelt engine_kwargs.reshard key is refused, naming it (verl
+    passes the user's engine_kwargs as constructor keywords)."""
+    with pytest.raises(reshard.InvalidArgumentError, match="timout_ms"):
+        CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
+                                     model_config_path=tiny_config(tmp_path),
+                                     timout_ms=1000)

@@ -3,23 +3,45 @@ through reshard plans, every actor worker a sender.
 
 Written against verl's interface as of verl 0.9.1
 (verl/checkpoint_engine/base.py: CheckpointEngine, CheckpointEngineRegistry;
-the manager calls prepare -> build_topology -> init_process_group ->
-send_weights / receive_weights -> finalize for each update). Importing this
-module needs verl and registers backend "reshard" in verl's
-CheckpointEngineRegistry. verl imports it on every actor and rollout
-worker through checkpoint_engine.custom_backend_module
-(verl/workers/config/rollout.py CheckpointEngineConfig; imported with
-import_external_libs in verl/workers/engine_workers.py and
-verl/checkpoint_engine/base.py before CheckpointEngineRegistry.new), and
-hands the engine checkpoint_engine.engine_kwargs[<backend>] as keywords:
+CheckpointEngineManager.update_weights calls prepare -> build_topology ->
+init_process_group -> send_weights / receive_weights -> finalize for each
+update). Importing this module needs verl (and so torch) and registers
+backend "reshard" in verl's CheckpointEngineRegistry.
+
+Registration is verl's own plugin mechanism: checkpoint_engine.
+custom_backend_module names this module, and verl imports it with
+import_external_libs (verl/utils/import_utils.py) in every process that
+builds an engine, before CheckpointEngineRegistry.new / .get:
+ActorRolloutRefWorker.init_model (verl/workers/engine_workers.py, the
+actor workers), CheckpointEngineWorker.__init__ and
+CheckpointEngineManager.__init__ (verl/checkpoint_engine/base.py, the
+rollout workers and the trainer). Each builds the engine with
+bucket_size = update_weights_bucket_megabytes << 20 and
+**engine_kwargs["reshard"] (the actor side adds is_master). In verl's
+config (actor_rollout_ref.rollout.checkpoint_engine, a
+CheckpointEngineConfig, verl/workers/config/rollout.py):
+
+    actor_rollout_ref:
+      rollout:
+        checkpoint_engine:
+          backend: reshard
+          custom_backend_module: reshard.integrations.verl
+          engine_kwargs:
+            reshard:
+              model_config_path: /path/config.json
+
+or as Hydra overrides of verl's ppo_trainer config (engine_kwargs is {}
+there, so its keys take a "+"):
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=reshard
     actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=reshard.integrations.verl
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.reshard.model_config_path=/path/config.json
 
-(the last one and any other keyword below, e.g. ...engine_kwargs.reshard.
-timeout_ms=60000, as Hydra overrides or under engine_kwargs: reshard: in
-the YAML).
+Any other keyword of ReshardCheckpointEngine goes the same way (a
+"timeout_ms: 60000" under reshard:, or ...engine_kwargs.reshard.
+timeout_ms=60000). tests/python/real/verl_world.py composes verl's config
+with exactly the overrides above (read from this docstring) and its
+test_verl_real.py loads the YAML above into CheckpointEngineConfig.
 
 What verl's interface allows: the actor side hands send_weights full
 tensors by HF name (actor.get_per_tensor_param()), on every actor worker,
@@ -44,12 +66,12 @@ tensor per expert, as checkpoints store them). A name the model does not
 have, or a tensor the generator never yields, is
 reshard.InvalidArgumentError naming it.
 """
-import socket
-import sys
-
 import numpy as np
+import ray
+import torch
 from verl.checkpoint_engine.base import (CheckpointEngine,  # noqa: F401
                                          CheckpointEngineRegistry)
+from verl.utils.net_utils import get_free_port
 
 import reshard
 from ..errors import InvalidArgumentError
@@ -57,22 +79,13 @@ from ._transport import comm as _comm
 
 
 def _routable_address():
-    """This node's address as its peers reach it: what verl's own NCCL
-    engine announces (verl/checkpoint_engine/nccl_checkpoint_engine.py
-    _start_zmq_server: ray.util.get_node_ip_address()), else the
-    interface of the default route; never the hostname's, which often
-    resolves to 127.0.0.1."""
-    try:
-        import ray
-        return ray.util.get_node_ip_address().strip("[]")
-    except ImportError:
-        pass
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))  # no packet is sent
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
+    """This node's address as its peers reach it, found as verl's own NCCL
+    engine finds the address it announces (verl/checkpoint_engine/
+    nccl_checkpoint_engine.py, NCCLCheckpointEngine._start_zmq_server:
+    ray.util.get_node_ip_address(); verl needs Ray, so it is there): the
+    node's address in the Ray cluster, never the hostname's, which often
+    resolves to 127.0.0.1 and cannot be reached from another node."""
+    return ray.util.get_node_ip_address().strip("[]")
 
 
 def _groups(tensors, bucket_size):
@@ -100,6 +113,8 @@ def _replicated(tensors, ranks):
     return L
 
 
+# verl's registry: CheckpointEngineRegistry.register (verl/checkpoint_engine/
+# base.py), run when verl imports this module as custom_backend_module
 @CheckpointEngineRegistry.register("reshard")
 class ReshardCheckpointEngine(CheckpointEngine):
     """verl checkpoint engine over reshard plans. Constructor keywords
@@ -107,11 +122,22 @@ class ReshardCheckpointEngine(CheckpointEngine):
     model_config_path (required), transport ("nccl", "mpi",
     "inproc:<key>"), layers, dtype, staging_bytes, timeout_ms, topology,
     master_address (default: this node's address as verl's own NCCL
-    engine finds it, _routable_address) and is_master."""
+    engine finds it, _routable_address) and is_master. Transports: "nccl"
+    (GPUs; vLLM's PyNcclCommunicator, rendezvous at the master's address),
+    "mpi" (every actor and rollout worker in one MPI job: COMM_WORLD),
+    "inproc:<key>" (threads of one process; tests). Any other keyword
+    (a misspelt engine_kwargs key) is InvalidArgumentError naming it."""
 
     def __init__(self, bucket_size, model_config_path, transport="nccl",
                  is_master=False, layers=0, dtype="bf16", staging_bytes=None,
-                 timeout_ms=None, topology=None, master_address=None, **_):
+                 timeout_ms=None, topology=None, master_address=None,
+                 **unknown):
+        if unknown:
+            raise InvalidArgumentError(
+                "reshard verl engine: unknown keyword(s) %s (engine_kwargs."
+                "reshard takes model_config_path, transport, layers, dtype, "
+                "staging_bytes, timeout_ms, topology, master_address)"
+                % ", ".join(sorted(unknown)))
         self.bucket_size = int(bucket_size)
         self.model_config_path = model_config_path
         self.transport = transport
@@ -130,9 +156,9 @@ class ReshardCheckpointEngine(CheckpointEngine):
         if not self.is_master or not self.transport == "nccl":
             return {}
         addr = self.master_address or _routable_address()
-        with socket.socket() as s:  # a free port for the rendezvous
-            s.bind((addr, 0))
-            port = s.getsockname()[1]
+        # a free port there, as verl's NCCL engine finds its own
+        # (verl/utils/net_utils.py get_free_port: IPv6 too)
+        port, _ = get_free_port(addr)
         return {"master_address": addr, "master_port": port}
 
     @classmethod
@@ -185,7 +211,7 @@ class ReshardCheckpointEngine(CheckpointEngine):
     def _stream(self):
         if self.comm is None or not self.comm.device:
             return None
-        return sys.modules["torch"].cuda.current_stream()
+        return torch.cuda.current_stream()
 
     async def send_weights(self, weights, global_steps=None):
         if self.rank >= self.senders:
@@ -233,25 +259,17 @@ class ReshardCheckpointEngine(CheckpointEngine):
 
     async def receive_weights(self, global_steps=None):
         # torch tensors, on the GPU or on the host: verl's server adapters
-        # (BucketedWeightSender, verl/workers/rollout/vllm_rollout/
-        # bucketed_weight_transfer.py) call
-        # element_size(), read .dtype as torch's and copy_() them. numpy
-        # arrays only where torch is not installed (no verl rollout then).
-        try:
-            import torch
-        except ImportError:
-            torch = None
+        # (BucketedWeightSender.async_send_weights, verl/workers/rollout/
+        # vllm_rollout/bucketed_weight_transfer.py) call element_size(),
+        # read .dtype as torch's and copy_() them. reshard writes straight
+        # into them (torch tensors are execute's buffers: no copy, no
+        # numpy view; bf16 is torch.bfloat16 itself).
         device = "cuda" if self.comm.device else "cpu"
         for g, plan in zip(self.groups, self.plans):
-            out = {}
-            for t in g:
-                d = reshard.dtypes.to_c(t.dtype)
-                if torch is not None:
-                    out[t.name] = torch.empty(
-                        t.shape, device=device,
-                        dtype=getattr(torch, reshard.dtypes.torch_name(d)))
-                else:
-                    out[t.name] = np.empty(t.shape, reshard.dtypes.numpy_storage(d))
+            out = {t.name: torch.empty(
+                t.shape, device=device, dtype=getattr(
+                    torch, reshard.dtypes.torch_name(reshard.dtypes.to_c(t.dtype))))
+                for t in g}
             stream = self._stream()
             plan.execute({}, out, stream=stream)
             if stream is not None:
