@@ -38,18 +38,19 @@ def e4m3fn_bits(v):
     return out
 
 
-def reference(g):
-    """Codes (uint8) and scales (float32) of the global f32 tensor g."""
+def reference(g, block=BLOCK):
+    """Codes (uint8) and scales (float32) of the global f32 tensor g in
+    blocks of ``block`` (rows, cols)."""
     rows, cols = g.shape
-    nbr, nbc = -(-rows // BLOCK[0]), -(-cols // BLOCK[1])
+    nbr, nbc = -(-rows // block[0]), -(-cols // block[1])
     codes = np.zeros(g.shape, np.uint8)
     scales = np.zeros((nbr, nbc), np.float32)
     for i in range(nbr):
         for j in range(nbc):
-            blk = g[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]].astype(np.float32)
+            blk = g[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]].astype(np.float32)
             amax = np.float32(max(np.abs(blk).max(), np.float32(1e-4)))
             factor = np.float32(448.0) / amax
-            codes[i * BLOCK[0]:(i + 1) * BLOCK[0], j * BLOCK[1]:(j + 1) * BLOCK[1]] = \
+            codes[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] = \
                 e4m3fn_bits((blk * factor).astype(np.float32))
             scales[i, j] = amax / np.float32(448.0)
     return codes, scales

@@ -14,8 +14,8 @@ process, on both sides:
 
 Worker side (vLLM): WeightTransferConfig(backend="reshard"); the engine
 receives ReshardInitInfo through init_weight_transfer_engine and writes
-every update in place into self.model's parameters (no load_weights, no
-layerwise reload). Trainer side: every trainer rank calls
+every update in place into self.model's parameters (no load_weights;
+re-processed layers below). Trainer side: every trainer rank calls
 
     engine = WeightTransferTrainerFactory.trainer_init(
         ReshardTrainerInitInfo(model_config_path=..., train="tp=2,pp=2",
@@ -36,15 +36,21 @@ tests).
 Parameters whose live format is not the checkpoint's: vLLM rewrites some
 parameters after loading (reshard.models.Model.after_load lists them:
 MLA's kv_b_proj, fused-MoE w13/w2, fp8 block weights). Each worker reads,
-at init, the format its live modules actually use (_live_refusals): the
+at init, the format its live modules actually use (_classify): the
 fused-MoE backend vLLM chose for the layer, whether MLA's W_UK_T / W_UV
-are views of kv_b_proj. Where the live format is the loaded one (Triton
-MoE, Hopper's default for bf16; MLA on CUDA's default backends) reshard
-writes straight into the parameter. Anything else is refused at the
-worker's init with reshard.UnsupportedError naming the parameter, the
-backend and the way out, instead of serving wrong weights; the trainer
-then fails within its plan deadline and the sender re-raises the worker's
-error from the control plane.
+are views of kv_b_proj, fp8 kernels. Where the live format is the loaded
+one (Triton MoE, Hopper's default for bf16; MLA views on CUDA's default
+backends) or a relayout the layout expresses (w31=1: FlashInfer
+CUTLASS's [up; gate]) reshard writes straight into the parameter. Where
+it is a real transform (DeepGEMM's UE8M0 requantization, a backend's
+shuffle or prepack, MLA's dequantized copies) the layer is re-processed
+(_vllm_reload.Reprocess: staged in the checkpoint format, written, then
+vLLM's own processing into the live tensors). What neither covers is
+refused at the worker's init with reshard.UnsupportedError naming the
+parameter and the way out; the trainer then fails within its plan
+deadline and the sender re-raises the worker's error from the control
+plane. An fp8 block checkpoint (quantization_config) is served fp8: the
+plan quantizes the trainer's weights on the way.
 """
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -57,6 +63,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: F401 (needs vLLM)
 import reshard
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._transport import WORLDS, comm as _comm, deadline_s, in_thread  # noqa: F401
+from ._vllm_reload import Reprocess as _Reprocess
 
 @dataclass
 class ReshardInitInfo(WeightTransferInitInfo):
@@ -96,18 +103,39 @@ def _check_world(info, ntrain, rank):
                 rank, info.world_size, ntrain, info.train, ninfer, info.infer))
 
 
+def _fp8_block(path):
+    """Whether the served checkpoint is fp8 with block scales: the config's
+    quantization_config says quant_method "fp8" with a weight_block_size
+    (DeepSeek-V3's, Kimi-K2's, Qwen3's -FP8 releases). vLLM then builds its
+    linear and expert weights fp8 with weight_scale_inv
+    (quantization/fp8.py, Fp8LinearMethod.create_weights)."""
+    import json
+    try:
+        with open(path) as f:
+            q = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False  # the model loader reports the config's own errors
+    return q.get("quant_method") == "fp8" and bool(q.get("weight_block_size"))
+
+
 def _layouts(info, first_infer_rank):
-    """The model and both layouts (the same on every rank)."""
-    model = reshard.models.Model(info.model_config_path,
-                                 layers=info.layers or None, dtype=info.dtype)
-    src = reshard.models.megatron_layout(model, info.train, first_rank=0)
-    dst = reshard.models.vllm_layout(model, info.infer,
+    """The inference side's model and both layouts (the same on every
+    rank). The trainer holds ``dtype`` weights; an fp8 block checkpoint is
+    served fp8 with scales, so the plan quantizes on the way."""
+    layers = info.layers or None
+    tmodel = reshard.models.Model(info.model_config_path, layers=layers,
+                                  dtype=info.dtype)
+    imodel = reshard.models.Model(info.model_config_path, layers=layers,
+                                  dtype=info.dtype,
+                                  block_scales=_fp8_block(info.model_config_path))
+    src = reshard.models.megatron_layout(tmodel, info.train, first_rank=0)
+    dst = reshard.models.vllm_layout(imodel, info.infer,
                                      first_rank=first_infer_rank)
-    return model, src, dst
+    return imodel, src, dst
 
 
 # vLLM 0.33 fused-MoE backends whose kernel format is the loaded one
-# (FlashInfer CUTLASS's is a pure relayout of it: w31=1, _moe_refusal):
+# (FlashInfer CUTLASS's is a pure relayout of it: w31=1, _moe_format):
 # convert_to_unquantized_kernel_format (fused_moe/oracle/unquantized.py)
 # returns w13/w2 as they were loaded (.contiguous() of a contiguous
 # parameter) for these, and UnquantizedFusedMoEMethod._setup_kernel keeps
@@ -128,15 +156,23 @@ def _owner(model, name):
         return None
 
 
-def _moe_refusal(module, what, w31=0):
-    """Why w13/w2 of this live fused-MoE layer cannot be written as the
-    layout says (w31: the inference spec's w13 order), or None."""
+def _moe_format(module, w31=0):
+    """How w13/w2 (and their scales) of this live fused-MoE layer are
+    written: "direct" (the live format is the layout's), "reprocess" (a
+    real transform of the checkpoint format: received in that format, then
+    vLLM's processing re-run), or why neither can work (a refusal)."""
     qm = getattr(module, "quant_method", None)
     backend = getattr(qm, "unquantized_backend", None)
     if backend is None:
         # quantized experts (fp8 block: DeepGEMM requantizes to UE8M0,
-        # FlashInfer swaps, ...): the static description says what
-        return what
+        # FlashInfer swaps and clamps scales, ...): vLLM's
+        # convert_to_fp8_moe_kernel_format re-run from the checkpoint's
+        # [gate; up]
+        if w31:
+            return ("the inference spec says w31=1 (bf16 FlashInfer CUTLASS's "
+                    "live [up; gate]), but these experts are quantized and are "
+                    "re-processed from the checkpoint's [gate; up]: drop w31=1")
+        return "reprocess"
     if backend.name in _LOADED_FORMAT_MOE:
         if w31:
             return ("vLLM chose the %s fused-MoE backend for this layer, which "
@@ -148,85 +184,139 @@ def _moe_refusal(module, what, w31=0):
         # Triton on ROCm pads each expert's rows when VLLM_ROCM_MOE_PADDING
         # (UnquantizedFusedMoEMethod._maybe_pad_weight): not the loaded
         # layout any more
-        if not (current_platform.is_rocm() and
-                os.environ.get("VLLM_ROCM_MOE_PADDING", "1") != "0"):
-            return None
-    elif backend.name == "FLASHINFER_CUTLASS":
+        if current_platform.is_rocm() and \
+                os.environ.get("VLLM_ROCM_MOE_PADDING", "1") != "0":
+            return "reprocess"
+        return "direct"
+    if backend.name == "FLASHINFER_CUTLASS":
         # convert_to_unquantized_kernel_format swaps each expert's halves
         # (swap_w13_to_w31) for gated activations, nothing else: a pure
-        # relayout the destination layout expresses with w31=1
+        # relayout the destination layout expresses with w31=1; without
+        # it, the swap is re-run
         gated = getattr(getattr(qm, "moe", None), "is_act_and_mul", True)
-        if w31 and gated:
-            return None
-        if not gated:
-            return ("vLLM chose the FlashInfer CUTLASS fused-MoE backend for a "
-                    "non-gated activation (w13 is one projection, not swapped): "
-                    "not modelled; serve with --moe-backend triton")
-        return ("vLLM chose the FlashInfer CUTLASS fused-MoE backend for this "
-                "layer, which keeps w13 as [up; gate] (swap_w13_to_w31): add "
-                "w31=1 to the inference spec (infer=...), or serve with "
-                "--moe-backend triton")
-    return ("vLLM chose the %s fused-MoE backend for this layer, which "
-            "rewrites w13/w2 after loading (fused_moe/oracle/unquantized.py "
-            "convert_to_unquantized_kernel_format): reshard writes the loaded "
-            "layout ([gate; up]); serve this model with --moe-backend triton "
-            "(the default for bf16 on Hopper)" % backend.value)
+        if not w31:
+            return "reprocess"
+        if gated:
+            return "direct"
+        return ("vLLM chose the FlashInfer CUTLASS fused-MoE backend for a "
+                "non-gated activation (w13 is one projection, not swapped), "
+                "but the inference spec says w31=1: drop w31=1")
+    if w31:
+        return ("the inference spec says w31=1 ([up; gate], FlashInfer "
+                "CUTLASS's), but vLLM chose the %s fused-MoE backend, which "
+                "is re-processed from the checkpoint's [gate; up]: drop w31=1"
+                % backend.value)
+    # FlashInfer TRT-LLM, AITER, CPU, XPU, MoonEP, ...: their
+    # convert_to_unquantized_kernel_format re-run (a backend that pads at
+    # allocation, TRT-LLM's maybe_roundup_sizes, is refused by
+    # Reprocess.check: its checkpoint-format parameter is not reshard's)
+    return "reprocess"
 
 
 def _torch_tensor():
     return sys.modules["torch"].Tensor
 
 
-def _mla_refusal(model, name, module, what):
-    """kv_b_proj: fine when nothing derived from it or W_UK_T and W_UV are
-    views of it (MLAAttention.process_weights_after_loading's
-    split_kv_b_proj on bf16/fp16 weights)."""
-    # Every module that holds this kv_b_proj (DeepseekV2MLAAttention, its
-    # MultiHeadLatentAttentionWrapper and the MLAAttention inside, in
-    # vLLM 0.33): the derived tensors live on MLAAttention.
+_DERIVED = ("W_UK_T", "W_UV", "W_UK_T_dcp_qrep", "W_K", "W_V")
+
+
+def _mla_holders(model, name, module):
+    """The live modules that derive tensors from this kv_b_proj
+    (MLAAttention in vLLM 0.33: DeepseekV2MLAAttention, its
+    MultiHeadLatentAttentionWrapper and the MLAAttention inside all hold
+    it), with those tensors."""
     parent = _owner(model, name.rpartition(".")[0])
-    holders = [m for m in (parent.modules() if parent is not None else ())
-               if getattr(m, "kv_b_proj", None) is module]
-    # W_UK_T / W_UV: views for bf16 (split_kv_b_proj, replace_parameter);
-    # W_UK_T_dcp_qrep (DCP query replication: an all-gathered copy), W_K /
-    # W_V (AITER's fp8/fp4 BMM: quantized copies) go stale: refused
-    derived = [d for m in holders
-               for d in (getattr(m, a, None) for a in (
-                   "W_UK_T", "W_UV", "W_UK_T_dcp_qrep", "W_K", "W_V"))
-               if isinstance(d, _torch_tensor())]
-    if not derived:
-        return None  # nothing derived (yet): the kernels read kv_b_proj
-    base = module.weight.untyped_storage().data_ptr()
-    if all(d.untyped_storage().data_ptr() == base for d in derived):
-        return None
-    return what
+    out = []
+    for m in (parent.modules() if parent is not None else ()):
+        if getattr(m, "kv_b_proj", None) is not module:
+            continue
+        derived = [d for d in (getattr(m, a, None) for a in _DERIVED)
+                   if isinstance(d, _torch_tensor())]
+        if derived:
+            out.append((m, derived))
+    return out
 
 
-def _live_refusals(model, dmodel, dst, rank, w31=0):
-    """{parameter name: why} for this worker's parameters whose live
-    kernel format is not what reshard writes (the loaded format), read
-    from the live modules; empty when every parameter can be written in
-    place."""
-    out = {}
+def _mla_format(model, name, module):
+    """kv_b_proj: "direct" when nothing is derived from it or W_UK_T and
+    W_UV are views of it (MLAAttention.process_weights_after_loading's
+    split_kv_b_proj on bf16/fp16 weights, replace_parameter); otherwise
+    "reprocess" (fp8 kv_b_proj: DeepGEMM's processing and dequantized
+    copies; DCP query replication's all-gathered W_UK_T_dcp_qrep, AITER's
+    quantized W_K / W_V, CPU AMX's packed copies)."""
+    import torch
+    w = module.weight
+    if w.dtype not in (torch.bfloat16, torch.float16, torch.float32) or \
+            name.endswith("weight_scale_inv"):
+        return "reprocess"
+    base = w.untyped_storage().data_ptr()
+    if all(d.untyped_storage().data_ptr() == base
+           for _, derived in _mla_holders(model, name, module)
+           for d in derived):
+        return "direct"
+    return "reprocess"
+
+
+def _classify(model, dmodel, dst, rank, w31=0):
+    """This worker's parameters by how they are written: (reprocess
+    {layer: [local names]}, MLA modules to re-derive, refusals {name:
+    why}); every other parameter is written directly. The live format is
+    read from the live modules: the fused-MoE backend vLLM chose, whether
+    MLA's derived tensors are views, the fp8 kernels' processing."""
+    reprocess, rerun, refused = {}, [], {}
     for name, b in dst.buffers(rank).items():
         what = dmodel.after_load("vllm", dst, b)
         if not what:
             continue
         module = _owner(model, name)
         if module is None:
-            out[name] = ("no live module holds it, so its kernel format "
-                         "cannot be read; " + what)
-        elif name.endswith(("w13_weight", "w2_weight")):
-            why = _moe_refusal(module, what, w31)
-            if why:
-                out[name] = why
-        elif ".kv_b_proj." in name:
-            why = _mla_refusal(model, name, module, what)
-            if why:
-                out[name] = why
+            refused[name] = ("no live module holds it, so its kernel format "
+                             "cannot be read; " + what)
+            continue
+        if ".kv_b_proj." in name:
+            how = _mla_format(model, name, module)
+            if how == "reprocess":
+                for m, _ in _mla_holders(model, name, module):
+                    if m not in rerun:
+                        rerun.append(m)
+        elif ".experts." in name or name.endswith(
+                ("w13_weight", "w2_weight")):
+            how = _moe_format(module, w31)
         else:
-            out[name] = what
-    return out
+            how = "reprocess"  # fp8 block linears (DeepGEMM's UE8M0)
+        if how == "reprocess":
+            reprocess.setdefault(module, []).append(name.rpartition(".")[2])
+        elif how != "direct":
+            refused[name] = how
+    return reprocess, rerun, refused
+
+
+def _written(dst, rank):
+    """{name: (bytes, torch dtype)} of this rank's destination buffers."""
+    import torch
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
+           "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+    dtype = {dst.buffer_name(f.buffer): f.dtype for f in dst.fragments(rank)}
+    return {n: (dst.buffer_bytes(b, rank), tdt.get(dtype.get(n)))
+            for n, b in dst.buffers(rank).items()}
+
+
+def _sync_modes(model, dmodel, dst, rank, w31=0):
+    """_classify, with the re-processed layers checked
+    (Reprocess.check): (reprocess, rerun, refusals)."""
+    reprocess, rerun, refused = _classify(model, dmodel, dst, rank, w31)
+    names = {m: n for n, m in model.named_modules()} if reprocess else {}
+    prefix = {m: (names[m] + "." if names[m] else "") for m in reprocess}
+    refused.update(_Reprocess.check(reprocess, _written(dst, rank), prefix,
+                                    rank))
+    return reprocess, rerun, refused
+
+
+def _live_refusals(model, dmodel, dst, rank, w31=0):
+    """{parameter name: why} for this worker's parameters that can be
+    neither written directly nor re-processed; empty when every parameter
+    can be synced."""
+    return _sync_modes(model, dmodel, dst, rank, w31)[2]
 
 
 def _refuse(flagged, rank):
@@ -278,8 +368,9 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
                 + pc.rank)
         _check_world(init_info, init_info.rank_offset, rank)
         dmodel, src, dst = _layouts(init_info, init_info.rank_offset)
-        flagged = _live_refusals(self.model, dmodel, dst, rank,
-                                 reshard.models.parallel(init_info.infer).w31)
+        w31 = reshard.models.parallel(init_info.infer).w31
+        reprocess, rerun, flagged = _sync_modes(self.model, dmodel, dst,
+                                                rank, w31)
         # The communicator first (its creation is collective with the
         # trainer, MPI's Comm_dup for one): a refusal then leaves the
         # trainer in plan creation, which has a deadline.
@@ -292,16 +383,20 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
         self.comm = comm
         self.plan = _plan(self.comm, init_info, src, dst)
         self.rank, self.names = rank, list(dst.buffers(rank))
+        self.reprocess = _Reprocess(reprocess, rerun,
+                                    self.vllm_config.model_config.dtype) \
+            if reprocess or rerun else None
 
     def _bind(self):
         """This step's binding: the target model's parameters now (vLLM
         may have swapped the target, set_weight_update_target, or
-        reallocated parameters, sleep/wake)."""
+        reallocated parameters, sleep/wake; re-processed layers hold their
+        checkpoint-format parameters while staged)."""
         params = dict(self.model.named_parameters())
         return self.plan.bind({}, {n: params.get(n) for n in self.names})
 
     def start_weight_update(self):
-        pass  # parameters are written in place: no layerwise reload
+        pass  # parameters are written in place; staging is per update
 
     def finish_weight_update(self):
         pass
@@ -310,8 +405,17 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
         if self.plan is None:
             raise UnsupportedError("reshard vLLM engine: receive_weights "
                                    "before init_transfer_engine")
-        self.plan.execute(self._bind(), version=update_info.version,
-                          stream=_stream(self.comm))
+        rp = self.reprocess
+        staged = rp.stage() if rp is not None else ()
+        try:
+            self.plan.execute(self._bind(), version=update_info.version,
+                              stream=_stream(self.comm))
+        except BaseException:
+            if rp is not None:
+                rp.abandon(staged)  # the kernel tensors keep the old weights
+            raise
+        if rp is not None:
+            rp.process(staged)
 
     def shutdown(self):
         if self.plan is not None:

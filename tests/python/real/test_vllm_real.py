@@ -50,26 +50,33 @@ def test_plugin_found_by_vllm_in_a_fresh_process():
 
 
 def test_every_unquantized_moe_backend_is_classified():
-    """Every fused-MoE backend of vLLM 0.33 is either written directly (its
-    kernel format is the loaded one) or refused with the backend named; a
-    vLLM that adds a backend fails here until it is classified."""
+    """Every fused-MoE backend of vLLM 0.33 is written directly (its kernel
+    format is the loaded one, or FlashInfer CUTLASS's [up; gate] under
+    w31=1) or re-processed (received as loaded, vLLM's processing re-run);
+    w31=1 against any backend but FlashInfer CUTLASS is refused with the
+    way out. A vLLM that adds a backend fails here until it is
+    classified."""
     assert {b.name for b in UnquantizedMoeBackend} == {
         "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "AITER", "TRITON",
         "BATCHED_TRITON", "MOONEP", "CPU", "XPU", "TPU", "OOT"}
     for b in UnquantizedMoeBackend:
         m = types.SimpleNamespace(
             quant_method=types.SimpleNamespace(unquantized_backend=b))
-        why = rvllm._moe_refusal(m, "flagged")
-        why31 = rvllm._moe_refusal(m, "flagged", w31=1)
+        how, how31 = rvllm._moe_format(m), rvllm._moe_format(m, w31=1)
         if b.name in ("TRITON", "BATCHED_TRITON"):
-            assert why is None, b
-            assert "drop w31=1" in why31, b  # the spec contradicts the kernels
+            assert how == "direct", b
+            assert "drop w31=1" in how31, b  # the spec contradicts the kernels
         elif b.name == "FLASHINFER_CUTLASS":
-            assert why31 is None, b  # [up; gate]: the layout's w31=1
-            assert "add w31=1" in why and "--moe-backend triton" in why, b
+            assert how31 == "direct", b  # [up; gate]: the layout's w31=1
+            assert how == "reprocess", b  # swap_w13_to_w31 re-run
         else:
-            for w in (why, why31):
-                assert w and b.value in w and "--moe-backend triton" in w, b
+            assert how == "reprocess", b
+            assert b.value in how31 and "drop w31=1" in how31, b
+    # quantized experts (no unquantized backend): re-processed from the
+    # checkpoint's [gate; up]
+    q = types.SimpleNamespace(quant_method=types.SimpleNamespace())
+    assert rvllm._moe_format(q) == "reprocess"
+    assert "drop w31=1" in rvllm._moe_format(q, w31=1)
 
 
 class _Platform:
@@ -95,7 +102,9 @@ def test_vllm_oracle_default_backend(monkeypatch, family, first):
     """The premise of writing w13/w2 directly on Hopper: vLLM's own
     _get_priority_backends (fused_moe/oracle/unquantized.py) puts Triton
     first for bf16 on SM90; on Blackwell it puts FlashInfer TRT-LLM first,
-    which reshard refuses (it pads and reorders w13/w2)."""
+    whose allocation-time padding (maybe_roundup_sizes) makes its
+    checkpoint-format w13/w2 larger than reshard's, which
+    Reprocess.check refuses (test_reprocess_check_refusals)."""
     monkeypatch.setattr(unquantized, "current_platform", _Platform(family))
     cfg = types.SimpleNamespace(
         moe_parallel_config=types.SimpleNamespace(dp_size=1),
@@ -141,61 +150,95 @@ def _engine(vc, model):
         vc.weight_transfer_config, vc, torch.device("cpu"), model)
 
 
-def test_cpu_moe_backend_refused_with_the_way_out(vllm_dist):
-    """vLLM's CPU platform prepacks w13/w2 (UnquantizedMoeBackend.CPU):
-    the worker refuses at init, naming the parameter, the backend and the
-    way out, and holds no plan or communicator."""
+def test_cpu_moe_backend_reprocessed(vllm_dist):
+    """vLLM's CPU platform prepacks w13/w2 (UnquantizedMoeBackend.CPU): a
+    real transform, so the worker receives them as loaded and re-runs
+    vLLM's processing for the MoE layers only; nothing is refused. (The
+    prepack itself is a CPU-build op this CUDA wheel lacks, so the sync
+    is run by vllm_world.py with fp8 block linears instead.)"""
     path = vllm_dist["qwen3_moe"]
     vc, model = _real_model(path)
-    backends = {m.quant_method.unquantized_backend for m in model.modules()
-                if hasattr(getattr(m, "quant_method", None),
-                           "unquantized_backend")}
-    assert backends == {UnquantizedMoeBackend.CPU}  # vLLM's own choice here
-    e = _engine(vc, model)
-    world = reshard.InprocWorld(2)
-    rvllm.WORLDS["cpu-moe"] = world
+    moe = [m for m in model.modules() if hasattr(
+        getattr(m, "quant_method", None), "unquantized_backend")]
+    assert {m.quant_method.unquantized_backend for m in moe} == {
+        UnquantizedMoeBackend.CPU}  # vLLM's own choice here
+    dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+        model_config_path=os.path.join(path, "config.json"), layers=0,
+        dtype="bf16", train="tp=1", infer="tp=1"), 1)
+    reprocess, rerun, refused = rvllm._sync_modes(model, dmodel, dst, 1)
+    assert refused == {} and rerun == []
+    assert set(reprocess) == set(moe)
+    assert all(sorted(v) == ["w13_weight", "w2_weight"]
+               for v in reprocess.values())
+
+
+def test_reprocess_check_refusals(vllm_dist):
+    """What cannot be re-processed is refused, naming the tensor, the rank
+    and what differs: a loadable tensor of the layer reshard does not
+    write, a checkpoint-format size that is not reshard's (FlashInfer
+    TRT-LLM pads experts at allocation), a layer vLLM recorded no
+    checkpoint format for."""
+    from vllm.model_executor.model_loader.reload.layerwise import \
+        LAYERWISE_INFO
+    path = vllm_dist["qwen3_moe"]
+    vc, model = _real_model(path)
+    dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+        model_config_path=os.path.join(path, "config.json"), layers=0,
+        dtype="bf16", train="tp=1", infer="tp=1"), 1)
+    reprocess, _, _ = rvllm._classify(model, dmodel, dst, 1)
+    prefix = {m: n + "." for n, m in model.named_modules() if m in reprocess}
+    layer = next(iter(reprocess))
+    written = rvllm._written(dst, 1)
+    p = prefix[layer]
+    assert rvllm._Reprocess.check(reprocess, written, prefix, 1) == {}
+    short = dict(written)
+    del short[p + "w2_weight"]
+    why = rvllm._Reprocess.check({layer: ["w13_weight"]}, short, prefix, 1)
+    assert list(why) == [p + "w2_weight"] and "rank 1" in why[p + "w2_weight"]
+    padded = dict(written)
+    nb, dt = padded[p + "w13_weight"]
+    padded[p + "w13_weight"] = (nb - 2, dt)
+    why = rvllm._Reprocess.check(reprocess, padded, prefix, 1)
+    assert list(why) == [p + "w13_weight"]
+    assert "bytes" in why[p + "w13_weight"] and "rank 1" in why[p + "w13_weight"]
+    info = LAYERWISE_INFO.pop(layer)
     try:
-        with pytest.raises(reshard.UnsupportedError) as ei:
-            e.init_transfer_engine(e.parse_init_info(dict(
-                model_config_path=os.path.join(path, "config.json"),
-                train="tp=1", infer="tp=1", rank_offset=1, world_size=2,
-                transport="inproc:cpu-moe")))
-        msg = str(ei.value)
-        assert "rank 1" in msg and "w13_weight" in msg and "CPU" in msg
-        assert "--moe-backend triton" in msg
-        assert e.plan is None and e.comm is None
+        why = rvllm._Reprocess.check({layer: ["w13_weight"]}, written, prefix, 1)
+        assert "record_metadata_for_reloading" in why[p + "w13_weight"]
     finally:
-        world.close()
-        del rvllm.WORLDS["cpu-moe"]
+        LAYERWISE_INFO[layer] = info
 
 
-def test_mla_views_written_directly_copies_refused(vllm_dist):
+def test_mla_views_written_directly_copies_reprocessed(vllm_dist):
     """MLA: after vLLM's processing, W_UK_T and W_UV are views of
     kv_b_proj.weight for bf16 (MLAAttention.process_weights_after_loading,
     layers/attention/mla_attention.py): writing kv_b_proj in place updates
-    them, so it is accepted; derived copies (a dequantized or repacked
-    kernel) would go stale, so they are refused. The derived tensors are
-    set here as processing leaves them (processing itself needs vLLM's
-    CUDA ops)."""
+    them, so it is written directly; derived copies (a dequantized or
+    repacked kernel) would go stale, so that kv_b_proj's layer is
+    re-processed and its MLAAttention re-derives them. The derived
+    tensors are set here as processing leaves them (processing itself
+    needs vLLM's CUDA ops)."""
     path = vllm_dist["deepseek_v3"]
     vc, model = _real_model(path)
     dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
         model_config_path=os.path.join(path, "config.json"), layers=0,
         dtype="bf16", train="tp=1", infer="tp=1"), 1)
-    def mla(refusals):  # (this CPU's MoE backend is refused too: above)
-        return sorted(n for n in refusals if ".kv_b_proj." in n)
-    assert mla(rvllm._live_refusals(model, dmodel, dst, 1)) == []  # unprocessed
+
+    def mla():
+        reprocess, rerun, refused = rvllm._sync_modes(model, dmodel, dst, 1)
+        assert refused == {}
+        return [m for m in reprocess if not hasattr(
+            getattr(m, "quant_method", None), "unquantized_backend")], rerun
+    assert mla() == ([], [])  # unprocessed: nothing derived yet
     attns = [m for m in model.modules() if hasattr(m, "kv_b_proj")
              and type(m).__name__ == "MLAAttention"]
     assert attns, "no MLAAttention in vLLM's DeepSeek-V3"
     for a in attns:
         w = a.kv_b_proj.weight
         a.W_UV, a.W_UK_T = w[: w.shape[0] // 2], w[w.shape[0] // 2:].t()
-    assert mla(rvllm._live_refusals(model, dmodel, dst, 1)) == []
+    assert mla() == ([], [])
     attns[0].W_UV = attns[0].W_UV.clone()
-    bad = mla(rvllm._live_refusals(model, dmodel, dst, 1))
-    assert bad == [n for n, p in model.named_parameters()
-                   if p is attns[0].kv_b_proj.weight]
+    assert mla() == ([attns[0].kv_b_proj], [attns[0]])
 
 
 def test_world_size_must_cover_every_replica(tmp_path):

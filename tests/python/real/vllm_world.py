@@ -104,6 +104,13 @@ CONFIGS = {
 # configs only (DeepseekV2ForCausalLM is not listed)
 CONFIGS["deepseek_v3_nolora"] = dict(CONFIGS["deepseek_v3"], q_lora_rank=None,
                                      n_group=1, routed_scaling_factor=1.0)
+# An fp8 block checkpoint (quantization_config as DeepSeek-V3's and the
+# Qwen3 -FP8 releases write it; 16 x 16 blocks fit these small shapes):
+# vLLM serves its linears fp8 with weight_scale_inv, the trainer holds
+# bf16, reshard quantizes on the way and vLLM's processing is re-run
+CONFIGS["llama_fp8"] = dict(CONFIGS["llama"], quantization_config={
+    "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+    "weight_block_size": [16, 16]})
 for _c in CONFIGS.values():
     _c.update(torch_dtype="bfloat16", max_position_embeddings=256)
 
@@ -123,6 +130,8 @@ CASES = [
     ("deepseek_v3_nolora", "tp=1", "tp=2"), ("deepseek_v3_nolora", "tp=2", "tp=2"),
     ("deepseek_v3_nolora", "tp=4", "dp=2,ep=2"),
     ("deepseek_v3", "tp=2", "tp=2"), ("deepseek_v3", "tp=4", "pp=2"),
+    # re-processed: DeepGEMM's UE8M0 requantization of fp8 block linears
+    ("llama_fp8", "tp=2", "tp=2"), ("llama_fp8", "tp=1,pp=2", "pp=2"),
 ]
 
 
@@ -317,7 +326,7 @@ def build(vc):
             torch.device("cpu"):
         m = initialize_model(vllm_config=vc)
     for p in m.parameters():
-        p.data.view(torch.uint8).fill_(SENTINEL)
+        p.data.reshape(-1).view(torch.uint8).fill_(SENTINEL)
     return m
 
 
@@ -345,6 +354,56 @@ def gpu_moe_backend(model, w31):
     return swap_w13_to_w31 if w31 else None
 
 
+_STANDIN = []
+
+
+def deepgemm_standin():
+    """vLLM's CPU platform cannot build fp8 block linears here (its CPU
+    kernels need the CPU build's ops). On Hopper vLLM 0.33 picks DeepGEMM
+    (DeepGemmFp8BlockScaledMMKernel, kernels/linear/scaled_mm/deep_gemm.py)
+    with UE8M0 scales (utils/deep_gemm.py is_deep_gemm_e8m0_used): its
+    process_weights_after_loading (deepgemm_post_process_fp8_weight_block,
+    quantization/utils/fp8_utils.py) requantizes every fp8 weight and its
+    scales in place (requant_weight_ue8m0_inplace: torch, runs here) and
+    hands the scales to DeepGEMM's layout transform
+    (transform_sf_into_required_layout: DeepGEMM's CUDA code). The
+    stand-ins, only because no GPU is here: that kernel chosen, its two
+    capability flags set, and the layout transform the identity. The
+    processing reshard's engine re-runs is vLLM's own."""
+    if _STANDIN:
+        return
+    import vllm.model_executor.kernels.linear as kl
+    import vllm.model_executor.layers.quantization.utils.fp8_utils as fu
+    from vllm.model_executor.kernels.linear.scaled_mm.deep_gemm import \
+        DeepGemmFp8BlockScaledMMKernel as DG
+    choose = kl.choose_scaled_mm_linear_kernel
+
+    def hopper_choice(config, possible_kernels, quantization=None, **kw):
+        if quantization == "fp8_block_w8a8":
+            return DG
+        return choose(config, possible_kernels, quantization=quantization, **kw)
+    kl.choose_scaled_mm_linear_kernel = hopper_choice
+    init = DG.__init__
+
+    def on_hopper(self, config):
+        init(self, config)
+        self.is_deep_gemm_supported = self.use_deep_gemm_e8m0 = True
+    DG.__init__ = on_hopper
+    fu.transform_sf_into_required_layout = lambda sf, **kw: sf
+    _STANDIN.append(True)
+
+
+def process_quantized(model):
+    """What vLLM's loader runs after load_weights on quantized linears
+    (model_loader/utils.py process_weights_after_loading: each module's
+    quant_method.process_weights_after_loading)."""
+    from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if isinstance(qm, Fp8LinearMethod):
+            qm.process_weights_after_loading(m)
+
+
 def hf_tensors(path, step):
     """The HF checkpoint's tensors with values from global coordinates:
     one per expert, as checkpoints store them (the stacked logical
@@ -364,6 +423,27 @@ def hf_tensors(path, step):
         b = want(s.id, s.shape, box, esize(s.dtype), step)
         yield t.name, torch.from_numpy(b.copy()).view(
             torch_dtype(s.dtype)).reshape(t.shape)
+
+
+def hf_tensors_fp8(path, step):
+    """The fp8 checkpoint of hf_tensors' values: every weight vLLM serves
+    fp8 quantized in the config's blocks by the reference quantizer of
+    tests/python/test_quant.py (DeepSeek's per_block_cast_to_fp8, in
+    numpy), with its weight_scale_inv."""
+    import torch
+    import reshard
+    from test_quant import reference
+    q = reshard.models.Model(path, block_scales=True)
+    blocked = {t.name for t in q.tensors() if t.scale >= 0}
+    with open(path) as fh:
+        block = tuple(json.load(fh)["quantization_config"]["weight_block_size"])
+    for name, t in hf_tensors(path, step):
+        if name not in blocked:
+            yield name, t
+            continue
+        codes, scales = reference(t.float().numpy(), block)
+        yield name, torch.from_numpy(codes).view(torch.float8_e4m3fn)
+        yield name + "_scale_inv", torch.from_numpy(scales)
 
 
 def worker(rank, T, W, ctl, paths, port):
@@ -417,6 +497,9 @@ def worker(rank, T, W, ctl, paths, port):
             vc.parallel_config.rank = w % (tp * pp)
             assert vc.parallel_config.data_parallel_index == w // (tp * pp)
             return vc
+        fp8 = "quantization_config" in CONFIGS[cfg]
+        if fp8:
+            deepgemm_standin()
         vc = config()
         with set_current_vllm_config(vc):
             destroy_model_parallel()
@@ -425,10 +508,19 @@ def worker(rank, T, W, ctl, paths, port):
         # each attention layer's name once: static_forward_context)
         model, ref = build(vc), build(config())
         w13_live = gpu_moe_backend(model, sp.get("w31", 0))
+        if fp8:
+            process_quantized(model)  # live: the kernel format
+        ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
         path = os.path.join(paths[cfg], "config.json")
-        dst = reshard.models.vllm_layout(path, with_dp(infer, W), first_rank=T)
+        dst = reshard.models.vllm_layout(path, with_dp(infer, W), first_rank=T,
+                                         block_scales=fp8)
         # (2) the layout against the real named_parameters()
         params = dict(model.named_parameters())
+        if fp8:
+            # the attention's fp8 KV-cache scales (Fp8KVCacheMethod):
+            # not in the checkpoint, vLLM defaults them; nothing to sync
+            params = {n: p for n, p in params.items()
+                      if not re.search(r"\.attn\.(q|k|v|prob)_scale$", n)}
         mine = dst.buffers(rank)
         dtype = {dst.buffer_name(f.buffer): f.dtype for f in dst.fragments(rank)}
         if set(mine) != set(params):
@@ -455,12 +547,29 @@ def worker(rank, T, W, ctl, paths, port):
             elif msg[0] == "start":
                 eng.start_weight_update()
             elif msg[0] == "update":
+                t0 = time.perf_counter()
                 eng.update_weights(msg[1])
                 step = msg[1]["version"]
+                rp = eng.reprocess
+                if rp is not None:  # the cost of re-processing, reported
+                    print("reprocess rank %d %s step %d: %d layers, %d bytes "
+                          "staged, stage + process %.1f ms of %.1f ms" % (
+                              rank, what, step, len(rp.layers),
+                              rp.staged_bytes, rp.last_s * 1e3,
+                              (time.perf_counter() - t0) * 1e3))
             elif msg[0] == "finish":
                 eng.finish_weight_update()
                 bad_before = bad
-                check(step, dst, rank, model, ref, path, what, fail, w13_live)
+                if fp8:
+                    check_processed(step, model, ref, path, what, fail)
+                    moved = [n for n, p in model.named_parameters()
+                             if p.data_ptr() != ptrs.get(n)]
+                    if moved:  # captured CUDA graphs would read stale memory
+                        fail("%s step %d: %d parameters moved: %s" % (
+                            what, step, len(moved), moved[:3]))
+                else:
+                    check(step, dst, rank, model, ref, path, what, fail,
+                          w13_live)
                 passed += bad == bad_before
         eng.shutdown()
         with set_current_vllm_config(vc):
@@ -509,6 +618,37 @@ def check(step, dst, rank, model, ref, path, what, fail, w13_live=None):
         if k:
             fail("%s step %d: %s: %d bytes vLLM loads lie outside reshard's "
                  "fragments" % (what, step, n, k))
+
+
+def check_processed(step, model, ref, path, what, fail):
+    """A re-processed model: every byte of every parameter against a
+    second instance that vLLM loads (load_weights of the fp8 checkpoint
+    of the same values, quantized by the reference quantizer) and
+    processes (process_quantized); the processing must change bytes, or
+    this check could not see a missing re-process."""
+    import torch
+    ref.load_weights(hf_tensors_fp8(path, step))
+    loaded = {n: p.data.clone() for n, p in ref.named_parameters()}
+    process_quantized(ref)
+    changed = 0
+    for n, p in ref.named_parameters():
+        changed += int(torch.count_nonzero(
+            loaded[n].reshape(-1).view(torch.uint8)
+            != p.data.reshape(-1).view(torch.uint8)))
+    if not changed:
+        fail("%s step %d: vLLM's processing changed no byte" % (what, step))
+    got = dict(model.named_parameters())
+    for n, p in ref.named_parameters():
+        a = got[n].data.reshape(-1).view(torch.uint8)
+        b = p.data.reshape(-1).view(torch.uint8)
+        # vLLM's loader zeroes the padded vocabulary rows, which reshard
+        # leaves alone (the sentinel): the one allowed difference
+        pad = (b == 0) & (a == SENTINEL) & (n.endswith(
+            ("embed_tokens.weight", "lm_head.weight")))
+        k = int(torch.count_nonzero((a != b) & ~pad))
+        if k:
+            fail("%s step %d: %s: %d bytes differ from vLLM's load_weights "
+                 "and processing" % (what, step, n, k))
 
 
 def main():
