@@ -307,8 +307,29 @@ def _sync_modes(model, dmodel, dst, rank, w31=0):
     reprocess, rerun, refused = _classify(model, dmodel, dst, rank, w31)
     names = {m: n for n, m in model.named_modules()} if reprocess else {}
     prefix = {m: (names[m] + "." if names[m] else "") for m in reprocess}
-    refused.update(_Reprocess.check(reprocess, _written(dst, rank), prefix,
-                                    rank))
+    written = _written(dst, rank)
+    refused.update(_Reprocess.check(reprocess, written, prefix, rank))
+    # the parameters written directly: the live ones must be the layout's
+    # size and dtype (a checkpoint that quantizes what reshard's model
+    # keeps in bf16, or the reverse, is refused here, not at the first
+    # update)
+    staged = {prefix[m] + n for m, local in reprocess.items() for n in local}
+    live = dict(model.named_parameters())
+    for n, (nb, dt) in written.items():
+        p = live.get(n)
+        if n in staged or n in refused or p is None:
+            continue  # (a missing parameter: bind names it)
+        if p.numel() * p.element_size() != nb or (
+                dt is not None and isinstance(p.dtype, type(dt)) and
+                p.dtype != dt):
+            refused[n] = (
+                "vLLM holds it as %s %s (%d bytes), reshard's layout says %s "
+                "(%d bytes) on rank %d: the checkpoint's quantization_config "
+                "(weight_block_size, ignored_layers) and reshard's model "
+                "disagree on whether it is fp8" % (
+                    tuple(getattr(p, "shape", ())), p.dtype,
+                    p.numel() * p.element_size(), dt,
+                    nb, rank))
     return reprocess, rerun, refused
 
 

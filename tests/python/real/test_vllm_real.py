@@ -241,6 +241,39 @@ def test_mla_views_written_directly_copies_reprocessed(vllm_dist):
     assert mla() == ([attns[0].kv_b_proj], [attns[0]])
 
 
+def test_quantized_router_refused_at_init(vllm_dist, tmp_path):
+    """An fp8 block checkpoint that does not list Qwen3-MoE's routers in
+    ignored_layers gets fp8 routers from vLLM (GateLinear takes the quant
+    config), while reshard's model keeps routers bf16: refused at init,
+    naming the parameter, the rank and both formats; listed, accepted
+    (vllm_world.py syncs that case)."""
+    import json
+    vllm_world.deepgemm_standin()  # fp8 block linears on this CPU
+    cfg = dict(vllm_world.CONFIGS["qwen3_moe_fp8"])
+    for ignored, bad in ((None, True), (cfg["quantization_config"][
+            "ignored_layers"], False)):
+        q = dict(cfg["quantization_config"])
+        q.pop("ignored_layers")
+        if ignored:
+            q["ignored_layers"] = ignored
+        d = tmp_path / ("ignored" if ignored else "plain")
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+        vc, model = _real_model(str(d))
+        dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+            model_config_path=str(d / "config.json"), layers=0, dtype="bf16",
+            train="tp=1", infer="tp=1"), 1)
+        _, _, refused = rvllm._sync_modes(model, dmodel, dst, 1)
+        gates = sorted(n for n in refused if n.endswith("mlp.gate.weight"))
+        if bad:
+            assert gates == ["model.layers.%d.mlp.gate.weight" % i
+                             for i in range(2)], refused
+            why = refused[gates[0]]
+            assert "float8_e4m3fn" in why and "bfloat16" in why and "rank 1" in why
+        else:
+            assert refused == {}, refused
+
+
 def test_world_size_must_cover_every_replica(tmp_path):
     """A world that leaves workers outside the inference layout (dp left
     out of infer) would leave them serving stale weights: refused on

@@ -31,10 +31,16 @@ Megatron spec), every worker:
 
 Checks print "FAIL ..." lines; the last line is "N passed, M failed".
 Every wait has a deadline (the control messages; reshard's own
-timeouts). vLLM's CPU platform cannot run process_weights_after_loading
-with the PyPI (CUDA) build here (torch.ops._C is absent), so the models
-are compared in the format vLLM's loaders write, before post-processing:
-exactly the format reshard's layouts describe.
+timeouts). vLLM's CPU platform cannot run most of
+process_weights_after_loading with the PyPI (CUDA) build here
+(torch.ops._C is absent), so the bf16 models are compared in the format
+vLLM's loaders write, before post-processing: exactly the format
+reshard's layouts describe. The fp8 block models (*_fp8) are served the
+way a Hopper GPU serves them (deepgemm_standin, gpu_fp8_backends: the
+stand-ins there, each with its reason) and processed by vLLM's own code;
+the engine re-processes their layers, and every byte of every parameter
+is compared with a second instance that vLLM loads and processes
+(check_processed). Each update prints the re-processing's cost.
 """
 import argparse
 import json
@@ -111,6 +117,20 @@ CONFIGS["deepseek_v3_nolora"] = dict(CONFIGS["deepseek_v3"], q_lora_rank=None,
 CONFIGS["llama_fp8"] = dict(CONFIGS["llama"], quantization_config={
     "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
     "weight_block_size": [16, 16]})
+# (each expert's 64 rows split 4 ways over tp x dp: whole 16-row blocks)
+CONFIGS["deepseek_v3_fp8"] = dict(CONFIGS["deepseek_v3"],
+                                  moe_intermediate_size=64,
+                                  quantization_config=CONFIGS["llama_fp8"][
+                                      "quantization_config"])
+# Qwen3-MoE's router (GateLinear, qwen3_moe.py Qwen3MoeSparseMoeBlock)
+# takes the quant config: a checkpoint that keeps it bf16 lists it in
+# ignored_layers (quantization/fp8.py Fp8Config, exact names), as reshard's
+# model keeps routers bf16
+CONFIGS["qwen3_moe_fp8"] = dict(CONFIGS["qwen3_moe"], moe_intermediate_size=64,
+                                quantization_config=dict(
+                                    CONFIGS["llama_fp8"]["quantization_config"],
+                                    ignored_layers=["model.layers.%d.mlp.gate" % i
+                                                    for i in range(2)]))
 for _c in CONFIGS.values():
     _c.update(torch_dtype="bfloat16", max_position_embeddings=256)
 
@@ -132,6 +152,10 @@ CASES = [
     ("deepseek_v3", "tp=2", "tp=2"), ("deepseek_v3", "tp=4", "pp=2"),
     # re-processed: DeepGEMM's UE8M0 requantization of fp8 block linears
     ("llama_fp8", "tp=2", "tp=2"), ("llama_fp8", "tp=1,pp=2", "pp=2"),
+    # ... and of fp8 experts (DeepGEMM's MoE format), fp8 MLA (kv_b_proj
+    # requantized, W_UK_T / W_UV dequantized copies re-derived)
+    ("deepseek_v3_fp8", "tp=2", "tp=2"), ("deepseek_v3_fp8", "tp=1", "dp=2,ep=2"),
+    ("qwen3_moe_fp8", "tp=2", "tp=2"),
 ]
 
 
@@ -390,18 +414,48 @@ def deepgemm_standin():
         self.is_deep_gemm_supported = self.use_deep_gemm_e8m0 = True
     DG.__init__ = on_hopper
     fu.transform_sf_into_required_layout = lambda sf, **kw: sf
+    # fp8 experts under DeepGEMM's MoE backend (Fp8MoeBackend.DEEPGEMM,
+    # --moe-backend deep_gemm on Hopper; oracle/fp8.py
+    # convert_to_fp8_moe_kernel_format: prepare_fp8_moe_layer_for_deepgemm,
+    # the same UE8M0 requantization per expert)
+    fu.is_deep_gemm_e8m0_used = lambda: True
     _STANDIN.append(True)
 
 
-def process_quantized(model):
-    """What vLLM's loader runs after load_weights on quantized linears
-    (model_loader/utils.py process_weights_after_loading: each module's
-    quant_method.process_weights_after_loading)."""
-    from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+def gpu_fp8_backends(model):
+    """The rest of the GPU's choices, set on each layer (vLLM's CPU
+    platform picks no fp8 MoE backend and AMX for MLA, whose packing is a
+    CPU-build op): fp8 experts get DeepGEMM's backend, their kernel object
+    (GPU code) is not built; MLA gets CUDA's default path
+    (split_kv_b_proj: dequantized W_UK_T / W_UV copies of an fp8
+    kv_b_proj), the backend impl's own packing left out."""
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
+    from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
     for m in model.modules():
         qm = getattr(m, "quant_method", None)
-        if isinstance(qm, Fp8LinearMethod):
+        if isinstance(qm, Fp8MoEMethod):
+            qm.fp8_backend = Fp8MoeBackend.DEEPGEMM
+            qm._init_moe_kernel = lambda layer: None
+        if type(m).__name__ == "MLAAttention":
+            m.impl.process_weights_after_loading = lambda act_dtype: None
+            m.is_amx_bmm_enabled = False
+
+
+def process_quantized(model):
+    """What vLLM's loader runs after load_weights
+    (model_loader/utils.py process_weights_after_loading): each quantized
+    module's quant_method.process_weights_after_loading, then each MLA
+    attention's process_weights_after_loading(model dtype)."""
+    import torch
+    from vllm.model_executor.layers.quantization.fp8 import (Fp8LinearMethod,
+                                                             Fp8MoEMethod)
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if isinstance(qm, (Fp8LinearMethod, Fp8MoEMethod)):
             qm.process_weights_after_loading(m)
+    for m in model.modules():
+        if type(m).__name__ == "MLAAttention":
+            m.process_weights_after_loading(torch.bfloat16)
 
 
 def hf_tensors(path, step):
@@ -433,7 +487,7 @@ def hf_tensors_fp8(path, step):
     import torch
     import reshard
     from test_quant import reference
-    q = reshard.models.Model(path, block_scales=True)
+    q = reshard.models.Model(path, block_scales=True, per_expert=True)
     blocked = {t.name for t in q.tensors() if t.scale >= 0}
     with open(path) as fh:
         block = tuple(json.load(fh)["quantization_config"]["weight_block_size"])
@@ -509,6 +563,8 @@ def worker(rank, T, W, ctl, paths, port):
         model, ref = build(vc), build(config())
         w13_live = gpu_moe_backend(model, sp.get("w31", 0))
         if fp8:
+            gpu_fp8_backends(model)
+            gpu_fp8_backends(ref)
             process_quantized(model)  # live: the kernel format
         ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
         path = os.path.join(paths[cfg], "config.json")
@@ -517,10 +573,11 @@ def worker(rank, T, W, ctl, paths, port):
         # (2) the layout against the real named_parameters()
         params = dict(model.named_parameters())
         if fp8:
-            # the attention's fp8 KV-cache scales (Fp8KVCacheMethod):
-            # not in the checkpoint, vLLM defaults them; nothing to sync
-            params = {n: p for n, p in params.items()
-                      if not re.search(r"\.attn\.(q|k|v|prob)_scale$", n)}
+            # the attention's fp8 KV-cache scales (Fp8KVCacheMethod:
+            # not in the checkpoint, vLLM defaults them; nothing to sync),
+            # MLA's derived W_UK_T / W_UV (compared after each step)
+            params = {n: p for n, p in params.items() if not re.search(
+                r"\.attn\.(q|k|v|prob)_scale$|\.(W_UK_T|W_UV)$", n)}
         mine = dst.buffers(rank)
         dtype = {dst.buffer_name(f.buffer): f.dtype for f in dst.fragments(rank)}
         if set(mine) != set(params):
@@ -632,13 +689,20 @@ def check_processed(step, model, ref, path, what, fail):
     process_quantized(ref)
     changed = 0
     for n, p in ref.named_parameters():
+        if n not in loaded:
+            continue  # created by the processing (MLA's W_UK_T / W_UV)
         changed += int(torch.count_nonzero(
             loaded[n].reshape(-1).view(torch.uint8)
             != p.data.reshape(-1).view(torch.uint8)))
     if not changed:
         fail("%s step %d: vLLM's processing changed no byte" % (what, step))
     got = dict(model.named_parameters())
+    missing = sorted(set(dict(ref.named_parameters())) - set(got))
+    if missing:
+        fail("%s step %d: the synced model lacks %s" % (what, step, missing[:3]))
     for n, p in ref.named_parameters():
+        if n not in got:
+            continue
         a = got[n].data.reshape(-1).view(torch.uint8)
         b = p.data.reshape(-1).view(torch.uint8)
         # vLLM's loader zeroes the padded vocabulary rows, which reshard
