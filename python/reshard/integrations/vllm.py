@@ -164,6 +164,22 @@ def _moe_format(module, w31=0):
     qm = getattr(module, "quant_method", None)
     backend = getattr(qm, "unquantized_backend", None)
     if backend is None:
+        fp8 = getattr(qm, "fp8_backend", None)
+        if fp8 is not None and fp8.name in _LOADED_FORMAT_MOE:
+            # fp8 block experts under Triton (Hopper's choice without
+            # expert parallelism: fused_moe/oracle/fp8.py
+            # _get_priority_backends): convert_to_fp8_moe_kernel_format
+            # leaves weights and scales as loaded (Fp8MoEMethod.
+            # process_weights_after_loading rewrites nothing for block
+            # scales but the e4m3fnuz conversion on MI300)
+            from vllm.platforms import current_platform
+            if w31:
+                return ("vLLM chose the %s fp8 fused-MoE backend for this "
+                        "layer, which reads w13 as loaded ([gate; up]), but "
+                        "the inference spec says w31=1: drop w31=1"
+                        % fp8.value)
+            if not current_platform.is_fp8_fnuz():
+                return "direct"
         # quantized experts (fp8 block: DeepGEMM requantizes to UE8M0,
         # FlashInfer swaps and clamps scales, ...): vLLM's
         # convert_to_fp8_moe_kernel_format re-run from the checkpoint's

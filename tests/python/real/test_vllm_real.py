@@ -72,11 +72,17 @@ def test_every_unquantized_moe_backend_is_classified():
         else:
             assert how == "reprocess", b
             assert b.value in how31 and "drop w31=1" in how31, b
-    # quantized experts (no unquantized backend): re-processed from the
-    # checkpoint's [gate; up]
-    q = types.SimpleNamespace(quant_method=types.SimpleNamespace())
-    assert rvllm._moe_format(q) == "reprocess"
-    assert "drop w31=1" in rvllm._moe_format(q, w31=1)
+    # fp8 experts: written directly under Triton (Hopper's choice without
+    # EP: as loaded), re-processed from the checkpoint's [gate; up] under
+    # every other backend
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
+    for b in Fp8MoeBackend:
+        q = types.SimpleNamespace(quant_method=types.SimpleNamespace(
+            fp8_backend=b))
+        how = rvllm._moe_format(q)
+        assert how == ("direct" if b.name in ("TRITON", "BATCHED_TRITON")
+                       else "reprocess"), b
+        assert "drop w31=1" in rvllm._moe_format(q, w31=1), b
 
 
 class _Platform:

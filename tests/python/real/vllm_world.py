@@ -153,10 +153,17 @@ CASES = [
     # re-processed: DeepGEMM's UE8M0 requantization of fp8 block linears
     ("llama_fp8", "tp=2", "tp=2"), ("llama_fp8", "tp=1,pp=2", "pp=2"),
     # ... and of fp8 experts (DeepGEMM's MoE format), fp8 MLA (kv_b_proj
-    # requantized, W_UK_T / W_UV dequantized copies re-derived)
+    # requantized, W_UK_T / W_UV dequantized copies re-derived); Qwen3-MoE's
+    # fp8 experts under Triton are written directly
     ("deepseek_v3_fp8", "tp=2", "tp=2"), ("deepseek_v3_fp8", "tp=1", "dp=2,ep=2"),
     ("qwen3_moe_fp8", "tp=2", "tp=2"),
 ]
+
+
+# the fp8 fused-MoE backend each fp8 MoE config is served with
+# (gpu_fp8_backends): re-processed under DeepGEMM, written directly under
+# Triton
+FP8_MOE_BACKEND = {"deepseek_v3_fp8": "DEEPGEMM", "qwen3_moe_fp8": "TRITON"}
 
 
 def spec_of(s):
@@ -422,19 +429,22 @@ def deepgemm_standin():
     _STANDIN.append(True)
 
 
-def gpu_fp8_backends(model):
+def gpu_fp8_backends(model, moe_backend):
     """The rest of the GPU's choices, set on each layer (vLLM's CPU
     platform picks no fp8 MoE backend and AMX for MLA, whose packing is a
     CPU-build op): fp8 experts get DeepGEMM's backend, their kernel object
     (GPU code) is not built; MLA gets CUDA's default path
     (split_kv_b_proj: dequantized W_UK_T / W_UV copies of an fp8
-    kv_b_proj), the backend impl's own packing left out."""
+    kv_b_proj), the backend impl's own packing left out. moe_backend:
+    the Fp8MoeBackend name (TRITON: Hopper's choice without expert
+    parallelism, fused_moe/oracle/fp8.py _get_priority_backends, written
+    directly; DEEPGEMM: --moe-backend deep_gemm, re-processed)."""
     from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
     from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
     for m in model.modules():
         qm = getattr(m, "quant_method", None)
         if isinstance(qm, Fp8MoEMethod):
-            qm.fp8_backend = Fp8MoeBackend.DEEPGEMM
+            qm.fp8_backend = Fp8MoeBackend[moe_backend]
             qm._init_moe_kernel = lambda layer: None
         if type(m).__name__ == "MLAAttention":
             m.impl.process_weights_after_loading = lambda act_dtype: None
@@ -563,8 +573,9 @@ def worker(rank, T, W, ctl, paths, port):
         model, ref = build(vc), build(config())
         w13_live = gpu_moe_backend(model, sp.get("w31", 0))
         if fp8:
-            gpu_fp8_backends(model)
-            gpu_fp8_backends(ref)
+            moe_fp8 = FP8_MOE_BACKEND.get(cfg, "TRITON")
+            gpu_fp8_backends(model, moe_fp8)
+            gpu_fp8_backends(ref, moe_fp8)
             process_quantized(model)  # live: the kernel format
         ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
         path = os.path.join(paths[cfg], "config.json")
