@@ -180,6 +180,16 @@ def _moe_format(module, w31=0):
                         % fp8.value)
             if not current_platform.is_fp8_fnuz():
                 return "direct"
+        if fp8 is not None and fp8.name == "FLASHINFER_CUTLASS" and w31 and \
+                getattr(getattr(qm, "moe", None), "is_act_and_mul", True) and \
+                getattr(qm, "block_quant", False):
+            # Hopper's choice with expert parallelism
+            # (prepare_fp8_moe_layer_for_fi, quantization/utils/
+            # flashinfer_utils.py): w13 and its block scales swapped to
+            # [up; gate] (the layout's w31=1), then the scales clamped to
+            # >= 1e-10, which changes nothing reshard writes: its scales are
+            # amax / 448 with amax >= 1e-4 (DeepSeek's per_block_cast_to_fp8)
+            return "direct"
         # quantized experts (fp8 block: DeepGEMM requantizes to UE8M0,
         # FlashInfer swaps and clamps scales, ...): vLLM's
         # convert_to_fp8_moe_kernel_format re-run from the checkpoint's

@@ -73,8 +73,8 @@ def test_every_unquantized_moe_backend_is_classified():
             assert how == "reprocess", b
             assert b.value in how31 and "drop w31=1" in how31, b
     # fp8 experts: written directly under Triton (Hopper's choice without
-    # EP: as loaded), re-processed from the checkpoint's [gate; up] under
-    # every other backend
+    # EP: as loaded) and under FlashInfer CUTLASS with w31=1 (with EP),
+    # re-processed from the checkpoint's [gate; up] otherwise
     from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
     for b in Fp8MoeBackend:
         q = types.SimpleNamespace(quant_method=types.SimpleNamespace(
@@ -83,6 +83,12 @@ def test_every_unquantized_moe_backend_is_classified():
         assert how == ("direct" if b.name in ("TRITON", "BATCHED_TRITON")
                        else "reprocess"), b
         assert "drop w31=1" in rvllm._moe_format(q, w31=1), b
+        # block scales, gated: FlashInfer CUTLASS's [up; gate] is w31=1
+        q.quant_method.block_quant = True
+        if b.name == "FLASHINFER_CUTLASS":
+            assert rvllm._moe_format(q, w31=1) == "direct", b
+        else:
+            assert "drop w31=1" in rvllm._moe_format(q, w31=1), b
 
 
 class _Platform:

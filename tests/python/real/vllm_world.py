@@ -157,12 +157,15 @@ CASES = [
     # fp8 experts under Triton are written directly
     ("deepseek_v3_fp8", "tp=2", "tp=2"), ("deepseek_v3_fp8", "tp=1", "dp=2,ep=2"),
     ("qwen3_moe_fp8", "tp=2", "tp=2"),
+    # fp8 experts under FlashInfer CUTLASS (Hopper's choice with expert
+    # parallelism), w13 and its scales as [up; gate]: written directly
+    ("deepseek_v3_fp8", "tp=2,w31=1", "tp=2"),
 ]
 
 
 # the fp8 fused-MoE backend each fp8 MoE config is served with
 # (gpu_fp8_backends): re-processed under DeepGEMM, written directly under
-# Triton
+# Triton; a w31=1 case gets FlashInfer CUTLASS
 FP8_MOE_BACKEND = {"deepseek_v3_fp8": "DEEPGEMM", "qwen3_moe_fp8": "TRITON"}
 
 
@@ -573,7 +576,8 @@ def worker(rank, T, W, ctl, paths, port):
         model, ref = build(vc), build(config())
         w13_live = gpu_moe_backend(model, sp.get("w31", 0))
         if fp8:
-            moe_fp8 = FP8_MOE_BACKEND.get(cfg, "TRITON")
+            moe_fp8 = "FLASHINFER_CUTLASS" if sp.get("w31") else \
+                FP8_MOE_BACKEND.get(cfg, "TRITON")
             gpu_fp8_backends(model, moe_fp8)
             gpu_fp8_backends(ref, moe_fp8)
             process_quantized(model)  # live: the kernel format
