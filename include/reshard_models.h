@@ -94,12 +94,18 @@
  *   parameter count and the buffers are the same in both modes.
  *   BLOCK SCALES (rm_model_options.block_scales, the DeepSeek-V3 / Kimi-K2
  *   fp8 checkpoint format, quantization_config.weight_block_size [bn, bk]):
- *   every linear weight of the decoder layers except the router (attention
- *   projections, dense and shared MLP, routed experts) is fp8_e4m3 and is
- *   followed by its scale tensor <name minus ".weight">.weight_scale_inv,
- *   fp32, shape [..., ceil(out / bn), ceil(in / bk)] (leading stacked dims
- *   kept). Embeddings, lm_head, norms, biases and the router keep the
- *   model's dtype.
+ *   every linear weight of the decoder layers (attention projections,
+ *   dense and shared MLP, routed experts, and Qwen3-MoE's router, which
+ *   vLLM builds with the quant config) is fp8_e4m3 and is followed by its
+ *   scale tensor <name minus ".weight">.weight_scale_inv, fp32, shape
+ *   [..., ceil(out / bn), ceil(in / bk)] (leading stacked dims kept),
+ *   unless quantization_config.ignored_layers (or modules_to_not_convert)
+ *   lists the vLLM layer that serves it: its own name, the fused layer's
+ *   (qkv_proj, gate_up_proj, fused_qkv_a_proj) or all of that layer's
+ *   shards' names, <block>.experts for routed experts (vLLM's
+ *   Fp8Config and is_layer_skipped; listing part of a fused layer is
+ *   RESHARD_ERROR_INVALID_ARGUMENT, as vLLM refuses it). Embeddings,
+ *   lm_head, norms, biases and the other routers keep the model's dtype.
  *   model.norm.weight                                      [H]
  *   lm_head.weight                                         [V, H] (untied only)
  * Which layers are MoE follows HF: qwen3_moe mlp_only_layers and

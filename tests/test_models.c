@@ -461,6 +461,211 @@ static void synthetic_tensor_lists(void **state) {
   rm_model_free(m);
 }
 
+/* ------------------------------- fp8 checkpoints' unquantized modules */
+
+/* base (a synthetic config) with an fp8 block quantization_config whose
+ * extra keys are `extra` (", 'ignored_layers': [...]"), loaded with block
+ * scales (per-expert or stacked); NULL with *r set when loading fails. */
+static rm_model *load_fp8(const char *file, const char *base, const char *extra, int per_expert,
+                          reshard_result_t *r) {
+  static char text[4096];
+  size_t n = strlen(base);
+  assert_true(n > 1 && base[n - 1] == '}');
+  snprintf(text, sizeof text,
+           "%.*s, 'quantization_config': {'quant_method': 'fp8', 'activation_scheme': 'dynamic',"
+           " 'weight_block_size': [8, 8]%s}}",
+           (int)(n - 1), base, extra);
+  rm_model_options o = RM_MODEL_OPTIONS_INIT;
+  o.block_scales = 1;
+  o.per_expert = per_expert;
+  rm_model *m = NULL;
+  *r = rm_model_load_ex(write_config(file, text), &o, &m);
+  return m;
+}
+
+/* fp8 with its scale, or the model's dtype without one */
+static void expect_fp8(const rm_model *m, const char *name, int fp8) {
+  const rm_tensor *t = find_tensor(m, name);
+  if (!t) print_error("%s: no tensor '%s'\n", rm_model_path(m), name);
+  assert_non_null(t);
+  if ((t->dtype == RESHARD_FP8_E4M3) != fp8 || (t->scale >= 0) != fp8)
+    print_error("%s: dtype %d scale %d, expected %s\n", name, (int)t->dtype, t->scale, fp8 ? "fp8" : "bf16");
+  assert_int_equal(t->dtype, fp8 ? RESHARD_FP8_E4M3 : RESHARD_BF16);
+  assert_int_equal(t->scale >= 0, fp8);
+  char sname[300];
+  snprintf(sname, sizeof sname, "%.*s.weight_scale_inv", (int)(strlen(name) - 7), name);
+  assert_int_equal(find_tensor(m, sname) != NULL, fp8);
+}
+
+/* Which weights an fp8 block checkpoint keeps in the model's dtype follows
+ * vLLM: quantization/fp8.py Fp8Config.from_config reads ignored_layers, or
+ * modules_to_not_convert when that is absent or empty, and
+ * get_quant_method applies quantization/utils/quant_utils.py
+ * is_layer_skipped (exact mode) to the layer vLLM builds: a fused layer
+ * (qkv_proj, gate_up_proj, DeepSeek's fused_qkv_a_proj) by its own name or
+ * by all of its shards' names where the class's packed_modules_mapping
+ * lists it; routed experts by <block>.experts. Qwen3-MoE's router takes
+ * the quant config (qwen3_moe.py Qwen3MoeSparseMoeBlock: GateLinear with
+ * quant_config), DeepSeek's and Mixtral's do not. The real vLLM's
+ * parameters are compared with these on CPU in
+ * tests/python/real/test_vllm_real.py. */
+static void fp8_unquantized_modules(void **state) {
+  (void)state;
+  reshard_result_t r;
+  static const char *const spellings[3] = {
+      ", 'ignored_layers': [%s]", ", 'modules_to_not_convert': [%s]",
+      ", 'ignored_layers': [], 'modules_to_not_convert': [%s]"};
+  for (int sp = 0; sp < 3; sp++) {
+    char extra[1024];
+    snprintf(extra, sizeof extra, spellings[sp],
+             "'model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj',"
+             " 'model.layers.0.self_attn.v_proj', 'model.layers.1.mlp.gate_up_proj',"
+             " 'model.layers.2.mlp.down_proj', 'lm_head', 'model.layers.3.self_attn.o'");
+    rm_model *m = load_fp8("llama_fp8.json", LLAMA, extra, 0, &r);
+    if (r) print_error("%s\n", reshard_last_error());
+    assert_int_equal(r, RESHARD_SUCCESS);
+    for (int k = 0; k < 3; k++) {
+      char n[128];
+      snprintf(n, sizeof n, "model.layers.0.self_attn.%c_proj.weight", "qkv"[k]);
+      expect_fp8(m, n, 0);
+      snprintf(n, sizeof n, "model.layers.1.self_attn.%c_proj.weight", "qkv"[k]);
+      expect_fp8(m, n, 1);
+    }
+    expect_fp8(m, "model.layers.0.self_attn.o_proj.weight", 1);
+    expect_fp8(m, "model.layers.1.mlp.gate_proj.weight", 0);
+    expect_fp8(m, "model.layers.1.mlp.up_proj.weight", 0);
+    expect_fp8(m, "model.layers.1.mlp.down_proj.weight", 1);
+    expect_fp8(m, "model.layers.2.mlp.down_proj.weight", 0);
+    expect_fp8(m, "model.layers.2.mlp.gate_proj.weight", 1);
+    expect_fp8(m, "model.layers.3.self_attn.o_proj.weight", 1); /* exact names, not prefixes */
+    rm_model_free(m);
+  }
+  /* without block scales the list is not read */
+  rm_model *plain = load(write_config("llama_fp8_plain.json",
+                                      "{'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size':"
+                                      " 100, 'hidden_size': 16, 'intermediate_size': 16, 'num_hidden_layers': 1,"
+                                      " 'num_attention_heads': 2, 'quantization_config': {'ignored_layers': 3}}"),
+                         0);
+  rm_model_free(plain);
+
+  /* Qwen3-MoE: routers fp8 unless listed; experts by <block>.experts;
+   * gate_up_proj mapped only with mlp_only_layers (layer 0 here) */
+  for (int pe = 0; pe < 2; pe++) {
+    rm_model *m = load_fp8("qwen3_moe_fp8.json", QWEN3_MOE,
+                           ", 'ignored_layers': ['model.layers.1.mlp.gate', 'model.layers.2.mlp.experts',"
+                           " 'model.layers.0.mlp.gate_proj', 'model.layers.0.mlp.up_proj',"
+                           " 'model.layers.1.mlp.experts.3.up_proj']",
+                           pe, &r);
+    if (r) print_error("%s\n", reshard_last_error());
+    assert_int_equal(r, RESHARD_SUCCESS);
+    expect_fp8(m, "model.layers.1.mlp.gate.weight", 0);
+    expect_fp8(m, "model.layers.2.mlp.gate.weight", 1);
+    expect_fp8(m, "model.layers.0.mlp.gate_proj.weight", 0);
+    expect_fp8(m, "model.layers.0.mlp.up_proj.weight", 0);
+    expect_fp8(m, "model.layers.0.mlp.down_proj.weight", 1);
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int k = 0; k < 3; k++)
+      for (int l = 1; l < 3; l++) {
+        char n[128];
+        if (pe)
+          for (int e = 0; e < 8; e++) {
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[k]);
+            expect_fp8(m, n, l == 1); /* experts.3.up_proj is no vLLM layer */
+          }
+        else {
+          snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s.weight", l, proj[k]);
+          expect_fp8(m, n, l == 1);
+        }
+      }
+    rm_model_free(m);
+  }
+  /* dense layers from decoder_sparse_step alone: vLLM maps no gate_up_proj,
+   * so only the fused name skips them */
+  char sparse[1024];
+  snprintf(sparse, sizeof sparse, "%s", QWEN3_MOE);
+  char *at = strstr(sparse, "'decoder_sparse_step': 1, 'mlp_only_layers': [0]");
+  assert_non_null(at);
+  memcpy(at, "'decoder_sparse_step': 2, 'mlp_only_layers': [ ]", strlen("'decoder_sparse_step': 2, 'mlp_only_layers': [ ]"));
+  rm_model *m = load_fp8("qwen3_moe_sparse_fp8.json", sparse,
+                         ", 'ignored_layers': ['model.layers.0.mlp.gate_proj', 'model.layers.0.mlp.up_proj',"
+                         " 'model.layers.2.mlp.gate_up_proj']",
+                         0, &r);
+  if (r) print_error("%s\n", reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  expect_fp8(m, "model.layers.0.mlp.gate_proj.weight", 1);
+  expect_fp8(m, "model.layers.0.mlp.up_proj.weight", 1);
+  expect_fp8(m, "model.layers.2.mlp.gate_proj.weight", 0);
+  expect_fp8(m, "model.layers.2.mlp.up_proj.weight", 0);
+  expect_fp8(m, "model.layers.1.mlp.gate.weight", 1);
+  rm_model_free(m);
+
+  /* DeepSeek-V3: fused_qkv_a_proj (q_lora_rank set), shared experts'
+   * gate_up_proj; the router stays bf16 */
+  m = load_fp8("deepseek_fp8.json", DEEPSEEK,
+               ", 'ignored_layers': ['model.layers.0.self_attn.fused_qkv_a_proj',"
+               " 'model.layers.1.self_attn.q_a_proj', 'model.layers.1.self_attn.kv_a_proj_with_mqa',"
+               " 'model.layers.2.mlp.shared_experts.gate_proj', 'model.layers.2.mlp.shared_experts.up_proj',"
+               " 'model.layers.1.self_attn.kv_b_proj']",
+               0, &r);
+  if (r) print_error("%s\n", reshard_last_error());
+  assert_int_equal(r, RESHARD_SUCCESS);
+  for (int l = 0; l < 3; l++) {
+    char n[128];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_a_proj.weight", l);
+    expect_fp8(m, n, l == 2);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+    expect_fp8(m, n, l == 2);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+    expect_fp8(m, n, l != 1);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.q_b_proj.weight", l);
+    expect_fp8(m, n, 1);
+  }
+  expect_fp8(m, "model.layers.2.mlp.shared_experts.gate_proj.weight", 0);
+  expect_fp8(m, "model.layers.2.mlp.shared_experts.up_proj.weight", 0);
+  expect_fp8(m, "model.layers.2.mlp.shared_experts.down_proj.weight", 1);
+  expect_fp8(m, "model.layers.1.mlp.shared_experts.gate_proj.weight", 1);
+  expect_fp8(m, "model.layers.1.mlp.gate.weight", 0);
+  rm_model_free(m);
+
+  /* part of a fused layer: vLLM raises, so does the load, naming both
+   * shards and the layer */
+  static const struct {
+    const char *base, *extra, *listed, *missing, *fused;
+  } bad[] = {
+      {NULL, ", 'ignored_layers': ['model.layers.0.self_attn.k_proj']", "layers.0.self_attn.k_proj'",
+       "layers.0.self_attn.q_proj'", "self_attn.qkv_proj"},
+      {NULL, ", 'modules_to_not_convert': ['model.layers.3.mlp.up_proj']", "layers.3.mlp.up_proj'",
+       "layers.3.mlp.gate_proj'", "mlp.gate_up_proj"},
+      {"deepseek", ", 'ignored_layers': ['model.layers.0.self_attn.q_a_proj']", "q_a_proj'", "kv_a_proj_with_mqa'",
+       "fused_qkv_a_proj"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    m = load_fp8("fp8_bad.json", bad[i].base ? DEEPSEEK : LLAMA, bad[i].extra, 0, &r);
+    const char *msg = reshard_last_error();
+    assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_null(m);
+    if (!strstr(msg, bad[i].listed) || !strstr(msg, bad[i].missing) || !strstr(msg, bad[i].fused) ||
+        !strstr(msg, "fp8_bad.json"))
+      print_error("%s\n", msg);
+    assert_non_null(strstr(msg, bad[i].listed));
+    assert_non_null(strstr(msg, bad[i].missing));
+    assert_non_null(strstr(msg, bad[i].fused));
+    assert_non_null(strstr(msg, "fp8_bad.json"));
+  }
+  /* malformed lists */
+  static const struct {
+    const char *extra, *needle;
+  } malformed[] = {{", 'ignored_layers': 'model.layers.0.mlp'", "quantization_config.ignored_layers' must be an array"},
+                   {", 'modules_to_not_convert': ['lm_head', 3]", "modules_to_not_convert' entry 1 must be a string"}};
+  for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+    m = load_fp8("fp8_malformed.json", LLAMA, malformed[i].extra, 0, &r);
+    assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_null(m);
+    if (!strstr(reshard_last_error(), malformed[i].needle)) print_error("%s\n", reshard_last_error());
+    assert_non_null(strstr(reshard_last_error(), malformed[i].needle));
+  }
+}
+
 /* ----------------------------------------------------- parse errors */
 
 /* Loading fails with `code`, *out stays NULL, and the message names the
@@ -822,6 +1027,7 @@ int main(void) {
       cmocka_unit_test(layer_truncation),
       cmocka_unit_test(synthetic_tensor_lists),
       cmocka_unit_test(config_errors),
+      cmocka_unit_test(fp8_unquantized_modules),
       cmocka_unit_test(parallel_spec_parsing),
       cmocka_unit_test(invalid_parallel_combinations),
       cmocka_unit_test(e2e_llama),

@@ -297,6 +297,45 @@ static reshard_result_t read_block_size(const jcfg *j, rm_config *c) {
   return RESHARD_SUCCESS;
 }
 
+/* The modules an fp8 checkpoint keeps unquantized, as vLLM reads them
+ * (quantization/fp8.py Fp8Config.from_config): quantization_config's
+ * ignored_layers, or modules_to_not_convert when that is absent or empty.
+ * Names are vLLM module prefixes; for the families here they are HF's
+ * (the models' hf_to_vllm_mapper renames nothing: get_rename_mapper drops
+ * the stacked q/k/v and gate/up entries). */
+static reshard_result_t read_skipped(const jcfg *j, rm_model *m) {
+  json_t *q = json_object_get(j->root, "quantization_config");
+  if (!q || !json_is_object(q)) return RESHARD_SUCCESS;
+  static const char *const keys[2] = {"ignored_layers", "modules_to_not_convert"};
+  for (int k = 0; k < 2; k++) {
+    json_t *a = json_object_get(q, keys[k]);
+    if (!a || json_is_null(a)) continue;
+    if (!json_is_array(a))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "config '%s': key 'quantization_config.%s' must be an array of module names, found %s", j->path,
+                      keys[k], json_kind(a));
+    size_t n = json_array_size(a);
+    if (n == 0) continue;
+    if (n > (1u << 24))
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': key 'quantization_config.%s' has %zu entries",
+                      j->path, keys[k], n);
+    if (!(m->skip = calloc(n, sizeof *m->skip)))
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", j->path);
+    for (size_t i = 0; i < n; i++) {
+      json_t *v = json_array_get(a, i);
+      if (!json_is_string(v))
+        return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                        "config '%s': key 'quantization_config.%s' entry %zu must be a string, found %s", j->path,
+                        keys[k], i, json_kind(v));
+      if (!(m->skip[i] = strdup(json_string_value(v))))
+        return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "config '%s': out of memory", j->path);
+      m->nskip = (int)i + 1;
+    }
+    return RESHARD_SUCCESS;
+  }
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rm_model_load(const char *config_path, int layers, reshard_dtype_t dtype, rm_model **out) {
   rm_model_options o = RM_MODEL_OPTIONS_INIT;
   o.layers = layers;
@@ -343,6 +382,7 @@ reshard_result_t rm_model_load_ex(const char *config_path, const rm_model_option
   } else if (opts->block_scales) {
     RS_CHECK_GOTO(read_block_size(&j, &m->c), r, fail);
   }
+  if (opts->block_scales) RS_CHECK_GOTO(read_skipped(&j, m), r, fail);
   if (layers > m->c.layers) {
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "config '%s': layers %d exceeds num_hidden_layers %lld",
                  config_path, layers, (long long)m->c.layers);
@@ -370,6 +410,8 @@ void rm_model_free(rm_model *m) {
   free(m->experts);
   free(m->role);
   free(m->c.dense_only);
+  for (int i = 0; i < m->nskip; i++) free(m->skip[i]);
+  free(m->skip);
   free(m->path);
   free(m);
 }

@@ -71,6 +71,11 @@ struct rm_model {
   reshard_dtype_t dtype;
   int layers; /* kept */
   int per_expert, block_scales;
+  /* quantization_config.ignored_layers (or modules_to_not_convert): the
+   * modules vLLM keeps unquantized in an fp8 checkpoint (tensors.c
+   * rm_quant_skipped); NULL-free array of nskip names, block scales only */
+  char **skip;
+  int nskip;
   /* per-expert mode: ids of expert e's gate, up and down of layer l at
    * experts[(l * E + e) * 3 + k]; -1 in dense layers. NULL otherwise. */
   int *experts;

@@ -42,12 +42,103 @@ static reshard_result_t push_tensor(rm_model *m, int *id, int ndim, const int64_
   return RESHARD_SUCCESS;
 }
 
+static int listed(const rm_model *m, const char *module) {
+  for (int i = 0; i < m->nskip; i++)
+    if (!strcmp(m->skip[i], module)) return 1;
+  return 0;
+}
+
+/* The fused vLLM layer that serves projection `proj` (HF's name) of this
+ * model, with its shards, and whether the model class lists it in
+ * packed_modules_mapping (mapped: is_layer_skipped then reads the shards'
+ * names too). NULL when vLLM builds the projection as its own layer. */
+static const char *fused_layer(const rm_model *m, const char *proj, const char *const **shards, int *n, int *mapped) {
+  static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"}, *const gate_up[2] = {"gate_proj", "up_proj"},
+                           *const qkv_a[2] = {"q_a_proj", "kv_a_proj_with_mqa"};
+  const rm_config *c = &m->c;
+  *mapped = 1;
+  if (!c->mla && (!strcmp(proj, "q_proj") || !strcmp(proj, "k_proj") || !strcmp(proj, "v_proj"))) {
+    *shards = qkv, *n = 3;
+    return "qkv_proj"; /* llama.py, qwen2.py, qwen3.py, qwen3_moe.py, mixtral.py: qkv_proj */
+  }
+  if (c->mla && c->q_lora && (!strcmp(proj, "q_a_proj") || !strcmp(proj, "kv_a_proj_with_mqa"))) {
+    *shards = qkv_a, *n = 2;
+    return "fused_qkv_a_proj"; /* deepseek_v2.py: fused_qkv_a_proj when q_lora_rank is set */
+  }
+  if (!strcmp(proj, "gate_proj") || !strcmp(proj, "up_proj")) {
+    *shards = gate_up, *n = 2;
+    /* qwen3_moe.py Qwen3MoeForCausalLM.__init__ maps gate_up_proj only
+     * when mlp_only_layers is non-empty, although decoder_sparse_step can
+     * make dense layers without it */
+    if (c->arch == RM_ARCH_QWEN3_MOE) {
+      *mapped = 0;
+      for (int64_t l = 0; c->dense_only && l < c->layers; l++) *mapped |= c->dense_only[l] != 0;
+    }
+    return "gate_up_proj"; /* every dense MLP and DeepSeek's shared experts */
+  }
+  return NULL;
+}
+
+/* Whether an fp8 checkpoint keeps the linear weight `name` (HF's) in the
+ * model's dtype: vLLM's rule, quantization/utils/quant_utils.py
+ * is_layer_skipped in the exact match mode Fp8Config sets, applied to the
+ * layer vLLM builds (quantization/fp8.py Fp8Config.get_quant_method):
+ *   - routed experts: one FusedMoE layer per MoE block, prefix
+ *     <block>.experts (per-expert names included);
+ *   - a fused layer (qkv_proj, gate_up_proj, fused_qkv_a_proj): skipped when
+ *     its own name is listed or, where the class maps its shards, when all
+ *     of them are; some but not all is an error in vLLM and here;
+ *   - any other layer: its own name. */
+static reshard_result_t quant_skipped(const rm_model *m, const char *name, int *skip) {
+  char module[256], probe[300];
+  *skip = 0;
+  if (!m->nskip) return RESHARD_SUCCESS;
+  snprintf(module, sizeof module, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+  const char *ex = strstr(module, ".experts.");
+  if (ex) {
+    snprintf(probe, sizeof probe, "%.*s", (int)(ex - module) + (int)strlen(".experts"), module);
+    *skip = listed(m, probe);
+    return RESHARD_SUCCESS;
+  }
+  const char *dot = strrchr(module, '.');
+  const char *const *shards;
+  int n, mapped;
+  const char *fused = dot ? fused_layer(m, dot + 1, &shards, &n, &mapped) : NULL;
+  if (!fused) {
+    *skip = listed(m, module);
+    return RESHARD_SUCCESS;
+  }
+  const int plen = (int)(dot - module);
+  snprintf(probe, sizeof probe, "%.*s.%s", plen, module, fused);
+  if ((*skip = listed(m, probe)) || !mapped) return RESHARD_SUCCESS;
+  int first = -1;
+  for (int k = 0; k < n; k++) {
+    snprintf(probe, sizeof probe, "%.*s.%s", plen, module, shards[k]);
+    int l = listed(m, probe);
+    if (first >= 0 && l != first)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "config '%s': quantization_config's ignored_layers (or modules_to_not_convert) lists "
+                      "'%.*s.%s' but not '%.*s.%s': vLLM serves them in one layer '%.*s.%s' and refuses to quantize "
+                      "part of it (quant_utils.py is_layer_skipped)",
+                      m->path, plen, module, shards[l ? k : 0], plen, module, shards[l ? 0 : k], plen, module, fused);
+    first = l;
+  }
+  *skip = first;
+  return RESHARD_SUCCESS;
+}
+
 /* A quantized weight (quant) of a model with block scales is fp8_e4m3 and
- * is followed by its weight_scale_inv. */
+ * is followed by its weight_scale_inv, unless the checkpoint keeps its
+ * module unquantized (quant_skipped). */
 static reshard_result_t add_tensor(rm_model *m, int *id, int quant, int ndim, int64_t a, int64_t b, int64_t c,
                                    const char *name) {
   const int64_t dims[3] = {a, b, c};
   quant = quant && m->block_scales && ndim >= 2;
+  if (quant) {
+    int skip;
+    RS_CHECK(quant_skipped(m, name, &skip));
+    quant = !skip;
+  }
   RS_CHECK(push_tensor(m, id, ndim, dims, name, quant ? RESHARD_FP8_E4M3 : m->dtype, 1));
   if (!quant) return RESHARD_SUCCESS;
   /* weight_scale_inv: one fp32 per [bn, bk] block of the last two dims */
@@ -167,7 +258,11 @@ static reshard_result_t moe_mlp(rm_model *m, int l, rm_layer *t) {
     return routed_experts(m, l, t, "block_sparse_moe", w);
   }
   static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-  L(l, &t->router, 2, E, H, 0, "mlp.gate.weight");
+  /* Qwen3-MoE's router takes the quant config (qwen3_moe.py
+   * Qwen3MoeSparseMoeBlock.__init__: GateLinear(..., quant_config=...)):
+   * fp8 unless the checkpoint lists it; DeepSeek's and Mixtral's get none
+   * (deepseek_v2.py DeepseekV2MoE, mixtral.py MixtralMoE) */
+  RS_CHECK(addf(m, &t->router, c->arch == RM_ARCH_QWEN3_MOE, 2, E, H, 0, "model.layers.%d.mlp.gate.weight", l));
   /* fp32 whatever the model's dtype: the checkpoint's, vLLM's
    * (DeepseekV2MoE: nn.Parameter(torch.empty(n_routed_experts,
    * dtype=torch.float32))) and Megatron-core's (TopKRouter.expert_bias,

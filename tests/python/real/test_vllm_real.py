@@ -253,37 +253,96 @@ def test_mla_views_written_directly_copies_reprocessed(vllm_dist):
     assert mla() == ([attns[0].kv_b_proj], [attns[0]])
 
 
-def test_quantized_router_refused_at_init(vllm_dist, tmp_path):
-    """An fp8 block checkpoint that does not list Qwen3-MoE's routers in
-    ignored_layers gets fp8 routers from vLLM (GateLinear takes the quant
-    config), while reshard's model keeps routers bf16: refused at init,
-    naming the parameter, the rank and both formats; listed, accepted
-    (vllm_world.py syncs that case)."""
+# quantization_config lists of the modules an fp8 block checkpoint keeps
+# bf16, each spelt as checkpoints spell them: vLLM's Fp8Config reads
+# ignored_layers, else modules_to_not_convert (quantization/fp8.py
+# from_config), and quant_utils.py is_layer_skipped matches the layer vLLM
+# builds (a fused layer by its name or all its shards' names, routed
+# experts as <block>.experts)
+IGNORED = [
+    ("qwen3_moe_fp8", None),  # routers too: GateLinear takes the config
+    ("qwen3_moe_fp8", {"ignored_layers": ["model.layers.%d.mlp.gate" % i
+                                          for i in range(2)]}),
+    ("qwen3_moe_fp8", {"modules_to_not_convert": [
+        "lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.experts",
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+        "model.layers.0.self_attn.v_proj", "model.layers.1.mlp.experts.0.up_proj"]}),
+    ("llama_fp8", {"ignored_layers": [
+        "model.layers.1.self_attn.qkv_proj", "model.layers.0.mlp.gate_proj",
+        "model.layers.0.mlp.up_proj", "model.layers.1.mlp.down_proj",
+        "model.layers.0.self_attn.o"]}),
+    ("deepseek_v3_fp8", {"ignored_layers": [], "modules_to_not_convert": [
+        "model.layers.0.self_attn.q_a_proj",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa",
+        "model.layers.1.self_attn.fused_qkv_a_proj",
+        "model.layers.1.mlp.shared_experts.gate_up_proj",
+        "model.layers.1.mlp.experts", "model.layers.0.self_attn.kv_b_proj"]}),
+]
+
+
+def _fp8_config(tmp_path, family, lists):
+    """A directory with the family's fp8 config, its quantization_config's
+    unquantized-module lists replaced by `lists` (None: none)."""
     import json
+    cfg = dict(vllm_world.CONFIGS[family])
+    q = {k: v for k, v in cfg["quantization_config"].items()
+         if k not in ("ignored_layers", "modules_to_not_convert")}
+    q.update(lists or {})
+    d = tmp_path / ("%s_%d" % (family, len(list(tmp_path.iterdir()))))
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+    return d
+
+
+@pytest.mark.parametrize("family,lists", IGNORED)
+def test_fp8_unquantized_modules_match_vllm(vllm_dist, tmp_path, family,
+                                            lists):
+    """Which weights an fp8 block checkpoint keeps bf16: reshard's layout
+    gives every parameter of vLLM's own model (built from the same config,
+    before processing) its dtype and size, fp8 weights with their
+    weight_scale_inv and the others without; the worker then refuses
+    nothing at init."""
     vllm_world.deepgemm_standin()  # fp8 block linears on this CPU
-    cfg = dict(vllm_world.CONFIGS["qwen3_moe_fp8"])
-    for ignored, bad in ((None, True), (cfg["quantization_config"][
-            "ignored_layers"], False)):
-        q = dict(cfg["quantization_config"])
-        q.pop("ignored_layers")
-        if ignored:
-            q["ignored_layers"] = ignored
-        d = tmp_path / ("ignored" if ignored else "plain")
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
-        vc, model = _real_model(str(d))
-        dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
-            model_config_path=str(d / "config.json"), layers=0, dtype="bf16",
-            train="tp=1", infer="tp=1"), 1)
-        _, _, refused = rvllm._sync_modes(model, dmodel, dst, 1)
-        gates = sorted(n for n in refused if n.endswith("mlp.gate.weight"))
-        if bad:
-            assert gates == ["model.layers.%d.mlp.gate.weight" % i
-                             for i in range(2)], refused
-            why = refused[gates[0]]
-            assert "float8_e4m3fn" in why and "bfloat16" in why and "rank 1" in why
-        else:
-            assert refused == {}, refused
+    d = _fp8_config(tmp_path, family, lists)
+    vc, model = _real_model(str(d))
+    dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+        model_config_path=str(d / "config.json"), layers=0, dtype="bf16",
+        train="tp=1", infer="tp=1"), 1)
+    written = rvllm._written(dst, 1)
+    live = {n: p for n, p in model.named_parameters()
+            if n in written or n.endswith("_scale_inv")}
+    assert sorted(live) == sorted(written)
+    kept = 0
+    for n, p in live.items():
+        nb, dt = written[n]
+        assert (p.numel() * p.element_size(), p.dtype) == (nb, dt), n
+        kept += p.dtype == torch.bfloat16 and p.dim() >= 2 and (
+            n.replace("weight", "weight_scale_inv") not in live)
+    assert kept > 0  # embedding at least
+    fp8 = sum(p.dtype == torch.float8_e4m3fn for p in live.values())
+    assert fp8 > 0
+    _, _, refused = rvllm._sync_modes(model, dmodel, dst, 1)
+    assert refused == {}, refused
+
+
+def test_quantization_disagreement_refused_at_init(vllm_dist, tmp_path):
+    """Where reshard's model and vLLM disagree on what is fp8 (here a
+    layout made from a config whose ignored_layers differ from the one
+    vLLM was built from), the worker refuses at init, naming the
+    parameter, the rank and both formats, not at the first update."""
+    vllm_world.deepgemm_standin()
+    served = _fp8_config(tmp_path, "qwen3_moe_fp8", None)
+    other = _fp8_config(tmp_path, "qwen3_moe_fp8", IGNORED[1][1])
+    vc, model = _real_model(str(served))
+    dmodel, _, dst = rvllm._layouts(types.SimpleNamespace(
+        model_config_path=str(other / "config.json"), layers=0,
+        dtype="bf16", train="tp=1", infer="tp=1"), 1)
+    _, _, refused = rvllm._sync_modes(model, dmodel, dst, 1)
+    gates = sorted(n for n in refused if n.endswith("mlp.gate.weight"))
+    assert gates == ["model.layers.%d.mlp.gate.weight" % i
+                     for i in range(2)], refused
+    why = refused[gates[0]]
+    assert "float8_e4m3fn" in why and "bfloat16" in why and "rank 1" in why
 
 
 def test_world_size_must_cover_every_replica(tmp_path):

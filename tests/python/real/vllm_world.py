@@ -131,6 +131,15 @@ CONFIGS["qwen3_moe_fp8"] = dict(CONFIGS["qwen3_moe"], moe_intermediate_size=64,
                                     CONFIGS["llama_fp8"]["quantization_config"],
                                     ignored_layers=["model.layers.%d.mlp.gate" % i
                                                     for i in range(2)]))
+# ... and a checkpoint that does not list them: vLLM serves the routers
+# fp8 too, as reshard's model does then (src/models/tensors.c
+# quant_skipped), with layer 0's attention kept bf16 through its shards'
+# names and layer 1's experts through <block>.experts
+CONFIGS["qwen3_moe_fp8_routers"] = dict(
+    CONFIGS["qwen3_moe_fp8"], quantization_config=dict(
+        CONFIGS["llama_fp8"]["quantization_config"], modules_to_not_convert=[
+            "model.layers.0.self_attn.%s_proj" % p for p in "qkv"] + [
+            "model.layers.1.mlp.experts"]))
 for _c in CONFIGS.values():
     _c.update(torch_dtype="bfloat16", max_position_embeddings=256)
 
@@ -156,7 +165,7 @@ CASES = [
     # requantized, W_UK_T / W_UV dequantized copies re-derived); Qwen3-MoE's
     # fp8 experts under Triton are written directly
     ("deepseek_v3_fp8", "tp=2", "tp=2"), ("deepseek_v3_fp8", "tp=1", "dp=2,ep=2"),
-    ("qwen3_moe_fp8", "tp=2", "tp=2"),
+    ("qwen3_moe_fp8", "tp=2", "tp=2"), ("qwen3_moe_fp8_routers", "tp=2", "tp=2"),
     # fp8 experts under FlashInfer CUTLASS (Hopper's choice with expert
     # parallelism), w13 and its scales as [up; gate]: written directly
     ("deepseek_v3_fp8", "tp=2,w31=1", "tp=2"),
@@ -166,7 +175,8 @@ CASES = [
 # the fp8 fused-MoE backend each fp8 MoE config is served with
 # (gpu_fp8_backends): re-processed under DeepGEMM, written directly under
 # Triton; a w31=1 case gets FlashInfer CUTLASS
-FP8_MOE_BACKEND = {"deepseek_v3_fp8": "DEEPGEMM", "qwen3_moe_fp8": "TRITON"}
+FP8_MOE_BACKEND = {"deepseek_v3_fp8": "DEEPGEMM", "qwen3_moe_fp8": "TRITON",
+                   "qwen3_moe_fp8_routers": "TRITON"}
 
 
 def spec_of(s):
