@@ -22,7 +22,7 @@ from .layout import Layout, Shard, Replicate, Part, Fragment, TensorInfo
 from .comm import Comm, InprocWorld
 from .plan import Plan, Bound, Stats, PeerStats, Status, Estimate, lower_bound
 from .selftest import SelfTest
-from . import dtypes, models
+from . import dtypes, models, dtensor
 
 __version__ = "0.1.0"
 
@@ -43,5 +43,5 @@ __all__ = [
     "UnsupportedError", "InternalError", "Layout", "Shard", "Replicate",
     "Part", "Fragment", "TensorInfo", "Comm", "InprocWorld", "Plan", "Bound",
     "Stats", "PeerStats", "Status", "Estimate", "lower_bound", "SelfTest",
-    "dtypes", "models", "library_version", "HAVE_MPI", "HAVE_CUDA",
+    "dtypes", "models", "dtensor", "library_version", "HAVE_MPI", "HAVE_CUDA",
 ]

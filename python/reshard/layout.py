@@ -254,6 +254,17 @@ class Layout(Node):
         """Every tensor's TensorInfo, in id order."""
         return [self.tensor(t) for t in range(self.num_tensors)]
 
+    @classmethod
+    def from_module(cls, module, first_rank=0, ranks=None, replicas=None,
+                    buffers=False):
+        """The layout of a live torch module's parameters: FSDP2, HSDP and
+        DTensor tensor parallelism read from each DTensor's mesh and
+        placements, plain parameters replicated (reshard.dtensor.from_module,
+        whose docstring says what each placement means)."""
+        from .dtensor import from_module
+        return from_module(module, first_rank=first_rank, ranks=ranks,
+                           replicas=replicas, buffers=buffers, into=None)
+
     # ----------------------------------------------------------- meshes
     def add_mesh(self, shape, ranks=None, start=0, stride=1):
         """A grid of ranks (row-major, last axis fastest): ``ranks`` lists
