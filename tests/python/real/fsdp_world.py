@@ -232,10 +232,10 @@ def sync(case, comm, rank, T, cfg_path, tally):
     def train(model):
         """Every local shard takes the next step's values."""
         steps[0] += 1
+        local = reshard.dtensor.local_tensors(model)
         with torch.no_grad():
             for f in src.fragments(rank):
-                local = reshard.dtensor.local_tensors(model)[f.name]
-                local.view(-1)[torch.from_numpy(positions(f))] = values(
+                local[f.name].view(-1)[torch.from_numpy(positions(f))] = values(
                     f.name, shapes[f.name], steps[0])[
                     tuple(slice(lo, hi) for lo, hi in f.box)].reshape(-1)
 
