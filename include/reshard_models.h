@@ -170,16 +170,22 @@ typedef struct rm_parallel {
    * convert_to_unquantized_kernel_format: swap_w13_to_w31), so a vLLM
    * serving with that backend is written in its live format. */
   int w31;
+  /* FSDP2 (rm_fsdp_layout): the ranks each parameter is sharded over
+   * (Shard(0)) and the replicas of that group (HSDP); 0: unset, 1. */
+  int dp_shard, dp_replicate;
 } rm_parallel;
-#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0}
+#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0, 0, 0}
 
 /* Parses "tp=4,pp=2,dp=2,ep=8" (any order; missing keys keep their
- * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (both sides);
- * vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM). A layout
- * builder refuses the other framework's keys when they are set.
+ * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (Megatron and
+ * vLLM); vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM);
+ * dp_shard, dp_replicate (FSDP2). A layout builder refuses the other
+ * frameworks' keys when they are set.
  * RESHARD_ERROR_INVALID_ARGUMENT with a message naming the bad key. */
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);
-int rm_parallel_ranks(const rm_parallel *p); /* tp * pp * dp */
+/* The ranks a side of this spec takes: tp * pp * dp (* dp_shard *
+ * dp_replicate where set: FSDP2); 0 for NULL or an overflow. */
+int rm_parallel_ranks(const rm_parallel *p);
 
 /* Reads a config.json (architectures: llama, mistral, qwen2, qwen3,
  * qwen3_moe, mixtral, deepseek_v3). layers > 0 keeps the real shapes but
@@ -278,6 +284,26 @@ const rm_tensor *rm_model_tensor(const rm_model *m, int i);
 reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p,
                                     int first_rank, reshard_layout_t **out);
 reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
+                                int first_rank, reshard_layout_t **out);
+
+/* The layout PyTorch FSDP2 (torch.distributed.fsdp.fully_shard) gives a
+ * HuggingFace transformers model of this config, without torch: for
+ * planning tools and dry runs, and the twin of the Python
+ * reshard.Layout.from_module of such a model (tests/python/real/
+ * fsdp_world.py shows they give every rank the same boxes). Every tensor
+ * is one buffer named as named_parameters() names it (HF's names, the
+ * model's tensors), Shard(0) with torch.chunk's pieces over dp_shard
+ * ranks (FSDPParam._init_sharded_param: _chunk_with_empty of dim 0); with
+ * dp_replicate > 1 (HSDP), (Replicate(), Shard(0)) over a [dp_replicate,
+ * dp_shard] mesh, ranks first_rank + replica * dp_shard + shard
+ * (init_device_mesh's row-major order). Only dp_shard and dp_replicate
+ * are taken; tensor parallelism under FSDP2 follows each framework's own
+ * plan, read it from the live model (from_module). MoE models are refused:
+ * transformers 5 holds experts fused (modeling_qwen3_moe.py
+ * Qwen3MoeExperts: gate_up_proj [E, 2 I, H], down_proj [E, H, I]), not
+ * the checkpoint's tensors; so are block scales (the trainer holds its
+ * dtype). */
+reshard_result_t rm_fsdp_layout(const rm_model *m, const rm_parallel *p,
                                 int first_rank, reshard_layout_t **out);
 
 /* The framework's name of buffer_id on `rank`: the buffer's name when the

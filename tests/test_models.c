@@ -666,6 +666,100 @@ static void fp8_unquantized_modules(void **state) {
   }
 }
 
+/* ------------------------------------------------------------ FSDP2 */
+
+/* rank's rows [lo, hi) of tensor `name` (dim 0), or -1 / -1 when it holds
+ * none; the other dims whole. */
+static void rows_of(const reshard_layout_t *L, const rm_model *m, int rank, const char *name, int64_t *lo,
+                    int64_t *hi) {
+  int id;
+  assert_int_equal(reshard_layout_find_tensor(L, name, &id), RESHARD_SUCCESS);
+  const rm_tensor *t = find_tensor(m, name);
+  size_t n = 0;
+  assert_int_equal(reshard_layout_fragments(L, rank, NULL, 0, &n), RESHARD_SUCCESS);
+  reshard_fragment_info_t *f = calloc(n + 1, sizeof *f);
+  assert_int_equal(reshard_layout_fragments(L, rank, f, n, &n), RESHARD_SUCCESS);
+  *lo = *hi = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (f[i].tensor_id != id) continue;
+    assert_int_equal(*lo, -1); /* one box */
+    *lo = f[i].start[0], *hi = f[i].start[0] + f[i].extent[0];
+    for (int d = 1; d < t->ndim; d++) assert_int_equal(f[i].extent[d], t->shape[d]);
+  }
+  free(f);
+}
+
+/* FSDP2's layout from a config: every parameter Shard(0) with
+ * torch.chunk's pieces over dp_shard (torch/distributed/fsdp/_fully_shard/
+ * _fsdp_param.py FSDPParam._init_sharded_param: _chunk_with_empty of dim
+ * 0), replicated over dp_replicate (HSDP), ranks in init_device_mesh's
+ * row-major order; the real FSDP2 gives the same boxes
+ * (tests/python/real/fsdp_world.py). */
+static void fsdp_layouts(void **state) {
+  (void)state;
+  rm_model *m = load(write_config("llama_fsdp.json", LLAMA), 0);
+  for (int rep = 1; rep <= 2; rep++) {
+    char spec[64];
+    snprintf(spec, sizeof spec, rep > 1 ? "dp_shard=3,dp_replicate=%d" : "dp_shard=3", rep);
+    rm_parallel p = par(spec);
+    reshard_layout_t *L = NULL;
+    reshard_result_t r = rm_fsdp_layout(m, &p, 5, &L);
+    if (r) print_error("%s: %s\n", spec, reshard_last_error());
+    assert_int_equal(r, RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_num_buffers(L), rm_model_num_tensors(m));
+    expect_full_coverage(L, 5 + 3 * rep, "fsdp");
+    /* torch.chunk(1000, 3): 334, 334, 332; (64 rows of q_proj: 22, 22, 20;
+     * the 64-element norm the same) */
+    static const int64_t embed[4] = {0, 334, 668, 1000}, q[4] = {0, 22, 44, 64};
+    for (int rr = 0; rr < rep; rr++)
+      for (int sh = 0; sh < 3; sh++) {
+        int64_t lo, hi;
+        rows_of(L, m, 5 + rr * 3 + sh, "model.embed_tokens.weight", &lo, &hi);
+        assert_int_equal(lo, embed[sh]);
+        assert_int_equal(hi, embed[sh + 1]);
+        rows_of(L, m, 5 + rr * 3 + sh, "model.layers.3.self_attn.q_proj.weight", &lo, &hi);
+        assert_int_equal(lo, q[sh]);
+        assert_int_equal(hi, q[sh + 1]);
+        rows_of(L, m, 5 + rr * 3 + sh, "model.norm.weight", &lo, &hi);
+        assert_int_equal(lo, q[sh]);
+        int b;
+        assert_int_equal(reshard_layout_find_buffer(L, "lm_head.weight", 5 + rr * 3 + sh, &b), RESHARD_SUCCESS);
+      }
+    int64_t lo, hi;
+    rows_of(L, m, 4, "model.embed_tokens.weight", &lo, &hi);
+    assert_int_equal(lo, -1);
+    reshard_layout_destroy(L);
+  }
+  /* what FSDP2's layout from a config cannot say, each named */
+  static const struct {
+    const char *spec, *says;
+  } bad[] = {{"dp_shard=2,tp=2", "'tp'"}, {"dp_shard=2,pp=2", "'pp'"}, {"dp=2", "'dp'"},
+             {"dp_shard=2,w31=1", "'w31'"}, {"dp_shard=2,vocab=1024", "'vocab'"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    rm_parallel p = par(bad[i].spec);
+    reshard_layout_t *L = (reshard_layout_t *)(uintptr_t)1;
+    assert_int_equal(rm_fsdp_layout(m, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+    assert_null(L);
+    if (!strstr(reshard_last_error(), bad[i].says)) print_error("%s: %s\n", bad[i].spec, reshard_last_error());
+    assert_non_null(strstr(reshard_last_error(), bad[i].says));
+  }
+  /* the FSDP2 keys on the other builders */
+  rm_parallel p = par("tp=2,dp_shard=2");
+  reshard_layout_t *L = NULL;
+  assert_int_equal(rm_megatron_layout(m, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "'dp_shard' is FSDP2's"));
+  p = par("tp=2,dp_replicate=2");
+  assert_int_equal(rm_vllm_layout(m, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "'dp_replicate' is FSDP2's"));
+  rm_model_free(m);
+  /* MoE: transformers 5's fused experts are not the checkpoint's tensors */
+  m = load(write_config("qwen3_moe_fsdp.json", QWEN3_MOE), 0);
+  p = par("dp_shard=2");
+  assert_int_equal(rm_fsdp_layout(m, &p, 0, &L), RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "MoE"));
+  rm_model_free(m);
+}
+
 /* ----------------------------------------------------- parse errors */
 
 /* Loading fails with `code`, *out stays NULL, and the message names the
@@ -816,10 +910,10 @@ static void parallel_spec_parsing(void **state) {
       {"tp=2,tp=4", "twice"},   {"pp=99999999999", "'pp'"}, {"dp=", "'dp'"},       {"ep=4=4", "'ep'"},
       {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},          {"vocab=0", "'vocab'"}, {"sp_moe=2", "'sp_moe'"},
       {"grouped_gemm=-1", "'grouped_gemm'"}, {"first=0", "'first'"}, {"vocab=2147483648", "'vocab'"},
-      {"w31=2", "'w31'"},
+      {"w31=2", "'w31'"},       {"dp_shard=0", "'dp_shard'"}, {"dp_replicate=x", "'dp_replicate'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
     reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
     if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
       print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),
@@ -1028,6 +1122,7 @@ int main(void) {
       cmocka_unit_test(synthetic_tensor_lists),
       cmocka_unit_test(config_errors),
       cmocka_unit_test(fp8_unquantized_modules),
+      cmocka_unit_test(fsdp_layouts),
       cmocka_unit_test(parallel_spec_parsing),
       cmocka_unit_test(invalid_parallel_combinations),
       cmocka_unit_test(e2e_llama),

@@ -376,6 +376,12 @@ plan_model)
   plan_ok --model-config "$M" --train tp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4
   plan_ok --model-config "$M" --train tp=1,pp=2,dp=2,ep=2 --infer tp=1,pp=2,dp=2,ep=2 --colocate --staging 8K
   plan_ok --model-config "$repo/configs/Qwen2.5-0.5B.json" --layers 1 --train tp=2,pp=1 --infer tp=2,dp=2
+  # FSDP2 / HSDP trainers (rm_fsdp_layout); MoE and Megatron keys refused
+  plan_ok --model-config "$D" --train fsdp:dp_shard=3 --infer tp=2,dp=2
+  plan_ok --model-config "$D" --train fsdp:dp_shard=2,dp_replicate=2 --infer tp=4 --colocate --staging 8K
+  plan_ok --model-config "$D" --train megatron:tp=2 --infer tp=2
+  bad plan 2 "MoE model" --model-config "$M" --train fsdp:dp_shard=2 --infer tp=2
+  bad plan 2 "key 'tp' is not FSDP2's" --model-config "$D" --train fsdp:dp_shard=2,tp=2 --infer tp=2
   # the checkpoint's own tensors: one per expert, fp8 with block scales
   Q=$repo/tests/data/tiny-deepseek-v3-fp8.json
   plan_ok --model-config "$Q" --per-expert --train tp=2,pp=2,dp=2,ep=4,etp=1 --infer tp=4,ep=4

@@ -169,7 +169,8 @@ void cli_usage(int tool, FILE *out) {
           "Model mode (Megatron training layout -> vLLM inference layout)%s:\n"
           "  --model-config FILE   HuggingFace config.json\n"
           "  --layers N            keep only the first N layers (real shapes; default all)\n"
-          "  --train SPEC          source side, e.g. tp=2,pp=2,dp=1,ep=1 (missing keys are 1)\n"
+          "  --train SPEC          source side, Megatron: tp=2,pp=2,dp=1,ep=1 (missing keys are 1), or\n"
+          "                        FSDP2: fsdp:dp_shard=8[,dp_replicate=2] (dense models)\n"
           "  --infer SPEC          destination side, e.g. tp=2,dp=2\n"
           "  --dtype NAME          weights' dtype (default bf16)\n"
           "  --per-expert          one tensor per routed expert and projection (the checkpoint's\n"
@@ -581,7 +582,11 @@ static int build_synthetic(const cli_opts *o, cli_layouts *l, char *err, size_t 
 static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errlen) {
   rm_parallel tp, ip;
   rm_model *m = NULL;
-  reshard_result_t r = rm_parse_parallel(o->train, &tp);
+  /* --train fsdp:SPEC: the trainer is FSDP2 (rm_fsdp_layout), else
+   * Megatron (megatron:SPEC or SPEC) */
+  const int fsdp = !strncmp(o->train, "fsdp:", 5);
+  const char *train = fsdp ? o->train + 5 : !strncmp(o->train, "megatron:", 9) ? o->train + 9 : o->train;
+  reshard_result_t r = rm_parse_parallel(train, &tp);
   if (r) return cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
   r = rm_parse_parallel(o->infer, &ip);
   if (r) return cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
@@ -609,7 +614,7 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   l->nsrc = rm_parallel_ranks(&tp);
   l->ndst = rm_parallel_ranks(&ip);
   l->first_dst = o->colocate ? 0 : l->nsrc;
-  r = rm_megatron_layout(m, &tp, 0, &l->src);
+  r = (fsdp ? rm_fsdp_layout : rm_megatron_layout)(m, &tp, 0, &l->src);
   if (r) {
     cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
     rm_model_free(m);
@@ -623,11 +628,12 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
     rm_model_free(m);
     return -1;
   }
-  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): megatron %s -> vllm %s",
+  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): %s %s -> vllm %s",
            o->model_config, rm_model_arch(m), rm_model_layers(m), rm_model_num_tensors(m),
            o->per_expert ? ", per-expert" : "",
            o->block_scales ? ", fp8 + block scales" : o->infer_fp8 ? ", quantized to fp8 blocks for inference" : "",
-           (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), o->train, o->infer);
+           (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), fsdp ? "fsdp" : "megatron", train,
+           o->infer);
   rm_model_free(m);
   return 0;
 }

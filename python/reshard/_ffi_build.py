@@ -308,6 +308,7 @@ typedef struct {
   int grouped_gemm;
   int sp_moe;
   int w31;
+  int dp_shard, dp_replicate;
   ...;
 } rm_parallel;
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);
@@ -341,6 +342,8 @@ const rm_tensor *rm_model_tensor(const rm_model *m, int i);
 reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p,
     int first_rank, reshard_layout_t **out);
 reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
+    int first_rank, reshard_layout_t **out);
+reshard_result_t rm_fsdp_layout(const rm_model *m, const rm_parallel *p,
     int first_rank, reshard_layout_t **out);
 reshard_result_t rm_parameter_name(const reshard_layout_t *layout,
     int buffer_id, int rank, const char **name);

@@ -119,7 +119,8 @@ def parallel(spec):
 
 
 def ranks(spec):
-    """tp x pp x dp of a parallel spec: the ranks a side takes."""
+    """The ranks a side of this parallel spec takes: tp x pp x dp, or
+    dp_replicate x dp_shard (FSDP2)."""
     return lib.rm_parallel_ranks(parallel(spec))
 
 
@@ -150,6 +151,17 @@ def vllm_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
     first_rank + tp*pp*dp - 1; spec keys tp, pp, dp, ep, etp, sp_moe."""
     return _layout(lib.rm_vllm_layout, config, spec, first_rank, layers,
                    dtype, per_expert, block_scales, block)
+
+
+def fsdp_layout(config, spec, first_rank=0, layers=None, dtype="bf16"):
+    """rm_fsdp_layout: the layout PyTorch FSDP2 (fully_shard) gives a
+    HuggingFace transformers model of the config, without torch, over
+    ranks first_rank .. first_rank + dp_replicate * dp_shard - 1; spec
+    keys dp_shard, dp_replicate ("dp_shard=4,dp_replicate=2": HSDP). The
+    config-driven twin of Layout.from_module for planning tools and dry
+    runs (dense models; tensor parallelism under FSDP2: from_module)."""
+    return _layout(lib.rm_fsdp_layout, config, spec, first_rank, layers,
+                   dtype, False, False, None)
 
 
 def parameter_name(layout, buffer, rank):

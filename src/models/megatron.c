@@ -73,6 +73,9 @@ static reshard_result_t check_megatron(const rm_model *m, const rm_parallel *p, 
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key 'sp_moe' is vLLM's, not Megatron's");
   if (p->w31)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key 'w31' is vLLM's, not Megatron's");
+  if (p->dp_shard || p->dp_replicate)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key '%s' is FSDP2's, not Megatron's (dp)",
+                    p->dp_shard ? "dp_shard" : "dp_replicate");
   if (!c->mla && c->kv_heads % p->tp)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "megatron layout: tp %d does not divide the %lld query groups (num_key_value_heads): not modelled "

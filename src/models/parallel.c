@@ -31,9 +31,11 @@ static const struct spec_key {
     {"grouped_gemm", offsetof(rm_parallel, grouped_gemm), 0, 0, 1},
     {"sp_moe", offsetof(rm_parallel, sp_moe), 0, 0, 1},
     {"w31", offsetof(rm_parallel, w31), 0, 0, 1},
+    {"dp_shard", offsetof(rm_parallel, dp_shard), 0, 1, 1 << 20},
+    {"dp_replicate", offsetof(rm_parallel, dp_replicate), 0, 1, 1 << 20},
 };
 #define NKEYS ((int)(sizeof spec_keys / sizeof spec_keys[0]))
-#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe, w31"
+#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe, w31, dp_shard, dp_replicate"
 
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
   rs_error_clear();
@@ -89,7 +91,10 @@ reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
 
 int rm_parallel_ranks(const rm_parallel *p) {
   if (!p || p->tp < 1 || p->pp < 1 || p->dp < 1) return 0;
-  int64_t n = (int64_t)p->tp * p->pp * p->dp;
+  if (p->dp_shard < 0 || p->dp_replicate < 0) return 0;
+  /* FSDP2's keys (the other factors are 1 there: rm_fsdp_layout) */
+  int64_t n = (int64_t)p->tp * p->pp * p->dp * (p->dp_shard ? p->dp_shard : 1) *
+              (p->dp_replicate ? p->dp_replicate : 1);
   return n > INT_MAX ? 0 : (int)n;
 }
 

@@ -116,6 +116,9 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int 
                     "vllm layout: key '%s' is Megatron's (vLLM pads the vocabulary to 64, splits stages with "
                     "get_pp_indices and has one kind of MoE layer)",
                     p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : "grouped_gemm");
+  if (p->dp_shard || p->dp_replicate)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: key '%s' is FSDP2's, not vLLM's (dp)",
+                    p->dp_shard ? "dp_shard" : "dp_replicate");
   if (p->w31 && c->experts == 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "vllm layout: w31=1 given for the dense model '%s' (it orders routed experts' w13)", m->path);

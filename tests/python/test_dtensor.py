@@ -41,3 +41,30 @@ def test_layout_rank_map_refused_when_short():
     spec = ParamSpec("w", "bf16", (4,), (2,), (0, 1), (reshard.Shard(0),))
     with pytest.raises(reshard.InvalidArgumentError, match=r"'w'.*torch rank 1"):
         reshard.dtensor.layout([spec], ranks=[5])
+
+
+def test_fsdp_layout_of_config(tmp_path):
+    """reshard.models.fsdp_layout (rm_fsdp_layout) against the layout of
+    the ParamSpecs FSDP2 gives each parameter (Shard(0) over dp_shard,
+    (Replicate(), Shard(0)) over [dp_replicate, dp_shard]): the same box on
+    every rank; the real FSDP2's are compared in fsdp_world.py."""
+    from frameworks import tiny_config
+    cfg = tiny_config(tmp_path)
+    model = reshard.models.Model(cfg)
+    for spec, mesh, pls in (
+            ("dp_shard=3", (3,), (reshard.Shard(0),)),
+            ("dp_shard=3,dp_replicate=2", (2, 3),
+             (reshard.Replicate(), reshard.Shard(0)))):
+        n = 1
+        for s in mesh:
+            n *= s
+        assert reshard.models.ranks(spec) == n
+        twin = reshard.models.fsdp_layout(cfg, spec, first_rank=2)
+        specs = [ParamSpec(t.name, t.dtype, t.shape, mesh, tuple(range(n)),
+                           pls) for t in model.tensors()]
+        L = reshard.dtensor.layout(specs, first_rank=2)
+        for r in range(n + 3):
+            assert sorted((f.name, f.box) for f in twin.fragments(r)) == \
+                sorted((f.name, f.box) for f in L.fragments(r)), (spec, r)
+    with pytest.raises(reshard.InvalidArgumentError, match="'tp' is not FSDP2's"):
+        reshard.models.fsdp_layout(cfg, "dp_shard=2,tp=2")

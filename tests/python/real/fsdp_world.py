@@ -20,7 +20,8 @@ Layout cases (every trainer rank, reshard.Layout.from_module):
             dp 3: (_StridedShard(0, sf=2), Shard(0)), (Shard(0),
             Shard(1)), and norms on the dp sub-mesh
 For each, every rank checks each of its fragments against its local
-tensor (values from global coordinates, an independent expectation),
+tensor (and, for fsdp and hsdp, that reshard.models.fsdp_layout of the
+config gives every rank the same boxes) (values from global coordinates, an independent expectation),
 that its fragments cover its local tensor exactly, and rank 0 that every
 element of every parameter is held by some rank.
 
@@ -311,6 +312,17 @@ def main():
                 tally.check(("Parameter" in kinds) == (case == "layers"),
                             "%s: parameter kinds %s" % (case, kinds))
                 check_layout(case, L, model, rank, T, tally)
+                if case in ("fsdp", "hsdp"):
+                    # the config-driven twin gives every rank the same boxes
+                    twin = reshard.models.fsdp_layout(
+                        cfg_path, "dp_shard=%d" % T if case == "fsdp" else
+                        "dp_shard=%d,dp_replicate=2" % (T // 2))
+                    for r in range(T):
+                        a = sorted((f.name, f.box) for f in L.fragments(r))
+                        b = sorted((f.name, f.box) for f in twin.fragments(r))
+                        tally.check(a == b, "%s: rank %d: from_module and "
+                                    "fsdp_layout differ: %s" % (
+                                        case, r, sorted(set(a) ^ set(b))[:4]))
                 if case == "tp_fsdp":
                     pl = {str(p.placements) for _, p in model.named_parameters()}
                     tally.check(any("_StridedShard" in s for s in pl),
