@@ -1,16 +1,15 @@
 """fsdp_weight_sync.py: the weight sync of an RL loop whose trainer is
 PyTorch FSDP2, on MPI ranks: no gather on the trainer.
 
-Trainer ranks build transformers' model for a config (random-free: every
-parameter is set from its global coordinates), shard it with torch's
-fully_shard (gloo here; NCCL on GPUs), and describe it with
+Trainer ranks build transformers' model for a config, shard it with
+torch's fully_shard (gloo here; NCCL on GPUs), and describe it with
 reshard.Layout.from_module. Inference ranks hold the vLLM layout of the
 same config (reshard.models.vllm_layout: fused qkv_proj and gate_up_proj,
 padded vocabulary) and build the trainer's layout from the description
-rank 0 broadcasts. One plan; each step the trainers change their local
-shards (FSDP2's own tensors), the plan moves them, and every inference
-rank checks every element it holds and that the padding around them was
-left alone.
+rank 0 broadcasts. One plan; each step the trainers set their local
+shards (FSDP2's own tensors) from global coordinates, the plan moves them,
+and every inference rank checks every element it holds and that the
+padding around them was left alone.
 
     mpirun -np 6 python examples/python/fsdp_weight_sync.py \\
         --model-config configs/Qwen2.5-0.5B.json --layers 2 \\
@@ -35,23 +34,26 @@ import numpy as np  # noqa: E402
 SENTINEL = 0xA5
 
 
-def values(name, shape, step):
-    """A parameter's values from global coordinates, exact in bf16."""
+def values(name, shape, box, step):
+    """The values of the window ``box`` of a parameter of global ``shape``,
+    from global coordinates alone (exact in bf16): computed for the window
+    only, so a rank's work is proportional to what it holds."""
     import torch
     seed = sum(map(ord, name)) * 31 + step * 7
-    n = int(np.prod(shape, dtype=np.int64))
-    v = ((torch.arange(n, dtype=torch.int64) * 13 + seed) % 251 - 125)
-    return (v.to(torch.float32) / 32).reshape(shape).to(torch.bfloat16)
+    gstride = np.cumprod((list(shape[1:]) + [1])[::-1])[::-1]
+    lin = np.zeros([hi - lo for lo, hi in box], np.int64)
+    for d, (lo, hi) in enumerate(box):
+        ax = [1] * len(box)
+        ax[d] = hi - lo
+        lin = lin + (np.arange(lo, hi, dtype=np.int64) * gstride[d]).reshape(ax)
+    v = torch.from_numpy((lin * 13 + seed) % 251 - 125)
+    return (v.to(torch.float32) / 32).to(torch.bfloat16)
 
 
 def elements(f):
     """Element indices of fragment f in its (bf16) buffer, box order."""
     idx = np.meshgrid(*[np.arange(hi - lo) for lo, hi in f.box], indexing="ij")
     return sum(i.ravel() * s for i, s in zip(idx, f.strides)) + f.offset // 2
-
-
-def window(v, f):
-    return v[tuple(slice(lo, hi) for lo, hi in f.box)]
 
 
 def build(config_path, layers, ntrain):
@@ -66,9 +68,6 @@ def build(config_path, layers, ntrain):
     if layers:
         cfg.num_hidden_layers = layers
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(values(n, tuple(p.shape), 0))
     mesh = init_device_mesh("cpu", (ntrain,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
@@ -124,7 +123,8 @@ def main():
                     with torch.no_grad():
                         for f in src.fragments(rank):
                             local[f.name].view(-1)[torch.from_numpy(elements(f))] = \
-                                window(values(f.name, shape[f.name], step), f).reshape(-1)
+                                values(f.name, shape[f.name], f.box, step).reshape(-1)
+                comm.Barrier()  # time the sync, not the "training" before it
                 t0 = time.perf_counter()
                 plan.execute(reshard.dtensor.local_tensors(model) if trainer
                              else None, bufs, version=step)
@@ -134,7 +134,7 @@ def main():
                     inside = {n: np.zeros(b.size // 2, bool) for n, b in bufs.items()}
                     for f in dst.fragments(rank):
                         n, pos = dst.buffer_name(f.buffer), elements(f)
-                        want = window(values(f.name, shape[f.name], step), f)
+                        want = values(f.name, shape[f.name], f.box, step)
                         got = bufs[n].view(np.int16)[pos]
                         wrong += int(np.count_nonzero(
                             got != want.contiguous().view(torch.int16).numpy().ravel()))
