@@ -198,6 +198,44 @@ class ParamSpec:
     local_shape: object = None
 
 
+def spec(name, t, replicas=None, dtype=None):
+    """The ParamSpec of one tensor ``t`` under ``name``: a DTensor (its
+    global shape, mesh and placements), a plain tensor (replicated over
+    ``replicas``, default every torch rank), or a placement record with
+    ``full_shape``, ``mesh`` and ``placements`` such as verl's ShardSpec
+    (verl/workers/engine/spec.py; mesh None: unsharded), which needs
+    ``dtype`` (reshard's dtype name; for a tensor it overrides the
+    tensor's). Raises as describe does."""
+    if replicas is None:
+        replicas = tuple(range(_world()[0]))
+    if _is_dtensor(t):
+        shape, dm, placements = t.shape, t.device_mesh, t.placements
+        local = tuple(t.to_local().shape) if dm.get_coordinate() is not None \
+            else None
+    elif hasattr(t, "full_shape"):
+        if dtype is None:
+            raise InvalidArgumentError("dtensor.spec: parameter %r: a placement "
+                                       "record needs dtype" % (name,))
+        shape, dm, placements, local = t.full_shape, t.mesh, t.placements, None
+    else:
+        shape, dm, placements, local = t.shape, None, None, tuple(t.shape)
+    if dtype is None:
+        dtype = _dt.name(_dt.to_c(t.dtype))
+    if dm is None:
+        mesh, ranks, pls = (len(replicas),), tuple(replicas), (Replicate(),)
+    else:
+        # torch ranks, one per mesh position; Replicate on root axes
+        # beyond the DTensor's own
+        grid, own = _global_grid(name, dm)
+        sizes = list(grid.shape)
+        order, pls = _axes(name, list(placements) + [
+            Replicate()] * (grid.dim() - own), sizes)
+        mesh = tuple(sizes[a] for a in order)
+        ranks = tuple(grid.permute(*order).reshape(-1).tolist())
+    return ParamSpec(name, dtype, tuple(int(x) for x in shape), mesh, ranks,
+                     tuple(pls), local)
+
+
 def describe(module, buffers=False, replicas=None, strip=WRAPPERS):
     """The ParamSpec of each of ``module``'s parameters (and buffers), in
     named_parameters() order; see from_module for the arguments. Raises
@@ -205,26 +243,7 @@ def describe(module, buffers=False, replicas=None, strip=WRAPPERS):
     InvalidArgumentError for two parameters under one name."""
     world, _ = _world()
     plain = tuple(range(world)) if replicas is None else tuple(int(r) for r in replicas)
-    out = []
-    for name, t in _named(module, buffers, strip):
-        if _is_dtensor(t):
-            # torch ranks, one per mesh position; Replicate on root axes
-            # beyond the DTensor's own
-            grid, own = _global_grid(name, t.device_mesh)
-            sizes = list(grid.shape)
-            order, pls = _axes(name, list(t.placements) + [
-                Replicate()] * (grid.dim() - own), sizes)
-            mesh = tuple(sizes[a] for a in order)
-            ranks = tuple(grid.permute(*order).reshape(-1).tolist())
-            local = t.to_local()
-            mine = t.device_mesh.get_coordinate() is not None
-        else:
-            mesh, ranks, pls, local, mine = (len(plain),), plain, (Replicate(),), t, True
-        out.append(ParamSpec(name, _dt.name(_dt.to_c(t.dtype)),
-                             tuple(int(s) for s in t.shape), mesh, ranks,
-                             tuple(pls),
-                             tuple(local.shape) if mine else None))
-    return out
+    return [spec(name, t, plain) for name, t in _named(module, buffers, strip)]
 
 
 def layout(specs, first_rank=0, ranks=None, into=None):

@@ -113,3 +113,131 @@ def test_verl_engine_refuses_unknown_keywords(tmp_path):
         CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
                                      model_config_path=tiny_config(tmp_path),
                                      timout_ms=1000)
+
+
+def _pair(name, world_key, **kw):
+    """One actor and one rollout engine over an inproc world, grouped."""
+    reshard.integrations.WORLDS[world_key] = world = reshard.InprocWorld(2)
+    e, r = [CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
+                                         model_config_path=name,
+                                         transport="inproc:" + world_key, **kw)
+            for _ in range(2)]
+    run_threads([lambda: e.init_process_group(rank=0, world_size=2, num_senders=1),
+                 lambda: r.init_process_group(rank=1, world_size=2, num_senders=1)])
+    return world, e, r
+
+
+def _close(world_key, world, *engines):
+    for x in engines:
+        x.close()
+    world.close()
+    del reshard.integrations.WORLDS[world_key]
+
+
+def test_verl_engine_skips_a_tied_lm_head(tmp_path):
+    """A tied model: torch's state_dict (which verl's get_per_tensor_param
+    iterates) lists the embedding again as lm_head.weight; the engine
+    takes it as the embedding it already has, and the rollout side gets
+    every tensor of the model once, every element checked. Full tensors
+    in fp32 (verl's FSDP master weights) are cast to the model's bf16."""
+    import json
+    cfg = json.loads(open(tiny_config(tmp_path)).read())
+    cfg["tie_word_embeddings"] = True
+    path = tmp_path / "tied.json"
+    path.write_text(json.dumps(cfg))
+    world, e, r = _pair(str(path), "verl2")
+    tensors = e.model.tensors()
+    assert "lm_head.weight" not in [t.name for t in tensors]
+    embed = [t for t in tensors if t.name == "model.embed_tokens.weight"][0]
+
+    def finite(t):  # bf16 bits with exponent < all ones: exact in fp32
+        return full(t, 0) & np.uint16(0xBFFF)
+
+    def as_torch(t, dtype):
+        return torch.from_numpy(finite(t).view(np.int16)) \
+            .view(torch.bfloat16).to(dtype)
+
+    pairs = [(t.name, as_torch(t, torch.float32 if i % 2 else torch.bfloat16))
+             for i, t in enumerate(tensors)]
+    pairs.insert(1, ("lm_head.weight", as_torch(embed, torch.float32)))
+    got = {}
+
+    async def consume():
+        async for name, t in r.receive_weights():
+            got[name] = t.view(torch.uint16).numpy().copy()
+    run_threads([lambda: asyncio.run(e.send_weights(iter(pairs))),
+                 lambda: asyncio.run(consume())])
+    assert sorted(got) == sorted(t.name for t in tensors)
+    for t in tensors:
+        assert np.array_equal(got[t.name], finite(t)), t.name
+    _close("verl2", world, e, r)
+
+
+def test_verl_engine_fsdp_source(tmp_path):
+    """source "fsdp": the training engine's get_per_tensor_param_shard
+    triples (name, local shard, ShardSpec). Here each tensor is
+    unsharded on the one actor (ShardSpec mesh None, as verl gives a
+    parameter outside fully_shard): the plan's piece of it is sent, every
+    element checked. A generator of full tensors (verl as shipped passes
+    one) and a shard without its ShardSpec are refused before anything
+    moves, naming the patch / the tensor. (Sharded ShardSpecs need a
+    torch DeviceMesh, so a torch.distributed world: verl_fsdp_world.py.)"""
+    from verl.workers.engine.spec import ShardSpec
+    world, e, r = _pair(tiny_config(tmp_path), "verl3", source="fsdp")
+    assert e.takes_training_engine
+    tensors = e.model.tensors()
+
+    def bf16(t):
+        return torch.from_numpy(full(t, 1).astype(np.uint16).view(np.int16)) \
+            .view(torch.bfloat16).reshape(-1)
+
+    with pytest.raises(reshard.InvalidArgumentError, match="PATCH"):
+        asyncio.run(e.send_weights(iter([(t.name, bf16(t)) for t in tensors])))
+
+    class Engine:  # what patched verl passes: the training engine
+        def __init__(self, with_spec=True):
+            self.with_spec = with_spec
+
+        def get_per_tensor_param_shard(self):
+            return ((t.name, bf16(t), ShardSpec(full_shape=tuple(t.shape))
+                     if self.with_spec else None) for t in tensors), None
+
+    with pytest.raises(reshard.InvalidArgumentError, match="ShardSpec"):
+        asyncio.run(e.send_weights(Engine(with_spec=False)))
+    got = {}
+
+    async def consume():
+        async for name, t in r.receive_weights():
+            got[name] = t.view(torch.uint16).numpy().copy()
+    run_threads([lambda: asyncio.run(e.send_weights(Engine())),
+                 lambda: asyncio.run(consume())])
+    assert sorted(got) == sorted(t.name for t in tensors)
+    for t in tensors:
+        assert np.array_equal(got[t.name], full(t, 1)), t.name
+    _close("verl3", world, e, r)
+
+
+def test_verl_engine_fsdp_source_refusals(tmp_path):
+    """A bad source, a non-bf16 dtype with "fsdp" (verl exports bf16
+    shards) and a MoE model with "fsdp" (transformers 5 fuses its experts)
+    are refused at construction, naming the keyword or the model."""
+    cfg = tiny_config(tmp_path)
+    with pytest.raises(reshard.InvalidArgumentError, match="'shards'"):
+        CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
+                                     model_config_path=cfg, source="shards")
+    with pytest.raises(reshard.InvalidArgumentError, match="bf16"):
+        CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
+                                     model_config_path=cfg, source="fsdp",
+                                     dtype="f32")
+    import json
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 1,
+        "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 100,
+        "torch_dtype": "bfloat16"}))
+    with pytest.raises(reshard.InvalidArgumentError, match="MoE"):
+        CheckpointEngineRegistry.new("reshard", bucket_size=1 << 20,
+                                     model_config_path=str(moe), source="fsdp")
