@@ -20,8 +20,10 @@ Layout cases (every trainer rank, reshard.Layout.from_module):
             dp 3: (_StridedShard(0, sf=2), Shard(0)), (Shard(0),
             Shard(1)), and norms on the dp sub-mesh
 For each, every rank checks each of its fragments against its local
-tensor (and, for fsdp and hsdp, that reshard.models.fsdp_layout of the
-config gives every rank the same boxes) (values from global coordinates, an independent expectation),
+tensor (values from global coordinates, an independent expectation)
+(and, for fsdp and hsdp, that reshard.models.fsdp_layout of the config
+gives every rank the same boxes; so for transformers' Qwen2 with biases
+and tied embeddings, Qwen3 and Mistral, FSDP and HSDP),
 that its fragments cover its local tensor exactly, and rank 0 that every
 element of every parameter is held by some rank.
 
@@ -132,6 +134,63 @@ def build(case, T):
     else:
         raise ValueError(case)
     return model
+
+
+# the twin's other models (transformers' own classes from the config):
+# Qwen2 with q/k/v biases and tied embeddings, Qwen3 with q/k norms,
+# Mistral; sizes uneven over the trainer ranks
+TWINS = {
+    "qwen2": dict(hidden_size=64, intermediate_size=22, num_attention_heads=4,
+                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=101,
+                  tie_word_embeddings=True),
+    "qwen3": dict(hidden_size=64, intermediate_size=22, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+                  vocab_size=101, tie_word_embeddings=False),
+    "mistral": dict(hidden_size=64, intermediate_size=22, num_attention_heads=4,
+                    num_key_value_heads=1, head_dim=16, num_hidden_layers=2,
+                    vocab_size=101, tie_word_embeddings=False),
+}
+
+
+def twin_cases(cfg_dir, rank, T, tally):
+    """reshard.models.fsdp_layout (the config alone) against
+    Layout.from_module of transformers' model for the same config sharded
+    by fully_shard, FSDP and HSDP: every rank's boxes, under the same
+    names."""
+    import torch
+    import reshard
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    for mt, kw in TWINS.items():
+        path = os.path.join(cfg_dir, mt + ".json")
+        if rank == 0:
+            with open(path + ".tmp", "w") as fh:
+                json.dump(dict(kw, model_type=mt, torch_dtype="bfloat16"), fh)
+            os.replace(path + ".tmp", path)
+        torch.distributed.barrier()
+        for spec, shape in (("dp_shard=%d" % T, (T,)),
+                            ("dp_shard=%d,dp_replicate=2" % (T // 2), (2, T // 2))):
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.for_model(mt, **kw), dtype=torch.bfloat16)
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=(
+                "replicate", "shard")[-len(shape):])
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            L = reshard.Layout.from_module(model)
+            twin = reshard.models.fsdp_layout(path, spec)
+            tally.check(sorted(i.name for i in L.tensors()) ==
+                        sorted(i.name for i in twin.tensors()),
+                        "%s %s: tensor names differ: %s" % (mt, spec, sorted(
+                            {i.name for i in L.tensors()} ^
+                            {i.name for i in twin.tensors()})[:4]))
+            for r in range(T):
+                a = sorted((f.name, f.box) for f in L.fragments(r))
+                b = sorted((f.name, f.box) for f in twin.fragments(r))
+                tally.check(a == b, "%s %s: rank %d: from_module and "
+                            "fsdp_layout differ: %s" % (
+                                mt, spec, r, sorted(set(a) ^ set(b))[:4]))
 
 
 def snippet(name):
@@ -327,6 +386,7 @@ def main():
                     pl = {str(p.placements) for _, p in model.named_parameters()}
                     tally.check(any("_StridedShard" in s for s in pl),
                                 "tp_fsdp: no _StridedShard in %s" % pl)
+            twin_cases(cfg_dir, rank, T, tally)
             # a Partial DTensor is a pending sum, not a value: refused
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor import DTensor, Partial
