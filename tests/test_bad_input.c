@@ -1394,6 +1394,63 @@ static void exec_sized_buffers(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* reshard_plan_execute_sized reads its arrays only up to counts the
+ * layout can have (issue 42, defect 3): a count of 2 with a 1-entry array
+ * was read past (ASan: stack-buffer-overflow), 2^61 - 1 wrapped the size
+ * of its copies (release build: segfault). Each is refused with
+ * INVALID_USAGE naming both counts, the destination untouched; then the
+ * right counts move every element. One rank, a local copy. */
+typedef struct counts_case {
+  const reshard_layout_t *src, *dst;
+  reshard_result_t code[3], ok;
+  char msg[3][MSG_LEN];
+  int untouched, delivered;
+} counts_case;
+
+static int counts_rank(int rank, reshard_comm_t *comm, void *arg) {
+  (void)rank;
+  counts_case *c = arg;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, c->src, c->dst, NULL, &plan)) return 1;
+  float w[8], got[8];
+  for (int i = 0; i < 8; i++) w[i] = (float)i + 0.25f, got[i] = -1;
+  reshard_buffer_t sb[1] = {{w, sizeof w}}, db[1] = {{got, sizeof got}};
+  c->code[0] = reshard_plan_execute_sized(plan, 0, sb, 2, db, 1, NULL);
+  snprintf(c->msg[0], MSG_LEN, "%s", reshard_last_error());
+  c->code[1] = reshard_plan_execute_sized(plan, 0, sb, ((size_t)1 << 61) - 1, db, 1, NULL);
+  snprintf(c->msg[1], MSG_LEN, "%s", reshard_last_error());
+  c->code[2] = reshard_plan_execute_sized(plan, 0, sb, 1, db, SIZE_MAX, NULL);
+  snprintf(c->msg[2], MSG_LEN, "%s", reshard_last_error());
+  c->untouched = 1;
+  for (int i = 0; i < 8; i++) c->untouched &= got[i] == -1;
+  c->ok = reshard_plan_execute_sized(plan, 0, sb, 1, db, 1, NULL);
+  c->delivered = 1;
+  for (int i = 0; i < 8; i++) c->delivered &= got[i] == (float)i + 0.25f;
+  reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void exec_sized_counts(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 0), reshard_replicate());
+  counts_case c = {.src = src, .dst = dst};
+  assert_int_equal(th_run_ranks(1, counts_rank, &c), 0);
+  const char *want[3] = {"2 source and 1 destination buffers given, the layout has 1 and 1",
+                         "2305843009213693951 source and 1 destination buffers given",
+                         "1 source and 18446744073709551615 destination buffers given"};
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(c.code[k], RESHARD_ERROR_INVALID_USAGE);
+    if (!has(c.msg[k], want[k]) || !has(c.msg[k], "rank 0")) fail_msg("call %d: \"%s\" not in \"%s\"", k, want[k], c.msg[k]);
+  }
+  assert_true(c.untouched);
+  assert_int_equal(c.ok, RESHARD_SUCCESS);
+  assert_true(c.delivered);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Regressions from review (each failed before its fix). */
 
 /* Fragments of different dtypes share element strides but not byte
@@ -1560,6 +1617,7 @@ int main(void) {
       cmocka_unit_test(exec_null_buffer_one_rank),
       cmocka_unit_test(exec_retry_after_failed_execute),
       cmocka_unit_test(exec_sized_buffers),
+      cmocka_unit_test(exec_sized_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

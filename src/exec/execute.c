@@ -25,6 +25,8 @@
 #include "exec/schedule.h"
 #include "kernels/rs_agree.h"
 #include "plan/plan.h"
+#include "plan/quant.h"
+#include "plan/spread.h"
 #include "transport/transport.h"
 #include "transport/stream.h"
 
@@ -677,6 +679,22 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
                                             void *stream) {
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  /* The counts before the arrays: an entry is read only where the count
+   * is one the layout can have (the caller's source count, the
+   * destination count or twice it with copies), so a count larger than
+   * the array is refused, not read past, and no size below wraps. The
+   * refusal takes its turn in the agreement like execute's own. */
+  const size_t us = plan->quant    ? (size_t)plan->quant->user_nsrc
+                    : plan->spread ? (size_t)plan->spread->user_nsrc
+                                   : (size_t)plan->num_src_buffers;
+  const size_t ud = (size_t)plan->num_dst_buffers;
+  if ((src && num_src && num_src != us) || (dst && num_dst && num_dst != ud && num_dst != 2 * ud)) {
+    reshard_result_t bad = rs_error(RESHARD_ERROR_INVALID_USAGE,
+                                    "execute rank %d: %zu source and %zu destination buffers given, the layout has %zu "
+                                    "and %zu (2 x %zu with RESHARD_FLAG_DOUBLE_BUFFER); no entry was read",
+                                    plan->rank, num_src, num_dst, us, ud, ud);
+    return execute(plan, version != 0, version, NULL, 0, NULL, NULL, 0, NULL, stream, bad);
+  }
   /* NULL arrays go on as NULL pointer arrays, for execute's own checks
    * (accepted where this rank has no buffers on that side); running out of
    * memory for the copies is a rejection execute tells the partners of */
