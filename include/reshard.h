@@ -617,7 +617,10 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * buffers this rank does not hold are ignored and may be NULL); likewise
  * dst_buffers. A rank on one side only may pass NULL, 0 for the other.
  * Bytes of destination buffers outside fragments (padding, other data) are
- * never written. Does not modify the plan: the same plan serves every step
+ * never written. Destination buffers (and, with RESHARD_FLAG_DOUBLE_BUFFER,
+ * their copies) must not share memory, each taken as large as the layout
+ * makes it on this rank: such a call is refused (RESHARD_ERROR_INVALID_
+ * ARGUMENT naming both buffers). Does not modify the plan: the same plan serves every step
  * and may run concurrently on different buffers, provided every rank issues
  * its calls in the same order (not with RESHARD_FLAG_DOUBLE_BUFFER). Each
  * call is numbered, so messages of a call that failed never match a later

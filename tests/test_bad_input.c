@@ -1451,6 +1451,72 @@ static void exec_sized_counts(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* Destination buffers sharing memory (issue 42, item 6): two buffers on
+ * one array, overlapping views, and a double-buffered plan's two copies
+ * at one address were accepted and silently took each other's bytes.
+ * Each is refused naming both buffers, nothing written; disjoint views of
+ * one array then receive every element. One rank, local copies. */
+typedef struct overlap_case {
+  const reshard_layout_t *src, *dst;
+  reshard_result_t code[3], ok;
+  char msg[3][MSG_LEN];
+  int untouched, delivered;
+} overlap_case;
+
+static int overlap_rank(int rank, reshard_comm_t *comm, void *arg) {
+  (void)rank;
+  overlap_case *c = arg;
+  reshard_plan_t *plan = NULL, *db = NULL;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  if (reshard_plan_create(comm, c->src, c->dst, NULL, &plan)) return 1;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &db)) return 1;
+  float a[8], b[8], d[24];
+  for (int i = 0; i < 8; i++) a[i] = (float)i, b[i] = (float)i + 100;
+  for (int i = 0; i < 24; i++) d[i] = -1;
+  void *src[2] = {a, b};
+  void *same[2] = {d, d}, *views[2] = {d + 4, d}, *copies[4] = {d, d + 8, d, d + 16};
+  c->code[0] = reshard_plan_execute(plan, src, 2, same, 2, NULL);
+  snprintf(c->msg[0], MSG_LEN, "%s", reshard_last_error());
+  c->code[1] = reshard_plan_execute(plan, src, 2, views, 2, NULL);
+  snprintf(c->msg[1], MSG_LEN, "%s", reshard_last_error());
+  c->code[2] = reshard_plan_execute(db, src, 2, copies, 4, NULL);
+  snprintf(c->msg[2], MSG_LEN, "%s", reshard_last_error());
+  c->untouched = 1;
+  for (int i = 0; i < 24; i++) c->untouched &= d[i] == -1;
+  void *apart[2] = {d, d + 8};
+  c->ok = reshard_plan_execute(plan, src, 2, apart, 2, NULL);
+  c->delivered = 1;
+  for (int i = 0; i < 8; i++) c->delivered &= d[i] == a[i] && d[8 + i] == b[i] && d[16 + i] == -1;
+  reshard_plan_destroy(plan);
+  reshard_plan_destroy(db);
+  return 0;
+}
+
+static void exec_dst_overlap(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  int ms = add_mesh1(src, 1, 0), md = add_mesh1(dst, 1, 0);
+  place1(src, add_t1(src, "a", RESHARD_FP32, 8), ms, reshard_replicate());
+  place1(src, add_t1(src, "b", RESHARD_FP32, 8), ms, reshard_replicate());
+  place1(dst, add_t1(dst, "a", RESHARD_FP32, 8), md, reshard_replicate());
+  place1(dst, add_t1(dst, "b", RESHARD_FP32, 8), md, reshard_replicate());
+  overlap_case c = {.src = src, .dst = dst};
+  assert_int_equal(th_run_ranks(1, overlap_rank, &c), 0);
+  const char *want[3] = {"destination buffers 0 'a' and 1 'b' share memory (bytes 0 .. 32",
+                         "destination buffers 1 'b' and 0 'a' share memory (bytes 16 .. 32",
+                         "destination buffers 0 'a' copy 0 and 0 'a' copy 1 share memory"};
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(c.code[k], RESHARD_ERROR_INVALID_ARGUMENT);
+    if (!has(c.msg[k], want[k]) || !has(c.msg[k], "rank 0")) fail_msg("call %d: \"%s\" not in \"%s\"", k, want[k], c.msg[k]);
+  }
+  assert_true(c.untouched);
+  assert_int_equal(c.ok, RESHARD_SUCCESS);
+  assert_true(c.delivered);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Regressions from review (each failed before its fix). */
 
 /* Fragments of different dtypes share element strides but not byte
@@ -1618,6 +1684,7 @@ int main(void) {
       cmocka_unit_test(exec_retry_after_failed_execute),
       cmocka_unit_test(exec_sized_buffers),
       cmocka_unit_test(exec_sized_counts),
+      cmocka_unit_test(exec_dst_overlap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -254,9 +254,53 @@ static void commit_disjoint_sides(void **state) {
   run_case(FAIL_VERSION, 1);
 }
 
+/* The first execute of a double-buffered plan is refused on one rank (a
+ * short buffer) while the other's is fine; with identical layouts the
+ * ranks exchange no data, so the other learns of it at the commit. It
+ * says that nothing was committed before, not "copy -1 still holds
+ * version 0" (issue 42, item 8). */
+typedef struct first_case {
+  const reshard_layout_t *L;
+  reshard_result_t code[2];
+  char msg[2][MSG];
+} first_case;
+
+static int first_rank(int rank, reshard_comm_t *comm, void *arg) {
+  first_case *c = arg;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 5000;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, c->L, c->L, &o, &plan)) return 1;
+  float w[8] = {0}, d0[8], d1[8];
+  reshard_buffer_t sb[1] = {{w, rank == 1 ? 4 : sizeof w}}, db[2] = {{d0, sizeof d0}, {d1, sizeof d1}};
+  c->code[rank] = reshard_plan_execute_sized(plan, 1, sb, 1, db, 2, NULL);
+  snprintf(c->msg[rank], MSG, "%s", reshard_last_error());
+  reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void commit_first_call_refused(void **state) {
+  (void)state;
+  reshard_layout_t *L;
+  int t, m, b;
+  assert_int_equal(reshard_layout_create(&L), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_tensor(L, "w", RESHARD_FP32, 1, (int64_t[]){16}, &t), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_add_mesh_strided(L, 1, (int[]){2}, 0, 1, &m), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_place(L, t, m, (reshard_placement_t[]){reshard_shard(0)}, &b), RESHARD_SUCCESS);
+  first_case c = {.L = L};
+  assert_int_equal(th_run_ranks(2, first_rank, &c), 0);
+  assert_int_equal(c.code[1], RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(c.code[0], RESHARD_ERROR_REMOTE);
+  if (!strstr(c.msg[0], "nothing committed, no version was committed before") || strstr(c.msg[0], "copy -1"))
+    fail_msg("rank 0: %s", c.msg[0]);
+  reshard_layout_destroy(L);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(commit_then_version_mismatch),
+      cmocka_unit_test(commit_first_call_refused),
       cmocka_unit_test(commit_then_send_failure),
       cmocka_unit_test(commit_disjoint_sides),
   };

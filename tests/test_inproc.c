@@ -535,7 +535,7 @@ static void test_size_mismatch(void **state) {
                    RESHARD_ERROR_MISMATCH);
   assert_error_mentions("rank 1");
   assert_error_mentions("rank 0");
-  assert_error_mentions("tag 42");
+  assert_null(strstr(reshard_last_error(), "tag"));
   assert_error_mentions("16 bytes");
   assert_error_mentions("8 bytes");
   for (size_t i = 0; i < sizeof in; i++) assert_int_equal(in[i], 0x5A);
@@ -574,7 +574,10 @@ static void test_recv_timeout(void **state) {
   assert_true(dt < 5000 * MS);
   assert_error_mentions("rank 0");
   assert_error_mentions("rank 1");
-  assert_error_mentions("tag 9");
+  assert_error_mentions("did not complete before the deadline");
+  /* the tag is the executor's encoding, meaningless as a number (issue
+   * 42, item 8: "tag 9223372036854775809") */
+  assert_null(strstr(reshard_last_error(), "tag"));
 
   /* A deadline already past fails at once. */
   t0 = rs_now_ns();

@@ -799,6 +799,14 @@ static void config_errors(void **state) {
                     NULL);
   expect_load_error(write_config("noarch.json", "{'hidden_size': 64}"), 0, RESHARD_ERROR_INVALID_ARGUMENT,
                     "architectures", NULL);
+  /* issue 42, item 8: this said "must be an array of class names, found an array" */
+  expect_load_error(write_config("emptyarch.json", "{'architectures': [], 'model_type': 'llama'}"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "'architectures' must be a non-empty array of class names",
+                    "found an empty array", NULL);
+  expect_load_error(write_config("numarch.json", "{'architectures': [3], 'model_type': 'llama'}"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "found an array whose first entry is an integer", NULL);
+  expect_load_error(write_config("strarch.json", "{'architectures': 'LlamaForCausalLM'}"), 0,
+                    RESHARD_ERROR_INVALID_ARGUMENT, "found a string", NULL);
   expect_load_error(write_config("nohidden.json",
                                  "{'architectures': ['LlamaForCausalLM'], 'vocab_size': 10, 'num_hidden_layers': 1,"
                                  " 'num_attention_heads': 2, 'intermediate_size': 8}"),

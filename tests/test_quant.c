@@ -958,6 +958,15 @@ static void bad_layouts(void **state) {
                    RESHARD_ERROR_INVALID_ARGUMENT);
   assert_int_equal(reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, shape, zero, &t),
                    RESHARD_ERROR_INVALID_ARGUMENT);
+  /* the message gives the sizes and the real limit (issue 42, item 8: a
+   * block of 2^63 - 1 read "must be two sizes >= 1") */
+  const int64_t huge[2] = {INT64_MAX, 2};
+  assert_int_equal(reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, shape, huge, &t),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "block 9223372036854775807 x 2: each size must be from 1 to 2147483647"));
+  assert_int_equal(reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, shape, NULL, &t),
+                   RESHARD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(reshard_last_error(), "block is NULL"));
   assert_int_equal(reshard_layout_add_tensor(L, "v_scale_inv", RESHARD_FP32, 2, shape, &t), 0);
   assert_int_equal(reshard_layout_add_tensor_blocked(L, "v", RESHARD_FP8_E4M3, 2, shape, good, &t),
                    RESHARD_ERROR_INVALID_ARGUMENT);

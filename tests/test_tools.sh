@@ -172,6 +172,8 @@ plan_synthetic)
   # fp8 block quantization: codes and scales placed alike; rows cut through blocks (gathered first)
   plan_ok --shape 64,96 --dtype bf16 --src-mesh 2 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1 --dst-dtype fp8e4m3 --block 16,32
   plan_ok --shape 30,40 --dtype f32 --src-mesh 4 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 --block 4,8 --colocate
+  # a zero-size dimension: no blocks (issue 42, defect 9: qsort(NULL, 0) under UBSan)
+  plan_ok --shape 8,0 --dst-dtype fp8e4m3 --block 3,3 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1
   # relay plans: forwards read destination buffers, several messages of a
   # pair share a round (fragments of 512 KiB per replica part: relayed)
   RESHARD_RELAY=1 plan_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0

@@ -275,10 +275,11 @@ class Plan(Node):
         ("src" or "dst")."""
         return dict(self._src_names if side == "src" else self._dst_names)
 
-    def _side(self, side, given, held, names, nbuf, device, keep):
+    def _side(self, side, given, held, names, nbuf, device, keep, what):
         copies = 2 if side == "dst" and self.double_buffer else 1
         arr = ffi.new("reshard_buffer_t[]", max(nbuf * copies, 1))
         seen = set()
+        spans = []  # destination memory: (address, bytes, buffer, name, copy)
         items = given.items() if hasattr(given, "items") else enumerate(given or ())
         for key, value in items:
             if value is None:
@@ -287,7 +288,7 @@ class Plan(Node):
                 b = names.get(key)
                 if b is None:
                     raise InvalidArgumentError(
-                        "execute: %s buffer %r: rank %d holds no buffer of "
+                        what + ": %s buffer %r: rank %d holds no buffer of "
                         "that name (it holds %d: %s)" % (
                             side, key, self.rank, len(names),
                             ", ".join(sorted(names)[:5]) +
@@ -296,20 +297,20 @@ class Plan(Node):
                 b = int(key)
                 if b not in held:
                     raise InvalidArgumentError(
-                        "execute: %s buffer %d: rank %d holds nothing of it "
+                        what + ": %s buffer %d: rank %d holds nothing of it "
                         "(%s)" % (side, b, self.rank,
                                   "ids are 0 .. %d" % (nbuf - 1)
                                   if not 0 <= b < nbuf else "0 bytes here"))
             h = held[b]
             if b in seen:
                 raise InvalidArgumentError(
-                    "execute: %s buffer %d (%r) given twice on rank %d"
+                    what + ": %s buffer %d (%r) given twice on rank %d"
                     % (side, b, h.name, self.rank))
             seen.add(b)
             if copies == 2:
                 if not isinstance(value, (tuple, list)) or len(value) != 2:
                     raise InvalidArgumentError(
-                        "execute: dst buffer %d (%r) on rank %d: a double-"
+                        what + ": dst buffer %d (%r) on rank %d: a double-"
                         "buffered plan takes a pair (copy0, copy1)"
                         % (b, h.name, self.rank))
                 values = value
@@ -319,7 +320,7 @@ class Plan(Node):
                 info = describe(v)
                 problem = _problem(info, v, side, h, device)
                 if problem:
-                    raise InvalidArgumentError("execute: %s buffer %d (%r)%s on "
+                    raise InvalidArgumentError(what + ": %s buffer %d (%r)%s on "
                                                "rank %d: %s" % (
                                                    side, b, h.name,
                                                    " copy %d" % c if copies == 2 else "",
@@ -327,11 +328,13 @@ class Plan(Node):
                 if c == 1 and info.ptr < first.ptr + first.nbytes and \
                         first.ptr < info.ptr + info.nbytes:
                     raise InvalidArgumentError(
-                        "execute: dst buffer %d (%r) on rank %d: copy 0 and "
+                        what + ": dst buffer %d (%r) on rank %d: copy 0 and "
                         "copy 1 overlap (a double-buffered plan keeps the "
                         "active copy untouched while writing the other)"
                         % (b, h.name, self.rank))
                 first = info
+                if side == "dst" and info.nbytes:
+                    spans.append((info.ptr, info.nbytes, b, h.name, c))
                 slot = arr[c * nbuf + b]
                 slot.ptr = ffi.cast("void *", info.ptr)
                 slot.bytes = info.nbytes
@@ -339,15 +342,27 @@ class Plan(Node):
         missing = [b for b in held if b not in seen]
         if missing:
             raise InvalidArgumentError(
-                "execute: rank %d must pass %d %s buffer(s) it holds; "
+                what + ": rank %d must pass %d %s buffer(s) it holds; "
                 "missing %d: %s" % (
                     self.rank, len(held), side, len(missing),
                     ", ".join("%d (%r)" % (b, held[b].name)
                               for b in missing[:5]) +
                     (", ..." if len(missing) > 5 else "")))
+        # two destination buffers (or copies) on one memory: each would
+        # take the other's bytes, and the status would still say success
+        spans.sort()
+        for (p0, n0, b0, m0, c0), (p1, n1, b1, m1, c1) in zip(spans, spans[1:]):
+            if p1 < p0 + n0:
+                def name(b, m, c):
+                    return "%d (%r)%s" % (b, m, " copy %d" % c if copies == 2 else "")
+                raise InvalidArgumentError(
+                    what + ": dst buffers %s and %s on rank %d share memory "
+                    "(bytes %d .. %d of the first): each would overwrite the "
+                    "other" % (name(b0, m0, c0), name(b1, m1, c1), self.rank,
+                               p1 - p0, min(p0 + n0, p1 + n1) - p0))
         return arr, nbuf * copies
 
-    def bind(self, src_buffers, dst_buffers):
+    def bind(self, src_buffers, dst_buffers, _what="bind"):
         """Checks this rank's buffers and returns a Bound set for execute.
         Each side is a dict keyed by buffer id or name (or a sequence
         indexed by id), with the arrays this rank holds; a side this rank
@@ -363,9 +378,9 @@ class Plan(Node):
         device = self.comm.device
         keep = []
         src, ns = self._side("src", src_buffers or {}, self._src_held,
-                             self._src_names, self._nsrc, device, keep)
+                             self._src_names, self._nsrc, device, keep, _what)
         dst, nd = self._side("dst", dst_buffers or {}, self._dst_held,
-                             self._dst_names, self._ndst, device, keep)
+                             self._dst_names, self._ndst, device, keep, _what)
         return Bound(self, src, ns, dst, nd, keep, device)
 
     # -------------------------------------------------------- execute
@@ -390,7 +405,7 @@ class Plan(Node):
                 raise InvalidArgumentError("execute: the Bound belongs to "
                                            "another plan")
         else:
-            b = self.bind(src_buffers, dst_buffers)
+            b = self.bind(src_buffers, dst_buffers, _what="execute")
         if version is not None and int(version) < 1:
             raise InvalidArgumentError("execute: version %r: versions are >= 1"
                                        % (version,))

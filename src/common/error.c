@@ -23,7 +23,8 @@ const char *reshard_result_string(reshard_result_t r) {
     case RESHARD_ERROR_OUT_OF_MEMORY:
       return "out of memory: lower options.staging_bytes or free memory";
     case RESHARD_ERROR_MISMATCH:
-      return "mismatch between ranks: every rank must pass the same layouts and options";
+      return "mismatch between ranks: they disagree on layouts, options, executes or versions, or verified data "
+             "differ from what was sent (see reshard_last_error())";
     case RESHARD_ERROR_BACKEND:
       return "backend failure: the transport (MPI, NCCL, CUDA) reported an error";
     case RESHARD_ERROR_REMOTE:

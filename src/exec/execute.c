@@ -373,13 +373,17 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
     return rr;
   }
   const int outcome = rs_commit_outcome(v, version, call);
-  if (outcome == RS_COMMIT_FAILED)
-    return rs_error(RESHARD_ERROR_REMOTE,
-                    "execute rank %d: another rank failed execute call %llu with '%s'; nothing committed, copy %d "
-                    "still holds version %llu",
-                    p->rank, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]),
-                    __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE),
-                    (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
+  if (outcome == RS_COMMIT_FAILED) {
+    const int active = __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE);
+    char held[96];
+    if (active < 0) snprintf(held, sizeof held, "no version was committed before");
+    else
+      snprintf(held, sizeof held, "copy %d still holds version %llu", active,
+               (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
+    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: another rank failed execute call %llu with '%s'; nothing "
+                    "committed, %s",
+                    p->rank, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]), held);
+  }
   if (outcome == RS_COMMIT_APART)
     return rs_error(RESHARD_ERROR_MISMATCH,
                     "execute rank %d (double-buffer commit): ranks are at different executes: this rank call %llu "
@@ -541,6 +545,51 @@ static reshard_result_t check_sizes(const reshard_plan_t *p, const char *side, c
   return RESHARD_SUCCESS;
 }
 
+/* Destination memory written twice: two buffers (or a buffer's two
+ * copies) whose byte ranges, as large as the layout says on this rank,
+ * overlap would each overwrite the other with a clean status. Sorted by
+ * address, an overlapping pair always has an overlapping neighbour. */
+typedef struct dst_span {
+  uintptr_t lo, hi;
+  int id, copy;
+  const char *name;
+} dst_span;
+
+static int cmp_span(const void *a, const void *b) {
+  const dst_span *x = a, *y = b; /* ties: copy 0 first, then by id (a stable message) */
+  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+  if (x->copy != y->copy) return x->copy - y->copy;
+  return x->id - y->id;
+}
+
+static reshard_result_t check_dst_overlap(const reshard_plan_t *p, void *const *bufs, size_t nd, int copies) {
+  if (!bufs || p->ndst_used < 1 || (p->ndst_used < 2 && copies < 2)) return RESHARD_SUCCESS;
+  dst_span *s = rs_malloc((size_t)p->ndst_used * (size_t)copies * sizeof *s);
+  if (!s) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory checking buffers", p->rank);
+  size_t n = 0;
+  for (int c = 0; c < copies; c++)
+    for (int i = 0; i < p->ndst_used; i++) {
+      const rs_used_buffer *u = &p->dst_used[i];
+      void *b = bufs[(size_t)c * nd + (size_t)u->id];
+      if (b && u->bytes) s[n++] = (dst_span){(uintptr_t)b, (uintptr_t)b + u->bytes, u->id, c, u->name};
+    }
+  if (n > 1) qsort(s, n, sizeof *s, cmp_span);
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (size_t i = 0; i + 1 < n && !r; i++)
+    if (s[i + 1].lo < s[i].hi) {
+      char a[32] = "", b[32] = "";
+      if (copies > 1) snprintf(a, sizeof a, " copy %d", s[i].copy), snprintf(b, sizeof b, " copy %d", s[i + 1].copy);
+      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                   "execute rank %d: destination buffers %d '%s'%s and %d '%s'%s share memory (bytes %llu .. %llu of "
+                   "the first, as large as the layout makes them): each would overwrite the other",
+                   p->rank, s[i].id, s[i].name, a, s[i + 1].id, s[i + 1].name, b,
+                   (unsigned long long)(s[i + 1].lo - s[i].lo),
+                   (unsigned long long)((s[i + 1].hi < s[i].hi ? s[i + 1].hi : s[i].hi) - s[i].lo));
+    }
+  free(s);
+  return r;
+}
+
 /* What execute checks of its arguments before anything moves. */
 static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
                                    const size_t *src_bytes, void *const *dst_buffers, size_t num_dst,
@@ -578,6 +627,7 @@ static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_
                            plan->ndst_used));
     RS_CHECK(check_sizes(plan, "destination", dst_bytes, dst_buffers, num_dst, 0, plan->dst_used, plan->ndst_used));
   }
+  if (plan->ndst_used) RS_CHECK(check_dst_overlap(plan, dst_buffers, nd, dbuf ? 2 : 1));
   return RESHARD_SUCCESS;
 }
 

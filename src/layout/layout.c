@@ -174,9 +174,12 @@ reshard_result_t reshard_layout_add_tensor_blocked(reshard_layout_t *L, const ch
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "tensor '%s': block scales need 2 to %d dims and a shape, not ndim %d%s", name, RESHARD_MAX_DIMS,
                     ndim, shape ? "" : " (shape is NULL)");
-  if (!block || block[0] < 1 || block[1] < 1 || block[0] > INT32_MAX || block[1] > INT32_MAX)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': block must be two sizes >= 1 (rows, columns)",
-                    name);
+  if (!block)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': block is NULL (two sizes: rows, columns)", name);
+  if (block[0] < 1 || block[1] < 1 || block[0] > INT32_MAX || block[1] > INT32_MAX)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "tensor '%s': block %lld x %lld: each size must be from 1 to %d (rows, columns)", name,
+                    (long long)block[0], (long long)block[1], INT32_MAX);
   size_t n = strlen(name);
   char *sname = rs_malloc(n + sizeof "_scale_inv");
   if (!sname) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "tensor '%s': out of memory", name);

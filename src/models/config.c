@@ -124,8 +124,11 @@ static reshard_result_t find_arch(const jcfg *j, rm_arch *out) {
   if (archs && !json_is_null(archs)) {
     if (!json_is_array(archs) || json_array_size(archs) < 1 || !json_is_string(json_array_get(archs, 0)))
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                      "config '%s': key 'architectures' must be an array of class names, found %s", j->path,
-                      json_kind(archs));
+                      "config '%s': key 'architectures' must be a non-empty array of class names, found %s%s", j->path,
+                      !json_is_array(archs)           ? json_kind(archs)
+                      : json_array_size(archs) < 1    ? "an empty array"
+                                                      : "an array whose first entry is ",
+                      json_is_array(archs) && json_array_size(archs) >= 1 ? json_kind(json_array_get(archs, 0)) : "");
     cls = json_string_value(json_array_get(archs, 0));
   }
   RS_CHECK(get_string(j, "model_type", &type));

@@ -468,7 +468,7 @@ static reshard_result_t sort_refs(seg_ref *refs, size_t n) {
   free(slot);
   slot = NULL;
   /* buckets in stream order; start[b]: where bucket b's segments go */
-  qsort(first, nb, sizeof *first, cmp_stream_first);
+  if (nb > 1) qsort(first, nb, sizeof *first, cmp_stream_first);
   size_t *start = rs_calloc(nb + 1, sizeof *start), *pos_of = rs_malloc((nb + 1) * sizeof *pos_of);
   seg_ref *out = rs_malloc(n * sizeof *out);
   if (!start || !pos_of || !out) {
@@ -803,7 +803,7 @@ static reshard_result_t schedule(chunker *ch) {
   for (size_t i = 0; i < ch->nmsgs; i++)
     refs[i] = (sched_ref){ch->msgs[i].round, sched_key(ch->plan->rank, ch->plan->size, ch->msgs[i].peer, ch->is_send),
                           ch->keys[i], i};
-  qsort(refs, ch->nmsgs, sizeof *refs, cmp_sched);
+  if (ch->nmsgs > 1) qsort(refs, ch->nmsgs, sizeof *refs, cmp_sched);
   for (size_t i = 0; i < ch->nmsgs; i++) sorted[i] = ch->msgs[refs[i].index];
   free(refs);
   free(ch->msgs);

@@ -138,7 +138,7 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, uint64_t es,
       b[2 * i] = F[i].start[d];
       b[2 * i + 1] = F[i].start[d] + F[i].extent[d];
     }
-    qsort(b, 2 * nf, sizeof *b, cmp_i64);
+    if (nf) qsort(b, 2 * nf, sizeof *b, cmp_i64);
     size_t u = 0;
     for (size_t i = 0; i < 2 * nf; i++)
       if (!u || b[i] != b[u - 1]) b[u++] = b[i];

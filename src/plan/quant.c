@@ -463,7 +463,7 @@ reshard_result_t rs_quant_layouts_make(const reshard_layout_t *src, const reshar
   for (int i = 0; !r && i < n; i++) r = split_blocks(src, &e[i], i, src->tensors[e[i].s].dtype, &boxes);
   if (!r) r = rewrite(out, src, dst, e, n);
   if (!r && boxes.n > whole) r = rs_layout_tensors_only(src, &out->gather);
-  if (!r) qsort(boxes.v, boxes.n, sizeof *boxes.v, cmp_box);
+  if (!r && boxes.n) qsort(boxes.v, boxes.n, sizeof *boxes.v, cmp_box); /* qsort(NULL, 0) is UB */
   for (size_t i = 0; !r && i < boxes.n;) {
     size_t j = i;
     while (j < boxes.n && boxes.v[j].rank == boxes.v[i].rank) j++;

@@ -172,7 +172,7 @@ static int32_t domain_of(const rs_relay_ctx *ctx, int32_t rank) { return ctx->do
  * MiB. */
 static int few_parts_pay(rs_relay_ctx *ctx, size_t m) {
   for (size_t i = 0; i < m; i++) ctx->local[i] = domain_of(ctx, ctx->ranks[i]);
-  qsort(ctx->local, m, sizeof *ctx->local, cmp_i32);
+  if (m > 1) qsort(ctx->local, m, sizeof *ctx->local, cmp_i32);
   size_t domains = 1;
   for (size_t i = 1; i < m; i++) domains += ctx->local[i] != ctx->local[i - 1];
   return domains < m && domains <= RS_RELAY_FEW_PARTS_MAX_DOMAINS;
@@ -203,7 +203,7 @@ static reshard_result_t find_group(rs_relay_ctx *ctx, const rs_frag *D,
   size_t k = 0;
   for (size_t i = 0; i < ctx->same.n; i++)
     if (same_box(&ctx->same.v[i], D)) ctx->ranks[k++] = ctx->same.v[i].rank;
-  qsort(ctx->ranks, m, sizeof *ctx->ranks, cmp_i32);
+  if (m > 1) qsort(ctx->ranks, m, sizeof *ctx->ranks, cmp_i32);
   /* A rank with two replicas would need a local copy between them. */
   for (size_t i = 1; i < m; i++)
     if (ctx->ranks[i] == ctx->ranks[i - 1]) return RESHARD_SUCCESS;

@@ -485,10 +485,9 @@ static reshard_result_t inproc_finish_recv(rs_request *r) {
   reshard_result_t res = r->result;
   if (res == RESHARD_ERROR_MISMATCH)
     rs_error(RESHARD_ERROR_MISMATCH,
-             "inproc: rank %d expected %zu bytes from rank %d with tag %llu "
-             "but rank %d sent %zu bytes",
-             r->rank, r->bytes, r->src, (unsigned long long)r->tag, r->src,
-             r->msg_bytes);
+             "inproc: rank %d expected %zu bytes from rank %d but rank %d "
+             "sent %zu bytes",
+             r->rank, r->bytes, r->src, r->src, r->msg_bytes);
   free(r);
   return res;
 }
@@ -528,11 +527,13 @@ static reshard_result_t inproc_wait(reshard_comm_t *comm, rs_request *req,
     if (rc == ETIMEDOUT ||
         (deadline_ns != RS_NO_DEADLINE && rs_now_ns() >= deadline_ns)) {
       pthread_mutex_unlock(&mb->lock);
+      /* the tag's bits are the executor's business (exec_state.h), and
+       * as a number they tell a user nothing; the caller prefixes what
+       * the message was */
       return rs_error(RESHARD_ERROR_TIMEOUT,
-                      "inproc: rank %d timed out waiting for %zu bytes from "
-                      "rank %d with tag %llu",
-                      req->rank, req->bytes, req->src,
-                      (unsigned long long)req->tag);
+                      "inproc: rank %d: receive of %zu bytes from rank %d "
+                      "did not complete before the deadline",
+                      req->rank, req->bytes, req->src);
     }
   }
   pthread_mutex_unlock(&mb->lock);
