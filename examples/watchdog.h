@@ -63,8 +63,8 @@ static inline void *wd_main(void *arg) {
 }
 
 /* Starts the watchdog of this rank. Its deadline is reshard's
- * (RESHARD_TIMEOUT_MS when set, else the default 60 s) plus WD_SLACK_MS;
- * a timeout <= 0 (wait forever) starts none. */
+ * (RESHARD_TIMEOUT_MS when set and >= 1, else the default 60 s) plus
+ * WD_SLACK_MS. */
 static inline void wd_start(int rank) {
   wd_state.rank = rank;
 #ifdef SMPI_HELPERS_H
@@ -79,8 +79,11 @@ static inline void wd_start(int rank) {
     long long v = strtoll(env, &end, 0);
     if (!*end) ms = v;
   }
-  /* none for "forever", or a deadline beyond the clock's range */
-  if (ms <= 0 || ms > INT64_MAX / 2000000 - WD_SLACK_MS) return;
+  /* reshard refuses a timeout below 1 ms at plan creation; the watchdog
+   * keeps the default for it, so even that failure path has a deadline.
+   * None only for a deadline beyond the clock's range. */
+  if (ms <= 0) ms = 60000;
+  if (ms > INT64_MAX / 2000000 - WD_SLACK_MS) return;
   wd_state.timeout_ns = (ms + WD_SLACK_MS) * 1000000LL;
   pthread_t t;
   if (pthread_create(&t, NULL, wd_main, NULL) == 0) pthread_detach(t);

@@ -504,8 +504,9 @@ typedef struct reshard_options {
   /* Upper bound on one message (one stream, one chunk); 0: derived from
    * the staging budget as above. */
   size_t chunk_bytes;
-  /* Deadline of every wait, in milliseconds; <= 0: wait forever (not
-   * recommended). Default 60000. */
+  /* Deadline of every wait, in milliseconds, >= 1: there is no "wait
+   * forever" (0 and negative values are RESHARD_ERROR_INVALID_ARGUMENT at
+   * plan creation). Default 60000. */
   int64_t timeout_ms;
   /* ---- version 2 ---- */
   /* The machine, for replica choice, relays and the cost model: a preset

@@ -918,6 +918,14 @@ static void plan_bad_options_and_pointers(void **state) {
   for (int r = 0; r < 4; r++) c.opts[r].staging_bytes = 0;
   pcase_run(&c);
   EXPECT_ALL(&c, IA, "options", "staging_bytes 0");
+  /* no "wait forever": 0 and negative deadlines hung a test until it was
+   * killed (issue 42, item 7) */
+  for (int64_t t = 0; t >= -5; t -= 5) {
+    pcase_init(&c, 4, src, dst);
+    for (int r = 0; r < 4; r++) c.opts[r].timeout_ms = t;
+    pcase_run(&c);
+    EXPECT_ALL(&c, IA, "options: timeout_ms", "at least 1 ms");
+  }
 
   /* one rank alone with a bad version: it says why, the others REMOTE */
   pcase_init(&c, 4, src, dst);

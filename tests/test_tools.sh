@@ -198,6 +198,7 @@ plan_topology)
   bad plan 2 "--topology 'tpu': unknown preset" $S --topology tpu
   bad plan 2 "--topology prices every rank's plan" $S --topology cpu --rank 1
   bad plan 2 "--relay '2': expected -1" $S --relay 2
+  RESHARD_TIMEOUT_MS=0 bad plan nonzero "RESHARD_TIMEOUT_MS=0: every wait needs a deadline of at least 1 ms" $S
   # the environment asking for the relay choice again, which the tool's
   # staged planning has made: refused with the reason, not planned empty
   RESHARD_RELAY=-1 bad plan 1 "staged planning needs relay 0 or 1" $S --topology h100-8x400g

@@ -20,7 +20,7 @@ static struct {
     [RS_PARAM_CHUNK_BYTES] = {.name = "RESHARD_CHUNK_BYTES",
         .doc = "upper bound on one message in bytes (overrides options.chunk_bytes)"},
     [RS_PARAM_TIMEOUT_MS] = {.name = "RESHARD_TIMEOUT_MS",
-        .doc = "deadline of every wait in ms, <= 0 for none (overrides options.timeout_ms)"},
+        .doc = "deadline of every wait in ms, >= 1 (overrides options.timeout_ms; 0 and negative values are refused)"},
     [RS_PARAM_MPI_DATATYPES] = {.name = "RESHARD_MPI_DATATYPES",
         .doc = "1 (default): the MPI transport sends and receives strided boxes in place with "
                 "derived datatypes; 0: pack into staging"},

@@ -169,7 +169,8 @@ int64_t rs_dev_comm_busy_until(reshard_comm_t *c) {
      * deadline not stamped yet: it gets RESHARD_TIMEOUT_MS (default 60 s)
      * from now to start and finish */
     int64_t ms = 60000;
-    rs_param_get(RS_PARAM_TIMEOUT_MS, &ms);
+    /* (a value below 1 is refused at plan creation; here it keeps the default) */
+    if (rs_param_get(RS_PARAM_TIMEOUT_MS, &ms) && ms < 1) ms = 60000;
     int64_t floor = rs_deadline_after_ms(ms);
     if (floor > dl) dl = floor;
   }

@@ -86,7 +86,14 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   int64_t v;
   if (rs_param_get(RS_PARAM_STAGING_BYTES, &v)) o->staging_bytes = v > 0 ? (size_t)v : 0;
   if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
-  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) o->timeout_ms = v;
+  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) {
+    if (v < 1)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                      "RESHARD_TIMEOUT_MS=%lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
+                      "which once meant none, are refused: a hung peer could not be told from a slow one)",
+                      (long long)v);
+    o->timeout_ms = v;
+  }
   if (rs_param_get(RS_PARAM_RELAY, &v)) o->relay = (int)(v < -1 ? -2 : v > 1 ? 2 : v);
   if (rs_param_get(RS_PARAM_SPREAD, &v)) {
     if (v < 0 || v > 2) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "RESHARD_SPREAD=%lld is not 0, 1 or 2", (long long)v);
@@ -103,6 +110,12 @@ static reshard_result_t apply_params(reshard_options_t *o) {
   if ((o->flags & RESHARD_FLAG_NO_SPREAD) && (o->flags & RESHARD_FLAG_SPREAD_ALWAYS))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags RESHARD_FLAG_NO_SPREAD and RESHARD_FLAG_SPREAD_ALWAYS "
                     "contradict each other");
+  if (o->timeout_ms < 1)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "options: timeout_ms %lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
+                    "which once meant none, are refused: a hung peer could not be told from a slow one); the default "
+                    "is 60000 (RESHARD_OPTIONS_INITIALIZER)",
+                    (long long)o->timeout_ms);
   if (o->staging_bytes < 4096)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
   return RESHARD_SUCCESS;

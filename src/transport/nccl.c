@@ -71,7 +71,8 @@ typedef struct rs_nccl {
  * no options: RESHARD_TIMEOUT_MS when set, else the options' default. */
 static int64_t comm_deadline(void) {
   int64_t ms = 60000;
-  rs_param_get(RS_PARAM_TIMEOUT_MS, &ms);
+  /* (a value below 1 is refused at plan creation; here it keeps the default) */
+  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &ms) && ms < 1) ms = 60000;
   return rs_deadline_after_ms(ms);
 }
 
