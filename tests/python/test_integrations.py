@@ -6,7 +6,7 @@ import pytest
 import reshard
 from reshard.integrations import named_tensors, sync_weights
 from conftest import run_ranks
-from frameworks import FakeModule, params_for, tiny_config, wrong_bytes
+from frameworks import FakeModule, FakeTensor, params_for, tiny_config, wrong_bytes
 
 
 def test_sync_weights_named_parameters(tmp_path):
@@ -57,6 +57,74 @@ def test_sync_weights_reports_missing_parameters(tmp_path):
                 sync_weights(plan, FakeModule(params), FakeModule(out), 0)
         return True
     assert run_ranks(1, fn) == [True]
+
+
+def test_sync_weights_follows_reallocated_parameters(tmp_path):
+    """Parameters reallocated between steps (issue 42, item 6: vLLM
+    sleep/wake or load_state_dict(assign=True) left 2,179,035 elements
+    stale with a clean status): a replaced tensor object and a tensor
+    whose storage moved under the same object are both written at the
+    next step, every byte checked; the old storage is left alone."""
+    cfg = tiny_config(tmp_path)
+
+    def fn(rank, comm):
+        src = reshard.models.megatron_layout(cfg, "tp=1")
+        dst = reshard.models.vllm_layout(cfg, "tp=1")
+        out = params_for(dst, 0)
+        infer = FakeModule(out)
+        with reshard.Plan(comm, src, dst) as plan:
+            sync_weights(plan, FakeModule(params_for(src, 0, step=0)), infer, 0)
+            assert wrong_bytes(dst, 0, out, 0) == 0
+            trainer = FakeModule(params_for(src, 0, step=1))
+            b1 = sync_weights(plan, trainer, infer, 1)
+            assert wrong_bytes(dst, 0, out, 1) == 0
+            # assign=True: new tensor objects under the same names
+            old = dict(out)
+            kept = {n: old[n].bytes.copy() for n in out}
+            for n in list(out)[::2]:
+                out[n] = FakeTensor(old[n].bytes.size)
+            trainer._p.update(params_for(src, 0, step=2))
+            b2 = sync_weights(plan, trainer, infer, 2)
+            assert b2 is not b1
+            assert wrong_bytes(dst, 0, out, 2) == 0
+            assert all((old[n].bytes == kept[n]).all() for n in list(out)[::2])
+            # the same objects, storage moved (sleep / wake)
+            moved = list(out)[1::2]
+            for n in moved:
+                out[n].bytes = np.full(out[n].bytes.size, 0xA5, np.uint8)
+            trainer._p.update(params_for(src, 0, step=3))
+            b3 = sync_weights(plan, trainer, infer, 3)
+            assert b3 is not b2
+            assert wrong_bytes(dst, 0, out, 3) == 0
+            # nothing moved: the cached binding
+            assert sync_weights(plan, trainer, infer, 4) is b3
+        return True
+    assert run_ranks(1, fn) == [True]
+
+
+def test_sync_weights_refuses_a_model_on_a_rank_the_layout_skips(tmp_path):
+    """vllm_layout without first_rank= on the inference side puts the
+    destination on the trainer's ranks: the real inference rank, given its
+    model, raises naming first_rank instead of succeeding with nothing
+    received (issue 42, item 6); the trainer rank is told it holds
+    destination buffers it did not pass."""
+    cfg = tiny_config(tmp_path)
+
+    def fn(rank, comm):
+        src = reshard.models.megatron_layout(cfg, "tp=1")
+        dst = reshard.models.vllm_layout(cfg, "tp=1")  # first_rank missing
+        with reshard.Plan(comm, src, dst) as plan:
+            if rank == 0:  # holds the destination it was not given
+                with pytest.raises(reshard.InvalidArgumentError,
+                                   match="rank 0 must pass 15 dst buffer"):
+                    sync_weights(plan, FakeModule(params_for(src, 0, step=0)),
+                                 None, 0)
+                return True
+            with pytest.raises(reshard.InvalidArgumentError,
+                               match="rank 1: an inference model.*first_rank"):
+                sync_weights(plan, None, FakeModule(params_for(dst, 0)), 0)
+            return True
+    assert run_ranks(2, fn) == [True, True]
 
 
 def test_named_tensors():
