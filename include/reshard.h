@@ -733,7 +733,11 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,
                                                void *const *src, size_t nsrc,
                                                void *const *dst, size_t ndst);
 
-void reshard_plan_destroy(reshard_plan_t *plan); /* NULL is a no-op */
+/* Frees the plan (NULL is a no-op). Executes of the plan still running on
+ * other threads are waited for (each ends by its deadline) before
+ * anything is freed; calling execute (or any other plan function) after
+ * destroy began, or concurrently with it, is a use after free. */
+void reshard_plan_destroy(reshard_plan_t *plan);
 
 /* ------------------------------------------------------------------ */
 /* Cost model and the physical limit                                   */

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "layout/layout.h"
 #include "reshard.h"
 #include "support/harness.h"
@@ -1525,6 +1526,63 @@ static void exec_dst_overlap(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* reshard_plan_destroy while another thread of the rank is inside an
+ * execute of the plan (issue 42, item 7: a use-after-free): destroy waits
+ * for the execute to return (here at its 400 ms deadline: the partner
+ * never executes), then frees. ASan (CI) reports the use-after-free
+ * without the wait. */
+typedef struct race_case {
+  const reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  reshard_result_t code;
+  int64_t returned_ns, destroyed_ns;
+} race_case;
+
+static void *race_execute(void *arg) {
+  race_case *c = arg;
+  float w[8] = {0};
+  void *src[1] = {w};
+  c->code = reshard_plan_execute(c->plan, src, 1, NULL, 0, NULL);
+  c->returned_ns = rs_now_ns();
+  return NULL;
+}
+
+static int race_rank(int rank, reshard_comm_t *comm, void *arg) {
+  race_case *c = arg;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 400;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
+  if (rank == 1) { /* the partner never executes */
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    reshard_plan_destroy(plan);
+    return 0;
+  }
+  c->plan = plan;
+  pthread_t th;
+  pthread_create(&th, NULL, race_execute, c);
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  reshard_plan_destroy(plan); /* the execute is inside: destroy waits */
+  c->destroyed_ns = rs_now_ns();
+  pthread_join(th, NULL);
+  return 0;
+}
+
+static void destroy_waits_for_execute(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  race_case c = {.src = src, .dst = dst};
+  assert_int_equal(th_run_ranks(2, race_rank, &c), 0);
+  assert_int_equal(c.code, RESHARD_ERROR_TIMEOUT);
+  assert_true(c.destroyed_ns >= c.returned_ns);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Regressions from review (each failed before its fix). */
 
 /* Fragments of different dtypes share element strides but not byte
@@ -1693,6 +1751,7 @@ int main(void) {
       cmocka_unit_test(exec_sized_buffers),
       cmocka_unit_test(exec_sized_counts),
       cmocka_unit_test(exec_dst_overlap),
+      cmocka_unit_test(destroy_waits_for_execute),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -702,14 +702,23 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
                                 void *const *src_buffers, size_t num_src, const size_t *src_bytes,
                                 void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
                                 reshard_result_t rejected) {
-  if (plan && plan->quant)
-    return rs_quant_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
-                            dst_bytes, stream, rejected);
-  if (plan && plan->spread)
-    return rs_spread_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
-                             dst_bytes, stream, rejected);
-  return rs_execute_call(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+  if (!plan) return rs_execute_call(plan, 0, 0, NULL, 0, NULL, NULL, 0, NULL, stream, rejected);
+  /* counted, so that a destroy on another thread waits for this call to
+   * return instead of freeing the plan under it */
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  reshard_result_t r;
+  if (plan->quant)
+    r = rs_quant_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
                          dst_bytes, stream, rejected);
+  else if (plan->spread)
+    r = rs_spread_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+                          dst_bytes, stream, rejected);
+  else
+    r = rs_execute_call(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
+                        dst_bytes, stream, rejected);
+  __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  return r;
 }
 
 reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,

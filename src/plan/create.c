@@ -1116,6 +1116,22 @@ fail:
 
 void reshard_plan_destroy(reshard_plan_t *p) {
   if (!p) return;
+  /* Executes still running on other threads (counted by execute) end by
+   * their deadline: wait for them, with a margin, rather than free the
+   * plan under them. One still inside past that is a bug elsewhere: the
+   * plan is then leaked, said on stderr, not freed under it. */
+  if (__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE)) {
+    const int64_t until = rs_deadline_after_ms(2 * p->opts.timeout_ms + 5000);
+    for (unsigned spin = 0; __atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE); spin++) {
+      if (rs_now_ns() > until) {
+        fprintf(stderr, "reshard: plan_destroy rank %d: %d execute(s) of the plan still running past their "
+                        "deadline; the plan is left allocated, not freed under them\n",
+                p->rank, __atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE));
+        return;
+      }
+      rs_nap(spin);
+    }
+  }
   if (p->device_free) p->device_free(p);
   rs_quant_free(p->quant);
   rs_spread_free(p->spread);

@@ -178,6 +178,9 @@ struct reshard_plan {
   uint64_t committed_version; /* of the latest successful execute */
   int active_copy;            /* double buffering: -1 before the first commit */
   int db_busy;                /* double buffering: an execute is running */
+  /* Executes inside the library now (atomic): reshard_plan_destroy waits
+   * for them to return (each ends by its deadline) before freeing. */
+  int in_use;
   /* The first failure: claimed by CAS on fail_claim, published by the
    * release store of fail_result (fail_msg is complete by then). */
   int fail_claim;

@@ -19,10 +19,25 @@
 #include "reshard_mpi.h"
 #include "transport/transport.h"
 
+/* A collective abandoned at its deadline: it cannot be cancelled, stays
+ * pending in MPI (its buffer with it) and may still complete when the
+ * late ranks arrive. */
+typedef struct rs_mpi_abandoned {
+  MPI_Request req;
+  uint64_t *buf;
+} rs_mpi_abandoned;
+
 typedef struct rs_mpi_comm {
   MPI_Comm comm;
   int tag_ub;
   int datatypes; /* send and receive strided boxes in place */
+  /* Abandoned collectives (see mpi_allreduce): while one is pending the
+   * communicator refuses new ones (they would pair with it) and destroy
+   * keeps the duplicated communicator (freeing it under a pending
+   * collective crashes MPI's progress engine, at the next MPI call or at
+   * MPI_Finalize). */
+  rs_mpi_abandoned *abandoned;
+  int nabandoned;
 } rs_mpi_comm;
 
 struct rs_request {
@@ -234,10 +249,35 @@ static void mpi_cancel(reshard_comm_t *c, rs_request *r) {
   free(r);
 }
 
+/* Whether every abandoned collective has completed since (then their
+ * buffers are freed and the list emptied). */
+static int abandoned_done(rs_mpi_comm *m) {
+  for (int i = 0; i < m->nabandoned; i++) {
+    int flag = 0;
+    if (m->abandoned[i].req != MPI_REQUEST_NULL &&
+        (MPI_Test(&m->abandoned[i].req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag))
+      return 0;
+  }
+  for (int i = 0; i < m->nabandoned; i++) free(m->abandoned[i].buf);
+  free(m->abandoned);
+  m->abandoned = NULL;
+  m->nabandoned = 0;
+  return 1;
+}
+
 static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
                                       int n, int64_t deadline) {
   rs_mpi_comm *m = c->impl;
   MPI_Request req;
+  /* A collective abandoned earlier that has not completed would pair with
+   * this one (collectives match in order): its ranks would read each
+   * other's stale votes. Refused instead; a new communicator is clean. */
+  if (m->nabandoned && !abandoned_done(m))
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "rank %d: an earlier plan agreement on this communicator timed out and is still pending in "
+                    "MPI; a new one would pair with it. Destroy this communicator and create a new one "
+                    "(reshard_comm_create_mpi)",
+                    c->rank);
   /* The reduction runs in a heap buffer of its own: after a timeout the
    * collective stays pending and may still complete (when the late ranks
    * arrive), so the buffer it writes must outlive this call. It is then
@@ -259,11 +299,20 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
       free(buf);
       return RESHARD_SUCCESS;
     }
-    if (spin > 64 && rs_now_ns() > deadline)
-      /* A collective cannot be cancelled: the communicator is unusable
+    if (spin > 64 && rs_now_ns() > deadline) {
+      /* A collective cannot be cancelled: it stays pending (recorded, so
+       * that later collectives are refused and destroy keeps the
+       * communicator), and the communicator is unusable for agreements
        * from here on, which the error says. */
+      rs_mpi_abandoned *a = realloc(m->abandoned, (size_t)(m->nabandoned + 1) * sizeof *a);
+      if (a) {
+        m->abandoned = a;
+        a[m->nabandoned++] = (rs_mpi_abandoned){req, buf};
+      }
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement did not complete before the deadline "
-                      "(a rank is missing or stuck); this communicator cannot be used again", c->rank);
+                      "(a rank is missing or stuck); this communicator cannot be used again: destroy it and "
+                      "create a new one", c->rank);
+    }
     rs_nap(spin);
   }
 }
@@ -273,6 +322,16 @@ static void mpi_destroy(reshard_comm_t *c) {
   if (!m) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
+  /* With an abandoned collective still pending the duplicate is kept
+   * (with its requests and buffers) until MPI_Finalize: freeing it makes
+   * MPI's progress engine touch the freed communicator (a crash at the
+   * next MPI call). The leak is one communicator per timed-out
+   * agreement. */
+  if (!finalized && !abandoned_done(m)) {
+    free(m);
+    c->impl = NULL;
+    return;
+  }
   if (!finalized) MPI_Comm_free(&m->comm);
   free(m);
   c->impl = NULL;

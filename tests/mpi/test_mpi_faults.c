@@ -4,6 +4,7 @@
  *   mpirun -np 4 ./test_mpi_faults stop      a rank is SIGSTOPped
  *   mpirun -np 4 ./test_mpi_faults exit      a rank _exit()s mid-transfer
  *   mpirun -np 4 ./test_mpi_faults mismatch  a rank passes another layout
+ *   mpirun -np 4 ./test_mpi_faults late      a rank is late to plan creation
  *
  * Every rank that is expected to report prints exactly one line
  * "PASS rank R: ..." (with the measured return time) or "FAIL rank R: ...".
@@ -287,6 +288,61 @@ static int run_mismatch(reshard_comm_t *comm) {
   return bad;
 }
 
+/* ---------------------------------------------------------------- late */
+
+/* The README's recovery after a TIMEOUT on MPI, as written (issue 42,
+ * item 2): the last rank comes to plan creation 500 ms late while the
+ * deadline is 200 ms. Every rank's creation fails (TIMEOUT, or REMOTE /
+ * MISMATCH from what a late rank finds), within the deadline + grace; each
+ * destroys its communicator, creates a new one, plans and syncs again
+ * (every byte checked), and the job finalizes and exits 0. Before the
+ * fix, destroy freed a duplicate communicator with a timed-out
+ * MPI_Iallreduce still pending, and MPI_Finalize crashed. */
+static int run_late(reshard_comm_t **comm) {
+  reshard_layout_t *src = grid_layout(0, 0), *dst = grid_layout(1, 0);
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  opts.staging_bytes = 4096;
+  opts.timeout_ms = 200;
+  if (world_rank == world_size - 1) {
+    struct timespec ts = {0, 500 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  reshard_plan_t *plan = NULL;
+  double t0 = now_ms();
+  reshard_result_t r = reshard_plan_create(*comm, src, dst, &opts, &plan);
+  double ms = now_ms() - t0;
+  int ok = r != RESHARD_SUCCESS && plan == NULL && ms <= 200 + GRACE_MS && reshard_last_error()[0] != '\0';
+  printf("%s rank %d: late rank: plan_create returned %s after %.0f ms: %s\n", ok ? "PASS" : "FAIL", world_rank,
+         reshard_result_string(r), ms, reshard_last_error());
+  fflush(stdout);
+  int bad = !ok;
+  reshard_plan_destroy(plan);
+  /* the recovery: a new communicator, a new plan */
+  reshard_comm_destroy(*comm);
+  *comm = NULL;
+  if (reshard_comm_create_mpi(MPI_COMM_WORLD, comm)) {
+    printf("FAIL rank %d: comm_create_mpi after the timeout: %s\n", world_rank, reshard_last_error());
+    return bad + 1;
+  }
+  plan = make_plan(*comm, src, dst);
+  reshard_selftest_t s, d;
+  if (reshard_selftest_alloc(&s, src, world_rank, 1) || reshard_selftest_alloc(&d, dst, world_rank, -1))
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  r = timed_execute(plan, &s, &d, &ms);
+  int64_t wrong = r == RESHARD_SUCCESS ? reshard_selftest_check(&d, dst, world_rank, 1, "after late") : -1;
+  ok = r == RESHARD_SUCCESS && wrong == 0;
+  printf("%s rank %d: sync on a new communicator: %s in %.0f ms, %lld wrong bytes\n", ok ? "PASS" : "FAIL",
+         world_rank, reshard_result_string(r), ms, (long long)wrong);
+  fflush(stdout);
+  bad += !ok;
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -309,8 +365,10 @@ int main(int argc, char **argv) {
     bad = run_exit(comm);
   } else if (!strcmp(mode, "mismatch")) {
     bad = run_mismatch(comm);
+  } else if (!strcmp(mode, "late")) {
+    bad = run_late(&comm);
   } else {
-    if (world_rank == 0) fprintf(stderr, "usage: test_mpi_faults stop|exit|mismatch\n");
+    if (world_rank == 0) fprintf(stderr, "usage: test_mpi_faults stop|exit|mismatch|late\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
     return 2;
   }
