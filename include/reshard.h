@@ -680,6 +680,21 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan,
                                             const reshard_buffer_t *dst,
                                             size_t num_dst, void *stream);
 
+/* For bindings that check their arguments before calling execute: this
+ * rank refuses its next execute call, with why (an error result; SUCCESS
+ * reads as RESHARD_ERROR_INVALID_ARGUMENT) and reason (the caller's
+ * message, naming what is wrong). The call takes its place as an execute
+ * whose arguments reshard refused would: nothing moves, and on host
+ * transports its partners fail at once with RESHARD_ERROR_REMOTE naming
+ * this rank and the reason, and the plan fails on every rank (with no
+ * partners and no double buffering it returns and the plan stays
+ * usable); on device transports the communicator is poisoned. version as
+ * for reshard_plan_execute_sized (0: the next plain call). Returns why. */
+reshard_result_t reshard_plan_execute_refused(const reshard_plan_t *plan,
+                                              uint64_t version,
+                                              reshard_result_t why,
+                                              const char *reason);
+
 /* What the executes of a plan did so far, on this rank. */
 typedef struct reshard_plan_status {
   uint32_t struct_size;     /* set by the caller: sizeof(reshard_plan_status_t) */

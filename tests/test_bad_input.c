@@ -1583,6 +1583,58 @@ static void destroy_waits_for_execute(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* reshard_plan_execute_refused: a binding's own refusal takes the call's
+ * turn; the partner fails at once with REMOTE naming the rank and the
+ * reason, nothing written, both plans failed. */
+typedef struct refused_case {
+  const reshard_layout_t *src, *dst;
+  reshard_result_t code[2];
+  char msg[2][MSG_LEN];
+  int untouched, failed[2];
+} refused_case;
+
+static int refused_rank(int rank, reshard_comm_t *comm, void *arg) {
+  refused_case *c = arg;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 20000;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
+  float w[8] = {1, 2, 3, 4, 5, 6, 7, 8}, got[8];
+  for (int i = 0; i < 8; i++) got[i] = -1;
+  void *src[1] = {w};
+  c->code[rank] = rank == 1 ? reshard_plan_execute_refused(plan, 3, RESHARD_ERROR_INVALID_ARGUMENT,
+                                                           "binding: dst buffer 'w' is read-only")
+                            : reshard_plan_execute_version(plan, 3, src, 1, NULL, 0, NULL);
+  snprintf(c->msg[rank], MSG_LEN, "%s", reshard_last_error());
+  if (rank == 1) {
+    c->untouched = 1;
+    for (int i = 0; i < 8; i++) c->untouched &= got[i] == -1;
+  }
+  reshard_plan_status_t st = {.struct_size = sizeof st};
+  reshard_plan_get_status(plan, &st);
+  c->failed[rank] = st.failed;
+  reshard_plan_destroy(plan);
+  return 0;
+}
+
+static void exec_refused_by_caller(void **state) {
+  (void)state;
+  reshard_layout_t *src = new_layout(), *dst = new_layout();
+  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
+  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  refused_case c = {.src = src, .dst = dst};
+  assert_int_equal(th_run_ranks(2, refused_rank, &c), 0);
+  assert_int_equal(c.code[1], RESHARD_ERROR_INVALID_ARGUMENT);
+  if (!has(c.msg[1], "read-only")) fail_msg("rank 1: %s", c.msg[1]);
+  assert_int_equal(c.code[0], RESHARD_ERROR_REMOTE);
+  if (!has(c.msg[0], "rank 1 rejected execute call 0") || !has(c.msg[0], "dst buffer 'w' is read-only"))
+    fail_msg("rank 0: %s", c.msg[0]);
+  assert_true(c.untouched);
+  assert_true(c.failed[0] && c.failed[1]);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 /* Regressions from review (each failed before its fix). */
 
 /* Fragments of different dtypes share element strides but not byte
@@ -1752,6 +1804,7 @@ int main(void) {
       cmocka_unit_test(exec_sized_counts),
       cmocka_unit_test(exec_dst_overlap),
       cmocka_unit_test(destroy_waits_for_execute),
+      cmocka_unit_test(exec_refused_by_caller),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

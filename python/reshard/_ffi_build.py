@@ -199,6 +199,10 @@ typedef struct {
 reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan,
     uint64_t version, const reshard_buffer_t *src, size_t num_src,
     const reshard_buffer_t *dst, size_t num_dst, void *stream);
+reshard_result_t reshard_plan_execute_refused(const reshard_plan_t *plan,
+                                              uint64_t version,
+                                              reshard_result_t why,
+                                              const char *reason);
 typedef struct {
   uint32_t struct_size;
   int failed;

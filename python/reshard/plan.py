@@ -395,24 +395,49 @@ class Plan(Node):
         cudaStream_t as int; None: torch's current stream when the buffers
         are torch tensors, else the legacy default stream. Collective over
         the ranks that exchange data with this one; on a host
-        communicator it returns when done, on a device one once enqueued."""
-        if isinstance(src_buffers, Bound):
-            if dst_buffers is not None:
-                raise InvalidArgumentError("execute(bound): dst_buffers must "
-                                           "be None (the Bound has both)")
-            b = src_buffers
-            if b.plan is not self:
-                raise InvalidArgumentError("execute: the Bound belongs to "
-                                           "another plan")
-        else:
-            b = self.bind(src_buffers, dst_buffers, _what="execute")
-        if version is not None and int(version) < 1:
-            raise InvalidArgumentError("execute: version %r: versions are >= 1"
-                                       % (version,))
+        communicator it returns when done, on a device one once enqueued.
+        A call refused here (its buffers, its version) still takes its
+        turn (reshard_plan_execute_refused): its partners fail at once
+        with RemoteError naming this rank and the reason, as for a call
+        the C library refuses, instead of waiting for their deadline."""
+        try:
+            if isinstance(src_buffers, Bound):
+                if dst_buffers is not None:
+                    raise InvalidArgumentError(
+                        "execute(bound): dst_buffers must be None (the Bound "
+                        "has both)")
+                b = src_buffers
+                if b.plan is not self:
+                    raise InvalidArgumentError("execute: the Bound belongs to "
+                                               "another plan")
+            else:
+                b = self.bind(src_buffers, dst_buffers, _what="execute")
+            if version is not None and int(version) < 1:
+                raise InvalidArgumentError("execute: version %r: versions are "
+                                           ">= 1" % (version,))
+        except InvalidArgumentError as e:
+            self.refuse(e, version)
+            raise
         s = _stream_pointer(stream, b.device, b)
         check(lib.reshard_plan_execute_sized(
             self.handle, 0 if version is None else int(version),
             b._src, b._nsrc, b._dst, b._ndst, s))
+
+    def refuse(self, reason, version=None):
+        """reshard_plan_execute_refused: this rank's execute call for
+        ``version`` refused with ``reason`` (a message or an exception):
+        the call takes its place, its partners fail with RemoteError
+        naming this rank and the reason. For a binding of your own that
+        found its arguments wrong (execute and sync_weights call it
+        themselves). Returns nothing; the caller raises its own error."""
+        v = 0
+        try:
+            v = int(version) if version is not None and int(version) >= 1 else 0
+        except (TypeError, ValueError):
+            pass
+        lib.reshard_plan_execute_refused(
+            self.handle, v, lib.RESHARD_ERROR_INVALID_ARGUMENT,
+            ffi.new("char[]", str(reason).encode("utf-8", "replace")))
 
     def register_buffers(self, src_buffers=None, dst_buffers=None):
         """reshard_plan_register_buffers (CUDA IPC: executes then read and

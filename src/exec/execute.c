@@ -776,6 +776,16 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
   return r;
 }
 
+reshard_result_t reshard_plan_execute_refused(const reshard_plan_t *plan, uint64_t version, reshard_result_t why,
+                                              const char *reason) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute_refused: plan is NULL");
+  if (why == RESHARD_SUCCESS) why = RESHARD_ERROR_INVALID_ARGUMENT;
+  reshard_result_t rejected =
+      rs_error(why, "%s", reason && *reason ? reason : "execute refused by the caller (no reason given)");
+  return execute(plan, version != 0, version, NULL, 0, NULL, NULL, 0, NULL, NULL, rejected);
+}
+
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const *src, size_t nsrc,
                                                void *const *dst, size_t ndst) {
   rs_error_clear();

@@ -146,6 +146,45 @@ def test_remote_error_names_the_refusing_rank():
     assert run_ranks(2, fn) == [True, True]
 
 
+PARTNER_CASES = [
+    ("wrong size", lambda s, d: ({"w": s[:1]}, {"w": d}), "bytes"),
+    ("name typo", lambda s, d: ({"W": s}, {"w": d}), "'W'"),
+    ("read-only dst", lambda s, d: ({"w": s}, {"w": np.frombuffer(d.tobytes(), np.float32)}), "read-only"),
+    ("bad version", None, "versions are >= 1"),
+]
+
+
+@pytest.mark.parametrize("case", PARTNER_CASES, ids=[c[0] for c in PARTNER_CASES])
+def test_binding_refusals_tell_the_partners(case):
+    """A call the binding refuses (issue 42, item 5) takes its turn like a
+    call C refuses: the partner fails at once with RemoteError naming the
+    refusing rank and its reason (not at its 20 s deadline, blaming the
+    wrong rank), nothing is written, and both plans are failed (a retry
+    cannot pair with the partner's next call)."""
+    import time
+    _, make, match = case
+    src, dst = simple(n=2, dst_pl=[reshard.Shard(1)])
+
+    def fn(rank, comm):
+        with reshard.Plan(comm, src, dst, timeout_ms=20000) as plan:
+            s = np.zeros((4, 4), np.float32)
+            d = np.full((8, 2), 7, np.float32)
+            t0 = time.monotonic()
+            if rank == 0:
+                with pytest.raises(reshard.RemoteError) as ei:
+                    plan.execute({"w": s}, {"w": d}, version=1)
+                assert "rank 1" in str(ei.value) and match in str(ei.value), ei.value
+            else:
+                sb, db = make(s, d) if make else ({"w": s}, {"w": d})
+                with pytest.raises(reshard.InvalidArgumentError, match=match):
+                    plan.execute(sb, db, version=0 if make is None else 1)
+            assert time.monotonic() - t0 < 10  # not the 20 s deadline
+            assert (d == 7).all()
+            assert plan.status().failed
+            return True
+    assert run_ranks(2, fn) == [True, True]
+
+
 def test_unsupported_register_on_host_transport():
     src, dst = simple()
 
@@ -319,13 +358,17 @@ def test_double_buffer_copies_must_not_overlap():
     src, dst = simple(dst_pl=[reshard.Replicate()])
 
     def fn(rank, comm):
+        s = np.ones((8, 4), np.float32)
+        d = np.zeros((8, 4), np.float32)
+        # a refused call of a double-buffered plan takes its turn and its
+        # commit, as in C: the plan is failed (every rank calls every
+        # execute of such a plan), nothing written
+        for dst_buffers, match in (({"w": (d, d)}, "overlap"), ({"w": d}, "pair")):
+            with reshard.Plan(comm, src, dst, double_buffer=True) as plan:
+                with pytest.raises(reshard.InvalidArgumentError, match=match):
+                    plan.execute({"w": s}, dst_buffers)
+                assert plan.status().failed and (d == 0).all()
         with reshard.Plan(comm, src, dst, double_buffer=True) as plan:
-            s = np.ones((8, 4), np.float32)
-            d = np.zeros((8, 4), np.float32)
-            with pytest.raises(reshard.InvalidArgumentError, match="overlap"):
-                plan.execute({"w": s}, {"w": (d, d)})
-            with pytest.raises(reshard.InvalidArgumentError, match="pair"):
-                plan.execute({"w": s}, {"w": d})
             d1 = np.zeros((8, 4), np.float32)
             plan.execute({"w": s}, {"w": (d, d1)})
             assert (d == 1).all() and (d1 == 0).all()

@@ -72,12 +72,14 @@ def sync_weights(plan, trainer_model, infer_model, step, stream=None,
     for model, side, what in ((trainer_model, "src", "a trainer"),
                               (infer_model, "dst", "an inference")):
         if model is not None and not plan.buffers(side):
-            raise InvalidArgumentError(
+            e = InvalidArgumentError(
                 "sync_weights, rank %d: %s model was given, but the plan's %s "
                 "layout gives this rank no buffers: is that layout built for "
                 "these ranks (first_rank=)?" % (
                     plan.rank, what,
                     "source" if side == "src" else "destination"))
+            plan.refuse(e, int(step) + 1)
+            raise e
     src = _pick(plan, "src", trainer_model, strip_prefix)
     dst = _pick(plan, "dst", infer_model, strip_prefix)
     where = [(n, _address(t)) for side in (src, dst) for n, t in side.items()]
@@ -86,7 +88,12 @@ def sync_weights(plan, trainer_model, infer_model, step, stream=None,
     cached = getattr(plan, "_sync_weights", None)
     if (cached is None or rebind or cached[0] is not trainer_model
             or cached[1] is not infer_model or cached[3] != where):
-        bound = plan.bind(src, dst)
+        try:
+            bound = plan.bind(src, dst)
+        except InvalidArgumentError as e:
+            # this step's execute is refused: its partners hear of it now
+            plan.refuse(e, int(step) + 1)
+            raise
         # the models are held with their binding (compared by identity),
         # and the addresses it was made with
         plan._sync_weights = (trainer_model, infer_model, bound, where)
