@@ -59,51 +59,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import types
 
-import numpy as np
+# the FSDP world's helpers (same folder): its watchdog, values from global
+# coordinates and tally, and its model with tied embeddings
+from fsdp_world import CONFIG as FSDP_CONFIG
+from fsdp_world import Tally, values, watchdog
 
 DEADLINE_S = 600
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 64, "intermediate_size": 14, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
-    "vocab_size": 203, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
-    "attention_bias": False, "mlp_bias": False,
-    "max_position_embeddings": 128,
-}
-
-
-def watchdog(seconds):
-    def kill():
-        time.sleep(seconds)
-        print("FAIL watchdog: the job ran past %d s" % seconds, flush=True)
-        os._exit(3)
-    threading.Thread(target=kill, daemon=True).start()
-
-
-def values(name, shape, step):
-    """A tensor's values from global coordinates, exact in bf16."""
-    import torch
-    seed = sum(map(ord, name)) * 31 + step * 7
-    n = int(np.prod(shape, dtype=np.int64))
-    v = ((torch.arange(n, dtype=torch.int64) * 13 + seed) % 251 - 125)
-    return (v.to(torch.float32) / 32).reshape(tuple(shape)).to(torch.bfloat16)
-
-
-class Tally:
-    def __init__(self, rank):
-        self.rank, self.ok, self.bad = rank, 0, 0
-
-    def check(self, cond, what):
-        if cond:
-            self.ok += 1
-        else:
-            self.bad += 1
-            print("FAIL rank %d: %s" % (self.rank, what), flush=True)
+CONFIG = dict(FSDP_CONFIG, tie_word_embeddings=True)
 
 
 def build(T, fsdp_size):
