@@ -75,7 +75,13 @@ typedef enum reshard_result {
   RESHARD_ERROR_UNSUPPORTED = 8,
   /* A bug in reshard: please report it with reshard_last_error(). */
   RESHARD_ERROR_INTERNAL = 9,
-  RESHARD_NUM_RESULTS = 10
+  /* RESHARD_FLAG_DOUBLE_BUFFER: this rank voted to commit the execute's
+   * version and could not learn before the deadline whether every rank
+   * did. Nothing flipped here; both copies are kept. The version is
+   * settled by reshard_plan_resolve or at the plan's next execute (see
+   * docs/RELIABILITY.md, "The commit protocol"). */
+  RESHARD_ERROR_IN_DOUBT = 10,
+  RESHARD_NUM_RESULTS = 11
 } reshard_result_t;
 
 /* A fixed string for each result, saying what to do next. Never NULL. */
@@ -708,6 +714,11 @@ typedef struct reshard_plan_status {
   /* RESHARD_FLAG_DOUBLE_BUFFER: the copy (0 or 1) holding the committed
    * version; -1 before the first commit and without the flag. */
   int active_copy;
+  /* RESHARD_FLAG_DOUBLE_BUFFER: the version this rank reported
+   * RESHARD_ERROR_IN_DOUBT for and has not settled yet (0: none), and the
+   * copy holding it on this rank (-1: none). */
+  uint64_t in_doubt_version;
+  int in_doubt_copy;
 } reshard_plan_status_t;
 
 /* Fills *status (status->struct_size must be set; fields past it are not
@@ -718,6 +729,26 @@ typedef struct reshard_plan_status {
  * ends its work (see reshard_nccl.h, Deadlines). */
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
                                          reshard_plan_status_t *status);
+
+/* Settles a version this rank reported RESHARD_ERROR_IN_DOUBT for (a
+ * double-buffered execute whose commit collective passed its deadline
+ * after this rank voted to commit; MPI only, where such a collective can
+ * still complete when the late ranks arrive). Waits up to timeout_ms (< 1:
+ * the plan's timeout) for the outcome every rank's vote decided:
+ *   - every rank voted to commit: the version commits here too (the copy
+ *     holding it becomes active, committed_version is it) and the plan
+ *     stays usable;
+ *   - a rank voted against: the version is dropped (the active copy is
+ *     unchanged) and the plan is failed with RESHARD_ERROR_REMOTE, as on
+ *     the ranks that failed.
+ * Returns RESHARD_SUCCESS once nothing is in doubt (also when nothing
+ * was), RESHARD_ERROR_IN_DOUBT if the outcome is still unknown at the
+ * deadline (call it again, or see docs/RELIABILITY.md for a rank that
+ * never arrives), RESHARD_ERROR_INVALID_USAGE while an execute of the
+ * plan runs. reshard_plan_get_status says which way it went. The next
+ * execute of the plan settles first by itself, within its deadline. Not
+ * collective: only the ranks in doubt call it. */
+reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms);
 
 /* Registers this rank's buffers for the plan's executes: src and dst as
  * execute takes them (one copy of each destination buffer; NULL where the

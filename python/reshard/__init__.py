@@ -17,7 +17,7 @@ from ._reshard_cffi import ffi as _ffi, lib as _lib
 from .errors import (Error, InvalidArgumentError, InvalidUsageError,
                      OutOfMemoryError, MismatchError, BackendError,
                      RemoteError, TimeoutError, UnsupportedError,
-                     InternalError)
+                     InternalError, InDoubtError)
 from .layout import Layout, Shard, Replicate, Part, Fragment, TensorInfo
 from .comm import Comm, InprocWorld
 from .plan import Plan, Bound, Stats, PeerStats, Status, Estimate, lower_bound
@@ -40,7 +40,7 @@ HAVE_CUDA = bool(_lib.RS_PY_HAVE_CUDA)
 __all__ = [
     "Error", "InvalidArgumentError", "InvalidUsageError", "OutOfMemoryError",
     "MismatchError", "BackendError", "RemoteError", "TimeoutError",
-    "UnsupportedError", "InternalError", "Layout", "Shard", "Replicate",
+    "UnsupportedError", "InternalError", "InDoubtError", "Layout", "Shard", "Replicate",
     "Part", "Fragment", "TensorInfo", "Comm", "InprocWorld", "Plan", "Bound",
     "Stats", "PeerStats", "Status", "Estimate", "lower_bound", "SelfTest",
     "dtypes", "models", "dtensor", "library_version", "HAVE_MPI", "HAVE_CUDA",

@@ -34,7 +34,8 @@ typedef enum {
   RESHARD_ERROR_TIMEOUT = 7,
   RESHARD_ERROR_UNSUPPORTED = 8,
   RESHARD_ERROR_INTERNAL = 9,
-  RESHARD_NUM_RESULTS = 10
+  RESHARD_ERROR_IN_DOUBT = 10,
+  RESHARD_NUM_RESULTS = 11
 } reshard_result_t;
 const char *reshard_result_string(reshard_result_t result);
 const char *reshard_last_error(void);
@@ -213,10 +214,13 @@ typedef struct {
   uint64_t executes_completed;
   uint64_t committed_version;
   int active_copy;
+  uint64_t in_doubt_version;
+  int in_doubt_copy;
   ...;
 } reshard_plan_status_t;
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
     reshard_plan_status_t *status);
+reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms);
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,
     void *const *src, size_t nsrc, void *const *dst, size_t ndst);
 void reshard_plan_destroy(reshard_plan_t *plan);

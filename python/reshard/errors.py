@@ -15,7 +15,7 @@ from ._reshard_cffi import ffi, lib
 __all__ = [
     "Error", "InvalidArgumentError", "InvalidUsageError", "OutOfMemoryError",
     "MismatchError", "BackendError", "RemoteError", "TimeoutError",
-    "UnsupportedError", "InternalError", "check",
+    "UnsupportedError", "InternalError", "InDoubtError", "check",
 ]
 
 
@@ -82,9 +82,19 @@ class InternalError(Error, RuntimeError):
     code = lib.RESHARD_ERROR_INTERNAL
 
 
+class InDoubtError(Error, RuntimeError):
+    """RESHARD_ERROR_IN_DOUBT: with double buffering, this rank voted to
+    commit and did not learn before the deadline whether every rank did
+    (MPI). Nothing flipped; ``Plan.resolve()`` (or the next execute)
+    settles the version from the same vote. See docs/RELIABILITY.md, "The
+    commit protocol"."""
+    code = lib.RESHARD_ERROR_IN_DOUBT
+
+
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgumentError, InvalidUsageError, OutOfMemoryError, MismatchError,
-    BackendError, RemoteError, TimeoutError, UnsupportedError, InternalError)}
+    BackendError, RemoteError, TimeoutError, UnsupportedError, InternalError,
+    InDoubtError)}
 
 
 def error_for(code, message=None):

@@ -83,6 +83,8 @@ class Status:
     executes_completed: int
     committed_version: int
     active_copy: int
+    in_doubt_version: int = 0
+    in_doubt_copy: int = -1
 
 
 @dataclass(frozen=True)
@@ -476,7 +478,20 @@ class Plan(Node):
             if s.failure_message != ffi.NULL else ""
         return Status(bool(s.failed), failure, int(s.failed_call),
                       int(s.failed_version), msg, int(s.executes_completed),
-                      int(s.committed_version), int(s.active_copy))
+                      int(s.committed_version), int(s.active_copy),
+                      int(s.in_doubt_version), int(s.in_doubt_copy))
+
+    def resolve(self, timeout_ms=None):
+        """reshard_plan_resolve: settles a version this rank reported
+        InDoubtError for, waiting up to ``timeout_ms`` (None: the plan's
+        timeout) for every rank's vote. Rolled forward, the plan goes on;
+        rolled back, the plan is failed as on the other ranks; ``status()``
+        says which. Raises InDoubtError if the vote has not come. A no-op
+        when nothing is in doubt. Not collective."""
+        t = 0 if timeout_ms is None else int(timeout_ms)
+        if timeout_ms is not None and t < 1:
+            raise InvalidArgumentError("resolve: timeout_ms must be >= 1 ms (None: the plan's)")
+        check(lib.reshard_plan_resolve(self.handle, t))
 
     def stats(self):
         """reshard_plan_get_stats: this rank's bytes, messages and peers."""

@@ -35,6 +35,9 @@ const char *reshard_result_string(reshard_result_t r) {
       return "unsupported: this build or version cannot serve the request";
     case RESHARD_ERROR_INTERNAL:
       return "internal error: please report it with reshard_last_error()";
+    case RESHARD_ERROR_IN_DOUBT:
+      return "in doubt: this rank voted to commit and did not learn before the deadline whether every rank did; "
+             "reshard_plan_resolve settles it";
     default:
       return "unknown result code";
   }

@@ -60,6 +60,23 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
                                    void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
                                    reshard_result_t rejected);
 
+/* ---- doubt.c ---- */
+
+/* A double-buffered call whose commit vote this rank cast for success
+ * and whose collective passed its deadline, still pending as `ticket`
+ * (rs_transport_ops.allreduce_late): records the version in doubt, held
+ * by `copy`. Caller holds db_busy. Returns RESHARD_ERROR_IN_DOUBT with
+ * the story. */
+reshard_result_t rs_plan_doubt(const reshard_plan_t *p, uint64_t ticket, uint64_t call, uint64_t version,
+                               int copy);
+
+/* Settles the version in doubt, if any, from its collective's result,
+ * waiting for it until the deadline: rolls forward (the plan stays
+ * usable) or back (the plan is failed, as on the other ranks); both are
+ * RESHARD_SUCCESS. RESHARD_ERROR_IN_DOUBT if the result has not come.
+ * Caller holds db_busy. */
+reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline);
+
 /* ---- state.c ---- */
 
 /* Results that leave the plan failed (messages in flight, partners out of

@@ -351,9 +351,13 @@ static const rs_sched_ops host_sched = {host_wait, host_run};
 /* Double buffering: every rank of the communicator says how its call
  * went, and the copies flip only if all succeeded with the same call and
  * version. The wait is one timeout past the transfer's deadline, so that
- * a rank that gave up at that deadline still arrives in time. */
+ * a rank that gave up at that deadline still arrives in time. A rank that
+ * voted success and whose collective then passed the deadline cannot
+ * know the outcome where the collective may still complete (MPI): it
+ * reports the version in doubt (doubt.c) instead of a failure. target:
+ * the copy this call wrote. */
 static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshard_result_t r, uint64_t call,
-                               uint64_t version) {
+                               uint64_t version, int target) {
   int64_t late = deadline;
   if (deadline != RS_NO_DEADLINE) {
     int64_t more = rs_deadline_after_ms(p->opts.timeout_ms) - rs_now_ns();
@@ -363,10 +367,23 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t v[RS_COMMIT_WORDS]; /* (the vote of both executors: kernels/rs_agree.h) */
   rs_commit_vote((uint64_t)r, version, call, v);
-  reshard_result_t rr = p->comm->ops->allreduce_max_u64(p->comm, v, RS_COMMIT_WORDS, late);
+  const rs_transport_ops *ops = p->comm->ops;
+  reshard_result_t rr = ops->allreduce_max_u64(p->comm, v, RS_COMMIT_WORDS, late);
   if (r != RESHARD_SUCCESS) {
     rs_error(r, "%s", msg); /* this rank's own failure is the story */
     return r;
+  }
+  if (rr == RESHARD_ERROR_TIMEOUT && ops->allreduce_late) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", reshard_last_error());
+    uint64_t ticket = 0;
+    int done = 0;
+    if (ops->allreduce_late(p->comm, &ticket, v, RS_COMMIT_WORDS, rs_now_ns(), &done) == RESHARD_SUCCESS) {
+      if (!done) return rs_plan_doubt(p, ticket, call, version, target);
+      rr = RESHARD_SUCCESS; /* completed meanwhile: v is the outcome */
+    } else {
+      rs_error(rr, "%s", why);
+    }
   }
   if (rr != RESHARD_SUCCESS) {
     rs_error_prefix("execute rank %d (double-buffer commit): ", p->rank);
@@ -424,7 +441,7 @@ static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_vers
     rs_plan_mark_failed(plan, call, version, why, full); /* the first failure stays */
   }
   r = rs_agree_end(agree, r, deadline);
-  if (dbuf) commit(plan, deadline, why, call, version);
+  if (dbuf) commit(plan, deadline, why, call, version, -1);
   return rs_error(why, "%s", full);
 }
 
@@ -520,7 +537,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     if (r != RESHARD_SUCCESS) cancel_all(&st);
   }
   r = rs_agree_end(st.agree, r, st.deadline);
-  if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version);
+  if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version, target);
   if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
   else rs_bulk_free(sblock);
   free(block);
@@ -698,6 +715,35 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
   return r;
 }
 
+/* A version this rank left in doubt is settled before the next call
+ * runs (within the call's deadline): rolled forward, the call goes on;
+ * rolled back, the plan failed like everywhere else and the call is
+ * refused; still unknown, the call is refused with
+ * RESHARD_ERROR_IN_DOUBT and the plan is failed (reshard_plan_resolve
+ * can still settle it). */
+static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_t rejected) {
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  if (__atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
+                    "executes of one plan must not overlap",
+                    plan->rank);
+  char own[640] = "";
+  if (rejected) snprintf(own, sizeof own, "%s", reshard_last_error());
+  reshard_result_t r = rs_plan_settle(plan, rs_deadline_after_ms(plan->opts.timeout_ms));
+  __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
+  if (r == RESHARD_ERROR_IN_DOUBT) {
+    char why[700];
+    snprintf(why, sizeof why, "%s", reshard_last_error());
+    rs_plan_mark_failed(plan, plan->doubt_call, __atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE), r, why);
+    return rs_error(r, "execute rank %d: refused: %s", plan->rank, why);
+  }
+  if (r != RESHARD_SUCCESS) return r;
+  if (rejected) rs_error(rejected, "%s", own); /* the caller's own rejection comes next */
+  else rs_error_clear();
+  return RESHARD_SUCCESS;
+}
+
 static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                 void *const *src_buffers, size_t num_src, const size_t *src_bytes,
                                 void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
@@ -708,7 +754,9 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
   reshard_result_t r;
-  if (plan->quant)
+  if (__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE) && (r = settle_first(plan, rejected)) != RESHARD_SUCCESS)
+    ; /* still in doubt, or settled by rolling back: nothing runs */
+  else if (plan->quant)
     r = rs_quant_execute(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
                          dst_bytes, stream, rejected);
   else if (plan->spread)

@@ -94,6 +94,8 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_pla
   s.executes_completed = __atomic_load_n(&plan->completed, __ATOMIC_ACQUIRE);
   s.committed_version = __atomic_load_n(&plan->committed_version, __ATOMIC_ACQUIRE);
   s.active_copy = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
+  s.in_doubt_version = __atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE);
+  s.in_doubt_copy = s.in_doubt_version ? plan->doubt_copy : -1;
   memcpy(out, &s, s.struct_size);
   return RESHARD_SUCCESS;
 }

@@ -863,6 +863,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     p->rank = comm->rank;
     p->size = comm->size;
     p->active_copy = -1;
+    p->doubt_copy = -1;
     local = read_options(options, &p->opts);
     if (!local) local = apply_params(&p->opts);
     p->opts.flags |= internal;

@@ -178,6 +178,12 @@ struct reshard_plan {
   uint64_t committed_version; /* of the latest successful execute */
   int active_copy;            /* double buffering: -1 before the first commit */
   int db_busy;                /* double buffering: an execute is running */
+  /* Double buffering: a version this rank voted to commit without
+   * learning the outcome (src/exec/doubt.c); 0: none. Written under
+   * db_busy; doubt_copy holds it here, doubt_ticket names the pending
+   * collective (rs_transport_ops.allreduce_late). */
+  uint64_t doubt_version, doubt_call, doubt_ticket;
+  int doubt_copy;
   /* Executes inside the library now (atomic): reshard_plan_destroy waits
    * for them to return (each ends by its deadline) before freeing. */
   int in_use;

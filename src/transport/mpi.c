@@ -21,10 +21,13 @@
 
 /* A collective abandoned at its deadline: it cannot be cancelled, stays
  * pending in MPI (its buffer with it) and may still complete when the
- * late ranks arrive. */
+ * late ranks arrive; its result is kept for allreduce_late (a commit in
+ * doubt reads it there). */
 typedef struct rs_mpi_abandoned {
-  MPI_Request req;
+  MPI_Request req; /* MPI_REQUEST_NULL once completed */
   uint64_t *buf;
+  int n;
+  uint64_t id; /* 1, 2, ... on this communicator */
 } rs_mpi_abandoned;
 
 typedef struct rs_mpi_comm {
@@ -35,7 +38,7 @@ typedef struct rs_mpi_comm {
    * communicator refuses new ones (they would pair with it) and destroy
    * keeps the duplicated communicator (freeing it under a pending
    * collective crashes MPI's progress engine, at the next MPI call or at
-   * MPI_Finalize). */
+   * MPI_Finalize). Entries and their results stay until destroy. */
   rs_mpi_abandoned *abandoned;
   int nabandoned;
 } rs_mpi_comm;
@@ -249,20 +252,71 @@ static void mpi_cancel(reshard_comm_t *c, rs_request *r) {
   free(r);
 }
 
-/* Whether every abandoned collective has completed since (then their
- * buffers are freed and the list emptied). */
+/* Every agreement reduces the same number of words: its n values padded
+ * with zeros, then n and ~n. Collectives match in call order, so a rank
+ * out of step (one that skipped an agreement, or one whose agreement
+ * timed out and is still pending) pairs agreements of different kinds:
+ * equal counts keep that well defined in MPI, and the trailer tells it. */
+#define RS_MPI_AGREE_WORDS (RS_AGREE_MAX_WORDS + 2)
+
+static reshard_result_t agree_result(const reshard_comm_t *c, const uint64_t *buf, uint64_t *vals, int n) {
+  if (buf[RS_AGREE_MAX_WORDS] != (uint64_t)n || ~buf[RS_AGREE_MAX_WORDS + 1] != (uint64_t)n)
+    return rs_error(RESHARD_ERROR_MISMATCH,
+                    "rank %d: this agreement (%d values) was paired with another kind on some rank (between %llu "
+                    "and %llu values): the ranks are out of step, e.g. a rank skipped a plan creation or execute, "
+                    "or an earlier agreement of a rank timed out and is still pending",
+                    c->rank, n, (unsigned long long)~buf[RS_AGREE_MAX_WORDS + 1],
+                    (unsigned long long)buf[RS_AGREE_MAX_WORDS]);
+  memcpy(vals, buf, (size_t)n * sizeof *vals);
+  return RESHARD_SUCCESS;
+}
+
+/* Whether every abandoned collective has completed since. */
 static int abandoned_done(rs_mpi_comm *m) {
+  int all = 1;
   for (int i = 0; i < m->nabandoned; i++) {
     int flag = 0;
     if (m->abandoned[i].req != MPI_REQUEST_NULL &&
         (MPI_Test(&m->abandoned[i].req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag))
-      return 0;
+      all = 0;
   }
+  return all;
+}
+
+static void abandoned_free(rs_mpi_comm *m) {
   for (int i = 0; i < m->nabandoned; i++) free(m->abandoned[i].buf);
   free(m->abandoned);
   m->abandoned = NULL;
   m->nabandoned = 0;
-  return 1;
+}
+
+static reshard_result_t mpi_allreduce_late(reshard_comm_t *c, uint64_t *ticket, uint64_t *vals, int n,
+                                           int64_t deadline, int *done) {
+  rs_mpi_comm *m = c->impl;
+  *done = 0;
+  rs_mpi_abandoned *a = NULL;
+  for (int i = 0; i < m->nabandoned; i++)
+    if (*ticket ? m->abandoned[i].id == *ticket : 1) a = &m->abandoned[i];
+  if (!a)
+    return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: no abandoned agreement %llu on this communicator", c->rank,
+                    (unsigned long long)*ticket);
+  *ticket = a->id;
+  if (n != a->n)
+    return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: abandoned agreement %llu has %d values, %d asked for", c->rank,
+                    (unsigned long long)a->id, a->n, n);
+  for (unsigned spin = 0;; spin++) {
+    int flag = 1;
+    if (a->req != MPI_REQUEST_NULL) {
+      int err = MPI_Test(&a->req, &flag, MPI_STATUS_IGNORE);
+      if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Test(abandoned allreduce)", c->rank, -1);
+    }
+    if (flag) {
+      *done = 1;
+      return agree_result(c, a->buf, vals, a->n);
+    }
+    if (rs_now_ns() > deadline) return RESHARD_SUCCESS;
+    rs_nap(spin);
+  }
 }
 
 static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
@@ -275,17 +329,22 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
   if (m->nabandoned && !abandoned_done(m))
     return rs_error(RESHARD_ERROR_INVALID_USAGE,
                     "rank %d: an earlier plan agreement on this communicator timed out and is still pending in "
-                    "MPI; a new one would pair with it. Destroy this communicator and create a new one "
-                    "(reshard_comm_create_mpi)",
+                    "MPI; a new one would pair with it. Settle a commit in doubt (reshard_plan_resolve), or "
+                    "destroy this communicator and create a new one (reshard_comm_create_mpi)",
                     c->rank);
   /* The reduction runs in a heap buffer of its own: after a timeout the
    * collective stays pending and may still complete (when the late ranks
-   * arrive), so the buffer it writes must outlive this call. It is then
-   * deliberately leaked. */
-  uint64_t *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof *buf);
+   * arrive), so the buffer it writes must outlive this call: it is then
+   * kept, with its result, until destroy. */
+  if (n < 0 || n > RS_AGREE_MAX_WORDS)
+    return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: agreement of %d words, at most %d", c->rank, n,
+                    RS_AGREE_MAX_WORDS);
+  uint64_t *buf = calloc(RS_MPI_AGREE_WORDS, sizeof *buf);
   if (!buf) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for plan agreement", c->rank);
   memcpy(buf, vals, (size_t)n * sizeof *buf);
-  int err = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_UINT64_T, MPI_MAX, m->comm, &req);
+  buf[RS_AGREE_MAX_WORDS] = (uint64_t)n;
+  buf[RS_AGREE_MAX_WORDS + 1] = ~(uint64_t)n;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, buf, RS_MPI_AGREE_WORDS, MPI_UINT64_T, MPI_MAX, m->comm, &req);
   if (err != MPI_SUCCESS) {
     free(buf);
     return mpi_fail(err, "MPI_Iallreduce", c->rank, -1);
@@ -295,23 +354,23 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
     err = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Test(allreduce)", c->rank, -1);
     if (flag) {
-      memcpy(vals, buf, (size_t)n * sizeof *buf);
+      reshard_result_t r = agree_result(c, buf, vals, n);
       free(buf);
-      return RESHARD_SUCCESS;
+      return r;
     }
     if (spin > 64 && rs_now_ns() > deadline) {
       /* A collective cannot be cancelled: it stays pending (recorded, so
-       * that later collectives are refused and destroy keeps the
-       * communicator), and the communicator is unusable for agreements
-       * from here on, which the error says. */
+       * that later collectives are refused until it completes and destroy
+       * keeps the communicator), which the error says. */
       rs_mpi_abandoned *a = realloc(m->abandoned, (size_t)(m->nabandoned + 1) * sizeof *a);
       if (a) {
         m->abandoned = a;
-        a[m->nabandoned++] = (rs_mpi_abandoned){req, buf};
+        a[m->nabandoned] = (rs_mpi_abandoned){req, buf, n, (uint64_t)m->nabandoned + 1};
+        m->nabandoned++;
       }
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement did not complete before the deadline "
-                      "(a rank is missing or stuck); this communicator cannot be used again: destroy it and "
-                      "create a new one", c->rank);
+                      "(a rank is missing or stuck); it stays pending in MPI and this communicator refuses new "
+                      "agreements until it completes: destroy it and create a new one", c->rank);
     }
     rs_nap(spin);
   }
@@ -333,6 +392,7 @@ static void mpi_destroy(reshard_comm_t *c) {
     return;
   }
   if (!finalized) MPI_Comm_free(&m->comm);
+  abandoned_free(m);
   free(m);
   c->impl = NULL;
 }
@@ -345,6 +405,7 @@ static const rs_transport_ops rs_mpi_ops = {
     .wait = mpi_wait,
     .cancel = mpi_cancel,
     .allreduce_max_u64 = mpi_allreduce,
+    .allreduce_late = mpi_allreduce_late,
     .destroy = mpi_destroy,
     .isend_boxes = mpi_isend_boxes,
     .irecv_boxes = mpi_irecv_boxes,

@@ -51,6 +51,17 @@ typedef struct rs_transport_ops {
                                         int n, int64_t deadline_ns);
   /* Frees the transport's state of this communicator. */
   void (*destroy)(reshard_comm_t *comm);
+  /* Optional. NULL where a collective that passed its deadline on one
+   * rank is over on every rank (the in-process world breaks its
+   * collectives, NCCL aborts its communicator): the rank that timed out
+   * then knows its values reached nobody. Set where such a collective
+   * stays pending and can still complete when the late ranks arrive
+   * (MPI): *ticket 0 names the newest allreduce this rank abandoned and
+   * is set to its number, a number names that one. Waits until it has
+   * completed (*done = 1, vals = its n reduced values) or the deadline
+   * passes (*done = 0). */
+  reshard_result_t (*allreduce_late)(reshard_comm_t *comm, uint64_t *ticket, uint64_t *vals, int n,
+                                     int64_t deadline_ns, int *done);
   /* Stream-ordered (device) transports only, NULL otherwise: execute goes
    * to stream_ops->execute instead of the host executor (see
    * src/device/device.h). Kept last so host transports need not name it. */

@@ -5,6 +5,7 @@
  *   mpirun -np 4 ./test_mpi_faults exit      a rank _exit()s mid-transfer
  *   mpirun -np 4 ./test_mpi_faults mismatch  a rank passes another layout
  *   mpirun -np 4 ./test_mpi_faults late      a rank is late to plan creation
+ *   mpirun -np 4 ./test_mpi_faults split     a rank is late to a commit
  *
  * Every rank that is expected to report prints exactly one line
  * "PASS rank R: ..." (with the measured return time) or "FAIL rank R: ...".
@@ -41,7 +42,9 @@
  *
  * mismatch: the last rank's destination splits the columns differently
  * (and, in a second case, its staging budget differs): plan creation must
- * return MISMATCH on every rank, with a message, and no plan. */
+ * return MISMATCH on every rank, with a message, and no plan.
+ *
+ * split: see run_split. */
 #include <errno.h>
 #include <mpi.h>
 #include <signal.h>
@@ -343,6 +346,168 @@ static int run_late(reshard_comm_t **comm) {
   return bad;
 }
 
+/* --------------------------------------------------------------- split */
+
+/* Executes version `v` of a double-buffered plan (copies d[0], d[1]). */
+static reshard_result_t db_execute(const reshard_plan_t *plan, reshard_selftest_t *s, reshard_selftest_t *d,
+                                   uint64_t v, double *ms) {
+  void *dp[128];
+  int nb = d[0].nbuf;
+  for (int b = 0; b < nb; b++) dp[b] = d[0].ptr[b], dp[nb + b] = d[1].ptr[b];
+  double t0 = now_ms();
+  reshard_result_t r =
+      reshard_plan_execute_version(plan, v, (void *const *)s->ptr, (size_t)s->nbuf, dp, (size_t)(2 * nb), NULL);
+  *ms = now_ms() - t0;
+  return r;
+}
+
+/* (get_status clears the last error: callers copy it first) */
+static reshard_plan_status_t status_of(const reshard_plan_t *plan) {
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_plan_get_status(plan, &st);
+  return st;
+}
+
+/* The state every rank must end in after a round: committed version
+ * `want` in copy `copy`, holding that version's values, on every rank
+ * (gathered: the split commit left ranks at different versions), and
+ * nothing in doubt. */
+static int check_settled(const char *what, const reshard_plan_t *plan, reshard_selftest_t *d,
+                         const reshard_layout_t *dst, uint64_t want, int copy) {
+  reshard_plan_status_t st = status_of(plan);
+  uint64_t mine[2] = {st.committed_version, (uint64_t)st.active_copy}, all[128];
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, MPI_COMM_WORLD);
+  int apart = 0;
+  for (int i = 0; i < world_size; i++) apart |= all[2 * i] != want || all[2 * i + 1] != (uint64_t)copy;
+  int64_t wrong = reshard_selftest_check(&d[copy], dst, world_rank, (int)want, what);
+  int ok = !apart && wrong == 0 && st.in_doubt_version == 0;
+  printf("%s rank %d: %s: every rank at committed version %llu in copy %d: %s; this rank's copy %d: %lld wrong "
+         "bytes; in doubt: %llu\n",
+         ok ? "PASS" : "FAIL", world_rank, what, (unsigned long long)want, copy, apart ? "no" : "yes", copy,
+         (long long)wrong, (unsigned long long)st.in_doubt_version);
+  fflush(stdout);
+  return !ok;
+}
+
+/* The split commit (issue 42, item 1). Source and destination layouts are
+ * identical, so no rank has a partner and only the commit's allreduce
+ * joins them; double buffering, timeout 300 ms. Version 1 commits
+ * everywhere. For version 2 the last rank is 1.5 s late: the others voted
+ * to commit and their commit collective passes its deadline (~600 ms).
+ * Before the fix they returned TIMEOUT at version 1 while the late rank,
+ * completing the same collective with their votes, committed version 2.
+ *
+ * Round A (roll forward): the others return IN_DOUBT (status: version 2
+ * in doubt in copy 1, version 1 still committed in copy 0); a resolve
+ * of 50 ms, before the late rank arrives, says IN_DOUBT again; the late
+ * rank returns SUCCESS at version 2; a resolve of 5 s on the others then
+ * commits version 2 in copy 1, as on the late rank. Version 3 then runs
+ * on the same plan and communicator everywhere.
+ *
+ * Round B (roll back): a new plan; version 1 commits; for version 2 the
+ * late rank arrives and refuses its call (its vote: a failure). The
+ * others, in doubt, learn the outcome at their next execute, without a
+ * resolve: version 2 was not committed, the plan is failed and the call
+ * refused, copy 0 still holds version 1 everywhere. mpirun exits 0 after a
+ * clean MPI_Finalize. */
+static int run_split(reshard_comm_t *comm) {
+  const int late = world_size - 1, me_late = world_rank == late;
+  reshard_layout_t *L = grid_layout(0, 0);
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  opts.timeout_ms = 300;
+  opts.flags |= RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_selftest_t s[3], d[2];
+  for (int k = 0; k < 3; k++)
+    if (reshard_selftest_alloc(&s[k], L, world_rank, k + 1)) MPI_Abort(MPI_COMM_WORLD, 2);
+  int bad = 0;
+  for (int round = 0; round < 2; round++) {
+    const char *name = round ? "round B (roll back)" : "round A (roll forward)";
+    if (reshard_selftest_alloc(&d[0], L, world_rank, -1) || reshard_selftest_alloc(&d[1], L, world_rank, -1))
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    reshard_plan_t *plan = NULL;
+    if (reshard_plan_create(comm, L, L, &opts, &plan)) {
+      printf("FAIL rank %d: %s: plan_create: %s\n", world_rank, name, reshard_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    double ms;
+    reshard_result_t r = db_execute(plan, &s[0], d, 1, &ms);
+    if (r) printf("FAIL rank %d: %s: version 1: %s\n", world_rank, name, reshard_last_error());
+    bad += r != 0;
+    bad += check_settled("version 1", plan, d, L, 1, 0);
+    if (me_late) {
+      struct timespec ts = {1, 500 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    if (round == 0) {
+      r = db_execute(plan, &s[1], d, 2, &ms);
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", reshard_last_error());
+      reshard_plan_status_t st = status_of(plan);
+      int ok = me_late ? r == RESHARD_SUCCESS && st.committed_version == 2 && st.active_copy == 1
+                       : r == RESHARD_ERROR_IN_DOUBT && ms <= 2 * 300 + GRACE_MS && st.committed_version == 1 &&
+                             st.active_copy == 0 && st.in_doubt_version == 2 && st.in_doubt_copy == 1 &&
+                             !st.failed && reshard_selftest_check(&d[0], L, world_rank, 1, "copy 0 in doubt") == 0 &&
+                             reshard_selftest_check(&d[1], L, world_rank, 2, "copy 1 in doubt") == 0;
+      printf("%s rank %d: %s: version 2 returned %s after %.0f ms (committed %llu in copy %d, in doubt %llu in copy "
+             "%d): %s\n",
+             ok ? "PASS" : "FAIL", world_rank, name, reshard_result_string(r), ms,
+             (unsigned long long)st.committed_version, st.active_copy, (unsigned long long)st.in_doubt_version,
+             st.in_doubt_copy, msg);
+      bad += !ok;
+      if (!me_late) {
+        r = reshard_plan_resolve(plan, 50);
+        ok = r == RESHARD_ERROR_IN_DOUBT && strstr(reshard_last_error(), "still in doubt");
+        printf("%s rank %d: %s: resolve before the late rank voted: %s: %s\n", ok ? "PASS" : "FAIL", world_rank,
+               name, reshard_result_string(r), reshard_last_error());
+        bad += !ok;
+        double t0 = now_ms();
+        r = reshard_plan_resolve(plan, 5000);
+        printf("%s rank %d: %s: resolve after %.0f ms: %s\n", r ? "FAIL" : "PASS", world_rank, name, now_ms() - t0,
+               reshard_result_string(r));
+        bad += r != 0;
+      }
+      fflush(stdout);
+      bad += check_settled("version 2 settled", plan, d, L, 2, 1);
+      if (guarded_barrier(5000, 0)) MPI_Abort(MPI_COMM_WORLD, 3);
+      r = db_execute(plan, &s[2], d, 3, &ms);
+      if (r) printf("FAIL rank %d: %s: version 3: %s\n", world_rank, name, reshard_last_error());
+      bad += r != 0;
+      bad += check_settled("version 3 on the same plan", plan, d, L, 3, 0);
+    } else {
+      if (me_late) {
+        r = reshard_plan_execute_refused(plan, 2, RESHARD_ERROR_INVALID_ARGUMENT, "the late rank refuses version 2");
+      } else {
+        r = db_execute(plan, &s[1], d, 2, &ms);
+      }
+      int ok = me_late ? r == RESHARD_ERROR_INVALID_ARGUMENT : r == RESHARD_ERROR_IN_DOUBT;
+      printf("%s rank %d: %s: version 2 returned %s: %s\n", ok ? "PASS" : "FAIL", world_rank, name,
+             reshard_result_string(r), reshard_last_error());
+      bad += !ok;
+      fflush(stdout);
+      if (guarded_barrier(5000, 0)) MPI_Abort(MPI_COMM_WORLD, 3);
+      r = db_execute(plan, &s[2], d, 3, &ms);
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", reshard_last_error());
+      reshard_plan_status_t st = status_of(plan);
+      ok = r == RESHARD_ERROR_INVALID_USAGE && st.failed && ms <= 300 + GRACE_MS &&
+           (me_late || strstr(msg, "in doubt here, was not committed"));
+      printf("%s rank %d: %s: version 3 returned %s after %.0f ms: %s\n", ok ? "PASS" : "FAIL", world_rank, name,
+             reshard_result_string(r), ms, msg);
+      fflush(stdout);
+      bad += !ok;
+      bad += check_settled("version 2 rolled back", plan, d, L, 1, 0);
+    }
+    reshard_plan_destroy(plan);
+    reshard_selftest_free(&d[0]);
+    reshard_selftest_free(&d[1]);
+  }
+  for (int k = 0; k < 3; k++) reshard_selftest_free(&s[k]);
+  reshard_layout_destroy(L);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -367,8 +532,10 @@ int main(int argc, char **argv) {
     bad = run_mismatch(comm);
   } else if (!strcmp(mode, "late")) {
     bad = run_late(&comm);
+  } else if (!strcmp(mode, "split")) {
+    bad = run_split(comm);
   } else {
-    if (world_rank == 0) fprintf(stderr, "usage: test_mpi_faults stop|exit|mismatch|late\n");
+    if (world_rank == 0) fprintf(stderr, "usage: test_mpi_faults stop|exit|mismatch|late|split\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
     return 2;
   }

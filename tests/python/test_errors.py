@@ -32,6 +32,7 @@ def test_result_codes_map_to_classes():
         lib.RESHARD_ERROR_TIMEOUT: (reshard.TimeoutError, TimeoutError),
         lib.RESHARD_ERROR_UNSUPPORTED: (reshard.UnsupportedError, NotImplementedError),
         lib.RESHARD_ERROR_INTERNAL: (reshard.InternalError, RuntimeError),
+        lib.RESHARD_ERROR_IN_DOUBT: (reshard.InDoubtError, RuntimeError),
     }
     assert len(want) == lib.RESHARD_NUM_RESULTS - 1
     for code, (cls, builtin) in want.items():
@@ -372,7 +373,15 @@ def test_double_buffer_copies_must_not_overlap():
             d1 = np.zeros((8, 4), np.float32)
             plan.execute({"w": s}, {"w": (d, d1)})
             assert (d == 1).all() and (d1 == 0).all()
-            assert plan.status().active_copy == 0
+            st = plan.status()
+            assert st.active_copy == 0 and st.in_doubt_version == 0 and st.in_doubt_copy == -1
+            # nothing in doubt: resolve is a no-op (the in-doubt path needs
+            # MPI: tests/mpi/test_mpi_faults.c split, and test_mpi_python)
+            plan.resolve()
+            plan.resolve(timeout_ms=5)
+            with pytest.raises(reshard.InvalidArgumentError, match="timeout_ms"):
+                plan.resolve(timeout_ms=0)
+            assert plan.status().committed_version == 1
             return True
     assert run_ranks(1, fn) == [True]
 

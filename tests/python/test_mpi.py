@@ -59,3 +59,19 @@ def test_readme_python_snippet(tmp_path):
     rc, out = mpirun(8, str(script))
     assert rc == 0, out
     assert "Stats(rank=0" in out and "committed_version=10" in out, out
+
+
+def test_commit_in_doubt_settles_as_the_readme_says():
+    """Issue 42, item 1: a rank late to a double-buffered commit; the
+    others raise InDoubtError and follow the README's advice (the block
+    between the script's markers, which the README must hold verbatim),
+    every rank ending at one version."""
+    script = open(os.path.join(ROOT, "tests/python/mpi_in_doubt.py")).read()
+    block = script.split("# --- the README's recovery advice, as written there ---\n")[1]
+    block = block.split("# ----")[0]
+    assert "except reshard.InDoubtError:" in block
+    # (the README shows it inside a list item: indented by two spaces)
+    indented = "".join("  " + line for line in block.splitlines(True))
+    assert indented in open(os.path.join(ROOT, "README.md")).read(), block
+    rc, out = mpirun(3, "tests/python/mpi_in_doubt.py", timeout=120)
+    assert rc == 0 and out.count(": OK: in doubt then settled") == 3, out

@@ -1,0 +1,77 @@
+"""The double-buffer commit in doubt, from Python over MPI (run by
+tests/python/test_mpi.py: mpirun -np 3 python tests/python/mpi_in_doubt.py).
+
+Source and destination layouts are the same, so no rank has a partner and
+only the commit's allreduce joins them; timeout 300 ms. Version 1 commits.
+For version 2 the last rank is 1.5 s late: the others voted to commit and
+their commit collective passes its deadline, so they raise
+reshard.InDoubtError (nothing flipped, status().in_doubt_version == 2). They
+then follow the README's recovery advice as written there (test_mpi.py checks
+that the README holds the block between the markers): ``plan.resolve()``,
+and go on with the same plan. Every rank must end at version 3 in the same copy,
+every element checked against the values of its version.
+"""
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import reshard
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+late = size - 1
+N = 16 * size
+
+
+def values(version):
+    """Version v of the weight: a function of the global index."""
+    return (np.arange(N * 8, dtype=np.float32).reshape(N, 8) + 1000.0 * version)
+
+
+def fail(msg):
+    print("FAIL rank %d: %s" % (rank, msg), flush=True)
+    world.Abort(1)
+
+
+L = reshard.Layout()
+t = L.add_tensor("w", "f32", (N, 8))
+m = L.add_mesh((size,))
+L.place(t, m, [reshard.Shard(0)])
+rows = slice(rank * 16, rank * 16 + 16)
+comm = reshard.Comm.mpi(world)
+plan = reshard.Plan(comm, L, L, timeout_ms=300, double_buffer=True)
+copies = (np.full((16, 8), -1.0, np.float32), np.full((16, 8), -1.0, np.float32))
+
+
+def sync(version):
+    plan.execute({"w": np.ascontiguousarray(values(version)[rows])}, {"w": copies}, version=version)
+
+
+sync(1)
+if rank == late:
+    time.sleep(1.5)
+# --- the README's recovery advice, as written there ---
+try:
+    sync(2)
+except reshard.InDoubtError:
+    plan.resolve(timeout_ms=60000)  # the late ranks' votes decide: forward or back
+# ------------------------------------------------------
+st = plan.status()
+if rank != late and st.executes_completed != 2:
+    fail("version 2 was not settled forward: %s" % (st,))
+sync(3)
+st = plan.status()
+active = copies[st.active_copy]
+if st.committed_version != 3 or st.in_doubt_version != 0 or not (active == values(3)[rows]).all():
+    fail("after version 3: %s" % (st,))
+if not (copies[1 - st.active_copy] == values(2)[rows]).all():
+    fail("the inactive copy does not hold version 2")
+every = world.allgather((st.committed_version, st.active_copy))
+if len(set(every)) != 1:
+    fail("ranks ended apart: %s" % (every,))
+plan.close()
+comm.close()
+print("rank %d: OK: in doubt then settled, every rank at version 3 in copy %d" % (rank, st.active_copy), flush=True)
+sys.exit(0)
