@@ -24,14 +24,28 @@
 
 static reshard_plan_t *mut(const reshard_plan_t *p) { return (reshard_plan_t *)p; }
 
-/* What copy `copy` and the active one hold, for messages. */
+/* What the active copy holds, for messages. */
 static void copies_say(const reshard_plan_t *p, char *out, size_t n) {
   const int active = __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE);
   if (active < 0)
     snprintf(out, n, "no version was committed before");
   else
-    snprintf(out, n, "copy %d holds committed version %llu", active,
+    snprintf(out, n, "copy %d still holds version %llu", active,
              (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
+}
+
+reshard_result_t rs_commit_refusal(const reshard_plan_t *p, const uint64_t *v, uint64_t call, uint64_t version,
+                                   int outcome, const char *lead) {
+  char held[96];
+  copies_say(p, held, sizeof held);
+  if (outcome == RS_COMMIT_FAILED)
+    return rs_error(RESHARD_ERROR_REMOTE, "%s: another rank failed execute call %llu with '%s'; nothing committed, %s",
+                    lead, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]), held);
+  return rs_error(RESHARD_ERROR_MISMATCH,
+                  "%s: ranks are at different executes: this rank call %llu version %llu, others up to call %llu "
+                  "version %llu, from call %llu version %llu",
+                  lead, (unsigned long long)call, (unsigned long long)version, (unsigned long long)v[3],
+                  (unsigned long long)v[1], (unsigned long long)~v[4], (unsigned long long)~v[2]);
 }
 
 reshard_result_t rs_plan_doubt(const reshard_plan_t *p, uint64_t ticket, uint64_t call, uint64_t version,
@@ -84,19 +98,10 @@ reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline) {
     return RESHARD_SUCCESS;
   }
   m->doubt_copy = -1;
-  reshard_result_t why;
-  if (outcome == RS_COMMIT_FAILED)
-    why = rs_error(RESHARD_ERROR_REMOTE,
-                   "execute rank %d: version %llu (call %llu), in doubt here, was not committed: another rank failed "
-                   "it with '%s'; %s",
-                   p->rank, (unsigned long long)version, (unsigned long long)call,
-                   reshard_result_string((reshard_result_t)v[0]), held);
-  else
-    why = rs_error(RESHARD_ERROR_MISMATCH,
-                   "execute rank %d: version %llu (call %llu), in doubt here, was not committed: ranks were at "
-                   "different executes (others up to call %llu version %llu); %s",
-                   p->rank, (unsigned long long)version, (unsigned long long)call, (unsigned long long)v[3],
-                   (unsigned long long)v[1], held);
+  char lead[128];
+  snprintf(lead, sizeof lead, "execute rank %d: version %llu (call %llu), in doubt here, was not committed", p->rank,
+           (unsigned long long)version, (unsigned long long)call);
+  reshard_result_t why = rs_commit_refusal(p, v, call, version, outcome, lead);
   rs_plan_mark_failed(p, call, version, why, reshard_last_error());
   return RESHARD_SUCCESS;
 }

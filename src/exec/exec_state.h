@@ -62,6 +62,13 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
 
 /* ---- doubt.c ---- */
 
+/* The error of a commit whose reduced vote v did not commit `version`
+ * at `call` (outcome RS_COMMIT_FAILED: REMOTE; RS_COMMIT_APART:
+ * MISMATCH), saying what the active copy still holds; `lead` starts the
+ * message. For the commit and for a version settled back. */
+reshard_result_t rs_commit_refusal(const reshard_plan_t *p, const uint64_t *v, uint64_t call, uint64_t version,
+                                   int outcome, const char *lead);
+
 /* A double-buffered call whose commit vote this rank cast for success
  * and whose collective passed its deadline, still pending as `ticket`
  * (rs_transport_ops.allreduce_late): records the version in doubt, held

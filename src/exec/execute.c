@@ -390,23 +390,12 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
     return rr;
   }
   const int outcome = rs_commit_outcome(v, version, call);
-  if (outcome == RS_COMMIT_FAILED) {
-    const int active = __atomic_load_n(&p->active_copy, __ATOMIC_ACQUIRE);
-    char held[96];
-    if (active < 0) snprintf(held, sizeof held, "no version was committed before");
-    else
-      snprintf(held, sizeof held, "copy %d still holds version %llu", active,
-               (unsigned long long)__atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE));
-    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: another rank failed execute call %llu with '%s'; nothing "
-                    "committed, %s",
-                    p->rank, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]), held);
+  if (outcome != RS_COMMIT_OK) {
+    char lead[64];
+    snprintf(lead, sizeof lead, outcome == RS_COMMIT_FAILED ? "execute rank %d" : "execute rank %d (double-buffer commit)",
+             p->rank);
+    return rs_commit_refusal(p, v, call, version, outcome, lead);
   }
-  if (outcome == RS_COMMIT_APART)
-    return rs_error(RESHARD_ERROR_MISMATCH,
-                    "execute rank %d (double-buffer commit): ranks are at different executes: this rank call %llu "
-                    "version %llu, others up to call %llu version %llu, from call %llu version %llu",
-                    p->rank, (unsigned long long)call, (unsigned long long)version, (unsigned long long)v[3],
-                    (unsigned long long)v[1], (unsigned long long)~v[4], (unsigned long long)~v[2]);
   return RESHARD_SUCCESS;
 }
 
@@ -648,6 +637,16 @@ static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_
   return RESHARD_SUCCESS;
 }
 
+/* A double-buffered plan runs one call at a time (the inactive copy is
+ * the call's): takes the plan's db_busy flag, or refuses. */
+static reshard_result_t db_take(const reshard_plan_t *plan) {
+  if (!__atomic_exchange_n(&((reshard_plan_t *)plan)->db_busy, 1, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
+                    "executes of one plan must not overlap",
+                    plan->rank);
+}
+
 /* rejected: an error the caller already found (and set), or SUCCESS for
  * execute to check the arguments itself. */
 reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
@@ -660,11 +659,7 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
   const rs_stream_ops *dev = plan->comm->ops->stream_ops;
   const int dbuf = !dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan;
-  if (dbuf && __atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
-    return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
-                    "executes of one plan must not overlap",
-                    plan->rank);
+  if (dbuf) RS_CHECK(db_take(plan));
   uint64_t call = 0, version = 0;
   reshard_result_t r =
       rejected ? rejected
@@ -723,11 +718,7 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
  * can still settle it). */
 static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_t rejected) {
   reshard_plan_t *mut = (reshard_plan_t *)plan;
-  if (__atomic_exchange_n(&mut->db_busy, 1, __ATOMIC_ACQUIRE))
-    return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
-                    "executes of one plan must not overlap",
-                    plan->rank);
+  RS_CHECK(db_take(plan));
   char own[640] = "";
   if (rejected) snprintf(own, sizeof own, "%s", reshard_last_error());
   reshard_result_t r = rs_plan_settle(plan, rs_deadline_after_ms(plan->opts.timeout_ms));

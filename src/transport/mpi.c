@@ -27,7 +27,6 @@ typedef struct rs_mpi_abandoned {
   MPI_Request req; /* MPI_REQUEST_NULL once completed */
   uint64_t *buf;
   int n;
-  uint64_t id; /* 1, 2, ... on this communicator */
 } rs_mpi_abandoned;
 
 typedef struct rs_mpi_comm {
@@ -38,7 +37,8 @@ typedef struct rs_mpi_comm {
    * communicator refuses new ones (they would pair with it) and destroy
    * keeps the duplicated communicator (freeing it under a pending
    * collective crashes MPI's progress engine, at the next MPI call or at
-   * MPI_Finalize). Entries and their results stay until destroy. */
+   * MPI_Finalize). Entries and their results stay until destroy, so an
+   * entry's number (its index + 1) names it for allreduce_late. */
   rs_mpi_abandoned *abandoned;
   int nabandoned;
 } rs_mpi_comm;
@@ -294,16 +294,15 @@ static reshard_result_t mpi_allreduce_late(reshard_comm_t *c, uint64_t *ticket, 
                                            int64_t deadline, int *done) {
   rs_mpi_comm *m = c->impl;
   *done = 0;
-  rs_mpi_abandoned *a = NULL;
-  for (int i = 0; i < m->nabandoned; i++)
-    if (*ticket ? m->abandoned[i].id == *ticket : 1) a = &m->abandoned[i];
-  if (!a)
+  const uint64_t k = *ticket ? *ticket : (uint64_t)m->nabandoned;
+  if (k < 1 || k > (uint64_t)m->nabandoned)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: no abandoned agreement %llu on this communicator", c->rank,
-                    (unsigned long long)*ticket);
-  *ticket = a->id;
+                    (unsigned long long)k);
+  *ticket = k;
+  rs_mpi_abandoned *a = &m->abandoned[k - 1];
   if (n != a->n)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: abandoned agreement %llu has %d values, %d asked for", c->rank,
-                    (unsigned long long)a->id, a->n, n);
+                    (unsigned long long)k, a->n, n);
   for (unsigned spin = 0;; spin++) {
     int flag = 1;
     if (a->req != MPI_REQUEST_NULL) {
@@ -365,8 +364,7 @@ static reshard_result_t mpi_allreduce(reshard_comm_t *c, uint64_t *vals,
       rs_mpi_abandoned *a = realloc(m->abandoned, (size_t)(m->nabandoned + 1) * sizeof *a);
       if (a) {
         m->abandoned = a;
-        a[m->nabandoned] = (rs_mpi_abandoned){req, buf, n, (uint64_t)m->nabandoned + 1};
-        m->nabandoned++;
+        a[m->nabandoned++] = (rs_mpi_abandoned){req, buf, n};
       }
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: plan agreement did not complete before the deadline "
                       "(a rank is missing or stuck); it stays pending in MPI and this communicator refuses new "
