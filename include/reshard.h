@@ -169,8 +169,7 @@ reshard_result_t reshard_layout_add_tensor(reshard_layout_t *layout,
  * them); a block split across source ranks is first gathered, in the
  * source dtype, to the rank that holds most of it (only blocks some
  * destination rank needs). Each source rank keeps a scratch of its codes
- * and scales, so concurrent executes of such a plan run one after
- * another. On device transports (NCCL, CUDA IPC) the scratch is device
+ * and scales. On device transports (NCCL, CUDA IPC) the scratch is device
  * memory and a kernel quantizes at the start of each execute, in stream
  * order on the caller's stream; reshard_plan_register_buffers (CUDA IPC)
  * registers the scratch along with the caller's buffers.
@@ -546,8 +545,7 @@ typedef struct reshard_options {
  * becomes active and the committed version advances only if every rank
  * succeeded. After any failure the active copy still holds the previously
  * committed version, untouched. Every rank of the communicator must call
- * each execute (ranks without traffic too), and executes of one plan must
- * not run concurrently (the second one gets RESHARD_ERROR_INVALID_USAGE).
+ * each execute (ranks without traffic too).
  * On device transports the commit is stream-ordered: the copy to write is
  * chosen on the GPU, and after the call's last write every rank's verdict
  * is max-reduced on the GPU (8 bytes) and the copies flip there;
@@ -627,10 +625,13 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
  * never written. Destination buffers (and, with RESHARD_FLAG_DOUBLE_BUFFER,
  * their copies) must not share memory, each taken as large as the layout
  * makes it on this rank: such a call is refused (RESHARD_ERROR_INVALID_
- * ARGUMENT naming both buffers). Does not modify the plan: the same plan serves every step
- * and may run concurrently on different buffers, provided every rank issues
- * its calls in the same order (not with RESHARD_FLAG_DOUBLE_BUFFER). Each
- * call is numbered, so messages of a call that failed never match a later
+ * ARGUMENT naming both buffers). Does not modify the plan: the same plan serves every step.
+ * Calls of one plan (execute in any form, reshard_plan_resolve) must not
+ * overlap: a call made while another thread of this rank is inside one
+ * returns RESHARD_ERROR_INVALID_USAGE at once and changes nothing (the
+ * running call goes on, the plan stays usable), since two calls in flight
+ * would pair with the partners' calls in whatever order the threads ran.
+ * Different plans may run concurrently. Each call is numbered, so messages of a call that failed never match a later
  * one (on NCCL, which has no tags, a failed call aborts reshard's private
  * communicator instead: see reshard_nccl.h). stream is the CUDA stream for
  * device backends and must be NULL on host transports. On host transports a call this rank rejects (its

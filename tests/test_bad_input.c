@@ -577,17 +577,24 @@ static void pcase_run(pcase *c) {
     for (int r_all_ = 0; r_all_ < (c)->n; r_all_++) EXPECT_RANK(c, r_all_, want, __VA_ARGS__);  \
   } while (0)
 
-/* Every rank but `except` (-1: none) learned of another rank's failure. */
+/* Every rank but `except` and `except2` (the failing ranks; -1: none)
+ * learned of the failure, naming the highest failing rank and the start
+ * of its own message (issue 42, item 4). */
 static void expect_remote(const char *file, int line, const pcase *c,
                           int except, int except2) {
+  const int culprit = except > except2 ? except : except2;
+  char blamed[64], reason[48];
+  snprintf(blamed, sizeof blamed, "rank %d failed: ", culprit);
+  /* the culprit's own message, as far as the blame words carry it */
+  snprintf(reason, sizeof reason, "%.40s", c->msg[culprit]);
   for (int r = 0; r < c->n; r++) {
     if (r == except || r == except2) continue;
     char where[64];
     snprintf(where, sizeof where, "plan_create rank %d", r);
     char rk[32];
-    snprintf(rk, sizeof rk, "rank %d", r);
+    snprintf(rk, sizeof rk, "plan_create rank %d:", r);
     if (!check_result(file, line, where, c->code[r], c->msg[r], RESHARD_ERROR_REMOTE,
-                      (const char *const[]){rk, "another rank failed", "invalid argument", NULL}))
+                      (const char *const[]){rk, blamed, reason, NULL}))
       fail();
   }
 }
@@ -1002,6 +1009,16 @@ static void plan_rank_disagreement(void **state) {
   c.opts[0].chunk_bytes = 4096;
   pcase_run(&c);
   EXPECT_ALL(&c, RESHARD_ERROR_MISMATCH, "options", "ranks 0 and 1 differ in options.chunk_bytes (4096 and 0)");
+  /* an option one rank alone refuses (issue 42, item 4: the others said
+   * only "another rank failed with 'invalid argument'"): they name rank 2
+   * and its reason */
+  pcase_init(&c, 4, src, dst);
+  c.opts[2].staging_bytes = 1;
+  pcase_run(&c);
+  EXPECT_RANK(&c, 2, IA, "staging_bytes");
+  EXPECT_REMOTE(&c, 2, -1);
+  for (int r = 0; r < 4; r++)
+    if (r != 2 && !strstr(c.msg[r], "staging_bytes")) fail_msg("rank %d does not say why: \"%s\"", r, c.msg[r]);
   /* a tensor of another shape on both sides of rank 1; a tensor more on
    * rank 3's destination */
   reshard_layout_t *src5 = new_layout(), *dst5 = new_layout(), *dst_more = new_layout();
@@ -1045,7 +1062,7 @@ static void plan_split_sizes_sum(void **state) {
   }
   EXPECT_RANK(&c, 0, IA, "rank 0");
   EXPECT_RANK(&c, 1, IA, "rank 1");
-  EXPECT_RANK(&c, 4, RESHARD_ERROR_REMOTE, "rank 4", "another rank failed", "invalid argument");
+  EXPECT_RANK(&c, 4, RESHARD_ERROR_REMOTE, "rank 4", "rank 3 failed: ", "split_sizes");
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }

@@ -2,7 +2,7 @@
  * RESHARD_ERROR_MISMATCH on both sides of each affected pair (their
  * partners with REMOTE, ranks further away at their deadline), never a
  * hang or mixed data; a failed plan refuses later executes and says why;
- * versions are recorded; concurrent executes of one plan still pair up. */
+ * versions are recorded; overlapping calls of one plan are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -278,15 +278,22 @@ static void plain_vs_explicit(void **state) {
   assert_int_equal(codes[1], RESHARD_ERROR_MISMATCH);
 }
 
-/* FFTW-style: two threads per rank execute one plan concurrently on their
- * own buffers, same data per step; agreements pair up in call order. */
+/* Calls of one plan must not overlap (issue 42, item 7): two threads of
+ * a rank executing one plan would pair with the partners' calls in
+ * whatever order the threads ran, the data of one step landing in the
+ * buffers of another. On ranks 0, 2 and 3 two threads call execute on
+ * one plan at once, each with its own destination buffers. Neither call
+ * can complete before rank 1 executes (every chain passes through it),
+ * and rank 1 executes only once the other ranks saw a refusal (or after
+ * 10 s), so the two calls overlap on each of those ranks: exactly one is
+ * refused at once with INVALID_USAGE ("must not overlap"), writes
+ * nothing and leaves the plan usable; the other completes with every
+ * element right, and a next call of the plan succeeds. */
 typedef struct conc {
   const reshard_layout_t *src, *dst;
-  const reshard_plan_t *plan[NR];
-  int rank_of_thread[NR * 2];
-  int64_t bad;
-  int failures;
-  pthread_mutex_t lock;
+  reshard_plan_t *plan[NR];
+  int refused[NR], succeeded[NR], problems;
+  double refuse_s[NR];
 } conc;
 
 typedef struct conc_job {
@@ -294,29 +301,40 @@ typedef struct conc_job {
   int rank;
 } conc_job;
 
+static void conc_problem(conc *c, int rank, const char *what) {
+  fprintf(stderr, "rank %d: %s: %s\n", rank, what, reshard_last_error());
+  __atomic_fetch_add(&c->problems, 1, __ATOMIC_RELAXED);
+}
+
 static void *conc_thread(void *p) {
   conc_job *j = p;
   conc *c = j->c;
   th_side s, d;
-  int fails = 0;
-  int64_t bad = 0;
-  if (th_side_alloc(&s, c->src, j->rank, 0) || th_side_alloc(&d, c->dst, j->rank, -1)) fails++;
-  for (int step = 0; step < 6 && !fails; step++) {
-    reshard_result_t r = reshard_plan_execute(c->plan[j->rank], (void *const *)s.ptr, (size_t)s.nbuf,
-                                              (void *const *)d.ptr, (size_t)d.nbuf, NULL);
-    if (r) {
-      fprintf(stderr, "rank %d: %s\n", j->rank, reshard_last_error());
-      fails++;
-    } else {
-      bad += th_side_check(&d, c->dst, j->rank, 0, "concurrent");
-    }
+  if (th_side_alloc(&s, c->src, j->rank, 1) || th_side_alloc(&d, c->dst, j->rank, -1)) {
+    conc_problem(c, j->rank, "alloc");
+    return NULL;
+  }
+  double t0 = now_s();
+  reshard_result_t r = reshard_plan_execute(c->plan[j->rank], (void *const *)s.ptr, (size_t)s.nbuf,
+                                            (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+  if (r == RESHARD_SUCCESS) {
+    if (th_side_check(&d, c->dst, j->rank, 1, "the call that ran")) conc_problem(c, j->rank, "wrong data");
+    __atomic_fetch_add(&c->succeeded[j->rank], 1, __ATOMIC_RELAXED);
+  } else if (r == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "must not overlap")) {
+    c->refuse_s[j->rank] = now_s() - t0;
+    for (int b = 0; b < d.nbuf; b++)
+      for (size_t k = 0; k < d.bytes[b]; k++)
+        if (d.ptr[b][k] != TH_SENTINEL) {
+          conc_problem(c, j->rank, "the refused call wrote its buffers");
+          b = d.nbuf;
+          break;
+        }
+    __atomic_fetch_add(&c->refused[j->rank], 1, __ATOMIC_RELEASE);
+  } else {
+    conc_problem(c, j->rank, "unexpected result");
   }
   th_side_free(&s);
   th_side_free(&d);
-  pthread_mutex_lock(&c->lock);
-  c->bad += bad;
-  c->failures += fails;
-  pthread_mutex_unlock(&c->lock);
   return NULL;
 }
 
@@ -324,30 +342,51 @@ static int conc_rank(int rank, reshard_comm_t *comm, void *arg) {
   conc *c = arg;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 20000;
-  reshard_plan_t *plan = NULL;
-  if (reshard_plan_create(comm, c->src, c->dst, &o, &plan)) return 1;
-  c->plan[rank] = plan;
-  pthread_t th[2];
-  conc_job jobs[2] = {{c, rank}, {c, rank}};
-  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, conc_thread, &jobs[i]);
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  if (reshard_plan_create(comm, c->src, c->dst, &o, &c->plan[rank])) return 1;
+  conc_job job = {c, rank};
+  if (rank == 1) {
+    /* the hub waits for the refusals elsewhere (10 s at most) */
+    for (int i = 0; i < 10000; i++) {
+      if (__atomic_load_n(&c->refused[0], __ATOMIC_ACQUIRE) && __atomic_load_n(&c->refused[2], __ATOMIC_ACQUIRE) &&
+          __atomic_load_n(&c->refused[3], __ATOMIC_ACQUIRE))
+        break;
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    conc_thread(&job);
+  } else {
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, conc_thread, &job);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  }
+  /* the plan is usable: the next call (version 2) runs on every rank */
+  th_side s, d;
+  if (th_side_alloc(&s, c->src, rank, 2) || th_side_alloc(&d, c->dst, rank, -1)) return 1;
+  if (reshard_plan_execute(c->plan[rank], (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                           (size_t)d.nbuf, NULL) ||
+      th_side_check(&d, c->dst, rank, 2, "next call"))
+    conc_problem(c, rank, "the call after the overlap");
+  th_side_free(&s);
+  th_side_free(&d);
   reshard_plan_status_t st = {.struct_size = sizeof st};
-  reshard_plan_get_status(plan, &st);
-  int rc = st.executes_completed != 12 || st.failed;
-  reshard_plan_destroy(plan);
+  reshard_plan_get_status(c->plan[rank], &st);
+  int rc = st.executes_completed != 2 || st.failed || st.committed_version != 2;
+  reshard_plan_destroy(c->plan[rank]);
   return rc;
 }
 
-static void concurrent_executes(void **state) {
+static void overlapping_executes_refused(void **state) {
   (void)state;
   conc c;
   memset(&c, 0, sizeof c);
-  pthread_mutex_init(&c.lock, NULL);
   chain((reshard_layout_t **)&c.src, (reshard_layout_t **)&c.dst);
   assert_int_equal(th_run_ranks(NR, conc_rank, &c), 0);
-  assert_int_equal(c.failures, 0);
-  assert_int_equal(c.bad, 0);
-  pthread_mutex_destroy(&c.lock);
+  assert_int_equal(c.problems, 0);
+  for (int r = 0; r < NR; r++) {
+    assert_int_equal(c.succeeded[r], 1);
+    assert_int_equal(c.refused[r], r == 1 ? 0 : 1);
+    if (r != 1 && c.refuse_s[r] > 1.0) fail_msg("rank %d: the refusal took %.2f s", r, c.refuse_s[r]);
+  }
   reshard_layout_destroy((reshard_layout_t *)c.src);
   reshard_layout_destroy((reshard_layout_t *)c.dst);
 }
@@ -364,7 +403,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(skipped_step),       cmocka_unit_test(different_versions),
       cmocka_unit_test(versions_recorded),  cmocka_unit_test(plain_vs_explicit),
-      cmocka_unit_test(concurrent_executes), cmocka_unit_test(status_arguments),
+      cmocka_unit_test(overlapping_executes_refused), cmocka_unit_test(status_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

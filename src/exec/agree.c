@@ -6,9 +6,9 @@
  * The control tag carries no call number, so that the headers of ranks at
  * different calls still meet: both sides of such a pair see the other's
  * header and fail with RESHARD_ERROR_MISMATCH, instead of waiting for
- * data that will never come. Agreements of concurrent executes of one plan
- * run one at a time in call order (rs_agree_turn_wait), so headers pair
- * up in that order on every rank (transports keep per-tag FIFO order).
+ * data that will never come. Calls of one plan run one at a time (a
+ * second, overlapping one is refused), so headers pair up in call order
+ * on every rank (transports keep per-tag FIFO order).
  *
  * The status word makes one hop more fail fast without a second round
  * trip on the success path: it is sent right after the headers, polled
@@ -181,8 +181,8 @@ reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call, uint64_t
 
   /* Status: sent to every partner (one that arrives late still learns of
    * a failure here); received only while this rank has nothing to report
-   * itself. Receives are posted before sends, and before this agreement
-   * hands its turn on, so control messages keep pairing in order. */
+   * itself. Receives are posted before sends, so control messages keep
+   * pairing in order. */
   if (!a->r)
     for (size_t i = 0; i < n && !a->r; i++)
       if ((r = ops->irecv(comm, p->peers[i].peer, stag, &a->status_in[i], sizeof(uint64_t), &a->rreq[i]))) {

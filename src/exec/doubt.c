@@ -38,9 +38,15 @@ reshard_result_t rs_commit_refusal(const reshard_plan_t *p, const uint64_t *v, u
                                    int outcome, const char *lead) {
   char held[96];
   copies_say(p, held, sizeof held);
-  if (outcome == RS_COMMIT_FAILED)
-    return rs_error(RESHARD_ERROR_REMOTE, "%s: another rank failed execute call %llu with '%s'; nothing committed, %s",
-                    lead, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]), held);
+  if (outcome == RS_COMMIT_FAILED) {
+    char why[RS_BLAME_WORDS * RS_BLAME_BYTES_PER_WORD + 4];
+    const int who = rs_blame_get(v + RS_COMMIT_WORDS, why, sizeof why);
+    if (who < 0)
+      return rs_error(RESHARD_ERROR_REMOTE, "%s: another rank failed execute call %llu with '%s'; nothing committed, %s",
+                      lead, (unsigned long long)call, reshard_result_string((reshard_result_t)v[0]), held);
+    return rs_error(RESHARD_ERROR_REMOTE, "%s: rank %d failed execute call %llu (%s); nothing committed, %s", lead, who,
+                    (unsigned long long)call, why, held);
+  }
   return rs_error(RESHARD_ERROR_MISMATCH,
                   "%s: ranks are at different executes: this rank call %llu version %llu, others up to call %llu "
                   "version %llu, from call %llu version %llu",
@@ -71,9 +77,9 @@ reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline) {
   reshard_plan_t *m = mut(p);
   const uint64_t version = __atomic_load_n(&p->doubt_version, __ATOMIC_ACQUIRE);
   if (!version) return RESHARD_SUCCESS;
-  uint64_t v[RS_COMMIT_WORDS], ticket = p->doubt_ticket;
+  uint64_t v[RS_HOST_COMMIT_WORDS], ticket = p->doubt_ticket;
   int done = 0;
-  reshard_result_t r = p->comm->ops->allreduce_late(p->comm, &ticket, v, RS_COMMIT_WORDS, deadline, &done);
+  reshard_result_t r = p->comm->ops->allreduce_late(p->comm, &ticket, v, RS_HOST_COMMIT_WORDS, deadline, &done);
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("resolve rank %d (version %llu in doubt): ", p->rank, (unsigned long long)version);
     return r;
@@ -113,13 +119,13 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
   reshard_plan_t *m = mut(plan);
   __atomic_fetch_add(&m->in_use, 1, __ATOMIC_ACQ_REL);
   reshard_result_t r;
-  if (__atomic_exchange_n(&m->db_busy, 1, __ATOMIC_ACQUIRE)) {
+  if (__atomic_exchange_n(&m->busy, 1, __ATOMIC_ACQUIRE)) {
     r = rs_error(RESHARD_ERROR_INVALID_USAGE,
                  "resolve rank %d: an execute of this plan is running (it settles the version in doubt itself)",
                  plan->rank);
   } else {
     r = rs_plan_settle(plan, rs_deadline_after_ms(timeout_ms >= 1 ? timeout_ms : plan->opts.timeout_ms));
-    __atomic_store_n(&m->db_busy, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->busy, 0, __ATOMIC_RELEASE);
   }
   __atomic_fetch_sub(&m->in_use, 1, __ATOMIC_ACQ_REL);
   return r;

@@ -2,14 +2,17 @@
  * a plan (failure, versions, double-buffer copy), the per-execute
  * agreement, and verify-mode checksums.
  *
- * The plan is const in execute (FFTW-style: one plan may run concurrently
- * on different buffers), so per-call state lives in plan fields touched
- * through atomics only. */
+ * The plan is const in execute, and calls of one plan run one at a time
+ * (plan.h: busy); per-call state lives in plan fields touched through
+ * atomics, since reshard_plan_get_status and destroy read them from other
+ * threads. */
 #ifndef RS_EXEC_EXEC_STATE_H
 #define RS_EXEC_EXEC_STATE_H
 
 #include <stdint.h>
 
+#include "common/blame.h"
+#include "kernels/rs_agree.h"
 #include "plan/plan.h"
 
 /* Tags. Bits 32-47 name the plan (tag_base), bits 48-62 the execute call
@@ -62,7 +65,13 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
 
 /* ---- doubt.c ---- */
 
-/* The error of a commit whose reduced vote v did not commit `version`
+/* The host commit's vote: the words both executors vote
+ * (kernels/rs_agree.h), then the failing rank and its reason
+ * (common/blame.h), so that the others' REMOTE names them. */
+#define RS_HOST_COMMIT_WORDS (RS_COMMIT_WORDS + RS_BLAME_WORDS)
+
+/* The error of a commit whose reduced vote v (RS_HOST_COMMIT_WORDS) did
+ * not commit `version`
  * at `call` (outcome RS_COMMIT_FAILED: REMOTE; RS_COMMIT_APART:
  * MISMATCH), saying what the active copy still holds; `lead` starts the
  * message. For the commit and for a version settled back. */
@@ -72,7 +81,7 @@ reshard_result_t rs_commit_refusal(const reshard_plan_t *p, const uint64_t *v, u
 /* A double-buffered call whose commit vote this rank cast for success
  * and whose collective passed its deadline, still pending as `ticket`
  * (rs_transport_ops.allreduce_late): records the version in doubt, held
- * by `copy`. Caller holds db_busy. Returns RESHARD_ERROR_IN_DOUBT with
+ * by `copy`. Caller holds the plan's busy flag. Returns RESHARD_ERROR_IN_DOUBT with
  * the story. */
 reshard_result_t rs_plan_doubt(const reshard_plan_t *p, uint64_t ticket, uint64_t call, uint64_t version,
                                int copy);
@@ -81,7 +90,7 @@ reshard_result_t rs_plan_doubt(const reshard_plan_t *p, uint64_t ticket, uint64_
  * waiting for it until the deadline: rolls forward (the plan stays
  * usable) or back (the plan is failed, as on the other ranks); both are
  * RESHARD_SUCCESS. RESHARD_ERROR_IN_DOUBT if the result has not come.
- * Caller holds db_busy. */
+ * Caller holds the plan's busy flag. */
 reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline);
 
 /* ---- state.c ---- */
@@ -103,16 +112,9 @@ reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p);
 void rs_plan_record_success(const reshard_plan_t *p, uint64_t version);
 
 /* The version of a call: the explicit one, or the previous call's + 1.
- * Called in call order (under the agreement turn, or for device
- * transports at enqueue). */
+ * Called once per call, in call order (calls of a plan do not overlap). */
 uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version,
                               uint64_t version);
-
-/* Agreements run one at a time in call order: waits (until deadline) for
- * call's turn, and passes it on. */
-reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call,
-                                    int64_t deadline);
-void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call);
 
 /* ---- agree.c ---- */
 

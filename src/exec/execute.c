@@ -312,15 +312,13 @@ static reshard_result_t host_wait(void *ctx, rs_step step, rs_dep dep) {
   return complete_sends(st, dep.on.round);
 }
 
-/* The agreement (RS_STEP_AGREE), under the agreement turn run_call
- * waited for: the turn passes here whatever happens, and a failure that
- * fails the plan is recorded first, so that a concurrent later call finds
- * the plan failed rather than this call's leftover control messages. */
+/* The agreement (RS_STEP_AGREE): a failure that fails the plan is
+ * recorded at once, so that the plan's next call is refused rather than
+ * meeting this call's leftover control messages. */
 static reshard_result_t host_agree(exec_state *st) {
   const reshard_plan_t *p = st->plan;
   reshard_result_t r = rs_agree_begin(p, st->call, st->version, st->deadline, RESHARD_SUCCESS, &st->agree);
   if (rs_result_fails_plan(r)) rs_plan_mark_failed(p, st->call, st->version, r, reshard_last_error());
-  rs_agree_turn_pass(p, st->call);
   return r;
 }
 
@@ -365,10 +363,11 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t v[RS_COMMIT_WORDS]; /* (the vote of both executors: kernels/rs_agree.h) */
+  uint64_t v[RS_HOST_COMMIT_WORDS];
   rs_commit_vote((uint64_t)r, version, call, v);
+  rs_blame_put(v + RS_COMMIT_WORDS, p->rank, r ? msg : NULL);
   const rs_transport_ops *ops = p->comm->ops;
-  reshard_result_t rr = ops->allreduce_max_u64(p->comm, v, RS_COMMIT_WORDS, late);
+  reshard_result_t rr = ops->allreduce_max_u64(p->comm, v, RS_HOST_COMMIT_WORDS, late);
   if (r != RESHARD_SUCCESS) {
     rs_error(r, "%s", msg); /* this rank's own failure is the story */
     return r;
@@ -378,7 +377,7 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
     snprintf(why, sizeof why, "%s", reshard_last_error());
     uint64_t ticket = 0;
     int done = 0;
-    if (ops->allreduce_late(p->comm, &ticket, v, RS_COMMIT_WORDS, rs_now_ns(), &done) == RESHARD_SUCCESS) {
+    if (ops->allreduce_late(p->comm, &ticket, v, RS_HOST_COMMIT_WORDS, rs_now_ns(), &done) == RESHARD_SUCCESS) {
       if (!done) return rs_plan_doubt(p, ticket, call, version, target);
       rr = RESHARD_SUCCESS; /* completed meanwhile: v is the outcome */
     } else {
@@ -404,8 +403,7 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
  * its partners fail at once with RESHARD_ERROR_REMOTE naming it instead of
  * waiting for data until their deadline; with double buffering it joins
  * the commit too, which then fails everywhere. The plan is marked failed
- * before the agreement turn passes, so that a concurrent later call finds
- * it failed (as run_call does). Returns `why` with the rejection's message
+ * (as run_call does). Returns `why` with the rejection's message
  * (the last error when called). */
 static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                    reshard_result_t why) {
@@ -418,17 +416,11 @@ static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_vers
   const uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
   uint64_t version = 0;
   rs_agree *agree = NULL;
-  reshard_result_t r = rs_agree_turn_wait(plan, call, deadline);
-  if (r == RESHARD_SUCCESS) {
-    version = rs_plan_take_version(plan, explicit_version, version_in);
-    rs_error(why, "%s", msg); /* what the header carries */
-    r = rs_agree_begin(plan, call, version, deadline, why, &agree);
-    if (rs_agree_sent(agree) || dbuf) snprintf(full, sizeof full, "%s (its partners were told)", msg);
-    rs_plan_mark_failed(plan, call, version, why, full);
-    rs_agree_turn_pass(plan, call);
-  } else {
-    rs_plan_mark_failed(plan, call, version, why, full); /* the first failure stays */
-  }
+  version = rs_plan_take_version(plan, explicit_version, version_in);
+  rs_error(why, "%s", msg); /* what the header carries */
+  reshard_result_t r = rs_agree_begin(plan, call, version, deadline, why, &agree);
+  if (rs_agree_sent(agree) || dbuf) snprintf(full, sizeof full, "%s (its partners were told)", msg);
+  rs_plan_mark_failed(plan, call, version, why, full);
   r = rs_agree_end(agree, r, deadline);
   if (dbuf) commit(plan, deadline, why, call, version, -1);
   return rs_error(why, "%s", full);
@@ -449,22 +441,15 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   size_t need = nreq * sizeof(rs_request *) + nxf * sizeof(rs_xfer) + nreq;
   size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
-  void *sblock = NULL, *block = rs_malloc(need ? need : 1), *vblock = NULL;
-  int cached = !__atomic_exchange_n(&mut->staging_busy, 1, __ATOMIC_ACQUIRE);
-  if (cached) {
-    if (mut->staging_cache_bytes < stage) {
-      rs_bulk_free(mut->staging_cache);
-      mut->staging_cache = rs_bulk_malloc(stage);
-      mut->staging_cache_bytes = mut->staging_cache ? stage : 0;
-    }
-    sblock = mut->staging_cache;
-  } else if (stage) {
-    sblock = rs_bulk_malloc(stage);
+  void *block = rs_malloc(need ? need : 1), *vblock = NULL;
+  if (mut->staging_cache_bytes < stage) {
+    rs_bulk_free(mut->staging_cache);
+    mut->staging_cache = rs_bulk_malloc(stage);
+    mut->staging_cache_bytes = mut->staging_cache ? stage : 0;
   }
+  void *sblock = mut->staging_cache;
   if (verify) vblock = rs_malloc(vneed ? vneed : 1);
   if (!block || (stage && !sblock) || (verify && !vblock)) {
-    if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
-    else rs_bulk_free(sblock);
     free(block);
     free(vblock);
     rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: cannot allocate %zu bytes of staging", plan->rank,
@@ -517,18 +502,12 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.dst = dst_copies[target];
   st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
   st.call = call;
-  /* the schedule (exec/schedule.h), from the agreement on, once this
-   * call's turn came (its first step passes the turn on) */
-  reshard_result_t r = rs_agree_turn_wait(plan, call, st.deadline);
-  if (r == RESHARD_SUCCESS) {
-    version = st.version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_sched_run(plan, &host_sched, &st);
-    if (r != RESHARD_SUCCESS) cancel_all(&st);
-  }
+  /* the schedule (exec/schedule.h), from the agreement on */
+  version = st.version = rs_plan_take_version(plan, explicit_version, version_in);
+  reshard_result_t r = rs_sched_run(plan, &host_sched, &st);
+  if (r != RESHARD_SUCCESS) cancel_all(&st);
   r = rs_agree_end(st.agree, r, st.deadline);
-  if (dbuf && r != RESHARD_ERROR_INVALID_USAGE) r = commit(plan, st.deadline, r, call, version, target);
-  if (cached) __atomic_store_n(&mut->staging_busy, 0, __ATOMIC_RELEASE);
-  else rs_bulk_free(sblock);
+  if (dbuf) r = commit(plan, st.deadline, r, call, version, target);
   free(block);
   free(vblock);
   *version_out = version;
@@ -637,16 +616,6 @@ static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_
   return RESHARD_SUCCESS;
 }
 
-/* A double-buffered plan runs one call at a time (the inactive copy is
- * the call's): takes the plan's db_busy flag, or refuses. */
-static reshard_result_t db_take(const reshard_plan_t *plan) {
-  if (!__atomic_exchange_n(&((reshard_plan_t *)plan)->db_busy, 1, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
-    return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                    "execute rank %d: another execute of this plan is running; with RESHARD_FLAG_DOUBLE_BUFFER "
-                    "executes of one plan must not overlap",
-                    plan->rank);
-}
-
 /* rejected: an error the caller already found (and set), or SUCCESS for
  * execute to check the arguments itself. */
 reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
@@ -659,7 +628,6 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
   const rs_stream_ops *dev = plan->comm->ops->stream_ops;
   const int dbuf = !dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan;
-  if (dbuf) RS_CHECK(db_take(plan));
   uint64_t call = 0, version = 0;
   reshard_result_t r =
       rejected ? rejected
@@ -676,7 +644,6 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
       dev->poison(plan->comm);
       rs_error_prefix("(reshard's NCCL communicator is now aborted: its peers may have queued this call) ");
     }
-    if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
     return r;
   }
   if (dev) {
@@ -694,7 +661,6 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
                                                                                           : dst_buffers};
     r = run_call(plan, explicit_version, version_in, src_buffers, copies, &version, &call, &target);
     if (r == RESHARD_SUCCESS && dbuf) __atomic_store_n(&mut->active_copy, target, __ATOMIC_RELEASE);
-    if (dbuf) __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
   }
   if (r == RESHARD_SUCCESS) {
     if (dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
@@ -717,12 +683,9 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
  * RESHARD_ERROR_IN_DOUBT and the plan is failed (reshard_plan_resolve
  * can still settle it). */
 static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_t rejected) {
-  reshard_plan_t *mut = (reshard_plan_t *)plan;
-  RS_CHECK(db_take(plan));
   char own[640] = "";
   if (rejected) snprintf(own, sizeof own, "%s", reshard_last_error());
   reshard_result_t r = rs_plan_settle(plan, rs_deadline_after_ms(plan->opts.timeout_ms));
-  __atomic_store_n(&mut->db_busy, 0, __ATOMIC_RELEASE);
   if (r == RESHARD_ERROR_IN_DOUBT) {
     char why[700];
     snprintf(why, sizeof why, "%s", reshard_last_error());
@@ -745,6 +708,18 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
   reshard_result_t r;
+  /* One call of a plan at a time: a second one, from another thread of
+   * this rank, would pair with the partners' calls in whatever order the
+   * threads happened to run (the data of one step landing in the
+   * buffers of another). Refused, changing nothing: the running call is
+   * not disturbed and the plan stays as it was. */
+  if (__atomic_exchange_n(&mut->busy, 1, __ATOMIC_ACQUIRE)) {
+    __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "execute rank %d: another call of this plan is running on this rank (another thread?); calls "
+                    "of one plan must not overlap: nothing done, the running call goes on",
+                    plan->rank);
+  }
   if (__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE) && (r = settle_first(plan, rejected)) != RESHARD_SUCCESS)
     ; /* still in doubt, or settled by rolling back: nothing runs */
   else if (plan->quant)
@@ -756,6 +731,7 @@ static reshard_result_t execute(const reshard_plan_t *plan, int explicit_version
   else
     r = rs_execute_call(plan, explicit_version, version_in, src_buffers, num_src, src_bytes, dst_buffers, num_dst,
                         dst_bytes, stream, rejected);
+  __atomic_store_n(&mut->busy, 0, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
   return r;
 }

@@ -6,7 +6,6 @@
  * quantizes (src/device/quant_device.c). */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/alloc.h"
 #include "common/error.h"
@@ -48,13 +47,7 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   if (!rejected) rs_error_clear();
   rs_quant *q = plan->quant;
   RS_CHECK(rs_plan_refuse_if_failed(plan));
-  /* One scratch per plan: concurrent executes of a quantizing plan run
-   * one after another (the one running has its own deadlines, so this
-   * wait ends). */
-  while (__atomic_exchange_n(&q->busy, 1, __ATOMIC_ACQUIRE)) {
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
-  }
+  /* (one scratch per plan: calls of a plan do not overlap, plan.h busy) */
   reshard_result_t r = rejected ? rejected : check_inputs(plan, q, src_buffers, num_src, src_bytes);
   /* the main plan's source arrays: the caller's buffers, then the scratch */
   /* the main plan's own source layout (its spreading, if any, appends
@@ -114,7 +107,6 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
   if (pre_failed) rs_plan_mark_failed(plan, 0, 0, pre_failed, reshard_last_error());
   free(ptrs);
   free(bytes);
-  __atomic_store_n(&q->busy, 0, __ATOMIC_RELEASE);
   return r;
 }
 

@@ -3,7 +3,6 @@
  * busy ranks of their NVLink domain, then the main plan sends from the
  * caller's source buffers and that scratch. */
 #include <stdlib.h>
-#include <time.h>
 
 #include "common/alloc.h"
 #include "common/error.h"
@@ -21,12 +20,7 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
    * their deadline. */
   reshard_result_t refused = rejected ? RESHARD_SUCCESS : rs_plan_refuse_if_failed(plan);
   if (refused) rejected = refused;
-  /* One scratch per plan: concurrent executes run one after another (the
-   * one running has its own deadlines, so this wait ends). */
-  while (__atomic_exchange_n(&s->busy, 1, __ATOMIC_ACQUIRE)) {
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
-  }
+  /* (one scratch per plan: calls of a plan do not overlap, plan.h busy) */
   /* The caller's arrays are checked by the pre-plan, whose source layout
    * is the caller's: its refusal reaches the main plan as a rejection. */
   reshard_result_t r = rejected;
@@ -69,6 +63,5 @@ reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_vers
   if (pre_failed) rs_plan_mark_failed(plan, 0, 0, pre_failed, reshard_last_error());
   free(ptrs);
   free(bytes);
-  __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
   return r;
 }

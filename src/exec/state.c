@@ -3,9 +3,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
-#include "common/clock.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
 #include "transport/stream.h"
@@ -49,27 +47,6 @@ uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version, uin
     return version;
   }
   return __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
-}
-
-reshard_result_t rs_agree_turn_wait(const reshard_plan_t *p, uint64_t call, int64_t deadline) {
-  for (unsigned spin = 0;; spin++) {
-    /* failure first: the call before this one marks the plan failed
-     * before it passes the turn, and this call must not start an
-     * agreement its partners will never answer */
-    RS_CHECK(rs_plan_refuse_if_failed(p));
-    uint64_t turn = __atomic_load_n(&p->agree_turn, __ATOMIC_ACQUIRE);
-    if (turn == call) return RESHARD_SUCCESS;
-    if (rs_now_ns() > deadline)
-      return rs_error(RESHARD_ERROR_TIMEOUT,
-                      "execute rank %d: call %llu waited past its deadline for call %llu of this plan, running "
-                      "concurrently, to finish its agreement",
-                      p->rank, (unsigned long long)call, (unsigned long long)turn);
-    rs_nap(spin);
-  }
-}
-
-void rs_agree_turn_pass(const reshard_plan_t *p, uint64_t call) {
-  __atomic_store_n(&mut(p)->agree_turn, call + 1, __ATOMIC_RELEASE);
 }
 
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_plan_status_t *out) {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/blame.h"
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
@@ -604,7 +605,7 @@ _Thread_local rs_plan_agreed rs_plan_force;
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
        AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_PACE_INSIDE = AGREE_PACE + 2 * RS_WIDE_CANDIDATES,
-       AGREE_N };
+       AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
 /* ---- naming a disagreement ----
@@ -755,7 +756,21 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
  * (the norms and biases sent to every replica) do not shrink everyone's
  * messages as if each of their streams were long. Collective; a rank that
  * fails here (memory) makes the others return REMOTE. */
-enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_N };
+enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_BLAME, CHUNK_N = CHUNK_BLAME + RS_BLAME_WORDS };
+
+/* REMOTE for another rank's failure at plan creation (`what`: the step,
+ * or ""), from the reduced result word and blame words (common/blame.h):
+ * names the failing rank and its reason where the words carry them. */
+static reshard_result_t another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
+                                       const char *what) {
+  char why[RS_BLAME_WORDS * RS_BLAME_BYTES_PER_WORD + 4];
+  const int who = rs_blame_get(blame, why, sizeof why);
+  const char *sp = what[0] ? " " : "";
+  if (who < 0)
+    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed%s%s with '%s'", comm->rank, sp,
+                    what, reshard_result_string((reshard_result_t)code));
+  return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: rank %d failed%s%s: %s", comm->rank, who, sp, what, why);
+}
 static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out) {
   uint64_t limit = UINT64_MAX, too_big = 0;
   reshard_result_t local = rs_chunk_limit(p, segs, p->opts.staging_bytes / 2, &limit);
@@ -763,15 +778,14 @@ static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : ~limit, local ? 0 : too_big};
+  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL);
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms));
   if (local) return rs_error(local, "%s", msg);
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("plan_create rank %d: agreement on the chunk failed: ", comm->rank);
     return r;
   }
-  if (v[CHUNK_ERROR])
-    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed sizing its chunk with '%s'", comm->rank,
-                    reshard_result_string((reshard_result_t)v[CHUNK_ERROR]));
+  if (v[CHUNK_ERROR]) return another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
   size_t chunk = rs_chunk_bound(&p->opts, ~v[CHUNK_LIMIT]);
   for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
     if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
@@ -826,13 +840,12 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
                                       const char *what) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t e = (uint64_t)r;
-  reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, &e, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+  uint64_t e[1 + RS_BLAME_WORDS] = {(uint64_t)r};
+  rs_blame_put(e + 1, comm->rank, r ? msg : NULL);
+  reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, e, 1 + RS_BLAME_WORDS, rs_deadline_after_ms(p->opts.timeout_ms));
   if (r != RESHARD_SUCCESS) return rs_error(r, "%s", msg);
   if (r2 != RESHARD_SUCCESS) return r2;
-  if (e)
-    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed %s with '%s'", comm->rank, what,
-                    reshard_result_string((reshard_result_t)e));
+  if (e[0]) return another_failed(comm, e[0], e + 1, what);
   return RESHARD_SUCCESS;
 }
 
@@ -1022,6 +1035,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
   }
   if (!local && p) v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside; /* the same for every threshold */
+  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL);
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -1037,8 +1051,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
    * rank whose block-quantization rewrite ran out of memory plans the
    * caller's layouts, its peers the rewritten ones). */
   if (v[AGREE_ERROR]) {
-    r = rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed with '%s'", comm->rank,
-                 reshard_result_string((reshard_result_t)v[AGREE_ERROR]));
+    r = another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
     goto fail;
   }
   if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
@@ -1288,14 +1301,17 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
   free(w);
   char msg[640] = "";
   if (local) snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  /* 0: nothing to spread, 1: spread, 2: some rank failed */
-  uint64_t verdict = local ? 2 : sl.src ? 1 : 0;
-  if (!r && !failed) r = comm->ops->allreduce_max_u64(comm, &verdict, 1, rs_deadline_after_ms(p0->opts.timeout_ms));
-  if (!r && (failed || verdict == 2))
-    r = local ? rs_error(local, "%s", msg)
-              : rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed (source-side spreading)", me);
+  /* 0: nothing to spread, 1: spread, 2: some rank failed (with the
+   * result in the next word, and who and why after it); also after a
+   * failure in the loads' agreement, so that its rank is named */
+  uint64_t verdict[2 + RS_BLAME_WORDS] = {local ? 2 : sl.src ? 1 : 0, (uint64_t)local};
+  rs_blame_put(verdict + 2, me, local ? msg : NULL);
+  if (!r)
+    r = comm->ops->allreduce_max_u64(comm, verdict, 2 + RS_BLAME_WORDS, rs_deadline_after_ms(p0->opts.timeout_ms));
+  if (!r && (failed || verdict[0] == 2))
+    r = local ? rs_error(local, "%s", msg) : another_failed(comm, verdict[1], verdict + 2, "spreading its sources");
   reshard_plan_t *pre = NULL, *main_plan = NULL;
-  if (!r && verdict == 1) {
+  if (!r && verdict[0] == 1) {
     reshard_options_t o = p0->opts;
     /* its destination is scratch; (internal bits are not options) */
     o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);

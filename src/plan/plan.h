@@ -148,11 +148,8 @@ struct reshard_plan {
   reshard_peer_stats_t *peers;
   size_t npeers;
 
-  /* A staging block reused across executes; taken with an atomic flag so
-   * that concurrent executes of one plan fall back to their own. This is
-   * the only state execute touches, and it does not change the plan's
-   * meaning. */
-  int staging_busy;
+  /* A staging block reused across executes (one runs at a time: busy).
+   * It does not change the plan's meaning. */
   void *staging_cache;
   size_t staging_cache_bytes;
 
@@ -163,24 +160,25 @@ struct reshard_plan {
   rs_vtensor *vtensors;
   int nvtensors;
 
-  /* Per-call state, touched by execute through atomics only (the plan is
-   * const there: one plan may run concurrently on different buffers).
-   * See src/exec/exec_state.h. */
+  /* Per-call state, touched by execute through atomics (the plan is const
+   * there, and other threads read the status). See src/exec/exec_state.h. */
   /* Executes that passed their argument checks (atomic): the call number
    * in the agreement header and the epoch in every data tag, so messages
    * a failed call left behind never match a later call. */
   uint64_t exec_calls;
-  /* The call whose agreement may run now: agreements run one at a time,
-   * in call order, so that headers (whose tag has no epoch) pair up. */
-  uint64_t agree_turn;
   uint64_t last_version;      /* passed to the latest agreement */
   uint64_t completed;         /* executes that succeeded */
   uint64_t committed_version; /* of the latest successful execute */
   int active_copy;            /* double buffering: -1 before the first commit */
-  int db_busy;                /* double buffering: an execute is running */
+  /* An execute (or resolve) of this plan is running on this rank: the
+   * next one is refused (reshard_plan_execute), since two calls of one
+   * plan in flight would pair with their partners' calls in whatever
+   * order the threads ran. Calls of a plan are therefore strictly one at
+   * a time: agreement headers, staging and scratch need no turns. */
+  int busy;
   /* Double buffering: a version this rank voted to commit without
    * learning the outcome (src/exec/doubt.c); 0: none. Written under
-   * db_busy; doubt_copy holds it here, doubt_ticket names the pending
+   * busy; doubt_copy holds it here, doubt_ticket names the pending
    * collective (rs_transport_ops.allreduce_late). */
   uint64_t doubt_version, doubt_call, doubt_ticket;
   int doubt_copy;

@@ -63,7 +63,6 @@ typedef struct rs_quant {
   int32_t *in_bufs;
   uint64_t *in_need;
   size_t nin;
-  int busy; /* an execute is using the scratch */
   /* Device transports (stream_ops->quant_prepare, src/device/
    * quant_device.c): the scratch above is device memory, dev holds the
    * boxes on the device, and dev_free releases both (NULL on host

@@ -87,7 +87,6 @@ typedef struct rs_spread {
   unsigned char *scratch;
   uint64_t bytes;
   uint64_t moved;
-  int busy; /* an execute is using the scratch */
 } rs_spread;
 
 /* Moves this rank's scratch description out of s into a new rs_spread

@@ -20,7 +20,7 @@
 
 #define FZ_AGREE_MAX_RANKS 64
 #define FZ_AGREE_MAX_CALLS 8
-#define FZ_AGREE_MAX_VALS 128 /* RS_AGREE_MAX_WORDS (src/transport/transport.h) */
+#define FZ_AGREE_MAX_VALS 160 /* RS_AGREE_MAX_WORDS (src/transport/transport.h) */
 
 typedef struct fz_agree_world {
   int size;
