@@ -11,6 +11,8 @@
  * "PASS rank R: ..." (with the measured return time) or "FAIL rank R: ...".
  * tests/mpi/run_fault_test.sh runs mpirun under `timeout` and counts the
  * PASS lines, so a hang, a crash or a missing report all fail the test.
+ * stop, late and split also print each rank's final state (a STATE line,
+ * state_line.h), which it compares across ranks.
  *
  * The transfer: one fp32 tensor of [64n, 64n] sharded by rows on the
  * source and by columns on the destination, so every rank exchanges 16 KiB
@@ -59,39 +61,12 @@
 #include "reshard_mpi.h"
 #include "transport/transport.h"
 #include "reshard_selftest.h"
+#include "fault_world.h"
+#include "state_line.h"
 
 #define TIMEOUT_MS 2000
 #define GRACE_MS 1000 /* allowed beyond the deadline */
-#define TILE 64       /* rows (columns) per rank */
 
-static int world_rank, world_size;
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* One tensor "w" of [TILE*n, TILE*n] fp32 over all n ranks, sharded along
- * dim; `uneven` gives the last rank one tile less and the first one more. */
-static reshard_layout_t *grid_layout(int dim, int uneven) {
-  reshard_layout_t *L = NULL;
-  int n = world_size, tid, mid, bid;
-  int64_t shape[2] = {(int64_t)TILE * n, (int64_t)TILE * n};
-  int64_t sizes[64];
-  for (int i = 0; i < n && i < 64; i++) sizes[i] = TILE;
-  if (uneven) {
-    sizes[0] += TILE / 2;
-    sizes[n - 1] -= TILE / 2;
-  }
-  reshard_placement_t pl = reshard_shard_sizes(dim, sizes);
-  if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &tid) ||
-      reshard_layout_add_mesh_strided(L, 1, &n, 0, 1, &mid) || reshard_layout_place(L, tid, mid, &pl, &bid)) {
-    fprintf(stderr, "rank %d: layout: %s\n", world_rank, reshard_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  return L;
-}
 
 static reshard_plan_t *make_plan(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst) {
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
@@ -123,27 +98,6 @@ static int report_failed_execute(const char *what, reshard_result_t r, double ms
          world_rank, what, reshard_result_string(r), ms, TIMEOUT_MS, GRACE_MS, reshard_last_error());
   fflush(stdout);
   return ok ? 0 : 1;
-}
-
-/* A barrier with a deadline: after a fault nothing may block forever.
- * While waiting, SIGCONT goes to wake_pid (when > 0) every 100 ms, in case
- * the first one arrived before that rank had stopped itself. */
-static int guarded_barrier(double timeout_ms, int wake_pid) {
-  MPI_Request req;
-  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return -1;
-  double until = now_ms() + timeout_ms, wake = 0;
-  for (;;) {
-    if (wake_pid > 0 && now_ms() >= wake) {
-      kill((pid_t)wake_pid, SIGCONT);
-      wake = now_ms() + 100;
-    }
-    int flag = 0;
-    if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
-    if (flag) return 0;
-    if (now_ms() > until) return -1;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
 }
 
 /* ---------------------------------------------------------------- stop */
@@ -196,6 +150,7 @@ static int run_stop(reshard_comm_t *comm) {
          reshard_result_string(r), ms, (long long)wrong);
   fflush(stdout);
   bad += !ok;
+  state_print("stop", world_rank, plan, &d, dst);
   reshard_selftest_free(&s);
   reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
@@ -338,6 +293,7 @@ static int run_late(reshard_comm_t **comm) {
          world_rank, reshard_result_string(r), ms, (long long)wrong);
   fflush(stdout);
   bad += !ok;
+  state_print("late", world_rank, plan, &d, dst);
   reshard_selftest_free(&s);
   reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
@@ -359,15 +315,6 @@ static reshard_result_t db_execute(const reshard_plan_t *plan, reshard_selftest_
       reshard_plan_execute_version(plan, v, (void *const *)s->ptr, (size_t)s->nbuf, dp, (size_t)(2 * nb), NULL);
   *ms = now_ms() - t0;
   return r;
-}
-
-/* (get_status clears the last error: callers copy it first) */
-static reshard_plan_status_t status_of(const reshard_plan_t *plan) {
-  reshard_plan_status_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  reshard_plan_get_status(plan, &st);
-  return st;
 }
 
 /* The state every rank must end in after a round: committed version
@@ -499,6 +446,7 @@ static int run_split(reshard_comm_t *comm) {
       bad += !ok;
       bad += check_settled("version 2 rolled back", plan, d, L, 1, 0);
     }
+    state_print(round ? "split-B" : "split-A", world_rank, plan, d, L);
     reshard_plan_destroy(plan);
     reshard_selftest_free(&d[0]);
     reshard_selftest_free(&d[1]);
@@ -509,20 +457,8 @@ static int run_split(reshard_comm_t *comm) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  const char *mode = argc > 1 ? argv[1] : "";
-  if (world_size < 3 || world_size > 64) {
-    if (world_rank == 0) fprintf(stderr, "test_mpi_faults: run with 3 to 64 ranks\n");
-    MPI_Finalize();
-    return 2;
-  }
-  reshard_comm_t *comm = NULL;
-  if (reshard_comm_create_mpi(MPI_COMM_WORLD, &comm)) {
-    fprintf(stderr, "rank %d: comm_create_mpi: %s\n", world_rank, reshard_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
+  const char *mode = fault_init(&argc, &argv, "test_mpi_faults");
+  reshard_comm_t *comm = fault_comm();
   int bad;
   if (!strcmp(mode, "stop")) {
     bad = run_stop(comm);
@@ -539,9 +475,5 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
     return 2;
   }
-  reshard_comm_destroy(comm);
-  int any = 0;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any != 0;
+  return fault_finish(comm, bad);
 }
