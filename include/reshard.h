@@ -38,6 +38,8 @@ extern "C" {
 /* Versions                                                            */
 /* ------------------------------------------------------------------ */
 
+/* The one place the version is written (CMake, pyproject.toml and the
+ * Python package read it from here). */
 #define RESHARD_VERSION_MAJOR 0
 #define RESHARD_VERSION_MINOR 1
 #define RESHARD_VERSION_PATCH 0

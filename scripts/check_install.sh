@@ -40,6 +40,24 @@ soname=$(readelf -d "$libdir/libreshard.so" |
 [ -n "$soname" ] || fail "libreshard.so has no SONAME"
 [ -e "$libdir/$soname" ] || fail "SONAME $soname not installed in $libdir"
 echo "check_install: SONAME $soname"
+# The library boundary (src/reshard.map): only the public API, reshard_*,
+# leaves libreshard.so, plus the internals marked RESHARD_PRIVATE for
+# libreshard_models.so.
+leaked=$(nm -D --defined-only "$libdir/libreshard.so" | awk '{print $3}' |
+         grep -v -E '^(reshard_[A-Za-z0-9_]+@@RESHARD_0|RESHARD_0|RESHARD_PRIVATE)$' |
+         grep -v -E '^rs_(error|error_clear|breadcrumb|layout_buffer_on_rank|layout_rank_meshes)@@RESHARD_PRIVATE$' || true)
+[ -z "$leaked" ] || fail "libreshard.so exports internals: $(echo $leaked | head -c 400)"
+private=$(nm -D --defined-only "$libdir/libreshard.so" | grep -c '@@RESHARD_PRIVATE' || true)
+public=$(nm -D --defined-only "$libdir/libreshard.so" | awk '{print $3}' | grep -c '^reshard_' || true)
+echo "check_install: libreshard.so exports $public reshard_* symbols and $private private ones"
+# and every function the installed headers declare is there (static
+# inline helpers such as reshard_shard excepted)
+exported=$(nm -D --defined-only "$libdir"/libreshard*.so | awk '{sub(/@@.*/, "", $3); print $3}' | sort -u)
+inline=$(grep -ohE 'static inline [a-z_ ]+\*? ?reshard_[a-z0-9_]+\(' "$prefix"/include/reshard*.h |
+         grep -oE 'reshard_[a-z0-9_]+' | sort -u)
+missing=$(grep -ohE '\breshard_[a-z0-9_]+\(' "$prefix"/include/reshard*.h | tr -d '(' | sort -u |
+          comm -23 - <(echo "$exported") | comm -23 - <(echo "$inline"))
+[ -z "$missing" ] || fail "declared in the installed headers, not exported: $missing"
 # Tests and the core's static library are build-tree only; the model
 # front-end is installed both ways.
 stray=$(find "$prefix" \( -name 'test_*' -o \( -name '*.a' ! -name libreshard_models.a \) \

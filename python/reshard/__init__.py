@@ -24,13 +24,14 @@ from .plan import Plan, Bound, Stats, PeerStats, Status, Estimate, lower_bound
 from .selftest import SelfTest
 from . import dtypes, models, dtensor
 
-__version__ = "0.1.0"
-
-
 def library_version():
     """The linked libreshard's version code (major * 10000 + minor * 100 +
     patch)."""
     return _lib.reshard_version()
+
+
+#: The package's version: the library's (written once, in reshard.h).
+__version__ = "%d.%d.%d" % (library_version() // 10000, library_version() // 100 % 100, library_version() % 100)
 
 
 #: Which transports this build has.
