@@ -583,6 +583,7 @@ static void pcase_run(pcase *c) {
 static void expect_remote(const char *file, int line, const pcase *c,
                           int except, int except2) {
   const int culprit = except > except2 ? except : except2;
+  assert_true(culprit >= 0);
   char blamed[64], reason[48];
   snprintf(blamed, sizeof blamed, "rank %d failed: ", culprit);
   /* the culprit's own message, as far as the blame words carry it */

@@ -5,20 +5,25 @@
 #include <string.h>
 
 #define RANK_SHIFT (8 * RS_BLAME_BYTES_PER_WORD)
+#define FIRST_CAUSE (1ull << 63)
 #define CAPACITY (RS_BLAME_WORDS * RS_BLAME_BYTES_PER_WORD)
 
-void rs_blame_put(uint64_t *w, int rank, const char *msg) {
+void rs_blame_put(uint64_t *w, int rank, const char *msg, int first_cause) {
   memset(w, 0, RS_BLAME_WORDS * sizeof *w);
-  /* ranks of up to 2^24 - 2: the rank word above the bytes */
-  if (!msg || rank < 0 || rank >= (1 << (64 - RANK_SHIFT)) - 1) return;
-  const uint64_t who = (uint64_t)(rank + 1) << RANK_SHIFT;
+  if (!msg || rank < 0 || rank > RS_BLAME_MAX_RANK) return;
+  const uint64_t who = (first_cause ? FIRST_CAUSE : 0) | (uint64_t)(rank + 1) << RANK_SHIFT;
+  char text[CAPACITY];
   size_t len = strlen(msg);
-  if (len > CAPACITY) len = CAPACITY;
+  memcpy(text, msg, len < CAPACITY ? len : CAPACITY);
+  if (len > CAPACITY) { /* cut: it says so */
+    memcpy(text + CAPACITY - 3, "...", 3);
+    len = CAPACITY;
+  }
   for (int i = 0; i < RS_BLAME_WORDS; i++) {
     uint64_t bytes = 0;
     for (int b = 0; b < RS_BLAME_BYTES_PER_WORD; b++) {
       size_t at = (size_t)i * RS_BLAME_BYTES_PER_WORD + (size_t)b;
-      bytes = bytes << 8 | (at < len ? (unsigned char)msg[at] : 0);
+      bytes = bytes << 8 | (at < len ? (unsigned char)text[at] : 0);
     }
     w[i] = who | bytes;
   }
@@ -32,14 +37,13 @@ int rs_blame_get(const uint64_t *w, char *why, size_t n) {
     if (w[i] >> RANK_SHIFT != who) return -1;
   char text[CAPACITY + 1];
   size_t len = 0;
-  for (int i = 0; i < RS_BLAME_WORDS; i++)
+  for (int i = 0; i < RS_BLAME_WORDS && len == (size_t)i * RS_BLAME_BYTES_PER_WORD; i++)
     for (int b = RS_BLAME_BYTES_PER_WORD - 1; b >= 0; b--) {
-      char c = (char)(w[i] >> (8 * b) & 0xff);
-      if (!c) goto done;
+      const char c = (char)(w[i] >> (8 * b) & 0xff);
+      if (!c) break;
       text[len++] = c;
     }
-done:
   text[len] = 0;
-  if (n) snprintf(why, n, "%s%s", text, len == CAPACITY ? "..." : "");
-  return (int)(who - 1);
+  if (n) snprintf(why, n, "%s", text);
+  return (int)((who & ~(FIRST_CAUSE >> RANK_SHIFT)) - 1);
 }

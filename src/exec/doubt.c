@@ -121,7 +121,8 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
   reshard_result_t r;
   if (__atomic_exchange_n(&m->busy, 1, __ATOMIC_ACQUIRE)) {
     r = rs_error(RESHARD_ERROR_INVALID_USAGE,
-                 "resolve rank %d: an execute of this plan is running (it settles the version in doubt itself)",
+                 "resolve rank %d: another call of this plan (an execute, which settles the version in doubt "
+                 "itself, or a resolve) is running",
                  plan->rank);
   } else {
     r = rs_plan_settle(plan, rs_deadline_after_ms(timeout_ms >= 1 ? timeout_ms : plan->opts.timeout_ms));

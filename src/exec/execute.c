@@ -365,7 +365,7 @@ static reshard_result_t commit(const reshard_plan_t *p, int64_t deadline, reshar
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t v[RS_HOST_COMMIT_WORDS];
   rs_commit_vote((uint64_t)r, version, call, v);
-  rs_blame_put(v + RS_COMMIT_WORDS, p->rank, r ? msg : NULL);
+  rs_blame_put(v + RS_COMMIT_WORDS, p->rank, r ? msg : NULL, rs_blame_first_cause(r));
   const rs_transport_ops *ops = p->comm->ops;
   reshard_result_t rr = ops->allreduce_max_u64(p->comm, v, RS_HOST_COMMIT_WORDS, late);
   if (r != RESHARD_SUCCESS) {

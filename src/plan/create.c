@@ -778,7 +778,7 @@ static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : ~limit, local ? 0 : too_big};
-  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL);
+  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL, rs_blame_first_cause(local));
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms));
   if (local) return rs_error(local, "%s", msg);
   if (r != RESHARD_SUCCESS) {
@@ -841,7 +841,7 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t e[1 + RS_BLAME_WORDS] = {(uint64_t)r};
-  rs_blame_put(e + 1, comm->rank, r ? msg : NULL);
+  rs_blame_put(e + 1, comm->rank, r ? msg : NULL, rs_blame_first_cause(r));
   reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, e, 1 + RS_BLAME_WORDS, rs_deadline_after_ms(p->opts.timeout_ms));
   if (r != RESHARD_SUCCESS) return rs_error(r, "%s", msg);
   if (r2 != RESHARD_SUCCESS) return r2;
@@ -1035,7 +1035,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
   }
   if (!local && p) v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside; /* the same for every threshold */
-  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL);
+  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
@@ -1305,7 +1305,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
    * result in the next word, and who and why after it); also after a
    * failure in the loads' agreement, so that its rank is named */
   uint64_t verdict[2 + RS_BLAME_WORDS] = {local ? 2 : sl.src ? 1 : 0, (uint64_t)local};
-  rs_blame_put(verdict + 2, me, local ? msg : NULL);
+  rs_blame_put(verdict + 2, me, local ? msg : NULL, rs_blame_first_cause(local));
   if (!r)
     r = comm->ops->allreduce_max_u64(comm, verdict, 2 + RS_BLAME_WORDS, rs_deadline_after_ms(p0->opts.timeout_ms));
   if (!r && (failed || verdict[0] == 2))
