@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "common/vec.h"
 #include "plan/plan.h"
 
@@ -206,15 +207,6 @@ static void sort_canonical(const rs_frag *H, int *idx, int *tmp, size_t n) {
       memcpy(idx + lo, tmp, k * sizeof *idx);
     }
   }
-}
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185ULL;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dULL;
-  x ^= x >> 33;
-  return x;
 }
 
 static void format_box(char *buf, size_t n, int ndim, const int64_t *s,
@@ -518,8 +510,8 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
        * cell with fewer rows than replicas still uses them all). */
       int64_t n = 1;
       for (int d = 0; d < nd; d++) n *= ce[d];
-      uint64_t key = mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
-                     mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
+      uint64_t key = rs_mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
+                     rs_mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
       int64_t obase = n / nowners, oextra = n % nowners, at = 0;
       int *near = ctx->cands + 3 * (nh + 1);
       for (int o = 0; o < nowners; o++) {

@@ -26,6 +26,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "transport/transport.h"
 
 /* A power of two: the bucket is taken from the top bits of a hash. */
@@ -119,10 +120,7 @@ static reshard_inproc_world_t *inproc_world(reshard_comm_t *comm) {
 }
 
 static int inproc_bucket(int src, uint64_t tag) {
-  uint64_t h = ((uint64_t)(uint32_t)src * 0x9E3779B97F4A7C15ull) ^
-               (tag * 0xC2B2AE3D27D4EB4Full);
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
+  const uint64_t h = rs_mix64(rs_mix64(tag) ^ (uint64_t)(uint32_t)src);
   return (int)(h >> (64 - RS_INPROC_BUCKET_BITS));
 }
 

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "common/params.h"
 #include "pack/copy.h"
 #include "reshard_mpi.h"
@@ -59,9 +60,7 @@ static reshard_result_t mpi_fail(int err, const char *what, int rank,
 }
 
 static int mpi_tag(const rs_mpi_comm *m, uint64_t tag) {
-  uint64_t h = (tag >> 32) * 0x9E3779B97F4A7C15ULL;
-  h ^= h >> 29;
-  return (int)(h % ((uint64_t)m->tag_ub + 1));
+  return (int)(rs_mix64(tag >> 32) % ((uint64_t)m->tag_ub + 1));
 }
 
 static reshard_result_t post(reshard_comm_t *c, int peer, uint64_t tag,
