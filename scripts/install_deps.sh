@@ -13,10 +13,11 @@
 set -euo pipefail
 
 # patch: the real-verl test applies reshard's verl patch with it.
+# libucx-dev: the UCX transport (processes launched without MPI).
 # python3-venv and python3-dev: the Python package (scripts/test_python.sh
 # builds it in a virtual environment with pip).
 RESHARD_DEPS=(build-essential cmake pkg-config libcmocka-dev libopenmpi-dev openmpi-bin libjansson-dev procps patch
-  python3-venv python3-dev)
+  python3-venv python3-dev libucx-dev)
 if [ "${1:-}" = "--ci" ]; then
   RESHARD_DEPS+=(clang libclang-rt-14-dev valgrind libsimgrid-dev)
 fi

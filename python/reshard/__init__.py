@@ -37,6 +37,7 @@ __version__ = "%d.%d.%d" % (library_version() // 10000, library_version() // 100
 #: Which transports this build has.
 HAVE_MPI = bool(_lib.RS_PY_HAVE_MPI)
 HAVE_CUDA = bool(_lib.RS_PY_HAVE_CUDA)
+HAVE_UCX = bool(_lib.RS_PY_HAVE_UCX)
 
 __all__ = [
     "Error", "InvalidArgumentError", "InvalidUsageError", "OutOfMemoryError",
@@ -44,5 +45,5 @@ __all__ = [
     "UnsupportedError", "InternalError", "InDoubtError", "Layout", "Shard", "Replicate",
     "Part", "Fragment", "TensorInfo", "Comm", "InprocWorld", "Plan", "Bound",
     "Stats", "PeerStats", "Status", "Estimate", "lower_bound", "SelfTest",
-    "dtypes", "models", "dtensor", "library_version", "HAVE_MPI", "HAVE_CUDA",
+    "dtypes", "models", "dtensor", "library_version", "HAVE_MPI", "HAVE_CUDA", "HAVE_UCX",
 ]

@@ -363,6 +363,9 @@ const char *rm_after_load(const rm_model *m, rm_framework framework,
  * constructors with handles as addresses. */
 static const int RS_PY_HAVE_MPI;
 static const int RS_PY_HAVE_CUDA;
+static const int RS_PY_HAVE_UCX;
+reshard_result_t rs_py_comm_create_ucx(const char *rendezvous, int rank,
+    int size, int timeout_ms, reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_mpi(const void *mpi_comm_addr,
     reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_nccl(uintptr_t nccl_comm,
@@ -398,6 +401,9 @@ SOURCE = r"""
 #ifdef RESHARD_HAVE_MPI
 #include "reshard_mpi.h"
 #endif
+#ifdef RESHARD_HAVE_UCX
+#include "reshard_ucx.h"
+#endif
 #ifdef RESHARD_HAVE_CUDA
 #include "reshard_cuda_ipc.h"
 #include "reshard_nccl.h"
@@ -413,6 +419,23 @@ static const int RS_PY_HAVE_CUDA = 1;
 #else
 static const int RS_PY_HAVE_CUDA = 0;
 #endif
+#ifdef RESHARD_HAVE_UCX
+static const int RS_PY_HAVE_UCX = 1;
+#else
+static const int RS_PY_HAVE_UCX = 0;
+#endif
+
+static reshard_result_t rs_py_comm_create_ucx(const char *rendezvous,
+                                              int rank, int size,
+                                              int timeout_ms,
+                                              reshard_comm_t **out) {
+#ifdef RESHARD_HAVE_UCX
+  return reshard_comm_create_ucx(rendezvous, rank, size, timeout_ms, out);
+#else
+  (void)rendezvous; (void)rank; (void)size; (void)timeout_ms; (void)out;
+  return RESHARD_ERROR_UNSUPPORTED;
+#endif
+}
 
 static reshard_result_t rs_py_comm_create_mpi(const void *mpi_comm_addr,
                                               reshard_comm_t **out) {

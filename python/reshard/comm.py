@@ -74,24 +74,25 @@ def _register_atexit():
 
 
 class Comm(Node):
-    """A reshard communicator. Make one with Comm.mpi, Comm.nccl,
-    Comm.cuda_ipc or InprocWorld(n).comm(rank)."""
+    """A reshard communicator. Make one with Comm.mpi, Comm.ucx,
+    Comm.nccl, Comm.cuda_ipc or InprocWorld(n).comm(rank)."""
 
     def __init__(self, *_a, **_k):
         raise TypeError("make communicators with reshard.Comm.mpi(comm), "
+                        "Comm.ucx(rendezvous, rank, size), "
                         "Comm.nccl(comm), Comm.cuda_ipc(host) or "
                         "reshard.InprocWorld(n).comm(rank)")
 
     @classmethod
     def _wrap(cls, handle, kind, device, keep=(), parent=None):
         self = cls.__new__(cls)
-        self.kind = kind          #: "inproc", "mpi", "nccl" or "cuda_ipc"
+        self.kind = kind          #: "inproc", "mpi", "ucx", "nccl" or "cuda_ipc"
         self.device = device      #: True: buffers are CUDA memory
         self._keep = keep         # objects the C communicator refers to
         # plans depend on it; it depends on its world or host communicator
         self._live(handle, lib.reshard_comm_destroy, parent,
                    "reshard.Comm (%s)" % kind)
-        if kind in ("mpi", "nccl", "cuda_ipc"):
+        if kind in ("mpi", "ucx", "nccl", "cuda_ipc"):
             _LIVE.add(self)
         return self
 
@@ -113,6 +114,31 @@ class Comm(Node):
         _register_atexit()
         h = cls._create(lib.rs_py_comm_create_mpi, ffi.cast("void *", addr))
         return cls._wrap(h, "mpi", False)
+
+    @classmethod
+    def ucx(cls, rendezvous, rank, size, timeout_ms=None):
+        """A host communicator of ``size`` processes over UCX, without MPI
+        (reshard_comm_create_ucx): processes launched any way (Ray actors,
+        subprocesses) call it with the same ``rendezvous`` "host:port" and
+        their own ``rank``; rank 0 listens there. Collective; it raises
+        TimeoutError if not every rank arrives within ``timeout_ms``
+        (None: RESHARD_TIMEOUT_MS, else 60 s)."""
+        if not lib.RS_PY_HAVE_UCX:
+            raise UnsupportedError("reshard.Comm.ucx: this reshard was built "
+                                   "without UCX (install libucx-dev and "
+                                   "reinstall)")
+        if not isinstance(rendezvous, str):
+            raise InvalidArgumentError("reshard.Comm.ucx: rendezvous must be "
+                                       "a \"host:port\" string, not %r"
+                                       % (rendezvous,))
+        if timeout_ms is not None and int(timeout_ms) < 1:
+            raise InvalidArgumentError("reshard.Comm.ucx: timeout_ms must be "
+                                       ">= 1 ms (None: the default)")
+        _register_atexit()
+        h = cls._create(lib.rs_py_comm_create_ucx, rendezvous.encode(),
+                        int(rank), int(size),
+                        0 if timeout_ms is None else int(timeout_ms))
+        return cls._wrap(h, "ucx", False)
 
     @classmethod
     def nccl(cls, comm, mpi_comm=None):

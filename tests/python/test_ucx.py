@@ -1,0 +1,87 @@
+"""Processes as ranks without mpirun: reshard.Comm.ucx over plain
+subprocesses that meet at a rendezvous address. Skipped where reshard was
+built without UCX, unless RESHARD_REQUIRE_UCX=1 (the test command sets it
+where libucx-dev is installed: there it must run)."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import reshard
+from conftest import ROOT
+
+if not reshard.HAVE_UCX and os.environ.get("RESHARD_REQUIRE_UCX") == "1":
+    raise RuntimeError("RESHARD_REQUIRE_UCX=1 but this reshard has no UCX transport")
+pytestmark = pytest.mark.skipif(not reshard.HAVE_UCX, reason="needs a reshard built with UCX")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(size, script, *args, timeout=240):
+    """Starts `size` processes of `script` (rank 0 last, so that the others
+    wait for its listener) and waits for all within `timeout`: a hang
+    kills every process and fails. Returns [(rc, output)] by rank."""
+    rendezvous = "127.0.0.1:%d" % free_port()
+    env = dict(os.environ, RESHARD_TIMEOUT_MS="30000")
+    procs = {}
+    for rank in reversed(range(size)):
+        procs[rank] = subprocess.Popen(
+            [sys.executable, script, rendezvous, str(rank), str(size)] + [str(a) for a in args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    until = time.monotonic() + timeout
+    out = {}
+    try:
+        for rank, p in procs.items():
+            out[rank] = (p.wait(timeout=max(1, until - time.monotonic())), p.stdout.read())
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [out[r] for r in sorted(out)]
+
+
+def test_random_layouts_ucx(seed):
+    res = launch(4, "tests/python/ucx_random_layouts.py", seed, 8)
+    for rank, (rc, text) in enumerate(res):
+        assert rc == 0 and "OK" in text, "rank %d:\n%s" % (rank, text)
+
+
+def test_rendezvous_times_out_when_a_rank_is_missing():
+    """Size 3, ranks 0 and 1 only: both raise TimeoutError within their
+    deadline (2 s) naming what did not arrive; nothing hangs."""
+    script = ("import sys, time, reshard\n"
+              "t0 = time.monotonic()\n"
+              "try:\n"
+              "    reshard.Comm.ucx(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), timeout_ms=2000)\n"
+              "except reshard.TimeoutError as e:\n"
+              "    print('TIMEOUT after %.1f s: %s' % (time.monotonic() - t0, e))\n")
+    rendezvous = "127.0.0.1:%d" % free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", script, rendezvous, str(r), "3"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (1, 0)]
+    try:
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for text in outs:
+        assert "TIMEOUT after" in text, text
+        took = float(text.split("TIMEOUT after ")[1].split(" s")[0])
+        assert took < 4, text
+    assert "2 of 3 ranks arrived" in outs[1]
+
+
+def test_bad_rendezvous_is_invalid_argument():
+    with pytest.raises(reshard.InvalidArgumentError, match="host:port"):
+        reshard.Comm.ucx("no-port-here", 0, 2, timeout_ms=1000)
+    with pytest.raises(reshard.InvalidArgumentError, match="rank 2 of size 2"):
+        reshard.Comm.ucx("127.0.0.1:1", 2, 2, timeout_ms=1000)

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Launches a program as NPROCS plain processes (no mpirun) that make a
+# communicator over UCX (reshard_comm_create_ucx) at a rendezvous on a free
+# TCP port of 127.0.0.1:
+#
+#   run_ucx.sh LIMIT_S NPROCS -- PROGRAM ARGS...
+#
+# runs, for R = 0 .. NPROCS-1, in the background,
+#
+#   PROGRAM --rendezvous 127.0.0.1:PORT --rank R --size NPROCS ARGS...
+#
+# (ARGS may override --size, e.g. to start fewer processes than the world
+# holds), each with its stdout and stderr in a file of its own. Waits for
+# all of them, for LIMIT_S seconds at most: then every process still
+# running is killed (SIGCONT, SIGKILL: a stopped one too) and the run
+# fails (a hang). Afterwards prints each rank's output, in rank order,
+# unprefixed, after a "---- rank R: ..." line (so that
+# tests/mpi/run_fault_test.sh can count its PASS, FAIL and STATE lines:
+# this script can be its command), and exits 0 when every process exited
+# 0, 124 after a timeout, else 1. No process is left behind: on any exit
+# (a signal from ctest or `timeout` included) the children are killed.
+set -uo pipefail
+
+if [ $# -lt 4 ] || [ "$3" != "--" ]; then
+  echo "usage: $0 LIMIT_S NPROCS -- PROGRAM ARGS..." >&2
+  exit 2
+fi
+limit=$1 nprocs=$2
+shift 3
+case "$limit$nprocs" in *[!0-9]*) echo "$0: LIMIT_S and NPROCS are numbers" >&2; exit 2 ;; esac
+[ "$nprocs" -ge 1 ] || { echo "$0: NPROCS >= 1" >&2; exit 2; }
+
+# UCX: no setting is needed. Its defaults (UCX_TLS all) pick shared memory
+# between the processes and TCP on the loopback, and the rendezvous (a
+# ucp_listener) connects over TCP; UCX_TLS=tcp,self works as well, but a
+# UCX_TLS without tcp (sm,self) cannot make the client-server connection
+# of the rendezvous (comm_create_ucx times out). The caller's UCX_* pass
+# through unchanged.
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/run_ucx.XXXXXX") || exit 1
+pids=()
+
+kill_all() {
+  local p c
+  for p in "${pids[@]}"; do
+    # the process and any child of its own (by parent pid)
+    for c in $(pgrep -P "$p" 2>/dev/null) "$p"; do
+      kill -CONT "$c" 2>/dev/null
+      kill -KILL "$c" 2>/dev/null
+    done
+  done
+}
+cleanup() {
+  exec 2>/dev/null
+  kill_all
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
+
+# A free port: bound to 0 by the kernel, then released (rank 0 binds it
+# again; another process taking it in between is unlikely on a test
+# machine). Without python3, a random port of the ephemeral-free range.
+port=$(python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null)
+if [ -z "$port" ]; then
+  port=$((20000 + RANDOM % 12000))
+fi
+addr=127.0.0.1:$port
+
+# milliseconds of the wall clock (bash 5's EPOCHREALTIME, else date)
+now_ms() {
+  if [ -n "${EPOCHREALTIME:-}" ]; then
+    local t=${EPOCHREALTIME/[.,]/}
+    echo $((10#$t / 1000))
+  else
+    date +%s%3N
+  fi
+}
+
+start=$(now_ms)
+for ((r = 0; r < nprocs; r++)); do
+  "$1" --rendezvous "$addr" --rank "$r" --size "$nprocs" "${@:2}" >"$dir/rank$r.log" 2>&1 </dev/null &
+  pids+=($!)
+done
+
+# Wait for every process until the limit (bash reaps them as they end:
+# kill -0 fails once one is gone, and `wait` then gives its status).
+timed_out=0
+deadline=$((start + limit * 1000))
+while :; do
+  alive=0
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then alive=1; break; fi
+  done
+  [ "$alive" = 0 ] && break
+  if [ "$(now_ms)" -ge "$deadline" ]; then
+    timed_out=1
+    break
+  fi
+  sleep 0.1
+done
+if [ "$timed_out" = 1 ]; then
+  still=()
+  for ((r = 0; r < nprocs; r++)); do
+    kill -0 "${pids[$r]}" 2>/dev/null && still+=("$r")
+  done
+  exec 3>&2 2>/dev/null # no "Killed" notices from bash: the line below says it
+  kill_all
+fi
+
+rc=0
+for ((r = 0; r < nprocs; r++)); do
+  wait "${pids[$r]}" 2>/dev/null
+  st=$?
+  echo "---- rank $r: exit status $st"
+  cat "$dir/rank$r.log"
+  [ "$st" -ne 0 ] && rc=1
+done
+elapsed=$(( ($(now_ms) - start) / 100 ))
+elapsed=$((elapsed / 10)).$((elapsed % 10))
+if [ "$timed_out" = 1 ]; then
+  exec 2>&3 3>&-
+  echo "run_ucx: TIMEOUT: ranks ${still[*]} still running after ${limit} s: killed"
+  exit 124
+fi
+echo "run_ucx: $nprocs processes on $addr, $( [ $rc = 0 ] && echo 'all exited 0' || echo 'some failed'), ${elapsed} s"
+exit $rc
