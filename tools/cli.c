@@ -230,6 +230,10 @@ void cli_usage(int tool, FILE *out) {
             "  --verify              also time a second plan with RESHARD_FLAG_VERIFY (end-to-end\n"
             "                        box checksums), interleaved with the plain one; prints its\n"
             "                        cost as '# verify: ... ratio=' (every backend)\n"
+            "  --ucx                 also time the same plan over a UCX communicator\n"
+            "                        (reshard_comm_create_ucx, rendezvous at rank 0's host),\n"
+            "                        interleaved with the MPI one; prints '# ucx: ... ratio='\n"
+            "                        (host buffers: --backend mpi; a build with UCX)\n"
             "  --values auto|bits|finite\n"
             "                        what the source's float elements hold: bits, every bit pattern\n"
             "                        (NaNs included: a fp8 block then takes the quantizer's NaN\n"
@@ -410,6 +414,8 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
       if (parse_baselines(v, o, err, errlen)) return -1;
     } else if (perf && !strcmp(a, "--verify")) {
       o->verify = 1;
+    } else if (perf && !strcmp(a, "--ucx")) {
+      o->ucx = 1;
     } else if (perf && !strcmp(a, "--values")) {
       VALUE();
       if (!strcmp(v, "auto")) o->values = -1;

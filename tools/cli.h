@@ -68,6 +68,7 @@ typedef struct cli_opts {
   int baseline_broadcast, baseline_alltoallw;
   int inject_error; /* testing: corrupt one destination byte after a run */
   int verify;       /* also time the plan with RESHARD_FLAG_VERIFY */
+  int ucx;          /* also time the plan over a UCX communicator */
   int values;       /* --values: -1 auto, else a reshard_selftest_values_t */
   int backend;      /* CLI_BACKEND_*: MPI over host buffers, NCCL or CUDA IPC */
   /* reshard_plan */

@@ -51,6 +51,14 @@
  * a plan's execute is captured into a CUDA graph at its second call, and
  * later calls launch the graph. The CUDA side lives in tools/perf_nccl.c.
  *
+ * --ucx: the same plan over a UCX communicator (reshard_comm_create_ucx,
+ * its rendezvous at rank 0's host name and a free port, or
+ * RESHARD_PERF_UCX_RENDEZVOUS) runs as one more method, interleaved with
+ * the MPI one (table row "ucx"), and its cost is printed before the
+ * result line as
+ *   # ucx: time_us=T ratio=R   (R = T / the MPI plan's median)
+ * so the two host transports are compared in one run on the same data.
+ *
  * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
  * runs as one more method ("reshard+verify"), interleaved with the plain
  * one (table row "verify"), and its cost is printed before the result
@@ -83,6 +91,13 @@ enum { folded = 0 };
 #include "perf_nccl.h"
 #include "reshard_mpi.h"
 #include "reshard_selftest.h"
+#ifdef RESHARD_HAVE_UCX
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "reshard_ucx.h"
+#endif
 
 static int world_rank, world_size;
 
@@ -969,6 +984,42 @@ static double process_cpu_s(void) {
 }
 #endif
 
+#ifdef RESHARD_HAVE_UCX
+/* --ucx: a UCX communicator of the same ranks. Rank 0 picks the
+ * rendezvous (its host name and a port the kernel says is free, or
+ * RESHARD_PERF_UCX_RENDEZVOUS) and tells the others over MPI. */
+static reshard_comm_t *ucx_comm(void) {
+  char rdv[300] = "";
+  if (!world_rank) {
+    const char *env = getenv("RESHARD_PERF_UCX_RENDEZVOUS");
+    if (env && *env) {
+      snprintf(rdv, sizeof rdv, "%s", env);
+    } else {
+      char host[256] = "127.0.0.1";
+      int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+      struct sockaddr_in sa;
+      socklen_t len = sizeof sa;
+      memset(&sa, 0, sizeof sa);
+      sa.sin_family = AF_INET;
+      if (fd >= 0 && !bind(fd, (struct sockaddr *)&sa, sizeof sa) && !getsockname(fd, (struct sockaddr *)&sa, &len))
+        port = ntohs(sa.sin_port);
+      if (fd >= 0) close(fd);
+      if (world_size > 1 && gethostname(host, sizeof host)) snprintf(host, sizeof host, "127.0.0.1");
+      host[sizeof host - 1] = 0;
+      snprintf(rdv, sizeof rdv, "%s:%d", host, port);
+    }
+  }
+  WD_CALL(MPI_Bcast(rdv, (int)sizeof rdv, MPI_CHAR, 0, MPI_COMM_WORLD));
+  reshard_comm_t *u = NULL;
+  if (reshard_comm_create_ucx(rdv, world_rank, world_size, 60000, &u)) {
+    fprintf(stderr, "reshard_perf: rank %d: reshard_comm_create_ucx(%s): %s\n", world_rank, rdv, reshard_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  say0("# ucx: a UCX communicator, rendezvous %s\n", rdv);
+  return u;
+}
+#endif
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -1014,6 +1065,16 @@ int main(int argc, char **argv) {
     return finish(2);
   }
 #endif
+#ifndef RESHARD_HAVE_UCX
+  if (c.o.ucx) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: --ucx: this build has no UCX transport (libucx-dev)\n");
+    return finish(2);
+  }
+#endif
+  if (c.o.ucx && nccl) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: --ucx compares host transports: use --backend mpi\n");
+    return finish(2);
+  }
   if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --baseline with --backend %s: the baselines move host buffers over MPI "
@@ -1107,7 +1168,11 @@ int main(int argc, char **argv) {
   if (c.o.staging) opts.staging_bytes = c.o.staging;
   opts.topology = c.o.topology;
   opts.relay = c.o.relay;
-  reshard_state rst = {NULL}, vst = {NULL};
+  reshard_state rst = {NULL}, vst = {NULL}, ust = {NULL};
+  reshard_comm_t *ucomm = NULL;
+#ifdef RESHARD_HAVE_UCX
+  if (c.o.ucx) ucomm = ucx_comm();
+#endif
   WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
   /* In simulation, computation takes no simulated time
@@ -1135,6 +1200,13 @@ int main(int argc, char **argv) {
       fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (RESHARD_FLAG_VERIFY): %s: %s\n", world_rank,
               reshard_result_string(r), reshard_last_error());
   }
+  if (!bad && ucomm) {
+    r = reshard_plan_create(ucomm, c.L.src, c.L.dst, &opts, &ust.plan);
+    bad = r != RESHARD_SUCCESS;
+    if (bad)
+      fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (UCX): %s: %s\n", world_rank,
+              reshard_result_string(r), reshard_last_error());
+  }
   WD_CALL(MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   WD_CALL(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
@@ -1143,6 +1215,8 @@ int main(int argc, char **argv) {
   if (any_bad) {
     reshard_plan_destroy(rst.plan);
     reshard_plan_destroy(vst.plan);
+    reshard_plan_destroy(ust.plan);
+    reshard_comm_destroy(ucomm);
     reshard_comm_destroy(comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
     perf_nccl_close(c.dev);
@@ -1233,7 +1307,7 @@ int main(int argc, char **argv) {
          lb.seconds * 1e6, reshard_bound_name(lb.bound));
   }
 
-  method ms[4];
+  method ms[5];
   memset(ms, 0, sizeof ms);
   int nm = 0;
   ms[nm++] = (method){.name = "reshard", .run = run_reshard, .state = &rst, .crossed = sum[2]};
@@ -1244,8 +1318,15 @@ int main(int argc, char **argv) {
     set_peaks(&ms[nm], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
     snprintf(ms[nm].info, sizeof ms[nm].info, "the same plan with RESHARD_FLAG_VERIFY");
     nm++;
-    first_baseline = 2;
   }
+  const int ucx_at = ucomm ? nm : -1;
+  if (ucomm) {
+    ms[nm] = (method){.name = "ucx", .run = run_reshard, .state = &ust, .crossed = sum[2]};
+    set_peaks(&ms[nm], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
+    snprintf(ms[nm].info, sizeof ms[nm].info, "the same plan over a UCX communicator");
+    nm++;
+  }
+  first_baseline = nm;
   bcast_state *bst = NULL;
   a2aw_state *ast = NULL;
   if (c.o.baseline_broadcast) {
@@ -1287,6 +1368,12 @@ int main(int argc, char **argv) {
     else if (R->failed) say0("# verify: time_us=%.1f ratio=nan\n", V->med_us);
     else say0("# verify: time_us=%.1f ratio=%.2f\n", V->med_us, V->med_us / R->med_us);
   }
+  if (ucx_at >= 0) {
+    const method *U = &ms[ucx_at];
+    if (U->failed) say0("# ucx: time_us=nan ratio=nan\n");
+    else if (R->failed) say0("# ucx: time_us=%.1f ratio=nan\n", U->med_us);
+    else say0("# ucx: time_us=%.1f ratio=%.2f\n", U->med_us, U->med_us / R->med_us);
+  }
   if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c.delivered,
                       (long long)R->wrong);
   else
@@ -1309,6 +1396,8 @@ int main(int argc, char **argv) {
 #endif
   reshard_plan_destroy(rst.plan);
   reshard_plan_destroy(vst.plan);
+  reshard_plan_destroy(ust.plan);
+  reshard_comm_destroy(ucomm);
   reshard_comm_destroy(comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
   perf_nccl_close(c.dev);
