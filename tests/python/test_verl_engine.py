@@ -30,12 +30,23 @@ def full(t, step):
     return np.frombuffer(b.tobytes(), np.uint8).view(np.uint16).reshape(t.shape)
 
 
-def test_verl_engine_updates(tmp_path):
+@pytest.mark.parametrize("transport", ["inproc", "ucx"])
+def test_verl_engine_updates(tmp_path, transport):
+    """transport "ucx": the same workers over reshard.Comm.ucx, meeting at
+    the master's address and the free port its prepare() found (what
+    Ray-launched actor and rollout workers use without MPI; here threads
+    of one process, each with its own UCX context)."""
+    if transport == "ucx" and not reshard.HAVE_UCX:
+        pytest.skip("needs a reshard built with UCX")
     cfg = tiny_config(tmp_path)
-    reshard.integrations.WORLDS["verl"] = world = reshard.InprocWorld(A + R)
+    world = None
+    if transport == "inproc":
+        reshard.integrations.WORLDS["verl"] = world = reshard.InprocWorld(A + R)
+    kw = dict(transport="inproc:verl") if transport == "inproc" else \
+        dict(transport="ucx", master_address="127.0.0.1")
     engines = [CheckpointEngineRegistry.new(
         "reshard", bucket_size=64 << 10, model_config_path=cfg,
-        transport="inproc:verl", is_master=(i == 0), timeout_ms=30000)
+        is_master=(i == 0), timeout_ms=30000, **kw)
         for i in range(A + R)]
     assert len(engines[0].groups) > 3  # several plans of <= 64 KiB
     tensors = engines[0].model.tensors()
@@ -81,8 +92,9 @@ def test_verl_engine_updates(tmp_path):
         assert sum(p.stats().send_bytes for p in e.plans) > 0
     for e in engines:
         e.close()
-    world.close()
-    del reshard.integrations.WORLDS["verl"]
+    if world is not None:
+        world.close()
+        del reshard.integrations.WORLDS["verl"]
 
 
 def test_verl_engine_names_unknown_and_missing_weights(tmp_path):

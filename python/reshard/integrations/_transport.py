@@ -6,6 +6,9 @@
                   (needs vLLM, and a GPU per process)
   "mpi"           mpi4py's COMM_WORLD (every process of the job in one MPI
                   launch)
+  "ucx"           reshard.Comm.ucx at master_address:master_port (host
+                  memory; processes launched any way, e.g. Ray actors:
+                  the rank at 0 listens there)
   "inproc:<key>"  the InprocWorld registered as WORLDS[key]: ranks as
                   threads of one process (tests, single-process tools)
 """
@@ -23,6 +26,12 @@ def comm(transport, rank, world_size, master_address, master_port, device):
     if transport == "mpi":
         from mpi4py import MPI
         c = reshard.Comm.mpi(MPI.COMM_WORLD)
+    elif transport == "ucx":
+        if master_address is None or master_port is None:
+            raise InvalidArgumentError("reshard integration: transport ucx "
+                                       "needs master_address and master_port")
+        c = reshard.Comm.ucx("%s:%d" % (master_address, int(master_port)),
+                             rank, world_size)
     elif transport.startswith("inproc:"):
         world = WORLDS.get(transport[len("inproc:"):])
         if world is None:
@@ -53,7 +62,7 @@ def comm(transport, rank, world_size, master_address, master_port, device):
             c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
     else:
         raise InvalidArgumentError("reshard integration: transport %r: "
-                                   "'nccl', 'mpi' or 'inproc:<key>'"
+                                   "'nccl', 'mpi', 'ucx' or 'inproc:<key>'"
                                    % (transport,))
     if c.rank != rank or c.size != world_size:
         got = (c.rank, c.size)

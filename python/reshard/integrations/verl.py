@@ -190,6 +190,8 @@ class ReshardCheckpointEngine(CheckpointEngine):
     _routable_address) and is_master. Transports: "nccl"
     (GPUs; vLLM's PyNcclCommunicator, rendezvous at the master's address),
     "mpi" (every actor and rollout worker in one MPI job: COMM_WORLD),
+    "ucx" (host memory over UCX, rendezvous at the master's address as
+    for nccl: actors and rollouts launched as Ray actors, no MPI),
     "inproc:<key>" (threads of one process; tests). Any other keyword
     (a misspelt engine_kwargs key) is InvalidArgumentError naming it."""
 
@@ -245,7 +247,7 @@ class ReshardCheckpointEngine(CheckpointEngine):
 
     # ------------------------------------------------------- topology
     def prepare(self):
-        if not self.is_master or not self.transport == "nccl":
+        if not self.is_master or self.transport not in ("nccl", "ucx"):
             return {}
         addr = self.master_address or _routable_address()
         # a free port there, as verl's NCCL engine finds its own

@@ -29,7 +29,9 @@ the workers at rank_offset = T + dp_index * (tp * pp) + parallel_config.rank
 (vLLM's own formula, nccl_common.py _worker_group_rank). Transports:
 "nccl" (default: a PyNcclCommunicator over vLLM's StatelessProcessGroup at
 master_address:master_port, as vLLM's nccl engine builds it), "mpi" (all
-trainer and worker processes in one MPI job: mpi4py's COMM_WORLD), or
+trainer and worker processes in one MPI job: mpi4py's COMM_WORLD), "ucx"
+(host memory over UCX, rendezvous at master_address:master_port: processes
+launched any way, e.g. by Ray), or
 "inproc:<key>" (threads of one process, reshard.integrations.WORLDS;
 tests).
 
