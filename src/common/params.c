@@ -39,6 +39,10 @@ static struct {
         .doc = "source-side spreading (copy sole-held data over NVLink to less busy ranks of its domain before "
                 "it crosses the network): 1 (default) when the cost model predicts it faster, 0 never, 2 "
                 "wherever a domain is imbalanced (sets options.flags)"},
+    [RS_PARAM_UCX_PEER_ERRORS] = {.name = "RESHARD_UCX_PEER_ERRORS",
+        .doc = "0 (default): the UCX transport's connections may use shared memory, and a dead peer costs its "
+                "partners the deadline (TIMEOUT); 1: UCP peer-failure mode, a dead peer is BACKEND in "
+                "milliseconds, but UCX 1.13 then moves data over TCP only (no shared memory)"},
 };
 
 static pthread_once_t rs_params_once = PTHREAD_ONCE_INIT;

@@ -15,6 +15,7 @@ typedef enum rs_param_id {
   RS_PARAM_TOPOLOGY, /* a string */
   RS_PARAM_MAX_PHASES,
   RS_PARAM_SPREAD,
+  RS_PARAM_UCX_PEER_ERRORS,
   RS_NUM_PARAMS
 } rs_param_id;
 
