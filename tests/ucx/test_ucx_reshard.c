@@ -87,8 +87,8 @@
 #include "reshard.h"
 #include "reshard_selftest.h"
 #include "reshard_ucx.h"
-#include "transport/transport.h" /* exit: the victim's sends are counted */
 #include "mpi/state_line.h"
+#include "support/dying_send.h" /* exit: the victim's sends are counted */
 #include "support/random_layout.h"
 
 #define TILE 64          /* rows (columns) per rank of the grid transfer */
@@ -530,30 +530,6 @@ static int run_stop(reshard_comm_t *comm) {
 
 /* ---------------------------------------------------------------- exit */
 
-static const rs_transport_ops *real_ops;
-static int sends_before_exit = -1; /* the victim's: _exit on this call */
-static int sends_made;
-
-static void count_send(void) {
-  if (sends_before_exit >= 0 && ++sends_made == sends_before_exit) {
-    printf("EXIT rank %d: _exit(0) on send %d, mid-transfer\n", world_rank, sends_made);
-    fflush(stdout);
-    _exit(0);
-  }
-}
-
-static reshard_result_t dying_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
-                                    rs_request **req) {
-  count_send();
-  return real_ops->isend(c, peer, tag, buf, bytes, req);
-}
-
-static reshard_result_t dying_isend_boxes(reshard_comm_t *c, int peer, uint64_t tag, const struct rs_copy *copies,
-                                          uint32_t n, void *const *bases, size_t bytes, rs_request **req) {
-  count_send();
-  return real_ops->isend_boxes(c, peer, tag, copies, n, bases, bytes, req);
-}
-
 /* Rank 1 dies (_exit(0)) on its (size+1)-th send of the grid transfer:
  * after its first round to every peer and the first message of its
  * second. The survivors' execute must fail (TIMEOUT, REMOTE or BACKEND)
@@ -565,13 +541,7 @@ static int run_exit(reshard_comm_t *comm) {
     return 1;
   }
   const int victim = 1;
-  static rs_transport_ops dying;
-  real_ops = comm->ops;
-  dying = *real_ops;
-  dying.isend = dying_isend;
-  if (real_ops->isend_boxes) dying.isend_boxes = dying_isend_boxes;
-  comm->ops = &dying;
-  if (world_rank == victim) sends_before_exit = world_size + 1;
+  dying_send_install(comm, world_rank == victim ? world_size + 1 : -1);
 
   reshard_layout_t *src = grid_layout(0, TILE), *dst = grid_layout(1, TILE);
   if (!src || !dst) return 1;
