@@ -41,9 +41,10 @@ add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/kernels/verify_kernels.cu
   ${PROJECT_SOURCE_DIR}/kernels/quant_kernels.cu
   ${PROJECT_SOURCE_DIR}/src/device/quant_device.c
-  ${PROJECT_SOURCE_DIR}/src/device/dev_comm.c
+  ${PROJECT_SOURCE_DIR}/src/transport/dev_comm.c
+  ${PROJECT_SOURCE_DIR}/src/cuda/cuda_util.c
   ${PROJECT_SOURCE_DIR}/src/device/direct.c
-  ${PROJECT_SOURCE_DIR}/src/device/mem_range.c
+  ${PROJECT_SOURCE_DIR}/src/cuda/mem_range.c
   ${PROJECT_SOURCE_DIR}/src/device/execute_device.c
   ${PROJECT_SOURCE_DIR}/src/device/tiles.c
   ${PROJECT_SOURCE_DIR}/src/transport/nccl.c

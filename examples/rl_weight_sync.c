@@ -17,7 +17,7 @@
  * Trainer ranks come first in MPI_COMM_WORLD, then inference ranks. It uses
  * only installed headers (reshard.h, reshard_mpi.h, reshard_models.h,
  * reshard_selftest.h) and watchdog.h beside it: copy both from
- * share/reshard/examples and build against an installed reshard (README,
+ * share/reshard/examples and build against an installed reshard (docs/API.md,
  * "Use reshard from your own project").
  *
  * It never hangs: reshard's calls end at their deadline, any failure ends

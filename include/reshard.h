@@ -589,7 +589,7 @@ typedef struct reshard_options {
  * than the others (an MoE layer whose experts have one replica), plan
  * creation copies slices of their sole-held data over NVLink to the
  * domain's less busy ranks first, and those send them on, when the cost
- * model predicts that faster (README "Source-side spreading"). This flag
+ * model predicts that faster (docs/TUNING.md, "Source-side spreading"). This flag
  * turns it off (RESHARD_SPREAD=0 in the environment sets it). */
 #define RESHARD_FLAG_NO_SPREAD 0x10u
 /* Keeps the spread plan wherever some rank is over its domain's mean,

@@ -94,7 +94,7 @@ RS_HD void rs_dev_agree_check(const rs_dev_hdr *in, uint32_t n, const rs_dev_hdr
 
 /* The communicator was aborted (poisoned: a failed or timed-out call on
  * it) while this plan's work was pending: the host closed the gate before
- * the abort (src/device/dev_comm.c rs_dev_comm_close_gates), so that the
+ * the abort (src/transport/dev_comm.c rs_dev_comm_close_gates), so that the
  * launches behind the aborted transfers write nothing. */
 #define RS_DEV_AGREE_POISONED 0xfffffffbu
 

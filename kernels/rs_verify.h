@@ -11,7 +11,27 @@
 #include <string.h>
 
 #include "kernels/rs_tile.h"
-#include "plan/plan.h"
+#include "reshard.h" /* RESHARD_MAX_DIMS */
+
+/* Verify mode (RESHARD_FLAG_VERIFY): which tensor elements one copy
+ * carries, in global coordinates, so that both ends can checksum a box
+ * keyed by position. Kept per rs_copy (parallel arrays below), so any
+ * message, whatever buffers its boxes come from, can be checked. */
+typedef struct rs_vbox {
+  int32_t tensor; /* destination-layout tensor id (index in vtensors) */
+  int32_t ndim;
+  int64_t start[RESHARD_MAX_DIMS];
+  int64_t extent[RESHARD_MAX_DIMS];
+} rs_vbox;
+
+/* A tensor as verify mode needs it: its name for messages and the
+ * row-major strides of its global index. */
+typedef struct rs_vtensor {
+  char *name;
+  int32_t ndim;
+  uint32_t esize;
+  int64_t gstride[RESHARD_MAX_DIMS];
+} rs_vtensor;
 
 RS_HD uint64_t rs_vfmix64(uint64_t x) {
   x ^= x >> 33;

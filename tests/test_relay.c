@@ -823,7 +823,8 @@ static void replica_choice(void **state) {
 }
 
 /* On a device (stream-ordered) transport relay = 1 plans direct: the
- * in-process transport dressed as one (plans only, never executed). */
+ * in-process transport planned for a stream-ordered executor (plans only,
+ * never executed). */
 typedef struct device_arg {
   const reshard_layout_t *src, *dst;
   size_t sent[8];
@@ -831,30 +832,22 @@ typedef struct device_arg {
   int host; /* plan on the transport as it is, not as a device transport */
 } device_arg;
 
-/* A device transport as far as plan creation sees it: it sets nothing up
- * (the plan is never executed). */
-static reshard_result_t no_device_setup(reshard_plan_t *plan) {
-  (void)plan;
-  return RESHARD_SUCCESS;
-}
+/* A stream-ordered executor as far as plan creation sees it: it sets
+ * nothing up (the plan is never executed). */
+static const rs_executor not_a_device = {.name = "not-a-device", .stream_ordered = 1};
 
 static int device_rank(int rank, reshard_comm_t *comm, void *p) {
   device_arg *a = p;
-  static const rs_stream_ops not_a_device = {.prepare_local = no_device_setup, .prepare_peers = no_device_setup};
-  rs_transport_ops ops = *comm->ops;
-  ops.stream_ops = &not_a_device;
-  const rs_transport_ops *saved = comm->ops;
-  if (!a->host) comm->ops = &ops;
   reshard_options_t o = relay_opts(1, 0);
   reshard_plan_t *plan = NULL;
   reshard_plan_stats_t st;
-  int bad = reshard_plan_create(comm, a->src, a->dst, &o, &plan) != RESHARD_SUCCESS;
+  int bad = (a->host ? reshard_plan_create(comm, a->src, a->dst, &o, &plan)
+                     : rs_plan_create(comm, &not_a_device, a->src, a->dst, &o, &plan)) != RESHARD_SUCCESS;
   if (!bad) {
     reshard_plan_get_stats(plan, &st);
     a->sent[rank] = st.send_bytes;
   }
   reshard_plan_destroy(plan);
-  comm->ops = saved;
   return bad;
 }
 

@@ -1,5 +1,5 @@
 /* The RESHARD_* environment parameters: every tunable is read once, from
- * this one table, with a doc line each (README "Tuning knobs"). */
+ * this one table, with a doc line each (docs/TUNING.md). */
 #ifndef RS_COMMON_PARAMS_H
 #define RS_COMMON_PARAMS_H
 

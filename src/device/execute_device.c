@@ -10,9 +10,9 @@
  * the pack stream after round 0's pack, so they overlap its transfer.
  *
  * Everything per plan (descriptors, tiles, streams, events) is set up
- * while the plan is created (rs_device_prepare_local, before creation's
+ * while the plan is created (device_prepare_local, before creation's
  * last agreement, so that a rank that cannot set up fails creation on
- * every rank), and its peers are connected then (rs_device_prepare_peers);
+ * every rank), and its peers are connected then (connect_peers);
  * an execute costs a few launches and one group per round, and no
  * per-segment work. The staging is the communicator's pool, shared by its
  * plans, whose executes therefore run one after another.
@@ -33,7 +33,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
-#include "device/dev_comm.h"
+#include "transport/dev_comm.h"
 #include "device/device.h"
 #include "device/direct.h"
 #include "kernels/rs_kernels.h"
@@ -141,15 +141,6 @@ typedef struct rs_dev {
   cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2], ev_local;
 } rs_dev;
 
-reshard_result_t rs_cuda_error(int err, const char *what, int rank) {
-  cudaError_t e = (cudaError_t)err;
-  reshard_result_t code = e == cudaErrorMemoryAllocation
-                              ? RESHARD_ERROR_OUT_OF_MEMORY
-                              : RESHARD_ERROR_BACKEND;
-  return rs_error(code, "rank %d: %s failed: %s (%s)", rank, what,
-                  cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
 /* Every event of a plan's device state, for creation and destruction. */
 #define DEV_EVENTS(d)                                                                                          \
   {&(d)->tab_ev[0],  &(d)->tab_ev[1],  &(d)->tab_ev[2],      &(d)->tab_ev[3],      &(d)->ev_begin,             \
@@ -212,7 +203,7 @@ static int64_t work_deadline(rs_dev *d) {
 
 /* A host node at the start of a captured execute: each launch of the
  * graph gives its execute a deadline from now (the plan's timeout), for
- * rs_device_poll and the communicator's next drain. On CUDA's thread: no
+ * device_poll and the communicator's next drain. On CUDA's thread: no
  * CUDA call, atomics only. */
 static void CUDART_CB launched(void *arg) {
   rs_dev *d = arg;
@@ -262,7 +253,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   if (!idle) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
            "abort: its device memory and the staging pool are not freed", p->rank);
-    if (d->pool_held) so->staging_release(p->comm, 1);
+    if (d->pool_held) rs_dev_comm_staging_release(p->comm, 1);
     if (p->stuck_out) *p->stuck_out = 1; /* memory others own that the work uses stays too */
     return;
   }
@@ -294,7 +285,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   cudaEvent_t *evs[] = DEV_EVENTS(d);
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (*evs[i]) cudaEventDestroy(*evs[i]);
-  if (d->pool_held) so->staging_release(p->comm, 0);
+  if (d->pool_held) rs_dev_comm_staging_release(p->comm, 0);
   for (int i = 0; i < RS_TAB_SLOTS; i++)
     if (d->h_tab[i]) cudaFreeHost(d->h_tab[i]);
   if (d->h_agree) cudaFreeHost(d->h_agree);
@@ -311,7 +302,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   free(d);
 }
 
-void rs_device_plan_free(reshard_plan_t *p) {
+static void device_free(reshard_plan_t *p) {
   dev_free(p, p->device);
   p->device = NULL;
 }
@@ -350,7 +341,6 @@ static void build_dir(const rs_msg *m, size_t n, const size_t *round, const rs_c
 
 static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
   reshard_result_t r = RESHARD_SUCCESS;
-  const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_copy *hc = NULL;
   rs_tile *ht = NULL;
   rs_dev *d = calloc(1, sizeof *d);
@@ -514,7 +504,7 @@ static reshard_result_t dev_setup(const reshard_plan_t *p, rs_dev **out) {
     CU(ce, "verify setup");
   }
   if (d->staging_bytes) {
-    RS_CHECK_GOTO(so->staging_acquire(p->comm, d->staging_bytes), r, fail);
+    RS_CHECK_GOTO(rs_dev_comm_staging_acquire(p->comm, d->staging_bytes), r, fail);
     d->pool_held = 1;
   }
   free(hc);
@@ -735,7 +725,7 @@ typedef struct dev_call {
   rs_dev *d;
   int64_t deadline;
   uint64_t call, version;
-  int captured; /* into a CUDA graph (rs_device_execute) */
+  int captured; /* into a CUDA graph (enqueue_call) */
   /* the communicator's pool as this plan lays it out: send halves,
    * receive halves, then (verify) the sums sent and the sums received */
   unsigned char *send_half[2], *recv_half[2];
@@ -1011,7 +1001,7 @@ static reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *c
 }
 
 /* Enqueues one execute after the caller's work on `caller`; captured: the
- * caller's stream is capturing a CUDA graph (rs_device_execute checked
+ * caller's stream is capturing a CUDA graph (enqueue_call checked
  * what that allows), so that every launch of the graph runs this call
  * again: it waits for the execute before it and records its ends through
  * external event nodes, and sets its own deadline when it starts. */
@@ -1019,7 +1009,6 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
                                 void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
                                 uint64_t version, int captured) {
   reshard_result_t r = RESHARD_SUCCESS;
-  const rs_stream_ops *so = p->comm->ops->stream_ops;
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   /* From the first thing enqueued, destroy may wait for this call's work
    * until its deadline, even if the call fails halfway (a graph's
@@ -1035,11 +1024,11 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_fork, 0), "cudaStreamWaitEvent(start)");
   for (int i = 0; i < S_COUNT; i++)
     CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[i], ext), "cudaStreamWaitEvent(previous)");
-  RS_CHECK_GOTO(so->begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
+  RS_CHECK_GOTO(rs_dev_comm_begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
   /* a launch starts once everything before it is done */
   if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], launched, d), "cudaLaunchHostFunc(launch start)");
 
-  /* (a captured execute has the table in use: rs_device_execute) */
+  /* (a captured execute has the table in use: enqueue_call) */
   if (!captured && d->ntab && table_changed(p, d, src, nsrc, dst, ndst))
     RS_CHECK_GOTO(switch_table(p, d, src, nsrc, dst, ndst, deadline), r, fail);
   /* Double buffering: this call's view of the table, from the commit
@@ -1089,7 +1078,7 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
     CU(cudaLaunchHostFunc(caller, landed, d), "cudaLaunchHostFunc(launch end)");
     d->tab_pinned |= 1u << d->tab_cur;
   }
-  RS_CHECK_GOTO(so->end(p->comm, caller, deadline), r, fail);
+  RS_CHECK_GOTO(rs_dev_comm_end(p->comm, caller, deadline), r, fail);
   return RESHARD_SUCCESS;
 fail:
   return r;
@@ -1123,7 +1112,7 @@ static void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r) {
   snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
 }
 
-reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src, size_t nsrc,
+static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *src, size_t nsrc,
                                    void *const *dst, size_t ndst, void *stream, uint64_t call,
                                    uint64_t version) {
   const reshard_plan_t *p = plan;
@@ -1213,7 +1202,7 @@ reshard_result_t rs_device_execute(const reshard_plan_t *plan, void *const *src,
   return r;
 }
 
-void rs_device_poll(const reshard_plan_t *p) {
+static void device_poll(const reshard_plan_t *p) {
   rs_dev *d = p->device;
   if (!d) return;
   /* a quantizing plan fails with its pre-plan, whose gate closes this
@@ -1222,7 +1211,7 @@ void rs_device_poll(const reshard_plan_t *p) {
   reshard_result_t pre_failed = RESHARD_SUCCESS;
   char pre_msg[640];
   if (pre && pre->device) {
-    rs_device_poll(pre);
+    device_poll(pre);
     rs_dev *pd = pre->device;
     pthread_mutex_lock(&pd->mu);
     pre_failed = pd->failed;
@@ -1264,13 +1253,12 @@ void rs_device_poll(const reshard_plan_t *p) {
   pthread_mutex_unlock(&d->mu);
 }
 
-reshard_result_t rs_device_prepare_local(reshard_plan_t *p) {
+static reshard_result_t device_prepare_local(reshard_plan_t *p) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   RS_CHECK(so->check(p->comm));
   rs_dev *d = NULL;
   RS_CHECK(dev_setup(p, &d));
   p->device = d;
-  p->device_free = rs_device_plan_free;
   return RESHARD_SUCCESS;
 }
 
@@ -1281,11 +1269,11 @@ reshard_result_t rs_device_prepare_local(reshard_plan_t *p) {
  * with each of the plan's peers, in the plan's directions, while every
  * rank is in plan creation, makes the first execute connect nothing: a
  * peer that comes late to it only delays the GPU. */
-reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
+static reshard_result_t connect_peers(reshard_plan_t *p) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_dev *d = p->device;
   if (!d || (!(p->nsends + p->nrecvs) && !d->global && !d->dbuf)) return RESHARD_SUCCESS;
-  reshard_result_t r = so->drain(p->comm); /* the pool is about to be used */
+  reshard_result_t r = rs_dev_comm_drain(p->comm); /* the pool is about to be used */
   if (r) return r;
   size_t n = 2 * p->npeers;
   rs_p2p *ops = calloc(n + 1, sizeof *ops);
@@ -1296,7 +1284,7 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory", p->rank);
   }
   unsigned char *pool = NULL;
-  r = so->begin(p->comm, d->s[S_XFER], (void **)&pool);
+  r = rs_dev_comm_begin(p->comm, d->s[S_XFER], (void **)&pool);
   /* Both directions with every partner, not only the plan's: the
    * agreement headers go both ways (NCCL connects each direction on its
    * own). */
@@ -1317,8 +1305,8 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
    * its connections are made here too */
   if (!r && (d->global || d->dbuf))
     r = so->reduce_words(p->comm, d->d_word, d->dbuf ? RS_COMMIT_WORDS : 1, d->s[S_XFER], deadline, d->d_agree);
-  if (!r) r = so->end(p->comm, d->s[S_XFER], deadline);
-  if (!r) r = so->drain(p->comm);
+  if (!r) r = rs_dev_comm_end(p->comm, d->s[S_XFER], deadline);
+  if (!r) r = rs_dev_comm_drain(p->comm);
   /* a transport whose waits give up on the device (CUDA IPC) closed the
    * gate instead of failing the drain: that is a peer that did not come */
   if (!r && d->d_agree) {
@@ -1344,6 +1332,7 @@ reshard_result_t rs_device_prepare_peers(reshard_plan_t *p) {
  * agree over the communicator that every rank succeeded (all or
  * nothing: on any failure every rank keeps its previous registration). */
 reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst) {
+  if (!p->comm->ops->stream_ops->share) return rs_register_unsupported(p);
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   rs_dev *d = p->device;
   reshard_result_t r = RESHARD_SUCCESS;
@@ -1467,3 +1456,51 @@ fail:;
   pthread_mutex_unlock(&d->mu);
   return r;
 }
+
+/* prepare_peers: the transport's own connections first (collective on
+ * every rank, partners or not), then the plan's. */
+static reshard_result_t device_prepare_peers(reshard_plan_t *p) {
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  if (so->connect) RS_CHECK(so->connect(p->comm));
+  return connect_peers(p);
+}
+
+/* execute: stream-ordered, so no host agreement; the call is numbered
+ * and its version recorded when the work is enqueued. */
+static reshard_result_t device_execute(const reshard_plan_t *plan, rs_exec_call *c) {
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  c->call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
+  c->version = rs_plan_take_version(plan, c->explicit_version, c->version_in);
+  RS_CHECK(enqueue_call(plan, c->src, c->nsrc, c->dst, c->ndst, c->stream, c->call, c->version));
+  if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER)
+    __atomic_fetch_add(&mut->completed, 1, __ATOMIC_ACQ_REL); /* the commit is the GPU's: device_poll reads it */
+  else
+    rs_plan_record_success(plan, c->version);
+  return RESHARD_SUCCESS;
+}
+
+/* refuse: the partners cannot be told (no headers yet), and their half of
+ * this call may be queued already, which NCCL would pair with this rank's
+ * next call: the communicator is poisoned instead. */
+static reshard_result_t device_refuse(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                      reshard_result_t r) {
+  (void)explicit_version, (void)version_in;
+  if (plan->nsends + plan->nrecvs) {
+    plan->comm->ops->stream_ops->poison(plan->comm);
+    rs_error_prefix("(reshard's NCCL communicator is now aborted: its peers may have queued this call) ");
+  }
+  return r;
+}
+
+const rs_executor rs_device_executor = {
+    .name = "device",
+    .stream_ordered = 1,
+    .prepare_local = device_prepare_local,
+    .prepare_peers = device_prepare_peers,
+    .free = device_free,
+    .execute = device_execute,
+    .refuse = device_refuse,
+    .poll = device_poll,
+    .register_buffers = rs_device_register,
+    .quant_prepare = rs_device_quant_prepare,
+};

@@ -7,7 +7,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "device/dev_comm.h"
+#include "transport/dev_comm.h"
 #include "device/device.h"
 #include "kernels/rs_kernels.h"
 #include "pack/quant_block.h"

@@ -99,6 +99,10 @@ reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline);
  * step): TIMEOUT, REMOTE, MISMATCH and BACKEND. */
 int rs_result_fails_plan(reshard_result_t r);
 
+/* reshard_plan_register_buffers on a plan whose transport maps no peer
+ * memory: UNSUPPORTED, naming the transport (both executors say it). */
+reshard_result_t rs_register_unsupported(const reshard_plan_t *p);
+
 /* Records the first failure (later ones are ignored). why: the detail. */
 void rs_plan_mark_failed(const reshard_plan_t *p, uint64_t call,
                          uint64_t version, reshard_result_t r,

@@ -22,13 +22,13 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
+#include "exec/host.h"
 #include "exec/schedule.h"
 #include "kernels/rs_agree.h"
 #include "plan/plan.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "transport/transport.h"
-#include "transport/stream.h"
 
 typedef struct exec_state {
   const reshard_plan_t *plan;
@@ -579,9 +579,8 @@ static reshard_result_t check_dst_overlap(const reshard_plan_t *p, void *const *
 static reshard_result_t check_args(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
                                    const size_t *src_bytes, void *const *dst_buffers, size_t num_dst,
                                    const size_t *dst_bytes, void *stream) {
-  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
   const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
-  if (stream && !dev)
+  if (stream && !plan->executor->stream_ordered)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: stream must be NULL on the %s transport",
                     plan->rank, plan->comm->ops->name);
   RS_CHECK(check_buffers(plan, "source", src_buffers, num_src, plan->num_src_buffers, plan->src_used, plan->nsrc_used));
@@ -625,56 +624,61 @@ reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_versio
   if (!rejected) rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
   RS_CHECK(rs_plan_refuse_if_failed(plan));
-  const rs_stream_ops *dev = plan->comm->ops->stream_ops;
-  const int dbuf = !dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
-  reshard_plan_t *mut = (reshard_plan_t *)plan;
-  uint64_t call = 0, version = 0;
+  const rs_executor *ex = plan->executor;
   reshard_result_t r =
       rejected ? rejected
                : check_args(plan, src_buffers, num_src, src_bytes, dst_buffers, num_dst, dst_bytes, stream);
-  if (r != RESHARD_SUCCESS) {
-    /* Nothing moves, but the partners must hear of it: the call takes its
-     * place in the agreement and the plan fails like theirs (host
-     * transports; without partners or a commit there is nobody to tell). */
-    if (!dev && (plan->npeers || dbuf)) r = abort_call(plan, explicit_version, version_in, r);
-    /* Device transports cannot tell the partners (no headers yet): their
-     * half of this call may be queued already, and NCCL would pair it with
-     * this rank's next call. The communicator is poisoned instead. */
-    if (dev && (plan->nsends + plan->nrecvs)) {
-      dev->poison(plan->comm);
-      rs_error_prefix("(reshard's NCCL communicator is now aborted: its peers may have queued this call) ");
-    }
-    return r;
-  }
-  if (dev) {
-    /* Stream-ordered: no host agreement; the version is recorded when the
-     * work is enqueued. */
-    call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
-    version = rs_plan_take_version(plan, explicit_version, version_in);
-    r = rs_stream_execute(plan, src_buffers, num_src, dst_buffers, num_dst, stream, call, version);
-  } else {
-    int target = 0;
-    /* copy 1 exists only where the rank passed both copies (a rank
-     * without destination buffers may pass none) */
-    size_t nd = (size_t)plan->num_dst_buffers;
-    void *const *const copies[2] = {dst_buffers, dbuf && dst_buffers && num_dst == 2 * nd ? dst_buffers + nd
-                                                                                          : dst_buffers};
-    r = run_call(plan, explicit_version, version_in, src_buffers, copies, &version, &call, &target);
-    if (r == RESHARD_SUCCESS && dbuf) __atomic_store_n(&mut->active_copy, target, __ATOMIC_RELEASE);
-  }
-  if (r == RESHARD_SUCCESS) {
-    if (dev && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
-      /* the commit is the GPU's: rs_device_poll reads it */
-      __atomic_fetch_add(&mut->completed, 1, __ATOMIC_ACQ_REL);
-    else
-      rs_plan_record_success(plan, version);
-  } else if (rs_result_fails_plan(r)) {
+  /* Nothing moves, but the partners must hear of it (or be kept from
+   * pairing with this call): the executor's refuse. */
+  if (r != RESHARD_SUCCESS) return ex->refuse ? ex->refuse(plan, explicit_version, version_in, r) : r;
+  /* copy 1 exists only where the rank passed both copies (a rank without
+   * destination buffers may pass none) */
+  const int dbuf = !ex->stream_ordered && (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
+  const size_t nd = (size_t)plan->num_dst_buffers;
+  rs_exec_call c = {.explicit_version = explicit_version,
+                    .version_in = version_in,
+                    .src = src_buffers,
+                    .nsrc = num_src,
+                    .dst = dst_buffers,
+                    .ndst = num_dst,
+                    .copies = {dst_buffers, dbuf && dst_buffers && num_dst == 2 * nd ? dst_buffers + nd : dst_buffers},
+                    .stream = stream};
+  r = ex->execute(plan, &c);
+  if (r != RESHARD_SUCCESS && rs_result_fails_plan(r)) {
     char why[640];
     snprintf(why, sizeof why, "%s", reshard_last_error());
-    rs_plan_mark_failed(plan, call, version, r, why);
+    rs_plan_mark_failed(plan, c.call, c.version, r, why);
   }
   return r;
 }
+
+/* The host executor's execute: the call's agreement, then its rounds
+ * (run_call); with double buffering the copy it wrote becomes the active
+ * one. */
+static reshard_result_t host_execute(const reshard_plan_t *plan, rs_exec_call *c) {
+  int target = 0;
+  RS_CHECK(run_call(plan, c->explicit_version, c->version_in, c->src, c->copies, &c->version, &c->call, &target));
+  if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER)
+    __atomic_store_n(&((reshard_plan_t *)plan)->active_copy, target, __ATOMIC_RELEASE);
+  rs_plan_record_success(plan, c->version);
+  return RESHARD_SUCCESS;
+}
+
+/* The host executor's refuse: the call takes its place in the agreement
+ * and the plan fails like the partners' (without partners or a commit
+ * there is nobody to tell). */
+static reshard_result_t host_refuse(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
+                                    reshard_result_t r) {
+  if (plan->npeers || (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
+    r = abort_call(plan, explicit_version, version_in, r);
+  return r;
+}
+
+const rs_executor rs_host_executor = {
+    .name = "host",
+    .execute = host_execute,
+    .refuse = host_refuse,
+};
 
 /* A version this rank left in doubt is settled before the next call
  * runs (within the call's deadline): rolled forward, the call goes on;
@@ -805,11 +809,7 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
                                                void *const *dst, size_t ndst) {
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
-  const rs_stream_ops *so = plan->comm->ops->stream_ops;
-  if (!so || !so->register_buffers)
-    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the %s transport does not map its peers' "
-                    "buffers (CUDA IPC does); execute needs no registration here", plan->rank,
-                    plan->comm->ops->name);
+  if (!plan->executor->register_buffers) return rs_register_unsupported(plan);
   if (plan->quant) return rs_quant_register(plan, src, nsrc, dst, ndst);
-  return so->register_buffers(plan, src, nsrc, dst, ndst);
+  return plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
 }

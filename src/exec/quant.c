@@ -13,7 +13,7 @@
 #include "pack/quantize.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
-#include "transport/stream.h"
+#include "transport/transport.h"
 
 /* The caller's source buffers the boxes read: present and large enough
  * (checked before anything is read, so a bad call quantizes nothing). */
@@ -121,7 +121,7 @@ reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_versi
  * collective call, as rs_device_register does. */
 reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
                                    size_t ndst) {
-  const rs_stream_ops *so = plan->comm->ops->stream_ops;
+  const rs_executor *ex = plan->executor;
   rs_quant *q = plan->quant;
   const int unregister = !src && !dst && !nsrc && !ndst;
   if (!unregister && nsrc != (size_t)q->user_nsrc)
@@ -140,18 +140,18 @@ reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_
   reshard_result_t rp = RESHARD_SUCCESS;
   char msg[640] = "";
   if (q->pre) {
-    rp = unregister ? so->register_buffers(q->pre, NULL, 0, NULL, 0) : so->register_buffers(q->pre, src, nsrc, gd, ng);
+    rp = unregister ? ex->register_buffers(q->pre, NULL, 0, NULL, 0) : ex->register_buffers(q->pre, src, nsrc, gd, ng);
     if (rp) {
       rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ", plan->rank);
       snprintf(msg, sizeof msg, "%s", reshard_last_error());
     }
   }
   /* the main plan: registered only where the pre-plan's registration held */
-  reshard_result_t rm = unregister || rp ? so->register_buffers(plan, NULL, 0, NULL, 0)
-                                         : so->register_buffers(plan, (void *const *)ms, n, dst, ndst);
+  reshard_result_t rm = unregister || rp ? ex->register_buffers(plan, NULL, 0, NULL, 0)
+                                                                                : ex->register_buffers(plan, (void *const *)ms, n, dst, ndst);
   if (rm && !rp) {
     snprintf(msg, sizeof msg, "%s", reshard_last_error());
-    if (!unregister && q->pre) so->register_buffers(q->pre, NULL, 0, NULL, 0); /* undo the pre-plan's */
+    if (!unregister && q->pre) ex->register_buffers(q->pre, NULL, 0, NULL, 0); /* undo the pre-plan's */
   }
   free(ms);
   free(gd);

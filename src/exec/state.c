@@ -6,9 +6,14 @@
 
 #include "common/error.h"
 #include "exec/exec_state.h"
-#include "transport/stream.h"
+#include "transport/transport.h"
 
 static reshard_plan_t *mut(const reshard_plan_t *p) { return (reshard_plan_t *)p; }
+
+reshard_result_t rs_register_unsupported(const reshard_plan_t *p) {
+  return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the %s transport does not map its peers' "
+                  "buffers (CUDA IPC does); execute needs no registration here", p->rank, p->comm->ops->name);
+}
 
 int rs_result_fails_plan(reshard_result_t r) {
   return r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_MISMATCH ||
@@ -58,8 +63,7 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_pla
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "plan_get_status rank %d: status->struct_size %zu is too small; set it to sizeof(reshard_plan_status_t) = %zu",
                     plan->rank, want, sizeof(reshard_plan_status_t));
-  const rs_stream_ops *so = plan->comm->ops->stream_ops;
-  if (so) so->poll(plan); /* device transports: the deadline of enqueued work */
+  if (plan->executor->poll) plan->executor->poll(plan); /* the device executor: the deadline of enqueued work */
   reshard_plan_status_t s;
   memset(&s, 0, sizeof s);
   s.struct_size = (uint32_t)(want < sizeof s ? want : sizeof s);

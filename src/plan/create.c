@@ -23,7 +23,6 @@
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "plan/relay.h"
-#include "transport/stream.h"
 #include "transport/transport.h"
 
 typedef struct build_ctx {
@@ -853,7 +852,7 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
  * creation agrees on like its own, so that every rank fails alike.
  * internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
  * the caller's options are checked. */
-static reshard_result_t plan_create_one(reshard_comm_t *comm,
+static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor *ex,
                                         const reshard_layout_t *src,
                                         const reshard_layout_t *dst,
                                         const reshard_options_t *options,
@@ -873,6 +872,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
     local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   } else {
     p->comm = comm;
+    p->executor = ex;
     p->rank = comm->rank;
     p->size = comm->size;
     p->active_copy = -1;
@@ -1100,21 +1100,20 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm,
   /* bits 32-47 of every tag name the plan; the rest: src/exec/exec_state.h */
   p->tag_base = (uint64_t)(plan_seq & 0xffffu) << 32;
   r = finish_plan(p, &c, chunk);
-  /* Device transports set up everything an execute needs now, before the
+  /* The executor sets up everything an execute needs now, before the
    * agreement below: a rank that cannot (memory, a wrong device) fails
    * creation on every rank, instead of failing its first execute while its
    * peers queue theirs and wait forever. */
-  const rs_stream_ops *so = comm->ops->stream_ops;
-  if (r == RESHARD_SUCCESS && so) r = so->prepare_local(p);
+  if (r == RESHARD_SUCCESS && ex->prepare_local) r = ex->prepare_local(p);
   /* Building the plan can still fail on one rank (memory): agree once
    * more, so that no rank keeps a plan its peers do not have. */
   r = agree_outcome(comm, p, r, "building its plan");
   if (r) goto fail;
-  if (so) {
+  if (ex->prepare_peers) {
     /* Connect the plan's peers while every rank is here (collective), and
      * agree on the outcome: a rank whose peers did not all answer poisons
      * its communicator, and its partners must not keep the plan either. */
-    r = agree_outcome(comm, p, so->prepare_peers(p), "connecting its plan's peers");
+    r = agree_outcome(comm, p, ex->prepare_peers(p), "connecting its plan's peers");
     if (r) goto fail;
   }
   build_ctx_free(&c);
@@ -1146,7 +1145,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
       rs_nap(spin);
     }
   }
-  if (p->device_free) p->device_free(p);
+  if (p->executor && p->executor->free) p->executor->free(p);
   rs_quant_free(p->quant);
   rs_spread_free(p->spread);
   free(p->sends);
@@ -1176,11 +1175,11 @@ void reshard_plan_destroy(reshard_plan_t *p) {
  * the digest). */
 static int auto_relay(const reshard_plan_t *p) { return p->opts.relay == -1 && p->has_topo; }
 
-static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_t *src,
+static reshard_result_t create_plain(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
                                      const reshard_layout_t *dst, const reshard_options_t *options,
                                      reshard_result_t prior, uint32_t internal, reshard_plan_t **out) {
   reshard_plan_t *direct = NULL, *relay = NULL;
-  RS_CHECK(plan_create_one(comm, src, dst, options, RELAY_FROM_OPTIONS, prior, internal, out ? &direct : NULL));
+  RS_CHECK(plan_create_one(comm, ex, src, dst, options, RELAY_FROM_OPTIONS, prior, internal, out ? &direct : NULL));
   if (!auto_relay(direct)) {
     *out = direct;
     return RESHARD_SUCCESS;
@@ -1201,7 +1200,7 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const reshard_layout_
    * all ranks, so every rank keeps the same kind of plan. A tie keeps the
    * direct plan (fewer hops, no forwarding through destination ranks). */
   reshard_estimate_t ed = RESHARD_ESTIMATE_INITIALIZER, er = RESHARD_ESTIMATE_INITIALIZER;
-  reshard_result_t r = plan_create_one(comm, src, dst, options, 1, RESHARD_SUCCESS, internal, &relay);
+  reshard_result_t r = plan_create_one(comm, ex, src, dst, options, 1, RESHARD_SUCCESS, internal, &relay);
   if (!r) r = reshard_plan_estimate(direct, &ed);
   if (!r) r = reshard_plan_estimate(relay, &er);
   if (r) {
@@ -1233,10 +1232,10 @@ static void add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre) {
 }
 
 /* Whether source-side spreading (spread.h) may be tried on plan p: the
- * same answer on every rank (options, topology and transport are). */
-static int spread_wanted(const reshard_plan_t *p, const reshard_comm_t *comm) {
+ * same answer on every rank (options, topology and executor are). */
+static int spread_wanted(const reshard_plan_t *p) {
   return p->has_topo && !(p->opts.flags & (RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_FIRST_REPLICA)) &&
-         !comm->ops->stream_ops && !rs_plan_force.stop && !rs_plan_force.keep && !rs_plan_force.use &&
+         !p->executor->stream_ordered && !rs_plan_force.stop && !rs_plan_force.keep && !rs_plan_force.use &&
          p->map.ndomains > 0;
 }
 
@@ -1276,12 +1275,13 @@ static reshard_result_t agree_loads(reshard_comm_t *comm, const reshard_plan_t *
  * every choice is made from agreed figures, so every rank keeps the same
  * kind of plan; a failure on one rank (memory for the decision or the
  * scratch) fails creation on every rank, as everywhere in creation. */
-static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
+static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
+                                      const reshard_layout_t *dst,
                                       const reshard_options_t *options, reshard_result_t prior, uint32_t internal,
                                       reshard_plan_t **out) {
   reshard_plan_t *p0 = NULL;
-  RS_CHECK(create_plain(comm, src, dst, options, prior, internal, &p0));
-  if (!spread_wanted(p0, comm)) {
+  RS_CHECK(create_plain(comm, ex, src, dst, options, prior, internal, &p0));
+  if (!spread_wanted(p0)) {
     *out = p0;
     return RESHARD_SUCCESS;
   }
@@ -1316,8 +1316,8 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
     /* its destination is scratch; (internal bits are not options) */
     o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);
     o.relay = 0;
-    r = create_plain(comm, src, sl.pre, &o, RESHARD_SUCCESS, 0, &pre);
-    if (!r) r = create_plain(comm, sl.src, dst, options, RESHARD_SUCCESS, internal, &main_plan);
+    r = create_plain(comm, ex, src, sl.pre, &o, RESHARD_SUCCESS, 0, &pre);
+    if (!r) r = create_plain(comm, ex, sl.src, dst, options, RESHARD_SUCCESS, internal, &main_plan);
   }
   int keep = 0;
   if (!r && main_plan) {
@@ -1372,14 +1372,11 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const reshard_layout
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t reshard_plan_create(reshard_comm_t *comm,
-                                     const reshard_layout_t *src,
-                                     const reshard_layout_t *dst,
-                                     const reshard_options_t *options,
-                                     reshard_plan_t **out) {
+reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
+                                const reshard_layout_t *dst, const reshard_options_t *options, reshard_plan_t **out) {
   rs_error_clear();
   if (out) *out = NULL;
-  if (!comm || !out) return create_plain(comm, src, dst, options, RESHARD_SUCCESS, 0, out); /* which says why */
+  if (!comm || !out) return create_plain(comm, ex, src, dst, options, RESHARD_SUCCESS, 0, out); /* which says why */
   /* Block quantization: a main plan over rewritten layouts and, for
    * blocks no source rank holds whole, a pre-plan gathering them. Both
    * creations are collective; whatever fails on this rank before them
@@ -1387,25 +1384,25 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
    * fails alike instead of waiting for this one. */
   rs_quant_layouts ql;
   reshard_result_t r = rs_quant_layouts_make(src, dst, comm->size, comm->rank, &ql);
-  if (!r && !ql.src) return create_spread(comm, src, dst, options, RESHARD_SUCCESS, 0, out);
+  if (!r && !ql.src) return create_spread(comm, ex, src, dst, options, RESHARD_SUCCESS, 0, out);
   rs_quant *quant = NULL;
   if (!r && (rs_plan_force.stop || rs_plan_force.keep || rs_plan_force.use))
     r = rs_error(RESHARD_ERROR_UNSUPPORTED,
                  "plan_create rank %d: staged planning does not cover fp8 block quantization (reshard_plan plans "
                  "the rewritten layouts itself)", comm->rank);
   reshard_options_t defaults = RESHARD_OPTIONS_INITIALIZER;
-  if (!r) r = rs_quant_create(&ql, src, comm, (options ? options : &defaults)->timeout_ms, &quant);
+  if (!r) r = rs_quant_create(&ql, src, comm, ex, (options ? options : &defaults)->timeout_ms, &quant);
   reshard_plan_t *main_plan = NULL, *pre = NULL;
   /* (with a pre-plan, a rank whose gathering failed must close every
    * rank's gate: the main plan's verdict is global, see plan.h) */
-  r = create_spread(comm, r ? src : ql.src, r ? dst : ql.dst, options, r,
+  r = create_spread(comm, ex, r ? src : ql.src, r ? dst : ql.dst, options, r,
                     ql.gather ? RS_FLAG_GLOBAL_VERDICT : 0, &main_plan);
   if (!r && ql.gather) {
     reshard_options_t o = main_plan->opts;
     /* its destination is scratch; (internal bits are not options) */
     o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);
     o.relay = 0;
-    r = create_plain(comm, src, ql.gather, &o, RESHARD_SUCCESS, 0, &pre);
+    r = create_plain(comm, ex, src, ql.gather, &o, RESHARD_SUCCESS, 0, &pre);
     if (r) rs_error_prefix("plan_create rank %d (the plan gathering blocks split across source ranks): ", comm->rank);
   }
   rs_quant_layouts_free(&ql);

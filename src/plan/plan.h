@@ -18,7 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/rs_verify.h"
 #include "layout/layout.h"
+#include "plan/executor.h"
 #include "plan/topology.h"
 #include "pack/copy.h"
 #include "reshard.h"
@@ -40,25 +42,8 @@ typedef struct rs_msg {
   uint32_t fwd;
 } rs_msg;
 
-/* Verify mode (RESHARD_FLAG_VERIFY): which tensor elements one copy
- * carries, in global coordinates, so that both ends can checksum a box
- * keyed by position. Kept per rs_copy (parallel arrays below), so any
- * message, whatever buffers its boxes come from, can be checked. */
-typedef struct rs_vbox {
-  int32_t tensor; /* destination-layout tensor id (index in vtensors) */
-  int32_t ndim;
-  int64_t start[RESHARD_MAX_DIMS];
-  int64_t extent[RESHARD_MAX_DIMS];
-} rs_vbox;
-
-/* A tensor as verify mode needs it: its name for messages and the
- * row-major strides of its global index. */
-typedef struct rs_vtensor {
-  char *name;
-  int32_t ndim;
-  uint32_t esize;
-  int64_t gstride[RESHARD_MAX_DIMS];
-} rs_vtensor;
+/* rs_vbox and rs_vtensor, verify mode's view of a copy and of a tensor:
+ * kernels/rs_verify.h (the kernels read them too). */
 
 typedef struct rs_used_buffer {
   int32_t id;
@@ -192,12 +177,13 @@ struct reshard_plan {
   uint64_t fail_call, fail_version;
   char fail_msg[768];
 
-  /* Device backends: state cached with the plan at first execute (device
-   * copies of the descriptors, staging, streams), freed by device_free
-   * from reshard_plan_destroy. NULL on host transports. */
+  /* What runs the plan (plan/executor.h), chosen at creation. */
+  const rs_executor *executor;
+  /* The device executor's state of the plan (device copies of the
+   * descriptors, streams, events), set up by its prepare_local and freed
+   * by its free from reshard_plan_destroy. NULL on host transports. */
   void *device;
-  void (*device_free)(struct reshard_plan *plan);
-  /* Set to 1 by device_free when the GPU did not let go of the plan's
+  /* Set to 1 by the device executor's free when the GPU did not let go of the plan's
    * work and its memory was left allocated: memory others own that the
    * work uses must stay too (a quantizing plan's scratch; NULL: none). */
   int *stuck_out;
@@ -612,5 +598,11 @@ reshard_result_t rs_chunk_staging(const reshard_plan_t *plan, rs_seg_vec *segs,
 /* Byte offset of element `start` (tensor coordinates) of fragment f. */
 uint64_t rs_frag_offset_of(const rs_frag *f, const int64_t *start,
                            size_t esize);
+
+/* reshard_plan_create (src/plan/create.c) with its executor chosen: the
+ * front door (src/api/create.c) picks it from the communicator's kind, so
+ * that the planner names no executor. */
+reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
+                                const reshard_layout_t *dst, const reshard_options_t *options, reshard_plan_t **out);
 
 #endif

@@ -10,7 +10,7 @@
 #include "layout/layout.h"
 #include "pack/convert.h"
 #include "plan/plan.h"
-#include "transport/stream.h"
+#include "transport/transport.h"
 
 #define RENAMED_SUFFIX " (before quantization)"
 
@@ -489,10 +489,10 @@ void rs_quant_layouts_free(rs_quant_layouts *q) {
 }
 
 reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *user_src, reshard_comm_t *comm,
+                                 const rs_executor *ex,
                                  int64_t timeout_ms, rs_quant **out) {
   *out = NULL;
   const int me = comm->rank;
-  const rs_stream_ops *so = comm->ops->stream_ops;
   rs_quant *q = rs_calloc(1, sizeof *q);
   if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
   q->user_nsrc = user_src->nbuffers;
@@ -502,7 +502,7 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
   q->codes_buf = ql->codes_buf, q->scales_buf = ql->scales_buf, q->gather_buf = ql->gather_buf;
   q->codes_bytes = ql->codes_bytes, q->scales_bytes = ql->scales_bytes, q->gather_bytes = ql->gather_bytes;
   reshard_result_t r = RESHARD_SUCCESS;
-  if (!so) { /* (device transports allocate below, with the boxes) */
+  if (!ex->stream_ordered) { /* (the device executor allocates below, with the boxes) */
     if (q->codes_bytes && !(q->codes = rs_bulk_malloc(q->codes_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
     if (q->scales_bytes && !(q->scales = rs_bulk_malloc(q->scales_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
     if (q->gather_bytes && !(q->gather = rs_bulk_malloc(q->gather_bytes))) r = RESHARD_ERROR_OUT_OF_MEMORY;
@@ -526,12 +526,12 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
   if (r == RESHARD_ERROR_OUT_OF_MEMORY)
     r = rs_error(r, "plan_create rank %d: out of memory for the quantization scratch (%zu + %zu + %zu bytes)", me,
                  ql->codes_bytes, ql->scales_bytes, ql->gather_bytes);
-  if (!r && so) {
-    if (!so->quant_prepare)
+  if (!r && ex->stream_ordered) {
+    if (!ex->quant_prepare)
       r = rs_error(RESHARD_ERROR_UNSUPPORTED, "plan_create rank %d: the destination quantizes weights to fp8 blocks, "
                    "which the %s transport cannot run", me, comm->ops->name);
     else
-      r = so->quant_prepare(comm, q, timeout_ms);
+      r = ex->quant_prepare(comm, q, timeout_ms);
   }
   if (r) {
     rs_quant_free(q);

@@ -28,6 +28,8 @@
 #include "pack/quantize.h"
 #include "reshard.h"
 
+struct rs_executor; /* plan/executor.h */
+
 /* The rewritten layouts; src NULL: nothing to quantize (the caller's
  * layouts plan as they are). */
 typedef struct rs_quant_layouts {
@@ -63,7 +65,7 @@ typedef struct rs_quant {
   int32_t *in_bufs;
   uint64_t *in_need;
   size_t nin;
-  /* Device transports (stream_ops->quant_prepare, src/device/
+  /* The device executor (its quant_prepare, src/device/
    * quant_device.c): the scratch above is device memory, dev holds the
    * boxes on the device, and dev_free releases both (NULL on host
    * transports). dev_stuck: the GPU did not let go of the main plan's or
@@ -75,11 +77,11 @@ typedef struct rs_quant {
 } rs_quant;
 
 /* Moves the boxes out of q into a new rs_quant with its scratch
- * allocated: host memory, or on a device transport device memory with
- * the boxes uploaded (stream_ops->quant_prepare, whose waits end
+ * allocated: host memory, or for a stream-ordered executor ex device
+ * memory with the boxes uploaded (ex->quant_prepare, whose waits end
  * timeout_ms from now). */
 reshard_result_t rs_quant_create(rs_quant_layouts *q, const reshard_layout_t *user_src, reshard_comm_t *comm,
-                                 int64_t timeout_ms, rs_quant **out);
+                                 const struct rs_executor *ex, int64_t timeout_ms, rs_quant **out);
 void rs_quant_free(rs_quant *q);
 
 #endif

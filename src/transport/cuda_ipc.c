@@ -23,8 +23,8 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "device/dev_comm.h"
-#include "device/device.h"
+#include "transport/dev_comm.h"
+#include "cuda/cuda_util.h"
 #include "kernels/rs_kernels.h"
 #include "reshard_cuda_ipc.h"
 #include "transport/stream.h"
@@ -60,7 +60,7 @@ typedef struct region {
 } region;
 
 typedef struct rs_ipc {
-  rs_dev_comm dev; /* first (src/device/dev_comm.h) */
+  rs_dev_comm dev; /* first (src/transport/dev_comm.h) */
   reshard_comm_t *host;
   int device;
   int poisoned;
@@ -401,13 +401,11 @@ static reshard_result_t exchange_pools(reshard_comm_t *c) {
   return r;
 }
 
-static reshard_result_t ipc_prepare_peers(reshard_plan_t *p) {
-  reshard_result_t r = exchange_pools(p->comm);
-  if (r) {
-    rs_error_prefix("plan_create rank %d (mapping the peers' staging): ", p->comm->rank);
-    return r;
-  }
-  return rs_device_prepare_peers(p);
+/* stream_ops->connect: every peer's staging pool mapped at plan creation. */
+static reshard_result_t ipc_connect(reshard_comm_t *c) {
+  reshard_result_t r = exchange_pools(c);
+  if (r) rs_error_prefix("plan_create rank %d (mapping the peers' staging): ", c->rank);
+  return r;
 }
 
 static reshard_result_t ipc_pool_alloc(reshard_comm_t *c, size_t bytes, void **out) {
@@ -699,33 +697,18 @@ static const rs_dev_comm_hooks rs_ipc_hooks = {
 };
 
 static const rs_stream_ops rs_ipc_stream_ops = {
-    .execute = rs_device_execute,
-    .prepare_local = rs_device_prepare_local,
-    .prepare_peers = ipc_prepare_peers,
+    .connect = ipc_connect,
     .group = ipc_group,
     .reduce_words = ipc_reduce_words,
-    .staging_acquire = rs_dev_comm_staging_acquire,
-    .staging_release = rs_dev_comm_staging_release,
-    .begin = rs_dev_comm_begin,
-    .end = rs_dev_comm_end,
-    .drain = rs_dev_comm_drain,
     .check = ipc_check,
-    .poll = rs_device_poll,
     .poison = ipc_poison,
-    .register_buffers = rs_device_register,
     .share = ipc_share,
     .unshare = ipc_unshare,
-    .quant_prepare = rs_device_quant_prepare,
     .graphs = 1,
 };
 
 static const rs_transport_ops rs_ipc_ops = {
     .name = "cuda_ipc",
-    .isend = rs_dev_no_isend,
-    .irecv = rs_dev_no_irecv,
-    .test = rs_dev_no_test,
-    .wait = rs_dev_no_wait,
-    .cancel = rs_dev_no_cancel,
     .allreduce_max_u64 = ipc_allreduce,
     .destroy = ipc_destroy,
     .stream_ops = &rs_ipc_stream_ops,

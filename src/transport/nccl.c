@@ -31,8 +31,8 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/params.h"
-#include "device/dev_comm.h"
-#include "device/device.h"
+#include "transport/dev_comm.h"
+#include "cuda/cuda_util.h"
 #include "reshard_nccl.h"
 #include "transport/stream.h"
 #include "transport/transport.h"
@@ -45,7 +45,7 @@
 #define RS_NCCL_SCRATCH_WORDS RS_AGREE_MAX_WORDS
 
 typedef struct rs_nccl {
-  rs_dev_comm dev; /* first (src/device/dev_comm.h): execute order, staging pool */
+  rs_dev_comm dev; /* first (src/transport/dev_comm.h): execute order, staging pool */
   ncclComm_t comm; /* reshard's private communicator (nonblocking) */
   int aborted;     /* ncclCommAbort freed it (poisoned) */
   int device;      /* its CUDA device */
@@ -415,30 +415,15 @@ static const rs_dev_comm_hooks rs_nccl_hooks = {
 };
 
 static const rs_stream_ops rs_nccl_stream_ops = {
-    .execute = rs_device_execute,
-    .prepare_local = rs_device_prepare_local,
-    .prepare_peers = rs_device_prepare_peers,
     .group = nccl_group,
     .reduce_words = nccl_reduce_words,
-    .staging_acquire = rs_dev_comm_staging_acquire,
-    .staging_release = rs_dev_comm_staging_release,
-    .begin = rs_dev_comm_begin,
-    .end = rs_dev_comm_end,
-    .drain = rs_dev_comm_drain,
     .check = nccl_check,
-    .poll = rs_device_poll,
     .poison = nccl_poison,
-    .quant_prepare = rs_device_quant_prepare,
     .graphs = 1,
 };
 
 static const rs_transport_ops rs_nccl_ops = {
     .name = "nccl",
-    .isend = rs_dev_no_isend,
-    .irecv = rs_dev_no_irecv,
-    .test = rs_dev_no_test,
-    .wait = rs_dev_no_wait,
-    .cancel = rs_dev_no_cancel,
     .allreduce_max_u64 = nccl_allreduce,
     .destroy = nccl_destroy,
     .stream_ops = &rs_nccl_stream_ops,

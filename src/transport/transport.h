@@ -1,6 +1,8 @@
-/* The seam between the executor and a transport. The executor drives any
- * transport through these operations and knows nothing else about it: the
- * in-process transport (threads), MPI and NCCL implement them.
+/* The seam between the executors and a transport. The host executor drives
+ * any host transport (in-process threads, MPI, UCX) through these
+ * operations and knows nothing else about it; a stream transport (NCCL,
+ * CUDA IPC) fills the collective slots and stream_ops
+ * (transport/stream.h) instead. Transports know no plan and no executor.
  *
  * Messages are matched by (source rank, destination rank, tag) and, for
  * equal keys, delivered in the order they were sent (MPI's non-overtaking
@@ -62,9 +64,11 @@ typedef struct rs_transport_ops {
    * passes (*done = 0). */
   reshard_result_t (*allreduce_late)(reshard_comm_t *comm, uint64_t *ticket, uint64_t *vals, int n,
                                      int64_t deadline_ns, int *done);
-  /* Stream-ordered (device) transports only, NULL otherwise: execute goes
-   * to stream_ops->execute instead of the host executor (see
-   * src/device/device.h). Kept last so host transports need not name it. */
+  /* Stream-ordered transports only (NCCL, CUDA IPC), NULL otherwise: their
+   * plans get the device executor (plan/executor.h), which reaches them
+   * through these; the message slots above (isend .. cancel, and the
+   * boxes below) are NULL on such a transport, since only the host
+   * executor calls them. */
   const rs_stream_ops *stream_ops;
   /* Optional (NULL, or RESHARD_ERROR_UNSUPPORTED for a given message: the
    * executor then packs into staging). Sends, as one message of `bytes`

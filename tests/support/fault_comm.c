@@ -10,7 +10,7 @@
 #include "transport/transport.h"
 
 static const rs_transport_ops *g_inner;
-static rs_transport_ops g_wrapped, g_device;
+static rs_transport_ops g_wrapped;
 static tf_fault *g_fault;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -51,10 +51,6 @@ static void tf_tables(reshard_comm_t *comm) {
     g_inner = comm->ops;
     g_wrapped = *comm->ops;
     g_wrapped.isend = tf_isend;
-    g_device = *comm->ops;
-    /* never dereferenced: plan creation only tests for NULL */
-    g_device.stream_ops = (const rs_stream_ops *)&g_device;
-    g_device.name = "fake-device";
   }
   pthread_mutex_unlock(&g_lock);
 }
@@ -65,9 +61,4 @@ void tf_install(reshard_comm_t *comm, tf_fault *f) {
   g_fault = f;
   pthread_mutex_unlock(&g_lock);
   comm->ops = &g_wrapped;
-}
-
-void tf_pretend_device(reshard_comm_t *comm) {
-  tf_tables(comm);
-  comm->ops = &g_device;
 }

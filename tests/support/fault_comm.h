@@ -32,8 +32,5 @@ typedef struct tf_fault {
  * outlive comm; one fault per process at a time). */
 void tf_install(reshard_comm_t *comm, tf_fault *f);
 
-/* Makes comm look like a stream-ordered (device) transport, for plan
- * creation checks only: execute must not be called. */
-void tf_pretend_device(reshard_comm_t *comm);
 
 #endif

@@ -1,5 +1,5 @@
 /* The device transports' shared communicator state: see dev_comm.h. */
-#include "device/dev_comm.h"
+#include "transport/dev_comm.h"
 
 #include <cuda_runtime.h>
 
@@ -9,7 +9,7 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "common/params.h"
-#include "device/device.h"
+#include "cuda/cuda_util.h"
 #include "kernels/rs_agree.h"
 
 static rs_dev_comm *dc(reshard_comm_t *c) { return (rs_dev_comm *)c->impl; }
@@ -61,21 +61,6 @@ void rs_dev_comm_free_exported(reshard_comm_t *c, void *p) {
   rs_dev_comm *d = dc(c);
   if (d && d->hooks && d->hooks->free_exported) d->hooks->free_exported(c, p);
   else cudaFree(p);
-}
-
-int rs_stream_capturing(void *stream) {
-  if (!stream) return 0;
-  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) return -1;
-  return st == cudaStreamCaptureStatusActive ? 1 : st == cudaStreamCaptureStatusNone ? 0 : -1;
-}
-
-int rs_cuda_query(void *stream, void *event) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  cudaError_t q = stream ? cudaStreamQuery((cudaStream_t)stream) : cudaEventQuery((cudaEvent_t)event);
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  return (int)q;
 }
 
 void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline) {
@@ -242,28 +227,3 @@ void rs_dev_comm_staging_release(reshard_comm_t *c, int in_use) {
   if (in_use) d->pool_abandoned = 1; /* leaked rather than freed under running work */
   if (d->pool_users > 0 && --d->pool_users == 0) pool_drop(c, d, 0);
 }
-
-reshard_result_t rs_dev_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
-                                 rs_request **req) {
-  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host send on the %s transport", c->rank, c->ops->name);
-}
-
-reshard_result_t rs_dev_no_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
-                                 rs_request **req) {
-  (void)peer, (void)tag, (void)buf, (void)bytes, (void)req;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host receive on the %s transport", c->rank, c->ops->name);
-}
-
-reshard_result_t rs_dev_no_test(reshard_comm_t *c, rs_request *req, int *done) {
-  (void)req;
-  *done = 1;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host test on the %s transport", c->rank, c->ops->name);
-}
-
-reshard_result_t rs_dev_no_wait(reshard_comm_t *c, rs_request *req, int64_t deadline) {
-  (void)req, (void)deadline;
-  return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: host wait on the %s transport", c->rank, c->ops->name);
-}
-
-void rs_dev_no_cancel(reshard_comm_t *c, rs_request *req) { (void)c, (void)req; }

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/device.h"
+#include "cuda/cuda_util.h"
 
 typedef int (*rs_range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
 

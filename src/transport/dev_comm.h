@@ -1,11 +1,12 @@
-/* What every device transport's communicator has (NCCL, CUDA IPC): the
+/* What every stream transport's communicator has (NCCL, CUDA IPC): the
  * order of its executes, its staging pool and the polled wait on its GPU
  * work, written once. A transport's state (comm->impl) starts with an
- * rs_dev_comm, so that these functions serve as its stream_ops directly
- * (transport/stream.h). No CUDA header here: events and streams are
+ * rs_dev_comm; the transport sets it up and tears it down, and the device
+ * executor (src/device/) drives it directly, since it is the same for
+ * every stream transport. No CUDA header here: events and streams are
  * void *. */
-#ifndef RS_DEVICE_DEV_COMM_H
-#define RS_DEVICE_DEV_COMM_H
+#ifndef RS_TRANSPORT_DEV_COMM_H
+#define RS_TRANSPORT_DEV_COMM_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -87,19 +88,6 @@ void rs_dev_comm_close_gates(rs_dev_comm *d);
 reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,
                                   const char *late);
 
-/* Whether work enqueued on `stream` (a cudaStream_t) is captured into a
- * CUDA graph rather than run: 1, 0, or -1 when the capture was
- * invalidated (an error of the caller's or of an earlier call). The
- * legacy stream (NULL) is never capturing. */
-int rs_stream_capturing(void *stream);
-
-/* cudaStreamQuery(stream), or with stream NULL cudaEventQuery(event), made
- * in relaxed capture mode (a cudaError_t): a stream capture open on this
- * thread, or in global mode on any thread of the process, forbids such
- * queries and is invalidated by one; reshard's touch nothing captured.
- * Every host query of the device path goes through it. */
-int rs_cuda_query(void *stream, void *event);
-
 /* Until when the communicator's executes may run: the last one's
  * deadline, or a graph launch's (stamped when it starts), and with a
  * capture on it at least RESHARD_TIMEOUT_MS from now (a launch queued
@@ -111,7 +99,8 @@ int64_t rs_dev_comm_busy_until(reshard_comm_t *c);
  * `deadline` at least. */
 void rs_dev_comm_launched(reshard_comm_t *c, int64_t deadline);
 
-/* stream_ops begin, end, drain, staging_acquire and staging_release.
+/* An execute's begin and end, the wait for the last one (drain), and the
+ * staging pool's users (acquire, release), called by the device executor.
  * Under a capture of the stream, begin and end order the graph's
  * launches with the executes before and after them through external
  * event nodes (cudaEventWaitExternal, cudaEventRecordExternal), so that
@@ -121,16 +110,5 @@ reshard_result_t rs_dev_comm_end(reshard_comm_t *c, void *stream, int64_t deadli
 reshard_result_t rs_dev_comm_drain(reshard_comm_t *c);
 reshard_result_t rs_dev_comm_staging_acquire(reshard_comm_t *c, size_t bytes);
 void rs_dev_comm_staging_release(reshard_comm_t *c, int in_use);
-
-/* The host half of the seam (isend, irecv, test, wait, cancel) of a
- * device transport: unreachable, since execute dispatches to the device
- * executor; failing loudly (INTERNAL) rather than NULL. */
-reshard_result_t rs_dev_no_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
-                                 rs_request **req);
-reshard_result_t rs_dev_no_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
-                                 rs_request **req);
-reshard_result_t rs_dev_no_test(reshard_comm_t *c, rs_request *req, int *done);
-reshard_result_t rs_dev_no_wait(reshard_comm_t *c, rs_request *req, int64_t deadline);
-void rs_dev_no_cancel(reshard_comm_t *c, rs_request *req);
 
 #endif
