@@ -213,7 +213,7 @@ cc -std=c11 -Wall -Wextra -Werror "$work/src/models.c" -o "$work/models-pc" $mfl
   fail "models consumer build (pkg-config)"
 "$work/models-pc" "$config" || fail "models consumer (pkg-config) failed"
 
-# The installed MPI example, built out of the tree as the README's "Use
+# The installed MPI example, built out of the tree as docs/API.md's "Use
 # reshard from your own project" says (mpicc + pkg-config + rpath), and run
 # as a real weight sync on 8 ranks from the installed configs.
 if [ -f "$prefix/include/reshard_mpi.h" ] && command -v mpicc >/dev/null 2>&1 &&

@@ -3,7 +3,7 @@
 
 A thin binding of the C library (include/reshard.h): the same objects,
 errors as exceptions, the GIL released in every C call (threads can be
-ranks). See the README, "Python in five minutes".
+ranks). See python/README.md, "Python in five minutes".
 
     import reshard
     src, dst = reshard.Layout(), reshard.Layout()

@@ -219,7 +219,7 @@ static int run_mismatch(reshard_comm_t *comm) {
 
 /* ---------------------------------------------------------------- late */
 
-/* The README's recovery after a TIMEOUT on MPI, as written (issue 42,
+/* docs/API.md's recovery after a TIMEOUT on MPI, as written (issue 42,
  * item 2): the last rank comes to plan creation 500 ms late while the
  * deadline is 200 ms. Every rank's creation fails (TIMEOUT, or REMOTE /
  * MISMATCH from what a late rank finds), within the deadline + grace; each

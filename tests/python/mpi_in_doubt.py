@@ -6,8 +6,8 @@ only the commit's allreduce joins them; timeout 300 ms. Version 1 commits.
 For version 2 the last rank is 1.5 s late: the others voted to commit and
 their commit collective passes its deadline, so they raise
 reshard.InDoubtError (nothing flipped, status().in_doubt_version == 2). They
-then follow the README's recovery advice as written there (test_mpi.py checks
-that the README holds the block between the markers): ``plan.resolve()``,
+then follow python/README.md's recovery advice as written there (test_mpi.py
+checks that python/README.md holds the block between the markers): ``plan.resolve()``,
 and go on with the same plan. Every rank must end at version 3 in the same copy,
 every element checked against the values of its version.
 """
@@ -52,7 +52,7 @@ def sync(version):
 sync(1)
 if rank == late:
     time.sleep(1.5)
-# --- the README's recovery advice, as written there ---
+# --- python/README.md's recovery advice, as written there ---
 try:
     sync(2)
 except reshard.InDoubtError:

@@ -48,10 +48,15 @@ def test_rl_weight_sync_example_8_ranks():
     assert "rl_weight_sync.py: OK (2 steps" in out, out
 
 
-def test_readme_python_snippet(tmp_path):
-    # The README's "Python in five minutes" program runs as written.
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Python in five minutes"):]
+@pytest.mark.parametrize("doc,heading", [
+    ("README.md", "## A Python example"),
+    ("python/README.md", "## Python in five minutes"),
+])
+def test_readme_python_snippet(tmp_path, doc, heading):
+    # The first program of README.md's "A Python example" and of
+    # python/README.md's "Python in five minutes" runs as written.
+    text = open(os.path.join(ROOT, doc)).read()
+    section = text[text.index(heading):]
     code = section[section.index("```python") + len("```python"):]
     code = code[:code.index("```")]
     script = tmp_path / "readme_snippet.py"
@@ -63,15 +68,17 @@ def test_readme_python_snippet(tmp_path):
 
 def test_commit_in_doubt_settles_as_the_readme_says():
     """Issue 42, item 1: a rank late to a double-buffered commit; the
-    others raise InDoubtError and follow the README's advice (the block
-    between the script's markers, which the README must hold verbatim),
+    others raise InDoubtError and follow python/README.md's advice (the
+    block between the script's markers, which python/README.md must hold
+    verbatim),
     every rank ending at one version."""
     script = open(os.path.join(ROOT, "tests/python/mpi_in_doubt.py")).read()
-    block = script.split("# --- the README's recovery advice, as written there ---\n")[1]
+    block = script.split(
+        "# --- python/README.md's recovery advice, as written there ---\n")[1]
     block = block.split("# ----")[0]
     assert "except reshard.InDoubtError:" in block
-    # (the README shows it inside a list item: indented by two spaces)
+    # (python/README.md shows it inside a list item: indented by two spaces)
     indented = "".join("  " + line for line in block.splitlines(True))
-    assert indented in open(os.path.join(ROOT, "README.md")).read(), block
+    assert indented in open(os.path.join(ROOT, "python/README.md")).read(), block
     rc, out = mpirun(3, "tests/python/mpi_in_doubt.py", timeout=120)
     assert rc == 0 and out.count(": OK: in doubt then settled") == 3, out

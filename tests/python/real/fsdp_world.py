@@ -194,17 +194,17 @@ def twin_cases(cfg_dir, rank, T, tally):
 
 
 def snippet(name):
-    """A README snippet (<!-- readme-snippet: name --> before its code
-    block), unindented."""
+    """A python/README.md snippet (<!-- readme-snippet: name --> before
+    its code block), unindented."""
     import re
     import textwrap
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                         "..", "..")
-    text = open(os.path.join(root, "README.md")).read()
+    text = open(os.path.join(root, "python", "README.md")).read()
     m = re.search(r"<!-- readme-snippet: %s -->\s*```\w*\n(.*?)```"
                   % re.escape(name), text, re.S)
     if not m:
-        raise AssertionError("README.md has no snippet %r" % name)
+        raise AssertionError("python/README.md has no snippet %r" % name)
     return textwrap.dedent(m.group(1))
 
 
@@ -300,7 +300,7 @@ def sync(case, comm, rank, T, cfg_path, tally):
                     tuple(slice(lo, hi) for lo, hi in f.box)].reshape(-1)
 
     if trainer and case == "fsdp":
-        # the README's FSDP2 snippet, as written, on the trainer ranks
+        # python/README.md's FSDP2 snippet, as written, on the trainer ranks
         from mpi4py import MPI
         here = os.getcwd()
         os.chdir(os.path.dirname(cfg_path))

@@ -44,7 +44,7 @@ def test_fsdp_world():
 
 
 def test_fsdp_example():
-    """examples/python/fsdp_weight_sync.py as the README runs it: 4 FSDP2
+    """examples/python/fsdp_weight_sync.py as python/README.md runs it: 4 FSDP2
     ranks -> vLLM tp=2, 2 layers, every element checked by the example."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:

@@ -1,4 +1,6 @@
-"""The README's vLLM snippets, run against the real vLLM 0.33: the launch
+"""python/README.md's vLLM and verl snippets (its "vLLM and verl"
+section; `<!-- readme-snippet: NAME -->` before each block), run against
+the real vLLM 0.33 and verl: the launch
 line through vLLM's own argument parser (`vllm serve` flags -> EngineArgs),
 the trainer loop with the real factory, init info and ModuleSource. The
 one stand-in: the trainer factory's trainer_init is replaced by one that
@@ -21,10 +23,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 
 def snippet(name):
-    text = open(os.path.join(ROOT, "README.md")).read()
+    text = open(os.path.join(ROOT, "python", "README.md")).read()
     m = re.search(r"<!-- readme-snippet: %s -->\s*```\w*\n(.*?)```" %
                   re.escape(name), text, re.S)
-    assert m, "README.md has no snippet %r" % name
+    assert m, "python/README.md has no snippet %r" % name
     return m.group(1)
 
 
@@ -68,7 +70,7 @@ def test_vllm_trainer_snippet_runs(monkeypatch):
     ns = dict(master_ip="127.0.0.1", trainer_rank=0, client=object(),
               megatron_model=torch.nn.Linear(2, 2), steps=2,
               train_step=lambda: None)
-    exec(compile(code, "README.md:vllm-trainer", "exec"), ns)
+    exec(compile(code, "python/README.md:vllm-trainer", "exec"), ns)
     assert Engine.sent == 2
     (info, client, source), = seen
     assert info.backend == "reshard" and client is ns["client"]
@@ -83,7 +85,7 @@ def test_vllm_trainer_snippet_runs(monkeypatch):
 
 
 def test_verl_config_snippet_builds_the_engine(tmp_path):
-    """The README's verl YAML through verl's own config class, plugin
+    """python/README.md's verl YAML through verl's own config class, plugin
     import and registry: the engine it names is built with its kwargs."""
     pytest.importorskip("verl")
     yaml = pytest.importorskip("yaml")
