@@ -25,44 +25,6 @@
 #define RS_TAG_VERIFY ((uint64_t)1 << 31)
 enum { RS_CTL_HEADER = 1, RS_CTL_STATUS = 2 };
 
-/* ---- execute.c ---- */
-
-/* One execute of one plan (the body of every reshard_plan_execute*):
- * src_bytes / dst_bytes NULL when sizes are unknown; rejected: an error
- * the caller found (and set), which the call reports to its partners
- * instead of moving anything, or RESHARD_SUCCESS. */
-reshard_result_t rs_execute_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                 void *const *src_buffers, size_t num_src, const size_t *src_bytes,
-                                 void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
-                                 reshard_result_t rejected);
-
-/* ---- quant.c ---- */
-
-/* An execute of a plan with block quantization (plan->quant): the
- * pre-plan, this rank's quantization, then the main plan, each call
- * told of an earlier one's failure. Arguments as rs_execute_call's, in
- * the caller's buffer counts. */
-reshard_result_t rs_quant_execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                  void *const *src_buffers, size_t num_src, const size_t *src_bytes,
-                                  void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
-                                  reshard_result_t rejected);
-
-/* reshard_plan_register_buffers of a quantizing plan (the pre-plan and
- * the main plan, with reshard's scratch; see quant.c). */
-reshard_result_t rs_quant_register(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
-                                   size_t ndst);
-
-/* ---- spread.c ---- */
-
-/* An execute of a plan with source-side spreading (plan->spread): the
- * pre-plan's copies into this rank's scratch, then the main plan, which
- * reads the caller's source buffers and the scratch. Arguments as
- * rs_execute_call's, in the caller's buffer counts. */
-reshard_result_t rs_spread_execute(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
-                                   void *const *src_buffers, size_t num_src, const size_t *src_bytes,
-                                   void *const *dst_buffers, size_t num_dst, const size_t *dst_bytes, void *stream,
-                                   reshard_result_t rejected);
-
 /* ---- doubt.c ---- */
 
 /* The host commit's vote: the words both executors vote

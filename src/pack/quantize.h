@@ -1,6 +1,6 @@
 /* FP8 block quantization of one box (issue 19): the host's form of the
  * step a plan with block-quantized destinations runs on its source ranks
- * before it sends (src/plan/quant.c decides the boxes, src/exec/quant.c
+ * before it sends (src/plan/quant.c decides the boxes, src/api/stages.c
  * runs them). The per-element arithmetic is convert.h's (rs_cvt_block_*,
  * rs_cvt_quant_e4m3), shared with the CUDA kernels, so a code computed
  * anywhere is the same byte. */

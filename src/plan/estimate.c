@@ -116,7 +116,7 @@ reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estim
   RS_CHECK(estimate_one(plan, &e));
   if (plan->spread && plan->spread->pre) {
     /* source-side spreading: the pre-plan's copies run first, then the
-     * main plan (src/exec/spread.c); the bound named stays the main
+     * main plan (src/api/stages.c); the bound named stays the main
      * plan's */
     reshard_estimate_t p;
     reshard_result_t r = estimate_one(plan->spread->pre, &p);

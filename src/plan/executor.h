@@ -21,7 +21,7 @@
 struct rs_quant;
 
 /* One execute call, as the front door (reshard_plan_execute and its
- * variants, src/exec/execute.c) hands it over once the arguments passed
+ * variants, src/api/execute.c, through call.c) hands it over once the arguments passed
  * its checks. */
 typedef struct rs_exec_call {
   int explicit_version; /* the caller named the version (execute_version) */

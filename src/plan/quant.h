@@ -19,7 +19,7 @@
  *    by a pre-plan from the caller's source to "reshard.quant.gather"
  *    scratch buffers (a layout declaring every source tensor partial).
  *  - Execute runs the pre-plan (if any), quantizes this rank's boxes
- *    (src/pack/quantize.c) and runs the main plan (src/exec/quant.c). */
+ *    (src/pack/quantize.c) and runs the main plan (src/api/stages.c). */
 #ifndef RS_PLAN_QUANT_H
 #define RS_PLAN_QUANT_H
 

@@ -29,7 +29,7 @@
  * its domain's mean; RESHARD_FLAG_NO_SPREAD or RESHARD_SPREAD=0: never).
  * It needs a topology, a host transport (the scratch is host memory) and
  * a direct creation (not the tools' staged planning). Execute runs the
- * pre-plan, then the main plan (src/exec/spread.c). */
+ * pre-plan, then the main plan (src/api/stages.c). */
 #ifndef RS_PLAN_SPREAD_H
 #define RS_PLAN_SPREAD_H
 

@@ -1,0 +1,229 @@
+/* Composite plans as stages. A plan with source-side spreading
+ * (plan/spread.h) or block quantization (plan/quant.h) runs a pre-plan
+ * stage before its main plan: spreading copies slices of sole-held source
+ * data into scratch on less busy ranks of their NVLink domain; quantizing
+ * gathers the blocks split across source ranks, then quantizes this
+ * rank's boxes into its scratch (on the host here; the device executor
+ * quantizes in stream order at the start of the main plan's execute,
+ * src/device/quant_device.c). The main plan then reads the caller's source
+ * buffers with the scratch appended. A quantizing plan's main plan may
+ * itself spread the codes and scales.
+ *
+ * Every rank runs every stage of every call, so that calls stay numbered
+ * alike on all the plans; a rejected call still takes its place in each.
+ * A stage that fails the plan fails the composite plan too, also where
+ * the main plan has no partner to hear of it. Calls of a plan do not
+ * overlap (plan.h: busy), so each plan has one scratch. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "api/front.h"
+#include "common/alloc.h"
+#include "common/error.h"
+#include "exec/exec_state.h"
+#include "pack/quantize.h"
+#include "plan/executor.h"
+#include "plan/quant.h"
+#include "plan/spread.h"
+
+size_t rs_api_user_nsrc(const reshard_plan_t *plan) {
+  return plan->quant    ? (size_t)plan->quant->user_nsrc
+         : plan->spread ? (size_t)plan->spread->user_nsrc
+                        : (size_t)plan->num_src_buffers;
+}
+
+/* A stage's buffer arrays: n entries, the first `user` of them the
+ * caller's source buffers (as many as it passed), the rest filled by the
+ * stage. Running out of memory is a rejection the call tells the
+ * partners of (r, unless r already holds one). */
+typedef struct stage_bufs {
+  void **ptrs;
+  size_t *bytes;
+} stage_bufs;
+
+static reshard_result_t stage_arrays(const reshard_plan_t *plan, size_t n, size_t user, const rs_call_args *a,
+                                     stage_bufs *b, reshard_result_t r, const char *what) {
+  b->ptrs = rs_calloc(n + 1, sizeof *b->ptrs);
+  b->bytes = rs_calloc(n + 1, sizeof *b->bytes);
+  if ((!b->ptrs || !b->bytes) && !r)
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for %s", plan->rank, what);
+  for (size_t i = 0; b->ptrs && b->bytes && a->src && i < a->nsrc && i < user; i++) b->ptrs[i] = a->src[i];
+  for (size_t i = 0; b->ptrs && b->bytes && a->src_bytes && i < a->nsrc && i < user; i++)
+    b->bytes[i] = a->src_bytes[i];
+  return r;
+}
+
+static void stage_free(stage_bufs *b) {
+  free(b->ptrs);
+  free(b->bytes);
+}
+
+/* The pre-plan stage. Its failure becomes the call's result; a result
+ * that fails the plan is returned, and its message says what the stage
+ * was doing (the caller's argument errors it finds read as the plain
+ * plan's would). */
+static reshard_result_t run_pre(const reshard_plan_t *plan, const reshard_plan_t *pre, const rs_call_args *pa,
+                                const char *what, reshard_result_t *r) {
+  reshard_result_t rp = rs_api_call(pre, pa);
+  if (*r || !rp) return RESHARD_SUCCESS;
+  *r = rp;
+  if (!rs_result_fails_plan(rp)) return RESHARD_SUCCESS;
+  rs_error_prefix("execute rank %d (%s): ", plan->rank, what);
+  return rp;
+}
+
+/* The main stage's arguments: the caller's, with the source arrays
+ * replaced by the stage's (n entries). A rank with no source buffers and
+ * no scratch passes none, as its caller did. */
+static rs_call_args main_args(const rs_call_args *a, const stage_bufs *b, size_t n, int scratch_here,
+                              reshard_result_t r) {
+  const int pass = b->ptrs && b->bytes && (a->src || scratch_here);
+  rs_call_args m = *a;
+  m.src = pass ? b->ptrs : NULL;
+  m.nsrc = pass ? n : 0;
+  m.src_bytes = pass && a->src_bytes ? b->bytes : NULL;
+  m.rejected = r;
+  return m;
+}
+
+/* The end of a composite call: the plan fails with its pre-plan. */
+static reshard_result_t stage_end(const reshard_plan_t *plan, reshard_result_t pre_failed, reshard_result_t r,
+                                  stage_bufs *b) {
+  if (pre_failed) rs_plan_mark_failed(plan, 0, 0, pre_failed, reshard_last_error());
+  stage_free(b);
+  return r;
+}
+
+static reshard_result_t run_spread(const reshard_plan_t *plan, const rs_call_args *a) {
+  if (!a->rejected) rs_error_clear();
+  const rs_spread *s = plan->spread;
+  /* A failed plan still runs its pre-plan as a rejected call, so that
+   * the ranks copying to or from this one hear of it now instead of at
+   * their deadline. The caller's arrays are checked by the pre-plan, whose
+   * source layout is the caller's. */
+  reshard_result_t r = a->rejected ? a->rejected : rs_plan_refuse_if_failed(plan);
+  /* the main plan's source arrays: the caller's buffers, then the scratch
+   * (every rank's, NULL but this rank's); the pre-plan's destination: the
+   * scratch, after them */
+  const size_t n = (size_t)plan->num_src_buffers, np = (size_t)s->pre_ndst;
+  stage_bufs b;
+  char what[64];
+  snprintf(what, sizeof what, "%zu buffer entries", n);
+  r = stage_arrays(plan, n + np, (size_t)s->user_nsrc, a, &b, r, what);
+  for (int k = 0; b.ptrs && b.bytes && k < s->nbufs; k++) {
+    b.ptrs[s->main_id[k]] = b.ptrs[n + (size_t)s->pre_id[k]] = s->scratch + s->off[k];
+    b.bytes[s->main_id[k]] = b.bytes[n + (size_t)s->pre_id[k]] = s->len[k];
+  }
+  const int ok = b.ptrs && b.bytes;
+  rs_call_args pa = *a;
+  pa.dst = ok ? b.ptrs + n : NULL;
+  pa.ndst = ok ? np : 0;
+  pa.dst_bytes = ok ? b.bytes + n : NULL;
+  pa.stream = NULL;
+  pa.rejected = r;
+  reshard_result_t pre_failed =
+      run_pre(plan, s->pre, &pa, "copying sole-held data to less busy ranks of its domain", &r);
+  rs_call_args ma = main_args(a, &b, n, s->nbufs > 0, r);
+  return stage_end(plan, pre_failed, rs_api_call(plan, &ma), &b);
+}
+
+/* The main plan of a quantizing plan: spread or plain. */
+static reshard_result_t run_main(const reshard_plan_t *plan, const rs_call_args *a) {
+  return plan->spread ? run_spread(plan, a) : rs_api_call(plan, a);
+}
+
+static reshard_result_t run_quant(const reshard_plan_t *plan, const rs_call_args *a) {
+  if (!a->rejected) rs_error_clear();
+  const rs_quant *q = plan->quant;
+  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  reshard_result_t r = a->rejected ? a->rejected : rs_argcheck_quant_inputs(plan, a);
+  /* the main plan's source arrays: the caller's buffers, then the codes
+   * and scales scratch, in the main plan's own source layout (its
+   * spreading, if any, appends scratch after it) */
+  const size_t n = plan->spread ? (size_t)plan->spread->user_nsrc : (size_t)plan->num_src_buffers;
+  const int scratch_here = q->codes_buf >= 0;
+  stage_bufs b;
+  char what[64];
+  snprintf(what, sizeof what, "%zu buffer entries", n);
+  r = stage_arrays(plan, n, n, a, &b, r, what);
+  if (b.ptrs && b.bytes && scratch_here) {
+    b.ptrs[q->codes_buf] = q->codes, b.bytes[q->codes_buf] = q->codes_bytes;
+    b.ptrs[q->scales_buf] = q->scales, b.bytes[q->scales_buf] = q->scales_bytes;
+  }
+  reshard_result_t pre_failed = RESHARD_SUCCESS;
+  if (q->pre) {
+    stage_bufs g;
+    const size_t ng = (size_t)q->pre_ndst;
+    r = stage_arrays(plan, ng, 0, a, &g, r, "the gather's buffer entries");
+    if (g.ptrs && g.bytes && q->gather_buf >= 0)
+      g.ptrs[q->gather_buf] = q->gather, g.bytes[q->gather_buf] = q->gather_bytes;
+    rs_call_args pa = *a;
+    pa.dst = g.ptrs;
+    pa.ndst = g.ptrs ? ng : 0;
+    pa.dst_bytes = g.ptrs ? g.bytes : NULL;
+    pa.rejected = r;
+    pre_failed = run_pre(plan, q->pre, &pa, "gathering blocks split across source ranks", &r);
+    stage_free(&g);
+  }
+  /* this rank's quantization, on the host executor (the device executor
+   * quantizes at the start of the main plan's execute, in stream order
+   * after the pre-plan) */
+  for (size_t i = 0; !r && !q->dev && i < q->nboxes; i++) {
+    const rs_qbox *x = &q->boxes[i];
+    rs_quantize_box(x, x->in_buf < 0 ? q->gather : a->src[x->in_buf], q->codes, q->scales);
+  }
+  rs_call_args ma = main_args(a, &b, n, scratch_here, r);
+  return stage_end(plan, pre_failed, run_main(plan, &ma), &b);
+}
+
+reshard_result_t rs_api_run_stages(const reshard_plan_t *plan, const rs_call_args *a) {
+  return plan->quant ? run_quant(plan, a) : run_main(plan, a);
+}
+
+/* reshard_plan_register_buffers of a quantizing plan on a transport that
+ * maps its peers' memory: the pre-plan registers the caller's sources and
+ * the gather scratch, the main plan the caller's sources with the codes
+ * and scales scratch after them, and the caller's destinations; executes
+ * then pass exactly those (run_quant does). Both registrations are
+ * collective and all or nothing; when the main plan's fails, the
+ * pre-plan's is undone, so both plans go back to staging. NULL arrays:
+ * both unregister. A rank out of memory for the arrays returns before any
+ * collective call, as the device executor's registration does. */
+reshard_result_t rs_api_register_stages(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
+                                        size_t ndst) {
+  const rs_executor *ex = plan->executor;
+  const rs_quant *q = plan->quant;
+  const int unregister = !src && !dst && !nsrc && !ndst;
+  RS_CHECK(rs_argcheck_quant_register(plan, src, nsrc, dst, ndst));
+  const size_t n = (size_t)plan->num_src_buffers, ng = (size_t)q->pre_ndst;
+  void **ms = rs_calloc(n + 1, sizeof *ms), **gd = rs_calloc(ng + 1, sizeof *gd);
+  if (!ms || !gd) { /* (before any collective call: the partners' exchanges end at their deadline) */
+    free(ms);
+    free(gd);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", plan->rank);
+  }
+  for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
+  if (q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
+  if (q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
+  reshard_result_t rp = RESHARD_SUCCESS;
+  char msg[640] = "";
+  if (q->pre) {
+    rp = unregister ? ex->register_buffers(q->pre, NULL, 0, NULL, 0) : ex->register_buffers(q->pre, src, nsrc, gd, ng);
+    if (rp) {
+      rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ", plan->rank);
+      snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    }
+  }
+  /* the main plan: registered only where the pre-plan's registration held */
+  reshard_result_t rm = unregister || rp ? ex->register_buffers(plan, NULL, 0, NULL, 0)
+                                         : ex->register_buffers(plan, (void *const *)ms, n, dst, ndst);
+  if (rm && !rp) {
+    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    if (!unregister && q->pre) ex->register_buffers(q->pre, NULL, 0, NULL, 0); /* undo the pre-plan's */
+  }
+  free(ms);
+  free(gd);
+  reshard_result_t e = rp ? rp : rm;
+  if (e) return rs_error(e, "%s", msg);
+  return RESHARD_SUCCESS;
+}
