@@ -85,5 +85,6 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/reshard_nccl.h ${PROJECT_SOURCE_DIR}
 option(RESHARD_BUILD_GPU_TESTS "Build the GPU backend's tests"
        ${RESHARD_BUILD_TESTS})
 if(RESHARD_BUILD_GPU_TESTS)
+  include(${PROJECT_SOURCE_DIR}/tests/device-emul/tests.cmake)
   include(${PROJECT_SOURCE_DIR}/tests/gpu/tests.cmake)
 endif()

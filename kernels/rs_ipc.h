@@ -3,7 +3,7 @@
  * ranks in different processes order their transfers without the host.
  * Like rs_tile.h and rs_agree.h, C11 and CUDA C++ at once: the kernels
  * (kernels/ipc_kernels.cu) and their CPU emulation in the tests
- * (tests/gpu/mock_device.c) run this very code; only the spin loops
+ * (tests/device-emul/mock_device.c) run this very code; only the spin loops
  * around it differ (a kernel spins on %globaltimer, the emulation steps).
  *
  * Every rank owns a *window* of device memory, exported once with

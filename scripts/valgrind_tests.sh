@@ -7,7 +7,7 @@
 # BUILD_DIR must be a build without sanitizers (valgrind cannot run them):
 #   cmake -S . -B build-vg -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 #     -DRESHARD_WITH_CUDA=OFF -DRESHARD_WITH_MPI=OFF
-# The unit tests are the CMocka executables (tests/test_*.c) and the fuzz
+# The unit tests are the CMocka executables (tests/unit/test_*.c, tests/system/test_*.c) and the fuzz
 # corpus replay. Valgrind runs them 20-50x slower, so the heavy property
 # tests and the replay run with RESHARD_TEST_SCALE (default here 0.1: a
 # tenth of their seeds or inputs; tests/support/test_scale.h), which they

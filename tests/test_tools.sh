@@ -420,7 +420,7 @@ plan_model)
   bad plan 2 "--infer" --model-config "$D" --train tp=2 --infer tp=3
   bad plan 2 "--model-config '/nonexistent.json'" --model-config /nonexistent.json --train tp=2 --infer tp=2
   # --show-layout: the framework's names on each rank (golden lines of
-  # tests/test_model_layouts.c; destination ranks follow the 4 source ranks)
+  # tests/unit/test_model_layouts.c; destination ranks follow the 4 source ranks)
   T=$repo/tests/data/tiny-deepseek-v3.json
   show_ok --model-config "$T" --train tp=2,pp=2,ep=2,etp=1 --infer tp=2,dp=2,ep=4 --show-layout dst --rank 7
   has "rank=7 name=model.layers.1.mlp.experts.routed_experts.w13_weight tensor=model.layers.1.mlp.experts.gate_proj.weight dtype=bf16 box=6:8,0:16,0:64 offset=0"

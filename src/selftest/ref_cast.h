@@ -6,7 +6,7 @@
  * rounding mode (to nearest, ties to even) at the destination's unit in
  * the last place; encodings assembled from the rounded value; NaN,
  * infinity and e4m3fn's overflow as convert.h documents them (PyTorch's
- * rules). Used by reshard_selftest_check_from and by tests/test_convert.c. */
+ * rules). Used by reshard_selftest_check_from and by tests/unit/test_convert.c. */
 #ifndef RS_SELFTEST_REF_CAST_H
 #define RS_SELFTEST_REF_CAST_H
 

@@ -18,7 +18,7 @@ extern "C" {
 #include "pack/quantize.h"
 }
 #include "gpu/gpu_common.h"
-#include "gpu/rand_copies.h"
+#include "device-emul/rand_copies.h"
 #include "kernels/rs_kernels.h"
 
 static int run_batch(uint64_t seed, int ndesc, uint64_t tile_bytes, int staging_side) {

@@ -1,5 +1,5 @@
 /* The multi-rank tests' runner: see mock_world.h. */
-#include "gpu/mock_world.h"
+#include "device-emul/mock_world.h"
 
 #include <pthread.h>
 #include <stdlib.h>

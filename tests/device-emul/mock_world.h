@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "gpu/mock_device.h"
+#include "device-emul/mock_device.h"
 #include "reshard.h"
 
 typedef struct mw_rank mw_rank;

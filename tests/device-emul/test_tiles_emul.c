@@ -18,7 +18,7 @@ static unsigned long long misaligned;
 #define RS_TILE_CHECK_ALIGN(d, s, w) \
   misaligned += (((uintptr_t)(d) | (uintptr_t)(s)) & ((w) - 1)) != 0
 #include "device/device.h"
-#include "gpu/rand_copies.h"
+#include "device-emul/rand_copies.h"
 #include "kernels/rs_tile.h"
 
 static void emulate(const rs_copy *c, size_t n, uint64_t tile_bytes,

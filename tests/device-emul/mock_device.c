@@ -2,7 +2,7 @@
  * mock_device.h for the model. Every wrapper takes one global lock; work
  * runs in progress(), called after each enqueue and from every host
  * query, whichever rank's thread calls it. */
-#include "gpu/mock_device.h"
+#include "device-emul/mock_device.h"
 
 #include <pthread.h>
 #include <stdio.h>

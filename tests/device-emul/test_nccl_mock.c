@@ -34,7 +34,7 @@
 #endif
 
 #include "device/device.h"
-#include "gpu/mock_device.h"
+#include "device-emul/mock_device.h"
 #include "kernels/rs_kernels.h"
 #include "plan/plan.h"
 #include "plan/relay.h"

@@ -22,8 +22,8 @@
 
 #include <cuda_runtime.h>
 
-#include "gpu/mock_device.h"
-#include "gpu/mock_world.h"
+#include "device-emul/mock_device.h"
+#include "device-emul/mock_world.h"
 #include "kernels/rs_kernels.h"
 #include "plan/relay.h"
 #include "reshard.h"

@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "gpu/mock_device.h"
+#include "device-emul/mock_device.h"
 #include "plan/plan.h"
 #include "plan/relay.h"
 #include "reshard.h"
