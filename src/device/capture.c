@@ -1,6 +1,6 @@
 /* CUDA graph capture of an execute: whether the plan's streams are in an
  * open capture, the host nodes a captured execute adds at its start and
- * end (launched, landed: each graph launch's deadline and count), and
+ * end (graph_launched, graph_landed: each graph launch's deadline and count), and
  * events recorded so that they mean the same in a graph. Apart because
  * these run on CUDA's thread or change meaning under capture. */
 #include <cuda_runtime.h>
@@ -36,7 +36,7 @@ int in_capture(const rs_dev *d) {
  * graph gives its execute a deadline from now (the plan's timeout), for
  * device_poll and the communicator's next drain. On CUDA's thread: no
  * CUDA call, atomics only. */
-void CUDART_CB launched(void *arg) {
+void CUDART_CB graph_launched(void *arg) {
   rs_dev *d = arg;
   int64_t dl = rs_deadline_after_ms(d->plan->opts.timeout_ms);
   if (dl == RS_NO_DEADLINE) dl = INT64_MAX;
@@ -46,7 +46,7 @@ void CUDART_CB launched(void *arg) {
 }
 
 /* ... and one at its end, on the caller's stream after everything. */
-void CUDART_CB landed(void *arg) {
+void CUDART_CB graph_landed(void *arg) {
   rs_dev *d = arg;
   __atomic_fetch_add(&d->launches_landed, 1, __ATOMIC_RELEASE);
 }

@@ -161,17 +161,12 @@ typedef struct rs_dev {
 void device_free(reshard_plan_t *p);
 int dir_rounds(const rs_msg *m, size_t n);
 uint64_t count_dir(const rs_msg *m, size_t n, const size_t *round, int nr, const rs_copy *copies,
-            uint64_t *start, uint64_t base);
+                   uint64_t *start, uint64_t base);
 void build_dir(const rs_msg *m, size_t n, const size_t *round, const rs_copy *copies, uint32_t desc_base,
                const uint64_t *start, rs_tile *tiles);
 reshard_result_t device_prepare_local(reshard_plan_t *p);
 
 /* execute.c */
-reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
-                        void *staging, int stream, int gated, const char *what);
-reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
-                         void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
-                         uint64_t version, int captured);
 reshard_result_t device_execute(const reshard_plan_t *plan, rs_exec_call *c);
 
 /* table.c */
@@ -197,8 +192,8 @@ void device_poll(const reshard_plan_t *p);
 
 /* capture.c */
 int in_capture(const rs_dev *d);
-void CUDART_CB launched(void *arg);
-void CUDART_CB landed(void *arg);
+void CUDART_CB graph_launched(void *arg);
+void CUDART_CB graph_landed(void *arg);
 cudaError_t record_lasting(cudaEvent_t e, cudaStream_t s, int captured);
 
 /* peers.c */

@@ -36,8 +36,8 @@ static void *const *call_tab(const rs_dev *d) { return d->dbuf ? d->d_cur : d->d
 enum { GATE_DST = 1, GATE_STAGING = 2 };
 
 /* Enqueues one launch over tiles [a, b). */
-reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
-                        void *staging, int stream, int gated, const char *what) {
+static reshard_result_t launch(const reshard_plan_t *p, rs_dev *d, uint64_t a, uint64_t b,
+                               void *staging, int stream, int gated, const char *what) {
   if (a == b) return RESHARD_SUCCESS;
   void *const *src = call_tab(d);
   void *const *dst = src + p->num_src_buffers;
@@ -329,9 +329,9 @@ static const rs_sched_ops dev_sched = {dev_wait, dev_run};
  * what that allows), so that every launch of the graph runs this call
  * again: it waits for the execute before it and records its ends through
  * external event nodes, and sets its own deadline when it starts. */
-reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
-                         void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
-                         uint64_t version, int captured) {
+static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,
+                                void *const *dst, size_t ndst, cudaStream_t caller, uint64_t call,
+                                uint64_t version, int captured) {
   reshard_result_t r = RESHARD_SUCCESS;
   int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
   /* From the first thing enqueued, destroy may wait for this call's work
@@ -350,7 +350,7 @@ reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, s
     CU(cudaStreamWaitEvent(d->s[S_PACK], d->ev_end[i], ext), "cudaStreamWaitEvent(previous)");
   RS_CHECK_GOTO(rs_dev_comm_begin(p->comm, d->s[S_PACK], (void **)&staging), r, fail);
   /* a launch starts once everything before it is done */
-  if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], launched, d), "cudaLaunchHostFunc(launch start)");
+  if (captured) CU(cudaLaunchHostFunc(d->s[S_PACK], graph_launched, d), "cudaLaunchHostFunc(launch start)");
 
   /* (a captured execute has the table in use: enqueue_call) */
   if (!captured && d->ntab && table_changed(p, d, src, nsrc, dst, ndst))
@@ -399,7 +399,7 @@ reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const *src, s
     CU(cudaStreamWaitEvent(caller, join, 0), "cudaStreamWaitEvent(caller)");
   }
   if (captured) {
-    CU(cudaLaunchHostFunc(caller, landed, d), "cudaLaunchHostFunc(launch end)");
+    CU(cudaLaunchHostFunc(caller, graph_landed, d), "cudaLaunchHostFunc(launch end)");
     d->tab_pinned |= 1u << d->tab_cur;
   }
   RS_CHECK_GOTO(rs_dev_comm_end(p->comm, caller, deadline), r, fail);

@@ -101,7 +101,7 @@ void device_free(reshard_plan_t *p) {
 int dir_rounds(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
 
 uint64_t count_dir(const rs_msg *m, size_t n, const size_t *round, int nr, const rs_copy *copies,
-            uint64_t *start, uint64_t base) {
+                   uint64_t *start, uint64_t base) {
   uint64_t t = base;
   int dr = dir_rounds(m, n);
   for (int k = 0; k < nr; k++) {
