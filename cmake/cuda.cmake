@@ -45,7 +45,15 @@ add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/src/cuda/cuda_util.c
   ${PROJECT_SOURCE_DIR}/src/device/direct.c
   ${PROJECT_SOURCE_DIR}/src/cuda/mem_range.c
-  ${PROJECT_SOURCE_DIR}/src/device/execute_device.c
+  ${PROJECT_SOURCE_DIR}/src/device/setup.c
+  ${PROJECT_SOURCE_DIR}/src/device/execute.c
+  ${PROJECT_SOURCE_DIR}/src/device/table.c
+  ${PROJECT_SOURCE_DIR}/src/device/verdict.c
+  ${PROJECT_SOURCE_DIR}/src/device/poll.c
+  ${PROJECT_SOURCE_DIR}/src/device/capture.c
+  ${PROJECT_SOURCE_DIR}/src/device/peers.c
+  ${PROJECT_SOURCE_DIR}/src/device/register.c
+  ${PROJECT_SOURCE_DIR}/src/device/executor.c
   ${PROJECT_SOURCE_DIR}/src/device/tiles.c
   ${PROJECT_SOURCE_DIR}/src/transport/nccl.c
   ${PROJECT_SOURCE_DIR}/src/transport/cuda_ipc.c)

@@ -1,4 +1,4 @@
-/* The device executor (execute_device.c) and the tile builder (tiles.c).
+/* The device executor (executor.c and the files it names) and the tile builder (tiles.c).
  * Compiled only with RESHARD_WITH_CUDA; no CUDA header here. */
 #ifndef RS_DEVICE_DEVICE_H
 #define RS_DEVICE_DEVICE_H

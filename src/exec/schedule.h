@@ -7,7 +7,7 @@
  *     transfer, whose requests complete later: waiting for a transfer
  *     completes its sends (and those of the rounds before it), and an
  *     unpack waits for each of its receives as it unpacks it;
- *   - the device executor (src/device/execute_device.c) enqueues each
+ *   - the device executor (src/device/execute.c) enqueues each
  *     step on its lane's stream and records an event behind it; waiting
  *     for a step on another lane is a stream wait on that event.
  *

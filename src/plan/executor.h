@@ -2,7 +2,7 @@
  * creation from the communicator's kind (src/api/create.c): the host
  * executor (src/exec/execute.c: messages the caller's thread sends and
  * waits for, over a host transport) or the device executor
- * (src/device/execute_device.c: packs, transfers and unpacks enqueued on
+ * (src/device/, executor.c: packs, transfers and unpacks enqueued on
  * CUDA streams, over a stream transport). Executors sit above the
  * transports and reach them through transport/transport.h and
  * transport/stream.h; no transport knows an executor.

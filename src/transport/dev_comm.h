@@ -41,7 +41,7 @@ typedef struct rs_dev_comm {
   int64_t last_deadline;
   /* The staging pool, as large as the largest live plan needs; gen counts
    * the pools so far. abandoned: a plan was destroyed while the GPU still
-   * ran its work (src/device/execute_device.c): the pool is never freed. */
+   * ran its work (src/device/setup.c dev_free): the pool is never freed. */
   void *pool;
   size_t pool_bytes;
   uint64_t pool_gen;

@@ -5,7 +5,7 @@
  * requests the executor waits for. A stream transport cannot: its
  * transfers are enqueued on CUDA streams and complete later, in stream
  * order. So its plans are run by the device executor
- * (src/device/execute_device.c, chosen at plan creation: plan/executor.h),
+ * (src/device/executor.c, chosen at plan creation: plan/executor.h),
  * which enqueues packs, transfers and unpacks without waiting and reaches
  * the transport only through these calls; what every stream transport's
  * communicator holds (execute order, staging pool) is

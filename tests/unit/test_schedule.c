@@ -64,7 +64,7 @@ typedef struct rec {
   size_t n;
   int bad_dep; /* a wait on a step the walk has not run */
   /* The device executor keeps one event per step kind and round parity
-   * (execute_device.c step_event): a wait on another lane must find that
+   * (src/device/execute.c step_event): a wait on another lane must find that
    * event last recorded by the very step it waits for. */
   long last[RS_STEP_CHECK + 1][2];
   int stale_event;
