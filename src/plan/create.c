@@ -20,6 +20,7 @@
 #include "common/params.h"
 #include "pack/convert.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "plan/relay.h"
@@ -46,80 +47,6 @@ typedef struct build_ctx {
    * Only its segs and locals are used. */
   struct build_ctx *twin;
 } build_ctx;
-
-/* The sizes of every published version of reshard_options_t: a caller
- * built against an older header passes its own size and gets the defaults
- * of the fields it does not know. */
-static size_t options_size_of_version(uint32_t version) {
-  switch (version) {
-    case 1: return offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t);
-    case 2: return sizeof(reshard_options_t);
-    default: return 0;
-  }
-}
-
-static reshard_result_t read_options(const reshard_options_t *in,
-                                     reshard_options_t *out) {
-  reshard_options_t def = RESHARD_OPTIONS_INITIALIZER;
-  *out = def;
-  if (!in) return RESHARD_SUCCESS;
-  if (in->struct_size < offsetof(reshard_options_t, staging_bytes))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: struct_size %u is not one this library knows (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
-                    in->struct_size, sizeof(reshard_options_t));
-  if (in->version < 1 || in->version > RESHARD_OPTIONS_VERSION)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: version %u unknown (library has %d)", in->version, RESHARD_OPTIONS_VERSION);
-  if (in->struct_size != options_size_of_version(in->version))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: struct_size %u does not match version %u (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
-                    in->struct_size, in->version, options_size_of_version(in->version));
-  memcpy(out, in, in->struct_size);
-  out->struct_size = (uint32_t)sizeof(reshard_options_t);
-  out->version = RESHARD_OPTIONS_VERSION;
-  return RESHARD_SUCCESS;
-}
-
-/* Environment parameters override the caller's options (like NCCL_*), so
- * that a job can be tuned without a rebuild; ranks that disagree still
- * fail cleanly because the options are part of the digest. */
-static reshard_result_t apply_params(reshard_options_t *o) {
-  int64_t v;
-  if (rs_param_get(RS_PARAM_STAGING_BYTES, &v)) o->staging_bytes = v > 0 ? (size_t)v : 0;
-  if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
-  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) {
-    if (v < 1)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                      "RESHARD_TIMEOUT_MS=%lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
-                      "which once meant none, are refused: a hung peer could not be told from a slow one)",
-                      (long long)v);
-    o->timeout_ms = v;
-  }
-  if (rs_param_get(RS_PARAM_RELAY, &v)) o->relay = (int)(v < -1 ? -2 : v > 1 ? 2 : v);
-  if (rs_param_get(RS_PARAM_SPREAD, &v)) {
-    if (v < 0 || v > 2) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "RESHARD_SPREAD=%lld is not 0, 1 or 2", (long long)v);
-    o->flags &= ~(uint32_t)(RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_SPREAD_ALWAYS);
-    o->flags |= v == 0 ? RESHARD_FLAG_NO_SPREAD : v == 2 ? RESHARD_FLAG_SPREAD_ALWAYS : 0;
-  }
-  const char *topo = rs_param_get_string(RS_PARAM_TOPOLOGY);
-  if (topo) o->topology = topo;
-  if (o->relay < -1 || o->relay > 1)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: relay %d is not -1 (auto), 0 (never) or 1 (always)", o->relay);
-  if (o->flags & ~RS_KNOWN_FLAGS)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags 0x%x has unknown bits 0x%x", o->flags,
-                    o->flags & ~RS_KNOWN_FLAGS);
-  if ((o->flags & RESHARD_FLAG_NO_SPREAD) && (o->flags & RESHARD_FLAG_SPREAD_ALWAYS))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags RESHARD_FLAG_NO_SPREAD and RESHARD_FLAG_SPREAD_ALWAYS "
-                    "contradict each other");
-  if (o->timeout_ms < 1)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: timeout_ms %lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
-                    "which once meant none, are refused: a hung peer could not be told from a slow one); the default "
-                    "is 60000 (RESHARD_OPTIONS_INITIALIZER)",
-                    (long long)o->timeout_ms);
-  if (o->staging_bytes < 4096)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
-  return RESHARD_SUCCESS;
-}
 
 static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
   size_t used = (size_t)snprintf(buf, n, "[");
@@ -607,102 +534,6 @@ enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_ES
        AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
-/* ---- naming a disagreement ----
- * Run by every rank when the digests differ and no rank failed on its own
- * (both facts come from the agreement, so all ranks enter): a few more
- * allreduces find the lowest rank f whose description differs from rank
- * 0's, then the first thing that differs between the two: an option, a
- * count, a tensor or a buffer (bisecting their indices, one word pair a
- * step). Writes the answer into msg. */
-
-/* out[0..n) = rank a's words, out[n..2n) = rank b's (max with zeros). */
-static reshard_result_t pair_words(reshard_comm_t *comm, int a, int b, const uint64_t *mine, int n, uint64_t *out,
-                                   int64_t deadline) {
-  memset(out, 0, 2 * (size_t)n * sizeof *out);
-  if (comm->rank == a) memcpy(out, mine, (size_t)n * sizeof *out);
-  if (comm->rank == b) memcpy(out + n, mine, (size_t)n * sizeof *out);
-  return comm->ops->allreduce_max_u64(comm, out, 2 * n, deadline);
-}
-
-typedef uint64_t (*item_digest)(const reshard_layout_t *L, int i);
-
-/* The first index in [0, n) whose item differs between ranks 0 and f, or
- * -1 when none does. */
-static reshard_result_t first_difference(reshard_comm_t *comm, int f, const reshard_layout_t *L, int n,
-                                         item_digest dig, int64_t deadline, int *at) {
-  int lo = 0, hi = n;
-  *at = -1;
-  for (int whole = 1; hi - lo >= 1; whole = 0) {
-    int mid = whole ? hi : lo + (hi - lo + 1) / 2; /* first the whole range, then halves */
-    uint64_t h = 0x51ed, v[2];
-    for (int i = lo; i < mid; i++) h = rs_hash_bytes(&(uint64_t){dig(L, i)}, sizeof(uint64_t), h);
-    RS_CHECK(pair_words(comm, 0, f, &h, 1, v, deadline));
-    if (v[0] != v[1]) {
-      if (mid - lo == 1) {
-        *at = lo;
-        return RESHARD_SUCCESS;
-      }
-      hi = mid;
-    } else {
-      if (whole) return RESHARD_SUCCESS;
-      lo = mid;
-    }
-  }
-  return RESHARD_SUCCESS;
-}
-
-static reshard_result_t explain_mismatch(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
-                                         const uint64_t *hdr, uint64_t digest, int64_t deadline, char *msg, size_t len) {
-  uint64_t v[2 * 17];
-  /* rank 0's digest, then the lowest rank that differs from it */
-  RS_CHECK(pair_words(comm, 0, -1, &digest, 1, v, deadline));
-  uint64_t mine = digest != v[0] ? UINT64_MAX - (uint64_t)comm->rank : 0;
-  RS_CHECK(comm->ops->allreduce_max_u64(comm, &mine, 1, deadline));
-  const int f = (int)(UINT64_MAX - mine);
-  /* options and counts */
-  uint64_t words[17];
-  memcpy(words, hdr, 7 * sizeof *words);
-  rs_layout_counts(src, words + 7);
-  rs_layout_counts(dst, words + 12);
-  RS_CHECK(pair_words(comm, 0, f, words, 17, v, deadline));
-  static const char *const what[17] = {
-      "the communicator size", "options.staging_bytes", "options.chunk_bytes", "options.relay", "options.flags",
-      "options.topology", "the relay part size (rs_relay_min_part_bytes)",
-      "the source layout's tensor count", "the source layout's mesh count", "the source layout's part count",
-      "the source layout's buffer count", "the source layout's raw fragment count",
-      "the destination layout's tensor count", "the destination layout's mesh count",
-      "the destination layout's part count", "the destination layout's buffer count",
-      "the destination layout's raw fragment count"};
-  for (int i = 0; i < 17; i++)
-    if (v[i] != v[17 + i]) {
-      if (i == 5) snprintf(msg, len, "ranks 0 and %d differ in %s", f, what[i]);
-      else snprintf(msg, len, "ranks 0 and %d differ in %s (%llu and %llu)", f, what[i], (unsigned long long)v[i],
-                    (unsigned long long)v[17 + i]);
-      return RESHARD_SUCCESS;
-    }
-  const reshard_layout_t *sides[2] = {src, dst};
-  const char *names[2] = {"source", "destination"};
-  for (int s = 0; s < 2; s++) {
-    const reshard_layout_t *L = sides[s];
-    int at;
-    RS_CHECK(first_difference(comm, f, L, L->ntensors, rs_layout_tensor_digest, deadline, &at));
-    if (at >= 0) {
-      const rs_tensor *t = &L->tensors[at];
-      snprintf(msg, len, "ranks 0 and %d describe %s tensor %d differently (on this rank '%s', %s, %d dims; name, "
-               "dtype, shape or allow_partial differ)", f, names[s], at, t->name, reshard_dtype_name(t->dtype), t->ndim);
-      return RESHARD_SUCCESS;
-    }
-    RS_CHECK(first_difference(comm, f, L, L->nbuffers, rs_layout_buffer_digest, deadline, &at));
-    if (at >= 0) {
-      snprintf(msg, len, "ranks 0 and %d describe %s buffer %d differently (on this rank '%s'; its name, parts, "
-               "meshes, placements, windows or raw fragments differ)", f, names[s], at, L->buffers[at].name);
-      return RESHARD_SUCCESS;
-    }
-  }
-  snprintf(msg, len, "ranks 0 and %d differ in a way not named here (mesh ids or order)", f);
-  return RESHARD_SUCCESS;
-}
-
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within
  * options.chunk_bytes and what one int counts. */
@@ -863,8 +694,8 @@ static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm
   p->size = comm->size;
   p->active_copy = -1;
   p->doubt_copy = -1;
-  reshard_result_t local = read_options(options, &p->opts);
-  if (!local) local = apply_params(&p->opts);
+  reshard_result_t local = rs_options_read(options, &p->opts);
+  if (!local) local = rs_options_apply_params(&p->opts);
   p->opts.flags |= internal;
   if (!local && prior) local = rs_error(prior, "%s", prior_msg);
   if (local) return local;
@@ -1052,7 +883,7 @@ static reshard_result_t agree_creation(reshard_comm_t *comm, reshard_plan_t *p, 
     /* every rank sees the digests differ and that no rank failed alone:
      * all of them narrow it down together */
     char why[512] = "";
-    if (explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
+    if (rs_explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
       snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
     return rs_error(RESHARD_ERROR_MISMATCH,
                     "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others "
