@@ -386,6 +386,134 @@ static reshard_result_t prep_box(rs_assign_ctx *ctx, const rs_frag *D, int src_t
   return RESHARD_SUCCESS;
 }
 
+/* The scratch of rs_assign_pieces for D's box: kept from the previous call
+ * (another receiver's) when the box, tensor and sender are the same,
+ * prepared again otherwise. */
+static reshard_result_t prep_cached(rs_assign_ctx *ctx, const rs_frag *D, int src_tensor, const char *name,
+                                    size_t *nb, size_t *per_dim) {
+  const int nd = D->ndim;
+  /* a sender's prep keeps only the holders meeting its hull: the sender
+   * is part of the key */
+  int same = ctx->prep_valid && ctx->prep_tensor == src_tensor && ctx->prep_ndim == nd && ctx->prep_sender == ctx->sender;
+  for (int d = 0; d < nd && same; d++) same = ctx->prep_start[d] == D->start[d] && ctx->prep_extent[d] == D->extent[d];
+  if (same) { /* the box of the previous call (another receiver's): its scratch is intact */
+    memcpy(nb, ctx->prep_nb, sizeof ctx->prep_nb);
+    *per_dim = ctx->prep_per_dim;
+    return RESHARD_SUCCESS;
+  }
+  ctx->prep_valid = 0;
+  RS_CHECK(prep_box(ctx, D, src_tensor, name, nb, per_dim));
+  ctx->prep_valid = 1;
+  ctx->prep_tensor = src_tensor;
+  ctx->prep_sender = ctx->sender;
+  ctx->prep_ndim = nd;
+  for (int d = 0; d < nd; d++) {
+    ctx->prep_start[d] = D->start[d];
+    ctx->prep_extent[d] = D->extent[d];
+  }
+  memcpy(ctx->prep_nb, nb, sizeof ctx->prep_nb);
+  ctx->prep_per_dim = *per_dim;
+  return RESHARD_SUCCESS;
+}
+
+/* A sender's walk: the cells [ilo, ihi) inside the hull of its holders
+ * within D. Returns 0 when no cell is (nothing to assign). */
+static int sender_cells(const rs_assign_ctx *ctx, const rs_frag *D, const size_t *nb, size_t per_dim, size_t *ilo,
+                        size_t *ihi) {
+  const int nd = D->ndim;
+  const rs_frag *H = ctx->holders.v;
+  const size_t nh = ctx->holders.n;
+  int any = 0;
+  int64_t hlo[RESHARD_MAX_DIMS], hhi[RESHARD_MAX_DIMS];
+  for (size_t i = 0; i < nh; i++) {
+    if (H[i].rank != ctx->sender - 1) continue;
+    for (int d = 0; d < nd; d++) {
+      int64_t s0 = rs_max_i64(H[i].start[d], D->start[d]);
+      int64_t e0 = rs_min_i64(H[i].start[d] + H[i].extent[d], D->start[d] + D->extent[d]);
+      hlo[d] = any ? rs_min_i64(hlo[d], s0) : s0;
+      hhi[d] = any ? rs_max_i64(hhi[d], e0) : e0;
+    }
+    any = 1;
+  }
+  if (!any) return 0;
+  for (int d = 0; d < nd; d++) {
+    const int64_t *b = ctx->bounds + (size_t)d * per_dim;
+    ilo[d] = bound_index(b, nb[d], hlo[d]);
+    ihi[d] = bound_index(b, nb[d], hhi[d]);
+    if (ilo[d] >= ihi[d]) return 0;
+  }
+  return 1;
+}
+
+/* Holders of the cell [cs, cs + ce) (bucket idx0), one per rank (the
+ * first in canonical order), sorted by rank, into ctx->cands: walking the
+ * holders in canonical order, a rank's first holder inside the cell is
+ * the one kept. Returns how many. */
+static int cell_holders(rs_assign_ctx *ctx, int nd, size_t idx0, const int64_t *cs, const int64_t *ce) {
+  const rs_frag *H = ctx->holders.v;
+  const size_t nh = ctx->holders.n;
+  int nc = 0;
+  int *c = ctx->cands;
+  const int *cell_order = nd ? ctx->bucket + ctx->bucket_at[idx0] : ctx->cands + nh + 1;
+  const size_t ncell = nd ? (size_t)(ctx->bucket_at[idx0 + 1] - ctx->bucket_at[idx0]) : nh;
+  for (size_t j = 0; j < ncell; j++) {
+    const int i = cell_order[j];
+    int inside = 1;
+    for (int d = 0; d < nd && inside; d++)
+      inside = H[i].start[d] <= cs[d] && cs[d] + ce[d] <= H[i].start[d] + H[i].extent[d];
+    if (!inside || (nc > 0 && H[c[nc - 1]].rank == H[i].rank)) continue;
+    c[nc++] = i;
+  }
+  return nc;
+}
+
+/* A cell the receiver does not hold: its row-major element range goes to
+ * the owners in nowners consecutive ranges (one range, the receiver's, in
+ * a direct plan); each range is split evenly over the holders c[0..nc):
+ * every holder provides floor or ceil of its share, whatever the cell's
+ * shape (a cell with fewer rows than replicas still uses them all). */
+static reshard_result_t split_cell(rs_assign_ctx *ctx, const rs_frag *D, int src_tensor, const int32_t *owners,
+                                   int nowners, const int *c, int nc, uint64_t cell_no, const int64_t *cs,
+                                   const int64_t *ce, rs_piece *p, int32_t *nparts, rs_piece_vec *out) {
+  const int nd = D->ndim;
+  const rs_frag *H = ctx->holders.v;
+  const size_t nh = ctx->holders.n;
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= ce[d];
+  uint64_t key = rs_mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
+                 rs_mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
+  int64_t obase = n / nowners, oextra = n % nowners, at = 0;
+  int *near = ctx->cands + 3 * (nh + 1);
+  for (int o = 0; o < nowners; o++) {
+    int64_t on = obase + (o < oextra);
+    const int *cc = c;
+    int ncc = nc;
+    int *left = ctx->cands + 4 * (nh + 1);
+    const int nleft = ctx->first_only ? 0 : spread_narrow(ctx, H, c, nc, owners[o], left);
+    if (nleft) cc = left, ncc = nleft;
+    const int nnear = ctx->first_only ? 0 : prefer_domain(ctx, H, cc, ncc, owners[o], near);
+    if (nnear) cc = near, ncc = nnear;
+    /* the baseline of RESHARD_FLAG_FIRST_REPLICA: the lowest holder */
+    int64_t np = ctx->first_only ? rs_min_i64(1, on) : rs_min_i64(ncc, on);
+    int rot = ctx->first_only ? 0 : (int)((key + (uint64_t)o) % (uint64_t)ncc);
+    int64_t base = np ? on / np : 0, extra = np ? on % np : 0;
+    p->owner = o;
+    p->part = on ? *nparts : -1;
+    if (on && ctx->parts) RS_CHECK(push_range(ctx->parts, p, nd, cs, ce, at, at + on));
+    *nparts += on > 0;
+    for (int64_t i = 0; i < np; i++) {
+      int64_t sz = base + (i < extra);
+      const rs_frag *h = &H[cc[(i + rot) % ncc]];
+      if (!ctx->sender || h->rank == ctx->sender - 1) {
+        p->src = *h;
+        RS_CHECK(push_range(out, p, nd, cs, ce, at, at + sz));
+      }
+      at += sz;
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
                                   int src_tensor, const char *name,
                                   const int32_t *owners, int nowners,
@@ -400,29 +528,9 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
   if (ctx->parts) ctx->parts->n = 0;
   int32_t nparts = 0;
   size_t nb[RESHARD_MAX_DIMS], per_dim;
-  /* a sender's prep keeps only the holders meeting its hull: the sender
-   * is part of the key */
-  int same = ctx->prep_valid && ctx->prep_tensor == src_tensor && ctx->prep_ndim == nd && ctx->prep_sender == ctx->sender;
-  for (int d = 0; d < nd && same; d++) same = ctx->prep_start[d] == D->start[d] && ctx->prep_extent[d] == D->extent[d];
-  if (same) { /* the box of the previous call (another receiver's): its scratch is intact */
-    memcpy(nb, ctx->prep_nb, sizeof nb);
-    per_dim = ctx->prep_per_dim;
-  } else {
-    ctx->prep_valid = 0;
-    RS_CHECK(prep_box(ctx, D, src_tensor, name, nb, &per_dim));
-    ctx->prep_valid = 1;
-    ctx->prep_tensor = src_tensor;
-    ctx->prep_sender = ctx->sender;
-    ctx->prep_ndim = nd;
-    for (int d = 0; d < nd; d++) {
-      ctx->prep_start[d] = D->start[d];
-      ctx->prep_extent[d] = D->extent[d];
-    }
-    memcpy(ctx->prep_nb, nb, sizeof nb);
-    ctx->prep_per_dim = per_dim;
-  }
+  reshard_result_t r = prep_cached(ctx, D, src_tensor, name, nb, &per_dim);
+  if (r) return r;
   rs_frag *H = ctx->holders.v;
-  const size_t nh = ctx->holders.n;
   int64_t cs[RESHARD_MAX_DIMS], ce[RESHARD_MAX_DIMS];
 
   /* Odometer over cells, outermost dim slowest; cell_no is the cell's
@@ -434,28 +542,8 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
     ihi[d] = nb[d] - 1;
     stride[d] = d == nd - 1 ? 1 : stride[d + 1] * (uint64_t)(nb[d + 1] - 1);
   }
-  if (ctx->sender && nd) {
-    /* the cells inside the hull of the sender's holders */
-    int any = 0;
-    int64_t hlo[RESHARD_MAX_DIMS], hhi[RESHARD_MAX_DIMS];
-    for (size_t i = 0; i < nh; i++) {
-      if (H[i].rank != ctx->sender - 1) continue;
-      for (int d = 0; d < nd; d++) {
-        int64_t s0 = rs_max_i64(H[i].start[d], D->start[d]);
-        int64_t e0 = rs_min_i64(H[i].start[d] + H[i].extent[d], D->start[d] + D->extent[d]);
-        hlo[d] = any ? rs_min_i64(hlo[d], s0) : s0;
-        hhi[d] = any ? rs_max_i64(hhi[d], e0) : e0;
-      }
-      any = 1;
-    }
-    if (!any) return RESHARD_SUCCESS;
-    for (int d = 0; d < nd; d++) {
-      const int64_t *b = ctx->bounds + (size_t)d * per_dim;
-      ilo[d] = bound_index(b, nb[d], hlo[d]);
-      ihi[d] = bound_index(b, nb[d], hhi[d]);
-      if (ilo[d] >= ihi[d]) return RESHARD_SUCCESS;
-    }
-  }
+  /* a sender: the cells inside the hull of its holders */
+  if (ctx->sender && nd && !sender_cells(ctx, D, nb, per_dim, ilo, ihi)) return RESHARD_SUCCESS;
   uint64_t cell_no = 0;
   for (int d = 0; d < nd; d++) {
     idx[d] = ilo[d];
@@ -467,21 +555,8 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       cs[d] = b[idx[d]];
       ce[d] = b[idx[d] + 1] - b[idx[d]];
     }
-    /* Holders of this cell, one per rank (the first in canonical order),
-     * sorted by rank: walking the holders in canonical order, a rank's
-     * first holder inside the cell is the one kept. */
-    int nc = 0;
-    int *c = ctx->cands;
-    const int *cell_order = nd ? ctx->bucket + ctx->bucket_at[idx[0]] : ctx->cands + nh + 1;
-    const size_t ncell = nd ? (size_t)(ctx->bucket_at[idx[0] + 1] - ctx->bucket_at[idx[0]]) : nh;
-    for (size_t j = 0; j < ncell; j++) {
-      const int i = cell_order[j];
-      int inside = 1;
-      for (int d = 0; d < nd && inside; d++)
-        inside = H[i].start[d] <= cs[d] && cs[d] + ce[d] <= H[i].start[d] + H[i].extent[d];
-      if (!inside || (nc > 0 && H[c[nc - 1]].rank == H[i].rank)) continue;
-      c[nc++] = i;
-    }
+    const int nc = cell_holders(ctx, nd, nd ? idx[0] : 0, cs, ce);
+    const int *c = ctx->cands;
     if (nc == 0) {
       char box[256];
       format_box(box, sizeof box, nd, cs, ce);
@@ -503,44 +578,8 @@ reshard_result_t rs_assign_pieces(rs_assign_ctx *ctx, const rs_frag *D,
       p.src = H[local];
       if (!ctx->sender || p.src.rank == ctx->sender - 1) RS_CHECK(piece_push(out, &p));
     } else {
-      /* The cell's row-major element range goes to the owners in nowners
-       * consecutive ranges (one range, the receiver's, in a direct plan);
-       * each range is split evenly over the holders: every holder
-       * provides floor or ceil of its share, whatever the cell's shape (a
-       * cell with fewer rows than replicas still uses them all). */
-      int64_t n = 1;
-      for (int d = 0; d < nd; d++) n *= ce[d];
-      uint64_t key = rs_mix64(((uint64_t)(uint32_t)src_tensor << 32) ^ (uint64_t)(uint32_t)D->rank) ^
-                     rs_mix64(((uint64_t)(uint32_t)D->buffer << 40) ^ ((uint64_t)D->pos << 20) ^ cell_no);
-      int64_t obase = n / nowners, oextra = n % nowners, at = 0;
-      int *near = ctx->cands + 3 * (nh + 1);
-      for (int o = 0; o < nowners; o++) {
-        int64_t on = obase + (o < oextra);
-        const int *cc = c;
-        int ncc = nc;
-        int *left = ctx->cands + 4 * (nh + 1);
-        const int nleft = ctx->first_only ? 0 : spread_narrow(ctx, H, c, nc, owners[o], left);
-        if (nleft) cc = left, ncc = nleft;
-        const int nnear = ctx->first_only ? 0 : prefer_domain(ctx, H, cc, ncc, owners[o], near);
-        if (nnear) cc = near, ncc = nnear;
-        /* the baseline of RESHARD_FLAG_FIRST_REPLICA: the lowest holder */
-        int64_t np = ctx->first_only ? rs_min_i64(1, on) : rs_min_i64(ncc, on);
-        int rot = ctx->first_only ? 0 : (int)((key + (uint64_t)o) % (uint64_t)ncc);
-        int64_t base = np ? on / np : 0, extra = np ? on % np : 0;
-        p.owner = o;
-        p.part = on ? nparts : -1;
-        if (on && ctx->parts) RS_CHECK(push_range(ctx->parts, &p, nd, cs, ce, at, at + on));
-        nparts += on > 0;
-        for (int64_t i = 0; i < np; i++) {
-          int64_t sz = base + (i < extra);
-          const rs_frag *h = &H[cc[(i + rot) % ncc]];
-          if (!ctx->sender || h->rank == ctx->sender - 1) {
-            p.src = *h;
-            RS_CHECK(push_range(out, &p, nd, cs, ce, at, at + sz));
-          }
-          at += sz;
-        }
-      }
+      r = split_cell(ctx, D, src_tensor, owners, nowners, c, nc, cell_no, cs, ce, &p, &nparts, out);
+      if (r) return r;
     }
     int d = nd - 1;
     for (; d >= 0; d--) {

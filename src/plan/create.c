@@ -20,6 +20,7 @@
 #include "common/params.h"
 #include "pack/convert.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "plan/relay.h"
@@ -46,80 +47,6 @@ typedef struct build_ctx {
    * Only its segs and locals are used. */
   struct build_ctx *twin;
 } build_ctx;
-
-/* The sizes of every published version of reshard_options_t: a caller
- * built against an older header passes its own size and gets the defaults
- * of the fields it does not know. */
-static size_t options_size_of_version(uint32_t version) {
-  switch (version) {
-    case 1: return offsetof(reshard_options_t, timeout_ms) + sizeof(int64_t);
-    case 2: return sizeof(reshard_options_t);
-    default: return 0;
-  }
-}
-
-static reshard_result_t read_options(const reshard_options_t *in,
-                                     reshard_options_t *out) {
-  reshard_options_t def = RESHARD_OPTIONS_INITIALIZER;
-  *out = def;
-  if (!in) return RESHARD_SUCCESS;
-  if (in->struct_size < offsetof(reshard_options_t, staging_bytes))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: struct_size %u is not one this library knows (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
-                    in->struct_size, sizeof(reshard_options_t));
-  if (in->version < 1 || in->version > RESHARD_OPTIONS_VERSION)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: version %u unknown (library has %d)", in->version, RESHARD_OPTIONS_VERSION);
-  if (in->struct_size != options_size_of_version(in->version))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: struct_size %u does not match version %u (expected %zu); start from RESHARD_OPTIONS_INITIALIZER",
-                    in->struct_size, in->version, options_size_of_version(in->version));
-  memcpy(out, in, in->struct_size);
-  out->struct_size = (uint32_t)sizeof(reshard_options_t);
-  out->version = RESHARD_OPTIONS_VERSION;
-  return RESHARD_SUCCESS;
-}
-
-/* Environment parameters override the caller's options (like NCCL_*), so
- * that a job can be tuned without a rebuild; ranks that disagree still
- * fail cleanly because the options are part of the digest. */
-static reshard_result_t apply_params(reshard_options_t *o) {
-  int64_t v;
-  if (rs_param_get(RS_PARAM_STAGING_BYTES, &v)) o->staging_bytes = v > 0 ? (size_t)v : 0;
-  if (rs_param_get(RS_PARAM_CHUNK_BYTES, &v)) o->chunk_bytes = v > 0 ? (size_t)v : 0;
-  if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v)) {
-    if (v < 1)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                      "RESHARD_TIMEOUT_MS=%lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
-                      "which once meant none, are refused: a hung peer could not be told from a slow one)",
-                      (long long)v);
-    o->timeout_ms = v;
-  }
-  if (rs_param_get(RS_PARAM_RELAY, &v)) o->relay = (int)(v < -1 ? -2 : v > 1 ? 2 : v);
-  if (rs_param_get(RS_PARAM_SPREAD, &v)) {
-    if (v < 0 || v > 2) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "RESHARD_SPREAD=%lld is not 0, 1 or 2", (long long)v);
-    o->flags &= ~(uint32_t)(RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_SPREAD_ALWAYS);
-    o->flags |= v == 0 ? RESHARD_FLAG_NO_SPREAD : v == 2 ? RESHARD_FLAG_SPREAD_ALWAYS : 0;
-  }
-  const char *topo = rs_param_get_string(RS_PARAM_TOPOLOGY);
-  if (topo) o->topology = topo;
-  if (o->relay < -1 || o->relay > 1)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: relay %d is not -1 (auto), 0 (never) or 1 (always)", o->relay);
-  if (o->flags & ~RS_KNOWN_FLAGS)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags 0x%x has unknown bits 0x%x", o->flags,
-                    o->flags & ~RS_KNOWN_FLAGS);
-  if ((o->flags & RESHARD_FLAG_NO_SPREAD) && (o->flags & RESHARD_FLAG_SPREAD_ALWAYS))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: flags RESHARD_FLAG_NO_SPREAD and RESHARD_FLAG_SPREAD_ALWAYS "
-                    "contradict each other");
-  if (o->timeout_ms < 1)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "options: timeout_ms %lld: every wait needs a deadline of at least 1 ms (0 and negative values, "
-                    "which once meant none, are refused: a hung peer could not be told from a slow one); the default "
-                    "is 60000 (RESHARD_OPTIONS_INITIALIZER)",
-                    (long long)o->timeout_ms);
-  if (o->staging_bytes < 4096)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "options: staging_bytes %zu is below the minimum of 4096", o->staging_bytes);
-  return RESHARD_SUCCESS;
-}
 
 static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
   size_t used = (size_t)snprintf(buf, n, "[");
@@ -607,102 +534,6 @@ enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_ES
        AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
-/* ---- naming a disagreement ----
- * Run by every rank when the digests differ and no rank failed on its own
- * (both facts come from the agreement, so all ranks enter): a few more
- * allreduces find the lowest rank f whose description differs from rank
- * 0's, then the first thing that differs between the two: an option, a
- * count, a tensor or a buffer (bisecting their indices, one word pair a
- * step). Writes the answer into msg. */
-
-/* out[0..n) = rank a's words, out[n..2n) = rank b's (max with zeros). */
-static reshard_result_t pair_words(reshard_comm_t *comm, int a, int b, const uint64_t *mine, int n, uint64_t *out,
-                                   int64_t deadline) {
-  memset(out, 0, 2 * (size_t)n * sizeof *out);
-  if (comm->rank == a) memcpy(out, mine, (size_t)n * sizeof *out);
-  if (comm->rank == b) memcpy(out + n, mine, (size_t)n * sizeof *out);
-  return comm->ops->allreduce_max_u64(comm, out, 2 * n, deadline);
-}
-
-typedef uint64_t (*item_digest)(const reshard_layout_t *L, int i);
-
-/* The first index in [0, n) whose item differs between ranks 0 and f, or
- * -1 when none does. */
-static reshard_result_t first_difference(reshard_comm_t *comm, int f, const reshard_layout_t *L, int n,
-                                         item_digest dig, int64_t deadline, int *at) {
-  int lo = 0, hi = n;
-  *at = -1;
-  for (int whole = 1; hi - lo >= 1; whole = 0) {
-    int mid = whole ? hi : lo + (hi - lo + 1) / 2; /* first the whole range, then halves */
-    uint64_t h = 0x51ed, v[2];
-    for (int i = lo; i < mid; i++) h = rs_hash_bytes(&(uint64_t){dig(L, i)}, sizeof(uint64_t), h);
-    RS_CHECK(pair_words(comm, 0, f, &h, 1, v, deadline));
-    if (v[0] != v[1]) {
-      if (mid - lo == 1) {
-        *at = lo;
-        return RESHARD_SUCCESS;
-      }
-      hi = mid;
-    } else {
-      if (whole) return RESHARD_SUCCESS;
-      lo = mid;
-    }
-  }
-  return RESHARD_SUCCESS;
-}
-
-static reshard_result_t explain_mismatch(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
-                                         const uint64_t *hdr, uint64_t digest, int64_t deadline, char *msg, size_t len) {
-  uint64_t v[2 * 17];
-  /* rank 0's digest, then the lowest rank that differs from it */
-  RS_CHECK(pair_words(comm, 0, -1, &digest, 1, v, deadline));
-  uint64_t mine = digest != v[0] ? UINT64_MAX - (uint64_t)comm->rank : 0;
-  RS_CHECK(comm->ops->allreduce_max_u64(comm, &mine, 1, deadline));
-  const int f = (int)(UINT64_MAX - mine);
-  /* options and counts */
-  uint64_t words[17];
-  memcpy(words, hdr, 7 * sizeof *words);
-  rs_layout_counts(src, words + 7);
-  rs_layout_counts(dst, words + 12);
-  RS_CHECK(pair_words(comm, 0, f, words, 17, v, deadline));
-  static const char *const what[17] = {
-      "the communicator size", "options.staging_bytes", "options.chunk_bytes", "options.relay", "options.flags",
-      "options.topology", "the relay part size (rs_relay_min_part_bytes)",
-      "the source layout's tensor count", "the source layout's mesh count", "the source layout's part count",
-      "the source layout's buffer count", "the source layout's raw fragment count",
-      "the destination layout's tensor count", "the destination layout's mesh count",
-      "the destination layout's part count", "the destination layout's buffer count",
-      "the destination layout's raw fragment count"};
-  for (int i = 0; i < 17; i++)
-    if (v[i] != v[17 + i]) {
-      if (i == 5) snprintf(msg, len, "ranks 0 and %d differ in %s", f, what[i]);
-      else snprintf(msg, len, "ranks 0 and %d differ in %s (%llu and %llu)", f, what[i], (unsigned long long)v[i],
-                    (unsigned long long)v[17 + i]);
-      return RESHARD_SUCCESS;
-    }
-  const reshard_layout_t *sides[2] = {src, dst};
-  const char *names[2] = {"source", "destination"};
-  for (int s = 0; s < 2; s++) {
-    const reshard_layout_t *L = sides[s];
-    int at;
-    RS_CHECK(first_difference(comm, f, L, L->ntensors, rs_layout_tensor_digest, deadline, &at));
-    if (at >= 0) {
-      const rs_tensor *t = &L->tensors[at];
-      snprintf(msg, len, "ranks 0 and %d describe %s tensor %d differently (on this rank '%s', %s, %d dims; name, "
-               "dtype, shape or allow_partial differ)", f, names[s], at, t->name, reshard_dtype_name(t->dtype), t->ndim);
-      return RESHARD_SUCCESS;
-    }
-    RS_CHECK(first_difference(comm, f, L, L->nbuffers, rs_layout_buffer_digest, deadline, &at));
-    if (at >= 0) {
-      snprintf(msg, len, "ranks 0 and %d describe %s buffer %d differently (on this rank '%s'; its name, parts, "
-               "meshes, placements, windows or raw fragments differ)", f, names[s], at, L->buffers[at].name);
-      return RESHARD_SUCCESS;
-    }
-  }
-  snprintf(msg, len, "ranks 0 and %d differ in a way not named here (mesh ids or order)", f);
-  return RESHARD_SUCCESS;
-}
-
 /* Candidate chunks beyond the streams-all-at-once limit: half the budget
  * times 2^(-j/4) (in integers, alike everywhere), within
  * options.chunk_bytes and what one int counts. */
@@ -848,180 +679,178 @@ static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t
   return RESHARD_SUCCESS;
 }
 
-/* prior: a failure this rank found before (its error set), which the
- * creation agrees on like its own, so that every rank fails alike.
- * internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
- * the caller's options are checked. */
-static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor *ex,
-                                        const reshard_layout_t *src,
-                                        const reshard_layout_t *dst,
-                                        const reshard_options_t *options,
-                                        int relay_mode, reshard_result_t prior,
-                                        uint32_t internal, reshard_plan_t **out) {
-  if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
-  if (out) *out = NULL;
-  char prior_msg[768] = "";
-  if (prior) snprintf(prior_msg, sizeof prior_msg, "%s", reshard_last_error());
-  uint32_t plan_seq = comm->plans_created++;
-  build_ctx c;
-  memset(&c, 0, sizeof c);
-  reshard_plan_t *p = rs_calloc(1, sizeof *p);
-  reshard_result_t local = RESHARD_SUCCESS;
-  char local_msg[1024] = "";
-  if (!p) {
-    local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  } else {
-    p->comm = comm;
-    p->executor = ex;
-    p->rank = comm->rank;
-    p->size = comm->size;
-    p->active_copy = -1;
-    p->doubt_copy = -1;
-    local = read_options(options, &p->opts);
-    if (!local) local = apply_params(&p->opts);
-    p->opts.flags |= internal;
-    if (!local && prior) local = rs_error(prior, "%s", prior_msg);
-  }
-  if (!local && (!src || !dst || !out))
-    local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");
-  if (!local) {
-    c.src = src;
-    c.dst = dst;
-    c.plan = p;
-    c.actx.src = src;
-    c.actx.first_only = (p->opts.flags & RESHARD_FLAG_FIRST_REPLICA) != 0;
-    local = match_tensors(&c);
-  }
-  if (!local) {
-    int ms = rs_layout_max_rank(src), md = rs_layout_max_rank(dst);
-    if (ms >= comm->size || md >= comm->size)
-      local = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: rank %d is outside the communicator of %d ranks",
-                       ms >= comm->size ? "source" : "destination", ms >= comm->size ? ms : md, comm->size);
-  }
-  if (!local) {
-    local = rs_topology_resolve(&p->opts, &p->topo, &p->has_topo);
-    /* the caller's string may not outlive the call */
-    p->opts.topology = p->has_topo ? p->topo.name : NULL;
-    if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
-    p->domain_div = p->has_topo ? rs_topology_domain_chunk_div(&p->topo) : 1;
-    p->phases = 1;
-  }
-  if (!local) {
-    /* Every transport relays: the host executor and the device executor
-     * both send forwards from the destination buffers two rounds after
-     * their data arrived. relay -1 (auto) plans direct here; the caller
-     * builds a relay plan too when the cost model can choose. */
-    int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;
-    c.relay = want;
-    const int32_t *domain = p->has_topo ? p->map.domain : NULL;
-    c.actx.domain = domain;
-    for (int b = 0; domain && b < src->nbuffers && !c.actx.spread; b++) c.actx.spread = src->buffers[b].spread_origin != 0;
-    c.rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
-  }
-  int32_t spread = 0;
-  build_ctx *twin = NULL; /* rs_plan_force.twin's */
-  uint64_t use_digest = 0; /* with `use`: the digest its creation computed */
+/* Creation's first step on this rank, before any stage: the plan's fields
+ * and options (`prior` agreed on like a failure of its own), the tensors
+ * matched, the layouts' ranks inside the communicator, the topology and
+ * the relay context. */
+static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm_t *comm, const rs_executor *ex,
+                                   const reshard_layout_t *src, const reshard_layout_t *dst,
+                                   const reshard_options_t *options, int relay_mode, reshard_result_t prior,
+                                   const char *prior_msg, uint32_t internal, reshard_plan_t **out) {
+  if (!p) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+  p->comm = comm;
+  p->executor = ex;
+  p->rank = comm->rank;
+  p->size = comm->size;
+  p->active_copy = -1;
+  p->doubt_copy = -1;
+  reshard_result_t local = rs_options_read(options, &p->opts);
+  if (!local) local = rs_options_apply_params(&p->opts);
+  p->opts.flags |= internal;
+  if (!local && prior) local = rs_error(prior, "%s", prior_msg);
+  if (local) return local;
+  if (!src || !dst || !out)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: %s is NULL", !src ? "src" : !dst ? "dst" : "plan");
+  c->src = src;
+  c->dst = dst;
+  c->plan = p;
+  c->actx.src = src;
+  c->actx.first_only = (p->opts.flags & RESHARD_FLAG_FIRST_REPLICA) != 0;
+  reshard_result_t r = match_tensors(c);
+  if (r) return r;
+  int ms = rs_layout_max_rank(src), md = rs_layout_max_rank(dst);
+  if (ms >= comm->size || md >= comm->size)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: rank %d is outside the communicator of %d ranks",
+                    ms >= comm->size ? "source" : "destination", ms >= comm->size ? ms : md, comm->size);
+  local = rs_topology_resolve(&p->opts, &p->topo, &p->has_topo);
+  /* the caller's string may not outlive the call */
+  p->opts.topology = p->has_topo ? p->topo.name : NULL;
+  if (!local && p->has_topo) local = rs_rank_map_build(&p->topo, src, dst, comm->size, &p->map);
+  p->domain_div = p->has_topo ? rs_topology_domain_chunk_div(&p->topo) : 1;
+  p->phases = 1;
+  if (local) return local;
+  /* Every transport relays: the host executor and the device executor
+   * both send forwards from the destination buffers two rounds after
+   * their data arrived. relay -1 (auto) plans direct here; the caller
+   * builds a relay plan too when the cost model can choose. */
+  int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;
+  c->relay = want;
+  const int32_t *domain = p->has_topo ? p->map.domain : NULL;
+  c->actx.domain = domain;
+  for (int b = 0; domain && b < src->nbuffers && !c->actx.spread; b++) c->actx.spread = src->buffers[b].spread_origin != 0;
+  c->rp.ctx = (rs_relay_ctx){.src = src, .dst = dst, .domain = domain, .min_part_bytes = rs_relay_min_part_bytes};
+  return RESHARD_SUCCESS;
+}
+
+/* The first stage of this rank: its segments and local copies, planned
+ * here (with a twin first stage when the tools ask for one) or taken from
+ * an earlier creation (rs_plan_force.use, with its digest in *use_digest),
+ * and its spread, phase estimates and pace candidates. */
+static reshard_result_t first_stage(build_ctx *c, reshard_comm_t *comm, build_ctx **twin, int32_t *spread,
+                                    uint64_t *use_digest) {
+  reshard_plan_t *p = c->plan;
   rs_plan_stage *use = rs_plan_force.use;
-  if (!local && use) { /* the tools: the first stage as an earlier creation kept it */
-    c.segs = use->segs;
-    c.locals = use->locals;
-    c.local_vbox = use->local_vbox;
-    c.nlocals = c.cap_locals = use->nlocals;
-    c.cap_local_vbox = use->local_vbox ? use->nlocals : 0;
-    spread = use->spread;
-    use_digest = use->digest;
+  if (use) { /* the tools: the first stage as an earlier creation kept it */
+    c->segs = use->segs;
+    c->locals = use->locals;
+    c->local_vbox = use->local_vbox;
+    c->nlocals = c->cap_locals = use->nlocals;
+    c->cap_local_vbox = use->local_vbox ? use->nlocals : 0;
+    *spread = use->spread;
+    *use_digest = use->digest;
     memcpy(p->phase_est, use->phase_est, sizeof p->phase_est);
     memcpy(p->pace_cand, use->pace_cand, sizeof p->pace_cand);
     memset(use, 0, sizeof *use);
-    if (rs_plan_force.back) c.back = &rs_plan_force.back->segs;
-  } else {
-    if (!local) local = rs_layout_validate_rank(src, "source", comm->rank);
-    if (!local) local = rs_layout_validate_rank(dst, "destination", comm->rank);
-    if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(src, "source");
-    if (!local && !rs_plan_force.covered) local = rs_layout_check_coverage(dst, "destination");
-    if (!local && rs_plan_force.back && rs_plan_force.keep) { /* the tools: memory of an earlier stage, reused */
-      c.segs = rs_plan_force.back->segs;
-      rs_plan_force.back->segs = (rs_seg_vec){0};
-      rs_seg_vec_changed(&c.segs);
-      c.segs.n = 0;
-    }
-    if (!local && rs_plan_force.twin) {
-      if (rs_plan_force.stop != RS_PLAN_STOP_STAGE || !rs_plan_force.keep || c.relay || c.actx.first_only)
-        local = rs_error(RESHARD_ERROR_INVALID_USAGE,
-                         "plan_create rank %d: a twin first stage needs a stopped, kept, direct creation without "
-                         "RESHARD_FLAG_FIRST_REPLICA",
-                         comm->rank);
-      else if (!(twin = rs_calloc(1, sizeof *twin)))
-        local = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-      else
-        *twin = (build_ctx){.src = src, .dst = dst, .plan = p}, c.twin = twin;
-    }
-    if (!local) local = plan_receives(&c);
-    if (!local) {
-      c.rp.ctx.memo = 1;
-      local = plan_sends(&c);
-    }
-    if (!local) local = rs_relay_plan_order(&c.rp, &c.segs);
-    if (!local && p) local = stage_figures(p, &c.segs, &spread, p->phase_est, p->pace_cand);
+    if (rs_plan_force.back) c->back = &rs_plan_force.back->segs;
+    return RESHARD_SUCCESS;
   }
-  if (!local && rs_plan_force.stop == RS_PLAN_STOP_STAGE) {
-    rs_plan_stage *k = rs_plan_force.keep;
-    if (k) { /* the tools: the first stage, kept for later creations */
-      rs_plan_stage_free(k);
-      k->segs = c.segs;
-      k->locals = c.locals;
-      k->local_vbox = c.local_vbox;
-      k->nlocals = c.nlocals;
-      k->spread = spread;
-      uint64_t hdr[7];
-      k->digest = creation_digest(p, src, dst, rs_plan_force.digest, hdr);
-      memcpy(k->phase_est, p->phase_est, sizeof k->phase_est);
-      memcpy(k->pace_cand, p->pace_cand, sizeof k->pace_cand);
-      c.segs = (rs_seg_vec){0};
-      c.locals = NULL;
-      c.local_vbox = NULL;
-    }
-    rs_plan_stage *t = twin ? rs_plan_force.twin : NULL;
-    if (t) { /* the twin: its figures, and its digest under the flag */
-      rs_plan_stage_free(t);
-      reshard_result_t r = stage_figures(p, &twin->segs, &t->spread, t->phase_est, t->pace_cand);
-      if (r) {
-        build_ctx_free(twin);
-        free(twin);
-        build_ctx_free(&c);
-        reshard_plan_destroy(p);
-        return r;
-      }
-      const uint32_t flags = p->opts.flags;
-      p->opts.flags |= RESHARD_FLAG_FIRST_REPLICA;
-      uint64_t hdr[7];
-      t->digest = creation_digest(p, src, dst, rs_plan_force.twin_digest, hdr);
-      p->opts.flags = flags;
-      t->segs = twin->segs;
-      t->locals = twin->locals;
-      t->local_vbox = twin->local_vbox;
-      t->nlocals = twin->nlocals;
-      twin->segs = (rs_seg_vec){0};
-      twin->locals = NULL;
-      twin->local_vbox = NULL;
-    }
-    if (twin) {
+  reshard_result_t r = rs_layout_validate_rank(c->src, "source", comm->rank);
+  if (!r) r = rs_layout_validate_rank(c->dst, "destination", comm->rank);
+  if (!r && !rs_plan_force.covered) r = rs_layout_check_coverage(c->src, "source");
+  if (!r && !rs_plan_force.covered) r = rs_layout_check_coverage(c->dst, "destination");
+  if (r) return r;
+  if (rs_plan_force.back && rs_plan_force.keep) { /* the tools: memory of an earlier stage, reused */
+    c->segs = rs_plan_force.back->segs;
+    rs_plan_force.back->segs = (rs_seg_vec){0};
+    rs_seg_vec_changed(&c->segs);
+    c->segs.n = 0;
+  }
+  if (rs_plan_force.twin) {
+    if (rs_plan_force.stop != RS_PLAN_STOP_STAGE || !rs_plan_force.keep || c->relay || c->actx.first_only)
+      return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                      "plan_create rank %d: a twin first stage needs a stopped, kept, direct creation without "
+                      "RESHARD_FLAG_FIRST_REPLICA",
+                      comm->rank);
+    if (!(*twin = rs_calloc(1, sizeof **twin)))
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
+    **twin = (build_ctx){.src = c->src, .dst = c->dst, .plan = p}, c->twin = *twin;
+  }
+  r = plan_receives(c);
+  if (!r) {
+    c->rp.ctx.memo = 1;
+    r = plan_sends(c);
+  }
+  if (!r) r = rs_relay_plan_order(&c->rp, &c->segs);
+  if (r) return r;
+  return stage_figures(p, &c->segs, spread, p->phase_est, p->pace_cand);
+}
+
+/* A creation stopped after its first stage (rs_plan_force.stop, the
+ * tools): the stage kept for later creations, and the twin's with it;
+ * frees c and the twin, and the plan too on failure. */
+static reshard_result_t keep_stage(build_ctx *c, build_ctx *twin, int32_t spread, reshard_plan_t **out) {
+  reshard_plan_t *p = c->plan;
+  rs_plan_stage *k = rs_plan_force.keep;
+  if (k) { /* the tools: the first stage, kept for later creations */
+    rs_plan_stage_free(k);
+    k->segs = c->segs;
+    k->locals = c->locals;
+    k->local_vbox = c->local_vbox;
+    k->nlocals = c->nlocals;
+    k->spread = spread;
+    uint64_t hdr[7];
+    k->digest = creation_digest(p, c->src, c->dst, rs_plan_force.digest, hdr);
+    memcpy(k->phase_est, p->phase_est, sizeof k->phase_est);
+    memcpy(k->pace_cand, p->pace_cand, sizeof k->pace_cand);
+    c->segs = (rs_seg_vec){0};
+    c->locals = NULL;
+    c->local_vbox = NULL;
+  }
+  rs_plan_stage *t = twin ? rs_plan_force.twin : NULL;
+  if (t) { /* the twin: its figures, and its digest under the flag */
+    rs_plan_stage_free(t);
+    reshard_result_t r = stage_figures(p, &twin->segs, &t->spread, t->phase_est, t->pace_cand);
+    if (r) {
       build_ctx_free(twin);
       free(twin);
+      build_ctx_free(c);
+      reshard_plan_destroy(p);
+      return r;
     }
-    p->spread_rounds = spread;
-    build_ctx_free(&c);
-    *out = p;
-    return RESHARD_SUCCESS;
+    const uint32_t flags = p->opts.flags;
+    p->opts.flags |= RESHARD_FLAG_FIRST_REPLICA;
+    uint64_t hdr[7];
+    t->digest = creation_digest(p, c->src, c->dst, rs_plan_force.twin_digest, hdr);
+    p->opts.flags = flags;
+    t->segs = twin->segs;
+    t->locals = twin->locals;
+    t->local_vbox = twin->local_vbox;
+    t->nlocals = twin->nlocals;
+    twin->segs = (rs_seg_vec){0};
+    twin->locals = NULL;
+    twin->local_vbox = NULL;
   }
   if (twin) {
     build_ctx_free(twin);
     free(twin);
-    c.twin = NULL;
   }
-  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
+  p->spread_rounds = spread;
+  build_ctx_free(c);
+  *out = p;
+  return RESHARD_SUCCESS;
+}
 
-  /* Agreement. */
+/* The creation's agreement: every rank's digest, local result, spread,
+ * phase estimates and pace candidates in one reduction. On success the
+ * plan holds the agreed spread, phases and pace, and *digest this rank's
+ * digest; otherwise the failure, this rank's or another's, or the
+ * mismatch narrowed down. p may be NULL (no plan memory), src and dst
+ * too: then `local` says so. */
+static reshard_result_t agree_creation(reshard_comm_t *comm, reshard_plan_t *p, const reshard_layout_t *src,
+                                       const reshard_layout_t *dst, reshard_result_t local, int32_t spread,
+                                       uint64_t use_digest, uint64_t *digest_out) {
+  char local_msg[1024] = "";
+  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
   uint64_t digest = 0, hdr[7] = {0};
   if (src && dst && p) digest = creation_digest(p, src, dst, use_digest, hdr);
   /* A rank without a digest (no plan memory, NULL layouts) has failed
@@ -1040,32 +869,27 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("plan_create rank %d: agreement failed: ", comm->rank);
-    goto fail;
+    return r;
   }
   if (local) {
-    r = local;
     rs_error(local, "%s", local_msg);
-    goto fail;
+    return local;
   }
   /* Another rank's failure first: it may be why the digests differ (a
    * rank whose block-quantization rewrite ran out of memory plans the
    * caller's layouts, its peers the rewritten ones). */
-  if (v[AGREE_ERROR]) {
-    r = another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
-    goto fail;
-  }
+  if (v[AGREE_ERROR]) return another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
   if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
     /* every rank sees the digests differ and that no rank failed alone:
      * all of them narrow it down together */
     char why[512] = "";
-    if (explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
+    if (rs_explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
       snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
-    r = rs_error(RESHARD_ERROR_MISMATCH,
-                 "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others range "
-                 "%016llx..%016llx)",
-                 comm->rank, why[0] ? why : "the digests differ", (unsigned long long)digest,
-                 (unsigned long long)~v[AGREE_NOT_DIGEST], (unsigned long long)v[AGREE_DIGEST]);
-    goto fail;
+    return rs_error(RESHARD_ERROR_MISMATCH,
+                    "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others "
+                    "range %016llx..%016llx)",
+                    comm->rank, why[0] ? why : "the digests differ", (unsigned long long)digest,
+                    (unsigned long long)~v[AGREE_NOT_DIGEST], (unsigned long long)v[AGREE_DIGEST]);
   }
   /* The most rounds any rank needs: with it every rank's spread shares
    * fit a quarter of its half-budget (rs_chunk_spread). */
@@ -1081,6 +905,43 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
     p->wide_bytes = rs_plan_force.wide;
     p->pace = rs_plan_force.pace;
   }
+  *digest_out = digest;
+  return RESHARD_SUCCESS;
+}
+
+/* prior: a failure this rank found before (its error set), which the
+ * creation agrees on like its own, so that every rank fails alike.
+ * internal: RS_FLAG_GLOBAL_VERDICT or 0, added to the plan's flags after
+ * the caller's options are checked. */
+static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor *ex,
+                                        const reshard_layout_t *src,
+                                        const reshard_layout_t *dst,
+                                        const reshard_options_t *options,
+                                        int relay_mode, reshard_result_t prior,
+                                        uint32_t internal, reshard_plan_t **out) {
+  if (!comm) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_create: comm is NULL");
+  if (out) *out = NULL;
+  char prior_msg[768] = "";
+  if (prior) snprintf(prior_msg, sizeof prior_msg, "%s", reshard_last_error());
+  uint32_t plan_seq = comm->plans_created++;
+  build_ctx c;
+  memset(&c, 0, sizeof c);
+  reshard_plan_t *p = rs_calloc(1, sizeof *p);
+  reshard_result_t local =
+      begin_plan(&c, p, comm, ex, src, dst, options, relay_mode, prior, prior_msg, internal, out);
+  int32_t spread = 0;
+  build_ctx *twin = NULL; /* rs_plan_force.twin's */
+  uint64_t use_digest = 0; /* with rs_plan_force.use: the digest its creation computed */
+  if (!local) local = first_stage(&c, comm, &twin, &spread, &use_digest);
+  if (!local && rs_plan_force.stop == RS_PLAN_STOP_STAGE) return keep_stage(&c, twin, spread, out);
+  if (twin) {
+    build_ctx_free(twin);
+    free(twin);
+    c.twin = NULL;
+  }
+  uint64_t digest = 0;
+  reshard_result_t r = agree_creation(comm, p, src, dst, local, spread, use_digest, &digest);
+  if (r) goto fail;
   size_t chunk = 0;
   if (rs_plan_force.set_chunk) {
     chunk = rs_plan_force.chunk;

@@ -11,7 +11,12 @@
  * share a tag; both sides order them by stream key, and transports match
  * equal tags in posting order.
  * Execution double-buffers the staging: round k is packed while round k-1
- * is in flight, and unpacked while round k+1 is. */
+ * is in flight, and unpacked while round k+1 is.
+ *
+ * This header is what executors, kernels' hosts and the tools read; the
+ * "planning internals" section below is the planner's own, still here
+ * because the tools and tests reach into it. Declarations only the
+ * planner's files share live in plan/planner.h. */
 #ifndef RS_PLAN_PLAN_H
 #define RS_PLAN_PLAN_H
 
@@ -208,7 +213,7 @@ struct reshard_plan {
   (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA | RESHARD_FLAG_SYNC | \
    RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_SPREAD_ALWAYS)
 
-/* ---- planning internals (plan_build.c, plan_assign.c, plan_chunk.c) ---- */
+/* ---- planning internals (create.c, assign.c, chunk.c, relay_plan.c) ---- */
 
 /* A box this rank packs or unpacks, before chunking: the side's buffer,
  * the byte offset of the box's first element and its element strides. */
