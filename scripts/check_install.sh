@@ -27,6 +27,7 @@ sed 's/^/  /' "$work/install.log"
 
 # --- what was installed ------------------------------------------------
 [ -f "$prefix/include/reshard.h" ] || fail "include/reshard.h not installed"
+[ -f "$prefix/include/reshard_inproc.h" ] || fail "include/reshard_inproc.h not installed"
 pc=$(find "$prefix" -name reshard.pc -print -quit)
 [ -n "$pc" ] || fail "reshard.pc not installed"
 libdir=$(dirname "$(dirname "$pc")")
