@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/topology.h"
+#include "reshard_internal.h"
 #include "reshard_selftest.h"
 
 #ifdef RESHARD_TOOLS_HAVE_MODELS

@@ -38,11 +38,7 @@
 #include "plan_cost.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
-#include "layout/layout.h" /* rs_hash_bytes */
-#include "plan/cost.h"
-#include "plan/plan.h"
-#include "plan/quant.h"
-#include "common/params.h"
+#include "reshard_internal.h"
 #include "reshard.h"
 
 /* ------------------------------------------------------------------ */
