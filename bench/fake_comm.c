@@ -3,8 +3,7 @@
 
 #include <stdlib.h>
 
-#include "common/error.h"
-#include "transport/transport.h"
+#include "reshard_internal.h"
 
 static reshard_result_t fake_isend(reshard_comm_t *comm, int peer, uint64_t tag, const void *buf, size_t bytes,
                                    rs_request **req) {

@@ -3,10 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/error.h"
-#include "plan/cost.h"
-#include "plan/plan.h"
-#include "plan/topology.h"
+#include "reshard_internal.h"
 #include "plan_measure.h"
 #include "plan_world.h"
 

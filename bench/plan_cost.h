@@ -7,8 +7,7 @@
 
 #include <stddef.h>
 
-#include "plan/plan.h" /* rs_pace */
-#include "plan/spread.h"
+#include "reshard_internal.h"
 #include "plan_world.h"
 #include "reshard.h"
 

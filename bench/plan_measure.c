@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "fake_comm.h"
-#include "plan/plan.h"
+#include "reshard_internal.h"
 #include "proc_stats.h"
 
 reshard_result_t pm_plan_rank(const reshard_layout_t *src,

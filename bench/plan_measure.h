@@ -4,7 +4,7 @@
 #ifndef RESHARD_BENCH_PLAN_MEASURE_H
 #define RESHARD_BENCH_PLAN_MEASURE_H
 
-#include "plan/plan.h"
+#include "reshard_internal.h"
 #include "reshard.h"
 
 /* Creates rank's plan; on success *comm and *plan belong to the caller

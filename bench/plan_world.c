@@ -8,8 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/error.h"
-#include "layout/layout.h"
+#include "reshard_internal.h"
 #include "plan_measure.h"
 #include "stage_store.h"
 

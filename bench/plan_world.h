@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "plan/plan.h"
+#include "reshard_internal.h"
 #include "reshard.h"
 
 /* Threads of every later run: n >= 1 (at most 64), or 0 for the CPUs

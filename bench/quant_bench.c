@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "pack/quantize.h"
+#include "reshard_internal.h"
 
 static double now_s(void) {
   struct timespec t;

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/error.h"
+#include "reshard_internal.h"
 
 struct ss_store {
   int fd;

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "plan/plan.h"
+#include "reshard_internal.h"
 #include "reshard.h"
 
 typedef struct ss_store ss_store;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "reshard.h"
+#include "reshard_inproc.h"
 
 #define ROWS 4096
 #define COLS 1024

@@ -466,24 +466,16 @@ reshard_result_t reshard_layout_fragments(const reshard_layout_t *layout,
 /* ------------------------------------------------------------------ */
 
 /* A communicator holding both sides' ranks (they may overlap: colocated).
- * Created by a transport: the in-process one below, MPI or NCCL. */
+ * Created by a transport: in-process (reshard_inproc.h), MPI, UCX, NCCL
+ * or CUDA IPC. */
 typedef struct reshard_comm reshard_comm_t;
 
 int reshard_comm_rank(const reshard_comm_t *comm);
 int reshard_comm_size(const reshard_comm_t *comm);
 void reshard_comm_destroy(reshard_comm_t *comm); /* NULL is a no-op */
 
-/* In-process transport: nranks ranks as threads of one process (tests,
- * examples, single-process tools). Create the world once, then each thread
- * takes its rank's communicator. */
-typedef struct reshard_inproc_world reshard_inproc_world_t;
-
-reshard_result_t reshard_inproc_world_create(int nranks,
-                                             reshard_inproc_world_t **world);
-/* Destroy after every communicator of the world is destroyed. */
-void reshard_inproc_world_destroy(reshard_inproc_world_t *world);
-reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
-                                            int rank, reshard_comm_t **comm);
+/* The in-process transport (ranks as threads of one process) is in
+ * reshard_inproc.h. */
 
 /* ------------------------------------------------------------------ */
 /* Options                                                             */

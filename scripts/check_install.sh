@@ -27,6 +27,7 @@ sed 's/^/  /' "$work/install.log"
 
 # --- what was installed ------------------------------------------------
 [ -f "$prefix/include/reshard.h" ] || fail "include/reshard.h not installed"
+[ -f "$prefix/include/reshard_inproc.h" ] || fail "include/reshard_inproc.h not installed"
 pc=$(find "$prefix" -name reshard.pc -print -quit)
 [ -n "$pc" ] || fail "reshard.pc not installed"
 libdir=$(dirname "$(dirname "$pc")")
@@ -245,6 +246,9 @@ if command -v c++ >/dev/null 2>&1; then
   echo "check_install: reshard_selftest.h as C++"
   echo '#include <reshard_selftest.h>' | c++ -fsyntax-only -Wall -Wextra -Werror -x c++ - \
     $(pkg-config --cflags reshard) || fail "reshard_selftest.h does not parse as C++"
+  echo "check_install: reshard_inproc.h as C++"
+  echo '#include <reshard_inproc.h>' | c++ -fsyntax-only -Wall -Wextra -Werror -x c++ - \
+    $(pkg-config --cflags reshard) || fail "reshard_inproc.h does not parse as C++"
   echo "check_install: reshard_models.h as C++"
   # shellcheck disable=SC2046 # flags are meant to split
   c++ -fsyntax-only -Wall -Wextra -Werror -x c++ "$work/src/models.c" \

@@ -3,8 +3,10 @@
 under src/<folder>/ or kernels/ includes project headers only from its own
 folder or from folders on a lower floor. Public headers (include/) are
 open to everyone. Exit status 1, with every offending include listed, when
-an include reaches up or sideways. Run by .ci/run and by ctest
-(check_layers)."""
+an include reaches up or sideways. Above the library, tools/ and bench/
+include public headers (include/), the one internal header
+src/reshard_internal.h and their own headers (tools/, bench/, examples/)
+only. Run by .ci/run and by ctest (check_layers)."""
 import os
 import re
 import sys
@@ -25,6 +27,11 @@ FLOORS = [
 FLOOR = {f: i for i, fl in enumerate(FLOORS) for f in fl}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE = (".c", ".h", ".cu", ".cuh")
+# Above the library: folders that may include only public headers, the
+# internal header and headers of these folders.
+USERS = ("tools", "bench")
+USER_HEADERS = ("include", "tools", "bench", "examples")
+INTERNAL = "reshard_internal.h"
 
 
 def folder_of(path):
@@ -63,8 +70,33 @@ def violations(root):
                             how = "up" if FLOOR[it] > FLOOR[me] else "sideways"
                             bad.append("%s:%d: %s (floor %d) includes %s (floor %d): %s" %
                                        (rel, ln, me, FLOOR[me], m.group(1), FLOOR[it], how))
+    bad += user_violations(root)
     for u in sorted(x for x in unknown if x):
         bad.append("folder '%s' has no floor in scripts/check_layers.py" % u)
+    return bad
+
+
+def user_violations(root):
+    """tools/ and bench/: an include of a path (src/'s folder/name.h) or of
+    a name none of USER_HEADERS nor src/reshard_internal.h holds."""
+    bad = []
+    for top in USERS:
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                if not name.endswith(SOURCE):
+                    continue
+                rel = os.path.relpath(os.path.join(d, name), root)
+                with open(os.path.join(root, rel), errors="replace") as f:
+                    for ln, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        h = m.group(1)
+                        ok = h == INTERNAL or ("/" not in h and any(
+                            os.path.isfile(os.path.join(root, u, h)) for u in USER_HEADERS))
+                        if not ok:
+                            bad.append("%s:%d: %s includes %s: only include/*.h, %s and "
+                                       "its own headers" % (rel, ln, top, h, INTERNAL))
     return bad
 
 
@@ -78,6 +110,12 @@ def self_test():
         "src/pack/side.c": '#include "layout/layout.h"\n',
         "src/newdir/x.c": '#include "common/error.h"\n',
         "kernels/k.cu": '#include "pack/copy.h"\n  #  include "exec/schedule.h"\n',
+        "include/reshard.h": "",
+        "src/reshard_internal.h": '#include "plan/plan.h"\n',
+        "tools/t.c": '#include "reshard.h"\n#include "reshard_internal.h"\n#include "t.h"\n'
+                     '#include "plan/plan.h"\n#include "nowhere.h"\n',
+        "tools/t.h": '#include "reshard.h"\n',
+        "bench/b.c": '#include "t.h"\n#include "common/error.h"\n',
     }
     with tempfile.TemporaryDirectory() as root:
         for rel, text in files.items():
@@ -85,7 +123,8 @@ def self_test():
             with open(os.path.join(root, rel), "w") as f:
                 f.write(text)
         bad = violations(root)
-    want = ["src/transport/up.c:2:", "src/pack/side.c:1:", "kernels/k.cu:2:", "folder 'newdir'"]
+    want = ["src/transport/up.c:2:", "src/pack/side.c:1:", "kernels/k.cu:2:",
+            "tools/t.c:4:", "tools/t.c:5:", "bench/b.c:2:", "folder 'newdir'"]
     found = [w for w in want if any(b.startswith(w) for b in bad)]
     if found != want or len(bad) != len(want):
         print("check_layers self-test FAILED: wanted %s, got %s" % (want, bad))

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/topology.h"
+#include "reshard_internal.h"
 #include "reshard_selftest.h"
 
 #ifdef RESHARD_TOOLS_HAVE_MODELS
@@ -291,6 +291,279 @@ static int need_value(int argc, char **argv, int i, char *err, size_t errlen) {
   return 0;
 }
 
+/* What the command line named, for the checks after it is read. */
+typedef struct cli_seen {
+  int dtype, dst_dtype, src_pl, dst_pl, src_mesh, dst_mesh, shape, layers;
+  const char *src_pl_arg, *dst_pl_arg;
+} cli_seen;
+
+/* The option parsers below: 0 when the option at argv[*i] was theirs
+ * (*i past its value), 1 when it was not, -1 on a bad value (err set). */
+#define VALUE()                                              \
+  do {                                                       \
+    if (need_value(argc, argv, *i, err, errlen)) return -1; \
+    (*i)++;                                                  \
+  } while (0)
+
+/* Options of both tools and both modes. */
+static int parse_common_option(int argc, char **argv, int *i, cli_opts *o, cli_seen *seen, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  (void)seen;
+  if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    o->help = 1;
+  } else if (!strcmp(a, "--colocate")) {
+    o->colocate = 1;
+  } else if (!strcmp(a, "--staging")) {
+    VALUE();
+    if (cli_parse_bytes(v, &o->staging) || o->staging == 0)
+      return cli_fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
+  } else if (!strcmp(a, "--topology")) {
+    VALUE();
+    rs_topology t;
+    if (rs_topology_preset(v, &t))
+      return cli_fail(err, errlen, "--topology '%s': unknown preset (known: %s)", v, rs_topology_preset_names());
+    o->topology = v;
+  } else if (!strcmp(a, "--relay")) {
+    VALUE();
+    if (strcmp(v, "-1") && strcmp(v, "0") && strcmp(v, "1"))
+      return cli_fail(err, errlen, "--relay '%s': expected -1 (auto), 0 (never) or 1 (always)", v);
+    o->relay = atoi(v);
+  } else if (!strcmp(a, "--inject-error")) {
+    o->inject_error = 1;
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* Model mode: a config and both sides' parallelism. */
+static int parse_model_option(int argc, char **argv, int *i, cli_opts *o, cli_seen *seen, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  if (!strcmp(a, "--model-config")) {
+    VALUE();
+    o->model_config = v;
+  } else if (!strcmp(a, "--layers")) {
+    VALUE();
+    if (parse_int(v, 1, &o->layers)) return cli_fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
+    seen->layers = 1;
+  } else if (!strcmp(a, "--per-expert")) {
+    o->per_expert = 1;
+  } else if (!strcmp(a, "--block-scales")) {
+    o->block_scales = 1;
+  } else if (!strcmp(a, "--infer-dtype")) {
+    VALUE();
+    reshard_dtype_t dt;
+    if (cli_parse_dtype(v, &dt) || dt != RESHARD_FP8_E4M3)
+      return cli_fail(err, errlen, "--infer-dtype '%s': only fp8e4m3 (fp8 weights with block scales, quantized on "
+                                   "the way) differs from --dtype today", v);
+    o->infer_fp8 = 1;
+  } else if (!strcmp(a, "--block")) {
+    VALUE();
+    int nb = 0;
+    if (cli_parse_i64_list(v, 1, 2, o->block, &nb) || nb != 2 || o->block[0] < 1 || o->block[1] < 1)
+      return cli_fail(err, errlen, "--block '%s': expected two sizes >= 1, rows and columns (e.g. 128,128)", v);
+  } else if (!strcmp(a, "--train")) {
+    VALUE();
+    o->train = v;
+  } else if (!strcmp(a, "--infer")) {
+    VALUE();
+    o->infer = v;
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* Synthetic mode: one tensor, both meshes and placements (and the dtypes,
+ * which model mode reads too). */
+static int parse_synthetic_option(int argc, char **argv, int *i, cli_opts *o, cli_seen *seen, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  if (!strcmp(a, "--shape")) {
+    VALUE();
+    if (cli_parse_i64_list(v, 0, RESHARD_MAX_DIMS, o->shape, &o->ndim))
+      return cli_fail(err, errlen, "--shape '%s': expected 1 to %d sizes >= 0 separated by commas (e.g. 4096,4096)", v,
+                  RESHARD_MAX_DIMS);
+    seen->shape = 1;
+  } else if (!strcmp(a, "--dtype")) {
+    VALUE();
+    if (cli_parse_dtype(v, &o->dtype)) return cli_fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
+    seen->dtype = 1;
+  } else if (!strcmp(a, "--dst-dtype")) {
+    VALUE();
+    if (cli_parse_dtype(v, &o->dst_dtype))
+      return cli_fail(err, errlen, "--dst-dtype '%s': unknown dtype (known: %s)", v, dtype_list());
+    seen->dst_dtype = 1;
+  } else if (!strcmp(a, "--src-mesh")) {
+    VALUE();
+    if (parse_mesh(a, v, &o->src, err, errlen)) return -1;
+    seen->src_mesh = 1;
+  } else if (!strcmp(a, "--dst-mesh")) {
+    VALUE();
+    if (parse_mesh(a, v, &o->dst, err, errlen)) return -1;
+    seen->dst_mesh = 1;
+  } else if (!strcmp(a, "--src-placements")) {
+    VALUE();
+    seen->src_pl_arg = v;
+    if (cli_parse_placements(v, o->src.placements, &o->src.nplacements))
+      return cli_fail(err, errlen, "--src-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+    seen->src_pl = 1;
+  } else if (!strcmp(a, "--dst-placements")) {
+    VALUE();
+    seen->dst_pl_arg = v;
+    if (cli_parse_placements(v, o->dst.placements, &o->dst.nplacements))
+      return cli_fail(err, errlen, "--dst-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
+    seen->dst_pl = 1;
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* reshard_perf only. */
+static int parse_perf_option(int argc, char **argv, int *i, cli_opts *o, cli_seen *seen, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  (void)seen;
+  if (!strcmp(a, "-n")) {
+    VALUE();
+    if (parse_int(v, 1, &o->iters)) return cli_fail(err, errlen, "-n '%s': expected an integer >= 1", v);
+  } else if (!strcmp(a, "-w")) {
+    VALUE();
+    if (parse_int(v, 0, &o->warmup)) return cli_fail(err, errlen, "-w '%s': expected an integer >= 0", v);
+  } else if (!strcmp(a, "-c")) {
+    VALUE();
+    if (parse_int(v, 0, &o->check) || o->check > 1) return cli_fail(err, errlen, "-c '%s': expected 0 or 1", v);
+  } else if (!strcmp(a, "--backend")) {
+    VALUE();
+    if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
+    else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
+    else if (!strcmp(v, "ipc")) o->backend = CLI_BACKEND_IPC;
+    else return cli_fail(err, errlen, "--backend '%s': expected mpi, nccl or ipc", v);
+  } else if (!strcmp(a, "--baseline")) {
+    VALUE();
+    if (parse_baselines(v, o, err, errlen)) return -1;
+  } else if (!strcmp(a, "--verify")) {
+    o->verify = 1;
+  } else if (!strcmp(a, "--ucx")) {
+    o->ucx = 1;
+  } else if (!strcmp(a, "--values")) {
+    VALUE();
+    if (!strcmp(v, "auto")) o->values = -1;
+    else if (!strcmp(v, "bits")) o->values = RESHARD_SELFTEST_BITS;
+    else if (!strcmp(v, "finite")) o->values = RESHARD_SELFTEST_FINITE;
+    else return cli_fail(err, errlen, "--values '%s': expected auto, bits or finite", v);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* reshard_plan only. */
+static int parse_plan_option(int argc, char **argv, int *i, cli_opts *o, cli_seen *seen, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  (void)seen;
+  if (!strcmp(a, "--world")) {
+    VALUE();
+    if (parse_int(v, 1, &o->world)) return cli_fail(err, errlen, "--world '%s': expected an integer >= 1", v);
+  } else if (!strcmp(a, "--rank")) {
+    VALUE();
+    if (parse_int(v, 0, &o->rank)) return cli_fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
+  } else if (!strcmp(a, "--check")) {
+    o->strict = 1;
+  } else if (!strcmp(a, "--no-check")) {
+    o->no_check = 1;
+  } else if (!strcmp(a, "--threads")) {
+    VALUE();
+    if (parse_int(v, 1, &o->threads) || o->threads > 64)
+      return cli_fail(err, errlen, "--threads '%s': expected an integer from 1 to 64", v);
+  } else if (!strcmp(a, "--time-all")) {
+    o->time_all = 1;
+  } else if (!strcmp(a, "--digest")) {
+    o->digest = 1;
+  } else if (!strcmp(a, "--profile")) {
+    o->profile = 1;
+  } else if (!strcmp(a, "--show-layout")) {
+    VALUE();
+    if (!strcmp(v, "src")) o->show_layout = 1;
+    else if (!strcmp(v, "dst")) o->show_layout = 2;
+    else return cli_fail(err, errlen, "--show-layout '%s': expected src or dst", v);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+#undef VALUE
+
+/* Model mode's options complete and consistent. */
+static int check_model(cli_opts *o, const cli_seen *seen, char *err, size_t errlen) {
+  o->mode = CLI_MODE_MODEL;
+  if (!o->model_config) return cli_fail(err, errlen, "model mode needs --model-config FILE");
+  if (!o->train) return cli_fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
+  if (!o->infer) return cli_fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
+  if (!seen->dtype) o->dtype = RESHARD_BF16;
+  if (seen->dst_dtype)
+    return cli_fail(err, errlen, "--dst-dtype is for synthetic mode: in model mode, --infer-dtype fp8e4m3 gives the "
+                                 "inference side fp8 weights with block scales (the rest keeps --dtype)");
+  if (o->block[0] && !o->block_scales && !o->infer_fp8)
+    return cli_fail(err, errlen, "--block in model mode sets the fp8 block of --infer-dtype fp8e4m3 or --block-scales; "
+                                 "give one of them");
+  return 0;
+}
+
+/* Synthetic mode's options complete, and the placements fitting the
+ * meshes and the shape. */
+static int check_synthetic(cli_opts *o, const cli_seen *seen, char *err, size_t errlen) {
+  o->mode = CLI_MODE_SYNTHETIC;
+  if (!seen->shape) return cli_fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
+  if (!seen->src_mesh) return cli_fail(err, errlen, "synthetic mode needs --src-mesh (e.g. --src-mesh 4)");
+  if (!seen->dst_mesh) return cli_fail(err, errlen, "synthetic mode needs --dst-mesh (e.g. --dst-mesh 2,2)");
+  if (!seen->src_pl) return cli_fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
+  if (!seen->dst_pl) return cli_fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
+  if (!seen->dtype) o->dtype = RESHARD_FP32;
+  if (!seen->dst_dtype) o->dst_dtype = o->dtype;
+  if (o->block[0] && (o->dst_dtype != RESHARD_FP8_E4M3 || o->ndim < 2))
+    return cli_fail(err, errlen, "--block quantizes the destination in fp8 blocks: it needs --dst-dtype fp8e4m3 and a "
+                                 "--shape of at least 2 dims");
+  const cli_mesh *ms[2] = {&o->src, &o->dst};
+  const char *names[2] = {"src", "dst"}, *args[2] = {seen->src_pl_arg, seen->dst_pl_arg};
+  for (int s = 0; s < 2; s++) {
+    if (ms[s]->nplacements != ms[s]->ndim)
+      return cli_fail(err, errlen, "--%s-placements '%s' has %d placement%s but --%s-mesh has %d ax%s: give one per axis",
+                  names[s], args[s], ms[s]->nplacements, ms[s]->nplacements == 1 ? "" : "s", names[s], ms[s]->ndim,
+                  ms[s]->ndim == 1 ? "is" : "es");
+    for (int k = 0; k < ms[s]->nplacements; k++)
+      if (ms[s]->placements[k].kind == RESHARD_PLACEMENT_SHARD && ms[s]->placements[k].dim >= o->ndim)
+        return cli_fail(err, errlen, "--%s-placements '%s': S%d shards dim %d but --shape has %d dim%s (0..%d)", names[s],
+                    args[s], ms[s]->placements[k].dim, ms[s]->placements[k].dim, o->ndim, o->ndim == 1 ? "" : "s",
+                    o->ndim - 1);
+  }
+  return 0;
+}
+
+/* reshard_plan's options that exclude each other. */
+static int check_plan(const cli_opts *o, char *err, size_t errlen) {
+  if (o->show_layout) {
+    if (o->topology || o->strict || o->no_check || o->inject_error || o->relay != -1)
+      return cli_fail(err, errlen, "--show-layout prints the layout and plans nothing: --topology, --relay, --check, "
+                                   "--no-check and --inject-error do not apply");
+    return 0;
+  }
+  if (o->rank >= 0 && o->topology)
+    return cli_fail(err, errlen, "--topology prices every rank's plan, which --rank skips");
+  if (o->no_check && (o->strict || o->inject_error))
+    return cli_fail(err, errlen, "--no-check cannot be combined with --check or --inject-error");
+  if (o->rank >= 0 && o->inject_error)
+    return cli_fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
+  if (o->rank >= 0 && o->time_all)
+    return cli_fail(err, errlen, "--time-all times every rank, which --rank skips");
+  return 0;
+}
+
 int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t errlen) {
   memset(o, 0, sizeof *o);
   o->tool = tool;
@@ -299,224 +572,29 @@ int cli_parse(int tool, int argc, char **argv, cli_opts *o, char *err, size_t er
   o->warmup = 5;
   o->rank = -1;
   o->relay = -1;
-  int dtype_set = 0, dst_dtype_set = 0, have_src_pl = 0, have_dst_pl = 0, have_src_mesh = 0, have_dst_mesh = 0, have_shape = 0;
-  int have_layers = 0;
-  const char *src_pl_arg = NULL, *dst_pl_arg = NULL;
+  cli_seen seen = {0};
   int perf = tool == CLI_TOOL_PERF, plan = tool == CLI_TOOL_PLAN;
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define VALUE()                                             \
-  do {                                                      \
-    if (need_value(argc, argv, i, err, errlen)) return -1; \
-    i++;                                                    \
-  } while (0)
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      o->help = 1;
-    } else if (!strcmp(a, "--model-config")) {
-      VALUE();
-      o->model_config = v;
-    } else if (!strcmp(a, "--layers")) {
-      VALUE();
-      if (parse_int(v, 1, &o->layers)) return cli_fail(err, errlen, "--layers '%s': expected an integer >= 1", v);
-      have_layers = 1;
-    } else if (!strcmp(a, "--per-expert")) {
-      o->per_expert = 1;
-    } else if (!strcmp(a, "--block-scales")) {
-      o->block_scales = 1;
-    } else if (!strcmp(a, "--infer-dtype")) {
-      VALUE();
-      reshard_dtype_t dt;
-      if (cli_parse_dtype(v, &dt) || dt != RESHARD_FP8_E4M3)
-        return cli_fail(err, errlen, "--infer-dtype '%s': only fp8e4m3 (fp8 weights with block scales, quantized on "
-                                     "the way) differs from --dtype today", v);
-      o->infer_fp8 = 1;
-    } else if (!strcmp(a, "--block")) {
-      VALUE();
-      int nb = 0;
-      if (cli_parse_i64_list(v, 1, 2, o->block, &nb) || nb != 2 || o->block[0] < 1 || o->block[1] < 1)
-        return cli_fail(err, errlen, "--block '%s': expected two sizes >= 1, rows and columns (e.g. 128,128)", v);
-    } else if (!strcmp(a, "--train")) {
-      VALUE();
-      o->train = v;
-    } else if (!strcmp(a, "--infer")) {
-      VALUE();
-      o->infer = v;
-    } else if (!strcmp(a, "--shape")) {
-      VALUE();
-      if (cli_parse_i64_list(v, 0, RESHARD_MAX_DIMS, o->shape, &o->ndim))
-        return cli_fail(err, errlen, "--shape '%s': expected 1 to %d sizes >= 0 separated by commas (e.g. 4096,4096)", v,
-                    RESHARD_MAX_DIMS);
-      have_shape = 1;
-    } else if (!strcmp(a, "--dtype")) {
-      VALUE();
-      if (cli_parse_dtype(v, &o->dtype)) return cli_fail(err, errlen, "--dtype '%s': unknown dtype (known: %s)", v, dtype_list());
-      dtype_set = 1;
-    } else if (!strcmp(a, "--dst-dtype")) {
-      VALUE();
-      if (cli_parse_dtype(v, &o->dst_dtype))
-        return cli_fail(err, errlen, "--dst-dtype '%s': unknown dtype (known: %s)", v, dtype_list());
-      dst_dtype_set = 1;
-    } else if (!strcmp(a, "--src-mesh")) {
-      VALUE();
-      if (parse_mesh(a, v, &o->src, err, errlen)) return -1;
-      have_src_mesh = 1;
-    } else if (!strcmp(a, "--dst-mesh")) {
-      VALUE();
-      if (parse_mesh(a, v, &o->dst, err, errlen)) return -1;
-      have_dst_mesh = 1;
-    } else if (!strcmp(a, "--src-placements")) {
-      VALUE();
-      src_pl_arg = v;
-      if (cli_parse_placements(v, o->src.placements, &o->src.nplacements))
-        return cli_fail(err, errlen, "--src-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
-      have_src_pl = 1;
-    } else if (!strcmp(a, "--dst-placements")) {
-      VALUE();
-      dst_pl_arg = v;
-      if (cli_parse_placements(v, o->dst.placements, &o->dst.nplacements))
-        return cli_fail(err, errlen, "--dst-placements '%s': expected R or S<dim> per mesh axis, comma-separated (e.g. R,S1)", v);
-      have_dst_pl = 1;
-    } else if (!strcmp(a, "--colocate")) {
-      o->colocate = 1;
-    } else if (!strcmp(a, "--staging")) {
-      VALUE();
-      if (cli_parse_bytes(v, &o->staging) || o->staging == 0)
-        return cli_fail(err, errlen, "--staging '%s': expected a positive byte count (suffix K, M or G allowed)", v);
-    } else if (!strcmp(a, "--topology")) {
-      VALUE();
-      rs_topology t;
-      if (rs_topology_preset(v, &t))
-        return cli_fail(err, errlen, "--topology '%s': unknown preset (known: %s)", v, rs_topology_preset_names());
-      o->topology = v;
-    } else if (!strcmp(a, "--relay")) {
-      VALUE();
-      if (strcmp(v, "-1") && strcmp(v, "0") && strcmp(v, "1"))
-        return cli_fail(err, errlen, "--relay '%s': expected -1 (auto), 0 (never) or 1 (always)", v);
-      o->relay = atoi(v);
-    } else if (perf && !strcmp(a, "-n")) {
-      VALUE();
-      if (parse_int(v, 1, &o->iters)) return cli_fail(err, errlen, "-n '%s': expected an integer >= 1", v);
-    } else if (perf && !strcmp(a, "-w")) {
-      VALUE();
-      if (parse_int(v, 0, &o->warmup)) return cli_fail(err, errlen, "-w '%s': expected an integer >= 0", v);
-    } else if (perf && !strcmp(a, "-c")) {
-      VALUE();
-      if (parse_int(v, 0, &o->check) || o->check > 1) return cli_fail(err, errlen, "-c '%s': expected 0 or 1", v);
-    } else if (perf && !strcmp(a, "--backend")) {
-      VALUE();
-      if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
-      else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
-      else if (!strcmp(v, "ipc")) o->backend = CLI_BACKEND_IPC;
-      else return cli_fail(err, errlen, "--backend '%s': expected mpi, nccl or ipc", v);
-    } else if (perf && !strcmp(a, "--baseline")) {
-      VALUE();
-      if (parse_baselines(v, o, err, errlen)) return -1;
-    } else if (perf && !strcmp(a, "--verify")) {
-      o->verify = 1;
-    } else if (perf && !strcmp(a, "--ucx")) {
-      o->ucx = 1;
-    } else if (perf && !strcmp(a, "--values")) {
-      VALUE();
-      if (!strcmp(v, "auto")) o->values = -1;
-      else if (!strcmp(v, "bits")) o->values = RESHARD_SELFTEST_BITS;
-      else if (!strcmp(v, "finite")) o->values = RESHARD_SELFTEST_FINITE;
-      else return cli_fail(err, errlen, "--values '%s': expected auto, bits or finite", v);
-    } else if (!strcmp(a, "--inject-error")) {
-      o->inject_error = 1;
-    } else if (plan && !strcmp(a, "--world")) {
-      VALUE();
-      if (parse_int(v, 1, &o->world)) return cli_fail(err, errlen, "--world '%s': expected an integer >= 1", v);
-    } else if (plan && !strcmp(a, "--rank")) {
-      VALUE();
-      if (parse_int(v, 0, &o->rank)) return cli_fail(err, errlen, "--rank '%s': expected an integer >= 0", v);
-    } else if (plan && !strcmp(a, "--check")) {
-      o->strict = 1;
-    } else if (plan && !strcmp(a, "--no-check")) {
-      o->no_check = 1;
-    } else if (plan && !strcmp(a, "--threads")) {
-      VALUE();
-      if (parse_int(v, 1, &o->threads) || o->threads > 64)
-        return cli_fail(err, errlen, "--threads '%s': expected an integer from 1 to 64", v);
-    } else if (plan && !strcmp(a, "--time-all")) {
-      o->time_all = 1;
-    } else if (plan && !strcmp(a, "--digest")) {
-      o->digest = 1;
-    } else if (plan && !strcmp(a, "--profile")) {
-      o->profile = 1;
-    } else if (plan && !strcmp(a, "--show-layout")) {
-      VALUE();
-      if (!strcmp(v, "src")) o->show_layout = 1;
-      else if (!strcmp(v, "dst")) o->show_layout = 2;
-      else return cli_fail(err, errlen, "--show-layout '%s': expected src or dst", v);
-    } else {
-      return cli_fail(err, errlen, "unknown option '%s' (see --help)", a);
-    }
-#undef VALUE
+    int r = parse_common_option(argc, argv, &i, o, &seen, err, errlen);
+    if (r == 1) r = parse_model_option(argc, argv, &i, o, &seen, err, errlen);
+    if (r == 1) r = parse_synthetic_option(argc, argv, &i, o, &seen, err, errlen);
+    if (r == 1 && perf) r = parse_perf_option(argc, argv, &i, o, &seen, err, errlen);
+    if (r == 1 && plan) r = parse_plan_option(argc, argv, &i, o, &seen, err, errlen);
+    if (r == 1) return cli_fail(err, errlen, "unknown option '%s' (see --help)", argv[i]);
+    if (r) return -1;
   }
   if (o->help) return 0;
 
-  int model = o->model_config || o->train || o->infer || have_layers || o->per_expert || o->block_scales || o->infer_fp8;
-  int synthetic = have_shape || have_src_mesh || have_dst_mesh || have_src_pl || have_dst_pl;
+  int model = o->model_config || o->train || o->infer || seen.layers || o->per_expert || o->block_scales || o->infer_fp8;
+  int synthetic = seen.shape || seen.src_mesh || seen.dst_mesh || seen.src_pl || seen.dst_pl;
   if (model && synthetic)
     return cli_fail(err, errlen, "model options (--model-config, --layers, --train, --infer, --per-expert, --block-scales) and synthetic options "
                              "(--shape, --src-mesh, --src-placements, --dst-mesh, --dst-placements) cannot be mixed");
   if (!model && !synthetic)
     return cli_fail(err, errlen, "no reshard described: give --model-config FILE --train SPEC --infer SPEC, or --shape, "
                              "--src-mesh, --src-placements, --dst-mesh and --dst-placements (see --help)");
-  if (model) {
-    o->mode = CLI_MODE_MODEL;
-    if (!o->model_config) return cli_fail(err, errlen, "model mode needs --model-config FILE");
-    if (!o->train) return cli_fail(err, errlen, "model mode needs --train SPEC (e.g. tp=2,pp=2)");
-    if (!o->infer) return cli_fail(err, errlen, "model mode needs --infer SPEC (e.g. tp=2,dp=2)");
-    if (!dtype_set) o->dtype = RESHARD_BF16;
-    if (dst_dtype_set)
-      return cli_fail(err, errlen, "--dst-dtype is for synthetic mode: in model mode, --infer-dtype fp8e4m3 gives the "
-                                   "inference side fp8 weights with block scales (the rest keeps --dtype)");
-    if (o->block[0] && !o->block_scales && !o->infer_fp8)
-      return cli_fail(err, errlen, "--block in model mode sets the fp8 block of --infer-dtype fp8e4m3 or --block-scales; "
-                                   "give one of them");
-  } else {
-    o->mode = CLI_MODE_SYNTHETIC;
-    if (!have_shape) return cli_fail(err, errlen, "synthetic mode needs --shape (e.g. --shape 4096,4096)");
-    if (!have_src_mesh) return cli_fail(err, errlen, "synthetic mode needs --src-mesh (e.g. --src-mesh 4)");
-    if (!have_dst_mesh) return cli_fail(err, errlen, "synthetic mode needs --dst-mesh (e.g. --dst-mesh 2,2)");
-    if (!have_src_pl) return cli_fail(err, errlen, "synthetic mode needs --src-placements (e.g. --src-placements S0)");
-    if (!have_dst_pl) return cli_fail(err, errlen, "synthetic mode needs --dst-placements (e.g. --dst-placements R,S1)");
-    if (!dtype_set) o->dtype = RESHARD_FP32;
-    if (!dst_dtype_set) o->dst_dtype = o->dtype;
-    if (o->block[0] && (o->dst_dtype != RESHARD_FP8_E4M3 || o->ndim < 2))
-      return cli_fail(err, errlen, "--block quantizes the destination in fp8 blocks: it needs --dst-dtype fp8e4m3 and a "
-                                   "--shape of at least 2 dims");
-    const cli_mesh *ms[2] = {&o->src, &o->dst};
-    const char *names[2] = {"src", "dst"}, *args[2] = {src_pl_arg, dst_pl_arg};
-    for (int s = 0; s < 2; s++) {
-      if (ms[s]->nplacements != ms[s]->ndim)
-        return cli_fail(err, errlen, "--%s-placements '%s' has %d placement%s but --%s-mesh has %d ax%s: give one per axis",
-                    names[s], args[s], ms[s]->nplacements, ms[s]->nplacements == 1 ? "" : "s", names[s], ms[s]->ndim,
-                    ms[s]->ndim == 1 ? "is" : "es");
-      for (int k = 0; k < ms[s]->nplacements; k++)
-        if (ms[s]->placements[k].kind == RESHARD_PLACEMENT_SHARD && ms[s]->placements[k].dim >= o->ndim)
-          return cli_fail(err, errlen, "--%s-placements '%s': S%d shards dim %d but --shape has %d dim%s (0..%d)", names[s],
-                      args[s], ms[s]->placements[k].dim, ms[s]->placements[k].dim, o->ndim, o->ndim == 1 ? "" : "s",
-                      o->ndim - 1);
-    }
-  }
-  if (plan && o->show_layout) {
-    if (o->topology || o->strict || o->no_check || o->inject_error || o->relay != -1)
-      return cli_fail(err, errlen, "--show-layout prints the layout and plans nothing: --topology, --relay, --check, "
-                                   "--no-check and --inject-error do not apply");
-    return 0;
-  }
-  if (plan && o->rank >= 0 && o->topology)
-    return cli_fail(err, errlen, "--topology prices every rank's plan, which --rank skips");
-  if (plan && o->no_check && (o->strict || o->inject_error))
-    return cli_fail(err, errlen, "--no-check cannot be combined with --check or --inject-error");
-  if (plan && o->rank >= 0 && o->inject_error)
-    return cli_fail(err, errlen, "--inject-error needs the coverage check, which --rank skips");
-  if (plan && o->rank >= 0 && o->time_all)
-    return cli_fail(err, errlen, "--time-all times every rank, which --rank skips");
-  return 0;
+  if (model ? check_model(o, &seen, err, errlen) : check_synthetic(o, &seen, err, errlen)) return -1;
+  return plan ? check_plan(o, err, errlen) : 0;
 }
 
 static int mesh_size(const cli_mesh *m) {

@@ -4,8 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "plan/lower_bound.h"
-#include "plan/topology.h"
+#include "reshard_internal.h"
 #include "plan_cost.h"
 
 static double maxd(double a, double b) { return a > b ? a : b; }

@@ -84,8 +84,7 @@ enum { folded = 0 };
 #endif
 
 #include "cli.h"
-#include "common/alloc.h" /* rs_alloc_set_bulk: folded simulation runs */
-#include "pack/copy.h"    /* rs_copy_skip: folded simulation runs */
+#include "reshard_internal.h"
 #include "reshard.h"
 #include "watchdog.h" /* examples/: every blocking MPI call of the tool ends at a deadline */
 #include "perf_nccl.h"

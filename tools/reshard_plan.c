@@ -38,11 +38,7 @@
 #include "plan_cost.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
-#include "layout/layout.h" /* rs_hash_bytes */
-#include "plan/cost.h"
-#include "plan/plan.h"
-#include "plan/quant.h"
-#include "common/params.h"
+#include "reshard_internal.h"
 #include "reshard.h"
 
 /* ------------------------------------------------------------------ */
@@ -553,9 +549,356 @@ static void pick_timed(const cli_layouts *L, const pw_run *run, int world, int a
   }
 }
 
-int main(int argc, char **argv) {
+/* The run's state, step to step (main below). */
+typedef struct plan_tool {
   struct timespec t_start;
-  clock_gettime(CLOCK_MONOTONIC, &t_start);
+  cli_opts o;
+  cli_layouts L;
+  int world;
+  reshard_options_t opts;
+  reshard_estimate_t direct_est, ours;
+  int have_direct, priced, failed;
+  pw_run *run;                /* every rank's first stage, and what the ranks agree on */
+  final_pass fs[2], fs2[2];   /* the direct and the relay plans' figures (fs2: after spreading) */
+  final_pass *f;              /* those kept */
+  reshard_layout_t *user_src; /* the caller's source, also after spreading */
+  pm_result *ms;
+  unsigned char *timed;
+  double worst_ms, worst_mib;
+  int ntimed;
+  const pw_agreed *ag;
+} plan_tool;
+
+/* Options, layouts and world; an exit status when done already (help,
+ * a bad option, --show-layout), else -1. */
+static int setup(plan_tool *t, int argc, char **argv) {
+  char err[1024];
+  if (cli_parse(CLI_TOOL_PLAN, argc, argv, &t->o, err, sizeof err)) {
+    fprintf(stderr, "reshard_plan: error: %s\n", err);
+    return 2;
+  }
+  if (t->o.help) {
+    cli_usage(CLI_TOOL_PLAN, stdout);
+    return 0;
+  }
+  if (cli_build_layouts(&t->o, &t->L, err, sizeof err)) {
+    fprintf(stderr, "reshard_plan: error: %s\n", err);
+    return 2;
+  }
+  t->world = t->o.world ? t->o.world : t->L.world_needed;
+  if (t->world < t->L.world_needed) {
+    fprintf(stderr, "reshard_plan: error: --world %d is too small: the layouts use %d ranks (%d source %s %d destination)\n",
+            t->world, t->L.world_needed, t->L.nsrc, t->o.colocate ? "colocated with" : "+", t->L.ndst);
+    cli_layouts_free(&t->L);
+    return 2;
+  }
+  if (t->o.rank >= t->world) {
+    fprintf(stderr, "reshard_plan: error: --rank %d is outside the %d ranks\n", t->o.rank, t->world);
+    cli_layouts_free(&t->L);
+    return 2;
+  }
+  if (t->o.show_layout) {
+    int rc = cli_show_layout(&t->L, t->o.show_layout, t->o.rank, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "reshard_plan: error: %s\n", err);
+    cli_layouts_free(&t->L);
+    return rc ? 1 : 0;
+  }
+  return -1;
+}
+
+static int quantize_layouts(plan_tool *t) {
+  /* A destination quantized to fp8 blocks: the library plans it over
+   * rewritten layouts (plan/quant.h); the staged planning below plans those
+   * directly, every rank alike. */
+  rs_quant_layouts ql;
+  reshard_result_t qr = rs_quant_layouts_make(t->L.src, t->L.dst, t->world, -1, &ql);
+  if (qr) {
+    fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(qr), reshard_last_error());
+    return 1;
+  }
+  if (ql.src) {
+    printf("fp8 block quantization: source ranks quantize the weights they hold in whole blocks and send codes + "
+           "scales%s\n",
+           ql.gather ? "; blocks split across source ranks are first gathered by a pre-plan, which this report leaves out"
+                     : "");
+    reshard_layout_destroy(t->L.src);
+    reshard_layout_destroy(t->L.dst);
+    t->L.src = ql.src, t->L.dst = ql.dst;
+    ql.src = ql.dst = NULL;
+  }
+  rs_quant_layouts_free(&ql);
+  return 0;
+}
+
+/* The options, the passes' settings, and with relay -1 and a topology the
+ * relay choice. */
+static int choose_relay(plan_tool *t) {
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  t->opts = opts;
+  if (t->o.staging) t->opts.staging_bytes = t->o.staging;
+  t->opts.topology = t->o.topology;
+  t->opts.relay = t->o.relay;
+
+  /* relay -1 with a topology: reshard_plan_create builds both plans and
+   * keeps the one the cost model predicts faster, collectively. Planned
+   * here rank by rank against a fake communicator, each rank would price
+   * only its own plan, so the choice is made here, globally, by the same
+   * rule (the global and collective estimates are equal), before the
+   * ranks are planned with it. */
+  reshard_estimate_t none = RESHARD_ESTIMATE_INITIALIZER;
+  t->direct_est = t->ours = none;
+  pw_set_threads(t->o.threads);
+  pw_set_rank_class(role_class, &t->L);
+  /* the report's replica0 baseline is the direct plan with
+   * RESHARD_FLAG_FIRST_REPLICA: planned with the direct one, when that
+   * comes first (relay -1 prices it, relay 0 is it; with relay 1 the
+   * report's balanced-direct baseline comes after the replica0 one) */
+  pw_share_first_replica(t->o.topology != NULL && t->o.rank < 0 && t->o.relay != 1);
+  t->f = &t->fs[0];
+  if (final_init(&t->fs[0], &t->L, &t->o, t->world) || final_init(&t->fs[1], &t->L, &t->o, t->world)) {
+    fprintf(stderr, "reshard_plan: error: out of memory\n");
+    return 1;
+  }
+  if (t->o.rank < 0 && t->opts.relay == -1) {
+    rs_topology topo;
+    int has = 0;
+    if (rs_topology_resolve(&t->opts, &topo, &has) == RESHARD_SUCCESS && has) {
+      reshard_estimate_t relay_est;
+      int relay;
+      void *const args[2] = {&t->fs[0], &t->fs[1]};
+      reshard_result_t r =
+          pc_choose_relay(t->L.src, t->L.dst, t->world, &t->opts, &relay, &t->direct_est, &relay_est, final_rank, args, &t->run);
+      if (r) {
+        fprintf(stderr, "reshard_plan: error: relay choice: %s: %s\n", reshard_result_string(r), reshard_last_error());
+        return 1;
+      }
+      t->have_direct = t->priced = 1;
+      t->ours = relay ? relay_est : t->direct_est;
+      t->f = &t->fs[relay];
+      final_free(&t->fs[!relay]);
+      t->opts.relay = relay;
+      printf("# relay -1 on %s: direct %.6g s, relay %.6g s predicted: the %s plan is kept\n", topo.name,
+             t->direct_est.seconds, relay_est.seconds, relay ? "relay" : "direct");
+    }
+  }
+  return 0;
+}
+
+/* --rank R: one rank, as given: its figures, no agreement. */
+static int plan_one_rank(plan_tool *t) {
+  pm_result m;
+  pm_measure(t->L.src, t->L.dst, t->o.rank, t->world, &t->opts, &m);
+  if (!m.ok) {
+    fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", t->o.rank, m.err);
+  } else {
+    printf("# rank %d alone: its chunk size (%zu B) derives from its own peer count; a real run may use a\n"
+           "# smaller one (more messages, the same bytes); no coverage check\n",
+           t->o.rank, m.stats.chunk_bytes);
+    print_header();
+    print_row(t->o.rank, cli_role(&t->L, t->o.rank), &m, &m.stats);
+  }
+  printf("# reshard_plan: ranks=1 plan_ms=%.2f peak_MiB=%.1f coverage=skipped\n", m.ok ? m.plan_ms : 0.0,
+         m.ok ? m.peak_mib : 0.0);
+  return m.ok ? 0 : 1;
+}
+
+/* Every rank's first stage, priced when a topology is given. */
+static void plan_all(plan_tool *t) {
+  if (!t->run) {
+    reshard_result_t rc = pw_run_create(t->L.src, t->L.dst, t->world, &t->opts, &t->run);
+    if (!rc && t->o.topology) { /* priced, and the figures taken, in one pass */
+      rc = pc_price_run(t->run, t->L.src, t->L.dst, t->world, &t->opts, final_rank, t->f, &t->ours);
+      t->priced = 1;
+    }
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(rc), reshard_last_error());
+      t->failed = 1;
+    }
+  }
+}
+
+static void spread_sources(plan_tool *t) {
+  /* Source-side spreading (plan/spread.h), decided and priced as
+   * reshard_plan_create does: from the kept plan's egress per rank, then
+   * the pre-plan and the main plan priced against it. When kept, the
+   * rest of the report is the main plan's (its source: the caller's plus
+   * the scratch copies), the prediction adds the pre-plan's, and T_lower
+   * stays the caller's layouts'. */
+  t->user_src = t->L.src;
+  int64_t spread_env = 1;
+  if (rs_param_get(RS_PARAM_SPREAD, &spread_env) && spread_env == 2) t->opts.flags |= RESHARD_FLAG_SPREAD_ALWAYS;
+  if (!t->failed && t->priced && spread_env != 0) {
+    rs_spread_layouts sl;
+    reshard_estimate_t pre_est = RESHARD_ESTIMATE_INITIALIZER, main_est = RESHARD_ESTIMATE_INITIALIZER;
+    reshard_result_t rc = pc_spread_decide(t->run, t->L.src, t->L.dst, t->world, &t->opts, &sl);
+    pw_run *mrun = NULL;
+    int mrelay = t->opts.relay;
+    if (!rc && sl.src) {
+      reshard_options_t po = t->opts;
+      po.relay = 0;
+      rc = pc_estimate_global(t->L.src, sl.pre, t->world, &po, &pre_est, NULL);
+      if (!rc && final_init(&t->fs2[0], &t->L, &t->o, t->world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
+      if (!rc && final_init(&t->fs2[1], &t->L, &t->o, t->world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
+      reshard_options_t mo = t->opts;
+      if (!rc && t->o.relay == -1) {
+        reshard_estimate_t md = RESHARD_ESTIMATE_INITIALIZER, mr = RESHARD_ESTIMATE_INITIALIZER;
+        void *const args[2] = {&t->fs2[0], &t->fs2[1]};
+        mo.relay = -1;
+        rc = pc_choose_relay(sl.src, t->L.dst, t->world, &mo, &mrelay, &md, &mr, final_rank, args, &mrun);
+        main_est = mrelay ? mr : md;
+      } else if (!rc) {
+        rc = pw_run_create(sl.src, t->L.dst, t->world, &mo, &mrun);
+        if (!rc) rc = pc_price_run(mrun, sl.src, t->L.dst, t->world, &mo, final_rank, &t->fs2[mrelay > 0], &main_est);
+      }
+    }
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: source-side spreading: %s: %s\n", reshard_result_string(rc),
+              reshard_last_error());
+      t->failed = 1;
+    } else if (sl.src) {
+      const double with = pre_est.seconds + main_est.seconds;
+      const int keep = (t->opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) || with < t->ours.seconds * 0.98;
+      printf("# source-side spreading: %.1f MiB of sole-held data copied over NVLink first (%.6g s) + the main plan "
+             "(%.6g s%s) = %.6g s predicted, against %.6g s without: %s\n",
+             (double)sl.moved / 1048576.0, pre_est.seconds, main_est.seconds, mrelay ? ", relay" : ", direct", with,
+             t->ours.seconds, keep ? "kept (the report below is the main plan's, the prediction both plans')"
+                                : "not kept");
+      if (keep) {
+        pw_run_free(t->run);
+        t->run = mrun, mrun = NULL;
+        t->f = &t->fs2[mrelay > 0];
+        t->opts.relay = mrelay;
+        t->L.src = sl.src, sl.src = NULL;
+        t->ours = main_est;
+        rs_cost_add_before(&t->ours, &pre_est);
+      }
+    }
+    pw_run_free(mrun);
+    rs_spread_layouts_free(&sl);
+  }
+}
+
+static int time_sample(plan_tool *t) {
+  /* Planning time and memory, each timed rank planned as given in a
+   * forked child: what that rank's creation costs in a real run. */
+  t->ms = calloc((size_t)t->world + 1, sizeof *t->ms);
+  t->timed = calloc((size_t)t->world + 1, 1);
+  if (!t->ms || !t->timed) return -1;
+  if (!t->failed) {
+    pick_timed(&t->L, t->run, t->world, t->o.time_all, t->timed);
+    for (int r = 0; r < t->world && !t->failed; r++) {
+      if (!t->timed[r]) continue;
+      pm_measure(t->L.src, t->L.dst, r, t->world, &t->opts, &t->ms[r]);
+      if (!t->ms[r].ok) {
+        fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", r, t->ms[r].err);
+        t->failed = 1;
+      }
+      if (t->ms[r].plan_ms > t->worst_ms) t->worst_ms = t->ms[r].plan_ms;
+      if (t->ms[r].peak_mib > t->worst_mib) t->worst_mib = t->ms[r].peak_mib;
+      t->ntimed++;
+    }
+  }
+  return 0;
+}
+
+static void final_plans(plan_tool *t) {
+  /* The plans a real run executes: their figures (unless the pricing
+   * took them) and the checks. */
+  t->ag = t->failed ? NULL : pw_run_agreed(t->run);
+  if (t->ag) t->f->chunk = t->ag->chunk;
+  t->f->check_now = !t->o.no_check || t->o.inject_error;
+  if (!t->failed && (t->f->check_now || !t->priced)) {
+    reshard_result_t rc = pw_run_plans(t->run, final_rank, t->f);
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: plan with the agreed chunk (%zu B): %s: %s\n", t->f->chunk,
+              reshard_result_string(rc), reshard_last_error());
+      t->failed = 1;
+    }
+  }
+  if (!t->failed && !t->o.no_check) check_agreement(&t->f->ck, &t->f->sends, &t->f->recvs);
+}
+
+/* The per-rank table, totals, digests and checks. */
+static void print_table(plan_tool *t) {
+  const reshard_plan_stats_t *agreed = t->f->agreed;
+  printf("# timed: %d of %d ranks (%s), each planned as given in a forked child\n"
+         "# (plan_ms, cpu_ms, peak_MiB; '?': peak not resettable; '-': not timed, --time-all times all);\n",
+         t->ntimed, t->world, t->o.time_all ? "--time-all" : "the first and the busiest of each role");
+  printf("# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
+         "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
+         t->ag->chunk, (int)t->ag->spread, (int)t->ag->phases);
+  if (t->ag->wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(t->ag->wide >> 20));
+  if (t->world > 0 && agreed[0].pace_rounds && !t->ag->pace.narrow && !t->ag->pace.wide)
+    printf("# paced over %d rounds (no network stream; the longest inside an NVLink domain: %.1f MiB): every stream\n"
+           "# keeps to them\n",
+           agreed[0].pace_rounds, (double)t->ag->pace.inside / (1 << 20));
+  else if (t->world > 0 && agreed[0].pace_rounds)
+    printf("# paced over %d rounds (the longest network streams: narrow %.1f MiB, wide %.1f MiB): streams inside an\n"
+           "# NVLink domain finish within them; wide network streams, and those nothing waits on past NVLink,\n"
+           "# spread over them\n",
+           agreed[0].pace_rounds, (double)t->ag->pace.narrow / (1 << 20), (double)t->ag->pace.wide / (1 << 20));
+  if (t->ag->phases > 1 || t->ag->est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(t->ag->est);
+  print_header();
+  reshard_plan_stats_t tot;
+  memset(&tot, 0, sizeof tot);
+  for (int r = 0; r < t->world; r++) {
+    print_row(r, cli_role(&t->L, r), &t->ms[r], &agreed[r]);
+    tot.send_bytes += agreed[r].send_bytes;
+    tot.recv_bytes += agreed[r].recv_bytes;
+    tot.local_copy_bytes += agreed[r].local_copy_bytes;
+    tot.send_messages += agreed[r].send_messages;
+    tot.recv_messages += agreed[r].recv_messages;
+    tot.segments += agreed[r].segments;
+  }
+  printf("%6s %5s %9s %9s %9s %10.2f %10.2f %10.2f %8zu %8zu %6s %6s %7s %9zu\n", "total", "", "", "", "",
+         (double)tot.send_bytes / 1048576.0, (double)tot.recv_bytes / 1048576.0,
+         (double)tot.local_copy_bytes / 1048576.0, tot.send_messages, tot.recv_messages, "", "", "", tot.segments);
+  for (int r = 0; r < t->world && t->f->digest; r++) printf("# digest rank %d %016llx\n", r, (unsigned long long)t->f->digest[r]);
+  if (t->o.no_check) printf("# checks: skipped (--no-check)\n");
+  else printf("# checks: %ld violation%s\n", t->f->ck.violations, t->f->ck.violations == 1 ? "" : "s");
+}
+
+/* The result line, the cost report (--topology) and the profile; 0 when
+ * every check passed. */
+static int report(plan_tool *t) {
+  int ok = !t->failed && t->f->ck.violations == 0;
+  printf("# reshard_plan: ranks=%d plan_ms=%.2f peak_MiB=%.1f coverage=%s\n", t->world, t->worst_ms, t->worst_mib,
+         t->o.no_check && !t->failed ? "skipped" : ok ? "ok" : "FAILED");
+  if (t->o.topology && !t->failed) {
+    fflush(stdout);
+    /* the balanced-direct baseline is the direct plan: priced already
+     * when the relay choice priced it, or when it is ours */
+    const reshard_estimate_t *direct = t->have_direct ? &t->direct_est : t->opts.relay == 0 && t->L.src == t->user_src ? &t->ours : NULL;
+    /* bounds and baselines over the caller's layouts, also after spreading */
+    cli_layouts Lu = t->L;
+    Lu.src = t->user_src;
+    if (cr_report(&Lu, t->world, &t->opts, &t->ours, direct, stdout)) t->failed = 1;
+  }
+  if (t->o.profile) {
+    struct timespec t_end;
+    clock_gettime(CLOCK_MONOTONIC, &t_end);
+    print_profile((double)(t_end.tv_sec - t->t_start.tv_sec) + 1e-9 * (double)(t_end.tv_nsec - t->t_start.tv_nsec));
+  }
+  return ok;
+}
+
+static void plan_tool_free(plan_tool *t) {
+  final_free(&t->fs[0]);
+  final_free(&t->fs[1]);
+  final_free(&t->fs2[0]);
+  final_free(&t->fs2[1]);
+  pw_run_free(t->run);
+  pw_share_first_replica(0);
+  if (t->user_src && t->L.src != t->user_src) reshard_layout_destroy(t->user_src);
+  free(t->timed);
+  free(t->ms);
+  cli_layouts_free(&t->L);
+}
+
+int main(int argc, char **argv) {
+  static plan_tool tool;
+  plan_tool *t = &tool;
+  clock_gettime(CLOCK_MONOTONIC, &t->t_start);
   /* Thousands of plan creations each allocate and free tens to hundreds
    * of MiB: keep freed memory for the next instead of returning it to
    * the kernel and faulting it in again (the timed children trim first).
@@ -565,313 +908,24 @@ int main(int argc, char **argv) {
    * hold one passes it to the main arena). */
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  cli_opts o;
-  char err[1024];
-  if (cli_parse(CLI_TOOL_PLAN, argc, argv, &o, err, sizeof err)) {
-    fprintf(stderr, "reshard_plan: error: %s\n", err);
-    return 2;
+  int rc = setup(t, argc, argv);
+  if (rc >= 0) return rc;
+  if (quantize_layouts(t) || choose_relay(t)) return 1;
+  printf("# reshard_plan, one process: %s\n", t->L.desc);
+  printf("# world %d (%d source, %d destination%s), tensors %d, staging %zu B\n", t->world, t->L.nsrc, t->L.ndst,
+         t->o.colocate ? ", colocated" : "", reshard_layout_num_tensors(t->L.dst), t->opts.staging_bytes);
+  if (t->o.rank >= 0) {
+    rc = plan_one_rank(t);
+    plan_tool_free(t);
+    return rc;
   }
-  if (o.help) {
-    cli_usage(CLI_TOOL_PLAN, stdout);
-    return 0;
-  }
-  cli_layouts L;
-  if (cli_build_layouts(&o, &L, err, sizeof err)) {
-    fprintf(stderr, "reshard_plan: error: %s\n", err);
-    return 2;
-  }
-  int world = o.world ? o.world : L.world_needed;
-  if (world < L.world_needed) {
-    fprintf(stderr, "reshard_plan: error: --world %d is too small: the layouts use %d ranks (%d source %s %d destination)\n",
-            world, L.world_needed, L.nsrc, o.colocate ? "colocated with" : "+", L.ndst);
-    cli_layouts_free(&L);
-    return 2;
-  }
-  if (o.rank >= world) {
-    fprintf(stderr, "reshard_plan: error: --rank %d is outside the %d ranks\n", o.rank, world);
-    cli_layouts_free(&L);
-    return 2;
-  }
-  if (o.show_layout) {
-    int rc = cli_show_layout(&L, o.show_layout, o.rank, stdout, err, sizeof err);
-    if (rc) fprintf(stderr, "reshard_plan: error: %s\n", err);
-    cli_layouts_free(&L);
-    return rc ? 1 : 0;
-  }
-  /* A destination quantized to fp8 blocks: the library plans it over
-   * rewritten layouts (plan/quant.h); the staged planning below plans those
-   * directly, every rank alike. */
-  rs_quant_layouts ql;
-  reshard_result_t qr = rs_quant_layouts_make(L.src, L.dst, world, -1, &ql);
-  if (qr) {
-    fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(qr), reshard_last_error());
-    cli_layouts_free(&L);
-    return 1;
-  }
-  if (ql.src) {
-    printf("fp8 block quantization: source ranks quantize the weights they hold in whole blocks and send codes + "
-           "scales%s\n",
-           ql.gather ? "; blocks split across source ranks are first gathered by a pre-plan, which this report leaves out"
-                     : "");
-    reshard_layout_destroy(L.src);
-    reshard_layout_destroy(L.dst);
-    L.src = ql.src, L.dst = ql.dst;
-    ql.src = ql.dst = NULL;
-  }
-  rs_quant_layouts_free(&ql);
-  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
-  if (o.staging) opts.staging_bytes = o.staging;
-  opts.topology = o.topology;
-  opts.relay = o.relay;
-
-  /* relay -1 with a topology: reshard_plan_create builds both plans and
-   * keeps the one the cost model predicts faster, collectively. Planned
-   * here rank by rank against a fake communicator, each rank would price
-   * only its own plan, so the choice is made here, globally, by the same
-   * rule (the global and collective estimates are equal), before the
-   * ranks are planned with it. */
-  reshard_estimate_t direct_est = RESHARD_ESTIMATE_INITIALIZER, ours = RESHARD_ESTIMATE_INITIALIZER;
-  int have_direct = 0, priced = 0;
-  pw_run *run = NULL; /* every rank's first stage, and what the ranks agree on */
-  pw_set_threads(o.threads);
-  pw_set_rank_class(role_class, &L);
-  /* the report's replica0 baseline is the direct plan with
-   * RESHARD_FLAG_FIRST_REPLICA: planned with the direct one, when that
-   * comes first (relay -1 prices it, relay 0 is it; with relay 1 the
-   * report's balanced-direct baseline comes after the replica0 one) */
-  pw_share_first_replica(o.topology != NULL && o.rank < 0 && o.relay != 1);
-  final_pass fs[2], *f = &fs[0]; /* the direct and the relay plans' figures; f: those kept */
-  if (final_init(&fs[0], &L, &o, world) || final_init(&fs[1], &L, &o, world)) {
-    fprintf(stderr, "reshard_plan: error: out of memory\n");
-    return 1;
-  }
-  if (o.rank < 0 && opts.relay == -1) {
-    rs_topology topo;
-    int has = 0;
-    if (rs_topology_resolve(&opts, &topo, &has) == RESHARD_SUCCESS && has) {
-      reshard_estimate_t relay_est;
-      int relay;
-      void *const args[2] = {&fs[0], &fs[1]};
-      reshard_result_t r =
-          pc_choose_relay(L.src, L.dst, world, &opts, &relay, &direct_est, &relay_est, final_rank, args, &run);
-      if (r) {
-        fprintf(stderr, "reshard_plan: error: relay choice: %s: %s\n", reshard_result_string(r), reshard_last_error());
-        final_free(&fs[0]);
-        final_free(&fs[1]);
-        cli_layouts_free(&L);
-        return 1;
-      }
-      have_direct = priced = 1;
-      ours = relay ? relay_est : direct_est;
-      f = &fs[relay];
-      final_free(&fs[!relay]);
-      opts.relay = relay;
-      printf("# relay -1 on %s: direct %.6g s, relay %.6g s predicted: the %s plan is kept\n", topo.name,
-             direct_est.seconds, relay_est.seconds, relay ? "relay" : "direct");
-    }
-  }
-
-  printf("# reshard_plan, one process: %s\n", L.desc);
-  printf("# world %d (%d source, %d destination%s), tensors %d, staging %zu B\n", world, L.nsrc, L.ndst,
-         o.colocate ? ", colocated" : "", reshard_layout_num_tensors(L.dst), opts.staging_bytes);
-
-  if (o.rank >= 0) { /* one rank, as given: its figures, no agreement */
-    pm_result m;
-    pm_measure(L.src, L.dst, o.rank, world, &opts, &m);
-    if (!m.ok) {
-      fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", o.rank, m.err);
-    } else {
-      printf("# rank %d alone: its chunk size (%zu B) derives from its own peer count; a real run may use a\n"
-             "# smaller one (more messages, the same bytes); no coverage check\n",
-             o.rank, m.stats.chunk_bytes);
-      print_header();
-      print_row(o.rank, cli_role(&L, o.rank), &m, &m.stats);
-    }
-    printf("# reshard_plan: ranks=1 plan_ms=%.2f peak_MiB=%.1f coverage=skipped\n", m.ok ? m.plan_ms : 0.0,
-           m.ok ? m.peak_mib : 0.0);
-    final_free(&fs[0]);
-    final_free(&fs[1]);
-    cli_layouts_free(&L);
-    return m.ok ? 0 : 1;
-  }
-
-  int failed = 0;
-  if (!run) {
-    reshard_result_t rc = pw_run_create(L.src, L.dst, world, &opts, &run);
-    if (!rc && o.topology) { /* priced, and the figures taken, in one pass */
-      rc = pc_price_run(run, L.src, L.dst, world, &opts, final_rank, f, &ours);
-      priced = 1;
-    }
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: %s: %s\n", reshard_result_string(rc), reshard_last_error());
-      failed = 1;
-    }
-  }
-
-  /* Source-side spreading (plan/spread.h), decided and priced as
-   * reshard_plan_create does: from the kept plan's egress per rank, then
-   * the pre-plan and the main plan priced against it. When kept, the
-   * rest of the report is the main plan's (its source: the caller's plus
-   * the scratch copies), the prediction adds the pre-plan's, and T_lower
-   * stays the caller's layouts'. */
-  reshard_layout_t *user_src = L.src;
-  final_pass fs2[2];
-  memset(fs2, 0, sizeof fs2);
-  int64_t spread_env = 1;
-  if (rs_param_get(RS_PARAM_SPREAD, &spread_env) && spread_env == 2) opts.flags |= RESHARD_FLAG_SPREAD_ALWAYS;
-  if (!failed && priced && spread_env != 0) {
-    rs_spread_layouts sl;
-    reshard_estimate_t pre_est = RESHARD_ESTIMATE_INITIALIZER, main_est = RESHARD_ESTIMATE_INITIALIZER;
-    reshard_result_t rc = pc_spread_decide(run, L.src, L.dst, world, &opts, &sl);
-    pw_run *mrun = NULL;
-    int mrelay = opts.relay;
-    if (!rc && sl.src) {
-      reshard_options_t po = opts;
-      po.relay = 0;
-      rc = pc_estimate_global(L.src, sl.pre, world, &po, &pre_est, NULL);
-      if (!rc && final_init(&fs2[0], &L, &o, world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
-      if (!rc && final_init(&fs2[1], &L, &o, world)) rc = RESHARD_ERROR_OUT_OF_MEMORY;
-      reshard_options_t mo = opts;
-      if (!rc && o.relay == -1) {
-        reshard_estimate_t md = RESHARD_ESTIMATE_INITIALIZER, mr = RESHARD_ESTIMATE_INITIALIZER;
-        void *const args[2] = {&fs2[0], &fs2[1]};
-        mo.relay = -1;
-        rc = pc_choose_relay(sl.src, L.dst, world, &mo, &mrelay, &md, &mr, final_rank, args, &mrun);
-        main_est = mrelay ? mr : md;
-      } else if (!rc) {
-        rc = pw_run_create(sl.src, L.dst, world, &mo, &mrun);
-        if (!rc) rc = pc_price_run(mrun, sl.src, L.dst, world, &mo, final_rank, &fs2[mrelay > 0], &main_est);
-      }
-    }
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: source-side spreading: %s: %s\n", reshard_result_string(rc),
-              reshard_last_error());
-      failed = 1;
-    } else if (sl.src) {
-      const double with = pre_est.seconds + main_est.seconds;
-      const int keep = (opts.flags & RESHARD_FLAG_SPREAD_ALWAYS) || with < ours.seconds * 0.98;
-      printf("# source-side spreading: %.1f MiB of sole-held data copied over NVLink first (%.6g s) + the main plan "
-             "(%.6g s%s) = %.6g s predicted, against %.6g s without: %s\n",
-             (double)sl.moved / 1048576.0, pre_est.seconds, main_est.seconds, mrelay ? ", relay" : ", direct", with,
-             ours.seconds, keep ? "kept (the report below is the main plan's, the prediction both plans')"
-                                : "not kept");
-      if (keep) {
-        pw_run_free(run);
-        run = mrun, mrun = NULL;
-        f = &fs2[mrelay > 0];
-        opts.relay = mrelay;
-        L.src = sl.src, sl.src = NULL;
-        ours = main_est;
-        rs_cost_add_before(&ours, &pre_est);
-      }
-    }
-    pw_run_free(mrun);
-    rs_spread_layouts_free(&sl);
-  }
-
-  /* Planning time and memory, each timed rank planned as given in a
-   * forked child: what that rank's creation costs in a real run. */
-  pm_result *ms = calloc((size_t)world + 1, sizeof *ms);
-  unsigned char *timed = calloc((size_t)world + 1, 1);
-  if (!ms || !timed) return 1;
-  double worst_ms = 0, worst_mib = 0;
-  int ntimed = 0;
-  if (!failed) {
-    pick_timed(&L, run, world, o.time_all, timed);
-    for (int r = 0; r < world && !failed; r++) {
-      if (!timed[r]) continue;
-      pm_measure(L.src, L.dst, r, world, &opts, &ms[r]);
-      if (!ms[r].ok) {
-        fprintf(stderr, "reshard_plan: error: rank %d: plan failed: %s\n", r, ms[r].err);
-        failed = 1;
-      }
-      if (ms[r].plan_ms > worst_ms) worst_ms = ms[r].plan_ms;
-      if (ms[r].peak_mib > worst_mib) worst_mib = ms[r].peak_mib;
-      ntimed++;
-    }
-  }
-
-  /* The plans a real run executes: their figures (unless the pricing
-   * took them) and the checks. */
-  const pw_agreed *ag = failed ? NULL : pw_run_agreed(run);
-  if (ag) f->chunk = ag->chunk;
-  f->check_now = !o.no_check || o.inject_error;
-  if (!failed && (f->check_now || !priced)) {
-    reshard_result_t rc = pw_run_plans(run, final_rank, f);
-    if (rc) {
-      fprintf(stderr, "reshard_plan: error: plan with the agreed chunk (%zu B): %s: %s\n", f->chunk,
-              reshard_result_string(rc), reshard_last_error());
-      failed = 1;
-    }
-  }
-  if (!failed && !o.no_check) check_agreement(&f->ck, &f->sends, &f->recvs);
-  const reshard_plan_stats_t *agreed = f->agreed;
-
-  if (!failed) {
-    printf("# timed: %d of %d ranks (%s), each planned as given in a forked child\n"
-           "# (plan_ms, cpu_ms, peak_MiB; '?': peak not resettable; '-': not timed, --time-all times all);\n",
-           ntimed, world, o.time_all ? "--time-all" : "the first and the busiest of each role");
-    printf("# traffic from the plans with the agreed chunk of %zu B, spread of %d rounds and %d phases (the\n"
-           "# smallest chunk and largest spread of the ranks', phases from their largest estimates, as a real run)\n",
-           ag->chunk, (int)ag->spread, (int)ag->phases);
-    if (ag->wide) printf("# streams over %llu MiB send in every round (wide)\n", (unsigned long long)(ag->wide >> 20));
-    if (world > 0 && agreed[0].pace_rounds && !ag->pace.narrow && !ag->pace.wide)
-      printf("# paced over %d rounds (no network stream; the longest inside an NVLink domain: %.1f MiB): every stream\n"
-             "# keeps to them\n",
-             agreed[0].pace_rounds, (double)ag->pace.inside / (1 << 20));
-    else if (world > 0 && agreed[0].pace_rounds)
-      printf("# paced over %d rounds (the longest network streams: narrow %.1f MiB, wide %.1f MiB): streams inside an\n"
-             "# NVLink domain finish within them; wide network streams, and those nothing waits on past NVLink,\n"
-             "# spread over them\n",
-             agreed[0].pace_rounds, (double)ag->pace.narrow / (1 << 20), (double)ag->pace.wide / (1 << 20));
-    if (ag->phases > 1 || ag->est[RS_WIDE_CANDIDATES] != UINT64_MAX) print_phase_estimates(ag->est);
-    print_header();
-    reshard_plan_stats_t tot;
-    memset(&tot, 0, sizeof tot);
-    for (int r = 0; r < world; r++) {
-      print_row(r, cli_role(&L, r), &ms[r], &agreed[r]);
-      tot.send_bytes += agreed[r].send_bytes;
-      tot.recv_bytes += agreed[r].recv_bytes;
-      tot.local_copy_bytes += agreed[r].local_copy_bytes;
-      tot.send_messages += agreed[r].send_messages;
-      tot.recv_messages += agreed[r].recv_messages;
-      tot.segments += agreed[r].segments;
-    }
-    printf("%6s %5s %9s %9s %9s %10.2f %10.2f %10.2f %8zu %8zu %6s %6s %7s %9zu\n", "total", "", "", "", "",
-           (double)tot.send_bytes / 1048576.0, (double)tot.recv_bytes / 1048576.0,
-           (double)tot.local_copy_bytes / 1048576.0, tot.send_messages, tot.recv_messages, "", "", "", tot.segments);
-    for (int r = 0; r < world && f->digest; r++) printf("# digest rank %d %016llx\n", r, (unsigned long long)f->digest[r]);
-    if (o.no_check) printf("# checks: skipped (--no-check)\n");
-    else printf("# checks: %ld violation%s\n", f->ck.violations, f->ck.violations == 1 ? "" : "s");
-  }
-  int ok = !failed && f->ck.violations == 0;
-  printf("# reshard_plan: ranks=%d plan_ms=%.2f peak_MiB=%.1f coverage=%s\n", world, worst_ms, worst_mib,
-         o.no_check && !failed ? "skipped" : ok ? "ok" : "FAILED");
-  if (o.topology && !failed) {
-    fflush(stdout);
-    /* the balanced-direct baseline is the direct plan: priced already
-     * when the relay choice priced it, or when it is ours */
-    const reshard_estimate_t *direct = have_direct ? &direct_est : opts.relay == 0 && L.src == user_src ? &ours : NULL;
-    /* bounds and baselines over the caller's layouts, also after spreading */
-    cli_layouts Lu = L;
-    Lu.src = user_src;
-    if (cr_report(&Lu, world, &opts, &ours, direct, stdout)) failed = 1;
-  }
-  if (o.profile) {
-    struct timespec t_end;
-    clock_gettime(CLOCK_MONOTONIC, &t_end);
-    print_profile((double)(t_end.tv_sec - t_start.tv_sec) + 1e-9 * (double)(t_end.tv_nsec - t_start.tv_nsec));
-  }
-  final_free(&fs[0]);
-  final_free(&fs[1]);
-  final_free(&fs2[0]);
-  final_free(&fs2[1]);
-  pw_run_free(run);
-  pw_share_first_replica(0);
-  if (L.src != user_src) reshard_layout_destroy(user_src);
-  free(timed);
-  free(ms);
-  cli_layouts_free(&L);
-  if (failed) return 1;
-  return o.strict && !ok ? 1 : 0;
+  plan_all(t);
+  spread_sources(t);
+  if (time_sample(t)) return 1;
+  final_plans(t);
+  if (!t->failed) print_table(t);
+  int ok = report(t);
+  plan_tool_free(t);
+  if (t->failed) return 1;
+  return t->o.strict && !ok ? 1 : 0;
 }

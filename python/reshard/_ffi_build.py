@@ -162,12 +162,6 @@ typedef struct reshard_comm reshard_comm_t;
 int reshard_comm_rank(const reshard_comm_t *comm);
 int reshard_comm_size(const reshard_comm_t *comm);
 void reshard_comm_destroy(reshard_comm_t *comm);
-typedef struct reshard_inproc_world reshard_inproc_world_t;
-reshard_result_t reshard_inproc_world_create(int nranks,
-    reshard_inproc_world_t **world);
-void reshard_inproc_world_destroy(reshard_inproc_world_t *world);
-reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
-    int rank, reshard_comm_t **comm);
 
 #define RESHARD_OPTIONS_VERSION 2
 typedef struct {
@@ -278,6 +272,14 @@ typedef struct {
 } reshard_peer_stats_t;
 reshard_result_t reshard_plan_get_peer_stats(const reshard_plan_t *plan,
     reshard_peer_stats_t *out, size_t capacity, size_t *count);
+
+/* reshard_inproc.h */
+typedef struct reshard_inproc_world reshard_inproc_world_t;
+reshard_result_t reshard_inproc_world_create(int nranks,
+    reshard_inproc_world_t **world);
+void reshard_inproc_world_destroy(reshard_inproc_world_t *world);
+reshard_result_t reshard_comm_create_inproc(reshard_inproc_world_t *world,
+    int rank, reshard_comm_t **comm);
 
 /* reshard_selftest.h */
 #define RESHARD_SELFTEST_SENTINEL 0xA5
@@ -396,6 +398,7 @@ SOURCE = r"""
 #include <string.h>
 
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "reshard_models.h"
 #include "reshard_selftest.h"
 #ifdef RESHARD_HAVE_MPI

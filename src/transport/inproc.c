@@ -27,6 +27,7 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "common/hash.h"
+#include "reshard_inproc.h"
 #include "transport/transport.h"
 
 /* A power of two: the bucket is taken from the top bits of a hash. */

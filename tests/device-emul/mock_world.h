@@ -9,6 +9,7 @@
 
 #include "device-emul/mock_device.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 
 typedef struct mw_rank mw_rank;
 typedef void (*mw_fn)(mw_rank *r);

@@ -28,6 +28,7 @@
 #include "plan/relay.h"
 #include "transport/transport.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "reshard_cuda_ipc.h"
 #include "reshard_nccl.h"
 #include "reshard_selftest.h"

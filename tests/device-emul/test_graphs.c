@@ -27,6 +27,7 @@
 #include "kernels/rs_kernels.h"
 #include "plan/relay.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "reshard_cuda_ipc.h"
 #include "reshard_nccl.h"
 #include "reshard_selftest.h"

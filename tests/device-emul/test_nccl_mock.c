@@ -39,6 +39,7 @@
 #include "plan/plan.h"
 #include "plan/relay.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "reshard_nccl.h"
 #include "support/random_layout.h"
 #include "transport/transport.h"

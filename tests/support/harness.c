@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reshard_inproc.h"
+
 typedef struct run_arg {
   int rank;
   reshard_inproc_world_t *world;

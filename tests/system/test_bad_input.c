@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "layout/layout.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "support/harness.h"
 
 #define MAXR 8

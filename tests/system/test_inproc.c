@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "transport/transport.h"
 
 #define MS (1000000LL)

@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "support/fault_layouts.h"
 #include "support/harness.h"
 #include "transport/transport.h"
