@@ -8,7 +8,7 @@
  * transport/stream.h; no transport knows an executor.
  *
  * The plan is declared here only by name: this header is what the
- * planner (plan/create.c) calls and what executors implement. Every slot
+ * planner (plan/create.c) and the front door (src/api/) call and what executors implement. Every slot
  * but name may be NULL where the executor has nothing to do there. */
 #ifndef RS_PLAN_EXECUTOR_H
 #define RS_PLAN_EXECUTOR_H
@@ -21,8 +21,8 @@
 struct rs_quant;
 
 /* One execute call, as the front door (reshard_plan_execute and its
- * variants, src/api/execute.c, through call.c) hands it over once the arguments passed
- * its checks. */
+ * variants, src/api/execute.c, through call.c) hands it over once the
+ * arguments passed its checks. */
 typedef struct rs_exec_call {
   int explicit_version; /* the caller named the version (execute_version) */
   uint64_t version_in;  /* that version; otherwise the plan counts */
