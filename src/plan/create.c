@@ -26,36 +26,12 @@
 #include "plan/relay.h"
 #include "transport/transport.h"
 
-typedef struct build_ctx {
-  const reshard_layout_t *src, *dst;
-  reshard_plan_t *plan;
-  int *dst2src, *src2dst;
-  rs_seg_vec segs; /* sends, receives and virtual relay streams */
-  rs_copy *locals;
-  rs_vbox *local_vbox; /* verify mode: parallel to locals */
-  size_t nlocals, cap_locals, cap_local_vbox;
-  rs_assign_ctx actx;
-  rs_piece_vec pieces;
-  int npeers;
-  /* Relay plans (plan/relay.h): built when relay is set. */
-  int relay;
-  rs_relay_plan rp;
-  rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
-  /* The tools' twin (rs_plan_agreed.twin): the first stage under
-   * RESHARD_FLAG_FIRST_REPLICA too, its pieces assigned right after this
-   * plan's, box by box, so that each box's holders are prepared once.
-   * Only its segs and locals are used. */
-  struct build_ctx *twin;
-} build_ctx;
-
 static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
   size_t used = (size_t)snprintf(buf, n, "[");
   for (int d = 0; d < ndim && used < n; d++)
     used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
   if (used < n) snprintf(buf + used, n - used, "]");
 }
-
-static int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
 
 /* Tensors must match by name and shape on both sides, and by dtype but
  * for float tensors, which convert. */

@@ -8,6 +8,34 @@
 #include <stdint.h>
 
 #include "plan/plan.h"
+#include "plan/relay.h"
+
+/* create.c and the files it calls while building one plan:
+ * one creation's working state on this rank. */
+typedef struct build_ctx {
+  const reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  int *dst2src, *src2dst;
+  rs_seg_vec segs; /* sends, receives and virtual relay streams */
+  rs_copy *locals;
+  rs_vbox *local_vbox; /* verify mode: parallel to locals */
+  size_t nlocals, cap_locals, cap_local_vbox;
+  rs_assign_ctx actx;
+  rs_piece_vec pieces;
+  int npeers;
+  /* Relay plans (plan/relay.h): built when relay is set. */
+  int relay;
+  rs_relay_plan rp;
+  rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
+  /* The tools' twin (rs_plan_agreed.twin): the first stage under
+   * RESHARD_FLAG_FIRST_REPLICA too, its pieces assigned right after this
+   * plan's, box by box, so that each box's holders are prepared once.
+   * Only its segs and locals are used. */
+  struct build_ctx *twin;
+} build_ctx;
+
+/* Whether the plan is built for RESHARD_FLAG_VERIFY (verify boxes kept). */
+static inline int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
 
 /* options.c: the caller's options (NULL: the defaults) into out, checked
  * against the versions this library knows; then the RESHARD_* parameters
