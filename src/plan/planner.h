@@ -10,7 +10,7 @@
 #include "plan/plan.h"
 #include "plan/relay.h"
 
-/* create.c and the files it calls while building one plan:
+/* create.c and the files it calls while building one plan (match.c):
  * one creation's working state on this rank. */
 typedef struct build_ctx {
   const reshard_layout_t *src, *dst;
@@ -36,6 +36,12 @@ typedef struct build_ctx {
 
 /* Whether the plan is built for RESHARD_FLAG_VERIFY (verify boxes kept). */
 static inline int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
+
+/* match.c: the tensors of c->dst paired by name with those of c->src
+ * (c->dst2src, c->src2dst), dtypes and shapes checked; and, in verify mode,
+ * the destination tensors' names and strides into p->vtensors. */
+reshard_result_t rs_match_tensors(build_ctx *c);
+reshard_result_t rs_build_vtensors(reshard_plan_t *p, const reshard_layout_t *dst);
 
 /* options.c: the caller's options (NULL: the defaults) into out, checked
  * against the versions this library knows; then the RESHARD_* parameters
