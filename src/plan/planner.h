@@ -68,6 +68,16 @@ reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_
 reshard_result_t rs_create_another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
                                           const char *what);
 
+/* introspect.c: what the finished plan says about itself. The buffers of
+ * layout L (source side or not) the executor will dereference, with
+ * sizes and names; the per-peer traffic (p->peers); p->stats, after
+ * rs_plan_peer_stats; and a pre-plan's traffic added to p's totals. */
+reshard_result_t rs_plan_collect_used(const reshard_layout_t *L, const reshard_plan_t *p, int src_side,
+                                      rs_used_buffer **out, int *nout);
+reshard_result_t rs_plan_peer_stats(reshard_plan_t *p);
+void rs_plan_fill_stats(reshard_plan_t *p);
+void rs_plan_add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre);
+
 /* options.c: the caller's options (NULL: the defaults) into out, checked
  * against the versions this library knows; then the RESHARD_* parameters
  * over them, and every option checked. */
