@@ -149,7 +149,7 @@ reshard_result_t pc_spread_decide(pw_run *run, const reshard_layout_t *src, cons
   if (!w) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "spreading: out of memory");
   egress_ctx c = {w};
   reshard_result_t r = pw_run_plans(run, egress_rank, &c);
-  /* as create.c agree_loads: egress + 1 where the rank holds source data,
+  /* as create_agree.c rs_create_agree_loads: egress + 1 where the rank holds source data,
    * and its held bytes */
   for (int q = 0; !r && q < nranks; q++) {
     uint64_t held = 0;

@@ -6,7 +6,8 @@
  * see) makes every other rank fail too instead of leaving them waiting.
  * Its outcome is the same on every rank, so either all return there or
  * all go on to the chunk agreement and the final one (after building),
- * each of which again carries every rank's error. */
+ * each of which again carries every rank's error. Those agreements live
+ * in create_agree.c; this file sequences the steps. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,87 +27,6 @@
 #include "plan/relay.h"
 #include "transport/transport.h"
 
-typedef struct build_ctx {
-  const reshard_layout_t *src, *dst;
-  reshard_plan_t *plan;
-  int *dst2src, *src2dst;
-  rs_seg_vec segs; /* sends, receives and virtual relay streams */
-  rs_copy *locals;
-  rs_vbox *local_vbox; /* verify mode: parallel to locals */
-  size_t nlocals, cap_locals, cap_local_vbox;
-  rs_assign_ctx actx;
-  rs_piece_vec pieces;
-  int npeers;
-  /* Relay plans (plan/relay.h): built when relay is set. */
-  int relay;
-  rs_relay_plan rp;
-  rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
-  /* The tools' twin (rs_plan_agreed.twin): the first stage under
-   * RESHARD_FLAG_FIRST_REPLICA too, its pieces assigned right after this
-   * plan's, box by box, so that each box's holders are prepared once.
-   * Only its segs and locals are used. */
-  struct build_ctx *twin;
-} build_ctx;
-
-static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
-  size_t used = (size_t)snprintf(buf, n, "[");
-  for (int d = 0; d < ndim && used < n; d++)
-    used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  if (used < n) snprintf(buf + used, n - used, "]");
-}
-
-static int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
-
-/* Tensors must match by name and shape on both sides, and by dtype but
- * for float tensors, which convert. */
-static reshard_result_t match_tensors(build_ctx *c) {
-  const reshard_layout_t *S = c->src, *D = c->dst;
-  c->dst2src = rs_malloc(((size_t)D->ntensors + 1) * sizeof(int));
-  c->src2dst = rs_malloc(((size_t)S->ntensors + 1) * sizeof(int));
-  if (!c->dst2src || !c->src2dst) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  for (int i = 0; i < S->ntensors; i++) c->src2dst[i] = -1;
-  for (int i = 0; i < D->ntensors; i++) {
-    const rs_tensor *dt = &D->tensors[i];
-    int s = i;
-    /* Both sides usually declare the tensors in the same order (one model
-     * front-end): try the same id before the name index, which misses the
-     * cache on every lookup of a 100k-tensor model. */
-    int in_order = i < S->ntensors && S->tensors[i].name_hash == dt->name_hash && !strcmp(S->tensors[i].name, dt->name);
-    if (!in_order && reshard_layout_find_tensor(S, dt->name, &s) != RESHARD_SUCCESS)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': in the destination layout but not in the source layout", dt->name);
-    const rs_tensor *st = &S->tensors[s];
-    /* a float tensor may change dtype on the way (src/pack/convert.h);
-     * anything else arrives as it left */
-    if (st->dtype != dt->dtype && !(rs_cvt_float_dtype(st->dtype) && rs_cvt_float_dtype(dt->dtype)))
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                      "tensor '%s': dtype %s on the source side, %s on the destination side (only f32, bf16, f16, "
-                      "fp8e4m3 and fp8e5m2 convert into each other)",
-                      dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
-    if (st->dtype != dt->dtype) c->plan->casts = 1;
-    if (st->dtype != dt->dtype && verifying(c->plan))
-      return rs_error(RESHARD_ERROR_UNSUPPORTED,
-                      "tensor '%s': dtype %s on the source side, %s on the destination side: RESHARD_FLAG_VERIFY does "
-                      "not cover converted tensors yet",
-                      dt->name, reshard_dtype_name(st->dtype), reshard_dtype_name(dt->dtype));
-    int same = st->ndim == dt->ndim;
-    for (int d = 0; same && d < dt->ndim; d++) same = st->shape[d] == dt->shape[d];
-    if (!same) {
-      char a[160], b[160];
-      format_shape(a, sizeof a, st->ndim, st->shape);
-      format_shape(b, sizeof b, dt->ndim, dt->shape);
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': shape %s on the source side, %s on the destination side",
-                      dt->name, a, b);
-    }
-    c->dst2src[i] = s;
-    c->src2dst[s] = i;
-  }
-  for (int i = 0; i < S->ntensors; i++)
-    if (c->src2dst[i] < 0)
-      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "tensor '%s': in the source layout but not in the destination layout", S->tensors[i].name);
-  return RESHARD_SUCCESS;
-}
-
-
 /* vt: the destination-layout tensor of the piece (verify mode). */
 static reshard_result_t push_local(build_ctx *c, const rs_copy *cp,
                                    int vt, const rs_piece *piece, int ndim) {
@@ -125,27 +45,6 @@ static reshard_result_t push_local(build_ctx *c, const rs_copy *cp,
   if (RS_VEC_GROW(c->locals, c->nlocals, c->cap_locals))
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (local copies)");
   c->locals[c->nlocals++] = *cp;
-  return RESHARD_SUCCESS;
-}
-
-/* Verify mode: the destination tensors' names and index strides. */
-static reshard_result_t build_vtensors(reshard_plan_t *p, const reshard_layout_t *dst) {
-  p->vtensors = rs_calloc((size_t)dst->ntensors + 1, sizeof *p->vtensors);
-  if (!p->vtensors) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
-  p->nvtensors = dst->ntensors;
-  for (int i = 0; i < dst->ntensors; i++) {
-    const rs_tensor *t = &dst->tensors[i];
-    rs_vtensor *v = &p->vtensors[i];
-    v->name = rs_strdup(t->name);
-    if (!v->name) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory (verify tensors)");
-    v->ndim = t->ndim;
-    v->esize = (uint32_t)reshard_dtype_size(t->dtype);
-    int64_t g = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-      v->gstride[d] = g;
-      g *= t->shape[d];
-    }
-  }
   return RESHARD_SUCCESS;
 }
 
@@ -357,113 +256,6 @@ done:
   return r;
 }
 
-static void mark_used(const rs_copy *c, size_t n, int src_side, unsigned char *seen) {
-  for (size_t i = 0; i < n; i++) {
-    int id = src_side ? c[i].src_buf : c[i].dst_buf;
-    if (id >= 0) seen[id] = 1;
-  }
-}
-
-/* Buffers the executor will dereference, with their sizes and names for
- * execute-time checks. Sends read source buffers, relay forwards
- * destination buffers; receives and local copies write destination
- * buffers. */
-static reshard_result_t collect_used(const reshard_layout_t *L, const reshard_plan_t *p, int src_side,
-                                     rs_used_buffer **out, int *nout) {
-  unsigned char *seen = rs_calloc((size_t)L->nbuffers + 1, 1);
-  if (!seen) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  for (size_t i = 0; i < p->nsends; i++)
-    if ((p->sends[i].fwd ? 0 : 1) == src_side) mark_used(p->send_copies + p->sends[i].first_copy, p->sends[i].ncopies, 1, seen);
-  if (!src_side) mark_used(p->recv_copies, p->nrecv_copies, 0, seen);
-  mark_used(p->local_copies, p->nlocal_copies, src_side, seen);
-  int n = 0;
-  for (int id = 0; id < L->nbuffers; id++) n += seen[id];
-  rs_used_buffer *u = rs_calloc((size_t)n + 1, sizeof *u);
-  if (!u) {
-    free(seen);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  }
-  int k = 0;
-  reshard_result_t r = RESHARD_SUCCESS;
-  for (int id = 0; id < L->nbuffers && r == RESHARD_SUCCESS; id++) {
-    if (!seen[id]) continue;
-    u[k].id = id;
-    r = rs_layout_buffer_bytes(L, id, p->rank, &u[k].bytes);
-    u[k].name = rs_strdup(L->buffers[id].name);
-    if (!u[k].name && r == RESHARD_SUCCESS) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-    k++;
-  }
-  free(seen);
-  *out = u;
-  *nout = k;
-  return r;
-}
-
-static void fill_stats(reshard_plan_t *p) {
-  reshard_plan_stats_t *s = &p->stats;
-  memset(s, 0, sizeof *s);
-  s->rank = p->rank;
-  s->num_chunks = p->nrounds;
-  s->chunk_bytes = p->chunk_bytes;
-  s->phases = p->phases;
-  s->wide_bytes = p->phases > 1 ? p->wide_bytes : 0;
-  /* the horizon paces streams inside a domain, wide ones and the network
-   * streams nothing waits on (rs_chunk_cap): 0 without a pace */
-  uint64_t horizon = rs_pace_rounds(p, p->chunk_bytes);
-  s->pace_rounds = horizon > INT32_MAX ? INT32_MAX : (int)horizon;
-  s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
-  s->send_messages = p->nsends;
-  s->recv_messages = p->nrecvs;
-  s->segments = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
-  for (size_t i = 0; i < p->nlocal_copies; i++) s->local_copy_bytes += rs_copy_bytes(&p->local_copies[i]);
-  size_t npeers = 0;
-  for (size_t i = 0; i < p->npeers; i++) {
-    const reshard_peer_stats_t *ps = &p->peers[i];
-    s->send_bytes += ps->send_bytes;
-    s->recv_bytes += ps->recv_bytes;
-    s->num_send_peers += ps->send_messages > 0;
-    s->num_recv_peers += ps->recv_messages > 0;
-    npeers++;
-  }
-  (void)npeers;
-}
-
-static reshard_result_t peer_stats(reshard_plan_t *p) {
-  int *slot = rs_malloc((size_t)p->size * sizeof *slot);
-  if (!slot) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  for (int i = 0; i < p->size; i++) slot[i] = -1;
-  size_t n = 0;
-  for (size_t i = 0; i < p->nsends + p->nrecvs; i++) {
-    int peer = i < p->nsends ? p->sends[i].peer : p->recvs[i - p->nsends].peer;
-    if (slot[peer] < 0) slot[peer] = (int)n++;
-  }
-  p->peers = rs_calloc(n + 1, sizeof *p->peers);
-  if (!p->peers) {
-    free(slot);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create: out of memory");
-  }
-  /* sorted by peer */
-  size_t k = 0;
-  for (int peer = 0; peer < p->size; peer++)
-    if (slot[peer] >= 0) {
-      slot[peer] = (int)k;
-      p->peers[k++].peer = peer;
-    }
-  for (size_t i = 0; i < p->nsends; i++) {
-    reshard_peer_stats_t *ps = &p->peers[slot[p->sends[i].peer]];
-    ps->send_bytes += p->sends[i].bytes;
-    ps->send_messages++;
-  }
-  for (size_t i = 0; i < p->nrecvs; i++) {
-    reshard_peer_stats_t *ps = &p->peers[slot[p->recvs[i].peer]];
-    ps->recv_bytes += p->recvs[i].bytes;
-    ps->recv_messages++;
-  }
-  p->npeers = n;
-  free(slot);
-  return RESHARD_SUCCESS;
-}
-
 static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
                                     size_t chunk) {
   p->chunk_bytes = chunk;
@@ -473,7 +265,7 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   p->local_vbox = c->local_vbox;
   c->locals = NULL;
   c->local_vbox = NULL;
-  if (verifying(p)) RS_CHECK(build_vtensors(p, c->dst));
+  if (verifying(p)) RS_CHECK(rs_build_vtensors(p, c->dst));
   /* round arrays have nrounds+1 entries for their own direction */
   int rs = p->nsends ? p->sends[p->nsends - 1].round + 1 : 0;
   int rr = p->nrecvs ? p->recvs[p->nrecvs - 1].round + 1 : 0;
@@ -489,10 +281,10 @@ static reshard_result_t finish_plan(reshard_plan_t *p, build_ctx *c,
   }
   p->max_round_sends = max_s;
   p->max_round_msgs = max_s + max_r;
-  RS_CHECK(collect_used(c->src, p, 1, &p->src_used, &p->nsrc_used));
-  RS_CHECK(collect_used(c->dst, p, 0, &p->dst_used, &p->ndst_used));
-  RS_CHECK(peer_stats(p));
-  fill_stats(p);
+  RS_CHECK(rs_plan_collect_used(c->src, p, 1, &p->src_used, &p->nsrc_used));
+  RS_CHECK(rs_plan_collect_used(c->dst, p, 0, &p->dst_used, &p->ndst_used));
+  RS_CHECK(rs_plan_peer_stats(p));
+  rs_plan_fill_stats(p);
   return RESHARD_SUCCESS;
 }
 
@@ -521,131 +313,12 @@ static void build_ctx_free(build_ctx *c) {
   rs_relay_plan_free(&c->rp);
 }
 
-/* The agreement at plan creation: digests, errors, and each rank's spread
- * rounds (the max is the spread). Then agree_chunk: CHUNK_LIMIT carries
- * ~(this rank's chunk limit), so that the max is the smallest limit (a
- * failed rank sends 0, which limits nothing); CHUNK_TOO_BIG has bit j set
- * when candidate chunk j (ladder_chunk) would exceed this rank's staging
- * budget. */
+/* The tools' hold on creation (plan.h). */
 _Thread_local rs_plan_agreed rs_plan_force;
-
-enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
-       AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_PACE_INSIDE = AGREE_PACE + 2 * RS_WIDE_CANDIDATES,
-       AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
-_Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
-
-/* Candidate chunks beyond the streams-all-at-once limit: half the budget
- * times 2^(-j/4) (in integers, alike everywhere), within
- * options.chunk_bytes and what one int counts. */
-enum { LADDER_N = 64 };
-static size_t ladder_chunk(const reshard_options_t *o, int j) {
-  static const size_t quarter[4] = {1024, 861, 724, 609}; /* 1024 x 2^(-k/4) */
-  size_t c = ((size_t)(o->staging_bytes / 2) >> (j / 4)) / 1024 * quarter[j % 4];
-  if (o->chunk_bytes && o->chunk_bytes < c) c = o->chunk_bytes;
-  if (c > ((size_t)INT32_MAX & ~(size_t)63)) c = (size_t)INT32_MAX & ~(size_t)63;
-  return c & ~(size_t)63;
-}
-
-/* Which ladder chunks this rank cannot take: most streams are short and
- * done after a few rounds, so a round rarely holds every stream, and the
- * actual cut (rs_chunk_staging) often fits a far larger chunk than the
- * all-at-once bound `limit`. Candidates up to limit fit by that bound;
- * above it they are cut, smallest first, and the first that overflows
- * rules out the larger ones too, so every rank's feasible set is a
- * prefix and the agreed mask picks a chunk that fits on every rank. */
-static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint64_t limit, uint64_t *mask) {
-  *mask = 0;
-  int failed = 0;
-  for (int j = LADDER_N - 1; j >= 0; j--) {
-    size_t c = ladder_chunk(&p->opts, j);
-    if (c < 64 || failed) {
-      *mask |= (uint64_t)1 << j;
-      continue;
-    }
-    if (c <= limit) continue;
-    uint64_t staging = 0;
-    RS_CHECK(rs_chunk_staging(p, segs, c, &staging));
-    if (staging > p->opts.staging_bytes) {
-      failed = 1;
-      *mask |= (uint64_t)1 << j;
-    }
-  }
-  return RESHARD_SUCCESS;
-}
-
-/* The chunk, once the spread is agreed: every rank's busiest round fits
- * the budget, double buffered. A round holds at most, per stream,
- * min(its bytes, its cap), the cap being the chunk (divided inside a
- * domain) or the stream's spread share when larger, then paced
- * (rs_chunk_cap); rs_chunk_limit finds
- * the largest chunk at which that sum fits half the budget (the spread
- * shares alone take at most a quarter of it); the ladder's trial cuts,
- * with the agreed spread, find larger chunks that fit. The agreed chunk
- * is the largest every rank fits. Streams shorter than the chunk take
- * less than a chunk, so ranks with many small streams
- * (the norms and biases sent to every replica) do not shrink everyone's
- * messages as if each of their streams were long. Collective; a rank that
- * fails here (memory) makes the others return REMOTE. */
-enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_BLAME, CHUNK_N = CHUNK_BLAME + RS_BLAME_WORDS };
-
-/* REMOTE for another rank's failure at plan creation (`what`: the step,
- * or ""), from the reduced result word and blame words (common/blame.h):
- * names the failing rank and its reason where the words carry them. */
-static reshard_result_t another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
-                                       const char *what) {
-  char why[RS_BLAME_WORDS * RS_BLAME_BYTES_PER_WORD + 4];
-  const int who = rs_blame_get(blame, why, sizeof why);
-  const char *sp = what[0] ? " " : "";
-  if (who < 0)
-    return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: another rank failed%s%s with '%s'", comm->rank, sp,
-                    what, reshard_result_string((reshard_result_t)code));
-  return rs_error(RESHARD_ERROR_REMOTE, "plan_create rank %d: rank %d failed%s%s: %s", comm->rank, who, sp, what, why);
-}
-static reshard_result_t agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out) {
-  uint64_t limit = UINT64_MAX, too_big = 0;
-  reshard_result_t local = rs_chunk_limit(p, segs, p->opts.staging_bytes / 2, &limit);
-  if (!local) local = ladder_too_big(p, segs, limit, &too_big);
-  char msg[1024];
-  snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : ~limit, local ? 0 : too_big};
-  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL, rs_blame_first_cause(local));
-  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms));
-  if (local) return rs_error(local, "%s", msg);
-  if (r != RESHARD_SUCCESS) {
-    rs_error_prefix("plan_create rank %d: agreement on the chunk failed: ", comm->rank);
-    return r;
-  }
-  if (v[CHUNK_ERROR]) return another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
-  size_t chunk = rs_chunk_bound(&p->opts, ~v[CHUNK_LIMIT]);
-  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
-    if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
-      chunk = ladder_chunk(&p->opts, j);
-      break;
-    }
-  *out = chunk;
-  return RESHARD_SUCCESS;
-}
 
 /* relay_mode: RELAY_FROM_OPTIONS, or 0 / 1 to build a direct or a relay
  * plan whatever options.relay says (the auto choice builds both). */
 enum { RELAY_FROM_OPTIONS = -2 };
-
-/* What the ranks' descriptions must agree on: the options that shape the
- * plan (in hdr, for explain_mismatch) and both layouts, hashed; `known`
- * (non-zero) is that digest, computed by an earlier creation of the same
- * layouts and options (the tools' stages), so not hashed again. */
-static uint64_t creation_digest(const reshard_plan_t *p, const reshard_layout_t *src, const reshard_layout_t *dst,
-                                uint64_t known, uint64_t *hdr) {
-  const char *topo = p->opts.topology ? p->opts.topology : "";
-  const uint64_t h[7] = {(uint64_t)p->size, p->opts.staging_bytes, p->opts.chunk_bytes,
-                         (uint64_t)(int64_t)p->opts.relay, p->opts.flags, rs_hash_bytes(topo, strlen(topo), 0x7090),
-                         rs_relay_min_part_bytes};
-  memcpy(hdr, h, sizeof h);
-  if (known) return known;
-  uint64_t digest = rs_hash_bytes(h, sizeof h, 0x5eed);
-  digest = rs_layout_digest(src, digest);
-  return rs_layout_digest(dst, digest ^ 0xd57);
-}
 
 /* A first stage's spread, phase estimates and pace candidates, from one
  * sizing of its streams. */
@@ -660,23 +333,6 @@ static reshard_result_t stage_figures(reshard_plan_t *p, rs_seg_vec *segs, int32
   if (p->has_topo) rs_pace_candidates(&st, pace_cand); /* pacing serves links of a topology */
   rs_streams_free(&st);
   return r;
-}
-
-/* The end of plan creation: every rank learns whether any failed its last
- * step (`what`), so that no rank keeps a plan its peers lack. Returns this
- * rank's own failure (its message kept), the agreement's, or REMOTE naming
- * another rank's result. */
-static reshard_result_t agree_outcome(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t r,
-                                      const char *what) {
-  char msg[1024];
-  snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t e[1 + RS_BLAME_WORDS] = {(uint64_t)r};
-  rs_blame_put(e + 1, comm->rank, r ? msg : NULL, rs_blame_first_cause(r));
-  reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, e, 1 + RS_BLAME_WORDS, rs_deadline_after_ms(p->opts.timeout_ms));
-  if (r != RESHARD_SUCCESS) return rs_error(r, "%s", msg);
-  if (r2 != RESHARD_SUCCESS) return r2;
-  if (e[0]) return another_failed(comm, e[0], e + 1, what);
-  return RESHARD_SUCCESS;
 }
 
 /* Creation's first step on this rank, before any stage: the plan's fields
@@ -706,7 +362,7 @@ static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm
   c->plan = p;
   c->actx.src = src;
   c->actx.first_only = (p->opts.flags & RESHARD_FLAG_FIRST_REPLICA) != 0;
-  reshard_result_t r = match_tensors(c);
+  reshard_result_t r = rs_match_tensors(c);
   if (r) return r;
   int ms = rs_layout_max_rank(src), md = rs_layout_max_rank(dst);
   if (ms >= comm->size || md >= comm->size)
@@ -799,7 +455,7 @@ static reshard_result_t keep_stage(build_ctx *c, build_ctx *twin, int32_t spread
     k->nlocals = c->nlocals;
     k->spread = spread;
     uint64_t hdr[7];
-    k->digest = creation_digest(p, c->src, c->dst, rs_plan_force.digest, hdr);
+    k->digest = rs_creation_digest(p, c->src, c->dst, rs_plan_force.digest, hdr);
     memcpy(k->phase_est, p->phase_est, sizeof k->phase_est);
     memcpy(k->pace_cand, p->pace_cand, sizeof k->pace_cand);
     c->segs = (rs_seg_vec){0};
@@ -820,7 +476,7 @@ static reshard_result_t keep_stage(build_ctx *c, build_ctx *twin, int32_t spread
     const uint32_t flags = p->opts.flags;
     p->opts.flags |= RESHARD_FLAG_FIRST_REPLICA;
     uint64_t hdr[7];
-    t->digest = creation_digest(p, c->src, c->dst, rs_plan_force.twin_digest, hdr);
+    t->digest = rs_creation_digest(p, c->src, c->dst, rs_plan_force.twin_digest, hdr);
     p->opts.flags = flags;
     t->segs = twin->segs;
     t->locals = twin->locals;
@@ -837,75 +493,6 @@ static reshard_result_t keep_stage(build_ctx *c, build_ctx *twin, int32_t spread
   p->spread_rounds = spread;
   build_ctx_free(c);
   *out = p;
-  return RESHARD_SUCCESS;
-}
-
-/* The creation's agreement: every rank's digest, local result, spread,
- * phase estimates and pace candidates in one reduction. On success the
- * plan holds the agreed spread, phases and pace, and *digest this rank's
- * digest; otherwise the failure, this rank's or another's, or the
- * mismatch narrowed down. p may be NULL (no plan memory), src and dst
- * too: then `local` says so. */
-static reshard_result_t agree_creation(reshard_comm_t *comm, reshard_plan_t *p, const reshard_layout_t *src,
-                                       const reshard_layout_t *dst, reshard_result_t local, int32_t spread,
-                                       uint64_t use_digest, uint64_t *digest_out) {
-  char local_msg[1024] = "";
-  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
-  uint64_t digest = 0, hdr[7] = {0};
-  if (src && dst && p) digest = creation_digest(p, src, dst, use_digest, hdr);
-  /* A rank without a digest (no plan memory, NULL layouts) has failed
-   * locally and says so itself; it sends 0, the identity of max, so that
-   * its peers report it as REMOTE rather than as a MISMATCH. */
-  const int has_digest = src && dst && p;
-  uint64_t v[AGREE_N] = {digest, has_digest ? ~digest : 0, (uint64_t)local, local ? 0 : (uint64_t)spread};
-  for (int k = 0; k < RS_PHASE_CANDIDATES && !local && p; k++) v[AGREE_PHASE_EST + k] = p->phase_est[k];
-  for (int k = 0; k < RS_WIDE_CANDIDATES && !local && p; k++) {
-    v[AGREE_PACE + 2 * k] = p->pace_cand[k].narrow;
-    v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
-  }
-  if (!local && p) v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside; /* the same for every threshold */
-  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
-  int64_t timeout = p ? p->opts.timeout_ms : 60000;
-  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
-  if (r != RESHARD_SUCCESS) {
-    rs_error_prefix("plan_create rank %d: agreement failed: ", comm->rank);
-    return r;
-  }
-  if (local) {
-    rs_error(local, "%s", local_msg);
-    return local;
-  }
-  /* Another rank's failure first: it may be why the digests differ (a
-   * rank whose block-quantization rewrite ran out of memory plans the
-   * caller's layouts, its peers the rewritten ones). */
-  if (v[AGREE_ERROR]) return another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
-  if (v[AGREE_DIGEST] != digest || ~v[AGREE_NOT_DIGEST] != digest) {
-    /* every rank sees the digests differ and that no rank failed alone:
-     * all of them narrow it down together */
-    char why[512] = "";
-    if (rs_explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
-      snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
-    return rs_error(RESHARD_ERROR_MISMATCH,
-                    "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others "
-                    "range %016llx..%016llx)",
-                    comm->rank, why[0] ? why : "the digests differ", (unsigned long long)digest,
-                    (unsigned long long)~v[AGREE_NOT_DIGEST], (unsigned long long)v[AGREE_DIGEST]);
-  }
-  /* The most rounds any rank needs: with it every rank's spread shares
-   * fit a quarter of its half-budget (rs_chunk_spread). */
-  p->spread_rounds = rs_plan_force.set_spread ? rs_plan_force.spread : (int32_t)v[AGREE_SPREAD];
-  /* The phases from the ranks' estimates (phases.c). */
-  memcpy(p->phase_est, &v[AGREE_PHASE_EST], sizeof p->phase_est);
-  for (int k = 0; k < RS_WIDE_CANDIDATES; k++)
-    p->pace_cand[k] = (rs_pace){v[AGREE_PACE + 2 * k], v[AGREE_PACE + 2 * k + 1], v[AGREE_PACE_INSIDE]};
-  p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
-  p->pace = rs_pace_choose(p->pace_cand, p->wide_bytes);
-  if (rs_plan_force.set_phases) {
-    p->phases = rs_plan_force.phases;
-    p->wide_bytes = rs_plan_force.wide;
-    p->pace = rs_plan_force.pace;
-  }
-  *digest_out = digest;
   return RESHARD_SUCCESS;
 }
 
@@ -940,13 +527,13 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
     c.twin = NULL;
   }
   uint64_t digest = 0;
-  reshard_result_t r = agree_creation(comm, p, src, dst, local, spread, use_digest, &digest);
+  reshard_result_t r = rs_create_agree(comm, p, src, dst, local, spread, use_digest, &digest);
   if (r) goto fail;
   size_t chunk = 0;
   if (rs_plan_force.set_chunk) {
     chunk = rs_plan_force.chunk;
   } else {
-    r = agree_chunk(comm, p, &c.segs, &chunk);
+    r = rs_create_agree_chunk(comm, p, &c.segs, &chunk);
     if (r) goto fail;
   }
   if (rs_plan_force.stop == RS_PLAN_STOP_CHUNK) {
@@ -968,13 +555,13 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
   if (r == RESHARD_SUCCESS && ex->prepare_local) r = ex->prepare_local(p);
   /* Building the plan can still fail on one rank (memory): agree once
    * more, so that no rank keeps a plan its peers do not have. */
-  r = agree_outcome(comm, p, r, "building its plan");
+  r = rs_create_agree_outcome(comm, p, r, "building its plan");
   if (r) goto fail;
   if (ex->prepare_peers) {
     /* Connect the plan's peers while every rank is here (collective), and
      * agree on the outcome: a rank whose peers did not all answer poisons
      * its communicator, and its partners must not keep the plan either. */
-    r = agree_outcome(comm, p, ex->prepare_peers(p), "connecting its plan's peers");
+    r = rs_create_agree_outcome(comm, p, ex->prepare_peers(p), "connecting its plan's peers");
     if (r) goto fail;
   }
   build_ctx_free(&c);
@@ -986,49 +573,6 @@ fail:
   build_ctx_free(&c);
   reshard_plan_destroy(p);
   return r;
-}
-
-void reshard_plan_destroy(reshard_plan_t *p) {
-  if (!p) return;
-  /* Executes still running on other threads (counted by execute) end by
-   * their deadline: wait for them, with a margin, rather than free the
-   * plan under them. One still inside past that is a bug elsewhere: the
-   * plan is then leaked, said on stderr, not freed under it. */
-  if (__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE)) {
-    const int64_t until = rs_deadline_after_ms(2 * p->opts.timeout_ms + 5000);
-    for (unsigned spin = 0; __atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE); spin++) {
-      if (rs_now_ns() > until) {
-        fprintf(stderr, "reshard: plan_destroy rank %d: %d execute(s) of the plan still running past their "
-                        "deadline; the plan is left allocated, not freed under them\n",
-                p->rank, __atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE));
-        return;
-      }
-      rs_nap(spin);
-    }
-  }
-  if (p->executor && p->executor->free) p->executor->free(p);
-  rs_quant_free(p->quant);
-  rs_spread_free(p->spread);
-  free(p->sends);
-  free(p->recvs);
-  free(p->send_round);
-  free(p->recv_round);
-  free(p->send_copies);
-  free(p->recv_copies);
-  free(p->local_copies);
-  free(p->send_vbox);
-  free(p->recv_vbox);
-  free(p->local_vbox);
-  for (int i = 0; i < p->nvtensors; i++) free(p->vtensors[i].name);
-  free(p->vtensors);
-  for (int i = 0; i < p->nsrc_used; i++) free(p->src_used[i].name);
-  for (int i = 0; i < p->ndst_used; i++) free(p->dst_used[i].name);
-  free(p->src_used);
-  free(p->dst_used);
-  free(p->peers);
-  rs_bulk_free(p->staging_cache);
-  rs_rank_map_free(&p->map);
-  free(p);
 }
 
 /* Whether relay -1 (auto) has a choice to make: the cost model needs a
@@ -1079,55 +623,12 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const rs_executor *ex
   return RESHARD_SUCCESS;
 }
 
-/* Adds the pre-plan's traffic to the plan's totals: the bytes a plan with
- * block quantization or source-side spreading moves are both plans'. */
-static void add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre) {
-  reshard_plan_stats_t *a = &p->stats;
-  const reshard_plan_stats_t *b = &pre->stats;
-  a->send_bytes += b->send_bytes;
-  a->recv_bytes += b->recv_bytes;
-  a->send_messages += b->send_messages;
-  a->recv_messages += b->recv_messages;
-  a->local_copy_bytes += b->local_copy_bytes;
-  a->segments += b->segments;
-}
-
 /* Whether source-side spreading (spread.h) may be tried on plan p: the
  * same answer on every rank (options, topology and executor are). */
 static int spread_wanted(const reshard_plan_t *p) {
   return p->has_topo && !(p->opts.flags & (RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_FIRST_REPLICA)) &&
          !p->executor->stream_ordered && !rs_plan_force.stop && !rs_plan_force.keep && !rs_plan_force.use &&
          p->map.ndomains > 0;
-}
-
-/* Every rank's egress out of its NVLink domain in plan p (plus one; 0 for
- * a rank holding no source data) and held source bytes, agreed into w
- * (2 x size words), and whether some rank failed (*any). The reduction
- * runs in slices through a fixed buffer, so a rank without memory for w
- * (*local set) still takes part. */
-static reshard_result_t agree_loads(reshard_comm_t *comm, const reshard_plan_t *p, const reshard_layout_t *src,
-                                    uint64_t *w, reshard_result_t *local, int *any) {
-  const int N = comm->size, me = comm->rank;
-  const uint64_t egress = rs_spread_egress(p);
-  uint64_t held = 0;
-  size_t nfrags = 0;
-  if (!*local) *local = rs_layout_rank_bytes(src, me, &held, &nfrags);
-  const int holds = nfrags > 0;
-  const size_t total = 2 * (size_t)N + 1; /* the last word: a rank that failed */
-  const int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
-  *any = 0;
-  for (size_t at = 0; at < total; at += RS_AGREE_MAX_WORDS) {
-    uint64_t v[RS_AGREE_MAX_WORDS] = {0};
-    const size_t k = total - at < RS_AGREE_MAX_WORDS ? total - at : RS_AGREE_MAX_WORDS;
-    const size_t mine[3] = {(size_t)me, (size_t)N + (size_t)me, 2 * (size_t)N};
-    const uint64_t val[3] = {holds ? egress + 1 : 0, held, (uint64_t)(*local != RESHARD_SUCCESS)};
-    for (int j = 0; j < 3; j++)
-      if (mine[j] >= at && mine[j] < at + k) v[mine[j] - at] = val[j];
-    RS_CHECK(comm->ops->allreduce_max_u64(comm, v, (int)k, deadline));
-    if (w) memcpy(w + at, v, k * sizeof *v);
-    if (2 * (size_t)N >= at && 2 * (size_t)N < at + k && v[2 * (size_t)N - at]) *any = 1;
-  }
-  return RESHARD_SUCCESS;
 }
 
 /* The direct plan, or a spread plan (spread.h) when the cost model
@@ -1151,7 +652,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   reshard_result_t local =
       w ? RESHARD_SUCCESS : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory (spreading)", me);
   int failed = 0;
-  reshard_result_t r = agree_loads(comm, p0, src, w, &local, &failed);
+  reshard_result_t r = rs_create_agree_loads(comm, p0, src, w, &local, &failed);
   rs_spread_layouts sl;
   memset(&sl, 0, sizeof sl);
   rs_spread *sp = NULL;
@@ -1170,7 +671,8 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   if (!r)
     r = comm->ops->allreduce_max_u64(comm, verdict, 2 + RS_BLAME_WORDS, rs_deadline_after_ms(p0->opts.timeout_ms));
   if (!r && (failed || verdict[0] == 2))
-    r = local ? rs_error(local, "%s", msg) : another_failed(comm, verdict[1], verdict + 2, "spreading its sources");
+    r = local ? rs_error(local, "%s", msg)
+              : rs_create_another_failed(comm, verdict[1], verdict + 2, "spreading its sources");
   reshard_plan_t *pre = NULL, *main_plan = NULL;
   if (!r && verdict[0] == 1) {
     reshard_options_t o = p0->opts;
@@ -1226,7 +728,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
     return RESHARD_SUCCESS;
   }
   reshard_plan_destroy(p0);
-  add_pre_stats(main_plan, pre);
+  rs_plan_add_pre_stats(main_plan, pre);
   sp->pre = pre;
   main_plan->spread = sp;
   *out = main_plan;
@@ -1272,7 +774,7 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
     reshard_plan_destroy(main_plan);
     return r;
   }
-  if (pre) add_pre_stats(main_plan, pre);
+  if (pre) rs_plan_add_pre_stats(main_plan, pre);
   quant->pre = pre;
   main_plan->quant = quant;
   /* work left running on the GPU by either plan keeps the scratch */

@@ -8,6 +8,75 @@
 #include <stdint.h>
 
 #include "plan/plan.h"
+#include "plan/relay.h"
+
+/* create.c and the files it calls while building one plan (match.c):
+ * one creation's working state on this rank. */
+typedef struct build_ctx {
+  const reshard_layout_t *src, *dst;
+  reshard_plan_t *plan;
+  int *dst2src, *src2dst;
+  rs_seg_vec segs; /* sends, receives and virtual relay streams */
+  rs_copy *locals;
+  rs_vbox *local_vbox; /* verify mode: parallel to locals */
+  size_t nlocals, cap_locals, cap_local_vbox;
+  rs_assign_ctx actx;
+  rs_piece_vec pieces;
+  int npeers;
+  /* Relay plans (plan/relay.h): built when relay is set. */
+  int relay;
+  rs_relay_plan rp;
+  rs_seg_vec *back; /* rs_plan_force.back's segments: where segs go at the end */
+  /* The tools' twin (rs_plan_agreed.twin): the first stage under
+   * RESHARD_FLAG_FIRST_REPLICA too, its pieces assigned right after this
+   * plan's, box by box, so that each box's holders are prepared once.
+   * Only its segs and locals are used. */
+  struct build_ctx *twin;
+} build_ctx;
+
+/* Whether the plan is built for RESHARD_FLAG_VERIFY (verify boxes kept). */
+static inline int verifying(const reshard_plan_t *p) { return (p->opts.flags & RESHARD_FLAG_VERIFY) != 0; }
+
+/* match.c: the tensors of c->dst paired by name with those of c->src
+ * (c->dst2src, c->src2dst), dtypes and shapes checked; and, in verify mode,
+ * the destination tensors' names and strides into p->vtensors. */
+reshard_result_t rs_match_tensors(build_ctx *c);
+reshard_result_t rs_build_vtensors(reshard_plan_t *p, const reshard_layout_t *dst);
+
+/* create_agree.c: the creation's collectives (see its top comment).
+ * rs_create_agree: digests, local results, spreads, phase estimates and
+ * pace candidates in one reduction; on success p holds the agreed spread,
+ * phases and pace, *digest_out this rank's digest. use_digest: the digest
+ * of an earlier creation of the same layouts and options, or 0. */
+reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const reshard_layout_t *src,
+                                 const reshard_layout_t *dst, reshard_result_t local, int32_t spread,
+                                 uint64_t use_digest, uint64_t *digest_out);
+/* what the ranks' descriptions must agree on: the 7 option words (hdr)
+ * and both layouts, hashed; `known` (non-zero): that digest, computed by
+ * an earlier creation of the same layouts and options */
+uint64_t rs_creation_digest(const reshard_plan_t *p, const reshard_layout_t *src, const reshard_layout_t *dst,
+                            uint64_t known, uint64_t *hdr);
+/* the largest chunk every rank's staging budget takes, into *out */
+reshard_result_t rs_create_agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out);
+/* whether any rank failed its last step (`what`) */
+reshard_result_t rs_create_agree_outcome(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t r,
+                                         const char *what);
+/* every rank's egress and held source bytes into w (2 x size words) */
+reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_t *p, const reshard_layout_t *src,
+                                       uint64_t *w, reshard_result_t *local, int *any);
+/* REMOTE for another rank's failure, naming it from the blame words */
+reshard_result_t rs_create_another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
+                                          const char *what);
+
+/* introspect.c: what the finished plan says about itself. The buffers of
+ * layout L (source side or not) the executor will dereference, with
+ * sizes and names; the per-peer traffic (p->peers); p->stats, after
+ * rs_plan_peer_stats; and a pre-plan's traffic added to p's totals. */
+reshard_result_t rs_plan_collect_used(const reshard_layout_t *L, const reshard_plan_t *p, int src_side,
+                                      rs_used_buffer **out, int *nout);
+reshard_result_t rs_plan_peer_stats(reshard_plan_t *p);
+void rs_plan_fill_stats(reshard_plan_t *p);
+void rs_plan_add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre);
 
 /* options.c: the caller's options (NULL: the defaults) into out, checked
  * against the versions this library knows; then the RESHARD_* parameters
@@ -17,7 +86,8 @@ reshard_result_t rs_options_apply_params(reshard_options_t *o);
 
 /* mismatch.c: run by every rank when the creation's digests differ and no
  * rank failed alone; writes what differs between rank 0 and the lowest
- * rank unlike it into msg. hdr: the 7 option words of creation_digest. */
+ * rank unlike it into msg. hdr: the 7 option words of rs_creation_digest
+ * (create_agree.c). */
 reshard_result_t rs_explain_mismatch(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
                                      const uint64_t *hdr, uint64_t digest, int64_t deadline, char *msg, size_t len);
 

@@ -23,7 +23,7 @@ struct rs_copy;                             /* src/pack/copy.h */
 
 
 /* The most words one allreduce_max_u64 carries (plan creation's first
- * agreement, src/plan/create.c, is the largest); fixed so that device
+ * agreement, src/plan/create_agree.c, is the largest); fixed so that device
  * transports can keep a preallocated scratch. */
 #define RS_AGREE_MAX_WORDS 160
 
