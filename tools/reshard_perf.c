@@ -1019,30 +1019,44 @@ static reshard_comm_t *ucx_comm(void) {
 }
 #endif
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  wd_start(world_rank);
+/* The run's state, step to step (main below). */
+typedef struct perf_tool {
   ctx c;
-  memset(&c, 0, sizeof c);
-  char err[1024];
-  if (cli_parse(CLI_TOOL_PERF, argc, argv, &c.o, err, sizeof err)) {
-    if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
-    return finish(2);
-  }
-  if (c.o.help) {
-    if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
-    return finish(0);
-  }
+  int nccl;            /* --backend nccl or ipc: device buffers */
+  const char *bname;   /* that backend's name, for messages */
+  const char *staged;  /* RESHARD_PERF_IPC_STAGED */
+  char devdesc[256];   /* rank 0's device, for the header */
+  reshard_selftest_values_t values;
+  int ndt;             /* destination tensors */
+  reshard_comm_t *comm, *ucomm;
+  reshard_options_t opts;
+  reshard_state rst, vst, ust; /* the plain plan, --verify's and --ucx's */
+  double plan_max_s;
+#ifdef RESHARD_SIMGRID_BUILD
+  double plan_cpu_s;
+#endif
+  reshard_plan_stats_t st;
+  int64_t sum[6], mx[4]; /* figures over all ranks (gather_figures) */
+  method ms[5];
+  int nm, ucx_at, first_baseline;
+  bcast_state *bst;
+  a2aw_state *ast;
+} perf_tool;
+
+/* What this build cannot do, refused before the layouts are built:
+ * RESHARD_SIM_FOLD outside simulation (or with checks), a backend or
+ * transport not compiled in, and combinations that cannot be compared.
+ * 0, or the exit status. */
+static int check_build(perf_tool *t) {
+  const cli_opts *o = &t->c.o;
   const char *fold = getenv("RESHARD_SIM_FOLD");
   if (fold && !strcmp(fold, "1")) {
 #ifdef RESHARD_SIMGRID_BUILD
-    if (c.o.check) {
+    if (o->check) {
       if (!world_rank)
         fprintf(stderr, "reshard_perf: error: RESHARD_SIM_FOLD=1 maps every rank's buffers onto the same pages, so "
                         "nothing can be checked: use -c 0 (the checks are proven on real runs)\n");
-      return finish(2);
+      return 2;
     }
     rs_alloc_set_bulk(fold_alloc, fold_free);
     folded = 1;
@@ -1050,128 +1064,174 @@ int main(int argc, char **argv) {
 #else
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: RESHARD_SIM_FOLD=1 is for simulation builds (scripts/simulate.sh)\n");
-    return finish(2);
+    return 2;
 #endif
   }
   /* the device backends: NCCL or CUDA IPC */
-  int nccl = c.o.backend == CLI_BACKEND_NCCL || c.o.backend == CLI_BACKEND_IPC;
-  const char *bname = c.o.backend == CLI_BACKEND_IPC ? "ipc" : "nccl";
+  t->nccl = o->backend == CLI_BACKEND_NCCL || o->backend == CLI_BACKEND_IPC;
+  t->bname = o->backend == CLI_BACKEND_IPC ? "ipc" : "nccl";
 #ifndef RESHARD_PERF_HAVE_NCCL
-  if (nccl) {
+  if (t->nccl) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --backend %s: this build has no CUDA backend (configure with "
-                      "-DRESHARD_WITH_CUDA=ON and MPI)\n", bname);
-    return finish(2);
+                      "-DRESHARD_WITH_CUDA=ON and MPI)\n", t->bname);
+    return 2;
   }
 #endif
 #ifndef RESHARD_HAVE_UCX
-  if (c.o.ucx) {
+  if (o->ucx) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: --ucx: this build has no UCX transport (libucx-dev)\n");
-    return finish(2);
+    return 2;
   }
 #endif
-  if (c.o.ucx && nccl) {
+  if (o->ucx && t->nccl) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: --ucx compares host transports: use --backend mpi\n");
-    return finish(2);
+    return 2;
   }
-  if (nccl && (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
+  if (t->nccl && (o->baseline_broadcast || o->baseline_alltoallw)) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --baseline with --backend %s: the baselines move host buffers over MPI "
-                      "and cannot run on device buffers; drop --baseline (or use --backend mpi)\n", bname);
-    return finish(2);
+                      "and cannot run on device buffers; drop --baseline (or use --backend mpi)\n", t->bname);
+    return 2;
   }
-  if (cli_build_layouts(&c.o, &c.L, err, sizeof err)) {
+  return 0;
+}
+
+/* Options, layouts and the world's size checked against them; an exit
+ * status when done already (help, a bad option), else -1. Every rank
+ * parses alike, so all return the same; rank 0 alone prints. */
+static int setup(perf_tool *t, int argc, char **argv) {
+  ctx *c = &t->c;
+  char err[1024];
+  if (cli_parse(CLI_TOOL_PERF, argc, argv, &c->o, err, sizeof err)) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
-    return finish(2);
+    return 2;
   }
-  if (((c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype) || c.o.infer_fp8) &&
-      (c.o.baseline_broadcast || c.o.baseline_alltoallw)) {
+  if (c->o.help) {
+    if (!world_rank) cli_usage(CLI_TOOL_PERF, stdout);
+    return 0;
+  }
+  int rc = check_build(t);
+  if (rc) return rc;
+  if (cli_build_layouts(&c->o, &c->L, err, sizeof err)) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: %s\n", err);
+    return 2;
+  }
+  if (((c->o.mode == CLI_MODE_SYNTHETIC && c->o.dst_dtype != c->o.dtype) || c->o.infer_fp8) &&
+      (c->o.baseline_broadcast || c->o.baseline_alltoallw)) {
     if (!world_rank)
       fprintf(stderr, "reshard_perf: error: --baseline with %s: the baselines move bytes as they are and "
                       "cannot convert; drop --baseline (or %s)\n",
-              c.o.infer_fp8 ? "--infer-dtype" : "--dst-dtype", c.o.infer_fp8 ? "--infer-dtype" : "--dst-dtype");
-    return finish(2);
+              c->o.infer_fp8 ? "--infer-dtype" : "--dst-dtype", c->o.infer_fp8 ? "--infer-dtype" : "--dst-dtype");
+    return 2;
   }
-  if (world_size != c.L.world_needed) {
+  if (world_size != c->L.world_needed) {
     if (!world_rank)
       fprintf(stderr,
               "reshard_perf: error: %d MPI ranks, but the layouts need exactly %d (%d source %s %d destination%s): "
               "run with mpirun -np %d\n",
-              world_size, c.L.world_needed, c.L.nsrc, c.o.colocate ? "colocated with" : "+", c.L.ndst,
-              c.o.colocate ? ", on the larger side's ranks" : "", c.L.world_needed);
-    cli_layouts_free(&c.L);
-    return finish(2);
+              world_size, c->L.world_needed, c->L.nsrc, c->o.colocate ? "colocated with" : "+", c->L.ndst,
+              c->o.colocate ? ", on the larger side's ranks" : "", c->L.world_needed);
+    cli_layouts_free(&c->L);
+    return 2;
   }
-  c.is_src = world_rank < c.L.nsrc;
-  c.is_dst = world_rank >= c.L.first_dst && world_rank < c.L.first_dst + c.L.ndst;
+  return -1;
+}
+
+/* This rank's roles, the source's values, and each destination tensor's
+ * source tensor; 0, or the exit status. */
+static int match_tensors(perf_tool *t) {
+  ctx *c = &t->c;
+  c->is_src = world_rank < c->L.nsrc;
+  c->is_dst = world_rank >= c->L.first_dst && world_rank < c->L.first_dst + c->L.ndst;
   /* the source's values: finite ones where the destination converts, so
    * that the conversion and quantization are timed on the paths real
    * weights take (random bits put a NaN in nearly every fp8 block) */
-  const int converts = (c.o.mode == CLI_MODE_SYNTHETIC && c.o.dst_dtype != c.o.dtype) || c.o.infer_fp8;
-  const reshard_selftest_values_t values = c.o.values >= 0 ? (reshard_selftest_values_t)c.o.values
-                                           : converts      ? RESHARD_SELFTEST_FINITE
-                                                           : RESHARD_SELFTEST_BITS;
-  reshard_selftest_set_values(values);
+  const int converts = (c->o.mode == CLI_MODE_SYNTHETIC && c->o.dst_dtype != c->o.dtype) || c->o.infer_fp8;
+  t->values = c->o.values >= 0 ? (reshard_selftest_values_t)c->o.values
+              : converts       ? RESHARD_SELFTEST_FINITE
+                               : RESHARD_SELFTEST_BITS;
+  reshard_selftest_set_values(t->values);
 
   /* tensor ids across the sides (the plan matches them by name too) */
-  int ndt = reshard_layout_num_tensors(c.L.dst);
-  c.src_of_dst = calloc((size_t)ndt + 1, sizeof *c.src_of_dst);
-  for (int t = 0; t < ndt; t++) {
+  t->ndt = reshard_layout_num_tensors(c->L.dst);
+  c->src_of_dst = calloc((size_t)t->ndt + 1, sizeof *c->src_of_dst);
+  for (int i = 0; i < t->ndt; i++) {
     const char *name;
-    reshard_layout_tensor_info(c.L.dst, t, &name, NULL, NULL, NULL);
-    if (reshard_layout_find_tensor(c.L.src, name, &c.src_of_dst[t])) {
-      if (c.o.infer_fp8 || c.o.block[0]) {
+    reshard_layout_tensor_info(c->L.dst, i, &name, NULL, NULL, NULL);
+    if (reshard_layout_find_tensor(c->L.src, name, &c->src_of_dst[i])) {
+      if (c->o.infer_fp8 || c->o.block[0]) {
         /* the scales of a weight quantized on the way: made by the plan
          * (only the baselines, refused then, look a tensor up) */
-        c.src_of_dst[t] = -1;
+        c->src_of_dst[i] = -1;
         continue;
       }
       if (!world_rank) fprintf(stderr, "reshard_perf: error: tensor '%s' is missing on the source side\n", name);
-      return finish(2);
+      return 2;
     }
   }
+  return 0;
+}
 
-  reshard_comm_t *comm = NULL;
-  reshard_result_t r = RESHARD_SUCCESS;
-  char devdesc[256] = "";
+/* The communicators: NCCL's (or CUDA IPC's) or MPI's, and --ucx's. 0, or
+ * the exit status (a rank without a device); a rank that cannot create
+ * one aborts the job, as the others would wait for it. */
+static int open_comms(perf_tool *t) {
 #ifdef RESHARD_PERF_HAVE_NCCL
-  if (nccl) {
+  if (t->nccl) {
+    char err[1024];
     /* Every rank learns whether any lacks a device, so that all exit
      * instead of waiting in NCCL's setup for the missing one. */
     wd_enter("perf_nccl_open (MPI_Comm_split_type)");
-    int nodev = perf_nccl_open(&c.dev, c.o.backend == CLI_BACKEND_IPC, devdesc, sizeof devdesc, err, sizeof err) != 0,
+    int nodev = perf_nccl_open(&t->c.dev, t->c.o.backend == CLI_BACKEND_IPC, t->devdesc, sizeof t->devdesc, err,
+                               sizeof err) != 0,
         any_nodev;
     wd_leave();
-    if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, bname, err);
+    if (nodev) fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, t->bname, err);
     WD_CALL(MPI_Allreduce(&nodev, &any_nodev, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (any_nodev) {
-      perf_nccl_close(c.dev);
-      free(c.src_of_dst);
-      cli_layouts_free(&c.L);
-      return finish(1);
+      perf_nccl_close(t->c.dev);
+      free(t->c.src_of_dst);
+      cli_layouts_free(&t->c.L);
+      return 1;
     }
-    if (perf_nccl_comm(c.dev, &comm, err, sizeof err)) {
+    if (perf_nccl_comm(t->c.dev, &t->comm, err, sizeof err)) {
       fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, err);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   } else
 #endif
   {
-    r = reshard_comm_create_mpi(MPI_COMM_WORLD, &comm);
-    if (r) {
+    if (reshard_comm_create_mpi(MPI_COMM_WORLD, &t->comm)) {
       fprintf(stderr, "reshard_perf: rank %d: reshard_comm_create_mpi: %s\n", world_rank, reshard_last_error());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
-  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
-  if (c.o.staging) opts.staging_bytes = c.o.staging;
-  opts.topology = c.o.topology;
-  opts.relay = c.o.relay;
-  reshard_state rst = {NULL}, vst = {NULL}, ust = {NULL};
-  reshard_comm_t *ucomm = NULL;
 #ifdef RESHARD_HAVE_UCX
-  if (c.o.ucx) ucomm = ucx_comm();
+  if (t->c.o.ucx) t->ucomm = ucx_comm();
 #endif
+  return 0;
+}
+
+/* One plan creation, its error printed; 1 when it failed. */
+static int create_plan(perf_tool *t, reshard_comm_t *comm, const reshard_options_t *opts, reshard_plan_t **plan,
+                       const char *what) {
+  reshard_result_t r = reshard_plan_create(comm, t->c.L.src, t->c.L.dst, opts, plan);
+  if (r != RESHARD_SUCCESS)
+    fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create%s: %s: %s\n", world_rank, what,
+            reshard_result_string(r), reshard_last_error());
+  return r != RESHARD_SUCCESS;
+}
+
+/* The plans (the plain one timed, --verify's and --ucx's after it), all
+ * ranks together; 0, or the exit status when any rank's failed. */
+static int create_plans(perf_tool *t) {
+  ctx *c = &t->c;
+  const reshard_options_t defaults = RESHARD_OPTIONS_INITIALIZER;
+  t->opts = defaults;
+  if (c->o.staging) t->opts.staging_bytes = c->o.staging;
+  t->opts.topology = c->o.topology;
+  t->opts.relay = c->o.relay;
   WD_CALL(MPI_Barrier(MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
   /* In simulation, computation takes no simulated time
@@ -1184,50 +1244,45 @@ int main(int argc, char **argv) {
   double plan_cpu0 = world_rank ? 0 : process_cpu_s();
 #endif
   double t0 = MPI_Wtime();
-  r = reshard_plan_create(comm, c.L.src, c.L.dst, &opts, &rst.plan);
-  double plan_s = MPI_Wtime() - t0, plan_max_s;
-  int bad = r != RESHARD_SUCCESS, any_bad;
-  if (bad)
-    fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create: %s: %s\n", world_rank, reshard_result_string(r),
-            reshard_last_error());
-  if (!bad && c.o.verify) {
-    reshard_options_t vopts = opts;
+  int bad = create_plan(t, t->comm, &t->opts, &t->rst.plan, "");
+  double plan_s = MPI_Wtime() - t0;
+  int any_bad;
+  if (!bad && c->o.verify) {
+    reshard_options_t vopts = t->opts;
     vopts.flags |= RESHARD_FLAG_VERIFY;
-    r = reshard_plan_create(comm, c.L.src, c.L.dst, &vopts, &vst.plan);
-    bad = r != RESHARD_SUCCESS;
-    if (bad)
-      fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (RESHARD_FLAG_VERIFY): %s: %s\n", world_rank,
-              reshard_result_string(r), reshard_last_error());
+    bad = create_plan(t, t->comm, &vopts, &t->vst.plan, " (RESHARD_FLAG_VERIFY)");
   }
-  if (!bad && ucomm) {
-    r = reshard_plan_create(ucomm, c.L.src, c.L.dst, &opts, &ust.plan);
-    bad = r != RESHARD_SUCCESS;
-    if (bad)
-      fprintf(stderr, "reshard_perf: rank %d: reshard_plan_create (UCX): %s: %s\n", world_rank,
-              reshard_result_string(r), reshard_last_error());
-  }
-  WD_CALL(MPI_Allreduce(&plan_s, &plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  if (!bad && t->ucomm) bad = create_plan(t, t->ucomm, &t->opts, &t->ust.plan, " (UCX)");
+  WD_CALL(MPI_Allreduce(&plan_s, &t->plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   WD_CALL(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
-  double plan_cpu_s = world_rank ? 0 : process_cpu_s() - plan_cpu0;
+  t->plan_cpu_s = world_rank ? 0 : process_cpu_s() - plan_cpu0;
 #endif
   if (any_bad) {
-    reshard_plan_destroy(rst.plan);
-    reshard_plan_destroy(vst.plan);
-    reshard_plan_destroy(ust.plan);
-    reshard_comm_destroy(ucomm);
-    reshard_comm_destroy(comm);
+    reshard_plan_destroy(t->rst.plan);
+    reshard_plan_destroy(t->vst.plan);
+    reshard_plan_destroy(t->ust.plan);
+    reshard_comm_destroy(t->ucomm);
+    reshard_comm_destroy(t->comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
-    perf_nccl_close(c.dev);
+    perf_nccl_close(c->dev);
 #endif
-    return finish(1);
+    return 1;
   }
+  return 0;
+}
+
+/* Both sides' buffers (folded in simulation), and on the device backends
+ * their device copies; out of memory aborts the job. */
+static void alloc_buffers(perf_tool *t) {
+  ctx *c = &t->c;
 #ifdef RESHARD_SIMGRID_BUILD
-  int nobufs = folded ? fold_buffers(&c.s, c.L.src) || fold_buffers(&c.d, c.L.dst)
-                      : reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) ||
-                            reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1);
+  int nobufs = folded ? fold_buffers(&c->s, c->L.src) || fold_buffers(&c->d, c->L.dst)
+                      : reshard_selftest_alloc(&c->s, c->L.src, world_rank, 0) ||
+                            reshard_selftest_alloc(&c->d, c->L.dst, world_rank, -1);
 #else
-  int nobufs = reshard_selftest_alloc(&c.s, c.L.src, world_rank, 0) || reshard_selftest_alloc(&c.d, c.L.dst, world_rank, -1);
+  int nobufs =
+      reshard_selftest_alloc(&c->s, c->L.src, world_rank, 0) || reshard_selftest_alloc(&c->d, c->L.dst, world_rank, -1);
 #endif
   if (nobufs) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the buffers\n", world_rank);
@@ -1235,173 +1290,211 @@ int main(int argc, char **argv) {
   }
   /* --backend ipc: the device buffers registered (direct copies, no
    * staging) unless RESHARD_PERF_IPC_STAGED=1 (to time the staged path) */
-  const char *staged = getenv("RESHARD_PERF_IPC_STAGED");
+  t->staged = getenv("RESHARD_PERF_IPC_STAGED");
 #ifdef RESHARD_PERF_HAVE_NCCL
-  if (c.dev && (perf_nccl_alloc(c.dev, &c.s, &c.d, err, sizeof err) || perf_nccl_upload(c.dev, &c.s, &c.d, err, sizeof err))) {
-    fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, bname, err);
+  char err[1024];
+  if (c->dev &&
+      (perf_nccl_alloc(c->dev, &c->s, &c->d, err, sizeof err) || perf_nccl_upload(c->dev, &c->s, &c->d, err, sizeof err))) {
+    fprintf(stderr, "reshard_perf: rank %d: --backend %s: %s\n", world_rank, t->bname, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  if (c.dev && c.o.backend == CLI_BACKEND_IPC && !(staged && !strcmp(staged, "1")) &&
-      perf_nccl_register(c.dev, rst.plan, err, sizeof err)) {
+  if (c->dev && c->o.backend == CLI_BACKEND_IPC && !(t->staged && !strcmp(t->staged, "1")) &&
+      perf_nccl_register(c->dev, t->rst.plan, err, sizeof err)) {
     fprintf(stderr, "reshard_perf: rank %d: --backend ipc: %s\n", world_rank, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 #endif
+}
 
-  /* figures over all ranks */
-  reshard_plan_stats_t st;
-  reshard_plan_get_stats(rst.plan, &st);
-  int64_t mine[6] = {0, 0, (int64_t)st.send_bytes, (int64_t)st.local_copy_bytes, (int64_t)st.send_messages,
-                     (int64_t)st.segments};
-  for (size_t i = 0; i < c.d.nfrags; i++) {
-    const reshard_fragment_info_t *f = &c.d.frags[i];
+/* The plan's figures summed (sum) and maxed (mx) over all ranks, and the
+ * bytes delivered per iteration (collective). */
+static void gather_figures(perf_tool *t) {
+  ctx *c = &t->c;
+  const reshard_plan_stats_t *st = &t->st;
+  reshard_plan_get_stats(t->rst.plan, &t->st);
+  int64_t mine[6] = {0, 0, (int64_t)st->send_bytes, (int64_t)st->local_copy_bytes, (int64_t)st->send_messages,
+                     (int64_t)st->segments};
+  for (size_t i = 0; i < c->d.nfrags; i++) {
+    const reshard_fragment_info_t *f = &c->d.frags[i];
     int64_t n = box_elems(f->ndim, f->extent);
-    mine[0] += n * (int64_t)tensor_esize(c.L.dst, f->tensor_id);
+    mine[0] += n * (int64_t)tensor_esize(c->L.dst, f->tensor_id);
     mine[1] += n;
   }
-  int64_t sum[6];
-  WD_CALL(MPI_Allreduce(mine, sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
-  int64_t mx_in[4] = {(int64_t)st.num_chunks, (int64_t)st.staging_bytes, (int64_t)st.chunk_bytes, st.phases}, mx[4];
-  WD_CALL(MPI_Allreduce(mx_in, mx, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-  c.delivered = sum[0];
-  c.delivered_elems = sum[1];
+  WD_CALL(MPI_Allreduce(mine, t->sum, 6, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  int64_t mx_in[4] = {(int64_t)st->num_chunks, (int64_t)st->staging_bytes, (int64_t)st->chunk_bytes, st->phases};
+  WD_CALL(MPI_Allreduce(mx_in, t->mx, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  c->delivered = t->sum[0];
+  c->delivered_elems = t->sum[1];
+}
 
-  say0("# reshard_perf, %d MPI ranks: %s\n", world_size, c.L.desc);
-  say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c.L.nsrc, c.L.ndst,
-       c.o.colocate ? ", colocated" : "", ndt, c.o.iters, c.o.warmup, c.o.check);
-  say0("# values: %s\n", values == RESHARD_SELFTEST_FINITE ? "finite (weight-like floats)" : "bits (every bit pattern)");
+/* The header: the run, the backend, the plan, and with --topology the
+ * cost model's prediction (collective) and the physical limit. */
+static void print_header(perf_tool *t) {
+  const ctx *c = &t->c;
+  const int64_t *sum = t->sum, *mx = t->mx;
+  say0("# reshard_perf, %d MPI ranks: %s\n", world_size, c->L.desc);
+  say0("# ranks %d (%d source, %d destination%s), tensors %d, -n %d -w %d -c %d\n", world_size, c->L.nsrc, c->L.ndst,
+       c->o.colocate ? ", colocated" : "", t->ndt, c->o.iters, c->o.warmup, c->o.check);
+  say0("# values: %s\n",
+       t->values == RESHARD_SELFTEST_FINITE ? "finite (weight-like floats)" : "bits (every bit pattern)");
   const char *how = "execute";
 #ifdef RESHARD_PERF_HAVE_NCCL
-  if (perf_nccl_graphs(c.dev))
+  if (perf_nccl_graphs(c->dev))
     how = "execute captured into a CUDA graph at the second call, then launched (RESHARD_PERF_GRAPH=1)";
 #endif
-  if (nccl)
-    say0("# backend %s: device buffers%s, %s on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", bname,
-         c.o.backend != CLI_BACKEND_IPC ? ""
-         : staged && !strcmp(staged, "1") ? " (staged: RESHARD_PERF_IPC_STAGED=1)"
-                                          : " (registered: direct copies)",
-         how, devdesc);
+  if (t->nccl)
+    say0("# backend %s: device buffers%s, %s on a CUDA stream + cudaStreamSynchronize; rank 0 on %s\n", t->bname,
+         c->o.backend != CLI_BACKEND_IPC          ? ""
+         : t->staged && !strcmp(t->staged, "1") ? " (staged: RESHARD_PERF_IPC_STAGED=1)"
+                                                  : " (registered: direct copies)",
+         how, t->devdesc);
   say0("# plan: created in %.2f ms (slowest rank), chunk %lld B, up to %lld rounds in %lld phases, staging up to %.1f "
        "MiB/rank, %lld messages, %lld segments, %.1f MiB between ranks + %.1f MiB local copies per iteration\n",
-       plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (long long)mx[3], (double)mx[1] / 1048576.0, (long long)sum[4],
-       (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
+       t->plan_max_s * 1e3, (long long)mx[2], (long long)mx[0], (long long)mx[3], (double)mx[1] / 1048576.0,
+       (long long)sum[4], (long long)sum[5], (double)sum[2] / 1048576.0, (double)sum[3] / 1048576.0);
 #ifdef RESHARD_SIMGRID_BUILD
   say0("# plan (real CPU, not simulated): %.3f s for all %d simulated ranks' plan creation, %.2f ms per rank on "
        "average (each rank plans for itself, in parallel, on a real machine; the simulator's own work in that span "
        "is included: an upper bound); the created-in time above is the agreement's simulated communication only\n",
-       plan_cpu_s, world_size, plan_cpu_s / world_size * 1e3);
+       t->plan_cpu_s, world_size, t->plan_cpu_s / world_size * 1e3);
 #endif
 
-  if (c.o.topology) {
+  if (c->o.topology) {
     /* the cost model's prediction (collective) and the physical limit */
     reshard_estimate_t e = RESHARD_ESTIMATE_INITIALIZER, lb = RESHARD_ESTIMATE_INITIALIZER;
-    r = reshard_plan_estimate(rst.plan, &e);
-    if (!r) r = reshard_lower_bound(c.L.src, c.L.dst, world_size, c.o.topology, &lb);
+    reshard_result_t r = reshard_plan_estimate(t->rst.plan, &e);
+    if (!r) r = reshard_lower_bound(c->L.src, c->L.dst, world_size, c->o.topology, &lb);
     if (r) {
-      fprintf(stderr, "reshard_perf: rank %d: cost model: %s: %s\n", world_rank, reshard_result_string(r), reshard_last_error());
+      fprintf(stderr, "reshard_perf: rank %d: cost model: %s: %s\n", world_rank, reshard_result_string(r),
+              reshard_last_error());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     say0("# cost model (%s): predicted_us=%.1f over %d rounds, bound by %s at %d (latency %.1f us); T_lower_us=%.1f (%s)\n",
-         c.o.topology, e.seconds * 1e6, e.num_rounds, reshard_bound_name(e.bound), e.bound_where, e.latency_seconds * 1e6,
-         lb.seconds * 1e6, reshard_bound_name(lb.bound));
+         c->o.topology, e.seconds * 1e6, e.num_rounds, reshard_bound_name(e.bound), e.bound_where,
+         e.latency_seconds * 1e6, lb.seconds * 1e6, reshard_bound_name(lb.bound));
   }
+}
 
-  method ms[5];
-  memset(ms, 0, sizeof ms);
-  int nm = 0;
-  ms[nm++] = (method){.name = "reshard", .run = run_reshard, .state = &rst, .crossed = sum[2]};
-  set_peaks(&ms[0], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
-  int first_baseline = 1;
-  if (c.o.verify) {
-    ms[nm] = (method){.name = "verify", .run = run_reshard, .state = &vst, .crossed = sum[2]};
-    set_peaks(&ms[nm], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
-    snprintf(ms[nm].info, sizeof ms[nm].info, "the same plan with RESHARD_FLAG_VERIFY");
-    nm++;
-  }
-  const int ucx_at = ucomm ? nm : -1;
-  if (ucomm) {
-    ms[nm] = (method){.name = "ucx", .run = run_reshard, .state = &ust, .crossed = sum[2]};
-    set_peaks(&ms[nm], (int64_t)st.send_bytes, (int64_t)st.recv_bytes);
-    snprintf(ms[nm].info, sizeof ms[nm].info, "the same plan over a UCX communicator");
-    nm++;
-  }
-  first_baseline = nm;
-  bcast_state *bst = NULL;
-  a2aw_state *ast = NULL;
-  if (c.o.baseline_broadcast) {
-    method *m = &ms[nm++];
+/* One more run of the plain plan's movement (--verify, --ucx): the same
+ * bytes and peaks (set_peaks is collective). */
+static void add_plan_method(perf_tool *t, const char *name, reshard_state *state, const char *info) {
+  method *m = &t->ms[t->nm++];
+  *m = (method){.name = name, .run = run_reshard, .state = state, .crossed = t->sum[2]};
+  set_peaks(m, (int64_t)t->st.send_bytes, (int64_t)t->st.recv_bytes);
+  if (info) snprintf(m->info, sizeof m->info, "%s", info);
+}
+
+/* The methods timed: the plan, --verify's and --ucx's, then the
+ * baselines (set up collectively; skipped with a note where they cannot
+ * run). */
+static void setup_methods(perf_tool *t) {
+  ctx *c = &t->c;
+  add_plan_method(t, "reshard", &t->rst, NULL);
+  if (c->o.verify) add_plan_method(t, "verify", &t->vst, "the same plan with RESHARD_FLAG_VERIFY");
+  t->ucx_at = t->ucomm ? t->nm : -1;
+  if (t->ucomm) add_plan_method(t, "ucx", &t->ust, "the same plan over a UCX communicator");
+  t->first_baseline = t->nm;
+  if (c->o.baseline_broadcast) {
+    method *m = &t->ms[t->nm++];
     m->name = "broadcast";
     m->run = run_broadcast;
-    bst = bcast_setup(&c, m, m->note, sizeof m->note);
-    m->state = bst;
-    m->skipped = !bst;
+    t->bst = bcast_setup(c, m, m->note, sizeof m->note);
+    m->state = t->bst;
+    m->skipped = !t->bst;
   }
-  if (c.o.baseline_alltoallw) {
-    method *m = &ms[nm++];
+  if (c->o.baseline_alltoallw) {
+    method *m = &t->ms[t->nm++];
     m->name = "alltoallw";
     m->run = run_alltoallw;
-    ast = a2aw_setup(&c, m, m->note, sizeof m->note);
-    m->state = ast;
-    m->skipped = !ast;
+    t->ast = a2aw_setup(c, m, m->note, sizeof m->note);
+    m->state = t->ast;
+    m->skipped = !t->ast;
   }
-  for (int i = 1; i < nm; i++)
-    if (!ms[i].skipped) say0("# method %s: %s\n", ms[i].name, ms[i].info);
-  run_methods(&c, ms, nm);
+  for (int i = 1; i < t->nm; i++)
+    if (!t->ms[i].skipped) say0("# method %s: %s\n", t->ms[i].name, t->ms[i].info);
+}
 
+/* A second run of the plan's (--verify, --ucx) against the plain one. */
+static void print_ratio(const char *name, const method *m, const method *R) {
+  if (m->failed) say0("# %s: time_us=nan ratio=nan\n", name);
+  else if (R->failed) say0("# %s: time_us=%.1f ratio=nan\n", name, m->med_us);
+  else say0("# %s: time_us=%.1f ratio=%.2f\n", name, m->med_us, m->med_us / R->med_us);
+}
+
+/* The table and the summary lines; the exit status (1 when anything was
+ * wrong or failed). */
+static int report(perf_tool *t) {
+  const ctx *c = &t->c;
+  const method *ms = t->ms;
   say0("#\n#%11s %14s %12s %8s %12s %12s %12s %9s %9s %9s %9s %8s\n", "method", "bytes", "count", "type", "time(us)",
        "min(us)", "max(us)", "algbw", "busbw", "out(MiB)", "in(MiB)", "#wrong");
   say0("#%11s %14s %12s %8s %12s %12s %12s %9s %9s %9s %9s %8s\n", "", "", "(elements)", "", "median", "", "", "(GB/s)",
        "(GB/s)", "max/rank", "max/rank", "");
-  for (int i = 0; i < nm; i++) print_row(&ms[i], &c);
+  for (int i = 0; i < t->nm; i++) print_row(&ms[i], c);
   say0("#\n");
   int64_t wrong = 0;
   int failed = 0;
-  for (int i = 0; i < nm; i++) {
+  for (int i = 0; i < t->nm; i++) {
     wrong += ms[i].wrong;
     failed |= ms[i].failed;
   }
   const method *R = &ms[0];
-  if (c.o.verify) {
-    const method *V = &ms[1];
-    if (V->failed) say0("# verify: time_us=nan ratio=nan\n");
-    else if (R->failed) say0("# verify: time_us=%.1f ratio=nan\n", V->med_us);
-    else say0("# verify: time_us=%.1f ratio=%.2f\n", V->med_us, V->med_us / R->med_us);
-  }
-  if (ucx_at >= 0) {
-    const method *U = &ms[ucx_at];
-    if (U->failed) say0("# ucx: time_us=nan ratio=nan\n");
-    else if (R->failed) say0("# ucx: time_us=%.1f ratio=nan\n", U->med_us);
-    else say0("# ucx: time_us=%.1f ratio=%.2f\n", U->med_us, U->med_us / R->med_us);
-  }
-  if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c.delivered,
+  if (c->o.verify) print_ratio("verify", &ms[1], R);
+  if (t->ucx_at >= 0) print_ratio("ucx", &ms[t->ucx_at], R);
+  if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c->delivered,
                       (long long)R->wrong);
   else
-    say0("# reshard_perf: bytes=%lld time_us=%.1f algbw_GBps=%.3f wrong=%lld\n", (long long)c.delivered, R->med_us,
-         (double)c.delivered / (R->med_us * 1e-6) / 1e9, (long long)R->wrong);
-  for (int i = first_baseline; i < nm; i++) {
+    say0("# reshard_perf: bytes=%lld time_us=%.1f algbw_GBps=%.3f wrong=%lld\n", (long long)c->delivered, R->med_us,
+         (double)c->delivered / (R->med_us * 1e-6) / 1e9, (long long)R->wrong);
+  for (int i = t->first_baseline; i < t->nm; i++) {
     const method *m = &ms[i];
     if (m->skipped) say0("# baseline %s: skipped (%s)\n", m->name, m->note);
     else if (m->failed) say0("# baseline %s: time_us=nan ratio=nan\n", m->name);
     else if (R->failed) say0("# baseline %s: time_us=%.1f ratio=nan\n", m->name, m->med_us);
     else say0("# baseline %s: time_us=%.1f ratio=%.2f\n", m->name, m->med_us, m->med_us / R->med_us);
   }
+  return wrong || failed ? 1 : 0;
+}
 
-  bcast_free(bst);
-  a2aw_free(ast);
-  reshard_selftest_free(&c.s);
-  reshard_selftest_free(&c.d);
+static void perf_tool_free(perf_tool *t) {
+  ctx *c = &t->c;
+  bcast_free(t->bst);
+  a2aw_free(t->ast);
+  reshard_selftest_free(&c->s);
+  reshard_selftest_free(&c->d);
 #ifdef RESHARD_PERF_HAVE_NCCL
-  perf_nccl_drop_graph(c.dev);
+  perf_nccl_drop_graph(c->dev);
 #endif
-  reshard_plan_destroy(rst.plan);
-  reshard_plan_destroy(vst.plan);
-  reshard_plan_destroy(ust.plan);
-  reshard_comm_destroy(ucomm);
-  reshard_comm_destroy(comm);
+  reshard_plan_destroy(t->rst.plan);
+  reshard_plan_destroy(t->vst.plan);
+  reshard_plan_destroy(t->ust.plan);
+  reshard_comm_destroy(t->ucomm);
+  reshard_comm_destroy(t->comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
-  perf_nccl_close(c.dev);
+  perf_nccl_close(c->dev);
 #endif
-  free(c.src_of_dst);
-  cli_layouts_free(&c.L);
-  return finish(wrong || failed ? 1 : 0);
+  free(c->src_of_dst);
+  cli_layouts_free(&c->L);
+}
+
+int main(int argc, char **argv) {
+  /* static: zeroed, as the steps expect (no plan, communicator or
+   * baseline yet), and off the stack */
+  static perf_tool tool;
+  perf_tool *t = &tool;
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  wd_start(world_rank);
+  int rc = setup(t, argc, argv);
+  if (rc >= 0) return finish(rc);
+  if ((rc = match_tensors(t)) || (rc = open_comms(t)) || (rc = create_plans(t))) return finish(rc);
+  alloc_buffers(t);
+  gather_figures(t);
+  print_header(t);
+  setup_methods(t);
+  run_methods(&t->c, t->ms, t->nm);
+  rc = report(t);
+  perf_tool_free(t);
+  return finish(rc);
 }
