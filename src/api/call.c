@@ -13,7 +13,7 @@
 
 reshard_result_t rs_api_call(const reshard_plan_t *plan, const rs_call_args *a) {
   if (!a->rejected) rs_error_clear();
-  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  RS_CHECK(rs_plan_refuse_if_failed(plan, "execute"));
   const rs_executor *ex = plan->executor;
   reshard_result_t r = a->rejected ? a->rejected : rs_argcheck_execute(plan, a);
   /* Nothing moves, but the partners must hear of it (or be kept from

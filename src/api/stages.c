@@ -101,7 +101,7 @@ static reshard_result_t run_spread(const reshard_plan_t *plan, const rs_call_arg
    * the ranks copying to or from this one hear of it now instead of at
    * their deadline. The caller's arrays are checked by the pre-plan, whose
    * source layout is the caller's. */
-  reshard_result_t r = a->rejected ? a->rejected : rs_plan_refuse_if_failed(plan);
+  reshard_result_t r = a->rejected ? a->rejected : rs_plan_refuse_if_failed(plan, "execute");
   /* the main plan's source arrays: the caller's buffers, then the scratch
    * (every rank's, NULL but this rank's); the pre-plan's destination: the
    * scratch, after them */
@@ -135,7 +135,7 @@ static reshard_result_t run_main(const reshard_plan_t *plan, const rs_call_args 
 static reshard_result_t run_quant(const reshard_plan_t *plan, const rs_call_args *a) {
   if (!a->rejected) rs_error_clear();
   const rs_quant *q = plan->quant;
-  RS_CHECK(rs_plan_refuse_if_failed(plan));
+  RS_CHECK(rs_plan_refuse_if_failed(plan, "execute"));
   reshard_result_t r = a->rejected ? a->rejected : rs_argcheck_quant_inputs(plan, a);
   /* the main plan's source arrays: the caller's buffers, then the codes
    * and scales scratch, in the main plan's own source layout (its

@@ -47,10 +47,6 @@ enum { S_PACK, S_XFER, S_UNPACK, S_COUNT };
 typedef struct rs_dev {
   const reshard_plan_t *plan;
   pthread_mutex_t mu;
-  /* A plan whose enqueued work may be half done (or whose communicator
-   * failed) cannot run again: execute then returns INVALID_USAGE. */
-  reshard_result_t failed;
-  char failed_msg[640];
   int pool_held;          /* a user of the communicator's staging pool */
   int64_t last_deadline;  /* of the last execute enqueued (0: none) */
   /* CUDA graphs: launches of graphs holding an execute of this plan that
@@ -179,7 +175,7 @@ reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *const *s
 
 /* verdict.c */
 reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d);
-void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r);
+void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r, uint64_t call, uint64_t version);
 reshard_result_t device_refuse(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                reshard_result_t r);
 

@@ -134,9 +134,7 @@ static dev_call call_of(const reshard_plan_t *p, rs_dev *d, int64_t deadline, ui
                         unsigned char *pool) {
   dev_call c = {p, d, deadline, call, version, 0, {NULL, NULL}, {NULL, NULL}, NULL, NULL};
   if (!pool) return c; /* (a plan without staging) */
-  c.send_half[0] = pool, c.send_half[1] = pool + p->send_half;
-  c.recv_half[0] = pool + 2 * p->send_half, c.recv_half[1] = c.recv_half[0] + p->recv_half;
-  c.ssums = (uint64_t *)(pool + 2 * (p->send_half + p->recv_half));
+  c.ssums = (uint64_t *)rs_staging_split(p, pool, c.send_half, c.recv_half); /* the sums follow the halves */
   c.rsums = c.ssums + p->nsend_copies;
   return c;
 }
@@ -417,9 +415,7 @@ static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *sr
   if (!d) return rs_error(RESHARD_ERROR_INTERNAL, "execute rank %d: the plan was not prepared for the device", p->rank);
   pthread_mutex_lock(&d->mu);
   reshard_result_t r;
-  if (d->failed) {
-    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: this plan failed earlier (%s); destroy it",
-                 p->rank, d->failed_msg);
+  if ((r = rs_plan_refuse_if_failed(p, "execute")) != RESHARD_SUCCESS) { /* (failed by a poll meanwhile) */
     pthread_mutex_unlock(&d->mu);
     return r;
   }
@@ -493,7 +489,7 @@ static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *sr
       r = agreement_verdict(p, d);
     commit_poll(p, d);
   }
-  if (r != RESHARD_SUCCESS) dev_failed(p, d, r);
+  if (r != RESHARD_SUCCESS) dev_failed(p, d, r, call, version);
   pthread_mutex_unlock(&d->mu);
   return r;
 }
@@ -502,8 +498,7 @@ static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *sr
  * and its version recorded when the work is enqueued. */
 reshard_result_t device_execute(const reshard_plan_t *plan, rs_exec_call *c) {
   reshard_plan_t *mut = (reshard_plan_t *)plan;
-  c->call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
-  c->version = rs_plan_take_version(plan, c->explicit_version, c->version_in);
+  rs_plan_take_call(plan, c->explicit_version, c->version_in, &c->call, &c->version);
   RS_CHECK(enqueue_call(plan, c->src, c->nsrc, c->dst, c->ndst, c->stream, c->call, c->version));
   if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER)
     __atomic_fetch_add(&mut->completed, 1, __ATOMIC_ACQ_REL); /* the commit is the GPU's: device_poll reads it */

@@ -85,30 +85,21 @@ void device_poll(const reshard_plan_t *p) {
    * plan's only where this plan has one (partners, a commit) */
   const reshard_plan_t *pre = p->quant ? p->quant->pre : NULL;
   reshard_result_t pre_failed = RESHARD_SUCCESS;
-  char pre_msg[640];
   if (pre && pre->device) {
     device_poll(pre);
-    rs_dev *pd = pre->device;
-    pthread_mutex_lock(&pd->mu);
-    pre_failed = pd->failed;
-    if (pre_failed) snprintf(pre_msg, sizeof pre_msg, "%s", pd->failed_msg);
-    pthread_mutex_unlock(&pd->mu);
+    pre_failed = rs_plan_failed(pre); /* (its message is complete once its result reads failed) */
   }
   pthread_mutex_lock(&d->mu);
-  if (pre_failed && !d->failed) {
-    rs_error(pre_failed, "execute rank %d: the plan gathering fp8 blocks split across source ranks failed: %s",
-             p->rank, pre_msg);
-    dev_failed(p, d, pre_failed);
-    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
-    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, pre_failed, d->failed_msg);
+  uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
+  if (pre_failed && !rs_plan_failed(p)) {
+    rs_error(pre_failed, "execute rank %d: the plan gathering fp8 blocks split across source ranks failed: %s: %s",
+             p->rank, reshard_result_string(pre_failed), pre->fail_msg);
+    dev_failed(p, d, pre_failed, calls ? calls - 1 : 0, p->committed_version);
   }
   commit_poll(p, d);
-  reshard_result_t v = d->failed ? RESHARD_SUCCESS : agreement_verdict(p, d);
-  if (v) {
-    dev_failed(p, d, v);
-    /* the call whose check failed, not the latest enqueued */
-    rs_plan_mark_failed(p, d->verdict.want.call, d->verdict.want.version, v, d->failed_msg);
-  }
+  reshard_result_t v = rs_plan_failed(p) ? RESHARD_SUCCESS : agreement_verdict(p, d);
+  /* the call whose check failed, not the latest enqueued */
+  if (v) dev_failed(p, d, v, d->verdict.want.call, d->verdict.want.version);
   /* Past its deadline: a launch of a graph that started and has not
    * finished, or else uncaptured work on the plan's streams (a launch
    * queued behind the caller's work has not started: no deadline yet; a
@@ -118,13 +109,11 @@ void device_poll(const reshard_plan_t *p) {
   int64_t now = rs_now_ns();
   int late = started_n > landed_n ? now > __atomic_load_n(&d->launch_deadline, __ATOMIC_ACQUIRE)
                                   : d->last_deadline && now > d->last_deadline && !in_capture(d) && streams_busy(d);
-  if (!d->failed && late) {
+  if (!rs_plan_failed(p) && late) {
     v = rs_error(RESHARD_ERROR_TIMEOUT, "execute rank %d: the plan's last execute did not finish before its deadline "
                  "(a peer did not run its part, or issued its calls in another order); reshard's NCCL communicator "
                  "was aborted, which ends the work", p->rank);
-    dev_failed(p, d, v);
-    uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
-    rs_plan_mark_failed(p, calls ? calls - 1 : 0, p->committed_version, v, d->failed_msg);
+    dev_failed(p, d, v, calls ? calls - 1 : 0, p->committed_version);
   }
   pthread_mutex_unlock(&d->mu);
 }

@@ -48,9 +48,8 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   int unregister = 0;
   if (!sh || !base || !bufs || !reg || !hc || !dstart)
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
-  else if (d->failed)
-    r = rs_error(RESHARD_ERROR_INVALID_USAGE, "register_buffers rank %d: this plan failed earlier (%s)", p->rank,
-                 d->failed_msg);
+  else if ((r = rs_plan_refuse_if_failed(p, "register_buffers")) != RESHARD_SUCCESS)
+    ;
   else if (d->dbuf)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
                  p->rank);

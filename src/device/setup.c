@@ -305,7 +305,7 @@ fail:
  * the boxes and tensors of the sums, uploaded. */
 static reshard_result_t setup_verify(const reshard_plan_t *p, rs_dev *d, size_t ncop) {
   reshard_result_t r = RESHARD_SUCCESS;
-  d->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
+  d->staging_bytes = rs_staging_bytes(p);
   if (d->verify) {
     /* the sums sent and received live in the pool, after the halves */
     d->staging_bytes += 8 * (p->nsend_copies + p->nrecv_copies);

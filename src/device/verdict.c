@@ -127,15 +127,17 @@ reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                   (unsigned long long)a->want.version, digests);
 }
 
-/* The plan fails (d->mu held; r's detail is the current error). When it
- * does NCCL work, the communicator is poisoned: some of a failed call may
- * be enqueued and the peers may have queued their half, a plan out of
- * step or past its deadline has partners waiting, so nothing this rank
+/* The plan fails at call `call` (d->mu held; r's detail is the current
+ * error), in the plan's one failure record (exec/state.c), whatever r is:
+ * a plan whose enqueued work may be half done (or whose communicator
+ * failed) cannot run again, and execute then returns INVALID_USAGE. When
+ * it does NCCL work, the communicator is poisoned: some of a failed call
+ * may be enqueued and the peers may have queued their half, a plan out
+ * of step or past its deadline has partners waiting, so nothing this rank
  * sends later could be trusted to pair with the right call. */
-void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r) {
+void dev_failed(const reshard_plan_t *p, rs_dev *d, reshard_result_t r, uint64_t call, uint64_t version) {
   if (d->d_agree) p->comm->ops->stream_ops->poison(p->comm);
-  d->failed = r;
-  snprintf(d->failed_msg, sizeof d->failed_msg, "%s: %s", reshard_result_string(r), reshard_last_error());
+  rs_plan_mark_failed(p, call, version, r, reshard_last_error());
 }
 
 /* refuse: the partners cannot be told (no headers yet), and their half of

@@ -70,17 +70,27 @@ void rs_plan_mark_failed(const reshard_plan_t *p, uint64_t call,
                          uint64_t version, reshard_result_t r,
                          const char *why);
 
+/* The plan's one failure record, for both executors (the device
+ * executor's poll writes it too): the first failure's result, or
+ * RESHARD_SUCCESS. */
+reshard_result_t rs_plan_failed(const reshard_plan_t *p);
+
 /* RESHARD_ERROR_INVALID_USAGE with the first failure's story if the plan
- * failed, RESHARD_SUCCESS otherwise. */
-reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p);
+ * failed, RESHARD_SUCCESS otherwise. op: the refused call ("execute",
+ * "register_buffers"), for the message. */
+reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p, const char *op);
 
 /* A successful execute of `version`. */
 void rs_plan_record_success(const reshard_plan_t *p, uint64_t version);
 
-/* The version of a call: the explicit one, or the previous call's + 1.
- * Called once per call, in call order (calls of a plan do not overlap). */
-uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version,
-                              uint64_t version);
+/* Numbers a call, for both executors: its call number (0 for the
+ * plan's first; every call that reaches its partners takes one, so the
+ * numbers in the agreement headers match across ranks) and its version
+ * (the explicit one, or the previous call's + 1). Called once per call,
+ * in call order (calls of a plan do not overlap). */
+void rs_plan_take_call(const reshard_plan_t *p, int explicit_version,
+                       uint64_t version_in, uint64_t *call,
+                       uint64_t *version);
 
 /* ---- agree.c ---- */
 

@@ -387,13 +387,11 @@ static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_vers
   char msg[640], full[700];
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   snprintf(full, sizeof full, "%s", msg);
-  reshard_plan_t *mut = (reshard_plan_t *)plan;
   const int dbuf = (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER) != 0;
   const int64_t deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
-  const uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
-  uint64_t version = 0;
+  uint64_t call, version;
   rs_agree *agree = NULL;
-  version = rs_plan_take_version(plan, explicit_version, version_in);
+  rs_plan_take_call(plan, explicit_version, version_in, &call, &version);
   rs_error(why, "%s", msg); /* what the header carries */
   reshard_result_t r = rs_agree_begin(plan, call, version, deadline, why, &agree);
   if (rs_agree_sent(agree) || dbuf) snprintf(full, sizeof full, "%s (its partners were told)", msg);
@@ -412,7 +410,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   /* Staging (bulk: rs_bulk_malloc, cached in the plan) and the request
    * slots (a small block per call); verify mode adds a second set of
    * slots and the box sums. */
-  size_t stage = (size_t)(2 * (plan->send_half + plan->recv_half));
+  size_t stage = rs_staging_bytes(plan);
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
   size_t nxf = rs_sched_max_xfers(plan, verify);
   size_t need = nreq * sizeof(rs_request *) + nxf * sizeof(rs_xfer) + nreq;
@@ -440,11 +438,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.plan = plan;
   st.comm = plan->comm;
   st.src = src_buffers;
-  unsigned char *b = sblock;
-  st.send_stage[0] = b;
-  st.send_stage[1] = b ? b + plan->send_half : NULL;
-  st.recv_stage[0] = b ? b + 2 * plan->send_half : NULL;
-  st.recv_stage[1] = b ? b + 2 * plan->send_half + plan->recv_half : NULL;
+  rs_staging_split(plan, sblock, st.send_stage, st.recv_stage);
   rs_request **reqs = block;
   st.xfers = (rs_xfer *)(reqs + nreq);
   /* max_round_msgs bounds sends + receives of one round, so each half's
@@ -469,8 +463,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
 
   /* From here on the call is counted: every path reaches the end. */
-  uint64_t call = __atomic_fetch_add(&mut->exec_calls, 1, __ATOMIC_RELAXED);
-  uint64_t version = 0;
+  uint64_t call, version;
+  rs_plan_take_call(plan, explicit_version, version_in, &call, &version);
   int target = 0;
   if (dbuf) {
     int active = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
@@ -480,7 +474,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
   st.call = call;
   /* the schedule (exec/schedule.h), from the agreement on */
-  version = st.version = rs_plan_take_version(plan, explicit_version, version_in);
+  st.version = version;
   reshard_result_t r = rs_sched_run(plan, &host_sched, &st);
   if (r != RESHARD_SUCCESS) cancel_all(&st);
   r = rs_agree_end(st.agree, r, st.deadline);

@@ -31,13 +31,15 @@ void rs_plan_mark_failed(const reshard_plan_t *p, uint64_t call, uint64_t versio
   __atomic_store_n(&m->fail_result, r, __ATOMIC_RELEASE);
 }
 
-reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p) {
-  reshard_result_t r = __atomic_load_n(&p->fail_result, __ATOMIC_ACQUIRE);
+reshard_result_t rs_plan_failed(const reshard_plan_t *p) { return __atomic_load_n(&p->fail_result, __ATOMIC_ACQUIRE); }
+
+reshard_result_t rs_plan_refuse_if_failed(const reshard_plan_t *p, const char *op) {
+  reshard_result_t r = rs_plan_failed(p);
   if (r == RESHARD_SUCCESS) return RESHARD_SUCCESS;
   return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                  "execute rank %d: this plan failed earlier, at execute call %llu (version %llu) with %s: %s; "
+                  "%s rank %d: this plan failed earlier, at execute call %llu (version %llu) with %s: %s; "
                   "destroy the plan and create a new one",
-                  p->rank, (unsigned long long)p->fail_call, (unsigned long long)p->fail_version,
+                  op, p->rank, (unsigned long long)p->fail_call, (unsigned long long)p->fail_version,
                   reshard_result_string(r), p->fail_msg);
 }
 
@@ -46,12 +48,15 @@ void rs_plan_record_success(const reshard_plan_t *p, uint64_t version) {
   __atomic_fetch_add(&mut(p)->completed, 1, __ATOMIC_ACQ_REL);
 }
 
-uint64_t rs_plan_take_version(const reshard_plan_t *p, int explicit_version, uint64_t version) {
+void rs_plan_take_call(const reshard_plan_t *p, int explicit_version, uint64_t version_in, uint64_t *call,
+                       uint64_t *version) {
+  *call = __atomic_fetch_add(&mut(p)->exec_calls, 1, __ATOMIC_RELAXED);
   if (explicit_version) {
-    __atomic_store_n(&mut(p)->last_version, version, __ATOMIC_RELAXED);
-    return version;
+    __atomic_store_n(&mut(p)->last_version, version_in, __ATOMIC_RELAXED);
+    *version = version_in;
+  } else {
+    *version = __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
   }
-  return __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
 }
 
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_plan_status_t *out) {
@@ -67,7 +72,7 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_pla
   reshard_plan_status_t s;
   memset(&s, 0, sizeof s);
   s.struct_size = (uint32_t)(want < sizeof s ? want : sizeof s);
-  s.failure = __atomic_load_n(&plan->fail_result, __ATOMIC_ACQUIRE);
+  s.failure = rs_plan_failed(plan);
   s.failed = s.failure != RESHARD_SUCCESS;
   s.failed_call = s.failed ? plan->fail_call : 0;
   s.failed_version = s.failed ? plan->fail_version : 0;

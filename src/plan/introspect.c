@@ -71,7 +71,7 @@ void rs_plan_fill_stats(reshard_plan_t *p) {
    * streams nothing waits on (rs_chunk_cap): 0 without a pace */
   uint64_t horizon = rs_pace_rounds(p, p->chunk_bytes);
   s->pace_rounds = horizon > INT32_MAX ? INT32_MAX : (int)horizon;
-  s->staging_bytes = (size_t)(2 * (p->send_half + p->recv_half));
+  s->staging_bytes = rs_staging_bytes(p);
   s->send_messages = p->nsends;
   s->recv_messages = p->nrecvs;
   s->segments = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;

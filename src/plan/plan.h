@@ -208,6 +208,15 @@ struct reshard_plan {
  * alone would not say so. Never taken from the caller's options. */
 #define RS_FLAG_GLOBAL_VERDICT 0x80000000u
 
+/* The staging of one call, for every executor and the statistics: two
+ * halves per direction, laid out [send 0][send 1][recv 0][recv 1] (round
+ * k uses half k & 1). rs_staging_bytes: their size. rs_staging_split: the
+ * halves of a block at base (all NULL for a NULL base); returns the first
+ * byte after them (NULL for a NULL base). Written once (staging.c). */
+size_t rs_staging_bytes(const reshard_plan_t *p);
+unsigned char *rs_staging_split(const reshard_plan_t *p, unsigned char *base, unsigned char *send[2],
+                                unsigned char *recv[2]);
+
 /* The RESHARD_FLAG_* bits this library implements; others are rejected. */
 #define RS_KNOWN_FLAGS \
   (RESHARD_FLAG_DOUBLE_BUFFER | RESHARD_FLAG_VERIFY | RESHARD_FLAG_FIRST_REPLICA | RESHARD_FLAG_SYNC | \

@@ -547,6 +547,24 @@ static void kept_rank(g_rank *r) {
   if (!r->failed && exec_on(f.plan, src, (void *const *)other[3].ptr, nd, st) != RESHARD_ERROR_INVALID_USAGE)
     RFAIL(r, "a fifth set of buffers was taken: %s", reshard_last_error());
   mock_stream_drain(st);
+  /* The refusal came after the call reached the device executor (its
+   * partners may hold their half), so it fails the plan, and the plan's
+   * one failure record says so: its status names the refused call (every
+   * call before it completed), and the next execute is refused naming it. */
+  if (!r->failed) {
+    reshard_plan_status_t s = status_of(f.plan);
+    char call_n[64];
+    snprintf(call_n, sizeof call_n, "failed earlier, at execute call %llu", (unsigned long long)s.executes_completed);
+    if (!s.failed || s.failure != RESHARD_ERROR_INVALID_USAGE || s.failed_call != s.executes_completed ||
+        !strstr(s.failure_message, "buffer"))
+      RFAIL(r, "status after the refused fifth set: failed %d, %s, call %llu of %llu completed: %s", s.failed,
+            reshard_result_string(s.failure), (unsigned long long)s.failed_call,
+            (unsigned long long)s.executes_completed, s.failure_message);
+    else if (exec_on(f.plan, src, (void *const *)f.d.ptr, nd, st) != RESHARD_ERROR_INVALID_USAGE ||
+             !strstr(reshard_last_error(), call_n))
+      RFAIL(r, "an execute after the refusal: %s (wanted \"%s\")", reshard_last_error(), call_n);
+    mock_stream_drain(st);
+  }
 out:
   for (int k = 0; k < 4; k++)
     if (gx[k]) cudaGraphExecDestroy(gx[k]);
