@@ -103,28 +103,17 @@ reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                desc - p->nsend_copies - p->nrecv_copies < p->nlocal_copies) {
       v = &p->local_vbox[desc - p->nsend_copies - p->nrecv_copies];
     }
-    char box[256] = "?";
-    if (v) rs_vbox_format(v, box, sizeof box);
-    return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: at or after call %llu (weight version %llu): verify: "
-                    "tensor '%s' box %s %s rank %d: checksum %016llx of the elements here, %016llx %s; the "
-                    "writes of every later call were skipped (and the call's commit, with double buffering)", p->rank,
-                    (unsigned long long)a->want.call, (unsigned long long)a->want.version,
-                    v && v->tensor >= 0 && v->tensor < p->nvtensors ? p->vtensors[v->tensor].name : "?", box,
-                    a->got.magic == 0 ? "received from" : "copied locally on", peer,
-                    (unsigned long long)a->got.call, (unsigned long long)a->got.version,
-                    a->got.magic == 0 ? "sent" : "at the source");
+    char when[96];
+    snprintf(when, sizeof when, "at or after call %llu (weight version %llu): ", (unsigned long long)a->want.call,
+             (unsigned long long)a->want.version);
+    /* (the kernel leaves the sums in the got header: here in call, the source's in version) */
+    return rs_verdict_verify(p, when, v, a->got.magic == 0, peer, a->got.call, a->got.version,
+                             "; the writes of every later call were skipped (and the call's commit, with double "
+                             "buffering)");
   }
   int peer = a->bad_index < p->npeers ? p->peers[a->bad_index].peer : -1;
-  char digests[96] = "";
-  if (a->got.digest != a->want.digest || a->got.magic != a->want.magic)
-    snprintf(digests, sizeof digests, "; plan digests %016llx here, %016llx there (another plan)",
-             (unsigned long long)a->want.digest, (unsigned long long)a->got.digest);
-  return rs_error(RESHARD_ERROR_MISMATCH, "execute rank %d: agreement with partner rank %d failed: it is at call %llu "
-                  "(weight version %llu), this rank at call %llu (version %llu)%s; the ranks are out of step (a "
-                  "skipped or extra execute, or another step); no destination byte of that call or a later one "
-                  "was written", p->rank, peer, (unsigned long long)a->got.call,
-                  (unsigned long long)a->got.version, (unsigned long long)a->want.call,
-                  (unsigned long long)a->want.version, digests);
+  return rs_verdict_header(p, peer, &a->got, &a->want,
+                           "; no destination byte of that call or a later one was written");
 }
 
 /* The plan fails at call `call` (d->mu held; r's detail is the current

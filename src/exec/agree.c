@@ -106,20 +106,8 @@ static void check_header(rs_agree *a, size_t i) {
                      "execute rank %d: rank %d rejected execute call %llu with '%s': %s", p->rank, peer,
                      (unsigned long long)h->call, reshard_result_string((reshard_result_t)h->abort), h->why),
          "");
-  } else if (how == RS_HDR_OTHER_PLAN) {
-    fail(a, rs_error(RESHARD_ERROR_MISMATCH,
-                     "execute rank %d: rank %d runs another plan or protocol (header magic %016llx digest %016llx, "
-                     "expected %016llx %016llx)",
-                     p->rank, peer, (unsigned long long)h->magic, (unsigned long long)h->digest,
-                     (unsigned long long)RS_HDR_MAGIC, (unsigned long long)p->digest),
-         "");
-  } else if (how == RS_HDR_OTHER_CALL) {
-    fail(a, rs_error(RESHARD_ERROR_MISMATCH,
-                     "execute rank %d: rank %d is at another execute of this plan: expected call %llu version %llu, "
-                     "received call %llu version %llu from rank %d (a rank skipped or repeated a step?)",
-                     p->rank, peer, (unsigned long long)mine->call, (unsigned long long)mine->version,
-                     (unsigned long long)h->call, (unsigned long long)h->version, peer),
-         "");
+  } else if (how != RS_HDR_SAME) {
+    fail(a, rs_verdict_header(p, peer, &got, &want, ""), "");
   }
 }
 

@@ -125,6 +125,22 @@ reshard_result_t rs_agree_poll(rs_agree *a);
 reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r,
                               int64_t deadline);
 
+/* ---- verdict.c: the messages of verdicts, for both executors ---- */
+
+/* A partner's header (got) differs from this rank's (want): MISMATCH,
+ * saying whether it runs another plan (magic or digest) or another
+ * execute (call or version), naming rank `peer`; `then` ("" or "; ..."):
+ * what the executor did about the call's writes. */
+reshard_result_t rs_verdict_header(const reshard_plan_t *p, int peer, const rs_dev_hdr *got, const rs_dev_hdr *want,
+                                   const char *then);
+
+/* A box's checksum here differs from the source's: MISMATCH naming the
+ * tensor, the box (v; NULL: unknown) and the rank it was received from
+ * (received) or copied on. when ("" or "at call N ...: "): the call, where
+ * the executor learns of it later; then: as above. */
+reshard_result_t rs_verdict_verify(const reshard_plan_t *p, const char *when, const rs_vbox *v, int received, int peer,
+                                   uint64_t here, uint64_t there, const char *then);
+
 /* ---- verify.c ---- */
 
 /* The position-keyed checksum of the elements of copy c on one side

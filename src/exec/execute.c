@@ -105,17 +105,6 @@ static void sum_copies(const reshard_plan_t *p, const rs_copy *cps, const rs_vbo
   }
 }
 
-static reshard_result_t sum_mismatch(const reshard_plan_t *p, const rs_vbox *v, const char *from, int peer,
-                                     uint64_t got, uint64_t want) {
-  char box[256];
-  rs_vbox_format(v, box, sizeof box);
-  return rs_error(RESHARD_ERROR_MISMATCH,
-                  "execute rank %d: verify: tensor '%s' box %s %s rank %d: checksum %016llx of the elements here, "
-                  "%016llx at the source (corrupted or misplaced data)",
-                  p->rank, p->vtensors[v->tensor].name, box, from, peer, (unsigned long long)got,
-                  (unsigned long long)want);
-}
-
 /* Local copies, then (verify mode) their checks. */
 static reshard_result_t run_local(exec_state *st) {
   const reshard_plan_t *p = st->plan;
@@ -127,7 +116,7 @@ static reshard_result_t run_local(exec_state *st) {
     const rs_vtensor *t = &p->vtensors[v->tensor];
     uint64_t want = rs_box_sum(cp, 0, st->src[cp->src_buf], v, t);
     uint64_t got = rs_box_sum(cp, 1, st->dst[cp->dst_buf], v, t);
-    if (got != want) return sum_mismatch(p, v, "copied locally on", p->rank, got, want);
+    if (got != want) return rs_verdict_verify(p, "", v, 0, p->rank, got, want, "");
   }
   return RESHARD_SUCCESS;
 }
@@ -227,7 +216,7 @@ static reshard_result_t check_sums(exec_state *st, const rs_msg *m, int h, size_
     const rs_copy *cp = &p->recv_copies[ci];
     const rs_vbox *v = &p->recv_vbox[ci];
     uint64_t got = rs_box_sum(cp, 1, st->dst[cp->dst_buf], v, &p->vtensors[v->tensor]);
-    if (got != st->recv_sums[ci]) return sum_mismatch(p, v, "received from", m->peer, got, st->recv_sums[ci]);
+    if (got != st->recv_sums[ci]) return rs_verdict_verify(p, "", v, 1, m->peer, got, st->recv_sums[ci], "");
   }
   return RESHARD_SUCCESS;
 }
