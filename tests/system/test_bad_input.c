@@ -692,12 +692,11 @@ static void plan_coverage_hole(void **state) {
   reshard_layout_destroy(dst2);
 }
 
-/* Source: w[8] f32 whole on rank 0. */
-static reshard_layout_t *src_whole_on_rank0(const char *name, int64_t n) {
-  reshard_layout_t *src = new_layout();
-  int w = add_t1(src, name, RESHARD_FP32, n);
-  place1(src, w, add_mesh1(src, 1, 0), reshard_replicate());
-  return src;
+/* w[n] f32 whole on `rank`. */
+static reshard_layout_t *w_whole(int64_t n, int rank) {
+  reshard_layout_t *L = new_layout();
+  place1(L, add_t1(L, "w", RESHARD_FP32, n), add_mesh1(L, 1, rank), reshard_replicate());
+  return L;
 }
 
 /* One row's check of a pcase: rank `rank` returned `want` with every
@@ -771,7 +770,7 @@ static void plan_raw_case(void **state) {
     other = new_layout();
     place1(other, add_t1(other, "w", RESHARD_FP32, 8), add_mesh1(other, 2, 2), reshard_shard(0));
   } else {
-    other = src_whole_on_rank0("w", 8);
+    other = w_whole(8, 0);
   }
   pcase c;
   pcase_init(&c, 4, row->on_source ? raw : other, row->on_source ? other : raw);
@@ -864,20 +863,15 @@ static void plan_ranks_outside_comm(void **state) {
   reshard_layout_destroy(dst);
 }
 
-/* What an option row changes before plan_create, on one rank or all. */
+/* What an option row changes before plan_create, on one rank or all:
+ * an options field (= value); the caller built against the version-1
+ * header (its size, the defaults for the rest); a NULL layout, plan
+ * output or options (the defaults); the row's `other` layout. */
 typedef enum {
-  SET_STRUCT_SIZE, /* options.struct_size = value */
-  SET_VERSION,     /* options.version = value */
-  SET_V1_HEADER,   /* a caller built against the version-1 header: its size, the defaults for the rest */
-  SET_STAGING,     /* options.staging_bytes = value */
-  SET_CHUNK,       /* options.chunk_bytes = value */
-  SET_TIMEOUT,     /* options.timeout_ms = value */
-  NULL_SRC,        /* src layout NULL */
-  NULL_DST,        /* dst layout NULL */
-  NULL_OUT,        /* plan output NULL */
-  NULL_OPTS,       /* options NULL: the defaults */
-  OTHER_SRC,       /* the source layout of another placement */
-  OTHER_DST,       /* the destination layout of another placement */
+  SET_STRUCT_SIZE, SET_VERSION, SET_STAGING, SET_CHUNK, SET_TIMEOUT,
+  SET_V1_HEADER,
+  NULL_SRC, NULL_DST, NULL_OUT, NULL_OPTS,
+  OTHER_SRC, OTHER_DST,
 } opt_tweak;
 
 /* One plan_create whose options, layouts or output one rank (rank >= 0)
@@ -1394,9 +1388,7 @@ static int sized_rank(int rank, reshard_comm_t *comm, void *arg) {
 
 static void exec_sized_buffers(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  reshard_layout_t *src = w_whole(8, 0), *dst = w_whole(8, 1);
   sized_case c = {.src = src, .dst = dst};
   pthread_barrier_init(&c.bar, NULL, 2);
   assert_int_equal(th_run_ranks(2, sized_rank, &c), 0);
@@ -1424,33 +1416,50 @@ static void exec_sized_buffers(void **state) {
   reshard_layout_destroy(dst);
 }
 
+/* Three calls that must be refused, then a valid one (one rank). */
+typedef struct calls_case {
+  const reshard_layout_t *src, *dst;
+  reshard_result_t code[3], ok;
+  char msg[3][MSG_LEN];
+  int untouched, delivered;
+} calls_case;
+
+/* Records call k's code and message. */
+#define RECORD(c, k, call)                                                \
+  do {                                                                    \
+    (c)->code[k] = (call);                                                \
+    snprintf((c)->msg[k], MSG_LEN, "%s", reshard_last_error());           \
+  } while (0)
+
+/* Calls 0..2 were refused with `code`, naming rank 0 and want[k]; the
+ * destination stayed untouched; the valid call then delivered. */
+static void expect_calls(const calls_case *c, reshard_result_t code, const char *const want[3]) {
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(c->code[k], code);
+    if (!has(c->msg[k], want[k]) || !has(c->msg[k], "rank 0")) fail_msg("call %d: \"%s\" not in \"%s\"", k, want[k], c->msg[k]);
+  }
+  assert_true(c->untouched);
+  assert_int_equal(c->ok, RESHARD_SUCCESS);
+  assert_true(c->delivered);
+}
+
 /* reshard_plan_execute_sized reads its arrays only up to counts the
  * layout can have (issue 42, defect 3): a count of 2 with a 1-entry array
  * was read past (ASan: stack-buffer-overflow), 2^61 - 1 wrapped the size
  * of its copies (release build: segfault). Each is refused with
  * INVALID_USAGE naming both counts, the destination untouched; then the
  * right counts move every element. One rank, a local copy. */
-typedef struct counts_case {
-  const reshard_layout_t *src, *dst;
-  reshard_result_t code[3], ok;
-  char msg[3][MSG_LEN];
-  int untouched, delivered;
-} counts_case;
-
 static int counts_rank(int rank, reshard_comm_t *comm, void *arg) {
   (void)rank;
-  counts_case *c = arg;
+  calls_case *c = arg;
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(comm, c->src, c->dst, NULL, &plan)) return 1;
   float w[8], got[8];
   for (int i = 0; i < 8; i++) w[i] = (float)i + 0.25f, got[i] = -1;
   reshard_buffer_t sb[1] = {{w, sizeof w}}, db[1] = {{got, sizeof got}};
-  c->code[0] = reshard_plan_execute_sized(plan, 0, sb, 2, db, 1, NULL);
-  snprintf(c->msg[0], MSG_LEN, "%s", reshard_last_error());
-  c->code[1] = reshard_plan_execute_sized(plan, 0, sb, ((size_t)1 << 61) - 1, db, 1, NULL);
-  snprintf(c->msg[1], MSG_LEN, "%s", reshard_last_error());
-  c->code[2] = reshard_plan_execute_sized(plan, 0, sb, 1, db, SIZE_MAX, NULL);
-  snprintf(c->msg[2], MSG_LEN, "%s", reshard_last_error());
+  RECORD(c, 0, reshard_plan_execute_sized(plan, 0, sb, 2, db, 1, NULL));
+  RECORD(c, 1, reshard_plan_execute_sized(plan, 0, sb, ((size_t)1 << 61) - 1, db, 1, NULL));
+  RECORD(c, 2, reshard_plan_execute_sized(plan, 0, sb, 1, db, SIZE_MAX, NULL));
   c->untouched = 1;
   for (int i = 0; i < 8; i++) c->untouched &= got[i] == -1;
   c->ok = reshard_plan_execute_sized(plan, 0, sb, 1, db, 1, NULL);
@@ -1462,21 +1471,13 @@ static int counts_rank(int rank, reshard_comm_t *comm, void *arg) {
 
 static void exec_sized_counts(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 0), reshard_replicate());
-  counts_case c = {.src = src, .dst = dst};
+  reshard_layout_t *src = w_whole(8, 0), *dst = w_whole(8, 0);
+  calls_case c = {.src = src, .dst = dst};
   assert_int_equal(th_run_ranks(1, counts_rank, &c), 0);
   const char *want[3] = {"2 source and 1 destination buffers given, the layout has 1 and 1",
                          "2305843009213693951 source and 1 destination buffers given",
                          "1 source and 18446744073709551615 destination buffers given"};
-  for (int k = 0; k < 3; k++) {
-    assert_int_equal(c.code[k], RESHARD_ERROR_INVALID_USAGE);
-    if (!has(c.msg[k], want[k]) || !has(c.msg[k], "rank 0")) fail_msg("call %d: \"%s\" not in \"%s\"", k, want[k], c.msg[k]);
-  }
-  assert_true(c.untouched);
-  assert_int_equal(c.ok, RESHARD_SUCCESS);
-  assert_true(c.delivered);
+  expect_calls(&c, RESHARD_ERROR_INVALID_USAGE, want);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
@@ -1486,16 +1487,9 @@ static void exec_sized_counts(void **state) {
  * at one address were accepted and silently took each other's bytes.
  * Each is refused naming both buffers, nothing written; disjoint views of
  * one array then receive every element. One rank, local copies. */
-typedef struct overlap_case {
-  const reshard_layout_t *src, *dst;
-  reshard_result_t code[3], ok;
-  char msg[3][MSG_LEN];
-  int untouched, delivered;
-} overlap_case;
-
 static int overlap_rank(int rank, reshard_comm_t *comm, void *arg) {
   (void)rank;
-  overlap_case *c = arg;
+  calls_case *c = arg;
   reshard_plan_t *plan = NULL, *db = NULL;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   if (reshard_plan_create(comm, c->src, c->dst, NULL, &plan)) return 1;
@@ -1506,12 +1500,9 @@ static int overlap_rank(int rank, reshard_comm_t *comm, void *arg) {
   for (int i = 0; i < 24; i++) d[i] = -1;
   void *src[2] = {a, b};
   void *same[2] = {d, d}, *views[2] = {d + 4, d}, *copies[4] = {d, d + 8, d, d + 16};
-  c->code[0] = reshard_plan_execute(plan, src, 2, same, 2, NULL);
-  snprintf(c->msg[0], MSG_LEN, "%s", reshard_last_error());
-  c->code[1] = reshard_plan_execute(plan, src, 2, views, 2, NULL);
-  snprintf(c->msg[1], MSG_LEN, "%s", reshard_last_error());
-  c->code[2] = reshard_plan_execute(db, src, 2, copies, 4, NULL);
-  snprintf(c->msg[2], MSG_LEN, "%s", reshard_last_error());
+  RECORD(c, 0, reshard_plan_execute(plan, src, 2, same, 2, NULL));
+  RECORD(c, 1, reshard_plan_execute(plan, src, 2, views, 2, NULL));
+  RECORD(c, 2, reshard_plan_execute(db, src, 2, copies, 4, NULL));
   c->untouched = 1;
   for (int i = 0; i < 24; i++) c->untouched &= d[i] == -1;
   void *apart[2] = {d, d + 8};
@@ -1531,18 +1522,12 @@ static void exec_dst_overlap(void **state) {
   place1(src, add_t1(src, "b", RESHARD_FP32, 8), ms, reshard_replicate());
   place1(dst, add_t1(dst, "a", RESHARD_FP32, 8), md, reshard_replicate());
   place1(dst, add_t1(dst, "b", RESHARD_FP32, 8), md, reshard_replicate());
-  overlap_case c = {.src = src, .dst = dst};
+  calls_case c = {.src = src, .dst = dst};
   assert_int_equal(th_run_ranks(1, overlap_rank, &c), 0);
   const char *want[3] = {"destination buffers 0 'a' and 1 'b' share memory (bytes 0 .. 32",
                          "destination buffers 1 'b' and 0 'a' share memory (bytes 16 .. 32",
                          "destination buffers 0 'a' copy 0 and 0 'a' copy 1 share memory"};
-  for (int k = 0; k < 3; k++) {
-    assert_int_equal(c.code[k], RESHARD_ERROR_INVALID_ARGUMENT);
-    if (!has(c.msg[k], want[k]) || !has(c.msg[k], "rank 0")) fail_msg("call %d: \"%s\" not in \"%s\"", k, want[k], c.msg[k]);
-  }
-  assert_true(c.untouched);
-  assert_int_equal(c.ok, RESHARD_SUCCESS);
-  assert_true(c.delivered);
+  expect_calls(&c, RESHARD_ERROR_INVALID_ARGUMENT, want);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
@@ -1593,9 +1578,7 @@ static int race_rank(int rank, reshard_comm_t *comm, void *arg) {
 
 static void destroy_waits_for_execute(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  reshard_layout_t *src = w_whole(8, 0), *dst = w_whole(8, 1);
   race_case c = {.src = src, .dst = dst};
   assert_int_equal(th_run_ranks(2, race_rank, &c), 0);
   assert_int_equal(c.code, RESHARD_ERROR_TIMEOUT);
@@ -1640,9 +1623,7 @@ static int refused_rank(int rank, reshard_comm_t *comm, void *arg) {
 
 static void exec_refused_by_caller(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  place1(src, add_t1(src, "w", RESHARD_FP32, 8), add_mesh1(src, 1, 0), reshard_replicate());
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  reshard_layout_t *src = w_whole(8, 0), *dst = w_whole(8, 1);
   refused_case c = {.src = src, .dst = dst};
   assert_int_equal(th_run_ranks(2, refused_rank, &c), 0);
   assert_int_equal(c.code[1], RESHARD_ERROR_INVALID_ARGUMENT);
@@ -1725,8 +1706,7 @@ static void review_grouped_overflow(void **state) {
 /* A huge timeout means no deadline, not an overflowed one. */
 static void review_huge_timeout(void **state) {
   (void)state;
-  reshard_layout_t *src = src_whole_on_rank0("w", 8), *dst = new_layout();
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 8), add_mesh1(dst, 1, 1), reshard_replicate());
+  reshard_layout_t *src = w_whole(8, 0), *dst = w_whole(8, 1);
   th_sync_args a = {.src = src, .dst = dst, .opts = RESHARD_OPTIONS_INITIALIZER, .steps = 1};
   a.opts.timeout_ms = INT64_MAX;
   assert_int_equal(th_sync(2, &a), 0);
@@ -1786,9 +1766,7 @@ static int two_plans_rank(int rank, reshard_comm_t *comm, void *p) {
 
 static void review_two_plans_same_layouts(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  place1(src, add_t1(src, "w", RESHARD_FP32, 4), add_mesh1(src, 1, 0), reshard_replicate());
-  place1(dst, add_t1(dst, "w", RESHARD_FP32, 4), add_mesh1(dst, 1, 1), reshard_replicate());
+  reshard_layout_t *src = w_whole(4, 0), *dst = w_whole(4, 1);
   two_plans x = {src, dst, 0};
   assert_int_equal(th_run_ranks(2, two_plans_rank, &x), 0);
   assert_int_equal(x.bad, 0);
@@ -1801,40 +1779,41 @@ static void review_two_plans_same_layouts(void **state) {
 #define ADD_ROWS(tests, n, rows, fn)                                                    \
   for (size_t i_ = 0; i_ < sizeof rows / sizeof *rows; i_++)                            \
   (tests)[(n)++] = (struct CMUnitTest) { (rows)[i_].name, (fn), NULL, NULL, &(rows)[i_] }
-#define ADD(tests, n, f) (tests)[(n)++] = (struct CMUnitTest)cmocka_unit_test(f)
 
 int main(void) {
-  struct CMUnitTest tests[128];
+  struct CMUnitTest tests[128] = {
+      cmocka_unit_test(layout_tensor_errors),
+      cmocka_unit_test(layout_mesh_errors),
+      cmocka_unit_test(layout_place_errors),
+      cmocka_unit_test(layout_fused_errors),
+      cmocka_unit_test(layout_raw_errors),
+      cmocka_unit_test(layout_query_errors),
+      cmocka_unit_test(strings_and_versions),
+      cmocka_unit_test(plan_tensor_not_covered),
+      cmocka_unit_test(plan_coverage_hole),
+      cmocka_unit_test(review_overlap_mixed_dtypes),
+      cmocka_unit_test(review_grouped_scalar),
+      cmocka_unit_test(review_grouped_overflow),
+      cmocka_unit_test(review_huge_timeout),
+      cmocka_unit_test(review_two_plans_same_layouts),
+      cmocka_unit_test(plan_ranks_outside_comm),
+      cmocka_unit_test(plan_rank_disagreement),
+      cmocka_unit_test(plan_split_sizes_sum),
+      cmocka_unit_test(exec_bad_args),
+      cmocka_unit_test(exec_null_buffer_one_rank),
+      cmocka_unit_test(exec_retry_after_failed_execute),
+      cmocka_unit_test(exec_sized_buffers),
+      cmocka_unit_test(exec_sized_counts),
+      cmocka_unit_test(exec_dst_overlap),
+      cmocka_unit_test(destroy_waits_for_execute),
+      cmocka_unit_test(exec_refused_by_caller),
+  };
   size_t n = 0;
-  ADD(tests, n, layout_tensor_errors);
-  ADD(tests, n, layout_mesh_errors);
-  ADD(tests, n, layout_place_errors);
-  ADD(tests, n, layout_fused_errors);
-  ADD(tests, n, layout_raw_errors);
-  ADD(tests, n, layout_query_errors);
-  ADD(tests, n, strings_and_versions);
-  ADD(tests, n, plan_tensor_not_covered);
-  ADD(tests, n, plan_coverage_hole);
+  while (tests[n].name) n++;
   ADD_ROWS(tests, n, raw_rows, plan_raw_case);
-  ADD(tests, n, review_overlap_mixed_dtypes);
-  ADD(tests, n, review_grouped_scalar);
-  ADD(tests, n, review_grouped_overflow);
-  ADD(tests, n, review_huge_timeout);
-  ADD(tests, n, review_two_plans_same_layouts);
   ADD_ROWS(tests, n, tensor_rows, plan_tensor_case);
-  ADD(tests, n, plan_ranks_outside_comm);
   ADD_ROWS(tests, n, option_rows, plan_option_case);
   ADD_ROWS(tests, n, disagree_rows, plan_disagree_case);
-  ADD(tests, n, plan_rank_disagreement);
-  ADD(tests, n, plan_split_sizes_sum);
-  ADD(tests, n, exec_bad_args);
-  ADD(tests, n, exec_null_buffer_one_rank);
-  ADD(tests, n, exec_retry_after_failed_execute);
-  ADD(tests, n, exec_sized_buffers);
-  ADD(tests, n, exec_sized_counts);
-  ADD(tests, n, exec_dst_overlap);
-  ADD(tests, n, destroy_waits_for_execute);
-  ADD(tests, n, exec_refused_by_caller);
   assert_true(n <= sizeof tests / sizeof *tests);
   return _cmocka_run_group_tests("test_bad_input", tests, n, NULL, NULL);
 }
