@@ -370,40 +370,29 @@ static void layout_raw_errors(void **state) {
   reshard_fragment_t f = {w, raw, st, ex, 0, NULL};
   EXPECT_ERR(IA, reshard_layout_add_fragment(NULL, &f), "add_fragment");
   EXPECT_ERR(IA, reshard_layout_add_fragment(L, NULL), "add_fragment");
-  reshard_fragment_t bad = f;
-  bad.tensor_id = 9;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor_id 9");
-  bad = f;
-  bad.buffer_id = 5;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "buffer_id 5");
-  bad.buffer_id = fused; /* explicit fragments go into raw buffers only */
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "buffer_id 0", "raw buffer");
-  bad = f;
-  bad.start = NULL;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "start or extent is NULL");
-  bad = f;
-  bad.extent = NULL;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "start or extent is NULL");
-  int64_t st_out[2] = {3, 0};
-  bad = f;
-  bad.start = st_out; /* rows [3, 5) of 4 */
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 0", "outside");
-  int64_t st_neg[2] = {0, -1};
-  bad = f;
-  bad.start = st_neg;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 1", "outside");
-  int64_t ex_neg[2] = {-1, 4};
-  bad = f;
-  bad.extent = ex_neg;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 0", "outside");
-  int64_t st_ovf[2] = {0, 1}, ex_ovf[2] = {1, INT64_MAX};
-  bad = f;
-  bad.start = st_ovf;
-  bad.extent = ex_ovf;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "dim 1", "outside");
-  bad = f;
-  bad.byte_offset = (size_t)INT64_MAX + 1;
-  EXPECT_ERR(IA, reshard_layout_add_fragment(L, &bad), "tensor 'w'", "rank 1", "byte_offset");
+  /* f with one field wrong: the rows vary which and how */
+  int64_t st_out[2] = {3, 0}, st_neg[2] = {0, -1}, ex_neg[2] = {-1, 4}, st_ovf[2] = {0, 1}, ex_ovf[2] = {1, INT64_MAX};
+  const struct {
+    const char *name;
+    reshard_fragment_t f;
+    const char *subs[5];
+  } bad[] = {
+      {"tensor_id 9", {9, raw, st, ex, 0, NULL}, {"tensor_id 9"}},
+      {"buffer_id 5", {w, 5, st, ex, 0, NULL}, {"tensor 'w'", "buffer_id 5"}},
+      /* explicit fragments go into raw buffers only */
+      {"fused buffer", {w, fused, st, ex, 0, NULL}, {"tensor 'w'", "buffer_id 0", "raw buffer"}},
+      {"start NULL", {w, raw, NULL, ex, 0, NULL}, {"tensor 'w'", "rank 1", "start or extent is NULL"}},
+      {"extent NULL", {w, raw, st, NULL, 0, NULL}, {"tensor 'w'", "rank 1", "start or extent is NULL"}},
+      {"rows [3, 5) of 4", {w, raw, st_out, ex, 0, NULL}, {"tensor 'w'", "rank 1", "dim 0", "outside"}},
+      {"start -1", {w, raw, st_neg, ex, 0, NULL}, {"tensor 'w'", "rank 1", "dim 1", "outside"}},
+      {"extent -1", {w, raw, st, ex_neg, 0, NULL}, {"tensor 'w'", "rank 1", "dim 0", "outside"}},
+      {"end overflows", {w, raw, st_ovf, ex_ovf, 0, NULL}, {"tensor 'w'", "rank 1", "dim 1", "outside"}},
+      {"byte_offset", {w, raw, st, ex, (size_t)INT64_MAX + 1, NULL}, {"tensor 'w'", "rank 1", "byte_offset"}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    reshard_result_t r = reshard_layout_add_fragment(L, &bad[i].f);
+    if (!check_result(__FILE__, __LINE__, bad[i].name, r, reshard_last_error(), IA, bad[i].subs)) fail();
+  }
   assert_unchanged(L, &s);
 
   EXPECT_OK(reshard_layout_add_fragment(L, &f));
@@ -602,6 +591,20 @@ static void expect_remote(const char *file, int line, const pcase *c,
 }
 #define EXPECT_REMOTE(c, except, except2) expect_remote(__FILE__, __LINE__, (c), (except), (except2))
 
+/* w[8] f32 held only as [0, 4) by rank 0 (partial: allowed to be) ->
+ * sharded over ranks 1, 2. */
+static void half_source(int partial, reshard_layout_t **src, reshard_layout_t **dst) {
+  *src = new_layout();
+  *dst = new_layout();
+  int ws = add_t1(*src, "w", RESHARD_FP32, 8), b0 = -1;
+  if (partial) EXPECT_OK(reshard_layout_allow_partial(*src, ws));
+  EXPECT_OK(reshard_layout_add_buffer(*src, "s0", 0, 16, &b0));
+  int64_t st[1] = {0}, ex[1] = {4};
+  reshard_fragment_t f = {ws, b0, st, ex, 0, NULL};
+  EXPECT_OK(reshard_layout_add_fragment(*src, &f));
+  place1(*dst, add_t1(*dst, "w", RESHARD_FP32, 8), add_mesh1(*dst, 2, 1), reshard_shard(0));
+}
+
 /* Every tensor a side declares must be held whole by that side, unless
  * reshard_layout_allow_partial says otherwise: w[8] f32 held only as
  * [0, 4) by rank 0 fails on every rank naming the box no source holds; a
@@ -609,15 +612,8 @@ static void expect_remote(const char *file, int line, const pcase *c,
  * tensor a user meets as NaNs later) fails naming it. */
 static void plan_tensor_not_covered(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  int ws = add_t1(src, "w", RESHARD_FP32, 8);
-  int b0 = -1;
-  EXPECT_OK(reshard_layout_add_buffer(src, "s0", 0, 16, &b0));
-  int64_t st[1] = {0}, ex[1] = {4};
-  reshard_fragment_t f = {ws, b0, st, ex, 0, NULL};
-  EXPECT_OK(reshard_layout_add_fragment(src, &f));
-  int wd = add_t1(dst, "w", RESHARD_FP32, 8);
-  place1(dst, wd, add_mesh1(dst, 2, 1), reshard_shard(0));
+  reshard_layout_t *src, *dst;
+  half_source(0, &src, &dst);
   pcase c;
   pcase_init(&c, 4, src, dst);
   pcase_run(&c);
@@ -653,16 +649,9 @@ static void plan_tensor_not_covered(void **state) {
  * part in nothing. */
 static void plan_coverage_hole(void **state) {
   (void)state;
-  reshard_layout_t *src = new_layout(), *dst = new_layout();
-  int ws = add_t1(src, "w", RESHARD_FP32, 8);
-  EXPECT_OK(reshard_layout_allow_partial(src, ws));
+  reshard_layout_t *src, *dst;
+  half_source(1, &src, &dst);
   int b0 = -1;
-  EXPECT_OK(reshard_layout_add_buffer(src, "s0", 0, 16, &b0));
-  int64_t st[1] = {0}, ex[1] = {4};
-  reshard_fragment_t f = {ws, b0, st, ex, 0, NULL};
-  EXPECT_OK(reshard_layout_add_fragment(src, &f));
-  int wd = add_t1(dst, "w", RESHARD_FP32, 8);
-  place1(dst, wd, add_mesh1(dst, 2, 1), reshard_shard(0));
   pcase c;
   pcase_init(&c, 4, src, dst);
   pcase_run(&c);
