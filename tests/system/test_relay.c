@@ -359,18 +359,10 @@ static void dense_flat(void **state) {
   static run a, b;
   size_t stagings[3] = {0, 4096, 65536};
   for (int k = 0; k < 3; k++) {
-    memset(&b, 0, sizeof b);
-    b.src = S;
-    b.dst = D;
-    b.opts = relay_opts(0, stagings[k]);
-    b.steps = 3;
+    run_setup(&b, S, D, relay_opts(0, stagings[k]), 3);
     assert_int_equal(run_all(N, &b), 0);
 
-    memset(&a, 0, sizeof a);
-    a.src = S;
-    a.dst = D;
-    a.opts = relay_opts(1, stagings[k]);
-    a.steps = 3;
+    run_setup(&a, S, D, relay_opts(1, stagings[k]), 3);
     assert_int_equal(run_all(N, &a), 0);
     check_source_egress(&a, N, is_src);
     check_domain_ingress(&a, N, flat, is_dst);
@@ -391,12 +383,8 @@ static void dense_flat(void **state) {
     /* verify mode checks forwards too: sender and receiver of every
      * relayed box agree on its checksum */
     static run v;
-    memset(&v, 0, sizeof v);
-    v.src = S;
-    v.dst = D;
-    v.opts = relay_opts(1, stagings[k]);
+    run_setup(&v, S, D, relay_opts(1, stagings[k]), 3);
     v.opts.flags = RESHARD_FLAG_VERIFY;
-    v.steps = 3;
     assert_int_equal(run_all(N, &v), 0);
     for (int r = 0; r < N; r++) assert_true(v.dst_hash[r] == a.dst_hash[r]);
     run_free(&v, N);
@@ -416,12 +404,8 @@ static void dense_flat(void **state) {
 static void topo_case(const reshard_layout_t *S, const reshard_layout_t *D, int n, size_t staging, const char *what,
                       int egress_once) {
   static run a;
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(1, staging);
+  run_setup(&a, S, D, relay_opts(1, staging), 2);
   a.opts.topology = "h100-8x400g";
-  a.steps = 2;
   int64_t bad = run_all(n, &a);
   if (bad) fprintf(stderr, "%s: %lld bad\n", what, (long long)bad);
   assert_int_equal(bad, 0);
@@ -447,31 +431,48 @@ static void topo_case(const reshard_layout_t *S, const reshard_layout_t *D, int 
   run_free(&a, n);
 }
 
-static void topology_h100(void **state) {
-  (void)state;
-  rs_relay_min_part_bytes = 0;
-  enum { N = 40 };
+/* Relay on h100-8x400g: source tp=4 x 2 replicas on ranks 0..7, the
+ * destination [dp, tp] on ranks 8..39, each case executed and checked by
+ * topo_case. The rows vary the destination mesh, the order of its ranks
+ * (shuffle: a seed, 0 for rank order), the staging budget and the
+ * smallest relay part (min_part: rs_relay_min_part_bytes). */
+typedef struct topo_row {
+  const char *name;
+  int dp, tp;
+  uint64_t shuffle;
+  size_t staging;
+  uint64_t min_part;
+} topo_row;
+
+static topo_row topo_rows[] = {
+    /* [dp=16, tp=2] in rank order: each group has 4 members in each of the
+     * 4 destination nodes (entries and second hops) */
+    {"topology_h100/dp16_tp2", 16, 2, 0, 0, 0},
+    {"topology_h100/dp16_tp2_small_staging", 16, 2, 0, 8192, 0},
+    /* [dp=4, tp=8] with the ranks dealt so that groups have 1, 2 and 3
+     * members in a node */
+    {"topology_h100/dp4_tp8_shuffled", 4, 8, 77, 0, 0},
+    /* 256-byte parts (few_parts checks the part counts) */
+    {"few_parts/dp16_tp2", 16, 2, 0, 0, 256},
+    {"few_parts/dp16_tp2_small_staging", 16, 2, 0, 8192, 256},
+    {"few_parts/dp8_tp4", 8, 4, 0, 0, 256},
+};
+
+static void topology_case(void **state) {
+  const topo_row *row = *state;
+  rs_relay_min_part_bytes = row->min_part;
   int sr[8], dr[32];
   seq(sr, 8, 0);
-  /* source tp=4 x 2 replicas; destination [dp=16, tp=2] in rank order:
-   * each group has 4 members in each of the 4 destination nodes (entries
-   * and second hops) */
   seq(dr, 32, 8);
-  reshard_layout_t *S = train_side(sr, 2, 4), *D = infer_side(dr, 16, 2);
-  topo_case(S, D, N, 0, "dp16 tp2", 1);
-  topo_case(S, D, N, 8192, "dp16 tp2 small staging", 1);
-  reshard_layout_destroy(D);
-  /* [dp=4, tp=8] with the ranks dealt so that groups have 1, 2 and 3
-   * members in a node */
-  uint64_t s = 77;
-  for (int i = 31; i > 0; i--) {
+  uint64_t s = row->shuffle;
+  for (int i = 31; row->shuffle && i > 0; i--) {
     int j = (int)(th_rand(&s) % (uint64_t)(i + 1));
     int x = dr[i];
     dr[i] = dr[j];
     dr[j] = x;
   }
-  D = infer_side(dr, 4, 8);
-  topo_case(S, D, N, 0, "dp4 tp8 shuffled", 1);
+  reshard_layout_t *S = train_side(sr, 2, 4), *D = infer_side(dr, row->dp, row->tp);
+  topo_case(S, D, 40, row->staging, row->name, 1);
   reshard_layout_destroy(D);
   reshard_layout_destroy(S);
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
@@ -481,7 +482,7 @@ static void topology_h100(void **state) {
  * each of 4 nodes) travels as one part, the output layer's fragments
  * (3 KiB at tp=2, 16 replicas) as 12, at tp=4 (1.5 KiB, 8 replicas) as 6;
  * every fragment still leaves the sources once and enters each node once,
- * byte-exact. */
+ * byte-exact (the few_parts/ rows of topo_rows execute these). */
 static void few_parts(void **state) {
   (void)state;
   rs_relay_min_part_bytes = 256;
@@ -529,11 +530,6 @@ static void few_parts(void **state) {
   rs_frag_vec_free(&mine);
   rs_relay_ctx_free(&ctx);
   rs_rank_map_free(&map);
-  topo_case(S, D, N, 0, "dp16 tp2, 256-byte parts", 1);
-  topo_case(S, D, N, 8192, "dp16 tp2, 256-byte parts, small staging", 1);
-  reshard_layout_destroy(D);
-  D = infer_side(dr, 8, 4);
-  topo_case(S, D, N, 0, "dp8 tp4, 256-byte parts", 1);
   reshard_layout_destroy(D);
   reshard_layout_destroy(S);
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
@@ -646,11 +642,7 @@ static void threshold(void **state) {
   int relays[3] = {1, 0, -1};
   uint64_t want[3] = {512 * 512 * 4 + 2 * 4096 * 4, 2 * (512 * 512 * 4 + 4096 * 4), 2 * (512 * 512 * 4 + 4096 * 4)};
   for (int k = 0; k < 3; k++) {
-    memset(&a, 0, sizeof a);
-    a.src = S;
-    a.dst = D;
-    a.opts = relay_opts(relays[k], 0);
-    a.steps = 2;
+    run_setup(&a, S, D, relay_opts(relays[k], 0), 2);
     assert_int_equal(run_all(3, &a), 0);
     assert_int_equal(sent_by(&a, 3, is_src), want[k]);
     run_free(&a, 3);
@@ -670,11 +662,7 @@ static void colocated(void **state) {
   seq(dr, 8, 0);
   reshard_layout_t *S = train_side(sr, 1, 2), *D = infer_side(dr, 4, 2);
   static run a;
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(1, 4096);
-  a.steps = 2;
+  run_setup(&a, S, D, relay_opts(1, 4096), 2);
   assert_int_equal(run_all(8, &a), 0);
   /* rank 0 copies its shard locally for every tensor */
   assert_true(a.stats[0].local_copy_bytes > 0);
@@ -685,11 +673,7 @@ static void colocated(void **state) {
   reshard_layout_destroy(D);
   seq(dr, 4, 1);
   D = infer_side(dr, 2, 2);
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(1, 0);
-  a.steps = 2;
+  run_setup(&a, S, D, relay_opts(1, 0), 2);
   assert_int_equal(run_all(5, &a), 0);
   run_free(&a, 5);
   reshard_layout_destroy(S);
@@ -704,25 +688,15 @@ static void colocated(void **state) {
 static void stream_counts(void **state) {
   (void)state;
   rs_relay_min_part_bytes = 0;
-  reshard_layout_t *S, *D;
-  int t, m, b;
   int64_t shape[2] = {64, 256};
-  assert_int_equal(reshard_layout_create(&S), 0);
-  assert_int_equal(reshard_layout_create(&D), 0);
-  reshard_layout_t *L[2] = {S, D};
-  for (int k = 0; k < 2; k++) {
-    int n = 4;
-    assert_int_equal(reshard_layout_add_tensor(L[k], "w", RESHARD_FP32, 2, shape, &t), 0);
-    assert_int_equal(reshard_layout_add_mesh_strided(L[k], 1, &n, 4 * k, 1, &m), 0);
-    reshard_placement_t p[1] = {reshard_replicate()};
-    assert_int_equal(reshard_layout_place(L[k], t, m, p, &b), 0);
-  }
+  int sr[4], dr[4];
+  seq(sr, 4, 0);
+  seq(dr, 4, 4);
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  reshard_layout_t *S = one_weight(RESHARD_FP32, 2, shape, 1, (int[]){4}, sr, rep);
+  reshard_layout_t *D = one_weight(RESHARD_FP32, 2, shape, 1, (int[]){4}, dr, rep);
   static run a;
-  memset(&a, 0, sizeof a);
-  a.src = S;
-  a.dst = D;
-  a.opts = relay_opts(1, 0);
-  a.steps = 2;
+  run_setup(&a, S, D, relay_opts(1, 0), 2);
   assert_int_equal(run_all(8, &a), 0);
   for (int r = 0; r < 4; r++) assert_int_equal(a.stats[r].send_messages, 4);
   for (int r = 4; r < 8; r++) {
@@ -788,28 +762,16 @@ static void pipelined_fanout(void **state) {
  * receives from its own node; without a topology both replicas serve. */
 static void replica_choice(void **state) {
   (void)state;
-  reshard_layout_t *S, *D;
-  int t, m, b;
   int64_t shape[2] = {512, 64};
-  int ss[2] = {2, 8}, ds[2] = {4, 4};
-  assert_int_equal(reshard_layout_create(&S), 0);
-  assert_int_equal(reshard_layout_create(&D), 0);
-  assert_int_equal(reshard_layout_add_tensor(S, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_tensor(D, "w", RESHARD_FP32, 2, shape, &t), 0);
-  assert_int_equal(reshard_layout_add_mesh_strided(S, 2, ss, 0, 1, &m), 0);
-  reshard_placement_t sp[2] = {reshard_replicate(), reshard_shard(0)};
-  assert_int_equal(reshard_layout_place(S, t, m, sp, &b), 0);
-  assert_int_equal(reshard_layout_add_mesh_strided(D, 2, ds, 0, 1, &m), 0);
-  reshard_placement_t dp[2] = {reshard_replicate(), reshard_shard(1)};
-  assert_int_equal(reshard_layout_place(D, t, m, dp, &b), 0);
+  int all[16];
+  seq(all, 16, 0);
+  reshard_placement_t sp[2] = {reshard_replicate(), reshard_shard(0)}, dp[2] = {reshard_replicate(), reshard_shard(1)};
+  reshard_layout_t *S = one_weight(RESHARD_FP32, 2, shape, 2, (int[]){2, 8}, all, sp);
+  reshard_layout_t *D = one_weight(RESHARD_FP32, 2, shape, 2, (int[]){4, 4}, all, dp);
   static run a;
   for (int topo = 0; topo < 2; topo++) {
-    memset(&a, 0, sizeof a);
-    a.src = S;
-    a.dst = D;
-    a.opts = relay_opts(0, 0);
+    run_setup(&a, S, D, relay_opts(0, 0), 2);
     a.opts.topology = topo ? "h100-8x400g" : NULL;
-    a.steps = 2;
     assert_int_equal(run_all(16, &a), 0);
     int cross = 0;
     for (int r = 0; r < 16; r++)
@@ -950,12 +912,22 @@ static void models(void **state) {
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
 }
 
+/* One CMocka test per row of a case table, named by the row, run by fn
+ * with the row as its state. */
+#define ADD_ROWS(tests, n, rows, fn)                                                    \
+  for (size_t i_ = 0; i_ < sizeof rows / sizeof *rows; i_++)                            \
+  (tests)[(n)++] = (struct CMUnitTest) { (rows)[i_].name, (fn), NULL, NULL, &(rows)[i_] }
+
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(dense_flat),   cmocka_unit_test(topology_h100), cmocka_unit_test(random_topology),
-      cmocka_unit_test(random_pairs), cmocka_unit_test(threshold),     cmocka_unit_test(colocated),
-      cmocka_unit_test(models),       cmocka_unit_test(stream_counts), cmocka_unit_test(pipelined_fanout), cmocka_unit_test(replica_choice),
-      cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),  cmocka_unit_test(few_parts),
+  struct CMUnitTest tests[32] = {
+      cmocka_unit_test(dense_flat),       cmocka_unit_test(random_topology),  cmocka_unit_test(random_pairs),
+      cmocka_unit_test(threshold),        cmocka_unit_test(colocated),        cmocka_unit_test(models),
+      cmocka_unit_test(stream_counts),    cmocka_unit_test(pipelined_fanout), cmocka_unit_test(replica_choice),
+      cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),      cmocka_unit_test(few_parts),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  size_t n = 0;
+  while (tests[n].name) n++;
+  ADD_ROWS(tests, n, topo_rows, topology_case);
+  assert_true(n <= sizeof tests / sizeof *tests);
+  return _cmocka_run_group_tests("test_relay", tests, n, NULL, NULL);
 }
