@@ -271,45 +271,38 @@ static void run_worlds(worlds_cfg cfg) {
   if (iters >= 100) assert_true(world.delivered - delivered0 > 300);
 }
 
-static void random_worlds(void **state) {
-  (void)state;
-  run_worlds((worlds_cfg){0, RL_ANY, 0, 0, 0});
+/* A random-worlds test: its worlds_cfg is its state
+ * (cmocka_unit_test_prestate, named in main by WORLDS_TEST). */
+static void worlds_test(void **state) {
+  run_worlds(*(const worlds_cfg *)*state);
 }
+
+/* The random-world cases, each a worlds_cfg {registered, mode, iters,
+ * flags, nccl} named as its test. */
+static worlds_cfg random_worlds = {0, RL_ANY, 0, 0, 0};
 
 /* The same with registered buffers: direct copies from the senders'
  * buffers (relays included: forwards read the relaying rank's registered
  * destination buffers), then unregistered, a step with other buffers
  * (staged). */
-static void registered_random_worlds(void **state) {
-  (void)state;
-  run_worlds((worlds_cfg){1, RL_ANY, 0, 0, 0});
-}
+static worlds_cfg registered_random_worlds = {1, RL_ANY, 0, 0, 0};
 
 /* Registered buffers with dtypes converted on the way (support/
  * random_layout RL_CASTS: f32, bf16, f16 and fp8 into each other): each
  * direct copy casts as the composed pack and unpack would
  * (rs_copy_compose carries the cast), checked against the self-test's
  * reference casts; the unregistered step goes staged. */
-static void registered_cast_worlds(void **state) {
-  (void)state;
-  run_worlds((worlds_cfg){1, RL_CASTS, 48, 0, 0});
-}
+static worlds_cfg registered_cast_worlds = {1, RL_CASTS, 48, 0, 0};
 
 /* RESHARD_FLAG_VERIFY with registered buffers: each receiver sums the
  * senders' boxes from their mapped buffers and its own after the direct
  * copies; clean worlds (relays, local copies) agree. */
-static void registered_verify_worlds(void **state) {
-  (void)state;
-  run_worlds((worlds_cfg){1, RL_ANY, 60, RESHARD_FLAG_VERIFY, 0});
-}
+static worlds_cfg registered_verify_worlds = {1, RL_ANY, 60, RESHARD_FLAG_VERIFY, 0};
 
 /* RESHARD_FLAG_VERIFY on the device (issue 17, item 4), over CUDA IPC and
  * NCCL (every other world): the box sums of both ends agree on clean
  * transfers, relays and local copies included. */
-static void verify_random_worlds(void **state) {
-  (void)state;
-  run_worlds((worlds_cfg){0, RL_ANY, 0, RESHARD_FLAG_VERIFY, 1});
-}
+static worlds_cfg verify_random_worlds = {0, RL_ANY, 0, RESHARD_FLAG_VERIFY, 1};
 
 /* A bit flipped in flight: verify on the device catches it (MISMATCH
  * naming the tensor, the box and the sender); without the flag the same
@@ -389,40 +382,65 @@ static void verify_catches_corruption(void **state) {
     }
 }
 
+/* ------------------------------------------------------------ world cases */
+
+/* A test that runs a world of n ranks, its world_case its state
+ * (cmocka_unit_test_prestate, named in main by WORLD_TEST). Each rank runs
+ * fn or, where body is set, opens its communicator (NCCL where nccl, CUDA
+ * IPC otherwise) and a plan of 64 rows, 4 KiB of staging and timeout_ms,
+ * runs body, and frees both. The cases: below, each after its rank's part. */
+typedef void plan_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p);
+typedef struct world_case {
+  int n;
+  mw_fn fn;
+  plan_body *body;
+  int64_t timeout_ms;
+  int nccl;
+} world_case;
+
+static void plan_rank(ipc_rank *r) {
+  const world_case *w = r->ctx;
+  reshard_comm_t *host = NULL, *c = open_comm(r, w->nccl, &host);
+  if (!c) return;
+  ipc_plan p;
+  if (make_plan(c, &p, r->n, 64, 4096, w->timeout_ms, r->rank)) RFAIL(r, "plan: %s", reshard_last_error());
+  else w->body(r, host, &p);
+  free_plan(&p);
+  close_ipc(c, host);
+}
+
+static void world_test(void **state) {
+  world_case *w = *state;
+  run_world(w->n, w->body ? plan_rank : w->fn, w);
+}
+
 /* Registered buffers move no byte through staging: every message is a
  * token and the receiver copies from the sender's buffer (no pull from a
  * pool); unregistered, other buffers go staged; registering them goes
  * direct again, and the old mappings are released. */
-static void direct_rank(ipc_rank *r) {
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-    goto out;
-  }
-  if (reshard_selftest_alloc(&p.s, p.src, r->rank, 0)) RFAIL(r, "selftest alloc");
+static void direct_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  if (reshard_selftest_alloc(&p->s, p->src, r->rank, 0)) RFAIL(r, "selftest alloc");
   long pulls0 = world.ipc_pool_pulls;
-  if (!r->failed && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
-                                                  (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+  if (!r->failed && reshard_plan_register_buffers(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf,
+                                                  (void *const *)p->d.ptr, (size_t)p->d.nbuf))
     RFAIL(r, "register: %s", reshard_last_error());
   for (int step = 0; step < 4 && !r->failed; step++) {
     if (step == 2) { /* unregistered, other source buffers: staged */
-      if (reshard_plan_register_buffers(p.plan, NULL, 0, NULL, 0)) RFAIL(r, "unregister: %s", reshard_last_error());
-      reshard_selftest_t old = p.s;
-      if (reshard_selftest_alloc(&p.s, p.src, r->rank, step)) RFAIL(r, "selftest alloc");
+      if (reshard_plan_register_buffers(p->plan, NULL, 0, NULL, 0)) RFAIL(r, "unregister: %s", reshard_last_error());
+      reshard_selftest_t old = p->s;
+      if (reshard_selftest_alloc(&p->s, p->src, r->rank, step)) RFAIL(r, "selftest alloc");
       reshard_selftest_free(&old);
     } else {
-      reshard_selftest_fill(&p.s, p.src, (uint64_t)step);
+      reshard_selftest_fill(&p->s, p->src, (uint64_t)step);
     }
-    if (step == 3 && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
-                                                   (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+    if (step == 3 && reshard_plan_register_buffers(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf,
+                                                   (void *const *)p->d.ptr, (size_t)p->d.nbuf))
       RFAIL(r, "register again: %s", reshard_last_error());
-    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
-                             (size_t)p.d.nbuf, NULL))
+    if (reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                             (size_t)p->d.nbuf, NULL))
       RFAIL(r, "execute: %s", reshard_last_error());
     if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
-    r->wrong += reshard_selftest_check(&p.d, p.dst, r->rank, (uint64_t)step, "direct");
+    r->wrong += reshard_selftest_check(&p->d, p->dst, r->rank, (uint64_t)step, "direct");
     /* every rank is past this step before anyone looks at the counter */
     uint64_t v = 0;
     host->ops->allreduce_max_u64(host, &v, 1, INT64_MAX);
@@ -434,89 +452,55 @@ static void direct_rank(ipc_rank *r) {
     host->ops->allreduce_max_u64(host, &v, 1, INT64_MAX);
   }
   if (r->wrong) RFAIL(r, "%lld wrong bytes", (long long)r->wrong);
-out:
-  free_plan(&p);
-  close_ipc(c, host);
 }
+static world_case registered_buffers_go_direct = {.n = 3, .body = direct_body, .timeout_ms = 5000};
 
 /* An execute of a registered plan with other buffers is refused (its
  * partners would read the registered ones): INVALID_ARGUMENT naming the
  * buffer, nothing written, and the partner learns of it (REMOTE). */
-static void other_buffers_rank(ipc_rank *r) {
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-    goto out;
-  }
-  if (reshard_selftest_alloc(&p.s, p.src, r->rank, 0)) RFAIL(r, "selftest alloc");
-  if (!r->failed && reshard_plan_register_buffers(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf,
-                                                  (void *const *)p.d.ptr, (size_t)p.d.nbuf))
+static void other_buffers_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (reshard_selftest_alloc(&p->s, p->src, r->rank, 0)) RFAIL(r, "selftest alloc");
+  if (!r->failed && reshard_plan_register_buffers(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf,
+                                                  (void *const *)p->d.ptr, (size_t)p->d.nbuf))
     RFAIL(r, "register: %s", reshard_last_error());
-  if (r->failed) goto out;
+  if (r->failed) return;
   if (r->rank == 0) {
     reshard_selftest_t other;
-    if (reshard_selftest_alloc(&other, p.src, r->rank, 0)) {
+    if (reshard_selftest_alloc(&other, p->src, r->rank, 0)) {
       RFAIL(r, "selftest alloc");
-      goto out;
+      return;
     }
-    reshard_result_t e = reshard_plan_execute(p.plan, (void *const *)other.ptr, (size_t)other.nbuf,
-                                              (void *const *)p.d.ptr, (size_t)p.d.nbuf, NULL);
+    reshard_result_t e = reshard_plan_execute(p->plan, (void *const *)other.ptr, (size_t)other.nbuf,
+                                              (void *const *)p->d.ptr, (size_t)p->d.nbuf, NULL);
     if (e != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), "registered"))
       RFAIL(r, "execute with other buffers gave %s: %s", reshard_result_string(e), reshard_last_error());
     reshard_selftest_free(&other);
   } else {
-    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
-                             (size_t)p.d.nbuf, NULL))
+    if (reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                             (size_t)p->d.nbuf, NULL))
       RFAIL(r, "execute: %s", reshard_last_error());
-    reshard_plan_status_t st = wait_failed(p.plan, 3000);
+    reshard_plan_status_t st = wait_failed(p->plan, 3000);
     if (!st.failed || st.failure != RESHARD_ERROR_REMOTE)
       RFAIL(r, "partner: failed %d, %s", st.failed, reshard_result_string(st.failure));
   }
-  if (changed_bytes(&p)) RFAIL(r, "%ld destination bytes written", changed_bytes(&p));
-out:
-  free_plan(&p);
-  close_ipc(c, host);
+  if (changed_bytes(p)) RFAIL(r, "%ld destination bytes written", changed_bytes(p));
 }
-
-static void registered_plan_refuses_other_buffers(void **state) {
-  (void)state;
-  run_world(2, other_buffers_rank, NULL);
-}
-
-static void registered_buffers_go_direct(void **state) {
-  (void)state;
-  run_world(3, direct_rank, NULL);
-}
+static world_case registered_plan_refuses_other_buffers = {.n = 2, .body = other_buffers_body, .timeout_ms = 5000};
 
 /* Registration on a transport that cannot map peers' buffers: refused,
  * UNSUPPORTED, on every rank, and execute still works. */
-static void register_unsupported_on_nccl_rank(ipc_rank *r) {
-  reshard_comm_t *c = NULL;
-  if (reshard_comm_create_nccl(MOCK_PARENT, &c)) {
-    RFAIL(r, "comm: %s", reshard_last_error());
-    return;
-  }
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-  } else {
-    if (reshard_plan_register_buffers(p.plan, NULL, 0, NULL, 0) != RESHARD_ERROR_UNSUPPORTED ||
-        !strstr(reshard_last_error(), "nccl"))
-      RFAIL(r, "register on NCCL: %s", reshard_last_error());
-    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
-    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
-    else r->wrong += reshard_selftest_check(&p.d, p.dst, r->rank, 0, "nccl after refusal");
-  }
-  free_plan(&p);
-  reshard_comm_destroy(c);
+static void register_unsupported_on_nccl_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (reshard_plan_register_buffers(p->plan, NULL, 0, NULL, 0) != RESHARD_ERROR_UNSUPPORTED ||
+      !strstr(reshard_last_error(), "nccl"))
+    RFAIL(r, "register on NCCL: %s", reshard_last_error());
+  if (run_plan(p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+  else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+  else r->wrong += reshard_selftest_check(&p->d, p->dst, r->rank, 0, "nccl after refusal");
 }
-
-static void register_unsupported_on_nccl(void **state) {
-  (void)state;
-  run_world(2, register_unsupported_on_nccl_rank, NULL);
-}
+static world_case register_unsupported_on_nccl = {.n = 2, .body = register_unsupported_on_nccl_body, .timeout_ms = 5000,
+                                                  .nccl = 1};
 
 /* Plans of growing staging on one communicator: each plan creation
  * re-exchanges the pools that grew (a peer's old mapping is closed), and
@@ -539,109 +523,72 @@ static void regrow_rank(ipc_rank *r) {
   free_plan(&b);
   close_ipc(c, host);
 }
-
-static void pools_regrow(void **state) {
-  (void)state;
-  run_world(4, regrow_rank, NULL);
-}
+static world_case pools_regrow = {.n = 4, .fn = regrow_rank};
 
 /* A rank that never runs its execute: its partners' waits on the GPU
  * give up at the plan's timeout (no host wait anywhere), the agreement's
  * gate closes before any unpack, so no destination byte is written, and
  * reshard_plan_get_status reports TIMEOUT naming the absent rank (or
  * REMOTE, when the other partner's poison came first). */
-static void absent_rank(ipc_rank *r) {
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 300, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-  } else if (r->rank != 2) {
-    int64_t t0 = ms_now();
-    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
-    reshard_plan_status_t st = wait_failed(p.plan, 3000);
-    int64_t dt = ms_now() - t0;
-    /* TIMEOUT, or REMOTE when the other waiting rank timed out first and
-     * its poison reached this one */
-    if (!st.failed || (st.failure != RESHARD_ERROR_TIMEOUT && st.failure != RESHARD_ERROR_REMOTE))
-      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
-    else if (!strstr(st.failure_message, "rank 2"))
-      RFAIL(r, "the message does not name rank 2: %s", st.failure_message);
-    if (dt > 2000) RFAIL(r, "the failure took %lld ms (timeout 300 ms)", (long long)dt);
-    long ch = changed_bytes(&p);
-    if (ch) RFAIL(r, "%ld destination bytes written", ch);
-    if (reshard_plan_execute(p.plan, (void *const *)p.s.ptr, (size_t)p.s.nbuf, (void *const *)p.d.ptr,
-                             (size_t)p.d.nbuf, NULL) == RESHARD_SUCCESS)
-      RFAIL(r, "the failed plan executed again");
-  }
-  free_plan(&p);
-  close_ipc(c, host);
+static void absent_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (r->rank == 2) return;
+  int64_t t0 = ms_now();
+  if (run_plan(p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+  reshard_plan_status_t st = wait_failed(p->plan, 3000);
+  int64_t dt = ms_now() - t0;
+  /* TIMEOUT, or REMOTE when the other waiting rank timed out first and
+   * its poison reached this one */
+  if (!st.failed || (st.failure != RESHARD_ERROR_TIMEOUT && st.failure != RESHARD_ERROR_REMOTE))
+    RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+  else if (!strstr(st.failure_message, "rank 2"))
+    RFAIL(r, "the message does not name rank 2: %s", st.failure_message);
+  if (dt > 2000) RFAIL(r, "the failure took %lld ms (timeout 300 ms)", (long long)dt);
+  long ch = changed_bytes(p);
+  if (ch) RFAIL(r, "%ld destination bytes written", ch);
+  if (reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                           (size_t)p->d.nbuf, NULL) == RESHARD_SUCCESS)
+    RFAIL(r, "the failed plan executed again");
 }
-
-static void absent_partner_times_out(void **state) {
-  (void)state;
-  run_world(3, absent_rank, NULL);
-}
+static world_case absent_partner_times_out = {.n = 3, .body = absent_body, .timeout_ms = 300};
 
 /* A rank's execute is refused (the wrong current device): it poisons the
  * communicator, on its peers too (their windows' abort words), so their
  * waits give up long before their 10 s timeout, with REMOTE. */
-static void refused_rank(ipc_rank *r) {
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 10000, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-  } else if (r->rank == 1) {
+static void refused_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (r->rank == 1) {
     M.device = 1;
-    reshard_result_t e = run_plan(&p, r->rank, 0);
+    reshard_result_t e = run_plan(p, r->rank, 0);
     if (e != RESHARD_ERROR_INVALID_USAGE) RFAIL(r, "execute gave %s", reshard_result_string(e));
     M.device = 0;
-  } else {
-    int64_t t0 = ms_now();
-    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
-    reshard_plan_status_t st = wait_failed(p.plan, 5000);
-    int64_t dt = ms_now() - t0;
-    if (!st.failed || st.failure != RESHARD_ERROR_REMOTE)
-      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
-    if (dt > 3000) RFAIL(r, "the failure took %lld ms: the poison did not reach this rank", (long long)dt);
-    long ch = changed_bytes(&p);
-    if (ch) RFAIL(r, "%ld destination bytes written", ch);
+    return;
   }
-  free_plan(&p);
-  close_ipc(c, host);
+  int64_t t0 = ms_now();
+  if (run_plan(p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+  reshard_plan_status_t st = wait_failed(p->plan, 5000);
+  int64_t dt = ms_now() - t0;
+  if (!st.failed || st.failure != RESHARD_ERROR_REMOTE)
+    RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+  if (dt > 3000) RFAIL(r, "the failure took %lld ms: the poison did not reach this rank", (long long)dt);
+  long ch = changed_bytes(p);
+  if (ch) RFAIL(r, "%ld destination bytes written", ch);
 }
-
-static void poison_reaches_partners(void **state) {
-  (void)state;
-  run_world(3, refused_rank, NULL);
-}
+static world_case poison_reaches_partners = {.n = 3, .body = refused_body, .timeout_ms = 10000};
 
 /* A rank one weight version ahead: the agreement on the device fails on
  * its partners (MISMATCH naming both versions), nothing is written. */
-static void version_rank(ipc_rank *r) {
-  reshard_comm_t *host, *c = open_ipc(r, &host);
-  if (!c) return;
-  ipc_plan p;
-  if (make_plan(c, &p, r->n, 64, 4096, 5000, r->rank)) {
-    RFAIL(r, "plan: %s", reshard_last_error());
-  } else {
-    if (r->rank == 1) M.tamper_version = 1;
-    if (run_plan(&p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
-    reshard_plan_status_t st = wait_failed(p.plan, 3000);
-    if (!st.failed || (st.failure != RESHARD_ERROR_MISMATCH && st.failure != RESHARD_ERROR_REMOTE))
-      RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
-    long ch = changed_bytes(&p);
-    if (ch) RFAIL(r, "%ld destination bytes written", ch);
-  }
-  free_plan(&p);
-  close_ipc(c, host);
+static void version_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (r->rank == 1) M.tamper_version = 1;
+  if (run_plan(p, r->rank, 0)) RFAIL(r, "execute: %s", reshard_last_error());
+  reshard_plan_status_t st = wait_failed(p->plan, 3000);
+  if (!st.failed || (st.failure != RESHARD_ERROR_MISMATCH && st.failure != RESHARD_ERROR_REMOTE))
+    RFAIL(r, "status: failed %d, %s (%s)", st.failed, reshard_result_string(st.failure), st.failure_message);
+  long ch = changed_bytes(p);
+  if (ch) RFAIL(r, "%ld destination bytes written", ch);
 }
-
-static void version_mismatch_writes_nothing(void **state) {
-  (void)state;
-  run_world(3, version_rank, NULL);
-}
+static world_case version_mismatch_writes_nothing = {.n = 3, .body = version_body, .timeout_ms = 5000};
 
 /* A rank cannot map a peer's window: creation fails on every rank
  * (BACKEND naming the peer there, REMOTE elsewhere), nothing leaks, no
@@ -661,11 +608,7 @@ static void open_fail_rank(ipc_rank *r) {
   reshard_comm_destroy(c);
   reshard_comm_destroy(host);
 }
-
-static void map_failure_fails_creation(void **state) {
-  (void)state;
-  run_world(3, open_fail_rank, NULL);
-}
+static world_case map_failure_fails_creation = {.n = 3, .fn = open_fail_rank};
 
 /* RESHARD_FLAG_DOUBLE_BUFFER on the device (issue 17, item 5), over
  * either device transport: each execute writes the inactive copy and the
@@ -1043,24 +986,28 @@ static void bad_arguments(void **state) {
   assert_int_equal(M.mem, 0);
 }
 
+/* A case of a runner as a test named after the case (its state). */
+#define WORLD_TEST(c) {#c, world_test, NULL, NULL, &c}
+#define WORLDS_TEST(c) {#c, worlds_test, NULL, NULL, &c}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(bad_arguments),
-      cmocka_unit_test(map_failure_fails_creation),
-      cmocka_unit_test(pools_regrow),
-      cmocka_unit_test(absent_partner_times_out),
-      cmocka_unit_test(poison_reaches_partners),
-      cmocka_unit_test(version_mismatch_writes_nothing),
+      WORLD_TEST(map_failure_fails_creation),
+      WORLD_TEST(pools_regrow),
+      WORLD_TEST(absent_partner_times_out),
+      WORLD_TEST(poison_reaches_partners),
+      WORLD_TEST(version_mismatch_writes_nothing),
       cmocka_unit_test(double_buffer_on_device),
       cmocka_unit_test(commit_vote_catches_ranks_apart),
-      cmocka_unit_test(random_worlds),
-      cmocka_unit_test(registered_buffers_go_direct),
-      cmocka_unit_test(registered_plan_refuses_other_buffers),
-      cmocka_unit_test(register_unsupported_on_nccl),
-      cmocka_unit_test(registered_random_worlds),
-      cmocka_unit_test(registered_cast_worlds),
-      cmocka_unit_test(registered_verify_worlds),
-      cmocka_unit_test(verify_random_worlds),
+      WORLDS_TEST(random_worlds),
+      WORLD_TEST(registered_buffers_go_direct),
+      WORLD_TEST(registered_plan_refuses_other_buffers),
+      WORLD_TEST(register_unsupported_on_nccl),
+      WORLDS_TEST(registered_random_worlds),
+      WORLDS_TEST(registered_cast_worlds),
+      WORLDS_TEST(registered_verify_worlds),
+      WORLDS_TEST(verify_random_worlds),
       cmocka_unit_test(verify_catches_corruption),
       cmocka_unit_test(quant_worlds),
       cmocka_unit_test(quant_mismatch_writes_nothing),
