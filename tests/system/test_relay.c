@@ -918,6 +918,15 @@ static void models(void **state) {
   for (size_t i_ = 0; i_ < sizeof rows / sizeof *rows; i_++)                            \
   (tests)[(n)++] = (struct CMUnitTest) { (rows)[i_].name, (fn), NULL, NULL, &(rows)[i_] }
 
+/* Most tests lower rs_relay_min_part_bytes and put it back at their end;
+ * a test that fails midway would leave it lowered for the next ones, so
+ * every test's teardown puts it back (cmocka runs it after a failure). */
+static int default_min_part(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  return 0;
+}
+
 int main(void) {
   struct CMUnitTest tests[32] = {
       cmocka_unit_test(dense_flat),       cmocka_unit_test(random_topology),  cmocka_unit_test(random_pairs),
@@ -929,5 +938,6 @@ int main(void) {
   while (tests[n].name) n++;
   ADD_ROWS(tests, n, topo_rows, topology_case);
   assert_true(n <= sizeof tests / sizeof *tests);
+  for (size_t i = 0; i < n; i++) tests[i].teardown_func = default_min_part;
   return _cmocka_run_group_tests("test_relay", tests, n, NULL, NULL);
 }
