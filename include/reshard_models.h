@@ -173,18 +173,24 @@ typedef struct rm_parallel {
   /* FSDP2 (rm_fsdp_layout): the ranks each parameter is sharded over
    * (Shard(0)) and the replicas of that group (HSDP); 0: unset, 1. */
   int dp_shard, dp_replicate;
+  /* Megatron: context_parallel_size; 0: unset, 1. Context-parallel ranks
+   * hold the same weights (they split the sequence), so a stage's dense
+   * weights are replicated over cp x dp ranks and its experts over
+   * tp x cp x dp / (ep x etp) (see rm_megatron_layout). */
+  int cp;
 } rm_parallel;
-#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0, 0, 0}
+#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0, 0, 0, 0}
 
 /* Parses "tp=4,pp=2,dp=2,ep=8" (any order; missing keys keep their
  * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (Megatron and
- * vLLM); vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM);
+ * vLLM); cp, vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM);
  * dp_shard, dp_replicate (FSDP2). A layout builder refuses the other
  * frameworks' keys when they are set.
  * RESHARD_ERROR_INVALID_ARGUMENT with a message naming the bad key. */
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);
-/* The ranks a side of this spec takes: tp * pp * dp (* dp_shard *
- * dp_replicate where set: FSDP2); 0 for NULL or an overflow. */
+/* The ranks a side of this spec takes: tp * pp * dp (* cp where set:
+ * Megatron; * dp_shard * dp_replicate where set: FSDP2); 0 for NULL or an
+ * overflow. */
 int rm_parallel_ranks(const rm_parallel *p);
 
 /* Reads a config.json (architectures: llama, mistral, qwen2, qwen3,

@@ -35,6 +35,15 @@ scenarios=(
   "Qwen3-30B-A3B|Qwen3-30B-A3B.json|tp=1,pp=2,dp=16,ep=16|tp=4,dp=8,ep=32|h100-8x400g|"
   "DeepSeek-V3 671B, bf16 -> fp8 blocks|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16,first=16|tp=8,dp=16,ep=128|gb200-nvl72||--infer-dtype fp8e4m3"
   "Kimi-K2 1T, bf16 -> fp8 blocks|Kimi-K2-Instruct.json|tp=2,pp=8,dp=16,ep=32,etp=1,first=5|tp=8,dp=16,ep=128|h100-8x400g|Perplexity 1.3 s (fp8, RDMA)|--infer-dtype fp8e4m3"
+  # NCCL M2N's own configurations, beside its published figures: its
+  # paper's DeepSeek-V3 trainer TP1/PP8/EP16 -> generator TP16/DP8 (vLLM
+  # TP16 spans two 8-GPU H100 nodes), and its README's Qwen3-235B
+  # TP2/CP2/PP4/EP16 -> TP8/DP8 (cp: Megatron's context parallelism). The
+  # trainer's DP is not in those summaries: the trainer here has as many
+  # ranks as the generator (dp=16, dp=4). first=5 / first=23,last=23: the
+  # stages Megatron-core can build of 61 / 94 layers.
+  "DeepSeek-V3 671B, M2N's configuration|DeepSeek-V3.json|tp=1,pp=8,dp=16,ep=16,first=5|tp=16,dp=8|h100-8x400g|NCCL M2N 2.77 s end to end (paper)"
+  "Qwen3-235B-A22B, M2N's configuration (CP2)|Qwen3-235B-A22B.json|tp=2,cp=2,pp=4,dp=4,ep=16,etp=1,first=23,last=23|tp=8,dp=8|gb200-nvl72|NCCL M2N 0.99 s (README)"
 )
 
 field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }

@@ -119,8 +119,8 @@ def parallel(spec):
 
 
 def ranks(spec):
-    """The ranks a side of this parallel spec takes: tp x pp x dp, or
-    dp_replicate x dp_shard (FSDP2)."""
+    """The ranks a side of this parallel spec takes: tp x pp x dp (x cp,
+    Megatron), or dp_replicate x dp_shard (FSDP2)."""
     return lib.rm_parallel_ranks(parallel(spec))
 
 

@@ -19,10 +19,10 @@ reshard_result_t rm_fsdp_layout(const rm_model *m, const rm_parallel *p, int fir
                     "under FSDP2 follows the framework's own plan: read it from the live model "
                     "(reshard.Layout.from_module)",
                     p->tp != 1 ? "tp" : p->pp != 1 ? "pp" : p->dp != 1 ? "dp" : p->ep != 1 ? "ep" : "etp");
-  if (p->vocab || p->first || p->last || !p->grouped_gemm || p->sp_moe >= 0 || p->w31)
+  if (p->vocab || p->first || p->last || !p->grouped_gemm || p->cp || p->sp_moe >= 0 || p->w31)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "fsdp layout: key '%s' is %s, not FSDP2's",
                     p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : !p->grouped_gemm ? "grouped_gemm"
-                                                                           : p->sp_moe >= 0 ? "sp_moe" : "w31",
+                                                                           : p->cp ? "cp" : p->sp_moe >= 0 ? "sp_moe" : "w31",
                     p->sp_moe >= 0 || p->w31 ? "vLLM's" : "Megatron's");
   if (m->c.experts > 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,

@@ -2,9 +2,13 @@
  * Engine spec's modules and parameter names. Sources (Megatron-LM
  * megatron/core, NVIDIA/Megatron-LM d98e8a64, 2026-08-22):
  *   rank order       parallel_state.py initialize_model_parallel, order
- *                    "tp-cp-ep-dp-pp": rank = tp_i + tp * (dp_i + dp * pp_i);
- *                    experts "tp-ep-dp-pp" with tp = etp: inside a stage,
- *                    rank = etp_i + etp * (ep_i + ep * edp_i)
+ *                    "tp-cp-ep-dp-pp" (RankGenerator; the decoder's with
+ *                    ep = 1): rank = tp_i + tp * (cp_i + cp * (dp_i + dp *
+ *                    pp_i)); experts: the expert RankGenerator, with
+ *                    tp = etp, cp = 1 and dp = expert_data_parallel_size
+ *                    = world / (etp * ep * pp), so inside a stage rank =
+ *                    etp_i + etp * (ep_i + ep * edp_i), edp = tp * cp *
+ *                    dp / (ep * etp)
  *   etp default      model_parallel_config.py ModelParallelConfig
  *                    .__post_init__: expert_tensor_parallel_size = tp
  *   stage layers     transformer/transformer_block.py get_num_layers_to_build
@@ -37,8 +41,10 @@
  *                    projections duplicated (replicated), up projections
  *                    column-parallel, linear_proj row-parallel
  *
- * Per pipeline stage s (ranks first + s*tp*dp .. + tp*dp - 1), the mesh
- * [dp, tp] (tp fastest) carries everything but the routed experts:
+ * Per pipeline stage s (ranks first + s*S .. + S - 1, S = tp*cp*dp), the
+ * mesh [dp*cp, tp] (tp fastest) carries everything but the routed experts
+ * (context-parallel ranks hold the same weights as their DP replicas:
+ * both index the mesh's replicated axis):
  *   column-parallel (Replicate, Shard(0)): fused QKV (interleaved per KV
  *     group), fused gate/up (linear_fc1), MLA q_up / kv_up, shared experts'
  *     fc1, the vocabulary (spec key vocab=<rows>, default vocab_size);
@@ -166,7 +172,9 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p, int
   if (!m || !p || !out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: NULL argument");
   *out = NULL;
   const rm_config *c = &m->c;
-  const int tp = p->tp, dp = p->dp, pp = p->pp, ep = p->ep, etp = p->etp ? p->etp : p->tp;
+  /* dp: every replica of a stage's dense weights, data- and
+   * context-parallel (the stage is tp * cp * dp ranks) */
+  const int tp = p->tp, dp = (int)((int64_t)p->dp * (p->cp ? p->cp : 1)), pp = p->pp, ep = p->ep, etp = p->etp ? p->etp : p->tp;
   const int64_t H = c->hidden, vocab = p->vocab ? p->vocab : c->vocab;
   RS_CHECK(rm_check_common(m, p, etp, first_rank, "megatron"));
   RS_CHECK(check_megatron(m, p, etp, vocab));

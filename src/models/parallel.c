@@ -33,9 +33,10 @@ static const struct spec_key {
     {"w31", offsetof(rm_parallel, w31), 0, 0, 1},
     {"dp_shard", offsetof(rm_parallel, dp_shard), 0, 1, 1 << 20},
     {"dp_replicate", offsetof(rm_parallel, dp_replicate), 0, 1, 1 << 20},
+    {"cp", offsetof(rm_parallel, cp), 0, 1, 1 << 20},
 };
 #define NKEYS ((int)(sizeof spec_keys / sizeof spec_keys[0]))
-#define KEY_LIST "tp, pp, dp, ep, etp, vocab, first, last, grouped_gemm, sp_moe, w31, dp_shard, dp_replicate"
+#define KEY_LIST "tp, pp, dp, ep, etp, cp, vocab, first, last, grouped_gemm, sp_moe, w31, dp_shard, dp_replicate"
 
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
   rs_error_clear();
@@ -91,10 +92,11 @@ reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
 
 int rm_parallel_ranks(const rm_parallel *p) {
   if (!p || p->tp < 1 || p->pp < 1 || p->dp < 1) return 0;
-  if (p->dp_shard < 0 || p->dp_replicate < 0) return 0;
-  /* FSDP2's keys (the other factors are 1 there: rm_fsdp_layout) */
+  if (p->dp_shard < 0 || p->dp_replicate < 0 || p->cp < 0) return 0;
+  /* FSDP2's keys (the other factors are 1 there: rm_fsdp_layout) and
+   * Megatron's context parallelism */
   int64_t n = (int64_t)p->tp * p->pp * p->dp * (p->dp_shard ? p->dp_shard : 1) *
-              (p->dp_replicate ? p->dp_replicate : 1);
+              (p->dp_replicate ? p->dp_replicate : 1) * (p->cp ? p->cp : 1);
   return n > INT_MAX ? 0 : (int)n;
 }
 
@@ -103,10 +105,11 @@ reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int et
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp %d, pp %d, dp %d, ep %d and etp %d must be >= 1",
                     side, p->tp, p->pp, p->dp, p->ep, etp);
   if (first_rank < 0) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: first rank %d is negative", side, first_rank);
-  int64_t n = (int64_t)p->tp * p->pp * p->dp;
+  const int cp = p->cp ? p->cp : 1; /* (Megatron's alone: the other builders refuse it) */
+  int64_t n = (int64_t)p->tp * p->pp * p->dp * cp;
   if (n + first_rank > INT_MAX)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp x pp x dp = %lld ranks from rank %d overflow int",
-                    side, (long long)n, first_rank);
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: tp x pp x dp%s = %lld ranks from rank %d overflow int",
+                    side, cp > 1 ? " x cp" : "", (long long)n, first_rank);
   if (p->pp > m->layers)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: pp %d exceeds the %d layers", side, p->pp, m->layers);
   if (m->c.heads % p->tp)
@@ -126,10 +129,10 @@ reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int et
                       bad_ep ? "ep" : "etp", bad_ep ? p->ep : p->etp, m->path);
     return RESHARD_SUCCESS;
   }
-  int64_t stage = (int64_t)p->tp * p->dp;
+  int64_t stage = (int64_t)p->tp * p->dp * cp;
   if (stage % ((int64_t)p->ep * etp))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d x etp %d does not divide tp x dp = %lld", side,
-                    p->ep, etp, (long long)stage);
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s layout: ep %d x etp %d does not divide tp x dp%s = %lld", side,
+                    p->ep, etp, cp > 1 ? " x cp" : "", (long long)stage);
   return RESHARD_SUCCESS;
 }
 

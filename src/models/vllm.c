@@ -116,6 +116,12 @@ static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int 
                     "vllm layout: key '%s' is Megatron's (vLLM pads the vocabulary to 64, splits stages with "
                     "get_pp_indices and has one kind of MoE layer)",
                     p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : "grouped_gemm");
+  /* vLLM's context parallelism (decode_context_parallel_size) runs on the
+   * TP ranks and adds none: no key of its own changes where weights are */
+  if (p->cp)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "vllm layout: key 'cp' is Megatron's (context_parallel_size); vLLM's decode context "
+                    "parallelism shares the TP ranks and does not change the weights' layout: leave it out");
   if (p->dp_shard || p->dp_replicate)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "vllm layout: key '%s' is FSDP2's, not vLLM's (dp)",
                     p->dp_shard ? "dp_shard" : "dp_replicate");

@@ -90,6 +90,17 @@ static void deepseek_v3_ep(void **state) {
            0, 14);
 }
 
+/* Megatron context parallelism (cp=2): CP ranks hold their TP rank's
+ * weights and EP spans them (test_model_layouts: megatron_context_parallel
+ * cites parallel_state.py); the Qwen3-235B shape NCCL M2N publishes,
+ * TP2/CP2/PP4/EP16 -> TP8/DP8, at tiny size: tp2 cp2 pp2 ep4 -> tp2 dp4
+ * ep8 (16 + 8 ranks), byte for byte, with replicas to balance over. */
+static void context_parallel_cp2(void **state) {
+  (void)state;
+  run_pair("tiny-qwen3-moe.json", "tp=2,cp=2,pp=2,dp=2,ep=4,etp=1", "tp=2,dp=4,ep=8", 0, 8192, 24);
+  run_pair("tiny-llama.json", "tp=2,cp=2,pp=2", "tp=4", 0, 0, 12);
+}
+
 /* 8 experts over vLLM's 6 EP ranks: the first two hold two. */
 static void uneven_experts(void **state) {
   (void)state;
@@ -108,7 +119,7 @@ int main(void) {
       cmocka_unit_test(llama_tp2pp2_to_tp2dp2),   cmocka_unit_test(tp2pp2dp2_to_tp4_kv_replication),
       cmocka_unit_test(moe_ep4_to_ep4_pp2_small_staging), cmocka_unit_test(deepseek_v3_ep),
       cmocka_unit_test(uneven_experts),           cmocka_unit_test(fp8_block_scales_tp2_to_tp4),
-      cmocka_unit_test(colocated),
+      cmocka_unit_test(colocated),                cmocka_unit_test(context_parallel_cp2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

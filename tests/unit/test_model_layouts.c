@@ -329,6 +329,46 @@ static const check megatron_etp_default[] = {
                     "rank=1 name=decoder.layers.0.mlp.experts.linear_fc1.weight0 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:5,0:32,0:64 offset=4096")},
 };
 
+/* Megatron's context parallelism. megatron/core/parallel_state.py
+ * initialize_model_parallel: the decoder's RankGenerator(tp, ep=1, dp, pp,
+ * cp, order "tp-cp-ep-dp-pp") gives rank = tp_i + tp * (cp_i + cp * (dp_i
+ * + dp * pp_i)); context-parallel ranks split the sequence and build the
+ * same modules, so they hold what their TP rank holds. The experts' own
+ * RankGenerator has cp=1 and dp = expert_data_parallel_size = world /
+ * (etp * ep * pp): EP runs across the CP ranks too.
+ * tiny-llama tp2 cp2 dp2 pp2 (16 ranks): rank 11 = (tp 1, cp 1, dp 0,
+ * pp 1) holds what "tp=2,pp=2" gives rank 3 (stage 1, TP rank 1; see
+ * golden_dense_gqa); rank 6 = (tp 0, cp 1, dp 1, pp 0): stage 0, TP rank 0.
+ * tiny-qwen3-moe tp2 cp2 ep4 etp1 (4 ranks): the expert grid is [edp 1,
+ * ep 4, etp 1], so rank r is EP rank r with experts 2r, 2r+1 whole; with
+ * no CP, ep 4 would not fit the 2 ranks. */
+static const check megatron_context_parallel[] = {
+    MODEL(DATA("tiny-llama.json")),
+    {MEGATRON, "tp=2,cp=2,dp=2,pp=2", 11, "decoder.layers.1.self_attention.linear_qkv.weight",
+     .lines = LINES("rank=11 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                    "rank=11 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                    "rank=11 name=decoder.layers.1.self_attention.linear_qkv.weight tensor=model.layers.3.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120")},
+    {MEGATRON, "tp=2,cp=2,dp=2,pp=2", 11, "decoder.final_layernorm.weight",
+     .lines = LINES("rank=11 name=decoder.final_layernorm.weight tensor=model.norm.weight dtype=bf16 box=0:64 offset=0")},
+    {MEGATRON, "tp=2,cp=2,dp=2,pp=2", 6, "embedding.word_embeddings.weight",
+     .lines = LINES("rank=6 name=embedding.word_embeddings.weight tensor=model.embed_tokens.weight dtype=bf16 box=0:500,0:64 offset=0")},
+    {MEGATRON, "tp=2,cp=2,dp=2,pp=2", 6, "decoder.final_layernorm.weight", .bytes = 0},
+    {MEGATRON, "tp=2,cp=2,dp=2,pp=2", 15, "output_layer.weight", .bytes = 500 * 64 * 2},
+    /* CP is Megatron's: vLLM's decode context parallelism shares the TP
+     * ranks (vllm/config/parallel.py decode_context_parallel_size) */
+    {VLLM, "tp=2,cp=2", .says = "key 'cp' is Megatron's"},
+    MODEL(DATA("tiny-qwen3-moe.json")),
+    {MEGATRON, "tp=2,cp=2,ep=4,etp=1", 3, "decoder.layers.0.mlp.experts.linear_fc1.weight1",
+     .lines = LINES("rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight1 tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=7:8,0:32,0:64 offset=0",
+                    "rank=3 name=decoder.layers.0.mlp.experts.linear_fc1.weight1 tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=7:8,0:32,0:64 offset=4096")},
+    {MEGATRON, "tp=2,cp=2,ep=4,etp=1", 2, "decoder.layers.0.self_attention.linear_qkv.weight",
+     .lines = LINES("rank=2 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                    "rank=2 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=0:8,0:64 offset=4096",
+                    "rank=2 name=decoder.layers.0.self_attention.linear_qkv.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=0:8,0:64 offset=5120")},
+    {MEGATRON, "tp=2,ep=4,etp=1", .says = "ep 4 x etp 1 does not divide tp x dp = 2"},
+    {MEGATRON, "tp=2,cp=2,ep=8,etp=1", .says = "ep 8 x etp 1 does not divide tp x dp x cp = 4"},
+};
+
 /* ------------------------------------------------------------------ */
 /* 5. vLLM's shared experts under sequence-parallel MoE                 */
 /* ------------------------------------------------------------------ */
@@ -969,6 +1009,7 @@ int main(void) {
       TABLE_TEST(golden_shipped_sizes),  TEST(after_load_flags),
       TABLE_TEST(golden_fp8_qkv_scales), TEST(vllm_stage_ends),
       TEST(dense_ep_etp),                TABLE_TEST(vllm_w31),
+      TABLE_TEST(megatron_context_parallel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

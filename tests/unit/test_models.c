@@ -900,6 +900,10 @@ static void parallel_spec_parsing(void **state) {
   assert_int_equal(p.grouped_gemm, 1);
   assert_int_equal(p.sp_moe, -1);
   assert_int_equal(p.w31, 0);
+  assert_int_equal(p.cp, 0); /* unset: 1 */
+  p = par("tp=2,cp=2,pp=2,dp=3"); /* Megatron's context parallelism counts in the ranks */
+  assert_int_equal(p.cp, 2);
+  assert_int_equal(rm_parallel_ranks(&p), 24);
   p = par("w31=1");
   assert_int_equal(p.w31, 1);
   p = par("vocab=152064,first=3,last=2,grouped_gemm=0,sp_moe=1");
@@ -919,9 +923,10 @@ static void parallel_spec_parsing(void **state) {
       {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},          {"vocab=0", "'vocab'"}, {"sp_moe=2", "'sp_moe'"},
       {"grouped_gemm=-1", "'grouped_gemm'"}, {"first=0", "'first'"}, {"vocab=2147483648", "'vocab'"},
       {"w31=2", "'w31'"},       {"dp_shard=0", "'dp_shard'"}, {"dp_replicate=x", "'dp_replicate'"},
+      {"cp=0", "'cp'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
     reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
     if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
       print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),
