@@ -67,9 +67,21 @@ def test_after_load_flags():
         m.after_load("sglang", dst, 0)
 
 
+def test_context_parallel():
+    # Megatron's cp: a stage is tp x cp x dp ranks (RankGenerator order
+    # "tp-cp-ep-dp-pp"); a CP rank holds its TP rank's weights
+    assert reshard.models.ranks("tp=2,cp=2,pp=2") == 8
+    src = reshard.models.megatron_layout(QWEN, "tp=2,cp=2,pp=2", layers=4)
+    assert src.buffers(2).keys() == src.buffers(0).keys()  # (tp 0, cp 1)
+    assert "output_layer.weight" in src.buffers(6)          # stage 1
+    with pytest.raises(reshard.InvalidArgumentError, match="'cp' is Megatron's"):
+        reshard.models.vllm_layout(QWEN, "tp=2,cp=2", layers=4)
+
+
 @pytest.mark.parametrize("train,infer", [("tp=2,pp=2", "tp=2,dp=2"),
                                          ("tp=1,pp=2", "tp=2"),
-                                         ("tp=2", "tp=1,pp=2,dp=2")])
+                                         ("tp=2", "tp=1,pp=2,dp=2"),
+                                         ("tp=2,cp=2", "tp=2")])
 def test_model_sync_inproc(train, infer):
     nt, ni = reshard.models.ranks(train), reshard.models.ranks(infer)
 
