@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/sorted.h"
 #include "layout/layout.h"
 
 typedef struct footprint {
@@ -225,11 +226,6 @@ static reshard_result_t tensor_boxes(const reshard_layout_t *L, int t, int64_t *
   return RESHARD_SUCCESS;
 }
 
-static int cmp_i64v(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
 reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char *side) {
   reshard_result_t r = RESHARD_SUCCESS;
   int64_t *cuts = NULL;
@@ -270,7 +266,7 @@ reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char 
         c[n++] = box[i * 2 * (size_t)nd + (size_t)d];
         c[n++] = box[i * 2 * (size_t)nd + (size_t)nd + (size_t)d];
       }
-      qsort(c, n, sizeof *c, cmp_i64v);
+      qsort(c, n, sizeof *c, rs_cmp_i64);
       size_t u = 0;
       for (size_t i = 0; i < n; i++)
         if (!u || c[i] != c[u - 1]) c[u++] = c[i];
