@@ -74,65 +74,150 @@ static const char *role(int S, int D, int colocate, int rank) {
   return in_src && in_dst ? "both" : in_src ? "src" : in_dst ? "dst" : "none";
 }
 
-static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req, int all_ranks, int reps) {
-  reshard_layout_t *src = NULL, *dst = NULL;
+/* A scenario's model and the two sides' parallel specs; 1 (said) when
+ * they cannot be read. */
+static int load_scenario(const scenario *s, rm_model **model, rm_parallel *tp, rm_parallel *ip) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", config_dir, s->config);
-  rm_model *model = NULL;
-  rm_parallel tp, ip;
   rm_model_options mo = RM_MODEL_OPTIONS_INIT;
   mo.per_expert = s->per_expert;
   mo.block_scales = s->block_scales;
-  if (rm_model_load_ex(path, &mo, &model) || rm_parse_parallel(s->train, &tp) ||
-      rm_parse_parallel(s->infer, &ip)) {
+  if (rm_model_load_ex(path, &mo, model) || rm_parse_parallel(s->train, tp) || rm_parse_parallel(s->infer, ip)) {
     fprintf(stderr, "scenario %s: %s\n", s->key, reshard_last_error());
-    rm_model_free(model);
     return 1;
   }
-  int S = rm_parallel_ranks(&tp), D = rm_parallel_ranks(&ip);
-  int nranks = s->colocate ? (S > D ? S : D) : S + D;
-  /* Layout construction is timed apart from planning: median of reps
-   * builds (the first one also pays for faulting in the heap). */
+  return 0;
+}
+
+/* Both sides' layouts, built reps times: layout construction is timed
+ * apart from planning, as the median of reps builds (the first one also
+ * pays for faulting in the heap). 1 when they cannot be built. */
+static int build_layouts(const scenario *s, const rm_model *model, const rm_parallel *tp, const rm_parallel *ip, int S,
+                         int reps, reshard_layout_t **src, reshard_layout_t **dst, double *layout_ms) {
   double *lt = malloc((size_t)reps * sizeof *lt);
   if (!lt) return 1;
   for (int k = 0; k < reps; k++) {
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    reshard_layout_destroy(*src);
+    reshard_layout_destroy(*dst);
+    *src = *dst = NULL;
     double t0 = now_ms();
-    if (rm_megatron_layout(model, &tp, 0, &src) || rm_vllm_layout(model, &ip, s->colocate ? 0 : S, &dst)) {
+    if (rm_megatron_layout(model, tp, 0, src) || rm_vllm_layout(model, ip, s->colocate ? 0 : S, dst)) {
       fprintf(stderr, "scenario %s: building layouts failed: %s\n", s->key, reshard_last_error());
       free(lt);
-      rm_model_free(model);
       return 1;
     }
     lt[k] = now_ms() - t0;
   }
   qsort(lt, (size_t)reps, sizeof *lt, cmp_double);
-  double layout_ms = lt[reps / 2];
+  *layout_ms = lt[reps / 2];
   free(lt);
-  int *ranks = (int *)ranks_req;
-  if (all_ranks) {
-    nranks_req = nranks;
-    ranks = malloc((size_t)nranks * sizeof *ranks);
-    if (!ranks) return 1;
-    for (int i = 0; i < nranks; i++) ranks[i] = i;
-  }
-  double worst_ms = 0, worst_mib = 0;
-  int worst_ms_rank = -1, worst_mib_rank = -1;
-  printf("\n# scenario %s: %s\n", s->key, s->name);
-  double model_bytes = 0; /* every tensor in its own dtype, scales included */
+  return 0;
+}
+
+/* Every tensor of the model in its own dtype, scales included. */
+static double model_bytes(const rm_model *model) {
+  double bytes = 0;
   for (int i = 0; i < rm_model_num_tensors(model); i++) {
     const rm_tensor *t = rm_model_tensor(model, i);
     double n = (double)reshard_dtype_size(t->dtype);
     for (int d = 0; d < t->ndim; d++) n *= (double)t->shape[d];
-    model_bytes += n;
+    bytes += n;
   }
+  return bytes;
+}
+
+static void print_header(const scenario *s, const rm_model *model, int nranks, int S, int D, double layout_ms) {
+  printf("\n# scenario %s: %s\n", s->key, s->name);
   printf("# ranks %d (source %d, destination %d%s), tensors %d, params %.3fB (%.1f GiB), layouts built in %.2f ms\n",
          nranks, S, D, s->colocate ? ", colocated" : "", rm_model_num_tensors(model),
-         (double)rm_model_num_params(model) / 1e9, model_bytes / (1 << 30), layout_ms);
+         (double)rm_model_num_params(model) / 1e9, model_bytes(model) / (1 << 30), layout_ms);
   printf("# target: plan <= %.0f ms and <= %.0f MiB per rank\n", s->target_ms, s->target_mib);
   printf("%6s %5s %9s %9s %9s %9s %9s %10s %10s %8s %8s %8s %7s\n", "rank", "role", "cpu_ms", "plan_ms", "plan_min", "peak_MiB",
          "plan_MiB", "send_MiB", "recv_MiB", "send_msg", "recv_msg", "segments", "target");
+}
+
+/* The worst rank of a scenario by CPU time and by peak memory. */
+typedef struct worst {
+  double ms, mib;
+  int ms_rank, mib_rank;
+} worst;
+
+/* Plans rank reps times more: the median wall time (*med), the fastest
+ * (*mn) and the median CPU time (*cmed) of those that succeeded; left as
+ * they are when none did. */
+static void time_reps(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
+                      const reshard_options_t *opts, int reps, double *med, double *mn, double *cmed) {
+  double *t = malloc(2 * (size_t)reps * sizeof *t), *c = t + reps;
+  int done = 0;
+  for (int k = 0; t && k < reps; k++) {
+    reshard_plan_t *plan = NULL;
+    reshard_comm_t *comm = NULL;
+    double t0 = now_ms(), c0 = cpu_ms();
+    if (pm_plan_rank(src, dst, rank, nranks, opts, &comm, &plan) == RESHARD_SUCCESS) {
+      t[done] = now_ms() - t0;
+      c[done] = cpu_ms() - c0;
+      done++;
+    }
+    pm_plan_free(comm, plan);
+  }
+  if (done) {
+    qsort(t, (size_t)done, sizeof *t, cmp_double);
+    qsort(c, (size_t)done, sizeof *c, cmp_double);
+    *med = t[done / 2];
+    *mn = t[0];
+    *cmed = c[done / 2];
+  }
+  free(t);
+}
+
+/* One rank's row: measured in a child, then timed reps times; returns 1
+ * when its plan failed or it missed a target. */
+static int bench_rank(const scenario *s, const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks,
+                      int S, int D, int reps, worst *w) {
+  pm_result m;
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  pm_measure(src, dst, rank, nranks, &opts, &m);
+  if (!m.ok) {
+    printf("%6d %5s  plan failed: %s\n", rank, role(S, D, s->colocate, rank), m.err);
+    return 1;
+  }
+  double med = m.plan_ms, mn = m.plan_ms, cmed = m.cpu_ms;
+  time_reps(src, dst, rank, nranks, &opts, reps, &med, &mn, &cmed);
+  if (cmed > w->ms) w->ms = cmed, w->ms_rank = rank;
+  if (m.peak_mib > w->mib) w->mib = m.peak_mib, w->mib_rank = rank;
+  int met = cmed <= s->target_ms && m.peak_mib <= s->target_mib;
+  printf("%6d %5s %9.2f %9.2f %9.2f %8.1f%s %9.2f %10.1f %10.1f %8zu %8zu %8zu %7s\n", rank, role(S, D, s->colocate, rank), cmed, med, mn,
+         m.peak_mib, m.peak_exact ? " " : "?", m.plan_mib, (double)m.stats.send_bytes / 1048576.0,
+         (double)m.stats.recv_bytes / 1048576.0, m.stats.send_messages, m.stats.recv_messages, m.stats.segments,
+         met ? "met" : "MISSED");
+  return !met;
+}
+
+static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req, int all_ranks, int reps) {
+  reshard_layout_t *src = NULL, *dst = NULL;
+  rm_model *model = NULL;
+  rm_parallel tp, ip;
+  double layout_ms = 0;
+  if (load_scenario(s, &model, &tp, &ip)) {
+    rm_model_free(model);
+    return 1;
+  }
+  int S = rm_parallel_ranks(&tp), D = rm_parallel_ranks(&ip);
+  int nranks = s->colocate ? (S > D ? S : D) : S + D;
+  int *ranks = (int *)ranks_req;
+  if (build_layouts(s, model, &tp, &ip, S, reps, &src, &dst, &layout_ms) ||
+      (all_ranks && !(ranks = malloc((size_t)nranks * sizeof *ranks)))) {
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    rm_model_free(model);
+    return 1;
+  }
+  if (all_ranks) {
+    nranks_req = nranks;
+    for (int i = 0; i < nranks; i++) ranks[i] = i;
+  }
+  worst w = {0, 0, -1, -1};
+  print_header(s, model, nranks, S, D, layout_ms);
   int failures = 0;
   for (int i = 0; i < nranks_req; i++) {
     int rank = ranks[i];
@@ -140,48 +225,10 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
       printf("%6d  (outside the %d ranks: skipped)\n", rank, nranks);
       continue;
     }
-    pm_result m;
-    reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
-    pm_measure(src, dst, rank, nranks, &opts, &m);
-    if (!m.ok) {
-      printf("%6d %5s  plan failed: %s\n", rank, role(S, D, s->colocate, rank), m.err);
-      failures++;
-      continue;
-    }
-    double *t = malloc(2 * (size_t)reps * sizeof *t), *c = t + reps;
-    int done = 0;
-    for (int k = 0; t && k < reps; k++) {
-      reshard_plan_t *plan = NULL;
-      reshard_comm_t *comm = NULL;
-      double t0 = now_ms(), c0 = cpu_ms();
-      if (pm_plan_rank(src, dst, rank, nranks, &opts, &comm, &plan) == RESHARD_SUCCESS) {
-        t[done] = now_ms() - t0;
-        c[done] = cpu_ms() - c0;
-        done++;
-      }
-      pm_plan_free(comm, plan);
-    }
-    double med = m.plan_ms, mn = m.plan_ms, cmed = m.cpu_ms;
-    if (done) {
-      qsort(t, (size_t)done, sizeof *t, cmp_double);
-      qsort(c, (size_t)done, sizeof *c, cmp_double);
-      med = t[done / 2];
-      mn = t[0];
-      cmed = c[done / 2];
-    }
-    free(t);
-    if (cmed > worst_ms) worst_ms = cmed, worst_ms_rank = rank;
-    if (m.peak_mib > worst_mib) worst_mib = m.peak_mib, worst_mib_rank = rank;
-    int met = cmed <= s->target_ms && m.peak_mib <= s->target_mib;
-    failures += !met;
-    printf("%6d %5s %9.2f %9.2f %9.2f %8.1f%s %9.2f %10.1f %10.1f %8zu %8zu %8zu %7s\n", rank, role(S, D, s->colocate, rank), cmed, med, mn,
-           m.peak_mib, m.peak_exact ? " " : "?", m.plan_mib, (double)m.stats.send_bytes / 1048576.0,
-           (double)m.stats.recv_bytes / 1048576.0, m.stats.send_messages, m.stats.recv_messages, m.stats.segments,
-           met ? "met" : "MISSED");
+    failures += bench_rank(s, src, dst, rank, nranks, S, D, reps, &w);
   }
   if (nranks_req > 1)
-    printf("# worst: plan %.2f ms CPU (rank %d), peak %.1f MiB (rank %d)\n", worst_ms, worst_ms_rank, worst_mib,
-           worst_mib_rank);
+    printf("# worst: plan %.2f ms CPU (rank %d), peak %.1f MiB (rank %d)\n", w.ms, w.ms_rank, w.mib, w.mib_rank);
   if (ranks != ranks_req) free(ranks);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);

@@ -552,110 +552,120 @@ static int run_broadcast(ctx *c, void *state) {
   return 0;
 }
 
-/* Each gather message is one source fragment, received at the root in
- * place through a subarray datatype; fragments over 1 GiB (beyond one
- * message's int count) skip the baseline. Returns NULL with a note when the
- * baseline cannot run. */
-static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
-  int64_t *crossed = &m->crossed, my_out = 0, my_in = 0;
-  bcast_state *b = calloc(1, sizeof *b);
-  if (!b) return snprintf(note, notelen, "out of memory"), NULL;
-  b->bcomm = MPI_COMM_NULL;
-  int bad = select_first_replica(c, &b->sel, note, notelen) != 0;
-  const reshard_layout_t *S = c->L.src;
-  int nt = b->sel.ntensors;
-  int64_t max_tensor = 0, max_frag = 0;
-  /* one gather message's bytes at most; RESHARD_PERF_BCAST_MAX_MSG lowers
-   * it (tests: the skip path without gigabytes) */
+/* What bcast_setup counts over the tensors: the bytes that cross between
+ * ranks (all ranks'), this rank's own out and in, and the largest tensor
+ * and source fragment (the buffers' sizes). */
+typedef struct bcast_tally {
+  int64_t *crossed, my_out, my_in, max_tensor, max_frag;
+} bcast_tally;
+
+/* One gather message's bytes at most; RESHARD_PERF_BCAST_MAX_MSG lowers it
+ * (tests: the skip path without gigabytes). */
+static int64_t bcast_max_msg(void) {
   int64_t max_msg = 1 << 30;
   const char *mm = getenv("RESHARD_PERF_BCAST_MAX_MSG");
   if (mm && atoll(mm) > 0 && atoll(mm) < max_msg) max_msg = atoll(mm);
-  *crossed = 0;
-  int nmembers = 1;
-  for (int r = c->L.first_dst; r < c->L.first_dst + c->L.ndst; r++) nmembers += r != 0;
-  if (!bad) {
-    b->tensor_bytes = calloc((size_t)nt + 1, sizeof *b->tensor_bytes);
-    b->root_types = calloc((size_t)nt + 1, sizeof *b->root_types);
-    b->dst_frags = calloc((size_t)nt + 1, sizeof *b->dst_frags);
-    b->ndst_frags = calloc((size_t)nt + 1, sizeof *b->ndst_frags);
-    if (!b->tensor_bytes || !b->root_types || !b->dst_frags || !b->ndst_frags) bad = 1, snprintf(note, notelen, "out of memory");
+  return max_msg;
+}
+
+/* The per-tensor arrays of b; 1 with a note when out of memory. */
+static int bcast_alloc(bcast_state *b, int nt, char *note, size_t notelen) {
+  b->tensor_bytes = calloc((size_t)nt + 1, sizeof *b->tensor_bytes);
+  b->root_types = calloc((size_t)nt + 1, sizeof *b->root_types);
+  b->dst_frags = calloc((size_t)nt + 1, sizeof *b->dst_frags);
+  b->ndst_frags = calloc((size_t)nt + 1, sizeof *b->ndst_frags);
+  if (!b->tensor_bytes || !b->root_types || !b->dst_frags || !b->ndst_frags)
+    return snprintf(note, notelen, "out of memory"), 1;
+  return 0;
+}
+
+/* Rank 0's datatype for receiving fragment f of tensor `name` (nd dims of
+ * shape, elements el) in place in the full tensor; 1 with a note when a
+ * dim exceeds MPI's int (*type then stays MPI_DATATYPE_NULL). */
+static int root_subarray(int nd, const int64_t *shape, const reshard_fragment_info_t *f, MPI_Datatype el,
+                         const char *name, MPI_Datatype *type, char *note, size_t notelen) {
+  if (nd == 0) {
+    MPI_Type_dup(el, type);
+    return 0;
   }
-  for (int t = 0; t < nt && !bad; t++) {
-    int nd;
-    int64_t shape[RESHARD_MAX_DIMS];
-    const char *name;
-    reshard_layout_tensor_info(S, t, &name, NULL, &nd, shape);
-    size_t es = tensor_esize(S, t);
-    int64_t vol = box_elems(nd, shape), covered = 0;
-    b->tensor_bytes[t] = vol * (int64_t)es;
-    if (b->tensor_bytes[t] > max_tensor) max_tensor = b->tensor_bytes[t];
-    b->root_types[t] = calloc((size_t)b->sel.count[t] + 1, sizeof **b->root_types);
-    if (!b->root_types[t]) {
+  int bad = 0;
+  int sizes[RESHARD_MAX_DIMS], sub[RESHARD_MAX_DIMS], st[RESHARD_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    if (shape[d] > 0x7fffffff) {
       bad = 1;
-      snprintf(note, notelen, "out of memory");
+      snprintf(note, notelen, "tensor '%s': dim %d exceeds MPI's int", name, d);
+    }
+    sizes[d] = (int)shape[d];
+    sub[d] = (int)f->extent[d];
+    st[d] = (int)f->start[d];
+  }
+  if (bad) return 1;
+  MPI_Type_create_subarray(nd, sizes, sub, st, MPI_ORDER_C, el, type);
+  MPI_Type_commit(type);
+  return 0;
+}
+
+/* Source tensor t: its bytes, rank 0's receive types for its chosen
+ * fragments, and what it adds to the tally; 1 with a note when the
+ * baseline cannot move it. */
+static int bcast_tensor(ctx *c, bcast_state *b, int t, int64_t max_msg, int nmembers, bcast_tally *y, char *note,
+                        size_t notelen) {
+  const reshard_layout_t *S = c->L.src;
+  int bad = 0;
+  int nd;
+  int64_t shape[RESHARD_MAX_DIMS];
+  const char *name;
+  reshard_layout_tensor_info(S, t, &name, NULL, &nd, shape);
+  size_t es = tensor_esize(S, t);
+  int64_t vol = box_elems(nd, shape), covered = 0;
+  b->tensor_bytes[t] = vol * (int64_t)es;
+  if (b->tensor_bytes[t] > y->max_tensor) y->max_tensor = b->tensor_bytes[t];
+  b->root_types[t] = calloc((size_t)b->sel.count[t] + 1, sizeof **b->root_types);
+  if (!b->root_types[t]) return snprintf(note, notelen, "out of memory"), 1;
+  /* every entry a null handle before any can be skipped: a zeroed
+   * handle is not MPI_DATATYPE_NULL where handles are pointers (Open
+   * MPI, SMPI), and bcast_free would free it */
+  for (int k = 0; k < b->sel.count[t]; k++) b->root_types[t][k] = MPI_DATATYPE_NULL;
+  MPI_Datatype el = elem_type(es);
+  for (int k = 0; k < b->sel.count[t]; k++) {
+    const reshard_fragment_info_t *f = &b->sel.by_tensor[t][k].f;
+    int64_t fb = box_elems(nd, f->extent) * (int64_t)es;
+    covered += box_elems(nd, f->extent);
+    b->root_types[t][k] = MPI_DATATYPE_NULL;
+    if (b->sel.by_tensor[t][k].rank != 0) {
+      *y->crossed += fb;
+      if (world_rank == 0) y->my_in += fb;
+      if (world_rank == b->sel.by_tensor[t][k].rank) y->my_out += fb;
+    }
+    if (fb > y->max_frag) y->max_frag = fb;
+    if (fb > max_msg) {
+      bad = 1;
+      snprintf(note, notelen, "tensor '%s': a source fragment of %lld bytes exceeds one gather message", name,
+               (long long)fb);
       break;
     }
-    /* every entry a null handle before any can be skipped: a zeroed
-     * handle is not MPI_DATATYPE_NULL where handles are pointers (Open
-     * MPI, SMPI), and bcast_free would free it */
-    for (int k = 0; k < b->sel.count[t]; k++) b->root_types[t][k] = MPI_DATATYPE_NULL;
-    MPI_Datatype el = elem_type(es);
-    for (int k = 0; k < b->sel.count[t]; k++) {
-      const reshard_fragment_info_t *f = &b->sel.by_tensor[t][k].f;
-      int64_t fb = box_elems(nd, f->extent) * (int64_t)es;
-      covered += box_elems(nd, f->extent);
-      b->root_types[t][k] = MPI_DATATYPE_NULL;
-      if (b->sel.by_tensor[t][k].rank != 0) {
-        *crossed += fb;
-        if (world_rank == 0) my_in += fb;
-        if (world_rank == b->sel.by_tensor[t][k].rank) my_out += fb;
-      }
-      if (fb > max_frag) max_frag = fb;
-      if (fb > max_msg) {
-        bad = 1;
-        snprintf(note, notelen, "tensor '%s': a source fragment of %lld bytes exceeds one gather message", name,
-                 (long long)fb);
-        break;
-      }
-      if (world_rank != 0 || b->sel.by_tensor[t][k].rank == 0) continue;
-      if (nd == 0) {
-        MPI_Type_dup(el, &b->root_types[t][k]);
-        continue;
-      }
-      int sizes[RESHARD_MAX_DIMS], sub[RESHARD_MAX_DIMS], st[RESHARD_MAX_DIMS];
-      for (int d = 0; d < nd; d++) {
-        if (shape[d] > 0x7fffffff) {
-          bad = 1;
-          snprintf(note, notelen, "tensor '%s': dim %d exceeds MPI's int", name, d);
-        }
-        sizes[d] = (int)shape[d];
-        sub[d] = (int)f->extent[d];
-        st[d] = (int)f->start[d];
-      }
-      if (bad) break;
-      MPI_Type_create_subarray(nd, sizes, sub, st, MPI_ORDER_C, el, &b->root_types[t][k]);
-      MPI_Type_commit(&b->root_types[t][k]);
-    }
-    MPI_Type_free(&el);
-    if (!bad && covered != vol) {
-      bad = 1;
-      snprintf(note, notelen, "tensor '%s': the source fragments cover %lld of %lld elements", name, (long long)covered,
-               (long long)vol);
-    }
-    *crossed += b->tensor_bytes[t] * (nmembers - 1);
-    /* at least one copy leaves the root; every other member receives one */
-    if (world_rank == 0 && nmembers > 1) my_out += b->tensor_bytes[t];
-    if (world_rank != 0 && c->is_dst) my_in += b->tensor_bytes[t];
+    if (world_rank != 0 || b->sel.by_tensor[t][k].rank == 0) continue;
+    if ((bad = root_subarray(nd, shape, f, el, name, &b->root_types[t][k], note, notelen))) break;
   }
-  /* every rank must agree to run the baseline */
-  int v = bad, any;
-  WD_CALL(MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  if (any) {
-    if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
-    bcast_free(b);
-    return NULL;
+  MPI_Type_free(&el);
+  if (!bad && covered != vol) {
+    bad = 1;
+    snprintf(note, notelen, "tensor '%s': the source fragments cover %lld of %lld elements", name, (long long)covered,
+             (long long)vol);
   }
-  set_peaks(m, my_out, my_in);
+  *y->crossed += b->tensor_bytes[t] * (nmembers - 1);
+  /* at least one copy leaves the root; every other member receives one */
+  if (world_rank == 0 && nmembers > 1) y->my_out += b->tensor_bytes[t];
+  if (world_rank != 0 && c->is_dst) y->my_in += b->tensor_bytes[t];
+  return bad;
+}
+
+/* Once every rank agreed to run it: the baseline's description, the
+ * destination fragments by source tensor, the broadcast communicator and
+ * the buffers. */
+static void bcast_finish(ctx *c, bcast_state *b, method *m, int nmembers, const bcast_tally *y) {
+  int nt = b->sel.ntensors;
+  set_peaks(m, y->my_out, y->my_in);
   long long nfr = 0;
   for (int t = 0; t < nt; t++) nfr += b->sel.count[t];
   snprintf(m->info, sizeof m->info,
@@ -671,12 +681,40 @@ static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
   }
   int member = world_rank == 0 || c->is_dst;
   WD_CALL(MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &b->bcomm));
-  if (member) b->full = rs_bulk_malloc((size_t)max_tensor + 1);
-  b->pack = rs_bulk_malloc((size_t)max_frag + 1);
+  if (member) b->full = rs_bulk_malloc((size_t)y->max_tensor + 1);
+  b->pack = rs_bulk_malloc((size_t)y->max_frag + 1);
   if ((member && !b->full) || !b->pack) {
     fprintf(stderr, "reshard_perf: rank %d: out of memory for the broadcast baseline\n", world_rank);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+}
+
+/* Each gather message is one source fragment, received at the root in
+ * place through a subarray datatype; fragments over 1 GiB (beyond one
+ * message's int count) skip the baseline. Returns NULL with a note when the
+ * baseline cannot run. */
+static bcast_state *bcast_setup(ctx *c, method *m, char *note, size_t notelen) {
+  bcast_tally y = {.crossed = &m->crossed};
+  bcast_state *b = calloc(1, sizeof *b);
+  if (!b) return snprintf(note, notelen, "out of memory"), NULL;
+  b->bcomm = MPI_COMM_NULL;
+  int bad = select_first_replica(c, &b->sel, note, notelen) != 0;
+  int nt = b->sel.ntensors;
+  int64_t max_msg = bcast_max_msg();
+  *y.crossed = 0;
+  int nmembers = 1;
+  for (int r = c->L.first_dst; r < c->L.first_dst + c->L.ndst; r++) nmembers += r != 0;
+  if (!bad) bad = bcast_alloc(b, nt, note, notelen);
+  for (int t = 0; t < nt && !bad; t++) bad = bcast_tensor(c, b, t, max_msg, nmembers, &y, note, notelen);
+  /* every rank must agree to run the baseline */
+  int v = bad, any;
+  WD_CALL(MPI_Allreduce(&v, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (any) {
+    if (!bad) snprintf(note, notelen, "another rank could not set the baseline up");
+    bcast_free(b);
+    return NULL;
+  }
+  bcast_finish(c, b, m, nmembers, &y);
   return b;
 }
 

@@ -47,10 +47,20 @@ static reshard_result_t stage_arrays(const reshard_plan_t *plan, size_t n, size_
   b->bytes = rs_calloc(n + 1, sizeof *b->bytes);
   if ((!b->ptrs || !b->bytes) && !r)
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory for %s", plan->rank, what);
-  for (size_t i = 0; b->ptrs && b->bytes && a->src && i < a->nsrc && i < user; i++) b->ptrs[i] = a->src[i];
-  for (size_t i = 0; b->ptrs && b->bytes && a->src_bytes && i < a->nsrc && i < user; i++)
-    b->bytes[i] = a->src_bytes[i];
+  for (size_t i = 0; b->ptrs && b->bytes && i < a->nsrc && i < user; i++) {
+    if (a->src) b->ptrs[i] = a->src[i];
+    if (a->src_bytes) b->bytes[i] = a->src_bytes[i];
+  }
   return r;
+}
+
+/* The main plan's arrays (stage_arrays), named in an out-of-memory
+ * message by the main plan's own source count n. */
+static reshard_result_t main_arrays(const reshard_plan_t *plan, size_t entries, size_t user, size_t n,
+                                    const rs_call_args *a, stage_bufs *b, reshard_result_t r) {
+  char what[64];
+  snprintf(what, sizeof what, "%zu buffer entries", n);
+  return stage_arrays(plan, entries, user, a, b, r, what);
 }
 
 static void stage_free(stage_bufs *b) {
@@ -107,9 +117,7 @@ static reshard_result_t run_spread(const reshard_plan_t *plan, const rs_call_arg
    * scratch, after them */
   const size_t n = (size_t)plan->num_src_buffers, np = (size_t)s->pre_ndst;
   stage_bufs b;
-  char what[64];
-  snprintf(what, sizeof what, "%zu buffer entries", n);
-  r = stage_arrays(plan, n + np, (size_t)s->user_nsrc, a, &b, r, what);
+  r = main_arrays(plan, n + np, (size_t)s->user_nsrc, n, a, &b, r);
   for (int k = 0; b.ptrs && b.bytes && k < s->nbufs; k++) {
     b.ptrs[s->main_id[k]] = b.ptrs[n + (size_t)s->pre_id[k]] = s->scratch + s->off[k];
     b.bytes[s->main_id[k]] = b.bytes[n + (size_t)s->pre_id[k]] = s->len[k];
@@ -143,9 +151,7 @@ static reshard_result_t run_quant(const reshard_plan_t *plan, const rs_call_args
   const size_t n = plan->spread ? (size_t)plan->spread->user_nsrc : (size_t)plan->num_src_buffers;
   const int scratch_here = q->codes_buf >= 0;
   stage_bufs b;
-  char what[64];
-  snprintf(what, sizeof what, "%zu buffer entries", n);
-  r = stage_arrays(plan, n, n, a, &b, r, what);
+  r = main_arrays(plan, n, n, n, a, &b, r);
   if (b.ptrs && b.bytes && scratch_here) {
     b.ptrs[q->codes_buf] = q->codes, b.bytes[q->codes_buf] = q->codes_bytes;
     b.ptrs[q->scales_buf] = q->scales, b.bytes[q->scales_buf] = q->scales_bytes;

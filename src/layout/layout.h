@@ -158,6 +158,13 @@ unsigned char *rs_layout_rank_meshes(const reshard_layout_t *L, int rank);
 int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank,
                              const unsigned char *in_mesh);
 
+/* Calls visit(L, b, rank, arg) on each buffer b that rank holds, in
+ * buffer order, until one returns an error; returns that, or success
+ * (RESHARD_ERROR_OUT_OF_MEMORY, error set, when the rank's meshes cannot
+ * be found). */
+typedef reshard_result_t (*rs_rank_buffer_fn)(const reshard_layout_t *L, int b, int rank, void *arg);
+reshard_result_t rs_layout_each_rank_buffer(const reshard_layout_t *L, int rank, rs_rank_buffer_fn visit, void *arg);
+
 /* Appends the non-empty fragments held by `rank`, in canonical order. */
 reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
                                           rs_frag_vec *out);

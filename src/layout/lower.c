@@ -300,21 +300,26 @@ int rs_layout_buffer_on_rank(const reshard_layout_t *L, int b, int rank, const u
   return 0;
 }
 
-reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
-                                          rs_frag_vec *out) {
+reshard_result_t rs_layout_each_rank_buffer(const reshard_layout_t *L, int rank, rs_rank_buffer_fn visit, void *arg) {
   /* which meshes hold the rank, once: a 100k-tensor layout has hundreds
    * of thousands of parts, most of them on other ranks */
   unsigned char *in_mesh = rs_layout_rank_meshes(L, rank);
   if (!in_mesh) return RESHARD_ERROR_OUT_OF_MEMORY;
   reshard_result_t r = RESHARD_SUCCESS;
-  for (int b = 0; b < L->nbuffers && r == RESHARD_SUCCESS; b++) {
-    const rs_buffer *buf = &L->buffers[b];
-    if (!rs_layout_buffer_on_rank(L, b, rank, in_mesh)) continue;
-    if (buf->kind == RS_BUFFER_RAW) r = lower_raw(L, b, NULL, NULL, -1, out);
-    else r = lower_fused(L, b, rank, -1, NULL, NULL, out, NULL);
-  }
+  for (int b = 0; b < L->nbuffers && r == RESHARD_SUCCESS; b++)
+    if (rs_layout_buffer_on_rank(L, b, rank, in_mesh)) r = visit(L, b, rank, arg);
   free(in_mesh);
   return r;
+}
+
+static reshard_result_t lower_rank_buffer(const reshard_layout_t *L, int b, int rank, void *out) {
+  if (L->buffers[b].kind == RS_BUFFER_RAW) return lower_raw(L, b, NULL, NULL, -1, out);
+  return lower_fused(L, b, rank, -1, NULL, NULL, out, NULL);
+}
+
+reshard_result_t rs_layout_rank_fragments(const reshard_layout_t *L, int rank,
+                                          rs_frag_vec *out) {
+  return rs_layout_each_rank_buffer(L, rank, lower_rank_buffer, out);
 }
 
 reshard_result_t rs_layout_buffer_bytes(const reshard_layout_t *L, int b,

@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/sorted.h"
 #include "layout/layout.h"
 
 typedef struct footprint {
@@ -165,25 +166,17 @@ done:
   return r;
 }
 
+static reshard_result_t validate_buffer(const reshard_layout_t *L, int b, int rank, void *side) {
+  if (L->buffers[b].kind == RS_BUFFER_RAW) return validate_raw(L, side, b);
+  uint64_t bytes;
+  /* lowering checks split sums, part agreement and overflow */
+  return rs_layout_buffer_bytes(L, b, rank, &bytes);
+}
+
 reshard_result_t rs_layout_validate_rank(const reshard_layout_t *L,
                                          const char *side, int rank) {
   /* only the buffers this rank holds: their holders check the others */
-  unsigned char *in_mesh = rs_layout_rank_meshes(L, rank);
-  if (!in_mesh) return RESHARD_ERROR_OUT_OF_MEMORY;
-  reshard_result_t r = RESHARD_SUCCESS;
-  for (int b = 0; b < L->nbuffers && r == RESHARD_SUCCESS; b++) {
-    const rs_buffer *buf = &L->buffers[b];
-    if (!rs_layout_buffer_on_rank(L, b, rank, in_mesh)) continue;
-    if (buf->kind == RS_BUFFER_RAW) {
-      r = validate_raw(L, side, b);
-    } else {
-      uint64_t bytes;
-      /* lowering checks split sums, part agreement and overflow */
-      r = rs_layout_buffer_bytes(L, b, rank, &bytes);
-    }
-  }
-  free(in_mesh);
-  return r;
+  return rs_layout_each_rank_buffer(L, rank, validate_buffer, (void *)side);
 }
 
 /* The boxes that hold tensor t somewhere: its parts' windows (clipped to
@@ -223,11 +216,6 @@ static reshard_result_t tensor_boxes(const reshard_layout_t *L, int t, int64_t *
   *out = b;
   *n = k;
   return RESHARD_SUCCESS;
-}
-
-static int cmp_i64v(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
 }
 
 reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char *side) {
@@ -270,7 +258,7 @@ reshard_result_t rs_layout_check_coverage(const reshard_layout_t *L, const char 
         c[n++] = box[i * 2 * (size_t)nd + (size_t)d];
         c[n++] = box[i * 2 * (size_t)nd + (size_t)nd + (size_t)d];
       }
-      qsort(c, n, sizeof *c, cmp_i64v);
+      qsort(c, n, sizeof *c, rs_cmp_i64);
       size_t u = 0;
       for (size_t i = 0; i < n; i++)
         if (!u || c[i] != c[u - 1]) c[u++] = c[i];

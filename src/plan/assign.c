@@ -10,6 +10,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/hash.h"
+#include "common/sorted.h"
 #include "common/vec.h"
 #include "plan/plan.h"
 
@@ -37,11 +38,6 @@ void rs_assign_ctx_free(rs_assign_ctx *ctx) {
   ctx->bounds_cap = ctx->cands_cap = ctx->bucket_at_cap = ctx->bucket_cap = ctx->marks_cap = 0;
 }
 
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
 /* Sorts and dedups the n boundaries b[0..n) of [lo, hi] (all inside it):
  * by marking them when the range is small against n (a stacked tensor's
  * windows give one boundary per expert), by qsort otherwise. Returns the
@@ -66,22 +62,11 @@ static size_t sort_bounds(rs_assign_ctx *ctx, int64_t *b, size_t n, int64_t lo, 
       return u;
     }
   }
-  if (n > 2) qsort(b, n, sizeof *b, cmp_i64);
+  if (n > 2) qsort(b, n, sizeof *b, rs_cmp_i64);
   size_t u = 0;
   for (size_t i = 0; i < n; i++)
     if (u == 0 || b[i] != b[u - 1]) b[u++] = b[i];
   return u;
-}
-
-/* The first of the n sorted bounds b that is >= x. */
-static size_t bound_index(const int64_t *b, size_t n, int64_t x) {
-  size_t lo = 0, hi = n;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (b[mid] < x) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
 }
 
 static int grow_ints(int **v, size_t *cap, size_t need) {
@@ -113,13 +98,9 @@ static reshard_result_t bucket_holders(rs_assign_ctx *ctx, const rs_frag *H, con
     if (pass) memcpy(fill, at, nint * sizeof *fill);
     for (size_t j = 0; j < nh; j++) {
       const rs_frag *h = &H[order[j]];
-      size_t lo = 0, hi = nint;
-      while (lo < hi) { /* the first interval with b0[k] >= h's start */
-        size_t mid = (lo + hi) / 2;
-        if (b0[mid] < h->start[0]) lo = mid + 1;
-        else hi = mid;
-      }
-      for (size_t k = lo; k < nint && b0[k] < h->start[0] + h->extent[0]; k++) {
+      const int64_t end = h->start[0] + h->extent[0];
+      /* from the first interval with b0[k] >= h's start */
+      for (size_t k = rs_lower_bound_i64(b0, nint, h->start[0]); k < nint && b0[k] < end; k++) {
         if (pass) ctx->bucket[fill[k]++] = order[j];
         else at[k + 1]++, total++;
       }
@@ -438,8 +419,8 @@ static int sender_cells(const rs_assign_ctx *ctx, const rs_frag *D, const size_t
   if (!any) return 0;
   for (int d = 0; d < nd; d++) {
     const int64_t *b = ctx->bounds + (size_t)d * per_dim;
-    ilo[d] = bound_index(b, nb[d], hlo[d]);
-    ihi[d] = bound_index(b, nb[d], hhi[d]);
+    ilo[d] = rs_lower_bound_i64(b, nb[d], hlo[d]);
+    ihi[d] = rs_lower_bound_i64(b, nb[d], hhi[d]);
     if (ilo[d] >= ihi[d]) return 0;
   }
   return 1;

@@ -3,7 +3,7 @@
  * block quantization's and source-side spreading's scratch and pre-plans,
  * the staging cache). Apart from create.c because a plan is destroyed
  * long after creation and from everywhere: the caller, every failure path
- * of creation, and the pre-plans' owners. */
+ * of creation, and here for a composite plan's pre-plans. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,6 +13,17 @@
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "plan/topology.h"
+
+/* A composite plan's stages: each pre-plan first (its work writes the
+ * scratch), then the scratch and the rest of the stage. The pre-plans are
+ * plan creation's (create.c attaches them), so they are destroyed here,
+ * not by quant.c or spread.c. */
+static void destroy_stages(reshard_plan_t *p) {
+  if (p->quant) reshard_plan_destroy(p->quant->pre);
+  rs_quant_free(p->quant);
+  if (p->spread) reshard_plan_destroy(p->spread->pre);
+  rs_spread_free(p->spread);
+}
 
 void reshard_plan_destroy(reshard_plan_t *p) {
   if (!p) return;
@@ -33,8 +44,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
     }
   }
   if (p->executor && p->executor->free) p->executor->free(p);
-  rs_quant_free(p->quant);
-  rs_spread_free(p->spread);
+  destroy_stages(p);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);

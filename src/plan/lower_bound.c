@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/sorted.h"
 #include "common/vec.h"
 #include "layout/layout.h"
 #include "pack/convert.h"
@@ -59,21 +60,6 @@ static int cmp_lb(const void *a, const void *b) {
   if (x->tensor != y->tensor) return (x->tensor > y->tensor) - (x->tensor < y->tensor);
   if (x->side != y->side) return x->side - y->side;
   return (x->rank > y->rank) - (x->rank < y->rank);
-}
-
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-static size_t find_bound(const int64_t *b, size_t n, int64_t x) {
-  size_t lo = 0, hi = n;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (b[mid] < x) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
 }
 
 static reshard_result_t collect(lb_ctx *c, const reshard_layout_t *L, int side, const int *to_src) {
@@ -138,7 +124,7 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, uint64_t es,
       b[2 * i] = F[i].start[d];
       b[2 * i + 1] = F[i].start[d] + F[i].extent[d];
     }
-    if (nf) qsort(b, 2 * nf, sizeof *b, cmp_i64);
+    if (nf) qsort(b, 2 * nf, sizeof *b, rs_cmp_i64);
     size_t u = 0;
     for (size_t i = 0; i < 2 * nf; i++)
       if (!u || b[i] != b[u - 1]) b[u++] = b[i];
@@ -165,8 +151,8 @@ static reshard_result_t tensor_cells(lb_ctx *c, const rs_tensor *t, uint64_t es,
     for (size_t i = 0; i < nf; i++) {
       for (int d = 0; d < nd; d++) {
         const int64_t *b = c->bounds + (size_t)d * per;
-        lo[d] = find_bound(b, nb[d], F[i].start[d]);
-        hi[d] = find_bound(b, nb[d], F[i].start[d] + F[i].extent[d]);
+        lo[d] = rs_lower_bound_i64(b, nb[d], F[i].start[d]);
+        hi[d] = rs_lower_bound_i64(b, nb[d], F[i].start[d] + F[i].extent[d]);
       }
       int32_t code = F[i].rank * 2 + F[i].side;
       if (pass == 0) FOR_CELLS(nd, lo, hi, dims, cell, c->count[cell + 1]++);

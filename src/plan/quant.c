@@ -543,7 +543,6 @@ reshard_result_t rs_quant_create(rs_quant_layouts *ql, const reshard_layout_t *u
 
 void rs_quant_free(rs_quant *q) {
   if (!q) return;
-  reshard_plan_destroy(q->pre); /* first: its work writes the gather scratch */
   free(q->boxes);
   if (q->dev_free) {
     q->dev_free(q);

@@ -82,6 +82,8 @@ typedef struct rs_quant {
  * timeout_ms from now). */
 reshard_result_t rs_quant_create(rs_quant_layouts *q, const reshard_layout_t *user_src, reshard_comm_t *comm,
                                  const struct rs_executor *ex, int64_t timeout_ms, rs_quant **out);
+/* Frees q's boxes and scratch, not q->pre: whoever attached the pre-plan
+ * destroys it, before this (its work writes the gather scratch). */
 void rs_quant_free(rs_quant *q);
 
 #endif

@@ -62,6 +62,20 @@ static reshard_result_t push_forward(rs_relay_plan *c, rs_seg_vec *segs, int32_t
   return rs_seg_vec_push(segs, s);
 }
 
+/* What a member and a source of g both start with: g interned (*gid), D
+ * remembered (*box) and g's canonical box assigned to its parts' owners
+ * (pieces; with parts, the parts' boxes too). */
+static reshard_result_t start_group(rs_relay_plan *c, rs_assign_ctx *actx, rs_piece_vec *pieces, rs_piece_vec *parts,
+                                    const rs_frag *D, const rs_relay_group *g, int src_tensor, const char *name,
+                                    int32_t *gid, int32_t *box) {
+  RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, gid));
+  RS_CHECK(add_box(c, D, box));
+  actx->parts = parts;
+  reshard_result_t r = rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces);
+  actx->parts = NULL;
+  return r;
+}
+
 /* A relayed fragment D of this rank (a member of g). Each piece travels
  * source -> owner: this rank's receive when it owns the part, else a
  * virtual segment (forwards wait on its round). Forwards move each
@@ -75,12 +89,7 @@ reshard_result_t rs_relay_plan_member(rs_relay_plan *c, rs_assign_ctx *actx,
                                       const rs_relay_group *g, int src_tensor,
                                       const char *name, reshard_dtype_t dt) {
   int32_t gid = -1, box = -1;
-  RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
-  RS_CHECK(add_box(c, D, &box));
-  actx->parts = &c->parts;
-  reshard_result_t r = rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces);
-  actx->parts = NULL;
-  RS_CHECK(r);
+  RS_CHECK(start_group(c, actx, pieces, &c->parts, D, g, src_tensor, name, &gid, &box));
   RS_CHECK(rs_relay_roles(&c->ctx, g, me));
   const int32_t pipe = spans_domains(c, g);
   size_t nparts = c->parts.n ? (size_t)c->parts.v[c->parts.n - 1].part + 1 : 0;
@@ -149,9 +158,7 @@ reshard_result_t rs_relay_plan_source(rs_relay_plan *c, rs_assign_ctx *actx,
                                       const rs_relay_group *g, int src_tensor,
                                       const char *name, reshard_dtype_t dt) {
   int32_t gid = -1, box = -1;
-  RS_CHECK(rs_relay_table_intern(&c->groups, g->ranks, g->m, &gid));
-  RS_CHECK(add_box(c, D, &box));
-  RS_CHECK(rs_assign_pieces(actx, &g->canon, src_tensor, name, rs_relay_owners(&c->ctx, g), g->nparts, pieces));
+  RS_CHECK(start_group(c, actx, pieces, NULL, D, g, src_tensor, name, &gid, &box));
   const int32_t pipe = spans_domains(c, g);
   for (size_t k = 0; k < pieces->n; k++) {
     const rs_piece *p = &pieces->v[k];

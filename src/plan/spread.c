@@ -307,7 +307,6 @@ reshard_result_t rs_spread_create(rs_spread_layouts *sl, const reshard_layout_t 
 
 void rs_spread_free(rs_spread *s) {
   if (!s) return;
-  reshard_plan_destroy(s->pre);
   free(s->main_id);
   free(s->pre_id);
   free(s->off);

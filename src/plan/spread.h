@@ -90,8 +90,10 @@ typedef struct rs_spread {
 } rs_spread;
 
 /* Moves this rank's scratch description out of s into a new rs_spread
- * with the scratch allocated (pre attached later). */
+ * with the scratch allocated (pre attached later, by plan creation). */
 reshard_result_t rs_spread_create(rs_spread_layouts *s, const reshard_layout_t *user_src, int me, rs_spread **out);
+/* Frees s's scratch and its description, not s->pre: whoever attached the
+ * pre-plan destroys it, before this (its work writes the scratch). */
 void rs_spread_free(rs_spread *s);
 
 #endif
