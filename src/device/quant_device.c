@@ -22,8 +22,9 @@ typedef struct rs_qdev {
 
 static void qdev_free(rs_quant *q) {
   rs_qdev *x = q->dev;
-  /* After the plans' own waits (destroy: the main plan's streams, then
-   * the pre-plan's, rs_quant_free) nothing runs on this memory, unless
+  /* After the plans' own waits (reshard_plan_destroy: the main plan's
+   * streams, then the pre-plan's, destroyed by destroy_stages just before
+   * rs_quant_free calls this) nothing runs on this memory, unless
    * the GPU did not let go of the main plan's work: then it stays. */
   if (!q->dev_stuck) {
     /* the scratch may be registered, mapped by the partners until they
