@@ -88,7 +88,7 @@ static size_t args_size_of_version(uint32_t version) {
 static reshard_result_t read_args(const reshard_plan_t *plan, const reshard_execute_args_t *in,
                                   reshard_execute_args_t *out) {
   const int rank = plan->rank;
-  if (!in) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: args is NULL", rank);
+  if (!in) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: args is NULL: nothing done", rank);
   if (in->struct_size < offsetof(reshard_execute_args_t, flags))
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "execute rank %d: args->struct_size %u is not one this library knows (expected %zu); start from "
