@@ -610,8 +610,6 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                                      const reshard_options_t *options,
                                      reshard_plan_t **plan);
 
-/* ---- Execute ---- */
-
 #define RESHARD_EXECUTE_ARGS_VERSION 1
 
 /* A buffer and its size in bytes (reshard_execute_args_t's src and dst). */
