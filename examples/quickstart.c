@@ -76,6 +76,10 @@ static void *rank_main(void *arg) {
   float *sbuf = src_bytes ? malloc(src_bytes) : NULL;
   float *dbuf = dst_bytes ? malloc(dst_bytes) : NULL;
   reshard_buffer_t src_bufs[1] = {{sbuf, src_bytes}}, dst_bufs[1] = {{dbuf, dst_bytes}};
+  /* The execute's arguments: sizes are checked before anything moves. */
+  reshard_execute_args_t args = RESHARD_EXECUTE_ARGS_INITIALIZER;
+  args.src = src_bufs, args.num_src = 1, args.dst = dst_bufs, args.num_dst = 1;
+  args.flags = RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION;
 
   long wrong = 0;
   for (int step = 0; step < 3; step++) {
@@ -83,8 +87,8 @@ static void *rank_main(void *arg) {
       for (int64_t i = 0; i < ROWS / 4; i++)
         for (int64_t j = 0; j < COLS; j++)
           sbuf[i * COLS + j] = value(rank * (ROWS / 4) + i, j, step);
-    /* the step is the weight version (from 1); sizes are checked first */
-    CHECK(reshard_plan_execute_sized(plan, (uint64_t)step + 1, src_bufs, 1, dst_bufs, 1, NULL));
+    args.weight_version = (uint64_t)step + 1; /* the step is the weight version (from 1) */
+    CHECK(reshard_plan_execute_args(plan, &args));
     if (dbuf) /* rank 4+2d+t holds columns [t*512, (t+1)*512) */
       for (int64_t i = 0; i < ROWS; i++)
         for (int64_t j = 0; j < COLS / 2; j++)

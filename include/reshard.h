@@ -610,48 +610,121 @@ reshard_result_t reshard_plan_create(reshard_comm_t *comm,
                                      const reshard_options_t *options,
                                      reshard_plan_t **plan);
 
-/* Collective over the ranks that exchange data with this one. Moves every
- * destination fragment's elements from the source buffers. src_buffers has
- * num_src entries indexed by the source layout's buffer ids (entries of
- * buffers this rank does not hold are ignored and may be NULL); likewise
- * dst_buffers. A rank on one side only may pass NULL, 0 for the other.
- * Bytes of destination buffers outside fragments (padding, other data) are
- * never written. Destination buffers (and, with RESHARD_FLAG_DOUBLE_BUFFER,
- * their copies) must not share memory, each taken as large as the layout
- * makes it on this rank: such a call is refused (RESHARD_ERROR_INVALID_
- * ARGUMENT naming both buffers). Does not modify the plan: the same plan serves every step.
- * Calls of one plan (execute in any form, reshard_plan_resolve) must not
- * overlap: a call made while another thread of this rank is inside one
- * returns RESHARD_ERROR_INVALID_USAGE at once and changes nothing (the
- * running call goes on, the plan stays usable), since two calls in flight
- * would pair with the partners' calls in whatever order the threads ran.
- * Different plans may run concurrently. Each call is numbered, so messages of a call that failed never match a later
- * one (on NCCL, which has no tags, a failed call aborts reshard's private
- * communicator instead: see reshard_nccl.h). stream is the CUDA stream for
- * device backends and must be NULL on host transports. On host transports a call this rank rejects (its
- * arguments, its staging memory) writes nothing but still takes its place:
- * its partners fail with RESHARD_ERROR_REMOTE naming this rank and why,
- * and the plan fails on every rank (see reshard_plan_get_status); with no
- * partners and no double buffering it returns and the plan stays usable.
- * The call's weight version is the previous call's + 1
- * (1 for the first); see reshard_plan_execute_version. */
-reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
-                                      void *const *src_buffers,
-                                      size_t num_src,
-                                      void *const *dst_buffers,
-                                      size_t num_dst, void *stream);
+#define RESHARD_EXECUTE_ARGS_VERSION 1
 
-/* reshard_plan_execute with an explicit weight version (e.g. the training
- * step): every rank passes the same version for the same step, and the
+/* A buffer and its size in bytes (reshard_execute_args_t's src and dst). */
+typedef struct reshard_buffer {
+  void *ptr;
+  size_t bytes;
+} reshard_buffer_t;
+
+/* The arguments of one execute. Always start from
+ * RESHARD_EXECUTE_ARGS_INITIALIZER so that fields added later get their
+ * defaults; struct_size and version let the library reject (or adapt to)
+ * a caller built against another header, as for reshard_options_t. */
+typedef struct reshard_execute_args {
+  uint32_t struct_size; /* sizeof(reshard_execute_args_t) */
+  uint32_t version;     /* RESHARD_EXECUTE_ARGS_VERSION */
+  uint32_t flags;       /* RESHARD_EXECUTE_FLAG_* bits; 0 by default */
+  /* The call's weight version, read with
+   * RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION only. */
+  uint64_t weight_version;
+  /* This rank's buffers with their sizes, indexed by buffer id: num_src
+   * entries for the source layout's buffers, num_dst for the
+   * destination's (2 * its count with RESHARD_FLAG_DOUBLE_BUFFER: copy 0
+   * of every buffer, then copy 1). Entries of buffers this rank does not
+   * hold are ignored and may be {NULL, 0}; a rank on one side only may
+   * pass NULL, 0 for the other. Before anything moves, every buffer the
+   * plan reads or writes here is checked to be at least as large as the
+   * layout makes it on this rank (reshard_layout_buffer_bytes), else
+   * RESHARD_ERROR_INVALID_ARGUMENT names the side, the buffer id and
+   * name, and both sizes; a count the layout cannot have is
+   * RESHARD_ERROR_INVALID_USAGE, the arrays read no further than it. */
+  const reshard_buffer_t *src;
+  size_t num_src;
+  const reshard_buffer_t *dst;
+  size_t num_dst;
+  /* With RESHARD_EXECUTE_FLAG_UNSIZED: bare pointers instead of src and
+   * dst (which must then be NULL), num_src / num_dst entries, sizes
+   * unknown and unchecked (a short buffer faults inside the transport).
+   * Without the flag both must be NULL. */
+  void *const *src_ptrs;
+  void *const *dst_ptrs;
+  /* The CUDA stream for device transports; NULL on host transports. */
+  void *stream;
+} reshard_execute_args_t;
+
+/* reshard_execute_args_t.flags bits. */
+/* weight_version is the call's weight version (e.g. the training step):
+ * every rank passes the same version for the same step, and the
  * agreement headers check it, so a rank that skipped a step (or is at
- * another one) fails with RESHARD_ERROR_MISMATCH instead of mixing steps.
- * Plain executes cannot tell a skipped step: they number calls. Versions
+ * another one) fails with RESHARD_ERROR_MISMATCH instead of mixing
+ * steps. Without it the version is the previous call's + 1 (1 for the
+ * first): calls are numbered, which cannot tell a skipped step. Versions
  * need not be consecutive. On success the version becomes the plan's
  * committed version (reshard_plan_get_status). On device transports the
  * headers are checked on the device (no host wait): the version is
  * recorded when the work is enqueued, and a mismatch is reported by the
  * next execute or reshard_plan_get_status (see reshard_nccl.h); no
  * destination byte of the mismatched call is written. */
+#define RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION 0x1u
+/* src_ptrs and dst_ptrs instead of src and dst (sizes unknown). */
+#define RESHARD_EXECUTE_FLAG_UNSIZED 0x2u
+
+#define RESHARD_EXECUTE_ARGS_INITIALIZER \
+  {sizeof(reshard_execute_args_t), RESHARD_EXECUTE_ARGS_VERSION, 0, 0, \
+   NULL, 0, NULL, 0, NULL, NULL, NULL}
+
+/* The execute: every form below is a thin wrapper over it.
+ * Collective over the ranks that exchange data with this one. Moves every
+ * destination fragment's elements from the source buffers (args: see
+ * reshard_execute_args_t). Bytes of destination buffers outside fragments
+ * (padding, other data) are never written. Destination buffers (and, with
+ * RESHARD_FLAG_DOUBLE_BUFFER, their copies) must not share memory, each
+ * taken as large as the layout makes it on this rank: such a call is
+ * refused (RESHARD_ERROR_INVALID_ARGUMENT naming both buffers). Does not
+ * modify the plan: the same plan serves every step.
+ * args that cannot be read as a call (args NULL; struct_size or version
+ * not one this library knows; flags bits it does not know; src / dst and
+ * src_ptrs / dst_ptrs given against RESHARD_EXECUTE_FLAG_UNSIZED) are
+ * RESHARD_ERROR_INVALID_ARGUMENT naming this rank and the field, and
+ * change nothing: the call is not made (no call number or version is
+ * used, the plan stays as it was, no partner is told: theirs waits for
+ * this rank's next call, or reshard_plan_execute_refused to fail it at
+ * once).
+ * Calls of one plan (execute in any form, reshard_plan_resolve) must not
+ * overlap: a call made while another thread of this rank is inside one
+ * returns RESHARD_ERROR_INVALID_USAGE at once and changes nothing (the
+ * running call goes on, the plan stays usable), since two calls in flight
+ * would pair with the partners' calls in whatever order the threads ran.
+ * Different plans may run concurrently. Each call is numbered, so
+ * messages of a call that failed never match a later one (on NCCL, which
+ * has no tags, a failed call aborts reshard's private communicator
+ * instead: see reshard_nccl.h). On host transports a call this rank
+ * rejects (its buffers, its staging memory) writes nothing but still
+ * takes its place: its partners fail with RESHARD_ERROR_REMOTE naming
+ * this rank and why, and the plan fails on every rank (see
+ * reshard_plan_get_status); with no partners and no double buffering it
+ * returns and the plan stays usable. */
+reshard_result_t reshard_plan_execute_args(const reshard_plan_t *plan,
+                                           const reshard_execute_args_t *args);
+
+/* The older forms, kept for compatibility: each builds its
+ * reshard_execute_args_t and calls reshard_plan_execute_args, nothing
+ * else. */
+
+/* Bare pointers, versions numbered by the plan:
+ * flags RESHARD_EXECUTE_FLAG_UNSIZED, src_ptrs = src_buffers,
+ * dst_ptrs = dst_buffers. */
+reshard_result_t reshard_plan_execute(const reshard_plan_t *plan,
+                                      void *const *src_buffers,
+                                      size_t num_src,
+                                      void *const *dst_buffers,
+                                      size_t num_dst, void *stream);
+
+/* Bare pointers and an explicit weight version: flags
+ * RESHARD_EXECUTE_FLAG_UNSIZED | RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION,
+ * weight_version = version (0 included). */
 reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan,
                                               uint64_t version,
                                               void *const *src_buffers,
@@ -659,21 +732,8 @@ reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan,
                                               void *const *dst_buffers,
                                               size_t num_dst, void *stream);
 
-/* A buffer and its size in bytes, for reshard_plan_execute_sized. */
-typedef struct reshard_buffer {
-  void *ptr;
-  size_t bytes;
-} reshard_buffer_t;
-
-/* reshard_plan_execute (version 0) or reshard_plan_execute_version
- * (version > 0) with each buffer's size: before anything moves, every
- * buffer this rank's plan reads or writes is checked to be at least as
- * large as the layout says it is on this rank (reshard_layout_buffer_bytes),
- * else RESHARD_ERROR_INVALID_ARGUMENT naming the side, the buffer id and
- * name, and both sizes; nothing is sent, received or written. The way to
- * call execute from a binding that knows its tensors' sizes (a short
- * buffer otherwise faults inside the transport). With
- * RESHARD_FLAG_DOUBLE_BUFFER, dst holds both copies as for execute. */
+/* Sized buffers: src, dst as given; version > 0 is an explicit weight
+ * version (RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION), 0 the plan's next. */
 reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan,
                                             uint64_t version,
                                             const reshard_buffer_t *src,

@@ -1,13 +1,17 @@
 /* The front door of execute and registration: the public entry points
- * (reshard_plan_execute and its variants, reshard_plan_register_buffers).
- * Each one turns its arguments into one rs_call_args (api/front.h), takes
+ * (reshard_plan_execute_args, the older forms as thin wrappers over it,
+ * reshard_plan_execute_refused, reshard_plan_register_buffers). Every
+ * execute reads its reshard_execute_args_t (read_args), turns it into one
+ * rs_call_args (api/front.h, built in execute_args only), takes
  * the plan's busy flag (calls of a plan never overlap), settles a version
  * left in doubt, and runs the plan's stages (stages.c), each a call of
  * one plan through its executor (call.c). Argument checks live in
  * argcheck.c; the executors (exec/host.h, device/device.h) never see the
  * public entry points. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "api/front.h"
 #include "common/alloc.h"
@@ -68,31 +72,71 @@ static reshard_result_t execute(const reshard_plan_t *plan, const rs_call_args *
   return r;
 }
 
-reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
-                                      void *const *dst_buffers, size_t num_dst, void *stream) {
-  const rs_call_args a = {.src = src_buffers, .nsrc = num_src, .dst = dst_buffers, .ndst = num_dst, .stream = stream};
-  return execute(plan, &a);
+/* The sizes of every published version of reshard_execute_args_t. */
+static size_t args_size_of_version(uint32_t version) {
+  switch (version) {
+    case 1: return sizeof(reshard_execute_args_t);
+    default: return 0;
+  }
 }
 
-reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64_t version,
-                                              void *const *src_buffers, size_t num_src, void *const *dst_buffers,
-                                              size_t num_dst, void *stream) {
-  const rs_call_args a = {.explicit_version = 1,
-                          .version_in = version,
-                          .src = src_buffers,
-                          .nsrc = num_src,
-                          .dst = dst_buffers,
-                          .ndst = num_dst,
-                          .stream = stream};
-  return execute(plan, &a);
+#define KNOWN_FLAGS (RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION | RESHARD_EXECUTE_FLAG_UNSIZED)
+
+/* The caller's args into *out, read by version like the options
+ * (plan/options.c). A refusal here is not a call: it names the field and
+ * touches nothing (no busy flag, no settling, no call number). */
+static reshard_result_t read_args(const reshard_plan_t *plan, const reshard_execute_args_t *in,
+                                  reshard_execute_args_t *out) {
+  const int rank = plan->rank;
+  if (!in) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: args is NULL: nothing done", rank);
+  if (in->struct_size < offsetof(reshard_execute_args_t, flags))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "execute rank %d: args->struct_size %u is not one this library knows (expected %zu); start from "
+                    "RESHARD_EXECUTE_ARGS_INITIALIZER: nothing done",
+                    rank, in->struct_size, sizeof(reshard_execute_args_t));
+  if (in->version < 1 || in->version > RESHARD_EXECUTE_ARGS_VERSION)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "execute rank %d: args->version %u unknown (library has %d): nothing done", rank, in->version,
+                    RESHARD_EXECUTE_ARGS_VERSION);
+  if (in->struct_size != args_size_of_version(in->version))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "execute rank %d: args->struct_size %u does not match args->version %u (expected %zu); start "
+                    "from RESHARD_EXECUTE_ARGS_INITIALIZER: nothing done",
+                    rank, in->struct_size, in->version, args_size_of_version(in->version));
+  memcpy(out, in, in->struct_size);
+  if (out->flags & ~KNOWN_FLAGS)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "execute rank %d: args->flags 0x%x has bits this library does not know (0x%x; "
+                    "RESHARD_EXECUTE_FLAG_* only): nothing done",
+                    rank, out->flags, out->flags & ~KNOWN_FLAGS);
+  const int unsized = (out->flags & RESHARD_EXECUTE_FLAG_UNSIZED) != 0;
+  const char *set = unsized ? (out->src ? "src" : out->dst ? "dst" : NULL)
+                            : (out->src_ptrs ? "src_ptrs" : out->dst_ptrs ? "dst_ptrs" : NULL);
+  if (set)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "execute rank %d: args->%s is set %s RESHARD_EXECUTE_FLAG_UNSIZED (%s): nothing done", rank, set,
+                    unsized ? "with" : "without",
+                    unsized ? "the flag reads src_ptrs and dst_ptrs" : "sized buffers go in src and dst");
+  return RESHARD_SUCCESS;
 }
 
-reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t version, const reshard_buffer_t *src,
-                                            size_t num_src, const reshard_buffer_t *dst, size_t num_dst,
-                                            void *stream) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  rs_call_args a = {.explicit_version = version != 0, .version_in = version, .stream = stream};
+/* The one rs_call_args construction: args already read, refused an error
+ * already set that the call reports to its partners (execute_refused) or
+ * RESHARD_SUCCESS. */
+static reshard_result_t execute_args(const reshard_plan_t *plan, const reshard_execute_args_t *in,
+                                     reshard_result_t refused) {
+  const int explicit_version = (in->flags & RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION) != 0;
+  rs_call_args a = {.explicit_version = explicit_version,
+                    .version_in = explicit_version ? in->weight_version : 0,
+                    .stream = in->stream,
+                    .rejected = refused};
+  if (a.rejected) return execute(plan, &a);
+  if (in->flags & RESHARD_EXECUTE_FLAG_UNSIZED) {
+    a.src = in->src_ptrs, a.nsrc = in->num_src, a.dst = in->dst_ptrs, a.ndst = in->num_dst;
+    return execute(plan, &a);
+  }
+  const reshard_buffer_t *src = in->src, *dst = in->dst;
+  const size_t num_src = in->num_src, num_dst = in->num_dst;
   /* The counts before the arrays: an entry is read only where the count
    * is one the layout can have, so a count larger than the array is
    * refused, not read past, and no size below wraps. The refusal takes
@@ -124,16 +168,55 @@ reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t
   return r;
 }
 
+reshard_result_t reshard_plan_execute_args(const reshard_plan_t *plan, const reshard_execute_args_t *args) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
+  reshard_execute_args_t in;
+  reshard_result_t r = read_args(plan, args, &in);
+  return r != RESHARD_SUCCESS ? r : execute_args(plan, &in, RESHARD_SUCCESS);
+}
+
+/* The older entry points (reshard.h): each only builds its args. */
+
+reshard_result_t reshard_plan_execute(const reshard_plan_t *plan, void *const *src_buffers, size_t num_src,
+                                      void *const *dst_buffers, size_t num_dst, void *stream) {
+  reshard_execute_args_t a = RESHARD_EXECUTE_ARGS_INITIALIZER;
+  a.flags = RESHARD_EXECUTE_FLAG_UNSIZED;
+  a.src_ptrs = src_buffers, a.num_src = num_src, a.dst_ptrs = dst_buffers, a.num_dst = num_dst, a.stream = stream;
+  return reshard_plan_execute_args(plan, &a);
+}
+
+reshard_result_t reshard_plan_execute_version(const reshard_plan_t *plan, uint64_t version,
+                                              void *const *src_buffers, size_t num_src, void *const *dst_buffers,
+                                              size_t num_dst, void *stream) {
+  reshard_execute_args_t a = RESHARD_EXECUTE_ARGS_INITIALIZER;
+  a.flags = RESHARD_EXECUTE_FLAG_UNSIZED | RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION;
+  a.weight_version = version;
+  a.src_ptrs = src_buffers, a.num_src = num_src, a.dst_ptrs = dst_buffers, a.num_dst = num_dst, a.stream = stream;
+  return reshard_plan_execute_args(plan, &a);
+}
+
+reshard_result_t reshard_plan_execute_sized(const reshard_plan_t *plan, uint64_t version, const reshard_buffer_t *src,
+                                            size_t num_src, const reshard_buffer_t *dst, size_t num_dst,
+                                            void *stream) {
+  reshard_execute_args_t a = RESHARD_EXECUTE_ARGS_INITIALIZER;
+  a.flags = version ? RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION : 0;
+  a.weight_version = version;
+  a.src = src, a.num_src = num_src, a.dst = dst, a.num_dst = num_dst, a.stream = stream;
+  return reshard_plan_execute_args(plan, &a);
+}
+
+/* A refusal the caller found: a call with no buffers, already rejected. */
 reshard_result_t reshard_plan_execute_refused(const reshard_plan_t *plan, uint64_t version, reshard_result_t why,
                                               const char *reason) {
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute_refused: plan is NULL");
   if (why == RESHARD_SUCCESS) why = RESHARD_ERROR_INVALID_ARGUMENT;
-  const rs_call_args a = {
-      .explicit_version = version != 0,
-      .version_in = version,
-      .rejected = rs_error(why, "%s", reason && *reason ? reason : "execute refused by the caller (no reason given)")};
-  return execute(plan, &a);
+  reshard_execute_args_t a = RESHARD_EXECUTE_ARGS_INITIALIZER;
+  a.flags = version ? RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION : 0;
+  a.weight_version = version;
+  return execute_args(plan, &a,
+                      rs_error(why, "%s", reason && *reason ? reason : "execute refused by the caller (no reason given)"));
 }
 
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const *src, size_t nsrc,

@@ -13,7 +13,7 @@
 
 /* One execute's arguments, in the buffer counts of the plan they are for
  * (the caller's, or a stage's). src_bytes / dst_bytes NULL when sizes are
- * unknown (reshard_plan_execute); rejected: an error already found (and
+ * unknown (RESHARD_EXECUTE_FLAG_UNSIZED); rejected: an error already found (and
  * set) that the call reports to its partners instead of moving anything,
  * or RESHARD_SUCCESS. */
 typedef struct rs_call_args {
@@ -56,7 +56,7 @@ size_t rs_api_user_nsrc(const reshard_plan_t *plan);
  * (NCCL's argcheck.cc is the model: every check in one place), each
  * failure naming the rank, the side, the buffer and its tensor. */
 reshard_result_t rs_argcheck_execute(const reshard_plan_t *plan, const rs_call_args *a);
-/* reshard_plan_execute_sized's counts, before any entry is read: a count
+/* A sized execute's counts, before any entry is read: a count
  * the layout cannot have is refused (nsrc_user: the caller's source
  * count, rs_api_user_nsrc). */
 reshard_result_t rs_argcheck_counts(const reshard_plan_t *plan, size_t nsrc_user, const void *src, size_t num_src,

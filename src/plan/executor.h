@@ -20,11 +20,11 @@
 
 struct rs_quant;
 
-/* One execute call, as the front door (reshard_plan_execute and its
+/* One execute call, as the front door (reshard_plan_execute_args and its
  * variants, src/api/execute.c, through call.c) hands it over once the
  * arguments passed its checks. */
 typedef struct rs_exec_call {
-  int explicit_version; /* the caller named the version (execute_version) */
+  int explicit_version; /* the caller named the version (RESHARD_EXECUTE_FLAG_EXPLICIT_VERSION) */
   uint64_t version_in;  /* that version; otherwise the plan counts */
   void *const *src;
   size_t nsrc;
