@@ -169,7 +169,7 @@ static void json_str(FILE *f, const char *s) {
 }
 
 static void json_num(FILE *f, double x) {
-  if (isfinite(x)) fprintf(f, "%.9g", x);
+  if (isfinite(x)) fprintf(f, "%.15g", x);
   else fputs("null", f);
 }
 
