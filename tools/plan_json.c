@@ -192,7 +192,7 @@ static void json_bound_seconds(FILE *f, const reshard_estimate_t *e) {
   fputc('}', f);
 }
 
-static void write_topology(FILE *f, const pj_world *w, const pj_meta *m) {
+static void write_topology(FILE *f, const pj_world *w) {
   json_key(f, "topology");
   if (!w->has_cost) {
     fputs("null", f);
@@ -219,7 +219,6 @@ static void write_topology(FILE *f, const pj_world *w, const pj_meta *m) {
   fputs(",\"nvlink_msg_s\":", f);
   json_num(f, t->nvlink_msg_s);
   fputc('}', f);
-  (void)m;
 }
 
 static void write_phases(FILE *f, const pj_meta *m) {
@@ -412,7 +411,7 @@ int pj_write(const pj_world *w, const pj_meta *m, const char *path) {
   write_header(f, m);
   write_phases(f, m);
   fputs(",\n", f);
-  write_topology(f, w, m);
+  write_topology(f, w);
   fputs(",\n", f);
   write_estimate(f, m);
   fputs(",\n", f);
