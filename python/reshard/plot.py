@@ -195,6 +195,7 @@ def _draw_matrix(fig, ax, doc):
 
 
 def _draw_link(ax, doc, loads, kind, limit_key):
+    from matplotlib.ticker import MaxNLocator
     topo = doc["topology"]
     limit = topo[limit_key] / 1e9
     xs = [r["round"] for r in loads]
@@ -204,6 +205,7 @@ def _draw_link(ax, doc, loads, kind, limit_key):
            label="busiest %s: bytes / round time" % ("NIC" if kind == "nic" else "NVLink"))
     ax.axhline(limit, color="red", ls="--", label="limit %.4g GB/s per rank" % limit)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("GB/s")
     ax.set_ylim(0, limit * 1.15 if limit > 0 else None)
     used = sum(1 for b in busy if b > 0)
@@ -215,6 +217,7 @@ def _draw_link(ax, doc, loads, kind, limit_key):
 
 def _draw_phases(ax, doc):
     import matplotlib
+    from matplotlib.ticker import MaxNLocator
     ph = doc["phases"]
     P = ph["count"]
     rounds = doc["rounds"]
@@ -222,6 +225,7 @@ def _draw_phases(ax, doc):
     colors = [cmap(r["phase"] % 20) for r in rounds]
     ax.bar([r["round"] for r in rounds], [r["bytes"] / 2**20 for r in rounds], width=1.0, color=colors)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("MiB sent (all ranks)")
     t = "%d phase%s (colour: round mod %d)" % (P, "" if P == 1 else "s", P)
     if ph.get("wide_bytes"):
