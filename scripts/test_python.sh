@@ -4,7 +4,9 @@
 # (builds libreshard into the extension, as a user's install does), the
 # test requirements from PyPI, then pytest over tests/python with MPI
 # (mpirun with mpi4py) and UCX (processes without mpirun) required. PYTHON
-# picks the interpreter (default python3).
+# picks the interpreter (default python3). The "test" extra brings
+# matplotlib for test_plot.py, which runs build/tools/reshard_plan
+# (RESHARD_PLAN overrides the path; scripts/test.sh builds it first).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -146,6 +146,79 @@ show_ok() {
   grep -q '^rank=' "$out" || fail "no fragment line for: $*"
 }
 
+# json_ok ARGS...: reshard_plan --check --json FILE ARGS... exits 0 with
+# coverage ok; FILE is valid JSON (python3 -m json.tool) and agrees with
+# what the tool printed: the world, the totals row, per-rank bytes, the
+# pairs' and the rounds' sums, and with --topology the predicted time,
+# T_lower and the baselines (printed with %.6g), the rounds' durations
+# adding up to the prediction (less a spreading pre-plan's); and the run
+# without --json prints the same figures (tests/plan_golden.sh: byte for
+# byte).
+json_ok() {
+  local json
+  json=$(mktemp --suffix=.json)
+  echo "== reshard_plan --json $*"
+  if ! "$plan" --check --json "$json" "$@" >"$out" 2>"$err"; then
+    fail "exit status $? for: --json $*"
+    rm -f "$json"
+    return
+  fi
+  python3 -m json.tool "$json" >/dev/null 2>>"$err" || fail "python3 -m json.tool rejects the file of: $*"
+  python3 - "$json" "$out" >>"$err" 2>&1 <<'EOF' || fail "the JSON disagrees with stdout for: $*"
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+out = open(sys.argv[2]).read().splitlines()
+def want(ok, what):
+    if not ok:
+        sys.exit("JSON check failed: " + what)
+w = re.search(r"^# world (\d+) \((\d+) source, (\d+) destination", "\n".join(out), re.M)
+want(w and (d["world"], d["sources"], d["destinations"]) == tuple(map(int, w.groups())), "world")
+want(d["schema"] == "reshard-plan" and d["version"] == 1, "schema")
+rows = [l.split() for l in out if re.match(r"^ +\d+ +(src|dst|both|none) ", l)]
+want(len(rows) == d["world"] == len(d["ranks"]), "one rank entry per table row")
+for row, r in zip(rows, d["ranks"]):
+    want(int(row[0]) == r["rank"] and row[1] == r["role"], "rank %s role" % row[0])
+    want("%.2f" % (r["send_bytes"] / 1048576) == row[5] and "%.2f" % (r["recv_bytes"] / 1048576) == row[6],
+         "rank %s bytes" % row[0])
+    want(int(row[8]) == r["send_messages"] and int(row[10]) == r["send_peers"] and int(row[12]) == r["rounds"], "rank %s messages" % row[0])
+total = next(l.split() for l in out if l.split()[:1] == ["total"])
+t = d["totals"]
+want("%.2f" % (t["send_bytes"] / 1048576) == total[1] and int(total[4]) == t["send_messages"], "totals row")
+want(sum(p["bytes"] for p in d["pairs"]) == t["send_bytes"], "pairs sum to the bytes sent")
+want(sum(p["messages"] for p in d["pairs"]) == t["send_messages"], "pairs sum to the messages sent")
+want(sum(r["bytes"] for r in d["rounds"]) == t["send_bytes"], "rounds sum to the bytes sent")
+res = [l for l in out if l.startswith("# reshard_plan: predicted_s=")]
+if not res:
+    want(d["topology"] is None and d["estimate"] is None, "no topology, no estimate")
+    want(all(r["links"] is None for r in d["rounds"]), "no topology, no links")
+    sys.exit(0)
+m = re.match(r"# reshard_plan: predicted_s=(\S+) lower_s=(\S+)", res[0])
+e = d["estimate"]
+want("%.6g" % e["predicted_s"] == m.group(1), "predicted_s %r vs %s" % (e["predicted_s"], m.group(1)))
+want("%.6g" % e["lower_s"] == m.group(2), "lower_s")
+for l in out:
+    b = re.match(r"# baseline (\S+): predicted_s=(\S+) ratio", l)
+    if b:
+        want("%.6g" % d["baselines"][b.group(1)] == b.group(2), "baseline " + b.group(1))
+pre = d["spreading"]["pre_plan_s"] if d["spreading"] else 0.0
+rounds_s = sum(r["seconds"] or 0 for r in d["rounds"])
+want(abs(rounds_s + pre - e["predicted_s"]) <= 1e-9 * max(1.0, e["predicted_s"]), "rounds add up to the prediction")
+for r in d["rounds"]:
+    if r["links"]:
+        busiest = max(l["seconds"] for l in r["links"].values() if l)
+        want(r["seconds"] >= busiest - 1e-15, "round %d shorter than its busiest link" % r["round"])
+want(all(x["node"] is not None for x in d["ranks"]), "nodes from the topology")
+EOF
+  # the same run without --json prints the same figures
+  local with=$out.with
+  cp "$out" "$with"
+  "$plan" --check "$@" >"$out" 2>"$err" || fail "exit status $? without --json for: $*"
+  diff <(grep -E '^ +total |^# (reshard_plan: predicted_s|baseline|T_lower|checks)' "$with") \
+       <(grep -E '^ +total |^# (reshard_plan: predicted_s|baseline|T_lower|checks)' "$out") >/dev/null ||
+    fail "stdout differs with --json for: $*"
+  rm -f "$json" "$with"
+}
+
 # has LINE: the last run printed exactly this line.
 has() { grep -Fxq -- "$1" "$out" || fail "missing line: $1"; }
 
@@ -187,6 +260,25 @@ plan_synthetic)
   else
     fail "--rank 5 exited non-zero"
   fi
+  ;;
+plan_json)
+  # reshard_plan --json: synthetic cases, with and without a topology,
+  # colocated, relayed; model cases with a config dir (spreading kept)
+  S="--shape 256,192 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1"
+  json_ok $S
+  json_ok $S --topology h100-8x400g
+  json_ok $S --topology cpu --relay 0
+  json_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --topology h100-8x400g
+  json_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0 --relay 1 --topology gb200-nvl72
+  if [[ -n $config_dir ]]; then
+    json_ok --model-config "$config_dir/tiny_moe.json" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=4 --topology h100-8x400g
+    json_ok --model-config "$repo/configs/DeepSeek-V3.json" --layers 4 --train tp=1,pp=4,dp=8,ep=8 --infer tp=8,dp=4 \
+      --topology gb200-nvl72
+    grep -q 'source-side spreading: .* kept' "$out" || fail "the spreading case no longer spreads"
+  fi
+  bad plan 2 "--json describes every rank's plan, which --rank skips" $S --json /tmp/x.json --rank 1
+  bad plan 2 "--json needs a file name" $S --json ""
+  bad plan 1 "--json '/nonexistent/dir/p.json'" $S --json /nonexistent/dir/p.json
   ;;
 plan_topology)
   S="--shape 256,192 --src-mesh 4 --src-placements S0 --dst-mesh 2,2 --dst-placements R,S1"

@@ -275,6 +275,10 @@ static const char usage_plan[] =
     "                        field by field): '# digest rank R HEX'\n"
     "  --profile             print where the time went: per pass over the ranks (first\n"
     "                        stages, chunks, plans) wall seconds, and per role CPU seconds\n"
+    "  --json FILE           also write the planned world as JSON to FILE: ranks, traffic\n"
+    "                        per pair and per round, phases, and with --topology each\n"
+    "                        round's busiest links, the prediction, T_lower and the\n"
+    "                        baselines (schema: tools/README.md); stdout is unchanged\n"
     "Every rank's plan is computed in this one process with a fake communicator, as a\n"
     "real run agrees on it: each rank's first stage (the replica choice and relay trees,\n"
     "nearly all the work) once, kept in a temporary file in $TMPDIR; the ranks' largest\n"
@@ -494,6 +498,10 @@ static int parse_plan_option(int argc, char **argv, int *i, cli_opts *o, cli_see
     o->digest = 1;
   } else if (!strcmp(a, "--profile")) {
     o->profile = 1;
+  } else if (!strcmp(a, "--json")) {
+    VALUE();
+    if (!*v) return cli_fail(err, errlen, "--json needs a file name");
+    o->json = v;
   } else if (!strcmp(a, "--show-layout")) {
     VALUE();
     if (!strcmp(v, "src")) o->show_layout = 1;
@@ -555,6 +563,8 @@ static int check_synthetic(cli_opts *o, const cli_seen *seen, char *err, size_t 
 
 /* reshard_plan's options that exclude each other. */
 static int check_plan(const cli_opts *o, char *err, size_t errlen) {
+  if (o->json && (o->show_layout || o->rank >= 0))
+    return cli_fail(err, errlen, "--json describes every rank's plan, which %s skips", o->show_layout ? "--show-layout" : "--rank");
   if (o->show_layout) {
     if (o->topology || o->strict || o->no_check || o->inject_error || o->relay != -1)
       return cli_fail(err, errlen, "--show-layout prints the layout and plans nothing: --topology, --relay, --check, "

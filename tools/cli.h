@@ -81,6 +81,7 @@ typedef struct cli_opts {
   int time_all;    /* --time-all: time every rank, not a sample */
   int digest;      /* --digest: print a hash of each rank's plan */
   int profile;     /* --profile: where the time went */
+  const char *json; /* --json FILE: the planned world, machine-readable (tools/plan_json.h) */
 } cli_opts;
 
 /* Parses argv for the given tool. Returns 0, or -1 with a message in err

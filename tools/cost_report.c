@@ -63,7 +63,7 @@ static void print_estimate(FILE *out, const char *what, const reshard_estimate_t
 static double ratio(double x, double lower) { return lower > 0 ? x / lower : INFINITY; }
 
 int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, const reshard_estimate_t *ours,
-              const reshard_estimate_t *balanced, FILE *out) {
+              const reshard_estimate_t *balanced, FILE *out, cr_figures *fig) {
   rs_topology t;
   int has = 0;
   if (rs_topology_resolve(opts, &t, &has) || !has) {
@@ -136,6 +136,14 @@ int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts, co
   fprintf(out, "# baseline gather-broadcast: predicted_s=%.6g ratio=%.3f\n", gb, ratio(gb, lb.seconds));
   for (int i = 0; i < 2; i++)
     fprintf(out, "# baseline %s: predicted_s=%.6g ratio=%.3f\n", names[i], base[i].seconds, ratio(base[i].seconds, lb.seconds));
+  if (fig) {
+    fig->lower = lb;
+    fig->gather_broadcast_s = gb;
+    fig->replica0 = base[0];
+    fig->balanced = base[1];
+    fig->nnodes = v.map.nnodes;
+    fig->ndomains = v.map.ndomains;
+  }
   rs_volume_free(&v);
   return 0;
 }

@@ -24,13 +24,22 @@
 /* Bytes a pipelined chain moves per step (the broadcast baseline). */
 #define CR_CHAIN_CHUNK_BYTES ((double)(4u << 20))
 
+/* What the report prints, for reshard_plan --json. */
+typedef struct cr_figures {
+  reshard_estimate_t lower;      /* T_lower and its terms */
+  double gather_broadcast_s;     /* the gather-broadcast baseline */
+  reshard_estimate_t replica0;   /* the replica0-direct baseline */
+  reshard_estimate_t balanced;   /* the balanced-direct baseline */
+  int nnodes, ndomains;          /* of the rank map */
+} cr_figures;
+
 /* Prints the report for our plan's estimate `ours` (priced by the caller
  * from the plans it checked). opts: the options our plan was made with.
  * balanced: the balanced-direct baseline if the caller priced it already
- * (the relay choice does), else NULL. Returns 0, or -1 with a message on
- * stderr. */
+ * (the relay choice does), else NULL. fig (may be NULL) receives the
+ * figures printed. Returns 0, or -1 with a message on stderr. */
 int cr_report(const cli_layouts *L, int world, const reshard_options_t *opts,
               const reshard_estimate_t *ours,
-              const reshard_estimate_t *balanced, FILE *out);
+              const reshard_estimate_t *balanced, FILE *out, cr_figures *fig);
 
 #endif

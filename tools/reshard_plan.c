@@ -36,6 +36,7 @@
 #include "cli.h"
 #include "cost_report.h"
 #include "plan_cost.h"
+#include "plan_json.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
 #include "reshard_internal.h"
@@ -468,12 +469,14 @@ typedef struct final_pass {
   checker ck;
   msgvec sends, recvs;
   int injected;
+  pj_world *pj; /* --json: the plans' traffic and cost terms */
 } final_pass;
 
 static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
   final_pass *f = arg;
   reshard_plan_get_stats(plan, &f->agreed[r]);
   if (f->digest) f->digest[r] = plan_digest(plan);
+  if (f->pj) RS_CHECK(pj_add(f->pj, r, plan));
   if (!f->check_now) return RESHARD_SUCCESS;
   if (plan->chunk_bytes != f->chunk)
     violation(&f->ck, "rank %d: planned with chunk %zu B, not the agreed %zu B", r, plan->chunk_bytes, f->chunk);
@@ -493,7 +496,8 @@ static int final_init(final_pass *f, const cli_layouts *L, const cli_opts *o, in
   f->injected = !o->inject_error;
   f->agreed = calloc((size_t)world + 1, sizeof *f->agreed);
   if (o->digest) f->digest = calloc((size_t)world + 1, sizeof *f->digest);
-  return f->agreed && (!o->digest || f->digest) ? 0 : -1;
+  if (o->json) f->pj = pj_create(world);
+  return f->agreed && (!o->digest || f->digest) && (!o->json || f->pj) ? 0 : -1;
 }
 
 static void final_free(final_pass *f) {
@@ -501,6 +505,7 @@ static void final_free(final_pass *f) {
   free(f->digest);
   free(f->sends.v);
   free(f->recvs.v);
+  pj_free(f->pj);
   memset(f, 0, sizeof *f);
 }
 
@@ -567,6 +572,10 @@ typedef struct plan_tool {
   double worst_ms, worst_mib;
   int ntimed;
   const pw_agreed *ag;
+  cr_figures cost;        /* --topology: what the cost report printed */
+  int spread_kept;        /* source-side spreading kept: its pre-plan's */
+  double spread_pre_s;    /* predicted time and the bytes it moves */
+  uint64_t spread_moved;
 } plan_tool;
 
 /* Options, layouts and world; an exit status when done already (help,
@@ -771,6 +780,9 @@ static void spread_sources(plan_tool *t) {
         t->L.src = sl.src, sl.src = NULL;
         t->ours = main_est;
         rs_cost_add_before(&t->ours, &pre_est);
+        t->spread_kept = 1;
+        t->spread_pre_s = pre_est.seconds;
+        t->spread_moved = sl.moved;
       }
     }
     pw_run_free(mrun);
@@ -872,7 +884,7 @@ static int report(plan_tool *t) {
     /* bounds and baselines over the caller's layouts, also after spreading */
     cli_layouts Lu = t->L;
     Lu.src = t->user_src;
-    if (cr_report(&Lu, t->world, &t->opts, &t->ours, direct, stdout)) t->failed = 1;
+    if (cr_report(&Lu, t->world, &t->opts, &t->ours, direct, stdout, &t->cost)) t->failed = 1;
   }
   if (t->o.profile) {
     struct timespec t_end;
@@ -880,6 +892,29 @@ static int report(plan_tool *t) {
     print_profile((double)(t_end.tv_sec - t->t_start.tv_sec) + 1e-9 * (double)(t_end.tv_nsec - t->t_start.tv_nsec));
   }
   return ok;
+}
+
+/* --json FILE: the kept plans' description (plan_json.h). */
+static int write_json(plan_tool *t) {
+  const int topo = t->o.topology != NULL;
+  pj_meta m = {.L = &t->L,
+               .world = t->world,
+               .colocated = t->o.colocate,
+               .relay = t->opts.relay,
+               .opts = &t->opts,
+               .chunk = t->ag->chunk,
+               .spread_rounds = (int)t->ag->spread,
+               .phases = (int)t->ag->phases,
+               .pace_rounds = t->world > 0 ? t->f->agreed[0].pace_rounds : 0,
+               .wide_bytes = t->ag->wide,
+               .phase_est = t->ag->est,
+               .stats = t->f->agreed,
+               .ours = topo ? &t->ours : NULL,
+               .cost = topo ? &t->cost : NULL,
+               .spread_kept = t->spread_kept,
+               .spread_pre_s = t->spread_pre_s,
+               .spread_moved_bytes = t->spread_moved};
+  return pj_write(t->f->pj, &m, t->o.json);
 }
 
 static void plan_tool_free(plan_tool *t) {
@@ -925,6 +960,7 @@ int main(int argc, char **argv) {
   final_plans(t);
   if (!t->failed) print_table(t);
   int ok = report(t);
+  if (t->o.json && !t->failed && write_json(t)) t->failed = 1;
   plan_tool_free(t);
   if (t->failed) return 1;
   return t->o.strict && !ok ? 1 : 0;
