@@ -827,7 +827,9 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * same conversion, on the same side of the wire's dtype, as its staged
  * executes). With RESHARD_FLAG_VERIFY each receiver sums the senders'
  * boxes through the mapping and its own after the copy. Not with
- * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Other
+ * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Like execute, it is refused
+ * with RESHARD_ERROR_INVALID_USAGE, changing nothing, while another call
+ * of the plan runs on another thread of the rank. Other
  * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
  * (their executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,

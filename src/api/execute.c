@@ -42,33 +42,43 @@ static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_
   return RESHARD_SUCCESS;
 }
 
+/* Takes the plan for one call of op (execute, register_buffers): counted
+ * in in_use, so that a destroy on another thread waits for the call to
+ * return instead of freeing the plan under it, and the busy flag: one
+ * call of a plan at a time. A second one, from another thread of this
+ * rank, would pair with the partners' calls in whatever order the
+ * threads happened to run (the data of one step landing in the buffers
+ * of another), or rewrite the buffer tables a running execute reads.
+ * Refused, changing nothing: the running call is not disturbed and the
+ * plan stays as it was. */
+static reshard_result_t enter(const reshard_plan_t *plan, const char *op) {
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  if (!__atomic_exchange_n(&mut->busy, 1, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
+  __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                  "%s rank %d: another call of this plan is running on this rank (another thread?); calls "
+                  "of one plan must not overlap: nothing done, the running call goes on",
+                  op, plan->rank);
+}
+
+static void leave(const reshard_plan_t *plan) {
+  reshard_plan_t *mut = (reshard_plan_t *)plan;
+  __atomic_store_n(&mut->busy, 0, __ATOMIC_RELEASE);
+  __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+}
+
 static reshard_result_t execute(const reshard_plan_t *plan, const rs_call_args *a) {
   if (!a->rejected) rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  /* counted, so that a destroy on another thread waits for this call to
-   * return instead of freeing the plan under it */
-  reshard_plan_t *mut = (reshard_plan_t *)plan;
-  __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  RS_CHECK(enter(plan, "execute"));
   reshard_result_t r;
-  /* One call of a plan at a time: a second one, from another thread of
-   * this rank, would pair with the partners' calls in whatever order the
-   * threads happened to run (the data of one step landing in the
-   * buffers of another). Refused, changing nothing: the running call is
-   * not disturbed and the plan stays as it was. */
-  if (__atomic_exchange_n(&mut->busy, 1, __ATOMIC_ACQUIRE)) {
-    __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
-    return rs_error(RESHARD_ERROR_INVALID_USAGE,
-                    "execute rank %d: another call of this plan is running on this rank (another thread?); calls "
-                    "of one plan must not overlap: nothing done, the running call goes on",
-                    plan->rank);
-  }
   if (__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE) &&
       (r = settle_first(plan, a->rejected)) != RESHARD_SUCCESS)
     ; /* still in doubt, or settled by rolling back: nothing runs */
   else
     r = rs_api_run_stages(plan, a);
-  __atomic_store_n(&mut->busy, 0, __ATOMIC_RELEASE);
-  __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
+  leave(plan);
   return r;
 }
 
@@ -224,6 +234,9 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
   if (!plan->executor->register_buffers) return rs_register_unsupported(plan);
-  if (plan->quant) return rs_api_register_stages(plan, src, nsrc, dst, ndst);
-  return plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
+  RS_CHECK(enter(plan, "register_buffers"));
+  reshard_result_t r = plan->quant ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
+                                   : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
+  leave(plan);
+  return r;
 }

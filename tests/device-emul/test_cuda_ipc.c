@@ -488,6 +488,66 @@ static void other_buffers_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
 }
 static world_case registered_plan_refuses_other_buffers = {.n = 2, .body = other_buffers_body, .timeout_ms = 5000};
 
+/* Registration is a call of the plan like execute: while rank 0's
+ * register_buffers waits in its exchange for rank 1 (which comes 400 ms
+ * later), an execute of the plan from another thread of rank 0 is
+ * refused (INVALID_USAGE, "must not overlap") and writes nothing; the
+ * registration then completes and the plan runs direct. */
+typedef struct reg_job {
+  ipc_plan *p;
+  int rank, n, own_thread;
+  reshard_result_t r;
+  char why[256];
+  long mem, streams, events; /* what the thread's emulated device holds at its end */
+} reg_job;
+
+static void *register_thread(void *arg) {
+  reg_job *j = arg;
+  if (j->own_thread) mock_reset(j->rank, j->n); /* this thread is of the rank's process */
+  j->r = reshard_plan_register_buffers(j->p->plan, (void *const *)j->p->s.ptr, (size_t)j->p->s.nbuf,
+                                       (void *const *)j->p->d.ptr, (size_t)j->p->d.nbuf);
+  snprintf(j->why, sizeof j->why, "%s", reshard_last_error());
+  if (j->own_thread) j->mem = M.mem, j->streams = M.streams, j->events = M.events;
+  return NULL;
+}
+
+static void register_overlap_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
+  (void)host;
+  if (reshard_selftest_alloc(&p->s, p->src, r->rank, 0)) {
+    RFAIL(r, "selftest alloc");
+    return;
+  }
+  reg_job j = {p, r->rank, r->n, r->rank == 0, RESHARD_SUCCESS, "", 0, 0, 0};
+  if (r->rank == 1) {
+    struct timespec ts = {0, 400 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    register_thread(&j);
+  } else {
+    pthread_t th;
+    pthread_create(&th, NULL, register_thread, &j);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* the registration is inside, waiting for rank 1 */
+    reshard_result_t e = reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf,
+                                              (void *const *)p->d.ptr, (size_t)p->d.nbuf, NULL);
+    if (e != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "must not overlap"))
+      RFAIL(r, "an execute during the registration gave %s: %s", reshard_result_string(e), reshard_last_error());
+    if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    if (changed_bytes(p)) RFAIL(r, "the refused execute wrote %ld destination bytes", changed_bytes(p));
+    pthread_join(th, NULL);
+    /* what the registration allocated is the rank's, freed with its plan */
+    M.mem += j.mem, M.streams += j.streams, M.events += j.events;
+  }
+  if (j.r) RFAIL(r, "register: %s", j.why);
+  if (r->failed) return;
+  if (reshard_plan_execute(p->plan, (void *const *)p->s.ptr, (size_t)p->s.nbuf, (void *const *)p->d.ptr,
+                           (size_t)p->d.nbuf, NULL))
+    RFAIL(r, "execute after the registration: %s", reshard_last_error());
+  else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+  else r->wrong += reshard_selftest_check(&p->d, p->dst, r->rank, 0, "registered after the overlap");
+  if (r->wrong) RFAIL(r, "%lld wrong bytes", (long long)r->wrong);
+}
+static world_case register_overlap_refused = {.n = 2, .body = register_overlap_body, .timeout_ms = 5000};
+
 /* Registration on a transport that cannot map peers' buffers: refused,
  * UNSUPPORTED, on every rank, and execute still works. */
 static void register_unsupported_on_nccl_body(ipc_rank *r, reshard_comm_t *host, ipc_plan *p) {
@@ -1003,6 +1063,7 @@ int main(void) {
       WORLDS_TEST(random_worlds),
       WORLD_TEST(registered_buffers_go_direct),
       WORLD_TEST(registered_plan_refuses_other_buffers),
+      WORLD_TEST(register_overlap_refused),
       WORLD_TEST(register_unsupported_on_nccl),
       WORLDS_TEST(registered_random_worlds),
       WORLDS_TEST(registered_cast_worlds),
