@@ -1,6 +1,7 @@
 /* The front door of execute and registration: the public entry points
  * (reshard_plan_execute_args, the older forms as thin wrappers over it,
- * reshard_plan_execute_refused, reshard_plan_register_buffers). Every
+ * reshard_plan_execute_refused, reshard_plan_register_buffers,
+ * reshard_plan_resolve). Every
  * execute reads its reshard_execute_args_t (read_args), turns it into one
  * rs_call_args (api/front.h, built in execute_args only), takes
  * the plan's busy flag (calls of a plan never overlap), settles a version
@@ -237,6 +238,19 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
   RS_CHECK(enter(plan, "register_buffers"));
   reshard_result_t r = plan->quant ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
                                    : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
+  leave(plan);
+  return r;
+}
+
+/* The caller's own settling of a version in doubt (the next execute
+ * settles by itself): a call of the plan like the others, so not while
+ * one runs. */
+reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms) {
+  rs_error_clear();
+  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "resolve: plan is NULL");
+  if (!__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
+  RS_CHECK(enter(plan, "resolve"));
+  reshard_result_t r = rs_plan_settle(plan, rs_deadline_after_ms(timeout_ms >= 1 ? timeout_ms : plan->opts.timeout_ms));
   leave(plan);
   return r;
 }

@@ -111,23 +111,3 @@ reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline) {
   rs_plan_mark_failed(p, call, version, why, reshard_last_error());
   return RESHARD_SUCCESS;
 }
-
-reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "resolve: plan is NULL");
-  if (!__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
-  reshard_plan_t *m = mut(plan);
-  __atomic_fetch_add(&m->in_use, 1, __ATOMIC_ACQ_REL);
-  reshard_result_t r;
-  if (__atomic_exchange_n(&m->busy, 1, __ATOMIC_ACQUIRE)) {
-    r = rs_error(RESHARD_ERROR_INVALID_USAGE,
-                 "resolve rank %d: another call of this plan (an execute, which settles the version in doubt "
-                 "itself, or a resolve) is running",
-                 plan->rank);
-  } else {
-    r = rs_plan_settle(plan, rs_deadline_after_ms(timeout_ms >= 1 ? timeout_ms : plan->opts.timeout_ms));
-    __atomic_store_n(&m->busy, 0, __ATOMIC_RELEASE);
-  }
-  __atomic_fetch_sub(&m->in_use, 1, __ATOMIC_ACQ_REL);
-  return r;
-}
