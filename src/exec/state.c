@@ -1,5 +1,6 @@
-/* The per-call state of a plan: its first failure, versions, completed
- * executes, and reshard_plan_get_status. */
+/* The per-call state of a plan: call numbering and versions, its one
+ * failure record (both executors write it), completed executes. The
+ * front door reads it for reshard_plan_get_status (api/status.c). */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -57,31 +58,4 @@ void rs_plan_take_call(const reshard_plan_t *p, int explicit_version, uint64_t v
   } else {
     *version = __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
   }
-}
-
-reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan, reshard_plan_status_t *out) {
-  rs_error_clear();
-  if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_get_status: plan is NULL");
-  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_get_status rank %d: status is NULL", plan->rank);
-  size_t want = out->struct_size;
-  if (want < offsetof(reshard_plan_status_t, failed) + sizeof(int))
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "plan_get_status rank %d: status->struct_size %zu is too small; set it to sizeof(reshard_plan_status_t) = %zu",
-                    plan->rank, want, sizeof(reshard_plan_status_t));
-  if (plan->executor->poll) plan->executor->poll(plan); /* the device executor: the deadline of enqueued work */
-  reshard_plan_status_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = (uint32_t)(want < sizeof s ? want : sizeof s);
-  s.failure = rs_plan_failed(plan);
-  s.failed = s.failure != RESHARD_SUCCESS;
-  s.failed_call = s.failed ? plan->fail_call : 0;
-  s.failed_version = s.failed ? plan->fail_version : 0;
-  s.failure_message = s.failed ? plan->fail_msg : "";
-  s.executes_completed = __atomic_load_n(&plan->completed, __ATOMIC_ACQUIRE);
-  s.committed_version = __atomic_load_n(&plan->committed_version, __ATOMIC_ACQUIRE);
-  s.active_copy = __atomic_load_n(&plan->active_copy, __ATOMIC_ACQUIRE);
-  s.in_doubt_version = __atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE);
-  s.in_doubt_copy = s.in_doubt_version ? plan->doubt_copy : -1;
-  memcpy(out, &s, s.struct_size);
-  return RESHARD_SUCCESS;
 }
