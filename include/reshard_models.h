@@ -322,8 +322,8 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
  * DeepSeek families; lm_head with dp_lm_head=1). Stage ends follow each
  * model class (see sglang.c). Refused, naming the setting: attn_dp for
  * Llama, Mistral, Qwen2, Mixtral (their attention runs on the whole TP
- * group) and with dp > 1; dp_lm_head for Qwen2 and Mixtral (their
- * ParallelLMHead ignores it); moe_dense_tp but for DeepSeek; DeepSeek's
+ * group) and with dp > 1; dp_lm_head without attn_dp > 1 (SGLang asserts
+ * it needs attention DP); moe_dense_tp but for DeepSeek; DeepSeek's
  * default shared-experts fusion (256 routed experts, one shared, ep 1:
  * say shared_fusion=0 and serve with --disable-shared-experts-fusion);
  * tied Llama / Mistral with pp > 1; Qwen3 attention_bias (SGLang adds an

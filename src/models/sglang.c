@@ -69,9 +69,9 @@
  *   embed_attn embed_tokens with use_attn_tp_group=is_dp_attention_enabled()
  *             (Qwen2Model, Qwen2MoeModel; DeepseekV2Model through
  *             vocab_parallel_embedding.py get_embedding_tp_kwargs)
- *   dp_head   lm_head with use_attn_tp_group=enable_dp_lm_head (Llama,
- *             Qwen3, Qwen3-MoE, DeepSeek; Qwen2ForCausalLM and
- *             MixtralForCausalLM build it without)
+ *   (lm_head with use_attn_tp_group=enable_dp_lm_head: Llama, Qwen3,
+ *   Qwen3-MoE, DeepSeek; Qwen2ForCausalLM and MixtralForCausalLM build it
+ *   without, but --enable-dp-lm-head needs attention DP, refused for them)
  *   head_every lm_head built on every stage, unconditionally (Llama when
  *             untied, Qwen3-MoE, Mixtral), loaded there from lm_head.weight
  *   tie_pp1   a tied lm_head is embed_tokens only when pp is 1
@@ -79,18 +79,18 @@
  *             tie_word_embeddings"; otherwise the last stage's own
  *             ParallelLMHead, loaded from the embedding) */
 typedef struct sg_arch {
-  int attn_dp, embed_attn, dp_head, head_every, tie_pp1;
+  int attn_dp, embed_attn, head_every, tie_pp1;
 } sg_arch;
 
 static sg_arch arch_of(rm_arch a) {
   switch (a) {
     case RM_ARCH_LLAMA:
-    case RM_ARCH_MISTRAL: return (sg_arch){0, 0, 1, 1, 0};
-    case RM_ARCH_QWEN2: return (sg_arch){0, 1, 0, 0, 1};
-    case RM_ARCH_QWEN3: return (sg_arch){1, 1, 1, 0, 1};
-    case RM_ARCH_QWEN3_MOE: return (sg_arch){1, 1, 1, 1, 0};
-    case RM_ARCH_MIXTRAL: return (sg_arch){0, 0, 0, 1, 0};
-    default: return (sg_arch){1, 1, 1, 0, 1}; /* deepseek_v3 */
+    case RM_ARCH_MISTRAL: return (sg_arch){0, 0, 1, 0};
+    case RM_ARCH_QWEN2: return (sg_arch){0, 1, 0, 1};
+    case RM_ARCH_QWEN3: return (sg_arch){1, 1, 0, 1};
+    case RM_ARCH_QWEN3_MOE: return (sg_arch){1, 1, 1, 0};
+    case RM_ARCH_MIXTRAL: return (sg_arch){0, 0, 1, 0};
+    default: return (sg_arch){1, 1, 0, 1}; /* deepseek_v3 */
   }
 }
 
@@ -147,11 +147,9 @@ static reshard_result_t check_keys(const rm_model *m, const rm_parallel *p, sg_a
                     "sglang layout: attn_dp %d does not divide tp %d (parallel_hook.py: tp_size must be divisible by "
                     "attn_dp_size)",
                     adp, p->tp);
-  if (p->dp_lm_head && !a.dp_head)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
-                    "sglang layout: dp_lm_head=1 for %s: its ParallelLMHead is built without use_attn_tp_group "
-                    "(%s), so --enable-dp-lm-head does not change it: leave it out",
-                    rm_arch_name(c->arch), c->arch == RM_ARCH_QWEN2 ? "qwen2.py Qwen2ForCausalLM" : "mixtral.py MixtralForCausalLM");
+  if (p->dp_lm_head && adp == 1)
+    return refuse("dp_lm_head=1 without attn_dp > 1: SGLang asserts \"--enable-dp-lm-head requires attention DP "
+                  "(--attn-dp-size)\" (arg_groups/overrides.py _dp_lm_head_validation)");
   if (p->moe_dense_tp && c->arch != RM_ARCH_DEEPSEEK_V3)
     return refuse("moe_dense_tp is read by DeepSeek's dense layers only (layer_boundary/layout.py "
                   "is_dense_ffn_fully_dp in deepseek_v2.py DeepseekV2DecoderLayer)");

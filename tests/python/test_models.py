@@ -145,7 +145,7 @@ def test_sglang_layout_names_and_bytes():
 def test_sglang_layout_refusals():
     bad = [
         (QWEN, "tp=2,attn_dp=2", "attn_dp"),           # Qwen2: attention on the whole TP group
-        (QWEN, "tp=2,dp_lm_head=1", "dp_lm_head"),     # Qwen2ForCausalLM ignores it
+        (QWEN, "tp=2,dp_lm_head=1", "dp_lm_head"),     # needs attention DP
         (QWEN3_MOE, "tp=4,ep=8", "ep 8"),              # EP lies inside the TP group
         (QWEN3_MOE, "tp=2,dp=2,attn_dp=2", "dp > 1"),  # --dp-size with --attn-dp-size
         (QWEN3_MOE, "tp=2,moe_dense_tp=1", "moe_dense_tp"),

@@ -138,7 +138,7 @@ static void sglang_moe(void **state) {
 static void sglang_deepseek_v3(void **state) {
   (void)state;
   run_pair("tiny-deepseek-v3.json", "tp=2,pp=2,ep=2,etp=1", "sglang:tp=4,ep=2,attn_dp=2,moe_dense_tp=1", 0, 0, 8);
-  run_pair("tiny-deepseek-v3.json", "tp=2,ep=2,etp=1", "sglang:tp=2,pp=2,dp=2,ep=2,dp_lm_head=1", 0, 4096, 10);
+  run_pair("tiny-deepseek-v3.json", "tp=2,ep=2,etp=1", "sglang:tp=2,pp=2,dp=2,ep=2", 0, 4096, 10);
 }
 
 int main(void) {

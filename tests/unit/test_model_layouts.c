@@ -1037,7 +1037,10 @@ static const check sglang_rank_order[] = {
     {SGLANG, "tp=2,attn_dp=2", .says = "attn_dp=2 for llama"},
     /* models/qwen2.py Qwen2ForCausalLM builds lm_head without use_attn_tp_group */
     MODEL(SHIPPED("Qwen2.5-0.5B.json")), /* tied; 14 heads, 2 KV heads */
-    {SGLANG, "tp=2,dp_lm_head=1", .says = "dp_lm_head=1 for qwen2"},
+    {SGLANG, "tp=2,attn_dp=2,dp_lm_head=1", .says = "attn_dp=2 for qwen2"},
+    /* arg_groups/overrides.py _dp_lm_head_validation: "--enable-dp-lm-head
+     * requires attention DP" */
+    {SGLANG, "tp=2,dp=2,dp_lm_head=1", .says = "dp_lm_head=1 without attn_dp > 1"},
     /* qwen2.py Qwen2ForCausalLM.__init__: a tied lm_head is embed_tokens when
      * pp is 1; with pp > 1 the last stage builds its own ParallelLMHead
      * (151936 rows, hidden 896), loaded from the embedding (load_weights) */
