@@ -1212,6 +1212,36 @@ static void sglang_unsupported(void **state) {
 }
 
 
+/* The tools' --infer sglang:SPEC (tools/cli.c build_model) builds
+ * rm_sglang_layout's layout: rank 3 of tp 4, attn_dp 2 holds attention
+ * rank 1's qkv_proj; vllm:SPEC and a bare SPEC are vLLM's. */
+static void sglang_cli_infer(void **state) {
+  (void)state;
+  const char *infer[] = {"sglang:tp=4,ep=2,attn_dp=2", "vllm:tp=4,ep=4", "tp=4,ep=4"};
+  const char *says[] = {"-> sglang tp=4,ep=2,attn_dp=2", "-> vllm tp=4,ep=4", "-> vllm tp=4,ep=4"};
+  for (int i = 0; i < 3; i++) {
+    char *argv[] = {"reshard_plan", "--model-config", DATA("tiny-qwen3-moe.json"), "--train", "tp=2",
+                    "--infer", (char *)infer[i], NULL};
+    cli_opts o;
+    cli_layouts l;
+    char err[1024] = "";
+    int rc = cli_parse(CLI_TOOL_PLAN, 7, argv, &o, err, sizeof err);
+    if (!rc) rc = cli_build_layouts(&o, &l, err, sizeof err);
+    if (rc) print_error("--infer %s: %s\n", infer[i], err);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(l.desc, says[i]));
+    int b;
+    /* SGLang's FusedMoE name; vLLM >= 0.24 adds routed_experts */
+    const char *w13 = i ? "model.layers.0.mlp.experts.routed_experts.w13_weight" : "model.layers.0.mlp.experts.w13_weight";
+    assert_int_equal(reshard_layout_find_buffer(l.dst, w13, 2 + 3, &b), RESHARD_SUCCESS);
+    if (i == 0) expect_lines(l.dst, 5, "model.layers.0.self_attn.qkv_proj.weight",
+                             LINES("rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                                   "rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                                   "rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120"));
+    cli_layouts_free(&l);
+  }
+}
+
 /* A test after a failed one starts with no table row named. */
 static int no_row(void **state) {
   (void)state;
@@ -1233,7 +1263,7 @@ int main(void) {
       TEST(dense_ep_etp),                TABLE_TEST(vllm_w31),
       TABLE_TEST(megatron_context_parallel), TABLE_TEST(sglang_rank_order),
       TABLE_TEST(sglang_qwen3_moe),      TABLE_TEST(sglang_deepseek_v3),
-      TEST(sglang_unsupported),
+      TEST(sglang_unsupported),          TEST(sglang_cli_infer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
