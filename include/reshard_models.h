@@ -178,13 +178,22 @@ typedef struct rm_parallel {
    * weights are replicated over cp x dp ranks and its experts over
    * tp x cp x dp / (ep x etp) (see rm_megatron_layout). */
   int cp;
+  /* SGLang (rm_sglang_layout): attn_dp, the attention data-parallel groups
+   * inside the TP group (--attn-dp-size; the deprecated --dp-size N
+   * --enable-dp-attention), 0: unset, 1; dp_lm_head 1: lm_head split over
+   * the attention-TP group (--enable-dp-lm-head); moe_dense_tp 1: the dense
+   * MLP layers of a MoE model replicated (--moe-dense-tp-size 1; tp is
+   * SGLang's other value, 0: unset); shared_fusion -1: SGLang's default
+   * shared-experts fusion rule, 0: --disable-shared-experts-fusion. */
+  int attn_dp, dp_lm_head, moe_dense_tp, shared_fusion;
 } rm_parallel;
-#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0, 0, 0, 0}
+#define RM_PARALLEL_INIT {1, 1, 1, 1, 0, 0, 0, 0, 1, -1, 0, 0, 0, 0, 0, 0, 0, -1}
 
 /* Parses "tp=4,pp=2,dp=2,ep=8" (any order; missing keys keep their
  * RM_PARALLEL_INIT defaults). Keys: tp, pp, dp, ep, etp (Megatron and
  * vLLM); cp, vocab, first, last, grouped_gemm (Megatron); sp_moe, w31 (vLLM);
- * dp_shard, dp_replicate (FSDP2). A layout builder refuses the other
+ * dp_shard, dp_replicate (FSDP2); attn_dp, dp_lm_head, moe_dense_tp,
+ * shared_fusion (SGLang). A layout builder refuses the other
  * frameworks' keys when they are set.
  * RESHARD_ERROR_INVALID_ARGUMENT with a message naming the bad key. */
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);
@@ -292,6 +301,37 @@ reshard_result_t rm_megatron_layout(const rm_model *m, const rm_parallel *p,
 reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
                                 int first_rank, reshard_layout_t **out);
 
+/* SGLang 0.5.23 (sglang/srt; src/models/sglang.c cites every rule). Ranks:
+ * one engine of tp x pp ranks numbered tp fastest, then pp
+ * (runtime_context.py spawn_world_rank: tp_size * pp_rank + tp_rank), its
+ * dp replicas (--dp-size without attention DP) outermost: rank =
+ * first_rank + tp_i + tp * (pp_i + pp * dp_i), as vLLM. Inside the TP
+ * group (runtime_context.py derive_attention_ranks, derive_spawn_ranks):
+ * attention groups tp_i = attn_dp_i * (tp / attn_dp) + attn_tp_i, experts
+ * tp_i = ep_i * (tp / ep) + moe_tp_i (moe_dp 1). Names are SGLang's
+ * named_parameters(): qkv_proj, gate_up_proj, experts.w13_weight /
+ * w2_weight (no routed_experts level), DeepSeek's
+ * fused_qkv_a_proj_with_mqa. Attention (Qwen3, Qwen3-MoE, DeepSeek: the
+ * attn_tp group) is split over tp / attn_dp and replicated over the
+ * attention groups; dense MLPs over the whole tp (DeepSeek's dense layers
+ * replicated with moe_dense_tp=1); routed experts whole on ep ranks
+ * (E / ep each, contiguous; ep must divide E and tp), each split over
+ * tp / ep; the vocabulary padded to 64 (64 x its group's size when that
+ * does not divide the padded rows) and split over tp, or over the
+ * attention group (embed_tokens under attention DP in the Qwen and
+ * DeepSeek families; lm_head with dp_lm_head=1). Stage ends follow each
+ * model class (see sglang.c). Refused, naming the setting: attn_dp for
+ * Llama, Mistral, Qwen2, Mixtral (their attention runs on the whole TP
+ * group) and with dp > 1; dp_lm_head without attn_dp > 1 (SGLang asserts
+ * it needs attention DP); moe_dense_tp but for DeepSeek; DeepSeek's
+ * default shared-experts fusion (256 routed experts, one shared, ep 1:
+ * say shared_fusion=0 and serve with --disable-shared-experts-fusion);
+ * tied Llama / Mistral with pp > 1; Qwen3 attention_bias (SGLang adds an
+ * o_proj bias no checkpoint has); per-expert models and block scales
+ * (not modelled); the other frameworks' keys. */
+reshard_result_t rm_sglang_layout(const rm_model *m, const rm_parallel *p,
+                                  int first_rank, reshard_layout_t **out);
+
 /* The layout PyTorch FSDP2 (torch.distributed.fsdp.fully_shard) gives a
  * HuggingFace transformers model of this config, without torch: for
  * planning tools and dry runs, and the twin of the Python
@@ -322,7 +362,8 @@ reshard_result_t rm_parameter_name(const reshard_layout_t *layout,
 
 typedef enum rm_framework {
   RM_FRAMEWORK_MEGATRON = 0,
-  RM_FRAMEWORK_VLLM = 1
+  RM_FRAMEWORK_VLLM = 1,
+  RM_FRAMEWORK_SGLANG = 2
 } rm_framework;
 
 /* Whether the framework rewrites or copies the parameter of buffer_id (of
@@ -333,7 +374,8 @@ typedef enum rm_framework {
  * re-run. vLLM (0.33): MLA's kv_b_proj (W_UK_T / W_UV), the routed
  * experts' w13 / w2 (fused-MoE backends that reorder, pad or shuffle),
  * every fp8 block-quantized weight and scale (DeepGEMM's UE8M0
- * requantization). Megatron: none. */
+ * requantization). SGLang (0.5.23): MLA's kv_b_proj (w_kc / w_vc copies,
+ * post_load_weights). Megatron: none. */
 const char *rm_after_load(const rm_model *m, rm_framework framework,
                           const reshard_layout_t *layout, int buffer_id);
 

@@ -166,12 +166,13 @@ static void usage_modes(int perf, FILE *out) {
   fprintf(out,
           "usage: %s MODE [options]\n"
           "\n"
-          "Model mode (Megatron training layout -> vLLM inference layout)%s:\n"
+          "Model mode (Megatron training layout -> vLLM or SGLang inference layout)%s:\n"
           "  --model-config FILE   HuggingFace config.json\n"
           "  --layers N            keep only the first N layers (real shapes; default all)\n"
           "  --train SPEC          source side, Megatron: tp=2,pp=2,dp=1,ep=1 (missing keys are 1), or\n"
           "                        FSDP2: fsdp:dp_shard=8[,dp_replicate=2] (dense models)\n"
-          "  --infer SPEC          destination side, e.g. tp=2,dp=2\n"
+          "  --infer SPEC          destination side, vLLM: tp=2,dp=2 (or vllm:SPEC), or SGLang 0.5.23:\n"
+          "                        sglang:tp=8,ep=8,attn_dp=8[,dp_lm_head=1,moe_dense_tp=1]\n"
           "  --dtype NAME          weights' dtype (default bf16)\n"
           "  --per-expert          one tensor per routed expert and projection (the checkpoint's\n"
           "                        model.layers.N.mlp.experts.E.gate_proj.weight, ...) instead of\n"
@@ -690,7 +691,11 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
   const char *train = fsdp ? o->train + 5 : !strncmp(o->train, "megatron:", 9) ? o->train + 9 : o->train;
   reshard_result_t r = rm_parse_parallel(train, &tp);
   if (r) return cli_fail(err, errlen, "--train '%s': %s", o->train, reshard_last_error());
-  r = rm_parse_parallel(o->infer, &ip);
+  /* --infer sglang:SPEC: the inference engine is SGLang (rm_sglang_layout),
+   * else vLLM (vllm:SPEC or SPEC) */
+  const int sglang = !strncmp(o->infer, "sglang:", 7);
+  const char *infer = sglang ? o->infer + 7 : !strncmp(o->infer, "vllm:", 5) ? o->infer + 5 : o->infer;
+  r = rm_parse_parallel(infer, &ip);
   if (r) return cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
   rm_model_options mo = RM_MODEL_OPTIONS_INIT;
   mo.layers = o->layers;
@@ -723,19 +728,19 @@ static int build_model(const cli_opts *o, cli_layouts *l, char *err, size_t errl
     if (mi != m) rm_model_free(mi);
     return -1;
   }
-  r = rm_vllm_layout(mi, &ip, l->first_dst, &l->dst);
+  r = (sglang ? rm_sglang_layout : rm_vllm_layout)(mi, &ip, l->first_dst, &l->dst);
   if (mi != m) rm_model_free(mi);
   if (r) {
     cli_fail(err, errlen, "--infer '%s': %s", o->infer, reshard_last_error());
     rm_model_free(m);
     return -1;
   }
-  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): %s %s -> vllm %s",
+  snprintf(l->desc, sizeof l->desc, "model %s (%s, %d layers, %d tensors%s%s, %.1f M params, %s): %s %s -> %s %s",
            o->model_config, rm_model_arch(m), rm_model_layers(m), rm_model_num_tensors(m),
            o->per_expert ? ", per-expert" : "",
            o->block_scales ? ", fp8 + block scales" : o->infer_fp8 ? ", quantized to fp8 blocks for inference" : "",
            (double)rm_model_num_params(m) / 1e6, reshard_dtype_name(o->dtype), fsdp ? "fsdp" : "megatron", train,
-           o->infer);
+           sglang ? "sglang" : "vllm", infer);
   rm_model_free(m);
   return 0;
 }

@@ -355,9 +355,12 @@ reshard_result_t rm_vllm_layout(const rm_model *m, const rm_parallel *p,
     int first_rank, reshard_layout_t **out);
 reshard_result_t rm_fsdp_layout(const rm_model *m, const rm_parallel *p,
     int first_rank, reshard_layout_t **out);
+reshard_result_t rm_sglang_layout(const rm_model *m, const rm_parallel *p,
+    int first_rank, reshard_layout_t **out);
 reshard_result_t rm_parameter_name(const reshard_layout_t *layout,
     int buffer_id, int rank, const char **name);
-typedef enum { RM_FRAMEWORK_MEGATRON = 0, RM_FRAMEWORK_VLLM = 1 } rm_framework;
+typedef enum { RM_FRAMEWORK_MEGATRON = 0, RM_FRAMEWORK_VLLM = 1,
+  RM_FRAMEWORK_SGLANG = 2 } rm_framework;
 const char *rm_after_load(const rm_model *m, rm_framework framework,
     const reshard_layout_t *layout, int buffer_id);
 

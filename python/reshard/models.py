@@ -1,14 +1,15 @@
 """The model front-end (reshard_models.h): a HuggingFace config.json's
-logical tensors, and the Megatron-core and vLLM layouts over them, with
+logical tensors, and the Megatron-core, vLLM and SGLang layouts over them, with
 each framework's parameter names as buffer names (so a rank's
 ``named_parameters()`` binds by name: Layout.buffers(rank)).
 
     src = reshard.models.megatron_layout("config.json", "tp=2,pp=2")
     dst = reshard.models.vllm_layout("config.json", "tp=2,dp=2", first_rank=4)
+    dst = reshard.models.sglang_layout("config.json", "tp=8,ep=8,attn_dp=8")
 
 Ranks are numbered as the frameworks number them (reshard_models.h,
-RANKS); every rule cites its upstream source in src/models/megatron.c and
-vllm.c.
+RANKS); every rule cites its upstream source in src/models/megatron.c,
+vllm.c and sglang.c.
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -21,6 +22,7 @@ from .layout import Layout
 
 MEGATRON = "megatron"
 VLLM = "vllm"
+SGLANG = "sglang"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,9 @@ def _framework(framework):
         return lib.RM_FRAMEWORK_MEGATRON
     if framework in (VLLM, lib.RM_FRAMEWORK_VLLM):
         return lib.RM_FRAMEWORK_VLLM
-    raise InvalidArgumentError("framework %r: 'megatron' or 'vllm'"
+    if framework in (SGLANG, lib.RM_FRAMEWORK_SGLANG):
+        return lib.RM_FRAMEWORK_SGLANG
+    raise InvalidArgumentError("framework %r: 'megatron', 'vllm' or 'sglang'"
                                % (framework,))
 
 
@@ -151,6 +155,19 @@ def vllm_layout(config, spec, first_rank=0, layers=None, dtype="bf16",
     first_rank + tp*pp*dp - 1; spec keys tp, pp, dp, ep, etp, sp_moe."""
     return _layout(lib.rm_vllm_layout, config, spec, first_rank, layers,
                    dtype, per_expert, block_scales, block)
+
+
+def sglang_layout(config, spec, first_rank=0, layers=None, dtype="bf16"):
+    """rm_sglang_layout: SGLang 0.5.23's layout (its named_parameters():
+    qkv_proj, gate_up_proj, experts.w13_weight / w2_weight,
+    fused_qkv_a_proj_with_mqa; padded vocabulary) over ranks first_rank ..
+    first_rank + tp*pp*dp - 1; spec keys tp, pp, dp (replicas), ep (inside
+    the TP group), attn_dp (--attn-dp-size), dp_lm_head=1
+    (--enable-dp-lm-head), moe_dense_tp=1 (DeepSeek's dense layers
+    replicated), shared_fusion=0 (--disable-shared-experts-fusion). What it
+    does not model is refused, naming the setting (reshard_models.h)."""
+    return _layout(lib.rm_sglang_layout, config, spec, first_rank, layers,
+                   dtype, False, False, None)
 
 
 def fsdp_layout(config, spec, first_rank=0, layers=None, dtype="bf16"):

@@ -24,6 +24,9 @@ reshard_result_t rm_fsdp_layout(const rm_model *m, const rm_parallel *p, int fir
                     p->vocab ? "vocab" : p->first ? "first" : p->last ? "last" : !p->grouped_gemm ? "grouped_gemm"
                                                                            : p->cp ? "cp" : p->sp_moe >= 0 ? "sp_moe" : "w31",
                     p->sp_moe >= 0 || p->w31 ? "vLLM's" : "Megatron's");
+  if (rm_sglang_key(p))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "fsdp layout: key '%s' is SGLang's, not FSDP2's",
+                    rm_sglang_key(p));
   if (m->c.experts > 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "fsdp layout: '%s' is a MoE model: transformers 5 holds its experts fused "

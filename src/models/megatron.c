@@ -75,6 +75,9 @@
 
 static reshard_result_t check_megatron(const rm_model *m, const rm_parallel *p, int etp, int64_t vocab) {
   const rm_config *c = &m->c;
+  if (rm_sglang_key(p))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key '%s' is SGLang's, not Megatron's",
+                    rm_sglang_key(p));
   if (p->sp_moe >= 0)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "megatron layout: key 'sp_moe' is vLLM's, not Megatron's");
   if (p->w31)

@@ -4,7 +4,8 @@
  *   parallel.c  "tp=..,pp=.." parsing, checks and stage splits
  *   build.c     helpers both layout builders use
  *   megatron.c  the Megatron-core (training) layout
- *   vllm.c      the vLLM (inference) layout */
+ *   vllm.c      the vLLM (inference) layout
+ *   sglang.c    the SGLang (inference) layout */
 #ifndef RESHARD_MODELS_INTERNAL_H
 #define RESHARD_MODELS_INTERNAL_H
 
@@ -108,6 +109,9 @@ reshard_result_t rm_build_tensors(rm_model *m);
  * expert tensor parallelism. `side` names the builder in messages. */
 reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int etp, int first_rank,
                                  const char *side);
+/* The SGLang key set in p (attn_dp, dp_lm_head, moe_dense_tp,
+ * shared_fusion), NULL when none: the other builders refuse it. */
+const char *rm_sglang_key(const rm_parallel *p);
 /* Megatron's layers per stage: stage s holds [start[s], start[s+1]);
  * start has pp + 1 entries. Refuses what get_num_layers_to_build refuses. */
 reshard_result_t rm_megatron_stages(const rm_model *m, const rm_parallel *p, int *start);

@@ -34,9 +34,16 @@ static const struct spec_key {
     {"dp_shard", offsetof(rm_parallel, dp_shard), 0, 1, 1 << 20},
     {"dp_replicate", offsetof(rm_parallel, dp_replicate), 0, 1, 1 << 20},
     {"cp", offsetof(rm_parallel, cp), 0, 1, 1 << 20},
+    /* SGLang's (rm_sglang_layout) */
+    {"attn_dp", offsetof(rm_parallel, attn_dp), 0, 1, 1 << 20},
+    {"dp_lm_head", offsetof(rm_parallel, dp_lm_head), 0, 0, 1},
+    {"moe_dense_tp", offsetof(rm_parallel, moe_dense_tp), 0, 1, 1 << 20},
+    {"shared_fusion", offsetof(rm_parallel, shared_fusion), 0, 0, 0},
 };
 #define NKEYS ((int)(sizeof spec_keys / sizeof spec_keys[0]))
-#define KEY_LIST "tp, pp, dp, ep, etp, cp, vocab, first, last, grouped_gemm, sp_moe, w31, dp_shard, dp_replicate"
+#define KEY_LIST                                                                                               \
+  "tp, pp, dp, ep, etp, cp, vocab, first, last, grouped_gemm, sp_moe, w31, dp_shard, dp_replicate, attn_dp, " \
+  "dp_lm_head, moe_dense_tp, shared_fusion"
 
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out) {
   rs_error_clear();
@@ -98,6 +105,12 @@ int rm_parallel_ranks(const rm_parallel *p) {
   int64_t n = (int64_t)p->tp * p->pp * p->dp * (p->dp_shard ? p->dp_shard : 1) *
               (p->dp_replicate ? p->dp_replicate : 1) * (p->cp ? p->cp : 1);
   return n > INT_MAX ? 0 : (int)n;
+}
+
+const char *rm_sglang_key(const rm_parallel *p) {
+  return p->attn_dp ? "attn_dp" : p->dp_lm_head ? "dp_lm_head" : p->moe_dense_tp ? "moe_dense_tp"
+         : p->shared_fusion >= 0                  ? "shared_fusion"
+                                                  : NULL;
 }
 
 reshard_result_t rm_check_common(const rm_model *m, const rm_parallel *p, int etp, int first_rank, const char *side) {

@@ -52,8 +52,20 @@ static const char *const EXPERTS_FP8 =
     "reshard writes the checkpoint's format ([gate; up]): re-run process_weights_after_loading after the sync, or "
     "serve with the Triton backend";
 
+/* SGLang 0.5.23 */
+static const char *const SGL_KV_B =
+    "SGLang's DeepseekV2WeightLoaderMixin.post_load_weights (models/deepseek_common/deepseek_weight_loader.py) splits "
+    "kv_b_proj.weight into the attention's w_kc and w_vc, contiguous copies (bind_or_assign): re-run the model's "
+    "post_load_weights after the sync";
+
 const char *rm_after_load(const rm_model *m, rm_framework fw, const reshard_layout_t *L, int buffer_id) {
-  if (!m || !L || fw != RM_FRAMEWORK_VLLM || buffer_id < 0 || buffer_id >= L->nbuffers) return NULL;
+  if (!m || !L || buffer_id < 0 || buffer_id >= L->nbuffers) return NULL;
+  if (fw == RM_FRAMEWORK_SGLANG) {
+    const rs_buffer *b = &L->buffers[buffer_id];
+    int t = b->kind == RS_BUFFER_FUSED ? L->parts[b->first_part].tensor : -1;
+    return t >= 0 && t < m->ntensors && (m->role[t] & RM_ROLE_KV_B) ? SGL_KV_B : NULL;
+  }
+  if (fw != RM_FRAMEWORK_VLLM) return NULL;
   const rs_buffer *b = &L->buffers[buffer_id];
   if (b->kind != RS_BUFFER_FUSED) return NULL;
   int t = L->parts[b->first_part].tensor;

@@ -111,6 +111,10 @@ static int sp_moe_of(const rm_parallel *p) { return p->sp_moe >= 0 ? p->sp_moe :
 static reshard_result_t check_vllm(const rm_model *m, const rm_parallel *p, int sp_moe) {
   const rm_config *c = &m->c;
   const int tp = p->tp;
+  if (rm_sglang_key(p))
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
+                    "vllm layout: key '%s' is SGLang's, not vLLM's (vLLM's data parallelism is dp, its experts ep)",
+                    rm_sglang_key(p));
   if (p->vocab || p->first || p->last || !p->grouped_gemm)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT,
                     "vllm layout: key '%s' is Megatron's (vLLM pads the vocabulary to 64, splits stages with "

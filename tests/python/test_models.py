@@ -64,7 +64,7 @@ def test_after_load_flags():
     assert all(m.after_load("megatron", src, b) is None
                for b in src.buffers(0).values())
     with pytest.raises(reshard.InvalidArgumentError):
-        m.after_load("sglang", dst, 0)
+        m.after_load("tensorrt", dst, 0)
 
 
 def test_context_parallel():
@@ -112,3 +112,49 @@ def test_selftest_detects_a_wrong_byte():
         b = dst.buffers(0)["model.norm.weight"]
         d.arrays[b][3] ^= 1
         assert d.check(0, "expected one wrong element") == 1
+
+
+TINY_QWEN3_MOE = os.path.join(ROOT, "tests", "data", "tiny-qwen3-moe.json")
+TINY_DEEPSEEK = os.path.join(ROOT, "tests", "data", "tiny-deepseek-v3.json")
+
+
+def test_sglang_layout_names_and_bytes():
+    # SGLang 0.5.23: experts.w13_weight (no routed_experts level), EP inside
+    # the TP group (runtime_context.py derive_spawn_ranks: moe_tp fastest)
+    dst = reshard.models.sglang_layout(QWEN3_MOE, "tp=4,ep=2", layers=2)
+    d1 = dst.buffers(1)
+    assert "model.layers.0.mlp.experts.w13_weight" in d1
+    assert not any("routed_experts" in n for n in d1)
+    # Qwen3-30B-A3B: 128 experts, moe_intermediate 768, hidden 2048; rank 1
+    # is ep rank 0, moe_tp rank 1: 64 experts x [384 gate; 384 up] x 2048
+    b = d1["model.layers.0.mlp.experts.w13_weight"]
+    assert dst.buffer_bytes(b, 1) == 64 * 768 * 2048 * 2
+    # attention DP: qkv_proj over attn_tp = tp / attn_dp = 2 (32 heads of
+    # 128, 4 KV heads: 16 + 2 + 2 heads per rank)
+    dst = reshard.models.sglang_layout(QWEN3_MOE, "tp=4,ep=4,attn_dp=2", layers=1)
+    b = dst.buffers(3)["model.layers.0.self_attn.qkv_proj.weight"]
+    assert dst.buffer_bytes(b, 3) == (16 + 2 + 2) * 128 * 2048 * 2
+    # DeepSeek MLA: SGLang's fused_qkv_a_proj_with_mqa, replicated
+    dst = reshard.models.sglang_layout(TINY_DEEPSEEK, "tp=2,ep=2")
+    assert "model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight" in dst.buffers(1)
+    m = reshard.models.Model(TINY_DEEPSEEK)
+    kvb = dst.buffers(0)["model.layers.0.self_attn.kv_b_proj.weight"]
+    assert "post_load_weights" in m.after_load("sglang", dst, kvb)
+
+
+def test_sglang_layout_refusals():
+    bad = [
+        (QWEN, "tp=2,attn_dp=2", "attn_dp"),           # Qwen2: attention on the whole TP group
+        (QWEN, "tp=2,dp_lm_head=1", "dp_lm_head"),     # needs attention DP
+        (QWEN3_MOE, "tp=4,ep=8", "ep 8"),              # EP lies inside the TP group
+        (QWEN3_MOE, "tp=2,dp=2,attn_dp=2", "dp > 1"),  # --dp-size with --attn-dp-size
+        (QWEN3_MOE, "tp=2,moe_dense_tp=1", "moe_dense_tp"),
+        (QWEN3_MOE, "tp=2,sp_moe=1", "sp_moe"),
+        (QWEN3_MOE, "tp=2,vocab=1024", "vocab"),
+    ]
+    for cfg, spec, says in bad:
+        with pytest.raises(reshard.InvalidArgumentError, match=says):
+            reshard.models.sglang_layout(cfg, spec, layers=1)
+    for fn in (reshard.models.vllm_layout, reshard.models.megatron_layout):
+        with pytest.raises(reshard.InvalidArgumentError, match="SGLang"):
+            fn(QWEN3_MOE, "tp=2,attn_dp=2", layers=1)

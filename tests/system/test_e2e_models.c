@@ -1,6 +1,8 @@
 /* End to end on small real architectures (tests/data, through the model
- * front-end): Megatron training layouts to vLLM inference layouts over the
- * in-process transport, byte-exact, including every byte around fragments. */
+ * front-end): Megatron training layouts to vLLM (or, with an infer spec
+ * "sglang:...", SGLang) inference layouts over the in-process transport,
+ * byte-exact, including every byte around fragments. */
+#include <string.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,10 +28,11 @@ static void run_pair_ex(const char *config, int block_scales, const char *train,
   o.block_scales = block_scales;
   reshard_result_t r = rm_model_load_ex(path, &o, &m);
   if (!r) r = rm_parse_parallel(train, &tp);
-  if (!r) r = rm_parse_parallel(infer, &ip);
+  const int sglang = !strncmp(infer, "sglang:", 7);
+  if (!r) r = rm_parse_parallel(sglang ? infer + 7 : infer, &ip);
   int S = r ? 0 : rm_parallel_ranks(&tp), D = r ? 0 : rm_parallel_ranks(&ip);
   if (!r) r = rm_megatron_layout(m, &tp, 0, &src);
-  if (!r) r = rm_vllm_layout(m, &ip, colocate ? 0 : S, &dst);
+  if (!r) r = (sglang ? rm_sglang_layout : rm_vllm_layout)(m, &ip, colocate ? 0 : S, &dst);
   if (r) print_error("%s %s -> %s: %s\n", config, train, infer, reshard_last_error());
   assert_int_equal(r, RESHARD_SUCCESS);
   int nranks = colocate ? (S > D ? S : D) : S + D;
@@ -114,12 +117,38 @@ static void colocated(void **state) {
   run_pair("tiny-qwen3-moe.json", "tp=2,dp=2,ep=2", "tp=4,ep=4", 1, 16384, 4);
 }
 
+/* Megatron -> SGLang 0.5.23 (rm_sglang_layout): a dense model over
+ * get_pp_indices' stages (remainder on the last) with data-parallel
+ * replicas; Qwen3-MoE and Mixtral with EP inside the TP group, attention
+ * DP and dp_lm_head; DeepSeek-V3 (MLA's fused_qkv_a_proj_with_mqa, dense
+ * layer replicated with moe_dense_tp=1, shared experts over tp). */
+static void sglang_dense(void **state) {
+  (void)state;
+  run_pair("tiny-llama.json", "tp=2,pp=2", "sglang:tp=2,pp=3,dp=2", 0, 0, 16);
+  run_pair("tiny-llama.json", "tp=2,dp=2", "sglang:tp=4", 1, 4096, 4);
+}
+
+static void sglang_moe(void **state) {
+  (void)state;
+  run_pair("tiny-qwen3-moe.json", "tp=2,pp=2,ep=2,etp=1", "sglang:tp=4,ep=2,attn_dp=2,dp_lm_head=1", 0, 8192, 8);
+  run_pair("tiny-qwen3-moe.json", "tp=2,ep=2,etp=1", "sglang:tp=2,pp=2,dp=2,ep=2", 0, 0, 10);
+  run_pair("tiny-mixtral.json", "tp=2,ep=2,etp=1", "sglang:tp=4,ep=4", 0, 0, 6);
+}
+
+static void sglang_deepseek_v3(void **state) {
+  (void)state;
+  run_pair("tiny-deepseek-v3.json", "tp=2,pp=2,ep=2,etp=1", "sglang:tp=4,ep=2,attn_dp=2,moe_dense_tp=1", 0, 0, 8);
+  run_pair("tiny-deepseek-v3.json", "tp=2,ep=2,etp=1", "sglang:tp=2,pp=2,dp=2,ep=2", 0, 4096, 10);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(llama_tp2pp2_to_tp2dp2),   cmocka_unit_test(tp2pp2dp2_to_tp4_kv_replication),
       cmocka_unit_test(moe_ep4_to_ep4_pp2_small_staging), cmocka_unit_test(deepseek_v3_ep),
       cmocka_unit_test(uneven_experts),           cmocka_unit_test(fp8_block_scales_tp2_to_tp4),
       cmocka_unit_test(colocated),                cmocka_unit_test(context_parallel_cp2),
+      cmocka_unit_test(sglang_dense),             cmocka_unit_test(sglang_moe),
+      cmocka_unit_test(sglang_deepseek_v3),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * or vLLM job holds, buffer by buffer, against expectations worked out by
  * hand from the upstream source. Each expectation names the file and the
  * function it follows (Megatron-LM d98e8a64, Megatron-Bridge 067f987d, vLLM
- * 0.33.0 4ba787ec9), and is written in reshard_plan --show-layout's line
+ * 0.33.0 4ba787ec9, SGLang 0.5.23: python/sglang/srt of its wheel), and is
+ * written in reshard_plan --show-layout's line
  * format:
  *   rank=R name=<parameter name on R> tensor=<HF tensor> dtype=D
  *   box=lo0:hi0,... offset=<byte offset in the parameter>
@@ -56,7 +57,14 @@ static rm_model *load_ex(const char *path, int fp8, int per_expert) {
 }
 #define load_fp8(path) load_ex(path, 1, 0)
 
-enum { MEGATRON = 0, VLLM = 1 };
+enum { MEGATRON = 0, VLLM = 1, SGLANG = 2 };
+
+static const char *side_name(int side) { return side == VLLM ? "vllm" : side == SGLANG ? "sglang" : "megatron"; }
+
+static reshard_result_t build(const rm_model *m, int side, const rm_parallel *p, reshard_layout_t **L) {
+  return side == VLLM ? rm_vllm_layout(m, p, 0, L) : side == SGLANG ? rm_sglang_layout(m, p, 0, L)
+                                                                     : rm_megatron_layout(m, p, 0, L);
+}
 
 /* The table row being checked (run_checks), said first by a failure. */
 static char where[160];
@@ -67,8 +75,8 @@ static reshard_layout_t *layout(const rm_model *m, int side, const char *spec) {
   if (r) print_error("rm_parse_parallel(%s): %s\n", spec, reshard_last_error());
   assert_int_equal(r, RESHARD_SUCCESS);
   reshard_layout_t *L = NULL;
-  r = side == VLLM ? rm_vllm_layout(m, &p, 0, &L) : rm_megatron_layout(m, &p, 0, &L);
-  if (r) print_error("%s %s: %s\n", side == VLLM ? "vllm" : "megatron", spec, reshard_last_error());
+  r = build(m, side, &p, &L);
+  if (r) print_error("%s %s: %s\n", side_name(side), spec, reshard_last_error());
   assert_int_equal(r, RESHARD_SUCCESS);
   return L;
 }
@@ -79,9 +87,9 @@ static void refused(const rm_model *m, int side, const char *spec, const char *s
   rm_parallel p;
   assert_int_equal(rm_parse_parallel(spec, &p), RESHARD_SUCCESS);
   reshard_layout_t *L = (reshard_layout_t *)(uintptr_t)1;
-  reshard_result_t r = side == VLLM ? rm_vllm_layout(m, &p, 0, &L) : rm_megatron_layout(m, &p, 0, &L);
+  reshard_result_t r = build(m, side, &p, &L);
   if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), says))
-    print_error("%s%s %s: result %d, '%s' (expected to say '%s')\n", where, side == VLLM ? "vllm" : "megatron", spec, r,
+    print_error("%s%s %s: result %d, '%s' (expected to say '%s')\n", where, side_name(side), spec, r,
                 reshard_last_error(), says);
   assert_int_equal(r, RESHARD_ERROR_INVALID_ARGUMENT);
   assert_null(L);
@@ -174,7 +182,7 @@ static void run_checks(const rm_model *m, const check *c, size_t n) {
                                             : load(c[i].model, c[i].layers);
       continue;
     }
-    snprintf(where, sizeof where, "row %zu (%s %s): ", i, c[i].side == VLLM ? "vllm" : "megatron", c[i].spec);
+    snprintf(where, sizeof where, "row %zu (%s %s): ", i, side_name(c[i].side), c[i].spec);
     if (c[i].says) {
       refused(m, c[i].side, c[i].spec, c[i].says);
       continue;
@@ -990,6 +998,250 @@ static const check vllm_w31[] = {
     {VLLM, "tp=2,w31=1", .says = "vllm layout: w31=1 given for the dense model"},
 };
 
+/* ------------------------------------------------------------------ */
+/* SGLang 0.5.23 (python/sglang/srt of the wheel)                      */
+/* ------------------------------------------------------------------ */
+
+/* Rank order: runtime_context.py spawn_world_rank (tp_size * pp_rank +
+ * tp_rank), --dp-size replicas outermost: tp2 pp3 dp2, rank 4 is (tp 0,
+ * pp 2, dp 0), rank 2 (tp 0, pp 1, dp 0), rank 6 (tp 0, pp 0, dp 1).
+ * Stages: distributed/utils.py get_pp_indices puts the remainder on the
+ * LAST stages (4 layers over 3: 1, 1, 2; vLLM gives 1, 2, 1). Llama:
+ * models/llama.py LlamaModel.__init__ builds embed_tokens where
+ * is_first_rank and norm where is_last_rank, LlamaForCausalLM.__init__ an
+ * untied ParallelLMHead on every stage. Vocabulary: 1000 rows padded to
+ * 1024 (vocab_parallel_embedding.py pad_vocab_size, 64), 512 per TP rank. */
+static const check sglang_rank_order[] = {
+    MODEL(DATA("tiny-llama.json")),
+    /* layers/linear.py QKVParallelLinear: q heads 0-3 (rows 0:32), KV head 0 */
+    {SGLANG, "tp=2,pp=3,dp=2", 4, "model.layers.3.self_attn.qkv_proj.weight",
+     .lines = LINES("rank=4 name=model.layers.3.self_attn.qkv_proj.weight tensor=model.layers.3.self_attn.q_proj.weight dtype=bf16 box=0:32,0:64 offset=0",
+                    "rank=4 name=model.layers.3.self_attn.qkv_proj.weight tensor=model.layers.3.self_attn.k_proj.weight dtype=bf16 box=0:8,0:64 offset=4096",
+                    "rank=4 name=model.layers.3.self_attn.qkv_proj.weight tensor=model.layers.3.self_attn.v_proj.weight dtype=bf16 box=0:8,0:64 offset=5120")},
+    {SGLANG, "tp=2,pp=3,dp=2", 4, "model.layers.2.input_layernorm.weight", .bytes = 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 2, "model.layers.1.input_layernorm.weight", .bytes = 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 2, "model.layers.2.input_layernorm.weight", .bytes = 0},
+    {SGLANG, "tp=2,pp=3,dp=2", 6, "model.layers.0.input_layernorm.weight", .bytes = 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 6, "model.embed_tokens.weight", .bytes = 512 * 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 2, "model.embed_tokens.weight", .bytes = 0},
+    {SGLANG, "tp=2,pp=3,dp=2", 2, "model.norm.weight", .bytes = 0},
+    {SGLANG, "tp=2,pp=3,dp=2", 4, "model.norm.weight", .bytes = 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 2, "lm_head.weight", .bytes = 512 * 64 * 2},
+    {SGLANG, "tp=2,pp=3,dp=2", 5, "lm_head.weight",
+     .lines = LINES("rank=5 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=512:1000,0:64 offset=0")},
+    /* MergedColumnParallelLinear: [gate shard; up shard], I 96 over tp 2 */
+    {SGLANG, "tp=2", 1, "model.layers.0.mlp.gate_up_proj.weight",
+     .lines = LINES("rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.gate_proj.weight dtype=bf16 box=48:96,0:64 offset=0",
+                    "rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.up_proj.weight dtype=bf16 box=48:96,0:64 offset=6144")},
+    /* attention DP: LlamaAttention has no parallel_group="attn_tp" */
+    {SGLANG, "tp=2,attn_dp=2", .says = "attn_dp=2 for llama"},
+    /* models/qwen2.py Qwen2ForCausalLM builds lm_head without use_attn_tp_group */
+    MODEL(SHIPPED("Qwen2.5-0.5B.json")), /* tied; 14 heads, 2 KV heads */
+    {SGLANG, "tp=2,attn_dp=2,dp_lm_head=1", .says = "attn_dp=2 for qwen2"},
+    /* arg_groups/overrides.py _dp_lm_head_validation: "--enable-dp-lm-head
+     * requires attention DP" */
+    {SGLANG, "tp=2,dp=2,dp_lm_head=1", .says = "dp_lm_head=1 without attn_dp > 1"},
+    /* qwen2.py Qwen2ForCausalLM.__init__: a tied lm_head is embed_tokens when
+     * pp is 1; with pp > 1 the last stage builds its own ParallelLMHead
+     * (151936 rows, hidden 896), loaded from the embedding (load_weights) */
+    {SGLANG, "tp=1", 0, "lm_head.weight", .bytes = 0},
+    {SGLANG, "tp=1,pp=2", 1, "lm_head.weight", .bytes = 151936LL * 896 * 2},
+    {SGLANG, "tp=1,pp=2", 1, "model.embed_tokens.weight", .bytes = 0},
+    /* llama.py LlamaForCausalLM.__init__: tied lm_head = model.embed_tokens,
+     * a PPMissingLayer past the first stage */
+    MODEL(SHIPPED("Llama-3.2-1B.json")),
+    {SGLANG, "tp=1,pp=2", .says = "tie_word_embeddings with pp > 1"},
+};
+
+/* Qwen3-MoE, tiny (8 heads of 8, 2 KV heads, 8 experts of I 32, V 1000):
+ * attention DP and EP inside the TP group. tp 4, attn_dp 2, ep 2: rank 3
+ * is attn_dp 1, attn_tp 1 (runtime_context.py derive_attention_ranks:
+ * tp_rank = attn_dp_rank * attn_tp + attn_tp_rank) and ep 1, moe_tp 1
+ * (derive_spawn_ranks: moe_tp fastest). */
+static const check sglang_qwen3_moe[] = {
+    MODEL(DATA("tiny-qwen3-moe.json")),
+    /* qwen3_moe.py Qwen3MoeAttention: qkv_proj / o_proj on "attn_tp" (2
+     * ranks): q heads 4-7 (rows 32:64), KV head 1 (rows 8:16) */
+    {SGLANG, "tp=4,ep=2,attn_dp=2", 3, "model.layers.0.self_attn.qkv_proj.weight",
+     .lines = LINES("rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                    "rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                    "rank=3 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120")},
+    /* layers/moe/fused_moe_triton/layer.py FusedMoE.__init__: E / ep = 4
+     * experts per EP rank (4-7), I / moe_tp = 16 rows each; _load_w13: gate
+     * (w1) the first half of w13, up (w3) the second; unquant.py
+     * create_weights: w13 [4, 32, 64], w2 [4, 64, 16]; no routed_experts
+     * level in the names */
+    {SGLANG, "tp=4,ep=2,attn_dp=2", 3, "model.layers.0.mlp.experts.",
+     .lines = LINES("rank=3 name=model.layers.0.mlp.experts.w13_weight tensor=model.layers.0.mlp.experts.gate_proj.weight dtype=bf16 box=4:8,16:32,0:64 offset=0",
+                    "rank=3 name=model.layers.0.mlp.experts.w13_weight tensor=model.layers.0.mlp.experts.up_proj.weight dtype=bf16 box=4:8,16:32,0:64 offset=2048",
+                    "rank=3 name=model.layers.0.mlp.experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=4:8,0:64,16:32 offset=0")},
+    /* qwen2_moe.py Qwen2MoeModel.__init__: embed_tokens with
+     * use_attn_tp_group=is_dp_attention_enabled(): 1024 rows over attn_tp 2 */
+    {SGLANG, "tp=4,ep=2,attn_dp=2", 3, "model.embed_tokens.weight",
+     .lines = LINES("rank=3 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=512:1000,0:64 offset=0")},
+    /* qwen3_moe.py Qwen3MoeForCausalLM.__init__: lm_head over the whole TP
+     * group (256 rows each), over attn_tp with enable_dp_lm_head */
+    {SGLANG, "tp=4,ep=2,attn_dp=2", 3, "lm_head.weight",
+     .lines = LINES("rank=3 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=768:1000,0:64 offset=0")},
+    {SGLANG, "tp=4,ep=2,attn_dp=2,dp_lm_head=1", 3, "lm_head.weight",
+     .lines = LINES("rank=3 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=512:1000,0:64 offset=0")},
+    /* Qwen3MoeForCausalLM builds lm_head on every stage (no is_last_rank
+     * test); Qwen2MoeModel embed_tokens on the first, norm on the last */
+    {SGLANG, "tp=1,pp=2", 0, "lm_head.weight", .bytes = 1024 * 64 * 2},
+    {SGLANG, "tp=1,pp=2", 0, "model.norm.weight", .bytes = 0},
+    {SGLANG, "tp=1,pp=2", 1, "model.embed_tokens.weight", .bytes = 0},
+    {SGLANG, "tp=1,pp=2", 1, "model.norm.weight", .bytes = 64 * 2},
+    /* the EP group lies inside the TP group (derive_spawn_ranks), FusedMoE
+     * asserts ep divides the experts; --dp-size with --attn-dp-size is
+     * refused (arg_groups/parallel_hook.py) */
+    {SGLANG, "tp=2,dp=2,ep=4", .says = "ep 4 must divide tp 2"},
+    {SGLANG, "tp=2,dp=2,attn_dp=2", .says = "dp > 1 with attn_dp > 1"},
+    {SGLANG, "tp=4,attn_dp=3", .says = "attn_dp 3 does not divide tp 4"},
+    {SGLANG, "tp=4,ep=2,etp=4", .says = "say etp=2"},
+    {SGLANG, "tp=2,moe_dense_tp=1", .says = "moe_dense_tp is read by DeepSeek"},
+    {SGLANG, "tp=2,sp_moe=1", .says = "key 'sp_moe' is vLLM's"},
+    {SGLANG, "tp=2,vocab=1024", .says = "key 'vocab' is Megatron's"},
+    {VLLM, "tp=2,attn_dp=2", .says = "key 'attn_dp' is SGLang's"},
+    {MEGATRON, "tp=2,dp_lm_head=1", .says = "key 'dp_lm_head' is SGLang's"},
+    /* vocab_parallel_embedding.py VocabParallelEmbedding.__init__: when tp
+     * does not divide pad_vocab_size(V, 64), padding_size *= tp. Qwen3-235B
+     * (V 151936, H 4096, 64 heads, 4 KV heads, 128 experts of I 1536): tp
+     * 12, attn_dp 3 (attn_tp 4), ep 4 (moe_tp 3). lm_head over tp 12: 151936
+     * % 12 != 0, so padded to 768: 152064 rows, 12672 each; rank 11 holds
+     * 139392:152064, i.e. rows 139392:151936 of the tensor. embed_tokens
+     * over attn_tp 4 divides 151936: 37984 each. */
+    {.model = SHIPPED("Qwen3-235B-A22B.json"), .layers = 1},
+    {SGLANG, "tp=12,attn_dp=3,ep=4", 11, "lm_head.weight",
+     .lines = LINES("rank=11 name=lm_head.weight tensor=lm_head.weight dtype=bf16 box=139392:151936,0:4096 offset=0")},
+    {SGLANG, "tp=12,attn_dp=3,ep=4", 11, "model.embed_tokens.weight",
+     .lines = LINES("rank=11 name=model.embed_tokens.weight tensor=model.embed_tokens.weight dtype=bf16 box=113952:151936,0:4096 offset=0")},
+    /* experts: 32 per EP rank, 1536 / 3 = 512 rows each; rank 11 is ep 3,
+     * moe_tp 2 */
+    {SGLANG, "tp=12,attn_dp=3,ep=4", 11, "model.layers.0.mlp.experts.w2_weight",
+     .lines = LINES("rank=11 name=model.layers.0.mlp.experts.w2_weight tensor=model.layers.0.mlp.experts.down_proj.weight dtype=bf16 box=96:128,0:4096,1024:1536 offset=0")},
+};
+
+/* DeepSeek-V3, tiny (H 64, 4 heads, q_lora 24, kv_lora 16, rope 4, nope 8,
+ * v 8, layer 0 dense with I 96, 8 experts of I 16, 2 shared, noaux_tc),
+ * models/deepseek_v2.py. */
+static const check sglang_deepseek_v3[] = {
+    MODEL(DATA("tiny-deepseek-v3.json")),
+    /* DeepseekV2AttentionMLA.__init__: fused_qkv_a_proj_with_mqa, a
+     * ReplicatedLinear of q_lora + kv_lora + rope rows = [q_a_proj (24);
+     * kv_a_proj_with_mqa (20)] */
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight",
+     .lines = LINES("rank=1 name=model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight tensor=model.layers.0.self_attn.q_a_proj.weight dtype=bf16 box=0:24,0:64 offset=0",
+                    "rank=1 name=model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight tensor=model.layers.0.self_attn.kv_a_proj_with_mqa.weight dtype=bf16 box=0:20,0:64 offset=3072")},
+    /* kv_b_proj: ColumnParallelLinear on "attn_tp", 4 x (8 + 8) rows */
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.0.self_attn.kv_b_proj.weight",
+     .lines = LINES("rank=1 name=model.layers.0.self_attn.kv_b_proj.weight tensor=model.layers.0.self_attn.kv_b_proj.weight dtype=bf16 box=32:64,0:16 offset=0")},
+    /* DeepseekV2DecoderLayer.__init__: the dense MLP on "tp", or
+     * "replicated" when is_dense_ffn_fully_dp (moe_dense_tp_size 1) */
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.0.mlp.gate_up_proj.weight",
+     .lines = LINES("rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.gate_proj.weight dtype=bf16 box=48:96,0:64 offset=0",
+                    "rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.up_proj.weight dtype=bf16 box=48:96,0:64 offset=6144")},
+    {SGLANG, "tp=2,ep=2,moe_dense_tp=1", 1, "model.layers.0.mlp.gate_up_proj.weight",
+     .lines = LINES("rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.gate_proj.weight dtype=bf16 box=0:96,0:64 offset=0",
+                    "rank=1 name=model.layers.0.mlp.gate_up_proj.weight tensor=model.layers.0.mlp.up_proj.weight dtype=bf16 box=0:96,0:64 offset=12288")},
+    {SGLANG, "tp=2,ep=2,moe_dense_tp=1", 1, "model.layers.0.mlp.down_proj.weight", .bytes = 64 * 96 * 2},
+    {SGLANG, "tp=2,ep=2,moe_dense_tp=3", .says = "moe_dense_tp must be 1 or tp"},
+    /* DeepseekV2MoE: experts whole over ep 2 (moe_tp 1), MoEGate's
+     * e_score_correction_bias fp32 (noaux_tc), shared experts a
+     * DeepseekV2MLP on "tp" (no A2A backend): 32 rows over tp 2 */
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.1.mlp.experts.w13_weight",
+     .lines = LINES("rank=1 name=model.layers.1.mlp.experts.w13_weight tensor=model.layers.1.mlp.experts.gate_proj.weight dtype=bf16 box=4:8,0:16,0:64 offset=0",
+                    "rank=1 name=model.layers.1.mlp.experts.w13_weight tensor=model.layers.1.mlp.experts.up_proj.weight dtype=bf16 box=4:8,0:16,0:64 offset=2048")},
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.1.mlp.gate.e_score_correction_bias", .bytes = 8 * 4},
+    {SGLANG, "tp=2,ep=2", 1, "model.layers.1.mlp.shared_experts.gate_up_proj.weight",
+     .lines = LINES("rank=1 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.gate_proj.weight dtype=bf16 box=16:32,0:64 offset=0",
+                    "rank=1 name=model.layers.1.mlp.shared_experts.gate_up_proj.weight tensor=model.layers.1.mlp.shared_experts.up_proj.weight dtype=bf16 box=16:32,0:64 offset=2048")},
+    /* attention DP: tp 2, attn_dp 2: attention whole on each rank (attn_tp
+     * 1), embed_tokens whole (get_embedding_tp_kwargs), lm_head over tp */
+    {SGLANG, "tp=2,ep=2,attn_dp=2", 1, "model.layers.0.self_attn.kv_b_proj.weight", .bytes = 64 * 16 * 2},
+    {SGLANG, "tp=2,ep=2,attn_dp=2", 1, "model.embed_tokens.weight", .bytes = 1024 * 64 * 2},
+    {SGLANG, "tp=2,ep=2,attn_dp=2", 1, "lm_head.weight", .bytes = 512 * 64 * 2},
+    /* DeepseekV2Model.__init__ (pp_stage_needs_embedding: the first stage
+     * without speculative decoding), DeepseekV2ForCausalLM.__init__: norm
+     * and lm_head on the last */
+    {SGLANG, "tp=1,pp=2", 0, "model.embed_tokens.weight", .bytes = 1024 * 64 * 2},
+    {SGLANG, "tp=1,pp=2", 0, "lm_head.weight", .bytes = 0},
+    {SGLANG, "tp=1,pp=2", 1, "lm_head.weight", .bytes = 1024 * 64 * 2},
+    {SGLANG, "tp=1,pp=2", 1, "model.embed_tokens.weight", .bytes = 0},
+};
+
+/* What SGLang does that is not modelled: RESHARD_ERROR_UNSUPPORTED naming
+ * it. deepseek_v2.py shared_experts_fusion_disable_reason: DeepSeek-V3
+ * (256 routed experts, one shared) at ep 1 fuses the shared expert into
+ * experts.w13_weight; qwen3.py Qwen3Attention builds o_proj with
+ * bias=attention_bias. */
+static void sglang_unsupported(void **state) {
+  (void)state;
+  struct {
+    const char *model, *spec, *says;
+  } rows[] = {
+      {SHIPPED("DeepSeek-V3.json"), "tp=8", "--disable-shared-experts-fusion"},
+      {DATA("tiny-qwen3-bias.json"), "tp=2", "attention_bias"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    rm_model *m = load(rows[i].model, 2);
+    rm_parallel p;
+    assert_int_equal(rm_parse_parallel(rows[i].spec, &p), RESHARD_SUCCESS);
+    reshard_layout_t *L = NULL;
+    reshard_result_t r = rm_sglang_layout(m, &p, 0, &L);
+    if (r != RESHARD_ERROR_UNSUPPORTED || !strstr(reshard_last_error(), rows[i].says))
+      print_error("%s %s: %d '%s'\n", rows[i].model, rows[i].spec, r, reshard_last_error());
+    assert_int_equal(r, RESHARD_ERROR_UNSUPPORTED);
+    assert_null(L);
+    rm_model_free(m);
+  }
+  /* said otherwise (shared_fusion=0: --disable-shared-experts-fusion), or
+   * at ep > 1, the shared experts stay apart */
+  rm_model *m = load(SHIPPED("DeepSeek-V3.json"), 4);
+  const char *ok[] = {"tp=8,shared_fusion=0", "tp=8,ep=8"};
+  for (int i = 0; i < 2; i++) {
+    rm_parallel p;
+    assert_int_equal(rm_parse_parallel(ok[i], &p), RESHARD_SUCCESS);
+    reshard_layout_t *L = NULL;
+    assert_int_equal(rm_sglang_layout(m, &p, 0, &L), RESHARD_SUCCESS);
+    int b;
+    assert_int_equal(reshard_layout_find_buffer(L, "model.layers.3.mlp.shared_experts.down_proj.weight", 0, &b),
+                     RESHARD_SUCCESS);
+    reshard_layout_destroy(L);
+  }
+  rm_model_free(m);
+}
+
+
+/* The tools' --infer sglang:SPEC (tools/cli.c build_model) builds
+ * rm_sglang_layout's layout: rank 3 of tp 4, attn_dp 2 holds attention
+ * rank 1's qkv_proj; vllm:SPEC and a bare SPEC are vLLM's. */
+static void sglang_cli_infer(void **state) {
+  (void)state;
+  const char *infer[] = {"sglang:tp=4,ep=2,attn_dp=2", "vllm:tp=4,ep=4", "tp=4,ep=4"};
+  const char *says[] = {"-> sglang tp=4,ep=2,attn_dp=2", "-> vllm tp=4,ep=4", "-> vllm tp=4,ep=4"};
+  for (int i = 0; i < 3; i++) {
+    char *argv[] = {"reshard_plan", "--model-config", DATA("tiny-qwen3-moe.json"), "--train", "tp=2",
+                    "--infer", (char *)infer[i], NULL};
+    cli_opts o;
+    cli_layouts l;
+    char err[1024] = "";
+    int rc = cli_parse(CLI_TOOL_PLAN, 7, argv, &o, err, sizeof err);
+    if (!rc) rc = cli_build_layouts(&o, &l, err, sizeof err);
+    if (rc) print_error("--infer %s: %s\n", infer[i], err);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(l.desc, says[i]));
+    int b;
+    /* SGLang's FusedMoE name; vLLM >= 0.24 adds routed_experts */
+    const char *w13 = i ? "model.layers.0.mlp.experts.routed_experts.w13_weight" : "model.layers.0.mlp.experts.w13_weight";
+    assert_int_equal(reshard_layout_find_buffer(l.dst, w13, 2 + 3, &b), RESHARD_SUCCESS);
+    if (i == 0) expect_lines(l.dst, 5, "model.layers.0.self_attn.qkv_proj.weight",
+                             LINES("rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.q_proj.weight dtype=bf16 box=32:64,0:64 offset=0",
+                                   "rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.k_proj.weight dtype=bf16 box=8:16,0:64 offset=4096",
+                                   "rank=5 name=model.layers.0.self_attn.qkv_proj.weight tensor=model.layers.0.self_attn.v_proj.weight dtype=bf16 box=8:16,0:64 offset=5120"));
+    cli_layouts_free(&l);
+  }
+}
+
 /* A test after a failed one starts with no table row named. */
 static int no_row(void **state) {
   (void)state;
@@ -1009,7 +1261,9 @@ int main(void) {
       TABLE_TEST(golden_shipped_sizes),  TEST(after_load_flags),
       TABLE_TEST(golden_fp8_qkv_scales), TEST(vllm_stage_ends),
       TEST(dense_ep_etp),                TABLE_TEST(vllm_w31),
-      TABLE_TEST(megatron_context_parallel),
+      TABLE_TEST(megatron_context_parallel), TABLE_TEST(sglang_rank_order),
+      TABLE_TEST(sglang_qwen3_moe),      TABLE_TEST(sglang_deepseek_v3),
+      TEST(sglang_unsupported),          TEST(sglang_cli_infer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

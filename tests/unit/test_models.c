@@ -923,10 +923,11 @@ static void parallel_spec_parsing(void **state) {
       {"tp=2;pp=2", "'tp'"},    {"TP=2", "'TP'"},          {"vocab=0", "'vocab'"}, {"sp_moe=2", "'sp_moe'"},
       {"grouped_gemm=-1", "'grouped_gemm'"}, {"first=0", "'first'"}, {"vocab=2147483648", "'vocab'"},
       {"w31=2", "'w31'"},       {"dp_shard=0", "'dp_shard'"}, {"dp_replicate=x", "'dp_replicate'"},
-      {"cp=0", "'cp'"},
+      {"cp=0", "'cp'"},         {"attn_dp=0", "'attn_dp'"}, {"dp_lm_head=2", "'dp_lm_head'"},
+      {"moe_dense_tp=0", "'moe_dense_tp'"}, {"shared_fusion=1", "'shared_fusion'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+    rm_parallel q = {7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
     reshard_result_t r = rm_parse_parallel(bad[i].spec, &q);
     if (r != RESHARD_ERROR_INVALID_ARGUMENT || !strstr(reshard_last_error(), bad[i].says))
       print_error("'%s': result %d, message '%s' (expected to name %s)\n", bad[i].spec, r, reshard_last_error(),
