@@ -44,6 +44,11 @@ scenarios=(
   # stages Megatron-core can build of 61 / 94 layers.
   "DeepSeek-V3 671B, M2N's configuration|DeepSeek-V3.json|tp=1,pp=8,dp=16,ep=16,first=5|tp=16,dp=8|h100-8x400g|NCCL M2N 2.77 s end to end (paper)"
   "Qwen3-235B-A22B, M2N's configuration (CP2)|Qwen3-235B-A22B.json|tp=2,cp=2,pp=4,dp=4,ep=16,etp=1,first=23,last=23|tp=8,dp=8|gb200-nvl72|NCCL M2N 0.99 s (README)"
+  # SGLang (issue 45): DeepSeek-V3 served with DP attention and EP inside
+  # one 16-GPU engine (two H100 nodes), and Qwen3-235B on 8 engines of
+  # EP8 (sglang:SPEC, src/models/sglang.c)
+  "DeepSeek-V3 671B -> SGLang DP attention|DeepSeek-V3.json|tp=1,pp=4,dp=32,ep=16,first=16|sglang:tp=16,attn_dp=16,ep=16|h100-8x400g|"
+  "Qwen3-235B-A22B -> SGLang EP8 x 8 engines|Qwen3-235B-A22B.json|tp=2,pp=4,dp=8,ep=16,etp=1,first=23,last=23|sglang:tp=8,dp=8,ep=8|gb200-nvl72|"
 )
 
 field() { sed -nE "s/.*$1=([^ ]+).*/\1/p"; }

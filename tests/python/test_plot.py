@@ -50,7 +50,9 @@ def reduced(sc):
     parallelism at most 4 on each side, expert parallelism cut to fit;
     tensor parallelism, the model's shapes, the topology and the extra
     options as published."""
-    t, i = _spec(sc["train"]), _spec(sc["infer"])
+    # a framework prefix (sglang:, fsdp:) stays in front of the spec
+    iframe, _, ispec = sc["infer"].rpartition(":")
+    t, i = _spec(sc["train"]), _spec(ispec)
     t.pop("first", None)
     t.pop("last", None)
     tp, pp = int(t.get("tp", 1)), min(int(t.get("pp", 1)), 2)
@@ -64,7 +66,8 @@ def reduced(sc):
     if "ep" in i:
         i["ep"] = str(min(int(i["ep"]), itp * idp))
     return ["--model-config", os.path.join(REPO, "configs", sc["config"]), "--layers", str(2 * pp),
-            "--train", _unspec(t), "--infer", _unspec(i), "--topology", sc["topology"]] + sc["args"]
+            "--train", _unspec(t), "--infer", (iframe + ":" if iframe else "") + _unspec(i),
+            "--topology", sc["topology"]] + sc["args"]
 
 
 SCENARIOS = panel_scenarios()
