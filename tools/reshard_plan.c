@@ -37,6 +37,7 @@
 #include "cost_report.h"
 #include "plan_cost.h"
 #include "plan_json.h"
+#include "plan_replay.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
 #include "reshard_internal.h"
@@ -470,6 +471,7 @@ typedef struct final_pass {
   msgvec sends, recvs;
   int injected;
   pj_world *pj; /* --json: the plans' traffic and cost terms */
+  rp_writer *rp; /* --replay-out: the plans' schedules */
 } final_pass;
 
 static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
@@ -477,6 +479,7 @@ static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
   reshard_plan_get_stats(plan, &f->agreed[r]);
   if (f->digest) f->digest[r] = plan_digest(plan);
   if (f->pj) RS_CHECK(pj_add(f->pj, r, plan));
+  if (f->rp) RS_CHECK(rp_add(f->rp, r, plan)); /* before the checker's --inject-error edits it */
   if (!f->check_now) return RESHARD_SUCCESS;
   if (plan->chunk_bytes != f->chunk)
     violation(&f->ck, "rank %d: planned with chunk %zu B, not the agreed %zu B", r, plan->chunk_bytes, f->chunk);
@@ -497,7 +500,8 @@ static int final_init(final_pass *f, const cli_layouts *L, const cli_opts *o, in
   f->agreed = calloc((size_t)world + 1, sizeof *f->agreed);
   if (o->digest) f->digest = calloc((size_t)world + 1, sizeof *f->digest);
   if (o->json) f->pj = pj_create(world);
-  return f->agreed && (!o->digest || f->digest) && (!o->json || f->pj) ? 0 : -1;
+  if (o->replay_out) f->rp = rp_create(world);
+  return f->agreed && (!o->digest || f->digest) && (!o->json || f->pj) && (!o->replay_out || f->rp) ? 0 : -1;
 }
 
 static void final_free(final_pass *f) {
@@ -506,6 +510,7 @@ static void final_free(final_pass *f) {
   free(f->sends.v);
   free(f->recvs.v);
   pj_free(f->pj);
+  rp_free(f->rp);
   memset(f, 0, sizeof *f);
 }
 
@@ -961,6 +966,7 @@ int main(int argc, char **argv) {
   if (!t->failed) print_table(t);
   int ok = report(t);
   if (t->o.json && !t->failed && write_json(t)) t->failed = 1;
+  if (t->o.replay_out && !t->failed && rp_write(t->f->rp, t->o.replay_out)) t->failed = 1;
   plan_tool_free(t);
   if (t->failed) return 1;
   return t->o.strict && !ok ? 1 : 0;
