@@ -4,7 +4,8 @@
 # flow-level network models, beside gather + MPI_Bcast and MPI_Alltoallw
 # in the same simulation (issue 20).
 #
-#   scripts/simulate.sh [--smoke | --panel] [build-dir]     (default: build-sim)
+#   scripts/simulate.sh [--smoke | --panel | --replay | --replay-full] [build-dir]
+#                                                            (default: build-sim)
 #
 # --smoke: one 8-rank case, every element checked, and the same folded
 # (CI: seconds). --panel: the cost model's five panel scenarios at their
@@ -15,6 +16,21 @@
 # runs reshard without the baselines. Without either: the flat-cluster cases and
 # the presets' small cases below. Needs SimGrid (Debian: apt-get install
 # libsimgrid-dev).
+#
+# --replay, --replay-full (issue 44): the plan replay. reshard_plan
+# --replay-out writes every rank's schedule (its messages, rounds,
+# forwards, agreement partners) and tools/reshard_replay walks it with
+# the executor's own schedule code (rs_sched_run), one SimGrid actor per
+# rank, on the same preset platform and network settings as the SMPI
+# runs; only the network is simulated, as here. --replay: the reduced
+# panel scenarios (the --panel list, SIM_PANEL_ONLY applies) under SMPI
+# and replayed, a table of both simulated times, their ratio and the wall
+# times: the replay's validation. --replay-full: scripts/panel.sh's
+# scenarios at full size (every layer, their rank counts), replayed,
+# beside the cost model's prediction and T_lower. Both use reshard_plan
+# and reshard_replay from REPLAY_BUILD (default build; CMake builds
+# reshard_replay where it finds SimGrid's C library);
+# REPLAY_WALL_LIMIT (default 1800 s) ends a replay that runs longer.
 #
 # Platforms: a flat cluster, one host per rank, each with one 50 GB/s link
 # (a GPU's NIC share) into a non-blocking backbone, 1 us latency; and the
@@ -312,7 +328,7 @@ if [ "$replay" = 2 ]; then
     echo "simulate.sh: $name: plan $plan_wall s + replay $replay_wall s" >&2
     rows+=("$(awk -v name="$name$(replay_note)" -v topo="$topo" -v ranks="$ranks" -v m="$m" -v r="$r" -v p="$p" \
       -v l="$l" -v pw="$plan_wall" -v rw="$replay_wall" 'BEGIN {
-      printf "| %s | %s | %s | %s | %.3f | %.3f (%.2f) | %.3f (%.2f) | %d + %d |", name, topo, ranks, m, r, p, r / p, l,
+      printf "| %s | %s | %s | %s | %.4g | %.4g (%.3f) | %.4g (%.3f) | %d + %d |", name, topo, ranks, m, r, p, r / p, l,
         r / l, pw, rw }')")
   done
   echo "| scenario (all layers) | machine | ranks | messages | replay s | predicted s (replay / predicted) | T_lower s (replay / T_lower) | plan + replay wall s |"
