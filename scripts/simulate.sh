@@ -259,10 +259,11 @@ replay_one() {
   replay_wall=$((SECONDS - start))
   rm -f "$work/sched"
 }
-# what a plan left out of the replay: source-side spreading's pre-plan
-# (only the main plan's schedule is written)
+# what a plan left out of the replay: fp8 quantization's gathering
+# pre-plan (reshard_plan leaves it out of its report too; source-side
+# spreading's pre-plan is replayed, as the call's first stage)
 replay_note() {
-  if grep -q '^# source-side spreading: .*: kept' "$work/plan.txt"; then echo " (+ spreading pre-plan, not replayed)"; fi
+  if grep -q 'gathered by a pre-plan' "$work/plan.txt"; then echo " (+ fp8 gathering pre-plan, not replayed)"; fi
 }
 if [ "$replay" = 1 ]; then
   # Validation: the reduced panel scenarios (the --panel list), each as

@@ -75,24 +75,35 @@ reshard_result_t rp_add(rp_writer *w, int rank, const reshard_plan_t *p) {
   return RESHARD_SUCCESS;
 }
 
-int rp_write(rp_writer *w, const char *path) {
-  if (w->next != w->world || w->io_failed) {
-    fprintf(stderr, "reshard_plan: error: --replay-out: %s\n",
-            w->io_failed ? "writing the temporary file failed" : "not every rank's plan was seen");
-    return -1;
-  }
+static int complete(const rp_writer *w) {
+  if (w->next == w->world && !w->io_failed) return 1;
+  fprintf(stderr, "reshard_plan: error: --replay-out: %s\n",
+          w->io_failed ? "writing the temporary file failed" : "not every rank's plan was seen");
+  return 0;
+}
+
+/* One stage: its line, then its ranks' records. */
+static void copy_stage(rp_writer *w, int i, FILE *out) {
+  fprintf(out, "stage %d\n", i);
+  rewind(w->tmp);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, w->tmp)) > 0) fwrite(buf, 1, n, out);
+  if (ferror(w->tmp)) w->io_failed = 1;
+}
+
+int rp_write(rp_writer *pre, rp_writer *w, const char *path) {
+  if ((pre && !complete(pre)) || !complete(w)) return -1;
   FILE *out = fopen(path, "w");
   if (!out) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: %s\n", path, strerror(errno));
     return -1;
   }
-  fprintf(out, "reshard-replay 1 world %d\n", w->world);
-  rewind(w->tmp);
-  char buf[1 << 16];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, w->tmp)) > 0) fwrite(buf, 1, n, out);
+  fprintf(out, "reshard-replay 1 world %d stages %d\n", w->world, pre ? 2 : 1);
+  if (pre) copy_stage(pre, 0, out);
+  copy_stage(w, pre ? 1 : 0, out);
   fprintf(out, "end\n");
-  int bad = ferror(w->tmp) || ferror(out);
+  int bad = ferror(out) || w->io_failed || (pre && pre->io_failed);
   if (fclose(out) || bad) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: write failed\n", path);
     return -1;

@@ -9,7 +9,9 @@
  * partners (peers[].peer), nlocal_copies and the option flags. The round
  * start arrays (send_round, recv_round) are not written: they are the
  * messages' rounds, which are sorted (plan.h), and rp_add checks that
- * they say so. The format (text, one record a line) is in
+ * they say so. With source-side spreading kept, the pre-plan's schedule
+ * is written too, as the first of two stages (a call runs both plans in
+ * that order). The format (text, one record a line) is in
  * tools/README.md. */
 #ifndef RESHARD_TOOLS_PLAN_REPLAY_H
 #define RESHARD_TOOLS_PLAN_REPLAY_H
@@ -24,9 +26,10 @@ rp_writer *rp_create(int world);
 /* One rank's plan. Ranks come in rank order; only a rank's first plan
  * counts (the tool may walk the same plans twice). */
 reshard_result_t rp_add(rp_writer *w, int rank, const reshard_plan_t *plan);
-/* Writes the whole world to path; 0, or -1 with a message on stderr
- * (a rank missing, an I/O error). */
-int rp_write(rp_writer *w, const char *path);
+/* Writes the whole world to path: the stages a call runs in order, pre
+ * (a pre-plan's writer, or NULL) then w (the main plan's); 0, or -1 with
+ * a message on stderr (a rank missing, an I/O error). */
+int rp_write(rp_writer *pre, rp_writer *w, const char *path);
 void rp_free(rp_writer *w);
 
 #endif

@@ -581,6 +581,7 @@ typedef struct plan_tool {
   int spread_kept;        /* source-side spreading kept: its pre-plan's */
   double spread_pre_s;    /* predicted time and the bytes it moves */
   uint64_t spread_moved;
+  rp_writer *pre_rp;      /* --replay-out with spreading kept: the pre-plan's schedules */
 } plan_tool;
 
 /* Options, layouts and world; an exit status when done already (help,
@@ -731,6 +732,29 @@ static void plan_all(plan_tool *t) {
   }
 }
 
+static reshard_result_t pre_rank(int r, reshard_plan_t *plan, void *arg) { return rp_add(arg, r, plan); }
+
+/* --replay-out with spreading kept: the pre-plan runs before the main
+ * plan (src/api/stages.c), so its schedule is the replay's first stage:
+ * planned here as reshard_plan_create plans it (the options with relay 0,
+ * src/plan/create.c), from the caller's sources to the scratch. */
+static void replay_pre_plan(plan_tool *t, const reshard_layout_t *pre_dst) {
+  reshard_options_t po = t->opts;
+  po.relay = 0;
+  po.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER;
+  pw_run *run = NULL;
+  t->pre_rp = rp_create(t->world);
+  reshard_result_t rc =
+      t->pre_rp ? pw_run_create(t->user_src, pre_dst, t->world, &po, &run) : RESHARD_ERROR_OUT_OF_MEMORY;
+  if (!rc) rc = pw_run_plans(run, pre_rank, t->pre_rp);
+  pw_run_free(run);
+  if (rc) {
+    fprintf(stderr, "reshard_plan: error: --replay-out: the spreading pre-plan: %s: %s\n", reshard_result_string(rc),
+            reshard_last_error());
+    t->failed = 1;
+  }
+}
+
 static void spread_sources(plan_tool *t) {
   /* Source-side spreading (plan/spread.h), decided and priced as
    * reshard_plan_create does: from the kept plan's egress per rank, then
@@ -788,6 +812,7 @@ static void spread_sources(plan_tool *t) {
         t->spread_kept = 1;
         t->spread_pre_s = pre_est.seconds;
         t->spread_moved = sl.moved;
+        if (t->o.replay_out) replay_pre_plan(t, sl.pre);
       }
     }
     pw_run_free(mrun);
@@ -928,6 +953,7 @@ static void plan_tool_free(plan_tool *t) {
   final_free(&t->fs2[0]);
   final_free(&t->fs2[1]);
   pw_run_free(t->run);
+  rp_free(t->pre_rp);
   pw_share_first_replica(0);
   if (t->user_src && t->L.src != t->user_src) reshard_layout_destroy(t->user_src);
   free(t->timed);
@@ -966,7 +992,7 @@ int main(int argc, char **argv) {
   if (!t->failed) print_table(t);
   int ok = report(t);
   if (t->o.json && !t->failed && write_json(t)) t->failed = 1;
-  if (t->o.replay_out && !t->failed && rp_write(t->f->rp, t->o.replay_out)) t->failed = 1;
+  if (t->o.replay_out && !t->failed && rp_write(t->pre_rp, t->f->rp, t->o.replay_out)) t->failed = 1;
   plan_tool_free(t);
   if (t->failed) return 1;
   return t->o.strict && !ok ? 1 : 0;

@@ -6,7 +6,9 @@
  *                  [--detach-below BYTES] [--cfg=simgrid/option:value ...]
  *
  * The schedule file (tools/plan_replay.h) holds, per rank, the fields of
- * its plan that the schedule reads. Each rank gets a skeleton
+ * its plan that the schedule reads (per stage: with source-side spreading
+ * a call runs a pre-plan, then the main plan; each rank walks them in
+ * that order, each plan on mailboxes of its own as it has its own tags). Each rank gets a skeleton
  * reshard_plan_t with just those and one SimGrid actor on host "h<rank>"
  * of the platform (scripts/simulate.sh's preset_platform writes it),
  * which walks the real schedule, rs_sched_run (src/exec/schedule.c), with
@@ -32,7 +34,7 @@
  * SMPI's eager sends do; the transfer itself still takes its network time.
  *
  * Prints, for scripts to parse:
- *   # replay: simulated_s=T ranks=N messages=M wall_s=W
+ *   # replay: simulated_s=T ranks=N messages=M stages=G wall_s=W
  * T: the latest end over the ranks (all start at 0, as after reshard_perf's
  * barrier). Nothing waits forever: the run is ended with an error when it
  * passes --wall-limit seconds of wall time (default 1800), and a rank
@@ -59,24 +61,32 @@ typedef struct comm_list {
   size_t n;
 } comm_list;
 
-typedef struct replay_rank {
+/* One plan of one rank: a call runs its stages' plans in order (a
+ * spreading pre-plan, then the main plan: src/api/stages.c). */
+typedef struct replay_plan {
   reshard_plan_t plan;      /* skeleton: the schedule's fields only */
   rs_msg *msgs;             /* sends, then receives */
   reshard_peer_stats_t *peers;
   size_t *round_starts;     /* send_round, then recv_round */
   comm_list *sent, *recvd;  /* per round */
   comm_list agree_out, agree_in; /* the status words in flight */
+  int sent_upto;            /* rounds before it have completed their sends */
+  int stage;                /* its mailboxes' own: each plan has its tags */
+  rs_xfer *xfers;
+  struct replay_rank *rank;
+} replay_plan;
+
+typedef struct replay_rank {
+  replay_plan *stages;
   comm_list eager;          /* sends under --detach-below */
   size_t eager_cap;
   void *sink;               /* where receives put the (unread) payload */
-  int sent_upto;            /* rounds before it have completed their sends */
-  rs_xfer *xfers;
   double end_s;
   int done, failed;
 } replay_rank;
 
 static struct {
-  int world;
+  int world, nstages;
   replay_rank *ranks;
   long detach_below;
   size_t messages;
@@ -84,9 +94,9 @@ static struct {
 
 static char payload; /* what every put carries: nothing is read */
 
-static sg_mailbox_t mailbox(char kind, int from, int to) {
+static sg_mailbox_t mailbox(char kind, int stage, int from, int to) {
   char name[48];
-  snprintf(name, sizeof name, "%c%d>%d", kind, from, to);
+  snprintf(name, sizeof name, "%c%d:%d>%d", kind, stage, from, to);
   return sg_mailbox_by_name(name);
 }
 
@@ -125,10 +135,12 @@ static int read_msgs(FILE *f, const char *path, int rank, char want, rs_msg *m, 
   return 0;
 }
 
-/* One rank's record into its skeleton plan. */
-static int read_rank(FILE *f, const char *path, int r) {
-  replay_rank *x = &R.ranks[r];
+/* One rank's record into its skeleton plan of stage st. */
+static int read_rank(FILE *f, const char *path, int r, int st) {
+  replay_plan *x = &R.ranks[r].stages[st];
   reshard_plan_t *p = &x->plan;
+  x->stage = st;
+  x->rank = &R.ranks[r];
   int rank, nrounds;
   size_t ns, nr, np, nl, mrm;
   unsigned flags;
@@ -165,23 +177,37 @@ static int read_rank(FILE *f, const char *path, int r) {
   return 0;
 }
 
+static int read_stages(FILE *f, const char *path) {
+  R.ranks = calloc((size_t)R.world, sizeof *R.ranks);
+  if (!R.ranks) return fail_read(path, -1, "out of memory");
+  for (int r = 0; r < R.world; r++)
+    if (!(R.ranks[r].stages = calloc((size_t)R.nstages, sizeof *R.ranks[r].stages)))
+      return fail_read(path, r, "out of memory");
+  for (int st = 0; st < R.nstages; st++) {
+    int got = -1;
+    if (fscanf(f, " stage %d", &got) != 1 || got != st) return fail_read(path, -1, "bad stage line");
+    for (int r = 0; r < R.world; r++)
+      if (read_rank(f, path, r, st)) return -1;
+  }
+  char end[8] = "";
+  if (fscanf(f, " %7s", end) != 1 || strcmp(end, "end")) return fail_read(path, R.world, "no end line");
+  return 0;
+}
+
 static int read_schedule(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) {
     perror(path);
     return -1;
   }
-  int v = 0, rc = 0;
-  if (fscanf(f, "reshard-replay %d world %d", &v, &R.world) != 2 || v != 1 || R.world <= 0) {
+  int v = 0, rc;
+  if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v != 1 || R.world <= 0 ||
+      R.nstages < 1 || R.nstages > 2) {
     fprintf(stderr, "reshard_replay: error: %s: not a version 1 schedule (reshard_plan --replay-out)\n", path);
     fclose(f);
     return -1;
   }
-  R.ranks = calloc((size_t)R.world, sizeof *R.ranks);
-  if (!R.ranks) rc = fail_read(path, -1, "out of memory");
-  for (int r = 0; r < R.world && !rc; r++) rc = read_rank(f, path, r);
-  char end[8] = "";
-  if (!rc && (fscanf(f, " %7s", end) != 1 || strcmp(end, "end"))) rc = fail_read(path, R.world, "no end line");
+  rc = read_stages(f, path);
   fclose(f);
   return rc;
 }
@@ -189,14 +215,14 @@ static int read_schedule(const char *path) {
 /* ---- the executor's operations ---- */
 
 /* Completes a list's comms; a failed one fails the rank's walk. */
-static reshard_result_t wait_list(replay_rank *x, comm_list *l, const char *what, int k) {
+static reshard_result_t wait_list(int rank, comm_list *l, const char *what, int k) {
   for (size_t i = 0; i < l->n; i++) {
     if (!l->c[i]) continue;
     sg_error_t e = sg_comm_wait(l->c[i]);
     l->c[i] = NULL;
     if (e != SG_OK)
-      return rs_error(RESHARD_ERROR_BACKEND, "replay rank %d round %d: %s failed (SimGrid error %d)", x->plan.rank,
-                      k, what, (int)e);
+      return rs_error(RESHARD_ERROR_BACKEND, "replay rank %d round %d: %s failed (SimGrid error %d)", rank, k, what,
+                      (int)e);
   }
   free(l->c);
   l->c = NULL;
@@ -204,12 +230,12 @@ static reshard_result_t wait_list(replay_rank *x, comm_list *l, const char *what
   return RESHARD_SUCCESS;
 }
 
-static sg_comm_t post_send(int from, int to, char kind, uint64_t bytes) {
-  sg_comm_t c = sg_mailbox_put_async(mailbox(kind, from, to), &payload, (long)bytes);
+static sg_comm_t post_send(int stage, int from, int to, char kind, uint64_t bytes) {
+  sg_comm_t c = sg_mailbox_put_async(mailbox(kind, stage, from, to), &payload, (long)bytes);
   if ((long)bytes >= R.detach_below) return c;
   /* an eager send: done for the sender at once; its comm is completed
    * after the rank's end time is taken (sg_comm_detach crashes here) */
-  replay_rank *x = sg_actor_self_get_data();
+  replay_rank *x = &R.ranks[from];
   if (x->eager.n == x->eager_cap) {
     size_t cap = x->eager_cap ? 2 * x->eager_cap : 64;
     sg_comm_t *c2 = realloc(x->eager.c, cap * sizeof *c2);
@@ -225,29 +251,30 @@ static sg_comm_t post_send(int from, int to, char kind, uint64_t bytes) {
 
 /* A receive's payload pointer lands in the receiving rank's sink (it
  * must outlive the comm; nothing reads it). */
-static sg_comm_t post_recv(int from, int to, char kind) {
-  return sg_mailbox_get_async(mailbox(kind, from, to), &R.ranks[to].sink);
+static sg_comm_t post_recv(int stage, int from, int to, char kind) {
+  return sg_mailbox_get_async(mailbox(kind, stage, from, to), &R.ranks[to].sink);
 }
 
 /* The agreement: headers both ways, waited; status words posted. */
-static reshard_result_t run_agree(replay_rank *x) {
+static reshard_result_t run_agree(replay_plan *x) {
   const reshard_plan_t *p = &x->plan;
   size_t n = p->npeers;
   comm_list in = {calloc(n + 1, sizeof(sg_comm_t)), n}, out = {calloc(n + 1, sizeof(sg_comm_t)), n};
   x->agree_in = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
   x->agree_out = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
   if (!in.c || !out.c || !x->agree_in.c || !x->agree_out.c) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay: agreement");
-  for (size_t i = 0; i < n; i++) in.c[i] = post_recv(p->peers[i].peer, p->rank, 'a');
-  for (size_t i = 0; i < n; i++) out.c[i] = post_send(p->rank, p->peers[i].peer, 'a', HDR_BYTES);
-  RS_CHECK(wait_list(x, &in, "agreement header receive", -1));
-  RS_CHECK(wait_list(x, &out, "agreement header send", -1));
-  for (size_t i = 0; i < n; i++) x->agree_in.c[i] = post_recv(p->peers[i].peer, p->rank, 'a');
-  for (size_t i = 0; i < n; i++) x->agree_out.c[i] = post_send(p->rank, p->peers[i].peer, 'a', STATUS_BYTES);
+  for (size_t i = 0; i < n; i++) in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
+  for (size_t i = 0; i < n; i++) out.c[i] = post_send(x->stage, p->rank, p->peers[i].peer, 'a', HDR_BYTES);
+  RS_CHECK(wait_list(p->rank, &in, "agreement header receive", -1));
+  RS_CHECK(wait_list(p->rank, &out, "agreement header send", -1));
+  for (size_t i = 0; i < n; i++) x->agree_in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
+  for (size_t i = 0; i < n; i++)
+    x->agree_out.c[i] = post_send(x->stage, p->rank, p->peers[i].peer, 'a', STATUS_BYTES);
   return RESHARD_SUCCESS;
 }
 
 /* Round k's transfers in the schedule's posting order. */
-static reshard_result_t run_xfer(replay_rank *x, int k) {
+static reshard_result_t run_xfer(replay_plan *x, int k) {
   const reshard_plan_t *p = &x->plan;
   const int verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
   size_t n = rs_sched_xfers(p, k, verify, x->xfers), ns = 0, nr = 0;
@@ -259,8 +286,8 @@ static reshard_result_t run_xfer(replay_rank *x, int k) {
     const rs_xfer *t = &x->xfers[i];
     /* verify mode: each message's box sums follow it, 8 bytes a copy */
     uint64_t bytes = t->sums ? (uint64_t)t->m->ncopies * sizeof(uint64_t) : t->m->bytes;
-    if (t->recv) r->c[nr++] = post_recv(t->m->peer, p->rank, 'd');
-    else s->c[ns++] = post_send(p->rank, t->m->peer, 'd', bytes);
+    if (t->recv) r->c[nr++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
+    else s->c[ns++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes);
   }
   s->n = ns, r->n = nr;
   return RESHARD_SUCCESS;
@@ -268,24 +295,25 @@ static reshard_result_t run_xfer(replay_rank *x, int k) {
 
 static reshard_result_t replay_wait(void *ctx, rs_step step, rs_dep dep) {
   (void)step;
-  replay_rank *x = ctx;
+  replay_plan *x = ctx;
+  const int me = x->plan.rank;
   if (dep.on.kind != RS_STEP_XFER) return RESHARD_SUCCESS; /* done when run: they cost nothing */
-  if (dep.need == RS_NEED_RECEIVED) return wait_list(x, &x->recvd[dep.on.round], "receive", dep.on.round);
+  if (dep.need == RS_NEED_RECEIVED) return wait_list(me, &x->recvd[dep.on.round], "receive", dep.on.round);
   for (; x->sent_upto <= dep.on.round; x->sent_upto++)
-    RS_CHECK(wait_list(x, &x->sent[x->sent_upto], "send", x->sent_upto));
+    RS_CHECK(wait_list(me, &x->sent[x->sent_upto], "send", x->sent_upto));
   return RESHARD_SUCCESS;
 }
 
 static reshard_result_t replay_run(void *ctx, rs_step step) {
-  replay_rank *x = ctx;
+  replay_plan *x = ctx;
   switch (step.kind) {
   case RS_STEP_AGREE:
     return run_agree(x);
   case RS_STEP_XFER:
     return run_xfer(x, step.round);
   case RS_STEP_CHECK: /* the walk's end: the agreement's statuses (rs_agree_end) */
-    RS_CHECK(wait_list(x, &x->agree_in, "agreement status receive", -1));
-    return wait_list(x, &x->agree_out, "agreement status send", -1);
+    RS_CHECK(wait_list(x->plan.rank, &x->agree_in, "agreement status receive", -1));
+    return wait_list(x->plan.rank, &x->agree_out, "agreement status send", -1);
   case RS_STEP_PACK:
   case RS_STEP_LOCAL:
   case RS_STEP_UNPACK:
@@ -296,16 +324,21 @@ static reshard_result_t replay_run(void *ctx, rs_step step) {
 
 static const rs_sched_ops replay_ops = {replay_wait, replay_run};
 
+/* A rank's call: its stages' plans one after the other. */
 static void rank_actor(int argc, char **argv) {
   (void)argc, (void)argv;
   replay_rank *x = sg_actor_self_get_data();
-  reshard_result_t r = rs_sched_run(&x->plan, &replay_ops, x);
-  if (r != RESHARD_SUCCESS) {
-    fprintf(stderr, "reshard_replay: rank %d: %s: %s\n", x->plan.rank, reshard_result_string(r), reshard_last_error());
-    x->failed = 1;
+  for (int st = 0; st < R.nstages && !x->failed; st++) {
+    replay_plan *sp = &x->stages[st];
+    reshard_result_t r = rs_sched_run(&sp->plan, &replay_ops, sp);
+    if (r != RESHARD_SUCCESS) {
+      fprintf(stderr, "reshard_replay: rank %d stage %d: %s: %s\n", sp->plan.rank, st, reshard_result_string(r),
+              reshard_last_error());
+      x->failed = 1;
+    }
   }
   x->end_s = simgrid_get_clock();
-  if (wait_list(x, &x->eager, "eager send", -1) != RESHARD_SUCCESS) x->failed = 1;
+  if (wait_list((int)(x - R.ranks), &x->eager, "eager send", -1) != RESHARD_SUCCESS) x->failed = 1;
   x->done = 1;
 }
 
@@ -377,6 +410,7 @@ int main(int argc, char **argv) {
     if (R.ranks[r].end_s > end) end = R.ranks[r].end_s;
   }
   if (bad) return 1;
-  printf("# replay: simulated_s=%.9f ranks=%d messages=%zu wall_s=%.1f\n", end, R.world, R.messages, wall_now() - t0);
+  printf("# replay: simulated_s=%.9f ranks=%d messages=%zu stages=%d wall_s=%.1f\n", end, R.world, R.messages, R.nstages,
+         wall_now() - t0);
   return 0;
 }
