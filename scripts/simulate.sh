@@ -255,7 +255,7 @@ replay_one() {
   preset_platform "$PRESET" "$((nsrc + ndst))" "$nsrc" >"$work/replay.xml"
   start=$SECONDS
   "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-1800}" "${replay_net[@]}" \
-    --log=root.threshold:warning >"$work/replay.txt" 2>&1 || { tail -n 20 "$work/replay.txt"; return 1; }
+    --log=root.threshold:warning >"$work/replay.txt" 2>&1 || { tail -n 20 "$work/replay.txt"; rm -f "$work/sched"; return 1; }
   replay_wall=$((SECONDS - start))
   rm -f "$work/sched"
 }
@@ -317,7 +317,14 @@ if [ "$replay" = 2 ]; then
     if [ -n "${SIM_PANEL_ONLY:-}" ] && ! grep -qE "$SIM_PANEL_ONLY" <<<"$name"; then continue; fi
     tag=$(echo "$name" | tr -c 'A-Za-z0-9.\n-' '_' | cut -c1-24)
     # shellcheck disable=SC2086
-    PRESET=$topo replay_one --model-config "configs/$cfg" --train "$train" --infer "$infer" ${pargs:-} || exit 1
+    if ! PRESET=$topo replay_one --model-config "configs/$cfg" --train "$train" --infer "$infer" ${pargs:-}; then
+      # (a replay past REPLAY_WALL_LIMIT: said in the table, the next scenario runs)
+      cp "$work/plan.txt" "$logs/$tag.plan.txt"
+      cp "$work/replay.txt" "$logs/$tag.replay.txt" 2>/dev/null || true
+      echo "simulate.sh: $name: failed, see $logs/$tag.*.txt" >&2
+      rows+=("| $name | $topo | | | failed or past the wall limit (${REPLAY_WALL_LIMIT:-1800} s) | | | |")
+      continue
+    fi
     cp "$work/plan.txt" "$logs/$tag.plan.txt"
     cp "$work/replay.txt" "$logs/$tag.replay.txt"
     res=$(grep '^# reshard_plan: predicted_s=' "$work/plan.txt")
