@@ -254,11 +254,13 @@ replay_one() {
   read -r nsrc ndst < <(sed -nE 's/^# world [0-9]+ \(([0-9]+) source, ([0-9]+) destination.*/\1 \2/p' "$work/plan.txt")
   preset_platform "$PRESET" "$((nsrc + ndst))" "$nsrc" >"$work/replay.xml"
   start=$SECONDS
-  "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-1800}" "${replay_net[@]}" \
+  "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-1800}" --progress "${replay_net[@]}" \
     --log=root.threshold:warning >"$work/replay.txt" 2>&1 || { tail -n 20 "$work/replay.txt"; rm -f "$work/sched"; return 1; }
   replay_wall=$((SECONDS - start))
   rm -f "$work/sched"
 }
+# a figure of the replay's result line (its --progress lines come before)
+rv() { sed -nE "s/^# replay: .*$1=([^ ;]+).*/\1/p" "$work/replay.txt"; }
 # what a plan left out of the replay: fp8 quantization's gathering
 # pre-plan (reshard_plan leaves it out of its report too; source-side
 # spreading's pre-plan is replayed, as the call's first stage)
@@ -290,8 +292,8 @@ if [ "$replay" = 1 ]; then
     PRESET=$preset replay_one $args || exit 1
     cp "$work/plan.txt" "$logs/$tag.plan.txt"
     cp "$work/replay.txt" "$logs/$tag.replay.txt"
-    r=$(f simulated_s "$work/replay.txt")
-    m=$(f messages "$work/replay.txt")
+    r=$(rv simulated_s)
+    m=$(rv messages)
     echo "simulate.sh: $name: SMPI $smpi_wall s, plan $plan_wall s + replay $replay_wall s" >&2
     rows+=("$(awk -v name="$name$(replay_note)" -v preset="$preset" -v ranks="$nsrc + $ndst" -v t="$t" -v r="$r" \
       -v m="$m" -v sw="$smpi_wall" -v pw="$plan_wall" -v rw="$replay_wall" 'BEGIN {
@@ -330,8 +332,8 @@ if [ "$replay" = 2 ]; then
     res=$(grep '^# reshard_plan: predicted_s=' "$work/plan.txt")
     p=$(sed -nE 's/.*predicted_s=([^ ]+).*/\1/p' <<<"$res")
     l=$(sed -nE 's/.*lower_s=([^ ]+).*/\1/p' <<<"$res")
-    r=$(f simulated_s "$work/replay.txt")
-    m=$(f messages "$work/replay.txt")
+    r=$(rv simulated_s)
+    m=$(rv messages)
     ranks=$(sed -nE 's/^# world [0-9]+ \(([0-9]+) source, ([0-9]+) destination.*/\1 + \2/p' "$work/plan.txt")
     echo "simulate.sh: $name: plan $plan_wall s + replay $replay_wall s" >&2
     rows+=("$(awk -v name="$name$(replay_note)" -v topo="$topo" -v ranks="$ranks" -v m="$m" -v r="$r" -v p="$p" \

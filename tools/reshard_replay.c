@@ -3,7 +3,7 @@
  *
  *   reshard_plan ... --topology PRESET --replay-out plan.sched
  *   reshard_replay plan.sched platform.xml [--wall-limit S]
- *                  [--detach-below BYTES] [--cfg=simgrid/option:value ...]
+ *                  [--detach-below BYTES] [--progress] [--cfg=simgrid/option:value ...]
  *
  * The schedule file (tools/plan_replay.h) holds, per rank, the fields of
  * its plan that the schedule reads (per stage: with source-side spreading
@@ -32,6 +32,9 @@
  * Sends under --detach-below bytes (default 65536, SMPI's
  * smpi/send-is-detached-thresh) complete at once for the sender, as
  * SMPI's eager sends do; the transfer itself still takes its network time.
+ *
+ * --progress: rank 0 says on stderr where it is every 16 rounds
+ * (simulated and wall seconds), to see how far a long run got.
  *
  * Prints, for scripts to parse:
  *   # replay: simulated_s=T ranks=N messages=M stages=G wall_s=W
@@ -90,7 +93,11 @@ static struct {
   replay_rank *ranks;
   long detach_below;
   size_t messages;
+  int progress; /* --progress */
+  double t0;    /* wall seconds at the start */
 } R;
+
+static double wall_now(void);
 
 static char payload; /* what every put carries: nothing is read */
 
@@ -310,6 +317,9 @@ static reshard_result_t replay_run(void *ctx, rs_step step) {
   case RS_STEP_AGREE:
     return run_agree(x);
   case RS_STEP_XFER:
+    if (R.progress && x->plan.rank == 0 && step.round % 16 == 0) /* where a long run is */
+      fprintf(stderr, "# replay progress: rank 0 stage %d round %d of %d: simulated_s=%.6f wall_s=%.1f\n", x->stage,
+              step.round, x->plan.nrounds, simgrid_get_clock(), wall_now() - R.t0);
     return run_xfer(x, step.round);
   case RS_STEP_CHECK: /* the walk's end: the agreement's statuses (rs_agree_end) */
     RS_CHECK(wait_list(x->plan.rank, &x->agree_in, "agreement status receive", -1));
@@ -359,7 +369,7 @@ static double wall_now(void) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: reshard_replay SCHEDULE PLATFORM.xml [--wall-limit S] [--detach-below BYTES] "
+  fprintf(stderr, "usage: reshard_replay SCHEDULE PLATFORM.xml [--wall-limit S] [--detach-below BYTES] [--progress] "
                   "[--cfg=simgrid/option:value ...]\n");
   return 2;
 }
@@ -381,7 +391,7 @@ static int start_actors(void) {
 }
 
 int main(int argc, char **argv) {
-  double t0 = wall_now();
+  double t0 = R.t0 = wall_now();
   simgrid_init(&argc, argv); /* takes the --cfg= and --log= arguments out */
   const char *paths[2] = {NULL, NULL};
   int npaths = 0;
@@ -390,6 +400,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--wall-limit") && i + 1 < argc) wall_limit = strtol(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--detach-below") && i + 1 < argc) R.detach_below = strtol(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--progress")) R.progress = 1;
     else if (argv[i][0] != '-' && npaths < 2) paths[npaths++] = argv[i];
     else return usage();
   }
