@@ -241,7 +241,8 @@ static sg_comm_t post_send(int stage, int from, int to, char kind, uint64_t byte
   sg_comm_t c = sg_mailbox_put_async(mailbox(kind, stage, from, to), &payload, (long)bytes);
   if ((long)bytes >= R.detach_below) return c;
   /* an eager send: done for the sender at once; its comm is completed
-   * after the rank's end time is taken (sg_comm_detach crashes here) */
+   * after the rank's end time is taken (the same for the simulated time
+   * as detaching it, and nothing is left in flight at the end) */
   replay_rank *x = &R.ranks[from];
   if (x->eager.n == x->eager_cap) {
     size_t cap = x->eager_cap ? 2 * x->eager_cap : 64;
