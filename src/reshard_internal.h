@@ -18,6 +18,7 @@
 #include "common/alloc.h"      /* rs_alloc_set_bulk: folded simulation runs */
 #include "common/error.h"      /* rs_result_t, error detail */
 #include "common/params.h"     /* the RESHARD_* parameters */
+#include "exec/schedule.h"     /* the schedule of an execute: reshard_replay walks it */
 #include "layout/layout.h"     /* layouts' internals, rs_hash_bytes */
 #include "pack/copy.h"         /* rs_copy_skip: folded simulation runs */
 #include "pack/quantize.h"     /* the host's fp8 block quantizer */

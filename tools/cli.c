@@ -503,6 +503,10 @@ static int parse_plan_option(int argc, char **argv, int *i, cli_opts *o, cli_see
     VALUE();
     if (!*v) return cli_fail(err, errlen, "--json needs a file name");
     o->json = v;
+  } else if (!strcmp(a, "--replay-out")) {
+    VALUE();
+    if (!*v) return cli_fail(err, errlen, "--replay-out needs a file name");
+    o->replay_out = v;
   } else if (!strcmp(a, "--show-layout")) {
     VALUE();
     if (!strcmp(v, "src")) o->show_layout = 1;
@@ -566,6 +570,9 @@ static int check_synthetic(cli_opts *o, const cli_seen *seen, char *err, size_t 
 static int check_plan(const cli_opts *o, char *err, size_t errlen) {
   if (o->json && (o->show_layout || o->rank >= 0))
     return cli_fail(err, errlen, "--json describes every rank's plan, which %s skips", o->show_layout ? "--show-layout" : "--rank");
+  if (o->replay_out && (o->show_layout || o->rank >= 0))
+    return cli_fail(err, errlen, "--replay-out writes every rank's plan, which %s skips",
+                    o->show_layout ? "--show-layout" : "--rank");
   if (o->show_layout) {
     if (o->topology || o->strict || o->no_check || o->inject_error || o->relay != -1)
       return cli_fail(err, errlen, "--show-layout prints the layout and plans nothing: --topology, --relay, --check, "

@@ -82,6 +82,7 @@ typedef struct cli_opts {
   int digest;      /* --digest: print a hash of each rank's plan */
   int profile;     /* --profile: where the time went */
   const char *json; /* --json FILE: the planned world, machine-readable (tools/plan_json.h) */
+  const char *replay_out; /* --replay-out FILE: every rank's schedule for reshard_replay (tools/plan_replay.h) */
 } cli_opts;
 
 /* Parses argv for the given tool. Returns 0, or -1 with a message in err

@@ -37,6 +37,7 @@
 #include "cost_report.h"
 #include "plan_cost.h"
 #include "plan_json.h"
+#include "plan_replay.h"
 #include "plan_measure.h"
 #include "proc_stats.h"
 #include "reshard_internal.h"
@@ -470,6 +471,7 @@ typedef struct final_pass {
   msgvec sends, recvs;
   int injected;
   pj_world *pj; /* --json: the plans' traffic and cost terms */
+  rp_writer *rp; /* --replay-out: the plans' schedules */
 } final_pass;
 
 static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
@@ -477,6 +479,7 @@ static reshard_result_t final_rank(int r, reshard_plan_t *plan, void *arg) {
   reshard_plan_get_stats(plan, &f->agreed[r]);
   if (f->digest) f->digest[r] = plan_digest(plan);
   if (f->pj) RS_CHECK(pj_add(f->pj, r, plan));
+  if (f->rp) RS_CHECK(rp_add(f->rp, r, plan)); /* before the checker's --inject-error edits it */
   if (!f->check_now) return RESHARD_SUCCESS;
   if (plan->chunk_bytes != f->chunk)
     violation(&f->ck, "rank %d: planned with chunk %zu B, not the agreed %zu B", r, plan->chunk_bytes, f->chunk);
@@ -497,7 +500,8 @@ static int final_init(final_pass *f, const cli_layouts *L, const cli_opts *o, in
   f->agreed = calloc((size_t)world + 1, sizeof *f->agreed);
   if (o->digest) f->digest = calloc((size_t)world + 1, sizeof *f->digest);
   if (o->json) f->pj = pj_create(world);
-  return f->agreed && (!o->digest || f->digest) && (!o->json || f->pj) ? 0 : -1;
+  if (o->replay_out) f->rp = rp_create(world);
+  return f->agreed && (!o->digest || f->digest) && (!o->json || f->pj) && (!o->replay_out || f->rp) ? 0 : -1;
 }
 
 static void final_free(final_pass *f) {
@@ -506,6 +510,7 @@ static void final_free(final_pass *f) {
   free(f->sends.v);
   free(f->recvs.v);
   pj_free(f->pj);
+  rp_free(f->rp);
   memset(f, 0, sizeof *f);
 }
 
@@ -576,6 +581,7 @@ typedef struct plan_tool {
   int spread_kept;        /* source-side spreading kept: its pre-plan's */
   double spread_pre_s;    /* predicted time and the bytes it moves */
   uint64_t spread_moved;
+  rp_writer *pre_rp;      /* --replay-out with spreading kept: the pre-plan's schedules */
 } plan_tool;
 
 /* Options, layouts and world; an exit status when done already (help,
@@ -726,6 +732,29 @@ static void plan_all(plan_tool *t) {
   }
 }
 
+static reshard_result_t pre_rank(int r, reshard_plan_t *plan, void *arg) { return rp_add(arg, r, plan); }
+
+/* --replay-out with spreading kept: the pre-plan runs before the main
+ * plan (src/api/stages.c), so its schedule is the replay's first stage:
+ * planned here as reshard_plan_create plans it (the options with relay 0,
+ * src/plan/create.c), from the caller's sources to the scratch. */
+static void replay_pre_plan(plan_tool *t, const reshard_layout_t *pre_dst) {
+  reshard_options_t po = t->opts;
+  po.relay = 0;
+  po.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER;
+  pw_run *run = NULL;
+  t->pre_rp = rp_create(t->world);
+  reshard_result_t rc =
+      t->pre_rp ? pw_run_create(t->user_src, pre_dst, t->world, &po, &run) : RESHARD_ERROR_OUT_OF_MEMORY;
+  if (!rc) rc = pw_run_plans(run, pre_rank, t->pre_rp);
+  pw_run_free(run);
+  if (rc) {
+    fprintf(stderr, "reshard_plan: error: --replay-out: the spreading pre-plan: %s: %s\n", reshard_result_string(rc),
+            reshard_last_error());
+    t->failed = 1;
+  }
+}
+
 static void spread_sources(plan_tool *t) {
   /* Source-side spreading (plan/spread.h), decided and priced as
    * reshard_plan_create does: from the kept plan's egress per rank, then
@@ -783,6 +812,7 @@ static void spread_sources(plan_tool *t) {
         t->spread_kept = 1;
         t->spread_pre_s = pre_est.seconds;
         t->spread_moved = sl.moved;
+        if (t->o.replay_out) replay_pre_plan(t, sl.pre);
       }
     }
     pw_run_free(mrun);
@@ -923,6 +953,7 @@ static void plan_tool_free(plan_tool *t) {
   final_free(&t->fs2[0]);
   final_free(&t->fs2[1]);
   pw_run_free(t->run);
+  rp_free(t->pre_rp);
   pw_share_first_replica(0);
   if (t->user_src && t->L.src != t->user_src) reshard_layout_destroy(t->user_src);
   free(t->timed);
@@ -961,6 +992,7 @@ int main(int argc, char **argv) {
   if (!t->failed) print_table(t);
   int ok = report(t);
   if (t->o.json && !t->failed && write_json(t)) t->failed = 1;
+  if (t->o.replay_out && !t->failed && rp_write(t->pre_rp, t->f->rp, t->o.replay_out)) t->failed = 1;
   plan_tool_free(t);
   if (t->failed) return 1;
   return t->o.strict && !ok ? 1 : 0;
