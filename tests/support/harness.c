@@ -110,3 +110,17 @@ int64_t th_sync(int nranks, th_sync_args *a) {
   if (a->api_failures) return -1;
   return a->bad;
 }
+
+int64_t th_side_written(const th_side *s) {
+  int64_t n = 0;
+  for (int b = 0; b < s->nbuf; b++)
+    for (size_t i = 0; i < s->bytes[b]; i++) n += s->ptr[b] && s->ptr[b][i] != TH_SENTINEL;
+  return n;
+}
+
+int th_sides_equal(const th_side *a, const th_side *b) {
+  if (a->nbuf != b->nbuf) return 0;
+  for (int i = 0; i < a->nbuf; i++)
+    if (a->bytes[i] != b->bytes[i] || (a->bytes[i] && memcmp(a->ptr[i], b->ptr[i], a->bytes[i]))) return 0;
+  return 1;
+}

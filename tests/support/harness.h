@@ -32,6 +32,13 @@ static inline int64_t th_side_check(const th_side *s,
   return reshard_selftest_check(s, L, rank, step, label);
 }
 
+/* Bytes of s that are not TH_SENTINEL (0: nothing was written to a side
+ * allocated with fill_step -1). */
+int64_t th_side_written(const th_side *s);
+
+/* Whether two sides hold the same buffers, byte for byte. */
+int th_sides_equal(const th_side *a, const th_side *b);
+
 /* Runs fn(rank, comm, arg) on nranks threads of a fresh in-process world;
  * returns the number of ranks whose fn returned non-zero. */
 typedef int (*th_rank_fn)(int rank, reshard_comm_t *comm, void *arg);

@@ -1098,19 +1098,6 @@ typedef struct xcase {
     }                                                               \
   } while (0)
 
-static int64_t bytes_not_sentinel(const th_side *s) {
-  int64_t n = 0;
-  for (int b = 0; b < s->nbuf; b++)
-    for (size_t i = 0; i < s->bytes[b]; i++) n += s->ptr[b] && s->ptr[b][i] != TH_SENTINEL;
-  return n;
-}
-
-static int sides_equal(const th_side *a, const th_side *b) {
-  for (int i = 0; i < a->nbuf; i++)
-    if (a->bytes[i] != b->bytes[i] || (a->bytes[i] && memcmp(a->ptr[i], b->ptr[i], a->bytes[i]))) return 0;
-  return 1;
-}
-
 static int has(const char *msg, const char *sub) { return strstr(msg, sub) != NULL; }
 
 static reshard_plan_t *xcase_plan(xcase *x, int rank, reshard_comm_t *comm) {
@@ -1166,8 +1153,8 @@ static int exec_bad_args_rank(int rank, reshard_comm_t *comm, void *arg) {
     TCHECK(x, rank, has(m, "partners were told"), "bad call %zu: \"partners were told\" not in \"%s\"", i, m);
     for (int k = 0; k < 3 && bad[i].sub[k]; k++)
       TCHECK(x, rank, has(m, bad[i].sub[k]), "bad call %zu: \"%s\" not in \"%s\"", i, bad[i].sub[k], m);
-    TCHECK(x, rank, bytes_not_sentinel(&d) == 0, "bad call %zu wrote destination bytes", i);
-    TCHECK(x, rank, sides_equal(&s, &ref), "bad call %zu changed source bytes", i);
+    TCHECK(x, rank, th_side_written(&d) == 0, "bad call %zu wrote destination bytes", i);
+    TCHECK(x, rank, th_sides_equal(&s, &ref), "bad call %zu changed source bytes", i);
     /* the plan failed with the call: refused at once, saying why */
     r = reshard_plan_execute(plan, (void *const *)s.ptr, 2, (void *const *)d.ptr, 2, NULL);
     TCHECK(x, rank, r == IU && has(reshard_last_error(), "failed earlier, at execute call 0"),
@@ -1226,8 +1213,8 @@ static int exec_one_null_rank(int rank, reshard_comm_t *comm, void *arg) {
   x->code[rank] = reshard_plan_execute(plan, (void *const *)s.ptr, 2, dp, 2, NULL);
   x->secs[rank] = now_s() - t0;
   snprintf(x->msg[rank], MSG_LEN, "%s", reshard_last_error());
-  x->dst_written[rank] = bytes_not_sentinel(&d);
-  TCHECK(x, rank, sides_equal(&s, &ref), "the failed execute changed source bytes");
+  x->dst_written[rank] = th_side_written(&d);
+  TCHECK(x, rank, th_sides_equal(&s, &ref), "the failed execute changed source bytes");
   if (x->retry) {
     /* everyone has seen the failure before anyone retries: the failed
      * plan refuses at once, a new one delivers the step's data (not

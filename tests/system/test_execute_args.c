@@ -86,19 +86,6 @@ static reshard_plan_t *make_plan(xcase *x, int rank, reshard_comm_t *comm) {
 
 static int has(const char *msg, const char *sub) { return strstr(msg, sub) != NULL; }
 
-static int64_t bytes_not_sentinel(const th_side *s) {
-  int64_t n = 0;
-  for (int b = 0; b < s->nbuf; b++)
-    for (size_t i = 0; i < s->bytes[b]; i++) n += s->ptr[b] && s->ptr[b][i] != TH_SENTINEL;
-  return n;
-}
-
-static int sides_equal(const th_side *a, const th_side *b) {
-  for (int i = 0; i < a->nbuf; i++)
-    if (a->bytes[i] != b->bytes[i] || (a->bytes[i] && memcmp(a->ptr[i], b->ptr[i], a->bytes[i]))) return 0;
-  return 1;
-}
-
 static void sized(const th_side *s, reshard_buffer_t *out) {
   for (int b = 0; b < s->nbuf; b++) out[b] = (reshard_buffer_t){s->ptr[b], s->bytes[b]};
 }
@@ -173,8 +160,8 @@ static int bad_rank(int rank, reshard_comm_t *comm, void *arg) {
       RCHECK(x->problems, rank, has(m, "nothing done"), "bad args %d: \"nothing done\" not in \"%s\"", i, m);
       for (int k = 0; k < 2 && want[i][k]; k++)
         RCHECK(x->problems, rank, has(m, want[i][k]), "bad args %d: \"%s\" not in \"%s\"", i, want[i][k], m);
-      RCHECK(x->problems, rank, bytes_not_sentinel(&d) == 0, "bad args %d wrote destination bytes", i);
-      RCHECK(x->problems, rank, sides_equal(&s, &ref), "bad args %d changed source bytes", i);
+      RCHECK(x->problems, rank, th_side_written(&d) == 0, "bad args %d wrote destination bytes", i);
+      RCHECK(x->problems, rank, th_sides_equal(&s, &ref), "bad args %d changed source bytes", i);
       reshard_plan_status_t st = status_of(plan);
       RCHECK(x->problems, rank, st.failed == 0 && st.executes_completed == 0 && st.committed_version == 0,
              "bad args %d changed the plan: failed %d, completed %llu, committed %llu", i, st.failed,
@@ -279,7 +266,7 @@ static int equivalent_rank(int rank, reshard_comm_t *comm, void *arg) {
     if (k % 2 == 0) {
       old_d = d;
     } else {
-      RCHECK(x->problems, rank, sides_equal(&old_d, &d), "form %d and form %d wrote different bytes", k - 1, k);
+      RCHECK(x->problems, rank, th_sides_equal(&old_d, &d), "form %d and form %d wrote different bytes", k - 1, k);
       th_side_free(&old_d);
       th_side_free(&d);
       memset(&old_d, 0, sizeof old_d);
