@@ -72,7 +72,7 @@ def test_commit_in_doubt_settles_as_the_readme_says():
     block between the script's markers, which python/README.md must hold
     verbatim),
     every rank ending at one version."""
-    script = open(os.path.join(ROOT, "tests/python/mpi_in_doubt.py")).read()
+    script = open(os.path.join(ROOT, "tests/python/in_doubt.py")).read()
     block = script.split(
         "# --- python/README.md's recovery advice, as written there ---\n")[1]
     block = block.split("# ----")[0]
@@ -80,5 +80,5 @@ def test_commit_in_doubt_settles_as_the_readme_says():
     # (python/README.md shows it inside a list item: indented by two spaces)
     indented = "".join("  " + line for line in block.splitlines(True))
     assert indented in open(os.path.join(ROOT, "python/README.md")).read(), block
-    rc, out = mpirun(3, "tests/python/mpi_in_doubt.py", timeout=120)
+    rc, out = mpirun(3, "tests/python/in_doubt.py", timeout=120)
     assert rc == 0 and out.count(": OK: in doubt then settled") == 3, out
