@@ -16,9 +16,18 @@ every element checked against the values of its version.
 import sys
 import time
 
+import os
+
 import numpy as np
 
-import reshard
+# RESHARD_TIMEOUT_MS overrides a plan's timeout_ms (src/plan/options.c,
+# rs_options_apply_params), and the test harnesses set it to 30 s: the late
+# rank (1.5 s) would then be on time and nothing would be in doubt. Until
+# this was dropped, the test passed without ever reaching the state it is
+# about. Removed before the library reads its parameters.
+os.environ.pop("RESHARD_TIMEOUT_MS", None)
+
+import reshard  # noqa: E402
 
 if len(sys.argv) == 4:  # UCX: rendezvous, rank, size on the command line
     rendezvous, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -59,6 +68,12 @@ def sync(version):
 
 
 sync(1)
+# Notes that the block below took its except branch, so that a version 2
+# which returned without InDoubtError (the state this test is about never
+# reached) fails instead of passing.
+resolved = []
+_resolve = plan.resolve
+plan.resolve = lambda **kw: resolved.append(1) or _resolve(**kw)
 if rank == late:
     time.sleep(1.5)
 # --- python/README.md's recovery advice, as written there ---
@@ -67,6 +82,8 @@ try:
 except reshard.InDoubtError:
     plan.resolve(timeout_ms=60000)  # the late ranks' votes decide: forward or back
 # ------------------------------------------------------
+if rank != late and not resolved:
+    fail("version 2 returned without InDoubtError: the state under test was not reached")
 st = plan.status()
 if rank != late and st.executes_completed != 2:
     fail("version 2 was not settled forward: %s" % (st,))
