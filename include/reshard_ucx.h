@@ -34,6 +34,55 @@ extern "C" {
 reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int size, int timeout_ms,
                                          reshard_comm_t **out);
 
+/* Replacing a rank without rebuilding the others' communicator: the
+ * process of rank `rank` (1 .. size-1) died or left, and a new process
+ * takes its slot. The staying ranks (every rank but `rank`) call
+ * reshard_comm_ucx_rejoin(comm, rank, timeout_ms) on their communicator;
+ * the newcomer calls reshard_comm_create_ucx_joining with the
+ * communicator's rendezvous, `rank` and size. The staying ranks keep
+ * their UCX context, worker, endpoints to one another, and everything
+ * registered on them; each closes its endpoint to the old process,
+ * drops the messages it left behind, and connects to the newcomer.
+ *
+ * How: every staying rank sends rank 0 its counters (agreements made,
+ * plans created, rejoins done) and the rank it replaces; rank 0 listens on
+ * the rendezvous again (only for the length of the call: the port is free
+ * between rejoins), takes the newcomer's worker address, and sends every
+ * staying rank the address and the newcomer the address table, both with
+ * the agreed counters: the numbering of agreements starts past every
+ * rank's, and the rejoin count salts the message tags, so nothing the
+ * old process sent, and no agreement a rank abandoned, can pair with the
+ * newcomer's messages. A last agreement over all ranks (the newcomer's
+ * first) ends it. Every wait ends timeout_ms after the call (< 1:
+ * RESHARD_TIMEOUT_MS, else 60000) with RESHARD_ERROR_TIMEOUT, e.g. when
+ * no newcomer arrives or a staying rank does not call.
+ *
+ * Refused with RESHARD_ERROR_INVALID_ARGUMENT, the communicator unchanged:
+ * rank 0 (it holds the rendezvous: make a new communicator), a rank out
+ * of range, the calling rank itself, a communicator of another transport.
+ * Any other failure (TIMEOUT, MISMATCH when the staying ranks name
+ * different ranks, BACKEND) leaves the communicator failed: every later
+ * use returns RESHARD_ERROR_INVALID_USAGE; destroy it.
+ *
+ * Plans: a plan whose execute failed because the old process died is
+ * failed (reshard_plan_get_status); plans made before the rejoin must be
+ * destroyed, and the staying ranks and the newcomer create the plans they
+ * need again (collective over all of them, as at first). Not thread-safe
+ * with other calls on the same communicator: no plan of it may run
+ * during the rejoin. The replaced process must be gone (or never touch
+ * its communicator again). */
+reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *comm, int rank, int timeout_ms);
+
+/* The newcomer's side of reshard_comm_ucx_rejoin: a communicator of
+ * `size` in which this process is `rank` (1 .. size-1, the replaced
+ * rank's slot), made with the staying ranks' rendezvous. It connects to
+ * rank 0 (retrying until rank 0 listens inside its rejoin), receives the
+ * table of addresses and the agreed counters, and connects to every
+ * rank. Its deadline, result codes and cleanup are reshard_comm_create_
+ * ucx's; rank 0 is refused (INVALID_ARGUMENT). */
+reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int rank, int size, int timeout_ms,
+                                                 reshard_comm_t **out);
+
 #ifdef __cplusplus
 }
 #endif

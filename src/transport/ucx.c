@@ -46,6 +46,13 @@
 /* (collective numbers below this; the rendezvous' own two tags above) */
 #define TAG_ADDRESS (COLL_BIT | (1ull << 38) | 1)
 #define TAG_TABLE (COLL_BIT | (1ull << 38) | 2)
+/* replacing a rank (reshard_comm_ucx_rejoin): the newcomer's address to
+ * rank 0, rank 0's table to the newcomer, the staying ranks' counters to
+ * rank 0 and rank 0's answer to them */
+#define TAG_JOIN (COLL_BIT | (1ull << 38) | 3)
+#define TAG_JOIN_TABLE (COLL_BIT | (1ull << 38) | 4)
+#define TAG_REJOIN_IN (COLL_BIT | (1ull << 38) | 5)
+#define TAG_REJOIN_OUT (COLL_BIT | (1ull << 38) | 6)
 #define AGREE_WORDS (RS_AGREE_MAX_WORDS + 2) /* values, n, ~n */
 
 struct rs_request {
@@ -59,6 +66,7 @@ struct rs_request {
  * one's. */
 typedef struct ux_coll {
   int n;
+  int cut; /* a rank it waited for was replaced (rejoin): it never completes */
   uint64_t *mine;  /* AGREE_WORDS */
   uint64_t *theirs; /* size x AGREE_WORDS */
   rs_request **send, **recv; /* size each (this rank's own: NULL) */
@@ -78,13 +86,29 @@ typedef struct ux_comm {
   int *peer_failed;   /* a UCP error on that endpoint */
   int boot_failed;    /* on boot_ep */
   uint64_t coll_seq;
+  /* Rejoins completed: salts the data tags, so that a message of the
+   * replaced process (or of a plan before the rejoin) never pairs with
+   * one of the newcomer's. */
+  uint64_t epoch;
+  int failed; /* a rejoin failed: every operation refuses (destroy it) */
+  struct sockaddr_in rdv; /* the rendezvous, listened on again by rejoin */
+  char rdv_name[256];
+  /* rank 0: every rank's worker address (a newcomer gets the table) */
+  void **addrs;
+  size_t *alens;
   /* abandoned collectives (allreduce_late): ticket = index + 1 */
   ux_coll **abandoned;
   int nabandoned;
 } ux_comm;
 
-static ucp_tag_t data_tag(int sender, uint64_t tag) {
-  return (uint64_t)sender << RANK_SHIFT | (rs_mix64(tag) & LOW_MASK);
+static ucp_tag_t data_tag(const ux_comm *m, int sender, uint64_t tag) {
+  return (uint64_t)sender << RANK_SHIFT | (rs_mix64(tag + m->epoch * 0x9E3779B97F4A7C15ull) & LOW_MASK);
+}
+
+/* After a failed rejoin the endpoint of the replaced rank is gone. */
+static reshard_result_t refuse_failed(const reshard_comm_t *c) {
+  return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: this UCX communicator failed in reshard_comm_ucx_rejoin "
+                  "(see that call's error); destroy it", c->rank);
 }
 
 static ucp_tag_t coll_tag(int sender, uint64_t seq) {
@@ -161,12 +185,16 @@ static reshard_result_t post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *b
 
 static reshard_result_t ux_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
                                  rs_request **req) {
-  return post(c, peer, data_tag(c->rank, tag), (void *)buf, bytes, 0, req);
+  const ux_comm *m = c->impl;
+  if (m->failed) return refuse_failed(c);
+  return post(c, peer, data_tag(m, c->rank, tag), (void *)buf, bytes, 0, req);
 }
 
 static reshard_result_t ux_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
                                  rs_request **req) {
-  return post(c, peer, data_tag(peer, tag), buf, bytes, 1, req);
+  const ux_comm *m = c->impl;
+  if (m->failed) return refuse_failed(c);
+  return post(c, peer, data_tag(m, peer, tag), buf, bytes, 1, req);
 }
 
 /* The result of a completed request; frees it. */
@@ -334,6 +362,7 @@ static reshard_result_t ux_allreduce(reshard_comm_t *c, uint64_t *vals, int n, i
   if (n < 0 || n > RS_AGREE_MAX_WORDS)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: an agreement of %d values (at most %d)", c->rank, n,
                     RS_AGREE_MAX_WORDS);
+  if (m->failed) return refuse_failed(c);
   const uint64_t seq = ++m->coll_seq;
   ux_coll *k = NULL;
   RS_CHECK(coll_start(c, seq, vals, n, &k));
@@ -379,6 +408,9 @@ static reshard_result_t ux_allreduce_late(reshard_comm_t *c, uint64_t *ticket, u
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: no abandoned agreement %llu", c->rank,
                     (unsigned long long)*ticket);
   ux_coll *k = m->abandoned[*ticket - 1];
+  if (k->cut)
+    return rs_error(RESHARD_ERROR_BACKEND, "rank %d: agreement %llu waited for a rank that was replaced since "
+                    "(reshard_comm_ucx_rejoin): it can never complete", c->rank, (unsigned long long)*ticket);
   if (k->n != n)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: agreement %llu had %d values, not %d", c->rank,
                     (unsigned long long)*ticket, k->n, n);
@@ -415,11 +447,11 @@ static void close_ep(ux_comm *m, ucp_ep_h ep) {
 /* Messages no receive matched (a failed call's, sent after its
  * partners gave up) are taken off the worker before it goes, quietly:
  * UCX warns about each one left. */
-static void drain_unexpected(ux_comm *m) {
+static void drain_unexpected(ux_comm *m, ucp_tag_t tag, ucp_tag_t mask) {
   for (int k = 0; k < 100000; k++) {
     ucp_tag_recv_info_t info;
     ucp_worker_progress(m->worker);
-    ucp_tag_message_h msg = ucp_tag_probe_nb(m->worker, 0, 0, 1, &info);
+    ucp_tag_message_h msg = ucp_tag_probe_nb(m->worker, tag, mask, 1, &info);
     if (!msg) return;
     void *buf = malloc(info.length ? info.length : 1);
     if (!buf) return;
@@ -447,7 +479,7 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   for (int i = 0; i < m->nabandoned; i++) coll_free(c, m->abandoned[i]);
   free(m->abandoned);
   pthread_mutex_lock(&m->lock);
-  if (m->worker) drain_unexpected(m);
+  if (m->worker) drain_unexpected(m, 0, 0);
   for (int i = 0; m->ep && i < c->size; i++) close_ep(m, m->ep[i]);
   close_ep(m, m->boot_ep);
   for (int i = 0; i < m->naccepted; i++) close_ep(m, m->accepted[i]);
@@ -462,6 +494,9 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   free(m->accepted);
   free(m->conn_req);
   free(m->peer_failed);
+  for (int i = 0; m->addrs && i < c->size; i++) free(m->addrs[i]);
+  free(m->addrs);
+  free(m->alens);
   free(m);
 }
 
@@ -585,31 +620,72 @@ static reshard_result_t boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_
 
 /* Rank 0: accepts the others' connections and collects their worker
  * addresses; table: size entries of {length, bytes}. */
+/* Rank 0: turns the connection requests that arrived into endpoints.
+ * (Under the lock.) */
+static void accept_pending(ux_comm *m) {
+  for (int i = 0; i < m->nconn_req; i++) {
+    if (!m->conn_req[i]) continue;
+    ucp_ep_params_t p = ep_params(m);
+    p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    p.conn_request = m->conn_req[i];
+    m->conn_req[i] = NULL;
+    ucp_ep_h ep = NULL;
+    if (m->naccepted == m->accepted_cap) {
+      int cap = m->accepted_cap ? 2 * m->accepted_cap : 16;
+      ucp_ep_h *grown = realloc(m->accepted, (size_t)cap * sizeof *grown);
+      if (!grown) {
+        ucp_listener_reject(m->listener, p.conn_request);
+        continue;
+      }
+      m->accepted = grown;
+      m->accepted_cap = cap;
+    }
+    if (ucp_ep_create(m->worker, &p, &ep) == UCS_OK) m->accepted[m->naccepted++] = ep;
+  }
+}
+
+/* Rank 0: listens on the rendezvous (at creation, and again while a rank
+ * is replaced). */
+static reshard_result_t listen_on(reshard_comm_t *c, const char *who) {
+  ux_comm *m = c->impl;
+  ucp_listener_params_t lp;
+  memset(&lp, 0, sizeof lp);
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = (const struct sockaddr *)&m->rdv;
+  lp.sockaddr.addrlen = sizeof m->rdv;
+  lp.conn_handler.cb = on_conn_request;
+  lp.conn_handler.arg = m;
+  pthread_mutex_lock(&m->lock);
+  ucs_status_t s = ucp_listener_create(m->worker, &lp, &m->listener);
+  pthread_mutex_unlock(&m->lock);
+  if (s != UCS_OK)
+    return rs_error(RESHARD_ERROR_BACKEND, "%s rank 0: cannot listen on %s: %s", who, m->rdv_name,
+                    s == UCS_ERR_BUSY ? "the address is in use (another process listens there?)"
+                                      : ucs_status_string(s));
+  return RESHARD_SUCCESS;
+}
+
+/* Rank 0: the listener's work is done, the port is free again;
+ * connections not accepted yet are refused. */
+static void stop_listening(ux_comm *m) {
+  pthread_mutex_lock(&m->lock);
+  for (int i = 0; i < m->nconn_req; i++)
+    if (m->conn_req[i] && m->listener) ucp_listener_reject(m->listener, m->conn_req[i]);
+  m->nconn_req = 0;
+  if (m->listener) ucp_listener_destroy(m->listener);
+  m->listener = NULL;
+  pthread_mutex_unlock(&m->lock);
+}
+
+/* Rank 0: accepts the others' connections and collects their worker
+ * addresses; addr[p] = {size, address} as each sent it. */
 static reshard_result_t boot_collect(reshard_comm_t *c, void **addr, size_t *alen, int64_t deadline) {
   ux_comm *m = c->impl;
   int have = 1;
   while (have < c->size) {
     pthread_mutex_lock(&m->lock);
     ucp_worker_progress(m->worker);
-    for (int i = 0; i < m->nconn_req; i++) {
-      if (!m->conn_req[i]) continue;
-      ucp_ep_params_t p = ep_params(m);
-      p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-      p.conn_request = m->conn_req[i];
-      m->conn_req[i] = NULL;
-      ucp_ep_h ep = NULL;
-      if (m->naccepted == m->accepted_cap) {
-        int cap = m->accepted_cap ? 2 * m->accepted_cap : 16;
-        ucp_ep_h *grown = realloc(m->accepted, (size_t)cap * sizeof *grown);
-        if (!grown) {
-          ucp_listener_reject(m->listener, p.conn_request);
-          continue;
-        }
-        m->accepted = grown;
-        m->accepted_cap = cap;
-      }
-      if (ucp_ep_create(m->worker, &p, &ep) == UCS_OK) m->accepted[m->naccepted++] = ep;
-    }
+    accept_pending(m);
     pthread_mutex_unlock(&m->lock);
     void *buf = NULL;
     size_t len = 0;
@@ -645,6 +721,32 @@ static reshard_result_t boot_collect(reshard_comm_t *c, void **addr, size_t *ale
   return RESHARD_SUCCESS;
 }
 
+/* An endpoint to rank p's worker address. */
+static reshard_result_t connect_one(reshard_comm_t *c, int p, const void *address) {
+  ux_comm *m = c->impl;
+  ucp_ep_params_t ep = ep_params(m);
+  /* UCP's peer-failure mode leaves out the transports that cannot
+   * report a dead peer: in UCX 1.13, shared memory, so every byte
+   * between processes of a node would cross the loopback TCP stack
+   * (2.8 x MPI's time with 4 processes on 2 cores; 0.98 x without).
+   * Off by default: a dead peer then costs the deadline, as on MPI. */
+  int64_t peer_errors = 0;
+  rs_param_get(RS_PARAM_UCX_PEER_ERRORS, &peer_errors);
+  if (!peer_errors) ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep.address = (const ucp_address_t *)address;
+  pthread_mutex_lock(&m->lock);
+  ucs_status_t s = ucp_ep_create(m->worker, &ep, &m->ep[p]);
+  m->peer_failed[p] = 0;
+  pthread_mutex_unlock(&m->lock);
+  if (s != UCS_OK) {
+    m->ep[p] = NULL;
+    return ux_fail(s, "ucp_ep_create", c->rank, p);
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* table: {address length, address} per rank. */
 static reshard_result_t connect_all(reshard_comm_t *c, const uint8_t *table, size_t len) {
   ux_comm *m = c->impl;
   size_t at = 0;
@@ -654,25 +756,8 @@ static reshard_result_t connect_all(reshard_comm_t *c, const uint8_t *table, siz
     memcpy(&n, table + at, 8);
     at += 8;
     if (n > len - at) break;
-    ucp_ep_params_t ep = ep_params(m);
-    /* UCP's peer-failure mode leaves out the transports that cannot
-     * report a dead peer: in UCX 1.13, shared memory, so every byte
-     * between processes of a node would cross the loopback TCP stack
-     * (2.8 x MPI's time with 4 processes on 2 cores; 0.98 x without).
-     * Off by default: a dead peer then costs the deadline, as on MPI. */
-    int64_t peer_errors = 0;
-    rs_param_get(RS_PARAM_UCX_PEER_ERRORS, &peer_errors);
-    if (!peer_errors) ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = (const ucp_address_t *)(table + at);
+    RS_CHECK(connect_one(c, p, table + at));
     at += n;
-    pthread_mutex_lock(&m->lock);
-    ucs_status_t s = ucp_ep_create(m->worker, &ep, &m->ep[p]);
-    pthread_mutex_unlock(&m->lock);
-    if (s != UCS_OK) {
-      m->ep[p] = NULL;
-      return ux_fail(s, "ucp_ep_create", c->rank, p);
-    }
   }
   for (int p = 0; p < c->size; p++)
     if (!m->ep[p])
@@ -681,12 +766,32 @@ static reshard_result_t connect_all(reshard_comm_t *c, const uint8_t *table, siz
   return RESHARD_SUCCESS;
 }
 
+/* Rank 0: the table of m->addrs after `head` bytes of header (zeroed),
+ * malloc'd. */
+static reshard_result_t build_table(reshard_comm_t *c, size_t head, uint8_t **out, size_t *len) {
+  ux_comm *m = c->impl;
+  size_t n = head;
+  for (int p = 0; p < c->size; p++) n += 8 + m->alens[p];
+  uint8_t *t = calloc(1, n);
+  if (!t) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank 0: out of memory for the address table");
+  size_t at = head;
+  for (int p = 0; p < c->size; p++) {
+    uint64_t a = m->alens[p];
+    memcpy(t + at, &a, 8);
+    memcpy(t + at + 8, m->addrs[p], a);
+    at += 8 + a;
+  }
+  *out = t;
+  *len = n;
+  return RESHARD_SUCCESS;
+}
+
 /* A rank other than 0: connects to the rendezvous and sends its worker
- * address (with its size). Rank 0 may not listen yet: a refused
- * connection is retried on a new endpoint every 20 ms until the
- * deadline. */
+ * address (with its size) under `tag` (TAG_ADDRESS, or TAG_JOIN for a
+ * newcomer). Rank 0 may not listen yet: a refused connection is retried
+ * on a new endpoint every 20 ms until the deadline. */
 static reshard_result_t boot_send_address(reshard_comm_t *c, const struct sockaddr_in *sa, const void *msg,
-                                          size_t len, int64_t deadline) {
+                                          size_t len, ucp_tag_t tag, int64_t deadline) {
   ux_comm *m = c->impl;
   for (;;) {
     ucp_ep_params_t ep = ep_params(m);
@@ -706,8 +811,7 @@ static reshard_result_t boot_send_address(reshard_comm_t *c, const struct sockad
     m->boot_failed = 0;
     ucs_status_t s = ucp_ep_create(m->worker, &ep, &m->boot_ep);
     ucs_status_ptr_t sp = NULL;
-    if (s == UCS_OK)
-      sp = ucp_tag_send_nbx(m->boot_ep, msg, len, (uint64_t)c->rank << RANK_SHIFT | TAG_ADDRESS, &p);
+    if (s == UCS_OK) sp = ucp_tag_send_nbx(m->boot_ep, msg, len, (uint64_t)c->rank << RANK_SHIFT | tag, &p);
     pthread_mutex_unlock(&m->lock);
     if (s != UCS_OK) {
       m->boot_ep = NULL;
@@ -736,22 +840,73 @@ static reshard_result_t boot_send_address(reshard_comm_t *c, const struct sockad
     pthread_mutex_unlock(&m->lock);
     if (rs_now_ns() > deadline)
       return rs_error(RESHARD_ERROR_TIMEOUT, "comm_create_ucx rank %d: rank 0 did not accept this rank's connection "
-                      "before the deadline (is it listening on the rendezvous address?)", c->rank);
+                      "before the deadline (is it listening on the rendezvous address%s?)", c->rank,
+                      tag == TAG_JOIN ? ", inside reshard_comm_ucx_rejoin" : "");
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
   }
 }
 
-static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int64_t deadline) {
+/* The counters a newcomer takes from rank 0 (the header of its table, and
+ * of the staying ranks' answer): they must equal the staying ranks'. */
+enum { JOIN_EPOCH, JOIN_SEQ, JOIN_PLANS, JOIN_WORDS };
+
+static void take_counters(reshard_comm_t *c, const uint64_t *w) {
   ux_comm *m = c->impl;
-  struct sockaddr_in sa;
-  RS_CHECK(resolve(rendezvous, c->rank, &sa));
+  m->epoch = w[JOIN_EPOCH];
+  m->coll_seq = w[JOIN_SEQ];
+  c->plans_created = (uint32_t)w[JOIN_PLANS];
+}
+
+/* Rank 0 at creation: listens, collects every address, keeps them (a
+ * newcomer gets the table later), hands the table out. */
+static reshard_result_t setup_root(reshard_comm_t *c, const uint8_t *mine, size_t mylen, int64_t deadline) {
+  ux_comm *m = c->impl;
+  void **addr = calloc((size_t)c->size, sizeof *addr);
+  size_t *alen = calloc((size_t)c->size, sizeof *alen);
+  if (!addr || !alen) {
+    free(addr);
+    free(alen);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx: out of memory");
+  }
+  m->addrs = addr;
+  m->alens = alen;
+  reshard_result_t r = listen_on(c, "comm_create_ucx");
+  if (!r) r = boot_collect(c, addr, alen, deadline);
+  stop_listening(m);
+  /* addr[p] held {size, address}: the address alone is kept */
+  for (int p = 1; !r && p < c->size; p++) {
+    memmove(addr[p], (uint8_t *)addr[p] + 8, alen[p] - 8);
+    alen[p] -= 8;
+  }
+  if (!r && !(addr[0] = malloc(mylen ? mylen : 1))) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx: out of memory");
+  if (!r) memcpy(addr[0], mine, mylen), alen[0] = mylen;
+  uint8_t *table = NULL;
+  size_t tlen = 0;
+  if (!r) r = build_table(c, 0, &table, &tlen);
+  if (!r) r = connect_all(c, table, tlen);
+  for (int p = 1; !r && p < c->size; p++) {
+    rs_request *q = NULL;
+    r = post(c, p, (uint64_t)0 << RANK_SHIFT | TAG_TABLE, table, tlen, 0, &q);
+    if (!r) r = boot_wait(c, q, deadline, "sending the address table");
+  }
+  free(table);
+  return r;
+}
+
+/* Every rank (a newcomer too, `joining`): UCP, its worker, the rendezvous,
+ * the endpoints to every rank, a first agreement. */
+static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int joining, int64_t deadline) {
+  ux_comm *m = c->impl;
+  RS_CHECK(resolve(rendezvous, c->rank, &m->rdv));
+  snprintf(m->rdv_name, sizeof m->rdv_name, "%s", rendezvous);
   ucp_config_t *cfg = NULL;
   ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
   if (s != UCS_OK) return ux_fail(s, "ucp_config_read", c->rank, -1);
   /* The rendezvous port is listened on again by the next communicator
-   * (or after a failed creation) while the last one's connections are in
-   * TIME_WAIT: SO_REUSEADDR, unless the caller set UCX_CM_REUSEADDR. */
+   * (or after a failed creation, or by a rejoin) while the last one's
+   * connections are in TIME_WAIT: SO_REUSEADDR, unless the caller set
+   * UCX_CM_REUSEADDR. */
   if (!getenv("UCX_CM_REUSEADDR")) (void)ucp_config_modify(cfg, "CM_REUSEADDR", "y");
   ucp_params_t pp;
   memset(&pp, 0, sizeof pp);
@@ -779,63 +934,26 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int64_t
   memcpy(mine + 8, my, mylen);
   ucp_worker_release_address(m->worker, my);
   reshard_result_t r = RESHARD_SUCCESS;
-  void *table = NULL;
-  size_t tlen = 0;
   if (c->rank == 0) {
-    ucp_listener_params_t lp;
-    memset(&lp, 0, sizeof lp);
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = (const struct sockaddr *)&sa;
-    lp.sockaddr.addrlen = sizeof sa;
-    lp.conn_handler.cb = on_conn_request;
-    lp.conn_handler.arg = m;
-    void **addr = calloc((size_t)c->size, sizeof *addr);
-    size_t *alen = calloc((size_t)c->size, sizeof *alen);
-    if (!addr || !alen) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx: out of memory");
-    if (!r && (s = ucp_listener_create(m->worker, &lp, &m->listener)) != UCS_OK)
-      r = rs_error(RESHARD_ERROR_BACKEND, "comm_create_ucx rank 0: cannot listen on %s: %s", rendezvous,
-                   s == UCS_ERR_BUSY ? "the address is in use (another process listens there?)"
-                                     : ucs_status_string(s));
-    if (!r) {
-      addr[0] = mine;
-      alen[0] = 8 + mylen;
-      mine = NULL;
-      r = boot_collect(c, addr, alen, deadline);
-    }
-    /* the table: {address length, address} per rank */
-    for (int p = 0; !r && p < c->size; p++) tlen += 8 + alen[p] - 8;
-    if (!r && !(table = malloc(tlen ? tlen : 1))) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx: out of memory");
-    for (int p = 0, at = 0; !r && p < c->size; p++) {
-      uint64_t n = alen[p] - 8;
-      memcpy((uint8_t *)table + at, &n, 8);
-      memcpy((uint8_t *)table + at + 8, (uint8_t *)addr[p] + 8, n);
-      at += 8 + (int)n;
-    }
-    for (int p = 0; addr && p < c->size; p++) free(addr[p]);
-    free(addr);
-    free(alen);
-    /* the listener's work is done: the port is free again */
-    if (m->listener) {
-      pthread_mutex_lock(&m->lock);
-      ucp_listener_destroy(m->listener);
-      m->listener = NULL;
-      pthread_mutex_unlock(&m->lock);
-    }
-    if (!r) r = connect_all(c, table, tlen);
-    for (int p = 1; !r && p < c->size; p++) {
-      rs_request *q = NULL;
-      r = post(c, p, (uint64_t)0 << RANK_SHIFT | TAG_TABLE, table, tlen, 0, &q);
-      if (!r) r = boot_wait(c, q, deadline, "sending the address table");
-    }
+    r = setup_root(c, mine + 8, mylen, deadline);
   } else {
-    r = boot_send_address(c, &sa, mine, 8 + mylen, deadline);
+    void *table = NULL;
+    size_t tlen = 0, head = joining ? JOIN_WORDS * 8 : 0;
+    r = boot_send_address(c, &m->rdv, mine, 8 + mylen, joining ? TAG_JOIN : TAG_ADDRESS, deadline);
     if (!r)
-      r = boot_recv_any(c, TAG_TABLE, UINT64_MAX, deadline, deadline, "the address table from rank 0", &table, &tlen,
-                        NULL);
-    if (!r) r = connect_all(c, table, tlen);
+      r = boot_recv_any(c, joining ? TAG_JOIN_TABLE : TAG_TABLE, UINT64_MAX, deadline, deadline,
+                        "the address table from rank 0", &table, &tlen, NULL);
+    if (!r && tlen < head)
+      r = rs_error(RESHARD_ERROR_MISMATCH, "comm_create_ucx_joining rank %d: rank 0's answer is short", c->rank);
+    if (!r && joining) {
+      uint64_t w[JOIN_WORDS];
+      memcpy(w, table, sizeof w);
+      take_counters(c, w);
+    }
+    if (!r) r = connect_all(c, (uint8_t *)table + head, tlen - head);
+    free(table);
   }
   free(mine);
-  free(table);
   if (r) return r;
   /* every rank connected to every other: a first agreement */
   uint64_t one = 1;
@@ -844,22 +962,30 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int64_t
   return r;
 }
 
-reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int size, int timeout_ms,
-                                         reshard_comm_t **out) {
-  rs_error_clear();
-  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx: out is NULL");
-  *out = NULL;
-  if (size < 1 || size >= MAX_RANKS)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx: size %d (1 to %d)", size, MAX_RANKS - 1);
-  if (rank < 0 || rank >= size)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx: rank %d of size %d", rank, size);
+static int64_t deadline_of(int timeout_ms) {
   int64_t ms = timeout_ms;
   if (ms < 1) {
     ms = 60000;
     int64_t v = 0;
     if (rs_param_get(RS_PARAM_TIMEOUT_MS, &v) && v >= 1) ms = v;
   }
-  const int64_t deadline = rs_deadline_after_ms(ms);
+  return rs_deadline_after_ms(ms);
+}
+
+static reshard_result_t create(const char *rendezvous, int rank, int size, int timeout_ms, int joining,
+                               reshard_comm_t **out) {
+  const char *fn = joining ? "comm_create_ucx_joining" : "comm_create_ucx";
+  rs_error_clear();
+  if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  *out = NULL;
+  if (size < 1 || size >= MAX_RANKS)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: size %d (1 to %d)", fn, size, MAX_RANKS - 1);
+  if (rank < 0 || rank >= size)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: rank %d of size %d", fn, rank, size);
+  if (joining && rank == 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: rank 0 holds the rendezvous and cannot be replaced; a "
+                    "newcomer takes the slot of a rank 1 .. size-1", fn);
+  const int64_t deadline = deadline_of(timeout_ms);
   reshard_comm_t *c = calloc(1, sizeof *c);
   ux_comm *m = calloc(1, sizeof *m);
   if (m) {
@@ -870,7 +996,7 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
     if (m) free(m->ep), free(m->peer_failed);
     free(c);
     free(m);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx: out of memory");
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "%s: out of memory", fn);
   }
   pthread_mutex_init(&m->lock, NULL);
   m->size = size;
@@ -878,13 +1004,196 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
   c->size = size;
   c->ops = &rs_ucx_ops;
   c->impl = m;
-  reshard_result_t r = setup(c, rendezvous, deadline);
+  reshard_result_t r = setup(c, rendezvous, joining, deadline);
   if (r) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", reshard_last_error());
+    snprintf(msg, sizeof msg, "%s%s", joining ? "(joining) " : "", reshard_last_error());
     reshard_comm_destroy(c);
     return rs_error(r, "%s", msg);
   }
   *out = c;
   return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int size, int timeout_ms,
+                                         reshard_comm_t **out) {
+  return create(rendezvous, rank, size, timeout_ms, 0, out);
+}
+
+reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int rank, int size, int timeout_ms,
+                                                 reshard_comm_t **out) {
+  return create(rendezvous, rank, size, timeout_ms, 1, out);
+}
+
+/* ---- replacing a rank (reshard_comm_ucx_rejoin) ---- */
+
+/* Forgets the process in slot r: its endpoint, what it sent that nobody
+ * received, and the abandoned agreements' messages to or from it (those
+ * agreements can never complete now). */
+static void forget_rank(reshard_comm_t *c, int r) {
+  ux_comm *m = c->impl;
+  for (int i = 0; i < m->nabandoned; i++) {
+    ux_coll *k = m->abandoned[i];
+    if (!k) continue;
+    if (k->recv[r]) ux_cancel(c, k->recv[r]), k->recv[r] = NULL, k->cut = 1;
+    if (k->send[r]) ux_cancel(c, k->send[r]), k->send[r] = NULL, k->cut = 1;
+  }
+  pthread_mutex_lock(&m->lock);
+  close_ep(m, m->ep[r]);
+  m->ep[r] = NULL;
+  m->peer_failed[r] = 0;
+  drain_unexpected(m, (uint64_t)r << RANK_SHIFT, ~(uint64_t)0 << RANK_SHIFT);
+  pthread_mutex_unlock(&m->lock);
+}
+
+/* Sends a small message to p under tag (the sender's rank added) and
+ * waits for it. */
+static reshard_result_t send_wait(reshard_comm_t *c, int p, ucp_tag_t tag, const void *buf, size_t len,
+                                  int64_t deadline, const char *what) {
+  rs_request *q = NULL;
+  RS_CHECK(post(c, p, (uint64_t)c->rank << RANK_SHIFT | tag, (void *)buf, len, 0, &q));
+  return boot_wait(c, q, deadline, what);
+}
+
+/* Rank 0: waits for the newcomer's address (TAG_JOIN from rank r),
+ * accepting its connection; *addr = the address, malloc'd. */
+static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadline, void **addr, size_t *alen) {
+  ux_comm *m = c->impl;
+  for (;;) {
+    pthread_mutex_lock(&m->lock);
+    ucp_worker_progress(m->worker);
+    accept_pending(m);
+    pthread_mutex_unlock(&m->lock);
+    void *buf = NULL;
+    size_t len = 0;
+    int64_t slice = rs_now_ns() + 2000000;
+    reshard_result_t res = boot_recv_any(c, (uint64_t)r << RANK_SHIFT | TAG_JOIN, UINT64_MAX,
+                                         slice < deadline ? slice : deadline, deadline, "the newcomer's address",
+                                         &buf, &len, NULL);
+    if (res == RESHARD_ERROR_TIMEOUT && rs_now_ns() < deadline) continue;
+    if (res == RESHARD_ERROR_TIMEOUT)
+      return rs_error(RESHARD_ERROR_TIMEOUT, "no process joined as rank %d before the deadline (did one call "
+                      "reshard_comm_create_ucx_joining with rank %d and the same rendezvous %s?)", r, r, m->rdv_name);
+    if (res) return res;
+    uint64_t their_size = 0;
+    if (len >= 8) memcpy(&their_size, buf, 8);
+    if (len < 8 || their_size != (uint64_t)c->size) {
+      free(buf);
+      return rs_error(RESHARD_ERROR_MISMATCH, "the newcomer as rank %d passed size %llu, this communicator has %d",
+                      r, (unsigned long long)their_size, c->size);
+    }
+    memmove(buf, (uint8_t *)buf + 8, len - 8);
+    *addr = buf;
+    *alen = len - 8;
+    return RESHARD_SUCCESS;
+  }
+}
+
+/* Rank 0's side: the staying ranks' counters, the newcomer's address, the
+ * agreed counters to every staying rank (with the address) and to the
+ * newcomer (with the table). w: the counters, agreed on return. */
+static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline) {
+  ux_comm *m = c->impl;
+  for (int p = 1; p < c->size; p++) {
+    if (p == r) continue;
+    uint64_t in[JOIN_WORDS + 1] = {0};
+    rs_request *q = NULL;
+    RS_CHECK(post(c, p, (uint64_t)p << RANK_SHIFT | TAG_REJOIN_IN, in, sizeof in, 1, &q));
+    reshard_result_t res = ux_wait(c, q, deadline);
+    if (res == RESHARD_ERROR_TIMEOUT) ux_cancel(c, q);
+    if (res == RESHARD_ERROR_TIMEOUT)
+      return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d did not call reshard_comm_ucx_rejoin before the deadline "
+                      "(it is collective over every rank but the replaced one)", p);
+    RS_CHECK(res);
+    if (in[JOIN_WORDS] != (uint64_t)r || in[JOIN_EPOCH] != m->epoch)
+      return rs_error(RESHARD_ERROR_MISMATCH, "rank %d asks to replace rank %llu (after %llu rejoins), rank 0 "
+                      "rank %d (after %llu): every staying rank must pass the same rank", p,
+                      (unsigned long long)in[JOIN_WORDS], (unsigned long long)in[JOIN_EPOCH], r,
+                      (unsigned long long)m->epoch);
+    for (int i = JOIN_SEQ; i < JOIN_WORDS; i++)
+      if (in[i] > w[i]) w[i] = in[i];
+  }
+  RS_CHECK(listen_on(c, "comm_ucx_rejoin"));
+  void *addr = NULL;
+  size_t alen = 0;
+  reshard_result_t res = await_newcomer(c, r, deadline, &addr, &alen);
+  stop_listening(m);
+  RS_CHECK(res);
+  free(m->addrs[r]);
+  m->addrs[r] = addr;
+  m->alens[r] = alen;
+  /* a fresh numbering: no collective of before (abandoned ones, the
+   * replaced process' messages) can pair with a later one */
+  w[JOIN_EPOCH] += 1;
+  w[JOIN_SEQ] += 1;
+  RS_CHECK(connect_one(c, r, addr));
+  uint8_t *msg = malloc(JOIN_WORDS * 8 + alen);
+  if (!msg) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory");
+  memcpy(msg, w, JOIN_WORDS * 8);
+  memcpy(msg + JOIN_WORDS * 8, addr, alen);
+  for (int p = 1; !res && p < c->size; p++)
+    if (p != r) res = send_wait(c, p, TAG_REJOIN_OUT, msg, JOIN_WORDS * 8 + alen, deadline, "the newcomer's address");
+  free(msg);
+  RS_CHECK(res);
+  uint8_t *table = NULL;
+  size_t tlen = 0;
+  RS_CHECK(build_table(c, JOIN_WORDS * 8, &table, &tlen));
+  memcpy(table, w, JOIN_WORDS * 8);
+  res = send_wait(c, r, TAG_JOIN_TABLE, table, tlen, deadline, "the address table to the newcomer");
+  free(table);
+  return res;
+}
+
+/* Another staying rank's side: its counters to rank 0, the agreed ones
+ * and the newcomer's address back. */
+static reshard_result_t rejoin_other(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline) {
+  uint64_t out[JOIN_WORDS + 1];
+  memcpy(out, w, JOIN_WORDS * 8);
+  out[JOIN_WORDS] = (uint64_t)r;
+  RS_CHECK(send_wait(c, 0, TAG_REJOIN_IN, out, sizeof out, deadline, "this rank's counters to rank 0"));
+  void *buf = NULL;
+  size_t len = 0;
+  reshard_result_t res = boot_recv_any(c, TAG_REJOIN_OUT, UINT64_MAX, deadline, deadline,
+                                       "the newcomer's address from rank 0", &buf, &len, NULL);
+  if (res == RESHARD_ERROR_TIMEOUT)
+    return rs_error(RESHARD_ERROR_TIMEOUT, "rank 0 sent no newcomer's address for rank %d before the deadline", r);
+  RS_CHECK(res);
+  if (len <= JOIN_WORDS * 8) res = rs_error(RESHARD_ERROR_MISMATCH, "rank 0's answer is short (%zu bytes)", len);
+  if (!res) memcpy(w, buf, JOIN_WORDS * 8);
+  if (!res) res = connect_one(c, r, (uint8_t *)buf + JOIN_WORDS * 8);
+  free(buf);
+  return res;
+}
+
+reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *c, int rank, int timeout_ms) {
+  rs_error_clear();
+  if (!c || c->ops != &rs_ucx_ops)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin: %s", c ? "not a UCX communicator" : "comm is NULL");
+  ux_comm *m = c->impl;
+  if (m->failed) return refuse_failed(c);
+  if (rank < 0 || rank >= c->size)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank %d to replace, of size %d",
+                    c->rank, rank, c->size);
+  if (rank == 0)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank 0 holds the rendezvous and "
+                    "cannot be replaced (make a new communicator)", c->rank);
+  if (rank == c->rank)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: this rank is the one to replace; "
+                    "only the staying ranks call comm_ucx_rejoin (the newcomer calls comm_create_ucx_joining)",
+                    c->rank);
+  const int64_t deadline = deadline_of(timeout_ms);
+  forget_rank(c, rank);
+  uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
+  reshard_result_t r = c->rank == 0 ? rejoin_root(c, rank, w, deadline) : rejoin_other(c, rank, w, deadline);
+  if (!r) {
+    take_counters(c, w);
+    /* with the newcomer: a first agreement */
+    uint64_t one = 1;
+    r = ux_allreduce(c, &one, 1, deadline);
+  }
+  if (r) {
+    m->failed = 1;
+    rs_error_prefix("comm_ucx_rejoin rank %d (replacing rank %d; the communicator is failed now): ", c->rank, rank);
+  }
+  return r;
 }

@@ -1,0 +1,445 @@
+/* A destination replica replaced mid-run over UCX (reshard_comm_ucx_rejoin,
+ * reshard_comm_create_ucx_joining), plain processes launched by
+ * tests/ucx/run_ucx.sh without mpirun:
+ *
+ *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin replace [SEED]
+ *   run_ucx.sh LIMIT_S 3 -- ./test_ucx_rejoin refuse
+ *
+ * replace (4 processes): ranks 0 and 1 train (the source), ranks 2 and 3
+ *   infer (the destination). The layouts come from SEED: a 2-D fp32
+ *   tensor sharded by rows or columns over the trainers, sharded the other
+ *   way over the replicas, and a 1-D bf16 one replicated on both replicas;
+ *   shapes vary with SEED. The plan is double-buffered (timeout 2000 ms).
+ *   The process of slot 3 is a supervisor (a process manager's stand-in):
+ *   it forks the old rank 3, and when that one tells it (a pipe) that it
+ *   is inside the execute of version KILL_AT (at its first receive, where
+ *   it then waits), kills it with SIGKILL, reaps it, then forks the
+ *   newcomer, which calls
+ *   reshard_comm_create_ucx_joining as rank 3.
+ *   - versions 1 .. KILL_AT-1: every destination element checked (and
+ *     every byte around them, reshard_selftest_check) on ranks 2 and 3;
+ *   - version KILL_AT on the staying ranks: execute fails (TIMEOUT,
+ *     REMOTE, BACKEND or IN_DOUBT) within two deadlines + 1 s (the data
+ *     phase's and the commit's), the plan is failed or in doubt, and on
+ *     rank 2 the committed version is still KILL_AT-1 with the active copy
+ *     holding it whole, element by element: no partial version;
+ *   - the staying ranks destroy the plan and call reshard_comm_ucx_rejoin
+ *     (3), the newcomer joins; all four create a new plan over the same
+ *     communicator and execute versions KILL_AT+1 and KILL_AT+2: every
+ *     element checked on ranks 2 and 3 (the newcomer included), the other
+ *     copy untouched after the first.
+ *   The newcomer prints "TIMING join->first version" (from its call of
+ *   comm_create_ucx_joining to its first checked version: the joining,
+ *   the plan creation and the execute) and every rank its plan creation
+ *   time. Each process prints PASS/FAIL lines and exits 0 only when all
+ *   passed.
+ *
+ * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
+ *   of range and the calling rank itself (INVALID_ARGUMENT) and the
+ *   communicator still works (a plan and an execute over it); then rank 2
+ *   leaves (destroys its communicator and exits) and ranks 0 and 1 call
+ *   reshard_comm_ucx_rejoin(2) with no newcomer: TIMEOUT within the
+ *   deadline + 1 s, after which the communicator refuses (INVALID_USAGE)
+ *   and is destroyed in under 2 s. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "reshard.h"
+#include "reshard_selftest.h"
+#include "reshard_ucx.h"
+#include "mpi/state_line.h"
+#include "transport/transport.h" /* the old rank 3's receives are wrapped */
+
+#define SIZE 4
+#define VICTIM 3
+#define KILL_AT 3
+#define PLAN_TIMEOUT_MS 2000
+#define REJOIN_TIMEOUT_MS 20000
+#define GRACE_MS 1000
+
+static const char *rendezvous;
+static int world_rank = -1, world_size = -1, seed = 1;
+static int bad;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void say(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(int ok, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  printf("%s rank %d: ", ok ? "PASS" : "FAIL", world_rank);
+  vprintf(fmt, ap);
+  printf("\n");
+  fflush(stdout);
+  va_end(ap);
+  bad += !ok;
+}
+
+/* The trainers' (source, side 0) or the replicas' (destination, side 1)
+ * layout of SEED. */
+static reshard_layout_t *make_layout(int side) {
+  const int rows = 16 + 8 * (seed % 5), cols = 24 + 4 * (seed % 7), len = 100 + 37 * (seed % 4);
+  const int by_rows = seed % 2; /* the trainers shard rows, the replicas columns (or the reverse) */
+  reshard_layout_t *L = NULL;
+  int two = 2, ta, tb, mesh, b;
+  int64_t sa[2] = {rows, cols}, sb[1] = {len};
+  reshard_placement_t pa = reshard_shard(side == 0 ? !by_rows : by_rows);
+  reshard_placement_t pb = side == 0 ? reshard_shard(0) : reshard_replicate();
+  if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sa, &ta) ||
+      reshard_layout_add_tensor(L, "bias", RESHARD_BF16, 1, sb, &tb) ||
+      reshard_layout_add_mesh_strided(L, 1, &two, side == 0 ? 0 : 2, 1, &mesh) ||
+      reshard_layout_place(L, ta, mesh, &pa, &b) || reshard_layout_place(L, tb, mesh, &pb, &b)) {
+    say(0, "layout: %s", reshard_last_error());
+    reshard_layout_destroy(L);
+    return NULL;
+  }
+  return L;
+}
+
+typedef struct side {
+  reshard_layout_t *src, *dst;
+  reshard_selftest_t s, d[2];
+  void *dp[16];
+  int nd;
+} side_t;
+
+static int side_init(side_t *x) {
+  memset(x, 0, sizeof *x);
+  x->src = make_layout(0), x->dst = make_layout(1);
+  if (!x->src || !x->dst) return -1;
+  if (reshard_selftest_alloc(&x->s, x->src, world_rank, -1) || reshard_selftest_alloc(&x->d[0], x->dst, world_rank, -1) ||
+      reshard_selftest_alloc(&x->d[1], x->dst, world_rank, -1) || x->d[0].nbuf > 8) {
+    say(0, "selftest_alloc: %s", reshard_last_error());
+    return -1;
+  }
+  x->nd = x->d[0].nbuf;
+  for (int b = 0; b < x->nd; b++) x->dp[b] = x->d[0].ptr[b], x->dp[x->nd + b] = x->d[1].ptr[b];
+  return 0;
+}
+
+static void side_free(side_t *x) {
+  reshard_selftest_free(&x->s);
+  reshard_selftest_free(&x->d[0]);
+  reshard_selftest_free(&x->d[1]);
+  reshard_layout_destroy(x->src);
+  reshard_layout_destroy(x->dst);
+}
+
+static reshard_plan_t *make_plan(reshard_comm_t *comm, side_t *x, const char *what) {
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = PLAN_TIMEOUT_MS;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_plan_t *plan = NULL;
+  double t0 = now_ms();
+  reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
+  double ms = now_ms() - t0;
+  if (r) say(0, "%s: plan_create: %s: %s", what, reshard_result_string(r), reshard_last_error());
+  else printf("TIMING rank %d: %s: plan_create %.1f ms\n", world_rank, what, ms);
+  return plan;
+}
+
+static reshard_result_t exec_version(const reshard_plan_t *plan, side_t *x, uint64_t v) {
+  reshard_selftest_fill(&x->s, x->src, v);
+  return reshard_plan_execute_version(plan, v, (void *const *)x->s.ptr, (size_t)x->s.nbuf, x->dp,
+                                      (size_t)(2 * x->nd), NULL);
+}
+
+/* After a successful version v: the committed copy holds v, element by
+ * element, on a replica; `other_untouched` also checks that the other
+ * copy was never written. */
+static void check_version(const reshard_plan_t *plan, side_t *x, uint64_t v, int other_untouched, const char *what) {
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_plan_get_status(plan, &st);
+  int ok = st.committed_version == v && !st.failed && st.in_doubt_version == 0 && st.active_copy >= 0;
+  int64_t wrong = 0;
+  if (ok && world_rank >= 2) {
+    wrong = reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v, what);
+    if (other_untouched && !state_untouched(&x->d[1 - st.active_copy])) wrong++;
+  }
+  say(ok && wrong == 0, "%s: version %llu committed (active copy %d), %lld wrong elements or bytes", what,
+      (unsigned long long)v, st.active_copy, (long long)wrong);
+}
+
+/* The old rank 3 stops inside the execute of version KILL_AT, at its first
+ * receive (its transport's ops table is a wrapped copy, as in
+ * tests/support/dying_send.h), tells its supervisor through a pipe, and
+ * waits there to be killed: a kill during an execute, every time. */
+static const rs_transport_ops *real_ops;
+static int armed_fd = -1;
+
+static void stop_here(void) {
+  if (armed_fd < 0) return;
+  char one = 1;
+  if (write(armed_fd, &one, 1) != 1) _exit(3);
+  for (;;) pause();
+}
+
+static reshard_result_t stop_irecv(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes,
+                                   rs_request **req) {
+  stop_here();
+  return real_ops->irecv(c, peer, tag, buf, bytes, req);
+}
+
+static reshard_result_t stop_irecv_boxes(reshard_comm_t *c, int peer, uint64_t tag, const struct rs_copy *copies,
+                                         uint32_t n, void *const *bases, size_t bytes, rs_request **req) {
+  stop_here();
+  return real_ops->irecv_boxes(c, peer, tag, copies, n, bases, bytes, req);
+}
+
+static void wrap_receives(reshard_comm_t *comm) {
+  static rs_transport_ops ops;
+  real_ops = comm->ops;
+  ops = *real_ops;
+  ops.irecv = stop_irecv;
+  if (real_ops->irecv_boxes) ops.irecv_boxes = stop_irecv_boxes;
+  comm->ops = &ops;
+}
+
+/* The old rank 3 and the staying ranks: versions 1 .. KILL_AT. The old
+ * rank 3 tells its supervisor (fd) as it enters KILL_AT and is killed. */
+static reshard_plan_t *before_kill(reshard_comm_t *comm, side_t *x, int fd) {
+  reshard_plan_t *plan = make_plan(comm, x, "first plan");
+  if (!plan) return NULL;
+  for (uint64_t v = 1; v < KILL_AT; v++) {
+    reshard_result_t r = exec_version(plan, x, v);
+    if (r) {
+      say(0, "version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
+      return plan;
+    }
+    check_version(plan, x, v, v == 1, "before the kill");
+  }
+  if (fd >= 0) {
+    armed_fd = fd;
+    exec_version(plan, x, KILL_AT); /* killed in here */
+    _exit(6);
+  }
+  double t0 = now_ms();
+  reshard_result_t r = exec_version(plan, x, KILL_AT);
+  double ms = now_ms() - t0;
+  int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_BACKEND ||
+                r == RESHARD_ERROR_IN_DOUBT;
+  say(code_ok && ms <= 2 * PLAN_TIMEOUT_MS + GRACE_MS,
+      "version %d with rank %d killed: execute returned %s after %.0f ms (limit %d ms): %s", KILL_AT, VICTIM,
+      reshard_result_string(r), ms, 2 * PLAN_TIMEOUT_MS + GRACE_MS, reshard_last_error());
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_plan_get_status(plan, &st);
+  int64_t wrong = -1;
+  if (st.active_copy >= 0) wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, KILL_AT - 1, "after the kill") : 0;
+  say((st.failed || st.in_doubt_version == KILL_AT) && st.committed_version == KILL_AT - 1 && wrong == 0,
+      "after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong elements or bytes in it",
+      st.failed, (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version, st.active_copy,
+      (long long)wrong);
+  return plan;
+}
+
+/* Everyone after the rejoin: a new plan, versions KILL_AT+1, KILL_AT+2. */
+/* t_join: when this rank called comm_create_ucx_joining (newcomer) or
+ * comm_ucx_rejoin (staying). */
+static void after_rejoin(reshard_comm_t *comm, side_t *x, double t_join, int is_newcomer) {
+  reshard_plan_t *plan = make_plan(comm, x, "plan after the rejoin");
+  for (uint64_t v = KILL_AT + 1; plan && v <= KILL_AT + 2; v++) {
+    reshard_result_t r = exec_version(plan, x, v);
+    if (r) {
+      say(0, "version %llu after the rejoin: %s: %s", (unsigned long long)v, reshard_result_string(r),
+          reshard_last_error());
+      break;
+    }
+    /* (the newcomer's copy 1 is untouched; rank 2's holds an old version) */
+    check_version(plan, x, v, v == KILL_AT + 1 && is_newcomer, "after the rejoin");
+    if (v == KILL_AT + 1)
+      printf("TIMING rank %d: %s to version %d committed and checked: %.1f ms\n", world_rank,
+             is_newcomer ? "newcomer: comm_create_ucx_joining called" : "comm_ucx_rejoin called", KILL_AT + 1,
+             now_ms() - t_join);
+  }
+  reshard_plan_destroy(plan);
+}
+
+static int newcomer(void) {
+  side_t x;
+  double t0 = now_ms();
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_ucx_joining(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm);
+  say(r == RESHARD_SUCCESS, "newcomer: comm_create_ucx_joining as rank %d: %s after %.0f ms %s", VICTIM,
+      reshard_result_string(r), now_ms() - t0, r ? reshard_last_error() : "");
+  if (r) return 1;
+  printf("TIMING rank %d: comm_create_ucx_joining %.1f ms\n", world_rank, now_ms() - t0);
+  if (side_init(&x) == 0) after_rejoin(comm, &x, t0, 1);
+  side_free(&x);
+  reshard_comm_destroy(comm);
+  return bad != 0;
+}
+
+/* Slot 3: the old process, killed, then the newcomer. */
+static int supervise(void) {
+  int fds[2];
+  if (pipe(fds)) return 1;
+  fflush(stdout);
+  pid_t old = fork();
+  if (old < 0) return 1;
+  if (old == 0) {
+    close(fds[0]);
+    reshard_comm_t *comm = NULL;
+    if (reshard_comm_create_ucx(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm)) _exit(2);
+    wrap_receives(comm);
+    side_t x;
+    if (side_init(&x) == 0) before_kill(comm, &x, fds[1]);
+    _exit(bad ? 4 : 5); /* not reached when killed */
+  }
+  close(fds[1]);
+  char one;
+  ssize_t n = read(fds[0], &one, 1);
+  kill(old, SIGKILL);
+  int status = 0;
+  waitpid(old, &status, 0);
+  say(n == 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+      "supervisor: the old rank %d (pid %d) was killed with SIGKILL mid-run", VICTIM, (int)old);
+  if (bad) return 1;
+  return newcomer();
+}
+
+static int run_replace(void) {
+  if (world_size != SIZE) {
+    say(0, "replace needs %d processes", SIZE);
+    return 1;
+  }
+  if (world_rank == VICTIM) return supervise();
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, SIZE, REJOIN_TIMEOUT_MS, &comm);
+  if (r) {
+    say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 1;
+  }
+  side_t x;
+  if (side_init(&x) == 0) {
+    reshard_plan_t *plan = before_kill(comm, &x, -1);
+    reshard_plan_destroy(plan);
+    double t0 = now_ms();
+    r = reshard_comm_ucx_rejoin(comm, VICTIM, REJOIN_TIMEOUT_MS);
+    say(r == RESHARD_SUCCESS, "comm_ucx_rejoin(%d): %s after %.0f ms %s", VICTIM, reshard_result_string(r),
+        now_ms() - t0, r ? reshard_last_error() : "");
+    if (!r) after_rejoin(comm, &x, t0, 0);
+  }
+  side_free(&x);
+  reshard_comm_destroy(comm);
+  return bad != 0;
+}
+
+/* A plan and one version over comm: it still works. */
+static void still_works(reshard_comm_t *comm, const char *what) {
+  int n = world_size, t, m, b;
+  int64_t shape[1] = {64};
+  reshard_layout_t *L[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    reshard_placement_t p = k == 0 ? reshard_shard(0) : reshard_replicate();
+    if (reshard_layout_create(&L[k]) || reshard_layout_add_tensor(L[k], "g", RESHARD_INT32, 1, shape, &t) ||
+        reshard_layout_add_mesh_strided(L[k], 1, &n, 0, 1, &m) || reshard_layout_place(L[k], t, m, &p, &b))
+      say(0, "layout: %s", reshard_last_error());
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 10000;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s, d;
+  memset(&s, 0, sizeof s);
+  memset(&d, 0, sizeof d);
+  reshard_result_t r = reshard_plan_create(comm, L[0], L[1], &o, &plan);
+  if (!r && !(r = reshard_selftest_alloc(&s, L[0], world_rank, 7)) && !(r = reshard_selftest_alloc(&d, L[1], world_rank, -1)))
+    r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+  int64_t wrong = r ? -1 : reshard_selftest_check(&d, L[1], world_rank, 7, what);
+  say(r == RESHARD_SUCCESS && wrong == 0, "%s: a plan and an execute: %s, %lld wrong %s", what,
+      reshard_result_string(r), (long long)wrong, r ? reshard_last_error() : "");
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_layout_destroy(L[0]);
+  reshard_layout_destroy(L[1]);
+}
+
+static int run_refuse(void) {
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, world_size, REJOIN_TIMEOUT_MS, &comm);
+  if (r) {
+    say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 1;
+  }
+  const int asks[4] = {0, world_size, -1, world_rank};
+  const char *why[4] = {"rank 0", "a rank out of range", "a negative rank", "this rank itself"};
+  for (int i = 0; i < 4; i++) {
+    r = reshard_comm_ucx_rejoin(comm, asks[i], 1000);
+    say(r == RESHARD_ERROR_INVALID_ARGUMENT && reshard_last_error()[0], "rejoin of %s (%d) refused: %s: %s", why[i],
+        asks[i], reshard_result_string(r), reshard_last_error());
+  }
+  r = reshard_comm_create_ucx_joining(rendezvous, 0, world_size, 1000, &(reshard_comm_t *){NULL});
+  say(r == RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx_joining as rank 0 refused: %s: %s",
+      reshard_result_string(r), reshard_last_error());
+  still_works(comm, "after the refusals");
+  if (world_rank == world_size - 1) { /* leaves; nobody takes its slot */
+    reshard_comm_destroy(comm);
+    return bad != 0;
+  }
+  const int timeout_ms = 1500;
+  double t0 = now_ms();
+  r = reshard_comm_ucx_rejoin(comm, world_size - 1, timeout_ms);
+  double ms = now_ms() - t0;
+  say(r == RESHARD_ERROR_TIMEOUT && ms <= timeout_ms + GRACE_MS && reshard_last_error()[0],
+      "rejoin with no newcomer: %s after %.0f ms (deadline %d ms + %d ms): %s", reshard_result_string(r), ms,
+      timeout_ms, GRACE_MS, reshard_last_error());
+  r = reshard_comm_ucx_rejoin(comm, world_size - 1, timeout_ms);
+  say(r == RESHARD_ERROR_INVALID_USAGE, "the failed communicator refuses another rejoin: %s: %s",
+      reshard_result_string(r), reshard_last_error());
+  reshard_layout_t *L = NULL;
+  reshard_plan_t *plan = NULL;
+  int n = world_size, t, m, b;
+  int64_t shape[1] = {8};
+  reshard_placement_t p = reshard_replicate();
+  reshard_layout_create(&L);
+  reshard_layout_add_tensor(L, "g", RESHARD_INT32, 1, shape, &t);
+  reshard_layout_add_mesh_strided(L, 1, &n, 0, 1, &m);
+  reshard_layout_place(L, t, m, &p, &b);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 1000;
+  t0 = now_ms();
+  r = reshard_plan_create(comm, L, L, &o, &plan);
+  ms = now_ms() - t0;
+  say(r != RESHARD_SUCCESS && plan == NULL && ms < 500, "the failed communicator refuses a plan at once: %s after %.0f ms: %s",
+      reshard_result_string(r), ms, reshard_last_error());
+  reshard_layout_destroy(L);
+  t0 = now_ms();
+  reshard_comm_destroy(comm);
+  ms = now_ms() - t0;
+  say(ms < 2000, "comm_destroy after the failed rejoin: %.0f ms", ms);
+  return bad != 0;
+}
+
+int main(int argc, char **argv) {
+  int i = 1;
+  for (; i + 1 < argc && !strncmp(argv[i], "--", 2); i += 2) {
+    if (!strcmp(argv[i], "--rendezvous")) rendezvous = argv[i + 1];
+    else if (!strcmp(argv[i], "--rank")) world_rank = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--size")) world_size = atoi(argv[i + 1]);
+  }
+  if (!rendezvous || world_rank < 0 || world_rank >= world_size || i >= argc) {
+    fprintf(stderr, "usage: test_ucx_rejoin --rendezvous H:P --rank R --size N replace [SEED] | refuse\n");
+    return 2;
+  }
+  if (i + 1 < argc) seed = atoi(argv[i + 1]);
+  if (!strcmp(argv[i], "replace")) return run_replace();
+  if (!strcmp(argv[i], "refuse")) return run_refuse();
+  fprintf(stderr, "unknown mode %s\n", argv[i]);
+  return 2;
+}
