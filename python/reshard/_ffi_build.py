@@ -371,6 +371,10 @@ static const int RS_PY_HAVE_CUDA;
 static const int RS_PY_HAVE_UCX;
 reshard_result_t rs_py_comm_create_ucx(const char *rendezvous, int rank,
     int size, int timeout_ms, reshard_comm_t **out);
+reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
+    int rank, int size, int timeout_ms, reshard_comm_t **out);
+reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, int rank,
+    int timeout_ms);
 reshard_result_t rs_py_comm_create_mpi(const void *mpi_comm_addr,
     reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_nccl(uintptr_t nccl_comm,
@@ -439,6 +443,29 @@ static reshard_result_t rs_py_comm_create_ucx(const char *rendezvous,
   return reshard_comm_create_ucx(rendezvous, rank, size, timeout_ms, out);
 #else
   (void)rendezvous; (void)rank; (void)size; (void)timeout_ms; (void)out;
+  return RESHARD_ERROR_UNSUPPORTED;
+#endif
+}
+
+static reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
+                                                      int rank, int size,
+                                                      int timeout_ms,
+                                                      reshard_comm_t **out) {
+#ifdef RESHARD_HAVE_UCX
+  return reshard_comm_create_ucx_joining(rendezvous, rank, size, timeout_ms,
+                                         out);
+#else
+  (void)rendezvous; (void)rank; (void)size; (void)timeout_ms; (void)out;
+  return RESHARD_ERROR_UNSUPPORTED;
+#endif
+}
+
+static reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, int rank,
+                                              int timeout_ms) {
+#ifdef RESHARD_HAVE_UCX
+  return reshard_comm_ucx_rejoin(comm, rank, timeout_ms);
+#else
+  (void)comm; (void)rank; (void)timeout_ms;
   return RESHARD_ERROR_UNSUPPORTED;
 #endif
 }

@@ -116,13 +116,17 @@ class Comm(Node):
         return cls._wrap(h, "mpi", False)
 
     @classmethod
-    def ucx(cls, rendezvous, rank, size, timeout_ms=None):
+    def ucx(cls, rendezvous, rank, size, timeout_ms=None, joining=False):
         """A host communicator of ``size`` processes over UCX, without MPI
         (reshard_comm_create_ucx): processes launched any way (Ray actors,
         subprocesses) call it with the same ``rendezvous`` "host:port" and
         their own ``rank``; rank 0 listens there. Collective; it raises
         TimeoutError if not every rank arrives within ``timeout_ms``
-        (None: RESHARD_TIMEOUT_MS, else 60 s)."""
+        (None: RESHARD_TIMEOUT_MS, else 60 s).
+
+        ``joining=True``: this process takes the slot ``rank`` (not 0) of
+        a process that left an existing communicator, whose staying ranks
+        call ``comm.rejoin(rank)`` (reshard_comm_create_ucx_joining)."""
         if not lib.RS_PY_HAVE_UCX:
             raise UnsupportedError("reshard.Comm.ucx: this reshard was built "
                                    "without UCX (install libucx-dev and "
@@ -135,10 +139,31 @@ class Comm(Node):
             raise InvalidArgumentError("reshard.Comm.ucx: timeout_ms must be "
                                        ">= 1 ms (None: the default)")
         _register_atexit()
-        h = cls._create(lib.rs_py_comm_create_ucx, rendezvous.encode(),
+        h = cls._create(lib.rs_py_comm_create_ucx_joining if joining
+                        else lib.rs_py_comm_create_ucx, rendezvous.encode(),
                         int(rank), int(size),
                         0 if timeout_ms is None else int(timeout_ms))
         return cls._wrap(h, "ucx", False)
+
+    def rejoin(self, rank, timeout_ms=None):
+        """UCX only: the process of ``rank`` left and a new one takes its
+        slot (it calls ``Comm.ucx(..., joining=True)``). Collective over
+        every rank but ``rank`` (reshard_comm_ucx_rejoin): the staying ranks
+        keep this communicator, connect to the newcomer, and then create
+        their plans again with it. Rank 0, a rank out of range or this rank
+        itself: InvalidArgumentError, nothing changed. Any other failure
+        (TimeoutError when no newcomer arrives within ``timeout_ms``)
+        leaves the communicator failed: close it."""
+        if self.kind != "ucx":
+            raise InvalidArgumentError("reshard.Comm.rejoin: a %s "
+                                       "communicator; only UCX replaces "
+                                       "ranks" % self.kind)
+        if timeout_ms is not None and int(timeout_ms) < 1:
+            raise InvalidArgumentError("reshard.Comm.rejoin: timeout_ms must "
+                                       "be >= 1 ms (None: the default)")
+        check(lib.rs_py_comm_ucx_rejoin(self.handle, int(rank),
+                                        0 if timeout_ms is None
+                                        else int(timeout_ms)))
 
     @classmethod
     def nccl(cls, comm, mpi_comm=None):

@@ -99,3 +99,45 @@ def test_commit_in_doubt_settles_over_ucx():
         assert rc == 0 and ": OK: in doubt then settled" in text, "rank %d:\n%s" % (rank, text)
         ends.add(text.split("every rank at version 3 in copy ")[1].split()[0])
     assert len(ends) == 1, res
+
+
+def test_replica_killed_and_replaced():
+    """A replica SIGKILLed between two versions and a new process in its
+    slot (tests/python/ucx_rejoin.py): the staying ranks' execute fails in
+    time with the last version whole, they call comm.rejoin(3), the
+    newcomer Comm.ucx(..., joining=True), and the next version arrives
+    whole on both replicas. No rank restarts but the replaced one."""
+    rendezvous = "127.0.0.1:%d" % free_port()
+    script = "tests/python/ucx_rejoin.py"
+    env = dict(os.environ)
+    env.pop("RESHARD_TIMEOUT_MS", None)  # (it would override the plan's 1 s)
+
+    def start(rank, role):
+        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), "4", role], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = {r: start(r, "member") for r in (3, 2, 1, 0)}
+    newcomer = None
+    try:
+        victim = procs[3]
+        seen = []
+        for line in victim.stdout:  # (each script's lines are flushed)
+            seen.append(line)
+            if line.startswith("RANK3 AT 2"):
+                break
+        assert seen and seen[-1].startswith("RANK3 AT 2"), "".join(seen)
+        victim.kill()  # SIGKILL
+        victim.wait(timeout=10)
+        newcomer = start(3, "newcomer")
+        outs = {r: procs[r].communicate(timeout=60)[0] for r in (0, 1, 2)}
+        outs[3] = newcomer.communicate(timeout=60)[0]
+    finally:
+        for p in list(procs.values()) + [newcomer]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in (0, 1, 2):
+        assert procs[r].returncode == 0 and "OK rank %d (staying)" % r in outs[r], "rank %d:\n%s" % (r, outs[r])
+        assert "version 3 failed after" in outs[r], outs[r]
+    assert newcomer.returncode == 0 and "OK rank 3 (newcomer)" in outs[3], outs[3]
+    print("".join(outs[r] for r in range(4)))
