@@ -2,37 +2,38 @@
  * reshard_comm_create_ucx_joining), plain processes launched by
  * tests/ucx/run_ucx.sh without mpirun:
  *
- *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin replace [SEED]
+ *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin replace [SEED [ROUNDS]]
  *   run_ucx.sh LIMIT_S 3 -- ./test_ucx_rejoin refuse
  *
  * replace (4 processes): ranks 0 and 1 train (the source), ranks 2 and 3
  *   infer (the destination). The layouts come from SEED: a 2-D fp32
  *   tensor sharded by rows or columns over the trainers, sharded the other
  *   way over the replicas, and a 1-D bf16 one replicated on both replicas;
- *   shapes vary with SEED. The plan is double-buffered (timeout 2000 ms).
+ *   shapes vary with SEED. Plans are double-buffered (timeout 2000 ms).
  *   The process of slot 3 is a supervisor (a process manager's stand-in):
- *   it forks the old rank 3, and when that one tells it (a pipe) that it
- *   is inside the execute of version KILL_AT (at its first receive, where
- *   it then waits), kills it with SIGKILL, reaps it, then forks the
- *   newcomer, which calls
- *   reshard_comm_create_ucx_joining as rank 3.
- *   - versions 1 .. KILL_AT-1: every destination element checked (and
- *     every byte around them, reshard_selftest_check) on ranks 2 and 3;
- *   - version KILL_AT on the staying ranks: execute fails (TIMEOUT,
- *     REMOTE, BACKEND or IN_DOUBT) within two deadlines + 1 s (the data
- *     phase's and the commit's), the plan is failed or in doubt, and on
- *     rank 2 the committed version is still KILL_AT-1 with the active copy
- *     holding it whole, element by element: no partial version;
- *   - the staying ranks destroy the plan and call reshard_comm_ucx_rejoin
- *     (3), the newcomer joins; all four create a new plan over the same
- *     communicator and execute versions KILL_AT+1 and KILL_AT+2: every
- *     element checked on ranks 2 and 3 (the newcomer included), the other
- *     copy untouched after the first.
- *   The newcomer prints "TIMING join->first version" (from its call of
- *   comm_create_ucx_joining to its first checked version: the joining,
- *   the plan creation and the execute) and every rank its plan creation
- *   time. Each process prints PASS/FAIL lines and exits 0 only when all
- *   passed.
+ *   it forks incarnation 0 of rank 3; when that one tells it (a pipe) that
+ *   it is inside the execute that is to fail (at its first receive, where
+ *   it then waits: its transport's receives are wrapped), the supervisor
+ *   kills it with SIGKILL, reaps it and forks incarnation 1, which calls
+ *   reshard_comm_create_ucx_joining as rank 3; and so on for ROUNDS
+ *   (default 1) kills. Round k (0 .. ROUNDS), on all four ranks:
+ *   - a new plan over the same communicator, versions 10k+1 and 10k+2:
+ *     every destination element checked (and every byte around them,
+ *     reshard_selftest_check) on ranks 2 and 3; a process's first version
+ *     leaves its other copy untouched;
+ *   - when k < ROUNDS, version 10k+3 with rank 3 killed inside it: on the
+ *     staying ranks execute fails (TIMEOUT, REMOTE, BACKEND or IN_DOUBT)
+ *     within two deadlines + 1 s (the data phase's and the commit's), the
+ *     plan is failed or in doubt, and on rank 2 the committed version is
+ *     still 10k+2 with the active copy holding it whole, element by
+ *     element: no partial version. They destroy the plan and call
+ *     reshard_comm_ucx_rejoin(3) (rank 2 keeps its buffers).
+ *   Every newcomer prints "TIMING ... comm_create_ucx_joining called to
+ *   version ... committed and checked" (its join, its plan creation and
+ *   its first execute; it includes the wait for the staying ranks to give
+ *   up on the old process), the staying ranks the same from their
+ *   comm_ucx_rejoin call, and every rank its plan creation time. Each
+ *   process prints PASS/FAIL lines and exits 0 only when all passed.
  *
  * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
  *   of range and the calling rank itself (INVALID_ARGUMENT) and the
@@ -60,7 +61,6 @@
 
 #define SIZE 4
 #define VICTIM 3
-#define KILL_AT 3
 #define PLAN_TIMEOUT_MS 2000
 #define REJOIN_TIMEOUT_MS 20000
 #define GRACE_MS 1000
@@ -209,131 +209,138 @@ static void wrap_receives(reshard_comm_t *comm) {
   comm->ops = &ops;
 }
 
-/* The old rank 3 and the staying ranks: versions 1 .. KILL_AT. The old
- * rank 3 tells its supervisor (fd) as it enters KILL_AT and is killed. */
-static reshard_plan_t *before_kill(reshard_comm_t *comm, side_t *x, int fd) {
-  reshard_plan_t *plan = make_plan(comm, x, "first plan");
-  if (!plan) return NULL;
-  for (uint64_t v = 1; v < KILL_AT; v++) {
+/* One round: a plan over comm (all four ranks) and versions 10k+1,
+ * 10k+2, every element checked on the replicas; when `kill` (every round
+ * but the last), version 10k+3 with rank 3 killed inside it: on rank 3
+ * (armed, fd its pipe to the supervisor) it never returns; on the staying
+ * ranks it must fail in time with version 10k+2 still whole in the active
+ * copy. t_join (> 0): when this rank called comm_create_ucx_joining or
+ * comm_ucx_rejoin, timed to its first version; fresh: this rank's buffers
+ * were never written (the other copy stays untouched at first). */
+static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, double t_join, int fresh) {
+  const uint64_t base = 10 * (uint64_t)k;
+  char what[64];
+  snprintf(what, sizeof what, "round %d", k);
+  reshard_plan_t *plan = make_plan(comm, x, what);
+  for (uint64_t v = base + 1; plan && v <= base + 2; v++) {
     reshard_result_t r = exec_version(plan, x, v);
     if (r) {
-      say(0, "version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
-      return plan;
+      say(0, "%s: version %llu: %s: %s", what, (unsigned long long)v, reshard_result_string(r), reshard_last_error());
+      reshard_plan_destroy(plan);
+      return;
     }
-    check_version(plan, x, v, v == 1, "before the kill");
+    check_version(plan, x, v, v == base + 1 && fresh, what);
+    if (v == base + 1 && t_join > 0)
+      printf("TIMING rank %d: %s: %s to version %llu committed and checked: %.1f ms\n", world_rank, what,
+             world_rank == VICTIM ? "comm_create_ucx_joining called" : "comm_ucx_rejoin called", (unsigned long long)v,
+             now_ms() - t_join);
   }
-  if (fd >= 0) {
+  if (plan && kill && world_rank == VICTIM) {
     armed_fd = fd;
-    exec_version(plan, x, KILL_AT); /* killed in here */
+    exec_version(plan, x, base + 3); /* killed in here */
     _exit(6);
   }
-  double t0 = now_ms();
-  reshard_result_t r = exec_version(plan, x, KILL_AT);
-  double ms = now_ms() - t0;
-  int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_BACKEND ||
-                r == RESHARD_ERROR_IN_DOUBT;
-  say(code_ok && ms <= 2 * PLAN_TIMEOUT_MS + GRACE_MS,
-      "version %d with rank %d killed: execute returned %s after %.0f ms (limit %d ms): %s", KILL_AT, VICTIM,
-      reshard_result_string(r), ms, 2 * PLAN_TIMEOUT_MS + GRACE_MS, reshard_last_error());
-  reshard_plan_status_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  reshard_plan_get_status(plan, &st);
-  int64_t wrong = -1;
-  if (st.active_copy >= 0) wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, KILL_AT - 1, "after the kill") : 0;
-  say((st.failed || st.in_doubt_version == KILL_AT) && st.committed_version == KILL_AT - 1 && wrong == 0,
-      "after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong elements or bytes in it",
-      st.failed, (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version, st.active_copy,
-      (long long)wrong);
-  return plan;
-}
-
-/* Everyone after the rejoin: a new plan, versions KILL_AT+1, KILL_AT+2. */
-/* t_join: when this rank called comm_create_ucx_joining (newcomer) or
- * comm_ucx_rejoin (staying). */
-static void after_rejoin(reshard_comm_t *comm, side_t *x, double t_join, int is_newcomer) {
-  reshard_plan_t *plan = make_plan(comm, x, "plan after the rejoin");
-  for (uint64_t v = KILL_AT + 1; plan && v <= KILL_AT + 2; v++) {
+  if (plan && kill) {
+    const uint64_t v = base + 3;
+    double t0 = now_ms();
     reshard_result_t r = exec_version(plan, x, v);
-    if (r) {
-      say(0, "version %llu after the rejoin: %s: %s", (unsigned long long)v, reshard_result_string(r),
-          reshard_last_error());
-      break;
-    }
-    /* (the newcomer's copy 1 is untouched; rank 2's holds an old version) */
-    check_version(plan, x, v, v == KILL_AT + 1 && is_newcomer, "after the rejoin");
-    if (v == KILL_AT + 1)
-      printf("TIMING rank %d: %s to version %d committed and checked: %.1f ms\n", world_rank,
-             is_newcomer ? "newcomer: comm_create_ucx_joining called" : "comm_ucx_rejoin called", KILL_AT + 1,
-             now_ms() - t_join);
+    double ms = now_ms() - t0;
+    int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_BACKEND ||
+                  r == RESHARD_ERROR_IN_DOUBT;
+    say(code_ok && ms <= 2 * PLAN_TIMEOUT_MS + GRACE_MS,
+        "%s: version %llu with rank %d killed: execute returned %s after %.0f ms (limit %d ms): %s", what,
+        (unsigned long long)v, VICTIM, reshard_result_string(r), ms, 2 * PLAN_TIMEOUT_MS + GRACE_MS,
+        reshard_last_error());
+    reshard_plan_status_t st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    reshard_plan_get_status(plan, &st);
+    int64_t wrong = -1;
+    if (st.active_copy >= 0)
+      wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v - 1, what) : 0;
+    say((st.failed || st.in_doubt_version == v) && st.committed_version == v - 1 && wrong == 0,
+        "%s: after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong elements or bytes in it",
+        what, st.failed, (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version,
+        st.active_copy, (long long)wrong);
   }
   reshard_plan_destroy(plan);
 }
 
-static int newcomer(void) {
+/* Incarnation k of slot 3 (0: the original; then newcomers): joins, and
+ * plays rounds k (killed in it when k < rounds) and on. */
+static int incarnation(int k, int rounds, int fd) {
   side_t x;
   double t0 = now_ms();
   reshard_comm_t *comm = NULL;
-  reshard_result_t r = reshard_comm_create_ucx_joining(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm);
-  say(r == RESHARD_SUCCESS, "newcomer: comm_create_ucx_joining as rank %d: %s after %.0f ms %s", VICTIM,
-      reshard_result_string(r), now_ms() - t0, r ? reshard_last_error() : "");
+  reshard_result_t r = k == 0 ? reshard_comm_create_ucx(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm)
+                              : reshard_comm_create_ucx_joining(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm);
+  say(r == RESHARD_SUCCESS, "incarnation %d of rank %d: %s: %s after %.0f ms %s", k, VICTIM,
+      k ? "comm_create_ucx_joining" : "comm_create_ucx", reshard_result_string(r), now_ms() - t0,
+      r ? reshard_last_error() : "");
   if (r) return 1;
-  printf("TIMING rank %d: comm_create_ucx_joining %.1f ms\n", world_rank, now_ms() - t0);
-  if (side_init(&x) == 0) after_rejoin(comm, &x, t0, 1);
+  if (k > 0) printf("TIMING rank %d: round %d: comm_create_ucx_joining %.1f ms\n", world_rank, k, now_ms() - t0);
+  if (k < rounds) wrap_receives(comm);
+  if (side_init(&x) == 0) run_round(comm, &x, k, k < rounds, k < rounds ? fd : -2, k > 0 ? t0 : 0, 1);
   side_free(&x);
   reshard_comm_destroy(comm);
   return bad != 0;
 }
 
-/* Slot 3: the old process, killed, then the newcomer. */
-static int supervise(void) {
-  int fds[2];
-  if (pipe(fds)) return 1;
-  fflush(stdout);
-  pid_t old = fork();
-  if (old < 0) return 1;
-  if (old == 0) {
+/* Slot 3: a supervisor (a process manager's stand-in) forks incarnation 0,
+ * kills it with SIGKILL when it says it is inside the execute that is to
+ * fail, reaps it, forks incarnation 1 (a newcomer), ... The last
+ * incarnation is not killed; its exit status is the supervisor's. */
+static int supervise(int rounds) {
+  for (int k = 0;; k++) {
+    int fds[2];
+    if (pipe(fds)) return 1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      close(fds[0]);
+      _exit(incarnation(k, rounds, fds[1]));
+    }
+    close(fds[1]);
+    int status = 0;
+    if (k == rounds) {
+      close(fds[0]);
+      waitpid(pid, &status, 0);
+      return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    char one;
+    ssize_t n = read(fds[0], &one, 1);
     close(fds[0]);
-    reshard_comm_t *comm = NULL;
-    if (reshard_comm_create_ucx(rendezvous, VICTIM, SIZE, REJOIN_TIMEOUT_MS, &comm)) _exit(2);
-    wrap_receives(comm);
-    side_t x;
-    if (side_init(&x) == 0) before_kill(comm, &x, fds[1]);
-    _exit(bad ? 4 : 5); /* not reached when killed */
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    say(n == 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+        "supervisor: incarnation %d of rank %d (pid %d) killed with SIGKILL inside an execute", k, VICTIM, (int)pid);
+    if (bad) return 1;
   }
-  close(fds[1]);
-  char one;
-  ssize_t n = read(fds[0], &one, 1);
-  kill(old, SIGKILL);
-  int status = 0;
-  waitpid(old, &status, 0);
-  say(n == 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
-      "supervisor: the old rank %d (pid %d) was killed with SIGKILL mid-run", VICTIM, (int)old);
-  if (bad) return 1;
-  return newcomer();
 }
 
-static int run_replace(void) {
+static int run_replace(int rounds) {
   if (world_size != SIZE) {
     say(0, "replace needs %d processes", SIZE);
     return 1;
   }
-  if (world_rank == VICTIM) return supervise();
+  if (world_rank == VICTIM) return supervise(rounds);
   reshard_comm_t *comm = NULL;
   reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, SIZE, REJOIN_TIMEOUT_MS, &comm);
   if (r) {
     say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
     return 1;
   }
-  side_t x;
-  if (side_init(&x) == 0) {
-    reshard_plan_t *plan = before_kill(comm, &x, -1);
-    reshard_plan_destroy(plan);
-    double t0 = now_ms();
+  side_t x; /* (the staying replica keeps its buffers through the rounds) */
+  double t_join = 0;
+  int ok = side_init(&x) == 0;
+  for (int k = 0; ok && k <= rounds && !bad; k++) {
+    run_round(comm, &x, k, k < rounds, -1, t_join, k == 0);
+    if (k == rounds || bad) break;
+    t_join = now_ms();
     r = reshard_comm_ucx_rejoin(comm, VICTIM, REJOIN_TIMEOUT_MS);
-    say(r == RESHARD_SUCCESS, "comm_ucx_rejoin(%d): %s after %.0f ms %s", VICTIM, reshard_result_string(r),
-        now_ms() - t0, r ? reshard_last_error() : "");
-    if (!r) after_rejoin(comm, &x, t0, 0);
+    say(r == RESHARD_SUCCESS, "round %d: comm_ucx_rejoin(%d): %s after %.0f ms %s", k, VICTIM,
+        reshard_result_string(r), now_ms() - t_join, r ? reshard_last_error() : "");
   }
   side_free(&x);
   reshard_comm_destroy(comm);
@@ -438,7 +445,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (i + 1 < argc) seed = atoi(argv[i + 1]);
-  if (!strcmp(argv[i], "replace")) return run_replace();
+  if (!strcmp(argv[i], "replace")) return run_replace(i + 2 < argc ? atoi(argv[i + 2]) : 1);
   if (!strcmp(argv[i], "refuse")) return run_refuse();
   fprintf(stderr, "unknown mode %s\n", argv[i]);
   return 2;
