@@ -19,6 +19,14 @@
  * MPI). Every message carries its count and the count's complement, so a
  * rank pairing two kinds of agreement gets MISMATCH.
  *
+ * Replacing a rank (reshard_comm_ucx_rejoin, the newcomer's
+ * reshard_comm_create_ucx_joining): the staying ranks keep their worker
+ * and endpoints; the replaced rank's endpoint is closed and its leftovers
+ * dropped, rank 0 relays the newcomer's address and agreed counters. The
+ * collective numbers restart past every rank's and the rejoin count
+ * (epoch) is mixed into the data tags' hash, so nothing from before the
+ * rejoin pairs with a message after it (see "replacing a rank" below).
+ *
  * Threads: one lock per communicator around every UCP call (a worker in
  * UCS_THREAD_MODE_SINGLE), so that plans on one communicator may run on
  * different threads. Waits poll the worker until their deadline. */
@@ -43,7 +51,8 @@
 #define COLL_BIT (1ull << 39)
 #define LOW_MASK (COLL_BIT - 1)
 #define MAX_RANKS (1 << 24)
-/* (collective numbers below this; the rendezvous' own two tags above) */
+/* (collective numbers below this; the rendezvous' and the rejoin's own
+ * tags above) */
 #define TAG_ADDRESS (COLL_BIT | (1ull << 38) | 1)
 #define TAG_TABLE (COLL_BIT | (1ull << 38) | 2)
 /* replacing a rank (reshard_comm_ucx_rejoin): the newcomer's address to
@@ -618,8 +627,6 @@ static reshard_result_t boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_
   }
 }
 
-/* Rank 0: accepts the others' connections and collects their worker
- * addresses; table: size entries of {length, bytes}. */
 /* Rank 0: turns the connection requests that arrived into endpoints.
  * (Under the lock.) */
 static void accept_pending(ux_comm *m) {
