@@ -24,6 +24,15 @@ def check_world(info, ntrain, rank, engine):
                 info.infer))
 
 
+def owner(model, name):
+    """The live module holding parameter ``name``, or None."""
+    path = name.rpartition(".")[0]
+    try:
+        return model.get_submodule(path)
+    except (AttributeError, TypeError):
+        return None
+
+
 def written(dst, rank):
     """{name: (bytes, torch dtype)} of this rank's destination buffers."""
     import torch

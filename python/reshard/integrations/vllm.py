@@ -67,8 +67,8 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ._transport import WORLDS, comm as _comm, deadline_s, in_thread  # noqa: F401
 from ._vllm_reload import Reprocess as _Reprocess
 from . import _engine
-from ._engine import make_plan as _plan, stream as _stream, strip as _strip, \
-    written as _written
+from ._engine import make_plan as _plan, owner as _owner, stream as _stream, \
+    strip as _strip, written as _written
 
 
 def _check_world(info, ntrain, rank):
@@ -145,15 +145,6 @@ def _layouts(info, first_infer_rank):
 # cpu_prepack_moe_weight in experts/cpu_moe.py, XPU a transpose, MOONEP
 # its [E+B] layout, TPU/OOT their own).
 _LOADED_FORMAT_MOE = ("TRITON", "BATCHED_TRITON")
-
-
-def _owner(model, name):
-    """The live module holding parameter ``name``, or None."""
-    path = name.rpartition(".")[0]
-    try:
-        return model.get_submodule(path)
-    except (AttributeError, TypeError):
-        return None
 
 
 def _moe_format(module, w31=0):
