@@ -20,6 +20,8 @@ import sglang_world  # noqa: E402
 from vllm_world import (SENTINEL, check, esize, positions, torch_dtype,  # noqa: E402
                         want, write_configs)
 
+import re  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 
@@ -155,6 +157,94 @@ def end_to_end():
         assert len(plans) == 2 and plans[0] is plans[1]  # built once
         rsgl.close(model)
         world.close()
+
+
+def _raises(exc, pattern, fn, *args):
+    import re
+    try:
+        fn(*args)
+    except exc as e:
+        assert re.search(pattern, str(e)), (pattern, str(e))
+        return e
+    raise AssertionError("no %s matching %r" % (exc.__name__, pattern))
+
+
+def refusals():
+    """A worker refuses before any plan, naming the parameter or setting:
+    an inference spec other than SGLang's own parallel state; each live
+    format reshard does not write, set as SGLang sets it (the triton_kernels
+    MoE backend's flag, AMX packing's flag, a kv_b_proj in a model whose
+    post_load_weights is gone); a dtype the model does not hold, which
+    reaches the trainer's sender as the worker's error while the other
+    trainer rank fails at its plan deadline."""
+    import reshard
+    from reshard.integrations import sglang as rsgl
+    paths = _setup()
+    moe = os.path.join(paths["qwen3_moe"], "config.json")
+    model = sglang_world.build(moe)
+    world = _world("refuse", 2)
+
+    def info(**kw):
+        base = dict(model_config_path=moe, train="tp=1", infer="tp=1",
+                    world_size=2, transport="inproc:refuse", rank_offset=1,
+                    timeout_ms=3000)
+        base.update(kw)
+        return rsgl.ReshardSGLangInitInfo(**base)
+    # SGLang runs tp 1 here
+    _raises(reshard.InvalidArgumentError,
+            r"runs tp_size=1, the inference spec 'tp=2' says 2",
+            rsgl.load, model, rsgl.payload(info(infer="tp=2", world_size=3), 1))
+    _raises(reshard.InvalidArgumentError, r"replica 1 is not one of the 1",
+            rsgl.load, model, rsgl.payload(info(replica=1), 1))
+    _raises(reshard.InvalidArgumentError, r"payload must be exactly",
+            rsgl.load, model, [("model.norm.weight", model.model.norm.weight)])
+    experts = model.model.layers[1].mlp.experts
+    experts.quant_method.use_triton_kernels = True
+    _raises(reshard.UnsupportedError,
+            r"rank 1: 2 parameters .*model\.layers\.1\.mlp\.experts\.w13_weight: "
+            r"SGLang's triton_kernels MoE backend.*also model\.layers\.1\.mlp"
+            r"\.experts\.w2_weight", rsgl.load, model, rsgl.payload(info(), 1))
+    experts.quant_method.use_triton_kernels = False
+    model.model.layers[0].self_attn.qkv_proj.use_intel_amx_backend = True
+    _raises(reshard.UnsupportedError,
+            r"model\.layers\.0\.self_attn\.qkv_proj\.weight: SGLang packed it "
+            r"for Intel AMX", rsgl.load, model, rsgl.payload(info(), 1))
+    model.model.layers[0].self_attn.qkv_proj.use_intel_amx_backend = False
+    assert rsgl._WORKERS.get(model) is None  # no plan kept
+    world.close()
+
+    ds = os.path.join(paths["deepseek_v3"], "config.json")
+    dmodel = sglang_world.build(ds)
+    dmodel.post_load_weights = None
+    world = _world("refuse2", 2)
+    _raises(reshard.UnsupportedError,
+            r"model\.layers\.0\.self_attn\.kv_b_proj\.weight: SGLang's "
+            r"DeepseekV2WeightLoaderMixin\.post_load_weights.*no "
+            r"post_load_weights to re-run", rsgl.load, dmodel,
+            rsgl.payload(info(model_config_path=ds,
+                              transport="inproc:refuse2"), 1))
+    world.close()
+
+    # the served model is bf16, the trainer's spec says f32: the worker's
+    # refusal reaches the trainer's sender; the other rank times out
+    engine = Engine(model)
+    world = _world("dtype", 3)
+    errs = _trainers(moe, "tp=2", "tp=1", "dtype", engine, 1,
+                     timeout_ms=3000, dtype="f32")
+    assert isinstance(errs[0], reshard.UnsupportedError), errs
+    assert re.search(r"reshard SGLang engine, rank 2: \d+ parameters .*"
+                     r"lm_head\.weight: SGLang holds it as \(256, 64\) "
+                     r"torch\.bfloat16 \(32768 bytes\), reshard's layout says "
+                     r"torch\.float32 \(65536 bytes\) on rank 2",
+                     str(errs[0])), str(errs[0])
+    assert isinstance(errs[1], reshard.TimeoutError), errs
+    assert engine.calls == ["begin", "update", "end"], engine.calls
+    assert rsgl._WORKERS.get(model) is None
+    # nothing was written: every byte still the sentinel
+    import torch
+    for n, p in model.named_parameters():
+        assert bool((p.data.view(torch.uint8) == SENTINEL).all()), n
+    world.close()
 
 
 def main():

@@ -97,8 +97,8 @@ def build(path):
 
 
 def topology(w, infer):
-    """SGLang's parallel context and model-parallel groups for this case
-    (the torch.distributed world stays). Built without PyNccl (the one
+    """SGLang's parallel context, model-parallel groups and attention-DP
+    state for this case (the torch.distributed world stays). Built without PyNccl (the one
     stand-in of the groups: SGLang's init_model_parallel_group enables it
     on every in-tree platform, CPU included, and its constructor needs a
     CUDA device, torch.cuda.device(cpu) raising here); the groups' gloo
@@ -121,6 +121,11 @@ def topology(w, infer):
                            pp_size=sp.get("pp", 1), ep_size=sp.get("ep", 1),
                            attn_dp_size=sp.get("attn_dp", 1))
     initialize_model_parallel(backend="gloo")
+    # what SGLang's bootstrap does next (distributed/bootstrap.py):
+    # attention DP's flags (is_dp_attention_enabled) and ranks
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+    from sglang.srt.runtime_context import get_server_args
+    initialize_dp_attention(server_args=get_server_args())
 
 
 class Engine:
