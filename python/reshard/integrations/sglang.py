@@ -44,8 +44,10 @@ Trainer side: every trainer rank
     trainer.send_weights()                    # every step
 
 ``engines``: the sender's (rank 0) handles of the SGLang engines, one per
-replica in dp order (sglang.Engine or anything with its
-begin_weight_update / update_weights_from_tensor / end_weight_update);
+replica in dp order (sglang.Engine, entrypoints/engine.py, or anything
+with its begin_weight_update / update_weights_from_tensor /
+end_weight_update: entrypoints/http_server_engine.py
+HttpServerEngineAdapter has them over HTTP);
 SGLang 0.5.23 serves --dp-size replicas through update_weights_from_tensor
 only as separate engines (tokenizer_control_mixin.py asserts dp_size 1).
 
@@ -330,7 +332,11 @@ def close(model):
 
 
 def _ok(result, what, replica):
-    """SGLang's (success, message) results; a failure raises."""
+    """SGLang's results: Engine's (success, message), the HTTP server's
+    {"success": ..., "message": ...} (HttpServerEngineAdapter); a failure
+    raises."""
+    if isinstance(result, dict) and "success" in result:
+        result = (result["success"], result.get("message"))
     if isinstance(result, tuple) and len(result) == 2 and not result[0]:
         raise UnsupportedError("reshard SGLang engine: replica %d: %s "
                                "failed: %s" % (replica, what, result[1]))

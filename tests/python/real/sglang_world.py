@@ -48,8 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/python: conftest helpers
 from vllm_world import (SENTINEL, Ctl, check, esize,  # noqa: E402
-                        hf_tensors, positions, torch_dtype, want,
-                        write_configs)
+                        positions, torch_dtype, want, write_configs)
 
 # (config, inference spec over the 2 workers, trainer spec over 2 ranks)
 CASES = [
@@ -59,6 +58,9 @@ CASES = [
     ("mixtral", "tp=2", "tp=2"),
     ("deepseek_v3", "tp=2", "tp=2"),
     ("deepseek_v3_nolora", "tp=2,attn_dp=2", "pp=2"),
+    # two engines (SGLang serves --dp-size replicas through
+    # update_weights_from_tensor only as separate engines), one worker each
+    ("qwen3_moe", "tp=1,dp=2", "tp=2"),
 ]
 
 # SGLang 0.5.23's class for each architecture (srt/models/*.py)
@@ -96,7 +98,7 @@ def build(path):
     return model
 
 
-def topology(w, infer):
+def topology(w, infer):  # w: the rank in this engine
     """SGLang's parallel context, model-parallel groups and attention-DP
     state for this case (the torch.distributed world stays). Built without PyNccl (the one
     stand-in of the groups: SGLang's init_model_parallel_group enables it
@@ -187,9 +189,11 @@ def trainer(rank, T, W, ctl, paths):
         info = ReshardSGLangInitInfo(model_config_path=path, train=train,
                                      infer=infer, world_size=T + W,
                                      transport="mpi", timeout_ms=60000)
-        engine = Engine(ctl, list(range(T, T + W))) if rank == 0 else None
-        tr = SGLangTrainer(info, rank, source,
-                           engines=[engine] if engine else None)
+        dp = spec_of(infer).get("dp", 1)
+        per = W // dp  # the workers of one engine (replica)
+        engines = [Engine(ctl, list(range(T + d * per, T + (d + 1) * per)))
+                   for d in range(dp)] if rank == 0 else []
+        tr = SGLangTrainer(info, rank, source, engines=engines)
         for step in (1, 2):
             if step == 2:
                 fill(2)  # the optimizer step, in place
@@ -199,10 +203,12 @@ def trainer(rank, T, W, ctl, paths):
             bad += 1
             print("FAIL case %d: the trainer read the source %d times in 2 "
                   "steps" % (ci, len(passes)))
-        if engine is not None:
-            if engine.calls != ["begin", "update", "end"] * 2:
-                bad += 1
-                print("FAIL case %d: control calls %s" % (ci, engine.calls))
+        if rank == 0:
+            for d, engine in enumerate(engines):
+                if engine.calls != ["begin", "update", "end"] * 2:
+                    bad += 1
+                    print("FAIL case %d: engine %d's control calls %s"
+                          % (ci, d, engine.calls))
             for w in range(T, T + W):
                 ctl.send(w, ("next",))
         passed += 1
@@ -211,19 +217,16 @@ def trainer(rank, T, W, ctl, paths):
 
 # ------------------------------------------------------------------ worker
 def worker(rank, T, W, ctl, paths, port):
-    import torch
     import reshard
     from reshard.integrations import sglang as rsgl
-    from sglang.srt.distributed.parallel_state import \
-        init_distributed_environment
+    from sglang.srt.distributed.parallel_state import (
+        destroy_distributed_environment, destroy_model_parallel,
+        init_distributed_environment, model_parallel_is_initialized)
     from sglang.srt.model_executor.model_runner_components.weight_updater \
         import WeightUpdater
     from sglang.srt.runtime_context import get_parallel
 
     w = rank - T
-    init_distributed_environment(
-        world_size=W, rank=w, local_rank=w, backend="gloo",
-        distributed_init_method="tcp://127.0.0.1:%d" % port)
     bad = passed = 0
 
     def fail(msg):
@@ -234,7 +237,18 @@ def worker(rank, T, W, ctl, paths, port):
     for ci, (cfg, infer, train) in enumerate(CASES):
         what = "case %d (%s infer %s train %s)" % (ci, cfg, infer, train)
         path = os.path.join(paths[cfg], "config.json")
-        topology(w, infer)
+        # each engine's workers form their own torch.distributed world
+        # (gloo), as one SGLang engine's processes do
+        sp = spec_of(infer)
+        per = sp.get("tp", 1) * sp.get("pp", 1)
+        if model_parallel_is_initialized():
+            destroy_model_parallel()
+        destroy_distributed_environment()
+        init_distributed_environment(
+            world_size=per, rank=w % per, local_rank=w % per, backend="gloo",
+            distributed_init_method="tcp://127.0.0.1:%d" % (
+                port + 10 * ci + w // per))
+        topology(w % per, infer)
         model, ref = build(path), build(path)
         dst = reshard.models.sglang_layout(path, infer, first_rank=T)
         live = dict(model.named_parameters())
