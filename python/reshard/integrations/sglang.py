@@ -97,6 +97,7 @@ trainer), so the trainer fails within its plan deadline, and its sender
 re-raises what update_weights_from_tensor returned or raised.
 """
 import json
+import uuid
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -146,12 +147,14 @@ def _layouts(info, first_infer_rank):
     return dmodel, src, dst
 
 
-def payload(info, version):
+def payload(info, version, plan_id=""):
     """The named_tensors of one update for one engine: [("reshard", uint8
     tensor of JSON)] (update_weights_from_tensor moves each value to the
-    worker's device: a tensor it must be)."""
+    worker's device: a tensor it must be). ``plan_id``: the trainer's plan
+    (a worker whose plan is another's builds a new one)."""
     import torch
-    raw = json.dumps({"init": asdict(info), "version": int(version)}).encode()
+    raw = json.dumps({"init": asdict(info), "version": int(version),
+                      "plan": str(plan_id)}).encode()
     return [(KEY, torch.frombuffer(bytearray(raw), dtype=torch.uint8))]
 
 
@@ -163,7 +166,7 @@ def _message(named_tensors):
             "(reshard.integrations.sglang.payload), got names %s"
             % (KEY, sorted(entries)[:4]))
     msg = json.loads(bytes(entries[KEY].cpu().numpy().tobytes()).decode())
-    return ReshardSGLangInitInfo(**msg["init"]), msg["version"]
+    return ReshardSGLangInitInfo(**msg["init"]), msg["version"], msg["plan"]
 
 
 def _parallel():
@@ -311,14 +314,15 @@ def load(model, named_tensors):
     reshard.integrations.sglang.load): one reshard update of ``model``,
     the live model of this TP worker. The first call (or a call with other
     init info) builds this worker's plan."""
-    info, version = _message(named_tensors)
+    info, version, plan_id = _message(named_tensors)
     w = _WORKERS.get(model)
-    if w is not None and w.info != info:
+    if w is not None and (w.info, w.plan_id) != (info, plan_id):
         w.close()
         del _WORKERS[model]
         w = None
     if w is None:
         w = Worker(model, info, device=_device(model))
+        w.plan_id = plan_id
         _WORKERS[model] = w
     w.update(model, version)
 
@@ -380,6 +384,9 @@ class SGLangTrainer:
         self.deadline = deadline_s(info.timeout_ms)
         self.plan = self.comm = None
         self.version = 0
+        # this trainer's plan, named in every payload: a worker still
+        # holding an earlier trainer's plan (same init info) builds anew
+        self.plan_id = uuid.uuid4().hex if self.is_sender else ""
 
     def _local(self):
         src = self.source
@@ -402,15 +409,26 @@ class SGLangTrainer:
     def _rpc(self, version):
         """The sender: open every engine's session, then the updates in
         threads (they block until the workers finish); returns join()."""
-        for d, e in enumerate(self.engines):
-            _ok(e.begin_weight_update(), "begin_weight_update", d)
+        begun = []
+        try:
+            for d, e in enumerate(self.engines):
+                _ok(e.begin_weight_update(), "begin_weight_update", d)
+                begun.append(d)
+        except BaseException:
+            for d in begun:  # no session left open
+                try:
+                    self.engines[d].end_weight_update()
+                except Exception:
+                    pass  # the begin's error is the one to report
+            raise
         joins = []
         for d, e in enumerate(self.engines):
             info = ReshardSGLangInitInfo(**dict(asdict(self.info), replica=d))
 
             def call(e=e, d=d, info=info):
                 _ok(e.update_weights_from_tensor(
-                    named_tensors=payload(info, version), load_format=LOADER,
+                    named_tensors=payload(info, version, self.plan_id),
+                    load_format=LOADER,
                     flush_cache=True), "update_weights_from_tensor", d)
             joins.append(in_thread(call, deadline_s=self.deadline))
 

@@ -133,7 +133,8 @@ def end_to_end():
     """Qwen3-MoE and DeepSeek-V3 (MLA: w_kc / w_vc re-derived): trainer
     tp=2 / ep=2 to SGLang tp=1, two steps, every byte of every parameter
     checked against global coordinates and SGLang's own load_weights, the
-    rest untouched, the session's calls in order."""
+    rest untouched, the session's calls in order, the worker's plan built
+    once; then a new trainer with the same init info: a new plan."""
     import reshard
     from reshard.integrations import sglang as rsgl
     paths = _setup()
@@ -155,6 +156,18 @@ def end_to_end():
         assert not failures, failures[:5]
         assert engine.calls == ["begin", "update", "end"] * 2, engine.calls
         assert len(plans) == 2 and plans[0] is plans[1]  # built once
+        if cfg == "qwen3_moe":
+            # a new trainer (a restarted job, versions from 1 again) with
+            # the same init info: its plan id makes the worker build anew
+            old = world
+            world = _world(cfg, 3)
+            engine.updates = 0  # the new trainer's steps: 1, 2 again
+            errs = _trainers(path, train, "tp=1", cfg, engine, 2)
+            assert errs == [None, None], errs
+            assert not failures, failures[:5]
+            assert len(plans) == 4 and plans[2] is not plans[1] and \
+                plans[2] is plans[3]
+            old.close()
         rsgl.close(model)
         world.close()
 
