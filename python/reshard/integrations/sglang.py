@@ -28,9 +28,10 @@ the checkpoint engine's (whole tensors over CUDA IPC), and collective_rpc
 calls Scheduler methods by name only.
 
 The payload is one entry, ("reshard", a uint8 tensor of JSON): the init
-info (ReshardSGLangInitInfo, with this engine's replica index) and the
-weight version. The first call on a worker builds its communicator and
-plan (collective with the trainer's first send_weights); every call
+info (ReshardSGLangInitInfo, with this engine's replica index), the
+weight version and the trainer's plan id. The first call on a worker (or
+the first of another trainer's plan) builds its communicator and plan
+(collective with the trainer's first send_weights); every call
 executes one version, written in place into model.named_parameters() by
 SGLang's own names (reshard.models.sglang_layout).
 
