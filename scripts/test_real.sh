@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Tests against the real frameworks (called by .ci/run; run it by hand the
 # same way): a virtual environment with vLLM 0.33.0 and torch from PyPI
-# (CUDA's wheels, used here on vLLM's CPU platform: VLLM_TARGET_DEVICE=cpu)
-# and verl 0.9.1, reshard installed into it with `pip install .`, then
-# pytest over tests/python/real and the engine tests that need vLLM or
-# verl.
+# (CUDA's wheels, used here on vLLM's CPU platform: VLLM_TARGET_DEVICE=cpu),
+# verl 0.9.1 and SGLang 0.5.23 (its model classes on torch's CPU device),
+# reshard installed into it with `pip install .`, then pytest over
+# tests/python/real and the engine tests that need vLLM or verl.
 #
 #   bash scripts/test_real.sh            # venv in build/real-venv
 #
@@ -36,12 +36,19 @@ tv=$("$venv/bin/python" -c 'import torch, transformers; print("torch==%s transfo
 "${pip[@]}" accelerate codetiming datasets dill hydra-core pandas peft \
   "pyarrow>=19" pybind11 pylatexenc "ray[default]>=2.41" torchdata \
   "tensordict!=0.9.0,<=0.10.0,>=0.8.0" tensorboard wandb $tv
+# SGLang 0.5.23 (39 MB wheel) with --no-deps: its pins (torch 2.14.1,
+# transformers 5.19, CUDA kernel packages) would replace vLLM's; its model
+# classes, parallel state and weight updater import and run on the CPU
+# with vLLM's torch plus the two imports it needs that vLLM does not
+# bring (ipython: sglang/utils.py; gguf: layers/quantization/gguf.py).
+"${pip[@]}" --no-deps "sglang==0.5.23"
+"${pip[@]}" ipython gguf $tv
 echo "real-venv: installed in $((SECONDS - start)) s"
 
 # reshard as a user installs it (the CUDA kernels off: there is no GPU
 # here, and the tests below use host transports)
 "${pip[@]}" --no-deps --force-reinstall . -C cmake.define.RESHARD_WITH_CUDA=OFF
-"$venv/bin/python" -c 'import vllm, verl, torch, reshard; print("vllm", vllm.__version__, "verl", verl.__version__, "torch", torch.__version__, "reshard", reshard.__version__)'
+"$venv/bin/python" -c 'import vllm, verl, torch, reshard, sglang; print("vllm", vllm.__version__, "verl", verl.__version__, "sglang", sglang.__version__, "torch", torch.__version__, "reshard", reshard.__version__)'
 
 # Never hang: each test has its own deadline; this is the backstop.
 VLLM_TARGET_DEVICE=cpu OMP_NUM_THREADS=1 timeout 2400 "$venv/bin/python" -m pytest -q \

@@ -133,3 +133,66 @@ def test_named_tensors():
     assert named_tensors({"x": 1}) == {"x": 1} and named_tensors(None) == {}
     with pytest.raises(reshard.InvalidArgumentError):
         named_tensors(42)
+
+
+def _sglang_snippet():
+    import os
+    import re
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "python", "README.md")).read()
+    sec = text[text.index("\n## SGLang\n"):]
+    m = re.search(r"```python\n(.*?)```", sec, re.S)
+    assert m, "python/README.md's SGLang section has no python block"
+    return m.group(1)
+
+
+def test_sglang_readme_trainer_snippet_builds_a_trainer():
+    """python/README.md's SGLang trainer snippet, run as written with the
+    shipped Qwen3-30B-A3B config (no step: its send_weights needs the
+    SGLang workers, tests/python/real/sglang_world.py): a real
+    SGLangTrainer on rank 0 (two engines) and on rank 3 (none), whose
+    layouts, world size and engine count the constructor checks."""
+    import os
+    from conftest import ROOT
+    from reshard.integrations import sglang as rsgl
+    code = _sglang_snippet().replace(
+        '"Qwen3-30B-A3B/config.json"',
+        repr(os.path.join(ROOT, "configs", "Qwen3-30B-A3B.json")))
+    for rank in (0, 3):
+        env = {"master_ip": "127.0.0.1", "trainer_rank": rank,
+               "megatron_model": FakeModule({}), "engine0": object(),
+               "engine1": object(), "steps": 0, "train_step": None}
+        exec(compile(code, "python/README.md", "exec"), env)
+        t = env["trainer"]
+        assert isinstance(t, rsgl.SGLangTrainer)
+        assert t.info.rank_offset == 4 and len(t.engines) == (2 if rank == 0 else 0)
+        assert t.held  # this Megatron rank's parameters, from the layout
+
+
+def test_sglang_trainer_refuses_a_wrong_world(tmp_path):
+    """The SGLang trainer checks what it can before any collective: the
+    world size against both specs, the sender's one engine per replica,
+    the rank against the trainer spec; each error names the field."""
+    from reshard.integrations.sglang import ReshardSGLangInitInfo, SGLangTrainer
+    cfg = tiny_config(tmp_path)
+
+    def info(**kw):
+        base = dict(model_config_path=cfg, train="tp=2", infer="tp=2,dp=2",
+                    world_size=6)
+        base.update(kw)
+        return ReshardSGLangInitInfo(**base)
+    with pytest.raises(reshard.InvalidArgumentError,
+                       match=r"world_size 5 is not the 2 trainer ranks .* "
+                             r"plus the 4 inference ranks"):
+        SGLangTrainer(info(world_size=5), 0, FakeModule({}), engines=[1, 2])
+    with pytest.raises(reshard.InvalidArgumentError,
+                       match=r"one engine per replica of 'tp=2,dp=2' \(2\), got 1"):
+        SGLangTrainer(info(), 0, FakeModule({}), engines=[1])
+    with pytest.raises(reshard.InvalidArgumentError,
+                       match=r"rank 2 is not a trainer rank of 'tp=2' \(0 .. 1\)"):
+        SGLangTrainer(info(), 2, FakeModule({}))
+    t = SGLangTrainer(info(), 1, FakeModule({}))
+    with pytest.raises(reshard.InvalidArgumentError,
+                       match=r"rank 1: the source has no embedding\.word_embeddings"
+                             r"\.weight .*and \d+ more"):
+        t._local()

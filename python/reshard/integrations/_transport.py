@@ -3,7 +3,8 @@
   "nccl"          a PyNcclCommunicator (vLLM's) over vLLM's
                   StatelessProcessGroup at master_address:master_port, as
                   vLLM's own nccl weight-transfer engine builds its group
-                  (needs vLLM, and a GPU per process)
+                  (SGLang's classes of the same names where vLLM is not
+                  installed; a GPU per process)
   "mpi"           mpi4py's COMM_WORLD (every process of the job in one MPI
                   launch)
   "ucx"           reshard.Comm.ucx at master_address:master_port (host
@@ -41,9 +42,7 @@ def comm(transport, rank, world_size, master_address, master_port, device):
                                        % transport)
         c = world.comm(rank)
     elif transport == "nccl":
-        from vllm.distributed.device_communicators.pynccl import \
-            PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
+        PyNcclCommunicator, StatelessProcessGroup, unpinned = _pynccl()
         if master_address is None or master_port is None:
             raise InvalidArgumentError("reshard integration: transport nccl "
                                        "needs master_address and master_port")
@@ -57,8 +56,7 @@ def comm(transport, rank, world_size, master_address, master_port, device):
         # settings batch-invariant mode pins (nccl_common.py,
         # stateless_init_process_group: unpinned_nccl_env): a communicator
         # shared by processes with different NCCL_* settings can hang.
-        from vllm.utils.nccl import unpinned_nccl_env
-        with unpinned_nccl_env():
+        with unpinned():
             c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
     else:
         raise InvalidArgumentError("reshard integration: transport %r: "
@@ -72,6 +70,27 @@ def comm(transport, rank, world_size, master_address, master_port, device):
             "rank %d of %d, the engine computed rank %d of %d"
             % ((transport,) + got + (rank, world_size)))
     return c
+
+
+def _pynccl():
+    """(PyNcclCommunicator, StatelessProcessGroup, env context) of vLLM
+    (vllm/distributed/device_communicators/pynccl.py, distributed/utils.py;
+    vllm/utils/nccl.py unpinned_nccl_env), or of SGLang where vLLM is not
+    installed (sglang/srt/distributed/device_communicators/pynccl.py and
+    distributed/utils.py, the same classes and signatures; SGLang pins no
+    NCCL_* settings)."""
+    try:
+        from vllm.distributed.device_communicators.pynccl import \
+            PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+        from vllm.utils.nccl import unpinned_nccl_env
+        return PyNcclCommunicator, StatelessProcessGroup, unpinned_nccl_env
+    except ImportError:
+        import contextlib
+        from sglang.srt.distributed.device_communicators.pynccl import \
+            PyNcclCommunicator
+        from sglang.srt.distributed.utils import StatelessProcessGroup
+        return PyNcclCommunicator, StatelessProcessGroup, contextlib.nullcontext
 
 
 def in_thread(fn, *args, deadline_s):

@@ -66,6 +66,17 @@ import reshard
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._transport import WORLDS, comm as _comm, deadline_s, in_thread  # noqa: F401
 from ._vllm_reload import Reprocess as _Reprocess
+from . import _engine
+from ._engine import make_plan as _plan, owner as _owner, stream as _stream, \
+    strip as _strip, written as _written
+
+
+def _check_world(info, ntrain, rank):
+    _engine.check_world(info, ntrain, rank, "vLLM")
+
+
+def _refuse(flagged, rank):
+    _engine.refuse(flagged, rank, "vLLM")
 
 @dataclass
 class ReshardInitInfo(WeightTransferInitInfo):
@@ -90,19 +101,6 @@ class ReshardUpdateInfo(WeightTransferUpdateInfo):
     """One update: the weight version (the training step, >= 1), which
     every rank passes and the plan checks."""
     version: int
-
-
-def _check_world(info, ntrain, rank):
-    """The world must be the trainer ranks then every worker of the
-    inference layout: a worker beyond the layout (a dp left out of
-    ``infer``) would receive nothing and serve stale weights."""
-    ninfer = reshard.models.ranks(info.infer)
-    if info.world_size != ntrain + ninfer:
-        raise InvalidArgumentError(
-            "reshard vLLM engine, rank %d: world_size %d is not the %d "
-            "trainer ranks (train '%s') plus the %d inference ranks (infer "
-            "'%s'); give every replica in infer (dp=...)" % (
-                rank, info.world_size, ntrain, info.train, ninfer, info.infer))
 
 
 def _fp8_block(path):
@@ -147,15 +145,6 @@ def _layouts(info, first_infer_rank):
 # cpu_prepack_moe_weight in experts/cpu_moe.py, XPU a transpose, MOONEP
 # its [E+B] layout, TPU/OOT their own).
 _LOADED_FORMAT_MOE = ("TRITON", "BATCHED_TRITON")
-
-
-def _owner(model, name):
-    """The live module holding parameter ``name``, or None."""
-    path = name.rpartition(".")[0]
-    try:
-        return model.get_submodule(path)
-    except (AttributeError, TypeError):
-        return None
 
 
 def _moe_format(module, w31=0):
@@ -319,16 +308,6 @@ def _classify(model, dmodel, dst, rank, w31=0):
     return reprocess, rerun, refused
 
 
-def _written(dst, rank):
-    """{name: (bytes, torch dtype)} of this rank's destination buffers."""
-    import torch
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
-           "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
-    dtype = {dst.buffer_name(f.buffer): f.dtype for f in dst.fragments(rank)}
-    return {n: (dst.buffer_bytes(b, rank), tdt.get(dtype.get(n)))
-            for n, b in dst.buffers(rank).items()}
-
-
 def _sync_modes(model, dmodel, dst, rank, w31=0):
     """_classify, with the re-processed layers checked
     (Reprocess.check): (reprocess, rerun, refusals)."""
@@ -342,22 +321,10 @@ def _sync_modes(model, dmodel, dst, rank, w31=0):
     # keeps in bf16, or the reverse, is refused here, not at the first
     # update)
     staged = {prefix[m] + n for m, local in reprocess.items() for n in local}
-    live = dict(model.named_parameters())
-    for n, (nb, dt) in written.items():
-        p = live.get(n)
-        if n in staged or n in refused or p is None:
-            continue  # (a missing parameter: bind names it)
-        if p.numel() * p.element_size() != nb or (
-                dt is not None and isinstance(p.dtype, type(dt)) and
-                p.dtype != dt):
-            refused[n] = (
-                "vLLM holds it as %s %s (%d bytes), reshard's layout says %s "
-                "(%d bytes) on rank %d: the checkpoint's quantization_config "
-                "(weight_block_size, ignored_layers) and reshard's model "
-                "disagree on whether it is fp8" % (
-                    tuple(getattr(p, "shape", ())), p.dtype,
-                    p.numel() * p.element_size(), dt,
-                    nb, rank))
+    refused.update(_engine.size_refusals(
+        dict(model.named_parameters()), written, staged | set(refused), rank,
+        "vLLM", "the checkpoint's quantization_config (weight_block_size, "
+        "ignored_layers) and reshard's model disagree on whether it is fp8"))
     return reprocess, rerun, refused
 
 
@@ -366,36 +333,6 @@ def _live_refusals(model, dmodel, dst, rank, w31=0):
     neither written directly nor re-processed; empty when every parameter
     can be synced."""
     return _sync_modes(model, dmodel, dst, rank, w31)[2]
-
-
-def _refuse(flagged, rank):
-    names = sorted(flagged)
-    raise UnsupportedError(
-        "reshard vLLM engine, rank %d: %d parameters are served in a format "
-        "other than the one reshard writes: %s: %s%s" % (
-            rank, len(names), names[0], flagged[names[0]],
-            "; also " + ", ".join(names[1:4]) +
-            (", ..." if len(names) > 4 else "") if len(names) > 1 else ""))
-
-
-def _strip(name, prefix):
-    """name without any number of leading ``prefix`` (Megatron's DDP and
-    Float16Module wrappers each add one "module.")."""
-    while prefix and name.startswith(prefix):
-        name = name[len(prefix):]
-    return name
-
-
-def _plan(comm, info, src, dst):
-    return reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
-                        timeout_ms=info.timeout_ms, topology=info.topology)
-
-
-def _stream(comm):
-    if not comm.device:
-        return None
-    torch = sys.modules.get("torch")
-    return torch.cuda.current_stream() if torch is not None else None
 
 
 class ReshardWeightTransferEngine(WeightTransferEngine):

@@ -659,10 +659,12 @@ def worker(rank, T, W, ctl, paths, port):
     return bad, passed
 
 
-def check(step, dst, rank, model, ref, path, what, fail, w13_live=None):
+def check(step, dst, rank, model, ref, path, what, fail, w13_live=None,
+          engine="vLLM"):
     """Every byte of every parameter: fragments against the global
-    coordinates' values and against vLLM's own load_weights; the rest
-    untouched."""
+    coordinates' values and against the engine's own load_weights (of
+    ``ref``, the same model class: vLLM's, or SGLang's in
+    sglang_world.py); the rest untouched."""
     import torch
     ref.load_weights(hf_tensors(path, step))
     got = {n: p.data.view(torch.uint8).reshape(-1).numpy()
@@ -684,8 +686,8 @@ def check(step, dst, rank, model, ref, path, what, fail, w13_live=None):
                  "coordinates' values" % (what, step, n, k))
         k = int(np.count_nonzero(got[n][pos] != exp[n][pos]))
         if k:
-            fail("%s step %d: %s: %d bytes differ from vLLM's load_weights"
-                 % (what, step, n, k))
+            fail("%s step %d: %s: %d bytes differ from %s's load_weights"
+                 % (what, step, n, k, engine))
         inside[n][pos] = True
     for n, a in got.items():
         k = int(np.count_nonzero(a[~inside[n]] != SENTINEL))
@@ -698,8 +700,8 @@ def check(step, dst, rank, model, ref, path, what, fail, w13_live=None):
         k = int(np.count_nonzero((exp[n] != SENTINEL) & ~inside[n]
                                  & (exp[n] != 0)))
         if k:
-            fail("%s step %d: %s: %d bytes vLLM loads lie outside reshard's "
-                 "fragments" % (what, step, n, k))
+            fail("%s step %d: %s: %d bytes %s loads lie outside reshard's "
+                 "fragments" % (what, step, n, k, engine))
 
 
 def check_processed(step, model, ref, path, what, fail):
