@@ -319,6 +319,8 @@ typedef struct {
   int sp_moe;
   int w31;
   int dp_shard, dp_replicate;
+  int cp;
+  int attn_dp, dp_lm_head, moe_dense_tp, shared_fusion;
   ...;
 } rm_parallel;
 reshard_result_t rm_parse_parallel(const char *spec, rm_parallel *out);

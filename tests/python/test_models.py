@@ -158,3 +158,16 @@ def test_sglang_layout_refusals():
     for fn in (reshard.models.vllm_layout, reshard.models.megatron_layout):
         with pytest.raises(reshard.InvalidArgumentError, match="SGLang"):
             fn(QWEN3_MOE, "tp=2,attn_dp=2", layers=1)
+
+
+def test_parallel_binding_reads_every_key():
+    """reshard.models.parallel returns the C struct through the binding's
+    own declaration of rm_parallel (_ffi_build.py): every key the C parser
+    accepts must read back as set. The declaration once stopped at
+    dp_replicate, so .cp and the SGLang keys raised AttributeError."""
+    spec = {"tp": 2, "pp": 3, "dp": 5, "ep": 7, "etp": 11, "vocab": 1013,
+            "first": 13, "last": 17, "grouped_gemm": 0, "sp_moe": 1, "w31": 1,
+            "dp_shard": 19, "dp_replicate": 23, "cp": 29, "attn_dp": 31,
+            "dp_lm_head": 1, "moe_dense_tp": 1, "shared_fusion": 0}
+    p = reshard.models.parallel(spec)
+    assert {k: getattr(p, k) for k in spec} == spec

@@ -186,12 +186,8 @@ def worker_rank(info, par):
     parallel configuration than ``infer`` says would receive another
     rank's shards."""
     p = reshard.models.parallel(info.infer)  # validated: keys and values
-    # (attn_dp is not in the Python binding's rm_parallel declaration:
-    # read from the spec string, which rm_parse_parallel accepted)
-    attn_dp = int(dict(kv.split("=") for kv in info.infer.replace(
-        " ", "").split(",") if kv).get("attn_dp", 0) or 1)
     want = {"tp_size": p.tp, "pp_size": p.pp,
-            "attn_dp_size": attn_dp, "moe_ep_size": p.ep}
+            "attn_dp_size": p.attn_dp or 1, "moe_ep_size": p.ep}
     for k, v in want.items():
         if par[k] != v:
             raise InvalidArgumentError(
