@@ -54,8 +54,8 @@ static reshard_result_t check_rounds(int rank, const rs_msg *m, size_t n, const 
 
 static void put_msgs(FILE *f, char dir, const rs_msg *m, size_t n) {
   for (size_t i = 0; i < n; i++)
-    fprintf(f, "%c %d %d %llu %u %u\n", dir, m[i].peer, m[i].round, (unsigned long long)m[i].bytes, m[i].fwd,
-            m[i].ncopies);
+    fprintf(f, "%c %d %d %llu %u %u %u\n", dir, m[i].peer, m[i].round, (unsigned long long)m[i].bytes, m[i].fwd,
+            m[i].ncopies, m[i].direct);
 }
 
 reshard_result_t rp_add(rp_writer *w, int rank, const reshard_plan_t *p) {
@@ -99,7 +99,7 @@ int rp_write(rp_writer *pre, rp_writer *w, const char *path) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: %s\n", path, strerror(errno));
     return -1;
   }
-  fprintf(out, "reshard-replay 1 world %d stages %d\n", w->world, pre ? 2 : 1);
+  fprintf(out, "reshard-replay 2 world %d stages %d\n", w->world, pre ? 2 : 1);
   if (pre) copy_stage(pre, 0, out);
   copy_stage(w, pre ? 1 : 0, out);
   fprintf(out, "end\n");

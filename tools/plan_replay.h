@@ -5,7 +5,8 @@
  * What is written is exactly what the schedule (src/exec/schedule.c:
  * rs_sched_run, rs_sched_deps, rs_sched_xfers) and a replaying executor
  * read of a plan: nrounds, the sends and receives (peer, round, bytes,
- * fwd, ncopies for verify mode's sums), max_round_msgs, the agreement's
+ * fwd, ncopies for verify mode's sums, direct: whether the host executor
+ * lands the receive in place), max_round_msgs, the agreement's
  * partners (peers[].peer), nlocal_copies and the option flags. The round
  * start arrays (send_round, recv_round) are not written: they are the
  * messages' rounds, which are sorted (plan.h), and rp_add checks that

@@ -15,8 +15,12 @@
  * these operations, mirroring the host executor (src/exec/execute.c):
  *
  *   AGREE   a 256-byte header to and from every partner (receives posted
- *           first, then sends; all waited), then an 8-byte status word
- *           each way, collected at the end (src/exec/agree.c);
+ *           first, then sends), not waited: the check (the headers
+ *           waited, then an 8-byte status word posted each way, collected
+ *           at the end: src/exec/agree.c) comes before LOCAL, or in round
+ *           0 before its receives where one lands in place (a direct
+ *           message: the SMPI runs' MPI transport moves no boxes), after
+ *           its sends (src/exec/execute.c: host_check, post_round);
  *   XFER k  round k's transfers posted in rs_sched_xfers order: receives
  *           as sg_mailbox_get_async, sends as sg_mailbox_put_async of the
  *           message's bytes (nothing is carried), on one mailbox per
@@ -72,7 +76,9 @@ typedef struct replay_plan {
   reshard_peer_stats_t *peers;
   size_t *round_starts;     /* send_round, then recv_round */
   comm_list *sent, *recvd;  /* per round */
+  comm_list hdr_out, hdr_in;     /* the headers in flight, until the check */
   comm_list agree_out, agree_in; /* the status words in flight */
+  int checked;                   /* the agreement's check ran */
   int sent_upto;            /* rounds before it have completed their sends */
   int stage;                /* its mailboxes' own: each plan has its tags */
   rs_xfer *xfers;
@@ -90,6 +96,7 @@ typedef struct replay_rank {
 
 static struct {
   int world, nstages;
+  int version; /* of the schedule file: 1 has no direct field */
   replay_rank *ranks;
   long detach_below;
   size_t messages;
@@ -129,8 +136,9 @@ static int read_msgs(FILE *f, const char *path, int rank, char want, rs_msg *m, 
   for (size_t i = 0; i < n; i++) {
     char dir;
     unsigned long long bytes;
-    unsigned fwd, ncopies;
-    if (fscanf(f, " %c %d %d %llu %u %u", &dir, &m[i].peer, &m[i].round, &bytes, &fwd, &ncopies) != 6 || dir != want)
+    unsigned fwd, ncopies, direct = 0;
+    if (fscanf(f, " %c %d %d %llu %u %u", &dir, &m[i].peer, &m[i].round, &bytes, &fwd, &ncopies) != 6 || dir != want ||
+        (R.version >= 2 && fscanf(f, "%u", &direct) != 1))
       return fail_read(path, rank, "bad message line");
     if (m[i].peer < 0 || m[i].peer >= R.world || m[i].round < 0 || m[i].round >= nrounds ||
         (i && m[i].round < m[i - 1].round))
@@ -138,6 +146,7 @@ static int read_msgs(FILE *f, const char *path, int rank, char want, rs_msg *m, 
     m[i].bytes = bytes;
     m[i].fwd = fwd;
     m[i].ncopies = ncopies;
+    m[i].direct = direct != 0;
   }
   return 0;
 }
@@ -208,12 +217,13 @@ static int read_schedule(const char *path) {
     return -1;
   }
   int v = 0, rc;
-  if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v != 1 || R.world <= 0 ||
+  if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v < 1 || v > 2 || R.world <= 0 ||
       R.nstages < 1 || R.nstages > 2) {
-    fprintf(stderr, "reshard_replay: error: %s: not a version 1 schedule (reshard_plan --replay-out)\n", path);
+    fprintf(stderr, "reshard_replay: error: %s: not a version 1 or 2 schedule (reshard_plan --replay-out)\n", path);
     fclose(f);
     return -1;
   }
+  R.version = v;
   rc = read_stages(f, path);
   fclose(f);
   return rc;
@@ -263,20 +273,30 @@ static sg_comm_t post_recv(int stage, int from, int to, char kind) {
   return sg_mailbox_get_async(mailbox(kind, stage, from, to), &R.ranks[to].sink);
 }
 
-/* The agreement: headers both ways, waited; status words posted. */
+/* The agreement: headers both ways, posted; checked later (replay_check). */
 static reshard_result_t run_agree(replay_plan *x) {
   const reshard_plan_t *p = &x->plan;
   size_t n = p->npeers;
-  comm_list in = {calloc(n + 1, sizeof(sg_comm_t)), n}, out = {calloc(n + 1, sizeof(sg_comm_t)), n};
+  x->hdr_in = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
+  x->hdr_out = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
   x->agree_in = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
   x->agree_out = (comm_list){calloc(n + 1, sizeof(sg_comm_t)), n};
-  if (!in.c || !out.c || !x->agree_in.c || !x->agree_out.c) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay: agreement");
-  for (size_t i = 0; i < n; i++) in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
-  for (size_t i = 0; i < n; i++) out.c[i] = post_send(x->stage, p->rank, p->peers[i].peer, 'a', HDR_BYTES);
-  RS_CHECK(wait_list(p->rank, &in, "agreement header receive", -1));
-  RS_CHECK(wait_list(p->rank, &out, "agreement header send", -1));
-  for (size_t i = 0; i < n; i++) x->agree_in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
-  for (size_t i = 0; i < n; i++)
+  if (!x->hdr_in.c || !x->hdr_out.c || !x->agree_in.c || !x->agree_out.c)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay: agreement");
+  for (size_t i = 0; i < n; i++) x->hdr_in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
+  for (size_t i = 0; i < n; i++) x->hdr_out.c[i] = post_send(x->stage, p->rank, p->peers[i].peer, 'a', HDR_BYTES);
+  return RESHARD_SUCCESS;
+}
+
+/* The agreement's check: the headers waited, the status words posted. */
+static reshard_result_t replay_check(replay_plan *x) {
+  const reshard_plan_t *p = &x->plan;
+  if (x->checked) return RESHARD_SUCCESS;
+  x->checked = 1;
+  RS_CHECK(wait_list(p->rank, &x->hdr_in, "agreement header receive", -1));
+  RS_CHECK(wait_list(p->rank, &x->hdr_out, "agreement header send", -1));
+  for (size_t i = 0; i < p->npeers; i++) x->agree_in.c[i] = post_recv(x->stage, p->peers[i].peer, p->rank, 'a');
+  for (size_t i = 0; i < p->npeers; i++)
     x->agree_out.c[i] = post_send(x->stage, p->rank, p->peers[i].peer, 'a', STATUS_BYTES);
   return RESHARD_SUCCESS;
 }
@@ -290,12 +310,20 @@ static reshard_result_t run_xfer(replay_plan *x, int k) {
   s->c = calloc(n + 1, sizeof(sg_comm_t));
   r->c = calloc(n + 1, sizeof(sg_comm_t));
   if (!s->c || !r->c) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay rank %d round %d", p->rank, k);
-  for (size_t i = 0; i < n; i++) {
-    const rs_xfer *t = &x->xfers[i];
-    /* verify mode: each message's box sums follow it, 8 bytes a copy */
-    uint64_t bytes = t->sums ? (uint64_t)t->m->ncopies * sizeof(uint64_t) : t->m->bytes;
-    if (t->recv) r->c[nr++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
-    else s->c[ns++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes);
+  /* before the check, a round with a receive that lands in place posts
+   * its sends, checks, then its receives (post_round) */
+  int defer = 0;
+  for (size_t i = 0; i < n && !x->checked && !defer; i++) defer = x->xfers[i].recv && x->xfers[i].m->direct;
+  for (int pass = defer ? 0 : 1; pass < 2; pass++) {
+    if (defer && pass == 1) RS_CHECK(replay_check(x));
+    for (size_t i = 0; i < n; i++) {
+      const rs_xfer *t = &x->xfers[i];
+      if (defer && t->recv != pass) continue;
+      /* verify mode: each message's box sums follow it, 8 bytes a copy */
+      uint64_t bytes = t->sums ? (uint64_t)t->m->ncopies * sizeof(uint64_t) : t->m->bytes;
+      if (t->recv) r->c[nr++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
+      else s->c[ns++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes);
+    }
   }
   s->n = ns, r->n = nr;
   return RESHARD_SUCCESS;
@@ -325,9 +353,10 @@ static reshard_result_t replay_run(void *ctx, rs_step step) {
   case RS_STEP_CHECK: /* the walk's end: the agreement's statuses (rs_agree_end) */
     RS_CHECK(wait_list(x->plan.rank, &x->agree_in, "agreement status receive", -1));
     return wait_list(x->plan.rank, &x->agree_out, "agreement status send", -1);
-  case RS_STEP_PACK:
-  case RS_STEP_LOCAL:
+  case RS_STEP_LOCAL: /* nothing lands before the check (host_check) */
   case RS_STEP_UNPACK:
+    return replay_check(x);
+  case RS_STEP_PACK:
     break;
   }
   return RESHARD_SUCCESS;

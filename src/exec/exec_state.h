@@ -98,30 +98,45 @@ void rs_plan_take_call(const reshard_plan_t *p, int explicit_version,
  * or receives from). Host transports only. */
 typedef struct rs_agree rs_agree;
 
-/* Swaps headers {magic, digest, call, version, abort} with every partner
- * and compares them (RESHARD_ERROR_MISMATCH naming both ranks), then posts
+/* Posts the header exchange with every partner: {magic, digest, call,
+ * version, abort} sent, theirs received. abort (0: none) is this rank's
+ * own rejection of the call (its arguments, its memory), sent with the
+ * first words of reshard_last_error() in the header. Returns at once; a
+ * failure to post is the call's result. *out (NULL without partners)
+ * must be passed to rs_agree_end, whatever the result. */
+reshard_result_t rs_agree_post(const reshard_plan_t *p, uint64_t call,
+                               uint64_t version, reshard_result_t abort,
+                               rs_agree **out);
+
+/* Waits for the partners' headers and compares them
+ * (RESHARD_ERROR_MISMATCH naming both ranks; RESHARD_ERROR_REMOTE naming
+ * a partner that rejected the call; abort if this rank did), then posts
  * the status exchange: this rank's result goes to every partner, and
- * theirs are received while the data moves. abort (0: none) is this
- * rank's own rejection of the call (its arguments, its memory), sent with
- * the first words of reshard_last_error() in the header: its partners fail
- * with RESHARD_ERROR_REMOTE naming it as soon as the header arrives, and
- * this call returns abort. *out (NULL without partners) must be passed to
- * rs_agree_end, whatever the result. */
+ * theirs are received while the data moves. Runs once: later calls
+ * return its result. NULL: success. */
+reshard_result_t rs_agree_check(rs_agree *a, int64_t deadline);
+
+/* rs_agree_post, then rs_agree_check: the whole exchange before anything
+ * else (a rejected call, which sends no data). */
 reshard_result_t rs_agree_begin(const reshard_plan_t *p, uint64_t call,
                                 uint64_t version, int64_t deadline,
                                 reshard_result_t abort, rs_agree **out);
 
-/* Whether rs_agree_begin exchanged headers with every partner (so a
- * rejection it carried reached them); 0 for NULL. */
+/* Whether the headers were exchanged with every partner (so a rejection
+ * they carried reached them); 0 for NULL. */
 int rs_agree_sent(const rs_agree *a);
+
+/* Whether rs_agree_check ran; 1 for NULL (nothing to check). */
+int rs_agree_checked(const rs_agree *a);
 
 /* Never blocks: RESHARD_ERROR_REMOTE if a partner's status arrived saying
  * it failed its agreement. NULL: success. */
 reshard_result_t rs_agree_poll(rs_agree *a);
 
-/* Completes the status exchange when r (the call's result so far) is
- * success: RESHARD_ERROR_REMOTE if a partner failed. Then cancels what is
- * left and frees a. Returns the call's result. */
+/* Runs the check if the call failed before it, then completes the status
+ * exchange when r (the call's result so far) is success:
+ * RESHARD_ERROR_REMOTE if a partner failed. Then cancels what is left and
+ * frees a. Returns the call's result. */
 reshard_result_t rs_agree_end(rs_agree *a, reshard_result_t r,
                               int64_t deadline);
 

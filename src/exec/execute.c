@@ -10,7 +10,10 @@
  *
  * Around the rounds: the per-execute agreement with every partner first
  * (agree.c), and, with RESHARD_FLAG_DOUBLE_BUFFER, a commit agreement of
- * all ranks last. RESHARD_FLAG_VERIFY adds a checksum message per
+ * all ranks last. The agreement's headers are posted first but checked
+ * only before anything lands in this rank's destination buffers
+ * (host_check), so round 0's sends leave right behind them: the header's
+ * round trip overlaps the data instead of preceding it. RESHARD_FLAG_VERIFY adds a checksum message per
  * message (verify.c). A call that fails after its agreement started
  * leaves the plan failed (state.c). */
 #include <stdio.h>
@@ -61,6 +64,14 @@ typedef struct exec_state {
  * slot is cleared when the request completed (and was freed); after a
  * timeout or REMOTE it stays for cancel_all. */
 static reshard_result_t wait_slot(exec_state *st, rs_request **slot) {
+  /* a request that completed meanwhile (most of a round's, by the time
+   * the first one did) costs one poll, not a clock read as well */
+  int done = 0;
+  reshard_result_t r0 = st->comm->ops->test(st->comm, *slot, &done);
+  if (done) {
+    *slot = NULL;
+    return r0;
+  }
   for (;;) {
     int64_t until = st->deadline;
     int last = 1;
@@ -105,9 +116,24 @@ static void sum_copies(const reshard_plan_t *p, const rs_copy *cps, const rs_vbo
   }
 }
 
+/* The agreement's check (agree.c): the partners' headers compared, the
+ * statuses posted; once per call. Everything that writes this rank's
+ * destination buffers runs after it (local copies, unpacks, receives that
+ * land in place), so that a partner at another plan, call or version
+ * changes nothing here: its data can only have reached staging. A failure
+ * that fails the plan is recorded at once, so that the plan's next call
+ * is refused rather than meeting this call's leftover control messages. */
+static reshard_result_t host_check(exec_state *st) {
+  if (rs_agree_checked(st->agree)) return RESHARD_SUCCESS; /* (a failed check ended the walk) */
+  reshard_result_t r = rs_agree_check(st->agree, st->deadline);
+  if (rs_result_fails_plan(r)) rs_plan_mark_failed(st->plan, st->call, st->version, r, reshard_last_error());
+  return r;
+}
+
 /* Local copies, then (verify mode) their checks. */
 static reshard_result_t run_local(exec_state *st) {
   const reshard_plan_t *p = st->plan;
+  RS_CHECK(host_check(st));
   for (size_t i = 0; i < p->nlocal_copies; i++) {
     const rs_copy *cp = &p->local_copies[i];
     rs_copy_run(cp, st->src[cp->src_buf], st->dst[cp->dst_buf]);
@@ -165,40 +191,64 @@ static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64
   return st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot);
 }
 
-/* Posts round k (RS_STEP_XFER): its transfers in the schedule's order,
- * each send packed as it is posted (so that packing overlaps the sends
- * already out: the host's PACK step is this). In verify mode each message
- * is followed by its box sums (transports keep per-tag order; MPI's tags
- * ignore the round). */
-static reshard_result_t post_round(exec_state *st, int k) {
+/* Posts one transfer of round k (an rs_xfer): a message, or in verify
+ * mode its box sums, which follow it (transports keep per-tag order;
+ * MPI's tags ignore the round). Each send is packed as it is posted, so
+ * that packing overlaps the sends already out: the host's PACK step is
+ * this. */
+static reshard_result_t post_xfer(exec_state *st, const rs_xfer *x, int h, uint64_t tag) {
   const reshard_plan_t *p = st->plan;
+  const rs_msg *m = x->m;
+  if (x->recv && !x->sums) {
+    size_t si = st->nrreq[h]++;
+    st->rreq[h][si] = NULL;
+    if (st->verify) st->vrreq[h][si] = NULL;
+    return post_recv(st, m, h, tag, si);
+  }
+  if (x->recv)
+    return st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
+                                (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][st->nrreq[h] - 1]);
+  if (!x->sums) {
+    size_t si = st->nsreq[h]++;
+    st->sreq[h][si] = NULL;
+    if (st->verify) st->vsreq[h][si] = NULL;
+    return post_send(st, m, h, tag, &st->sreq[h][si]);
+  }
+  uint64_t *sums = st->send_sums + m->first_copy;
+  sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m), sums);
+  return st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums, (size_t)m->ncopies * sizeof(uint64_t),
+                              &st->vsreq[h][st->nsreq[h] - 1]);
+}
+
+/* Whether a receive of m may land in its buffers (post_recv): a direct
+ * message, or any on a transport that takes boxes. */
+static int may_land_in_place(const exec_state *st, const rs_msg *m) {
+  return m->direct || st->comm->ops->irecv_boxes != NULL;
+}
+
+/* Posts round k (RS_STEP_XFER): its transfers in the schedule's order,
+ * receives first. Round 0 is posted before the agreement's check
+ * (host_check): its sends leave at once, and its receives, which then
+ * land in staging, are only unpacked after the check. A receive that may
+ * land in place must wait for the check; then the round posts its sends,
+ * checks, and posts its receives (all of them, so that a peer's messages
+ * keep their order). */
+static reshard_result_t post_round(exec_state *st, int k) {
   int h = k & 1;
   uint64_t tag = st->tag | (uint64_t)k;
-  size_t n = rs_sched_xfers(p, k, st->verify, st->xfers);
-  for (size_t i = 0; i < n; i++) {
-    const rs_xfer *x = &st->xfers[i];
-    const rs_msg *m = x->m;
-    if (x->recv && !x->sums) {
-      size_t si = st->nrreq[h]++;
-      st->rreq[h][si] = NULL;
-      if (st->verify) st->vrreq[h][si] = NULL;
-      RS_CHECK(post_recv(st, m, h, tag, si));
-    } else if (x->recv) {
-      RS_CHECK(st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
-                                    (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][st->nrreq[h] - 1]));
-    } else if (!x->sums) {
-      size_t si = st->nsreq[h]++;
-      st->sreq[h][si] = NULL;
-      if (st->verify) st->vsreq[h][si] = NULL;
-      RS_CHECK(post_send(st, m, h, tag, &st->sreq[h][si]));
-    } else {
-      uint64_t *sums = st->send_sums + m->first_copy;
-      sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m),
-                 sums);
-      RS_CHECK(st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums,
-                                    (size_t)m->ncopies * sizeof(uint64_t), &st->vsreq[h][st->nsreq[h] - 1]));
-    }
+  size_t n = rs_sched_xfers(st->plan, k, st->verify, st->xfers);
+  int defer = 0;
+  for (size_t i = 0; i < n && !rs_agree_checked(st->agree) && !defer; i++)
+    defer = st->xfers[i].recv && may_land_in_place(st, st->xfers[i].m);
+  if (!defer) {
+    for (size_t i = 0; i < n; i++) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
+    return RESHARD_SUCCESS;
   }
+  for (size_t i = 0; i < n; i++)
+    if (!st->xfers[i].recv) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
+  RS_CHECK(host_check(st));
+  for (size_t i = 0; i < n; i++)
+    if (st->xfers[i].recv) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
   return RESHARD_SUCCESS;
 }
 
@@ -233,6 +283,7 @@ static reshard_result_t unpack_round(exec_state *st, int k) {
   const reshard_plan_t *p = st->plan;
   int h = k & 1;
   size_t first = 0;
+  RS_CHECK(host_check(st)); /* (LOCAL ran it: nothing is unpacked before) */
   rs_sched_round_msgs(p, k, 1, &first);
   for (size_t i = 0; i < st->nrreq[h]; i++) {
     const rs_msg *m = &p->recvs[first + i];
@@ -278,12 +329,12 @@ static reshard_result_t host_wait(void *ctx, rs_step step, rs_dep dep) {
   return complete_sends(st, dep.on.round);
 }
 
-/* The agreement (RS_STEP_AGREE): a failure that fails the plan is
- * recorded at once, so that the plan's next call is refused rather than
- * meeting this call's leftover control messages. */
+/* The agreement (RS_STEP_AGREE): on the host, its headers are posted
+ * here and checked later (host_check). A failure that fails the plan is
+ * recorded at once, as there. */
 static reshard_result_t host_agree(exec_state *st) {
   const reshard_plan_t *p = st->plan;
-  reshard_result_t r = rs_agree_begin(p, st->call, st->version, st->deadline, RESHARD_SUCCESS, &st->agree);
+  reshard_result_t r = rs_agree_post(p, st->call, st->version, RESHARD_SUCCESS, &st->agree);
   if (rs_result_fails_plan(r)) rs_plan_mark_failed(p, st->call, st->version, r, reshard_last_error());
   return r;
 }

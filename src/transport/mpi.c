@@ -408,6 +408,22 @@ static const rs_transport_ops rs_mpi_ops = {
     .irecv_boxes = mpi_irecv_boxes,
 };
 
+/* The same without boxes, for RESHARD_MPI_DATATYPES=0: the executor then
+ * knows that every message is packed into staging (it posts a round's
+ * receives before the call's agreement check only where none can land
+ * in place: exec/execute.c). */
+static const rs_transport_ops rs_mpi_ops_bytes = {
+    .name = "mpi",
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .cancel = mpi_cancel,
+    .allreduce_max_u64 = mpi_allreduce,
+    .allreduce_late = mpi_allreduce_late,
+    .destroy = mpi_destroy,
+};
+
 reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {
   rs_error_clear();
   if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_mpi: out is NULL");
@@ -438,7 +454,7 @@ reshard_result_t reshard_comm_create_mpi(MPI_Comm comm, reshard_comm_t **out) {
   int64_t dt = 1;
   rs_param_get(RS_PARAM_MPI_DATATYPES, &dt);
   m->datatypes = dt != 0;
-  c->ops = &rs_mpi_ops;
+  c->ops = m->datatypes ? &rs_mpi_ops : &rs_mpi_ops_bytes;
   c->impl = m;
   *out = c;
   return RESHARD_SUCCESS;

@@ -57,6 +57,7 @@ typedef struct run {
   char msg[NR][4][MSG];
   double secs[NR][4];
   int64_t bad[NR][4];
+  int64_t written[NR][4]; /* destination bytes written so far, after each call */
   reshard_result_t after_code[NR]; /* one more call after the list */
   char after_msg[NR][MSG];
   reshard_plan_status_t status[NR];
@@ -69,6 +70,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
   o.timeout_ms = x->timeout_ms;
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(comm, x->src, x->dst, &o, &plan)) {
+    fprintf(stderr, "rank %d: plan_create: %s\n", rank, reshard_last_error());
     __atomic_fetch_add(&x->problems, 1, __ATOMIC_RELAXED);
     return 1;
   }
@@ -85,6 +87,7 @@ static int run_rank(int rank, reshard_comm_t *comm, void *arg) {
     x->secs[rank][i] = now_s() - t0;
     snprintf(x->msg[rank][i], MSG, "%s", reshard_last_error());
     if (x->code[rank][i] == RESHARD_SUCCESS) x->bad[rank][i] = th_side_check(&d, x->dst, rank, v, "agreement");
+    x->written[rank][i] = th_side_written(&d);
     th_side_free(&s);
   }
   {
@@ -206,6 +209,55 @@ static void different_versions(void **state) {
   }
   reshard_layout_destroy((reshard_layout_t *)x.src);
   reshard_layout_destroy((reshard_layout_t *)x.dst);
+}
+
+/* Round 0's sends leave before the agreement's headers are checked
+ * (exec/execute.c), so a partner at another version delivers its data
+ * anyway: it must land in staging only and write nothing. Without
+ * `direct`: 't' 8 x 16 from ranks 0 and 2 (column halves) to rank 1
+ * whole, strided receives, posted before the check. With it: 'a' 0 -> 1
+ * whole, one contiguous run, a receive that would land in place and so
+ * waits for the check. Rank 0 is at version 8, the others at 7. */
+static void early_data_writes_nothing(int direct) {
+  run x;
+  memset(&x, 0, sizeof x);
+  reshard_layout_t *src, *dst;
+  assert_int_equal(reshard_layout_create(&src), RESHARD_SUCCESS);
+  assert_int_equal(reshard_layout_create(&dst), RESHARD_SUCCESS);
+  if (direct) {
+    add_whole(src, "a", 0);
+    add_whole(dst, "a", 1);
+  } else {
+    int64_t shape[2] = {8, 16};
+    int t = -1, m = -1, b = -1;
+    assert_int_equal(reshard_layout_add_tensor(src, "t", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_add_mesh(src, 1, (int[]){2}, (int[]){0, 2}, &m), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_place(src, t, m, (reshard_placement_t[]){reshard_shard(1)}, &b),
+                     RESHARD_SUCCESS);
+    add_whole(dst, "t", 1);
+  }
+  x.src = src;
+  x.dst = dst;
+  x.timeout_ms = 500;
+  for (int r = 0; r < 3; r++) x.versions[r][0] = r == 0 ? 8 : 7;
+  assert_int_equal(th_run_ranks(3, run_rank, &x), 0);
+  assert_int_equal(x.problems, 0);
+  assert_int_equal(x.code[0][0], RESHARD_ERROR_MISMATCH);
+  assert_int_equal(x.code[1][0], RESHARD_ERROR_MISMATCH);
+  EXPECT_MSG(x.msg[1][0], "execute rank 1", "rank 0", "version 7", "received call 0 version 8");
+  if (x.written[1][0]) fail_msg("rank 1 wrote %lld destination bytes of a mismatched call", (long long)x.written[1][0]);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+static void early_data_staged(void **state) {
+  (void)state;
+  early_data_writes_nothing(0);
+}
+
+static void early_data_direct(void **state) {
+  (void)state;
+  early_data_writes_nothing(1);
 }
 
 /* Explicit versions need not be consecutive; plain executes continue
@@ -402,6 +454,7 @@ static void status_arguments(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(skipped_step),       cmocka_unit_test(different_versions),
+      cmocka_unit_test(early_data_staged),  cmocka_unit_test(early_data_direct),
       cmocka_unit_test(versions_recorded),  cmocka_unit_test(plain_vs_explicit),
       cmocka_unit_test(overlapping_executes_refused), cmocka_unit_test(status_arguments),
   };
