@@ -1,0 +1,136 @@
+/* What the three files of the UCX transport share (not installed): ucx.c
+ * (messages, requests, waits, collectives, teardown), ucx_boot.c (the
+ * rendezvous and communicator creation) and ucx_rejoin.c (replacing a
+ * rank). The tags are described at the top of ucx.c. */
+#ifndef RS_TRANSPORT_UCX_INTERNAL_H
+#define RS_TRANSPORT_UCX_INTERNAL_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+
+#include "transport/transport.h"
+
+#define RANK_SHIFT 40
+#define COLL_BIT (1ull << 39)
+#define LOW_MASK (COLL_BIT - 1)
+#define MAX_RANKS (1 << 24)
+/* (collective numbers below this; the rendezvous' and the rejoin's own
+ * tags above) */
+#define TAG_ADDRESS (COLL_BIT | (1ull << 38) | 1)
+#define TAG_TABLE (COLL_BIT | (1ull << 38) | 2)
+/* replacing a rank (reshard_comm_ucx_rejoin): the newcomer's address to
+ * rank 0, rank 0's table to the newcomer, the staying ranks' counters to
+ * rank 0 and rank 0's answer to them */
+#define TAG_JOIN (COLL_BIT | (1ull << 38) | 3)
+#define TAG_JOIN_TABLE (COLL_BIT | (1ull << 38) | 4)
+#define TAG_REJOIN_IN (COLL_BIT | (1ull << 38) | 5)
+#define TAG_REJOIN_OUT (COLL_BIT | (1ull << 38) | 6)
+#define AGREE_WORDS (RS_AGREE_MAX_WORDS + 2) /* values, n, ~n */
+
+struct rs_request {
+  void *ucx;       /* the UCP request; NULL once completed */
+  int done, is_recv, peer;
+  ucs_status_t status;
+  size_t bytes, got; /* expected, and received (receives) */
+};
+
+/* A collective: this rank's message to every other, and a slot for each
+ * one's. */
+typedef struct ux_coll {
+  int n;
+  int cut; /* a rank it waited for was replaced (rejoin): it never completes */
+  uint64_t *mine;  /* AGREE_WORDS */
+  uint64_t *theirs; /* size x AGREE_WORDS */
+  rs_request **send, **recv; /* size each (this rank's own: NULL) */
+} ux_coll;
+
+typedef struct ux_comm {
+  pthread_mutex_t lock;
+  int size;
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_ep_h *ep;       /* to every rank (this one's own too) */
+  ucp_ep_h boot_ep;   /* rendezvous: to rank 0 (others), NULL on rank 0 */
+  ucp_listener_h listener;
+  ucp_ep_h *accepted; /* rank 0: the rendezvous connections */
+  int naccepted, nconn_req, accepted_cap;
+  ucp_conn_request_h *conn_req;
+  int *peer_failed;   /* a UCP error on that endpoint */
+  int boot_failed;    /* on boot_ep */
+  uint64_t coll_seq;
+  /* Rejoins completed: salts the data tags, so that a message of the
+   * replaced process (or of a plan before the rejoin) never pairs with
+   * one of the newcomer's. */
+  uint64_t epoch;
+  int failed; /* a rejoin failed: every operation refuses (destroy it) */
+  struct sockaddr_in rdv; /* the rendezvous, listened on again by rejoin */
+  char rdv_name[256];
+  /* rank 0: every rank's worker address (a newcomer gets the table) */
+  void **addrs;
+  size_t *alens;
+  /* abandoned collectives (allreduce_late): ticket = index + 1 */
+  ux_coll **abandoned;
+  int nabandoned;
+} ux_comm;
+
+/* The counters a newcomer takes from rank 0 (the header of its table, and
+ * of the staying ranks' answer): they must equal the staying ranks'. */
+enum { JOIN_EPOCH, JOIN_SEQ, JOIN_PLANS, JOIN_WORDS };
+
+/* ucx.c */
+
+/* The transport's operations (a UCX communicator's c->ops). */
+extern const rs_transport_ops rs_ux_ops;
+/* INVALID_USAGE: the communicator failed in a rejoin. */
+reshard_result_t rs_ux_refuse_failed(const reshard_comm_t *c);
+/* BACKEND with UCX's text for a failed UCP call `what` (peer -1: none). */
+reshard_result_t rs_ux_fail(ucs_status_t s, const char *what, int rank, int peer);
+/* UCP send completion: marks the rs_request in `user` done. */
+void rs_ux_on_send(void *request, ucs_status_t status, void *user);
+/* UCP receive completion: marks the rs_request in `user` done, with its length. */
+void rs_ux_on_recv(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info, void *user);
+/* UCP endpoint error handler (arg: the ux_comm): marks the rank failed. */
+void rs_ux_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status);
+/* Posts a send or receive with the full UCP tag; *out: the request. */
+reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
+                            rs_request **out);
+/* The result of a completed request; frees it. */
+reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r);
+/* Waits for a request until the deadline (ops.wait). */
+reshard_result_t rs_ux_wait(reshard_comm_t *c, rs_request *r, int64_t deadline);
+/* Abandons a request and frees it (ops.cancel). */
+void rs_ux_cancel(reshard_comm_t *c, rs_request *r);
+/* A numbered all-to-all agreement, the max of every rank's (ops.allreduce_max_u64). */
+reshard_result_t rs_ux_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64_t deadline);
+/* Closes an endpoint (forced, a second at most). Under the lock. */
+void rs_ux_close_ep(ux_comm *m, ucp_ep_h ep);
+/* Takes the unreceived messages matching tag/mask off the worker. Under the lock. */
+void rs_ux_drain_unexpected(ux_comm *m, ucp_tag_t tag, ucp_tag_t mask);
+
+/* ucx_boot.c */
+
+/* rs_ux_wait for a request of the rendezvous; cancels it at the deadline. */
+reshard_result_t rs_ux_boot_wait(reshard_comm_t *c, rs_request *r, int64_t deadline, const char *what);
+/* Receives a message of unknown length with tag/mask into a malloc'd buffer. */
+reshard_result_t rs_ux_boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_t mask, int64_t probe_until,
+                                     int64_t deadline, const char *what, void **buf, size_t *len,
+                                     ucp_tag_t *sender);
+/* Rank 0: turns the pending connection requests into endpoints. Under the lock. */
+void rs_ux_accept_pending(ux_comm *m);
+/* Rank 0: listens on the rendezvous. */
+reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who);
+/* Rank 0: stops listening, refusing connections not accepted yet. */
+void rs_ux_stop_listening(ux_comm *m);
+/* An endpoint to rank p's worker address. */
+reshard_result_t rs_ux_connect_one(reshard_comm_t *c, int p, const void *address);
+/* Rank 0: the address table after `head` zeroed bytes, malloc'd. */
+reshard_result_t rs_ux_build_table(reshard_comm_t *c, size_t head, uint8_t **out, size_t *len);
+/* Takes the counters w[JOIN_WORDS] (epoch, collective number, plans). */
+void rs_ux_take_counters(reshard_comm_t *c, const uint64_t *w);
+/* The deadline of a call's timeout_ms (below 1: RESHARD_TIMEOUT_MS or 60 s). */
+int64_t rs_ux_deadline_of(int timeout_ms);
+
+#endif
