@@ -579,21 +579,6 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
   return h;
 }
 
-/* From this chunk up, a stream inside a domain may take up to domain_div
- * chunks a message to keep pace with the network (rs_chunk_cap). A relay
- * owner forwards everything it receives to each member of its domain,
- * so its forwards carry (members - 1) x its network bytes and need that
- * many times the network's messages: capped at the chunk, they ran on
- * after the network's rounds (Qwen3-235B -> SGLang tp8 dp8 ep8 on
- * gb200-nvl72: 95 rounds of NVLink after 12 of network, 1.464 x
- * T_lower). Larger forwards take staging, and the chunk agreed shrinks
- * to make room (round_load prices them): worth it where a message is
- * long against a round's latency (1 MiB: 21 us at 50 GB/s beside 5 us),
- * not on small budgets, where the extra rounds cost more latency than
- * the forwards gain (Qwen2.5-0.5B with 1 MiB of staging: its relay plan
- * 0.0111 -> 0.0214 s). */
-#define RS_PACE_BIG_CHUNK ((uint64_t)1 << 20)
-
 /* Pacing. The network's streams set the plan's rounds; three kinds of
  * stream were cut as if they were alone. A stream inside a domain, at
  * chunk / domain_div in one round of `phases`, took many times the
@@ -601,9 +586,22 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * them: DeepSeek-V3's forwards to the other 63 ranks of a domain (37 MB
  * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
  * It now takes at least its bytes over its rounds within the horizon,
- * and a quarter more, up to the chunk, or domain_div chunks from
- * RS_PACE_BIG_CHUNK up (larger messages take staging from the network's
- * streams, and with it their chunk: round_load prices them).
+ * and a quarter more (a forward starts two rounds late, and its data
+ * lands unevenly), up to domain_div chunks, but no more than an eighth
+ * of the budget, nor less than the chunk. A relay owner forwards all it
+ * receives to each other member of its domain, (members - 1) x its
+ * network bytes: capped at the chunk, its forwards needed that many
+ * times the network's messages and ran on after the network's rounds
+ * (Qwen3-235B -> SGLang tp8 dp8 ep8 on gb200-nvl72: 95 rounds of NVLink
+ * after 12 of network, 1.464 x T_lower). Larger forwards take staging
+ * from the network's streams, and round_load, which prices them, shrinks
+ * the chunk to make room (28 -> 3.5 MB there). The eighth keeps small
+ * budgets from shrinking it into the latency-bound range (Qwen2.5-0.5B
+ * with 1 MiB of staging: its relay plan 0.0111 -> 0.0214 s with
+ * domain_div chunks), and domain_div chunks scale with the chunk, so the
+ * bound never stays large while the chunk falls (a fixed larger cap let
+ * the plan's chunk fall to 64 bytes on a 16-rank probe with 4 KiB of
+ * staging).
  * A wide network stream (a relay forward between domains) whose data is
  * ready early sent a chunk every round and piled onto its receiver's
  * first rounds; it now takes at most its bytes over the horizon.
@@ -652,7 +650,9 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
       /* a quarter over the average: a forward starts two rounds late and
        * its data lands unevenly (a short source stream's first) */
       need = (need + need / 4 + 63) & ~(uint64_t)63;
-      uint64_t most = chunk >= RS_PACE_BIG_CHUNK ? chunk * (uint64_t)plan->domain_div : chunk;
+      uint64_t most = chunk * (uint64_t)plan->domain_div;
+      if (most > plan->opts.staging_bytes / 8) most = plan->opts.staging_bytes / 8;
+      if (most < chunk) most = chunk;
       if (need > most) need = most & ~(uint64_t)63;
       if (need > cap) cap = need;
     } else {
