@@ -587,21 +587,23 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
  * It now takes at least its bytes over its rounds within the horizon,
  * and a quarter more (a forward starts two rounds late, and its data
- * lands unevenly), up to domain_div chunks, but no more than an eighth
- * of the budget, nor less than the chunk. A relay owner forwards all it
+ * lands unevenly), up to the chunk, or domain_div chunks where the chunk
+ * is at least RS_RELAY_MIN_PART_DEFAULT (256 KiB). A relay owner forwards all it
  * receives to each other member of its domain, (members - 1) x its
  * network bytes: capped at the chunk, its forwards needed that many
  * times the network's messages and ran on after the network's rounds
  * (Qwen3-235B -> SGLang tp8 dp8 ep8 on gb200-nvl72: 95 rounds of NVLink
  * after 12 of network, 1.464 x T_lower). Larger forwards take staging
  * from the network's streams, and round_load, which prices them, shrinks
- * the chunk to make room (28 -> 3.5 MB there). The eighth keeps small
- * budgets from shrinking it into the latency-bound range (Qwen2.5-0.5B
- * with 1 MiB of staging: its relay plan 0.0111 -> 0.0214 s with
- * domain_div chunks), and domain_div chunks scale with the chunk, so the
- * bound never stays large while the chunk falls (a fixed larger cap let
- * the plan's chunk fall to 64 bytes on a 16-rank probe with 4 KiB of
- * staging).
+ * the chunk to make room (28 -> 3.5 MB there). Not under 256 KiB, about
+ * a round's latency in NIC time: a small budget would shrink the chunk
+ * further into the latency-bound range (Qwen2.5-0.5B with 1 MiB of
+ * staging: its relay plan 0.0111 -> 0.0214 s). A bound that does not
+ * scale with the chunk does not let it shrink: an eighth of the budget
+ * (32 MiB) kept the whole Qwen3-235B -> SGLang at a 21 MB chunk whose
+ * forwards fell behind, 1.425 x, against 1.086 here; and a fixed larger
+ * cap once let the plan's chunk fall to 64 bytes on a 16-rank probe with
+ * 4 KiB of staging.
  * A wide network stream (a relay forward between domains) whose data is
  * ready early sent a chunk every round and piled onto its receiver's
  * first rounds; it now takes at most its bytes over the horizon.
@@ -650,9 +652,7 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
       /* a quarter over the average: a forward starts two rounds late and
        * its data lands unevenly (a short source stream's first) */
       need = (need + need / 4 + 63) & ~(uint64_t)63;
-      uint64_t most = chunk * (uint64_t)plan->domain_div;
-      if (most > plan->opts.staging_bytes / 8) most = plan->opts.staging_bytes / 8;
-      if (most < chunk) most = chunk;
+      uint64_t most = chunk >= RS_RELAY_MIN_PART_DEFAULT ? chunk * (uint64_t)plan->domain_div : chunk;
       if (need > most) need = most & ~(uint64_t)63;
       if (need > cap) cap = need;
     } else {

@@ -760,10 +760,10 @@ static void pipelined_fanout(void **state) {
 }
 
 /* Forwards in the order their data lands. Two weights replicated on the
- * 8 destination ranks of one gb200-nvl72 domain: t0 (16 MiB) from source
- * rank 0, t1 (4 MiB) from source rank 1, in 64 KiB messages. Each
- * owner's stream from source 0 (2 MiB) sets the plan's rounds; the one
- * from source 1 (512 KiB) is done in its first rounds. Each owner
+ * 8 destination ranks of one gb200-nvl72 domain: t0 (64 MiB of bf16) from
+ * source rank 0, t1 (16 MiB) from source rank 1, in 256 KiB messages.
+ * Each owner's stream from source 0 (8 MiB) sets the plan's rounds; the
+ * one from source 1 (2 MiB) is done in its first rounds. Each owner
  * forwards its parts of both in one stream per member: in (box, piece)
  * order t1's bytes waited behind t0's, which land until the last network
  * round, and went after it; in the order they land they go first, and
@@ -784,24 +784,25 @@ static void forwards_as_ready(void **state) {
   assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){1}, s1, &m1), 0);
   assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){M}, dr, &md), 0);
   for (int k = 0; k < 2; k++) {
-    int64_t shape[2] = {k ? 1024 : 4096, 1024};
+    int64_t shape[2] = {k ? 4096 : 16384, 2048};
     const char *name = k ? "t1" : "t0";
-    assert_int_equal(reshard_layout_add_tensor(S, name, RESHARD_FP32, 2, shape, &t), 0);
+    assert_int_equal(reshard_layout_add_tensor(S, name, RESHARD_BF16, 2, shape, &t), 0);
     assert_int_equal(reshard_layout_place(S, t, k ? m1 : m0, rep, &b), 0);
-    assert_int_equal(reshard_layout_add_tensor(D, name, RESHARD_FP32, 2, shape, &t), 0);
+    assert_int_equal(reshard_layout_add_tensor(D, name, RESHARD_BF16, 2, shape, &t), 0);
     assert_int_equal(reshard_layout_place(D, t, md, rep, &b), 0);
   }
   static run a;
-  /* 64 KiB messages and room for them: many rounds, none short of staging */
-  reshard_options_t o = relay_opts(1, (size_t)32 << 20);
-  o.chunk_bytes = (size_t)64 << 10;
+  /* 256 KiB messages and room for them: many rounds, none short of
+   * staging */
+  reshard_options_t o = relay_opts(1, (size_t)64 << 20);
+  o.chunk_bytes = (size_t)256 << 10;
   o.topology = "gb200-nvl72";
   o.flags |= RESHARD_FLAG_NO_SPREAD; /* source 1 takes no share of t0 */
   run_setup(&a, S, D, o, 2);
   assert_int_equal(run_all(N, &a), 0);
   const int net = a.stats[0].num_chunks;
   for (int r = 2; r < N; r++) {
-    assert_int_equal(a.stats[r].recv_bytes, (uint64_t)5 * 1024 * 1024 * 4);
+    assert_int_equal(a.stats[r].recv_bytes, (uint64_t)20480 * 2048 * 2);
     /* the last forward leaves two rounds after the last network round */
     if (a.stats[r].num_chunks > net + 2)
       fail_msg("rank %d: %d rounds, the network's %d (%d phases)", r, a.stats[r].num_chunks, net, a.stats[r].phases);
