@@ -16,7 +16,9 @@
  * forwarders instead of waiting for its last message (a 1 -> 16 fan-out
  * otherwise costs the source's time plus the forwards' whole time).
  * Source -> owner relay streams are cut into at least
- * RS_RELAY_PIPELINE_ROUNDS messages for the same reason. Streams are cut
+ * RS_RELAY_PIPELINE_ROUNDS messages for the same reason, and a forward
+ * stream's segments go in the order their data lands (ready_order), not
+ * in box order, so that none waits behind a box that lands late. Streams are cut
  * in level order, so the segments a stream waits on have arrived,
  * possibly in virtual streams: those of other pairs that this rank cuts
  * only to learn their rounds. */
@@ -287,12 +289,17 @@ static reshard_result_t split_box(chunker *ch, const rs_seg *s, int d,
   reshard_result_t r = RESHARD_SUCCESS;
   for (int64_t i = 0, len = step; i < n && r == RESHARD_SUCCESS; i += len) {
     /* The first slab tops up the open message when it can (the previous
-     * box left room), so that messages stay full and few. */
+     * box left room), so that messages stay full and few. So does every
+     * slab of a forward, whose slabs end where its readiness runs do:
+     * otherwise a message held one run at most, and forwards whose data
+     * landed in messages smaller than their cap (a backlog of runs, all
+     * ready) went a run a round however large their cap. */
     len = step;
-    if (i == 0 && slice <= ch->cap && room_for(ch, slice))
+    uint64_t at_pos = pos + (uint64_t)i * slice;
+    if (ch->nruns) ch->ready = runs_ready(ch, at_pos, at_pos + slice);
+    if ((i == 0 || ch->nruns) && slice <= ch->cap && room_for(ch, slice))
       len = (int64_t)((ch->cap - ch->cur) / slice);
     int inner = len == 1 && slice > ch->cap;
-    uint64_t at_pos = pos + (uint64_t)i * slice;
     if (ch->nruns) { /* not past the end of this run, where a slice allows */
       uint64_t rows = (run_end(ch, at_pos) - at_pos) / slice;
       if (rows < (uint64_t)len) len = rows ? (int64_t)rows : 1;
@@ -578,9 +585,25 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * network's rounds to move bytes that NVLink carries in a fraction of
  * them: DeepSeek-V3's forwards to the other 63 ranks of a domain (37 MB
  * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
- * It now takes at least its bytes over its rounds within the horizon, up
- * to the chunk (larger messages would take staging from the network's
- * streams, and with it their chunk, which nothing here prices).
+ * It now takes at least its bytes over its rounds within the horizon,
+ * and a quarter more (a forward starts two rounds late, and its data
+ * lands unevenly), up to the chunk, or domain_div chunks where the chunk
+ * is at least RS_RELAY_MIN_PART_DEFAULT (256 KiB). A relay owner forwards all it
+ * receives to each other member of its domain, (members - 1) x its
+ * network bytes: capped at the chunk, its forwards needed that many
+ * times the network's messages and ran on after the network's rounds
+ * (Qwen3-235B -> SGLang tp8 dp8 ep8 on gb200-nvl72: 95 rounds of NVLink
+ * after 12 of network, 1.464 x T_lower). Larger forwards take staging
+ * from the network's streams, and round_load, which prices them, shrinks
+ * the chunk to make room (28 -> 3.5 MB there). Not under 256 KiB, about
+ * a round's latency in NIC time: a small budget would shrink the chunk
+ * further into the latency-bound range (Qwen2.5-0.5B with 1 MiB of
+ * staging: its relay plan 0.0111 -> 0.0214 s). A bound that does not
+ * scale with the chunk does not let it shrink: an eighth of the budget
+ * (32 MiB) kept the whole Qwen3-235B -> SGLang at a 21 MB chunk whose
+ * forwards fell behind, 1.425 x, against 1.086 here; and a fixed larger
+ * cap once let the plan's chunk fall to 64 bytes on a 16-rank probe with
+ * 4 KiB of staging.
  * A wide network stream (a relay forward between domains) whose data is
  * ready early sent a chunk every round and piled onto its receiver's
  * first rounds; it now takes at most its bytes over the horizon.
@@ -626,7 +649,11 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
       if (need < RS_RELAY_MIN_PART_DEFAULT) need = RS_RELAY_MIN_PART_DEFAULT;
       if (need < cap) cap = need;
     } else if (inside) { /* NVLink keeps pace with the network */
-      if (need > chunk) need = chunk & ~(uint64_t)63;
+      /* a quarter over the average: a forward starts two rounds late and
+       * its data lands unevenly (a short source stream's first) */
+      need = (need + need / 4 + 63) & ~(uint64_t)63;
+      uint64_t most = chunk >= RS_RELAY_MIN_PART_DEFAULT ? chunk * (uint64_t)plan->domain_div : chunk;
+      if (need > most) need = most & ~(uint64_t)63;
       if (need > cap) cap = need;
     } else {
       /* a free stream's messages stay worth their cost (a short one
@@ -640,15 +667,25 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
   return cap;
 }
 
+/* How a network stream whose segment s is paced: RS_PACE_FREE where
+ * nothing waits on it past NVLink (direct traffic, and a source -> owner
+ * relay stream that does not pipeline between domains), else
+ * RS_PACE_NONE. Every party of the stream knows its segments' group,
+ * origin and pipe. */
+static int stream_kind(const rs_seg *s) {
+  return s->group < 0 || (s->origin >= 0 && !s->pipe) ? RS_PACE_FREE : RS_PACE_NONE;
+}
+
 reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, rs_streams *out) {
   memset(out, 0, sizeof *out);
   const seg_ref *v = NULL;
   RS_CHECK(sorted_refs(segs, &v));
   out->bytes = rs_malloc((segs->n + 1) * sizeof *out->bytes);
   out->inside = rs_malloc(segs->n + 1);
+  out->kind = rs_malloc(segs->n + 1);
   out->from = rs_malloc((segs->n + 1) * sizeof *out->from);
   out->to = rs_malloc((segs->n + 1) * sizeof *out->to);
-  if (!out->bytes || !out->inside || !out->from || !out->to) {
+  if (!out->bytes || !out->inside || !out->kind || !out->from || !out->to) {
     rs_streams_free(out);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory sizing streams (%zu segments)", segs->n);
   }
@@ -660,6 +697,7 @@ reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, r
     if (v[i].dir == RS_SEG_VIRTUAL) continue;
     if (!prev || cmp_ref_level_stream(&v[i], prev)) {
       out->inside[m] = (unsigned char)(plan && in_domain(plan, v[i].from, v[i].to));
+      out->kind[m] = out->inside[m] ? RS_PACE_INSIDE : stream_kind(&segs->v[v[i].index]);
       out->from[m] = v[i].from;
       out->to[m] = v[i].to;
       out->bytes[m++] = 0;
@@ -677,6 +715,7 @@ reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, r
 
 void rs_streams_free(rs_streams *s) {
   free(s->bytes);
+  free(s->kind);
   free(s->inside);
   free(s->from);
   free(s->to);
@@ -696,7 +735,7 @@ static uint64_t round_load(const reshard_plan_t *plan, const rs_streams *st, con
   memset(sums, 0, 2 * (size_t)np * sizeof *sums);
   uint64_t all[2] = {0, 0};
   for (size_t i = 0; i < st->n; i++) {
-    uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->inside[i] ? RS_PACE_INSIDE : RS_PACE_NONE);
+    uint64_t cap = rs_chunk_cap(plan, c, st->bytes[i], st->kind[i]);
     int send = st->from[i] == plan->rank;
     uint64_t most = st->bytes[i] < cap ? st->bytes[i] : cap;
     if (phase && phase[i] < 0) all[send] += most;
@@ -895,8 +934,7 @@ static uint64_t relay_pipeline_cap(uint64_t cap, uint64_t bytes) {
 static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t bytes, const rs_seg *s) {
   const int inside = in_domain(plan, s->from, s->to);
   const int pipelines = s->group >= 0 && s->origin >= 0 && s->pipe;
-  const int free_ = s->group < 0 || (s->origin >= 0 && !s->pipe);
-  uint64_t cap = rs_chunk_cap(plan, chunk, bytes, inside ? RS_PACE_INSIDE : free_ ? RS_PACE_FREE : RS_PACE_NONE);
+  uint64_t cap = rs_chunk_cap(plan, chunk, bytes, inside ? RS_PACE_INSIDE : stream_kind(s));
   if (pipelines) cap = relay_pipeline_cap(cap, bytes);
   return (size_t)cap;
 }
@@ -932,6 +970,52 @@ static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
   return RESHARD_SUCCESS;
 }
 
+/* A forward stream's segments in the order their data is ready to leave
+ * (the round its last byte may travel in, from the spans of what it
+ * forwards; the canonical order among equals), into *order (n refs,
+ * scratch grown as needed). In the canonical (box, piece) order a
+ * forward waited on whichever source sent its box last: an owner
+ * receives its part from many sources, each sending its own boxes in
+ * box order over the whole horizon, so the forward of the first box
+ * waited for the end of its source's stream and every later box behind
+ * it. Qwen3-235B -> SGLang tp8 dp8 ep8 on gb200-nvl72 (8 layers): the
+ * forwards inside the destination domain moved 1.5% of their bytes
+ * during the 12 network rounds and took 95 rounds after them (1.547 x
+ * T_lower). Every party of the stream knows the spans (what a stream
+ * waits on is cut first, virtual streams included), so all order it
+ * alike. */
+typedef struct ready_ref {
+  int32_t ready;
+  uint32_t at; /* canonical position in the stream */
+  seg_ref ref;
+} ready_ref;
+
+static int cmp_ready(const void *a, const void *b) {
+  const ready_ref *x = a, *y = b;
+  int c = cmp_i32(x->ready, y->ready);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+static reshard_result_t ready_order(const rs_seg_vec *segs, const seg_ref *refs, size_t n, const size_t *span_at,
+                                    const uint32_t *span_n, const rs_span_vec *spans, rs_span_vec *runs,
+                                    ready_ref **order, size_t *cap) {
+  if (n > *cap) {
+    ready_ref *o = rs_realloc(*order, n * sizeof *o);
+    if (!o) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (%zu forwards)", n);
+    *order = o;
+    *cap = n;
+  }
+  for (size_t k = 0; k < n; k++) {
+    RS_CHECK(forward_runs(&segs->v[refs[k].index], span_at, span_n, spans, runs));
+    int32_t r = 0;
+    for (size_t j = 0; j < runs->n; j++)
+      if (runs->v[j].round > r) r = runs->v[j].round;
+    (*order)[k] = (ready_ref){r, (uint32_t)k, refs[k]};
+  }
+  if (n > 1) qsort(*order, n, sizeof **order, cmp_ready);
+  return RESHARD_SUCCESS;
+}
+
 /* Cuts every stream into messages: ch[RS_SEG_RECV], ch[RS_SEG_SEND] and
  * ch[RS_SEG_VIRTUAL] (dry) receive them; measure: messages and their
  * bytes only, no copies. */
@@ -959,6 +1043,9 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
     free(span_n);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
   }
+  ready_ref *order = NULL; /* the open stream's refs, when a forward's */
+  size_t cap_order = 0, begin = 0;
+  uint64_t bytes = 0; /* the open stream's */
   for (size_t i = 0, end = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
     /* segments come in stream order, scattered in memory: ask for the
      * ones a few steps ahead now (the start, the dims and the stream key
@@ -967,12 +1054,19 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
       const char *ahead = (const char *)&segs->v[refs[i + RS_CUT_PREFETCH].index];
       for (size_t at = 0; at < sizeof(rs_seg); at += 64) __builtin_prefetch(ahead + at);
     }
-    const rs_seg *s = &segs->v[refs[i].index];
-    chunker *c = &ch[s->dir];
     if (i == end) { /* a new stream: its cap from its bytes, which all its parties know */
-      uint64_t bytes = 0;
+      bytes = 0;
       for (end = i; end < segs->n && (end == i || !cmp_ref_level_stream(&refs[end], &refs[i])); end++)
         bytes += refs[end].bytes;
+      begin = i;
+      if (segs->v[refs[i].index].dep >= 0 &&
+          (r = ready_order(segs, refs + i, end - i, span_at, span_n, &spans, &runs, &order, &cap_order)))
+        break;
+    }
+    const seg_ref *ref = segs->v[refs[begin].index].dep >= 0 ? &order[i - begin].ref : &refs[i];
+    const rs_seg *s = &segs->v[ref->index];
+    chunker *c = &ch[s->dir];
+    if (i == begin) {
       c->stream = s;
       c->open = 0;
       c->cur = 0;
@@ -989,7 +1083,7 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
       for (size_t k = 0; k < runs.n; k++)
         if (runs.v[k].round > c->ready) c->ready = runs.v[k].round;
     }
-    const uint32_t o = refs[i].orig;
+    const uint32_t o = ref->orig;
     if (s->group >= 0) { /* relay traffic: forwards may wait on its bytes */
       c->rec = &spans;
       c->rec_first = span_at[o] = spans.n;
@@ -1008,6 +1102,7 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
   free(span_n);
   free(spans.v);
   free(runs.v);
+  free(order);
   return r;
 }
 

@@ -116,7 +116,7 @@ static double busiest_latency(reshard_plan_t *tmp, const rs_streams *st, const i
   double per_phase[4][MAX_P];
   memset(per_phase, 0, sizeof per_phase);
   for (size_t i = 0; i < st->n; i++) {
-    uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->inside[i] ? RS_PACE_INSIDE : RS_PACE_NONE);
+    uint64_t cap = rs_chunk_cap(tmp, chunk, st->bytes[i], st->kind[i]);
     double m = (double)((st->bytes[i] + cap - 1) / cap);
     int l = link_of(tmp, st->from[i], st->to[i]);
     msgs[l] += m;

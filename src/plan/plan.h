@@ -434,6 +434,9 @@ typedef struct rs_streams {
   uint64_t total;
   uint64_t *bytes;
   unsigned char *inside;
+  /* RS_PACE_INSIDE, RS_PACE_FREE or RS_PACE_NONE: how rs_chunk_cap paces
+   * the stream when it is cut (stream_cap in chunk.c) */
+  unsigned char *kind;
   int32_t *from, *to;
 } rs_streams;
 reshard_result_t rs_streams_size(const reshard_plan_t *plan, rs_seg_vec *segs, rs_streams *out);

@@ -34,7 +34,8 @@
  * o holds the pieces s provides for o's parts of G's fragments; the
  * forward stream (p -> c, G) holds everything p forwards to c in G (parts
  * it owns, and parts it entered its domain with). Every party orders a
- * stream by (fragment box, piece), builds it from its own fragment (same
+ * stream by (fragment box, piece) (a forward stream then by when its data
+ * lands: chunk.c ready_order), builds it from its own fragment (same
  * boxes, its own strides) and cuts it identically (src/plan/chunk.c). A
  * forwarded piece travels no earlier than two rounds after the round it
  * arrived in at its sender: the host executor has round q's data in the

@@ -32,6 +32,9 @@
  *                     comes from there only (direct plans)
  * device_transport    relay = 1 on a device transport plans the same relay
  *                     plan as on a host transport (same bytes per rank)
+ * forwards_as_ready   an owner's forwards go in the order their bytes
+ *                     land, not in box order, and end with the network's
+ *                     rounds
  * models              tiny llama Megatron tp=2 -> vLLM tp=2 x dp=4
  *
  * Seeds are printed on failure; RS_RELAY_SEED=<seed> replays one,
@@ -756,6 +759,59 @@ static void pipelined_fanout(void **state) {
   reshard_layout_destroy(D);
 }
 
+/* Forwards in the order their data lands. Two weights replicated on the
+ * 8 destination ranks of one gb200-nvl72 domain: t0 (64 MiB of bf16) from
+ * source rank 0, t1 (16 MiB) from source rank 1, in 256 KiB messages.
+ * Each owner's stream from source 0 (8 MiB) sets the plan's rounds; the
+ * one from source 1 (2 MiB) is done in its first rounds. Each owner
+ * forwards its parts of both in one stream per member: in (box, piece)
+ * order t1's bytes waited behind t0's, which land until the last network
+ * round, and went after it; in the order they land they go first, and
+ * the forwards end with the network's rounds. Every element checked,
+ * two steps. */
+static void forwards_as_ready(void **state) {
+  (void)state;
+  rs_relay_min_part_bytes = 4096;
+  enum { M = 8, N = M + 2 };
+  int s0[1] = {0}, s1[1] = {1}, dr[M];
+  seq(dr, M, 2);
+  reshard_placement_t rep[1] = {reshard_replicate()};
+  reshard_layout_t *S, *D;
+  int t, m0, m1, md, b;
+  assert_int_equal(reshard_layout_create(&S), 0);
+  assert_int_equal(reshard_layout_create(&D), 0);
+  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){1}, s0, &m0), 0);
+  assert_int_equal(reshard_layout_add_mesh(S, 1, (int[]){1}, s1, &m1), 0);
+  assert_int_equal(reshard_layout_add_mesh(D, 1, (int[]){M}, dr, &md), 0);
+  for (int k = 0; k < 2; k++) {
+    int64_t shape[2] = {k ? 4096 : 16384, 2048};
+    const char *name = k ? "t1" : "t0";
+    assert_int_equal(reshard_layout_add_tensor(S, name, RESHARD_BF16, 2, shape, &t), 0);
+    assert_int_equal(reshard_layout_place(S, t, k ? m1 : m0, rep, &b), 0);
+    assert_int_equal(reshard_layout_add_tensor(D, name, RESHARD_BF16, 2, shape, &t), 0);
+    assert_int_equal(reshard_layout_place(D, t, md, rep, &b), 0);
+  }
+  static run a;
+  /* 256 KiB messages and room for them: many rounds, none short of
+   * staging */
+  reshard_options_t o = relay_opts(1, (size_t)64 << 20);
+  o.chunk_bytes = (size_t)256 << 10;
+  o.topology = "gb200-nvl72";
+  o.flags |= RESHARD_FLAG_NO_SPREAD; /* source 1 takes no share of t0 */
+  run_setup(&a, S, D, o, 2);
+  assert_int_equal(run_all(N, &a), 0);
+  const int net = a.stats[0].num_chunks;
+  for (int r = 2; r < N; r++) {
+    assert_int_equal(a.stats[r].recv_bytes, (uint64_t)20480 * 2048 * 2);
+    /* the last forward leaves two rounds after the last network round */
+    if (a.stats[r].num_chunks > net + 2)
+      fail_msg("rank %d: %d rounds, the network's %d (%d phases)", r, a.stats[r].num_chunks, net, a.stats[r].phases);
+  }
+  run_free(&a, N);
+  reshard_layout_destroy(S);
+  reshard_layout_destroy(D);
+}
+
 /* Topology-aware replica choice (direct plans): two source replicas in
  * two h100 nodes, the destination re-sharded over the same 16 ranks. A
  * cell held in the receiver's node comes from there only, so every rank
@@ -933,6 +989,7 @@ int main(void) {
       cmocka_unit_test(threshold),        cmocka_unit_test(colocated),        cmocka_unit_test(models),
       cmocka_unit_test(stream_counts),    cmocka_unit_test(pipelined_fanout), cmocka_unit_test(replica_choice),
       cmocka_unit_test(device_transport), cmocka_unit_test(auto_choice),      cmocka_unit_test(few_parts),
+      cmocka_unit_test(forwards_as_ready),
   };
   size_t n = 0;
   while (tests[n].name) n++;
