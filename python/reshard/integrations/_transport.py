@@ -72,6 +72,19 @@ def comm(transport, rank, world_size, master_address, master_port, device):
     return c
 
 
+def leave(transport):
+    """Takes part in creating the communicator of ``transport`` and closes
+    it again, for a process that refuses before knowing its rank: where
+    that creation is collective and has no deadline (MPI's Comm_dup over
+    COMM_WORLD, which needs no rank), its peers would otherwise wait in it
+    forever; they go on to plan creation instead, whose deadline ends it.
+    Creating a "ucx" or "inproc:" communicator has a deadline (nothing to
+    do); "nccl" needs this process's rank and has none (docs/LIMITS.md)."""
+    if transport == "mpi":
+        from mpi4py import MPI
+        reshard.Comm.mpi(MPI.COMM_WORLD).close()
+
+
 def _pynccl():
     """(PyNcclCommunicator, StatelessProcessGroup, env context) of vLLM
     (vllm/distributed/device_communicators/pynccl.py, distributed/utils.py;

@@ -106,7 +106,7 @@ from typing import Optional
 import reshard
 from ..errors import InvalidArgumentError, UnsupportedError
 from . import _engine
-from ._transport import WORLDS, comm as _comm, deadline_s, in_thread  # noqa: F401
+from ._transport import WORLDS, comm as _comm, deadline_s, in_thread, leave  # noqa: F401
 
 #: load_format for Engine.update_weights_from_tensor; the same string goes
 #: in SGLang's --custom-weight-loader.
@@ -255,8 +255,12 @@ class Worker:
 
     def __init__(self, model, info, par=None, device=None):
         self.info = info
-        rank = worker_rank(info, par if par is not None else _parallel())
-        _engine.check_world(info, info.rank_offset, rank, "SGLang")
+        try:
+            rank = worker_rank(info, par if par is not None else _parallel())
+            _engine.check_world(info, info.rank_offset, rank, "SGLang")
+        except InvalidArgumentError:
+            leave(info.transport)  # the trainer is in its creation
+            raise
         dmodel, src, dst = _layouts(info, info.rank_offset)
         kv_b, refused = _classify(model, dmodel, dst, rank)
         # The communicator first (collective with the trainer): a refusal

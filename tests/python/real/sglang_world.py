@@ -61,7 +61,21 @@ CASES = [
     # two engines (SGLang serves --dp-size replicas through
     # update_weights_from_tensor only as separate engines), one worker each
     ("qwen3_moe", "tp=1,dp=2", "tp=2"),
+    # Last (it ends in a refusal): the workers run SGLang at tp=2 while
+    # the spec says pp=2. Each worker's loader refuses before it knows
+    # its rank; over "mpi" it must still take part in the communicator's
+    # creation (MPI_Comm_dup, no deadline), else the trainer waits there
+    # forever: the trainer fails at its plan's deadline instead, and no
+    # worker byte changes.
+    ("qwen2", "pp=2", "tp=2", "tp=2"),
 ]
+REFUSE_TIMEOUT_MS = 3000
+
+
+def runs(case):
+    """The widths the SGLang workers run: the spec's, unless the case
+    names others (a refusal case)."""
+    return case[3] if len(case) > 3 else case[1]
 
 # SGLang 0.5.23's class for each architecture (srt/models/*.py)
 CLASSES = {
@@ -165,7 +179,9 @@ def trainer(rank, T, W, ctl, paths):
     from reshard.integrations.sglang import (ReshardSGLangInitInfo,
                                              SGLangTrainer)
     bad = passed = 0
-    for ci, (cfg, infer, train) in enumerate(CASES):
+    for ci, case in enumerate(CASES):
+        cfg, infer, train = case[:3]
+        refusal = runs(case) != infer
         path = os.path.join(paths[cfg], "config.json")
         src = reshard.models.megatron_layout(path, train)
         bufs, tensors = {}, {}
@@ -188,13 +204,18 @@ def trainer(rank, T, W, ctl, paths):
         fill(1)
         info = ReshardSGLangInitInfo(model_config_path=path, train=train,
                                      infer=infer, world_size=T + W,
-                                     transport="mpi", timeout_ms=60000)
+                                     transport="mpi",
+                                     timeout_ms=REFUSE_TIMEOUT_MS if refusal
+                                     else 60000)
         dp = spec_of(infer).get("dp", 1)
         per = W // dp  # the workers of one engine (replica)
         engines = [Engine(ctl, list(range(T + d * per, T + (d + 1) * per)))
                    for d in range(dp)] if rank == 0 else []
         tr = SGLangTrainer(info, rank, source, engines=engines)
-        for step in (1, 2):
+        if refusal:
+            bad += trainer_refused(tr, ci, rank)
+            passes = [1, 1]
+        for step in () if refusal else (1, 2):
             if step == 2:
                 fill(2)  # the optimizer step, in place
             tr.send_weights()
@@ -205,7 +226,8 @@ def trainer(rank, T, W, ctl, paths):
                   "steps" % (ci, len(passes)))
         if rank == 0:
             for d, engine in enumerate(engines):
-                if engine.calls != ["begin", "update", "end"] * 2:
+                if engine.calls != ["begin", "update", "end"] * (
+                        1 if refusal else 2):
                     bad += 1
                     print("FAIL case %d: engine %d's control calls %s"
                           % (ci, d, engine.calls))
@@ -213,6 +235,34 @@ def trainer(rank, T, W, ctl, paths):
                 ctl.send(w, ("next",))
         passed += 1
     return bad, passed if rank == 0 else 0
+
+
+def trainer_refused(tr, ci, rank):
+    """The refusal case's trainer: send_weights raises (the sender: the
+    worker's refusal, naming the width; the other rank: its plan's
+    TimeoutError) within the plan's deadline plus slack, not hanging."""
+    import reshard
+    t0 = time.time()
+    try:
+        tr.send_weights()
+    except reshard.Error as e:
+        took = time.time() - t0
+        print("# case %d rank %d: %s after %.1f s: %s" % (
+            ci, rank, type(e).__name__, took, str(e)[-300:]))
+        want = "tp_size=2" if rank == 0 else ""
+        if want not in str(e) or (rank and not isinstance(
+                e, reshard.TimeoutError)):
+            print("FAIL case %d rank %d: send_weights raised %s: %s"
+                  % (ci, rank, type(e).__name__, e))
+            return 1
+        # (the workers' SGLang import and model builds come first)
+        if took > REFUSE_TIMEOUT_MS / 1e3 + 150:
+            print("FAIL case %d rank %d: the refusal took %.1f s"
+                  % (ci, rank, took))
+            return 1
+        return 0
+    print("FAIL case %d rank %d: send_weights did not raise" % (ci, rank))
+    return 1
 
 
 # ------------------------------------------------------------------ worker
@@ -234,12 +284,14 @@ def worker(rank, T, W, ctl, paths, port):
         bad += 1
         print("FAIL rank %d: %s" % (rank, msg))
 
-    for ci, (cfg, infer, train) in enumerate(CASES):
+    for ci, case in enumerate(CASES):
+        cfg, infer, train = case[:3]
+        refusal = runs(case) != infer
         what = "case %d (%s infer %s train %s)" % (ci, cfg, infer, train)
         path = os.path.join(paths[cfg], "config.json")
         # each engine's workers form their own torch.distributed world
         # (gloo), as one SGLang engine's processes do
-        sp = spec_of(infer)
+        sp = spec_of(runs(case))
         per = sp.get("tp", 1) * sp.get("pp", 1)
         if model_parallel_is_initialized():
             destroy_model_parallel()
@@ -248,12 +300,12 @@ def worker(rank, T, W, ctl, paths, port):
             world_size=per, rank=w % per, local_rank=w % per, backend="gloo",
             distributed_init_method="tcp://127.0.0.1:%d" % (
                 port + 10 * ci + w // per))
-        topology(w % per, infer)
+        topology(w % per, runs(case))
         model, ref = build(path), build(path)
         dst = reshard.models.sglang_layout(path, infer, first_rank=T)
         live = dict(model.named_parameters())
-        bufs = dst.buffers(rank)
-        if set(bufs) != set(live):
+        bufs = {} if refusal else dst.buffers(rank)
+        if set(bufs) != set(live) and not refusal:
             fail("%s: reshard's names on rank %d differ from SGLang's "
                  "named_parameters(): only reshard %s, only SGLang %s" % (
                      what, rank, sorted(set(bufs) - set(live))[:4],
@@ -271,7 +323,7 @@ def worker(rank, T, W, ctl, paths, port):
             model_config=None, custom_weight_loaders=[rsgl.LOADER],
             get_model=lambda m=model: m, update_model_fields=None,
             recapture_cuda_graph=None, get_model_runner=None)
-        step = 0
+        step, refused = 0, ""
         while True:
             msg = ctl.recv(0)
             if msg[0] == "next":
@@ -284,6 +336,10 @@ def worker(rank, T, W, ctl, paths, port):
                     reply = updater.update_weights_from_tensor(
                         named_tensors=msg[1], load_format=msg[2])
                     step += 1
+                elif refusal:  # "end": nothing may have changed
+                    updater.end_weight_update(run_post_load=False)
+                    untouched(model, what, fail)
+                    reply = (True, "")
                 else:  # "end", after a load (run_post_load = not loaded)
                     updater.end_weight_update(run_post_load=False)
                     check(step, dst, rank, model, ref, path, what, fail,
@@ -292,12 +348,26 @@ def worker(rank, T, W, ctl, paths, port):
                     reply = (True, "")
             except Exception:
                 reply = (False, traceback.format_exc()[-1500:])
+                if refusal and msg[0] == "update":
+                    refused = reply[1]
             ctl.send(0, reply)
-        if step != 2:
-            fail("%s: %d updates, not 2" % (what, step))
+        if refusal and "InvalidArgumentError" not in refused:
+            fail("%s: the loader did not refuse with InvalidArgumentError: "
+                 "%s" % (what, refused[-300:]))
+        if step != (0 if refusal else 2):
+            fail("%s: %d updates, not %d" % (what, step, 0 if refusal else 2))
         rsgl.close(model)
         passed += 1
     return bad, passed
+
+
+def untouched(model, what, fail):
+    """Every byte of every parameter still the sentinel."""
+    import torch
+    for n, p in model.named_parameters():
+        b = p.data.contiguous().view(torch.uint8)
+        if not bool((b == SENTINEL).all()):
+            fail("%s: %s changed after the refusal" % (what, n))
 
 
 def check_mla(step, model, ref, what, fail):

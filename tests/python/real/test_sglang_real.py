@@ -46,7 +46,10 @@ def test_real_sglang_world():
     """The MPI job of sglang_world.py: 2 Megatron trainer ranks, 2 SGLang
     TP worker processes, dense, tied, attention-DP, MoE (with and without
     expert parallelism) and MLA models at tp 2 and pp 2, two steps, every
-    byte checked (see its docstring)."""
+    byte checked (see its docstring); last, workers whose SGLang widths
+    differ from the spec refuse before knowing their rank, and the
+    trainer over "mpi" fails at its plan's deadline with no byte changed
+    (before the fix it waited in MPI_Comm_dup forever)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("no mpirun")
