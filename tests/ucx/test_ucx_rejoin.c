@@ -44,8 +44,11 @@
  *   rank fails with MISMATCH naming ranks 0 and 3, and on the staying
  *   ranks nothing changed (still failed or in doubt, version 2 whole in
  *   the active copy). Then the newcomer creates the plan with the right
- *   layouts while the staying ranks call reshard_plan_rejoin: versions 4
- *   and 5 on every rank, every element checked (the newcomer's other
+ *   layouts while the staying ranks call reshard_plan_rejoin; with BAD,
+ *   a second plan, made in several creation steps (a topology, relay -1)
+ *   beside the first before the kill, cannot be kept: its rejoin is
+ *   UNSUPPORTED and the newcomer's creation of it REMOTE, at once. Versions
+ *   4 and 5 on every rank, every element checked (the newcomer's other
  *   copy untouched by its first). A second reshard_plan_rejoin is refused
  *   (INVALID_USAGE), and a plan made after the rejoin (one more version,
  *   checked) refuses it too. TIMING lines as in replace, from the join
@@ -260,6 +263,10 @@ static void killed_version(const reshard_plan_t *plan, side_t *x, uint64_t v, co
   still_as_killed(plan, x, v - 1, what);
 }
 
+/* keep mode (below) */
+static int keep_mode, keep_bad = 1;
+static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x);
+
 /* One round: a plan over comm (all four ranks) and versions 10k+1,
  * 10k+2, every element checked on the replicas; when `kill` (every round
  * but the last), version 10k+3 with rank 3 killed inside it: on rank 3
@@ -273,6 +280,9 @@ static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, 
   char what[64];
   snprintf(what, sizeof what, "round %d", k);
   reshard_plan_t *plan = make_plan(comm, x, what);
+  /* keep mode: incarnation 0 makes the staying ranks' second plan too (it
+   * dies before destroying it) */
+  if (plan && keep_mode && keep_bad && kill) make_multistep_plan(comm, x);
   for (uint64_t v = base + 1; plan && v <= base + 2; v++) {
     reshard_result_t r = exec_version(plan, x, v);
     if (r) {
@@ -296,8 +306,6 @@ static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, 
 }
 
 /* ---- keep: the staying ranks keep their plan (reshard_plan_rejoin) ---- */
-
-static int keep_mode, keep_bad = 1;
 
 /* reshard_plan_rejoin refused with `want`, its message saying so. */
 static void rejoin_refused(reshard_plan_t *plan, reshard_result_t want, const char *what) {
@@ -334,6 +342,19 @@ static void keep_after(reshard_comm_t *comm, reshard_plan_t *plan, side_t *x, do
   reshard_plan_destroy(later);
 }
 
+/* A plan of several creation steps (a topology with relay -1: a direct
+ * and a relay plan, and the choice between them), made beside round 0's
+ * in keep mode: it cannot be kept. */
+static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x) {
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = PLAN_TIMEOUT_MS;
+  o.topology = "h100-8x400g";
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
+  if (r) say(0, "a plan of several creation steps: plan_create: %s: %s", reshard_result_string(r), reshard_last_error());
+  return plan;
+}
+
 /* The newcomer with other layouts (SEED + 1): its creation fails with
  * MISMATCH naming ranks 0 and 3. */
 static void keep_newcomer_wrong(reshard_comm_t *comm) {
@@ -356,6 +377,19 @@ static void keep_newcomer_wrong(reshard_comm_t *comm) {
 static void keep_newcomer(reshard_comm_t *comm, side_t *x, double t_join) {
   if (keep_bad) keep_newcomer_wrong(comm);
   reshard_plan_t *plan = make_plan(comm, x, "keep: the newcomer's plan");
+  if (plan && keep_bad) { /* the staying ranks' multi-step plan cannot be kept: this creation fails */
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.timeout_ms = PLAN_TIMEOUT_MS;
+    o.topology = "h100-8x400g";
+    reshard_plan_t *multi = NULL;
+    double t0 = now_ms();
+    reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &multi);
+    say(r == RESHARD_ERROR_REMOTE && !multi && strstr(reshard_last_error(), "several creation steps") &&
+            now_ms() - t0 < PLAN_TIMEOUT_MS,
+        "the newcomer's creation of a plan the staying ranks cannot keep: %s after %.0f ms: %s",
+        reshard_result_string(r), now_ms() - t0, reshard_last_error());
+    reshard_plan_destroy(multi);
+  }
   if (plan) keep_after(comm, plan, x, t_join, 1);
   reshard_plan_destroy(plan);
 }
@@ -370,6 +404,7 @@ static int run_keep(void) {
   }
   side_t x;
   reshard_plan_t *plan = side_init(&x) == 0 ? make_plan(comm, &x, "keep") : NULL;
+  reshard_plan_t *multi = plan && keep_bad ? make_multistep_plan(comm, &x) : NULL;
   for (uint64_t v = 1; plan && !bad && v <= 2; v++) {
     r = exec_version(plan, &x, v);
     if (r) say(0, "keep: version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
@@ -395,8 +430,16 @@ static int run_keep(void) {
     say(r == RESHARD_SUCCESS, "keep: plan_rejoin: %s after %.1f ms %s", reshard_result_string(r), ms,
         r ? reshard_last_error() : "");
     printf("TIMING rank %d: keep: plan_rejoin %.1f ms\n", world_rank, ms);
+    if (multi) {
+      t0 = now_ms();
+      reshard_result_t rm = reshard_plan_rejoin(multi);
+      say(rm == RESHARD_ERROR_UNSUPPORTED && now_ms() - t0 < PLAN_TIMEOUT_MS,
+          "keep: plan_rejoin of a plan of several creation steps: %s after %.0f ms: %s", reshard_result_string(rm),
+          now_ms() - t0, reshard_last_error());
+    }
     if (!r) keep_after(comm, plan, &x, t_join, 0);
   }
+  reshard_plan_destroy(multi);
   reshard_plan_destroy(plan);
   side_free(&x);
   reshard_comm_destroy(comm);
