@@ -820,6 +820,8 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * rolled forward if any rank committed it and dropped otherwise (with
  * double buffering the active copy still holds the last committed
  * version), and the next execute (the next version) works on every rank.
+ * The newcomer's plan reports no committed version (0) and no active copy
+ * until its first execute commits: its buffers hold nothing yet.
  * Failures change nothing of the plan: RESHARD_ERROR_MISMATCH when the
  * newcomer passed other layouts or options (naming the rank and what
  * differs, on every rank; its creation fails alike), REMOTE when the
