@@ -50,6 +50,19 @@ static const rs_transport_ops fake_ops = {
     .destroy = fake_destroy,
 };
 
+static rs_transport_ops fake_replacing_ops;
+
+reshard_result_t bench_fake_comm_create_replacing(int rank, int size, reshard_comm_t **comm) {
+  RS_CHECK(bench_fake_comm_create(rank, size, comm));
+  fake_replacing_ops = fake_ops;
+  fake_replacing_ops.name = "fake (replacing ranks)";
+  fake_replacing_ops.replaces_ranks = 1;
+  (*comm)->ops = &fake_replacing_ops;
+  return RESHARD_SUCCESS;
+}
+
+void bench_fake_comm_rejoined(reshard_comm_t *comm) { comm->rejoins++; }
+
 reshard_result_t bench_fake_comm_create(int rank, int size, reshard_comm_t **comm) {
   rs_error_clear();
   if (!comm || size < 1 || rank < 0 || rank >= size)

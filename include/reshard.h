@@ -805,6 +805,36 @@ reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
  * collective: only the ranks in doubt call it. */
 reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms);
 
+/* Keeps a plan across a rank's replacement (reshard_comm_ucx_rejoin,
+ * reshard_comm_create_ucx_joining in reshard_ucx.h): a staying rank calls
+ * it on a plan it made before the rejoin, while the newcomer calls
+ * reshard_plan_create with the same layouts and options; kept plans are
+ * rejoined in the order the newcomer creates them (and every staying rank
+ * rejoins the same plans in the same order). Nothing is planned again
+ * here: the kept plan takes part in the newcomer's creation with the
+ * words its own creation agreed, so the newcomer's plan gets the same
+ * chunk, phases, pace and message tags, and starts at the kept plans'
+ * execute count and version. Collective over every rank; the plan's
+ * timeout bounds every wait. On success a failure the replaced rank's
+ * death left (REMOTE, TIMEOUT, ...) is cleared, a version in doubt is
+ * rolled forward if any rank committed it and dropped otherwise (with
+ * double buffering the active copy still holds the last committed
+ * version), and the next execute (the next version) works on every rank.
+ * The newcomer's plan reports no committed version (0) and no active copy
+ * until its first execute commits: its buffers hold nothing yet.
+ * Failures change nothing of the plan: RESHARD_ERROR_MISMATCH when the
+ * newcomer passed other layouts or options (naming the rank and what
+ * differs, on every rank; its creation fails alike), REMOTE when the
+ * newcomer failed, TIMEOUT; UNSUPPORTED (every rank) for a plan made of
+ * more than one creation step (relay -1 with a topology, source-side
+ * spreading, fp8 block quantization): destroy and create those again.
+ * Refused at once, nothing done: INVALID_ARGUMENT for NULL or a plan whose
+ * communicator replaces no ranks (not UCX); INVALID_USAGE when no rejoin
+ * happened since the plan was made, when it was rejoined already for the
+ * latest rejoin, when more than one rejoin passed since, or while another
+ * call of the plan runs. */
+reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
+
 /* Registers this rank's buffers for the plan's executes: src and dst as
  * execute takes them (one copy of each destination buffer; NULL where the
  * rank holds none). Collective over the plan's communicator: every rank

@@ -65,9 +65,17 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
  * use returns RESHARD_ERROR_INVALID_USAGE; destroy it.
  *
  * Plans: a plan whose execute failed because the old process died is
- * failed (reshard_plan_get_status); plans made before the rejoin must be
- * destroyed, and the staying ranks and the newcomer create the plans they
- * need again (collective over all of them, as at first). Not thread-safe
+ * failed or in doubt (reshard_plan_get_status; with double buffering its
+ * active copy still holds the last committed version). Either the
+ * staying ranks keep their plans: each calls reshard_plan_rejoin (in
+ * reshard.h) on every plan it keeps, in the order in which the newcomer
+ * calls reshard_plan_create for the same layouts and options; the kept
+ * plan plans nothing again, takes part in the newcomer's creation with
+ * the words its own creation agreed, and its failure is cleared, so the
+ * next version works on every rank. Or they destroy their plans and
+ * every rank (newcomer included) creates them again, as at first. A plan
+ * of several creation steps (relay -1 with a topology, source-side
+ * spreading, fp8 block quantization) cannot be kept. Not thread-safe
  * with other calls on the same communicator: no plan of it may run
  * during the rejoin. The replaced process must be gone (or never touch
  * its communicator again). */

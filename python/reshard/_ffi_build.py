@@ -215,6 +215,7 @@ typedef struct {
 reshard_result_t reshard_plan_get_status(const reshard_plan_t *plan,
     reshard_plan_status_t *status);
 reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms);
+reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,
     void *const *src, size_t nsrc, void *const *dst, size_t ndst);
 void reshard_plan_destroy(reshard_plan_t *plan);

@@ -493,6 +493,20 @@ class Plan(Node):
             raise InvalidArgumentError("resolve: timeout_ms must be >= 1 ms (None: the plan's)")
         check(lib.reshard_plan_resolve(self.handle, t))
 
+    def rejoin(self):
+        """reshard_plan_rejoin: on a staying rank, after
+        ``Comm.ucx_rejoin``, keeps this plan: it takes part in the
+        newcomer's ``Plan.create`` of the same layouts and options (call
+        it for the kept plans in the order the newcomer creates them),
+        clears the failure the replaced rank's death left and lines its
+        execute count and version up with the newcomer's plan, without
+        planning again. Collective. Raises MismatchError (the newcomer's
+        layouts or options differ; nothing changed), InvalidUsageError (no
+        rejoin since creation, or rejoined already), InvalidArgumentError
+        (not a UCX communicator), UnsupportedError (a plan of several
+        creation steps)."""
+        check(lib.reshard_plan_rejoin(self.handle))
+
     def stats(self):
         """reshard_plan_get_stats: this rank's bytes, messages and peers."""
         st = ffi.new("reshard_plan_stats_t *")

@@ -52,7 +52,7 @@ static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_
  * of another), or rewrite the buffer tables a running execute reads.
  * Refused, changing nothing: the running call is not disturbed and the
  * plan stays as it was. */
-static reshard_result_t enter(const reshard_plan_t *plan, const char *op) {
+reshard_result_t rs_api_enter(const reshard_plan_t *plan, const char *op) {
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
   if (!__atomic_exchange_n(&mut->busy, 1, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
@@ -63,7 +63,7 @@ static reshard_result_t enter(const reshard_plan_t *plan, const char *op) {
                   op, plan->rank);
 }
 
-static void leave(const reshard_plan_t *plan) {
+void rs_api_leave(const reshard_plan_t *plan) {
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   __atomic_store_n(&mut->busy, 0, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&mut->in_use, 1, __ATOMIC_ACQ_REL);
@@ -72,14 +72,14 @@ static void leave(const reshard_plan_t *plan) {
 static reshard_result_t execute(const reshard_plan_t *plan, const rs_call_args *a) {
   if (!a->rejected) rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute: plan is NULL");
-  RS_CHECK(enter(plan, "execute"));
+  RS_CHECK(rs_api_enter(plan, "execute"));
   reshard_result_t r;
   if (__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE) &&
       (r = settle_first(plan, a->rejected)) != RESHARD_SUCCESS)
     ; /* still in doubt, or settled by rolling back: nothing runs */
   else
     r = rs_api_run_stages(plan, a);
-  leave(plan);
+  rs_api_leave(plan);
   return r;
 }
 
@@ -235,10 +235,10 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
   if (!plan->executor->register_buffers) return rs_register_unsupported(plan);
-  RS_CHECK(enter(plan, "register_buffers"));
+  RS_CHECK(rs_api_enter(plan, "register_buffers"));
   reshard_result_t r = plan->quant ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
                                    : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
-  leave(plan);
+  rs_api_leave(plan);
   return r;
 }
 
@@ -249,8 +249,8 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "resolve: plan is NULL");
   if (!__atomic_load_n(&plan->doubt_version, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;
-  RS_CHECK(enter(plan, "resolve"));
+  RS_CHECK(rs_api_enter(plan, "resolve"));
   reshard_result_t r = rs_plan_settle(plan, rs_deadline_after_ms(timeout_ms >= 1 ? timeout_ms : plan->opts.timeout_ms));
-  leave(plan);
+  rs_api_leave(plan);
   return r;
 }

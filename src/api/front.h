@@ -29,6 +29,13 @@ typedef struct rs_call_args {
   reshard_result_t rejected;
 } rs_call_args;
 
+/* ---- execute.c ---- */
+/* Takes the plan's busy flag for a call of it (`op`, for the message):
+ * INVALID_USAGE when another call of the plan runs. rs_api_leave gives
+ * it back. */
+reshard_result_t rs_api_enter(const reshard_plan_t *plan, const char *op);
+void rs_api_leave(const reshard_plan_t *plan);
+
 /* ---- call.c ---- */
 /* One call of one plan (a plain plan, or one stage of a composite one):
  * refused at once if the plan failed earlier; otherwise the arguments

@@ -92,6 +92,17 @@ void rs_plan_take_call(const reshard_plan_t *p, int explicit_version,
                        uint64_t version_in, uint64_t *call,
                        uint64_t *version);
 
+/* A kept plan after a newcomer's creation of it (reshard_plan_rejoin):
+ * agreed = the maxima over every rank of the execute count, the last
+ * version and the committed version (plan/rejoin.c). A version in doubt
+ * here rolls forward if another rank committed it (every vote was then a
+ * success: this rank's other copy holds it whole) and back otherwise;
+ * the failure the replaced rank's death left is cleared; the call count
+ * and last version become the agreed ones, as on the newcomer's plan, so
+ * that the next execute's headers match everywhere. The active copy is
+ * untouched unless rolled forward. Caller holds the plan's busy flag. */
+void rs_plan_rejoin_state(const reshard_plan_t *p, const uint64_t agreed[3]);
+
 /* ---- agree.c ---- */
 
 /* The per-execute agreement with every partner (ranks this one sends to

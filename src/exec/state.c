@@ -59,3 +59,23 @@ void rs_plan_take_call(const reshard_plan_t *p, int explicit_version, uint64_t v
     *version = __atomic_add_fetch(&mut(p)->last_version, 1, __ATOMIC_RELAXED);
   }
 }
+
+void rs_plan_rejoin_state(const reshard_plan_t *p, const uint64_t agreed[3]) {
+  reshard_plan_t *m = mut(p);
+  const uint64_t doubt = __atomic_load_n(&p->doubt_version, __ATOMIC_ACQUIRE);
+  if (doubt && agreed[2] == doubt) { /* another rank committed it */
+    __atomic_store_n(&m->active_copy, p->doubt_copy, __ATOMIC_RELEASE);
+    rs_plan_record_success(p, doubt);
+  }
+  __atomic_store_n(&m->doubt_version, 0, __ATOMIC_RELEASE);
+  m->doubt_copy = -1;
+  m->doubt_ticket = 0;
+  /* the failure record: cleared as creation leaves it (claim last, so
+   * that a failure recorded from now on is whole) */
+  __atomic_store_n(&m->fail_result, RESHARD_SUCCESS, __ATOMIC_RELEASE);
+  m->fail_call = m->fail_version = 0;
+  m->fail_msg[0] = 0;
+  __atomic_store_n(&m->fail_claim, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&m->exec_calls, agreed[0], __ATOMIC_RELEASE);
+  __atomic_store_n(&m->last_version, agreed[1], __ATOMIC_RELEASE);
+}

@@ -350,6 +350,7 @@ static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm
   p->size = comm->size;
   p->active_copy = -1;
   p->doubt_copy = -1;
+  p->rejoins = comm->rejoins;
   reshard_result_t local = rs_options_read(options, &p->opts);
   if (!local) local = rs_options_apply_params(&p->opts);
   p->opts.flags |= internal;
@@ -514,6 +515,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
   build_ctx c;
   memset(&c, 0, sizeof c);
   reshard_plan_t *p = rs_calloc(1, sizeof *p);
+  if (p) p->seq = plan_seq; /* the agreement may give it a kept plan's (create_agree.c) */
   reshard_result_t local =
       begin_plan(&c, p, comm, ex, src, dst, options, relay_mode, prior, prior_msg, internal, out);
   int32_t spread = 0;
@@ -546,7 +548,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
   p->num_src_buffers = src->nbuffers;
   p->num_dst_buffers = dst->nbuffers;
   /* bits 32-47 of every tag name the plan; the rest: src/exec/exec_state.h */
-  p->tag_base = (uint64_t)(plan_seq & 0xffffu) << 32;
+  p->tag_base = (uint64_t)(p->seq & 0xffffu) << 32;
   r = finish_plan(p, &c, chunk);
   /* The executor sets up everything an execute needs now, before the
    * agreement below: a rank that cannot (memory, a wrong device) fails
@@ -563,6 +565,11 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
      * its communicator, and its partners must not keep the plan either. */
     r = rs_create_agree_outcome(comm, p, ex->prepare_peers(p), "connecting its plan's peers");
     if (r) goto fail;
+  }
+  if (comm->ops->replaces_ranks) { /* to name a newcomer's mismatch if it is kept (plan/rejoin.c) */
+    uint64_t hdr[7];
+    rs_creation_digest(p, src, dst, p->digest, hdr);
+    p->desc = rs_desc_keep(src, dst, hdr);
   }
   build_ctx_free(&c);
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: plan with %zu sends, %zu receives, %zu local copies, %d rounds, chunk %zu",
@@ -586,6 +593,7 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const rs_executor *ex
   reshard_plan_t *direct = NULL, *relay = NULL;
   RS_CHECK(plan_create_one(comm, ex, src, dst, options, RELAY_FROM_OPTIONS, prior, internal, out ? &direct : NULL));
   if (!auto_relay(direct)) {
+    direct->rejoinable = 1; /* one creation step: what reshard_plan_rejoin mirrors */
     *out = direct;
     return RESHARD_SUCCESS;
   }
@@ -647,6 +655,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
     *out = p0;
     return RESHARD_SUCCESS;
   }
+  p0->rejoinable = 0; /* the collectives of spreading follow, which a rejoin does not mirror */
   const int N = comm->size, me = comm->rank;
   uint64_t *w = rs_calloc(2 * (size_t)N + 1, sizeof *w);
   reshard_result_t local =
@@ -729,6 +738,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   }
   reshard_plan_destroy(p0);
   rs_plan_add_pre_stats(main_plan, pre);
+  main_plan->rejoinable = 0;
   sp->pre = pre;
   main_plan->spread = sp;
   *out = main_plan;
@@ -775,6 +785,7 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
     return r;
   }
   if (pre) rs_plan_add_pre_stats(main_plan, pre);
+  main_plan->rejoinable = 0;
   quant->pre = pre;
   main_plan->quant = quant;
   /* work left running on the GPU by either plan keeps the scratch */

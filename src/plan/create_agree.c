@@ -17,7 +17,18 @@
  * ~(this rank's chunk limit), so that the max is the smallest limit (a
  * failed rank sends 0, which limits nothing); CHUNK_TOO_BIG has bit j set
  * when candidate chunk j (ladder_chunk) would exceed this rank's staging
- * budget. */
+ * budget.
+ *
+ * Plan identity: AGREE_SEQ carries ~(the plan's number), so that the
+ * smallest wins. In a creation every rank proposes its count of plans
+ * (the same everywhere); a newcomer's creation of a plan the staying
+ * ranks kept (reshard_plan_rejoin) meets the kept plan's number, lower
+ * than the newcomer's count, and takes it, so their messages pair.
+ * AGREE_CALLS and AGREE_VERSION carry the kept plans' execute count and
+ * last version (0 in a creation), which the newcomer's plan starts from;
+ * AGREE_COMMITTED their committed versions (a kept plan in doubt learns
+ * whether another committed). The rs_rejoin_agree_* functions are the
+ * kept plan's side of these agreements. */
 #include <stdio.h>
 #include <string.h>
 
@@ -30,7 +41,7 @@
 
 enum { AGREE_DIGEST, AGREE_NOT_DIGEST, AGREE_ERROR, AGREE_SPREAD, AGREE_PHASE_EST,
        AGREE_PACE = AGREE_PHASE_EST + RS_PHASE_CANDIDATES, AGREE_PACE_INSIDE = AGREE_PACE + 2 * RS_WIDE_CANDIDATES,
-       AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
+       AGREE_SEQ, AGREE_CALLS, AGREE_VERSION, AGREE_COMMITTED, AGREE_BLAME, AGREE_N = AGREE_BLAME + RS_BLAME_WORDS };
 _Static_assert(AGREE_N <= RS_AGREE_MAX_WORDS, "the first agreement outgrows what transports reduce");
 
 /* What the ranks' descriptions must agree on: the options that shape the
@@ -88,6 +99,7 @@ reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const 
     v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
   }
   if (!local && p) v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside; /* the same for every threshold */
+  if (!local && p) v[AGREE_SEQ] = ~(uint64_t)p->seq;
   rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
   reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
@@ -107,7 +119,9 @@ reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const 
     /* every rank sees the digests differ and that no rank failed alone:
      * all of them narrow it down together */
     char why[512] = "";
-    if (rs_explain_mismatch(comm, src, dst, hdr, digest, rs_deadline_after_ms(timeout), why, sizeof why))
+    rs_desc d;
+    rs_desc_of(src, dst, hdr, &d);
+    if (rs_explain_mismatch(comm, &d, digest, rs_deadline_after_ms(timeout), why, sizeof why))
       snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
     return rs_error(RESHARD_ERROR_MISMATCH,
                     "plan_create rank %d: ranks passed different layouts or options: %s (digest %016llx, others "
@@ -124,6 +138,9 @@ reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const 
     p->pace_cand[k] = (rs_pace){v[AGREE_PACE + 2 * k], v[AGREE_PACE + 2 * k + 1], v[AGREE_PACE_INSIDE]};
   p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
   p->pace = rs_pace_choose(p->pace_cand, p->wide_bytes);
+  p->seq = (uint32_t)~v[AGREE_SEQ];
+  p->exec_calls = v[AGREE_CALLS];
+  p->last_version = v[AGREE_VERSION];
   if (rs_plan_force.set_phases) {
     p->phases = rs_plan_force.phases;
     p->wide_bytes = rs_plan_force.wide;
@@ -187,6 +204,17 @@ static reshard_result_t ladder_too_big(reshard_plan_t *p, rs_seg_vec *segs, uint
  * fails here (memory) makes the others return REMOTE. */
 enum { CHUNK_ERROR, CHUNK_LIMIT, CHUNK_TOO_BIG, CHUNK_BLAME, CHUNK_N = CHUNK_BLAME + RS_BLAME_WORDS };
 
+/* The chunk the reduced words v give. */
+static size_t chunk_of(const reshard_plan_t *p, const uint64_t *v) {
+  size_t chunk = rs_chunk_bound(&p->opts, ~v[CHUNK_LIMIT]);
+  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
+    if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
+      chunk = ladder_chunk(&p->opts, j);
+      break;
+    }
+  return chunk;
+}
+
 reshard_result_t rs_create_agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, rs_seg_vec *segs, size_t *out) {
   uint64_t limit = UINT64_MAX, too_big = 0;
   reshard_result_t local = rs_chunk_limit(p, segs, p->opts.staging_bytes / 2, &limit);
@@ -202,13 +230,10 @@ reshard_result_t rs_create_agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, 
     return r;
   }
   if (v[CHUNK_ERROR]) return rs_create_another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
-  size_t chunk = rs_chunk_bound(&p->opts, ~v[CHUNK_LIMIT]);
-  for (int j = 0; j < LADDER_N; j++) /* the largest chunk every rank fits */
-    if (!(v[CHUNK_TOO_BIG] >> j & 1) && ladder_chunk(&p->opts, j) > chunk) {
-      chunk = ladder_chunk(&p->opts, j);
-      break;
-    }
-  *out = chunk;
+  *out = chunk_of(p, v);
+  p->chunk_vote[0] = v[CHUNK_LIMIT];
+  p->chunk_vote[1] = v[CHUNK_TOO_BIG];
+  p->chunk_vote[2] = *out;
   return RESHARD_SUCCESS;
 }
 
@@ -256,5 +281,92 @@ reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_
     if (w) memcpy(w + at, v, k * sizeof *v);
     if (2 * (size_t)N >= at && 2 * (size_t)N < at + k && v[2 * (size_t)N - at]) *any = 1;
   }
+  return RESHARD_SUCCESS;
+}
+
+/* ---- the kept plan's side (reshard_plan_rejoin, plan/rejoin.c) ---- */
+
+/* The first agreement as the kept plan's creation reduced it: its digest,
+ * spread, phase estimates and pace (the maxima, in which the replaced
+ * rank's words were: a newcomer planning the same plan brings the same
+ * words, so the maxima stand), its number, call count and versions.
+ * *agreed (on success): the maxima of calls, last version, committed
+ * version. *newcomer_knows: whether the failure returned is known to
+ * every rank (the reduction's), or is this rank's finding alone (the
+ * newcomer's words would change the kept plan), which the caller must
+ * carry into the next agreement. */
+reshard_result_t rs_rejoin_agree(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
+                                 uint64_t agreed[3], int *newcomer_knows) {
+  char local_msg[1024] = "";
+  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
+  uint64_t v[AGREE_N] = {p->digest, ~p->digest, (uint64_t)local, local ? 0 : (uint64_t)p->spread_rounds};
+  *newcomer_knows = 1;
+  for (int k = 0; k < RS_PHASE_CANDIDATES && !local; k++) v[AGREE_PHASE_EST + k] = p->phase_est[k];
+  for (int k = 0; k < RS_WIDE_CANDIDATES && !local; k++) {
+    v[AGREE_PACE + 2 * k] = p->pace_cand[k].narrow;
+    v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
+  }
+  if (!local) {
+    v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside;
+    v[AGREE_SEQ] = ~(uint64_t)p->seq;
+    v[AGREE_CALLS] = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
+    v[AGREE_VERSION] = __atomic_load_n(&p->last_version, __ATOMIC_ACQUIRE);
+    v[AGREE_COMMITTED] = __atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE);
+  }
+  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
+  const int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
+  RS_CHECK(comm->ops->allreduce_max_u64(comm, v, AGREE_N, deadline));
+  if (local) return rs_error(local, "%s", local_msg);
+  if (v[AGREE_ERROR]) return rs_create_another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
+  if (v[AGREE_DIGEST] != p->digest || ~v[AGREE_NOT_DIGEST] != p->digest) {
+    char why[512] = "";
+    if (!p->desc) snprintf(why, sizeof why, "this plan kept no description to narrow it down with");
+    else if (rs_explain_mismatch(comm, p->desc, p->digest, deadline, why, sizeof why))
+      snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
+    return rs_error(RESHARD_ERROR_MISMATCH,
+                    "plan_rejoin rank %d: the newcomer's plan_create passed other layouts or options than this "
+                    "kept plan's: %s (digest %016llx, others range %016llx..%016llx)", comm->rank, why,
+                    (unsigned long long)p->digest, (unsigned long long)~v[AGREE_NOT_DIGEST],
+                    (unsigned long long)v[AGREE_DIGEST]);
+  }
+  *newcomer_knows = 0;
+  const char *field = v[AGREE_SPREAD] != (uint64_t)p->spread_rounds ? "spread rounds"
+                      : memcmp(&v[AGREE_PHASE_EST], p->phase_est, sizeof p->phase_est) ? "phase estimates"
+                      : ~v[AGREE_SEQ] != p->seq ? "plan number"
+                      : NULL;
+  for (int k = 0; k < RS_WIDE_CANDIDATES && !field; k++)
+    if (v[AGREE_PACE + 2 * k] != p->pace_cand[k].narrow || v[AGREE_PACE + 2 * k + 1] != p->pace_cand[k].wide ||
+        v[AGREE_PACE_INSIDE] != p->pace_cand[k].inside)
+      field = "pace";
+  if (field)
+    return rs_error(RESHARD_ERROR_MISMATCH, "plan_rejoin rank %d: the newcomer's plan of the same layouts would "
+                    "differ from this kept plan in its %s (a different build or environment, e.g. RESHARD_* "
+                    "settings?)", comm->rank, field);
+  agreed[0] = v[AGREE_CALLS];
+  agreed[1] = v[AGREE_VERSION];
+  agreed[2] = v[AGREE_COMMITTED];
+  return RESHARD_SUCCESS;
+}
+
+/* The chunk agreement as the kept plan's creation reduced it; `local`: a
+ * failure to carry (this rank's, from the first agreement). MISMATCH
+ * when the newcomer's words change the chunk (this rank's finding alone:
+ * *newcomer_knows 0, carry it into the next agreement). */
+reshard_result_t rs_rejoin_agree_chunk(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
+                                       int *newcomer_knows) {
+  char msg[1024] = "";
+  if (local) snprintf(msg, sizeof msg, "%s", reshard_last_error());
+  uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : p->chunk_vote[0], local ? 0 : p->chunk_vote[1]};
+  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL, rs_blame_first_cause(local));
+  *newcomer_knows = 1;
+  RS_CHECK(comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms)));
+  if (local) return rs_error(local, "%s", msg);
+  if (v[CHUNK_ERROR]) return rs_create_another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
+  const size_t chunk = chunk_of(p, v);
+  *newcomer_knows = 0;
+  if (chunk != p->chunk_vote[2])
+    return rs_error(RESHARD_ERROR_MISMATCH, "plan_rejoin rank %d: the newcomer's staging would make the chunk %zu "
+                    "bytes, this kept plan's is %llu (its staging budget differs?)", comm->rank, chunk,
+                    (unsigned long long)p->chunk_vote[2]);
   return RESHARD_SUCCESS;
 }

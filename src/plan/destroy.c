@@ -10,6 +10,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "plan/topology.h"
@@ -45,6 +46,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   }
   if (p->executor && p->executor->free) p->executor->free(p);
   destroy_stages(p);
+  rs_desc_free(p->desc);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);

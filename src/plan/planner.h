@@ -64,6 +64,17 @@ reshard_result_t rs_create_agree_outcome(reshard_comm_t *comm, const reshard_pla
 /* every rank's egress and held source bytes into w (2 x size words) */
 reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_t *p, const reshard_layout_t *src,
                                        uint64_t *w, reshard_result_t *local, int *any);
+/* the kept plan's side of the first and the chunk agreement, as its
+ * creation reduced them (reshard_plan_rejoin; see create_agree.c) */
+reshard_result_t rs_rejoin_agree(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
+                                 uint64_t agreed[3], int *newcomer_knows);
+reshard_result_t rs_rejoin_agree_chunk(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
+                                       int *newcomer_knows);
+/* rejoin.c: the kept plan p's side of a newcomer's creation of it, every
+ * collective of it (`local`: this rank's refusal, carried so that every
+ * rank fails); on success agreed = the maxima of the execute count, last
+ * and committed versions. Changes nothing of p. */
+reshard_result_t rs_plan_rejoin_agree(reshard_plan_t *p, reshard_result_t local, uint64_t agreed[3]);
 /* REMOTE for another rank's failure, naming it from the blame words */
 reshard_result_t rs_create_another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
                                           const char *what);
@@ -84,11 +95,28 @@ void rs_plan_add_pre_stats(reshard_plan_t *p, const reshard_plan_t *pre);
 reshard_result_t rs_options_read(const reshard_options_t *in, reshard_options_t *out);
 reshard_result_t rs_options_apply_params(reshard_options_t *o);
 
-/* mismatch.c: run by every rank when the creation's digests differ and no
- * rank failed alone; writes what differs between rank 0 and the lowest
- * rank unlike it into msg. hdr: the 7 option words of rs_creation_digest
- * (create_agree.c). */
-reshard_result_t rs_explain_mismatch(reshard_comm_t *comm, const reshard_layout_t *src, const reshard_layout_t *dst,
-                                     const uint64_t *hdr, uint64_t digest, int64_t deadline, char *msg, size_t len);
+/* mismatch.c: what one rank's description is, as the naming of a
+ * disagreement compares it: the 7 option words of rs_creation_digest
+ * (hdr), both layouts' counts (rs_layout_counts), and the digests of
+ * their tensors and buffers ([side][0: tensors, 1: buffers]): stored
+ * (dig, a kept plan's: reshard_plan_rejoin) or hashed from the layouts
+ * L when asked (L NULL on a kept plan: its messages name no names). */
+typedef struct rs_desc {
+  uint64_t hdr[7];
+  uint64_t counts[10];
+  int n[2][2];
+  uint64_t *dig[2][2];
+  const reshard_layout_t *L[2];
+} rs_desc;
+/* d over the layouts, hashing nothing yet (nothing allocated). */
+void rs_desc_of(const reshard_layout_t *src, const reshard_layout_t *dst, const uint64_t *hdr, rs_desc *d);
+/* A copy that outlives the layouts (digests stored; NULL: no memory). */
+rs_desc *rs_desc_keep(const reshard_layout_t *src, const reshard_layout_t *dst, const uint64_t *hdr);
+void rs_desc_free(rs_desc *d);
+/* Run by every rank when the creation's digests differ and no rank
+ * failed alone; writes what differs between rank 0 and the lowest rank
+ * unlike it into msg. */
+reshard_result_t rs_explain_mismatch(reshard_comm_t *comm, const rs_desc *d, uint64_t digest, int64_t deadline,
+                                     char *msg, size_t len);
 
 #endif

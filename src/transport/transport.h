@@ -70,6 +70,10 @@ typedef struct rs_transport_ops {
    * boxes below) are NULL on such a transport, since only the host
    * executor calls them. */
   const rs_stream_ops *stream_ops;
+  /* 1 where a rank can be replaced in a live communicator (UCX:
+   * reshard_comm_ucx_rejoin), so that plans may be kept across it
+   * (reshard_plan_rejoin); 0 elsewhere. */
+  int replaces_ranks;
   /* Optional (NULL, or RESHARD_ERROR_UNSUPPORTED for a given message: the
    * executor then packs into staging). Sends, as one message of `bytes`
    * bytes, the source-side boxes of copies[0..n) in order, straight from
@@ -94,6 +98,11 @@ struct reshard_comm {
    * every rank, since the call is collective; it tells plans apart in
    * message tags, even plans of identical layouts. */
   uint32_t plans_created;
+  /* Ranks this communicator has replaced (reshard_comm_ucx_rejoin; the
+   * same on every rank, a newcomer's included): a plan made before the
+   * latest replacement may take part in the newcomer's creation of it
+   * (reshard_plan_rejoin) once. 0 on transports that replace no rank. */
+  uint32_t rejoins;
   void *impl; /* the transport's own state */
 };
 

@@ -443,6 +443,7 @@ static void ux_destroy(reshard_comm_t *c) {
 
 const rs_transport_ops rs_ux_ops = {
     .name = "ucx",
+    .replaces_ranks = 1,
     .isend = ux_isend,
     .irecv = ux_irecv,
     .test = ux_test,

@@ -356,6 +356,7 @@ void rs_ux_take_counters(reshard_comm_t *c, const uint64_t *w) {
   m->epoch = w[JOIN_EPOCH];
   m->coll_seq = w[JOIN_SEQ];
   c->plans_created = (uint32_t)w[JOIN_PLANS];
+  c->rejoins = (uint32_t)w[JOIN_EPOCH];
 }
 
 /* Rank 0 at creation: listens, collects every address, keeps them (a

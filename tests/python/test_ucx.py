@@ -101,19 +101,22 @@ def test_commit_in_doubt_settles_over_ucx():
     assert len(ends) == 1, res
 
 
-def test_replica_killed_and_replaced():
+@pytest.mark.parametrize("mode", ["recreate", "keep"])
+def test_replica_killed_and_replaced(mode):
     """A replica SIGKILLed between two versions and a new process in its
     slot (tests/python/ucx_rejoin.py): the staying ranks' execute fails in
     time with the last version whole, they call comm.rejoin(3), the
     newcomer Comm.ucx(..., joining=True), and the next version arrives
-    whole on both replicas. No rank restarts but the replaced one."""
+    whole on both replicas. No rank restarts but the replaced one. mode
+    keep: the staying ranks keep their plan (plan.rejoin()), a newcomer of
+    other layouts refused first on every rank."""
     rendezvous = "127.0.0.1:%d" % free_port()
     script = "tests/python/ucx_rejoin.py"
     env = dict(os.environ)
     env.pop("RESHARD_TIMEOUT_MS", None)  # (it would override the plan's 1 s)
 
     def start(rank, role):
-        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), "4", role], cwd=ROOT, env=env,
+        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), "4", role, mode], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     procs = {r: start(r, "member") for r in (3, 2, 1, 0)}

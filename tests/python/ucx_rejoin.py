@@ -1,8 +1,8 @@
 """A destination replica replaced over UCX, from Python (run by
 tests/python/test_ucx.py as plain processes):
 
-    python ucx_rejoin.py HOST:PORT RANK 4 member   (ranks 0 .. 3)
-    python ucx_rejoin.py HOST:PORT 3 4 newcomer    (after rank 3 was killed)
+    python ucx_rejoin.py HOST:PORT RANK 4 member [keep]   (ranks 0 .. 3)
+    python ucx_rejoin.py HOST:PORT 3 4 newcomer [keep]    (after rank 3 was killed)
 
 Ranks 0 and 1 train (the source: w [N, 8] f32 sharded by rows, b [8]
 replicated); ranks 2 and 3 are the replicas (w sharded by columns, b
@@ -15,6 +15,14 @@ element checked. They close the plan, call comm.rejoin(3); the newcomer
 joins with Comm.ucx(..., joining=True); all four make a new plan and
 execute version NEXT: every element checked on both replicas. Each process
 prints "OK ..." (with its times) or "FAIL ...".
+
+With "keep" the staying ranks keep their plan (plan.rejoin()) instead of
+closing it: the newcomer first creates its plan over other layouts (more
+rows): MismatchError on every rank, and the kept plan is unchanged (failed,
+its active copy still whole); then the newcomer creates the plan over the
+right layouts while the staying ranks call plan.rejoin(), version NEXT
+arrives whole (the newcomer's other copy untouched), and a second
+plan.rejoin() raises InvalidUsageError.
 """
 import sys
 import time
@@ -24,6 +32,7 @@ import numpy as np
 import reshard
 
 rendezvous, rank, size, role = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+keep = len(sys.argv) > 5 and sys.argv[5] == "keep"
 VICTIM, NEXT, TIMEOUT_MS = 3, 100, 1000
 N = 32
 
@@ -40,9 +49,9 @@ def values(name, version):
     return np.arange(8, dtype=np.float32) - 7.0 * version
 
 
-def layout(side):
+def layout(side, rows=N):
     L = reshard.Layout()
-    w = L.add_tensor("w", "f32", (N, 8))
+    w = L.add_tensor("w", "f32", (rows, 8))
     b = L.add_tensor("b", "f32", (8,))
     m = L.add_mesh((2,), start=0 if side == "src" else 2)
     L.place(w, m, [reshard.Shard(0 if side == "src" else 1)])
@@ -58,9 +67,9 @@ copies = {name: tuple(np.full(shape, -1.0, np.float32) for _ in range(2))
           for name, shape in (("w", (N, 4)), ("b", (8,)))} if not trainer else {}
 
 
-def make_plan(comm):
+def make_plan(comm, src=SRC, dst=DST):
     t0 = time.monotonic()
-    plan = reshard.Plan(comm, SRC, DST, timeout_ms=TIMEOUT_MS, double_buffer=True)
+    plan = reshard.Plan(comm, src, dst, timeout_ms=TIMEOUT_MS, double_buffer=True)
     return plan, (time.monotonic() - t0) * 1e3
 
 
@@ -80,16 +89,52 @@ def check(plan, version, what):
         fail("%s: the active copy %d does not hold version %d element by element" % (what, st.active_copy, version))
 
 
-def after_rejoin(comm, t_join, who):
-    plan, ms_plan = make_plan(comm)
+def refused(call, error, what):
+    try:
+        call()
+    except error as e:
+        return str(e)
+    fail("%s was not refused with %s" % (what, error.__name__))
+
+
+def rejoin_plan(comm, plan):
+    """keep: the kept plan (staying) or the newcomer's creation of it, a
+    newcomer of other layouts refused first; returns the plan and the ms
+    of its successful rejoin or creation."""
+    if plan is None:
+        msg = refused(lambda: make_plan(comm, layout("src", N + 8), layout("dst", N + 8)), reshard.MismatchError,
+                      "the newcomer's plan over other layouts")
+    else:
+        msg = refused(plan.rejoin, reshard.MismatchError, "plan.rejoin() with a newcomer of other layouts")
+        st = plan.status()
+        if not (st.failed or st.in_doubt_version == 3) or st.committed_version != 2:
+            fail("the kept plan changed after a refused rejoin: %s" % (st,))
+        check(plan, 2, "after the refused rejoin")
+    if "ranks 0 and 3" not in msg:
+        fail("the mismatch does not name ranks 0 and 3: %s" % msg)
+    if plan is None:
+        return make_plan(comm)
+    t0 = time.monotonic()
+    plan.rejoin()
+    return plan, (time.monotonic() - t0) * 1e3
+
+
+def after_rejoin(comm, t_join, who, kept=None):
+    plan, ms_plan = rejoin_plan(comm, kept) if keep else make_plan(comm)
     sync(plan, NEXT)
     check(plan, NEXT, "after the rejoin")
     took = (time.monotonic() - t_join) * 1e3
+    if keep and not trainer and who == "newcomer":
+        other = 1 - plan.status().active_copy
+        if not all((c[other] == -1.0).all() for c in copies.values()):
+            fail("the newcomer's first version wrote its other copy")
+    if keep:
+        refused(plan.rejoin, reshard.InvalidUsageError, "a second plan.rejoin()")
     plan.close()
     comm.close()
-    print("OK rank %d (%s): version %d whole after the rejoin; %s to it %.1f ms, plan creation %.1f ms"
-          % (rank, who, NEXT, "comm.rejoin" if who == "staying" else "Comm.ucx(joining=True)", took, ms_plan),
-          flush=True)
+    print("OK rank %d (%s): version %d whole after the rejoin; %s to it %.1f ms, plan %s %.1f ms"
+          % (rank, who, NEXT, "comm.rejoin" if who == "staying" else "Comm.ucx(joining=True)", took,
+             "rejoin" if keep and who == "staying" else "creation", ms_plan), flush=True)
 
 
 if role == "newcomer":
@@ -124,7 +169,8 @@ while True:
     check(plan, version, "before the kill")
     if version > 3:
         fail("version %d succeeded with rank %d killed" % (version, VICTIM))
-plan.close()
+if not keep:
+    plan.close()
 try:
     comm.rejoin(0)
     fail("rejoin(0) was not refused")
@@ -133,4 +179,4 @@ except reshard.InvalidArgumentError as e:
         fail("rejoin(0): %s" % e)
 t0 = time.monotonic()
 comm.rejoin(VICTIM, timeout_ms=30000)
-after_rejoin(comm, t0, "staying")
+after_rejoin(comm, t0, "staying", plan if keep else None)

@@ -35,6 +35,26 @@
  *   comm_ucx_rejoin call, and every rank its plan creation time. Each
  *   process prints PASS/FAIL lines and exits 0 only when all passed.
  *
+ * keep (4 processes): the staying ranks KEEP their plan across the
+ *   rejoin (reshard_plan_rejoin) instead of re-creating it. As replace's
+ *   round 0 (versions 1, 2 checked, rank 3 killed inside version 3, the
+ *   staying plan failed or in doubt with version 2 whole in its active
+ *   copy) and reshard_comm_ucx_rejoin(3); then, when BAD (default 1), the
+ *   newcomer first creates the plan with other layouts (SEED + 1): every
+ *   rank fails with MISMATCH naming ranks 0 and 3, and on the staying
+ *   ranks nothing changed (still failed or in doubt, version 2 whole in
+ *   the active copy). Then the newcomer creates the plan with the right
+ *   layouts while the staying ranks call reshard_plan_rejoin; with BAD,
+ *   a second plan, made in several creation steps (a topology, relay -1)
+ *   beside the first before the kill, cannot be kept: its rejoin is
+ *   UNSUPPORTED and the newcomer's creation of it REMOTE, at once. Versions
+ *   4 and 5 on every rank, every element checked (the newcomer's other
+ *   copy untouched by its first). A second reshard_plan_rejoin is refused
+ *   (INVALID_USAGE), and a plan made after the rejoin (one more version,
+ *   checked) refuses it too. TIMING lines as in replace, from the join
+ *   call to version 4 committed and checked.
+ *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin keep [SEED [BAD]]
+ *
  * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
  *   of range and the calling rank itself (INVALID_ARGUMENT) and the
  *   communicator still works (a plan and an execute over it); then rank 2
@@ -54,6 +74,7 @@
 #include <unistd.h>
 
 #include "reshard.h"
+#include "reshard_inproc.h"
 #include "reshard_selftest.h"
 #include "reshard_ucx.h"
 #include "mpi/state_line.h"
@@ -209,6 +230,43 @@ static void wrap_receives(reshard_comm_t *comm) {
   comm->ops = &ops;
 }
 
+/* The plan is as the kill left it (right after it, and after a refused
+ * rejoin): failed or in doubt (version v + 1), version v whole in the
+ * active copy. */
+static void still_as_killed(const reshard_plan_t *plan, side_t *x, uint64_t v, const char *what) {
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_plan_get_status(plan, &st);
+  int64_t wrong = -1;
+  if (st.active_copy >= 0)
+    wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v, what) : 0;
+  say((st.failed || st.in_doubt_version == v + 1) && st.committed_version == v && wrong == 0,
+      "%s: after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong", what, st.failed,
+      (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version, st.active_copy,
+      (long long)wrong);
+}
+
+/* On a staying rank, what version v, with rank 3 killed inside it, left:
+ * execute failed in time, the plan is failed or in doubt, and the active
+ * copy still holds v - 1 whole. */
+static void killed_version(const reshard_plan_t *plan, side_t *x, uint64_t v, const char *what) {
+  double t0 = now_ms();
+  reshard_result_t r = exec_version(plan, x, v);
+  double ms = now_ms() - t0;
+  int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_BACKEND ||
+                r == RESHARD_ERROR_IN_DOUBT;
+  say(code_ok && ms <= 2 * PLAN_TIMEOUT_MS + GRACE_MS,
+      "%s: version %llu with rank %d killed: execute returned %s after %.0f ms (limit %d ms): %s", what,
+      (unsigned long long)v, VICTIM, reshard_result_string(r), ms, 2 * PLAN_TIMEOUT_MS + GRACE_MS,
+      reshard_last_error());
+  still_as_killed(plan, x, v - 1, what);
+}
+
+/* keep mode (below) */
+static int keep_mode, keep_bad = 1;
+static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x);
+
 /* One round: a plan over comm (all four ranks) and versions 10k+1,
  * 10k+2, every element checked on the replicas; when `kill` (every round
  * but the last), version 10k+3 with rank 3 killed inside it: on rank 3
@@ -222,6 +280,9 @@ static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, 
   char what[64];
   snprintf(what, sizeof what, "round %d", k);
   reshard_plan_t *plan = make_plan(comm, x, what);
+  /* keep mode: incarnation 0 makes the staying ranks' second plan too (it
+   * dies before destroying it) */
+  if (plan && keep_mode && keep_bad && kill) make_multistep_plan(comm, x);
   for (uint64_t v = base + 1; plan && v <= base + 2; v++) {
     reshard_result_t r = exec_version(plan, x, v);
     if (r) {
@@ -240,30 +301,149 @@ static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, 
     exec_version(plan, x, base + 3); /* killed in here */
     _exit(6);
   }
-  if (plan && kill) {
-    const uint64_t v = base + 3;
-    double t0 = now_ms();
-    reshard_result_t r = exec_version(plan, x, v);
-    double ms = now_ms() - t0;
-    int code_ok = r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_REMOTE || r == RESHARD_ERROR_BACKEND ||
-                  r == RESHARD_ERROR_IN_DOUBT;
-    say(code_ok && ms <= 2 * PLAN_TIMEOUT_MS + GRACE_MS,
-        "%s: version %llu with rank %d killed: execute returned %s after %.0f ms (limit %d ms): %s", what,
-        (unsigned long long)v, VICTIM, reshard_result_string(r), ms, 2 * PLAN_TIMEOUT_MS + GRACE_MS,
-        reshard_last_error());
-    reshard_plan_status_t st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
-    reshard_plan_get_status(plan, &st);
-    int64_t wrong = -1;
-    if (st.active_copy >= 0)
-      wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v - 1, what) : 0;
-    say((st.failed || st.in_doubt_version == v) && st.committed_version == v - 1 && wrong == 0,
-        "%s: after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong elements or bytes in it",
-        what, st.failed, (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version,
-        st.active_copy, (long long)wrong);
-  }
+  if (plan && kill) killed_version(plan, x, base + 3, what);
   reshard_plan_destroy(plan);
+}
+
+/* ---- keep: the staying ranks keep their plan (reshard_plan_rejoin) ---- */
+
+/* reshard_plan_rejoin refused with `want`, its message saying so. */
+static void rejoin_refused(reshard_plan_t *plan, reshard_result_t want, const char *what) {
+  reshard_result_t r = reshard_plan_rejoin(plan);
+  say(r == want && reshard_last_error()[0], "%s: plan_rejoin refused: %s (want %s): %s", what,
+      reshard_result_string(r), reshard_result_string(want), reshard_last_error());
+}
+
+/* On every rank once the kept plans and the newcomer's plan meet:
+ * versions 4 and 5, every element checked (fresh: the newcomer, whose
+ * other copy its first version leaves untouched); t_join: when this rank
+ * called comm_ucx_rejoin or comm_create_ucx_joining. Then a second
+ * rejoin of the plan is refused, and so is the rejoin of a plan made
+ * after the rejoin (which moves one version, checked). */
+static void keep_after(reshard_comm_t *comm, reshard_plan_t *plan, side_t *x, double t_join, int fresh) {
+  for (uint64_t v = 4; v <= 5; v++) {
+    reshard_result_t r = exec_version(plan, x, v);
+    if (r) {
+      say(0, "kept plan: version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
+      return;
+    }
+    check_version(plan, x, v, v == 4 && fresh, "kept plan");
+    if (v == 4)
+      printf("TIMING rank %d: keep: %s to version 4 committed and checked: %.1f ms\n", world_rank,
+             world_rank == VICTIM ? "comm_create_ucx_joining called" : "comm_ucx_rejoin called", now_ms() - t_join);
+  }
+  rejoin_refused(plan, RESHARD_ERROR_INVALID_USAGE, world_rank == VICTIM ? "the newcomer's own plan" : "a second rejoin");
+  reshard_plan_t *later = make_plan(comm, x, "a plan made after the rejoin");
+  if (!later) return;
+  reshard_result_t r = exec_version(later, x, 11);
+  if (r) say(0, "a plan made after the rejoin: version 11: %s: %s", reshard_result_string(r), reshard_last_error());
+  else check_version(later, x, 11, 0, "a plan made after the rejoin");
+  rejoin_refused(later, RESHARD_ERROR_INVALID_USAGE, "a plan made after the rejoin");
+  reshard_plan_destroy(later);
+}
+
+/* A plan of several creation steps (a topology with relay -1: a direct
+ * and a relay plan, and the choice between them), made beside round 0's
+ * in keep mode: it cannot be kept. */
+static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x) {
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = PLAN_TIMEOUT_MS;
+  o.topology = "h100-8x400g";
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
+  if (r) say(0, "a plan of several creation steps: plan_create: %s: %s", reshard_result_string(r), reshard_last_error());
+  return plan;
+}
+
+/* The newcomer with other layouts (SEED + 1): its creation fails with
+ * MISMATCH naming ranks 0 and 3. */
+static void keep_newcomer_wrong(reshard_comm_t *comm) {
+  seed++;
+  reshard_layout_t *src = make_layout(0), *dst = make_layout(1);
+  seed--;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = PLAN_TIMEOUT_MS;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  reshard_plan_t *plan = NULL;
+  reshard_result_t r = src && dst ? reshard_plan_create(comm, src, dst, &o, &plan) : RESHARD_ERROR_INVALID_ARGUMENT;
+  say(r == RESHARD_ERROR_MISMATCH && !plan && strstr(reshard_last_error(), "ranks 0 and 3"),
+      "the newcomer's plan_create with other layouts: %s: %s", reshard_result_string(r), reshard_last_error());
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+/* The newcomer (incarnation 1 of rank 3) in keep mode. */
+static void keep_newcomer(reshard_comm_t *comm, side_t *x, double t_join) {
+  if (keep_bad) keep_newcomer_wrong(comm);
+  reshard_plan_t *plan = make_plan(comm, x, "keep: the newcomer's plan");
+  if (plan && keep_bad) { /* the staying ranks' multi-step plan cannot be kept: this creation fails */
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.timeout_ms = PLAN_TIMEOUT_MS;
+    o.topology = "h100-8x400g";
+    reshard_plan_t *multi = NULL;
+    double t0 = now_ms();
+    reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &multi);
+    say(r == RESHARD_ERROR_REMOTE && !multi && strstr(reshard_last_error(), "several creation steps") &&
+            now_ms() - t0 < PLAN_TIMEOUT_MS,
+        "the newcomer's creation of a plan the staying ranks cannot keep: %s after %.0f ms: %s",
+        reshard_result_string(r), now_ms() - t0, reshard_last_error());
+    reshard_plan_destroy(multi);
+  }
+  if (plan) keep_after(comm, plan, x, t_join, 1);
+  reshard_plan_destroy(plan);
+}
+
+/* A staying rank in keep mode: round 0's plan, kept across the rejoin. */
+static int run_keep(void) {
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, SIZE, REJOIN_TIMEOUT_MS, &comm);
+  if (r) {
+    say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 1;
+  }
+  side_t x;
+  reshard_plan_t *plan = side_init(&x) == 0 ? make_plan(comm, &x, "keep") : NULL;
+  reshard_plan_t *multi = plan && keep_bad ? make_multistep_plan(comm, &x) : NULL;
+  for (uint64_t v = 1; plan && !bad && v <= 2; v++) {
+    r = exec_version(plan, &x, v);
+    if (r) say(0, "keep: version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
+    else check_version(plan, &x, v, v == 1, "keep");
+  }
+  if (plan && !bad) killed_version(plan, &x, 3, "keep");
+  double t_join = now_ms();
+  if (plan && !bad) {
+    r = reshard_comm_ucx_rejoin(comm, VICTIM, REJOIN_TIMEOUT_MS);
+    say(r == RESHARD_SUCCESS, "keep: comm_ucx_rejoin(%d): %s after %.0f ms %s", VICTIM, reshard_result_string(r),
+        now_ms() - t_join, r ? reshard_last_error() : "");
+  }
+  if (plan && !bad && keep_bad) {
+    r = reshard_plan_rejoin(plan);
+    say(r == RESHARD_ERROR_MISMATCH && strstr(reshard_last_error(), "ranks 0 and 3"),
+        "keep: plan_rejoin with a newcomer of other layouts: %s: %s", reshard_result_string(r), reshard_last_error());
+    still_as_killed(plan, &x, 2, "keep: after the refused rejoin");
+  }
+  if (plan && !bad) {
+    double t0 = now_ms();
+    r = reshard_plan_rejoin(plan);
+    double ms = now_ms() - t0;
+    say(r == RESHARD_SUCCESS, "keep: plan_rejoin: %s after %.1f ms %s", reshard_result_string(r), ms,
+        r ? reshard_last_error() : "");
+    printf("TIMING rank %d: keep: plan_rejoin %.1f ms\n", world_rank, ms);
+    if (multi) {
+      t0 = now_ms();
+      reshard_result_t rm = reshard_plan_rejoin(multi);
+      say(rm == RESHARD_ERROR_UNSUPPORTED && now_ms() - t0 < PLAN_TIMEOUT_MS,
+          "keep: plan_rejoin of a plan of several creation steps: %s after %.0f ms: %s", reshard_result_string(rm),
+          now_ms() - t0, reshard_last_error());
+    }
+    if (!r) keep_after(comm, plan, &x, t_join, 0);
+  }
+  reshard_plan_destroy(multi);
+  reshard_plan_destroy(plan);
+  side_free(&x);
+  reshard_comm_destroy(comm);
+  return bad != 0;
 }
 
 /* Incarnation k of slot 3 (0: the original; then newcomers): joins, and
@@ -280,7 +460,8 @@ static int incarnation(int k, int rounds, int fd) {
   if (r) return 1;
   if (k > 0) printf("TIMING rank %d: round %d: comm_create_ucx_joining %.1f ms\n", world_rank, k, now_ms() - t0);
   if (k < rounds) wrap_receives(comm);
-  if (side_init(&x) == 0) run_round(comm, &x, k, k < rounds, k < rounds ? fd : -2, k > 0 ? t0 : 0, 1);
+  if (side_init(&x) == 0 && keep_mode && k > 0) keep_newcomer(comm, &x, t0);
+  else if (!bad) run_round(comm, &x, k, k < rounds, k < rounds ? fd : -2, k > 0 ? t0 : 0, 1);
   side_free(&x);
   reshard_comm_destroy(comm);
   return bad != 0;
@@ -377,7 +558,34 @@ static void still_works(reshard_comm_t *comm, const char *what) {
   reshard_layout_destroy(L[1]);
 }
 
+/* reshard_plan_rejoin on a plan of an in-process communicator (one rank):
+ * INVALID_ARGUMENT, the plan still works. */
+static void rejoin_not_ucx(void) {
+  reshard_inproc_world_t *w = NULL;
+  reshard_comm_t *c = NULL;
+  reshard_layout_t *L = NULL;
+  reshard_plan_t *plan = NULL;
+  int one = 1, t, m, b;
+  int64_t shape[1] = {16};
+  reshard_placement_t p = reshard_replicate();
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  reshard_result_t r = reshard_inproc_world_create(1, &w);
+  if (!r) r = reshard_comm_create_inproc(w, 0, &c);
+  if (!r) r = reshard_layout_create(&L);
+  if (!r) r = reshard_layout_add_tensor(L, "g", RESHARD_INT32, 1, shape, &t);
+  if (!r) r = reshard_layout_add_mesh_strided(L, 1, &one, 0, 1, &m);
+  if (!r) r = reshard_layout_place(L, t, m, &p, &b);
+  if (!r) r = reshard_plan_create(c, L, L, &o, &plan);
+  if (r) say(0, "an in-process plan: %s: %s", reshard_result_string(r), reshard_last_error());
+  else rejoin_refused(plan, RESHARD_ERROR_INVALID_ARGUMENT, "a plan of an in-process communicator");
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(L);
+  reshard_comm_destroy(c);
+  reshard_inproc_world_destroy(w);
+}
+
 static int run_refuse(void) {
+  rejoin_not_ucx();
   reshard_comm_t *comm = NULL;
   reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, world_size, REJOIN_TIMEOUT_MS, &comm);
   if (r) {
@@ -441,12 +649,21 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--size")) world_size = atoi(argv[i + 1]);
   }
   if (!rendezvous || world_rank < 0 || world_rank >= world_size || i >= argc) {
-    fprintf(stderr, "usage: test_ucx_rejoin --rendezvous H:P --rank R --size N replace [SEED] | refuse\n");
+    fprintf(stderr, "usage: test_ucx_rejoin --rendezvous H:P --rank R --size N replace [SEED [ROUNDS]] | keep [SEED [BAD]] | refuse\n");
     return 2;
   }
   if (i + 1 < argc) seed = atoi(argv[i + 1]);
   if (!strcmp(argv[i], "replace")) return run_replace(i + 2 < argc ? atoi(argv[i + 2]) : 1);
   if (!strcmp(argv[i], "refuse")) return run_refuse();
+  if (!strcmp(argv[i], "keep")) {
+    keep_mode = 1;
+    if (i + 2 < argc) keep_bad = atoi(argv[i + 2]);
+    if (world_size != SIZE) {
+      say(0, "keep needs %d processes", SIZE);
+      return 1;
+    }
+    return world_rank == VICTIM ? supervise(1) : run_keep();
+  }
   fprintf(stderr, "unknown mode %s\n", argv[i]);
   return 2;
 }

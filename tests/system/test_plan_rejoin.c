@@ -1,0 +1,176 @@
+/* reshard_plan_rejoin's state after the agreements (exec/state.c,
+ * rs_plan_rejoin_state), over an in-process world of 4 ranks whose
+ * communicators play a transport that replaces ranks (the UCX tests,
+ * tests/ucx/test_ucx_rejoin.c keep, run the real thing with a killed
+ * process; a commit in doubt cannot be arranged there at will). Sources on
+ * ranks 0-1, double-buffered destinations on ranks 2-3, [32, 24] f32 rows
+ * -> columns. After versions 1 to 3, every rank's plan is set to what a
+ * death inside version 3's commit can leave on the staying ranks: rank
+ * 3's vote in doubt (its copy holding version 3 whole, the active copy
+ * still version 2), and either every other rank committed version 3
+ * (every vote was a success: roll forward) or none did, each failed
+ * (roll back). The communicator counts one rejoin, every rank
+ * calls reshard_plan_rejoin (no newcomer: all ranks are staying, so every
+ * word agrees), and then: rank 3's active copy holds the agreed version
+ * whole, every element checked, failures are cleared, and version 4 runs
+ * and is checked on every rank. Also refused: the rejoin of a plan two
+ * rejoins behind (INVALID_USAGE), nothing changed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "exec/exec_state.h"
+#include "plan/plan.h"
+#include "reshard.h"
+#include "support/harness.h"
+#include "transport/transport.h"
+
+#define NR 4
+
+typedef struct run {
+  const reshard_layout_t *src, *dst;
+  int forward; /* ranks 0 to 2 committed version 3 */
+  int problems;
+} run;
+
+static void layouts(reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t shape[2] = {32, 24};
+  reshard_layout_t *L[2];
+  for (int side = 0; side < 2; side++) {
+    int t, m, b;
+    assert_int_equal(reshard_layout_create(&L[side]), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_add_tensor(L[side], "w", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
+    assert_int_equal(reshard_layout_add_mesh_strided(L[side], 1, (int[]){2}, side ? 2 : 0, 1, &m), RESHARD_SUCCESS);
+    reshard_placement_t p[1] = {reshard_shard(side)};
+    assert_int_equal(reshard_layout_place(L[side], t, m, p, &b), RESHARD_SUCCESS);
+  }
+  *src = L[0];
+  *dst = L[1];
+}
+
+#define CHECK(cond, ...)                 \
+  do {                                   \
+    if (!(cond)) {                       \
+      printf("rank %d: ", rank);         \
+      printf(__VA_ARGS__);               \
+      printf("\n");                      \
+      __atomic_fetch_add(&r->problems, 1, __ATOMIC_RELAXED); \
+      goto out;                          \
+    }                                    \
+  } while (0)
+
+static reshard_result_t exec_v(const reshard_plan_t *plan, th_side *s, const reshard_layout_t *src, void **dp,
+                               size_t nd, uint64_t v) {
+  reshard_selftest_fill(s, src, v);
+  return reshard_plan_execute_version(plan, v, (void *const *)s->ptr, (size_t)s->nbuf, dp, nd, NULL);
+}
+
+/* Makes the plan look as a death inside version 3's commit leaves it
+ * (see the top). Between two barriers of the world: no call runs. */
+static void as_after_a_death(reshard_plan_t *p, int rank, int forward) {
+  const char *why = "the replaced rank did not answer";
+  if (rank == 3) { /* voted to commit 3, did not learn the outcome */
+    p->doubt_version = 3;
+    p->doubt_call = 2;
+    p->doubt_copy = p->active_copy;
+    p->active_copy = 1 - p->active_copy;
+    p->committed_version = 2;
+    p->completed--;
+  } else if (!forward) { /* nothing committed: failed */
+    if (p->active_copy >= 0) p->active_copy = 1 - p->active_copy;
+    p->committed_version = 2;
+    p->completed--;
+    rs_plan_mark_failed(p, 2, 3, RESHARD_ERROR_TIMEOUT, why);
+  }
+}
+
+static int rank_fn(int rank, reshard_comm_t *comm, void *arg) {
+  run *r = arg;
+  static _Thread_local rs_transport_ops ops; /* this rank's: replaces ranks */
+  ops = *comm->ops;
+  ops.replaces_ranks = 1;
+  comm->ops = &ops;
+  th_side s, d[2];
+  memset(&s, 0, sizeof s);
+  memset(d, 0, sizeof d);
+  reshard_plan_t *plan = NULL;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 5000;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  CHECK(!th_side_alloc(&s, r->src, rank, -1) && !th_side_alloc(&d[0], r->dst, rank, -1) &&
+            !th_side_alloc(&d[1], r->dst, rank, -1), "alloc");
+  void *dp[8] = {0};
+  const size_t nd = (size_t)d[0].nbuf;
+  for (size_t b = 0; b < nd; b++) dp[b] = d[0].ptr[b], dp[nd + b] = d[1].ptr[b];
+  CHECK(reshard_plan_create(comm, r->src, r->dst, &o, &plan) == RESHARD_SUCCESS, "plan_create: %s",
+        reshard_last_error());
+  for (uint64_t v = 1; v <= 3; v++)
+    CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, v) == RESHARD_SUCCESS, "version %llu: %s", (unsigned long long)v,
+          reshard_last_error());
+  reshard_result_t res = reshard_plan_rejoin(plan);
+  CHECK(res == RESHARD_ERROR_INVALID_USAGE, "a rejoin before any rejoin: %s", reshard_result_string(res));
+  as_after_a_death(plan, rank, r->forward);
+  comm->rejoins += 2;
+  res = reshard_plan_rejoin(plan);
+  CHECK(res == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "2 rejoins passed"),
+        "two rejoins behind: %s: %s", reshard_result_string(res), reshard_last_error());
+  comm->rejoins -= 1;
+  res = reshard_plan_rejoin(plan);
+  CHECK(res == RESHARD_SUCCESS, "plan_rejoin: %s: %s", reshard_result_string(res), reshard_last_error());
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_plan_get_status(plan, &st);
+  const uint64_t want = r->forward ? 3 : 2;
+  CHECK(!st.failed && st.in_doubt_version == 0 && st.committed_version == want, "after the rejoin: failed %d doubt "
+        "%llu committed %llu (want %llu)", st.failed, (unsigned long long)st.in_doubt_version,
+        (unsigned long long)st.committed_version, (unsigned long long)want);
+  if (rank >= 2)
+    CHECK(th_side_check(&d[st.active_copy], r->dst, rank, want, "after the rejoin") == 0,
+          "active copy %d does not hold version %llu whole", st.active_copy, (unsigned long long)want);
+  CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, 4) == RESHARD_SUCCESS, "version 4: %s", reshard_last_error());
+  reshard_plan_get_status(plan, &st);
+  CHECK(st.committed_version == 4 && !st.failed, "version 4 not committed");
+  if (rank >= 2)
+    CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 4, "version 4") == 0, "version 4 not whole");
+out:
+  reshard_plan_destroy(plan);
+  th_side_free(&s);
+  th_side_free(&d[0]);
+  th_side_free(&d[1]);
+  return 0;
+}
+
+static void run_case(int forward) {
+  reshard_layout_t *src, *dst;
+  layouts(&src, &dst);
+  run r = {src, dst, forward, 0};
+  th_run_ranks(NR, rank_fn, &r);
+  assert_int_equal(r.problems, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
+static void test_rolls_forward(void **state) {
+  (void)state;
+  run_case(1);
+}
+
+static void test_rolls_back(void **state) {
+  (void)state;
+  run_case(0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rolls_forward),
+      cmocka_unit_test(test_rolls_back),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
