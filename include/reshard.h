@@ -932,7 +932,8 @@ typedef struct reshard_estimate {
  * link (bytes / bandwidth + its latency once + messages x each one's
  * cost, over every rank's NIC and NVLink directions, its local copies,
  * and on the cpu preset the node's shared memory bandwidth); the rounds
- * add up. Rounds overlap in reality
+ * add up, a composite plan's pre-plans (fp8 gathering, source-side
+ * spreading) before its main plan's. Rounds overlap in reality
  * (double buffering), so this slightly over-estimates. A plan without a
  * topology is RESHARD_ERROR_INVALID_USAGE (on every rank). Costs a few
  * small allreduces over the communicator (values per round); call it

@@ -261,11 +261,10 @@ replay_one() {
 }
 # a figure of the replay's result line (its --progress lines come before)
 rv() { sed -nE "s/^# replay: .*$1=([^ ;]+).*/\1/p" "$work/replay.txt"; }
-# what a plan left out of the replay: fp8 quantization's gathering
-# pre-plan (reshard_plan leaves it out of its report too; source-side
-# spreading's pre-plan is replayed, as the call's first stage)
+# the pre-plans a call runs first, replayed as stages before the main
+# plan (fp8 quantization's gathering, source-side spreading's)
 replay_note() {
-  if grep -q 'gathered by a pre-plan' "$work/plan.txt"; then echo " (+ fp8 gathering pre-plan, not replayed)"; fi
+  if grep -q '^# fp8 gathering: ' "$work/plan.txt"; then echo " (fp8 gathering pre-plan replayed)"; fi
 }
 if [ "$replay" = 1 ]; then
   # Validation: the reduced panel scenarios (the --panel list), each as

@@ -3,7 +3,10 @@
 # case (one 64 MiB tensor from 4 source ranks to 4 replicas, H100 nodes),
 # direct and relayed. The replayed time must sit between T_lower and twice
 # the cost model's prediction (and above half of it), and the relay plan
-# must replay faster than the direct one, as the model says; a truncated
+# must replay faster than the direct one, as the model says; an fp8 case
+# whose blocks span source ranks replays its gathering pre-plan as a
+# stage before the main plan, near the prediction (with spreading
+# forced, before the spreading pre-plan's: 3 stages); a truncated
 # schedule and a platform without the ranks' hosts must fail.
 #
 #   tests/test_replay.sh RESHARD_PLAN RESHARD_REPLAY
@@ -41,6 +44,29 @@ for relay in 0 1; do
 done
 awk -v d="${sim[0]}" -v r="${sim[1]}" 'BEGIN { exit !(r < 0.5 * d) }' ||
   { echo "FAIL: the relay plan (${sim[1]} s) does not replay at under half the direct one (${sim[0]} s)"; exit 1; }
+# fp8 blocks of 128 rows over sources of 320: the blocks split across
+# them are gathered first, a stage of its own before the main plan's,
+# and the prediction adds that pre-plan's time
+preset_platform h100-8x400g 5 3 >"$work/p5.xml"
+"$plan" --shape 960,4096 --dtype bf16 --src-mesh 3 --src-placements S0 --dst-mesh 2 --dst-placements S1 \
+  --dst-dtype fp8e4m3 --block 128,128 --topology h100-8x400g --no-check --replay-out "$work/g" >"$work/planq.txt"
+grep -q '^# fp8 gathering: ' "$work/planq.txt" || { echo "FAIL: the fp8 case gathers nothing"; exit 1; }
+timeout 120 "$replay" "$work/g" "$work/p5.xml" --wall-limit 60 "${net[@]}" >"$work/rq.txt"
+cat "$work/rq.txt"
+t=$(val simulated_s "$work/rq.txt")
+p=$(val predicted_s "$work/planq.txt")
+[[ $(val stages "$work/rq.txt") == 2 ]] || { echo "FAIL: the fp8 gathering pre-plan is not a stage of the replay"; exit 1; }
+echo "fp8 gathering: replay ${t} s, predicted ${p} s"
+awk -v t="$t" -v p="$p" 'BEGIN { exit !(t >= 0.5 * p && t <= 2 * p) }' ||
+  { echo "FAIL: fp8 gathering: the replay is outside [0.5 predicted, 2 predicted]"; exit 1; }
+# with spreading forced too, three stages: gathering, spreading, main
+RESHARD_SPREAD=2 "$plan" --shape 960,4096 --dtype bf16 --src-mesh 3 --src-placements S0 --dst-mesh 2 \
+  --dst-placements S1 --dst-dtype fp8e4m3 --block 128,128 --topology h100-8x400g --no-check --replay-out "$work/g3" \
+  >"$work/planq3.txt"
+grep -q '^# source-side spreading: .* kept' "$work/planq3.txt" || { echo "FAIL: RESHARD_SPREAD=2 spread nothing"; exit 1; }
+timeout 120 "$replay" "$work/g3" "$work/p5.xml" --wall-limit 60 "${net[@]}" >"$work/rq3.txt"
+cat "$work/rq3.txt"
+[[ $(val stages "$work/rq3.txt") == 3 ]] || { echo "FAIL: gathering + spreading + main are not 3 stages"; exit 1; }
 head -n 5 "$work/s1" >"$work/short"
 if "$replay" "$work/short" "$work/p.xml" --wall-limit 60 "${net[@]}" >/dev/null 2>&1; then
   echo "FAIL: a truncated schedule replayed"; exit 1

@@ -151,7 +151,8 @@ show_ok() {
 # what the tool printed: the world, the totals row, per-rank bytes, the
 # pairs' and the rounds' sums, and with --topology the predicted time,
 # T_lower and the baselines (printed with %.6g), the rounds' durations
-# adding up to the prediction (less a spreading pre-plan's); and the run
+# adding up to the prediction (less the spreading and fp8 gathering
+# pre-plans'); and the run
 # without --json prints the same figures (tests/plan_golden.sh: byte for
 # byte).
 json_ok() {
@@ -200,7 +201,9 @@ for l in out:
     b = re.match(r"# baseline (\S+): predicted_s=(\S+) ratio", l)
     if b:
         want("%.6g" % d["baselines"][b.group(1)] == b.group(2), "baseline " + b.group(1))
-pre = d["spreading"]["pre_plan_s"] if d["spreading"] else 0.0
+pre = (d["spreading"]["pre_plan_s"] if d["spreading"] else 0.0) + (d["gathering"]["pre_plan_s"] if d["gathering"] else 0.0)
+if any(l.startswith("# fp8 gathering: ") for l in out):
+    want(d["gathering"] and d["gathering"]["pre_plan_s"] > 0, "the fp8 gathering pre-plan priced")
 rounds_s = sum(r["seconds"] or 0 for r in d["rounds"])
 want(abs(rounds_s + pre - e["predicted_s"]) <= 1e-9 * max(1.0, e["predicted_s"]), "rounds add up to the prediction")
 for r in d["rounds"]:
@@ -270,6 +273,10 @@ plan_json)
   json_ok $S --topology cpu --relay 0
   json_ok --shape 64,48 --src-mesh 2,2 --src-placements R,S0 --dst-mesh 4 --dst-placements S1 --colocate --topology h100-8x400g
   json_ok --shape 1024,1024 --src-mesh 2 --src-placements S0 --dst-mesh 4,2 --dst-placements R,S0 --relay 1 --topology gb200-nvl72
+  # fp8 blocks of 48 rows over sources of 32: gathered first, the pre-plan priced
+  json_ok --shape 96,64 --dtype bf16 --src-mesh 3 --src-placements S0 --dst-mesh 2 --dst-placements S1 --dst-dtype fp8e4m3 \
+    --block 48,32 --topology h100-8x400g
+  grep -Eq '^# fp8 gathering: .* the prediction adds it$' "$out" || fail "the fp8 gathering pre-plan not priced"
   if [[ -n $config_dir ]]; then
     json_ok --model-config "$config_dir/tiny_moe.json" --train tp=1,pp=2,dp=2,ep=2 --infer tp=2,dp=2,ep=4 --topology h100-8x400g
     json_ok --model-config "$repo/configs/DeepSeek-V3.json" --layers 4 --train tp=1,pp=4,dp=8,ep=8 --infer tp=8,dp=4 \

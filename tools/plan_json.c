@@ -399,6 +399,15 @@ static void write_header(FILE *f, const pj_meta *m) {
   } else {
     fputs("null", f);
   }
+  fputc(',', f);
+  json_key(f, "gathering");
+  if (m->gather_priced) {
+    fputs("{\"pre_plan_s\":", f);
+    json_num(f, m->gather_pre_s);
+    fprintf(f, ",\"bytes\":%llu}", (unsigned long long)m->gather_bytes);
+  } else {
+    fputs("null", f);
+  }
   fputs(",\n", f);
 }
 

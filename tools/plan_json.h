@@ -44,6 +44,9 @@ typedef struct pj_meta {
   int spread_kept;                    /* source-side spreading kept */
   double spread_pre_s;                /* its pre-plan's predicted time */
   uint64_t spread_moved_bytes;
+  int gather_priced;                  /* fp8 gathering pre-plan, priced (--topology) */
+  double gather_pre_s;                /* its predicted time */
+  uint64_t gather_bytes;              /* and the bytes it moves */
 } pj_meta;
 
 /* Writes the description to path. 0, or -1 with a message on stderr. */

@@ -92,18 +92,26 @@ static void copy_stage(rp_writer *w, int i, FILE *out) {
   if (ferror(w->tmp)) w->io_failed = 1;
 }
 
-int rp_write(rp_writer *pre, rp_writer *w, const char *path) {
-  if ((pre && !complete(pre)) || !complete(w)) return -1;
+int rp_write(rp_writer *const *stages, int n, const char *path) {
+  if (n < 1 || n > RP_MAX_STAGES) {
+    fprintf(stderr, "reshard_plan: error: --replay-out: %d stages (1 to %d)\n", n, RP_MAX_STAGES);
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (!complete(stages[i])) return -1;
   FILE *out = fopen(path, "w");
   if (!out) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: %s\n", path, strerror(errno));
     return -1;
   }
-  fprintf(out, "reshard-replay 2 world %d stages %d\n", w->world, pre ? 2 : 1);
-  if (pre) copy_stage(pre, 0, out);
-  copy_stage(w, pre ? 1 : 0, out);
+  fprintf(out, "reshard-replay 2 world %d stages %d\n", stages[n - 1]->world, n);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    copy_stage(stages[i], i, out);
+    bad |= stages[i]->io_failed;
+  }
   fprintf(out, "end\n");
-  int bad = ferror(out) || w->io_failed || (pre && pre->io_failed);
+  bad |= ferror(out);
   if (fclose(out) || bad) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: write failed\n", path);
     return -1;

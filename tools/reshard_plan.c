@@ -582,6 +582,14 @@ typedef struct plan_tool {
   double spread_pre_s;    /* predicted time and the bytes it moves */
   uint64_t spread_moved;
   rp_writer *pre_rp;      /* --replay-out with spreading kept: the pre-plan's schedules */
+  /* fp8 block quantization with blocks split across source ranks: the
+   * caller's source (before the rewrite) and the gathering pre-plan's
+   * destination (plan/quant.h), its predicted time and bytes, and with
+   * --replay-out its schedules */
+  reshard_layout_t *quant_src, *gather;
+  double gather_pre_s;
+  uint64_t gather_bytes;
+  rp_writer *gather_rp;
 } plan_tool;
 
 /* Options, layouts and world; an exit status when done already (help,
@@ -634,12 +642,12 @@ static int quantize_layouts(plan_tool *t) {
   if (ql.src) {
     printf("fp8 block quantization: source ranks quantize the weights they hold in whole blocks and send codes + "
            "scales%s\n",
-           ql.gather ? "; blocks split across source ranks are first gathered by a pre-plan, which this report leaves out"
-                     : "");
-    reshard_layout_destroy(t->L.src);
+           ql.gather ? "; blocks split across source ranks are first gathered by a pre-plan (priced below)" : "");
+    /* the caller's source stays: the gathering pre-plan reads it */
+    t->quant_src = t->L.src, t->gather = ql.gather;
     reshard_layout_destroy(t->L.dst);
     t->L.src = ql.src, t->L.dst = ql.dst;
-    ql.src = ql.dst = NULL;
+    ql.src = ql.dst = ql.gather = NULL;
   }
   rs_quant_layouts_free(&ql);
   return 0;
@@ -734,25 +742,63 @@ static void plan_all(plan_tool *t) {
 
 static reshard_result_t pre_rank(int r, reshard_plan_t *plan, void *arg) { return rp_add(arg, r, plan); }
 
-/* --replay-out with spreading kept: the pre-plan runs before the main
- * plan (src/api/stages.c), so its schedule is the replay's first stage:
- * planned here as reshard_plan_create plans it (the options with relay 0,
- * src/plan/create.c), from the caller's sources to the scratch. */
-static void replay_pre_plan(plan_tool *t, const reshard_layout_t *pre_dst) {
+/* A pre-plan's options, as reshard_plan_create plans it (src/plan/create.c:
+ * relay 0, its destination scratch, not double buffered). */
+static reshard_options_t pre_options(const plan_tool *t) {
   reshard_options_t po = t->opts;
   po.relay = 0;
   po.flags &= ~(uint32_t)RESHARD_FLAG_DOUBLE_BUFFER;
+  return po;
+}
+
+/* --replay-out with a pre-plan (spreading kept, or fp8 gathering): it
+ * runs before the main plan (src/api/stages.c), so its schedule is a
+ * stage of the replay before the main plan's: planned here as
+ * reshard_plan_create plans it, from src to the scratch. NULL (and the
+ * run failed) on an error. */
+static rp_writer *replay_pre_plan(plan_tool *t, const reshard_layout_t *src, const reshard_layout_t *pre_dst,
+                                  const char *what) {
+  reshard_options_t po = pre_options(t);
   pw_run *run = NULL;
-  t->pre_rp = rp_create(t->world);
-  reshard_result_t rc =
-      t->pre_rp ? pw_run_create(t->user_src, pre_dst, t->world, &po, &run) : RESHARD_ERROR_OUT_OF_MEMORY;
-  if (!rc) rc = pw_run_plans(run, pre_rank, t->pre_rp);
+  rp_writer *w = rp_create(t->world);
+  reshard_result_t rc = w ? pw_run_create(src, pre_dst, t->world, &po, &run) : RESHARD_ERROR_OUT_OF_MEMORY;
+  if (!rc) rc = pw_run_plans(run, pre_rank, w);
   pw_run_free(run);
   if (rc) {
-    fprintf(stderr, "reshard_plan: error: --replay-out: the spreading pre-plan: %s: %s\n", reshard_result_string(rc),
+    fprintf(stderr, "reshard_plan: error: --replay-out: the %s pre-plan: %s: %s\n", what, reshard_result_string(rc),
             reshard_last_error());
     t->failed = 1;
+    rp_free(w);
+    return NULL;
   }
+  return w;
+}
+
+/* fp8 gathering: the blocks split across source ranks are gathered
+ * before the quantization, by a pre-plan from the caller's source
+ * (src/plan/create.c), which a call runs first (src/api/stages.c). Priced
+ * as reshard_plan_estimate prices it: its time comes before the main
+ * plan's (and a spreading pre-plan's). */
+static void gather_pre_plan(plan_tool *t) {
+  if (t->failed || !t->gather) return;
+  if (t->priced) {
+    reshard_options_t po = pre_options(t);
+    reshard_estimate_t est = RESHARD_ESTIMATE_INITIALIZER;
+    reshard_result_t rc = pc_estimate_global(t->quant_src, t->gather, t->world, &po, &est, NULL);
+    if (rc) {
+      fprintf(stderr, "reshard_plan: error: the fp8 gathering pre-plan: %s: %s\n", reshard_result_string(rc),
+              reshard_last_error());
+      t->failed = 1;
+      return;
+    }
+    printf("# fp8 gathering: %.3g MiB of blocks split across source ranks gathered first (%.6g s predicted, over %d "
+           "rounds): the prediction adds it\n",
+           (double)est.bytes / 1048576.0, est.seconds, (int)est.num_rounds);
+    rs_cost_add_before(&t->ours, &est);
+    t->gather_pre_s = est.seconds;
+    t->gather_bytes = est.bytes;
+  }
+  if (t->o.replay_out) t->gather_rp = replay_pre_plan(t, t->quant_src, t->gather, "fp8 gathering");
 }
 
 static void spread_sources(plan_tool *t) {
@@ -812,7 +858,7 @@ static void spread_sources(plan_tool *t) {
         t->spread_kept = 1;
         t->spread_pre_s = pre_est.seconds;
         t->spread_moved = sl.moved;
-        if (t->o.replay_out) replay_pre_plan(t, sl.pre);
+        if (t->o.replay_out) t->pre_rp = replay_pre_plan(t, t->user_src, sl.pre, "spreading");
       }
     }
     pw_run_free(mrun);
@@ -943,7 +989,10 @@ static int write_json(plan_tool *t) {
                .cost = topo ? &t->cost : NULL,
                .spread_kept = t->spread_kept,
                .spread_pre_s = t->spread_pre_s,
-               .spread_moved_bytes = t->spread_moved};
+               .spread_moved_bytes = t->spread_moved,
+               .gather_priced = t->gather != NULL && t->priced,
+               .gather_pre_s = t->gather_pre_s,
+               .gather_bytes = t->gather_bytes};
   return pj_write(t->f->pj, &m, t->o.json);
 }
 
@@ -954,6 +1003,9 @@ static void plan_tool_free(plan_tool *t) {
   final_free(&t->fs2[1]);
   pw_run_free(t->run);
   rp_free(t->pre_rp);
+  rp_free(t->gather_rp);
+  reshard_layout_destroy(t->quant_src);
+  reshard_layout_destroy(t->gather);
   pw_share_first_replica(0);
   if (t->user_src && t->L.src != t->user_src) reshard_layout_destroy(t->user_src);
   free(t->timed);
@@ -987,12 +1039,21 @@ int main(int argc, char **argv) {
   }
   plan_all(t);
   spread_sources(t);
+  gather_pre_plan(t);
   if (time_sample(t)) return 1;
   final_plans(t);
   if (!t->failed) print_table(t);
   int ok = report(t);
   if (t->o.json && !t->failed && write_json(t)) t->failed = 1;
-  if (t->o.replay_out && !t->failed && rp_write(t->pre_rp, t->f->rp, t->o.replay_out)) t->failed = 1;
+  if (t->o.replay_out && !t->failed) {
+    /* the stages a call runs, in order (src/api/stages.c) */
+    rp_writer *stages[3];
+    int n = 0;
+    if (t->gather_rp) stages[n++] = t->gather_rp;
+    if (t->pre_rp) stages[n++] = t->pre_rp;
+    stages[n++] = t->f->rp;
+    if (rp_write(stages, n, t->o.replay_out)) t->failed = 1;
+  }
   plan_tool_free(t);
   if (t->failed) return 1;
   return t->o.strict && !ok ? 1 : 0;

@@ -6,9 +6,10 @@
  *                  [--detach-below BYTES] [--progress] [--cfg=simgrid/option:value ...]
  *
  * The schedule file (tools/plan_replay.h) holds, per rank, the fields of
- * its plan that the schedule reads (per stage: with source-side spreading
- * a call runs a pre-plan, then the main plan; each rank walks them in
- * that order, each plan on mailboxes of its own as it has its own tags). Each rank gets a skeleton
+ * its plan that the schedule reads (per stage: a call runs its pre-plans,
+ * fp8 gathering then source-side spreading, then the main plan; each rank
+ * walks them in that order, each plan on mailboxes of its own as it has
+ * its own tags). Each rank gets a skeleton
  * reshard_plan_t with just those and one SimGrid actor on host "h<rank>"
  * of the platform (scripts/simulate.sh's preset_platform writes it),
  * which walks the real schedule, rs_sched_run (src/exec/schedule.c), with
@@ -59,6 +60,7 @@
 #include <unistd.h>
 
 #include "reshard_internal.h"
+#include "plan_replay.h"
 
 enum { HDR_BYTES = 256, STATUS_BYTES = 8 };
 
@@ -68,8 +70,9 @@ typedef struct comm_list {
   size_t n;
 } comm_list;
 
-/* One plan of one rank: a call runs its stages' plans in order (a
- * spreading pre-plan, then the main plan: src/api/stages.c). */
+/* One plan of one rank: a call runs its stages' plans in order (the
+ * gathering and spreading pre-plans, then the main plan:
+ * src/api/stages.c). */
 typedef struct replay_plan {
   reshard_plan_t plan;      /* skeleton: the schedule's fields only */
   rs_msg *msgs;             /* sends, then receives */
@@ -218,7 +221,7 @@ static int read_schedule(const char *path) {
   }
   int v = 0, rc;
   if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v < 1 || v > 2 || R.world <= 0 ||
-      R.nstages < 1 || R.nstages > 2) {
+      R.nstages < 1 || R.nstages > RP_MAX_STAGES) {
     fprintf(stderr, "reshard_replay: error: %s: not a version 1 or 2 schedule (reshard_plan --replay-out)\n", path);
     fclose(f);
     return -1;

@@ -235,6 +235,9 @@ def _draw_phases(ax, doc):
     sp = doc.get("spreading")
     if sp:
         t += "\nafter a source-side spreading pre-plan of %.3g s (not drawn)" % sp["pre_plan_s"]
+    ga = doc.get("gathering")
+    if ga:
+        t += "\nafter an fp8 gathering pre-plan of %.3g s (not drawn)" % ga["pre_plan_s"]
     ax.set_title(t, fontsize="medium")
 
 

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "plan/cost.h"
 #include "plan/plan.h"
+#include "plan/quant.h"
 #include "plan/spread.h"
 #include "transport/transport.h"
 
@@ -122,6 +123,17 @@ reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estim
     reshard_result_t r = estimate_one(plan->spread->pre, &p);
     if (r) {
       rs_error_prefix("(the spreading pre-plan) ");
+      return r;
+    }
+    rs_cost_add_before(&e, &p);
+  }
+  if (plan->quant && plan->quant->pre) {
+    /* fp8 quantization: the blocks split across source ranks are
+     * gathered before anything else runs (src/api/stages.c) */
+    reshard_estimate_t p;
+    reshard_result_t r = estimate_one(plan->quant->pre, &p);
+    if (r) {
+      rs_error_prefix("(the fp8 gathering pre-plan) ");
       return r;
     }
     rs_cost_add_before(&e, &p);

@@ -104,6 +104,7 @@ def check_doc(doc, stdout, topology):
     assert res and "%.6g" % est["predicted_s"] == res.group(1) and "%.6g" % est["lower_s"] == res.group(2)
     assert est["predicted_s"] >= est["lower_s"] > 0
     pre = doc["spreading"]["pre_plan_s"] if doc["spreading"] else 0.0
+    pre += doc["gathering"]["pre_plan_s"] if doc.get("gathering") else 0.0
     assert sum(r["seconds"] for r in doc["rounds"]) + pre == pytest.approx(est["predicted_s"], rel=1e-9)
     loads = plot.link_loads(doc)
     assert len(loads) == len(doc["rounds"])

@@ -25,6 +25,8 @@
  * fixed_cases: a Megatron-like aligned TP split (no gathering), a split
  * through the middle of blocks (gathering), f32 and f16 sources.
  * wire_bytes: the wire carries one byte per element plus the scales.
+ * estimate_gathering: reshard_plan_estimate prices the gathering pre-plan
+ * (its time before the main plan's), as reshard_plan reports it.
  * bad_layouts: what cannot be quantized fails creation on every rank with
  * a specific code and message, and the declaration API refuses bad
  * arguments without changing the layout. */
@@ -38,6 +40,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "plan/plan.h"
+#include "plan/quant.h"
 #include "reshard.h"
 #include "reshard_models.h"
 #include "reshard_selftest.h"
@@ -559,6 +563,64 @@ static void wire_bytes(void **state) {
   qcase_free(&c);
 }
 
+/* estimate_gathering: each rank's estimate of the whole plan, of its
+ * gathering pre-plan alone and of the main plan alone (the pre-plan
+ * detached for that call: reshard_plan_estimate is collective, every
+ * rank does the same). */
+typedef struct est_args {
+  const qcase *c;
+  int fail[8];
+  int has_pre[8];
+  double all[8], pre[8], main_only[8];
+} est_args;
+
+static int estimate_rank(int rank, reshard_comm_t *comm, void *arg) {
+  est_args *a = arg;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.topology = "h100-8x400g";
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(comm, a->c->src, a->c->dst, &o, &plan)) {
+    fprintf(stderr, "rank %d: plan_create: %s\n", rank, reshard_last_error());
+    return a->fail[rank] = 1;
+  }
+  reshard_estimate_t all = RESHARD_ESTIMATE_INITIALIZER, pre = all, main_only = all;
+  reshard_plan_t *gather = plan->quant ? plan->quant->pre : NULL;
+  a->has_pre[rank] = gather != NULL;
+  int bad = reshard_plan_estimate(plan, &all) != RESHARD_SUCCESS;
+  if (gather) {
+    bad |= reshard_plan_estimate(gather, &pre) != RESHARD_SUCCESS;
+    plan->quant->pre = NULL;
+    bad |= reshard_plan_estimate(plan, &main_only) != RESHARD_SUCCESS;
+    plan->quant->pre = gather;
+  }
+  if (bad) fprintf(stderr, "rank %d: estimate: %s\n", rank, reshard_last_error());
+  a->all[rank] = all.seconds, a->pre[rank] = pre.seconds, a->main_only[rank] = main_only.seconds;
+  reshard_plan_destroy(plan);
+  return a->fail[rank] = bad;
+}
+
+static void estimate_gathering(void **state) {
+  (void)state;
+  qcase c;
+  /* 100 + 156 rows, blocks of 64 rows: the block of rows 64..127 spans
+   * both trainer ranks and is gathered first */
+  const int64_t sz[2] = {100, 156};
+  tp_case(&c, 4, RESHARD_BF16, 256, 4096, 64, 128, 2, 0, sz, 2, 1);
+  static est_args a;
+  memset(&a, 0, sizeof a);
+  a.c = &c;
+  assert_int_equal(th_run_ranks(c.nranks, estimate_rank, &a), 0);
+  for (int r = 0; r < c.nranks; r++) {
+    assert_false(a.fail[r]);
+    assert_true(a.has_pre[r]);
+    assert_true(a.pre[r] > 0 && a.main_only[r] > 0);
+    /* the same answer on every rank, the pre-plan's time added */
+    assert_true(a.all[r] == a.all[0] && a.pre[r] == a.pre[0]);
+    assert_true(fabs(a.all[r] - (a.pre[r] + a.main_only[r])) <= 1e-12 * a.all[r]);
+  }
+  qcase_free(&c);
+}
+
 /* The quantized weights of a layout pair: every destination weight
  * declared blocked whose source tensor is not. */
 static void find_quantized(qcase *c) {
@@ -990,6 +1052,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(fixed_cases),
       cmocka_unit_test(wire_bytes),
+      cmocka_unit_test(estimate_gathering),
       cmocka_unit_test(bad_layouts),
       cmocka_unit_test(model_sync),
       cmocka_unit_test(selftest_checks),
