@@ -4,9 +4,11 @@
  * data into scratch on less busy ranks of their NVLink domain; quantizing
  * gathers the blocks split across source ranks, then quantizes this
  * rank's boxes into its scratch (on the host here; the device executor
- * quantizes in stream order at the start of the main plan's execute,
- * src/device/quant_device.c). The main plan then reads the caller's source
- * buffers with the scratch appended. A quantizing plan's main plan may
+ * quantizes in stream order at the start of the first stage that reads
+ * the codes, the main plan or its spreading pre-plan, src/device/
+ * quant_device.c). On the device every stage is enqueued on the caller's
+ * stream, each after the one before. The main plan then reads the
+ * caller's source buffers with the scratch appended. A quantizing plan's main plan may
  * itself spread the codes and scales.
  *
  * Every rank runs every stage of every call, so that calls stay numbered
@@ -127,7 +129,9 @@ static reshard_result_t run_spread(const reshard_plan_t *plan, const rs_call_arg
   pa.dst = ok ? b.ptrs + n : NULL;
   pa.ndst = ok ? np : 0;
   pa.dst_bytes = ok ? b.bytes + n : NULL;
-  pa.stream = NULL;
+  /* on a device both plans go on the caller's stream: the main plan's
+   * sends read the scratch after the pre-plan's copies wrote it */
+  if (!plan->executor->stream_ordered) pa.stream = NULL;
   pa.rejected = r;
   reshard_result_t pre_failed =
       run_pre(plan, s->pre, &pa, "copying sole-held data to less busy ranks of its domain", &r);
@@ -172,8 +176,8 @@ static reshard_result_t run_quant(const reshard_plan_t *plan, const rs_call_args
     stage_free(&g);
   }
   /* this rank's quantization, on the host executor (the device executor
-   * quantizes at the start of the main plan's execute, in stream order
-   * after the pre-plan) */
+   * quantizes at the start of the first stage that reads the codes, in
+   * stream order after the gather) */
   for (size_t i = 0; !r && !q->dev && i < q->nboxes; i++) {
     const rs_qbox *x = &q->boxes[i];
     rs_quantize_box(x, x->in_buf < 0 ? q->gather : a->src[x->in_buf], q->codes, q->scales);
