@@ -830,7 +830,9 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * same conversion, on the same side of the wire's dtype, as its staged
  * executes). With RESHARD_FLAG_VERIFY each receiver sums the senders'
  * boxes through the mapping and its own after the copy. Not with
- * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Like execute, it is refused
+ * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED), nor with a plan that spreads
+ * (source-side spreading, RESHARD_FLAG_NO_SPREAD: UNSUPPORTED on every
+ * rank, nothing changes; its executes stage). Like execute, it is refused
  * with RESHARD_ERROR_INVALID_USAGE, changing nothing, while another call
  * of the plan runs on another thread of the rank. Other
  * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
