@@ -584,8 +584,7 @@ typedef struct reshard_options {
  * there: device memory on device transports), and those send them on,
  * when the cost model predicts that faster (docs/TUNING.md, "Source-side
  * spreading"). This flag turns it off (RESHARD_SPREAD=0 in the
- * environment sets it). A spreading plan refuses
- * reshard_plan_register_buffers (UNSUPPORTED). */
+ * environment sets it). */
 #define RESHARD_FLAG_NO_SPREAD 0x10u
 /* Keeps the spread plan wherever some rank is over its domain's mean,
  * whatever the cost model predicts (tests and comparisons;
@@ -830,9 +829,7 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * same conversion, on the same side of the wire's dtype, as its staged
  * executes). With RESHARD_FLAG_VERIFY each receiver sums the senders'
  * boxes through the mapping and its own after the copy. Not with
- * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED), nor with a plan that spreads
- * (source-side spreading, RESHARD_FLAG_NO_SPREAD: UNSUPPORTED on every
- * rank, nothing changes; its executes stage). Like execute, it is refused
+ * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Like execute, it is refused
  * with RESHARD_ERROR_INVALID_USAGE, changing nothing, while another call
  * of the plan runs on another thread of the rank. Other
  * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes

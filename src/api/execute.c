@@ -235,18 +235,9 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
   if (!plan->executor->register_buffers) return rs_register_unsupported(plan);
-  /* A spreading plan (every rank's is, or none: agreed at creation)
-   * refuses on every rank before anything collective. Its main plan's
-   * source would take the pre-plan's scratch beside the caller's
-   * buffers; that is not built. */
-  if (plan->spread)
-    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the plan spreads sole-held sources over "
-                    "NVLink first (source-side spreading), which registered buffers do not cover; its executes "
-                    "stage through the pool without registration (RESHARD_SPREAD=0 or RESHARD_FLAG_NO_SPREAD plans "
-                    "without spreading)", plan->rank);
   RS_CHECK(enter(plan, "register_buffers"));
-  reshard_result_t r = plan->quant ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
-                                   : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
+  reshard_result_t r = plan->quant || plan->spread ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
+                                                   : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
   leave(plan);
   return r;
 }

@@ -94,11 +94,13 @@ typedef struct rs_spread {
   uint64_t bytes;
   uint64_t moved;
   /* The device executor (its spread_prepare): scratch is device memory
-   * and dev_free releases it (NULL on host transports). dev_stuck: the
-   * GPU did not let go of the main plan's or the pre-plan's work (their
+   * and dev_free releases it through dev_comm (registered, peers may
+   * have it mapped) (NULL on host transports). dev_stuck: the GPU did
+   * not let go of the main plan's or the pre-plan's work (their
    * stuck_out, plan.h): the memory is left allocated rather than freed
    * under it. */
   void (*dev_free)(struct rs_spread *s);
+  reshard_comm_t *dev_comm;
   int dev_stuck;
 } rs_spread;
 

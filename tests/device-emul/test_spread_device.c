@@ -17,11 +17,14 @@
  * transports (tests/system/test_spread.c moe_stage), rank 0 sends less
  * than half of what it sends out of its domain without spreading, the
  * idle ranks send, and the bytes are right; RESHARD_FLAG_NO_SPREAD gives
- * the plain plan. The plan refuses register_buffers (UNSUPPORTED).
+ * the plain plan. Over CUDA IPC once more with registered buffers: both
+ * stages copy straight from the partners' buffers and scratch, nothing
+ * through a staging pool.
  * moe_fp8: block quantization and spreading together (bf16 -> fp8
  * blocks): the codes are made at the start of the spreading pre-plan,
  * which copies them; every code and scale is checked against the
- * self-test's reference quantizer, over NCCL and CUDA IPC.
+ * self-test's reference quantizer, over NCCL and CUDA IPC (staged and
+ * registered).
  * scratch_short: the cudaMalloc of an idle rank's scratch fails: every
  * rank keeps the plain plan, which moves every byte right.
  * pre_mismatch: rank 0 runs one version ahead in the pre-plan only, at
@@ -81,6 +84,7 @@ typedef struct sctx {
   uint32_t flags;
   int steps;
   int short_rank;  /* this rank's scratch cudaMalloc fails (-1: none) */
+  int registered;  /* CUDA IPC: reshard_plan_register_buffers, direct copies */
   int tamper;      /* rank 0 one version ahead in the pre-plan at step 1 */
   /* results, per rank */
   int spread[NR], quant[NR];
@@ -151,15 +155,25 @@ static void spread_rank(mw_rank *r) {
       x->egress[r->rank] += plan->peers[i].send_bytes;
   reshard_selftest_t s = {0}, d = {0};
   if (reshard_selftest_alloc(&d, x->dst, r->rank, -1)) RFAIL(r, "selftest alloc");
-  if (plan->spread && !r->failed) {
-    e = reshard_plan_register_buffers(plan, NULL, 0, NULL, 0);
-    if (e != RESHARD_ERROR_UNSUPPORTED) RFAIL(r, "register_buffers of a spreading plan gave %d", e);
+  /* NCCL maps no peer memory; CUDA IPC unregisters (nothing registered) */
+  e = reshard_plan_register_buffers(plan, NULL, 0, NULL, 0);
+  if (e != (x->nccl ? RESHARD_ERROR_UNSUPPORTED : RESHARD_SUCCESS))
+    RFAIL(r, "unregistering gave %s: %s", reshard_result_string(e), reshard_last_error());
+  if (x->registered) {
+    /* one set of sources, registered with the destinations (and every
+     * stage's scratch), refilled every step */
+    if (reshard_selftest_alloc(&s, x->src, r->rank, 0)) RFAIL(r, "selftest alloc");
+    else if (reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                           (size_t)d.nbuf))
+      RFAIL(r, "register_buffers: %s", reshard_last_error());
   }
   /* some GPUs slower: a stage not ordered after the one before it reads
    * what that has not written yet */
   M.kernel_ns = r->rank % 2 ? 0 : 2000000;
   for (int step = 0; step < x->steps && !r->failed; step++) {
-    if (reshard_selftest_alloc(&s, x->src, r->rank, step)) {
+    if (x->registered) {
+      reshard_selftest_fill(&s, x->src, (uint64_t)step);
+    } else if (reshard_selftest_alloc(&s, x->src, r->rank, step)) {
       RFAIL(r, "selftest alloc");
       break;
     }
@@ -181,7 +195,7 @@ static void spread_rank(mw_rank *r) {
     reshard_plan_status_t sta = {.struct_size = sizeof sta};
     reshard_plan_get_status(plan, &sta);
     if (sta.failed) RFAIL(r, "step %d: status: %s", step, sta.failure_message);
-    reshard_selftest_free(&s);
+    if (!x->registered) reshard_selftest_free(&s);
   }
   M.kernel_ns = 0;
   reshard_selftest_free(&s);
@@ -226,6 +240,12 @@ static void moe(int nccl) {
                 (unsigned long long)x.egress[0], (unsigned long long)plain_egress);
   assert_true(x.egress[0] < plain_egress / 2);
   for (int q = 2; q < 8; q++) assert_true(x.egress[q] > x.egress[0] / 4); /* the idle ranks send now */
+  if (!nccl) {
+    x.registered = 1;
+    run(&x, "spread, registered");
+    expect_all(x.spread, 1);
+    assert_int_equal(world.ipc_pool_pulls, 0);
+  }
   reshard_layout_destroy(x.src);
   reshard_layout_destroy(x.dst);
 }
@@ -256,6 +276,12 @@ static void moe_fp8(void **state) {
     expect_all(x.spread, 1);
     expect_all(x.quant, 1);
     assert_true(x.egress[0] < plain_egress / 2);
+    if (!nccl) {
+      x.registered = 1;
+      run(&x, "fp8 spread, registered");
+      expect_all(x.spread, 1);
+      assert_int_equal(world.ipc_pool_pulls, 0);
+    }
     reshard_layout_destroy(x.src);
     reshard_layout_destroy(x.dst);
   }
