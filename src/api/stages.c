@@ -8,8 +8,8 @@
  * the codes, the main plan or its spreading pre-plan, src/device/
  * quant_device.c). On the device every stage is enqueued on the caller's
  * stream, each after the one before. The main plan then reads the
- * caller's source buffers with the scratch appended. A quantizing plan's main plan may
- * itself spread the codes and scales.
+ * caller's source buffers with the scratch appended. A quantizing plan's
+ * main plan may itself spread the codes and scales.
  *
  * Every rank runs every stage of every call, so that calls stay numbered
  * alike on all the plans; a rejected call still takes its place in each.
@@ -240,7 +240,8 @@ reshard_result_t rs_api_register_stages(reshard_plan_t *plan, void *const *src, 
   const int unregister = !src && !dst && !nsrc && !ndst;
   RS_CHECK(rs_argcheck_stages_register(plan, src, nsrc, dst, ndst));
   const size_t n = (size_t)plan->num_src_buffers;
-  const size_t ng = plan->quant ? (size_t)plan->quant->pre_ndst : 0, ns = plan->spread ? (size_t)plan->spread->pre_ndst : 0;
+  const size_t ng = plan->quant ? (size_t)plan->quant->pre_ndst : 0;
+  const size_t ns = plan->spread ? (size_t)plan->spread->pre_ndst : 0;
   void **ms = rs_calloc(n + 1, sizeof *ms), **gd = rs_calloc(ng + 1, sizeof *gd), **sd = rs_calloc(ns + 1, sizeof *sd);
   if (!ms || !gd || !sd) { /* (before any collective call: the partners' exchanges end at their deadline) */
     free(ms);

@@ -164,8 +164,8 @@ static void spread_rank(mw_rank *r) {
      * stage's scratch), refilled every step */
     if (reshard_selftest_alloc(&s, x->src, r->rank, 0)) RFAIL(r, "selftest alloc");
     /* the caller's count, not the main plan's (which has the scratch) */
-    else if ((e = reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf + 1,
-                                                (void *const *)d.ptr, (size_t)d.nbuf)) != RESHARD_ERROR_INVALID_ARGUMENT ||
+    else if ((e = reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf + 1, (void *const *)d.ptr,
+                                                (size_t)d.nbuf)) != RESHARD_ERROR_INVALID_ARGUMENT ||
              !strstr(reshard_last_error(), "source buffers given"))
       RFAIL(r, "one source buffer too many gave %s: %s", reshard_result_string(e), reshard_last_error());
     else if (reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
