@@ -41,6 +41,7 @@ add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/kernels/verify_kernels.cu
   ${PROJECT_SOURCE_DIR}/kernels/quant_kernels.cu
   ${PROJECT_SOURCE_DIR}/src/device/quant_device.c
+  ${PROJECT_SOURCE_DIR}/src/device/spread_device.c
   ${PROJECT_SOURCE_DIR}/src/transport/dev_comm.c
   ${PROJECT_SOURCE_DIR}/src/cuda/cuda_util.c
   ${PROJECT_SOURCE_DIR}/src/device/direct.c

@@ -576,13 +576,15 @@ typedef struct reshard_options {
  * host wait per execute (polled). Host transports: no effect (their
  * executes always return the call's result). */
 #define RESHARD_FLAG_SYNC 0x8u
-/* Source-side spreading (plans with a topology, host transports): where
- * some source ranks of an NVLink domain send far more out of the domain
- * than the others (an MoE layer whose experts have one replica), plan
- * creation copies slices of their sole-held data over NVLink to the
- * domain's less busy ranks first, and those send them on, when the cost
- * model predicts that faster (docs/TUNING.md, "Source-side spreading"). This flag
- * turns it off (RESHARD_SPREAD=0 in the environment sets it). */
+/* Source-side spreading (plans with a topology, host and device
+ * transports): where some source ranks of an NVLink domain send far more
+ * out of the domain than the others (an MoE layer whose experts have one
+ * replica), plan creation copies slices of their sole-held data over
+ * NVLink to the domain's less busy ranks first (into scratch memory
+ * there: device memory on device transports), and those send them on,
+ * when the cost model predicts that faster (docs/TUNING.md, "Source-side
+ * spreading"). This flag turns it off (RESHARD_SPREAD=0 in the
+ * environment sets it). */
 #define RESHARD_FLAG_NO_SPREAD 0x10u
 /* Keeps the spread plan wherever some rank is over its domain's mean,
  * whatever the cost model predicts (tests and comparisons;

@@ -70,7 +70,7 @@ step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_W
   -DRESHARD_WITH_MPI=$MPI -DRESHARD_CUDA_ARCHITECTURES=90 -DRESHARD_BUILD_TESTS=$TESTS \
   -DRESHARD_BUILD_GPU_TESTS=ON "${NCCL_ARGS[@]}" >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
-[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards test_gpu_cuda_ipc test_gpu_graphs"
+[ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards test_gpu_cuda_ipc test_gpu_graphs test_gpu_spread"
 [ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
@@ -89,6 +89,7 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "NCCL multi-rank hazards (emulated)" 120 "$BUILD/test_gpu_nccl_hazards"
     step "CUDA IPC transport (emulated)" 120 "$BUILD/test_gpu_cuda_ipc"
     step "CUDA graphs (emulated)" 120 "$BUILD/test_gpu_graphs"
+    step "source-side spreading (emulated)" 120 "$BUILD/test_gpu_spread"
   fi
   step "bandwidth" 120 "$BUILD/gpu_bandwidth"
   # One rank, colocated, training -> inference layout of two Qwen2.5-0.5B

@@ -172,11 +172,12 @@ reshard_result_t rs_argcheck_quant_inputs(const reshard_plan_t *plan, const rs_c
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_argcheck_quant_register(const reshard_plan_t *plan, void *const *src, size_t nsrc,
-                                            void *const *dst, size_t ndst) {
+reshard_result_t rs_argcheck_stages_register(const reshard_plan_t *plan, void *const *src, size_t nsrc,
+                                             void *const *dst, size_t ndst) {
   const int unregister = !src && !dst && !nsrc && !ndst;
-  if (!unregister && nsrc != (size_t)plan->quant->user_nsrc)
+  const size_t user = rs_api_user_nsrc(plan);
+  if (!unregister && nsrc != user)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source buffers given, the source "
-                    "layout has %d", plan->rank, nsrc, plan->quant->user_nsrc);
+                    "layout has %zu", plan->rank, nsrc, user);
   return RESHARD_SUCCESS;
 }

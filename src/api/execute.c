@@ -236,8 +236,8 @@ reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan, void *const
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers: plan is NULL");
   if (!plan->executor->register_buffers) return rs_register_unsupported(plan);
   RS_CHECK(rs_api_enter(plan, "register_buffers"));
-  reshard_result_t r = plan->quant ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
-                                   : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
+  reshard_result_t r = plan->quant || plan->spread ? rs_api_register_stages(plan, src, nsrc, dst, ndst)
+                                                   : plan->executor->register_buffers(plan, src, nsrc, dst, ndst);
   rs_api_leave(plan);
   return r;
 }

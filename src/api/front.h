@@ -51,7 +51,8 @@ reshard_result_t rs_api_call(const reshard_plan_t *plan, const rs_call_args *a);
  * quantization on the host), then the main plan, each stage told of an
  * earlier one's failure. Arguments in the caller's buffer counts. */
 reshard_result_t rs_api_run_stages(const reshard_plan_t *plan, const rs_call_args *a);
-/* reshard_plan_register_buffers of a quantizing plan: both stages. */
+/* reshard_plan_register_buffers of a composite plan (quantizing,
+ * spreading or both): every stage. */
 reshard_result_t rs_api_register_stages(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
                                         size_t ndst);
 /* The caller's source buffer count of a plan (composite plans append
@@ -72,8 +73,8 @@ reshard_result_t rs_argcheck_counts(const reshard_plan_t *plan, size_t nsrc_user
  * present and large enough (checked before anything is read, so a bad
  * call quantizes nothing). */
 reshard_result_t rs_argcheck_quant_inputs(const reshard_plan_t *plan, const rs_call_args *a);
-/* reshard_plan_register_buffers of a quantizing plan: the source count. */
-reshard_result_t rs_argcheck_quant_register(const reshard_plan_t *plan, void *const *src, size_t nsrc,
-                                            void *const *dst, size_t ndst);
+/* reshard_plan_register_buffers of a composite plan: the source count. */
+reshard_result_t rs_argcheck_stages_register(const reshard_plan_t *plan, void *const *src, size_t nsrc,
+                                             void *const *dst, size_t ndst);
 
 #endif

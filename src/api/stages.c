@@ -4,10 +4,12 @@
  * data into scratch on less busy ranks of their NVLink domain; quantizing
  * gathers the blocks split across source ranks, then quantizes this
  * rank's boxes into its scratch (on the host here; the device executor
- * quantizes in stream order at the start of the main plan's execute,
- * src/device/quant_device.c). The main plan then reads the caller's source
- * buffers with the scratch appended. A quantizing plan's main plan may
- * itself spread the codes and scales.
+ * quantizes in stream order at the start of the first stage that reads
+ * the codes, the main plan or its spreading pre-plan, src/device/
+ * quant_device.c). On the device every stage is enqueued on the caller's
+ * stream, each after the one before. The main plan then reads the
+ * caller's source buffers with the scratch appended. A quantizing plan's
+ * main plan may itself spread the codes and scales.
  *
  * Every rank runs every stage of every call, so that calls stay numbered
  * alike on all the plans; a rejected call still takes its place in each.
@@ -127,7 +129,9 @@ static reshard_result_t run_spread(const reshard_plan_t *plan, const rs_call_arg
   pa.dst = ok ? b.ptrs + n : NULL;
   pa.ndst = ok ? np : 0;
   pa.dst_bytes = ok ? b.bytes + n : NULL;
-  pa.stream = NULL;
+  /* on a device both plans go on the caller's stream: the main plan's
+   * sends read the scratch after the pre-plan's copies wrote it */
+  if (!plan->executor->stream_ordered) pa.stream = NULL;
   pa.rejected = r;
   reshard_result_t pre_failed =
       run_pre(plan, s->pre, &pa, "copying sole-held data to less busy ranks of its domain", &r);
@@ -172,8 +176,8 @@ static reshard_result_t run_quant(const reshard_plan_t *plan, const rs_call_args
     stage_free(&g);
   }
   /* this rank's quantization, on the host executor (the device executor
-   * quantizes at the start of the main plan's execute, in stream order
-   * after the pre-plan) */
+   * quantizes at the start of the first stage that reads the codes, in
+   * stream order after the gather) */
   for (size_t i = 0; !r && !q->dev && i < q->nboxes; i++) {
     const rs_qbox *x = &q->boxes[i];
     rs_quantize_box(x, x->in_buf < 0 ? q->gather : a->src[x->in_buf], q->codes, q->scales);
@@ -186,50 +190,86 @@ reshard_result_t rs_api_run_stages(const reshard_plan_t *plan, const rs_call_arg
   return plan->quant ? run_quant(plan, a) : run_main(plan, a);
 }
 
-/* reshard_plan_register_buffers of a quantizing plan on a transport that
- * maps its peers' memory: the pre-plan registers the caller's sources and
- * the gather scratch, the main plan the caller's sources with the codes
- * and scales scratch after them, and the caller's destinations; executes
- * then pass exactly those (run_quant does). Both registrations are
- * collective and all or nothing; when the main plan's fails, the
- * pre-plan's is undone, so both plans go back to staging. NULL arrays:
- * both unregister. A rank out of memory for the arrays returns before any
+/* One stage's registration: its plan and buffer arrays. */
+typedef struct reg_stage {
+  const reshard_plan_t *p;
+  void *const *src, *const *dst;
+  size_t nsrc, ndst;
+  const char *what; /* in messages; NULL: the main plan */
+} reg_stage;
+
+/* The stages of a composite plan in execution order with the arrays
+ * each registers: ms holds the main plan's sources (the caller's, then
+ * the quantization scratch, then the spreading scratch: a prefix is each
+ * earlier stage's), gd the gather's destinations, sd the spreading
+ * copies'. Returns how many. */
+static int reg_stages(const reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
+                      void **ms, void **gd, void **sd, reg_stage *st) {
+  const rs_quant *q = plan->quant;
+  const rs_spread *s = plan->spread;
+  for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
+  if (q && q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
+  if (q && q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
+  for (int k = 0; s && k < s->nbufs; k++) ms[s->main_id[k]] = sd[s->pre_id[k]] = s->scratch + s->off[k];
+  int n = 0;
+  if (q && q->pre)
+    st[n++] = (reg_stage){q->pre, src, gd, nsrc, (size_t)q->pre_ndst, "the plan gathering blocks split across "
+                          "source ranks"};
+  if (s)
+    st[n++] = (reg_stage){s->pre, ms, sd, (size_t)s->user_nsrc, (size_t)s->pre_ndst, "the plan copying sole-held "
+                          "data to less busy ranks of its domain"};
+  st[n++] = (reg_stage){plan, ms, dst, (size_t)plan->num_src_buffers, ndst, NULL};
+  return n;
+}
+
+/* reshard_plan_register_buffers of a composite plan on a transport that
+ * maps its peers' memory: each stage registers what its executes pass
+ * (run_quant and run_spread pass exactly those): a quantizing plan's
+ * gather the caller's sources and the gather scratch, a spreading plan's
+ * copies the caller's sources (and codes and scales) and the spreading
+ * scratch, the main plan all its sources with the scratch after the
+ * caller's, and the caller's destinations. Every registration is
+ * collective and all or nothing, and every rank makes the same calls:
+ * once one stage's fails, the later stages unregister, and the earlier
+ * ones are undone, so every plan goes back to staging. NULL arrays: all
+ * unregister. A rank out of memory for the arrays returns before any
  * collective call, as the device executor's registration does. */
 reshard_result_t rs_api_register_stages(reshard_plan_t *plan, void *const *src, size_t nsrc, void *const *dst,
                                         size_t ndst) {
   const rs_executor *ex = plan->executor;
-  const rs_quant *q = plan->quant;
   const int unregister = !src && !dst && !nsrc && !ndst;
-  RS_CHECK(rs_argcheck_quant_register(plan, src, nsrc, dst, ndst));
-  const size_t n = (size_t)plan->num_src_buffers, ng = (size_t)q->pre_ndst;
-  void **ms = rs_calloc(n + 1, sizeof *ms), **gd = rs_calloc(ng + 1, sizeof *gd);
-  if (!ms || !gd) { /* (before any collective call: the partners' exchanges end at their deadline) */
+  RS_CHECK(rs_argcheck_stages_register(plan, src, nsrc, dst, ndst));
+  const size_t n = (size_t)plan->num_src_buffers;
+  const size_t ng = plan->quant ? (size_t)plan->quant->pre_ndst : 0;
+  const size_t ns = plan->spread ? (size_t)plan->spread->pre_ndst : 0;
+  void **ms = rs_calloc(n + 1, sizeof *ms), **gd = rs_calloc(ng + 1, sizeof *gd), **sd = rs_calloc(ns + 1, sizeof *sd);
+  if (!ms || !gd || !sd) { /* (before any collective call: the partners' exchanges end at their deadline) */
     free(ms);
     free(gd);
+    free(sd);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", plan->rank);
   }
-  for (size_t i = 0; src && i < nsrc; i++) ms[i] = src[i];
-  if (q->codes_buf >= 0) ms[q->codes_buf] = q->codes, ms[q->scales_buf] = q->scales;
-  if (q->gather_buf >= 0) gd[q->gather_buf] = q->gather;
-  reshard_result_t rp = RESHARD_SUCCESS;
+  reg_stage st[3];
+  const int nst = reg_stages(plan, src, nsrc, dst, ndst, ms, gd, sd, st);
+  reshard_result_t e = RESHARD_SUCCESS;
+  int held = 0; /* stages registered */
   char msg[640] = "";
-  if (q->pre) {
-    rp = unregister ? ex->register_buffers(q->pre, NULL, 0, NULL, 0) : ex->register_buffers(q->pre, src, nsrc, gd, ng);
-    if (rp) {
-      rs_error_prefix("register_buffers rank %d (the plan gathering blocks split across source ranks): ", plan->rank);
+  for (int i = 0; i < nst; i++) {
+    reshard_plan_t *p = (reshard_plan_t *)st[i].p;
+    reshard_result_t r = unregister || e ? ex->register_buffers(p, NULL, 0, NULL, 0)
+                                         : ex->register_buffers(p, st[i].src, st[i].nsrc, st[i].dst, st[i].ndst);
+    if (r && !e) {
+      e = r;
+      if (st[i].what) rs_error_prefix("register_buffers rank %d (%s): ", plan->rank, st[i].what);
       snprintf(msg, sizeof msg, "%s", reshard_last_error());
     }
+    if (!r && !e && !unregister) held = i + 1;
   }
-  /* the main plan: registered only where the pre-plan's registration held */
-  reshard_result_t rm = unregister || rp ? ex->register_buffers(plan, NULL, 0, NULL, 0)
-                                         : ex->register_buffers(plan, (void *const *)ms, n, dst, ndst);
-  if (rm && !rp) {
-    snprintf(msg, sizeof msg, "%s", reshard_last_error());
-    if (!unregister && q->pre) ex->register_buffers(q->pre, NULL, 0, NULL, 0); /* undo the pre-plan's */
-  }
+  for (int i = 0; e && i < held; i++) /* undo the earlier stages' */
+    ex->register_buffers((reshard_plan_t *)st[i].p, NULL, 0, NULL, 0);
   free(ms);
   free(gd);
-  reshard_result_t e = rp ? rp : rm;
+  free(sd);
   if (e) return rs_error(e, "%s", msg);
   return RESHARD_SUCCESS;
 }

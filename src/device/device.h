@@ -39,4 +39,9 @@ reshard_result_t rs_device_quant_prepare(reshard_comm_t *c, struct rs_quant *q, 
  * inputs read through tab (the call's buffer table, sources first). */
 reshard_result_t rs_device_quantize(const struct rs_quant *q, void *const *tab, void *stream, int rank);
 
+struct rs_spread;
+
+/* The device executor's spread_prepare (spread_device.c). */
+reshard_result_t rs_device_spread_prepare(reshard_comm_t *c, struct rs_spread *s);
+
 #endif

@@ -188,10 +188,16 @@ static reshard_result_t dev_agree(dev_call *c) {
   if (!d->d_agree) return RESHARD_SUCCESS;
   rs_dev_hdr mine = {RS_DEV_HDR_MAGIC, p->digest, c->call, c->version};
   cudaStream_t s = d->s[S_XFER];
-  /* a quantizing plan inherits its pre-plan's failure (this call's or an
-   * earlier one's): its codes would come from blocks half gathered */
-  const rs_dev *pd = p->quant && p->quant->pre ? p->quant->pre->device : NULL;
-  int e = pd && pd->d_agree ? rs_cuda_agree_absorb(pd->d_agree, mine, d->d_agree, s) : 0;
+  /* a composite plan inherits its earlier stages' failures (this call's
+   * or an earlier one's): a quantizing plan's codes would come from
+   * blocks half gathered, a spreading plan would send scratch half
+   * copied. Each stage's verdict, where it has one (a stage without
+   * partners has none: the ones before it are asked directly). */
+  int e = 0;
+  for (const reshard_plan_t *q = p->after; q && !e; q = q->after) {
+    const rs_dev *pd = q->device;
+    if (pd && pd->d_agree) e = rs_cuda_agree_absorb(pd->d_agree, mine, d->d_agree, s);
+  }
   if (e) return rs_cuda_error(e, "agreement absorb launch", p->rank);
   e = rs_cuda_agree_stamp(d->d_hdr_out, mine, s);
   if (e) return rs_cuda_error(e, "agreement header launch", p->rank);
@@ -379,8 +385,11 @@ static reshard_result_t enqueue(const reshard_plan_t *p, rs_dev *d, void *const 
   CU(cudaStreamWaitEvent(d->s[S_UNPACK], d->ev_begin, 0), "cudaStreamWaitEvent(begin)");
   /* Block quantization (plan/quant.h): this rank's boxes into the scratch
    * that round 0's pack and the local copies read, through the call's
-   * table; the pre-plan that gathered split blocks ran before (begin). */
-  if (p->quant) RS_CHECK_GOTO(rs_device_quantize(p->quant, call_tab(d), d->s[S_PACK], p->rank), r, fail);
+   * table (the caller's sources first, as in every stage); the pre-plan
+   * that gathered split blocks ran before (begin). In the first stage
+   * that reads the codes: the main plan, or its spreading pre-plan. */
+  if (p->quantize_first)
+    RS_CHECK_GOTO(rs_device_quantize(p->quantize_first, call_tab(d), d->s[S_PACK], p->rank), r, fail);
 
   RS_CHECK_GOTO(rs_sched_run(p, &dev_sched, &c), r, fail);
 

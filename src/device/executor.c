@@ -31,4 +31,5 @@ const rs_executor rs_device_executor = {
     .poll = device_poll,
     .register_buffers = rs_device_register,
     .quant_prepare = rs_device_quant_prepare,
+    .spread_prepare = rs_device_spread_prepare,
 };

@@ -81,9 +81,11 @@ void commit_poll(const reshard_plan_t *p, rs_dev *d) {
 void device_poll(const reshard_plan_t *p) {
   rs_dev *d = p->device;
   if (!d) return;
-  /* a quantizing plan fails with its pre-plan, whose gate closes this
-   * plan's only where this plan has one (partners, a commit) */
-  const reshard_plan_t *pre = p->quant ? p->quant->pre : NULL;
+  /* a composite plan fails with its earlier stage (a quantizing plan's
+   * gather, a spreading plan's copies; which fails with the one before
+   * it), whose gate closes this plan's only where this plan has one
+   * (partners, a commit) */
+  const reshard_plan_t *pre = p->after;
   reshard_result_t pre_failed = RESHARD_SUCCESS;
   if (pre && pre->device) {
     device_poll(pre);
@@ -92,8 +94,8 @@ void device_poll(const reshard_plan_t *p) {
   pthread_mutex_lock(&d->mu);
   uint64_t calls = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
   if (pre_failed && !rs_plan_failed(p)) {
-    rs_error(pre_failed, "execute rank %d: the plan gathering fp8 blocks split across source ranks failed: %s: %s",
-             p->rank, reshard_result_string(pre_failed), pre->fail_msg);
+    rs_error(pre_failed, "execute rank %d: the plan %s failed: %s: %s", p->rank,
+             pre->stage_what ? pre->stage_what : "before this one", reshard_result_string(pre_failed), pre->fail_msg);
     dev_failed(p, d, pre_failed, calls ? calls - 1 : 0, p->committed_version);
   }
   commit_poll(p, d);

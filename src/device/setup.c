@@ -42,7 +42,8 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_EXEC, "rank %d: the GPU still runs the plan's work after the communicator's "
            "abort: its device memory and the staging pool are not freed", p->rank);
     if (d->pool_held) rs_dev_comm_staging_release(p->comm, 1);
-    if (p->stuck_out) *p->stuck_out = 1; /* memory others own that the work uses stays too */
+    for (int i = 0; i < 2; i++) /* memory others own that the work uses stays too */
+      if (p->stuck_out[i]) *p->stuck_out[i] = 1;
     return;
   }
   /* Stream-ordered allocations go back the same way (they exist only if

@@ -52,10 +52,11 @@ reshard_result_t agreement_verdict(const reshard_plan_t *p, rs_dev *d) {
                     "this plan's work was pending; its later unpacks wrote nothing (destination buffers may be "
                     "partly updated)", p->rank, (unsigned long long)a->want.call, (unsigned long long)a->want.version);
   if (a->bad_index == RS_DEV_AGREE_PRIOR)
-    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: call %llu (weight version %llu): the plan gathering fp8 "
-                    "blocks split across source ranks failed at its call %llu (its status says why); nothing "
-                    "quantized from it was written", p->rank, (unsigned long long)a->want.call,
-                    (unsigned long long)a->want.version, (unsigned long long)a->got.call);
+    return rs_error(RESHARD_ERROR_REMOTE, "execute rank %d: call %llu (weight version %llu): the plan %s (or a "
+                    "stage before it) failed at its call %llu (its status says why); nothing of this plan that "
+                    "depends on it was written", p->rank, (unsigned long long)a->want.call,
+                    (unsigned long long)a->want.version, p->after && p->after->stage_what ? p->after->stage_what
+                    : "before this one", (unsigned long long)a->got.call);
   if (a->bad_index == RS_DEV_AGREE_TRANSPORT) {
     int peer = (int)(int64_t)a->got.digest;
     uint64_t why = a->got.magic;

@@ -632,11 +632,12 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const rs_executor *ex
 }
 
 /* Whether source-side spreading (spread.h) may be tried on plan p: the
- * same answer on every rank (options, topology and executor are). */
+ * same answer on every rank (options, topology and executor are). A
+ * stream-ordered executor needs to allocate the scratch on the device. */
 static int spread_wanted(const reshard_plan_t *p) {
   return p->has_topo && !(p->opts.flags & (RESHARD_FLAG_NO_SPREAD | RESHARD_FLAG_FIRST_REPLICA)) &&
-         !p->executor->stream_ordered && !rs_plan_force.stop && !rs_plan_force.keep && !rs_plan_force.use &&
-         p->map.ndomains > 0;
+         (!p->executor->stream_ordered || p->executor->spread_prepare) && !rs_plan_force.stop &&
+         !rs_plan_force.keep && !rs_plan_force.use && p->map.ndomains > 0;
 }
 
 /* The direct plan, or a spread plan (spread.h) when the cost model
@@ -689,7 +690,12 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
     o.flags &= ~(uint32_t)(RESHARD_FLAG_DOUBLE_BUFFER | RS_FLAG_GLOBAL_VERDICT);
     o.relay = 0;
     r = create_plain(comm, ex, src, sl.pre, &o, RESHARD_SUCCESS, 0, &pre);
-    if (!r) r = create_plain(comm, ex, sl.src, dst, options, RESHARD_SUCCESS, internal, &main_plan);
+    /* On a device a rank whose copies failed must close every rank's
+     * gate (plan.h RS_FLAG_GLOBAL_VERDICT): its partners outside the
+     * domain would otherwise take its stale scratch. The host executor
+     * fails the composite call on every rank itself (stages.c). */
+    const uint32_t gate = ex->stream_ordered ? RS_FLAG_GLOBAL_VERDICT : 0;
+    if (!r) r = create_plain(comm, ex, sl.src, dst, options, RESHARD_SUCCESS, internal | gate, &main_plan);
   }
   int keep = 0;
   if (!r && main_plan) {
@@ -710,7 +716,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
    * allocate it makes every rank keep the plain plan, and says so on
    * stderr whatever RESHARD_DEBUG says. */
   if (!r && keep) {
-    reshard_result_t lr = rs_spread_create(&sl, src, me, &sp);
+    reshard_result_t lr = rs_spread_create(&sl, src, comm, ex, &sp);
     char why[640] = "";
     if (lr) snprintf(why, sizeof why, "%s", reshard_last_error());
     uint64_t short_of = lr != RESHARD_SUCCESS;
@@ -741,6 +747,10 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   main_plan->rejoinable = 0;
   sp->pre = pre;
   main_plan->spread = sp;
+  /* (the device executor's: plan.h) */
+  pre->stage_what = "copying sole-held data to less busy ranks of its domain";
+  main_plan->after = pre;
+  main_plan->stuck_out[0] = pre->stuck_out[0] = &sp->dev_stuck;
   *out = main_plan;
   return RESHARD_SUCCESS;
 }
@@ -788,9 +798,17 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
   main_plan->rejoinable = 0;
   quant->pre = pre;
   main_plan->quant = quant;
-  /* work left running on the GPU by either plan keeps the scratch */
-  main_plan->stuck_out = &quant->dev_stuck;
-  if (pre) pre->stuck_out = &quant->dev_stuck;
+  /* The device executor's stages (plan.h): the codes are made by the
+   * first stage that reads them, after the gather; work left running on
+   * the GPU by any stage keeps the scratch. */
+  reshard_plan_t *first = main_plan->spread ? main_plan->spread->pre : main_plan;
+  first->quantize_first = quant;
+  first->after = pre;
+  first->stuck_out[1] = main_plan->stuck_out[1] = &quant->dev_stuck;
+  if (pre) {
+    pre->stage_what = "gathering fp8 blocks split across source ranks";
+    pre->stuck_out[0] = &quant->dev_stuck;
+  }
   *out = main_plan;
   return RESHARD_SUCCESS;
 }

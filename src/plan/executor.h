@@ -19,6 +19,7 @@
 #include "reshard.h"
 
 struct rs_quant;
+struct rs_spread;
 
 /* One execute call, as the front door (reshard_plan_execute_args and its
  * variants, src/api/execute.c, through call.c) hands it over once the
@@ -41,8 +42,8 @@ typedef struct rs_exec_call {
 typedef struct rs_executor {
   const char *name; /* "host", "device": in messages */
   /* Executes are enqueued on the caller's CUDA stream and complete later
-   * (execute's stream argument is taken; the host agreement, spreading
-   * and host-side double buffering are not used). */
+   * (execute's stream argument is taken; the host agreement and
+   * host-side double buffering are not used). */
   int stream_ordered;
   /* Plan creation, in two steps around an agreement (plan/create.c):
    * prepare_local sets up everything an execute needs that only this rank
@@ -80,6 +81,12 @@ typedef struct rs_executor {
    * host scratch, and this is NULL; stream_ordered and NULL: quantizing
    * plans are UNSUPPORTED. */
   reshard_result_t (*quant_prepare)(reshard_comm_t *comm, struct rs_quant *q, int64_t timeout_ms);
+  /* Plan creation with source-side spreading (plan/spread.h) on
+   * stream-ordered executors: allocates s->bytes of scratch in device
+   * memory, setting s->scratch and s->dev_free. Not stream_ordered: the
+   * scratch is host memory and this is NULL; stream_ordered and NULL:
+   * plans do not spread (create.c spread_wanted). */
+  reshard_result_t (*spread_prepare)(reshard_comm_t *comm, struct rs_spread *s);
 } rs_executor;
 
 #endif

@@ -203,8 +203,20 @@ struct reshard_plan {
   void *device;
   /* Set to 1 by the device executor's free when the GPU did not let go of the plan's
    * work and its memory was left allocated: memory others own that the
-   * work uses must stay too (a quantizing plan's scratch; NULL: none). */
-  int *stuck_out;
+   * work uses must stay too (a quantizing plan's scratch, a spreading
+   * plan's; NULL: none). */
+  int *stuck_out[2];
+  /* Composite plans on the device executor (set by plan creation): the
+   * stage whose calls run just before this plan's on the caller's stream
+   * and write what it reads (a quantizing plan's gather, a spreading
+   * plan's copies), whose failures this plan inherits, its own and those
+   * of the stage before it (NULL: none); and the quantization this plan's
+   * execute launches first (the first stage that reads the codes: the
+   * quantizing main plan, or its spreading pre-plan; NULL: none). */
+  const reshard_plan_t *after;
+  const struct rs_quant *quantize_first;
+  /* A pre-plan's task, in messages ("gathering ..."; NULL: a main plan). */
+  const char *stage_what;
 
   /* Block quantization (plan/quant.h): the pre-plan, this rank's boxes
    * and scratch; NULL when no destination weight is quantized. */

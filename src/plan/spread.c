@@ -8,7 +8,9 @@
 #include "common/alloc.h"
 #include "common/error.h"
 #include "layout/layout.h"
+#include "plan/executor.h"
 #include "plan/plan.h"
+#include "transport/transport.h"
 
 #define SCRATCH_NAME "reshard.spread"
 
@@ -284,8 +286,10 @@ void rs_spread_layouts_free(rs_spread_layouts *s) {
   memset(s, 0, sizeof *s);
 }
 
-reshard_result_t rs_spread_create(rs_spread_layouts *sl, const reshard_layout_t *user_src, int me, rs_spread **out) {
+reshard_result_t rs_spread_create(rs_spread_layouts *sl, const reshard_layout_t *user_src, reshard_comm_t *comm,
+                                  const rs_executor *ex, rs_spread **out) {
   *out = NULL;
+  const int me = comm->rank;
   rs_spread *s = rs_calloc(1, sizeof *s);
   if (!s) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory", me);
   s->user_nsrc = user_src->nbuffers;
@@ -295,11 +299,16 @@ reshard_result_t rs_spread_create(rs_spread_layouts *sl, const reshard_layout_t 
   sl->main_id = sl->pre_id = NULL, sl->off = sl->len = NULL, sl->nbufs = 0;
   s->bytes = sl->bytes;
   s->moved = sl->moved;
-  if (s->bytes && !(s->scratch = rs_bulk_malloc(s->bytes))) {
-    const uint64_t b = s->bytes;
+  reshard_result_t r = RESHARD_SUCCESS;
+  if (ex->stream_ordered) { /* (spread_wanted: only where it has spread_prepare) */
+    r = ex->spread_prepare(comm, s);
+  } else if (s->bytes && !(s->scratch = rs_bulk_malloc(s->bytes))) {
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory for %llu bytes of spreading scratch",
+                 me, (unsigned long long)s->bytes);
+  }
+  if (r) {
     rs_spread_free(s);
-    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of memory for %llu bytes of spreading scratch",
-                    me, (unsigned long long)b);
+    return r;
   }
   *out = s;
   return RESHARD_SUCCESS;
@@ -311,6 +320,7 @@ void rs_spread_free(rs_spread *s) {
   free(s->pre_id);
   free(s->off);
   free(s->len);
-  rs_bulk_free(s->scratch);
+  if (s->dev_free) s->dev_free(s);
+  else rs_bulk_free(s->scratch);
   free(s);
 }

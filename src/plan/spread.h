@@ -27,9 +27,13 @@
  * other against the direct plan; the spread plan is kept only when it is
  * predicted faster (RESHARD_FLAG_SPREAD_ALWAYS: whenever some rank is over
  * its domain's mean; RESHARD_FLAG_NO_SPREAD or RESHARD_SPREAD=0: never).
- * It needs a topology, a host transport (the scratch is host memory) and
- * a direct creation (not the tools' staged planning). Execute runs the
- * pre-plan, then the main plan (src/api/stages.c). */
+ * It needs a topology and a direct creation (not the tools' staged
+ * planning). The scratch is host memory on host transports; on device
+ * transports (a stream-ordered executor) it is device memory the device
+ * executor allocates (its spread_prepare, src/device/spread_device.c).
+ * Execute runs the pre-plan, then the main plan (src/api/stages.c), on
+ * the caller's stream on a device: the main plan's sends read the
+ * scratch after the pre-plan's copies, in stream order. */
 #ifndef RS_PLAN_SPREAD_H
 #define RS_PLAN_SPREAD_H
 
@@ -38,6 +42,8 @@
 
 #include "plan/topology.h"
 #include "reshard.h"
+
+struct rs_executor; /* plan/executor.h */
 
 /* A rank over its domain's mean egress by more than this fraction of the
  * mean (and by at least RS_SPREAD_MIN_BYTES, but for
@@ -87,11 +93,23 @@ typedef struct rs_spread {
   unsigned char *scratch;
   uint64_t bytes;
   uint64_t moved;
+  /* The device executor (its spread_prepare): scratch is device memory
+   * and dev_free releases it through dev_comm (registered, peers may
+   * have it mapped) (NULL on host transports). dev_stuck: the GPU did
+   * not let go of the main plan's or the pre-plan's work (their
+   * stuck_out, plan.h): the memory is left allocated rather than freed
+   * under it. */
+  void (*dev_free)(struct rs_spread *s);
+  reshard_comm_t *dev_comm;
+  int dev_stuck;
 } rs_spread;
 
 /* Moves this rank's scratch description out of s into a new rs_spread
- * with the scratch allocated (pre attached later, by plan creation). */
-reshard_result_t rs_spread_create(rs_spread_layouts *s, const reshard_layout_t *user_src, int me, rs_spread **out);
+ * with the scratch allocated (pre attached later, by plan creation):
+ * host memory, or for a stream-ordered executor ex device memory
+ * (ex->spread_prepare, on comm). */
+reshard_result_t rs_spread_create(rs_spread_layouts *s, const reshard_layout_t *user_src, reshard_comm_t *comm,
+                                  const struct rs_executor *ex, rs_spread **out);
 /* Frees s's scratch and its description, not s->pre: whoever attached the
  * pre-plan destroys it, before this (its work writes the scratch). */
 void rs_spread_free(rs_spread *s);

@@ -116,3 +116,34 @@ void mw_quant_pair(uint64_t seed, int n, reshard_layout_t **src, reshard_layout_
 #undef QR
 }
 
+
+static void mw_placed(reshard_layout_t *L, const char *name, int t, int mesh, const reshard_placement_t *pl) {
+  int b;
+  reshard_part_t part = {t, mesh, pl, NULL};
+  MW_OK(reshard_layout_add_fused(L, name, 0, 1, 1, &part, &b));
+}
+
+void mw_moe_pair(int64_t rows, int fp8, reshard_layout_t **src, reshard_layout_t **dst) {
+  int64_t es[3] = {4, rows, 512}, ds[2] = {256, 256};
+  int e, d, m, m8;
+  MW_OK(reshard_layout_create(src));
+  MW_OK(reshard_layout_add_tensor(*src, "experts", RESHARD_BF16, 3, es, &e));
+  MW_OK(reshard_layout_add_tensor(*src, "dense", RESHARD_FP32, 2, ds, &d));
+  int r8[8] = {0, 1, 2, 3, 4, 5, 6, 7}, sh8[1] = {8}, sh2[1] = {2};
+  MW_OK(reshard_layout_add_mesh(*src, 1, sh2, r8, &m));
+  reshard_placement_t s0 = {RESHARD_PLACEMENT_SHARD, 0, NULL}, rep = {RESHARD_PLACEMENT_REPLICATE, 0, NULL};
+  mw_placed(*src, "experts", e, m, &s0);
+  MW_OK(reshard_layout_add_mesh(*src, 1, sh8, r8, &m8));
+  mw_placed(*src, "dense", d, m8, &rep);
+  MW_OK(reshard_layout_create(dst));
+  const int64_t block[2] = {128, 128};
+  if (fp8) MW_OK(reshard_layout_add_tensor_blocked(*dst, "experts", RESHARD_FP8_E4M3, 3, es, block, &e));
+  else MW_OK(reshard_layout_add_tensor(*dst, "experts", RESHARD_BF16, 3, es, &e));
+  MW_OK(reshard_layout_add_tensor(*dst, "dense", RESHARD_FP32, 2, ds, &d));
+  int q8[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+  MW_OK(reshard_layout_add_mesh(*dst, 1, sh8, q8, &m));
+  reshard_placement_t s1 = {RESHARD_PLACEMENT_SHARD, 1, NULL};
+  mw_placed(*dst, "experts", e, m, &s1);
+  mw_placed(*dst, "dense", d, m, &s0);
+  if (fp8) mw_placed(*dst, "experts_scale_inv", e + 1, m, &s1); /* [4, rows / 128, 4], split like its weight */
+}

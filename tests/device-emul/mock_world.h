@@ -61,4 +61,12 @@ void mw_layouts_all(int n, int64_t rows, int64_t cols, reshard_layout_t **src, r
  * bf16 tensor that is not quantized. */
 void mw_quant_pair(uint64_t seed, int n, reshard_layout_t **src, reshard_layout_t **dst);
 
+/* Source-side spreading's case on 16 ranks (an h100-8x400g topology):
+ * ranks 0..7 (one NVLink domain) hold "experts" [4, rows, 512] bf16 split
+ * over ranks 0 and 1 by expert (one replica each: sole-held) and "dense"
+ * [256, 256] f32 replicated on all eight; ranks 8..15 take both split by
+ * rows (fp8: the experts as fp8e4m3 in 128 x 128 blocks, with their
+ * scales split alike). */
+void mw_moe_pair(int64_t rows, int fp8, reshard_layout_t **src, reshard_layout_t **dst);
+
 #endif

@@ -700,6 +700,11 @@ static void status_polled_during_capture(void **state) {
 typedef struct quant_ctx {
   reshard_layout_t *src, *dst;
   int ipc;
+  /* spreading (launches_spread): the topology, the flags, and the ranks
+   * whose plan spreads */
+  const char *topology;
+  uint32_t flags;
+  int spread;
 } quant_ctx;
 
 static void quant_rank(g_rank *r) {
@@ -711,13 +716,16 @@ static void quant_rank(g_rank *r) {
   const cudaStream_t st = caller_stream(r);
   if (!c) goto out;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-  o.staging_bytes = 4096;
+  o.staging_bytes = x->topology ? (size_t)1 << 20 : 4096;
   o.timeout_ms = 20000;
+  o.topology = x->topology;
+  o.flags = x->flags;
   if (reshard_plan_create(c, x->src, x->dst, &o, &plan) || reshard_selftest_alloc(&s, x->src, r->rank, 0) ||
       reshard_selftest_alloc(&d, x->dst, r->rank, -1)) {
     RFAIL(r, "setup: %s", reshard_last_error());
     goto out;
   }
+  if (plan->spread) __atomic_fetch_add(&((quant_ctx *)r->ctx)->spread, 1, __ATOMIC_RELAXED);
   void *const *dst = (void *const *)d.ptr;
   const size_t nd = (size_t)d.nbuf;
   if (exec_on(plan, &s, dst, nd, st) || mock_stream_drain(st)) {
@@ -749,13 +757,34 @@ static void launches_quantize(void **state) {
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
   for (int it = 0; it < 16; it++) {
     uint64_t seed = seed0 + (uint64_t)it;
-    quant_ctx x = {NULL, NULL, it % 2};
+    quant_ctx x = {NULL, NULL, it % 2, NULL, 0, 0};
     const int n = 2 + (int)(seed % 4);
     mw_quant_pair(seed, n, &x.src, &x.dst);
     char label[160];
     snprintf(label, sizeof label, "seed %llu (RS_QUANT_SEED0 replays it), %d ranks over %s: ", (unsigned long long)seed,
              n, x.ipc ? "CUDA IPC" : "NCCL");
     run_world(n, quant_rank, &x, label);
+    reshard_layout_destroy(x.src);
+    reshard_layout_destroy(x.dst);
+  }
+}
+
+/* Source-side spreading in a graph (issue 44): a plan whose pre-plan
+ * copies slices of an over-loaded rank's sole-held experts into device
+ * scratch of its domain's idle ranks, captured with the main plan that
+ * sends them on; each launch moves the sources' current values (every
+ * destination byte checked), over NCCL and CUDA IPC, plain bf16 and
+ * quantized to fp8 blocks on the way. */
+static void launches_spread(void **state) {
+  (void)state;
+  for (int it = 0; it < 4; it++) {
+    quant_ctx x = {NULL, NULL, it % 2, "h100-8x400g", RESHARD_FLAG_SPREAD_ALWAYS, 0};
+    const int fp8 = it / 2;
+    mw_moe_pair(fp8 ? 512 : 256, fp8, &x.src, &x.dst);
+    char label[160];
+    snprintf(label, sizeof label, "spreading%s over %s: ", fp8 ? ", fp8" : "", x.ipc ? "CUDA IPC" : "NCCL");
+    run_world(16, quant_rank, &x, label);
+    assert_int_equal(x.spread, 16);
     reshard_layout_destroy(x.src);
     reshard_layout_destroy(x.dst);
   }
@@ -854,6 +883,7 @@ int main(void) {
       cmocka_unit_test(status_polled_during_capture),
       cmocka_unit_test(launches_random_worlds),
       cmocka_unit_test(launches_quantize),
+      cmocka_unit_test(launches_spread),
       cmocka_unit_test(kept_pools_outlive_mappings),
       cmocka_unit_test(groups_span_launches),
   };

@@ -68,6 +68,12 @@ rs_gpu_emulated_exe(test_gpu_cuda_ipc test_cuda_ipc.c)
 add_test(NAME test_gpu_cuda_ipc COMMAND test_gpu_cuda_ipc)
 set_tests_properties(test_gpu_cuda_ipc PROPERTIES TIMEOUT 300)
 
+# Source-side spreading on device transports (issue 44): the pre-plan's
+# device scratch, over NCCL and CUDA IPC, with block quantization too.
+rs_gpu_emulated_exe(test_gpu_spread test_spread_device.c)
+add_test(NAME test_gpu_spread COMMAND test_gpu_spread)
+set_tests_properties(test_gpu_spread PROPERTIES TIMEOUT 300)
+
 # CUDA graphs (issue 17, item 6): executes captured and launched on the
 # emulated device, whose captures keep CUDA's rules.
 rs_gpu_emulated_exe(test_gpu_graphs test_graphs.c)
