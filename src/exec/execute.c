@@ -14,7 +14,7 @@
  * only before anything lands in this rank's destination buffers
  * (host_check), so round 0's sends leave right behind them and its
  * receives land in staging (large messages split into a staged head and
- * a tail received in place after the check: head_bytes): the header's
+ * a tail received in place after the check: rs_sched_head_bytes): the header's
  * round trip overlaps the data instead of preceding it. RESHARD_FLAG_VERIFY adds a checksum message per
  * message (verify.c). A call that fails after its agreement started
  * leaves the plan failed (state.c). */
@@ -40,8 +40,8 @@ typedef struct exec_state {
   void *const *dst;
   unsigned char *send_stage[2], *recv_stage[2];
   rs_request **sreq[2], **rreq[2];
-  /* Round 0's split messages (head_bytes): the head's request, beside the
-   * message's slot (NULL when the message is not split). */
+  /* Round 0's split messages (rs_sched_head_bytes): the head's request,
+   * beside the message's slot (NULL when the message is not split). */
   rs_request **hsreq[2], **hrreq[2];
   size_t nsreq[2], nrreq[2];
   /* per receive: how it lands (RS_LAND_*) */
@@ -160,29 +160,19 @@ static reshard_result_t run_local(exec_state *st) {
   return RESHARD_SUCCESS;
 }
 
-/* Round 0's split. A receive that lands in this rank's destination
- * buffers must wait for the agreement's check (host_check), so in round
- * 0, which is posted before it, such a receive would start only once the
- * partners' headers arrived: one header latency and a poll behind
- * MPI_Alltoallw (issue 44). So a round-0 message of RS_SPLIT_MIN bytes or
- * more travels as two messages, its head (an eighth of it, at most
- * RS_HEAD_MAX) and its tail: the head lands in staging at once, and the
- * tail, received in place once the check passed, follows while the heads
- * keep the link busy. What is staged is bounded by the heads (the copy a
- * host pays), what a partner at another call or version can reach before
- * the check is staging only. The split depends only on the message's
- * round and size, which both its ends know, never on either end's
- * transport or settings, so sender and receiver always agree on it. */
-#define RS_SPLIT_MIN ((uint64_t)16 << 10)
-#define RS_HEAD_MAX ((uint64_t)64 << 10)
-
-static uint64_t head_bytes(const rs_msg *m) {
-  if (m->round != 0 || m->bytes < RS_SPLIT_MIN) return 0;
-  uint64_t h = (m->bytes / 8) & ~(uint64_t)63; /* (the copy loops like 64-byte alignment) */
-  return h < RS_HEAD_MAX ? h : RS_HEAD_MAX;
-}
-
-/* How a receive lands: in staging (unpacked by its copies), in place
+/* Round 0's split (rs_sched_head_bytes). A receive that lands in this
+ * rank's destination buffers must wait for the agreement's check
+ * (host_check), so in round 0, which is posted before it, such a receive
+ * would start only once the partners' headers arrived: one header
+ * latency and a poll behind MPI_Alltoallw (issue 44). A split message's
+ * head lands in staging at once, and its tail, received in place once
+ * the check passed, follows while the heads keep the link busy. What is
+ * staged is bounded by the heads (the copy a host pays); what a partner
+ * at another call or version can reach before the check is staging
+ * only. The split depends on the message's round and size alone, never
+ * on either end's transport or settings.
+ *
+ * How a receive lands: in staging (unpacked by its copies), in place
  * (nothing to do), or split with its tail in place (the head's bytes are
  * copied from staging). */
 enum { RS_LAND_STAGED = 0, RS_LAND_IN_PLACE = 1, RS_LAND_HEAD_STAGED = 2 };
@@ -191,7 +181,7 @@ enum { RS_LAND_STAGED = 0, RS_LAND_IN_PLACE = 1, RS_LAND_HEAD_STAGED = 2 };
  * check (early): into its buffers when the message is one run of them
  * (direct) or the transport takes boxes, else into staging. Early,
  * nothing lands in place: an unsplit message lands in staging (a round-0
- * message under RS_SPLIT_MIN: a small copy), a split one posts its head
+ * message under 16 KiB: a small copy), a split one posts its head
  * and, if its tail would land in place, leaves the tail for after the
  * check (*later). */
 static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i, int early,
@@ -201,7 +191,7 @@ static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64
   rs_request **slot = &st->rreq[h][slot_i];
   const rs_copy *cps = &p->recv_copies[m->first_copy];
   unsigned char *stage = st->recv_stage[h] + m->staging_off;
-  const uint64_t head = head_bytes(m);
+  const uint64_t head = rs_sched_head_bytes(m);
   *later = 0;
   if (head) {
     if (!st->hrreq[h][slot_i]) RS_CHECK(ops->irecv(st->comm, m->peer, tag, stage, head, &st->hrreq[h][slot_i]));
@@ -237,13 +227,13 @@ static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64
 static void *const *send_bases(const exec_state *st, const rs_msg *m) { return m->fwd ? st->dst : st->src; }
 
 /* Posts one send: from its buffer (direct), as boxes, or packed; a split
- * one (head_bytes) as its head, then its tail. */
+ * one (rs_sched_head_bytes) as its head, then its tail. */
 static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i) {
   const reshard_plan_t *p = st->plan;
   const rs_transport_ops *ops = st->comm->ops;
   rs_request **slot = &st->sreq[h][slot_i];
   const unsigned char *at = st->send_stage[h] + m->staging_off;
-  const uint64_t head = head_bytes(m);
+  const uint64_t head = rs_sched_head_bytes(m);
   if (m->direct) {
     const rs_copy *cp = &p->send_copies[m->first_copy];
     at = (const unsigned char *)send_bases(st, m)[cp->src_buf] + cp->src_off;
@@ -376,7 +366,7 @@ static reshard_result_t unpack_round(exec_state *st, int k) {
       for (uint32_t c = 0; c < m->ncopies; c++) rs_copy_run(&cps[c], st->recv_stage[h], st->dst[cps[c].dst_buf]);
     else if (st->in_place[h][i] == RS_LAND_HEAD_STAGED) /* a direct message: one run */
       memcpy((unsigned char *)st->dst[cps->dst_buf] + cps->dst_off, st->recv_stage[h] + m->staging_off,
-             head_bytes(m));
+             rs_sched_head_bytes(m));
     if (st->verify) RS_CHECK(check_sums(st, m, h, i, k));
   }
   st->nrreq[h] = 0;
