@@ -19,14 +19,17 @@
  *           first, then sends), not waited: the check (the headers
  *           waited, then an 8-byte status word posted each way, collected
  *           at the end: src/exec/agree.c) comes before LOCAL, or in round
- *           0 before its receives where one lands in place (a direct
- *           message: the SMPI runs' MPI transport moves no boxes), after
- *           its sends (src/exec/execute.c: host_check, post_round);
+ *           0 before the tail of a split direct message (below), after
+ *           the round's sends (src/exec/execute.c: host_check, post_round);
  *   XFER k  round k's transfers posted in rs_sched_xfers order: receives
  *           as sg_mailbox_get_async, sends as sg_mailbox_put_async of the
  *           message's bytes (nothing is carried), on one mailbox per
  *           (sender, receiver): both ends post a pair's messages in the
  *           same order, so FIFO matching pairs them as MPI's tags do;
+ *           round 0's messages of 16 KiB or more as two, head and tail
+ *           (rs_sched_head_bytes); before the check, receives land in
+ *           staging, and a split direct message's tail, with every later
+ *           receive from its sender, waits for the check;
  *   waits   "XFER j sent": the sends of every round up to j complete (the
  *           host completes them in round order); "XFER j received" (an
  *           UNPACK): round j's receives complete;
@@ -304,31 +307,69 @@ static reshard_result_t replay_check(replay_plan *x) {
   return RESHARD_SUCCESS;
 }
 
-/* Round k's transfers in the schedule's posting order. */
+/* One receive transfer of round k, or what of it may be posted before
+ * the check (early), as post_recv in src/exec/execute.c: a split message
+ * (rs_sched_head_bytes) is two receives, its head posted early; a direct
+ * message's tail waits for the check (returns 1: the rest is posted
+ * later); anything else lands in staging and is posted at once. */
+static int replay_recv(replay_plan *x, const rs_xfer *t, int early, int head_posted, comm_list *r) {
+  const reshard_plan_t *p = &x->plan;
+  if (!t->sums && rs_sched_head_bytes(t->m) && !head_posted) {
+    r->c[r->n++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
+    if (early && t->m->direct) return 1;
+  }
+  r->c[r->n++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
+  return 0;
+}
+
+/* Round k's transfers in the schedule's posting order, as post_round in
+ * src/exec/execute.c: before the check, receives land in staging; a
+ * split direct message's tail, and every later receive from its sender,
+ * waits for the check, which runs after the round's sends. */
 static reshard_result_t run_xfer(replay_plan *x, int k) {
   const reshard_plan_t *p = &x->plan;
   const int verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
-  size_t n = rs_sched_xfers(p, k, verify, x->xfers), ns = 0, nr = 0;
+  size_t n = rs_sched_xfers(p, k, verify, x->xfers);
   comm_list *s = &x->sent[k], *r = &x->recvd[k];
-  s->c = calloc(n + 1, sizeof(sg_comm_t));
-  r->c = calloc(n + 1, sizeof(sg_comm_t));
-  if (!s->c || !r->c) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay rank %d round %d", p->rank, k);
-  /* before the check, a round with a receive that lands in place posts
-   * its sends, checks, then its receives (post_round) */
-  int defer = 0;
-  for (size_t i = 0; i < n && !x->checked && !defer; i++) defer = x->xfers[i].recv && x->xfers[i].m->direct;
-  for (int pass = defer ? 0 : 1; pass < 2; pass++) {
-    if (defer && pass == 1) RS_CHECK(replay_check(x));
-    for (size_t i = 0; i < n; i++) {
-      const rs_xfer *t = &x->xfers[i];
-      if (defer && t->recv != pass) continue;
+  s->c = calloc(2 * n + 1, sizeof(sg_comm_t));
+  r->c = calloc(2 * n + 1, sizeof(sg_comm_t));
+  const int early = !x->checked;
+  /* per transfer: 0 posted, 1 its tail waits, 2 all of it waits; per rank: blocked */
+  unsigned char *defer = early ? calloc(n + 1, 1) : NULL, *blocked = early ? calloc((size_t)R.world, 1) : NULL;
+  if (!s->c || !r->c || (early && (!defer || !blocked))) {
+    free(defer);
+    free(blocked);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "replay rank %d round %d", p->rank, k);
+  }
+  int any = 0;
+  for (size_t i = 0; i < n; i++) {
+    const rs_xfer *t = &x->xfers[i];
+    if (!t->recv) {
       /* verify mode: each message's box sums follow it, 8 bytes a copy */
       uint64_t bytes = t->sums ? (uint64_t)t->m->ncopies * sizeof(uint64_t) : t->m->bytes;
-      if (t->recv) r->c[nr++] = post_recv(x->stage, t->m->peer, p->rank, 'd');
-      else s->c[ns++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes);
+      uint64_t head = t->sums ? 0 : rs_sched_head_bytes(t->m);
+      if (head) s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', head);
+      s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes - head);
+    } else if (early && blocked[t->m->peer]) {
+      defer[i] = 2;
+    } else if (replay_recv(x, t, early, 0, r)) {
+      defer[i] = 1;
+      blocked[t->m->peer] = 1;
+    }
+    any |= early && defer[i];
+  }
+  if (any) {
+    reshard_result_t rc = replay_check(x);
+    for (size_t i = 0; i < n && rc == RESHARD_SUCCESS; i++)
+      if (defer[i]) replay_recv(x, &x->xfers[i], 0, defer[i] == 1, r);
+    if (rc != RESHARD_SUCCESS) {
+      free(defer);
+      free(blocked);
+      return rc;
     }
   }
-  s->n = ns, r->n = nr;
+  free(defer);
+  free(blocked);
   return RESHARD_SUCCESS;
 }
 

@@ -12,7 +12,9 @@
  * (agree.c), and, with RESHARD_FLAG_DOUBLE_BUFFER, a commit agreement of
  * all ranks last. The agreement's headers are posted first but checked
  * only before anything lands in this rank's destination buffers
- * (host_check), so round 0's sends leave right behind them: the header's
+ * (host_check), so round 0's sends leave right behind them and its
+ * receives land in staging (large messages split into a staged head and
+ * a tail received in place after the check: rs_sched_head_bytes): the header's
  * round trip overlaps the data instead of preceding it. RESHARD_FLAG_VERIFY adds a checksum message per
  * message (verify.c). A call that fails after its agreement started
  * leaves the plan failed (state.c). */
@@ -38,8 +40,17 @@ typedef struct exec_state {
   void *const *dst;
   unsigned char *send_stage[2], *recv_stage[2];
   rs_request **sreq[2], **rreq[2];
+  /* Round 0's split messages (rs_sched_head_bytes): the head's request,
+   * beside the message's slot (NULL when the message is not split). */
+  rs_request **hsreq[2], **hrreq[2];
   size_t nsreq[2], nrreq[2];
-  unsigned char *in_place[2]; /* per receive: landed in its buffers */
+  /* per receive: how it lands (RS_LAND_*) */
+  unsigned char *in_place[2];
+  /* Round 0's posting before the check (post_round): per receive
+   * transfer, whether it waits for the check; per rank, whether one of
+   * its receives does (so that its later ones wait too). */
+  size_t *xslot; /* per transfer: its request slot */
+  unsigned char *xdefer, *blocked;
   int64_t deadline;
   uint64_t tag;
   /* Verify mode: request slots parallel to sreq/rreq, the senders' box
@@ -96,10 +107,12 @@ static void cancel_all(exec_state *st) {
   for (int h = 0; h < 2; h++) {
     for (size_t i = 0; i < st->nsreq[h]; i++) {
       if (st->sreq[h][i]) st->comm->ops->cancel(st->comm, st->sreq[h][i]);
+      if (st->hsreq[h][i]) st->comm->ops->cancel(st->comm, st->hsreq[h][i]);
       if (st->verify && st->vsreq[h][i]) st->comm->ops->cancel(st->comm, st->vsreq[h][i]);
     }
     for (size_t i = 0; i < st->nrreq[h]; i++) {
       if (st->rreq[h][i]) st->comm->ops->cancel(st->comm, st->rreq[h][i]);
+      if (st->hrreq[h][i]) st->comm->ops->cancel(st->comm, st->hrreq[h][i]);
       if (st->verify && st->vrreq[h][i]) st->comm->ops->cancel(st->comm, st->vrreq[h][i]);
     }
     st->nsreq[h] = st->nrreq[h] = 0;
@@ -147,40 +160,87 @@ static reshard_result_t run_local(exec_state *st) {
   return RESHARD_SUCCESS;
 }
 
-/* Posts one receive: into its buffers when the message is one run of
- * them (direct) or the transport takes boxes, else into staging. */
-static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i) {
+/* Round 0's split (rs_sched_head_bytes). A receive that lands in this
+ * rank's destination buffers must wait for the agreement's check
+ * (host_check), so in round 0, which is posted before it, such a receive
+ * would start only once the partners' headers arrived: one header
+ * latency and a poll behind MPI_Alltoallw (issue 44). A split message's
+ * head lands in staging at once, and its tail, received in place once
+ * the check passed, follows while the heads keep the link busy. What is
+ * staged is bounded by the heads (the copy a host pays); what a partner
+ * at another call or version can reach before the check is staging
+ * only. The split depends on the message's round and size alone, never
+ * on either end's transport or settings.
+ *
+ * How a receive lands: in staging (unpacked by its copies), in place
+ * (nothing to do), or split with its tail in place (the head's bytes are
+ * copied from staging). */
+enum { RS_LAND_STAGED = 0, RS_LAND_IN_PLACE = 1, RS_LAND_HEAD_STAGED = 2 };
+
+/* Posts one receive, or what of it may be posted before the agreement's
+ * check (early): into its buffers when the message is one run of them
+ * (direct) or the transport takes boxes, else into staging. Early,
+ * nothing lands in place: an unsplit message lands in staging (a round-0
+ * message under 16 KiB: a small copy), a split one posts its head
+ * and, if its tail would land in place, leaves the tail for after the
+ * check (*later). */
+static reshard_result_t post_recv(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i, int early,
+                                  int *later) {
   const reshard_plan_t *p = st->plan;
+  const rs_transport_ops *ops = st->comm->ops;
   rs_request **slot = &st->rreq[h][slot_i];
   const rs_copy *cps = &p->recv_copies[m->first_copy];
-  unsigned char *at = st->recv_stage[h] + m->staging_off;
-  st->in_place[h][slot_i] = 1;
+  unsigned char *stage = st->recv_stage[h] + m->staging_off;
+  const uint64_t head = rs_sched_head_bytes(m);
+  *later = 0;
+  if (head) {
+    if (!st->hrreq[h][slot_i]) RS_CHECK(ops->irecv(st->comm, m->peer, tag, stage, head, &st->hrreq[h][slot_i]));
+    if (!m->direct) { /* (a transport's boxes cannot take a part of a message) */
+      st->in_place[h][slot_i] = RS_LAND_STAGED;
+      return ops->irecv(st->comm, m->peer, tag, stage + head, m->bytes - head, slot);
+    }
+    st->in_place[h][slot_i] = RS_LAND_HEAD_STAGED;
+    if (early) {
+      *later = 1;
+      return RESHARD_SUCCESS;
+    }
+    unsigned char *at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
+    return ops->irecv(st->comm, m->peer, tag, at + head, m->bytes - head, slot);
+  }
+  st->in_place[h][slot_i] = RS_LAND_STAGED;
+  if (early) return ops->irecv(st->comm, m->peer, tag, stage, m->bytes, slot);
+  st->in_place[h][slot_i] = RS_LAND_IN_PLACE;
   if (m->direct) {
-    at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
-  } else if (st->comm->ops->irecv_boxes) {
-    reshard_result_t r = st->comm->ops->irecv_boxes(st->comm, m->peer, tag, cps, m->ncopies, st->dst, m->bytes, slot);
-    if (r == RESHARD_SUCCESS) return r;
+    unsigned char *at = (unsigned char *)st->dst[cps->dst_buf] + cps->dst_off;
+    return ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot);
+  }
+  if (ops->irecv_boxes) {
+    reshard_result_t r = ops->irecv_boxes(st->comm, m->peer, tag, cps, m->ncopies, st->dst, m->bytes, slot);
     if (r != RESHARD_ERROR_UNSUPPORTED) return r;
   }
-  st->in_place[h][slot_i] = m->direct;
-  return st->comm->ops->irecv(st->comm, m->peer, tag, at, m->bytes, slot);
+  st->in_place[h][slot_i] = RS_LAND_STAGED;
+  return ops->irecv(st->comm, m->peer, tag, stage, m->bytes, slot);
 }
 
 /* The buffers a send's copies read: forwards (relay) read the destination
  * buffers. */
 static void *const *send_bases(const exec_state *st, const rs_msg *m) { return m->fwd ? st->dst : st->src; }
 
-/* Posts one send: from its buffer (direct), as boxes, or packed. */
-static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64_t tag, rs_request **slot) {
+/* Posts one send: from its buffer (direct), as boxes, or packed; a split
+ * one (rs_sched_head_bytes) as its head, then its tail. */
+static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64_t tag, size_t slot_i) {
   const reshard_plan_t *p = st->plan;
+  const rs_transport_ops *ops = st->comm->ops;
+  rs_request **slot = &st->sreq[h][slot_i];
   const unsigned char *at = st->send_stage[h] + m->staging_off;
+  const uint64_t head = rs_sched_head_bytes(m);
   if (m->direct) {
     const rs_copy *cp = &p->send_copies[m->first_copy];
     at = (const unsigned char *)send_bases(st, m)[cp->src_buf] + cp->src_off;
   } else {
-    if (st->comm->ops->isend_boxes) {
-      reshard_result_t r = st->comm->ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy],
-                                                      m->ncopies, send_bases(st, m), m->bytes, slot);
+    if (ops->isend_boxes && !head) {
+      reshard_result_t r = ops->isend_boxes(st->comm, m->peer, tag, &p->send_copies[m->first_copy], m->ncopies,
+                                            send_bases(st, m), m->bytes, slot);
       if (r != RESHARD_ERROR_UNSUPPORTED) return r;
     }
     for (uint32_t c = 0; c < m->ncopies; c++) {
@@ -188,67 +248,74 @@ static reshard_result_t post_send(exec_state *st, const rs_msg *m, int h, uint64
       rs_copy_run(cp, send_bases(st, m)[cp->src_buf], st->send_stage[h]);
     }
   }
-  return st->comm->ops->isend(st->comm, m->peer, tag, at, m->bytes, slot);
+  if (head) RS_CHECK(ops->isend(st->comm, m->peer, tag, at, head, &st->hsreq[h][slot_i]));
+  return ops->isend(st->comm, m->peer, tag, at + head, m->bytes - head, slot);
 }
 
-/* Posts one transfer of round k (an rs_xfer): a message, or in verify
- * mode its box sums, which follow it (transports keep per-tag order;
- * MPI's tags ignore the round). Each send is packed as it is posted, so
- * that packing overlaps the sends already out: the host's PACK step is
- * this. */
-static reshard_result_t post_xfer(exec_state *st, const rs_xfer *x, int h, uint64_t tag) {
+/* Posts one transfer of round k (an rs_xfer) into request slot si: a
+ * message, or in verify mode its box sums, which follow it (transports
+ * keep per-tag order; MPI's tags ignore the round). Each send is packed
+ * as it is posted, so that packing overlaps the sends already out: the
+ * host's PACK step is this. early, *later: post_recv's. */
+static reshard_result_t post_xfer(exec_state *st, const rs_xfer *x, int h, uint64_t tag, size_t si, int early,
+                                  int *later) {
   const reshard_plan_t *p = st->plan;
   const rs_msg *m = x->m;
-  if (x->recv && !x->sums) {
-    size_t si = st->nrreq[h]++;
-    st->rreq[h][si] = NULL;
-    if (st->verify) st->vrreq[h][si] = NULL;
-    return post_recv(st, m, h, tag, si);
-  }
+  *later = 0;
+  if (x->recv && !x->sums) return post_recv(st, m, h, tag, si, early, later);
   if (x->recv)
     return st->comm->ops->irecv(st->comm, m->peer, tag | RS_TAG_VERIFY, st->recv_sums + m->first_copy,
-                                (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][st->nrreq[h] - 1]);
-  if (!x->sums) {
-    size_t si = st->nsreq[h]++;
-    st->sreq[h][si] = NULL;
-    if (st->verify) st->vsreq[h][si] = NULL;
-    return post_send(st, m, h, tag, &st->sreq[h][si]);
-  }
+                                (size_t)m->ncopies * sizeof(uint64_t), &st->vrreq[h][si]);
+  if (!x->sums) return post_send(st, m, h, tag, si);
   uint64_t *sums = st->send_sums + m->first_copy;
   sum_copies(p, &p->send_copies[m->first_copy], &p->send_vbox[m->first_copy], m->ncopies, 0, send_bases(st, m), sums);
   return st->comm->ops->isend(st->comm, m->peer, tag | RS_TAG_VERIFY, sums, (size_t)m->ncopies * sizeof(uint64_t),
-                              &st->vsreq[h][st->nsreq[h] - 1]);
+                              &st->vsreq[h][si]);
 }
 
-/* Whether a receive of m may land in its buffers (post_recv): a direct
- * message, or any on a transport that takes boxes. */
-static int may_land_in_place(const exec_state *st, const rs_msg *m) {
-  return m->direct || st->comm->ops->irecv_boxes != NULL;
+/* The request slot of transfer x: a message takes the next of its
+ * direction (cleared), its sums the one of the message they follow. */
+static size_t take_slot(exec_state *st, const rs_xfer *x, int h) {
+  size_t *n = x->recv ? &st->nrreq[h] : &st->nsreq[h];
+  if (x->sums) return *n - 1;
+  size_t si = (*n)++;
+  rs_request **req = x->recv ? st->rreq[h] : st->sreq[h], **head = x->recv ? st->hrreq[h] : st->hsreq[h];
+  req[si] = head[si] = NULL;
+  if (st->verify) (x->recv ? st->vrreq[h] : st->vsreq[h])[si] = NULL;
+  return si;
 }
 
 /* Posts round k (RS_STEP_XFER): its transfers in the schedule's order,
  * receives first. Round 0 is posted before the agreement's check
- * (host_check): its sends leave at once, and its receives, which then
- * land in staging, are only unpacked after the check. A receive that may
- * land in place must wait for the check; then the round posts its sends,
- * checks, and posts its receives (all of them, so that a peer's messages
- * keep their order). */
+ * (host_check): its sends leave at once, and its receives land in
+ * staging (post_recv), only unpacked after the check. What would land in
+ * place (a split message's tail) waits for the check, and so does every
+ * later receive from the same rank, so that a peer's messages keep their
+ * order: then the round checks and posts those. */
 static reshard_result_t post_round(exec_state *st, int k) {
   int h = k & 1;
   uint64_t tag = st->tag | (uint64_t)k;
   size_t n = rs_sched_xfers(st->plan, k, st->verify, st->xfers);
-  int defer = 0;
-  for (size_t i = 0; i < n && !rs_agree_checked(st->agree) && !defer; i++)
-    defer = st->xfers[i].recv && may_land_in_place(st, st->xfers[i].m);
-  if (!defer) {
-    for (size_t i = 0; i < n; i++) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
-    return RESHARD_SUCCESS;
+  const int early = !rs_agree_checked(st->agree);
+  int any = 0;
+  for (size_t i = 0; i < n; i++) {
+    const rs_xfer *x = &st->xfers[i];
+    int later = 0;
+    st->xslot[i] = take_slot(st, x, h);
+    st->xdefer[i] = 0;
+    if (x->recv && early && st->blocked[x->m->peer]) later = 1;
+    else RS_CHECK(post_xfer(st, x, h, tag, st->xslot[i], early, &later));
+    if (later) st->xdefer[i] = st->blocked[x->m->peer] = 1;
+    any |= later;
   }
-  for (size_t i = 0; i < n; i++)
-    if (!st->xfers[i].recv) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
+  if (!any) return RESHARD_SUCCESS;
   RS_CHECK(host_check(st));
-  for (size_t i = 0; i < n; i++)
-    if (st->xfers[i].recv) RS_CHECK(post_xfer(st, &st->xfers[i], h, tag));
+  for (size_t i = 0; i < n; i++) {
+    if (!st->xdefer[i]) continue;
+    int later = 0;
+    st->blocked[st->xfers[i].m->peer] = 0;
+    RS_CHECK(post_xfer(st, &st->xfers[i], h, tag, st->xslot[i], 0, &later));
+  }
   return RESHARD_SUCCESS;
 }
 
@@ -287,17 +354,19 @@ static reshard_result_t unpack_round(exec_state *st, int k) {
   rs_sched_round_msgs(p, k, 1, &first);
   for (size_t i = 0; i < st->nrreq[h]; i++) {
     const rs_msg *m = &p->recvs[first + i];
-    reshard_result_t r = wait_slot(st, &st->rreq[h][i]);
+    reshard_result_t r = st->hrreq[h][i] ? wait_slot(st, &st->hrreq[h][i]) : RESHARD_SUCCESS;
+    if (r == RESHARD_SUCCESS) r = wait_slot(st, &st->rreq[h][i]);
     if (r != RESHARD_SUCCESS) {
       rs_error_prefix("execute rank %d round %d (receive from rank %d): ", p->rank, k, m->peer);
       return r;
     }
     st->rreq[h][i] = NULL;
-    if (!st->in_place[h][i]) /* else it landed in its buffers */
-      for (uint32_t c = 0; c < m->ncopies; c++) {
-        const rs_copy *cp = &p->recv_copies[m->first_copy + c];
-        rs_copy_run(cp, st->recv_stage[h], st->dst[cp->dst_buf]);
-      }
+    const rs_copy *cps = &p->recv_copies[m->first_copy];
+    if (st->in_place[h][i] == RS_LAND_STAGED)
+      for (uint32_t c = 0; c < m->ncopies; c++) rs_copy_run(&cps[c], st->recv_stage[h], st->dst[cps[c].dst_buf]);
+    else if (st->in_place[h][i] == RS_LAND_HEAD_STAGED) /* a direct message: one run */
+      memcpy((unsigned char *)st->dst[cps->dst_buf] + cps->dst_off, st->recv_stage[h] + m->staging_off,
+             rs_sched_head_bytes(m));
     if (st->verify) RS_CHECK(check_sums(st, m, h, i, k));
   }
   st->nrreq[h] = 0;
@@ -310,6 +379,7 @@ static reshard_result_t complete_sends(exec_state *st, int through) {
   for (; st->sent_upto <= through; st->sent_upto++) {
     int k = st->sent_upto, h = k & 1;
     for (size_t i = 0; i < st->nsreq[h]; i++) {
+      RS_CHECK(wait_send(st, &st->hsreq[h][i], k, "send"));
       RS_CHECK(wait_send(st, &st->sreq[h][i], k, "send"));
       if (st->verify) RS_CHECK(wait_send(st, &st->vsreq[h][i], k, "verify: send checksums"));
     }
@@ -453,7 +523,10 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   size_t stage = rs_staging_bytes(plan);
   size_t nreq = 2 * plan->max_round_msgs; /* two halves, sends + receives */
   size_t nxf = rs_sched_max_xfers(plan, verify);
-  size_t need = nreq * sizeof(rs_request *) + nxf * sizeof(rs_xfer) + nreq;
+  /* request slots (messages, then split heads), transfers, their slots,
+   * landings, deferrals, blocked ranks */
+  size_t need = 2 * nreq * sizeof(rs_request *) + nxf * (sizeof(rs_xfer) + sizeof(size_t)) + nreq + nxf +
+                (size_t)plan->comm->size;
   size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
   reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
   void *block = rs_malloc(need ? need : 1), *vblock = NULL;
@@ -480,7 +553,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.src = src_buffers;
   rs_staging_split(plan, sblock, st.send_stage, st.recv_stage);
   rs_request **reqs = block;
-  st.xfers = (rs_xfer *)(reqs + nreq);
+  st.xfers = (rs_xfer *)(reqs + 2 * nreq);
+  st.xslot = (size_t *)(st.xfers + nxf);
   /* max_round_msgs bounds sends + receives of one round, so each half's
    * sends and receives share one slice of it */
   size_t per = plan->max_round_msgs;
@@ -488,8 +562,15 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   st.rreq[0] = reqs + plan->max_round_sends;
   st.sreq[1] = reqs + per;
   st.rreq[1] = reqs + per + plan->max_round_sends;
-  st.in_place[0] = (unsigned char *)(st.xfers + nxf);
+  for (int h = 0; h < 2; h++) {
+    st.hsreq[h] = st.sreq[h] + nreq;
+    st.hrreq[h] = st.rreq[h] + nreq;
+  }
+  st.in_place[0] = (unsigned char *)(st.xslot + nxf);
   st.in_place[1] = st.in_place[0] + per;
+  st.xdefer = st.in_place[0] + nreq;
+  st.blocked = st.xdefer + nxf;
+  memset(st.blocked, 0, (size_t)plan->comm->size);
   if (verify) {
     rs_request **v = vblock;
     st.verify = 1;

@@ -83,6 +83,13 @@ reshard_result_t rs_sched_run(const reshard_plan_t *p, const rs_sched_ops *ops, 
   return one(p, ops, ctx, step_of(RS_STEP_CHECK, -1));
 }
 
+uint64_t rs_sched_head_bytes(const rs_msg *m) {
+  const uint64_t split_min = (uint64_t)16 << 10, head_max = (uint64_t)64 << 10;
+  if (m->round != 0 || m->bytes < split_min) return 0;
+  uint64_t h = (m->bytes / 8) & ~(uint64_t)63; /* (the copy loops like 64-byte alignment) */
+  return h < head_max ? h : head_max;
+}
+
 size_t rs_sched_max_xfers(const reshard_plan_t *p, int verify) {
   return (p->max_round_msgs ? p->max_round_msgs : 1) * (verify ? 2 : 1);
 }

@@ -111,6 +111,14 @@ typedef struct rs_xfer {
 size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer *out);
 size_t rs_sched_max_xfers(const reshard_plan_t *p, int verify);
 
+/* Round 0's split on the host (exec/execute.c, post_recv): a round-0
+ * message of 16 KiB or more travels as two messages, its first
+ * rs_sched_head_bytes(m) bytes (an eighth, 64-byte aligned, at most
+ * 64 KiB), which land in staging before the agreement's check, and the
+ * rest; 0: one message. Both ends of a message compute it from its round
+ * and size alone, so they always agree on it. */
+uint64_t rs_sched_head_bytes(const rs_msg *m);
+
 /* Whether round k sends relay forwards (rs_msg.fwd). */
 int rs_sched_forwards(const reshard_plan_t *p, int k);
 

@@ -408,10 +408,9 @@ static const rs_transport_ops rs_mpi_ops = {
     .irecv_boxes = mpi_irecv_boxes,
 };
 
-/* The same without boxes, for RESHARD_MPI_DATATYPES=0: the executor then
- * knows that every message is packed into staging (it posts a round's
- * receives before the call's agreement check only where none can land
- * in place: exec/execute.c). */
+/* The same without boxes, for RESHARD_MPI_DATATYPES=0: every message is
+ * packed into staging, except direct ones (one contiguous run), which
+ * the executor sends and receives in place (exec/execute.c). */
 static const rs_transport_ops rs_mpi_ops_bytes = {
     .name = "mpi",
     .isend = mpi_isend,

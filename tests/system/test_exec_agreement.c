@@ -27,14 +27,16 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void add_whole(reshard_layout_t *L, const char *name, int rank) {
-  int64_t shape[2] = {8, 16};
+static void add_whole_rows(reshard_layout_t *L, const char *name, int rank, int64_t rows) {
+  int64_t shape[2] = {rows, 16};
   int t = -1, m = -1, b = -1;
   assert_int_equal(reshard_layout_add_tensor(L, name, RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
   assert_int_equal(reshard_layout_add_mesh(L, 1, (int[]){1}, (int[]){rank}, &m), RESHARD_SUCCESS);
   reshard_placement_t rep[1] = {reshard_replicate()};
   assert_int_equal(reshard_layout_place(L, t, m, rep, &b), RESHARD_SUCCESS);
 }
+
+static void add_whole(reshard_layout_t *L, const char *name, int rank) { add_whole_rows(L, name, rank, 8); }
 
 /* A chain: 'a' 0 -> 1, 'b' 2 -> 1, 'c' 3 -> 2. Partners: 0-1, 1-2, 2-3. */
 static void chain(reshard_layout_t **src, reshard_layout_t **dst) {
@@ -214,50 +216,75 @@ static void different_versions(void **state) {
 /* Round 0's sends leave before the agreement's headers are checked
  * (exec/execute.c), so a partner at another version delivers its data
  * anyway: it must land in staging only and write nothing. Without
- * `direct`: 't' 8 x 16 from ranks 0 and 2 (column halves) to rank 1
+ * `direct`: 't' rows x 16 from ranks 0 and 2 (column halves) to rank 1
  * whole, strided receives, posted before the check. With it: 'a' 0 -> 1
- * whole, one contiguous run, a receive that would land in place and so
- * waits for the check. Rank 0 is at version 8, the others at 7. */
-static void early_data_writes_nothing(int direct) {
+ * whole, one contiguous run, a receive that would land in place: at 8
+ * rows (512 bytes) it lands in staging, at 1024 rows (64 KiB) it is split
+ * into a head that lands in staging and a tail that waits for the check.
+ * Rank 0 is at version `v0`, the others at 7: with v0 = 7 the same
+ * messages deliver every element (checked) instead. */
+static void early_data(int direct, int64_t rows, uint64_t v0) {
   run x;
   memset(&x, 0, sizeof x);
   reshard_layout_t *src, *dst;
   assert_int_equal(reshard_layout_create(&src), RESHARD_SUCCESS);
   assert_int_equal(reshard_layout_create(&dst), RESHARD_SUCCESS);
   if (direct) {
-    add_whole(src, "a", 0);
-    add_whole(dst, "a", 1);
+    add_whole_rows(src, "a", 0, rows);
+    add_whole_rows(dst, "a", 1, rows);
   } else {
-    int64_t shape[2] = {8, 16};
+    int64_t shape[2] = {rows, 16};
     int t = -1, m = -1, b = -1;
     assert_int_equal(reshard_layout_add_tensor(src, "t", RESHARD_FP32, 2, shape, &t), RESHARD_SUCCESS);
     assert_int_equal(reshard_layout_add_mesh(src, 1, (int[]){2}, (int[]){0, 2}, &m), RESHARD_SUCCESS);
     assert_int_equal(reshard_layout_place(src, t, m, (reshard_placement_t[]){reshard_shard(1)}, &b),
                      RESHARD_SUCCESS);
-    add_whole(dst, "t", 1);
+    add_whole_rows(dst, "t", 1, rows);
   }
   x.src = src;
   x.dst = dst;
   x.timeout_ms = 500;
-  for (int r = 0; r < 3; r++) x.versions[r][0] = r == 0 ? 8 : 7;
+  for (int r = 0; r < 3; r++) x.versions[r][0] = r == 0 ? v0 : 7;
   assert_int_equal(th_run_ranks(3, run_rank, &x), 0);
   assert_int_equal(x.problems, 0);
-  assert_int_equal(x.code[0][0], RESHARD_ERROR_MISMATCH);
-  assert_int_equal(x.code[1][0], RESHARD_ERROR_MISMATCH);
-  EXPECT_MSG(x.msg[1][0], "execute rank 1", "rank 0", "version 7", "received call 0 version 8");
-  if (x.written[1][0]) fail_msg("rank 1 wrote %lld destination bytes of a mismatched call", (long long)x.written[1][0]);
+  if (v0 == 7) {
+    for (int r = 0; r < 3; r++) {
+      if (x.code[r][0]) fail_msg("rank %d: %s", r, x.msg[r][0]);
+      assert_int_equal(x.bad[r][0], 0); /* every element, and nothing outside */
+    }
+  } else {
+    assert_int_equal(x.code[0][0], RESHARD_ERROR_MISMATCH);
+    assert_int_equal(x.code[1][0], RESHARD_ERROR_MISMATCH);
+    EXPECT_MSG(x.msg[1][0], "execute rank 1", "rank 0", "version 7", "received call 0 version 8");
+    if (x.written[1][0]) fail_msg("rank 1 wrote %lld destination bytes of a mismatched call", (long long)x.written[1][0]);
+  }
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
 }
 
 static void early_data_staged(void **state) {
   (void)state;
-  early_data_writes_nothing(0);
+  early_data(0, 8, 8);
 }
 
 static void early_data_direct(void **state) {
   (void)state;
-  early_data_writes_nothing(1);
+  early_data(1, 8, 8);
+}
+
+/* The split round-0 messages (exec/execute.c's head_bytes): strided
+ * (head and tail in staging) and direct (tail in place). */
+static void early_data_split(void **state) {
+  (void)state;
+  early_data(0, 1024, 8);
+  early_data(1, 1024, 8);
+}
+
+static void split_delivers(void **state) {
+  (void)state;
+  early_data(0, 1024, 7);
+  early_data(1, 1024, 7);
+  early_data(1, 8, 7);
 }
 
 /* Explicit versions need not be consecutive; plain executes continue
@@ -455,6 +482,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(skipped_step),       cmocka_unit_test(different_versions),
       cmocka_unit_test(early_data_staged),  cmocka_unit_test(early_data_direct),
+      cmocka_unit_test(early_data_split),   cmocka_unit_test(split_delivers),
       cmocka_unit_test(versions_recorded),  cmocka_unit_test(plain_vs_explicit),
       cmocka_unit_test(overlapping_executes_refused), cmocka_unit_test(status_arguments),
   };
