@@ -17,12 +17,16 @@
  *
  * --rejoin (issue 46): per rank, the planning cost of a replica's join
  * with kept plans: the newcomer's reshard_plan_create on a communicator
- * that replaces ranks (as UCX: the plan keeps its description for a
- * rejoin) and a staying rank's reshard_plan_rejoin of that plan (the
- * kept side's local work; the fake allreduce costs nothing, so the
- * agreements' network latency is not in it). Medians of N.
+ * that replaces ranks (as UCX: the creation's collectives are recorded
+ * for a rejoin) and a staying rank's reshard_plan_rejoin of that plan
+ * (the kept side's local work, the transcript replayed; the fake
+ * allreduce costs nothing, so the agreements' network latency is not in
+ * it). --topology NAME plans these with a topology preset (relay -1: a
+ * direct and a relay candidate, and spreading where the cost model
+ * wants it), as a deployment does. Medians of N.
  *
- *   plan_bench [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin]
+ *   plan_bench [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin
+ *              [--topology NAME]]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -185,10 +189,13 @@ static void time_reps(const reshard_layout_t *src, const reshard_layout_t *dst, 
 }
 
 /* --rejoin: rank's plan created on a plain fake communicator, then on
- * one that replaces ranks (the newcomer's cost on UCX: the plan keeps its
- * description), then rejoined as a kept plan (a staying rank's cost),
+ * one that replaces ranks (the newcomer's cost on UCX: the creation is
+ * recorded, plan/transcript.c), then rejoined as a kept plan (a staying
+ * rank's cost: the transcript replayed), with --topology's preset if any,
  * reps times, in thread CPU time; prints the medians. Returns 1 on a
  * failure. */
+static const char *rejoin_topology; /* --topology */
+
 static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks, int reps) {
   double ms[3][64];
   if (reps > 64) reps = 64;
@@ -196,6 +203,7 @@ static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst,
     reshard_comm_t *comm = NULL, *plain = NULL;
     reshard_plan_t *plan = NULL, *p0 = NULL;
     reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+    opts.topology = rejoin_topology; /* relay -1: both candidates, and spreading where wanted */
     reshard_result_t r = bench_fake_comm_create(rank, nranks, &plain);
     if (!r) r = bench_fake_comm_create_replacing(rank, nranks, &comm);
     double t0 = cpu_ms();
@@ -291,7 +299,8 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin]\n"
+          "usage: %s [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin\n"
+          "       [--topology NAME]]\n"
           "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
           "  b: 1T MoE (Kimi-K2), megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
           "  c: Kimi-K2 per-expert, fp8 + block scales (139583 tensors), megatron tp8 pp16 dp8\n"
@@ -299,7 +308,8 @@ static void usage(const char *argv0) {
           "  d: c colocated (both sides on the same 1024 ranks)\n"
           "  e: DeepSeek-V3, megatron tp1 pp4 dp32 ep16 (128) -> vllm tp8 dp16 (128), no topology\n"
           "  --rejoin: per rank also the newcomer's plan creation as on UCX and a kept plan's\n"
-          "     reshard_plan_rejoin (issue 46: a replica's join)\n"
+          "     reshard_plan_rejoin (issue 46: a replica's join); --topology NAME: those with a\n"
+          "     topology preset (e.g. gb200-nvl72: relay -1 builds two candidates)\n"
           "  geometries from the shipped configs (default directory: the source tree's configs/)\n"
           "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"
           "  median wall time, plan_min the fastest; targets are judged on cpu_ms (wall\n"
@@ -332,6 +342,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--rejoin")) {
       rejoin_too = 1;
+    } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
+      rejoin_topology = argv[++i];
     } else if (!strcmp(argv[i], "--config-dir") && i + 1 < argc) {
       config_dir = argv[++i];
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {

@@ -819,5 +819,7 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
     return r;
   }
   (*out)->transcript = t;
+  RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: creation recorded for a rejoin: %zu collectives, %zu words, %u plans",
+         comm->rank, t->n, t->nwords, t->plans);
   return RESHARD_SUCCESS;
 }
