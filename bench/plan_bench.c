@@ -66,9 +66,9 @@ static const scenario scenarios[] = {
     {"d", "1T MoE (Kimi-K2) per-expert fp8 + block scales, colocated  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep1024",
      "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64,etp=1,first=1", "tp=8,dp=128,ep=1024", 1, 1000.0, 256.0, 1, 1},
     /* The panel's first row (scripts/panel.sh) without its topology (a
-     * UCX job gives none: the plan is direct, one creation step, which
-     * reshard_plan_rejoin keeps); 256 ranks. Target: issue 46's join in
-     * under 1 s of planning. */
+     * UCX job gives none unless asked: --rejoin --topology gb200-nvl72
+     * plans the join with the panel's); 256 ranks. Target: issue 46's
+     * join in under 1 s of planning. */
     {"e", "DeepSeek-V3 671B  megatron tp1 pp4 dp32 ep16 -> vllm tp8 dp16 (no topology)", "DeepSeek-V3.json",
      "tp=1,pp=4,dp=32,ep=16,first=16", "tp=8,dp=16", 0, 1000.0, 256.0, 0, 0},
 };
@@ -223,7 +223,7 @@ static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst,
     ms[0][i] = t1 - t0, ms[1][i] = t2 - t1, ms[2][i] = t3 - t2;
   }
   for (int k = 0; k < 3; k++) qsort(ms[k], (size_t)reps, sizeof ms[k][0], cmp_double);
-  printf("%6d  join (CPU ms, medians of %d): plan_create %.2f, as on UCX (description kept) %.2f, a kept plan's "
+  printf("%6d  join (CPU ms, medians of %d): plan_create %.2f, as on UCX (recorded) %.2f, a kept plan's "
          "plan_rejoin %.3f\n", rank, reps, ms[0][reps / 2], ms[1][reps / 2], ms[2][reps / 2]);
   return 0;
 }
