@@ -13,7 +13,7 @@ reshard_result_t bench_fake_comm_create(int rank, int size,
                                         reshard_comm_t **comm);
 
 /* The same, playing a transport that replaces ranks (as UCX does): plans
- * keep their description for a rejoin, as on UCX, and bench_fake_comm_
+ * record their creation for a rejoin, as on UCX, and bench_fake_comm_
  * rejoined makes the communicator count one rank replaced, so that
  * reshard_plan_rejoin runs on a plan made before (every agreement is this
  * rank's own words: the kept plan's local work, no network). */

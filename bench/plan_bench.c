@@ -17,12 +17,16 @@
  *
  * --rejoin (issue 46): per rank, the planning cost of a replica's join
  * with kept plans: the newcomer's reshard_plan_create on a communicator
- * that replaces ranks (as UCX: the plan keeps its description for a
- * rejoin) and a staying rank's reshard_plan_rejoin of that plan (the
- * kept side's local work; the fake allreduce costs nothing, so the
- * agreements' network latency is not in it). Medians of N.
+ * that replaces ranks (as UCX: the creation's collectives are recorded
+ * for a rejoin) and a staying rank's reshard_plan_rejoin of that plan
+ * (the kept side's local work, the transcript replayed; the fake
+ * allreduce costs nothing, so the agreements' network latency is not in
+ * it). --topology NAME plans these with a topology preset (relay -1: a
+ * direct and a relay candidate, and spreading where the cost model
+ * wants it), as a deployment does. Medians of N.
  *
- *   plan_bench [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin]
+ *   plan_bench [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin
+ *              [--topology NAME]]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -62,9 +66,9 @@ static const scenario scenarios[] = {
     {"d", "1T MoE (Kimi-K2) per-expert fp8 + block scales, colocated  megatron tp8 pp16 dp8 ep64 -> vllm tp8 dp128 ep1024",
      "Kimi-K2-Instruct.json", "tp=8,pp=16,dp=8,ep=64,etp=1,first=1", "tp=8,dp=128,ep=1024", 1, 1000.0, 256.0, 1, 1},
     /* The panel's first row (scripts/panel.sh) without its topology (a
-     * UCX job gives none: the plan is direct, one creation step, which
-     * reshard_plan_rejoin keeps); 256 ranks. Target: issue 46's join in
-     * under 1 s of planning. */
+     * UCX job gives none unless asked: --rejoin --topology gb200-nvl72
+     * plans the join with the panel's); 256 ranks. Target: issue 46's
+     * join in under 1 s of planning. */
     {"e", "DeepSeek-V3 671B  megatron tp1 pp4 dp32 ep16 -> vllm tp8 dp16 (no topology)", "DeepSeek-V3.json",
      "tp=1,pp=4,dp=32,ep=16,first=16", "tp=8,dp=16", 0, 1000.0, 256.0, 0, 0},
 };
@@ -185,10 +189,13 @@ static void time_reps(const reshard_layout_t *src, const reshard_layout_t *dst, 
 }
 
 /* --rejoin: rank's plan created on a plain fake communicator, then on
- * one that replaces ranks (the newcomer's cost on UCX: the plan keeps its
- * description), then rejoined as a kept plan (a staying rank's cost),
+ * one that replaces ranks (the newcomer's cost on UCX: the creation is
+ * recorded, plan/transcript.c), then rejoined as a kept plan (a staying
+ * rank's cost: the transcript replayed), with --topology's preset if any,
  * reps times, in thread CPU time; prints the medians. Returns 1 on a
  * failure. */
+static const char *rejoin_topology; /* --topology */
+
 static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst, int rank, int nranks, int reps) {
   double ms[3][64];
   if (reps > 64) reps = 64;
@@ -196,6 +203,7 @@ static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst,
     reshard_comm_t *comm = NULL, *plain = NULL;
     reshard_plan_t *plan = NULL, *p0 = NULL;
     reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+    opts.topology = rejoin_topology; /* relay -1: both candidates, and spreading where wanted */
     reshard_result_t r = bench_fake_comm_create(rank, nranks, &plain);
     if (!r) r = bench_fake_comm_create_replacing(rank, nranks, &comm);
     double t0 = cpu_ms();
@@ -215,7 +223,7 @@ static int rejoin_rank(const reshard_layout_t *src, const reshard_layout_t *dst,
     ms[0][i] = t1 - t0, ms[1][i] = t2 - t1, ms[2][i] = t3 - t2;
   }
   for (int k = 0; k < 3; k++) qsort(ms[k], (size_t)reps, sizeof ms[k][0], cmp_double);
-  printf("%6d  join (CPU ms, medians of %d): plan_create %.2f, as on UCX (description kept) %.2f, a kept plan's "
+  printf("%6d  join (CPU ms, medians of %d): plan_create %.2f, as on UCX (recorded) %.2f, a kept plan's "
          "plan_rejoin %.3f\n", rank, reps, ms[0][reps / 2], ms[1][reps / 2], ms[2][reps / 2]);
   return 0;
 }
@@ -291,7 +299,8 @@ static int run_scenario(const scenario *s, const int *ranks_req, int nranks_req,
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin]\n"
+          "usage: %s [--scenario a|b|c|d|e|all] [--rank R[,R...]|all] [--reps N] [--config-dir DIR] [--rejoin\n"
+          "       [--topology NAME]]\n"
           "  a: Llama-3-70B, megatron tp8 pp4 dp2 (64) -> vllm tp8 dp8 (64)\n"
           "  b: 1T MoE (Kimi-K2), megatron tp2 pp8 dp16 ep32 (256) -> vllm tp8 dp16 ep128 (128)\n"
           "  c: Kimi-K2 per-expert, fp8 + block scales (139583 tensors), megatron tp8 pp16 dp8\n"
@@ -299,7 +308,8 @@ static void usage(const char *argv0) {
           "  d: c colocated (both sides on the same 1024 ranks)\n"
           "  e: DeepSeek-V3, megatron tp1 pp4 dp32 ep16 (128) -> vllm tp8 dp16 (128), no topology\n"
           "  --rejoin: per rank also the newcomer's plan creation as on UCX and a kept plan's\n"
-          "     reshard_plan_rejoin (issue 46: a replica's join)\n"
+          "     reshard_plan_rejoin (issue 46: a replica's join); --topology NAME: those with a\n"
+          "     topology preset (e.g. gb200-nvl72: relay -1 builds two candidates)\n"
           "  geometries from the shipped configs (default directory: the source tree's configs/)\n"
           "  cpu_ms is the median CPU time of N plan creations (default 5), plan_ms their\n"
           "  median wall time, plan_min the fastest; targets are judged on cpu_ms (wall\n"
@@ -332,6 +342,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--rejoin")) {
       rejoin_too = 1;
+    } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
+      rejoin_topology = argv[++i];
     } else if (!strcmp(argv[i], "--config-dir") && i + 1 < argc) {
       config_dir = argv[++i];
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {

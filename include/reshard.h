@@ -813,10 +813,14 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * reshard_plan_create with the same layouts and options; kept plans are
  * rejoined in the order the newcomer creates them (and every staying rank
  * rejoins the same plans in the same order). Nothing is planned again
- * here: the kept plan takes part in the newcomer's creation with the
- * words its own creation agreed, so the newcomer's plan gets the same
- * chunk, phases, pace and message tags, and starts at the kept plans'
- * execute count and version. Collective over every rank; the plan's
+ * here: the kept plan takes part in the newcomer's creation by replaying
+ * the collectives its own creation ran (recorded at creation on a
+ * communicator that replaces ranks), each with the words it contributed
+ * then, so the newcomer's creation takes the same branches (relay -1's
+ * choice, spreading, the pre-plans of spreading and fp8 block
+ * quantization: any plan can be kept) and its plan gets the same chunk,
+ * phases, pace and message tags, and starts at the kept plans' (and
+ * their pre-plans') execute count and version. Collective over every rank; the plan's
  * timeout bounds every wait. On success a failure the replaced rank's
  * death left (REMOTE, TIMEOUT, ...) is cleared, a version in doubt is
  * rolled forward if any rank committed it and dropped otherwise (with
@@ -826,11 +830,10 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * until its first execute commits: its buffers hold nothing yet.
  * Failures change nothing of the plan: RESHARD_ERROR_MISMATCH when the
  * newcomer passed other layouts or options (naming the rank and what
- * differs, on every rank; its creation fails alike), REMOTE when the
- * newcomer failed, TIMEOUT; UNSUPPORTED (every rank) for a plan made of
- * more than one creation step (relay -1 with a topology, source-side
- * spreading, fp8 block quantization): destroy and create those again.
- * Refused at once, nothing done: INVALID_ARGUMENT for NULL or a plan whose
+ * differs, on every rank; its creation fails alike) or would plan them
+ * otherwise (another build or RESHARD_* setting: a collective reduced
+ * other words than at creation; every rank, the newcomer by its next
+ * agreement), REMOTE when the newcomer failed, TIMEOUT. Refused at once, nothing done: INVALID_ARGUMENT for NULL or a plan whose
  * communicator replaces no ranks (not UCX); INVALID_USAGE when no rejoin
  * happened since the plan was made, when it was rejoined already for the
  * latest rejoin, when more than one rejoin passed since, or while another

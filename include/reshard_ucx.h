@@ -70,12 +70,12 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
  * staying ranks keep their plans: each calls reshard_plan_rejoin (in
  * reshard.h) on every plan it keeps, in the order in which the newcomer
  * calls reshard_plan_create for the same layouts and options; the kept
- * plan plans nothing again, takes part in the newcomer's creation with
- * the words its own creation agreed, and its failure is cleared, so the
- * next version works on every rank. Or they destroy their plans and
- * every rank (newcomer included) creates them again, as at first. A plan
- * of several creation steps (relay -1 with a topology, source-side
- * spreading, fp8 block quantization) cannot be kept. Not thread-safe
+ * plan plans nothing again, replays the collectives its own creation ran
+ * (recorded then: any plan, relay -1 with a topology, spreading and fp8
+ * block quantization included) with the words it contributed, and its
+ * failure is cleared, so the next version works on every rank. Or they
+ * destroy their plans and every rank (newcomer included) creates them
+ * again, as at first. Not thread-safe
  * with other calls on the same communicator: no plan of it may run
  * during the rejoin. The replaced process must be gone (or never touch
  * its communicator again). */

@@ -497,14 +497,15 @@ class Plan(Node):
         """reshard_plan_rejoin: on a staying rank, after
         ``Comm.ucx_rejoin``, keeps this plan: it takes part in the
         newcomer's ``Plan.create`` of the same layouts and options (call
-        it for the kept plans in the order the newcomer creates them),
-        clears the failure the replaced rank's death left and lines its
-        execute count and version up with the newcomer's plan, without
-        planning again. Collective. Raises MismatchError (the newcomer's
-        layouts or options differ; nothing changed), InvalidUsageError (no
-        rejoin since creation, or rejoined already), InvalidArgumentError
-        (not a UCX communicator), UnsupportedError (a plan of several
-        creation steps)."""
+        it for the kept plans in the order the newcomer creates them) by
+        replaying its own creation's collectives (any plan: a topology
+        with relay -1, spreading and fp8 blocks included), clears the
+        failure the replaced rank's death left and lines its execute
+        count and version up with the newcomer's plan, without planning
+        again. Collective. Raises MismatchError (the newcomer's layouts
+        or options differ, or its plan would; nothing changed),
+        InvalidUsageError (no rejoin since creation, or rejoined
+        already), InvalidArgumentError (not a UCX communicator)."""
         check(lib.reshard_plan_rejoin(self.handle))
 
     def stats(self):

@@ -1,11 +1,14 @@
 /* reshard_plan_rejoin's front door: the refusals that need no peer, the
  * plan's busy flag, the kept plan's side of the newcomer's creation
  * (plan/rejoin.c), then the agreed counters and the cleared failure
- * (exec/state.c), applied only once every collective passed. */
+ * (exec/state.c) of the plan and its pre-plans, applied only once every
+ * collective passed. */
 #include "api/front.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
 #include "plan/planner.h"
+#include "plan/quant.h"
+#include "plan/spread.h"
 #include "transport/transport.h"
 
 static reshard_result_t refuse_at_once(const reshard_plan_t *p) {
@@ -19,6 +22,9 @@ static reshard_result_t refuse_at_once(const reshard_plan_t *p) {
   if (c->rejoins == p->rejoins)
     return rs_error(RESHARD_ERROR_INVALID_USAGE, "plan_rejoin rank %d: no rejoin happened since this plan was "
                     "created (the communicator's rejoins: %u); nothing to do", p->rank, c->rejoins);
+  if (!p->transcript) /* (every plan made on such a communicator has one) */
+    return rs_error(RESHARD_ERROR_INTERNAL, "plan_rejoin rank %d: the plan kept no transcript of its creation",
+                    p->rank);
   if (c->rejoins > p->rejoins + 1)
     return rs_error(RESHARD_ERROR_INVALID_USAGE, "plan_rejoin rank %d: %u rejoins passed since this plan was last "
                     "current; only one can be caught up with (destroy it and create it again)", p->rank,
@@ -26,24 +32,31 @@ static reshard_result_t refuse_at_once(const reshard_plan_t *p) {
   return RESHARD_SUCCESS;
 }
 
+/* The plans a kept plan runs: itself and its pre-plans (spreading's,
+ * quantization's gathering), each with its own execute count, versions
+ * and message tags, which the newcomer's plans take over. */
+static int live_plans(reshard_plan_t *p, reshard_plan_t **live) {
+  int n = 0;
+  live[n++] = p;
+  if (p->spread && p->spread->pre) live[n++] = p->spread->pre;
+  if (p->quant && p->quant->pre) live[n++] = p->quant->pre;
+  return n;
+}
+
 reshard_result_t reshard_plan_rejoin(reshard_plan_t *p) {
   rs_error_clear();
   if (!p) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_rejoin: plan is NULL");
   RS_CHECK(refuse_at_once(p));
   RS_CHECK(rs_api_enter(p, "plan_rejoin"));
-  /* a plan of several creation steps: every rank is told, the newcomer's
-   * creation too (it fails at its first agreement) */
-  reshard_result_t local =
-      p->rejoinable ? RESHARD_SUCCESS
-                    : rs_error(RESHARD_ERROR_UNSUPPORTED, "plan_rejoin rank %d: this plan was made in several "
-                               "creation steps (relay -1 with a topology, source-side spreading or fp8 block "
-                               "quantization), which a rejoin does not mirror: destroy it and create it again on "
-                               "every rank", p->rank);
-  uint64_t agreed[3] = {0, 0, 0};
-  reshard_result_t r = rs_plan_rejoin_agree(p, local, agreed);
+  reshard_plan_t *live[3];
+  const int nlive = live_plans(p, live);
+  uint64_t agreed[3][3] = {{0}};
+  reshard_result_t r = rs_plan_rejoin_agree(p, live, nlive, agreed);
   if (!r) {
-    rs_plan_rejoin_state(p, agreed);
-    p->rejoins = p->comm->rejoins;
+    for (int k = 0; k < nlive; k++) {
+      rs_plan_rejoin_state(live[k], agreed[k]);
+      live[k]->rejoins = p->comm->rejoins;
+    }
     p->rejoined = 1;
   }
   rs_api_leave(p);

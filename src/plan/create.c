@@ -512,6 +512,7 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
   char prior_msg[768] = "";
   if (prior) snprintf(prior_msg, sizeof prior_msg, "%s", reshard_last_error());
   uint32_t plan_seq = comm->plans_created++;
+  rs_transcript_count_plan(comm);
   build_ctx c;
   memset(&c, 0, sizeof c);
   reshard_plan_t *p = rs_calloc(1, sizeof *p);
@@ -566,11 +567,6 @@ static reshard_result_t plan_create_one(reshard_comm_t *comm, const rs_executor 
     r = rs_create_agree_outcome(comm, p, ex->prepare_peers(p), "connecting its plan's peers");
     if (r) goto fail;
   }
-  if (comm->ops->replaces_ranks) { /* to name a newcomer's mismatch if it is kept (plan/rejoin.c) */
-    uint64_t hdr[7];
-    rs_creation_digest(p, src, dst, p->digest, hdr);
-    p->desc = rs_desc_keep(src, dst, hdr);
-  }
   build_ctx_free(&c);
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: plan with %zu sends, %zu receives, %zu local copies, %d rounds, chunk %zu",
          p->rank, p->nsends, p->nrecvs, p->nlocal_copies, p->nrounds, p->chunk_bytes);
@@ -593,7 +589,6 @@ static reshard_result_t create_plain(reshard_comm_t *comm, const rs_executor *ex
   reshard_plan_t *direct = NULL, *relay = NULL;
   RS_CHECK(plan_create_one(comm, ex, src, dst, options, RELAY_FROM_OPTIONS, prior, internal, out ? &direct : NULL));
   if (!auto_relay(direct)) {
-    direct->rejoinable = 1; /* one creation step: what reshard_plan_rejoin mirrors */
     *out = direct;
     return RESHARD_SUCCESS;
   }
@@ -656,7 +651,6 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
     *out = p0;
     return RESHARD_SUCCESS;
   }
-  p0->rejoinable = 0; /* the collectives of spreading follow, which a rejoin does not mirror */
   const int N = comm->size, me = comm->rank;
   uint64_t *w = rs_calloc(2 * (size_t)N + 1, sizeof *w);
   reshard_result_t local =
@@ -679,8 +673,10 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   uint64_t verdict[2 + RS_BLAME_WORDS] = {local ? 2 : sl.src ? 1 : 0, (uint64_t)local};
   rs_blame_put(verdict + 2, me, local ? msg : NULL, rs_blame_first_cause(local));
   if (!r)
-    r = comm->ops->allreduce_max_u64(comm, verdict, 2 + RS_BLAME_WORDS, rs_deadline_after_ms(p0->opts.timeout_ms));
-  if (!r && (failed || verdict[0] == 2))
+    r = rs_create_reduce(comm, verdict, 2 + RS_BLAME_WORDS, rs_deadline_after_ms(p0->opts.timeout_ms), 1, 2);
+  /* (a result code alone fails too: how a kept plan's rejoin carries its
+   * finding, plan/rejoin.c) */
+  if (!r && (failed || verdict[0] == 2 || verdict[1]))
     r = local ? rs_error(local, "%s", msg)
               : rs_create_another_failed(comm, verdict[1], verdict + 2, "spreading its sources");
   reshard_plan_t *pre = NULL, *main_plan = NULL;
@@ -720,7 +716,7 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
     char why[640] = "";
     if (lr) snprintf(why, sizeof why, "%s", reshard_last_error());
     uint64_t short_of = lr != RESHARD_SUCCESS;
-    r = comm->ops->allreduce_max_u64(comm, &short_of, 1, rs_deadline_after_ms(p0->opts.timeout_ms));
+    r = rs_create_reduce(comm, &short_of, 1, rs_deadline_after_ms(p0->opts.timeout_ms), -1, 0);
     if (!r && short_of) {
       keep = 0;
       if (lr)
@@ -744,7 +740,6 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   }
   reshard_plan_destroy(p0);
   rs_plan_add_pre_stats(main_plan, pre);
-  main_plan->rejoinable = 0;
   sp->pre = pre;
   main_plan->spread = sp;
   /* (the device executor's: plan.h) */
@@ -755,11 +750,9 @@ static reshard_result_t create_spread(reshard_comm_t *comm, const rs_executor *e
   return RESHARD_SUCCESS;
 }
 
-reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
-                                const reshard_layout_t *dst, const reshard_options_t *options, reshard_plan_t **out) {
-  rs_error_clear();
-  if (out) *out = NULL;
-  if (!comm || !out) return create_plain(comm, ex, src, dst, options, RESHARD_SUCCESS, 0, out); /* which says why */
+static reshard_result_t create_quant(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
+                                     const reshard_layout_t *dst, const reshard_options_t *options,
+                                     reshard_plan_t **out) {
   /* Block quantization: a main plan over rewritten layouts and, for
    * blocks no source rank holds whole, a pre-plan gathering them. Both
    * creations are collective; whatever fails on this rank before them
@@ -795,7 +788,6 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
     return r;
   }
   if (pre) rs_plan_add_pre_stats(main_plan, pre);
-  main_plan->rejoinable = 0;
   quant->pre = pre;
   main_plan->quant = quant;
   /* The device executor's stages (plan.h): the codes are made by the
@@ -810,5 +802,42 @@ reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, con
     pre->stuck_out[0] = &quant->dev_stuck;
   }
   *out = main_plan;
+  return RESHARD_SUCCESS;
+}
+
+/* On a communicator that replaces ranks (UCX), the creation's collectives
+ * are recorded (plan/transcript.c), so that a staying rank can keep the
+ * plan across a replacement by replaying them (reshard_plan_rejoin), and
+ * a last agreement follows, so that every rank learns whether any could
+ * not record (memory) or, in a newcomer's creation, whether a staying
+ * rank's replay found that the newcomer's plan would differ. */
+reshard_result_t rs_plan_create(reshard_comm_t *comm, const rs_executor *ex, const reshard_layout_t *src,
+                                const reshard_layout_t *dst, const reshard_options_t *options, reshard_plan_t **out) {
+  rs_error_clear();
+  if (out) *out = NULL;
+  if (!comm || !out) return create_plain(comm, ex, src, dst, options, RESHARD_SUCCESS, 0, out); /* which says why */
+  if (!comm->ops->replaces_ranks) return create_quant(comm, ex, src, dst, options, out);
+  rs_transcript *t = rs_calloc(1, sizeof *t);
+  rs_transcript_begin(comm, t);
+  reshard_result_t r = create_quant(comm, ex, src, dst, options, out);
+  rs_transcript_end();
+  if (r) {
+    rs_transcript_free(t);
+    return r;
+  }
+  reshard_result_t local = t && !t->broken ? RESHARD_SUCCESS
+                                           : rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "plan_create rank %d: out of "
+                                                      "memory recording the creation (for reshard_plan_rejoin)",
+                                                      comm->rank);
+  r = rs_create_agree_outcome(comm, *out, local, "keeping its plan for a rejoin");
+  if (r) {
+    rs_transcript_free(t);
+    reshard_plan_destroy(*out);
+    *out = NULL;
+    return r;
+  }
+  (*out)->transcript = t;
+  RS_LOG(RS_LOG_INFO, RS_SUBSYS_PLAN, "rank %d: creation recorded for a rejoin: %zu collectives, %zu words, %u plans",
+         comm->rank, t->n, t->nwords, t->plans);
   return RESHARD_SUCCESS;
 }

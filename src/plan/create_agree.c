@@ -28,7 +28,9 @@
  * last version (0 in a creation), which the newcomer's plan starts from;
  * AGREE_COMMITTED their committed versions (a kept plan in doubt learns
  * whether another committed). The rs_rejoin_agree_* functions are the
- * kept plan's side of these agreements. */
+ * kept plan's side of the first agreement, replayed (plan/rejoin.c).
+ * Every creation collective goes through rs_create_reduce, which records
+ * it where the communicator replaces ranks (plan/transcript.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -102,7 +104,7 @@ reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const 
   if (!local && p) v[AGREE_SEQ] = ~(uint64_t)p->seq;
   rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
   int64_t timeout = p ? p->opts.timeout_ms : 60000;
-  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, AGREE_N, rs_deadline_after_ms(timeout));
+  reshard_result_t r = rs_create_reduce(comm, v, AGREE_N, rs_deadline_after_ms(timeout), AGREE_ERROR, AGREE_BLAME);
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("plan_create rank %d: agreement failed: ", comm->rank);
     return r;
@@ -139,6 +141,7 @@ reshard_result_t rs_create_agree(reshard_comm_t *comm, reshard_plan_t *p, const 
   p->phases = rs_phases_choose(p->phase_est, &p->wide_bytes);
   p->pace = rs_pace_choose(p->pace_cand, p->wide_bytes);
   p->seq = (uint32_t)~v[AGREE_SEQ];
+  p->agree_entry = rs_transcript_mark_agree(comm, src, dst, hdr); /* (the description: to name a mismatch) */
   p->exec_calls = v[AGREE_CALLS];
   p->last_version = v[AGREE_VERSION];
   if (rs_plan_force.set_phases) {
@@ -223,7 +226,8 @@ reshard_result_t rs_create_agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, 
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : ~limit, local ? 0 : too_big};
   rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL, rs_blame_first_cause(local));
-  reshard_result_t r = comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms));
+  reshard_result_t r =
+      rs_create_reduce(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms), CHUNK_ERROR, CHUNK_BLAME);
   if (local) return rs_error(local, "%s", msg);
   if (r != RESHARD_SUCCESS) {
     rs_error_prefix("plan_create rank %d: agreement on the chunk failed: ", comm->rank);
@@ -231,9 +235,6 @@ reshard_result_t rs_create_agree_chunk(reshard_comm_t *comm, reshard_plan_t *p, 
   }
   if (v[CHUNK_ERROR]) return rs_create_another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
   *out = chunk_of(p, v);
-  p->chunk_vote[0] = v[CHUNK_LIMIT];
-  p->chunk_vote[1] = v[CHUNK_TOO_BIG];
-  p->chunk_vote[2] = *out;
   return RESHARD_SUCCESS;
 }
 
@@ -247,7 +248,7 @@ reshard_result_t rs_create_agree_outcome(reshard_comm_t *comm, const reshard_pla
   snprintf(msg, sizeof msg, "%s", reshard_last_error());
   uint64_t e[1 + RS_BLAME_WORDS] = {(uint64_t)r};
   rs_blame_put(e + 1, comm->rank, r ? msg : NULL, rs_blame_first_cause(r));
-  reshard_result_t r2 = comm->ops->allreduce_max_u64(comm, e, 1 + RS_BLAME_WORDS, rs_deadline_after_ms(p->opts.timeout_ms));
+  reshard_result_t r2 = rs_create_reduce(comm, e, 1 + RS_BLAME_WORDS, rs_deadline_after_ms(p->opts.timeout_ms), 0, 1);
   if (r != RESHARD_SUCCESS) return rs_error(r, "%s", msg);
   if (r2 != RESHARD_SUCCESS) return r2;
   if (e[0]) return rs_create_another_failed(comm, e[0], e + 1, what);
@@ -277,7 +278,7 @@ reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_
     const uint64_t val[3] = {holds ? egress + 1 : 0, held, (uint64_t)(*local != RESHARD_SUCCESS)};
     for (int j = 0; j < 3; j++)
       if (mine[j] >= at && mine[j] < at + k) v[mine[j] - at] = val[j];
-    RS_CHECK(comm->ops->allreduce_max_u64(comm, v, (int)k, deadline));
+    RS_CHECK(rs_create_reduce(comm, v, (int)k, deadline, -1, 0)); /* (the verdict after it carries failures) */
     if (w) memcpy(w + at, v, k * sizeof *v);
     if (2 * (size_t)N >= at && 2 * (size_t)N < at + k && v[2 * (size_t)N - at]) *any = 1;
   }
@@ -286,87 +287,58 @@ reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_
 
 /* ---- the kept plan's side (reshard_plan_rejoin, plan/rejoin.c) ---- */
 
-/* The first agreement as the kept plan's creation reduced it: its digest,
- * spread, phase estimates and pace (the maxima, in which the replaced
- * rank's words were: a newcomer planning the same plan brings the same
- * words, so the maxima stand), its number, call count and versions.
- * *agreed (on success): the maxima of calls, last version, committed
- * version. *newcomer_knows: whether the failure returned is known to
- * every rank (the reduction's), or is this rank's finding alone (the
- * newcomer's words would change the kept plan), which the caller must
- * carry into the next agreement. */
-reshard_result_t rs_rejoin_agree(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
-                                 uint64_t agreed[3], int *newcomer_knows) {
-  char local_msg[1024] = "";
-  if (local) snprintf(local_msg, sizeof local_msg, "%s", reshard_last_error());
-  uint64_t v[AGREE_N] = {p->digest, ~p->digest, (uint64_t)local, local ? 0 : (uint64_t)p->spread_rounds};
-  *newcomer_knows = 1;
-  for (int k = 0; k < RS_PHASE_CANDIDATES && !local; k++) v[AGREE_PHASE_EST + k] = p->phase_est[k];
-  for (int k = 0; k < RS_WIDE_CANDIDATES && !local; k++) {
-    v[AGREE_PACE + 2 * k] = p->pace_cand[k].narrow;
-    v[AGREE_PACE + 2 * k + 1] = p->pace_cand[k].wide;
-  }
-  if (!local) {
-    v[AGREE_PACE_INSIDE] = p->pace_cand[0].inside;
-    v[AGREE_SEQ] = ~(uint64_t)p->seq;
-    v[AGREE_CALLS] = __atomic_load_n(&p->exec_calls, __ATOMIC_ACQUIRE);
-    v[AGREE_VERSION] = __atomic_load_n(&p->last_version, __ATOMIC_ACQUIRE);
-    v[AGREE_COMMITTED] = __atomic_load_n(&p->committed_version, __ATOMIC_ACQUIRE);
-  }
-  rs_blame_put(v + AGREE_BLAME, comm->rank, local ? local_msg : NULL, rs_blame_first_cause(local));
-  const int64_t deadline = rs_deadline_after_ms(p->opts.timeout_ms);
-  RS_CHECK(comm->ops->allreduce_max_u64(comm, v, AGREE_N, deadline));
-  if (local) return rs_error(local, "%s", local_msg);
-  if (v[AGREE_ERROR]) return rs_create_another_failed(comm, v[AGREE_ERROR], v + AGREE_BLAME, "");
-  if (v[AGREE_DIGEST] != p->digest || ~v[AGREE_NOT_DIGEST] != p->digest) {
+/* The words a kept plan's replayed first agreement carries apart from its
+ * creation's: the execute count and versions, which the newcomer's plan
+ * starts from (0 for a candidate the creation discarded, as then). */
+void rs_rejoin_agree_fill(uint64_t *v, const reshard_plan_t *live) {
+  v[AGREE_CALLS] = live ? __atomic_load_n(&live->exec_calls, __ATOMIC_ACQUIRE) : 0;
+  v[AGREE_VERSION] = live ? __atomic_load_n(&live->last_version, __ATOMIC_ACQUIRE) : 0;
+  v[AGREE_COMMITTED] = live ? __atomic_load_n(&live->committed_version, __ATOMIC_ACQUIRE) : 0;
+}
+
+/* What a word of the first agreement is, for a message. */
+static const char *agree_word(int k) {
+  if (k == AGREE_SPREAD) return "spread rounds";
+  if (k >= AGREE_PHASE_EST && k < AGREE_PACE) return "phase estimates";
+  if (k >= AGREE_PACE && k <= AGREE_PACE_INSIDE) return "pace";
+  if (k == AGREE_SEQ) return "plan number";
+  return "agreement words";
+}
+
+/* A replayed first agreement: the reduced words `got` (with the
+ * newcomer's) against those its creation reduced (`want`), `mine` this
+ * rank's. The digests differ: the newcomer passed other layouts or
+ * options, which it sees too, so every rank names it (rs_explain_mismatch,
+ * with the kept description) and fails with MISMATCH here. Another word
+ * differs: the newcomer's plan would differ (a different build or
+ * environment) and only the staying ranks see it: *differs says what,
+ * for the caller to carry into the next agreement. Else agreed = the
+ * maxima of the execute count and versions. */
+reshard_result_t rs_rejoin_agree_check(reshard_comm_t *comm, const uint64_t *mine, const uint64_t *got,
+                                       const uint64_t *want, const rs_desc *desc, int64_t timeout_ms,
+                                       uint64_t agreed[3], char *differs, size_t len) {
+  const uint64_t digest = mine[AGREE_DIGEST];
+  differs[0] = 0;
+  if (got[AGREE_DIGEST] != want[AGREE_DIGEST] || got[AGREE_NOT_DIGEST] != want[AGREE_NOT_DIGEST]) {
     char why[512] = "";
-    if (!p->desc) snprintf(why, sizeof why, "this plan kept no description to narrow it down with");
-    else if (rs_explain_mismatch(comm, p->desc, p->digest, deadline, why, sizeof why))
+    if (!desc) snprintf(why, sizeof why, "this plan kept no description to narrow it down with");
+    else if (rs_explain_mismatch(comm, desc, digest, rs_deadline_after_ms(timeout_ms), why, sizeof why))
       snprintf(why, sizeof why, "narrowing it down failed: %s", reshard_last_error());
     return rs_error(RESHARD_ERROR_MISMATCH,
                     "plan_rejoin rank %d: the newcomer's plan_create passed other layouts or options than this "
                     "kept plan's: %s (digest %016llx, others range %016llx..%016llx)", comm->rank, why,
-                    (unsigned long long)p->digest, (unsigned long long)~v[AGREE_NOT_DIGEST],
-                    (unsigned long long)v[AGREE_DIGEST]);
+                    (unsigned long long)digest, (unsigned long long)~got[AGREE_NOT_DIGEST],
+                    (unsigned long long)got[AGREE_DIGEST]);
   }
-  *newcomer_knows = 0;
-  const char *field = v[AGREE_SPREAD] != (uint64_t)p->spread_rounds ? "spread rounds"
-                      : memcmp(&v[AGREE_PHASE_EST], p->phase_est, sizeof p->phase_est) ? "phase estimates"
-                      : ~v[AGREE_SEQ] != p->seq ? "plan number"
-                      : NULL;
-  for (int k = 0; k < RS_WIDE_CANDIDATES && !field; k++)
-    if (v[AGREE_PACE + 2 * k] != p->pace_cand[k].narrow || v[AGREE_PACE + 2 * k + 1] != p->pace_cand[k].wide ||
-        v[AGREE_PACE_INSIDE] != p->pace_cand[k].inside)
-      field = "pace";
-  if (field)
-    return rs_error(RESHARD_ERROR_MISMATCH, "plan_rejoin rank %d: the newcomer's plan of the same layouts would "
-                    "differ from this kept plan in its %s (a different build or environment, e.g. RESHARD_* "
-                    "settings?)", comm->rank, field);
-  agreed[0] = v[AGREE_CALLS];
-  agreed[1] = v[AGREE_VERSION];
-  agreed[2] = v[AGREE_COMMITTED];
-  return RESHARD_SUCCESS;
-}
-
-/* The chunk agreement as the kept plan's creation reduced it; `local`: a
- * failure to carry (this rank's, from the first agreement). MISMATCH
- * when the newcomer's words change the chunk (this rank's finding alone:
- * *newcomer_knows 0, carry it into the next agreement). */
-reshard_result_t rs_rejoin_agree_chunk(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
-                                       int *newcomer_knows) {
-  char msg[1024] = "";
-  if (local) snprintf(msg, sizeof msg, "%s", reshard_last_error());
-  uint64_t v[CHUNK_N] = {(uint64_t)local, local ? 0 : p->chunk_vote[0], local ? 0 : p->chunk_vote[1]};
-  rs_blame_put(v + CHUNK_BLAME, comm->rank, local ? msg : NULL, rs_blame_first_cause(local));
-  *newcomer_knows = 1;
-  RS_CHECK(comm->ops->allreduce_max_u64(comm, v, CHUNK_N, rs_deadline_after_ms(p->opts.timeout_ms)));
-  if (local) return rs_error(local, "%s", msg);
-  if (v[CHUNK_ERROR]) return rs_create_another_failed(comm, v[CHUNK_ERROR], v + CHUNK_BLAME, "sizing its chunk");
-  const size_t chunk = chunk_of(p, v);
-  *newcomer_knows = 0;
-  if (chunk != p->chunk_vote[2])
-    return rs_error(RESHARD_ERROR_MISMATCH, "plan_rejoin rank %d: the newcomer's staging would make the chunk %zu "
-                    "bytes, this kept plan's is %llu (its staging budget differs?)", comm->rank, chunk,
-                    (unsigned long long)p->chunk_vote[2]);
+  for (int k = 0; k < AGREE_N; k++)
+    if (got[k] != want[k] && (k < AGREE_CALLS || k > AGREE_COMMITTED)) {
+      snprintf(differs, len, "plan_rejoin rank %d: the newcomer's plan of the same layouts would differ from this "
+               "kept plan in its %s (a different build or environment, e.g. RESHARD_* settings?)", comm->rank,
+               agree_word(k));
+      return RESHARD_SUCCESS;
+    }
+  agreed[0] = got[AGREE_CALLS];
+  agreed[1] = got[AGREE_VERSION];
+  agreed[2] = got[AGREE_COMMITTED];
   return RESHARD_SUCCESS;
 }

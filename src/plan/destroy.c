@@ -46,7 +46,7 @@ void reshard_plan_destroy(reshard_plan_t *p) {
   }
   if (p->executor && p->executor->free) p->executor->free(p);
   destroy_stages(p);
-  rs_desc_free(p->desc);
+  rs_transcript_free(p->transcript);
   free(p->sends);
   free(p->recvs);
   free(p->send_round);

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "plan/cost.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
 #include "transport/transport.h"
@@ -23,7 +24,7 @@ static reshard_result_t reduce(const reshard_plan_t *plan, uint64_t *v, size_t n
   int64_t deadline = rs_deadline_after_ms(plan->opts.timeout_ms);
   for (size_t at = 0; at < n; at += REDUCE_SLICE) {
     size_t k = n - at < REDUCE_SLICE ? n - at : REDUCE_SLICE;
-    reshard_result_t r = comm->ops->allreduce_max_u64(comm, v + at, (int)k, deadline);
+    reshard_result_t r = rs_create_reduce(comm, v + at, (int)k, deadline, -1, 0); /* (recorded in a creation) */
     if (r) {
       rs_error_prefix("plan_estimate rank %d: ", plan->rank);
       return r;

@@ -79,16 +79,15 @@ struct reshard_plan {
   /* Keeping the plan across a rank's replacement (reshard_plan_rejoin,
    * plan/rejoin.c). seq: its number among the communicator's plans (bits
    * 32-47 of tag_base are its low 16), agreed at creation. rejoins: the
-   * communicator's rejoins the plan is current with. rejoinable: made by
-   * one creation step (no relay -1 choice, spreading or quantization), so
-   * that a newcomer's creation of it runs exactly the collectives a rejoin
-   * mirrors. chunk_vote: the chunk agreement's reduced limit and too-big
-   * words and the chunk they gave. desc: its description, for naming a
-   * newcomer's mismatch (NULL where the transport replaces no rank). */
+   * communicator's rejoins the plan is current with. transcript: its
+   * creation's collectives (plan/transcript.c), on the plan the caller
+   * holds only, NULL where the transport replaces no rank. agree_entry:
+   * the transcript entry (plus one) of this plan's first agreement, on
+   * the held plan and the pre-plans it runs alike. */
   uint32_t seq, rejoins;
-  int rejoinable, rejoined; /* rejoined: rejoins was set by a rejoin, not by the creation */
-  uint64_t chunk_vote[3];
-  struct rs_desc *desc;
+  int rejoined; /* rejoins was set by a rejoin, not by the creation */
+  uint32_t agree_entry;
+  struct rs_transcript *transcript;
   /* The machine, when options or RESHARD_TOPOLOGY name one. */
   /* relay -1 (auto) chose the relay plan over the direct one */
   int relay_chosen;

@@ -64,17 +64,56 @@ reshard_result_t rs_create_agree_outcome(reshard_comm_t *comm, const reshard_pla
 /* every rank's egress and held source bytes into w (2 x size words) */
 reshard_result_t rs_create_agree_loads(reshard_comm_t *comm, const reshard_plan_t *p, const reshard_layout_t *src,
                                        uint64_t *w, reshard_result_t *local, int *any);
-/* the kept plan's side of the first and the chunk agreement, as its
- * creation reduced them (reshard_plan_rejoin; see create_agree.c) */
-reshard_result_t rs_rejoin_agree(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
-                                 uint64_t agreed[3], int *newcomer_knows);
-reshard_result_t rs_rejoin_agree_chunk(reshard_comm_t *comm, const reshard_plan_t *p, reshard_result_t local,
-                                       int *newcomer_knows);
+/* the kept plan's side of a replayed first agreement (rejoin.c): fill
+ * sets its execute count and versions from `live` (NULL: a candidate the
+ * creation discarded, 0 as in a creation); check compares the reduced
+ * words `got` with the creation's `want` (mine: this rank's words) */
+struct rs_desc;
+void rs_rejoin_agree_fill(uint64_t *v, const reshard_plan_t *live);
+reshard_result_t rs_rejoin_agree_check(reshard_comm_t *comm, const uint64_t *mine, const uint64_t *got,
+                                       const uint64_t *want, const struct rs_desc *desc, int64_t timeout_ms,
+                                       uint64_t agreed[3], char *differs, size_t len);
 /* rejoin.c: the kept plan p's side of a newcomer's creation of it, every
- * collective of it (`local`: this rank's refusal, carried so that every
- * rank fails); on success agreed = the maxima of the execute count, last
- * and committed versions. Changes nothing of p. */
-reshard_result_t rs_plan_rejoin_agree(reshard_plan_t *p, reshard_result_t local, uint64_t agreed[3]);
+ * collective of it replayed from p->transcript; on success agreed[k] =
+ * the maxima of the execute count, last and committed versions of
+ * live[k] (p and the pre-plans it runs). Changes nothing of them. */
+reshard_result_t rs_plan_rejoin_agree(reshard_plan_t *p, reshard_plan_t *const *live, int nlive,
+                                      uint64_t (*agreed)[3]);
+
+/* transcript.c: the collectives of a creation on a communicator that
+ * replaces ranks, recorded for reshard_plan_rejoin. An entry: n words
+ * this rank contributed, then the n reduced (at `at` in words); code_at
+ * (-1: none) the word where a result code fails every rank at that step,
+ * its blame words at blame_at; agree: a plan's first agreement, desc its
+ * layouts' description (to name a newcomer's mismatch). plans: the
+ * plans the creation numbered (comm->plans_created). broken: out of
+ * memory recording (the creation then fails on every rank). */
+typedef struct rs_reduce_entry {
+  size_t at;
+  int n, code_at, blame_at, agree;
+  struct rs_desc *desc;
+} rs_reduce_entry;
+typedef struct rs_transcript {
+  rs_reduce_entry *e;
+  size_t n, cap;
+  uint64_t *words;
+  size_t nwords, capwords;
+  uint32_t plans;
+  int broken;
+} rs_transcript;
+/* Record comm's creation collectives into t (NULL: record nothing), until
+ * rs_transcript_end. */
+void rs_transcript_begin(const reshard_comm_t *comm, rs_transcript *t);
+void rs_transcript_end(void);
+/* Every creation collective: comm's allreduce_max_u64, recorded. */
+reshard_result_t rs_create_reduce(reshard_comm_t *comm, uint64_t *v, int n, int64_t deadline, int code_at,
+                                  int blame_at);
+/* The entry just recorded is a plan's first agreement, over src and dst
+ * (hdr: the option words); returns its index plus one (0: not recording). */
+uint32_t rs_transcript_mark_agree(const reshard_comm_t *comm, const reshard_layout_t *src,
+                                  const reshard_layout_t *dst, const uint64_t *hdr);
+void rs_transcript_count_plan(const reshard_comm_t *comm);
+void rs_transcript_free(rs_transcript *t);
 /* REMOTE for another rank's failure, naming it from the blame words */
 reshard_result_t rs_create_another_failed(const reshard_comm_t *comm, uint64_t code, const uint64_t *blame,
                                           const char *what);

@@ -14,7 +14,17 @@
  * word agrees), and then: rank 3's active copy holds the agreed version
  * whole, every element checked, failures are cleared, and version 4 runs
  * and is checked on every rank. Also refused: the rejoin of a plan two
- * rejoins behind (INVALID_USAGE), nothing changed. */
+ * rejoins behind (INVALID_USAGE), nothing changed.
+ *
+ * would_differ: rank 3 plays a newcomer (reshard_plan_create against the
+ * others' reshard_plan_rejoin) whose creation would plan otherwise
+ * though its layouts are the same (another build: its first agreement's
+ * spread-rounds word is raised, its digest untouched): only the staying
+ * ranks see a reduction differ from their recorded one, and they carry
+ * it into the next agreement, so every rank fails (MISMATCH on the
+ * staying ranks, REMOTE naming rank 0's finding on the newcomer), the
+ * kept plans unchanged (version 2 whole in the active copy); then a right
+ * newcomer, and version 3 on every rank, every element checked. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,6 +157,94 @@ out:
   return 0;
 }
 
+/* would_differ's rank 3: its next allreduce (the first agreement of its
+ * creation) carries a spread-rounds word one higher (AGREE_SPREAD, word 3
+ * in plan/create_agree.c), as another build's planner might. */
+static _Thread_local const rs_transport_ops *real_ops;
+static _Thread_local int perturb_next;
+static reshard_result_t perturbed_allreduce(reshard_comm_t *c, uint64_t *v, int n, int64_t deadline) {
+  if (perturb_next && n > 3) {
+    perturb_next = 0;
+    v[3]++;
+  }
+  return real_ops->allreduce_max_u64(c, v, n, deadline);
+}
+
+static int differ_fn(int rank, reshard_comm_t *comm, void *arg) {
+  run *r = arg;
+  static _Thread_local rs_transport_ops ops;
+  ops = *comm->ops;
+  real_ops = comm->ops;
+  ops.replaces_ranks = 1;
+  ops.allreduce_max_u64 = perturbed_allreduce;
+  comm->ops = &ops;
+  th_side s, d[2];
+  memset(&s, 0, sizeof s);
+  memset(d, 0, sizeof d);
+  reshard_plan_t *plan = NULL;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 5000;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  CHECK(!th_side_alloc(&s, r->src, rank, -1) && !th_side_alloc(&d[0], r->dst, rank, -1) &&
+            !th_side_alloc(&d[1], r->dst, rank, -1), "alloc");
+  void *dp[8] = {0};
+  const size_t nd = (size_t)d[0].nbuf;
+  for (size_t b = 0; b < nd; b++) dp[b] = d[0].ptr[b], dp[nd + b] = d[1].ptr[b];
+  CHECK(reshard_plan_create(comm, r->src, r->dst, &o, &plan) == RESHARD_SUCCESS, "plan_create: %s",
+        reshard_last_error());
+  for (uint64_t v = 1; v <= 2; v++)
+    CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, v) == RESHARD_SUCCESS, "version %llu: %s", (unsigned long long)v,
+          reshard_last_error());
+  comm->rejoins++;
+  reshard_plan_status_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  reshard_result_t res;
+  if (rank == 3) { /* the newcomer: no plan of its own yet */
+    reshard_plan_destroy(plan);
+    plan = NULL;
+    perturb_next = 1;
+    res = reshard_plan_create(comm, r->src, r->dst, &o, &plan);
+    CHECK(res == RESHARD_ERROR_REMOTE && !plan && strstr(reshard_last_error(), "would differ"),
+          "the newcomer that would differ: %s: %s", reshard_result_string(res), reshard_last_error());
+    res = reshard_plan_create(comm, r->src, r->dst, &o, &plan);
+    CHECK(res == RESHARD_SUCCESS, "the right newcomer: %s: %s", reshard_result_string(res), reshard_last_error());
+  } else {
+    res = reshard_plan_rejoin(plan);
+    CHECK(res == RESHARD_ERROR_MISMATCH && strstr(reshard_last_error(), "spread rounds"),
+          "a rejoin with a newcomer that would differ: %s: %s", reshard_result_string(res), reshard_last_error());
+    reshard_plan_get_status(plan, &st);
+    CHECK(!st.failed && st.in_doubt_version == 0 && st.committed_version == 2, "after the refused rejoin: failed %d "
+          "committed %llu", st.failed, (unsigned long long)st.committed_version);
+    if (rank >= 2)
+      CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 2, "after the refused rejoin") == 0,
+            "version 2 not whole after the refused rejoin");
+    res = reshard_plan_rejoin(plan);
+    CHECK(res == RESHARD_SUCCESS, "plan_rejoin: %s: %s", reshard_result_string(res), reshard_last_error());
+  }
+  CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, 3) == RESHARD_SUCCESS, "version 3: %s", reshard_last_error());
+  reshard_plan_get_status(plan, &st);
+  CHECK(st.committed_version == 3 && !st.failed, "version 3 not committed");
+  if (rank >= 2) CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 3, "version 3") == 0, "version 3 not whole");
+out:
+  reshard_plan_destroy(plan);
+  th_side_free(&s);
+  th_side_free(&d[0]);
+  th_side_free(&d[1]);
+  return 0;
+}
+
+static void test_would_differ(void **state) {
+  (void)state;
+  reshard_layout_t *src, *dst;
+  layouts(&src, &dst);
+  run r = {src, dst, 0, 0};
+  th_run_ranks(NR, differ_fn, &r);
+  assert_int_equal(r.problems, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+}
+
 static void run_case(int forward) {
   reshard_layout_t *src, *dst;
   layouts(&src, &dst);
@@ -171,6 +269,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rolls_forward),
       cmocka_unit_test(test_rolls_back),
+      cmocka_unit_test(test_would_differ),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,11 +44,20 @@
  *   rank fails with MISMATCH naming ranks 0 and 3, and on the staying
  *   ranks nothing changed (still failed or in doubt, version 2 whole in
  *   the active copy). Then the newcomer creates the plan with the right
- *   layouts while the staying ranks call reshard_plan_rejoin; with BAD,
- *   a second plan, made in several creation steps (a topology, relay -1)
- *   beside the first before the kill, cannot be kept: its rejoin is
- *   UNSUPPORTED and the newcomer's creation of it REMOTE, at once. Versions
- *   4 and 5 on every rank, every element checked (the newcomer's other
+ *   layouts while the staying ranks call reshard_plan_rejoin. Beside it,
+ *   before the kill, every rank made three plans of several creation
+ *   steps, each over its own buffers, and moved versions 1 and 2 with
+ *   them (checked): a topology with relay -1 (two candidates and the cost
+ *   model's choice), source-side spreading (RESHARD_FLAG_SPREAD_ALWAYS, w
+ *   held by rank 0 alone: a pre-plan and the main plan) and fp8 blocks
+ *   (the replicas' w quantized in flight; the trainers' shards split
+ *   blocks, gathered by a pre-plan); the staying ranks keep each too (with
+ *   BAD, after a newcomer of other layouts fails on every rank with
+ *   MISMATCH naming ranks 0 and 3 and the kept plan still holds version 2,
+ *   whole), and versions 4 and 5 move with each on every rank, every
+ *   element checked (the fp8 codes and scales against the self-test's
+ *   reference quantizer). With the first plan too: versions 4 and 5 on
+ *   every rank, every element checked (the newcomer's other
  *   copy untouched by its first). A second reshard_plan_rejoin is refused
  *   (INVALID_USAGE), and a plan made after the rejoin (one more version,
  *   checked) refuses it too. TIMING lines as in replace, from the join
@@ -89,6 +98,12 @@
 static const char *rendezvous;
 static int world_rank = -1, world_size = -1, seed = 1;
 static int bad;
+/* keep mode's composite plans (below): 0 the plain layouts, 1 the source
+ * tensor w held by rank 0 alone (spreading copies slices of it to rank
+ * 1), 2 the replicas' w declared fp8 in 12 x 12 blocks (quantized in
+ * flight; the trainers' shards split blocks, which a pre-plan gathers:
+ * 12 divides no shard edge of the seeds the tests run, 2 and 5) */
+static int variant;
 
 static double now_ms(void) {
   struct timespec ts;
@@ -114,14 +129,21 @@ static reshard_layout_t *make_layout(int side) {
   const int rows = 16 + 8 * (seed % 5), cols = 24 + 4 * (seed % 7), len = 100 + 37 * (seed % 4);
   const int by_rows = seed % 2; /* the trainers shard rows, the replicas columns (or the reverse) */
   reshard_layout_t *L = NULL;
-  int two = 2, ta, tb, mesh, b;
-  int64_t sa[2] = {rows, cols}, sb[1] = {len};
+  int two = 2, one = 1, ta, tb, mesh, mesh_w, b;
+  int64_t sa[2] = {rows, cols}, sb[1] = {len}, block[2] = {12, 12};
   reshard_placement_t pa = reshard_shard(side == 0 ? !by_rows : by_rows);
   reshard_placement_t pb = side == 0 ? reshard_shard(0) : reshard_replicate();
-  if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sa, &ta) ||
-      reshard_layout_add_tensor(L, "bias", RESHARD_BF16, 1, sb, &tb) ||
-      reshard_layout_add_mesh_strided(L, 1, &two, side == 0 ? 0 : 2, 1, &mesh) ||
-      reshard_layout_place(L, ta, mesh, &pa, &b) || reshard_layout_place(L, tb, mesh, &pb, &b)) {
+  const int alone = variant == 1 && side == 0, blocked = variant == 2 && side == 1;
+  if (alone) pa = reshard_replicate();
+  int fail = reshard_layout_create(&L) ||
+             (blocked ? reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, sa, block, &ta)
+                      : reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sa, &ta)) ||
+             reshard_layout_add_tensor(L, "bias", RESHARD_BF16, 1, sb, &tb) ||
+             reshard_layout_add_mesh_strided(L, 1, &two, side == 0 ? 0 : 2, 1, &mesh) ||
+             reshard_layout_add_mesh_strided(L, 1, alone ? &one : &two, side == 0 ? 0 : 2, 1, &mesh_w) ||
+             reshard_layout_place(L, ta, mesh_w, &pa, &b) || reshard_layout_place(L, tb, mesh, &pb, &b);
+  if (!fail && blocked) fail = reshard_layout_place(L, ta + 1, mesh, &pa, &b); /* w_scale_inv, split like w */
+  if (fail) {
     say(0, "layout: %s", reshard_last_error());
     reshard_layout_destroy(L);
     return NULL;
@@ -188,7 +210,7 @@ static void check_version(const reshard_plan_t *plan, side_t *x, uint64_t v, int
   int ok = st.committed_version == v && !st.failed && st.in_doubt_version == 0 && st.active_copy >= 0;
   int64_t wrong = 0;
   if (ok && world_rank >= 2) {
-    wrong = reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v, what);
+    wrong = reshard_selftest_check_from(&x->d[st.active_copy], x->dst, x->src, world_rank, v, what);
     if (other_untouched && !state_untouched(&x->d[1 - st.active_copy])) wrong++;
   }
   say(ok && wrong == 0, "%s: version %llu committed (active copy %d), %lld wrong elements or bytes", what,
@@ -240,7 +262,7 @@ static void still_as_killed(const reshard_plan_t *plan, side_t *x, uint64_t v, c
   reshard_plan_get_status(plan, &st);
   int64_t wrong = -1;
   if (st.active_copy >= 0)
-    wrong = world_rank >= 2 ? reshard_selftest_check(&x->d[st.active_copy], x->dst, world_rank, v, what) : 0;
+    wrong = world_rank >= 2 ? reshard_selftest_check_from(&x->d[st.active_copy], x->dst, x->src, world_rank, v, what) : 0;
   say((st.failed || st.in_doubt_version == v + 1) && st.committed_version == v && wrong == 0,
       "%s: after the kill: failed %d doubt %llu committed %llu active copy %d, %lld wrong", what, st.failed,
       (unsigned long long)st.in_doubt_version, (unsigned long long)st.committed_version, st.active_copy,
@@ -265,7 +287,13 @@ static void killed_version(const reshard_plan_t *plan, side_t *x, uint64_t v, co
 
 /* keep mode (below) */
 static int keep_mode, keep_bad = 1;
-static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x);
+#define NCOMP 3
+typedef struct composites {
+  side_t x[NCOMP];
+  reshard_plan_t *plan[NCOMP];
+} composites;
+static void composites_before(reshard_comm_t *comm, composites *c);
+static void composites_free(composites *c);
 
 /* One round: a plan over comm (all four ranks) and versions 10k+1,
  * 10k+2, every element checked on the replicas; when `kill` (every round
@@ -280,9 +308,10 @@ static void run_round(reshard_comm_t *comm, side_t *x, int k, int kill, int fd, 
   char what[64];
   snprintf(what, sizeof what, "round %d", k);
   reshard_plan_t *plan = make_plan(comm, x, what);
-  /* keep mode: incarnation 0 makes the staying ranks' second plan too (it
-   * dies before destroying it) */
-  if (plan && keep_mode && keep_bad && kill) make_multistep_plan(comm, x);
+  /* keep mode: incarnation 0 makes the staying ranks' composite plans too
+   * and moves versions 1 and 2 with them (it dies before destroying them) */
+  composites comp;
+  if (plan && keep_mode && kill) composites_before(comm, &comp);
   for (uint64_t v = base + 1; plan && v <= base + 2; v++) {
     reshard_result_t r = exec_version(plan, x, v);
     if (r) {
@@ -342,17 +371,128 @@ static void keep_after(reshard_comm_t *comm, reshard_plan_t *plan, side_t *x, do
   reshard_plan_destroy(later);
 }
 
-/* A plan of several creation steps (a topology with relay -1: a direct
- * and a relay plan, and the choice between them), made beside round 0's
- * in keep mode: it cannot be kept. */
-static reshard_plan_t *make_multistep_plan(reshard_comm_t *comm, side_t *x) {
+/* ---- keep mode's composite plans: made in several creation steps ----
+ * 0: a topology with relay -1 (a direct and a relay plan, the cost model
+ * keeps one), 1: source-side spreading (RESHARD_FLAG_SPREAD_ALWAYS; a
+ * pre-plan copying rank 0's w to rank 1, and the main plan), 2: fp8
+ * blocks (the main plan over the rewritten layouts, its two relay
+ * candidates, and the pre-plan gathering split blocks). Each over its
+ * own buffers, every rank's creation and rejoin in this order. */
+static const char *const comp_name[NCOMP] = {"composite (topology, relay -1)", "composite (spreading)",
+                                             "composite (fp8 blocks)"};
+
+/* Composite plan k of SEED + `off`'s layouts (variant k), or NULL with
+ * *r its failure. */
+static reshard_plan_t *make_composite(reshard_comm_t *comm, int k, int off, reshard_result_t *r,
+                                      reshard_layout_t **ls, reshard_layout_t **ld) {
+  seed += off;
+  variant = k;
+  reshard_layout_t *src = make_layout(0), *dst = make_layout(1);
+  variant = 0;
+  seed -= off;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = PLAN_TIMEOUT_MS;
+  o.flags = RESHARD_FLAG_DOUBLE_BUFFER | (k == 1 ? RESHARD_FLAG_SPREAD_ALWAYS : 0);
   o.topology = "h100-8x400g";
   reshard_plan_t *plan = NULL;
-  reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
-  if (r) say(0, "a plan of several creation steps: plan_create: %s: %s", reshard_result_string(r), reshard_last_error());
+  *r = src && dst ? reshard_plan_create(comm, src, dst, &o, &plan) : RESHARD_ERROR_INVALID_ARGUMENT;
+  if (ls && ld) {
+    *ls = src, *ld = dst;
+  } else {
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+  }
   return plan;
+}
+
+/* Every rank before the kill: the composite plans made, versions 1 and 2
+ * moved with each, every element checked. */
+static void composites_before(reshard_comm_t *comm, composites *c) {
+  memset(c, 0, sizeof *c);
+  for (int k = 0; k < NCOMP; k++) {
+    variant = k;
+    int ok = side_init(&c->x[k]) == 0;
+    variant = 0;
+    reshard_result_t r = RESHARD_ERROR_INVALID_ARGUMENT;
+    if (ok) c->plan[k] = make_composite(comm, k, 0, &r, NULL, NULL);
+    if (!c->plan[k]) {
+      say(0, "%s: plan_create: %s: %s", comp_name[k], reshard_result_string(r), reshard_last_error());
+      continue;
+    }
+    for (uint64_t v = 1; v <= 2; v++) {
+      r = exec_version(c->plan[k], &c->x[k], v);
+      if (r) say(0, "%s: version %llu: %s: %s", comp_name[k], (unsigned long long)v, reshard_result_string(r),
+                 reshard_last_error());
+      else check_version(c->plan[k], &c->x[k], v, v == 1, comp_name[k]);
+    }
+  }
+}
+
+/* The newcomer's side of composite k after the rejoin: with BAD, first
+ * other layouts (SEED + 1), MISMATCH naming ranks 0 and 3 on every rank;
+ * then the right ones. */
+static void composite_newcomer(reshard_comm_t *comm, composites *c, int k) {
+  reshard_result_t r;
+  if (keep_bad) {
+    reshard_plan_t *wrong = make_composite(comm, k, 1, &r, NULL, NULL);
+    say(r == RESHARD_ERROR_MISMATCH && !wrong && strstr(reshard_last_error(), "ranks 0 and 3"),
+        "%s: the newcomer's plan_create with other layouts: %s: %s", comp_name[k], reshard_result_string(r),
+        reshard_last_error());
+    reshard_plan_destroy(wrong);
+  }
+  variant = k;
+  int ok = side_init(&c->x[k]) == 0;
+  variant = 0;
+  double t0 = now_ms();
+  c->plan[k] = ok ? make_composite(comm, k, 0, &r, NULL, NULL) : NULL;
+  say(c->plan[k] != NULL, "%s: the newcomer's plan_create: %s after %.1f ms %s", comp_name[k],
+      c->plan[k] ? "success" : reshard_result_string(r), now_ms() - t0, c->plan[k] ? "" : reshard_last_error());
+}
+
+/* A staying rank's side of composite k after the rejoin: with BAD, the
+ * rejoin against a newcomer of other layouts fails with MISMATCH naming
+ * ranks 0 and 3, and the plan still holds version 2, whole; then the
+ * rejoin succeeds. */
+static void composite_rejoin(composites *c, int k) {
+  if (!c->plan[k]) return;
+  reshard_result_t r;
+  if (keep_bad) {
+    r = reshard_plan_rejoin(c->plan[k]);
+    say(r == RESHARD_ERROR_MISMATCH && strstr(reshard_last_error(), "ranks 0 and 3"),
+        "%s: plan_rejoin with a newcomer of other layouts: %s: %s", comp_name[k], reshard_result_string(r),
+        reshard_last_error());
+    check_version(c->plan[k], &c->x[k], 2, 0, "after the refused rejoin");
+  }
+  double t0 = now_ms();
+  r = reshard_plan_rejoin(c->plan[k]);
+  say(r == RESHARD_SUCCESS, "%s: plan_rejoin: %s after %.1f ms %s", comp_name[k], reshard_result_string(r),
+      now_ms() - t0, r ? reshard_last_error() : "");
+  if (r) {
+    reshard_plan_destroy(c->plan[k]);
+    c->plan[k] = NULL;
+  }
+}
+
+/* Every rank once the composites met: versions 4 and 5 with each, every
+ * element checked (fresh: the newcomer's other copy untouched by its
+ * first), and a second rejoin refused. */
+static void composites_after(composites *c, int fresh) {
+  for (int k = 0; k < NCOMP; k++) {
+    for (uint64_t v = 4; c->plan[k] && v <= 5; v++) {
+      reshard_result_t r = exec_version(c->plan[k], &c->x[k], v);
+      if (r) say(0, "%s: version %llu: %s: %s", comp_name[k], (unsigned long long)v, reshard_result_string(r),
+                 reshard_last_error());
+      else check_version(c->plan[k], &c->x[k], v, v == 4 && fresh, comp_name[k]);
+    }
+    if (c->plan[k]) rejoin_refused(c->plan[k], RESHARD_ERROR_INVALID_USAGE, comp_name[k]);
+  }
+}
+
+static void composites_free(composites *c) {
+  for (int k = 0; k < NCOMP; k++) {
+    reshard_plan_destroy(c->plan[k]);
+    side_free(&c->x[k]);
+  }
 }
 
 /* The newcomer with other layouts (SEED + 1): its creation fails with
@@ -377,20 +517,12 @@ static void keep_newcomer_wrong(reshard_comm_t *comm) {
 static void keep_newcomer(reshard_comm_t *comm, side_t *x, double t_join) {
   if (keep_bad) keep_newcomer_wrong(comm);
   reshard_plan_t *plan = make_plan(comm, x, "keep: the newcomer's plan");
-  if (plan && keep_bad) { /* the staying ranks' multi-step plan cannot be kept: this creation fails */
-    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-    o.timeout_ms = PLAN_TIMEOUT_MS;
-    o.topology = "h100-8x400g";
-    reshard_plan_t *multi = NULL;
-    double t0 = now_ms();
-    reshard_result_t r = reshard_plan_create(comm, x->src, x->dst, &o, &multi);
-    say(r == RESHARD_ERROR_REMOTE && !multi && strstr(reshard_last_error(), "several creation steps") &&
-            now_ms() - t0 < PLAN_TIMEOUT_MS,
-        "the newcomer's creation of a plan the staying ranks cannot keep: %s after %.0f ms: %s",
-        reshard_result_string(r), now_ms() - t0, reshard_last_error());
-    reshard_plan_destroy(multi);
-  }
+  composites comp;
+  memset(&comp, 0, sizeof comp);
+  for (int k = 0; plan && k < NCOMP; k++) composite_newcomer(comm, &comp, k);
   if (plan) keep_after(comm, plan, x, t_join, 1);
+  if (plan) composites_after(&comp, 1);
+  composites_free(&comp);
   reshard_plan_destroy(plan);
 }
 
@@ -404,7 +536,9 @@ static int run_keep(void) {
   }
   side_t x;
   reshard_plan_t *plan = side_init(&x) == 0 ? make_plan(comm, &x, "keep") : NULL;
-  reshard_plan_t *multi = plan && keep_bad ? make_multistep_plan(comm, &x) : NULL;
+  composites comp;
+  memset(&comp, 0, sizeof comp);
+  if (plan) composites_before(comm, &comp);
   for (uint64_t v = 1; plan && !bad && v <= 2; v++) {
     r = exec_version(plan, &x, v);
     if (r) say(0, "keep: version %llu: %s: %s", (unsigned long long)v, reshard_result_string(r), reshard_last_error());
@@ -430,16 +564,11 @@ static int run_keep(void) {
     say(r == RESHARD_SUCCESS, "keep: plan_rejoin: %s after %.1f ms %s", reshard_result_string(r), ms,
         r ? reshard_last_error() : "");
     printf("TIMING rank %d: keep: plan_rejoin %.1f ms\n", world_rank, ms);
-    if (multi) {
-      t0 = now_ms();
-      reshard_result_t rm = reshard_plan_rejoin(multi);
-      say(rm == RESHARD_ERROR_UNSUPPORTED && now_ms() - t0 < PLAN_TIMEOUT_MS,
-          "keep: plan_rejoin of a plan of several creation steps: %s after %.0f ms: %s", reshard_result_string(rm),
-          now_ms() - t0, reshard_last_error());
-    }
+    for (int k = 0; !r && k < NCOMP; k++) composite_rejoin(&comp, k);
     if (!r) keep_after(comm, plan, &x, t_join, 0);
+    if (!r) composites_after(&comp, 0);
   }
-  reshard_plan_destroy(multi);
+  composites_free(&comp);
   reshard_plan_destroy(plan);
   side_free(&x);
   reshard_comm_destroy(comm);
