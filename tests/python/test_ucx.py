@@ -3,7 +3,6 @@ subprocesses that meet at a rendezvous address. Skipped where reshard was
 built without UCX, unless RESHARD_REQUIRE_UCX=1 (the test command sets it
 where libucx-dev is installed: there it must run)."""
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,12 @@ import pytest
 import reshard
 from conftest import ROOT
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from free_port import free_port  # noqa: E402
+
 if not reshard.HAVE_UCX and os.environ.get("RESHARD_REQUIRE_UCX") == "1":
     raise RuntimeError("RESHARD_REQUIRE_UCX=1 but this reshard has no UCX transport")
 pytestmark = pytest.mark.skipif(not reshard.HAVE_UCX, reason="needs a reshard built with UCX")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(size, script, *args, timeout=240):

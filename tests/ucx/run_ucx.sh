@@ -60,13 +60,11 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
 
-# A free port: bound to 0 by the kernel, then released (rank 0 binds it
-# again; another process taking it in between is unlikely on a test
-# machine). Without python3, a random port of the ephemeral-free range.
-port=$(python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null)
+# A free port below the ephemeral range (tests/support/free_port.py says
+# why), else, without python3, a random one there.
+port=$(python3 "$(dirname "$0")/../support/free_port.py" 2>/dev/null)
 if [ -z "$port" ]; then
-  port=$((20000 + RANDOM % 12000))
+  port=$((10000 + RANDOM % 22000))
 fi
 addr=127.0.0.1:$port
 

@@ -4,7 +4,7 @@ over reshard.Comm.ucx. The real Ray from PyPI (scripts/test_real.sh
 installs it with verl's requirements); skipped where Ray or reshard's UCX
 transport is missing."""
 import os
-import socket
+import sys
 
 import pytest
 
@@ -14,6 +14,8 @@ import reshard  # noqa: E402
 pytestmark = pytest.mark.skipif(not reshard.HAVE_UCX, reason="needs a reshard built with UCX")
 
 TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(TESTS), "support"))
+from free_port import free_port  # noqa: E402
 
 
 @ray.remote(num_cpus=0)
@@ -34,9 +36,7 @@ class Rank:
 
 
 def test_random_layouts_over_ray_actors(seed):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              ignore_reinit_error=True)
     try:

@@ -68,7 +68,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +78,8 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/python: conftest helpers
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "support"))
+from free_port import free_port  # noqa: E402
 
 A, R = 3, 2
 NAMESPACE = "reshard-verl-world"
@@ -417,12 +418,6 @@ class Checks:
         else:
             self.failed += 1
             print("FAIL " + what, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(p):
