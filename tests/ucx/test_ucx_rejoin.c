@@ -88,6 +88,9 @@
 #include "reshard_ucx.h"
 #include "mpi/state_line.h"
 #include "transport/transport.h" /* the old rank 3's receives are wrapped */
+#include "plan/plan.h"   /* composite_built reads what the plan holds */
+#include "plan/quant.h"
+#include "plan/spread.h"
 
 #define SIZE 4
 #define VICTIM 3
@@ -405,6 +408,21 @@ static reshard_plan_t *make_composite(reshard_comm_t *comm, int k, int off, resh
   return plan;
 }
 
+/* Composite k is what its name says (the library's own plan, read
+ * through its internal header): spreading kept a pre-plan (variant 1's
+ * rank 0 is far over its domain's mean), fp8 blocks gather split blocks
+ * first (variant 2's 12 x 12 blocks span source ranks). Otherwise the
+ * rejoin would be tested on plain plans only. (Variant 0's choice
+ * between its two candidates is the cost model's and not asserted.) */
+static void composite_built(const reshard_plan_t *plan, int k, const char *who) {
+  if (k == 1)
+    say(plan->spread != NULL && plan->spread->pre != NULL, "%s: %s: the plan spreads (a pre-plan): %s",
+        comp_name[k], who, plan->spread ? "yes" : "no");
+  if (k == 2)
+    say(plan->quant != NULL && plan->quant->pre != NULL, "%s: %s: the plan gathers split blocks first: %s",
+        comp_name[k], who, plan->quant && plan->quant->pre ? "yes" : "no");
+}
+
 /* Every rank before the kill: the composite plans made, versions 1 and 2
  * moved with each, every element checked. */
 static void composites_before(reshard_comm_t *comm, composites *c) {
@@ -419,6 +437,7 @@ static void composites_before(reshard_comm_t *comm, composites *c) {
       say(0, "%s: plan_create: %s: %s", comp_name[k], reshard_result_string(r), reshard_last_error());
       continue;
     }
+    composite_built(c->plan[k], k, "before the kill");
     for (uint64_t v = 1; v <= 2; v++) {
       r = exec_version(c->plan[k], &c->x[k], v);
       if (r) say(0, "%s: version %llu: %s: %s", comp_name[k], (unsigned long long)v, reshard_result_string(r),
@@ -447,6 +466,7 @@ static void composite_newcomer(reshard_comm_t *comm, composites *c, int k) {
   c->plan[k] = ok ? make_composite(comm, k, 0, &r, NULL, NULL) : NULL;
   say(c->plan[k] != NULL, "%s: the newcomer's plan_create: %s after %.1f ms %s", comp_name[k],
       c->plan[k] ? "success" : reshard_result_string(r), now_ms() - t0, c->plan[k] ? "" : reshard_last_error());
+  if (c->plan[k]) composite_built(c->plan[k], k, "the newcomer's");
 }
 
 /* A staying rank's side of composite k after the rejoin: with BAD, the
