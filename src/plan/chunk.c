@@ -940,12 +940,12 @@ static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t byte
 }
 
 /* A forward's readiness runs (chunker.runs) from the spans of the
- * segments it forwards: its bytes are bytes dep_off .. dep_off + bytes
- * of theirs laid end to end, and each run may travel two rounds after
- * the round its bytes arrived in. */
+ * segments it forwards, appended to *runs: its bytes are bytes dep_off
+ * .. dep_off + bytes of theirs laid end to end, and each run may travel
+ * two rounds after the round its bytes arrived in. */
 static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
                                      const uint32_t *span_n, const rs_span_vec *spans, rs_span_vec *runs) {
-  runs->n = 0;
+  const size_t first = runs->n;
   const uint64_t lo = s->dep_off, hi = s->dep_off + s->bytes;
   uint64_t base = 0; /* the dependency's first byte, in their concatenation */
   for (int32_t k = 0; k < s->ndep && base < hi; k++) {
@@ -963,7 +963,7 @@ static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
     }
     base += sp[n - 1].end;
   }
-  if (!runs->n || runs->v[runs->n - 1].end != s->bytes)
+  if (runs->n == first || runs->v[runs->n - 1].end != s->bytes)
     return rs_error(RESHARD_ERROR_INTERNAL,
                     "chunking: a forward %d -> %d of %llu bytes at %llu finds %llu bytes in its %d dependencies", s->from,
                     s->to, (unsigned long long)s->bytes, (unsigned long long)lo, (unsigned long long)base, s->ndep);
@@ -983,7 +983,11 @@ static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
  * during the 12 network rounds and took 95 rounds after them (1.547 x
  * T_lower). Every party of the stream knows the spans (what a stream
  * waits on is cut first, virtual streams included), so all order it
- * alike. */
+ * alike. The forwards' runs stay in *runs, forward k's from (*run_at)[k]
+ * to (*run_at)[k + 1], for the cut: what they wait on was cut before the
+ * stream, so they do not change while it is cut, and a relay member's
+ * cut (its group's whole split, tens of thousands of forwards, once per
+ * trial chunk) need not find them twice. */
 typedef struct ready_ref {
   int32_t ready;
   uint32_t at; /* canonical position in the stream */
@@ -998,20 +1002,26 @@ static int cmp_ready(const void *a, const void *b) {
 
 static reshard_result_t ready_order(const rs_seg_vec *segs, const seg_ref *refs, size_t n, const size_t *span_at,
                                     const uint32_t *span_n, const rs_span_vec *spans, rs_span_vec *runs,
-                                    ready_ref **order, size_t *cap) {
+                                    size_t **run_at, ready_ref **order, size_t *cap) {
   if (n > *cap) {
     ready_ref *o = rs_realloc(*order, n * sizeof *o);
     if (!o) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (%zu forwards)", n);
     *order = o;
+    size_t *a = rs_realloc(*run_at, (n + 1) * sizeof *a);
+    if (!a) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (%zu forwards)", n);
+    *run_at = a;
     *cap = n;
   }
+  runs->n = 0;
   for (size_t k = 0; k < n; k++) {
+    (*run_at)[k] = runs->n;
     RS_CHECK(forward_runs(&segs->v[refs[k].index], span_at, span_n, spans, runs));
     int32_t r = 0;
-    for (size_t j = 0; j < runs->n; j++)
+    for (size_t j = (*run_at)[k]; j < runs->n; j++)
       if (runs->v[j].round > r) r = runs->v[j].round;
     (*order)[k] = (ready_ref){r, (uint32_t)k, refs[k]};
   }
+  (*run_at)[n] = runs->n;
   if (n > 1) qsort(*order, n, sizeof **order, cmp_ready);
   return RESHARD_SUCCESS;
 }
@@ -1032,18 +1042,17 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
   const seg_ref *refs = NULL;
   RS_CHECK(sorted_refs(segs, &refs));
   reshard_result_t r = RESHARD_SUCCESS;
-  int32_t *arrive = rs_malloc((segs->n + 1) * sizeof *arrive);
   /* relay segments' spans, by push order: span_at[o] .. span_at[o] + span_n[o] */
   size_t *span_at = rs_malloc((segs->n + 1) * sizeof *span_at);
   uint32_t *span_n = rs_calloc(segs->n + 1, sizeof *span_n);
   rs_span_vec spans = {0}, runs = {0};
-  if (!arrive || !span_at || !span_n) {
-    free(arrive);
+  if (!span_at || !span_n) {
     free(span_at);
     free(span_n);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking");
   }
   ready_ref *order = NULL; /* the open stream's refs, when a forward's */
+  size_t *run_at = NULL;    /* and where each one's runs are in `runs` */
   size_t cap_order = 0, begin = 0;
   uint64_t bytes = 0; /* the open stream's */
   for (size_t i = 0, end = 0; i < segs->n && r == RESHARD_SUCCESS; i++) {
@@ -1060,10 +1069,11 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
         bytes += refs[end].bytes;
       begin = i;
       if (segs->v[refs[i].index].dep >= 0 &&
-          (r = ready_order(segs, refs + i, end - i, span_at, span_n, &spans, &runs, &order, &cap_order)))
+          (r = ready_order(segs, refs + i, end - i, span_at, span_n, &spans, &runs, &run_at, &order, &cap_order)))
         break;
     }
-    const seg_ref *ref = segs->v[refs[begin].index].dep >= 0 ? &order[i - begin].ref : &refs[i];
+    const int forwards = segs->v[refs[begin].index].dep >= 0; /* ready_order ordered the stream */
+    const seg_ref *ref = forwards ? &order[i - begin].ref : &refs[i];
     const rs_seg *s = &segs->v[ref->index];
     chunker *c = &ch[s->dir];
     if (i == begin) {
@@ -1075,7 +1085,13 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
     }
     c->ready = 0;
     c->nruns = c->run_at = 0;
-    if (s->dep >= 0) {
+    if (s->dep >= 0 && forwards) { /* its runs and their latest round, as ready_order found them */
+      const uint32_t k = order[i - begin].at;
+      c->runs = runs.v + run_at[k];
+      c->nruns = run_at[k + 1] - run_at[k];
+      c->ready = order[i - begin].ready;
+    } else if (s->dep >= 0) { /* a forward in a stream that opened with a direct segment */
+      runs.n = 0;
       r = forward_runs(s, span_at, span_n, &spans, &runs);
       if (r) break;
       c->runs = runs.v;
@@ -1095,14 +1111,13 @@ static reshard_result_t cut_streams(reshard_plan_t *plan, rs_seg_vec *segs, size
     if (c->rec) span_n[o] = (uint32_t)(spans.n - span_at[o]);
     c->rec = NULL;
     c->nruns = 0;
-    arrive[o] = c->round;
   }
-  free(arrive);
   free(span_at);
   free(span_n);
   free(spans.v);
   free(runs.v);
   free(order);
+  free(run_at);
   return r;
 }
 
