@@ -81,6 +81,44 @@ static reshard_result_t exec_v(const reshard_plan_t *plan, th_side *s, const res
   return reshard_plan_execute_version(plan, v, (void *const *)s->ptr, (size_t)s->nbuf, dp, nd, NULL);
 }
 
+/* One rank's side of a case: its source, two destination copies
+ * (double buffering), its plan. */
+typedef struct world {
+  th_side s, d[2];
+  void *dp[8];
+  size_t nd;
+  reshard_options_t o;
+  reshard_plan_t *plan;
+} world;
+
+/* Allocates w's buffers, creates its plan and moves versions 1 to last;
+ * 0, or -1 with a problem counted. */
+static int world_open(world *w, run *r, int rank, reshard_comm_t *comm, uint64_t last) {
+  memset(w, 0, sizeof *w);
+  w->o = (reshard_options_t)RESHARD_OPTIONS_INITIALIZER;
+  w->o.timeout_ms = 5000;
+  w->o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
+  CHECK(!th_side_alloc(&w->s, r->src, rank, -1) && !th_side_alloc(&w->d[0], r->dst, rank, -1) &&
+            !th_side_alloc(&w->d[1], r->dst, rank, -1), "alloc");
+  w->nd = (size_t)w->d[0].nbuf;
+  for (size_t b = 0; b < w->nd; b++) w->dp[b] = w->d[0].ptr[b], w->dp[w->nd + b] = w->d[1].ptr[b];
+  CHECK(reshard_plan_create(comm, r->src, r->dst, &w->o, &w->plan) == RESHARD_SUCCESS, "plan_create: %s",
+        reshard_last_error());
+  for (uint64_t v = 1; v <= last; v++)
+    CHECK(exec_v(w->plan, &w->s, r->src, w->dp, 2 * w->nd, v) == RESHARD_SUCCESS, "version %llu: %s",
+          (unsigned long long)v, reshard_last_error());
+  return 0;
+out:
+  return -1;
+}
+
+static void world_close(world *w) {
+  reshard_plan_destroy(w->plan);
+  th_side_free(&w->s);
+  th_side_free(&w->d[0]);
+  th_side_free(&w->d[1]);
+}
+
 /* Makes the plan look as a death inside version 3's commit leaves it
  * (see the top). Between two barriers of the world: no call runs. */
 static void as_after_a_death(reshard_plan_t *p, int rank, int forward) {
@@ -106,37 +144,23 @@ static int rank_fn(int rank, reshard_comm_t *comm, void *arg) {
   ops = *comm->ops;
   ops.replaces_ranks = 1;
   comm->ops = &ops;
-  th_side s, d[2];
-  memset(&s, 0, sizeof s);
-  memset(d, 0, sizeof d);
-  reshard_plan_t *plan = NULL;
-  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-  o.timeout_ms = 5000;
-  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
-  CHECK(!th_side_alloc(&s, r->src, rank, -1) && !th_side_alloc(&d[0], r->dst, rank, -1) &&
-            !th_side_alloc(&d[1], r->dst, rank, -1), "alloc");
-  void *dp[8] = {0};
-  const size_t nd = (size_t)d[0].nbuf;
-  for (size_t b = 0; b < nd; b++) dp[b] = d[0].ptr[b], dp[nd + b] = d[1].ptr[b];
-  CHECK(reshard_plan_create(comm, r->src, r->dst, &o, &plan) == RESHARD_SUCCESS, "plan_create: %s",
-        reshard_last_error());
-  for (uint64_t v = 1; v <= 3; v++)
-    CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, v) == RESHARD_SUCCESS, "version %llu: %s", (unsigned long long)v,
-          reshard_last_error());
-  reshard_result_t res = reshard_plan_rejoin(plan);
+  world w;
+  if (world_open(&w, r, rank, comm, 3)) goto out;
+  th_side *d = w.d;
+  reshard_result_t res = reshard_plan_rejoin(w.plan);
   CHECK(res == RESHARD_ERROR_INVALID_USAGE, "a rejoin before any rejoin: %s", reshard_result_string(res));
-  as_after_a_death(plan, rank, r->forward);
+  as_after_a_death(w.plan, rank, r->forward);
   comm->rejoins += 2;
-  res = reshard_plan_rejoin(plan);
+  res = reshard_plan_rejoin(w.plan);
   CHECK(res == RESHARD_ERROR_INVALID_USAGE && strstr(reshard_last_error(), "2 rejoins passed"),
         "two rejoins behind: %s: %s", reshard_result_string(res), reshard_last_error());
   comm->rejoins -= 1;
-  res = reshard_plan_rejoin(plan);
+  res = reshard_plan_rejoin(w.plan);
   CHECK(res == RESHARD_SUCCESS, "plan_rejoin: %s: %s", reshard_result_string(res), reshard_last_error());
   reshard_plan_status_t st;
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
-  reshard_plan_get_status(plan, &st);
+  reshard_plan_get_status(w.plan, &st);
   const uint64_t want = r->forward ? 3 : 2;
   CHECK(!st.failed && st.in_doubt_version == 0 && st.committed_version == want, "after the rejoin: failed %d doubt "
         "%llu committed %llu (want %llu)", st.failed, (unsigned long long)st.in_doubt_version,
@@ -144,16 +168,13 @@ static int rank_fn(int rank, reshard_comm_t *comm, void *arg) {
   if (rank >= 2)
     CHECK(th_side_check(&d[st.active_copy], r->dst, rank, want, "after the rejoin") == 0,
           "active copy %d does not hold version %llu whole", st.active_copy, (unsigned long long)want);
-  CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, 4) == RESHARD_SUCCESS, "version 4: %s", reshard_last_error());
-  reshard_plan_get_status(plan, &st);
+  CHECK(exec_v(w.plan, &w.s, r->src, w.dp, 2 * w.nd, 4) == RESHARD_SUCCESS, "version 4: %s", reshard_last_error());
+  reshard_plan_get_status(w.plan, &st);
   CHECK(st.committed_version == 4 && !st.failed, "version 4 not committed");
   if (rank >= 2)
     CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 4, "version 4") == 0, "version 4 not whole");
 out:
-  reshard_plan_destroy(plan);
-  th_side_free(&s);
-  th_side_free(&d[0]);
-  th_side_free(&d[1]);
+  world_close(&w);
   return 0;
 }
 
@@ -178,91 +199,68 @@ static int differ_fn(int rank, reshard_comm_t *comm, void *arg) {
   ops.replaces_ranks = 1;
   ops.allreduce_max_u64 = perturbed_allreduce;
   comm->ops = &ops;
-  th_side s, d[2];
-  memset(&s, 0, sizeof s);
-  memset(d, 0, sizeof d);
-  reshard_plan_t *plan = NULL;
-  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-  o.timeout_ms = 5000;
-  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
-  CHECK(!th_side_alloc(&s, r->src, rank, -1) && !th_side_alloc(&d[0], r->dst, rank, -1) &&
-            !th_side_alloc(&d[1], r->dst, rank, -1), "alloc");
-  void *dp[8] = {0};
-  const size_t nd = (size_t)d[0].nbuf;
-  for (size_t b = 0; b < nd; b++) dp[b] = d[0].ptr[b], dp[nd + b] = d[1].ptr[b];
-  CHECK(reshard_plan_create(comm, r->src, r->dst, &o, &plan) == RESHARD_SUCCESS, "plan_create: %s",
-        reshard_last_error());
-  for (uint64_t v = 1; v <= 2; v++)
-    CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, v) == RESHARD_SUCCESS, "version %llu: %s", (unsigned long long)v,
-          reshard_last_error());
+  world w;
+  if (world_open(&w, r, rank, comm, 2)) goto out;
+  th_side *d = w.d;
   comm->rejoins++;
   reshard_plan_status_t st;
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
   reshard_result_t res;
   if (rank == 3) { /* the newcomer: no plan of its own yet */
-    reshard_plan_destroy(plan);
-    plan = NULL;
+    reshard_plan_destroy(w.plan);
+    w.plan = NULL;
     perturb_next = 1;
-    res = reshard_plan_create(comm, r->src, r->dst, &o, &plan);
-    CHECK(res == RESHARD_ERROR_REMOTE && !plan && strstr(reshard_last_error(), "would differ"),
+    res = reshard_plan_create(comm, r->src, r->dst, &w.o, &w.plan);
+    CHECK(res == RESHARD_ERROR_REMOTE && !w.plan && strstr(reshard_last_error(), "would differ"),
           "the newcomer that would differ: %s: %s", reshard_result_string(res), reshard_last_error());
-    res = reshard_plan_create(comm, r->src, r->dst, &o, &plan);
+    res = reshard_plan_create(comm, r->src, r->dst, &w.o, &w.plan);
     CHECK(res == RESHARD_SUCCESS, "the right newcomer: %s: %s", reshard_result_string(res), reshard_last_error());
   } else {
-    res = reshard_plan_rejoin(plan);
+    res = reshard_plan_rejoin(w.plan);
     CHECK(res == RESHARD_ERROR_MISMATCH && strstr(reshard_last_error(), "spread rounds"),
           "a rejoin with a newcomer that would differ: %s: %s", reshard_result_string(res), reshard_last_error());
-    reshard_plan_get_status(plan, &st);
+    reshard_plan_get_status(w.plan, &st);
     CHECK(!st.failed && st.in_doubt_version == 0 && st.committed_version == 2, "after the refused rejoin: failed %d "
           "committed %llu", st.failed, (unsigned long long)st.committed_version);
     if (rank >= 2)
       CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 2, "after the refused rejoin") == 0,
             "version 2 not whole after the refused rejoin");
-    res = reshard_plan_rejoin(plan);
+    res = reshard_plan_rejoin(w.plan);
     CHECK(res == RESHARD_SUCCESS, "plan_rejoin: %s: %s", reshard_result_string(res), reshard_last_error());
   }
-  CHECK(exec_v(plan, &s, r->src, dp, 2 * nd, 3) == RESHARD_SUCCESS, "version 3: %s", reshard_last_error());
-  reshard_plan_get_status(plan, &st);
+  CHECK(exec_v(w.plan, &w.s, r->src, w.dp, 2 * w.nd, 3) == RESHARD_SUCCESS, "version 3: %s", reshard_last_error());
+  reshard_plan_get_status(w.plan, &st);
   CHECK(st.committed_version == 3 && !st.failed, "version 3 not committed");
   if (rank >= 2) CHECK(th_side_check(&d[st.active_copy], r->dst, rank, 3, "version 3") == 0, "version 3 not whole");
 out:
-  reshard_plan_destroy(plan);
-  th_side_free(&s);
-  th_side_free(&d[0]);
-  th_side_free(&d[1]);
+  world_close(&w);
   return 0;
+}
+
+static void run_case(th_rank_fn fn, int forward) {
+  reshard_layout_t *src, *dst;
+  layouts(&src, &dst);
+  run r = {src, dst, forward, 0};
+  th_run_ranks(NR, fn, &r);
+  assert_int_equal(r.problems, 0);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
 }
 
 static void test_would_differ(void **state) {
   (void)state;
-  reshard_layout_t *src, *dst;
-  layouts(&src, &dst);
-  run r = {src, dst, 0, 0};
-  th_run_ranks(NR, differ_fn, &r);
-  assert_int_equal(r.problems, 0);
-  reshard_layout_destroy(src);
-  reshard_layout_destroy(dst);
-}
-
-static void run_case(int forward) {
-  reshard_layout_t *src, *dst;
-  layouts(&src, &dst);
-  run r = {src, dst, forward, 0};
-  th_run_ranks(NR, rank_fn, &r);
-  assert_int_equal(r.problems, 0);
-  reshard_layout_destroy(src);
-  reshard_layout_destroy(dst);
+  run_case(differ_fn, 0);
 }
 
 static void test_rolls_forward(void **state) {
   (void)state;
-  run_case(1);
+  run_case(rank_fn, 1);
 }
 
 static void test_rolls_back(void **state) {
   (void)state;
-  run_case(0);
+  run_case(rank_fn, 0);
 }
 
 int main(void) {
