@@ -124,9 +124,11 @@ reshard_result_t rs_ux_boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_t
   }
 }
 
-/* Rank 0: turns the connection requests that arrived into endpoints.
- * (Under the lock.) */
+/* Rank 0: progresses the worker and turns the connection requests that
+ * arrived into endpoints. (Takes the lock.) */
 void rs_ux_accept_pending(ux_comm *m) {
+  pthread_mutex_lock(&m->lock);
+  ucp_worker_progress(m->worker);
   for (int i = 0; i < m->nconn_req; i++) {
     if (!m->conn_req[i]) continue;
     ucp_ep_params_t p = ep_params(m);
@@ -146,6 +148,7 @@ void rs_ux_accept_pending(ux_comm *m) {
     }
     if (ucp_ep_create(m->worker, &p, &ep) == UCS_OK) m->accepted[m->naccepted++] = ep;
   }
+  pthread_mutex_unlock(&m->lock);
 }
 
 /* Rank 0: listens on the rendezvous (at creation, and again while a rank
@@ -187,10 +190,7 @@ static reshard_result_t boot_collect(reshard_comm_t *c, void **addr, size_t *ale
   ux_comm *m = c->impl;
   int have = 1;
   while (have < c->size) {
-    pthread_mutex_lock(&m->lock);
-    ucp_worker_progress(m->worker);
     rs_ux_accept_pending(m);
-    pthread_mutex_unlock(&m->lock);
     void *buf = NULL;
     size_t len = 0;
     ucp_tag_t sender = 0;

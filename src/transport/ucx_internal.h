@@ -118,7 +118,7 @@ reshard_result_t rs_ux_boot_wait(reshard_comm_t *c, rs_request *r, int64_t deadl
 reshard_result_t rs_ux_boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_t mask, int64_t probe_until,
                                      int64_t deadline, const char *what, void **buf, size_t *len,
                                      ucp_tag_t *sender);
-/* Rank 0: turns the pending connection requests into endpoints. Under the lock. */
+/* Rank 0: progresses the worker, turns the pending connection requests into endpoints. Takes the lock. */
 void rs_ux_accept_pending(ux_comm *m);
 /* Rank 0: listens on the rendezvous. */
 reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who);

@@ -56,10 +56,7 @@ static reshard_result_t send_wait(reshard_comm_t *c, int p, ucp_tag_t tag, const
 static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadline, void **addr, size_t *alen) {
   ux_comm *m = c->impl;
   for (;;) {
-    pthread_mutex_lock(&m->lock);
-    ucp_worker_progress(m->worker);
     rs_ux_accept_pending(m);
-    pthread_mutex_unlock(&m->lock);
     void *buf = NULL;
     size_t len = 0;
     int64_t slice = rs_now_ns() + 2000000;
