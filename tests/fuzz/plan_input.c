@@ -122,9 +122,15 @@ static void op_mesh(fz_reader *r, fz_side *s) {
 }
 
 /* Placements of tensor t on mesh m (one per mesh axis; one when m is not a
- * mesh), with split sizes in sizes[axis][]. */
+ * mesh), with split sizes in sizes[axis][]. pl has RESHARD_MAX_MESH_DIMS
+ * entries, every one set (replicated beyond the decoded axes): a builder
+ * may have added meshes this decoder does not count (reshard_layout_add_
+ * vllm_qkv's TP split), whose axes the library then reads, and stack
+ * garbage there made a run depend on the inputs before it (a misaligned
+ * split_sizes pointer seen by UBSan once, not reproducible alone). */
 static int rd_placements(fz_reader *r, const fz_side *s, int t, int m, reshard_placement_t *pl,
                          int64_t sizes[3][4]) {
+  for (int a = 0; a < RESHARD_MAX_MESH_DIMS; a++) pl[a] = reshard_replicate();
   int naxes = m < s->nmesh ? s->mesh_ndim[m] : 1;
   int ndim = 0;
   int64_t shape[RESHARD_MAX_DIMS] = {0};
@@ -166,7 +172,7 @@ static int rd_placements(fz_reader *r, const fz_side *s, int t, int m, reshard_p
 
 static void op_place(fz_reader *r, fz_side *s, int nt) {
   int t = (int)(rd(r) % (unsigned)(nt + 1)), m = (int)(rd(r) % (unsigned)(s->nmesh + 1)), id = -1;
-  reshard_placement_t pl[3];
+  reshard_placement_t pl[RESHARD_MAX_MESH_DIMS];
   int64_t sizes[3][4];
   rd_placements(r, s, t < nt ? t : 0, m, pl, sizes);
   FZ_CALL(s, "place", reshard_layout_place(s->L, t, m, pl, &id));
@@ -197,7 +203,7 @@ static void op_fused(fz_reader *r, fz_side *s, int nt) {
   int groups = g % 4 == 3 ? 2 + (int)(g / 4 % 3) : 1;
   int nparts = 1 + (int)(rd(r) % 3);
   reshard_part_t parts[3];
-  reshard_placement_t pl[3][3];
+  reshard_placement_t pl[3][RESHARD_MAX_MESH_DIMS];
   int64_t sizes[3][3][4], padded[3][RESHARD_MAX_DIMS];
   for (int i = 0; i < nparts; i++) {
     int t = (int)(rd(r) % (unsigned)(nt + 1)), m = (int)(rd(r) % (unsigned)(s->nmesh + 1));
