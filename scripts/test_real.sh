@@ -8,7 +8,8 @@
 #
 #   bash scripts/test_real.sh            # venv in build/real-venv
 #
-# About 9.5 GB of wheels: pip keeps them in its cache (~/.cache/pip), so a
+# About 9.5 GB of wheels: pip keeps them in its cache (~/.cache/pip; CI
+# turns it off with PIP_NO_CACHE_DIR=1: it runs once), so a
 # second run on the same machine installs from there. verl 0.9.1 pins
 # transformers < 5.11 while vLLM 0.33 needs >= 5.16.1: verl goes in with
 # --no-deps, then its own dependencies at the versions vLLM has (what a
