@@ -44,7 +44,6 @@ add_library(reshard_cuda_obj OBJECT
   ${PROJECT_SOURCE_DIR}/src/device/spread_device.c
   ${PROJECT_SOURCE_DIR}/src/transport/dev_comm.c
   ${PROJECT_SOURCE_DIR}/src/cuda/cuda_util.c
-  ${PROJECT_SOURCE_DIR}/src/device/direct.c
   ${PROJECT_SOURCE_DIR}/src/cuda/mem_range.c
   ${PROJECT_SOURCE_DIR}/src/device/setup.c
   ${PROJECT_SOURCE_DIR}/src/device/execute.c

@@ -837,7 +837,10 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * communicator replaces no ranks (not UCX); INVALID_USAGE when no rejoin
  * happened since the plan was made, when it was rejoined already for the
  * latest rejoin, when more than one rejoin passed since, or while another
- * call of the plan runs. */
+ * call of the plan runs. A kept plan's registered buffers
+ * (reshard_plan_register_buffers) are dropped by a successful rejoin: it
+ * executes through staging until every rank, the newcomer included,
+ * registers again. */
 reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
 
 /* Registers this rank's buffers for the plan's executes: src and dst as
@@ -864,9 +867,23 @@ reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
  * boxes through the mapping and its own after the copy. Not with
  * RESHARD_FLAG_DOUBLE_BUFFER (UNSUPPORTED). Like execute, it is refused
  * with RESHARD_ERROR_INVALID_USAGE, changing nothing, while another call
- * of the plan runs on another thread of the rank. Other
- * transports: RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes
- * (their executes need no registration). */
+ * of the plan runs on another thread of the rank. On the UCX transport
+ * (reshard_ucx.h) the buffers are host memory registered with UCP
+ * (ucp_mem_map; their remote keys exchanged with the partners here), and
+ * every later execute reads each received box one-sided
+ * (ucp_get_nbx) straight from the sender's buffer into this rank's: no
+ * packing, no staging (a box of short runs whose source is one dense
+ * span is read whole into staging and unpacked), a token each way per
+ * round (the sender's data is ready; the receiver is done reading, so a
+ * sender's call returns only once no partner reads its buffers). Same
+ * rules as above (exact pointers, again after reallocating, all or
+ * nothing, not double-buffered; verify's sums ride on the tokens), and a
+ * plan that converts dtypes is refused with RESHARD_ERROR_UNSUPPORTED on
+ * the ranks that receive a cast box (a read moves bytes as they are;
+ * REMOTE on the others): execute it unregistered; so is a plan that
+ * quantizes or spreads (UNSUPPORTED on every rank). Other transports:
+ * RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes (their
+ * executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,
                                                void *const *src, size_t nsrc,
                                                void *const *dst, size_t ndst);

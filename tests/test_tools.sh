@@ -437,11 +437,14 @@ perf_detects_errors)
 perf_ucx)
   # --ucx (a build with UCX): the same plan over a UCX communicator of the
   # same ranks runs as one more method, checked byte for byte, and its
-  # cost is printed beside the MPI plan's
+  # cost is printed beside the MPI plan's; so does a second UCX plan with
+  # its buffers registered (one-sided reads: row ucx-reg)
   perf_ok 4 0 --shape 96,40 --dtype f32 --src-mesh 4 --src-placements S0 --dst-mesh 4 --dst-placements S1 --colocate --ucx
   grep -Eq '^ +ucx +[0-9]+ .* 0$' "$out" || fail "--ucx: no checked 'ucx' row"
-  grep -B1 '^# reshard_perf:' "$out" | head -n 1 | grep -Eq '^# ucx: time_us=[0-9]+\.[0-9] ratio=[0-9]+\.[0-9]{2}$' ||
-    fail "--ucx: no '# ucx: time_us= ratio=' line before the result line"
+  grep -Eq '^ +ucx-reg +[0-9]+ .* 0$' "$out" || fail "--ucx: no checked 'ucx-reg' row"
+  grep -B2 '^# reshard_perf:' "$out" | head -n 2 | tr '\n' '|' |
+    grep -Eq '^# ucx: time_us=[0-9]+\.[0-9] ratio=[0-9]+\.[0-9]{2}\|# ucx-reg: time_us=[0-9]+\.[0-9] ratio=[0-9]+\.[0-9]{2}\|$' ||
+    fail "--ucx: no '# ucx: time_us= ratio=' and '# ucx-reg: ...' lines before the result line"
   perf_ok 4 1 --shape 24,30,7 --dtype f16 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S2 --ucx --verify --baseline broadcast
   grep -Eq '^ +verify +[0-9]+ .* 0$' "$out" && grep -Eq '^ +ucx +[0-9]+ .* 0$' "$out" ||
     fail "--ucx --verify: no checked 'verify' and 'ucx' rows"

@@ -57,7 +57,11 @@
  * the MPI one (table row "ucx"), and its cost is printed before the
  * result line as
  *   # ucx: time_us=T ratio=R   (R = T / the MPI plan's median)
- * so the two host transports are compared in one run on the same data.
+ * so the two host transports are compared in one run on the same data;
+ * and a second UCX plan with its buffers registered
+ * (reshard_plan_register_buffers: one-sided reads, no staging) as
+ * "ucx-reg", printed the same way (skipped, with the reason, where the
+ * plan cannot register: a cast).
  *
  * --verify: a second plan of the same layouts with RESHARD_FLAG_VERIFY
  * runs as one more method ("reshard+verify"), interleaved with the plain
@@ -1068,7 +1072,8 @@ typedef struct perf_tool {
   int ndt;             /* destination tensors */
   reshard_comm_t *comm, *ucomm;
   reshard_options_t opts;
-  reshard_state rst, vst, ust; /* the plain plan, --verify's and --ucx's */
+  /* the plain plan, --verify's, --ucx's and --ucx's registered one */
+  reshard_state rst, vst, ust, urst;
   double plan_max_s;
 #ifdef RESHARD_SIMGRID_BUILD
   double plan_cpu_s;
@@ -1076,7 +1081,7 @@ typedef struct perf_tool {
   reshard_plan_stats_t st;
   int64_t sum[6], mx[4]; /* figures over all ranks (gather_figures) */
   method ms[5];
-  int nm, ucx_at, first_baseline;
+  int nm, ucx_at, ucx_reg_at, first_baseline;
   bcast_state *bst;
   a2aw_state *ast;
 } perf_tool;
@@ -1291,6 +1296,7 @@ static int create_plans(perf_tool *t) {
     bad = create_plan(t, t->comm, &vopts, &t->vst.plan, " (RESHARD_FLAG_VERIFY)");
   }
   if (!bad && t->ucomm) bad = create_plan(t, t->ucomm, &t->opts, &t->ust.plan, " (UCX)");
+  if (!bad && t->ucomm) bad = create_plan(t, t->ucomm, &t->opts, &t->urst.plan, " (UCX, to register)");
   WD_CALL(MPI_Allreduce(&plan_s, &t->plan_max_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   WD_CALL(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
 #ifdef RESHARD_SIMGRID_BUILD
@@ -1300,6 +1306,7 @@ static int create_plans(perf_tool *t) {
     reshard_plan_destroy(t->rst.plan);
     reshard_plan_destroy(t->vst.plan);
     reshard_plan_destroy(t->ust.plan);
+    reshard_plan_destroy(t->urst.plan);
     reshard_comm_destroy(t->ucomm);
     reshard_comm_destroy(t->comm);
 #ifdef RESHARD_PERF_HAVE_NCCL
@@ -1431,6 +1438,21 @@ static void setup_methods(perf_tool *t) {
   if (c->o.verify) add_plan_method(t, "verify", &t->vst, "the same plan with RESHARD_FLAG_VERIFY");
   t->ucx_at = t->ucomm ? t->nm : -1;
   if (t->ucomm) add_plan_method(t, "ucx", &t->ust, "the same plan over a UCX communicator");
+  /* --ucx's plan again with the buffers registered (one-sided reads, no
+   * staging); a plan that cannot (a cast) is skipped with the reason */
+  t->ucx_reg_at = -1;
+  if (t->ucomm) {
+    reshard_result_t r = reshard_plan_register_buffers(t->urst.plan, (void *const *)c->s.ptr, (size_t)c->s.nbuf,
+                                                       (void *const *)c->d.ptr, (size_t)c->d.nbuf);
+    t->ucx_reg_at = t->nm;
+    add_plan_method(t, "ucx-reg", &t->urst, "the UCX plan with its buffers registered (one-sided reads)");
+    if (r) {
+      t->ms[t->ucx_reg_at].skipped = 1;
+      snprintf(t->ms[t->ucx_reg_at].note, sizeof t->ms[t->ucx_reg_at].note, "register_buffers: %s: %s",
+               reshard_result_string(r), reshard_last_error());
+      say0("# ucx-reg: skipped (%s)\n", t->ms[t->ucx_reg_at].note);
+    }
+  }
   t->first_baseline = t->nm;
   if (c->o.baseline_broadcast) {
     method *m = &t->ms[t->nm++];
@@ -1479,6 +1501,7 @@ static int report(perf_tool *t) {
   const method *R = &ms[0];
   if (c->o.verify) print_ratio("verify", &ms[1], R);
   if (t->ucx_at >= 0) print_ratio("ucx", &ms[t->ucx_at], R);
+  if (t->ucx_reg_at >= 0 && !ms[t->ucx_reg_at].skipped) print_ratio("ucx-reg", &ms[t->ucx_reg_at], R);
   if (R->failed) say0("# reshard_perf: bytes=%lld time_us=nan algbw_GBps=nan wrong=%lld\n", (long long)c->delivered,
                       (long long)R->wrong);
   else
@@ -1506,6 +1529,7 @@ static void perf_tool_free(perf_tool *t) {
   reshard_plan_destroy(t->rst.plan);
   reshard_plan_destroy(t->vst.plan);
   reshard_plan_destroy(t->ust.plan);
+  reshard_plan_destroy(t->urst.plan);
   reshard_comm_destroy(t->ucomm);
   reshard_comm_destroy(t->comm);
 #ifdef RESHARD_PERF_HAVE_NCCL

@@ -442,11 +442,12 @@ class Plan(Node):
             ffi.new("char[]", str(reason).encode("utf-8", "replace")))
 
     def register_buffers(self, src_buffers=None, dst_buffers=None):
-        """reshard_plan_register_buffers (CUDA IPC: executes then read and
-        write these buffers directly, no staging). Collective. A Bound, or
-        the two dicts as for bind; with nothing, unregisters. Later
-        executes must pass exactly these buffers. Other transports:
-        reshard.UnsupportedError on every rank."""
+        """reshard_plan_register_buffers (CUDA IPC, and UCX with host
+        arrays: executes then read each box straight from its sender's
+        buffer, no staging). Collective. A Bound, or the two dicts as for
+        bind; with nothing, unregisters. Later executes must pass exactly
+        these buffers. Other transports: reshard.UnsupportedError on every
+        rank."""
         if src_buffers is None and dst_buffers is None:
             check(lib.reshard_plan_register_buffers(self.handle, ffi.NULL, 0,
                                                     ffi.NULL, 0))

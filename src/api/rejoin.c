@@ -2,10 +2,11 @@
  * plan's busy flag, the kept plan's side of the newcomer's creation
  * (plan/rejoin.c), then the agreed counters and the cleared failure
  * (exec/state.c) of the plan and its pre-plans, applied only once every
- * collective passed. */
+ * collective passed; registered buffers are dropped. */
 #include "api/front.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
+#include "exec/register.h"
 #include "plan/planner.h"
 #include "plan/quant.h"
 #include "plan/spread.h"
@@ -58,6 +59,11 @@ reshard_result_t reshard_plan_rejoin(reshard_plan_t *p) {
       live[k]->rejoins = p->comm->rejoins;
     }
     p->rejoined = 1;
+    /* Registered buffers (exec/register.h) are dropped: their keys of
+     * the replaced rank are gone, and the newcomer registered nothing.
+     * The plan executes through staging until every rank registers
+     * again (collective, the newcomer included). */
+    rs_host_reg_free(p);
   }
   rs_api_leave(p);
   return r;

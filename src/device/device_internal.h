@@ -36,7 +36,7 @@
 #include <pthread.h>
 
 #include "device/device.h"
-#include "device/direct.h"
+#include "exec/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/schedule.h"
 #include "transport/stream.h"
@@ -166,8 +166,6 @@ reshard_result_t device_prepare_local(reshard_plan_t *p);
 reshard_result_t device_execute(const reshard_plan_t *plan, rs_exec_call *c);
 
 /* table.c */
-void *call_buf(const reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
-               size_t i);
 int table_changed(const reshard_plan_t *p, const rs_dev *d, void *const *src, size_t nsrc, void *const *dst,
                   size_t ndst);
 reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *const *src, size_t nsrc,

@@ -15,7 +15,7 @@
 #include "transport/dev_comm.h"
 #include "device/device.h"
 #include "device/device_internal.h"
-#include "device/direct.h"
+#include "exec/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
 #include "exec/schedule.h"
@@ -444,15 +444,7 @@ static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *sr
   /* A registered plan runs direct on every rank: its partners read this
    * rank's registered buffers, so other pointers are refused (a rank
    * falling back to staging alone would not pair with its partners). */
-  for (size_t i = 0; r == RESHARD_SUCCESS && d->reg && i < d->nreg; i++) {
-    void *given = call_buf(p, src, nsrc, dst, ndst, i);
-    if (given != d->reg[i])
-      r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffer %zu is %p, not the registered %p: a "
-                   "plan with registered buffers executes with exactly those (call reshard_plan_register_buffers "
-                   "again after reallocating, or with no buffers to go back to staging)", p->rank,
-                   i < (size_t)p->num_src_buffers ? "source" : "destination",
-                   i < (size_t)p->num_src_buffers ? i : i - p->num_src_buffers, given, d->reg[i]);
-  }
+  if (r == RESHARD_SUCCESS && d->reg) r = rs_direct_check_bufs(p, d->reg, d->nreg, src, nsrc, dst, ndst);
   if (r != RESHARD_SUCCESS)
     ;
   else if (captured < 0)

@@ -14,27 +14,19 @@
 #include "transport/dev_comm.h"
 #include "device/device.h"
 #include "device/device_internal.h"
-#include "device/direct.h"
+#include "exec/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
 #include "exec/schedule.h"
 #include "plan/quant.h"
 #include "transport/stream.h"
 
-/* Entry i of the call's buffer table (source buffers, then destination
- * buffers; NULL where the caller passed none). */
-void *call_buf(const reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
-               size_t i) {
-  const size_t ns = (size_t)p->num_src_buffers;
-  return i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
-}
-
 /* Whether table slot `slot` holds the call's buffers. */
 static int table_holds(const reshard_plan_t *p, const rs_dev *d, int slot, void *const *src, size_t nsrc,
                        void *const *dst, size_t ndst) {
   if (!(d->tab_valid >> slot & 1)) return 0;
   for (size_t i = 0; i < d->ntab; i++)
-    if (d->h_tab[slot][i] != call_buf(p, src, nsrc, dst, ndst, i)) return 0;
+    if (d->h_tab[slot][i] != rs_direct_call_buf(p, src, nsrc, dst, ndst, i)) return 0;
   return 1;
 }
 
@@ -86,7 +78,7 @@ reshard_result_t switch_table(const reshard_plan_t *p, rs_dev *d, void *const *s
                     "finishing", p->rank, RS_TAB_SLOTS);
   if (q) return rs_cuda_error(q, "cudaEventQuery(buffer table)", p->rank);
   void **h = d->h_tab[slot];
-  for (size_t i = 0; i < d->ntab; i++) h[i] = call_buf(p, src, nsrc, dst, ndst, i);
+  for (size_t i = 0; i < d->ntab; i++) h[i] = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
   cudaError_t ce = cudaMemcpyAsync(d->d_tab[slot], h, d->ntab * sizeof(void *), cudaMemcpyHostToDevice, d->s[S_PACK]);
   if (!ce) ce = cudaEventRecord(d->tab_ev[slot], d->s[S_PACK]);
   if (ce) return rs_cuda_error(ce, "buffer table upload", p->rank);

@@ -15,7 +15,7 @@
 #include "transport/dev_comm.h"
 #include "device/device.h"
 #include "device/device_internal.h"
-#include "device/direct.h"
+#include "exec/direct.h"
 #include "kernels/rs_kernels.h"
 #include "exec/exec_state.h"
 #include "exec/schedule.h"

@@ -19,11 +19,15 @@
  * (data messages), bits 0-31 the round; bit 63 marks the per-execute
  * control messages, whose tag has no call number, so that headers of
  * mismatched calls still meet and can be compared. Bit 31 of the round
- * marks a verify-mode checksum message. */
+ * marks a verify-mode checksum message; bits 30 and 29 a registered
+ * execute's tokens (exec/execute.c, direct_round). Control tag 4 (and 5)
+ * carries a host registration's exchange (exec/register.c). */
 #define RS_TAG_CONTROL ((uint64_t)1 << 63)
 #define RS_TAG_EPOCH_MASK 0x7fffu
 #define RS_TAG_VERIFY ((uint64_t)1 << 31)
-enum { RS_CTL_HEADER = 1, RS_CTL_STATUS = 2 };
+#define RS_TAG_READY ((uint64_t)1 << 30)
+#define RS_TAG_DONE ((uint64_t)1 << 29)
+enum { RS_CTL_HEADER = 1, RS_CTL_STATUS = 2, RS_CTL_REGISTER = 4 };
 
 /* ---- doubt.c ---- */
 

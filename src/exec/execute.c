@@ -26,7 +26,9 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "exec/direct.h"
 #include "exec/exec_state.h"
+#include "exec/register.h"
 #include "exec/host.h"
 #include "exec/schedule.h"
 #include "kernels/rs_agree.h"
@@ -64,6 +66,11 @@ typedef struct exec_state {
   uint64_t call, version;
   rs_xfer *xfers;  /* one round's transfers (rs_sched_xfers) */
   int sent_upto;   /* the rounds before it have completed their sends */
+  /* Registered buffers (exec/register.h; NULL: staged): each round reads
+   * its boxes from the senders' buffers (direct_round). token: what the
+   * tokens carry outside verify mode (nothing: 0 bytes). */
+  const rs_host_reg *reg;
+  uint64_t token;
 } exec_state;
 
 /* How often a wait looks at the partners' statuses. */
@@ -373,6 +380,125 @@ static reshard_result_t unpack_round(exec_state *st, int k) {
   return RESHARD_SUCCESS;
 }
 
+/* Registered buffers: a box of many short runs whose source is one dense
+ * span is read whole into the receive staging where its message would
+ * have landed (the sender's pack order is its memory order there), then
+ * unpacked by its receive copy: one read instead of one per run (a
+ * transpose's rows of a few KiB: a system call each over shared memory). */
+#define RS_DIRECT_SHORT_RUN 16384
+static int read_staged(const rs_copy *cp) {
+  if (cp->run_bytes >= RS_DIRECT_SHORT_RUN || cp->ndim == 0) return 0;
+  return rs_direct_src_end(cp) - cp->src_off == rs_copy_bytes(cp);
+}
+
+/* Reads box ci of round k (its composed copy, exec/register.h) from its
+ * sender's buffer into this rank's destination, one read per contiguous
+ * run, or whole into staging (read_staged). */
+static reshard_result_t read_box(exec_state *st, size_t ci, int k) {
+  const rs_copy *cp = &st->reg->copies[ci];
+  if (read_staged(cp))
+    return st->comm->ops->rma_get(st->comm, st->reg->set, (size_t)cp->src_buf, cp->src_off,
+                                  st->recv_stage[k & 1] + st->plan->recv_copies[ci].src_off, rs_copy_bytes(cp));
+  int64_t idx[RS_COPY_MAX_DIMS] = {0};
+  unsigned char *dst = (unsigned char *)st->dst[cp->dst_buf] + cp->dst_off;
+  for (;;) {
+    uint64_t so = cp->src_off;
+    unsigned char *d = dst;
+    for (int i = 0; i < cp->ndim; i++) so += (uint64_t)(idx[i] * cp->src_stride[i]), d += idx[i] * cp->dst_stride[i];
+    RS_CHECK(st->comm->ops->rma_get(st->comm, st->reg->set, (size_t)cp->src_buf, so, d, cp->run_bytes));
+    int i = cp->ndim - 1;
+    for (; i >= 0 && ++idx[i] == cp->extent[i]; i--) idx[i] = 0;
+    if (i < 0) return RESHARD_SUCCESS;
+  }
+}
+
+/* Posts a token of round k's message m: "ready" (sender to receiver; in
+ * verify mode the message's box sums) or "done" (receiver to sender). */
+static reshard_result_t post_token(exec_state *st, const rs_msg *m, int k, int done, int recv, rs_request **slot) {
+  const rs_transport_ops *ops = st->comm->ops;
+  const uint64_t tag = st->tag | (uint64_t)k | (done ? RS_TAG_DONE : RS_TAG_READY);
+  const int sums = st->verify && !done;
+  const size_t bytes = sums ? (size_t)m->ncopies * sizeof(uint64_t) : 0;
+  if (recv) return ops->irecv(st->comm, m->peer, tag, sums ? (void *)(st->recv_sums + m->first_copy) : &st->token,
+                              bytes, slot);
+  uint64_t *s = sums ? st->send_sums + m->first_copy : &st->token;
+  if (sums)
+    sum_copies(st->plan, &st->plan->send_copies[m->first_copy], &st->plan->send_vbox[m->first_copy], m->ncopies, 0,
+               send_bases(st, m), s);
+  return ops->isend(st->comm, m->peer, tag, s, bytes, slot);
+}
+
+/* Waits for round k's requests rq[0..n) (messages msgs[first..]). */
+static reshard_result_t wait_tokens(exec_state *st, rs_request **rq, const rs_msg *msgs, size_t n, int k,
+                                    const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    reshard_result_t r = rq[i] ? wait_slot(st, &rq[i]) : RESHARD_SUCCESS;
+    if (r != RESHARD_SUCCESS) {
+      rs_error_prefix("execute rank %d round %d (registered buffers: %s rank %d): ", st->plan->rank, k, what,
+                      msgs[i].peer);
+      return r;
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* Round k with registered buffers (RS_STEP_XFER; nothing is packed or
+ * unpacked): once the agreement's check passed, a "ready" token from
+ * each sender of the round says its data may be read (sources from the
+ * call's start; a relay forward's once it landed, two rounds earlier,
+ * which the forwarder's own earlier rounds made sure of); this rank
+ * reads its boxes, waits until they all landed (the transport's
+ * rma_flush), checks them in verify mode (the sums rode on the ready
+ * tokens), and sends each sender "done", so that no sender's call
+ * returns (and lets its caller change its buffers) while a partner may
+ * still read them. As on CUDA IPC (src/device/execute.c, direct_round). */
+static reshard_result_t direct_round(exec_state *st, int k) {
+  const reshard_plan_t *p = st->plan;
+  size_t rf = 0, sf = 0;
+  const size_t nr = rs_sched_round_msgs(p, k, 1, &rf), ns = rs_sched_round_msgs(p, k, 0, &sf);
+  rs_request **rq = st->rreq[0], **sq = st->sreq[0];
+  RS_CHECK(host_check(st));
+  /* (cancel_all sees these slots on a failure) */
+  for (size_t i = 0; i < nr; i++) rq[i] = st->hrreq[0][i] = NULL, st->verify ? (void)(st->vrreq[0][i] = NULL) : (void)0;
+  for (size_t i = 0; i < ns; i++) sq[i] = st->hsreq[0][i] = NULL, st->verify ? (void)(st->vsreq[0][i] = NULL) : (void)0;
+  st->nrreq[0] = nr, st->nsreq[0] = ns;
+  for (size_t i = 0; i < nr; i++) RS_CHECK(post_token(st, &p->recvs[rf + i], k, 0, 1, &rq[i]));
+  for (size_t i = 0; i < ns; i++) RS_CHECK(post_token(st, &p->sends[sf + i], k, 0, 0, &sq[i]));
+  for (size_t i = 0; i < nr; i++) {
+    const rs_msg *m = &p->recvs[rf + i];
+    RS_CHECK(wait_tokens(st, &rq[i], m, 1, k, "ready from"));
+    for (uint32_t c = 0; c < m->ncopies; c++) RS_CHECK(read_box(st, m->first_copy + c, k));
+  }
+  reshard_result_t r = st->comm->ops->rma_flush(st->comm, st->reg->set, st->deadline);
+  if (r != RESHARD_SUCCESS) {
+    rs_error_prefix("execute rank %d round %d (registered buffers: reads): ", p->rank, k);
+    return r;
+  }
+  for (size_t i = 0; i < nr; i++) {
+    const rs_msg *m = &p->recvs[rf + i];
+    for (size_t ci = m->first_copy; ci < m->first_copy + m->ncopies; ci++)
+      if (read_staged(&st->reg->copies[ci]))
+        rs_copy_run(&p->recv_copies[ci], st->recv_stage[k & 1], st->dst[p->recv_copies[ci].dst_buf]);
+  }
+  for (size_t i = 0; st->verify && i < nr; i++) {
+    const rs_msg *m = &p->recvs[rf + i];
+    for (uint32_t c = 0; c < m->ncopies; c++) {
+      const size_t ci = m->first_copy + c;
+      const rs_copy *cp = &p->recv_copies[ci];
+      const rs_vbox *v = &p->recv_vbox[ci];
+      uint64_t got = rs_box_sum(cp, 1, st->dst[cp->dst_buf], v, &p->vtensors[v->tensor]);
+      if (got != st->recv_sums[ci]) return rs_verdict_verify(p, "", v, 1, m->peer, got, st->recv_sums[ci], "");
+    }
+  }
+  RS_CHECK(wait_tokens(st, sq, &p->sends[sf], ns, k, "ready to"));
+  for (size_t i = 0; i < ns; i++) RS_CHECK(post_token(st, &p->sends[sf + i], k, 1, 1, &sq[i]));
+  for (size_t i = 0; i < nr; i++) RS_CHECK(post_token(st, &p->recvs[rf + i], k, 1, 0, &rq[i]));
+  RS_CHECK(wait_tokens(st, rq, &p->recvs[rf], nr, k, "done to"));
+  RS_CHECK(wait_tokens(st, sq, &p->sends[sf], ns, k, "done from"));
+  st->nrreq[0] = st->nsreq[0] = 0;
+  return RESHARD_SUCCESS;
+}
+
 /* The host's way of waiting for a transfer to have sent: its sends, and
  * those of the rounds before it, complete (their staging half is free). */
 static reshard_result_t complete_sends(exec_state *st, int through) {
@@ -419,11 +545,11 @@ static reshard_result_t host_run(void *ctx, rs_step step) {
   case RS_STEP_AGREE:
     return host_agree(st);
   case RS_STEP_XFER:
-    return post_round(st, step.round);
+    return st->reg ? direct_round(st, step.round) : post_round(st, step.round);
   case RS_STEP_LOCAL:
     return run_local(st);
   case RS_STEP_UNPACK:
-    return unpack_round(st, step.round);
+    return st->reg ? RESHARD_SUCCESS : unpack_round(st, step.round);
   case RS_STEP_PACK:
   case RS_STEP_CHECK:
     break;
@@ -592,6 +718,7 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
     target = active < 0 ? 0 : 1 - active;
   }
   st.dst = dst_copies[target];
+  st.reg = plan->host_reg;
   st.tag = plan->tag_base | (call & RS_TAG_EPOCH_MASK) << 48;
   st.call = call;
   /* the schedule (exec/schedule.h), from the agreement on */
@@ -613,6 +740,11 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
  * one. */
 static reshard_result_t host_execute(const reshard_plan_t *plan, rs_exec_call *c) {
   int target = 0;
+  const rs_host_reg *g = plan->host_reg;
+  if (g) {
+    reshard_result_t r = rs_direct_check_bufs(plan, g->bufs, g->nbufs, c->src, c->nsrc, c->dst, c->ndst);
+    if (r != RESHARD_SUCCESS) return abort_call(plan, c->explicit_version, c->version_in, r);
+  }
   RS_CHECK(run_call(plan, c->explicit_version, c->version_in, c->src, c->copies, &c->version, &c->call, &target));
   if (plan->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER)
     __atomic_store_n(&((reshard_plan_t *)plan)->active_copy, target, __ATOMIC_RELEASE);
@@ -630,8 +762,12 @@ static reshard_result_t host_refuse(const reshard_plan_t *plan, int explicit_ver
   return r;
 }
 
+static void host_free(reshard_plan_t *plan) { rs_host_reg_free(plan); }
+
 const rs_executor rs_host_executor = {
     .name = "host",
     .execute = host_execute,
     .refuse = host_refuse,
+    .register_buffers = rs_host_register,
+    .free = host_free,
 };

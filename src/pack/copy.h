@@ -40,7 +40,7 @@ typedef struct rs_copy {
   /* 0 and 0: a byte copy; else the source's and the destination's
    * reshard_dtype_t plus one (a cast between two float dtypes). In the
    * 4 bytes that were reserved, so the layout (shipped between ranks by
-   * src/device/direct.c) keeps its size. */
+   * src/exec/direct.c) keeps its size. */
   uint8_t cvt_from, cvt_to;
   uint16_t reserved;
   int64_t extent[RS_COPY_MAX_DIMS];

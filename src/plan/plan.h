@@ -200,6 +200,9 @@ struct reshard_plan {
    * descriptors, streams, events), set up by its prepare_local and freed
    * by its free from reshard_plan_destroy. NULL on host transports. */
   void *device;
+  /* The host executor's registered buffers (exec/register.c; a
+   * transport with one-sided reads, UCX), freed by its free. NULL: none. */
+  struct rs_host_reg *host_reg;
   /* Set to 1 by the device executor's free when the GPU did not let go of the plan's
    * work and its memory was left allocated: memory others own that the
    * work uses must stay too (a quantizing plan's scratch, a spreading

@@ -35,8 +35,12 @@ typedef struct rs_share {
   void *in;         /* the peer's bytes (malloc'd by the transport) */
   size_t in_bytes;
   void **bufs;      /* the peer's buffers as mapped here (malloc'd by the
-                       transport; NULL where the peer passed none) */
+                       transport; NULL where the peer passed none); on a
+                       host transport's rma_share (transport.h) its
+                       addresses there, never dereferenced here */
   size_t nbufs;
+  uint64_t *lens;   /* rma_share: each of those buffers' registered bytes
+                       (malloc'd by the transport); NULL elsewhere */
 } rs_share;
 
 struct rs_stream_ops {

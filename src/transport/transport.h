@@ -20,6 +20,7 @@
 typedef struct rs_request rs_request; /* owned by the transport */
 typedef struct rs_stream_ops rs_stream_ops; /* device transports only */
 struct rs_copy;                             /* src/pack/copy.h */
+struct rs_share;                            /* transport/stream.h */
 
 
 /* The most words one allreduce_max_u64 carries (plan creation's first
@@ -88,6 +89,28 @@ typedef struct rs_transport_ops {
                                   const struct rs_copy *copies, uint32_t n,
                                   void *const *bases, size_t bytes,
                                   rs_request **req);
+  /* Optional (UCX; NULL elsewhere): one-sided reads of the partners'
+   * memory, for the host executor's registered buffers
+   * (reshard_plan_register_buffers, exec/register.c). rma_share is
+   * collective over the partners sh[0..n) (each calls it with this rank
+   * among its own, in any order): it registers this rank's buffers
+   * bufs[0..nbufs) (bytes[b] each; a NULL or empty one: none), sends each
+   * partner sh[i].out and the keys of those registrations with `tag`,
+   * and fills sh[i].in, in_bytes, nbufs, bufs and lens with the
+   * partner's (rs_share, transport/stream.h); *set holds what it made
+   * until rma_unshare. A rank that failed before passes bufs NULL and
+   * nbufs 0, so that no partner waits for it. Table entry t counts the
+   * partners' buffers in the order of sh: sh[0]'s first buffer is entry
+   * 0. rma_get starts reading `bytes` bytes at offset `off` of entry t
+   * into `to` (MISMATCH past the registered bytes); rma_flush waits
+   * until every read of the set has landed (or failed: BACKEND naming
+   * the partner) or the deadline passes (TIMEOUT; reads still in flight
+   * may land later: the caller fails its plan). */
+  reshard_result_t (*rma_share)(reshard_comm_t *comm, uint64_t tag, void *const *bufs, const uint64_t *bytes,
+                                size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline_ns, void **set);
+  reshard_result_t (*rma_get)(reshard_comm_t *comm, void *set, size_t t, uint64_t off, void *to, size_t bytes);
+  reshard_result_t (*rma_flush)(reshard_comm_t *comm, void *set, int64_t deadline_ns);
+  void (*rma_unshare)(reshard_comm_t *comm, void *set);
 } rs_transport_ops;
 
 struct reshard_comm {

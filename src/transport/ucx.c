@@ -452,4 +452,8 @@ const rs_transport_ops rs_ux_ops = {
     .allreduce_max_u64 = rs_ux_allreduce,
     .allreduce_late = ux_allreduce_late,
     .destroy = ux_destroy,
+    .rma_share = rs_ux_rma_share,
+    .rma_get = rs_ux_rma_get,
+    .rma_flush = rs_ux_rma_flush,
+    .rma_unshare = rs_ux_rma_unshare,
 };

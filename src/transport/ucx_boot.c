@@ -412,7 +412,7 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int joi
   ucp_params_t pp;
   memset(&pp, 0, sizeof pp);
   pp.field_mask = UCP_PARAM_FIELD_FEATURES;
-  pp.features = UCP_FEATURE_TAG;
+  pp.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA; /* RMA: registered buffers (ucx_rma.c) */
   s = ucp_init(&pp, cfg, &m->ctx);
   ucp_config_release(cfg);
   if (s != UCS_OK) return rs_ux_fail(s, "ucp_init", c->rank, -1);

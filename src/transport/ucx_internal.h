@@ -1,7 +1,7 @@
 /* What the three files of the UCX transport share (not installed): ucx.c
  * (messages, requests, waits, collectives, teardown), ucx_boot.c (the
- * rendezvous and communicator creation) and ucx_rejoin.c (replacing a
- * rank). The tags are described at the top of ucx.c. */
+ * rendezvous and communicator creation), ucx_rejoin.c (replacing a
+ * rank) and ucx_rma.c (one-sided reads of registered buffers). The tags are described at the top of ucx.c. */
 #ifndef RS_TRANSPORT_UCX_INTERNAL_H
 #define RS_TRANSPORT_UCX_INTERNAL_H
 
@@ -109,6 +109,13 @@ reshard_result_t rs_ux_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64
 void rs_ux_close_ep(ux_comm *m, ucp_ep_h ep);
 /* Takes the unreceived messages matching tag/mask off the worker. Under the lock. */
 void rs_ux_drain_unexpected(ux_comm *m, ucp_tag_t tag, ucp_tag_t mask);
+
+/* ucx_rma.c: the transport's rma_* operations (transport.h) */
+reshard_result_t rs_ux_rma_share(reshard_comm_t *c, uint64_t tag, void *const *bufs, const uint64_t *bytes,
+                                 size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline, void **set);
+reshard_result_t rs_ux_rma_get(reshard_comm_t *c, void *set, size_t t, uint64_t off, void *to, size_t bytes);
+reshard_result_t rs_ux_rma_flush(reshard_comm_t *c, void *set, int64_t deadline);
+void rs_ux_rma_unshare(reshard_comm_t *c, void *set);
 
 /* ucx_boot.c */
 

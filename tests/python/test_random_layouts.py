@@ -97,8 +97,10 @@ def fill(nbytes, pieces, tensors, seed_of, fill_values):
     return buf
 
 
-def make_case(seed, nranks):
-    """The body each rank runs for the random case ``seed``: fn(rank, comm)."""
+def make_case(seed, nranks, register=False):
+    """The body each rank runs for the random case ``seed``: fn(rank, comm).
+    register: the buffers registered (plan.register_buffers: one-sided
+    reads on UCX) instead of bound."""
     rng = np.random.default_rng(seed)
     tensors = []
     for t in range(int(rng.integers(1, 4))):
@@ -130,7 +132,8 @@ def make_case(seed, nranks):
             dbufs = {k: fill(n, p, tensors, seed_of, False)
                      for k, (n, p) in want_dst.items()}
             sbefore = {k: v.copy() for k, v in sbufs.items()}
-            bound = plan.bind(sbufs, dbufs)
+            bound = plan.register_buffers(sbufs, dbufs) if register \
+                else plan.bind(sbufs, dbufs)
             for _ in range(2):  # a second step replays the same plan
                 plan.execute(bound)
             for k, (n, p) in want_dst.items():

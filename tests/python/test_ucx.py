@@ -44,8 +44,12 @@ def launch(size, script, *args, timeout=240):
     return [out[r] for r in sorted(out)]
 
 
-def test_random_layouts_ucx(seed):
-    res = launch(4, "tests/python/ucx_random_layouts.py", seed, 8)
+@pytest.mark.parametrize("register", [False, True])
+def test_random_layouts_ucx(seed, register):
+    """Random layouts over 4 processes; registered: each plan's numpy
+    buffers registered (plan.register_buffers), so every execute reads its
+    boxes one-sided from the senders' arrays."""
+    res = launch(4, "tests/python/ucx_random_layouts.py", seed, 8, *(["register"] if register else []))
     for rank, (rc, text) in enumerate(res):
         assert rc == 0 and "OK" in text, "rank %d:\n%s" % (rank, text)
 

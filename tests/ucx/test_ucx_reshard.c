@@ -33,6 +33,20 @@
  *     failures; rank 0 prints "FAILED <case>" (and a random pair's layout
  *     calls) and the summary "N passed, N failed".
  *
+ *   registered [SEEDS]   the cases of random with every plan's buffers
+ *     registered first (reshard_plan_register_buffers: one-sided reads,
+ *     no staging) but the double-buffered one (UNSUPPORTED there); a
+ *     pair that converts dtypes may be refused (UNSUPPORTED naming the
+ *     cast on the ranks reading one, REMOTE on the others) and then runs
+ *     staged; every second pair with relays on (options.relay 1: a
+ *     relay forward reads the forwarder's destination). Same checks. Then a registered grid plan given other
+ *     destination buffers on rank 0: INVALID_ARGUMENT there, REMOTE on
+ *     the others, nothing written (every registered destination still
+ *     holds the step before, the other buffers untouched).
+ *     Both modes (3 or more processes): a 4 MiB fan-out from rank 0 to
+ *     the others with relays (options.relay 1, 256 KiB staging: several
+ *     rounds), each destination asserted to forward.
+ *
  *   stop   (3 or more processes) a process is SIGSTOPped: the pids are
  *     gathered (the allgather plan), the grid plan is created (timeout_ms
  *     2000, 4 KiB staging), the last rank raise(SIGSTOP)s itself; the
@@ -101,6 +115,11 @@
 static const char *rendezvous;
 static int world_rank = -1, world_size = -1;
 static int passed, failed; /* cases, the same on every rank */
+/* registered mode: every case registers its buffers first */
+static int registered;
+/* options.relay of the next case (random pairs alternate in registered
+ * mode: relay forwards read the forwarder's destination buffers) */
+static int relay_opt = -1;
 
 static double now_ms(void) {
   struct timespec ts;
@@ -138,6 +157,33 @@ static reshard_layout_t *grid_layout(int dim, int tile) {
     return NULL;
   }
   return L;
+}
+
+/* A fan-out: "w" [tile, tile] fp32 held whole by rank 0 (the source)
+ * and replicated on ranks 1 .. n-1 (dst). With options.relay 1 rank 0
+ * sends each destination a part and they forward the rest among
+ * themselves. NULL on failure (printed). */
+static reshard_layout_t *fanout_layout(int dst, int tile) {
+  reshard_layout_t *L = NULL;
+  int n = dst ? world_size - 1 : 1, tid, mid, bid;
+  int64_t shape[2] = {tile, tile};
+  reshard_placement_t pl = reshard_replicate();
+  if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &tid) ||
+      reshard_layout_add_mesh_strided(L, 1, &n, dst ? 1 : 0, 1, &mid) || reshard_layout_place(L, tid, mid, &pl, &bid)) {
+    fprintf(stderr, "rank %d: fan-out layout: %s\n", world_rank, reshard_last_error());
+    reshard_layout_destroy(L);
+    return NULL;
+  }
+  return L;
+}
+
+/* Whether rank r > 0 of the fan-out sends (forwards) anything. */
+static int forwards_something(const reshard_plan_t *plan) {
+  reshard_peer_stats_t ps[64];
+  size_t n = 0, sent = 0;
+  if (reshard_plan_get_peer_stats(plan, ps, 64, &n)) return 0;
+  for (size_t i = 0; i < n && i < 64; i++) sent += ps[i].send_bytes;
+  return sent > 0;
 }
 
 /* ----------------------------------------------------------- allgather */
@@ -222,12 +268,14 @@ static int judge(gather_t *g, const char *name, int64_t bad, int64_t err) {
 
 /* Plans src -> dst, executes `steps` steps, checks every destination byte
  * of this rank; returns judge's verdict. */
-static int run_case(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *src, const reshard_layout_t *dst,
-                    size_t staging, uint32_t flags, int steps, int min_rounds, const char *name) {
+static int run_case_casts(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *src,
+                          const reshard_layout_t *dst, size_t staging, uint32_t flags, int steps, int min_rounds,
+                          const char *name, int casts) {
   reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
   if (staging) opts.staging_bytes = staging;
   opts.timeout_ms = CASE_TIMEOUT_MS;
   opts.flags = flags;
+  opts.relay = relay_opt;
   reshard_plan_t *plan = NULL;
   int64_t bad = 0, err = 0;
   reshard_selftest_t s, d;
@@ -251,6 +299,24 @@ static int run_case(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *s
     fprintf(stderr, "[%s] rank %d: selftest_alloc: %s\n", name, world_rank, reshard_last_error());
     err = 1;
   }
+  if (plan && strstr(name, "fan-out") && world_rank > 0 && !forwards_something(plan)) {
+    fprintf(stderr, "[%s] rank %d: relay 1, yet this destination forwards nothing\n", name, world_rank);
+    err = 1;
+  }
+  if (registered && plan && !err) {
+    /* One-sided reads (reshard_plan_register_buffers on UCX): every case
+     * but a cast's must register; a cast's is refused UNSUPPORTED on the
+     * ranks that read one, and then runs staged (its partners' result is
+     * REMOTE: the registration is all or nothing). */
+    r = reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                      (size_t)d.nbuf);
+    int cast = r == RESHARD_ERROR_UNSUPPORTED && strstr(reshard_last_error(), "converts dtypes");
+    if (r && !(casts && (cast || r == RESHARD_ERROR_REMOTE))) {
+      fprintf(stderr, "[%s] rank %d: register_buffers: %s: %s\n", name, world_rank, reshard_result_string(r),
+              reshard_last_error());
+      err = 1;
+    }
+  }
   for (int step = 0; step < steps && plan && !err; step++) {
     reshard_selftest_fill(&s, src, (uint64_t)step);
     double t0 = now_ms();
@@ -267,6 +333,11 @@ static int run_case(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *s
   reshard_selftest_free(&d);
   reshard_plan_destroy(plan);
   return judge(g, name, bad, err);
+}
+
+static int run_case(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *src, const reshard_layout_t *dst,
+                    size_t staging, uint32_t flags, int steps, int min_rounds, const char *name) {
+  return run_case_casts(comm, g, src, dst, staging, flags, steps, min_rounds, name, 0);
 }
 
 static int random_cases(reshard_comm_t *comm, gather_t *g, int count) {
@@ -287,7 +358,10 @@ static int random_cases(reshard_comm_t *comm, gather_t *g, int count) {
     char name[96];
     snprintf(name, sizeof name, "random seed %llu (%s, %d ranks of %d)", (unsigned long long)s,
              mode == RL_CASTS ? "casts" : "any", p.nranks, world_size);
-    int v = run_case(comm, g, p.src, p.dst, seed % 3 == 0 ? 4096 : 0, 0, 2, 0, name);
+    relay_opt = registered && seed % 2 ? 1 : -1;
+    if (relay_opt == 1) strncat(name, ", relay 1", sizeof name - strlen(name) - 1);
+    int v = run_case_casts(comm, g, p.src, p.dst, seed % 3 == 0 ? 4096 : 0, 0, 2, 0, name, mode == RL_CASTS);
+    relay_opt = -1;
     if (v > 0 && world_rank == 0) rl_pair_print(&p, stdout);
     rl_pair_free(&p);
     if (v < 0) return -1;
@@ -363,6 +437,58 @@ static int double_buffer_case(reshard_comm_t *comm, gather_t *g, const reshard_l
   return judge(g, name, bad, err);
 }
 
+/* registered mode: a registered plan refuses other buffers. Rank 0
+ * passes a fresh destination buffer in place of its registered one: it
+ * gets INVALID_ARGUMENT and its partners REMOTE (the refusal takes its
+ * place in the agreement), and nothing lands anywhere: every rank's
+ * registered destination still holds the step before. */
+static int refusal_case(reshard_comm_t *comm, gather_t *g, const reshard_layout_t *src, const reshard_layout_t *dst) {
+  const char *name = "grid registered, other buffers refused";
+  reshard_options_t opts = RESHARD_OPTIONS_INITIALIZER;
+  opts.timeout_ms = CASE_TIMEOUT_MS;
+  reshard_plan_t *plan = NULL;
+  int64_t bad = 0, err = 0;
+  reshard_selftest_t s, d, other;
+  memset(&s, 0, sizeof s);
+  memset(&d, 0, sizeof d);
+  memset(&other, 0, sizeof other);
+  reshard_result_t r = reshard_plan_create(comm, src, dst, &opts, &plan);
+  if (r || reshard_selftest_alloc(&s, src, world_rank, -1) || reshard_selftest_alloc(&d, dst, world_rank, -1) ||
+      reshard_selftest_alloc(&other, dst, world_rank, -1) ||
+      reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                    (size_t)d.nbuf)) {
+    fprintf(stderr, "[%s] rank %d: set-up: %s\n", name, world_rank, reshard_last_error());
+    err = 1;
+  }
+  if (!err) {
+    reshard_selftest_fill(&s, src, 1);
+    r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+    if (r) fprintf(stderr, "[%s] rank %d: execute: %s\n", name, world_rank, reshard_last_error()), err = 1;
+    bad += reshard_selftest_check_from(&d, dst, src, world_rank, 1, name);
+  }
+  if (!err) {
+    reshard_selftest_fill(&s, src, 2);
+    r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf,
+                             (void *const *)(world_rank == 0 ? other.ptr : d.ptr), (size_t)d.nbuf, NULL);
+    reshard_result_t want = world_rank == 0 ? RESHARD_ERROR_INVALID_ARGUMENT : RESHARD_ERROR_REMOTE;
+    if (r != want || (world_rank == 0 && !strstr(reshard_last_error(), "not the registered"))) {
+      fprintf(stderr, "[%s] rank %d: execute with other buffers: %s (expected %s): %s\n", name, world_rank,
+              reshard_result_string(r), reshard_result_string(want), reshard_last_error());
+      err = 1;
+    }
+    bad += reshard_selftest_check_from(&d, dst, src, world_rank, 1, name); /* still step 1 */
+    if (!state_untouched(&other)) {
+      fprintf(stderr, "[%s] rank %d: the refused buffers were written\n", name, world_rank);
+      bad++;
+    }
+  }
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_selftest_free(&other);
+  reshard_plan_destroy(plan);
+  return judge(g, name, bad, err);
+}
+
 static int run_random(reshard_comm_t *comm, int seeds) {
   gather_t g;
   if (gather_create(comm, 30000, &g)) return 1;
@@ -375,7 +501,21 @@ static int run_random(reshard_comm_t *comm, int seeds) {
   if (rc == 0)
     rc = run_case(comm, &g, rows, cols, 4096, RESHARD_FLAG_VERIFY, 2, 3, "grid rows -> columns, verify") < 0 ? -1 : 0;
   if (rc == 0) rc = run_case(comm, &g, cols, rows, 0, RESHARD_FLAG_VERIFY, 2, 0, "grid columns -> rows, verify") < 0 ? -1 : 0;
-  if (rc == 0) rc = double_buffer_case(comm, &g, rows, cols) < 0 ? -1 : 0;
+  if (rc == 0 && !registered) rc = double_buffer_case(comm, &g, rows, cols) < 0 ? -1 : 0;
+  if (rc == 0 && registered) rc = refusal_case(comm, &g, rows, cols) < 0 ? -1 : 0;
+  /* 4 MiB: each destination's part (over up to 7) above the smallest
+   * relay part (256 KiB) */
+  reshard_layout_t *fs = fanout_layout(0, 2 * LARGE_TILE), *fd = fanout_layout(1, 2 * LARGE_TILE);
+  if (rc == 0 && (!fs || !fd)) rc = -1;
+  if (rc == 0 && world_size >= 3) {
+    /* relay forwards: with registered buffers they are read from the
+     * forwarder's destination, once it landed (two rounds before) */
+    relay_opt = 1;
+    rc = run_case(comm, &g, fs, fd, 256 << 10, 0, 2, 0, "fan-out 4 MiB, relay 1, 256 KiB staging") < 0 ? -1 : 0;
+    relay_opt = -1;
+  }
+  reshard_layout_destroy(fs);
+  reshard_layout_destroy(fd);
   reshard_layout_destroy(rows);
   reshard_layout_destroy(cols);
   /* 1 MiB messages (the default staging budget does not cut them): UCX's
@@ -387,8 +527,8 @@ static int run_random(reshard_comm_t *comm, int seeds) {
   reshard_layout_destroy(cols);
   gather_destroy(&g);
   if (world_rank == 0 || rc) {
-    printf("test_ucx_reshard random (%d processes, rank %d): %d passed, %d failed%s (random pairs %.0f ms, all %.0f ms)\n",
-           world_size, world_rank, passed, failed, rc ? ", the result gather failed" : "", t_random, now_ms() - t0);
+    printf("test_ucx_reshard %s (%d processes, rank %d): %d passed, %d failed%s (random pairs %.0f ms, all %.0f ms)\n",
+           registered ? "registered" : "random", world_size, world_rank, passed, failed, rc ? ", the result gather failed" : "", t_random, now_ms() - t0);
     fflush(stdout);
   }
   return rc != 0 || failed != 0;
@@ -662,7 +802,8 @@ static int run_recreate(int rounds) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: test_ucx_reshard --rendezvous HOST:PORT --rank R --size N random [SEEDS] | stop | exit | "
+          "usage: test_ucx_reshard --rendezvous HOST:PORT --rank R --size N random [SEEDS] | registered [SEEDS] | "
+          "stop | exit | "
           "rendezvous-timeout | recreate [ROUNDS]\n"
           "(started by tests/ucx/run_ucx.sh LIMIT_S NPROCS -- test_ucx_reshard MODE...)\n");
 }
@@ -698,7 +839,8 @@ int main(int argc, char **argv) {
     return run_rendezvous_timeout();
   }
   if (!strcmp(mode, "recreate")) return run_recreate(i + 1 < argc ? atoi(argv[i + 1]) : 3);
-  if (strcmp(mode, "random") && strcmp(mode, "stop") && strcmp(mode, "exit")) {
+  registered = !strcmp(mode, "registered");
+  if (strcmp(mode, "random") && !registered && strcmp(mode, "stop") && strcmp(mode, "exit")) {
     usage();
     return 2;
   }
@@ -721,7 +863,7 @@ int main(int argc, char **argv) {
     printf("rank 0: a communicator of %d over UCX in %.0f ms\n", world_size, now_ms() - t0);
     fflush(stdout);
   }
-  int rc = !strcmp(mode, "random") ? run_random(comm, i + 1 < argc ? atoi(argv[i + 1]) : 30)
+  int rc = !strcmp(mode, "random") || registered ? run_random(comm, i + 1 < argc ? atoi(argv[i + 1]) : 30)
            : !strcmp(mode, "stop")  ? run_stop(comm)
                                     : run_exit(comm);
   t0 = now_ms();

@@ -3,7 +3,7 @@
  * depends only on the boxes), so the k-th copy of a message on the
  * sender and on the receiver move the same box through the same staging
  * bytes; composing the two skips the staging. */
-#include "device/direct.h"
+#include "exec/direct.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -71,4 +71,31 @@ reshard_result_t rs_direct_compose(const reshard_plan_t *p, const rs_share *sh, 
                       "receives %zu", p->rank, sh[i].peer, (unsigned long long)nmsg, got);
   }
   return RESHARD_SUCCESS;
+}
+
+void *rs_direct_call_buf(const reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
+                         size_t i) {
+  const size_t ns = (size_t)p->num_src_buffers;
+  return i < ns ? (src && i < nsrc ? src[i] : NULL) : (dst && i - ns < ndst ? dst[i - ns] : NULL);
+}
+
+reshard_result_t rs_direct_check_bufs(const reshard_plan_t *p, void *const *reg, size_t nreg, void *const *src,
+                                      size_t nsrc, void *const *dst, size_t ndst) {
+  for (size_t i = 0; i < nreg; i++) {
+    void *given = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
+    if (given != reg[i])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "execute rank %d: %s buffer %zu is %p, not the registered %p: "
+                      "a plan with registered buffers executes with exactly those (call "
+                      "reshard_plan_register_buffers again after reallocating, or with no buffers to go back to "
+                      "staging)", p->rank, i < (size_t)p->num_src_buffers ? "source" : "destination",
+                      i < (size_t)p->num_src_buffers ? i : i - p->num_src_buffers, given, reg[i]);
+  }
+  return RESHARD_SUCCESS;
+}
+
+uint64_t rs_direct_src_end(const rs_copy *c) {
+  uint64_t end = c->src_off + c->run_bytes;
+  for (int d = 0; d < c->ndim; d++)
+    if (c->extent[d] > 1 && c->src_stride[d] > 0) end += (uint64_t)(c->extent[d] - 1) * (uint64_t)c->src_stride[d];
+  return end;
 }

@@ -1,0 +1,169 @@
+/* The host executor's registered buffers (register.h): every rank
+ * registers the buffers its partners read (sources, and the destinations
+ * its relay forwards read) with the transport, exchanges the keys and its
+ * send copies with each partner (the transport's rma_share), and composes
+ * each of its receive copies with the sender's copy of the same box
+ * (exec/direct.c, as the device executor does for CUDA IPC): a
+ * registered execute then reads each box from the sender's buffer into
+ * its own destination. Apart from execute.c because registration is
+ * collective set-up, not a call's work. */
+#include "exec/register.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/debug.h"
+#include "common/error.h"
+#include "exec/direct.h"
+#include "exec/exec_state.h"
+#include "transport/stream.h"
+#include "transport/transport.h"
+
+static void reg_free(reshard_comm_t *c, rs_host_reg *g) {
+  if (!g) return;
+  if (g->set) c->ops->rma_unshare(c, g->set);
+  free(g->bufs);
+  free(g->copies);
+  free(g);
+}
+
+void rs_host_reg_free(reshard_plan_t *p) {
+  reg_free(p->comm, p->host_reg);
+  p->host_reg = NULL;
+}
+
+/* The bytes of each of this rank's buffers (sources, then destinations)
+ * that its partners read: the furthest byte of the send copies reading
+ * it (a relay forward's read a destination buffer); 0: none. */
+static void read_extents(const reshard_plan_t *p, uint64_t *bytes) {
+  for (size_t i = 0; i < p->nsends; i++) {
+    const rs_msg *m = &p->sends[i];
+    for (uint32_t k = 0; k < m->ncopies; k++) {
+      const rs_copy *c = &p->send_copies[m->first_copy + k];
+      if (c->src_buf < 0) continue;
+      size_t b = (size_t)c->src_buf + (m->fwd ? (size_t)p->num_src_buffers : 0);
+      uint64_t end = rs_direct_src_end(c);
+      if (end > bytes[b]) bytes[b] = end;
+    }
+  }
+}
+
+/* What this rank cannot read one-sidedly: a cast (the read moves bytes
+ * as they are), and reads past what the sender registered. */
+static reshard_result_t check_composed(const reshard_plan_t *p, const rs_share *sh, size_t np, const uint32_t *base,
+                                       const rs_copy *hc) {
+  for (size_t i = 0; i < p->nrecvs; i++) {
+    const rs_msg *m = &p->recvs[i];
+    for (uint32_t k = 0; k < m->ncopies; k++) {
+      const rs_copy *c = &hc[m->first_copy + k];
+      if (c->cvt_from || c->cvt_to)
+        return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the plan converts dtypes on a box "
+                        "from rank %d, which a one-sided read cannot (it moves bytes as they are); execute without "
+                        "registering", p->rank, m->peer);
+      size_t j = 0;
+      while (j + 1 < np && base[j + 1] <= (uint32_t)c->src_buf) j++;
+      const size_t b = (size_t)c->src_buf - base[j];
+      if (j >= np || b >= sh[j].nbufs || !sh[j].lens || rs_direct_src_end(c) > sh[j].lens[b])
+        return rs_error(RESHARD_ERROR_MISMATCH, "register_buffers rank %d: a box of rank %d's buffer %zu lies "
+                        "past the bytes that rank registered; the ranks' plans differ", p->rank, m->peer, b);
+    }
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* This rank's part: share, compose, check; *out the new registration. */
+static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
+                              reshard_result_t r, rs_host_reg **out) {
+  reshard_comm_t *c = p->comm;
+  const size_t np = p->npeers, nb = nsrc + ndst;
+  rs_share *sh = calloc(np + 1, sizeof *sh);
+  uint32_t *base = calloc(np + 1, sizeof *base);
+  uint64_t *bytes = calloc(nb + 1, sizeof *bytes);
+  rs_host_reg *g = calloc(1, sizeof *g);
+  if (g) g->bufs = calloc(nb + 1, sizeof *g->bufs), g->copies = malloc((p->nrecv_copies + 1) * sizeof *g->copies);
+  if (!r && (!sh || !base || !bytes || !g || !g->bufs || !g->copies))
+    r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
+  for (size_t i = 0; !r && i < nb; i++) g->bufs[i] = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
+  if (!r) g->nbufs = nb, read_extents(p, bytes);
+  for (size_t i = 0; sh && i < np; i++) {
+    sh[i].peer = p->peers[i].peer;
+    if (!r) r = rs_direct_blob(p, sh[i].peer, (void **)&sh[i].out, &sh[i].out_bytes);
+  }
+  /* the exchange runs whatever failed here, so that no partner waits */
+  if (sh) {
+    const uint64_t tag = p->tag_base | RS_TAG_CONTROL | RS_CTL_REGISTER;
+    void *set = NULL;
+    reshard_result_t rs = c->ops->rma_share(c, tag, r ? NULL : g->bufs, bytes, r ? 0 : nb, sh, np,
+                                            rs_deadline_after_ms(p->opts.timeout_ms), &set);
+    if (g) g->set = set;
+    else if (set) c->ops->rma_unshare(c, set);
+    if (!r) r = rs;
+  }
+  uint32_t ntab = 0;
+  for (size_t i = 0; !r && i < np; i++) base[i] = ntab, ntab += (uint32_t)sh[i].nbufs;
+  if (!r) r = rs_direct_compose(p, sh, np, base, g->copies);
+  if (!r) r = check_composed(p, sh, np, base, g->copies);
+  for (size_t i = 0; sh && i < np; i++) {
+    free((void *)sh[i].out);
+    free(sh[i].in);
+    free(sh[i].bufs);
+    free(sh[i].lens);
+  }
+  free(sh);
+  free(base);
+  free(bytes);
+  if (r) {
+    reg_free(c, g);
+    return r;
+  }
+  *out = g;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst) {
+  reshard_comm_t *c = p->comm;
+  if (!c->ops->rma_share) return rs_register_unsupported(p);
+  /* (the same on every rank: composites are agreed at creation, so no
+   * rank waits in a collective the others skip) */
+  if (p->quant || p->spread || p->stage_what)
+    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: a plan that quantizes or spreads (it runs "
+                    "pre-plans over scratch buffers) cannot register on the %s transport yet; execute it "
+                    "unregistered", p->rank, c->ops->name);
+  const int unregister = !src && !dst && !nsrc && !ndst;
+  reshard_result_t r = rs_plan_refuse_if_failed(p, "register_buffers");
+  if (!r && (p->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))
+    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: not with RESHARD_FLAG_DOUBLE_BUFFER (yet)",
+                 p->rank);
+  else if (!r && !unregister && (nsrc != (size_t)p->num_src_buffers || ndst != (size_t)p->num_dst_buffers))
+    r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source and %zu destination buffers "
+                 "given, the layouts have %d and %d", p->rank, nsrc, ndst, p->num_src_buffers, p->num_dst_buffers);
+  rs_host_reg *g = NULL;
+  /* (unregistering is collective too, but exchanges nothing: every rank
+   * passes no buffers) */
+  if (!unregister) r = build(p, src, nsrc, dst, ndst, r, &g);
+  /* every rank succeeded, or none keeps the new registration */
+  uint64_t bad = r != RESHARD_SUCCESS;
+  reshard_result_t ra = c->ops->allreduce_max_u64(c, &bad, 1, rs_deadline_after_ms(p->opts.timeout_ms));
+  if (!r && ra) r = ra;
+  else if (!r && bad)
+    r = rs_error(RESHARD_ERROR_REMOTE, "register_buffers rank %d: another rank failed to register its buffers; "
+                 "the previous registration stays", p->rank);
+  if (r) {
+    reg_free(c, g);
+    return r;
+  }
+  rs_host_reg_free(p);
+  p->host_reg = g;
+  uint64_t runs = 0, bytes = 0;
+  for (size_t i = 0; g && i < p->nrecv_copies; i++) {
+    uint64_t n = 1;
+    for (int d = 0; d < g->copies[i].ndim; d++) n *= (uint64_t)g->copies[i].extent[d];
+    runs += n, bytes += rs_copy_bytes(&g->copies[i]);
+  }
+  RS_LOG(RS_LOG_INFO, RS_SUBSYS_EXEC, "register_buffers rank %d: %s (%s): %zu receive boxes, %llu runs, %llu bytes "
+         "read one-sided", p->rank, g ? "registered" : "unregistered", c->ops->name, g ? p->nrecv_copies : (size_t)0,
+         (unsigned long long)runs, (unsigned long long)bytes);
+  return RESHARD_SUCCESS;
+}
