@@ -47,8 +47,9 @@
  *   layouts while the staying ranks call reshard_plan_rejoin. Beside it,
  *   before the kill, every rank made three plans of several creation
  *   steps, each over its own buffers, and moved versions 1 and 2 with
- *   them (checked): a topology with relay -1 (two candidates and the cost
- *   model's choice), source-side spreading (RESHARD_FLAG_SPREAD_ALWAYS, w
+ *   them (checked): the flat topology with relay -1 (two candidates; a
+ *   4 MiB w of rank 0's replicated on the replicas, so the cost model
+ *   keeps the relay one, asserted), source-side spreading (RESHARD_FLAG_SPREAD_ALWAYS, w
  *   held by rank 0 alone: a pre-plan and the main plan) and fp8 blocks
  *   (the replicas' w quantized in flight; the trainers' shards split
  *   blocks, gathered by a pre-plan); the staying ranks keep each too (with
@@ -107,6 +108,11 @@ static int bad;
  * flight; the trainers' shards split blocks, which a pre-plan gathers:
  * 12 divides no shard edge of the seeds the tests run, 2 and 5) */
 static int variant;
+/* composite k's variant: 3 for composite 0 (w 1024 x 1024 fp32 held by
+ * rank 0 alone and replicated on both replicas: under the flat topology
+ * a relay halves rank 0's egress, so the cost model keeps the relay
+ * candidate) */
+#define VARIANT_OF(k) ((k) == 0 ? 3 : (k))
 
 static double now_ms(void) {
   struct timespec ts;
@@ -129,15 +135,16 @@ static void say(int ok, const char *fmt, ...) {
 /* The trainers' (source, side 0) or the replicas' (destination, side 1)
  * layout of SEED. */
 static reshard_layout_t *make_layout(int side) {
-  const int rows = 16 + 8 * (seed % 5), cols = 24 + 4 * (seed % 7), len = 100 + 37 * (seed % 4);
+  const int big = variant == 3;
+  const int rows = big ? 1024 : 16 + 8 * (seed % 5), cols = big ? 1024 : 24 + 4 * (seed % 7), len = 100 + 37 * (seed % 4);
   const int by_rows = seed % 2; /* the trainers shard rows, the replicas columns (or the reverse) */
   reshard_layout_t *L = NULL;
   int two = 2, one = 1, ta, tb, mesh, mesh_w, b;
   int64_t sa[2] = {rows, cols}, sb[1] = {len}, block[2] = {12, 12};
   reshard_placement_t pa = reshard_shard(side == 0 ? !by_rows : by_rows);
   reshard_placement_t pb = side == 0 ? reshard_shard(0) : reshard_replicate();
-  const int alone = variant == 1 && side == 0, blocked = variant == 2 && side == 1;
-  if (alone) pa = reshard_replicate();
+  const int alone = (variant == 1 || big) && side == 0, blocked = variant == 2 && side == 1;
+  if (alone || (big && side == 1)) pa = reshard_replicate();
   int fail = reshard_layout_create(&L) ||
              (blocked ? reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, sa, block, &ta)
                       : reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sa, &ta)) ||
@@ -381,22 +388,22 @@ static void keep_after(reshard_comm_t *comm, reshard_plan_t *plan, side_t *x, do
  * blocks (the main plan over the rewritten layouts, its two relay
  * candidates, and the pre-plan gathering split blocks). Each over its
  * own buffers, every rank's creation and rejoin in this order. */
-static const char *const comp_name[NCOMP] = {"composite (topology, relay -1)", "composite (spreading)",
+static const char *const comp_name[NCOMP] = {"composite (flat topology, relay -1)", "composite (spreading)",
                                              "composite (fp8 blocks)"};
 
-/* Composite plan k of SEED + `off`'s layouts (variant k), or NULL with
+/* Composite plan k of SEED + `off`'s layouts (VARIANT_OF(k)), or NULL with
  * *r its failure. */
 static reshard_plan_t *make_composite(reshard_comm_t *comm, int k, int off, reshard_result_t *r,
                                       reshard_layout_t **ls, reshard_layout_t **ld) {
   seed += off;
-  variant = k;
+  variant = VARIANT_OF(k);
   reshard_layout_t *src = make_layout(0), *dst = make_layout(1);
   variant = 0;
   seed -= off;
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = PLAN_TIMEOUT_MS;
   o.flags = RESHARD_FLAG_DOUBLE_BUFFER | (k == 1 ? RESHARD_FLAG_SPREAD_ALWAYS : 0);
-  o.topology = "h100-8x400g";
+  o.topology = k == 0 ? "flat" : "h100-8x400g";
   reshard_plan_t *plan = NULL;
   *r = src && dst ? reshard_plan_create(comm, src, dst, &o, &plan) : RESHARD_ERROR_INVALID_ARGUMENT;
   if (ls && ld) {
@@ -412,9 +419,14 @@ static reshard_plan_t *make_composite(reshard_comm_t *comm, int k, int off, resh
  * through its internal header): spreading kept a pre-plan (variant 1's
  * rank 0 is far over its domain's mean), fp8 blocks gather split blocks
  * first (variant 2's 12 x 12 blocks span source ranks). Otherwise the
- * rejoin would be tested on plain plans only. (Variant 0's choice
- * between its two candidates is the cost model's and not asserted.) */
+ * rejoin would be tested on plain plans only; composite 0 (variant 3)
+ * keeps the relay candidate of its two (the cost model's choice under the
+ * flat topology: asserted, so that the rejoin replays the candidate that
+ * won, not only the direct one). */
 static void composite_built(const reshard_plan_t *plan, int k, const char *who) {
+  if (k == 0)
+    say(plan->relay_chosen, "%s: %s: the cost model kept the relay candidate: %s", comp_name[k], who,
+        plan->relay_chosen ? "yes" : "no");
   if (k == 1)
     say(plan->spread != NULL && plan->spread->pre != NULL, "%s: %s: the plan spreads (a pre-plan): %s",
         comp_name[k], who, plan->spread ? "yes" : "no");
@@ -428,7 +440,7 @@ static void composite_built(const reshard_plan_t *plan, int k, const char *who) 
 static void composites_before(reshard_comm_t *comm, composites *c) {
   memset(c, 0, sizeof *c);
   for (int k = 0; k < NCOMP; k++) {
-    variant = k;
+    variant = VARIANT_OF(k);
     int ok = side_init(&c->x[k]) == 0;
     variant = 0;
     reshard_result_t r = RESHARD_ERROR_INVALID_ARGUMENT;
@@ -459,7 +471,7 @@ static void composite_newcomer(reshard_comm_t *comm, composites *c, int k) {
         reshard_last_error());
     reshard_plan_destroy(wrong);
   }
-  variant = k;
+  variant = VARIANT_OF(k);
   int ok = side_init(&c->x[k]) == 0;
   variant = 0;
   double t0 = now_ms();
