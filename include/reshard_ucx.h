@@ -60,9 +60,15 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
  * Refused with RESHARD_ERROR_INVALID_ARGUMENT, the communicator unchanged:
  * rank 0 (it holds the rendezvous: make a new communicator), a rank out
  * of range, the calling rank itself, a communicator of another transport.
- * Any other failure (TIMEOUT, MISMATCH when the staying ranks name
- * different ranks, BACKEND) leaves the communicator failed: every later
- * use returns RESHARD_ERROR_INVALID_USAGE; destroy it.
+ * When no newcomer arrived before rank 0's deadline, every staying rank
+ * returns RESHARD_ERROR_TIMEOUT with nothing changed (its message says
+ * so): call it again, on every staying rank, to wait longer (a staying
+ * rank waits for rank 0's word up to twice timeout_ms, since rank 0's
+ * deadline may have begun later). Any other failure (TIMEOUT when a
+ * staying rank did not call or rank 0 did not answer, MISMATCH when the
+ * staying ranks name different ranks, BACKEND) leaves the communicator
+ * failed: every later use returns RESHARD_ERROR_INVALID_USAGE; destroy
+ * it.
  *
  * Plans: a plan whose execute failed because the old process died is
  * failed or in doubt (reshard_plan_get_status; with double buffering its

@@ -151,8 +151,10 @@ class Comm(Node):
         every rank but ``rank`` (reshard_comm_ucx_rejoin): the staying ranks
         keep this communicator, connect to the newcomer, and then create
         their plans again with it. Rank 0, a rank out of range or this rank
-        itself: InvalidArgumentError, nothing changed. Any other failure
-        (TimeoutError when no newcomer arrives within ``timeout_ms``)
+        itself: InvalidArgumentError, nothing changed. TimeoutError when
+        no newcomer arrived within rank 0's ``timeout_ms``: nothing changed
+        on any staying rank, call it again to wait longer. Any other
+        failure (a staying rank that never calls: TimeoutError naming it)
         leaves the communicator failed: close it."""
         if self.kind != "ucx":
             raise InvalidArgumentError("reshard.Comm.rejoin: a %s "

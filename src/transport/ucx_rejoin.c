@@ -82,10 +82,17 @@ static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadlin
   }
 }
 
+/* Rank 0's answer to the staying ranks when no newcomer came: one word,
+ * shorter than any real answer (the counters and an address). */
+#define NO_NEWCOMER UINT64_C(0x6e6f6e65)
+
 /* Rank 0's side: the staying ranks' counters, the newcomer's address, the
  * agreed counters to every staying rank (with the address) and to the
- * newcomer (with the table). w: the counters, agreed on return. */
-static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline) {
+ * newcomer (with the table). w: the counters, agreed on return. When no
+ * newcomer arrived in time, rank 0 tells every staying rank so (they all
+ * return TIMEOUT with nothing changed: *retry = 1, the call may be made
+ * again). */
+static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline, int *retry) {
   ux_comm *m = c->impl;
   for (int p = 1; p < c->size; p++) {
     if (p == r) continue;
@@ -111,6 +118,19 @@ static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64
   size_t alen = 0;
   reshard_result_t res = await_newcomer(c, r, deadline, &addr, &alen);
   rs_ux_stop_listening(m);
+  if (res == RESHARD_ERROR_TIMEOUT) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", reshard_last_error());
+    const uint64_t none = NO_NEWCOMER;
+    /* (the staying ranks wait for this answer past their own deadline:
+     * reshard_comm_ucx_rejoin) */
+    const int64_t grace = rs_now_ns() + 2000000000LL;
+    for (int p = 1; p < c->size; p++)
+      if (p != r && send_wait(c, p, TAG_REJOIN_OUT, &none, sizeof none, grace, "'no newcomer' to a staying rank"))
+        return RESHARD_ERROR_TIMEOUT; /* (that rank gave up: the communicator fails) */
+    *retry = 1;
+    return rs_error(RESHARD_ERROR_TIMEOUT, "%s", why);
+  }
   RS_CHECK(res);
   free(m->addrs[r]);
   m->addrs[r] = addr;
@@ -138,19 +158,31 @@ static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64
 }
 
 /* Another staying rank's side: its counters to rank 0, the agreed ones
- * and the newcomer's address back. */
-static reshard_result_t rejoin_other(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline) {
+ * and the newcomer's address back, or rank 0's "no newcomer" (*retry =
+ * 1: TIMEOUT, nothing changed). Rank 0 answers within its own deadline,
+ * which began when it called, maybe later than this rank: its answer is
+ * awaited for as long again past this rank's deadline. */
+static reshard_result_t rejoin_other(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline, int timeout_ms,
+                                     int *retry) {
   uint64_t out[JOIN_WORDS + 1];
   memcpy(out, w, JOIN_WORDS * 8);
   out[JOIN_WORDS] = (uint64_t)r;
   RS_CHECK(send_wait(c, 0, TAG_REJOIN_IN, out, sizeof out, deadline, "this rank's counters to rank 0"));
   void *buf = NULL;
   size_t len = 0;
-  reshard_result_t res = rs_ux_boot_recv_any(c, TAG_REJOIN_OUT, UINT64_MAX, deadline, deadline,
+  const int64_t answer_by = deadline + (rs_ux_deadline_of(timeout_ms) - rs_now_ns());
+  reshard_result_t res = rs_ux_boot_recv_any(c, TAG_REJOIN_OUT, UINT64_MAX, answer_by, answer_by,
                                              "the newcomer's address from rank 0", &buf, &len, NULL);
   if (res == RESHARD_ERROR_TIMEOUT)
     return rs_error(RESHARD_ERROR_TIMEOUT, "rank 0 sent no newcomer's address for rank %d before the deadline", r);
   RS_CHECK(res);
+  uint64_t first = 0;
+  if (len == sizeof first) memcpy(&first, buf, sizeof first);
+  if (len == sizeof first && first == NO_NEWCOMER) {
+    free(buf);
+    *retry = 1;
+    return rs_error(RESHARD_ERROR_TIMEOUT, "no process joined as rank %d before rank 0's deadline", r);
+  }
   if (len <= JOIN_WORDS * 8) res = rs_error(RESHARD_ERROR_MISMATCH, "rank 0's answer is short (%zu bytes)", len);
   if (!res) memcpy(w, buf, JOIN_WORDS * 8);
   if (!res) res = rs_ux_connect_one(c, r, (uint8_t *)buf + JOIN_WORDS * 8);
@@ -177,7 +209,14 @@ reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *c, int rank, int timeou
   const int64_t deadline = rs_ux_deadline_of(timeout_ms);
   forget_rank(c, rank);
   uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
-  reshard_result_t r = c->rank == 0 ? rejoin_root(c, rank, w, deadline) : rejoin_other(c, rank, w, deadline);
+  int retry = 0;
+  reshard_result_t r = c->rank == 0 ? rejoin_root(c, rank, w, deadline, &retry)
+                                    : rejoin_other(c, rank, w, deadline, timeout_ms, &retry);
+  if (r && retry) {
+    rs_error_prefix("comm_ucx_rejoin rank %d (replacing rank %d; nothing changed: call it again, on every staying "
+                    "rank, to wait for a newcomer longer): ", c->rank, rank);
+    return r;
+  }
   if (!r) {
     rs_ux_take_counters(c, w);
     /* with the newcomer: a first agreement */

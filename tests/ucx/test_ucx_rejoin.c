@@ -68,10 +68,15 @@
  * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
  *   of range and the calling rank itself (INVALID_ARGUMENT) and the
  *   communicator still works (a plan and an execute over it); then rank 2
- *   leaves (destroys its communicator and exits) and ranks 0 and 1 call
+ *   leaves (destroys its communicator) and ranks 0 and 1 call
  *   reshard_comm_ucx_rejoin(2) with no newcomer: TIMEOUT within the
- *   deadline + 1 s, after which the communicator refuses (INVALID_USAGE)
- *   and is destroyed in under 2 s. */
+ *   deadline + 1 s, saying nothing changed; rank 2's process comes back
+ *   late as its own newcomer (reshard_comm_create_ucx_joining) and the
+ *   rejoin called again meets it: a plan and an execute over all three.
+ *   Then rank 0 alone calls the rejoin (ranks 1 and 2 destroy their
+ *   communicators): TIMEOUT or BACKEND within the deadline + 1 s, the
+ *   communicator failed for good: it refuses another rejoin
+ *   (INVALID_USAGE) and a plan at once, and is destroyed in under 2 s. */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -764,18 +769,43 @@ static int run_refuse(void) {
   say(r == RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx_joining as rank 0 refused: %s: %s",
       reshard_result_string(r), reshard_last_error());
   still_works(comm, "after the refusals");
-  if (world_rank == world_size - 1) { /* leaves; nobody takes its slot */
+  const int last = world_size - 1, timeout_ms = 1500;
+  if (world_rank == last) {
+    /* leaves, and comes back as its own newcomer after the staying ranks'
+     * first rejoin timed out */
+    reshard_comm_destroy(comm);
+    comm = NULL;
+    usleep((useconds_t)(timeout_ms + 2 * GRACE_MS) * 1000);
+    double t0 = now_ms();
+    r = reshard_comm_create_ucx_joining(rendezvous, last, world_size, REJOIN_TIMEOUT_MS, &comm);
+    say(r == RESHARD_SUCCESS, "the late newcomer joined: %s after %.0f ms %s", reshard_result_string(r),
+        now_ms() - t0, r ? reshard_last_error() : "");
+    if (r) return 1;
+  } else {
+    double t0 = now_ms();
+    r = reshard_comm_ucx_rejoin(comm, last, timeout_ms);
+    double ms = now_ms() - t0;
+    say(r == RESHARD_ERROR_TIMEOUT && ms <= timeout_ms + GRACE_MS && strstr(reshard_last_error(), "nothing changed"),
+        "rejoin with no newcomer yet: %s after %.0f ms (deadline %d ms + %d ms), nothing changed: %s",
+        reshard_result_string(r), ms, timeout_ms, GRACE_MS, reshard_last_error());
+    t0 = now_ms();
+    r = reshard_comm_ucx_rejoin(comm, last, REJOIN_TIMEOUT_MS);
+    say(r == RESHARD_SUCCESS, "the rejoin called again meets the late newcomer: %s after %.0f ms %s",
+        reshard_result_string(r), now_ms() - t0, r ? reshard_last_error() : "");
+  }
+  still_works(comm, "after a retried rejoin");
+  if (world_rank != 0) { /* rank 0 alone calls the next rejoin: it must fail for good */
     reshard_comm_destroy(comm);
     return bad != 0;
   }
-  const int timeout_ms = 1500;
   double t0 = now_ms();
-  r = reshard_comm_ucx_rejoin(comm, world_size - 1, timeout_ms);
+  r = reshard_comm_ucx_rejoin(comm, last, timeout_ms);
   double ms = now_ms() - t0;
-  say(r == RESHARD_ERROR_TIMEOUT && ms <= timeout_ms + GRACE_MS && reshard_last_error()[0],
-      "rejoin with no newcomer: %s after %.0f ms (deadline %d ms + %d ms): %s", reshard_result_string(r), ms,
-      timeout_ms, GRACE_MS, reshard_last_error());
-  r = reshard_comm_ucx_rejoin(comm, world_size - 1, timeout_ms);
+  say((r == RESHARD_ERROR_TIMEOUT || r == RESHARD_ERROR_BACKEND) && ms <= timeout_ms + GRACE_MS &&
+      strstr(reshard_last_error(), "the communicator is failed now"),
+      "rejoin with a staying rank that never calls: %s after %.0f ms (deadline %d ms + %d ms): %s",
+      reshard_result_string(r), ms, timeout_ms, GRACE_MS, reshard_last_error());
+  r = reshard_comm_ucx_rejoin(comm, last, timeout_ms);
   say(r == RESHARD_ERROR_INVALID_USAGE, "the failed communicator refuses another rejoin: %s: %s",
       reshard_result_string(r), reshard_last_error());
   reshard_layout_t *L = NULL;
