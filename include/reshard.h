@@ -880,8 +880,9 @@ reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
  * nothing, not double-buffered; verify's sums ride on the tokens), and a
  * plan that converts dtypes is refused with RESHARD_ERROR_UNSUPPORTED on
  * the ranks that receive a cast box (a read moves bytes as they are;
- * REMOTE on the others): execute it unregistered; so is a plan that
- * quantizes or spreads (UNSUPPORTED on every rank). Other transports:
+ * REMOTE on the others): execute it unregistered. A plan that quantizes
+ * or spreads registers its pre-plans' scratch beside the caller's buffers
+ * (as on CUDA IPC). Other transports:
  * RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes (their
  * executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,

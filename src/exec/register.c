@@ -125,12 +125,6 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
 reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst) {
   reshard_comm_t *c = p->comm;
   if (!c->ops->rma_share) return rs_register_unsupported(p);
-  /* (the same on every rank: composites are agreed at creation, so no
-   * rank waits in a collective the others skip) */
-  if (p->quant || p->spread || p->stage_what)
-    return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: a plan that quantizes or spreads (it runs "
-                    "pre-plans over scratch buffers) cannot register on the %s transport yet; execute it "
-                    "unregistered", p->rank, c->ops->name);
   const int unregister = !src && !dst && !nsrc && !ndst;
   reshard_result_t r = rs_plan_refuse_if_failed(p, "register_buffers");
   if (!r && (p->opts.flags & RESHARD_FLAG_DOUBLE_BUFFER))

@@ -43,6 +43,11 @@
  *     destination buffers on rank 0: INVALID_ARGUMENT there, REMOTE on
  *     the others, nothing written (every registered destination still
  *     holds the step before, the other buffers untouched).
+ *     Both modes (4 or more processes): two composites, a plan that
+ *     quantizes to fp8 blocks whose blocks the trainers' shards split (a
+ *     gather pre-plan) and one that spreads (RESHARD_FLAG_SPREAD_ALWAYS,
+ *     rank 0 alone holding w: a copy pre-plan); registered, each stage
+ *     registers its scratch beside the caller's buffers.
  *     Both modes (3 or more processes): a 4 MiB fan-out from rank 0 to
  *     the others with relays (options.relay 1, 256 KiB staging: several
  *     rounds), each destination asserted to forward.
@@ -171,6 +176,30 @@ static reshard_layout_t *fanout_layout(int dst, int tile) {
   if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &tid) ||
       reshard_layout_add_mesh_strided(L, 1, &n, dst ? 1 : 0, 1, &mid) || reshard_layout_place(L, tid, mid, &pl, &bid)) {
     fprintf(stderr, "rank %d: fan-out layout: %s\n", world_rank, reshard_last_error());
+    reshard_layout_destroy(L);
+    return NULL;
+  }
+  return L;
+}
+
+/* Composites: "w" [rows, cols] fp32 on ranks 0 and 1 (side 0; kind 's':
+ * rank 0 alone holds it whole, so that spreading copies part of it to
+ * rank 1 first) and, on ranks 2 .. n-1 (side 1), sharded by rows (kind
+ * 'q': declared fp8 e4m3 in 16 x 16 blocks with its scales placed like it:
+ * quantized in flight, the trainers' row shards of 40 rows splitting
+ * blocks, which a pre-plan gathers). NULL on failure (printed). */
+static reshard_layout_t *composite_layout(char kind, int side) {
+  reshard_layout_t *L = NULL;
+  int n = side ? world_size - 2 : (kind == 's' ? 1 : 2), tid, mid, bid;
+  int64_t shape[2] = {80, 64}, block[2] = {16, 16};
+  reshard_placement_t pl = side == 0 && kind == 's' ? reshard_replicate() : reshard_shard(0);
+  const int fp8 = kind == 'q' && side == 1;
+  if (reshard_layout_create(&L) ||
+      (fp8 ? reshard_layout_add_tensor_blocked(L, "w", RESHARD_FP8_E4M3, 2, shape, block, &tid)
+           : reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &tid)) ||
+      reshard_layout_add_mesh_strided(L, 1, &n, side ? 2 : 0, 1, &mid) || reshard_layout_place(L, tid, mid, &pl, &bid) ||
+      (fp8 && reshard_layout_place(L, tid + 1, mid, &pl, &bid))) {
+    fprintf(stderr, "rank %d: composite layout: %s\n", world_rank, reshard_last_error());
     reshard_layout_destroy(L);
     return NULL;
   }
@@ -516,6 +545,21 @@ static int run_random(reshard_comm_t *comm, int seeds) {
   }
   reshard_layout_destroy(fs);
   reshard_layout_destroy(fd);
+  /* composites (4 or more processes): a plan that quantizes (its gather
+   * pre-plan) and one that spreads (RESHARD_FLAG_SPREAD_ALWAYS; its copy
+   * pre-plan), each with its scratch buffers registered beside the
+   * caller's in registered mode */
+  for (int k = 0; k < 2 && rc == 0 && world_size >= 4; k++) {
+    const char kind = k ? 's' : 'q';
+    reshard_layout_t *cs = composite_layout(kind, 0), *cd = composite_layout(kind, 1);
+    if (!cs || !cd) rc = -1;
+    else
+      rc = run_case(comm, &g, cs, cd, 0, k ? RESHARD_FLAG_SPREAD_ALWAYS : 0, 2, 0,
+                    k ? "composite: spreading (rank 0 alone holds w)" : "composite: fp8 blocks, split blocks gathered") < 0
+               ? -1 : 0;
+    reshard_layout_destroy(cs);
+    reshard_layout_destroy(cd);
+  }
   reshard_layout_destroy(rows);
   reshard_layout_destroy(cols);
   /* 1 MiB messages (the default staging budget does not cut them): UCX's
