@@ -59,7 +59,11 @@
  *   element checked (the fp8 codes and scales against the self-test's
  *   reference quantizer). With the first plan too: versions 4 and 5 on
  *   every rank, every element checked (the newcomer's other
- *   copy untouched by its first). A second reshard_plan_rejoin is refused
+ *   copy untouched by its first). Also a plan with registered buffers
+ *   (one-sided reads, not double-buffered): registered, versions 1 and 2
+ *   before the kill; kept (reshard_plan_rejoin drops its registration),
+ *   version 4 staged on every rank, registered again everywhere, version
+ *   5; each checked. A second reshard_plan_rejoin is refused
  *   (INVALID_USAGE), and a plan made after the rejoin (one more version,
  *   checked) refuses it too. TIMING lines as in replace, from the join
  *   call to version 4 committed and checked.
@@ -306,9 +310,14 @@ static int keep_mode, keep_bad = 1;
 typedef struct composites {
   side_t x[NCOMP];
   reshard_plan_t *plan[NCOMP];
+  /* a plan with registered buffers (one-sided reads; not double
+   * buffered: its executes write x.d[0]) */
+  side_t rx;
+  reshard_plan_t *rplan;
 } composites;
 static void composites_before(reshard_comm_t *comm, composites *c);
 static void composites_free(composites *c);
+static void registered_before(reshard_comm_t *comm, composites *c);
 
 /* One round: a plan over comm (all four ranks) and versions 10k+1,
  * 10k+2, every element checked on the replicas; when `kill` (every round
@@ -462,6 +471,79 @@ static void composites_before(reshard_comm_t *comm, composites *c) {
       else check_version(c->plan[k], &c->x[k], v, v == 1, comp_name[k]);
     }
   }
+  registered_before(comm, c);
+}
+
+/* ---- keep mode's registered plan (reshard_plan_register_buffers: one-
+ * sided reads over UCX): registered and moving versions 1 and 2 before
+ * the kill; a successful reshard_plan_rejoin drops the registration (the
+ * replaced rank's keys are gone), so version 4 moves staged; every rank,
+ * the newcomer included, registers again and version 5 moves registered.
+ * Each version's destination (x.d[0]) checked element by element. */
+static const char *const reg_name = "registered plan (one-sided reads)";
+
+static reshard_plan_t *make_registered(reshard_comm_t *comm, side_t *x, reshard_result_t *r) {
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = PLAN_TIMEOUT_MS;
+  reshard_plan_t *plan = NULL;
+  *r = reshard_plan_create(comm, x->src, x->dst, &o, &plan);
+  return plan;
+}
+
+static void registered_version(composites *c, uint64_t v, int fresh) {
+  side_t *x = &c->rx;
+  reshard_selftest_fill(&x->s, x->src, v);
+  reshard_result_t r = reshard_plan_execute_version(c->rplan, v, (void *const *)x->s.ptr, (size_t)x->s.nbuf,
+                                                    (void *const *)x->d[0].ptr, (size_t)x->nd, NULL);
+  int64_t wrong = r || world_rank < 2 ? 0 : reshard_selftest_check_from(&x->d[0], x->dst, x->src, world_rank, v, reg_name);
+  if (!r && fresh && !state_untouched(&x->d[1])) wrong++; /* (never passed to an execute) */
+  say(r == RESHARD_SUCCESS && wrong == 0, "%s: version %llu: %s, %lld wrong elements or bytes %s", reg_name,
+      (unsigned long long)v, reshard_result_string(r), (long long)wrong, r ? reshard_last_error() : "");
+}
+
+static void registered_register(composites *c, const char *when) {
+  side_t *x = &c->rx;
+  reshard_result_t r = reshard_plan_register_buffers(c->rplan, (void *const *)x->s.ptr, (size_t)x->s.nbuf,
+                                                     (void *const *)x->d[0].ptr, (size_t)x->nd);
+  say(r == RESHARD_SUCCESS, "%s: register_buffers %s: %s %s", reg_name, when, reshard_result_string(r),
+      r ? reshard_last_error() : "");
+}
+
+/* Every rank before the kill. */
+static void registered_before(reshard_comm_t *comm, composites *c) {
+  reshard_result_t r = RESHARD_ERROR_INVALID_ARGUMENT;
+  if (side_init(&c->rx) == 0) c->rplan = make_registered(comm, &c->rx, &r);
+  if (!c->rplan) {
+    say(0, "%s: plan_create: %s: %s", reg_name, reshard_result_string(r), reshard_last_error());
+    return;
+  }
+  registered_register(c, "before the kill");
+  for (uint64_t v = 1; v <= 2; v++) registered_version(c, v, 0);
+}
+
+/* The newcomer's side after the rejoin, and a staying rank's. */
+static void registered_newcomer(reshard_comm_t *comm, composites *c) {
+  reshard_result_t r = RESHARD_ERROR_INVALID_ARGUMENT;
+  if (side_init(&c->rx) == 0) c->rplan = make_registered(comm, &c->rx, &r);
+  say(c->rplan != NULL, "%s: the newcomer's plan_create: %s %s", reg_name, reshard_result_string(r),
+      c->rplan ? "" : reshard_last_error());
+}
+
+static void registered_rejoin(composites *c) {
+  if (!c->rplan) return;
+  reshard_result_t r = reshard_plan_rejoin(c->rplan);
+  say(r == RESHARD_SUCCESS, "%s: plan_rejoin: %s %s", reg_name, reshard_result_string(r), r ? reshard_last_error() : "");
+  if (r) reshard_plan_destroy(c->rplan), c->rplan = NULL;
+}
+
+/* Every rank once the plans met: version 4 staged (the rejoin dropped
+ * the staying ranks' registration; the newcomer has none), registered
+ * again on every rank, version 5. */
+static void registered_after(composites *c, int fresh) {
+  if (!c->rplan) return;
+  registered_version(c, 4, fresh);
+  registered_register(c, "again after the rejoin");
+  registered_version(c, 5, 0);
 }
 
 /* The newcomer's side of composite k after the rejoin: with BAD, first
@@ -530,6 +612,8 @@ static void composites_free(composites *c) {
     reshard_plan_destroy(c->plan[k]);
     side_free(&c->x[k]);
   }
+  reshard_plan_destroy(c->rplan);
+  side_free(&c->rx);
 }
 
 /* The newcomer with other layouts (SEED + 1): its creation fails with
@@ -557,8 +641,10 @@ static void keep_newcomer(reshard_comm_t *comm, side_t *x, double t_join) {
   composites comp;
   memset(&comp, 0, sizeof comp);
   for (int k = 0; plan && k < NCOMP; k++) composite_newcomer(comm, &comp, k);
+  if (plan) registered_newcomer(comm, &comp);
   if (plan) keep_after(comm, plan, x, t_join, 1);
   if (plan) composites_after(&comp, 1);
+  if (plan) registered_after(&comp, 1);
   composites_free(&comp);
   reshard_plan_destroy(plan);
 }
@@ -602,8 +688,10 @@ static int run_keep(void) {
         r ? reshard_last_error() : "");
     printf("TIMING rank %d: keep: plan_rejoin %.1f ms\n", world_rank, ms);
     for (int k = 0; !r && k < NCOMP; k++) composite_rejoin(&comp, k);
+    if (!r) registered_rejoin(&comp);
     if (!r) keep_after(comm, plan, &x, t_join, 0);
     if (!r) composites_after(&comp, 0);
+    if (!r) registered_after(&comp, 0);
   }
   composites_free(&comp);
   reshard_plan_destroy(plan);
