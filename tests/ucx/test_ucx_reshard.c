@@ -77,6 +77,11 @@
  *     and the communicator with a dead peer (each within 2 s) and exit 0:
  *     no hang, no crash, no abort from UCX.
  *
+ *   exit-registered   exit with the grid plan's buffers registered first
+ *     (one-sided reads; the victim's sends counted from the execute on, it
+ *     dies once its data is "ready", at its first "done" token): the same
+ *     checks, plan_destroy with reads to a dead peer in under 2 s.
+ *
  *   rendezvous-timeout   run with --size S but only S - 1 processes
  *     started (ranks 0 .. S-2): reshard_comm_create_ucx (timeout_ms 1500)
  *     must return TIMEOUT, with a message and no communicator, within the
@@ -725,7 +730,7 @@ static int run_exit(reshard_comm_t *comm) {
     return 1;
   }
   const int victim = 1;
-  dying_send_install(comm, world_rank == victim ? world_size + 1 : -1);
+  if (!registered) dying_send_install(comm, world_rank == victim ? world_size + 1 : -1);
 
   reshard_layout_t *src = grid_layout(0, TILE), *dst = grid_layout(1, TILE);
   if (!src || !dst) return 1;
@@ -741,6 +746,19 @@ static int run_exit(reshard_comm_t *comm) {
   if (reshard_selftest_alloc(&s, src, world_rank, 0) || reshard_selftest_alloc(&d, dst, world_rank, -1)) {
     printf("FAIL rank %d: selftest_alloc: %s\n", world_rank, reshard_last_error());
     return 1;
+  }
+  if (registered) {
+    /* exit-registered: the buffers registered (one-sided reads), then the
+     * victim's sends counted from the execute on: its agreement headers
+     * and its "ready" tokens leave (n - 1 each), and it dies at its first
+     * "done" token, while its partners may still be reading from it */
+    reshard_result_t rr = reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf,
+                                                        (void *const *)d.ptr, (size_t)d.nbuf);
+    if (rr) {
+      printf("FAIL rank %d: register_buffers: %s\n", world_rank, reshard_last_error());
+      return 1;
+    }
+    dying_send_install(comm, world_rank == victim ? 2 * world_size - 1 : -1);
   }
   double ms = 0;
   int bad = 0;
@@ -847,7 +865,7 @@ static int run_recreate(int rounds) {
 static void usage(void) {
   fprintf(stderr,
           "usage: test_ucx_reshard --rendezvous HOST:PORT --rank R --size N random [SEEDS] | registered [SEEDS] | "
-          "stop | exit | "
+          "stop | exit | exit-registered | "
           "rendezvous-timeout | recreate [ROUNDS]\n"
           "(started by tests/ucx/run_ucx.sh LIMIT_S NPROCS -- test_ucx_reshard MODE...)\n");
 }
@@ -883,7 +901,8 @@ int main(int argc, char **argv) {
     return run_rendezvous_timeout();
   }
   if (!strcmp(mode, "recreate")) return run_recreate(i + 1 < argc ? atoi(argv[i + 1]) : 3);
-  registered = !strcmp(mode, "registered");
+  registered = !strcmp(mode, "registered") || !strcmp(mode, "exit-registered");
+  if (!strcmp(mode, "exit-registered")) mode = "exit";
   if (strcmp(mode, "random") && !registered && strcmp(mode, "stop") && strcmp(mode, "exit")) {
     usage();
     return 2;
@@ -907,7 +926,7 @@ int main(int argc, char **argv) {
     printf("rank 0: a communicator of %d over UCX in %.0f ms\n", world_size, now_ms() - t0);
     fflush(stdout);
   }
-  int rc = !strcmp(mode, "random") || registered ? run_random(comm, i + 1 < argc ? atoi(argv[i + 1]) : 30)
+  int rc = !strcmp(mode, "random") || (registered && strcmp(mode, "exit")) ? run_random(comm, i + 1 < argc ? atoi(argv[i + 1]) : 30)
            : !strcmp(mode, "stop")  ? run_stop(comm)
                                     : run_exit(comm);
   t0 = now_ms();
