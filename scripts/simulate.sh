@@ -236,6 +236,11 @@ scenarios=(
   # third rows (SMPI cannot finish them: replay them, SIM_REPLAY_ONLY=1)
   "DeepSeek-V3 671B bf16 -> fp8 blocks, 7 of 61 layers (stages 4+1+1+1)|gb200-nvl72|128|128|--model-config configs/DeepSeek-V3.json --layers 7 --train tp=1,pp=4,dp=32,ep=16,first=4 --infer tp=8,dp=16,ep=128 --infer-dtype fp8e4m3"
   "Kimi-K2 1T bf16 -> fp8 blocks, 8 of 61 layers|h100-8x400g|256|128|--model-config configs/Kimi-K2-Instruct.json --layers 8 --train tp=2,pp=8,dp=16,ep=32,etp=1 --infer tp=8,dp=16,ep=128 --infer-dtype fp8e4m3"
+  # the panel's M2N and SGLang rows (scripts/panel.sh), reduced alike
+  "DeepSeek-V3 671B, M2N's configuration, 9 of 61 layers (stages 2+1+1+1+1+1+1+1)|h100-8x400g|128|128|--model-config configs/DeepSeek-V3.json --layers 9 --train tp=1,pp=8,dp=16,ep=16,first=2 --infer tp=16,dp=8"
+  "Qwen3-235B-A22B, M2N's configuration (CP2), 4 of 94 layers|gb200-nvl72|64|64|--model-config configs/Qwen3-235B-A22B.json --layers 4 --train tp=2,cp=2,pp=4,dp=4,ep=16,etp=1 --infer tp=8,dp=8"
+  "DeepSeek-V3 671B -> SGLang DP attention, 7 of 61 layers (stages 4+1+1+1)|h100-8x400g|128|16|--model-config configs/DeepSeek-V3.json --layers 7 --train tp=1,pp=4,dp=32,ep=16,first=4 --infer sglang:tp=16,attn_dp=16,ep=16"
+  "Qwen3-235B-A22B -> SGLang EP8 x 8 engines, 4 of 94 layers|gb200-nvl72|64|64|--model-config configs/Qwen3-235B-A22B.json --layers 4 --train tp=2,pp=4,dp=8,ep=16,etp=1 --infer sglang:tp=8,dp=8,ep=8"
 )
 f() { sed -nE "s/.*$1=([^ ;]+).*/\1/p" "$2" | head -n 1; }
 # The replay's network settings: SMPI's own network model with the same
