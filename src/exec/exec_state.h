@@ -59,6 +59,13 @@ reshard_result_t rs_plan_doubt(const reshard_plan_t *p, uint64_t ticket, uint64_
  * Caller holds the plan's busy flag. */
 reshard_result_t rs_plan_settle(const reshard_plan_t *p, int64_t deadline);
 
+/* ---- execute.c ---- */
+
+/* The plan's staging (rs_staging_bytes), allocated on first use and kept
+ * for its calls (a registered plan's send halves are registered: the
+ * same block for every call); NULL when out of memory or none needed. */
+unsigned char *rs_host_staging(const reshard_plan_t *plan);
+
 /* ---- state.c ---- */
 
 /* Results that leave the plan failed (messages in flight, partners out of

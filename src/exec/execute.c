@@ -385,7 +385,6 @@ static reshard_result_t unpack_round(exec_state *st, int k) {
  * have landed (the sender's pack order is its memory order there), then
  * unpacked by its receive copy: one read instead of one per run (a
  * transpose's rows of a few KiB: a system call each over shared memory). */
-#define RS_DIRECT_SHORT_RUN 16384
 static int read_staged(const rs_copy *cp) {
   if (cp->run_bytes >= RS_DIRECT_SHORT_RUN || cp->ndim == 0) return 0;
   return rs_direct_src_end(cp) - cp->src_off == rs_copy_bytes(cp);
@@ -425,6 +424,13 @@ static reshard_result_t post_token(exec_state *st, const rs_msg *m, int k, int d
   if (sums)
     sum_copies(st->plan, &st->plan->send_copies[m->first_copy], &st->plan->send_vbox[m->first_copy], m->ncopies, 0,
                send_bases(st, m), s);
+  /* a message this rank packs (rs_host_packs) is packed before its data
+   * is said to be ready */
+  if (!done && st->reg->spacked[m - st->plan->sends])
+    for (uint32_t c = 0; c < m->ncopies; c++) {
+      const rs_copy *cp = &st->plan->send_copies[m->first_copy + c];
+      rs_copy_run(cp, send_bases(st, m)[cp->src_buf], st->send_stage[k & 1]);
+    }
   return ops->isend(st->comm, m->peer, tag, s, bytes, slot);
 }
 
@@ -464,10 +470,18 @@ static reshard_result_t direct_round(exec_state *st, int k) {
   st->nrreq[0] = nr, st->nsreq[0] = ns;
   for (size_t i = 0; i < nr; i++) RS_CHECK(post_token(st, &p->recvs[rf + i], k, 0, 1, &rq[i]));
   for (size_t i = 0; i < ns; i++) RS_CHECK(post_token(st, &p->sends[sf + i], k, 0, 0, &sq[i]));
+  const rs_host_reg *g = st->reg;
   for (size_t i = 0; i < nr; i++) {
     const rs_msg *m = &p->recvs[rf + i];
     RS_CHECK(wait_tokens(st, &rq[i], m, 1, k, "ready from"));
-    for (uint32_t c = 0; c < m->ncopies; c++) RS_CHECK(read_box(st, m->first_copy + c, k));
+    if (g->rpacked[rf + i]) /* packed by its sender: read whole, in place when it is one run here */
+      RS_CHECK(st->comm->ops->rma_get(st->comm, g->set, g->rentry[rf + i], g->roff[rf + i],
+                                      m->direct ? (unsigned char *)st->dst[p->recv_copies[m->first_copy].dst_buf] +
+                                                      p->recv_copies[m->first_copy].dst_off
+                                                : st->recv_stage[k & 1] + m->staging_off,
+                                      m->bytes));
+    else
+      for (uint32_t c = 0; c < m->ncopies; c++) RS_CHECK(read_box(st, m->first_copy + c, k));
   }
   reshard_result_t r = st->comm->ops->rma_flush(st->comm, st->reg->set, st->deadline);
   if (r != RESHARD_SUCCESS) {
@@ -477,7 +491,7 @@ static reshard_result_t direct_round(exec_state *st, int k) {
   for (size_t i = 0; i < nr; i++) {
     const rs_msg *m = &p->recvs[rf + i];
     for (size_t ci = m->first_copy; ci < m->first_copy + m->ncopies; ci++)
-      if (read_staged(&st->reg->copies[ci]))
+      if ((g->rpacked[rf + i] && !m->direct) || (!g->rpacked[rf + i] && read_staged(&g->copies[ci])))
         rs_copy_run(&p->recv_copies[ci], st->recv_stage[k & 1], st->dst[p->recv_copies[ci].dst_buf]);
   }
   for (size_t i = 0; st->verify && i < nr; i++) {
@@ -637,6 +651,17 @@ static reshard_result_t abort_call(const reshard_plan_t *plan, int explicit_vers
   return rs_error(why, "%s", full);
 }
 
+unsigned char *rs_host_staging(const reshard_plan_t *plan) {
+  const size_t stage = rs_staging_bytes(plan);
+  reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
+  if (mut->staging_cache_bytes < stage) {
+    rs_bulk_free(mut->staging_cache);
+    mut->staging_cache = rs_bulk_malloc(stage);
+    mut->staging_cache_bytes = mut->staging_cache ? stage : 0;
+  }
+  return mut->staging_cache;
+}
+
 /* The call once its arguments passed: staging, agreement, rounds, commit. */
 static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_version, uint64_t version_in,
                                  void *const *src_buffers, void *const *const dst_copies[2], uint64_t *version_out,
@@ -654,14 +679,8 @@ static reshard_result_t run_call(const reshard_plan_t *plan, int explicit_versio
   size_t need = 2 * nreq * sizeof(rs_request *) + nxf * (sizeof(rs_xfer) + sizeof(size_t)) + nreq + nxf +
                 (size_t)plan->comm->size;
   size_t vneed = verify ? nreq * sizeof(rs_request *) + (plan->nsend_copies + plan->nrecv_copies) * sizeof(uint64_t) : 0;
-  reshard_plan_t *mut = (reshard_plan_t *)plan; /* the staging cache only */
   void *block = rs_malloc(need ? need : 1), *vblock = NULL;
-  if (mut->staging_cache_bytes < stage) {
-    rs_bulk_free(mut->staging_cache);
-    mut->staging_cache = rs_bulk_malloc(stage);
-    mut->staging_cache_bytes = mut->staging_cache ? stage : 0;
-  }
-  void *sblock = mut->staging_cache;
+  void *sblock = rs_host_staging(plan);
   if (verify) vblock = rs_malloc(vneed ? vneed : 1);
   if (!block || (stage && !sblock) || (verify && !vblock)) {
     free(block);

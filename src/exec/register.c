@@ -26,7 +26,86 @@ static void reg_free(reshard_comm_t *c, rs_host_reg *g) {
   if (g->set) c->ops->rma_unshare(c, g->set);
   free(g->bufs);
   free(g->copies);
+  free(g->spacked);
+  free(g->rpacked);
+  free(g->rentry);
+  free(g->roff);
   free(g);
+}
+
+int rs_host_packs(const rs_copy *cps, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    const rs_copy *c = &cps[i];
+    if (c->ndim > 0 && c->run_bytes < RS_DIRECT_SHORT_RUN && rs_direct_src_end(c) - c->src_off != rs_copy_bytes(c))
+      return 1;
+  }
+  return 0;
+}
+
+/* The length of the send-copies blob at the head of a partner's bytes
+ * (rs_direct_blob's format); 0 when malformed. */
+static size_t blob_len(const unsigned char *b, size_t n) {
+  uint64_t nmsg = 0, nc = 0;
+  size_t at = 8;
+  if (n < 8) return 0;
+  memcpy(&nmsg, b, 8);
+  for (uint64_t i = 0; i < nmsg; i++) {
+    if (at + 8 > n) return 0;
+    memcpy(&nc, b + at, 8);
+    if (nc > (n - at - 8) / sizeof(rs_copy)) return 0;
+    at += 8 + nc * sizeof(rs_copy);
+  }
+  return at;
+}
+
+/* This rank's bytes for partner `peer`: the send-copies blob, then per
+ * message to it whether this rank packs it and where in its staging (the
+ * send half of its round). */
+static reshard_result_t blob_for(const reshard_plan_t *p, int peer, const unsigned char *spacked, void **out,
+                                 size_t *bytes) {
+  void *b = NULL;
+  size_t n = 0, nmsg = 0;
+  RS_CHECK(rs_direct_blob(p, peer, &b, &n));
+  for (size_t i = 0; i < p->nsends; i++) nmsg += p->sends[i].peer == peer;
+  unsigned char *o = realloc(b, n + 16 * nmsg + 1);
+  if (!o) {
+    free(b);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
+  }
+  for (size_t i = 0, at = n; i < p->nsends; i++) {
+    const rs_msg *m = &p->sends[i];
+    if (m->peer != peer) continue;
+    uint64_t w[2] = {spacked[i], (uint64_t)(m->round & 1) * p->send_half + m->staging_off};
+    memcpy(o + at, w, 16), at += 16;
+  }
+  *out = o;
+  *bytes = n + 16 * nmsg;
+  return RESHARD_SUCCESS;
+}
+
+/* The partners' packing words (after their blobs) into g's receive
+ * arrays: the k-th message from a partner is its k-th word pair. */
+static reshard_result_t take_packing(const reshard_plan_t *p, const rs_share *sh, size_t np, const uint32_t *base,
+                                     rs_host_reg *g) {
+  for (size_t i = 0; i < np; i++) {
+    const unsigned char *in = sh[i].in;
+    size_t at = blob_len(in, sh[i].in_bytes);
+    for (size_t j = 0; j < p->nrecvs; j++) {
+      if (p->recvs[j].peer != sh[i].peer) continue;
+      uint64_t w[2];
+      if (!at || at + 16 > sh[i].in_bytes)
+        return rs_error(RESHARD_ERROR_MISMATCH, "register_buffers rank %d: rank %d's registration lacks the packing "
+                        "of its messages to this rank; the ranks' plans differ", p->rank, sh[i].peer);
+      memcpy(w, in + at, 16), at += 16;
+      g->rpacked[j] = w[0] != 0;
+      g->roff[j] = w[1];
+      g->rentry[j] = base[i] + (uint32_t)sh[i].nbufs - 1; /* its staging: the last of its buffers */
+      if (w[0] && (!sh[i].lens || w[1] + p->recvs[j].bytes > sh[i].lens[sh[i].nbufs - 1]))
+        return rs_error(RESHARD_ERROR_MISMATCH, "register_buffers rank %d: rank %d packs a message of %llu bytes "
+                        "past the staging it registered", p->rank, sh[i].peer, (unsigned long long)p->recvs[j].bytes);
+    }
+  }
+  return RESHARD_SUCCESS;
 }
 
 void rs_host_reg_free(reshard_plan_t *p) {
@@ -53,7 +132,8 @@ static void read_extents(const reshard_plan_t *p, uint64_t *bytes) {
 /* What this rank cannot read one-sidedly: a cast (the read moves bytes
  * as they are), and reads past what the sender registered. */
 static reshard_result_t check_composed(const reshard_plan_t *p, const rs_share *sh, size_t np, const uint32_t *base,
-                                       const rs_copy *hc) {
+                                       const rs_host_reg *g) {
+  const rs_copy *hc = g->copies;
   for (size_t i = 0; i < p->nrecvs; i++) {
     const rs_msg *m = &p->recvs[i];
     for (uint32_t k = 0; k < m->ncopies; k++) {
@@ -80,22 +160,39 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
   const size_t np = p->npeers, nb = nsrc + ndst;
   rs_share *sh = calloc(np + 1, sizeof *sh);
   uint32_t *base = calloc(np + 1, sizeof *base);
-  uint64_t *bytes = calloc(nb + 1, sizeof *bytes);
+  /* the buffers partners read: this rank's (sources, destinations) and
+   * its send staging, where it packs the messages rs_host_packs names */
+  uint64_t *bytes = calloc(nb + 2, sizeof *bytes);
+  void **shared = calloc(nb + 2, sizeof *shared);
   rs_host_reg *g = calloc(1, sizeof *g);
-  if (g) g->bufs = calloc(nb + 1, sizeof *g->bufs), g->copies = malloc((p->nrecv_copies + 1) * sizeof *g->copies);
-  if (!r && (!sh || !base || !bytes || !g || !g->bufs || !g->copies))
+  if (g) {
+    g->bufs = calloc(nb + 1, sizeof *g->bufs), g->copies = malloc((p->nrecv_copies + 1) * sizeof *g->copies);
+    g->spacked = calloc(p->nsends + 1, 1), g->rpacked = calloc(p->nrecvs + 1, 1);
+    g->rentry = calloc(p->nrecvs + 1, sizeof *g->rentry), g->roff = calloc(p->nrecvs + 1, sizeof *g->roff);
+  }
+  if (!r && (!sh || !base || !bytes || !shared || !g || !g->bufs || !g->copies || !g->spacked || !g->rpacked ||
+             !g->rentry || !g->roff))
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
-  for (size_t i = 0; !r && i < nb; i++) g->bufs[i] = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
+  for (size_t i = 0; !r && i < nb; i++) shared[i] = g->bufs[i] = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
   if (!r) g->nbufs = nb, read_extents(p, bytes);
+  int packs = 0;
+  for (size_t i = 0; !r && i < p->nsends; i++)
+    packs |= g->spacked[i] = (unsigned char)rs_host_packs(&p->send_copies[p->sends[i].first_copy], p->sends[i].ncopies);
+  if (!r && packs) {
+    shared[nb] = rs_host_staging(p), bytes[nb] = 2 * p->send_half;
+    if (!shared[nb])
+      r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: cannot allocate %zu bytes of staging",
+                   p->rank, rs_staging_bytes(p));
+  }
   for (size_t i = 0; sh && i < np; i++) {
     sh[i].peer = p->peers[i].peer;
-    if (!r) r = rs_direct_blob(p, sh[i].peer, (void **)&sh[i].out, &sh[i].out_bytes);
+    if (!r) r = blob_for(p, sh[i].peer, g->spacked, (void **)&sh[i].out, &sh[i].out_bytes);
   }
   /* the exchange runs whatever failed here, so that no partner waits */
   if (sh) {
     const uint64_t tag = p->tag_base | RS_TAG_CONTROL | RS_CTL_REGISTER;
     void *set = NULL;
-    reshard_result_t rs = c->ops->rma_share(c, tag, r ? NULL : g->bufs, bytes, r ? 0 : nb, sh, np,
+    reshard_result_t rs = c->ops->rma_share(c, tag, r ? NULL : shared, bytes, r ? 0 : nb + 1, sh, np,
                                             rs_deadline_after_ms(p->opts.timeout_ms), &set);
     if (g) g->set = set;
     else if (set) c->ops->rma_unshare(c, set);
@@ -104,7 +201,8 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
   uint32_t ntab = 0;
   for (size_t i = 0; !r && i < np; i++) base[i] = ntab, ntab += (uint32_t)sh[i].nbufs;
   if (!r) r = rs_direct_compose(p, sh, np, base, g->copies);
-  if (!r) r = check_composed(p, sh, np, base, g->copies);
+  if (!r) r = take_packing(p, sh, np, base, g);
+  if (!r) r = check_composed(p, sh, np, base, g);
   for (size_t i = 0; sh && i < np; i++) {
     free((void *)sh[i].out);
     free(sh[i].in);
@@ -114,6 +212,7 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
   free(sh);
   free(base);
   free(bytes);
+  free(shared);
   if (r) {
     reg_free(c, g);
     return r;

@@ -19,7 +19,25 @@ typedef struct rs_host_reg {
    * entry (rma_share) */
   rs_copy *copies;
   void *set; /* the transport's (rma_share .. rma_unshare) */
+  /* Messages whose sender packs them (rs_host_packs): per send message
+   * whether this rank packs it into its send staging (registered after
+   * the buffers: the last entry of its table) before saying "ready"; per
+   * receive message whether its sender does, and then the sender's table
+   * entry of its staging and the message's offset there, read whole. */
+  unsigned char *spacked, *rpacked;
+  uint32_t *rentry;
+  uint64_t *roff;
 } rs_host_reg;
+
+/* Whether the sender of message m packs it (the same answer on both
+ * ends: the sender's copies decide, and the receiver has them from the
+ * registration): one of its boxes has short runs (under
+ * RS_DIRECT_SHORT_RUN bytes) that do not make one dense span in the
+ * sender's memory, so that reading them one by one would cost a read per
+ * run (a transpose's rows: a system call each over shared memory, a
+ * network message each over RDMA). */
+#define RS_DIRECT_SHORT_RUN 16384
+int rs_host_packs(const rs_copy *send_copies, uint32_t n);
 
 /* The host executor's register_buffers (plan/executor.h). Collective over
  * the communicator: all or nothing. */

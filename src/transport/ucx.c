@@ -36,6 +36,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/hash.h"
+#include "pack/copy.h"
 #include "transport/transport.h"
 #include "transport/ucx_internal.h"
 
@@ -87,31 +88,47 @@ void rs_ux_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
 
 /* ---- point to point ---- */
 
-reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
-                            rs_request **out) {
+/* A message: buf of `bytes` bytes, or (iov) niov entries of a
+ * ucp_dt_iov_t array that the request then owns. */
+static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, void *iov,
+                                 size_t niov, int is_recv, rs_request **out) {
   ux_comm *m = c->impl;
-  if (peer < 0 || peer >= c->size)
+  if (peer < 0 || peer >= c->size) {
+    free(iov);
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: UCX message to rank %d of %d", c->rank, peer, c->size);
+  }
   rs_request *r = calloc(1, sizeof *r);
-  if (!r) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory posting a message", c->rank);
+  if (!r) {
+    free(iov);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory posting a message", c->rank);
+  }
   r->is_recv = is_recv;
   r->peer = peer;
   r->bytes = bytes;
+  r->iov = iov;
   ucp_request_param_t p;
   memset(&p, 0, sizeof p);
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.user_data = r;
+  void *what = buf;
+  size_t count = bytes;
+  if (iov) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+    what = iov, count = niov;
+  }
   pthread_mutex_lock(&m->lock);
   ucs_status_ptr_t s;
   if (is_recv) {
     p.cb.recv = rs_ux_on_recv;
-    s = ucp_tag_recv_nbx(m->worker, buf, bytes, tag, UINT64_MAX, &p);
+    s = ucp_tag_recv_nbx(m->worker, what, count, tag, UINT64_MAX, &p);
   } else {
     p.cb.send = rs_ux_on_send;
-    s = ucp_tag_send_nbx(m->ep[peer], buf, bytes, tag, &p);
+    s = ucp_tag_send_nbx(m->ep[peer], what, count, tag, &p);
   }
   pthread_mutex_unlock(&m->lock);
   if (UCS_PTR_IS_ERR(s)) {
+    free(r->iov);
     free(r);
     return rs_ux_fail(UCS_PTR_STATUS(s), is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx", c->rank, peer);
   }
@@ -119,6 +136,16 @@ reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *bu
   if (s == NULL) r->done = 1, r->status = UCS_OK, r->got = bytes; /* (sends only) */
   *out = r;
   return RESHARD_SUCCESS;
+}
+
+reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
+                            rs_request **out) {
+  return post_any(c, peer, tag, buf, bytes, NULL, 0, is_recv, out);
+}
+
+reshard_result_t rs_ux_post_iov(reshard_comm_t *c, int peer, ucp_tag_t tag, void *iov, size_t niov, size_t bytes,
+                                int is_recv, rs_request **out) {
+  return post_any(c, peer, tag, NULL, bytes, iov, niov, is_recv, out);
 }
 
 static reshard_result_t ux_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
@@ -135,6 +162,55 @@ static reshard_result_t ux_irecv(reshard_comm_t *c, int peer, uint64_t tag, void
   return rs_ux_post(c, peer, data_tag(m, peer, tag), buf, bytes, 1, req);
 }
 
+/* A message of boxes straight from (to) the buffers, as UCP iov entries,
+ * one per contiguous run, in the staging layout's row-major order: no
+ * pack or unpack copy (transport.h isend_boxes). UNSUPPORTED (the
+ * executor packs) for a cast, which needs the pack, or past
+ * RS_UX_MAX_IOV runs. Either end may use it or staging alone: the bytes
+ * on the wire are the same. */
+#define RS_UX_MAX_IOV 4096
+static reshard_result_t ux_boxes(reshard_comm_t *c, int peer, uint64_t tag, const rs_copy *copies, uint32_t n,
+                                 void *const *bases, size_t bytes, int is_recv, rs_request **req) {
+  const ux_comm *m = c->impl;
+  if (m->failed) return rs_ux_refuse_failed(c);
+  size_t runs = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (copies[i].cvt_from || copies[i].cvt_to) return RESHARD_ERROR_UNSUPPORTED;
+    size_t k = 1;
+    for (int d = 0; d < copies[i].ndim && k <= RS_UX_MAX_IOV; d++) k *= (size_t)copies[i].extent[d];
+    if ((runs += k) > RS_UX_MAX_IOV) return RESHARD_ERROR_UNSUPPORTED;
+  }
+  ucp_dt_iov_t *iov = malloc((runs + 1) * sizeof *iov);
+  if (!iov) return RESHARD_ERROR_UNSUPPORTED;
+  size_t at = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const rs_copy *cp = &copies[i];
+    unsigned char *base = (unsigned char *)bases[is_recv ? cp->dst_buf : cp->src_buf] + (is_recv ? cp->dst_off : cp->src_off);
+    const int64_t *stride = is_recv ? cp->dst_stride : cp->src_stride;
+    int64_t idx[RS_COPY_MAX_DIMS] = {0};
+    for (;;) {
+      unsigned char *p = base;
+      for (int d = 0; d < cp->ndim; d++) p += idx[d] * stride[d];
+      iov[at++] = (ucp_dt_iov_t){p, cp->run_bytes};
+      int d = cp->ndim - 1;
+      for (; d >= 0 && ++idx[d] == cp->extent[d]; d--) idx[d] = 0;
+      if (d < 0) break;
+    }
+  }
+  const ucp_tag_t t = data_tag(m, is_recv ? peer : c->rank, tag);
+  return rs_ux_post_iov(c, peer, t, iov, at, bytes, is_recv, req);
+}
+
+static reshard_result_t ux_isend_boxes(reshard_comm_t *c, int peer, uint64_t tag, const rs_copy *copies, uint32_t n,
+                                       void *const *bases, size_t bytes, rs_request **req) {
+  return ux_boxes(c, peer, tag, copies, n, bases, bytes, 0, req);
+}
+
+static reshard_result_t ux_irecv_boxes(reshard_comm_t *c, int peer, uint64_t tag, const rs_copy *copies, uint32_t n,
+                                       void *const *bases, size_t bytes, rs_request **req) {
+  return ux_boxes(c, peer, tag, copies, n, bases, bytes, 1, req);
+}
+
 /* The result of a completed request; frees it. */
 reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r) {
   ux_comm *m = c->impl;
@@ -146,6 +222,7 @@ reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r) {
   const int peer = r->peer, is_recv = r->is_recv;
   const ucs_status_t s = r->status;
   const size_t got = r->got, want = r->bytes;
+  free(r->iov);
   free(r);
   if (s == UCS_ERR_MESSAGE_TRUNCATED || (s == UCS_OK && is_recv && got != want))
     return rs_error(RESHARD_ERROR_MISMATCH, "rank %d: a message from rank %d did not have the %zu bytes expected%s",
@@ -155,26 +232,34 @@ reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r) {
 }
 
 /* Drives the worker; returns whether r completed (1), or its peer's
- * connection failed (-1: its requests end with an error soon). The
- * callbacks write requests under the lock, so they are read under it. */
-static int progress_until(ux_comm *m, const rs_request *r) {
+ * connection failed (-1: its requests end with an error soon); *moved
+ * (may be NULL): whether the worker made progress. The callbacks write
+ * requests under the lock, so they are read under it. */
+static int progress_until(ux_comm *m, const rs_request *r, int *moved) {
   pthread_mutex_lock(&m->lock);
-  for (int k = 0; k < 16 && ucp_worker_progress(m->worker); k++) {
-  }
+  int any = 0;
+  for (int k = 0; k < 16 && ucp_worker_progress(m->worker); k++) any = 1;
   const int st = !r ? 0 : r->done ? 1 : m->peer_failed[r->peer] ? -1 : 0;
   pthread_mutex_unlock(&m->lock);
+  if (moved) *moved = any;
   return st;
 }
 
 static reshard_result_t ux_test(reshard_comm_t *c, rs_request *r, int *done) {
-  *done = progress_until(c->impl, r) == 1;
+  *done = progress_until(c->impl, r, NULL) == 1;
   return *done ? rs_ux_finish(c, r) : RESHARD_SUCCESS;
 }
 
+/* No nap while the worker makes progress: a peer's one-sided reads of
+ * this rank's memory over shared memory (ucx_rma.c) may be served by
+ * this rank's progress, fragment by fragment, while it waits here (for
+ * their "done" token). */
 reshard_result_t rs_ux_wait(reshard_comm_t *c, rs_request *r, int64_t deadline) {
   ux_comm *m = c->impl;
-  for (unsigned spin = 0;; spin++) {
-    const int st = progress_until(m, r);
+  for (unsigned spin = 0, idle = 0;; spin++) {
+    int moved = 0;
+    const int st = progress_until(m, r, &moved);
+    idle = moved ? 0 : idle + 1;
     if (st == 1) return rs_ux_finish(c, r);
     if (st < 0 && spin > 64) {
       /* (only a TIMEOUT leaves the request to the caller) */
@@ -186,7 +271,7 @@ reshard_result_t rs_ux_wait(reshard_comm_t *c, rs_request *r, int64_t deadline) 
     if (spin > 64 && rs_now_ns() > deadline)
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s rank %d did not complete before the deadline", c->rank,
                       r->is_recv ? "receive from" : "send to", r->peer);
-    rs_nap(spin);
+    rs_nap(idle);
   }
 }
 
@@ -198,10 +283,17 @@ void rs_ux_cancel(reshard_comm_t *c, rs_request *r) {
   ux_comm *m = c->impl;
   if (r->ucx) {
     pthread_mutex_lock(&m->lock);
-    if (!r->done) ucp_request_cancel(m->worker, r->ucx);
+    const int pending = !r->done;
+    if (pending) ucp_request_cancel(m->worker, r->ucx);
     ucp_request_free(r->ucx);
+    /* a released request UCP may still run reads its iov: kept until
+     * the worker goes (dropped, not freed, if there is no room) */
+    void **o = pending && r->iov ? realloc(m->orphans, (m->norphans + 1) * sizeof *o) : NULL;
+    if (o) m->orphans = o, o[m->norphans++] = r->iov, r->iov = NULL;
+    else if (pending) r->iov = NULL;
     pthread_mutex_unlock(&m->lock);
   }
+  free(r->iov);
   free(r);
 }
 
@@ -225,7 +317,7 @@ static void coll_free(reshard_comm_t *c, ux_coll *k) {
  * error set). */
 static int coll_poll(reshard_comm_t *c, ux_coll *k) {
   ux_comm *m = c->impl;
-  progress_until(m, NULL);
+  progress_until(m, NULL, NULL);
   int pending = 0;
   for (int i = 0; i < c->size; i++) {
     rs_request **sides[2] = {&k->send[i], &k->recv[i]};
@@ -425,6 +517,8 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   if (m->worker) ucp_worker_destroy(m->worker);
   if (m->ctx) ucp_cleanup(m->ctx);
   pthread_mutex_unlock(&m->lock);
+  for (size_t i = 0; i < m->norphans; i++) free(m->orphans[i]);
+  free(m->orphans);
   pthread_mutex_destroy(&m->lock);
   free(m->ep);
   free(m->accepted);
@@ -452,6 +546,8 @@ const rs_transport_ops rs_ux_ops = {
     .allreduce_max_u64 = rs_ux_allreduce,
     .allreduce_late = ux_allreduce_late,
     .destroy = ux_destroy,
+    .isend_boxes = ux_isend_boxes,
+    .irecv_boxes = ux_irecv_boxes,
     .rma_share = rs_ux_rma_share,
     .rma_get = rs_ux_rma_get,
     .rma_flush = rs_ux_rma_flush,

@@ -35,6 +35,7 @@ struct rs_request {
   int done, is_recv, peer;
   ucs_status_t status;
   size_t bytes, got; /* expected, and received (receives) */
+  void *iov;          /* a boxes message's ucp_dt_iov_t array (freed with it) */
 };
 
 /* A collective: this rank's message to every other, and a slot for each
@@ -74,6 +75,10 @@ typedef struct ux_comm {
   /* abandoned collectives (allreduce_late): ticket = index + 1 */
   ux_coll **abandoned;
   int nabandoned;
+  /* iov arrays of abandoned boxes messages UCP may still read (a send
+   * released to finish on its own): freed with the worker */
+  void **orphans;
+  size_t norphans;
 } ux_comm;
 
 /* The counters a newcomer takes from rank 0 (the header of its table, and
@@ -97,6 +102,10 @@ void rs_ux_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status);
 /* Posts a send or receive with the full UCP tag; *out: the request. */
 reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
                             rs_request **out);
+/* The same for a message of iov[0..niov) (ucp_dt_iov_t, malloc'd: the
+ * request owns it from here, also on failure). */
+reshard_result_t rs_ux_post_iov(reshard_comm_t *c, int peer, ucp_tag_t tag, void *iov, size_t niov, size_t bytes,
+                                int is_recv, rs_request **out);
 /* The result of a completed request; frees it. */
 reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r);
 /* Waits for a request until the deadline (ops.wait). */
