@@ -838,9 +838,14 @@ reshard_result_t reshard_plan_resolve(const reshard_plan_t *plan, int timeout_ms
  * happened since the plan was made, when it was rejoined already for the
  * latest rejoin, when more than one rejoin passed since, or while another
  * call of the plan runs. A kept plan's registered buffers
- * (reshard_plan_register_buffers) are dropped by a successful rejoin: it
- * executes through staging until every rank, the newcomer included,
- * registers again. */
+ * (reshard_plan_register_buffers) are held by a successful rejoin, not
+ * used: the plan executes through staging until every rank, the newcomer
+ * included, registers again. In that registration a staying rank that
+ * passes the buffers it had registered keeps their registrations (no
+ * ucp_mem_map again) and its partners' keys, and trades keys with the
+ * newcomer only, when every staying rank does so; when one passes other
+ * buffers (or held none), every rank registers anew. To register again
+ * buffers reallocated at the same addresses, unregister first. */
 reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
 
 /* Registers this rank's buffers for the plan's executes: src and dst as
@@ -882,7 +887,10 @@ reshard_result_t reshard_plan_rejoin(reshard_plan_t *plan);
  * the ranks that receive a cast box (a read moves bytes as they are;
  * REMOTE on the others): execute it unregistered. A plan that quantizes
  * or spreads registers its pre-plans' scratch beside the caller's buffers
- * (as on CUDA IPC). Other transports:
+ * (as on CUDA IPC). After a rejoin the staying ranks keep what they
+ * registered (reshard_plan_rejoin). A rank that fails before the
+ * exchange (a wrong buffer count: INVALID_ARGUMENT) makes its partners
+ * fail with RESHARD_ERROR_REMOTE naming it. Other transports:
  * RESHARD_ERROR_UNSUPPORTED on every rank, nothing changes (their
  * executes need no registration). */
 reshard_result_t reshard_plan_register_buffers(reshard_plan_t *plan,

@@ -446,7 +446,9 @@ class Plan(Node):
         arrays: executes then read each box straight from its sender's
         buffer, no staging). Collective. A Bound, or the two dicts as for
         bind; with nothing, unregisters. Later executes must pass exactly
-        these buffers. Other transports: reshard.UnsupportedError on every
+        these buffers. On UCX after ``rejoin``, a staying rank passing the
+        same buffers keeps their registrations and trades keys with the
+        newcomer only. Other transports: reshard.UnsupportedError on every
         rank."""
         if src_buffers is None and dst_buffers is None:
             check(lib.reshard_plan_register_buffers(self.handle, ffi.NULL, 0,
@@ -506,7 +508,9 @@ class Plan(Node):
         again. Collective. Raises MismatchError (the newcomer's layouts
         or options differ, or its plan would; nothing changed),
         InvalidUsageError (no rejoin since creation, or rejoined
-        already), InvalidArgumentError (not a UCX communicator)."""
+        already), InvalidArgumentError (not a UCX communicator). Its
+        registered buffers are held until every rank calls
+        ``register_buffers`` again (then kept where unchanged)."""
         check(lib.reshard_plan_rejoin(self.handle))
 
     def stats(self):

@@ -2,7 +2,7 @@
  * plan's busy flag, the kept plan's side of the newcomer's creation
  * (plan/rejoin.c), then the agreed counters and the cleared failure
  * (exec/state.c) of the plan and its pre-plans, applied only once every
- * collective passed; registered buffers are dropped. */
+ * collective passed; registered buffers are held (exec/register.h). */
 #include "api/front.h"
 #include "common/error.h"
 #include "exec/exec_state.h"
@@ -59,11 +59,13 @@ reshard_result_t reshard_plan_rejoin(reshard_plan_t *p) {
       live[k]->rejoins = p->comm->rejoins;
     }
     p->rejoined = 1;
-    /* Registered buffers (exec/register.h) are dropped: their keys of
-     * the replaced rank are gone, and the newcomer registered nothing.
+    /* Registered buffers (exec/register.h) are held, not used: the
+     * replaced rank's keys are gone and the newcomer registered nothing.
      * The plan executes through staging until every rank registers
-     * again (collective, the newcomer included). */
-    rs_host_reg_free(p);
+     * again (collective, the newcomer included), which keeps this rank's
+     * registrations of the same buffers and trades keys with the
+     * newcomer only. */
+    rs_host_reg_hold(p);
   }
   rs_api_leave(p);
   return r;

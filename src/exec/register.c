@@ -6,7 +6,16 @@
  * (exec/direct.c, as the device executor does for CUDA IPC): a
  * registered execute then reads each box from the sender's buffer into
  * its own destination. Apart from execute.c because registration is
- * collective set-up, not a call's work. */
+ * collective set-up, not a call's work.
+ *
+ * After a rejoin (reshard_plan_rejoin) the plan's registration is held,
+ * not used. The next registration keeps what did not change when every
+ * staying rank passes the buffers it registered (agreed first, keep_mode):
+ * the staying ranks keep their registrations and their partners' keys,
+ * and only pairs with the newcomer trade (the transport's rma_share with
+ * the held set, sh[i].skip for the rest); the receive copies from a
+ * skipped partner are the held ones. Otherwise every rank registers anew,
+ * as at first. */
 #include "exec/register.h"
 
 #include <stdint.h>
@@ -30,6 +39,7 @@ static void reg_free(reshard_comm_t *c, rs_host_reg *g) {
   free(g->rpacked);
   free(g->rentry);
   free(g->roff);
+  free(g->base);
   free(g);
 }
 
@@ -110,7 +120,62 @@ static reshard_result_t take_packing(const reshard_plan_t *p, const rs_share *sh
 
 void rs_host_reg_free(reshard_plan_t *p) {
   reg_free(p->comm, p->host_reg);
+  reg_free(p->comm, p->host_reg_kept);
+  p->host_reg = p->host_reg_kept = NULL;
+}
+
+void rs_host_reg_hold(reshard_plan_t *p) {
+  reg_free(p->comm, p->host_reg_kept);
+  p->host_reg_kept = p->host_reg;
   p->host_reg = NULL;
+  if (p->host_reg_kept) p->host_reg_kept->replaced = p->comm->last_replaced;
+}
+
+/* Whether this registration keeps the held one (collective: one
+ * agreement, run whatever failed before). Each rank says whether it
+ * forces a fresh registration (it holds none, or registers other
+ * buffers, or failed) and which rank was replaced (a staying rank: its
+ * held registration's; the newcomer: itself); the held one is kept when
+ * no rank forces and all name the same rank. *keep: the held
+ * registration to keep, or NULL (also on the newcomer, which has none);
+ * *replaced: that rank (-1: none). */
+static reshard_result_t keep_mode(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
+                                  reshard_result_t r, const rs_host_reg **keep, int *replaced) {
+  const reshard_comm_t *c = p->comm;
+  const rs_host_reg *k = p->host_reg_kept;
+  const size_t nb = (size_t)p->num_src_buffers + (size_t)p->num_dst_buffers;
+  int same = k && k->nbufs == nb;
+  for (size_t i = 0; same && i < nb; i++) same = k->bufs[i] == rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
+  const int newcomer = !k && !p->host_reg && c->last_replaced > 0 && c->last_replaced == p->rank;
+  const int who = same ? k->replaced : newcomer ? p->rank : -1;
+  uint64_t w[3] = {r || who <= 0, who > 0 ? (uint64_t)who + 1 : 0, who > 0 ? (uint64_t)(c->size - who) : 0};
+  reshard_result_t ra = c->ops->allreduce_max_u64((reshard_comm_t *)c, w, 3, rs_deadline_after_ms(p->opts.timeout_ms));
+  const int keeps = !ra && !w[0] && w[1] && w[1] - 1 == (uint64_t)c->size - w[2];
+  *keep = keeps && same ? k : NULL;
+  *replaced = keeps ? (int)w[1] - 1 : -1;
+  return ra;
+}
+
+/* The receive side of partners this rank skipped: their copies, packing
+ * and staging entries as the held registration had them (its table
+ * entries shifted to where the new table has the partner's). */
+static void take_kept(const reshard_plan_t *p, const rs_share *sh, const uint32_t *base, const rs_host_reg *k,
+                      rs_host_reg *g) {
+  for (size_t i = 0; i < p->npeers; i++) {
+    if (!sh[i].skip) continue;
+    const int64_t shift = (int64_t)base[i] - (int64_t)k->base[i];
+    for (size_t j = 0; j < p->nrecvs; j++) {
+      const rs_msg *m = &p->recvs[j];
+      if (m->peer != sh[i].peer) continue;
+      g->rpacked[j] = k->rpacked[j];
+      g->roff[j] = k->roff[j];
+      g->rentry[j] = (uint32_t)((int64_t)k->rentry[j] + shift);
+      for (uint32_t q = 0; q < m->ncopies; q++) {
+        g->copies[m->first_copy + q] = k->copies[m->first_copy + q];
+        g->copies[m->first_copy + q].src_buf = (int32_t)(k->copies[m->first_copy + q].src_buf + shift);
+      }
+    }
+  }
 }
 
 /* The bytes of each of this rank's buffers (sources, then destinations)
@@ -130,36 +195,50 @@ static void read_extents(const reshard_plan_t *p, uint64_t *bytes) {
 }
 
 /* What this rank cannot read one-sidedly: a cast (the read moves bytes
- * as they are), and reads past what the sender registered. */
+ * as they are), and reads past what the sender registered; of the
+ * messages from the partners sh[0..np) (those traded with). */
 static reshard_result_t check_composed(const reshard_plan_t *p, const rs_share *sh, size_t np, const uint32_t *base,
                                        const rs_host_reg *g) {
   const rs_copy *hc = g->copies;
-  for (size_t i = 0; i < p->nrecvs; i++) {
-    const rs_msg *m = &p->recvs[i];
-    for (uint32_t k = 0; k < m->ncopies; k++) {
-      const rs_copy *c = &hc[m->first_copy + k];
-      if (c->cvt_from || c->cvt_to)
-        return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the plan converts dtypes on a box "
-                        "from rank %d, which a one-sided read cannot (it moves bytes as they are); execute without "
-                        "registering", p->rank, m->peer);
-      size_t j = 0;
-      while (j + 1 < np && base[j + 1] <= (uint32_t)c->src_buf) j++;
-      const size_t b = (size_t)c->src_buf - base[j];
-      if (j >= np || b >= sh[j].nbufs || !sh[j].lens || rs_direct_src_end(c) > sh[j].lens[b])
-        return rs_error(RESHARD_ERROR_MISMATCH, "register_buffers rank %d: a box of rank %d's buffer %zu lies "
-                        "past the bytes that rank registered; the ranks' plans differ", p->rank, m->peer, b);
+  for (size_t j = 0; j < np; j++) {
+    for (size_t i = 0; i < p->nrecvs; i++) {
+      const rs_msg *m = &p->recvs[i];
+      if (m->peer != sh[j].peer) continue;
+      for (uint32_t k = 0; k < m->ncopies; k++) {
+        const rs_copy *c = &hc[m->first_copy + k];
+        if (c->cvt_from || c->cvt_to)
+          return rs_error(RESHARD_ERROR_UNSUPPORTED, "register_buffers rank %d: the plan converts dtypes on a box "
+                          "from rank %d, which a one-sided read cannot (it moves bytes as they are); execute "
+                          "without registering", p->rank, m->peer);
+        const size_t b = (size_t)c->src_buf - base[j];
+        if ((uint32_t)c->src_buf < base[j] || b >= sh[j].nbufs || !sh[j].lens || rs_direct_src_end(c) > sh[j].lens[b])
+          return rs_error(RESHARD_ERROR_MISMATCH, "register_buffers rank %d: a box of rank %d's buffer %zu lies "
+                          "past the bytes that rank registered; the ranks' plans differ", p->rank, m->peer, b);
+      }
     }
   }
   return RESHARD_SUCCESS;
 }
 
-/* This rank's part: share, compose, check; *out the new registration. */
+/* The partners traded with (not skipped) and their first table entries,
+ * compacted into sh2 and base2 (shallow copies); their number. */
+static size_t traded(const rs_share *sh, const uint32_t *base, size_t np, rs_share *sh2, uint32_t *base2) {
+  size_t n = 0;
+  for (size_t i = 0; i < np; i++)
+    if (!sh[i].skip) sh2[n] = sh[i], base2[n++] = base[i];
+  return n;
+}
+
+/* This rank's part: share, compose, check; *out the new registration.
+ * With keep (keep_mode), the partners other than the replaced rank are
+ * skipped. */
 static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
-                              reshard_result_t r, rs_host_reg **out) {
+                              reshard_result_t r, const rs_host_reg *keep, int replaced, rs_host_reg **out) {
   reshard_comm_t *c = p->comm;
   const size_t np = p->npeers, nb = nsrc + ndst;
   rs_share *sh = calloc(np + 1, sizeof *sh);
-  uint32_t *base = calloc(np + 1, sizeof *base);
+  uint32_t *base = calloc(np + 1, sizeof *base), *base2 = calloc(np + 1, sizeof *base2);
+  rs_share *sh2 = calloc(np + 1, sizeof *sh2);
   /* the buffers partners read: this rank's (sources, destinations) and
    * its send staging, where it packs the messages rs_host_packs names */
   uint64_t *bytes = calloc(nb + 2, sizeof *bytes);
@@ -170,8 +249,8 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
     g->spacked = calloc(p->nsends + 1, 1), g->rpacked = calloc(p->nrecvs + 1, 1);
     g->rentry = calloc(p->nrecvs + 1, sizeof *g->rentry), g->roff = calloc(p->nrecvs + 1, sizeof *g->roff);
   }
-  if (!r && (!sh || !base || !bytes || !shared || !g || !g->bufs || !g->copies || !g->spacked || !g->rpacked ||
-             !g->rentry || !g->roff))
+  if (!r && (!sh || !base || !base2 || !sh2 || !bytes || !shared || !g || !g->bufs || !g->copies || !g->spacked ||
+             !g->rpacked || !g->rentry || !g->roff))
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);
   for (size_t i = 0; !r && i < nb; i++) shared[i] = g->bufs[i] = rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
   if (!r) g->nbufs = nb, read_extents(p, bytes);
@@ -186,23 +265,32 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
   }
   for (size_t i = 0; sh && i < np; i++) {
     sh[i].peer = p->peers[i].peer;
-    if (!r) r = blob_for(p, sh[i].peer, g->spacked, (void **)&sh[i].out, &sh[i].out_bytes);
+    sh[i].skip = keep && sh[i].peer != replaced;
+    if (!r && !sh[i].skip) r = blob_for(p, sh[i].peer, g->spacked, (void **)&sh[i].out, &sh[i].out_bytes);
   }
   /* the exchange runs whatever failed here, so that no partner waits */
   if (sh) {
     const uint64_t tag = p->tag_base | RS_TAG_CONTROL | RS_CTL_REGISTER;
     void *set = NULL;
     reshard_result_t rs = c->ops->rma_share(c, tag, r ? NULL : shared, bytes, r ? 0 : nb + 1, sh, np,
-                                            rs_deadline_after_ms(p->opts.timeout_ms), &set);
+                                            rs_deadline_after_ms(p->opts.timeout_ms), keep ? keep->set : NULL, &set);
     if (g) g->set = set;
     else if (set) c->ops->rma_unshare(c, set);
     if (!r) r = rs;
   }
   uint32_t ntab = 0;
   for (size_t i = 0; !r && i < np; i++) base[i] = ntab, ntab += (uint32_t)sh[i].nbufs;
-  if (!r) r = rs_direct_compose(p, sh, np, base, g->copies);
-  if (!r) r = take_packing(p, sh, np, base, g);
-  if (!r) r = check_composed(p, sh, np, base, g);
+  /* a partner that failed before the exchange sent no buffers at all */
+  for (size_t i = 0; !r && i < np; i++)
+    if (!sh[i].skip && !sh[i].nbufs)
+      r = rs_error(RESHARD_ERROR_REMOTE, "register_buffers rank %d: rank %d failed to register its buffers (see its "
+                   "error); the previous registration stays", p->rank, sh[i].peer);
+  const size_t n2 = r ? 0 : traded(sh, base, np, sh2, base2);
+  if (!r) r = rs_direct_compose(p, sh2, n2, base2, g->copies);
+  if (!r) r = take_packing(p, sh2, n2, base2, g);
+  if (!r) r = check_composed(p, sh2, n2, base2, g);
+  if (!r && keep) take_kept(p, sh, base, keep, g);
+  if (!r) g->base = base, base = NULL;
   for (size_t i = 0; sh && i < np; i++) {
     free((void *)sh[i].out);
     free(sh[i].in);
@@ -210,7 +298,9 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
     free(sh[i].lens);
   }
   free(sh);
+  free(sh2);
   free(base);
+  free(base2);
   free(bytes);
   free(shared);
   if (r) {
@@ -233,9 +323,15 @@ reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t ns
     r = rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "register_buffers rank %d: %zu source and %zu destination buffers "
                  "given, the layouts have %d and %d", p->rank, nsrc, ndst, p->num_src_buffers, p->num_dst_buffers);
   rs_host_reg *g = NULL;
+  const rs_host_reg *keep = NULL;
+  int replaced = -1;
   /* (unregistering is collective too, but exchanges nothing: every rank
    * passes no buffers) */
-  if (!unregister) r = build(p, src, nsrc, dst, ndst, r, &g);
+  if (!unregister) {
+    reshard_result_t rk = keep_mode(p, src, nsrc, dst, ndst, r, &keep, &replaced);
+    if (!r) r = rk;
+    r = build(p, src, nsrc, dst, ndst, r, keep, replaced, &g);
+  }
   /* every rank succeeded, or none keeps the new registration */
   uint64_t bad = r != RESHARD_SUCCESS;
   reshard_result_t ra = c->ops->allreduce_max_u64(c, &bad, 1, rs_deadline_after_ms(p->opts.timeout_ms));
@@ -247,6 +343,10 @@ reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t ns
     reg_free(c, g);
     return r;
   }
+  if (g && keep) { /* the new set owns what it kept */
+    c->ops->rma_adopt(c, g->set, keep->set);
+    p->host_reg_kept->set = NULL;
+  }
   rs_host_reg_free(p);
   p->host_reg = g;
   uint64_t runs = 0, bytes = 0;
@@ -256,7 +356,8 @@ reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t ns
     runs += n, bytes += rs_copy_bytes(&g->copies[i]);
   }
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_EXEC, "register_buffers rank %d: %s (%s): %zu receive boxes, %llu runs, %llu bytes "
-         "read one-sided", p->rank, g ? "registered" : "unregistered", c->ops->name, g ? p->nrecv_copies : (size_t)0,
-         (unsigned long long)runs, (unsigned long long)bytes);
+         "read one-sided%s", p->rank, g ? "registered" : "unregistered", c->ops->name, g ? p->nrecv_copies : (size_t)0,
+         (unsigned long long)runs, (unsigned long long)bytes,
+         keep ? "; kept over the rejoin, keys traded with the newcomer only" : "");
   return RESHARD_SUCCESS;
 }

@@ -27,6 +27,11 @@ typedef struct rs_host_reg {
   unsigned char *spacked, *rpacked;
   uint32_t *rentry;
   uint64_t *roff;
+  /* per partner (plan->peers order): its first entry in the table */
+  uint32_t *base;
+  /* a registration held over a rejoin (plan->host_reg_kept): the rank
+   * that rejoin replaced, whose entries are stale */
+  int32_t replaced;
 } rs_host_reg;
 
 /* Whether the sender of message m packs it (the same answer on both
@@ -43,7 +48,15 @@ int rs_host_packs(const rs_copy *send_copies, uint32_t n);
  * the communicator: all or nothing. */
 reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst);
 
-/* Drops the plan's registration (the host executor's free). */
+/* Drops the plan's registration, and one held over a rejoin (the host
+ * executor's free). */
 void rs_host_reg_free(reshard_plan_t *p);
+
+/* reshard_plan_rejoin's part: the plan's registration is held (executes
+ * go through staging) until every rank registers again; a staying rank
+ * that passes the same buffers then keeps their registrations and trades
+ * keys only with the newcomer (register.c). A registration already held
+ * from an earlier rejoin is dropped. */
+void rs_host_reg_hold(reshard_plan_t *p);
 
 #endif

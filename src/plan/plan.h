@@ -203,6 +203,9 @@ struct reshard_plan {
   /* The host executor's registered buffers (exec/register.c; a
    * transport with one-sided reads, UCX), freed by its free. NULL: none. */
   struct rs_host_reg *host_reg;
+  /* One held over a rejoin (not used by executes), until the next
+   * registration keeps what it can of it (exec/register.h). */
+  struct rs_host_reg *host_reg_kept;
   /* Set to 1 by the device executor's free when the GPU did not let go of the plan's
    * work and its memory was left allocated: memory others own that the
    * work uses must stay too (a quantizing plan's scratch, a spreading

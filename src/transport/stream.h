@@ -41,6 +41,8 @@ typedef struct rs_share {
   size_t nbufs;
   uint64_t *lens;   /* rma_share: each of those buffers' registered bytes
                        (malloc'd by the transport); NULL elsewhere */
+  int skip;         /* rma_share with a kept set: not exchanged with
+                       (transport.h); 0 elsewhere */
 } rs_share;
 
 struct rs_stream_ops {

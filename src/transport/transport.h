@@ -101,13 +101,23 @@ typedef struct rs_transport_ops {
    * until rma_unshare. A rank that failed before passes bufs NULL and
    * nbufs 0, so that no partner waits for it. Table entry t counts the
    * partners' buffers in the order of sh: sh[0]'s first buffer is entry
-   * 0. rma_get starts reading `bytes` bytes at offset `off` of entry t
+   * 0. With keep (a set this rank's earlier rma_share made over the same
+   * partners in the same order; NULL: none) the new set borrows from it:
+   * a buffer of the same index, address and bytes as one keep registered
+   * is not registered again, and a partner with sh[i].skip set is not
+   * exchanged with (it skips this rank too): its table entries, keys and
+   * sh[i].nbufs, bufs and lens come from keep (in stays NULL). rma_adopt
+   * then hands what the new set borrowed over to it and frees the rest
+   * of keep; rma_unshare of a set that did not adopt frees only what it
+   * made (keep stays whole). rma_get starts reading `bytes` bytes at offset `off` of entry t
    * into `to` (MISMATCH past the registered bytes); rma_flush waits
    * until every read of the set has landed (or failed: BACKEND naming
    * the partner) or the deadline passes (TIMEOUT; reads still in flight
    * may land later: the caller fails its plan). */
   reshard_result_t (*rma_share)(reshard_comm_t *comm, uint64_t tag, void *const *bufs, const uint64_t *bytes,
-                                size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline_ns, void **set);
+                                size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline_ns, void *keep,
+                                void **set);
+  void (*rma_adopt)(reshard_comm_t *comm, void *set, void *keep);
   reshard_result_t (*rma_get)(reshard_comm_t *comm, void *set, size_t t, uint64_t off, void *to, size_t bytes);
   reshard_result_t (*rma_flush)(reshard_comm_t *comm, void *set, int64_t deadline_ns);
   void (*rma_unshare)(reshard_comm_t *comm, void *set);
@@ -126,6 +136,10 @@ struct reshard_comm {
    * latest replacement may take part in the newcomer's creation of it
    * (reshard_plan_rejoin) once. 0 on transports that replace no rank. */
   uint32_t rejoins;
+  /* The rank the latest of those replaced (on a newcomer: its own rank);
+   * 0: none (rank 0 is never replaced). A kept plan's registration
+   * (exec/register.c) trades keys again only with it. */
+  int32_t last_replaced;
   void *impl; /* the transport's own state */
 };
 

@@ -551,5 +551,6 @@ const rs_transport_ops rs_ux_ops = {
     .rma_share = rs_ux_rma_share,
     .rma_get = rs_ux_rma_get,
     .rma_flush = rs_ux_rma_flush,
+    .rma_adopt = rs_ux_rma_adopt,
     .rma_unshare = rs_ux_rma_unshare,
 };

@@ -505,6 +505,7 @@ static reshard_result_t create(const char *rendezvous, int rank, int size, int t
   c->size = size;
   c->ops = &rs_ux_ops;
   c->impl = m;
+  c->last_replaced = joining ? rank : 0;
   reshard_result_t r = setup(c, rendezvous, joining, deadline);
   if (r) {
     char msg[1024];

@@ -121,7 +121,9 @@ void rs_ux_drain_unexpected(ux_comm *m, ucp_tag_t tag, ucp_tag_t mask);
 
 /* ucx_rma.c: the transport's rma_* operations (transport.h) */
 reshard_result_t rs_ux_rma_share(reshard_comm_t *c, uint64_t tag, void *const *bufs, const uint64_t *bytes,
-                                 size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline, void **set);
+                                 size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline, void *keep,
+                                 void **set);
+void rs_ux_rma_adopt(reshard_comm_t *c, void *set, void *keep);
 reshard_result_t rs_ux_rma_get(reshard_comm_t *c, void *set, size_t t, uint64_t off, void *to, size_t bytes);
 reshard_result_t rs_ux_rma_flush(reshard_comm_t *c, void *set, int64_t deadline);
 void rs_ux_rma_unshare(reshard_comm_t *c, void *set);

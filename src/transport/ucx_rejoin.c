@@ -226,6 +226,8 @@ reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *c, int rank, int timeou
   if (r) {
     m->failed = 1;
     rs_error_prefix("comm_ucx_rejoin rank %d (replacing rank %d; the communicator is failed now): ", c->rank, rank);
+  } else {
+    c->last_replaced = rank;
   }
   return r;
 }

@@ -61,9 +61,12 @@
  *   every rank, every element checked (the newcomer's other
  *   copy untouched by its first). Also a plan with registered buffers
  *   (one-sided reads, not double-buffered): registered, versions 1 and 2
- *   before the kill; kept (reshard_plan_rejoin drops its registration),
- *   version 4 staged on every rank, registered again everywhere, version
- *   5; each checked. A second reshard_plan_rejoin is refused
+ *   before the kill; kept (reshard_plan_rejoin holds its registration),
+ *   version 4 staged on every rank, registered again everywhere (the
+ *   staying ranks keep theirs and trade keys with the newcomer alone;
+ *   odd SEED: rank 2 passes other buffers, and every rank registers
+ *   anew; a refused registration before it changes nothing), version 5, registered once more (anew), version 6; each
+ *   checked, and what each registration traded seen at the transport. A second reshard_plan_rejoin is refused
  *   (INVALID_USAGE), and a plan made after the rejoin (one more version,
  *   checked) refuses it too. TIMING lines as in replace, from the join
  *   call to version 4 committed and checked.
@@ -97,6 +100,7 @@
 #include "reshard_selftest.h"
 #include "reshard_ucx.h"
 #include "mpi/state_line.h"
+#include "transport/stream.h"    /* what a registration trades, seen */
 #include "transport/transport.h" /* the old rank 3's receives are wrapped */
 #include "plan/plan.h"   /* composite_built reads what the plan holds */
 #include "plan/quant.h"
@@ -314,6 +318,7 @@ typedef struct composites {
    * buffered: its executes write x.d[0]) */
   side_t rx;
   reshard_plan_t *rplan;
+  reshard_comm_t *comm;
 } composites;
 static void composites_before(reshard_comm_t *comm, composites *c);
 static void composites_free(composites *c);
@@ -476,11 +481,39 @@ static void composites_before(reshard_comm_t *comm, composites *c) {
 
 /* ---- keep mode's registered plan (reshard_plan_register_buffers: one-
  * sided reads over UCX): registered and moving versions 1 and 2 before
- * the kill; a successful reshard_plan_rejoin drops the registration (the
+ * the kill; a successful reshard_plan_rejoin holds the registration (the
  * replaced rank's keys are gone), so version 4 moves staged; every rank,
- * the newcomer included, registers again and version 5 moves registered.
- * Each version's destination (x.d[0]) checked element by element. */
+ * the newcomer included, registers again and version 5 moves registered;
+ * then every rank registers once more (no rejoin) and version 6 moves.
+ * Each version's destination checked element by element. What each
+ * registration traded is seen at the transport (its rma_share wrapped for
+ * the call): after the rejoin, with every staying rank passing its
+ * buffers again (even SEED), each staying rank keeps the held set and
+ * trades keys with rank 3 alone (the sources with it, each once), the
+ * newcomer with all its partners; with rank 2 passing its other
+ * destination copy (odd SEED), every rank registers anew and trades with
+ * all its partners, as every rank does in the registration without a
+ * rejoin. */
 static const char *const reg_name = "registered plan (one-sided reads)";
+
+static struct {
+  int kept;                      /* rma_share got a set to keep */
+  int traded, skipped, traded_other; /* partners; traded_other: not rank 3 */
+} seen;
+static reshard_result_t (*real_share)(reshard_comm_t *, uint64_t, void *const *, const uint64_t *, size_t,
+                                      struct rs_share *, size_t, int64_t, void *, void **);
+
+static reshard_result_t seen_share(reshard_comm_t *c, uint64_t tag, void *const *bufs, const uint64_t *bytes,
+                                   size_t nbufs, struct rs_share *sh, size_t n, int64_t deadline, void *keep,
+                                   void **set) {
+  seen.kept = keep != NULL;
+  seen.traded = seen.skipped = seen.traded_other = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sh[i].skip) seen.skipped++;
+    else seen.traded++, seen.traded_other += sh[i].peer != VICTIM;
+  }
+  return real_share(c, tag, bufs, bytes, nbufs, sh, n, deadline, keep, set);
+}
 
 static reshard_plan_t *make_registered(reshard_comm_t *comm, side_t *x, reshard_result_t *r) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
@@ -490,23 +523,56 @@ static reshard_plan_t *make_registered(reshard_comm_t *comm, side_t *x, reshard_
   return plan;
 }
 
-static void registered_version(composites *c, uint64_t v, int fresh) {
+/* Version v into destination copy `copy` (the registered one). */
+static void registered_version(composites *c, uint64_t v, int fresh, int copy) {
   side_t *x = &c->rx;
   reshard_selftest_fill(&x->s, x->src, v);
   reshard_result_t r = reshard_plan_execute_version(c->rplan, v, (void *const *)x->s.ptr, (size_t)x->s.nbuf,
-                                                    (void *const *)x->d[0].ptr, (size_t)x->nd, NULL);
-  int64_t wrong = r || world_rank < 2 ? 0 : reshard_selftest_check_from(&x->d[0], x->dst, x->src, world_rank, v, reg_name);
+                                                    (void *const *)x->d[copy].ptr, (size_t)x->nd, NULL);
+  int64_t wrong =
+      r || world_rank < 2 ? 0 : reshard_selftest_check_from(&x->d[copy], x->dst, x->src, world_rank, v, reg_name);
   if (!r && fresh && !state_untouched(&x->d[1])) wrong++; /* (never passed to an execute) */
   say(r == RESHARD_SUCCESS && wrong == 0, "%s: version %llu: %s, %lld wrong elements or bytes %s", reg_name,
       (unsigned long long)v, reshard_result_string(r), (long long)wrong, r ? reshard_last_error() : "");
 }
 
-static void registered_register(composites *c, const char *when) {
+/* Registers destination copy `copy`, what it trades seen (the comm's
+ * ops wrapped for the call only: comm_ucx_rejoin wants UCX's own). */
+static void registered_register(composites *c, const char *when, int copy) {
   side_t *x = &c->rx;
+  static rs_transport_ops ops;
+  const rs_transport_ops *real = c->comm->ops;
+  ops = *real;
+  real_share = real->rma_share;
+  ops.rma_share = seen_share;
+  memset(&seen, 0, sizeof seen);
+  c->comm->ops = &ops;
+  const double t0 = now_ms();
   reshard_result_t r = reshard_plan_register_buffers(c->rplan, (void *const *)x->s.ptr, (size_t)x->s.nbuf,
-                                                     (void *const *)x->d[0].ptr, (size_t)x->nd);
+                                                     (void *const *)x->d[copy].ptr, (size_t)x->nd);
+  printf("TIMING rank %d: register_buffers %s: %.2f ms (kept %d)\n", world_rank, when, now_ms() - t0, seen.kept);
+  c->comm->ops = real;
   say(r == RESHARD_SUCCESS, "%s: register_buffers %s: %s %s", reg_name, when, reshard_result_string(r),
       r ? reshard_last_error() : "");
+}
+
+/* A refused registration (rank 1 passes one source buffer too many:
+ * INVALID_ARGUMENT there, REMOTE elsewhere) changes nothing: a held
+ * registration stays held for the next call to keep. */
+static void registered_refused(composites *c, int copy) {
+  side_t *x = &c->rx;
+  const size_t extra = world_rank == 1;
+  reshard_result_t r = reshard_plan_register_buffers(c->rplan, (void *const *)x->s.ptr, (size_t)x->s.nbuf + extra,
+                                                     (void *const *)x->d[copy].ptr, (size_t)x->nd);
+  const reshard_result_t want = extra ? RESHARD_ERROR_INVALID_ARGUMENT : RESHARD_ERROR_REMOTE;
+  say(r == want, "%s: register_buffers with rank 1 passing a buffer too many: %s (want %s) %s", reg_name,
+      reshard_result_string(r), reshard_result_string(want), reshard_last_error());
+}
+
+/* A registration traded with every partner, keeping nothing. */
+static void traded_all(const char *when) {
+  say(!seen.kept && !seen.skipped && seen.traded > 0, "%s: register_buffers %s: kept %d, traded with %d partners, "
+      "skipped %d (want all traded)", reg_name, when, seen.kept, seen.traded, seen.skipped);
 }
 
 /* Every rank before the kill. */
@@ -517,14 +583,17 @@ static void registered_before(reshard_comm_t *comm, composites *c) {
     say(0, "%s: plan_create: %s: %s", reg_name, reshard_result_string(r), reshard_last_error());
     return;
   }
-  registered_register(c, "before the kill");
-  for (uint64_t v = 1; v <= 2; v++) registered_version(c, v, 0);
+  c->comm = comm;
+  registered_register(c, "before the kill", 0);
+  traded_all("before the kill");
+  for (uint64_t v = 1; v <= 2; v++) registered_version(c, v, 0, 0);
 }
 
 /* The newcomer's side after the rejoin, and a staying rank's. */
 static void registered_newcomer(reshard_comm_t *comm, composites *c) {
   reshard_result_t r = RESHARD_ERROR_INVALID_ARGUMENT;
   if (side_init(&c->rx) == 0) c->rplan = make_registered(comm, &c->rx, &r);
+  c->comm = comm;
   say(c->rplan != NULL, "%s: the newcomer's plan_create: %s %s", reg_name, reshard_result_string(r),
       c->rplan ? "" : reshard_last_error());
 }
@@ -536,14 +605,29 @@ static void registered_rejoin(composites *c) {
   if (r) reshard_plan_destroy(c->rplan), c->rplan = NULL;
 }
 
-/* Every rank once the plans met: version 4 staged (the rejoin dropped
- * the staying ranks' registration; the newcomer has none), registered
- * again on every rank, version 5. */
+/* Every rank once the plans met: version 4 staged (the rejoin held the
+ * staying ranks' registration; the newcomer has none), registered again
+ * on every rank (kept, or anew with odd SEED: rank 2 then passes its
+ * other copy), version 5; registered once more, version 6. */
 static void registered_after(composites *c, int fresh) {
   if (!c->rplan) return;
-  registered_version(c, 4, fresh);
-  registered_register(c, "again after the rejoin");
-  registered_version(c, 5, 0);
+  const int other = (seed & 1) && world_rank == 2, copy = other ? 1 : 0;
+  registered_version(c, 4, fresh, 0);
+  registered_refused(c, copy);
+  registered_register(c, other ? "again after the rejoin, another copy" : "again after the rejoin", copy);
+  if ((seed & 1) || fresh) {
+    traded_all("again after the rejoin");
+  } else {
+    const int want = world_rank < 2; /* a source trades with rank 3 */
+    say(seen.kept && !seen.traded_other && seen.traded == want && seen.skipped > 0,
+        "%s: register_buffers again after the rejoin: kept %d, traded with %d partners (%d not rank 3), skipped %d "
+        "(want kept, traded with rank 3 alone%s)", reg_name, seen.kept, seen.traded, seen.traded_other, seen.skipped,
+        want ? "" : ": none");
+  }
+  registered_version(c, 5, 0, copy);
+  registered_register(c, "once more (no rejoin)", copy);
+  traded_all("once more (no rejoin)");
+  registered_version(c, 6, 0, copy);
 }
 
 /* The newcomer's side of composite k after the rejoin: with BAD, first
