@@ -31,6 +31,9 @@
 # and reshard_replay from REPLAY_BUILD (default build; CMake builds
 # reshard_replay where it finds SimGrid's C library);
 # REPLAY_WALL_LIMIT (default 1800 s) ends a replay that runs longer;
+# REPLAY_MSG_US (--replay, --replay-full): each data message occupies its
+# route that many microseconds longer (reshard_replay --msg-us; the cost
+# model charges 1 us a network message, the fluid network nothing).
 # SIM_REPLAY_ONLY=1 (--replay) skips SMPI, for the scenarios it cannot
 # finish (their SMPI columns then say nan).
 #
@@ -266,6 +269,7 @@ replay_one() {
   preset_platform "$PRESET" "$((nsrc + ndst))" "$nsrc" >"$work/replay.xml"
   start=$SECONDS
   "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-1800}" --progress "${replay_net[@]}" \
+    ${REPLAY_MSG_US:+--msg-us "$REPLAY_MSG_US"} \
     --log=root.threshold:warning >"$work/replay.txt" 2>&1 || { tail -n 20 "$work/replay.txt"; rm -f "$work/sched"; return 1; }
   replay_wall=$((SECONDS - start))
   rm -f "$work/sched"

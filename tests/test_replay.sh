@@ -7,7 +7,8 @@
 # whose blocks span source ranks replays its gathering pre-plan as a
 # stage before the main plan, near the prediction (with spreading
 # forced, before the spreading pre-plan's: 3 stages); a truncated
-# schedule and a platform without the ranks' hosts must fail.
+# schedule and a platform without the ranks' hosts must fail; a
+# per-message cost (--msg-us) must slow the replay, within its bound.
 #
 #   tests/test_replay.sh RESHARD_PLAN RESHARD_REPLAY
 set -euo pipefail
@@ -44,6 +45,18 @@ for relay in 0 1; do
 done
 awk -v d="${sim[0]}" -v r="${sim[1]}" 'BEGIN { exit !(r < 0.5 * d) }' ||
   { echo "FAIL: the relay plan (${sim[1]} s) does not replay at under half the direct one (${sim[0]} s)"; exit 1; }
+# --msg-us: every data message occupies its route 1 us longer: the relay
+# plan replays slower, by more than nothing and less than all of its
+# messages one after another; a negative cost is refused
+timeout 120 "$replay" "$work/s1" "$work/p.xml" --wall-limit 60 --msg-us 1 "${net[@]}" >"$work/r1m.txt"
+t=$(val simulated_s "$work/r1m.txt")
+m=$(val messages "$work/r1m.txt")
+echo "relay 1 with --msg-us 1: replay ${t} s over ${m} messages (${sim[1]} s without)"
+awk -v t="$t" -v b="${sim[1]}" -v m="$m" 'BEGIN { exit !(t > b && t - b <= m * 1e-6) }' ||
+  { echo "FAIL: --msg-us 1 added nothing, or more than 1 us per message"; exit 1; }
+if "$replay" "$work/s1" "$work/p.xml" --msg-us -1 "${net[@]}" >/dev/null 2>&1; then
+  echo "FAIL: --msg-us -1 was accepted"; exit 1
+fi
 # fp8 blocks of 128 rows over sources of 320: the blocks split across
 # them are gathered first, a stage of its own before the main plan's,
 # and the prediction adds that pre-plan's time

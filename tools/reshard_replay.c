@@ -3,7 +3,8 @@
  *
  *   reshard_plan ... --topology PRESET --replay-out plan.sched
  *   reshard_replay plan.sched platform.xml [--wall-limit S]
- *                  [--detach-below BYTES] [--progress] [--cfg=simgrid/option:value ...]
+ *                  [--detach-below BYTES] [--msg-us US] [--progress]
+ *                  [--cfg=simgrid/option:value ...]
  *
  * The schedule file (tools/plan_replay.h) holds, per rank, the fields of
  * its plan that the schedule reads (per stage: a call runs its pre-plans,
@@ -40,6 +41,14 @@
  * Sends under --detach-below bytes (default 65536, SMPI's
  * smpi/send-is-detached-thresh) complete at once for the sender, as
  * SMPI's eager sends do; the transfer itself still takes its network time.
+ *
+ * --msg-us US: every data message occupies its route US microseconds
+ * longer (it carries US x the route's bandwidth in bytes more: a
+ * per-message cost in link time, as the cost model's net_msg_s, 1 us on
+ * the network, and nvlink_msg_s, 0.5 us, charge it; here the same US on
+ * both). The fluid network charges a message nothing of its own, and what
+ * a real one costs is not measured yet: this shows how a plan's time
+ * depends on it (default 0).
  *
  * --progress: rank 0 says on stderr where it is every 16 rounds
  * (simulated and wall seconds), to see how far a long run got.
@@ -105,6 +114,8 @@ static struct {
   int version; /* of the schedule file: 1 has no direct field */
   replay_rank *ranks;
   long detach_below;
+  double msg_s;      /* --msg-us, in seconds */
+  sg_host_t *hosts;  /* per rank */
   size_t messages;
   int progress; /* --progress */
   double t0;    /* wall seconds at the start */
@@ -253,6 +264,12 @@ static reshard_result_t wait_list(int rank, comm_list *l, const char *what, int 
   return RESHARD_SUCCESS;
 }
 
+/* A data message's bytes with its --msg-us padding. */
+static uint64_t padded(int from, int to, uint64_t bytes) {
+  if (R.msg_s <= 0) return bytes;
+  return bytes + (uint64_t)(R.msg_s * sg_host_get_route_bandwidth(R.hosts[from], R.hosts[to]));
+}
+
 static sg_comm_t post_send(int stage, int from, int to, char kind, uint64_t bytes) {
   sg_comm_t c = sg_mailbox_put_async(mailbox(kind, stage, from, to), &payload, (long)bytes);
   if ((long)bytes >= R.detach_below) return c;
@@ -348,8 +365,8 @@ static reshard_result_t run_xfer(replay_plan *x, int k) {
       /* verify mode: each message's box sums follow it, 8 bytes a copy */
       uint64_t bytes = t->sums ? (uint64_t)t->m->ncopies * sizeof(uint64_t) : t->m->bytes;
       uint64_t head = t->sums ? 0 : rs_sched_head_bytes(t->m);
-      if (head) s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', head);
-      s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', bytes - head);
+      if (head) s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', padded(p->rank, t->m->peer, head));
+      s->c[s->n++] = post_send(x->stage, p->rank, t->m->peer, 'd', padded(p->rank, t->m->peer, bytes - head));
     } else if (early && blocked[t->m->peer]) {
       defer[i] = 2;
     } else if (replay_recv(x, t, early, 0, r)) {
@@ -443,16 +460,18 @@ static double wall_now(void) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: reshard_replay SCHEDULE PLATFORM.xml [--wall-limit S] [--detach-below BYTES] [--progress] "
-                  "[--cfg=simgrid/option:value ...]\n");
+  fprintf(stderr, "usage: reshard_replay SCHEDULE PLATFORM.xml [--wall-limit S] [--detach-below BYTES] "
+                  "[--msg-us US] [--progress] [--cfg=simgrid/option:value ...]\n");
   return 2;
 }
 
 static int start_actors(void) {
+  R.hosts = calloc((size_t)R.world + 1, sizeof *R.hosts);
+  if (!R.hosts) return -1;
   for (int r = 0; r < R.world; r++) {
     char name[32];
     snprintf(name, sizeof name, "h%d", r);
-    sg_host_t h = sg_host_by_name(name);
+    sg_host_t h = R.hosts[r] = sg_host_by_name(name);
     if (!h) {
       fprintf(stderr, "reshard_replay: error: the platform has no host %s (%d ranks)\n", name, R.world);
       return -1;
@@ -474,11 +493,12 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--wall-limit") && i + 1 < argc) wall_limit = strtol(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--detach-below") && i + 1 < argc) R.detach_below = strtol(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--msg-us") && i + 1 < argc) R.msg_s = strtod(argv[++i], NULL) * 1e-6;
     else if (!strcmp(argv[i], "--progress")) R.progress = 1;
     else if (argv[i][0] != '-' && npaths < 2) paths[npaths++] = argv[i];
     else return usage();
   }
-  if (npaths != 2 || wall_limit <= 0 || R.detach_below < 0) return usage();
+  if (npaths != 2 || wall_limit <= 0 || R.detach_below < 0 || R.msg_s < 0) return usage();
   signal(SIGALRM, wall_limit_hit);
   alarm((unsigned)wall_limit);
   if (read_schedule(paths[0])) return 1;
