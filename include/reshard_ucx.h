@@ -87,6 +87,24 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
  * its communicator again). */
 reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *comm, int rank, int timeout_ms);
 
+/* reshard_comm_ucx_rejoin for several ranks at once: the n processes of
+ * ranks[0..n) (each 1 .. size-1, distinct, in any order: a replica of
+ * tensor-parallel ranks) died or left together, and n new processes take
+ * their slots, each calling reshard_comm_create_ucx_joining with its
+ * rank. The staying ranks (every rank not named) call it with the same
+ * ranks (MISMATCH otherwise); rank 0 waits for every newcomer, sends the
+ * staying ranks all their addresses and every newcomer the table (the
+ * newcomers connect to one another from it). Its results as for one
+ * rank; when a newcomer did not arrive before rank 0's deadline, every
+ * staying rank returns TIMEOUT with nothing changed, and the newcomers
+ * that did arrive are forgotten (their creation times out: start them
+ * again with the next call). reshard_comm_ucx_rejoin(c, r, t) is
+ * reshard_comm_ucx_rejoin_ranks(c, &r, 1, t). Refused with
+ * INVALID_ARGUMENT, nothing changed: ranks NULL, n < 1 or n >= size,
+ * and each refusal of the one-rank call, or a rank named twice. Kept
+ * plans (reshard_plan_rejoin) meet every newcomer's creation at once. */
+reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *comm, const int *ranks, int n, int timeout_ms);
+
 /* The newcomer's side of reshard_comm_ucx_rejoin: a communicator of
  * `size` in which this process is `rank` (1 .. size-1, the replaced
  * rank's slot), made with the staying ranks' rendezvous. It connects to

@@ -376,8 +376,8 @@ reshard_result_t rs_py_comm_create_ucx(const char *rendezvous, int rank,
     int size, int timeout_ms, reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
     int rank, int size, int timeout_ms, reshard_comm_t **out);
-reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, int rank,
-    int timeout_ms);
+reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, const int *ranks,
+    int n, int timeout_ms);
 reshard_result_t rs_py_comm_create_mpi(const void *mpi_comm_addr,
     reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_nccl(uintptr_t nccl_comm,
@@ -463,12 +463,12 @@ static reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
 #endif
 }
 
-static reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, int rank,
-                                              int timeout_ms) {
+static reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, const int *ranks,
+                                              int n, int timeout_ms) {
 #ifdef RESHARD_HAVE_UCX
-  return reshard_comm_ucx_rejoin(comm, rank, timeout_ms);
+  return reshard_comm_ucx_rejoin_ranks(comm, ranks, n, timeout_ms);
 #else
-  (void)comm; (void)rank; (void)timeout_ms;
+  (void)comm; (void)ranks; (void)n; (void)timeout_ms;
   return RESHARD_ERROR_UNSUPPORTED;
 #endif
 }

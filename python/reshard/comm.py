@@ -147,15 +147,18 @@ class Comm(Node):
 
     def rejoin(self, rank, timeout_ms=None):
         """UCX only: the process of ``rank`` left and a new one takes its
-        slot (it calls ``Comm.ucx(..., joining=True)``). Collective over
-        every rank but ``rank`` (reshard_comm_ucx_rejoin): the staying ranks
-        keep this communicator, connect to the newcomer, and then create
-        their plans again with it. Rank 0, a rank out of range or this rank
-        itself: InvalidArgumentError, nothing changed. TimeoutError when
-        no newcomer arrived within rank 0's ``timeout_ms``: nothing changed
-        on any staying rank, call it again to wait longer. Any other
-        failure (a staying rank that never calls: TimeoutError naming it)
-        leaves the communicator failed: close it."""
+        slot (it calls ``Comm.ucx(..., joining=True)``); ``rank`` may be a
+        list of ranks that left together (a replica's tensor-parallel
+        ranks: reshard_comm_ucx_rejoin_ranks), each replaced by a newcomer.
+        Collective over every rank not named (reshard_comm_ucx_rejoin): the
+        staying ranks keep this communicator, connect to the newcomers, and
+        then keep their plans (``Plan.rejoin``) or create them again. Rank
+        0, a rank out of range, named twice or this rank itself:
+        InvalidArgumentError, nothing changed. TimeoutError when a newcomer
+        did not arrive within rank 0's ``timeout_ms``: nothing changed on
+        any staying rank, call it again to wait longer. Any other failure
+        (a staying rank that never calls: TimeoutError naming it) leaves
+        the communicator failed: close it."""
         if self.kind != "ucx":
             raise InvalidArgumentError("reshard.Comm.rejoin: a %s "
                                        "communicator; only UCX replaces "
@@ -163,7 +166,11 @@ class Comm(Node):
         if timeout_ms is not None and int(timeout_ms) < 1:
             raise InvalidArgumentError("reshard.Comm.rejoin: timeout_ms must "
                                        "be >= 1 ms (None: the default)")
-        check(lib.rs_py_comm_ucx_rejoin(self.handle, int(rank),
+        ranks = [int(r) for r in rank] if isinstance(rank, (list, tuple)) \
+            else [int(rank)]
+        check(lib.rs_py_comm_ucx_rejoin(self.handle,
+                                        ffi.new("int[]", ranks or [0]),
+                                        len(ranks),
                                         0 if timeout_ms is None
                                         else int(timeout_ms)))
 

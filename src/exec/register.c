@@ -40,6 +40,7 @@ static void reg_free(reshard_comm_t *c, rs_host_reg *g) {
   free(g->rentry);
   free(g->roff);
   free(g->base);
+  free(g->replaced);
   free(g);
 }
 
@@ -126,33 +127,57 @@ void rs_host_reg_free(reshard_plan_t *p) {
 
 void rs_host_reg_hold(reshard_plan_t *p) {
   reg_free(p->comm, p->host_reg_kept);
-  p->host_reg_kept = p->host_reg;
+  rs_host_reg *k = p->host_reg_kept = p->host_reg;
   p->host_reg = NULL;
-  if (p->host_reg_kept) p->host_reg_kept->replaced = p->comm->last_replaced;
+  if (!k) return;
+  const reshard_comm_t *c = p->comm;
+  k->replaced = malloc(((size_t)c->nreplaced + 1) * sizeof *k->replaced);
+  if (!k->replaced) { /* (then nothing is kept: the next registration is a fresh one) */
+    reg_free(p->comm, k);
+    p->host_reg_kept = NULL;
+    return;
+  }
+  for (int32_t i = 0; i < c->nreplaced; i++) k->replaced[i] = c->replaced[i];
+  k->nreplaced = c->nreplaced;
+}
+
+static int replaced_by(const rs_host_reg *k, int rank) {
+  for (int32_t i = 0; i < k->nreplaced; i++)
+    if (k->replaced[i] == rank) return 1;
+  return 0;
+}
+
+/* A hash of a held registration's replaced ranks, never 0. */
+static uint64_t replaced_hash(const rs_host_reg *k) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t i = 0; i < k->nreplaced; i++) h = (h ^ (uint64_t)k->replaced[i]) * 1099511628211ull;
+  return h | 1;
 }
 
 /* Whether this registration keeps the held one (collective: one
  * agreement, run whatever failed before). Each rank says whether it
- * forces a fresh registration (it holds none, or registers other
- * buffers, or failed) and which rank was replaced (a staying rank: its
- * held registration's; the newcomer: itself); the held one is kept when
- * no rank forces and all name the same rank. *keep: the held
- * registration to keep, or NULL (also on the newcomer, which has none);
- * *replaced: that rank (-1: none). */
+ * forces a fresh registration (a staying rank that holds none, or
+ * registers other buffers; a rank that failed) and, a staying rank, which
+ * ranks its held registration's rejoin replaced (a hash; a newcomer of
+ * that rejoin says nothing); the held one is kept when no rank forces and
+ * the staying ranks name the same ranks. *keep: the held registration to
+ * keep (its replaced ranks the partners to trade with), or NULL (also on
+ * a newcomer, which holds none and trades with every partner). */
 static reshard_result_t keep_mode(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
-                                  reshard_result_t r, const rs_host_reg **keep, int *replaced) {
+                                  reshard_result_t r, const rs_host_reg **keep) {
   const reshard_comm_t *c = p->comm;
   const rs_host_reg *k = p->host_reg_kept;
   const size_t nb = (size_t)p->num_src_buffers + (size_t)p->num_dst_buffers;
   int same = k && k->nbufs == nb;
   for (size_t i = 0; same && i < nb; i++) same = k->bufs[i] == rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
-  const int newcomer = !k && !p->host_reg && c->last_replaced > 0 && c->last_replaced == p->rank;
-  const int who = same ? k->replaced : newcomer ? p->rank : -1;
-  uint64_t w[3] = {r || who <= 0, who > 0 ? (uint64_t)who + 1 : 0, who > 0 ? (uint64_t)(c->size - who) : 0};
+  const int newcomer = !k && !p->host_reg && c->joined && c->joined == c->rejoins + 1;
+  const uint64_t h = same ? replaced_hash(k) : 0;
+  /* (the largest of h and of ~h: all staying ranks' h equal when the
+   * first is the complement of the second) */
+  uint64_t w[3] = {r || (!same && !newcomer), h, same ? ~h : 0};
   reshard_result_t ra = c->ops->allreduce_max_u64((reshard_comm_t *)c, w, 3, rs_deadline_after_ms(p->opts.timeout_ms));
-  const int keeps = !ra && !w[0] && w[1] && w[1] - 1 == (uint64_t)c->size - w[2];
+  const int keeps = !ra && !w[0] && w[1] && w[1] == ~w[2];
   *keep = keeps && same ? k : NULL;
-  *replaced = keeps ? (int)w[1] - 1 : -1;
   return ra;
 }
 
@@ -230,10 +255,10 @@ static size_t traded(const rs_share *sh, const uint32_t *base, size_t np, rs_sha
 }
 
 /* This rank's part: share, compose, check; *out the new registration.
- * With keep (keep_mode), the partners other than the replaced rank are
+ * With keep (keep_mode), the partners other than the replaced ranks are
  * skipped. */
 static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, void *const *dst, size_t ndst,
-                              reshard_result_t r, const rs_host_reg *keep, int replaced, rs_host_reg **out) {
+                              reshard_result_t r, const rs_host_reg *keep, rs_host_reg **out) {
   reshard_comm_t *c = p->comm;
   const size_t np = p->npeers, nb = nsrc + ndst;
   rs_share *sh = calloc(np + 1, sizeof *sh);
@@ -265,7 +290,7 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
   }
   for (size_t i = 0; sh && i < np; i++) {
     sh[i].peer = p->peers[i].peer;
-    sh[i].skip = keep && sh[i].peer != replaced;
+    sh[i].skip = keep && !replaced_by(keep, sh[i].peer);
     if (!r && !sh[i].skip) r = blob_for(p, sh[i].peer, g->spacked, (void **)&sh[i].out, &sh[i].out_bytes);
   }
   /* the exchange runs whatever failed here, so that no partner waits */
@@ -286,6 +311,7 @@ static reshard_result_t build(reshard_plan_t *p, void *const *src, size_t nsrc, 
       r = rs_error(RESHARD_ERROR_REMOTE, "register_buffers rank %d: rank %d failed to register its buffers (see its "
                    "error); the previous registration stays", p->rank, sh[i].peer);
   const size_t n2 = r ? 0 : traded(sh, base, np, sh2, base2);
+  if (g) g->traded = n2;
   if (!r) r = rs_direct_compose(p, sh2, n2, base2, g->copies);
   if (!r) r = take_packing(p, sh2, n2, base2, g);
   if (!r) r = check_composed(p, sh2, n2, base2, g);
@@ -324,13 +350,12 @@ reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t ns
                  "given, the layouts have %d and %d", p->rank, nsrc, ndst, p->num_src_buffers, p->num_dst_buffers);
   rs_host_reg *g = NULL;
   const rs_host_reg *keep = NULL;
-  int replaced = -1;
   /* (unregistering is collective too, but exchanges nothing: every rank
    * passes no buffers) */
   if (!unregister) {
-    reshard_result_t rk = keep_mode(p, src, nsrc, dst, ndst, r, &keep, &replaced);
+    reshard_result_t rk = keep_mode(p, src, nsrc, dst, ndst, r, &keep);
     if (!r) r = rk;
-    r = build(p, src, nsrc, dst, ndst, r, keep, replaced, &g);
+    r = build(p, src, nsrc, dst, ndst, r, keep, &g);
   }
   /* every rank succeeded, or none keeps the new registration */
   uint64_t bad = r != RESHARD_SUCCESS;
@@ -356,8 +381,8 @@ reshard_result_t rs_host_register(reshard_plan_t *p, void *const *src, size_t ns
     runs += n, bytes += rs_copy_bytes(&g->copies[i]);
   }
   RS_LOG(RS_LOG_INFO, RS_SUBSYS_EXEC, "register_buffers rank %d: %s (%s): %zu receive boxes, %llu runs, %llu bytes "
-         "read one-sided%s", p->rank, g ? "registered" : "unregistered", c->ops->name, g ? p->nrecv_copies : (size_t)0,
-         (unsigned long long)runs, (unsigned long long)bytes,
-         keep ? "; kept over the rejoin, keys traded with the newcomer only" : "");
+         "read one-sided; %s: keys traded with %zu of %zu partners", p->rank, g ? "registered" : "unregistered",
+         c->ops->name, g ? p->nrecv_copies : (size_t)0, (unsigned long long)runs, (unsigned long long)bytes,
+         keep ? "kept over the rejoin" : "anew", g ? g->traded : (size_t)0, p->npeers);
   return RESHARD_SUCCESS;
 }

@@ -29,9 +29,11 @@ typedef struct rs_host_reg {
   uint64_t *roff;
   /* per partner (plan->peers order): its first entry in the table */
   uint32_t *base;
-  /* a registration held over a rejoin (plan->host_reg_kept): the rank
-   * that rejoin replaced, whose entries are stale */
-  int32_t replaced;
+  /* a registration held over a rejoin (plan->host_reg_kept): the ranks
+   * that rejoin replaced (sorted), whose entries are stale */
+  int32_t *replaced;
+  int32_t nreplaced;
+  size_t traded; /* partners it traded keys with (all but those it kept) */
 } rs_host_reg;
 
 /* Whether the sender of message m packs it (the same answer on both

@@ -17,5 +17,6 @@ int reshard_comm_size(const reshard_comm_t *comm) {
 void reshard_comm_destroy(reshard_comm_t *comm) {
   if (!comm) return;
   if (comm->ops && comm->ops->destroy) comm->ops->destroy(comm);
+  free(comm->replaced);
   free(comm);
 }

@@ -136,10 +136,13 @@ struct reshard_comm {
    * latest replacement may take part in the newcomer's creation of it
    * (reshard_plan_rejoin) once. 0 on transports that replace no rank. */
   uint32_t rejoins;
-  /* The rank the latest of those replaced (on a newcomer: its own rank);
-   * 0: none (rank 0 is never replaced). A kept plan's registration
-   * (exec/register.c) trades keys again only with it. */
-  int32_t last_replaced;
+  /* The ranks the latest rejoin replaced (sorted; malloc'd, freed with
+   * the communicator), and on a newcomer 1 + the rejoins count it joined
+   * at (0: created with the others). A kept plan's registration
+   * (exec/register.c) trades keys again only with those ranks. */
+  int32_t *replaced;
+  int32_t nreplaced;
+  uint32_t joined;
   void *impl; /* the transport's own state */
 };
 

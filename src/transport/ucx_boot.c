@@ -450,6 +450,7 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int joi
       uint64_t w[JOIN_WORDS];
       memcpy(w, table, sizeof w);
       rs_ux_take_counters(c, w);
+      c->joined = c->rejoins + 1;
     }
     if (!r) r = connect_all(c, (uint8_t *)table + head, tlen - head);
     free(table);
@@ -505,7 +506,6 @@ static reshard_result_t create(const char *rendezvous, int rank, int size, int t
   c->size = size;
   c->ops = &rs_ux_ops;
   c->impl = m;
-  c->last_replaced = joining ? rank : 0;
   reshard_result_t r = setup(c, rendezvous, joining, deadline);
   if (r) {
     char msg[1024];

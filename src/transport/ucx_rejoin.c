@@ -83,151 +83,300 @@ static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadlin
 }
 
 /* Rank 0's answer to the staying ranks when no newcomer came: one word,
- * shorter than any real answer (the counters and an address). */
+ * shorter than any real answer (the counters and the addresses). */
 #define NO_NEWCOMER UINT64_C(0x6e6f6e65)
 
-/* Rank 0's side: the staying ranks' counters, the newcomer's address, the
- * agreed counters to every staying rank (with the address) and to the
- * newcomer (with the table). w: the counters, agreed on return. When no
- * newcomer arrived in time, rank 0 tells every staying rank so (they all
- * return TIMEOUT with nothing changed: *retry = 1, the call may be made
- * again). */
-static reshard_result_t rejoin_root(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline, int *retry) {
+/* The ranks a rejoin replaces (sorted, distinct), and a hash of them that
+ * the staying ranks compare. */
+typedef struct rejoin_set {
+  int *r;
+  int n;
+  uint64_t hash;
+} rejoin_set;
+
+static int in_set(const rejoin_set *s, int p) {
+  for (int i = 0; i < s->n; i++)
+    if (s->r[i] == p) return 1;
+  return 0;
+}
+
+/* Rank 0: every staying rank's counters (the agreed ones: the largest),
+ * checked to name the same ranks. */
+static reshard_result_t collect_counters(reshard_comm_t *c, const rejoin_set *set, uint64_t *w, int64_t deadline) {
   ux_comm *m = c->impl;
   for (int p = 1; p < c->size; p++) {
-    if (p == r) continue;
-    uint64_t in[JOIN_WORDS + 1] = {0};
+    if (in_set(set, p)) continue;
+    uint64_t in[JOIN_WORDS + 2] = {0};
     rs_request *q = NULL;
     RS_CHECK(rs_ux_post(c, p, (uint64_t)p << RANK_SHIFT | TAG_REJOIN_IN, in, sizeof in, 1, &q));
     reshard_result_t res = rs_ux_wait(c, q, deadline);
     if (res == RESHARD_ERROR_TIMEOUT) rs_ux_cancel(c, q);
     if (res == RESHARD_ERROR_TIMEOUT)
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d did not call reshard_comm_ucx_rejoin before the deadline "
-                      "(it is collective over every rank but the replaced one)", p);
+                      "(it is collective over every rank but the replaced ones)", p);
     RS_CHECK(res);
-    if (in[JOIN_WORDS] != (uint64_t)r || in[JOIN_EPOCH] != m->epoch)
-      return rs_error(RESHARD_ERROR_MISMATCH, "rank %d asks to replace rank %llu (after %llu rejoins), rank 0 "
-                      "rank %d (after %llu): every staying rank must pass the same rank", p,
-                      (unsigned long long)in[JOIN_WORDS], (unsigned long long)in[JOIN_EPOCH], r,
-                      (unsigned long long)m->epoch);
+    if (in[JOIN_WORDS] != (uint64_t)set->n || in[JOIN_WORDS + 1] != set->hash || in[JOIN_EPOCH] != m->epoch)
+      return rs_error(RESHARD_ERROR_MISMATCH, "rank %d asks to replace other ranks (%llu of them, after %llu "
+                      "rejoins) than rank 0 (%d, first rank %d, after %llu): every staying rank must pass the same "
+                      "ranks", p, (unsigned long long)in[JOIN_WORDS], (unsigned long long)in[JOIN_EPOCH], set->n,
+                      set->r[0], (unsigned long long)m->epoch);
     for (int i = JOIN_SEQ; i < JOIN_WORDS; i++)
       if (in[i] > w[i]) w[i] = in[i];
   }
+  return RESHARD_SUCCESS;
+}
+
+/* Rank 0: every newcomer's address (addr[i], alen[i] for set->r[i]),
+ * waited for one after another until the deadline. */
+static reshard_result_t await_all(reshard_comm_t *c, const rejoin_set *set, int64_t deadline, void **addr,
+                                  size_t *alen) {
+  ux_comm *m = c->impl;
   RS_CHECK(rs_ux_listen_on(c, "comm_ucx_rejoin"));
-  void *addr = NULL;
-  size_t alen = 0;
-  reshard_result_t res = await_newcomer(c, r, deadline, &addr, &alen);
+  reshard_result_t res = RESHARD_SUCCESS;
+  for (int i = 0; !res && i < set->n; i++) res = await_newcomer(c, set->r[i], deadline, &addr[i], &alen[i]);
   rs_ux_stop_listening(m);
-  if (res == RESHARD_ERROR_TIMEOUT) {
-    char why[512];
-    snprintf(why, sizeof why, "%s", reshard_last_error());
-    const uint64_t none = NO_NEWCOMER;
-    /* (the staying ranks wait for this answer past their own deadline:
-     * reshard_comm_ucx_rejoin) */
-    const int64_t grace = rs_now_ns() + 2000000000LL;
-    for (int p = 1; p < c->size; p++)
-      if (p != r && send_wait(c, p, TAG_REJOIN_OUT, &none, sizeof none, grace, "'no newcomer' to a staying rank"))
-        return RESHARD_ERROR_TIMEOUT; /* (that rank gave up: the communicator fails) */
-    *retry = 1;
-    return rs_error(RESHARD_ERROR_TIMEOUT, "%s", why);
+  return res;
+}
+
+/* Rank 0 when a newcomer did not come: the ones that did are forgotten
+ * (their creations time out), every staying rank told (they return
+ * TIMEOUT with nothing changed: *retry = 1). */
+static reshard_result_t no_newcomer(reshard_comm_t *c, const rejoin_set *set, int *retry) {
+  char why[512];
+  snprintf(why, sizeof why, "%s", reshard_last_error());
+  for (int i = 0; i < set->n; i++) forget_rank(c, set->r[i]);
+  const uint64_t none = NO_NEWCOMER;
+  /* (the staying ranks wait for this answer past their own deadline:
+   * reshard_comm_ucx_rejoin) */
+  const int64_t grace = rs_now_ns() + 2000000000LL;
+  for (int p = 1; p < c->size; p++)
+    if (!in_set(set, p) && send_wait(c, p, TAG_REJOIN_OUT, &none, sizeof none, grace, "'no newcomer' to a staying rank"))
+      return RESHARD_ERROR_TIMEOUT; /* (that rank gave up: the communicator fails) */
+  *retry = 1;
+  return rs_error(RESHARD_ERROR_TIMEOUT, "%s", why);
+}
+
+/* Rank 0's answer to a staying rank: the agreed counters, then per
+ * newcomer its rank, its address' length and the address. */
+static uint8_t *answer_of(const rejoin_set *set, const uint64_t *w, void *const *addr, const size_t *alen,
+                          size_t *len) {
+  size_t n = JOIN_WORDS * 8 + 8;
+  for (int i = 0; i < set->n; i++) n += 16 + alen[i];
+  uint8_t *msg = malloc(n);
+  if (!msg) return NULL;
+  uint64_t count = (uint64_t)set->n;
+  memcpy(msg, w, JOIN_WORDS * 8);
+  memcpy(msg + JOIN_WORDS * 8, &count, 8);
+  size_t at = JOIN_WORDS * 8 + 8;
+  for (int i = 0; i < set->n; i++) {
+    uint64_t h[2] = {(uint64_t)set->r[i], alen[i]};
+    memcpy(msg + at, h, 16);
+    memcpy(msg + at + 16, addr[i], alen[i]);
+    at += 16 + alen[i];
   }
+  *len = n;
+  return msg;
+}
+
+/* Rank 0's side: the staying ranks' counters, the newcomers' addresses,
+ * the agreed counters to every staying rank (with the addresses) and to
+ * every newcomer (with the table). w: the counters, agreed on return.
+ * When a newcomer did not arrive in time, rank 0 tells every staying rank
+ * so (they all return TIMEOUT with nothing changed: *retry = 1, the call
+ * may be made again). */
+static reshard_result_t rejoin_root(reshard_comm_t *c, const rejoin_set *set, uint64_t *w, int64_t deadline,
+                                    int *retry) {
+  ux_comm *m = c->impl;
+  RS_CHECK(collect_counters(c, set, w, deadline));
+  void **addr = calloc((size_t)set->n, sizeof *addr);
+  size_t *alen = calloc((size_t)set->n, sizeof *alen);
+  if (!addr || !alen) {
+    free(addr), free(alen);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory");
+  }
+  reshard_result_t res = await_all(c, set, deadline, addr, alen);
+  if (res == RESHARD_ERROR_TIMEOUT) {
+    for (int i = 0; i < set->n; i++) free(addr[i]);
+    free(addr), free(alen);
+    return no_newcomer(c, set, retry);
+  }
+  for (int i = 0; !res && i < set->n; i++) {
+    free(m->addrs[set->r[i]]);
+    m->addrs[set->r[i]] = addr[i], m->alens[set->r[i]] = alen[i];
+    addr[i] = NULL;
+  }
+  for (int i = 0; i < set->n; i++) free(addr[i]);
+  free(addr);
+  free(alen);
   RS_CHECK(res);
-  free(m->addrs[r]);
-  m->addrs[r] = addr;
-  m->alens[r] = alen;
   /* a fresh numbering: no collective of before (abandoned ones, the
-   * replaced process' messages) can pair with a later one */
+   * replaced processes' messages) can pair with a later one */
   w[JOIN_EPOCH] += 1;
   w[JOIN_SEQ] += 1;
-  RS_CHECK(rs_ux_connect_one(c, r, addr));
-  uint8_t *msg = malloc(JOIN_WORDS * 8 + alen);
+  for (int i = 0; i < set->n; i++) RS_CHECK(rs_ux_connect_one(c, set->r[i], m->addrs[set->r[i]]));
+  size_t len = 0;
+  size_t *lens = calloc((size_t)set->n, sizeof *lens);
+  void **addrs = calloc((size_t)set->n, sizeof *addrs);
+  uint8_t *msg = NULL;
+  if (lens && addrs) {
+    for (int i = 0; i < set->n; i++) addrs[i] = m->addrs[set->r[i]], lens[i] = m->alens[set->r[i]];
+    msg = answer_of(set, w, addrs, lens, &len);
+  }
+  free(lens);
+  free(addrs);
   if (!msg) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory");
-  memcpy(msg, w, JOIN_WORDS * 8);
-  memcpy(msg + JOIN_WORDS * 8, addr, alen);
   for (int p = 1; !res && p < c->size; p++)
-    if (p != r) res = send_wait(c, p, TAG_REJOIN_OUT, msg, JOIN_WORDS * 8 + alen, deadline, "the newcomer's address");
+    if (!in_set(set, p)) res = send_wait(c, p, TAG_REJOIN_OUT, msg, len, deadline, "the newcomers' addresses");
   free(msg);
   RS_CHECK(res);
   uint8_t *table = NULL;
   size_t tlen = 0;
   RS_CHECK(rs_ux_build_table(c, JOIN_WORDS * 8, &table, &tlen));
   memcpy(table, w, JOIN_WORDS * 8);
-  res = send_wait(c, r, TAG_JOIN_TABLE, table, tlen, deadline, "the address table to the newcomer");
+  for (int i = 0; !res && i < set->n; i++)
+    res = send_wait(c, set->r[i], TAG_JOIN_TABLE, table, tlen, deadline, "the address table to a newcomer");
   free(table);
   return res;
 }
 
+/* A staying rank: rank 0's answer (answer_of) taken: the counters into w,
+ * a connection to every newcomer. */
+static reshard_result_t take_answer(reshard_comm_t *c, const rejoin_set *set, const uint8_t *buf, size_t len,
+                                    uint64_t *w) {
+  uint64_t count = 0;
+  if (len >= JOIN_WORDS * 8 + 8) memcpy(&count, buf + JOIN_WORDS * 8, 8);
+  if (len < JOIN_WORDS * 8 + 8 || count != (uint64_t)set->n)
+    return rs_error(RESHARD_ERROR_MISMATCH, "rank 0's answer is short or names %llu newcomers, not %d (%zu bytes)",
+                    (unsigned long long)count, set->n, len);
+  memcpy(w, buf, JOIN_WORDS * 8);
+  size_t at = JOIN_WORDS * 8 + 8;
+  for (int i = 0; i < set->n; i++) {
+    uint64_t h[2] = {0, 0};
+    if (at + 16 <= len) memcpy(h, buf + at, 16);
+    if (at + 16 > len || h[0] != (uint64_t)set->r[i] || h[1] > len - at - 16)
+      return rs_error(RESHARD_ERROR_MISMATCH, "rank 0's answer is malformed at newcomer %d (rank %d)", i, set->r[i]);
+    RS_CHECK(rs_ux_connect_one(c, set->r[i], buf + at + 16));
+    at += 16 + h[1];
+  }
+  return RESHARD_SUCCESS;
+}
+
 /* Another staying rank's side: its counters to rank 0, the agreed ones
- * and the newcomer's address back, or rank 0's "no newcomer" (*retry =
+ * and the newcomers' addresses back, or rank 0's "no newcomer" (*retry =
  * 1: TIMEOUT, nothing changed). Rank 0 answers within its own deadline,
  * which began when it called, maybe later than this rank: its answer is
  * awaited for as long again past this rank's deadline. */
-static reshard_result_t rejoin_other(reshard_comm_t *c, int r, uint64_t *w, int64_t deadline, int timeout_ms,
-                                     int *retry) {
-  uint64_t out[JOIN_WORDS + 1];
+static reshard_result_t rejoin_other(reshard_comm_t *c, const rejoin_set *set, uint64_t *w, int64_t deadline,
+                                     int timeout_ms, int *retry) {
+  uint64_t out[JOIN_WORDS + 2];
   memcpy(out, w, JOIN_WORDS * 8);
-  out[JOIN_WORDS] = (uint64_t)r;
+  out[JOIN_WORDS] = (uint64_t)set->n;
+  out[JOIN_WORDS + 1] = set->hash;
   RS_CHECK(send_wait(c, 0, TAG_REJOIN_IN, out, sizeof out, deadline, "this rank's counters to rank 0"));
   void *buf = NULL;
   size_t len = 0;
   const int64_t answer_by = deadline + (rs_ux_deadline_of(timeout_ms) - rs_now_ns());
   reshard_result_t res = rs_ux_boot_recv_any(c, TAG_REJOIN_OUT, UINT64_MAX, answer_by, answer_by,
-                                             "the newcomer's address from rank 0", &buf, &len, NULL);
+                                             "the newcomers' addresses from rank 0", &buf, &len, NULL);
   if (res == RESHARD_ERROR_TIMEOUT)
-    return rs_error(RESHARD_ERROR_TIMEOUT, "rank 0 sent no newcomer's address for rank %d before the deadline", r);
+    return rs_error(RESHARD_ERROR_TIMEOUT, "rank 0 sent no newcomers' addresses before the deadline");
   RS_CHECK(res);
   uint64_t first = 0;
   if (len == sizeof first) memcpy(&first, buf, sizeof first);
   if (len == sizeof first && first == NO_NEWCOMER) {
     free(buf);
+    for (int i = 0; i < set->n; i++) forget_rank(c, set->r[i]);
     *retry = 1;
-    return rs_error(RESHARD_ERROR_TIMEOUT, "no process joined as rank %d before rank 0's deadline", r);
+    return rs_error(RESHARD_ERROR_TIMEOUT, "not every newcomer joined before rank 0's deadline");
   }
-  if (len <= JOIN_WORDS * 8) res = rs_error(RESHARD_ERROR_MISMATCH, "rank 0's answer is short (%zu bytes)", len);
-  if (!res) memcpy(w, buf, JOIN_WORDS * 8);
-  if (!res) res = rs_ux_connect_one(c, r, (uint8_t *)buf + JOIN_WORDS * 8);
+  res = take_answer(c, set, buf, len, w);
   free(buf);
   return res;
 }
 
-reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *c, int rank, int timeout_ms) {
+/* The refusals that change nothing; *set the ranks, sorted. */
+static reshard_result_t check_ranks(const reshard_comm_t *c, const int *ranks, int n, rejoin_set *set) {
+  if (!ranks || n < 1 || n >= c->size)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: %d ranks to replace%s, of size %d",
+                    c->rank, n, ranks ? "" : " (NULL)", c->size);
+  set->r = malloc((size_t)n * sizeof *set->r);
+  if (!set->r) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_ucx_rejoin: out of memory");
+  set->n = n;
+  for (int i = 0; i < n; i++) { /* insertion sort: n is a replica's ranks */
+    int v = ranks[i], j = i;
+    if (v < 0 || v >= c->size)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank %d to replace, of size %d",
+                      c->rank, v, c->size);
+    if (v == 0)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank 0 holds the rendezvous and "
+                      "cannot be replaced (make a new communicator)", c->rank);
+    if (v == c->rank)
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: this rank is one to replace; "
+                      "only the staying ranks call comm_ucx_rejoin (a newcomer calls comm_create_ucx_joining)",
+                      c->rank);
+    for (; j > 0 && set->r[j - 1] > v; j--) set->r[j] = set->r[j - 1];
+    set->r[j] = v;
+  }
+  set->hash = 1469598103934665603ull;
+  for (int i = 0; i < n; i++) {
+    if (i && set->r[i] == set->r[i - 1])
+      return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank %d is named twice", c->rank,
+                      set->r[i]);
+    set->hash = (set->hash ^ (uint64_t)set->r[i]) * 1099511628211ull;
+  }
+  return RESHARD_SUCCESS;
+}
+
+/* The communicator's record of the latest rejoin's ranks (transport.h). */
+static reshard_result_t record_replaced(reshard_comm_t *c, const rejoin_set *set) {
+  int32_t *r = realloc(c->replaced, (size_t)set->n * sizeof *r);
+  if (!r) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_ucx_rejoin: out of memory");
+  for (int i = 0; i < set->n; i++) r[i] = set->r[i];
+  c->replaced = r;
+  c->nreplaced = set->n;
+  return RESHARD_SUCCESS;
+}
+
+reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *c, const int *ranks, int n, int timeout_ms) {
   rs_error_clear();
   if (!c || c->ops != &rs_ux_ops)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin: %s", c ? "not a UCX communicator" : "comm is NULL");
   ux_comm *m = c->impl;
   if (m->failed) return rs_ux_refuse_failed(c);
-  if (rank < 0 || rank >= c->size)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank %d to replace, of size %d",
-                    c->rank, rank, c->size);
-  if (rank == 0)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank 0 holds the rendezvous and "
-                    "cannot be replaced (make a new communicator)", c->rank);
-  if (rank == c->rank)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: this rank is the one to replace; "
-                    "only the staying ranks call comm_ucx_rejoin (the newcomer calls comm_create_ucx_joining)",
-                    c->rank);
+  rejoin_set set = {NULL, 0, 0};
+  reshard_result_t r = check_ranks(c, ranks, n, &set);
+  if (r) {
+    free(set.r);
+    return r;
+  }
   const int64_t deadline = rs_ux_deadline_of(timeout_ms);
-  forget_rank(c, rank);
+  for (int i = 0; i < set.n; i++) forget_rank(c, set.r[i]);
   uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
   int retry = 0;
-  reshard_result_t r = c->rank == 0 ? rejoin_root(c, rank, w, deadline, &retry)
-                                    : rejoin_other(c, rank, w, deadline, timeout_ms, &retry);
+  r = c->rank == 0 ? rejoin_root(c, &set, w, deadline, &retry)
+                   : rejoin_other(c, &set, w, deadline, timeout_ms, &retry);
   if (r && retry) {
-    rs_error_prefix("comm_ucx_rejoin rank %d (replacing rank %d; nothing changed: call it again, on every staying "
-                    "rank, to wait for a newcomer longer): ", c->rank, rank);
+    rs_error_prefix("comm_ucx_rejoin rank %d (replacing %d rank(s) from rank %d; nothing changed: call it again, "
+                    "on every staying rank, to wait for the newcomers longer): ", c->rank, set.n, set.r[0]);
+    free(set.r);
     return r;
   }
   if (!r) {
     rs_ux_take_counters(c, w);
-    /* with the newcomer: a first agreement */
+    /* with the newcomers: a first agreement */
     uint64_t one = 1;
     r = rs_ux_allreduce(c, &one, 1, deadline);
   }
+  if (!r) r = record_replaced(c, &set);
   if (r) {
     m->failed = 1;
-    rs_error_prefix("comm_ucx_rejoin rank %d (replacing rank %d; the communicator is failed now): ", c->rank, rank);
-  } else {
-    c->last_replaced = rank;
+    rs_error_prefix("comm_ucx_rejoin rank %d (replacing %d rank(s) from rank %d; the communicator is failed now): ",
+                    c->rank, set.n, set.r[0]);
   }
+  free(set.r);
   return r;
+}
+
+reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *c, int rank, int timeout_ms) {
+  return reshard_comm_ucx_rejoin_ranks(c, &rank, 1, timeout_ms);
 }

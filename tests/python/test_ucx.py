@@ -101,46 +101,65 @@ def test_commit_in_doubt_settles_over_ucx():
     assert len(ends) == 1, res
 
 
+@pytest.mark.parametrize("size", [4, 6])
 @pytest.mark.parametrize("mode", ["recreate", "keep"])
-def test_replica_killed_and_replaced(mode):
-    """A replica SIGKILLed between two versions and a new process in its
-    slot (tests/python/ucx_rejoin.py): the staying ranks' execute fails in
-    time with the last version whole, they call comm.rejoin(3), the
-    newcomer Comm.ucx(..., joining=True), and the next version arrives
-    whole on both replicas. No rank restarts but the replaced one. mode
-    keep: the staying ranks keep their plan (plan.rejoin()), a newcomer of
-    other layouts refused first on every rank."""
+def test_replica_killed_and_replaced(mode, size):
+    """A replica SIGKILLed between two versions and new processes in its
+    slots (tests/python/ucx_rejoin.py): size 4, rank 3 (half of the one
+    tensor-parallel pair); size 6, ranks 4 and 5 (the second of two
+    replicas of two ranks). The staying ranks' execute fails in time with
+    the last version whole, they call comm.rejoin (a list for two), the
+    newcomers Comm.ucx(..., joining=True), and the next version arrives
+    whole on every destination rank. No rank restarts but the replaced
+    ones. mode keep: the staying ranks keep their plans (plan.rejoin()), a
+    newcomer of other layouts refused first on every rank, and a
+    registered plan is registered again after the rejoin: each staying
+    rank keeps its registration and trades keys with the newcomers among
+    its partners alone (its RESHARD_DEBUG=INFO line says how many), each
+    newcomer with all of its partners."""
+    victims = [3] if size == 4 else [4, 5]
     rendezvous = "127.0.0.1:%d" % free_port()
     script = "tests/python/ucx_rejoin.py"
     env = dict(os.environ)
     env.pop("RESHARD_TIMEOUT_MS", None)  # (it would override the plan's 1 s)
+    if mode == "keep":
+        env.update(RESHARD_DEBUG="INFO", RESHARD_DEBUG_SUBSYS="EXEC")
 
     def start(rank, role):
-        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), "4", role, mode], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), str(size), role, mode], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    procs = {r: start(r, "member") for r in (3, 2, 1, 0)}
-    newcomer = None
+    procs = {r: start(r, "member") for r in reversed(range(size))}
+    newcomers = {}
     try:
-        victim = procs[3]
-        seen = []
-        for line in victim.stdout:  # (each script's lines are flushed)
-            seen.append(line)
-            if line.startswith("RANK3 AT 2"):
-                break
-        assert seen and seen[-1].startswith("RANK3 AT 2"), "".join(seen)
-        victim.kill()  # SIGKILL
-        victim.wait(timeout=10)
-        newcomer = start(3, "newcomer")
-        outs = {r: procs[r].communicate(timeout=60)[0] for r in (0, 1, 2)}
-        outs[3] = newcomer.communicate(timeout=60)[0]
+        for v in victims:
+            seen = []
+            for line in procs[v].stdout:  # (each script's lines are flushed)
+                seen.append(line)
+                if line.startswith("RANK%d AT 2" % v):
+                    break
+            assert seen and seen[-1].startswith("RANK%d AT 2" % v), "".join(seen)
+        for v in victims:
+            procs[v].kill()  # SIGKILL
+            procs[v].wait(timeout=10)
+        newcomers = {v: start(v, "newcomer") for v in victims}
+        staying = [r for r in range(size) if r not in victims]
+        outs = {r: procs[r].communicate(timeout=90)[0] for r in staying}
+        outs.update({v: newcomers[v].communicate(timeout=90)[0] for v in victims})
     finally:
-        for p in list(procs.values()) + [newcomer]:
-            if p is not None and p.poll() is None:
+        for p in list(procs.values()) + list(newcomers.values()):
+            if p.poll() is None:
                 p.kill()
                 p.wait()
-    for r in (0, 1, 2):
+    for r in staying:
         assert procs[r].returncode == 0 and "OK rank %d (staying)" % r in outs[r], "rank %d:\n%s" % (r, outs[r])
         assert "version 3 failed after" in outs[r], outs[r]
-    assert newcomer.returncode == 0 and "OK rank 3 (newcomer)" in outs[3], outs[3]
-    print("".join(outs[r] for r in range(4)))
+        if mode == "keep":  # a source's partners: every destination rank; a destination's: the two sources
+            want = "kept over the rejoin: keys traded with %d of %d partners" % (
+                (len(victims), size - 2) if r < 2 else (0, 2))
+            assert want in outs[r], "rank %d: no '%s':\n%s" % (r, want, outs[r])
+    for v in victims:
+        assert newcomers[v].returncode == 0 and "OK rank %d (newcomer)" % v in outs[v], outs[v]
+        if mode == "keep":
+            assert "anew: keys traded with 2 of 2 partners" in outs[v], outs[v]
+    print("".join(outs[r] for r in range(size)))

@@ -1,19 +1,23 @@
 """A destination replica replaced over UCX, from Python (run by
 tests/python/test_ucx.py as plain processes):
 
-    python ucx_rejoin.py HOST:PORT RANK 4 member [keep]   (ranks 0 .. 3)
-    python ucx_rejoin.py HOST:PORT 3 4 newcomer [keep]    (after rank 3 was killed)
+    python ucx_rejoin.py HOST:PORT RANK SIZE member [keep]   (ranks 0 .. SIZE-1)
+    python ucx_rejoin.py HOST:PORT RANK SIZE newcomer [keep] (after the victims were killed)
 
 Ranks 0 and 1 train (the source: w [N, 8] f32 sharded by rows, b [8]
-replicated); ranks 2 and 3 are the replicas (w sharded by columns, b
-replicated). Double-buffered plan, timeout 1000 ms. Every member
-executes versions 1, 2, ...; rank 3 prints "RANK3 AT 2" after version 2 and
-waits, and the test SIGKILLs it there (between two executes). The staying
-ranks' next execute fails within two deadlines + 1 s, and the replica's
-(rank 2's) active copy still holds the last committed version, every
-element checked. They close the plan, call comm.rejoin(3); the newcomer
-joins with Comm.ucx(..., joining=True); all four make a new plan and
-execute version NEXT: every element checked on both replicas. Each process
+replicated). SIZE 4: ranks 2 and 3 are one tensor-parallel group (w
+sharded by columns, b replicated), the victim rank 3. SIZE 6: two
+replicas of two ranks each, (2, 3) and (4, 5) (w sharded by columns
+inside a replica, replicated over them), the victims both ranks of the
+second replica. Double-buffered plan, timeout 1000 ms. Every member
+executes versions 1, 2, ...; each victim prints "RANK<r> AT 2" after
+version 2 and waits, and the test SIGKILLs it there (between two
+executes). The staying ranks' next execute fails within two deadlines +
+1 s, and a staying destination rank's active copy still holds the last
+committed version, every element checked. They close the plan, call
+comm.rejoin(victims) (a list for two); the newcomers join with
+Comm.ucx(..., joining=True); all make a new plan and execute version
+NEXT: every element checked on every destination rank. Each process
 prints "OK ..." (with its times) or "FAIL ...".
 
 With "keep" the staying ranks keep their plan (plan.rejoin()) instead of
@@ -22,7 +26,12 @@ rows): MismatchError on every rank, and the kept plan is unchanged (failed,
 its active copy still whole); then the newcomer creates the plan over the
 right layouts while the staying ranks call plan.rejoin(), version NEXT
 arrives whole (the newcomer's other copy untouched), and a second
-plan.rejoin() raises InvalidUsageError.
+plan.rejoin() raises InvalidUsageError. Also in keep mode, a plan with
+registered buffers (not double-buffered; register_buffers on every rank,
+versions 1 and 2 before the kill): kept too, version NEXT staged, every
+rank registers again (the staying ranks keep their registrations and
+trade keys with the newcomers alone: run with RESHARD_DEBUG=INFO, each
+says so on stderr), version NEXT + 1 read one-sided; each checked.
 """
 import sys
 import time
@@ -33,7 +42,8 @@ import reshard
 
 rendezvous, rank, size, role = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 keep = len(sys.argv) > 5 and sys.argv[5] == "keep"
-VICTIM, NEXT, TIMEOUT_MS = 3, 100, 1000
+VICTIMS = [3] if size == 4 else [4, 5]
+NEXT, TIMEOUT_MS = 100, 1000
 N = 32
 
 
@@ -53,18 +63,31 @@ def layout(side, rows=N):
     L = reshard.Layout()
     w = L.add_tensor("w", "f32", (rows, 8))
     b = L.add_tensor("b", "f32", (8,))
-    m = L.add_mesh((2,), start=0 if side == "src" else 2)
-    L.place(w, m, [reshard.Shard(0 if side == "src" else 1)])
-    L.place(b, m, [reshard.Replicate()])
+    if side == "src" or size == 4:
+        m = L.add_mesh((2,), start=0 if side == "src" else 2)
+        L.place(w, m, [reshard.Shard(0 if side == "src" else 1)])
+        L.place(b, m, [reshard.Replicate()])
+    else:  # two replicas of two tensor-parallel ranks
+        m = L.add_mesh((2, 2), start=2)
+        L.place(w, m, [reshard.Replicate(), reshard.Shard(1)])
+        L.place(b, m, [reshard.Replicate(), reshard.Replicate()])
     return L
 
 
 SRC, DST = layout("src"), layout("dst")
 trainer = rank < 2
+tp = (rank - 2) % 2  # a destination rank's column half
 mine_w = (slice(rank * N // 2, (rank + 1) * N // 2), slice(None)) if trainer else \
-    (slice(None), slice((rank - 2) * 4, (rank - 1) * 4))
-copies = {name: tuple(np.full(shape, -1.0, np.float32) for _ in range(2))
-          for name, shape in (("w", (N, 4)), ("b", (8,)))} if not trainer else {}
+    (slice(None), slice(tp * 4, (tp + 1) * 4))
+
+
+def fresh():
+    return {name: tuple(np.full(shape, -1.0, np.float32) for _ in range(2))
+            for name, shape in (("w", (N, 4)), ("b", (8,)))} if not trainer else {}
+
+
+copies = fresh()
+reg_copies = fresh()  # the registered plan's (its copy 0)
 
 
 def make_plan(comm, src=SRC, dst=DST):
@@ -89,6 +112,26 @@ def check(plan, version, what):
         fail("%s: the active copy %d does not hold version %d element by element" % (what, st.active_copy, version))
 
 
+# the registered plan (keep mode): its own source arrays, filled in place
+# before each version, and destination copy 0; registered once
+reg_src = {"w": np.zeros((N // 2, 8), np.float32), "b": np.zeros(8, np.float32)} if trainer else {}
+reg_dst = {name: c[0] for name, c in reg_copies.items()}
+
+
+def make_reg_plan(comm):
+    return reshard.Plan(comm, SRC, DST, timeout_ms=TIMEOUT_MS)
+
+
+def reg_version(plan, version, what):
+    if trainer:
+        reg_src["w"][...] = values("w", version)[mine_w]
+        reg_src["b"][...] = values("b", version)
+    plan.execute(reg_src, reg_dst, version=version)
+    if not trainer and (not (reg_dst["w"] == values("w", version)[mine_w]).all()
+                        or not (reg_dst["b"] == values("b", version)).all()):
+        fail("%s: the registered plan's version %d is not whole element by element" % (what, version))
+
+
 def refused(call, error, what):
     try:
         call()
@@ -110,8 +153,8 @@ def rejoin_plan(comm, plan):
         if not (st.failed or st.in_doubt_version == 3) or st.committed_version != 2:
             fail("the kept plan changed after a refused rejoin: %s" % (st,))
         check(plan, 2, "after the refused rejoin")
-    if "ranks 0 and 3" not in msg:
-        fail("the mismatch does not name ranks 0 and 3: %s" % msg)
+    if not any("ranks 0 and %d" % v in msg for v in VICTIMS):
+        fail("the mismatch does not name rank 0 and a newcomer: %s" % msg)
     if plan is None:
         return make_plan(comm)
     t0 = time.monotonic()
@@ -119,10 +162,20 @@ def rejoin_plan(comm, plan):
     return plan, (time.monotonic() - t0) * 1e3
 
 
-def after_rejoin(comm, t_join, who, kept=None):
+def after_rejoin(comm, t_join, who, kept=None, reg=None):
     plan, ms_plan = rejoin_plan(comm, kept) if keep else make_plan(comm)
+    if keep:
+        if reg is None:
+            reg = make_reg_plan(comm)
+        else:
+            reg.rejoin()
     sync(plan, NEXT)
     check(plan, NEXT, "after the rejoin")
+    if keep:
+        reg_version(reg, NEXT, "staged after the rejoin")
+        reg.register_buffers(reg_src, reg_dst)
+        reg_version(reg, NEXT + 1, "registered again after the rejoin")
+        reg.close()
     took = (time.monotonic() - t_join) * 1e3
     if keep and not trainer and who == "newcomer":
         other = 1 - plan.status().active_copy
@@ -145,11 +198,17 @@ if role == "newcomer":
 
 comm = reshard.Comm.ucx(rendezvous, rank, size, timeout_ms=30000)
 plan, _ = make_plan(comm)
+reg = None
+if keep:
+    reg = make_reg_plan(comm)
+    reg.register_buffers(reg_src, reg_dst)
+    for v in (1, 2):
+        reg_version(reg, v, "registered before the kill")
 version = 0
 while True:
     version += 1
-    if rank == VICTIM and version == 3:
-        print("RANK3 AT 2", flush=True)
+    if rank in VICTIMS and version == 3:
+        print("RANK%d AT 2" % rank, flush=True)
         time.sleep(60)  # killed here
         fail("not killed")
     t0 = time.monotonic()
@@ -168,7 +227,7 @@ while True:
         break
     check(plan, version, "before the kill")
     if version > 3:
-        fail("version %d succeeded with rank %d killed" % (version, VICTIM))
+        fail("version %d succeeded with ranks %s killed" % (version, VICTIMS))
 if not keep:
     plan.close()
 try:
@@ -178,5 +237,5 @@ except reshard.InvalidArgumentError as e:
     if "rank 0 holds the rendezvous" not in str(e):
         fail("rejoin(0): %s" % e)
 t0 = time.monotonic()
-comm.rejoin(VICTIM, timeout_ms=30000)
-after_rejoin(comm, t0, "staying", plan if keep else None)
+comm.rejoin(VICTIMS if len(VICTIMS) > 1 else VICTIMS[0], timeout_ms=30000)
+after_rejoin(comm, t0, "staying", plan if keep else None, reg)

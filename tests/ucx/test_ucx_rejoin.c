@@ -73,7 +73,9 @@
  *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin keep [SEED [BAD]]
  *
  * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
- *   of range and the calling rank itself (INVALID_ARGUMENT) and the
+ *   of range and the calling rank itself (INVALID_ARGUMENT), and so does
+ *   reshard_comm_ucx_rejoin_ranks NULL ranks, none, as many as the
+ *   communicator, a rank twice, this rank or rank 0 among others; the
  *   communicator still works (a plan and an execute over it); then rank 2
  *   leaves (destroys its communicator) and ranks 0 and 1 call
  *   reshard_comm_ucx_rejoin(2) with no newcomer: TIMEOUT within the
@@ -936,6 +938,25 @@ static int run_refuse(void) {
     r = reshard_comm_ucx_rejoin(comm, asks[i], 1000);
     say(r == RESHARD_ERROR_INVALID_ARGUMENT && reshard_last_error()[0], "rejoin of %s (%d) refused: %s: %s", why[i],
         asks[i], reshard_result_string(r), reshard_last_error());
+  }
+  /* several ranks at once (reshard_comm_ucx_rejoin_ranks): each refusal
+   * names what is wrong, nothing changes */
+  const int other = world_rank == 1 ? 2 : 1; /* neither this rank nor 0 */
+  const int twice[2] = {other, other}, with_self[2] = {other, world_rank}, with_zero[2] = {other, 0};
+  const struct {
+    const int *ranks;
+    int n;
+    const char *why, *says;
+  } sets[] = {{NULL, 1, "NULL ranks", "(NULL)"},
+              {twice, 0, "no ranks", "0 ranks"},
+              {twice, world_size, "as many ranks as the communicator", "ranks to replace"},
+              {twice, 2, "a rank named twice", "named twice"},
+              {with_self, 2, "this rank among them", world_rank == 0 ? "rank 0 holds" : "this rank is one"},
+              {with_zero, 2, "rank 0 among them", "rank 0 holds"}};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+    r = reshard_comm_ucx_rejoin_ranks(comm, sets[i].ranks, sets[i].n, 1000);
+    say(r == RESHARD_ERROR_INVALID_ARGUMENT && strstr(reshard_last_error(), sets[i].says),
+        "rejoin_ranks with %s refused: %s: %s", sets[i].why, reshard_result_string(r), reshard_last_error());
   }
   r = reshard_comm_create_ucx_joining(rendezvous, 0, world_size, 1000, &(reshard_comm_t *){NULL});
   say(r == RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx_joining as rank 0 refused: %s: %s",
