@@ -96,9 +96,10 @@ reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *comm, int rank, int tim
  * staying ranks all their addresses and every newcomer the table (the
  * newcomers connect to one another from it). Its results as for one
  * rank; when a newcomer did not arrive before rank 0's deadline, every
- * staying rank returns TIMEOUT with nothing changed, and the newcomers
- * that did arrive are forgotten (their creation times out: start them
- * again with the next call). reshard_comm_ucx_rejoin(c, r, t) is
+ * staying rank returns TIMEOUT with nothing changed, and rank 0 tells the
+ * newcomers that did arrive (their reshard_comm_create_ucx_joining
+ * returns TIMEOUT at once, saying rank 0 gave up: start them again for
+ * the next call). reshard_comm_ucx_rejoin(c, r, t) is
  * reshard_comm_ucx_rejoin_ranks(c, &r, 1, t). Refused with
  * INVALID_ARGUMENT, nothing changed: ranks NULL, n < 1 or n >= size,
  * and each refusal of the one-rank call, or a rank named twice. Kept

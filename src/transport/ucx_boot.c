@@ -444,7 +444,13 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int joi
     if (!r)
       r = rs_ux_boot_recv_any(c, joining ? TAG_JOIN_TABLE : TAG_TABLE, UINT64_MAX, deadline, deadline,
                               "the address table from rank 0", &table, &tlen, NULL);
-    if (!r && tlen < head)
+    uint64_t first = 0;
+    if (!r && joining && tlen == sizeof first) memcpy(&first, table, sizeof first);
+    if (!r && first == NO_NEWCOMER)
+      r = rs_error(RESHARD_ERROR_TIMEOUT, "comm_create_ucx_joining rank %d: rank 0 gave up: not every rank it was "
+                   "replacing got its newcomer before its deadline (start this process again for its next "
+                   "reshard_comm_ucx_rejoin)", c->rank);
+    else if (!r && tlen < head)
       r = rs_error(RESHARD_ERROR_MISMATCH, "comm_create_ucx_joining rank %d: rank 0's answer is short", c->rank);
     if (!r && joining) {
       uint64_t w[JOIN_WORDS];

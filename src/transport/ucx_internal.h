@@ -84,6 +84,10 @@ typedef struct ux_comm {
 /* The counters a newcomer takes from rank 0 (the header of its table, and
  * of the staying ranks' answer): they must equal the staying ranks'. */
 enum { JOIN_EPOCH, JOIN_SEQ, JOIN_PLANS, JOIN_WORDS };
+/* Rank 0's answer in a rejoin when not every newcomer came, to the
+ * staying ranks and to the newcomers that did: one word, shorter than any
+ * real answer (the counters and addresses, or the table). */
+#define NO_NEWCOMER UINT64_C(0x6e6f6e65)
 
 /* ucx.c */
 

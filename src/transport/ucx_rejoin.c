@@ -82,10 +82,6 @@ static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadlin
   }
 }
 
-/* Rank 0's answer to the staying ranks when no newcomer came: one word,
- * shorter than any real answer (the counters and the addresses). */
-#define NO_NEWCOMER UINT64_C(0x6e6f6e65)
-
 /* The ranks a rejoin replaces (sorted, distinct), and a hash of them that
  * the staying ranks compare. */
 typedef struct rejoin_set {
@@ -127,28 +123,43 @@ static reshard_result_t collect_counters(reshard_comm_t *c, const rejoin_set *se
 }
 
 /* Rank 0: every newcomer's address (addr[i], alen[i] for set->r[i]),
- * waited for one after another until the deadline. */
+ * waited for one after another until the deadline. Past a timeout, the
+ * addresses of those that did arrive are still taken (20 ms each), so
+ * that they can be told. */
 static reshard_result_t await_all(reshard_comm_t *c, const rejoin_set *set, int64_t deadline, void **addr,
                                   size_t *alen) {
   ux_comm *m = c->impl;
   RS_CHECK(rs_ux_listen_on(c, "comm_ucx_rejoin"));
   reshard_result_t res = RESHARD_SUCCESS;
-  for (int i = 0; !res && i < set->n; i++) res = await_newcomer(c, set->r[i], deadline, &addr[i], &alen[i]);
+  for (int i = 0; i < set->n; i++) {
+    if (!res) {
+      res = await_newcomer(c, set->r[i], deadline, &addr[i], &alen[i]);
+    } else if (res == RESHARD_ERROR_TIMEOUT) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", reshard_last_error());
+      if (await_newcomer(c, set->r[i], rs_now_ns() + 20000000, &addr[i], &alen[i])) addr[i] = NULL;
+      res = rs_error(RESHARD_ERROR_TIMEOUT, "%s", why);
+    }
+  }
   rs_ux_stop_listening(m);
   return res;
 }
 
-/* Rank 0 when a newcomer did not come: the ones that did are forgotten
- * (their creations time out), every staying rank told (they return
- * TIMEOUT with nothing changed: *retry = 1). */
-static reshard_result_t no_newcomer(reshard_comm_t *c, const rejoin_set *set, int *retry) {
+/* Rank 0 when a newcomer did not come: the ones that did (addr[i] set)
+ * are told so (their creation fails with TIMEOUT at once, best effort)
+ * and forgotten, every staying rank told (they return TIMEOUT with
+ * nothing changed: *retry = 1). */
+static reshard_result_t no_newcomer(reshard_comm_t *c, const rejoin_set *set, void *const *addr, int *retry) {
   char why[512];
   snprintf(why, sizeof why, "%s", reshard_last_error());
-  for (int i = 0; i < set->n; i++) forget_rank(c, set->r[i]);
   const uint64_t none = NO_NEWCOMER;
   /* (the staying ranks wait for this answer past their own deadline:
    * reshard_comm_ucx_rejoin) */
   const int64_t grace = rs_now_ns() + 2000000000LL;
+  for (int i = 0; i < set->n; i++)
+    if (addr[i] && !rs_ux_connect_one(c, set->r[i], addr[i]))
+      (void)send_wait(c, set->r[i], TAG_JOIN_TABLE, &none, sizeof none, grace, "'not every newcomer came'");
+  for (int i = 0; i < set->n; i++) forget_rank(c, set->r[i]);
   for (int p = 1; p < c->size; p++)
     if (!in_set(set, p) && send_wait(c, p, TAG_REJOIN_OUT, &none, sizeof none, grace, "'no newcomer' to a staying rank"))
       return RESHARD_ERROR_TIMEOUT; /* (that rank gave up: the communicator fails) */
@@ -196,9 +207,10 @@ static reshard_result_t rejoin_root(reshard_comm_t *c, const rejoin_set *set, ui
   }
   reshard_result_t res = await_all(c, set, deadline, addr, alen);
   if (res == RESHARD_ERROR_TIMEOUT) {
+    res = no_newcomer(c, set, addr, retry);
     for (int i = 0; i < set->n; i++) free(addr[i]);
     free(addr), free(alen);
-    return no_newcomer(c, set, retry);
+    return res;
   }
   for (int i = 0; !res && i < set->n; i++) {
     free(m->addrs[set->r[i]]);

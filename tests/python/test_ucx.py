@@ -163,3 +163,57 @@ def test_replica_killed_and_replaced(mode, size):
         if mode == "keep":
             assert "anew: keys traded with 2 of 2 partners" in outs[v], outs[v]
     print("".join(outs[r] for r in range(size)))
+
+
+def test_replica_rejoin_retried_when_a_newcomer_is_missing():
+    """A replica of two ranks (4 and 5 of 6) killed, and only rank 4's
+    newcomer started (tests/python/ucx_rejoin.py, "retry"): the staying
+    ranks' comm.rejoin([4, 5], timeout_ms=1500) raises TimeoutError saying
+    nothing changed, and rank 0 tells the newcomer that came (its Comm.ucx
+    raises TimeoutError at once: rank 0 gave up) instead of leaving it to
+    its own 30 s deadline. Both newcomers started again, the second call
+    meets them and the next version arrives whole on every destination
+    rank."""
+    size, victims = 6, [4, 5]
+    rendezvous = "127.0.0.1:%d" % free_port()
+    script = "tests/python/ucx_rejoin.py"
+    env = dict(os.environ)
+    env.pop("RESHARD_TIMEOUT_MS", None)
+
+    def start(rank, role):
+        return subprocess.Popen([sys.executable, script, rendezvous, str(rank), str(size), role, "retry"], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = {r: start(r, "member") for r in reversed(range(size))}
+    late = {}
+    early = None
+    try:
+        for v in victims:
+            for line in procs[v].stdout:
+                if line.startswith("RANK%d AT 2" % v):
+                    break
+        for v in victims:
+            procs[v].kill()
+            procs[v].wait(timeout=10)
+        t0 = time.monotonic()
+        early = start(4, "early")
+        early_out = early.communicate(timeout=60)[0]
+        early_s = time.monotonic() - t0
+        late = {v: start(v, "newcomer") for v in victims}
+        staying = [r for r in range(size) if r not in victims]
+        outs = {r: procs[r].communicate(timeout=90)[0] for r in staying}
+        outs.update({v: late[v].communicate(timeout=90)[0] for v in victims})
+    finally:
+        for p in list(procs.values()) + list(late.values()) + [early]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert early.returncode == 0 and "EARLY NEWCOMER GAVE UP" in early_out, early_out
+    # (the staying ranks' failed execute, up to 2 x 1 s, then the 1.5 s rejoin)
+    assert early_s < 10, "the early newcomer gave up only after %.1f s:\n%s" % (early_s, early_out)
+    for r in staying:
+        assert procs[r].returncode == 0 and "OK rank %d (staying)" % r in outs[r], "rank %d:\n%s" % (r, outs[r])
+        assert "timed out after" in outs[r] and "nothing changed" in outs[r], outs[r]
+    for v in victims:
+        assert late[v].returncode == 0 and "OK rank %d (newcomer)" % v in outs[v], outs[v]
+    print(early_out + "".join(outs[r] for r in range(size)))

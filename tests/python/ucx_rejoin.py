@@ -26,7 +26,11 @@ rows): MismatchError on every rank, and the kept plan is unchanged (failed,
 its active copy still whole); then the newcomer creates the plan over the
 right layouts while the staying ranks call plan.rejoin(), version NEXT
 arrives whole (the newcomer's other copy untouched), and a second
-plan.rejoin() raises InvalidUsageError. Also in keep mode, a plan with
+plan.rejoin() raises InvalidUsageError. With "retry" (SIZE 6) the test
+starts one newcomer ("early": rank 4) only: the staying ranks' first
+comm.rejoin([4, 5], timeout_ms=1500) raises TimeoutError with nothing
+changed, the early newcomer's Comm.ucx raises TimeoutError (rank 0 gave
+up), and the second call meets both newcomers. Also in keep mode, a plan with
 registered buffers (not double-buffered; register_buffers on every rank,
 versions 1 and 2 before the kill): kept too, version NEXT staged, every
 rank registers again (the staying ranks keep their registrations and
@@ -42,6 +46,7 @@ import reshard
 
 rendezvous, rank, size, role = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 keep = len(sys.argv) > 5 and sys.argv[5] == "keep"
+retry = len(sys.argv) > 5 and sys.argv[5] == "retry"
 VICTIMS = [3] if size == 4 else [4, 5]
 NEXT, TIMEOUT_MS = 100, 1000
 N = 32
@@ -190,6 +195,17 @@ def after_rejoin(comm, t_join, who, kept=None, reg=None):
              "rejoin" if keep and who == "staying" else "creation", ms_plan), flush=True)
 
 
+if role == "early":  # retry: a newcomer whose partner does not come
+    t0 = time.monotonic()
+    try:
+        reshard.Comm.ucx(rendezvous, rank, size, timeout_ms=30000, joining=True)
+    except reshard.TimeoutError as e:
+        if "rank 0 gave up" not in str(e):
+            fail("the early newcomer's TimeoutError does not say rank 0 gave up: %s" % e)
+        print("EARLY NEWCOMER GAVE UP after %.0f ms: %s" % ((time.monotonic() - t0) * 1e3, e), flush=True)
+        sys.exit(0)
+    fail("the early newcomer joined though its partner never came")
+
 if role == "newcomer":
     t0 = time.monotonic()
     comm = reshard.Comm.ucx(rendezvous, rank, size, timeout_ms=30000, joining=True)
@@ -236,6 +252,17 @@ try:
 except reshard.InvalidArgumentError as e:
     if "rank 0 holds the rendezvous" not in str(e):
         fail("rejoin(0): %s" % e)
+if retry:  # one newcomer only: TimeoutError with nothing changed, then again
+    t1 = time.monotonic()
+    try:
+        comm.rejoin(VICTIMS, timeout_ms=1500)
+        fail("the rejoin with one newcomer of two succeeded")
+    except reshard.TimeoutError as e:
+        ms = (time.monotonic() - t1) * 1e3
+        if "nothing changed" not in str(e) or ms > 1500 + 2000 + 1000:
+            fail("the first rejoin: %.0f ms: %s" % (ms, e))
+        print("rank %d: the rejoin with one newcomer of two timed out after %.0f ms, nothing changed" % (rank, ms),
+              flush=True)
 t0 = time.monotonic()
 comm.rejoin(VICTIMS if len(VICTIMS) > 1 else VICTIMS[0], timeout_ms=30000)
 after_rejoin(comm, t0, "staying", plan if keep else None, reg)
