@@ -72,6 +72,10 @@
  *   call to version 4 committed and checked.
  *   run_ucx.sh LIMIT_S 4 -- ./test_ucx_rejoin keep [SEED [BAD]]
  *
+ * pair (5 processes): two ranks replaced at once
+ *   (reshard_comm_ucx_rejoin_ranks), a plan kept across it: run_pair.
+ *   run_ucx.sh LIMIT_S 5 -- ./test_ucx_rejoin pair
+ *
  * refuse (3 processes): reshard_comm_ucx_rejoin refuses rank 0, a rank out
  *   of range and the calling rank itself (INVALID_ARGUMENT), and so does
  *   reshard_comm_ucx_rejoin_ranks NULL ranks, none, as many as the
@@ -1025,6 +1029,74 @@ static int run_refuse(void) {
   return bad != 0;
 }
 
+/* pair (5 processes): ranks 3 and 4 leave together (a replica of two
+ * ranks) and come back as newcomers; the staying ranks keep a plan made
+ * before (a 1-D tensor sharded over all five -> replicated on all five)
+ * with reshard_plan_rejoin while the newcomers create it, and call
+ * reshard_comm_ucx_rejoin_ranks({4, 3}) (unsorted); the kept plan's next
+ * execute and a new plan's are checked on every rank. */
+static int run_pair(void) {
+  reshard_comm_t *comm = NULL;
+  reshard_result_t r = reshard_comm_create_ucx(rendezvous, world_rank, world_size, REJOIN_TIMEOUT_MS, &comm);
+  if (r) {
+    say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 1;
+  }
+  int n = world_size, t, m, b;
+  int64_t shape[1] = {40};
+  reshard_layout_t *L[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    reshard_placement_t pl = k == 0 ? reshard_shard(0) : reshard_replicate();
+    if (reshard_layout_create(&L[k]) || reshard_layout_add_tensor(L[k], "g", RESHARD_INT32, 1, shape, &t) ||
+        reshard_layout_add_mesh_strided(L[k], 1, &n, 0, 1, &m) || reshard_layout_place(L[k], t, m, &pl, &b))
+      say(0, "layout: %s", reshard_last_error());
+  }
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 10000;
+  reshard_plan_t *plan = NULL;
+  r = reshard_plan_create(comm, L[0], L[1], &o, &plan);
+  say(r == RESHARD_SUCCESS, "pair: plan_create: %s %s", reshard_result_string(r), r ? reshard_last_error() : "");
+  const int leaving = world_rank >= 3;
+  if (leaving) { /* the old processes of ranks 3 and 4 go; new ones take their slots */
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    plan = NULL;
+    comm = NULL;
+    double t0 = now_ms();
+    r = reshard_comm_create_ucx_joining(rendezvous, world_rank, world_size, REJOIN_TIMEOUT_MS, &comm);
+    say(r == RESHARD_SUCCESS, "pair: rank %d's newcomer joined: %s after %.0f ms %s", world_rank,
+        reshard_result_string(r), now_ms() - t0, r ? reshard_last_error() : "");
+    if (r) return 1;
+    r = reshard_plan_create(comm, L[0], L[1], &o, &plan);
+    say(r == RESHARD_SUCCESS, "pair: the newcomer's plan_create: %s %s", reshard_result_string(r),
+        r ? reshard_last_error() : "");
+  } else {
+    const int both[2] = {4, 3};
+    double t0 = now_ms();
+    r = reshard_comm_ucx_rejoin_ranks(comm, both, 2, REJOIN_TIMEOUT_MS);
+    say(r == RESHARD_SUCCESS, "pair: comm_ucx_rejoin_ranks({4, 3}): %s after %.0f ms %s", reshard_result_string(r),
+        now_ms() - t0, r ? reshard_last_error() : "");
+    if (!r) r = reshard_plan_rejoin(plan);
+    say(r == RESHARD_SUCCESS, "pair: plan_rejoin: %s %s", reshard_result_string(r), r ? reshard_last_error() : "");
+  }
+  reshard_selftest_t s, d;
+  memset(&s, 0, sizeof s);
+  memset(&d, 0, sizeof d);
+  if (!r && !(r = reshard_selftest_alloc(&s, L[0], world_rank, 9)) && !(r = reshard_selftest_alloc(&d, L[1], world_rank, -1)))
+    r = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+  int64_t wrong = r ? -1 : reshard_selftest_check(&d, L[1], world_rank, 9, "pair: the kept plan");
+  say(r == RESHARD_SUCCESS && wrong == 0, "pair: the kept plan's execute after the rejoin: %s, %lld wrong %s",
+      reshard_result_string(r), (long long)wrong, r ? reshard_last_error() : "");
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(L[0]);
+  reshard_layout_destroy(L[1]);
+  if (comm) still_works(comm, "pair: a new plan after the rejoin");
+  reshard_comm_destroy(comm);
+  return bad != 0;
+}
+
 int main(int argc, char **argv) {
   int i = 1;
   for (; i + 1 < argc && !strncmp(argv[i], "--", 2); i += 2) {
@@ -1039,6 +1111,7 @@ int main(int argc, char **argv) {
   if (i + 1 < argc) seed = atoi(argv[i + 1]);
   if (!strcmp(argv[i], "replace")) return run_replace(i + 2 < argc ? atoi(argv[i + 2]) : 1);
   if (!strcmp(argv[i], "refuse")) return run_refuse();
+  if (!strcmp(argv[i], "pair")) return run_pair();
   if (!strcmp(argv[i], "keep")) {
     keep_mode = 1;
     if (i + 2 < argc) keep_bad = atoi(argv[i + 2]);
