@@ -22,12 +22,17 @@ shift 2
 export RESHARD_TIMEOUT_MS=2000
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 out=$(mktemp)
+# (processes named by PID and start time: a PID freed by one that ended
+# may belong to another test's process by the time of the cleanup)
+# shellcheck source=../support/procs.sh
+source "$(dirname "$0")/../support/procs.sh"
 "$@" >"$out" 2>&1 &
 job=$!
-victim=""
+jobid=$(rs_proc_id "$job")
+victim="" victimid=""
 cleanup() {
-  for p in $(pgrep -P "$job" 2>/dev/null) $victim; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
-  kill -KILL "$job" 2>/dev/null
+  rs_kill_tree "$victimid"
+  rs_kill_tree "$jobid"
   rm -f "$out"
 }
 trap cleanup EXIT
@@ -41,22 +46,23 @@ fail() {
 # the program reaches its main loop
 for _ in $(seq 1 600); do
   grep -q -- "$marker" "$out" && break
-  kill -0 "$job" 2>/dev/null || fail "the program ended before its main loop"
+  rs_alive "$jobid" || fail "the program ended before its main loop"
   sleep 0.1
 done
 grep -q -- "$marker" "$out" || fail "no '$marker' in the output after 60 s"
 sleep 1
 victim=$(pgrep -P "$job" | sort -n | tail -n 1)
 [ -n "$victim" ] || fail "no rank process under mpirun (pid $job)"
+victimid=$(rs_proc_id "$victim")
 kill -STOP "$victim"
 stopped=$SECONDS
 echo "stopped_rank: stopped process $victim at $(date +%T)"
 
 for _ in $(seq 1 600); do
-  kill -0 "$job" 2>/dev/null || break
+  rs_alive "$jobid" || break
   sleep 0.1
 done
-if kill -0 "$job" 2>/dev/null; then
+if rs_alive "$jobid"; then
   fail "mpirun still running 60 s after a rank stopped (a hang)"
 fi
 wait "$job"

@@ -18,8 +18,13 @@
 # tests/mpi/run_fault_test.sh can count its PASS, FAIL and STATE lines:
 # this script can be its command), and exits 0 when every process exited
 # 0, 124 after a timeout, else 1. No process is left behind: on any exit
-# (a signal from ctest or `timeout` included) the children are killed.
+# (a signal from ctest or `timeout` included) the children still running
+# are killed, and only they: each is named by its PID and start time
+# (tests/support/procs.sh), since a PID freed by a child that ended may
+# already belong to another test's process.
 set -uo pipefail
+# shellcheck source=../support/procs.sh
+source "$(dirname "$0")/../support/procs.sh"
 
 if [ $# -lt 4 ] || [ "$3" != "--" ]; then
   echo "usage: $0 LIMIT_S NPROCS -- PROGRAM ARGS..." >&2
@@ -38,17 +43,11 @@ case "$limit$nprocs" in *[!0-9]*) echo "$0: LIMIT_S and NPROCS are numbers" >&2;
 # through unchanged.
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/run_ucx.XXXXXX") || exit 1
-pids=()
+pids=() ids=()
 
 kill_all() {
-  local p c
-  for p in "${pids[@]}"; do
-    # the process and any child of its own (by parent pid)
-    for c in $(pgrep -P "$p" 2>/dev/null) "$p"; do
-      kill -CONT "$c" 2>/dev/null
-      kill -KILL "$c" 2>/dev/null
-    done
-  done
+  local id
+  for id in "${ids[@]}"; do rs_kill_tree "$id"; done # (each with its children)
 }
 cleanup() {
   exec 2>/dev/null
@@ -82,16 +81,17 @@ start=$(now_ms)
 for ((r = 0; r < nprocs; r++)); do
   "$1" --rendezvous "$addr" --rank "$r" --size "$nprocs" "${@:2}" >"$dir/rank$r.log" 2>&1 </dev/null &
   pids+=($!)
+  ids+=("$(rs_proc_id $!)") # (empty when it ended already)
 done
 
 # Wait for every process until the limit (bash reaps them as they end:
-# kill -0 fails once one is gone, and `wait` then gives its status).
+# rs_alive fails once one is gone, and `wait` then gives its status).
 timed_out=0
 deadline=$((start + limit * 1000))
 while :; do
   alive=0
-  for p in "${pids[@]}"; do
-    if kill -0 "$p" 2>/dev/null; then alive=1; break; fi
+  for id in "${ids[@]}"; do
+    if rs_alive "$id"; then alive=1; break; fi
   done
   [ "$alive" = 0 ] && break
   if [ "$(now_ms)" -ge "$deadline" ]; then
@@ -103,7 +103,7 @@ done
 if [ "$timed_out" = 1 ]; then
   still=()
   for ((r = 0; r < nprocs; r++)); do
-    kill -0 "${pids[$r]}" 2>/dev/null && still+=("$r")
+    rs_alive "${ids[$r]}" && still+=("$r")
   done
   exec 3>&2 2>/dev/null # no "Killed" notices from bash: the line below says it
   kill_all
