@@ -17,4 +17,12 @@ static inline uint64_t rs_mix64(uint64_t x) {
   return x;
 }
 
+/* A set of ranks (sorted, so that equal sets hash alike), never 0: what
+ * ranks compare to agree on it (a UCX rejoin's replaced ranks). */
+static inline uint64_t rs_hash_ranks(const int32_t *r, int n) {
+  uint64_t h = rs_mix64((uint64_t)n);
+  for (int i = 0; i < n; i++) h = rs_mix64(h ^ (uint64_t)(uint32_t)r[i]);
+  return h | 1;
+}
+
 #endif

@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/debug.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "exec/direct.h"
 #include "exec/exec_state.h"
 #include "transport/stream.h"
@@ -147,13 +148,6 @@ static int replaced_by(const rs_host_reg *k, int rank) {
   return 0;
 }
 
-/* A hash of a held registration's replaced ranks, never 0. */
-static uint64_t replaced_hash(const rs_host_reg *k) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t i = 0; i < k->nreplaced; i++) h = (h ^ (uint64_t)k->replaced[i]) * 1099511628211ull;
-  return h | 1;
-}
-
 /* Whether this registration keeps the held one (collective: one
  * agreement, run whatever failed before). Each rank says whether it
  * forces a fresh registration (a staying rank that holds none, or
@@ -171,7 +165,7 @@ static reshard_result_t keep_mode(reshard_plan_t *p, void *const *src, size_t ns
   int same = k && k->nbufs == nb;
   for (size_t i = 0; same && i < nb; i++) same = k->bufs[i] == rs_direct_call_buf(p, src, nsrc, dst, ndst, i);
   const int newcomer = !k && !p->host_reg && c->joined && c->joined == c->rejoins + 1;
-  const uint64_t h = same ? replaced_hash(k) : 0;
+  const uint64_t h = same ? rs_hash_ranks(k->replaced, k->nreplaced) : 0;
   /* (the largest of h and of ~h: all staying ranks' h equal when the
    * first is the complement of the second) */
   uint64_t w[3] = {r || (!same && !newcomer), h, same ? ~h : 0};

@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "reshard_ucx.h"
 #include "transport/transport.h"
 #include "transport/ucx_internal.h"
@@ -85,7 +86,7 @@ static reshard_result_t await_newcomer(reshard_comm_t *c, int r, int64_t deadlin
 /* The ranks a rejoin replaces (sorted, distinct), and a hash of them that
  * the staying ranks compare. */
 typedef struct rejoin_set {
-  int *r;
+  int32_t *r;
   int n;
   uint64_t hash;
 } rejoin_set;
@@ -169,10 +170,9 @@ static reshard_result_t no_newcomer(reshard_comm_t *c, const rejoin_set *set, vo
 
 /* Rank 0's answer to a staying rank: the agreed counters, then per
  * newcomer its rank, its address' length and the address. */
-static uint8_t *answer_of(const rejoin_set *set, const uint64_t *w, void *const *addr, const size_t *alen,
-                          size_t *len) {
+static uint8_t *answer_of(const ux_comm *m, const rejoin_set *set, const uint64_t *w, size_t *len) {
   size_t n = JOIN_WORDS * 8 + 8;
-  for (int i = 0; i < set->n; i++) n += 16 + alen[i];
+  for (int i = 0; i < set->n; i++) n += 16 + m->alens[set->r[i]];
   uint8_t *msg = malloc(n);
   if (!msg) return NULL;
   uint64_t count = (uint64_t)set->n;
@@ -180,10 +180,11 @@ static uint8_t *answer_of(const rejoin_set *set, const uint64_t *w, void *const 
   memcpy(msg + JOIN_WORDS * 8, &count, 8);
   size_t at = JOIN_WORDS * 8 + 8;
   for (int i = 0; i < set->n; i++) {
-    uint64_t h[2] = {(uint64_t)set->r[i], alen[i]};
+    const size_t alen = m->alens[set->r[i]];
+    uint64_t h[2] = {(uint64_t)set->r[i], alen};
     memcpy(msg + at, h, 16);
-    memcpy(msg + at + 16, addr[i], alen[i]);
-    at += 16 + alen[i];
+    memcpy(msg + at + 16, m->addrs[set->r[i]], alen);
+    at += 16 + alen;
   }
   *len = n;
   return msg;
@@ -227,15 +228,7 @@ static reshard_result_t rejoin_root(reshard_comm_t *c, const rejoin_set *set, ui
   w[JOIN_SEQ] += 1;
   for (int i = 0; i < set->n; i++) RS_CHECK(rs_ux_connect_one(c, set->r[i], m->addrs[set->r[i]]));
   size_t len = 0;
-  size_t *lens = calloc((size_t)set->n, sizeof *lens);
-  void **addrs = calloc((size_t)set->n, sizeof *addrs);
-  uint8_t *msg = NULL;
-  if (lens && addrs) {
-    for (int i = 0; i < set->n; i++) addrs[i] = m->addrs[set->r[i]], lens[i] = m->alens[set->r[i]];
-    msg = answer_of(set, w, addrs, lens, &len);
-  }
-  free(lens);
-  free(addrs);
+  uint8_t *msg = answer_of(m, set, w, &len);
   if (!msg) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory");
   for (int p = 1; !res && p < c->size; p++)
     if (!in_set(set, p)) res = send_wait(c, p, TAG_REJOIN_OUT, msg, len, deadline, "the newcomers' addresses");
@@ -329,13 +322,11 @@ static reshard_result_t check_ranks(const reshard_comm_t *c, const int *ranks, i
     for (; j > 0 && set->r[j - 1] > v; j--) set->r[j] = set->r[j - 1];
     set->r[j] = v;
   }
-  set->hash = 1469598103934665603ull;
-  for (int i = 0; i < n; i++) {
-    if (i && set->r[i] == set->r[i - 1])
+  for (int i = 1; i < n; i++)
+    if (set->r[i] == set->r[i - 1])
       return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin rank %d: rank %d is named twice", c->rank,
                       set->r[i]);
-    set->hash = (set->hash ^ (uint64_t)set->r[i]) * 1099511628211ull;
-  }
+  set->hash = rs_hash_ranks(set->r, n);
   return RESHARD_SUCCESS;
 }
 

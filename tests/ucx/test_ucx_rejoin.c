@@ -873,16 +873,22 @@ static int run_replace(int rounds) {
 }
 
 /* A plan and one version over comm: it still works. */
-static void still_works(reshard_comm_t *comm, const char *what) {
+/* L[0]: a 1-D int32 tensor of `elems` sharded over every rank; L[1]: the
+ * same replicated on every rank. */
+static void shard_to_all(reshard_layout_t *L[2], int64_t elems) {
   int n = world_size, t, m, b;
-  int64_t shape[1] = {64};
-  reshard_layout_t *L[2] = {NULL, NULL};
   for (int k = 0; k < 2; k++) {
     reshard_placement_t p = k == 0 ? reshard_shard(0) : reshard_replicate();
-    if (reshard_layout_create(&L[k]) || reshard_layout_add_tensor(L[k], "g", RESHARD_INT32, 1, shape, &t) ||
+    L[k] = NULL;
+    if (reshard_layout_create(&L[k]) || reshard_layout_add_tensor(L[k], "g", RESHARD_INT32, 1, &elems, &t) ||
         reshard_layout_add_mesh_strided(L[k], 1, &n, 0, 1, &m) || reshard_layout_place(L[k], t, m, &p, &b))
       say(0, "layout: %s", reshard_last_error());
   }
+}
+
+static void still_works(reshard_comm_t *comm, const char *what) {
+  reshard_layout_t *L[2];
+  shard_to_all(L, 64);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 10000;
   reshard_plan_t *plan = NULL;
@@ -1042,15 +1048,8 @@ static int run_pair(void) {
     say(0, "comm_create_ucx: %s: %s", reshard_result_string(r), reshard_last_error());
     return 1;
   }
-  int n = world_size, t, m, b;
-  int64_t shape[1] = {40};
-  reshard_layout_t *L[2] = {NULL, NULL};
-  for (int k = 0; k < 2; k++) {
-    reshard_placement_t pl = k == 0 ? reshard_shard(0) : reshard_replicate();
-    if (reshard_layout_create(&L[k]) || reshard_layout_add_tensor(L[k], "g", RESHARD_INT32, 1, shape, &t) ||
-        reshard_layout_add_mesh_strided(L[k], 1, &n, 0, 1, &m) || reshard_layout_place(L[k], t, m, &pl, &b))
-      say(0, "layout: %s", reshard_last_error());
-  }
+  reshard_layout_t *L[2];
+  shard_to_all(L, 40);
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 10000;
   reshard_plan_t *plan = NULL;
