@@ -28,8 +28,10 @@ extern "C" {
  * communicator is left behind). UCX's own environment (UCX_TLS, UCX_NET_
  * DEVICES, ...) picks the wires: shared memory between processes of a
  * node, TCP or RDMA across nodes; the rendezvous itself is a TCP
- * connection, so UCX_TLS must keep tcp (sm,self alone times out). The
- * port is free again once rank 0's communicator exists (reshard sets
+ * connection, so UCX_TLS must keep tcp (sm,self alone times out). Rank 0
+ * keeps listening there while its communicator lives (newcomers of a
+ * rejoin or resize connect to it, even before the staying ranks call);
+ * the port is free again once it is destroyed (reshard sets
  * UCX_CM_REUSEADDR unless you did). Destroy with reshard_comm_destroy. */
 reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int size, int timeout_ms,
                                          reshard_comm_t **out);
@@ -45,9 +47,9 @@ reshard_result_t reshard_comm_create_ucx(const char *rendezvous, int rank, int s
  * drops the messages it left behind, and connects to the newcomer.
  *
  * How: every staying rank sends rank 0 its counters (agreements made,
- * plans created, rejoins done) and the rank it replaces; rank 0 listens on
- * the rendezvous again (only for the length of the call: the port is free
- * between rejoins), takes the newcomer's worker address, and sends every
+ * plans created, rejoins done) and the rank it replaces; rank 0 (which
+ * listens on the rendezvous while its communicator lives) takes the
+ * newcomer's worker address, and sends every
  * staying rank the address and the newcomer the address table, both with
  * the agreed counters: the numbering of agreements starts past every
  * rank's, and the rejoin count salts the message tags, so nothing the
@@ -106,11 +108,46 @@ reshard_result_t reshard_comm_ucx_rejoin(reshard_comm_t *comm, int rank, int tim
  * plans (reshard_plan_rejoin) meet every newcomer's creation at once. */
 reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *comm, const int *ranks, int n, int timeout_ms);
 
-/* The newcomer's side of reshard_comm_ucx_rejoin: a communicator of
- * `size` in which this process is `rank` (1 .. size-1, the replaced
- * rank's slot), made with the staying ranks' rendezvous. It connects to
- * rank 0 (retrying until rank 0 listens inside its rejoin), receives the
- * table of addresses and the agreed counters, and connects to every
+/* Changing the communicator's size without rebuilding it for the ranks
+ * that stay: the processes of leaving[0..nleave) (each 1 .. size-1,
+ * distinct; a replica's ranks, say) left or died, and njoin new
+ * processes join; either count may be 0, not both. The staying ranks
+ * (every rank not named) call it with the same arguments. They keep
+ * their UCX context, worker and endpoints to one another, and are
+ * renumbered: they close up in their order (rank 0 stays 0; a staying
+ * rank p becomes p less the leaving ranks below it), and the newcomers
+ * take the ranks after them, size - nleave .. size - nleave + njoin - 1,
+ * each calling reshard_comm_create_ucx_joining with the communicator's
+ * rendezvous, its new rank and the new size. reshard_comm_rank and
+ * reshard_comm_size say the new numbering once it returns.
+ *
+ * Every plan made before a resize names ranks of the old numbering:
+ * each call of it (execute, register, resolve, reshard_plan_rejoin) is
+ * refused with RESHARD_ERROR_INVALID_USAGE, nothing changed; destroy it,
+ * and every rank (the newcomers included) creates the plans of the new
+ * layouts. How: the rejoin's protocol (rank 0 takes the staying ranks'
+ * counters and the newcomers' addresses, answers each), in the new
+ * numbering; with no newcomer, none is awaited. A leaving process that is
+ * still alive must not touch its communicator again (destroy it).
+ *
+ * Results as reshard_comm_ucx_rejoin_ranks': refused with
+ * INVALID_ARGUMENT, nothing changed: leaving NULL with nleave > 0,
+ * nleave or njoin negative, both 0, a leaving rank 0, out of range,
+ * named twice or the calling rank itself, over 2^24 - 1 ranks. When a
+ * newcomer did not arrive before rank 0's deadline, every staying rank
+ * returns TIMEOUT with its numbering as before (the leaving ranks'
+ * connections closed): call it again to wait longer. Any other failure
+ * leaves the communicator failed (INVALID_USAGE on every later use). */
+reshard_result_t reshard_comm_ucx_resize(reshard_comm_t *comm, const int *leaving, int nleave, int njoin,
+                                         int timeout_ms);
+
+/* The newcomer's side of reshard_comm_ucx_rejoin (and _resize): a
+ * communicator of `size` in which this process is `rank` (1 .. size-1,
+ * the replaced rank's slot, or a resize's new rank and new size), made
+ * with the staying ranks' rendezvous. It connects to rank 0 (retrying
+ * every 20 ms while nothing listens) and sends its address, which waits
+ * at rank 0 for the staying ranks' call (it may come first); it receives
+ * the table of addresses and the agreed counters, and connects to every
  * rank. Its deadline, result codes and cleanup are reshard_comm_create_
  * ucx's; rank 0 is refused (INVALID_ARGUMENT). */
 reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int rank, int size, int timeout_ms,

@@ -376,6 +376,8 @@ reshard_result_t rs_py_comm_create_ucx(const char *rendezvous, int rank,
     int size, int timeout_ms, reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
     int rank, int size, int timeout_ms, reshard_comm_t **out);
+reshard_result_t rs_py_comm_ucx_resize(reshard_comm_t *comm, const int *leaving,
+                                       int nleave, int njoin, int timeout_ms);
 reshard_result_t rs_py_comm_ucx_rejoin(reshard_comm_t *comm, const int *ranks,
     int n, int timeout_ms);
 reshard_result_t rs_py_comm_create_mpi(const void *mpi_comm_addr,
@@ -459,6 +461,16 @@ static reshard_result_t rs_py_comm_create_ucx_joining(const char *rendezvous,
                                          out);
 #else
   (void)rendezvous; (void)rank; (void)size; (void)timeout_ms; (void)out;
+  return RESHARD_ERROR_UNSUPPORTED;
+#endif
+}
+
+static reshard_result_t rs_py_comm_ucx_resize(reshard_comm_t *comm, const int *leaving,
+                                              int nleave, int njoin, int timeout_ms) {
+#ifdef RESHARD_HAVE_UCX
+  return reshard_comm_ucx_resize(comm, leaving, nleave, njoin, timeout_ms);
+#else
+  (void)comm; (void)leaving; (void)nleave; (void)njoin; (void)timeout_ms;
   return RESHARD_ERROR_UNSUPPORTED;
 #endif
 }

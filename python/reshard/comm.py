@@ -126,7 +126,9 @@ class Comm(Node):
 
         ``joining=True``: this process takes the slot ``rank`` (not 0) of
         a process that left an existing communicator, whose staying ranks
-        call ``comm.rejoin(rank)`` (reshard_comm_create_ucx_joining)."""
+        call ``comm.rejoin(rank)``, or a new rank of a communicator grown
+        to ``size`` by ``comm.resize(join=...)``
+        (reshard_comm_create_ucx_joining)."""
         if not lib.RS_PY_HAVE_UCX:
             raise UnsupportedError("reshard.Comm.ucx: this reshard was built "
                                    "without UCX (install libucx-dev and "
@@ -171,6 +173,37 @@ class Comm(Node):
         check(lib.rs_py_comm_ucx_rejoin(self.handle,
                                         ffi.new("int[]", ranks or [0]),
                                         len(ranks),
+                                        0 if timeout_ms is None
+                                        else int(timeout_ms)))
+
+    def resize(self, leave=(), join=0, timeout_ms=None):
+        """UCX only: the ranks in ``leave`` (processes that left or died:
+        a replica scaled down) are dropped and ``join`` new processes
+        added (a replica scaled up), without rebuilding this communicator
+        (reshard_comm_ucx_resize). Collective over every staying rank,
+        with the same arguments. The staying ranks close up in their order
+        (rank 0 stays 0; ``comm.rank`` and ``comm.size`` say the new
+        numbering on return) and the newcomers take the ranks after them,
+        each calling ``Comm.ucx(rendezvous, rank, new_size,
+        joining=True)``. Every plan made before is refused from then on
+        (InvalidUsageError): close it, and every rank creates the plans of
+        the new layouts. Rank 0 leaving, a rank out of range, named twice
+        or this rank itself, a negative count or nothing to change:
+        InvalidArgumentError, nothing changed. TimeoutError when a
+        newcomer did not arrive within rank 0's ``timeout_ms``: the
+        numbering is as before, call it again to wait longer. Any other
+        failure leaves the communicator failed: close it."""
+        if self.kind != "ucx":
+            raise InvalidArgumentError("reshard.Comm.resize: a %s "
+                                       "communicator; only UCX resizes"
+                                       % self.kind)
+        if timeout_ms is not None and int(timeout_ms) < 1:
+            raise InvalidArgumentError("reshard.Comm.resize: timeout_ms must "
+                                       "be >= 1 ms (None: the default)")
+        ranks = [int(r) for r in leave]
+        check(lib.rs_py_comm_ucx_resize(self.handle,
+                                        ffi.new("int[]", ranks or [0]),
+                                        len(ranks), int(join),
                                         0 if timeout_ms is None
                                         else int(timeout_ms)))
 

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "exec/exec_state.h"
 #include "plan/executor.h"
+#include "plan/planner.h"
 
 /* A version this rank left in doubt is settled before the next call
  * runs (within the call's deadline): rolled forward, the call goes on;
@@ -53,6 +54,7 @@ static reshard_result_t settle_first(const reshard_plan_t *plan, reshard_result_
  * Refused, changing nothing: the running call is not disturbed and the
  * plan stays as it was. */
 reshard_result_t rs_api_enter(const reshard_plan_t *plan, const char *op) {
+  RS_CHECK(rs_plan_current(plan, op));
   reshard_plan_t *mut = (reshard_plan_t *)plan;
   __atomic_fetch_add(&mut->in_use, 1, __ATOMIC_ACQ_REL);
   if (!__atomic_exchange_n(&mut->busy, 1, __ATOMIC_ACQUIRE)) return RESHARD_SUCCESS;

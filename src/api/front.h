@@ -31,7 +31,8 @@ typedef struct rs_call_args {
 
 /* ---- execute.c ---- */
 /* Takes the plan's busy flag for a call of it (`op`, for the message):
- * INVALID_USAGE when another call of the plan runs. rs_api_leave gives
+ * INVALID_USAGE when another call of the plan runs, or rs_plan_current's
+ * (plan/planner.h). rs_api_leave gives
  * it back. */
 reshard_result_t rs_api_enter(const reshard_plan_t *plan, const char *op);
 void rs_api_leave(const reshard_plan_t *plan);

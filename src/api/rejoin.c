@@ -14,6 +14,7 @@
 
 static reshard_result_t refuse_at_once(const reshard_plan_t *p) {
   const reshard_comm_t *c = p->comm;
+  RS_CHECK(rs_plan_current(p, "plan_rejoin"));
   if (!c->ops->replaces_ranks)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_rejoin rank %d: the plan's communicator (%s) replaces no "
                     "ranks; only UCX communicators do (reshard_comm_ucx_rejoin)", p->rank, c->ops->name);

@@ -351,6 +351,7 @@ static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm
   p->active_copy = -1;
   p->doubt_copy = -1;
   p->rejoins = comm->rejoins;
+  p->resizes = comm->resizes;
   reshard_result_t local = rs_options_read(options, &p->opts);
   if (!local) local = rs_options_apply_params(&p->opts);
   p->opts.flags |= internal;

@@ -114,6 +114,7 @@ reshard_result_t reshard_plan_estimate(const reshard_plan_t *plan, reshard_estim
   rs_error_clear();
   if (!plan) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "plan_estimate: plan is NULL");
   RS_CHECK(rs_estimate_check(out, "plan_estimate"));
+  RS_CHECK(rs_plan_current(plan, "plan_estimate"));
   reshard_estimate_t e;
   RS_CHECK(estimate_one(plan, &e));
   if (plan->spread && plan->spread->pre) {

@@ -86,6 +86,10 @@ struct reshard_plan {
    * the held plan and the pre-plans it runs alike. */
   uint32_t seq, rejoins;
   int rejoined; /* rejoins was set by a rejoin, not by the creation */
+  /* The communicator's resizes when the plan was made: a resize renumbers
+   * the ranks, so a plan of before names the wrong ones and every call of
+   * it is refused (api/execute.c rs_api_enter). */
+  uint32_t resizes;
   uint32_t agree_entry;
   struct rs_transcript *transcript;
   /* The machine, when options or RESHARD_TOPOLOGY name one. */

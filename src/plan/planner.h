@@ -73,6 +73,12 @@ void rs_rejoin_agree_fill(uint64_t *v, const reshard_plan_t *live);
 reshard_result_t rs_rejoin_agree_check(reshard_comm_t *comm, const uint64_t *mine, const uint64_t *got,
                                        const uint64_t *want, const struct rs_desc *desc, int64_t timeout_ms,
                                        uint64_t agreed[3], char *differs, size_t len);
+/* rejoin.c: INVALID_USAGE (for the call `op`) when the plan's
+ * communicator was resized since its creation (its ranks renumbered:
+ * transport.h resizes): every call of the plan that reaches a peer checks
+ * it first (api/execute.c rs_api_enter, reshard_plan_rejoin,
+ * reshard_plan_estimate). */
+reshard_result_t rs_plan_current(const reshard_plan_t *p, const char *op);
 /* rejoin.c: the kept plan p's side of a newcomer's creation of it, every
  * collective of it replayed from p->transcript; on success agreed[k] =
  * the maxima of the execute count, last and committed versions of

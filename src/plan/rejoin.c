@@ -26,6 +26,15 @@
 #include "plan/planner.h"
 #include "transport/transport.h"
 
+reshard_result_t rs_plan_current(const reshard_plan_t *p, const char *op) {
+  if (p->comm->resizes != p->resizes)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE,
+                    "%s rank %d: the communicator was resized since this plan was created (reshard_comm_ucx_resize; "
+                    "%d ranks then, %d now, this process rank %d now): the plan names ranks of before; destroy it "
+                    "and create it again", op, p->rank, p->size, p->comm->size, p->comm->rank);
+  return RESHARD_SUCCESS;
+}
+
 /* The live plan whose first agreement entry i (plus one) is, or -1. */
 static int live_of(reshard_plan_t *const *live, int nlive, size_t i) {
   for (int k = 0; k < nlive; k++)

@@ -143,6 +143,10 @@ struct reshard_comm {
   int32_t *replaced;
   int32_t nreplaced;
   uint32_t joined;
+  /* Membership changes that renumbered the ranks (reshard_comm_ucx_resize)
+   * this process took part in as a staying rank: plans made before one
+   * are refused (plan.h resizes). Local to the process. */
+  uint32_t resizes;
   void *impl; /* the transport's own state */
 };
 

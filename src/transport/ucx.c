@@ -44,14 +44,19 @@ static ucp_tag_t data_tag(const ux_comm *m, int sender, uint64_t tag) {
   return (uint64_t)sender << RANK_SHIFT | (rs_mix64(tag + m->epoch * 0x9E3779B97F4A7C15ull) & LOW_MASK);
 }
 
-/* After a failed rejoin the endpoint of the replaced rank is gone. */
+/* After a failed membership change the endpoints may name no process. */
 reshard_result_t rs_ux_refuse_failed(const reshard_comm_t *c) {
-  return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: this UCX communicator failed in reshard_comm_ucx_rejoin "
-                  "(see that call's error); destroy it", c->rank);
+  return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: this UCX communicator failed in a membership change "
+                  "(reshard_comm_ucx_rejoin or reshard_comm_ucx_resize; see that call's error); destroy it", c->rank);
 }
 
-static ucp_tag_t coll_tag(int sender, uint64_t seq) {
-  return (uint64_t)sender << RANK_SHIFT | COLL_BIT | (seq & (LOW_MASK >> 1));
+/* An agreement's tag: its sender, its number and the membership epoch
+ * (bits 30-37), so that an agreement a process made before a rejoin or
+ * resize never pairs with one of after, even when that process (one that
+ * left, unasked for its counters) had numbered further than the staying
+ * ranks. Bit 38 stays 0: the rendezvous' and rejoin's own tags have it. */
+static ucp_tag_t coll_tag(const ux_comm *m, int sender, uint64_t seq) {
+  return (uint64_t)sender << RANK_SHIFT | COLL_BIT | ((seq + (m->epoch << 30)) & (LOW_MASK >> 1));
 }
 
 reshard_result_t rs_ux_fail(ucs_status_t s, const char *what, int rank, int peer) {
@@ -101,6 +106,14 @@ static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, voi
   if (!r) {
     free(iov);
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory posting a message", c->rank);
+  }
+  if (!is_recv && !m->ep[peer]) {
+    /* (a rank a membership change forgot, whose slot no newcomer took: a
+     * rejoin or resize that timed out waiting for it) */
+    free(iov);
+    free(r);
+    return rs_error(RESHARD_ERROR_BACKEND, "rank %d: no connection to rank %d (it left, and no newcomer took its "
+                    "slot: call reshard_comm_ucx_rejoin or _resize again)", c->rank, peer);
   }
   r->is_recv = is_recv;
   r->peer = peer;
@@ -301,7 +314,7 @@ void rs_ux_cancel(reshard_comm_t *c, rs_request *r) {
 
 static void coll_free(reshard_comm_t *c, ux_coll *k) {
   if (!k) return;
-  for (int i = 0; i < c->size; i++) {
+  for (int i = 0; i < k->size; i++) {
     if (k->send && k->send[i]) rs_ux_cancel(c, k->send[i]);
     if (k->recv && k->recv[i]) rs_ux_cancel(c, k->recv[i]);
   }
@@ -319,7 +332,7 @@ static int coll_poll(reshard_comm_t *c, ux_coll *k) {
   ux_comm *m = c->impl;
   progress_until(m, NULL, NULL);
   int pending = 0;
-  for (int i = 0; i < c->size; i++) {
+  for (int i = 0; i < k->size; i++) {
     rs_request **sides[2] = {&k->send[i], &k->recv[i]};
     for (int s = 0; s < 2; s++) {
       rs_request *r = *sides[s];
@@ -341,7 +354,7 @@ static int coll_poll(reshard_comm_t *c, ux_coll *k) {
 /* The reduced values of a completed collective. */
 static reshard_result_t coll_result(reshard_comm_t *c, const ux_coll *k, uint64_t *vals, int n) {
   for (int i = 0; i < n; i++) vals[i] = k->mine[i];
-  for (int p = 0; p < c->size; p++) {
+  for (int p = 0; p < k->size; p++) {
     if (p == c->rank) continue;
     const uint64_t *w = k->theirs + (size_t)p * AGREE_WORDS;
     if (w[RS_AGREE_MAX_WORDS] != (uint64_t)n || ~w[RS_AGREE_MAX_WORDS + 1] != (uint64_t)n)
@@ -359,6 +372,7 @@ static reshard_result_t coll_start(reshard_comm_t *c, uint64_t seq, const uint64
   ux_coll *k = calloc(1, sizeof *k);
   if (k) {
     k->n = n;
+    k->size = c->size;
     k->mine = calloc(AGREE_WORDS, sizeof *k->mine);
     k->theirs = calloc((size_t)c->size * AGREE_WORDS, sizeof *k->theirs);
     k->send = calloc((size_t)c->size, sizeof *k->send);
@@ -374,8 +388,8 @@ static reshard_result_t coll_start(reshard_comm_t *c, uint64_t seq, const uint64
   for (int p = 0; p < c->size; p++) {
     if (p == c->rank) continue;
     reshard_result_t r =
-        rs_ux_post(c, p, coll_tag(p, seq), k->theirs + (size_t)p * AGREE_WORDS, AGREE_WORDS * 8, 1, &k->recv[p]);
-    if (!r) r = rs_ux_post(c, p, coll_tag(c->rank, seq), k->mine, AGREE_WORDS * 8, 0, &k->send[p]);
+        rs_ux_post(c, p, coll_tag(c->impl, p, seq), k->theirs + (size_t)p * AGREE_WORDS, AGREE_WORDS * 8, 1, &k->recv[p]);
+    if (!r) r = rs_ux_post(c, p, coll_tag(c->impl, c->rank, seq), k->mine, AGREE_WORDS * 8, 0, &k->send[p]);
     if (r) {
       coll_free(c, k);
       return r;
@@ -508,12 +522,10 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   free(m->abandoned);
   pthread_mutex_lock(&m->lock);
   if (m->worker) rs_ux_drain_unexpected(m, 0, 0);
+  if (m->worker) rs_ux_stop_listening(m);
   for (int i = 0; m->ep && i < c->size; i++) rs_ux_close_ep(m, m->ep[i]);
   rs_ux_close_ep(m, m->boot_ep);
   for (int i = 0; i < m->naccepted; i++) rs_ux_close_ep(m, m->accepted[i]);
-  for (int i = 0; i < m->nconn_req; i++)
-    if (m->conn_req[i]) ucp_listener_reject(m->listener, m->conn_req[i]);
-  if (m->listener) ucp_listener_destroy(m->listener);
   if (m->worker) ucp_worker_destroy(m->worker);
   if (m->ctx) ucp_cleanup(m->ctx);
   pthread_mutex_unlock(&m->lock);

@@ -124,11 +124,9 @@ reshard_result_t rs_ux_boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_t
   }
 }
 
-/* Rank 0: progresses the worker and turns the connection requests that
- * arrived into endpoints. (Takes the lock.) */
-void rs_ux_accept_pending(ux_comm *m) {
-  pthread_mutex_lock(&m->lock);
-  ucp_worker_progress(m->worker);
+/* Rank 0: turns the connection requests that arrived into endpoints.
+ * Under the lock. */
+static void accept_locked(ux_comm *m) {
   for (int i = 0; i < m->nconn_req; i++) {
     if (!m->conn_req[i]) continue;
     ucp_ep_params_t p = ep_params(m);
@@ -140,7 +138,7 @@ void rs_ux_accept_pending(ux_comm *m) {
       int cap = m->accepted_cap ? 2 * m->accepted_cap : 16;
       ucp_ep_h *grown = realloc(m->accepted, (size_t)cap * sizeof *grown);
       if (!grown) {
-        ucp_listener_reject(m->listener, p.conn_request);
+        ucp_listener_reject(m->listener, p.conn_request); /* (out of memory: UCX's own hazard, below) */
         continue;
       }
       m->accepted = grown;
@@ -148,12 +146,21 @@ void rs_ux_accept_pending(ux_comm *m) {
     }
     if (ucp_ep_create(m->worker, &p, &ep) == UCS_OK) m->accepted[m->naccepted++] = ep;
   }
+  m->nconn_req = 0;
+}
+
+/* Rank 0: progresses the worker and turns the connection requests that
+ * arrived into endpoints. (Takes the lock.) */
+void rs_ux_accept_pending(ux_comm *m) {
+  pthread_mutex_lock(&m->lock);
+  ucp_worker_progress(m->worker);
+  accept_locked(m);
   pthread_mutex_unlock(&m->lock);
 }
 
-/* Rank 0: listens on the rendezvous (at creation, and again while a rank
- * is replaced). */
-reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who) {
+/* Rank 0: listens on the rendezvous (at creation, until the communicator
+ * is destroyed: setup_root). */
+static reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who) {
   ux_comm *m = c->impl;
   ucp_listener_params_t lp;
   memset(&lp, 0, sizeof lp);
@@ -172,16 +179,16 @@ reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who) {
   return RESHARD_SUCCESS;
 }
 
-/* Rank 0: the listener's work is done, the port is free again;
- * connections not accepted yet are refused. */
+/* Rank 0, at the communicator's end (under the lock): the port is free
+ * again. The connection requests still pending are accepted, not
+ * refused: ucp_listener_reject over TCP's sockcm can make UCX's async
+ * thread call a callback the refused server endpoint never set (SIGSEGV;
+ * UCX issue openucx/ucx#11235, open); their endpoints close with the
+ * others. */
 void rs_ux_stop_listening(ux_comm *m) {
-  pthread_mutex_lock(&m->lock);
-  for (int i = 0; i < m->nconn_req; i++)
-    if (m->conn_req[i] && m->listener) ucp_listener_reject(m->listener, m->conn_req[i]);
-  m->nconn_req = 0;
+  accept_locked(m);
   if (m->listener) ucp_listener_destroy(m->listener);
   m->listener = NULL;
-  pthread_mutex_unlock(&m->lock);
 }
 
 /* Rank 0: accepts the others' connections and collects their worker
@@ -351,6 +358,32 @@ static reshard_result_t boot_send_address(reshard_comm_t *c, const struct sockad
   }
 }
 
+/* A newcomer that gives up (its deadline passed before rank 0 answered)
+ * withdraws its address: its size alone under TAG_JOIN, which rank 0
+ * (where its address waits for the staying ranks' call) takes as the
+ * newest word of the slot and skips; best effort, 200 ms. */
+static void withdraw(reshard_comm_t *c) {
+  ux_comm *m = c->impl;
+  static const uint64_t gone_size_only[1] = {0}; /* (UCX may read it after this returns) */
+  uint64_t *word = malloc(sizeof *word);
+  const void *buf = gone_size_only;
+  if (word) *word = (uint64_t)c->size, buf = word;
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof p);
+  pthread_mutex_lock(&m->lock);
+  ucs_status_ptr_t s = ucp_tag_send_nbx(m->boot_ep, buf, 8, (uint64_t)c->rank << RANK_SHIFT | TAG_JOIN, &p);
+  for (int64_t until = rs_now_ns() + 200000000LL;
+       UCS_PTR_IS_PTR(s) && ucp_request_check_status(s) == UCS_INPROGRESS && rs_now_ns() < until;)
+    ucp_worker_progress(m->worker);
+  int done = !UCS_PTR_IS_PTR(s) || ucp_request_check_status(s) != UCS_INPROGRESS;
+  if (UCS_PTR_IS_PTR(s)) {
+    if (!done) ucp_request_cancel(m->worker, s);
+    ucp_request_free(s);
+  }
+  pthread_mutex_unlock(&m->lock);
+  if (done) free(word); /* (else left to UCX: 8 bytes) */
+}
+
 void rs_ux_take_counters(reshard_comm_t *c, const uint64_t *w) {
   ux_comm *m = c->impl;
   m->epoch = w[JOIN_EPOCH];
@@ -372,9 +405,15 @@ static reshard_result_t setup_root(reshard_comm_t *c, const uint8_t *mine, size_
   }
   m->addrs = addr;
   m->alens = alen;
+  /* Rank 0 listens for as long as its communicator lives, not only while
+   * a call waits for a rank: a listener destroyed while a client connects
+   * (a newcomer started early, retrying every 20 ms) made UCX 1.13's
+   * async thread call into the freed listener (SIGSEGV in
+   * ucp_cm_server_conn_request_cb, seen in test_ucx_resize; UCX issue
+   * openucx/ucx#11087, open). A client that connects between calls waits
+   * to be accepted by the next call that looks for it (rs_ux_accept_pending). */
   reshard_result_t r = rs_ux_listen_on(c, "comm_create_ucx");
   if (!r) r = boot_collect(c, addr, alen, deadline);
-  rs_ux_stop_listening(m);
   /* addr[p] held {size, address}: the address alone is kept */
   for (int p = 1; !r && p < c->size; p++) {
     memmove(addr[p], (uint8_t *)addr[p] + 8, alen[p] - 8);
@@ -444,12 +483,14 @@ static reshard_result_t setup(reshard_comm_t *c, const char *rendezvous, int joi
     if (!r)
       r = rs_ux_boot_recv_any(c, joining ? TAG_JOIN_TABLE : TAG_TABLE, UINT64_MAX, deadline, deadline,
                               "the address table from rank 0", &table, &tlen, NULL);
+    if (r == RESHARD_ERROR_TIMEOUT && joining && m->boot_ep) withdraw(c);
     uint64_t first = 0;
     if (!r && joining && tlen == sizeof first) memcpy(&first, table, sizeof first);
     if (!r && first == NO_NEWCOMER)
       r = rs_error(RESHARD_ERROR_TIMEOUT, "comm_create_ucx_joining rank %d: rank 0 gave up: not every rank it was "
-                   "replacing got its newcomer before its deadline (start this process again for its next "
-                   "reshard_comm_ucx_rejoin)", c->rank);
+                   "waiting for got its newcomer before its deadline (start this process again for the next "
+                   "reshard_comm_ucx_rejoin or _resize), or this process passed size %d and the communicator's "
+                   "change makes another", c->rank, c->size);
     else if (!r && tlen < head)
       r = rs_error(RESHARD_ERROR_MISMATCH, "comm_create_ucx_joining rank %d: rank 0's answer is short", c->rank);
     if (!r && joining) {

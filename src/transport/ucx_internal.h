@@ -42,6 +42,7 @@ struct rs_request {
  * one's. */
 typedef struct ux_coll {
   int n;
+  int size; /* the communicator's size when it started (a resize changes it) */
   int cut; /* a rank it waited for was replaced (rejoin): it never completes */
   uint64_t *mine;  /* AGREE_WORDS */
   uint64_t *theirs; /* size x AGREE_WORDS */
@@ -67,7 +68,7 @@ typedef struct ux_comm {
    * one of the newcomer's. */
   uint64_t epoch;
   int failed; /* a rejoin failed: every operation refuses (destroy it) */
-  struct sockaddr_in rdv; /* the rendezvous, listened on again by rejoin */
+  struct sockaddr_in rdv; /* the rendezvous (rank 0 listens there while the communicator lives) */
   char rdv_name[256];
   /* rank 0: every rank's worker address (a newcomer gets the table) */
   void **addrs;
@@ -142,9 +143,8 @@ reshard_result_t rs_ux_boot_recv_any(reshard_comm_t *c, ucp_tag_t tag, ucp_tag_t
                                      ucp_tag_t *sender);
 /* Rank 0: progresses the worker, turns the pending connection requests into endpoints. Takes the lock. */
 void rs_ux_accept_pending(ux_comm *m);
-/* Rank 0: listens on the rendezvous. */
-reshard_result_t rs_ux_listen_on(reshard_comm_t *c, const char *who);
-/* Rank 0: stops listening, refusing connections not accepted yet. */
+/* Rank 0 at teardown (under the lock): accepts the connections still
+ * pending and stops listening. */
 void rs_ux_stop_listening(ux_comm *m);
 /* An endpoint to rank p's worker address. */
 reshard_result_t rs_ux_connect_one(reshard_comm_t *c, int p, const void *address);

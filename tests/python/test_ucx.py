@@ -217,3 +217,67 @@ def test_replica_rejoin_retried_when_a_newcomer_is_missing():
     for v in victims:
         assert late[v].returncode == 0 and "OK rank %d (newcomer)" % v in outs[v], outs[v]
     print(early_out + "".join(outs[r] for r in range(size)))
+
+
+def test_replicas_join_and_leave_by_resize():
+    """An inference fleet that grows and shrinks (tests/python/ucx_resize.py):
+    a job of 2 trainers and one replica of two ranks moves version 1; a
+    second replica joins (Comm.ucx(joining=True) as ranks 4 and 5 of 6,
+    started at once, while the others call comm.resize(join=2)); version 2
+    over the new plan, the old plan refused with its arrays untouched; then
+    the first replica's processes SIGKILL themselves and the others call
+    comm.resize(leave=[2, 3]): the second replica's processes are ranks 2
+    and 3 of 4, version 3 over the new plan. Every destination element of
+    every version checked on every destination rank."""
+    rendezvous = "127.0.0.1:%d" % free_port()
+    script = "tests/python/ucx_resize.py"
+    env = dict(os.environ)
+    env.pop("RESHARD_TIMEOUT_MS", None)
+    procs = {}
+    try:
+        for p in (3, 2, 1, 0):
+            procs[p] = subprocess.Popen([sys.executable, script, rendezvous, str(p), "first"], cwd=ROOT, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for p in (4, 5):
+            procs[p] = subprocess.Popen([sys.executable, script, rendezvous, str(p), "second"], cwd=ROOT, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        outs = {p: procs[p].communicate(timeout=120)[0] for p in sorted(procs)}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p in (2, 3):
+        assert procs[p].returncode == -9 and "PROCESS %d DIES" % p in outs[p], outs[p]
+    for p in (0, 1, 4, 5):
+        assert procs[p].returncode == 0 and "OK process %d" % p in outs[p], "process %d:\n%s" % (p, outs[p])
+    print("".join(outs[p] for p in sorted(outs)))
+
+
+def test_resize_refusals():
+    """Comm.resize's refusals need no peer: InvalidArgumentError naming
+    what is wrong (a one-rank UCX communicator: nothing to change, as many
+    leaving as the communicator, a negative count, a timeout below 1 ms),
+    nothing changed; and a communicator of another kind."""
+    comm = reshard.Comm.ucx("127.0.0.1:%d" % free_port(), 0, 1, timeout_ms=10000)
+    try:
+        # (one rank: any leaving rank is as many as the communicator; the
+        # C test test_ucx_resize_steps refuses rank 0, this rank, out of
+        # range and twice on a communicator of 5)
+        for kw, says in ((dict(), "nothing to change"), (dict(leave=[0]), "1 ranks leaving, of size 1"),
+                         (dict(join=-1), "a negative count"), (dict(leave=[0], join=-2), "a negative count")):
+            with pytest.raises(reshard.InvalidArgumentError, match=says):
+                comm.resize(**kw)
+        assert (comm.rank, comm.size) == (0, 1)
+        with pytest.raises(reshard.InvalidArgumentError, match="timeout_ms"):
+            comm.resize(join=1, timeout_ms=0)
+    finally:
+        comm.close()
+    world = reshard.InprocWorld(1)
+    c = world.comm(0)
+    try:
+        with pytest.raises(reshard.InvalidArgumentError, match="only UCX"):
+            c.resize(join=1)
+    finally:
+        c.close()
+        world.close()

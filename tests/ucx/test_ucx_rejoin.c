@@ -120,7 +120,6 @@
 
 static const char *rendezvous;
 static int world_rank = -1, world_size = -1, seed = 1;
-static int bad;
 /* keep mode's composite plans (below): 0 the plain layouts, 1 the source
  * tensor w held by rank 0 alone (spreading copies slices of it to rank
  * 1), 2 the replicas' w declared fp8 in 12 x 12 blocks (quantized in
@@ -133,23 +132,9 @@ static int variant;
  * candidate) */
 #define VARIANT_OF(k) ((k) == 0 ? 3 : (k))
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void say(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(int ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s rank %d: ", ok ? "PASS" : "FAIL", world_rank);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  bad += !ok;
-}
+#define SAY_FMT "rank %d"
+#define SAY_ID world_rank
+#include "ucx/say.h"
 
 /* The trainers' (source, side 0) or the replicas' (destination, side 1)
  * layout of SEED. */

@@ -366,8 +366,12 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
         if flagged:
             comm.close()
             _refuse(flagged, rank)
+        try:
+            self.plan = _plan(comm, init_info, src, dst)
+        except BaseException:
+            comm.close()  # (a UCX rank 0 holds the rendezvous port until then)
+            raise
         self.comm = comm
-        self.plan = _plan(self.comm, init_info, src, dst)
         self.rank, self.names = rank, list(dst.buffers(rank))
         self.reprocess = _Reprocess(reprocess, rerun,
                                     self.vllm_config.model_config.dtype) \
@@ -470,10 +474,15 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
                          deadline_s=self.deadline) \
             if self.is_sender else (lambda: None)
         try:
-            self.comm = _comm(init_info.transport, init_info.rank,
-                              init_info.world_size, init_info.master_address,
-                              init_info.master_port, None)
-            self.plan = _plan(self.comm, worker, src, dst)
+            comm = _comm(init_info.transport, init_info.rank,
+                         init_info.world_size, init_info.master_address,
+                         init_info.master_port, None)
+            try:
+                self.plan = _plan(comm, worker, src, dst)
+            except BaseException:
+                comm.close()  # (a UCX rank 0 holds the rendezvous port until then)
+                raise
+            self.comm = comm
         finally:
             join()
         self.held = list(src.buffers(init_info.rank))

@@ -187,3 +187,109 @@ def test_replica_of_ray_actors_killed_and_replaced():
         print(got)
     finally:
         ray.shutdown()
+
+
+# ---- replicas of Ray actors that join and leave: comm.resize (issue 46) ----
+
+
+@ray.remote(num_cpus=0)
+class Elastic:
+    """One rank of an inference fleet that grows and shrinks. Ranks 0 and
+    1 train (w [N, 8] f32 sharded by rows, b [8] replicated); ranks 2 ..
+    size-1 are replicas of two tensor-parallel ranks (w sharded by columns
+    inside a replica, replicated over them). plan() makes the plan of the
+    communicator's current size; every value a function of its global
+    index and the version. (Defined inside the class: Ray ships it by
+    value.)"""
+
+    N = N
+
+    def values(self, name, version):
+        import numpy as np
+        if name == "w":
+            return np.arange(self.N * 8, dtype=np.float32).reshape(self.N, 8) + 1000.0 * version
+        return np.arange(8, dtype=np.float32) - 7.0 * version
+
+    def start(self, rendezvous, rank, size, joining=False):
+        import reshard
+        self.comm = reshard.Comm.ucx(rendezvous, rank, size, timeout_ms=60000, joining=joining)
+        self.plan = None
+        return self.make_plan()
+
+    def make_plan(self):
+        import numpy as np
+        import reshard
+        n, rank, size = self.N, self.comm.rank, self.comm.size
+        lays = []
+        for side in ("src", "dst"):
+            lay = reshard.Layout()
+            w = lay.add_tensor("w", "f32", (n, 8))
+            b = lay.add_tensor("b", "f32", (8,))
+            m = lay.add_mesh((2,), start=0) if side == "src" else lay.add_mesh(((size - 2) // 2, 2), start=2)
+            lay.place(w, m, [reshard.Shard(0)] if side == "src" else [reshard.Replicate(), reshard.Shard(1)])
+            lay.place(b, m, [reshard.Replicate()] * (1 if side == "src" else 2))
+            lays.append(lay)
+        if self.plan is not None:
+            self.plan.close()
+        self.plan = reshard.Plan(self.comm, lays[0], lays[1], timeout_ms=10000)
+        self.trainer = rank < 2
+        tp = (rank - 2) % 2
+        self.mine = (slice(rank * n // 2, (rank + 1) * n // 2), slice(None)) if self.trainer else \
+            (slice(None), slice(tp * 4, tp * 4 + 4))
+        self.dst = {} if self.trainer else {"w": np.full((n, 4), -1.0, np.float32),
+                                           "b": np.full(8, -1.0, np.float32)}
+        return "rank %d of %d" % (rank, size)
+
+    def sync(self, version):
+        src = {"w": self.values("w", version)[self.mine].copy(), "b": self.values("b", version)} \
+            if self.trainer else {}
+        self.plan.execute(src, self.dst)
+        if self.trainer:
+            return "ok"
+        ok = (self.dst["w"] == self.values("w", version)[self.mine]).all() and \
+            (self.dst["b"] == self.values("b", version)).all()
+        return "ok" if ok else "rank %d: version %d NOT WHOLE" % (self.comm.rank, version)
+
+    def resize(self, leave, join):
+        import reshard
+        self.comm.resize(leave=list(leave), join=join, timeout_ms=60000)
+        src = {"w": self.values("w", 99)[self.mine].copy(), "b": self.values("b", 99)} if self.trainer else {}
+        try:
+            self.plan.execute(src, self.dst)
+        except reshard.InvalidUsageError as e:
+            if "resized" not in str(e):
+                return "the plan of before refused for another reason: %s" % e
+        else:
+            return "the plan of before was not refused"
+        return self.make_plan()
+
+
+def test_replicas_of_ray_actors_join_and_leave():
+    """Four actors (2 trainers, one replica of two) move version 1; two new
+    actors join as ranks 4 and 5 of 6 while the others call
+    comm.resize(join=2): version 2 whole on both replicas. Then the first
+    replica's actors are ray.kill'ed and the others call
+    comm.resize(leave=[2, 3]): the second replica's actors are ranks 2 and
+    3 of 4, version 3 whole. The plans of before are refused after each
+    resize (InvalidUsageError)."""
+    rendezvous = "127.0.0.1:%d" % free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        first = [Elastic.remote() for _ in range(4)]
+        assert ray.get([a.start.remote(rendezvous, r, 4) for r, a in enumerate(first)], timeout=120) == \
+            ["rank %d of 4" % r for r in range(4)]
+        assert ray.get([a.sync.remote(1) for a in first], timeout=60) == ["ok"] * 4
+        second = [Elastic.remote() for _ in range(2)]
+        got = ray.get([a.resize.remote([], 2) for a in first] +
+                      [a.start.remote(rendezvous, r, 6, True) for a, r in zip(second, (4, 5))], timeout=120)
+        assert got == ["rank %d of 6" % r for r in range(6)], got
+        fleet = first + second
+        assert ray.get([a.sync.remote(2) for a in fleet], timeout=60) == ["ok"] * 6
+        for a in first[2:]:
+            ray.kill(a, no_restart=True)
+        staying = first[:2] + second
+        got = ray.get([a.resize.remote([2, 3], 0) for a in staying], timeout=120)
+        assert got == ["rank %d of 4" % r for r in range(4)], got
+        assert ray.get([a.sync.remote(3) for a in staying], timeout=60) == ["ok"] * 4
+    finally:
+        ray.shutdown()
