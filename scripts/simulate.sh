@@ -30,7 +30,8 @@
 # beside the cost model's prediction and T_lower. Both use reshard_plan
 # and reshard_replay from REPLAY_BUILD (default build; CMake builds
 # reshard_replay where it finds SimGrid's C library);
-# REPLAY_WALL_LIMIT (default 1800 s) ends a replay that runs longer;
+# REPLAY_WALL_LIMIT (default 3600 s: the longest panel replays take 24
+# and 27 min on the 2-core VM) ends a replay that runs longer;
 # REPLAY_MSG_US (--replay, --replay-full): each data message occupies its
 # route that many microseconds longer (reshard_replay --msg-us; the cost
 # model charges 1 us a network message, the fluid network nothing).
@@ -268,7 +269,7 @@ replay_one() {
   read -r nsrc ndst < <(sed -nE 's/^# world [0-9]+ \(([0-9]+) source, ([0-9]+) destination.*/\1 \2/p' "$work/plan.txt")
   preset_platform "$PRESET" "$((nsrc + ndst))" "$nsrc" >"$work/replay.xml"
   start=$SECONDS
-  "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-1800}" --progress "${replay_net[@]}" \
+  "$REPLAY" "$work/sched" "$work/replay.xml" --wall-limit "${REPLAY_WALL_LIMIT:-3600}" --progress "${replay_net[@]}" \
     ${REPLAY_MSG_US:+--msg-us "$REPLAY_MSG_US"} \
     --log=root.threshold:warning >"$work/replay.txt" 2>&1 || { tail -n 20 "$work/replay.txt"; rm -f "$work/sched"; return 1; }
   replay_wall=$((SECONDS - start))
@@ -341,7 +342,7 @@ if [ "$replay" = 2 ]; then
       cp "$work/plan.txt" "$logs/$tag.plan.txt"
       cp "$work/replay.txt" "$logs/$tag.replay.txt" 2>/dev/null || true
       echo "simulate.sh: $name: failed, see $logs/$tag.*.txt" >&2
-      rows+=("| $name | $topo | | | failed or past the wall limit (${REPLAY_WALL_LIMIT:-1800} s) | | | |")
+      rows+=("| $name | $topo | | | failed or past the wall limit (${REPLAY_WALL_LIMIT:-3600} s) | | | |")
       continue
     fi
     cp "$work/plan.txt" "$logs/$tag.plan.txt"
