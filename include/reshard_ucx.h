@@ -122,8 +122,10 @@ reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *comm, const int *
  * reshard_comm_size say the new numbering once it returns.
  *
  * Every plan made before a resize names ranks of the old numbering:
- * each call of it (execute, register, resolve, reshard_plan_rejoin) is
- * refused with RESHARD_ERROR_INVALID_USAGE, nothing changed; destroy it,
+ * each call of it that reaches a peer (execute, register,
+ * reshard_plan_rejoin, reshard_plan_estimate, resolve of a version in
+ * doubt) is refused with RESHARD_ERROR_INVALID_USAGE, nothing changed;
+ * reading its status or stats still works; destroy it,
  * and every rank (the newcomers included) creates the plans of the new
  * layouts. How: the rejoin's protocol (rank 0 takes the staying ranks'
  * counters and the newcomers' addresses, answers each), in the new

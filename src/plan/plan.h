@@ -88,7 +88,7 @@ struct reshard_plan {
   int rejoined; /* rejoins was set by a rejoin, not by the creation */
   /* The communicator's resizes when the plan was made: a resize renumbers
    * the ranks, so a plan of before names the wrong ones and every call of
-   * it is refused (api/execute.c rs_api_enter). */
+   * it that reaches a peer is refused (plan/rejoin.c rs_plan_current). */
   uint32_t resizes;
   uint32_t agree_entry;
   struct rs_transcript *transcript;

@@ -521,8 +521,10 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   for (int i = 0; i < m->nabandoned; i++) coll_free(c, m->abandoned[i]);
   free(m->abandoned);
   pthread_mutex_lock(&m->lock);
-  if (m->worker) rs_ux_drain_unexpected(m, 0, 0);
-  if (m->worker) rs_ux_stop_listening(m);
+  if (m->worker) {
+    rs_ux_drain_unexpected(m, 0, 0);
+    rs_ux_stop_listening(m);
+  }
   for (int i = 0; m->ep && i < c->size; i++) rs_ux_close_ep(m, m->ep[i]);
   rs_ux_close_ep(m, m->boot_ep);
   for (int i = 0; i < m->naccepted; i++) rs_ux_close_ep(m, m->accepted[i]);

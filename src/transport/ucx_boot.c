@@ -364,14 +364,13 @@ static reshard_result_t boot_send_address(reshard_comm_t *c, const struct sockad
  * newest word of the slot and skips; best effort, 200 ms. */
 static void withdraw(reshard_comm_t *c) {
   ux_comm *m = c->impl;
-  static const uint64_t gone_size_only[1] = {0}; /* (UCX may read it after this returns) */
-  uint64_t *word = malloc(sizeof *word);
-  const void *buf = gone_size_only;
-  if (word) *word = (uint64_t)c->size, buf = word;
+  uint64_t *word = malloc(sizeof *word); /* (UCX may read it after this returns) */
+  if (!word) return;
+  *word = (uint64_t)c->size;
   ucp_request_param_t p;
   memset(&p, 0, sizeof p);
   pthread_mutex_lock(&m->lock);
-  ucs_status_ptr_t s = ucp_tag_send_nbx(m->boot_ep, buf, 8, (uint64_t)c->rank << RANK_SHIFT | TAG_JOIN, &p);
+  ucs_status_ptr_t s = ucp_tag_send_nbx(m->boot_ep, word, 8, (uint64_t)c->rank << RANK_SHIFT | TAG_JOIN, &p);
   for (int64_t until = rs_now_ns() + 200000000LL;
        UCS_PTR_IS_PTR(s) && ucp_request_check_status(s) == UCS_INPROGRESS && rs_now_ns() < until;)
     ucp_worker_progress(m->worker);

@@ -393,12 +393,36 @@ static reshard_result_t record_replaced(reshard_comm_t *c, const rejoin_set *set
   return RESHARD_SUCCESS;
 }
 
+/* The refusals of a membership change that need no look at its
+ * arguments: not a UCX communicator, or one a change failed before. */
+static reshard_result_t changeable(const reshard_comm_t *c, const char *fn) {
+  if (!c || c->ops != &rs_ux_ops)
+    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "%s: %s", fn, c ? "not a UCX communicator" : "comm is NULL");
+  const ux_comm *m = c->impl;
+  return m->failed ? rs_ux_refuse_failed(c) : RESHARD_SUCCESS;
+}
+
+/* A membership change's protocol on the newcomers' slots set->r of the
+ * numbering in place (a rejoin's, or a resize's new one): rank 0's side
+ * or another staying rank's, then the agreed counters taken and a first
+ * agreement with the newcomers. *retry as rejoin_root's: TIMEOUT with
+ * nothing changed. */
+static reshard_result_t meet_newcomers(reshard_comm_t *c, const rejoin_set *set, int64_t deadline, int timeout_ms,
+                                       int *retry) {
+  ux_comm *m = c->impl;
+  uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
+  *retry = 0;
+  RS_CHECK(c->rank == 0 ? rejoin_root(c, set, w, deadline, retry)
+                        : rejoin_other(c, set, w, deadline, timeout_ms, retry));
+  rs_ux_take_counters(c, w);
+  uint64_t one = 1;
+  return rs_ux_allreduce(c, &one, 1, deadline);
+}
+
 reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *c, const int *ranks, int n, int timeout_ms) {
   rs_error_clear();
-  if (!c || c->ops != &rs_ux_ops)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_rejoin: %s", c ? "not a UCX communicator" : "comm is NULL");
+  RS_CHECK(changeable(c, "comm_ucx_rejoin"));
   ux_comm *m = c->impl;
-  if (m->failed) return rs_ux_refuse_failed(c);
   rejoin_set set = {NULL, 0, 0};
   reshard_result_t r = check_ranks(c, ranks, n, 0, &set);
   if (r) {
@@ -407,21 +431,13 @@ reshard_result_t reshard_comm_ucx_rejoin_ranks(reshard_comm_t *c, const int *ran
   }
   const int64_t deadline = rs_ux_deadline_of(timeout_ms);
   for (int i = 0; i < set.n; i++) forget_rank(c, set.r[i], 1);
-  uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
   int retry = 0;
-  r = c->rank == 0 ? rejoin_root(c, &set, w, deadline, &retry)
-                   : rejoin_other(c, &set, w, deadline, timeout_ms, &retry);
+  r = meet_newcomers(c, &set, deadline, timeout_ms, &retry);
   if (r && retry) {
     rs_error_prefix("comm_ucx_rejoin rank %d (replacing %d rank(s) from rank %d; nothing changed: call it again, "
                     "on every staying rank, to wait for the newcomers longer): ", c->rank, set.n, set.r[0]);
     free(set.r);
     return r;
-  }
-  if (!r) {
-    rs_ux_take_counters(c, w);
-    /* with the newcomers: a first agreement */
-    uint64_t one = 1;
-    r = rs_ux_allreduce(c, &one, 1, deadline);
   }
   if (!r) r = record_replaced(c, &set);
   if (r) {
@@ -527,10 +543,8 @@ static void cut_abandoned(reshard_comm_t *c) {
 reshard_result_t reshard_comm_ucx_resize(reshard_comm_t *c, const int *leaving, int nleave, int njoin,
                                          int timeout_ms) {
   rs_error_clear();
-  if (!c || c->ops != &rs_ux_ops)
-    return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_resize: %s", c ? "not a UCX communicator" : "comm is NULL");
+  RS_CHECK(changeable(c, "comm_ucx_resize"));
   ux_comm *m = c->impl;
-  if (m->failed) return rs_ux_refuse_failed(c);
   if (njoin < 0 || (nleave == 0 && njoin == 0) || (int64_t)c->size - nleave + njoin >= MAX_RANKS)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_ucx_resize rank %d: %d leaving and %d joining, of size %d "
                     "(nothing to change, a negative count, or over %d ranks)", c->rank, nleave, njoin, c->size,
@@ -554,10 +568,8 @@ reshard_result_t reshard_comm_ucx_resize(reshard_comm_t *c, const int *leaving, 
   const int64_t deadline = rs_ux_deadline_of(timeout_ms);
   for (int i = 0; i < gone.n; i++) forget_rank(c, gone.r[i], 0);
   renumber_swap(c, &nw, &old);
-  uint64_t w[JOIN_WORDS] = {m->epoch, m->coll_seq, c->plans_created};
   int retry = 0;
-  r = c->rank == 0 ? rejoin_root(c, &join, w, deadline, &retry)
-                   : rejoin_other(c, &join, w, deadline, timeout_ms, &retry);
+  r = meet_newcomers(c, &join, deadline, timeout_ms, &retry);
   if (r && retry) { /* the numbering of before back: the call may be made again */
     numbering given_up;
     renumber_swap(c, &old, &given_up);
@@ -567,12 +579,6 @@ reshard_result_t reshard_comm_ucx_resize(reshard_comm_t *c, const int *leaving, 
                     c->rank, nleave, njoin);
     free(gone.r), free(join.r);
     return r;
-  }
-  if (!r) {
-    rs_ux_take_counters(c, w);
-    /* with the newcomers: a first agreement */
-    uint64_t one = 1;
-    r = rs_ux_allreduce(c, &one, 1, deadline);
   }
   renumber_free(&old, &gone);
   cut_abandoned(c);

@@ -85,8 +85,15 @@ def strip(name, prefix):
 
 
 def make_plan(comm, info, src, dst):
-    return reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
-                        timeout_ms=info.timeout_ms, topology=info.topology)
+    """The adapters' plan over ``comm``; a creation that fails closes
+    ``comm`` first (a UCX rank 0 holds the rendezvous port while its
+    communicator lives, so a retried init could not listen there)."""
+    try:
+        return reshard.Plan(comm, src, dst, staging_bytes=info.staging_bytes,
+                            timeout_ms=info.timeout_ms, topology=info.topology)
+    except BaseException:
+        comm.close()
+        raise
 
 
 def stream(comm):

@@ -272,11 +272,8 @@ class Worker:
             _engine.refuse(refused, rank, "SGLang")
         self.comm, self.rank, self.kv_b = comm, rank, kv_b
         self.names = list(dst.buffers(rank))
-        try:
-            self.plan = _engine.make_plan(comm, info, src, dst)
-        except BaseException:
-            comm.close()
-            raise
+        # (a failed creation closes comm)
+        self.plan = _engine.make_plan(comm, info, src, dst)
 
     def update(self, model, version):
         """One version into the model's parameters as they are now (SGLang
@@ -456,11 +453,8 @@ class SGLangTrainer:
         (a failure leaves neither, and the next send_weights tries again)."""
         comm = _comm(self.info.transport, self.rank, self.info.world_size,
                      self.info.master_address, self.info.master_port, None)
-        try:
-            self.plan = _engine.make_plan(comm, self.info, self.src, self.dst)
-        except BaseException:
-            comm.close()
-            raise
+        # (a failed creation closes comm)
+        self.plan = _engine.make_plan(comm, self.info, self.src, self.dst)
         self.comm = comm
 
     def send_weights(self):

@@ -366,11 +366,8 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
         if flagged:
             comm.close()
             _refuse(flagged, rank)
-        try:
-            self.plan = _plan(comm, init_info, src, dst)
-        except BaseException:
-            comm.close()  # (a UCX rank 0 holds the rendezvous port until then)
-            raise
+        # (a failed creation closes comm)
+        self.plan = _plan(comm, init_info, src, dst)
         self.comm = comm
         self.rank, self.names = rank, list(dst.buffers(rank))
         self.reprocess = _Reprocess(reprocess, rerun,
@@ -477,11 +474,8 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine):
             comm = _comm(init_info.transport, init_info.rank,
                          init_info.world_size, init_info.master_address,
                          init_info.master_port, None)
-            try:
-                self.plan = _plan(comm, worker, src, dst)
-            except BaseException:
-                comm.close()  # (a UCX rank 0 holds the rendezvous port until then)
-                raise
+            # (a failed creation closes comm)
+            self.plan = _plan(comm, worker, src, dst)
             self.comm = comm
         finally:
             join()
