@@ -71,6 +71,11 @@ set_target_properties(reshard_cuda_obj PROPERTIES
   CUDA_ARCHITECTURES "${RESHARD_CUDA_ARCHITECTURES}"
   CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
 target_link_libraries(reshard_cuda_obj PUBLIC CUDA::cudart_static Threads::Threads)
+if(RESHARD_WITH_UCX)
+  # GPU memory over UCX (a stream transport over a UCX host communicator)
+  target_sources(reshard_cuda_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/transport/ucx_cuda.c)
+  target_link_libraries(reshard_cuda_obj PUBLIC PkgConfig::UCX)
+endif()
 if(RESHARD_WITH_MPI)
   target_link_libraries(reshard_cuda_obj PUBLIC MPI::MPI_C)
 endif()

@@ -155,6 +155,37 @@ reshard_result_t reshard_comm_ucx_resize(reshard_comm_t *comm, const int *leavin
 reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int rank, int size, int timeout_ms,
                                                  reshard_comm_t **out);
 
+/* GPU memory over UCX: a communicator for plans whose buffers are CUDA
+ * device memory (the device executor: pack and unpack kernels on the
+ * caller's stream, as over NCCL or CUDA IPC), whose transfers are UCP
+ * tagged messages of the staging pool's device memory over the UCX
+ * communicator `ucx`, on the current CUDA device. The UCX this process
+ * loaded must move CUDA memory (a CUDA-enabled build, such as the
+ * libucx-cu13 wheel's libraries put first on LD_LIBRARY_PATH; Debian's
+ * libucx is built without CUDA): otherwise RESHARD_ERROR_UNSUPPORTED, and
+ * RESHARD_ERROR_UNSUPPORTED too in a build of reshard without CUDA.
+ * UCX picks the wire: CUDA IPC between GPUs of a node, RDMA with
+ * GPUDirect across nodes, or staging through host memory.
+ *
+ * Collective over `ucx`, which carries plan agreement, must outlive the
+ * result, is not destroyed with it, and must keep its membership: after
+ * reshard_comm_ucx_rejoin or _resize on it every call on this
+ * communicator and its plans returns INVALID_USAGE (destroy them and
+ * create them again, newcomers included). Either every rank gets a
+ * communicator or none does.
+ *
+ * How it runs: UCX transfers are posted and completed by the host, so
+ * each round's transfer waits on the host (polled, until the plan's
+ * deadline) for the round's packs, then for its messages; an execute
+ * returns once its last transfer has landed, with its last unpacks still
+ * queued on the stream. An execute inside a CUDA graph capture is refused
+ * (UNSUPPORTED, nothing enqueued), and
+ * reshard_plan_register_buffers returns UNSUPPORTED (transfers go
+ * through the staging pool). A failure poisons the communicator as on
+ * NCCL: later calls return INVALID_USAGE. Not yet run on a GPU (tested on
+ * the emulated device of the CPU tests; scripts/gpu_check.sh runs it). */
+reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_t **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,8 +7,9 @@
 # tests, a bandwidth table of pack/unpack against cudaMemcpy, and (where
 # MPI is installed) one checked reshard_perf --backend nccl run on one
 # rank, checked reshard_perf --backend ipc runs of 2, 4 and 8 processes on
-# the GPU, a timed 2-process IPC sync and a stopped IPC rank; prints a
-# summary last.
+# the GPU, a timed 2-process IPC sync and a stopped IPC rank, and the same
+# over --backend ucx-cuda (GPU memory over UCX) where build-ucx-cu13/ was
+# carried (scripts/ucx_cuda_prefix.sh); prints a summary last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
 # A bare GPU machine that cannot reach a package mirror may lack Jansson
 # (the model front-end) and CMocka: .deb files of them placed in .gpu/
@@ -59,6 +60,20 @@ if [ ! -e /usr/local/cuda/include/nccl.h ] && [ -z "${NCCL_HOME:-}" ]; then
   [ -n "$NCCL_LIB" ] && NCCL_ARGS=(-DRESHARD_NCCL_LIBRARY="$NCCL_LIB" -DRESHARD_NCCL_INCLUDE_DIR="$NCCL_INC")
 fi
 
+# GPU memory over UCX (reshard_comm_create_ucx_cuda) needs a CUDA-enabled
+# UCX, which Debian's is not: the libucx-cu13 wheel's, laid out as a prefix
+# by scripts/ucx_cuda_prefix.sh where PyPI is reachable and carried here as
+# build-ucx-cu13/ (RESHARD_UCX_PREFIX: another place). The build then
+# compiles against it and every program runs with it (LD_LIBRARY_PATH).
+UCX_PREFIX=${RESHARD_UCX_PREFIX:-build-ucx-cu13}
+UCX_CUDA=0
+if [ -e "$UCX_PREFIX/lib/pkgconfig/ucx.pc" ]; then
+  UCX_CUDA=1
+  export PKG_CONFIG_PATH="$(cd "$UCX_PREFIX" && pwd)/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$(cd "$UCX_PREFIX" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "UCX with CUDA from $UCX_PREFIX ($(sed -n 's/^Version: *//p' "$UCX_PREFIX/lib/pkgconfig/ucx.pc"))"
+fi
+
 # CMocka may be missing on the GPU machine: then only the GPU programs.
 mkdir -p "$BUILD"
 TESTS=ON
@@ -71,6 +86,9 @@ step configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DRESHARD_W
   -DRESHARD_BUILD_GPU_TESTS=ON "${NCCL_ARGS[@]}" >"$BUILD/configure.log" 2>&1 || cat "$BUILD/configure.log"
 TARGETS="gpu_kernels gpu_nccl_local gpu_bandwidth"
 [ "$TESTS" = ON ] && TARGETS="$TARGETS test_gpu_tiles_emul test_gpu_nccl_mock test_gpu_nccl_hazards test_gpu_cuda_ipc test_gpu_graphs test_gpu_spread"
+UCX_BUILT=OFF
+grep -q '^RESHARD_WITH_UCX:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && UCX_BUILT=ON
+[ "$TESTS" = ON ] && [ "$UCX_BUILT" = ON ] && TARGETS="$TARGETS test_gpu_ucx_cuda"
 [ "$MPI" = ON ] && TARGETS="$TARGETS reshard_perf"
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target $TARGETS
 
@@ -90,6 +108,7 @@ if [ -x "$BUILD/gpu_kernels" ]; then
     step "CUDA IPC transport (emulated)" 120 "$BUILD/test_gpu_cuda_ipc"
     step "CUDA graphs (emulated)" 120 "$BUILD/test_gpu_graphs"
     step "source-side spreading (emulated)" 120 "$BUILD/test_gpu_spread"
+    [ -x "$BUILD/test_gpu_ucx_cuda" ] && step "UCX (CUDA) transport (emulated)" 120 "$BUILD/test_gpu_ucx_cuda"
   fi
   step "bandwidth" 120 "$BUILD/gpu_bandwidth"
   # One rank, colocated, training -> inference layout of two Qwen2.5-0.5B
@@ -179,6 +198,32 @@ if [ -x "$BUILD/gpu_kernels" ]; then
       --backend ipc --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 -w 3 \
       2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$IPC_STAGED_LOG"
     note "  its final line" "$(grep '^# reshard_perf:' "$IPC_STAGED_LOG" | tail -n 1)"
+    # GPU memory over UCX (issue 46): the staging pool's device memory in
+    # UCP tagged messages (cuda_ipc between the processes on the one GPU),
+    # every element checked, then the timed Qwen3-8B sync beside IPC's
+    if [ "$UCX_BUILT" != ON ]; then
+      note "reshard_perf --backend ucx-cuda" "SKIP (no UCX in this build)"
+    elif [ "$UCX_CUDA" != 1 ]; then
+      note "reshard_perf --backend ucx-cuda" "SKIP (no $UCX_PREFIX: run scripts/ucx_cuda_prefix.sh and carry it)"
+    else
+      for np in 2 4; do
+        half=$((np / 2))
+        step "reshard_perf --backend ucx-cuda -np $np" 150 mpirun -np $np --oversubscribe -x LD_LIBRARY_PATH \
+          "$BUILD/tools/reshard_perf" --backend ucx-cuda --model-config configs/Qwen2.5-0.5B.json --layers 2 \
+          --train tp=$half --infer tp=$half -c 1 -n 5 -w 2
+      done
+      step "reshard_perf --backend ucx-cuda, relays" 150 env RESHARD_RELAY=1 mpirun -np 4 --oversubscribe \
+        -x LD_LIBRARY_PATH -x RESHARD_RELAY "$BUILD/tools/reshard_perf" --backend ucx-cuda \
+        --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 --infer tp=1,dp=2 -c 1 -n 5 -w 2
+      UCX_LOG="$BUILD/perf_ucx_cuda.log"
+      step "reshard_perf --backend ucx-cuda, Qwen3-8B" 180 bash -c 'mpirun -np 2 -x LD_LIBRARY_PATH "$0" \
+        --backend ucx-cuda --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 \
+        -w 3 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$UCX_LOG"
+      note "  its final line" "$(grep '^# reshard_perf:' "$UCX_LOG" | tail -n 1)"
+      step "UCX (CUDA): a stopped rank ends the job" 90 bash tests/mpi/stopped_rank.sh "# plan:" -- \
+        mpirun -np 4 --oversubscribe -x LD_LIBRARY_PATH "$BUILD/tools/reshard_perf" --backend ucx-cuda \
+        --shape 4096,4096 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 -n 1000000 -w 1 -c 0
+    fi
     # a process stopped mid-run: the others end the job, non-zero, within
     # the deadline (their waits on the GPU give up), no hang
     step "IPC: a stopped rank ends the job" 90 bash tests/mpi/stopped_rank.sh "# plan:" -- \

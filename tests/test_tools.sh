@@ -457,7 +457,7 @@ perf_nccl)
     bad perf 2 "--backend nccl: this build has no CUDA backend" $S1 --backend nccl
   else
     bad perf 2 "--baseline with --backend nccl: the baselines move host buffers" $S1 --backend nccl --baseline broadcast
-    bad perf 2 "--backend 'gloo': expected mpi, nccl or ipc" $S1 --backend gloo
+    bad perf 2 "--backend 'gloo': expected mpi, nccl, ipc or ucx-cuda" $S1 --backend gloo
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
       # a GPU: checked runs, local device copies only
       perf_ok 1 0 $S1 --backend nccl
@@ -481,6 +481,17 @@ perf_nccl)
       [[ $rc -ne 124 ]] || fail "--backend ipc without a GPU: hung (killed after 120 s)"
       grep -Eq -e "--backend ipc: no usable CUDA device" "$err" ||
         fail "--backend ipc without a GPU: no message naming the CUDA error"
+      # (a build with UCX: the backend exists)
+      if [[ $(ldd "$perf" 2>/dev/null) == *libucp* ]]; then
+        echo "== (no GPU: expected to fail cleanly) mpirun -np 2 reshard_perf --backend ucx-cuda"
+        timeout 120 "$mpiexec" -np 2 --oversubscribe "$perf" --shape 64,48 --src-mesh 1 --src-placements R \
+          --dst-mesh 1 --dst-placements S1 --backend ucx-cuda -c 1 >"$out" 2>"$err"
+        rc=$?
+        [[ $rc -ne 0 ]] || fail "--backend ucx-cuda without a GPU: exit status 0"
+        [[ $rc -ne 124 ]] || fail "--backend ucx-cuda without a GPU: hung (killed after 120 s)"
+        grep -Eq -e "--backend ucx-cuda: no usable CUDA device" "$err" ||
+          fail "--backend ucx-cuda without a GPU: no message naming the CUDA error"
+      fi
     fi
   fi
   ;;

@@ -218,13 +218,15 @@ static const char usage_perf[] =
     "  -w N                  warm-up iterations (default 5)\n"
     "  -c 0|1                check every destination element and the bytes around them\n"
     "                        against values computed from global coordinates (default 0)\n"
-    "  --backend mpi|nccl|ipc\n"
+    "  --backend mpi|nccl|ipc|ucx-cuda\n"
     "                        mpi (default): host buffers, the MPI transport; nccl: one GPU\n"
     "                        per rank (local rank modulo the devices), device buffers,\n"
     "                        reshard_comm_create_nccl_mpi, execute on a CUDA stream and\n"
     "                        synchronize it (no baselines; needs a CUDA build); ipc: the\n"
     "                        same over reshard_comm_create_cuda_ipc, ranks of one node,\n"
-    "                        several per GPU allowed\n"
+    "                        several per GPU allowed; ucx-cuda: the same over\n"
+    "                        reshard_comm_create_ucx_cuda (GPU memory over UCX, staged;\n"
+    "                        a CUDA-enabled UCX first on LD_LIBRARY_PATH)\n"
     "  --baseline LIST       also run, on the same data: broadcast (gather each tensor to\n"
     "                        source rank 0, MPI_Bcast it to every destination rank, copy\n"
     "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"
@@ -454,7 +456,8 @@ static int parse_perf_option(int argc, char **argv, int *i, cli_opts *o, cli_see
     if (!strcmp(v, "mpi")) o->backend = CLI_BACKEND_MPI;
     else if (!strcmp(v, "nccl")) o->backend = CLI_BACKEND_NCCL;
     else if (!strcmp(v, "ipc")) o->backend = CLI_BACKEND_IPC;
-    else return cli_fail(err, errlen, "--backend '%s': expected mpi, nccl or ipc", v);
+    else if (!strcmp(v, "ucx-cuda")) o->backend = CLI_BACKEND_UCX_CUDA;
+    else return cli_fail(err, errlen, "--backend '%s': expected mpi, nccl, ipc or ucx-cuda", v);
   } else if (!strcmp(a, "--baseline")) {
     VALUE();
     if (parse_baselines(v, o, err, errlen)) return -1;

@@ -23,7 +23,7 @@
 
 enum { CLI_TOOL_PERF = 1, CLI_TOOL_PLAN = 2 };
 enum { CLI_MODE_NONE = 0, CLI_MODE_SYNTHETIC = 1, CLI_MODE_MODEL = 2 };
-enum { CLI_BACKEND_MPI = 0, CLI_BACKEND_NCCL = 1, CLI_BACKEND_IPC = 2 };
+enum { CLI_BACKEND_MPI = 0, CLI_BACKEND_NCCL = 1, CLI_BACKEND_IPC = 2, CLI_BACKEND_UCX_CUDA = 3 };
 
 /* One side of a synthetic reshard: a mesh and its placements. */
 typedef struct cli_mesh {
@@ -70,7 +70,7 @@ typedef struct cli_opts {
   int verify;       /* also time the plan with RESHARD_FLAG_VERIFY */
   int ucx;          /* also time the plan over a UCX communicator */
   int values;       /* --values: -1 auto, else a reshard_selftest_values_t */
-  int backend;      /* CLI_BACKEND_*: MPI over host buffers, NCCL or CUDA IPC */
+  int backend;      /* CLI_BACKEND_*: MPI over host buffers, NCCL, CUDA IPC or UCX (CUDA) */
   /* reshard_plan */
   int world; /* 0: derived */
   int rank;  /* -1: every rank */

@@ -14,11 +14,14 @@
 #include "reshard_cuda_ipc.h"
 #include "reshard_mpi.h"
 #include "reshard_nccl.h"
+#ifdef RESHARD_HAVE_UCX
+#include "reshard_ucx.h"
+#endif
 
 struct perf_nccl {
   int device;
   int ipc;
-  reshard_comm_t *host; /* --backend ipc: the MPI communicator under it */
+  reshard_comm_t *host; /* --backend ipc: the MPI communicator under it; ucx-cuda: the UCX one */
   cudaStream_t stream;
   int nsrc, ndst;
   void **src, **dst; /* device buffers, NULL where the rank holds none */
@@ -89,7 +92,18 @@ int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *e
 
 int perf_nccl_graphs(const perf_nccl *p) { return p && p->graph; }
 
-int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen) {
+int perf_nccl_comm(perf_nccl *p, reshard_comm_t *ucx, reshard_comm_t **comm, char *err, size_t errlen) {
+  if (ucx) {
+    p->host = ucx;
+#ifdef RESHARD_HAVE_UCX
+    reshard_result_t r = reshard_comm_create_ucx_cuda(ucx, comm);
+    if (r)
+      return cli_fail(err, errlen, "reshard_comm_create_ucx_cuda: %s: %s", reshard_result_string(r), reshard_last_error());
+    return 0;
+#else
+    return cli_fail(err, errlen, "this build has no UCX transport");
+#endif
+  }
   if (p->ipc) {
     reshard_result_t r = reshard_comm_create_mpi(MPI_COMM_WORLD, &p->host);
     if (r) return cli_fail(err, errlen, "reshard_comm_create_mpi: %s: %s", reshard_result_string(r), reshard_last_error());

@@ -22,9 +22,11 @@ typedef struct perf_nccl perf_nccl;
  * them). */
 int perf_nccl_open(perf_nccl **out, int ipc, char *desc, size_t desclen, char *err, size_t errlen);
 /* reshard_comm_create_nccl_mpi(MPI_COMM_WORLD, ...) on that device, or
- * reshard_comm_create_cuda_ipc over reshard_comm_create_mpi(MPI_COMM_WORLD)
- * (the host communicator is destroyed by perf_nccl_close). Collective. */
-int perf_nccl_comm(perf_nccl *p, reshard_comm_t **comm, char *err, size_t errlen);
+ * reshard_comm_create_cuda_ipc over reshard_comm_create_mpi(MPI_COMM_WORLD),
+ * or (ucx not NULL: a UCX communicator of the same ranks, which p takes
+ * over) reshard_comm_create_ucx_cuda over ucx; the host communicator is
+ * destroyed by perf_nccl_close. Collective. */
+int perf_nccl_comm(perf_nccl *p, reshard_comm_t *ucx, reshard_comm_t **comm, char *err, size_t errlen);
 /* cudaMalloc of every buffer the two host sides hold (the same sizes). */
 int perf_nccl_alloc(perf_nccl *p, const reshard_selftest_t *src, const reshard_selftest_t *dst, char *err, size_t errlen);
 /* Host -> device copies of both sides' buffers. */

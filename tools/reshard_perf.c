@@ -47,7 +47,12 @@
  * reshard_comm_create_mpi(MPI_COMM_WORLD)): ranks of one node, several
  * per GPU allowed; the device buffers are registered
  * (reshard_plan_register_buffers: direct copies, no staging) unless
- * RESHARD_PERF_IPC_STAGED=1. RESHARD_PERF_GRAPH=1 (either device backend):
+ * RESHARD_PERF_IPC_STAGED=1. --backend ucx-cuda: the same over
+ * reshard_comm_create_ucx_cuda (GPU memory over UCX) over a UCX
+ * communicator made as --ucx's below; several ranks per GPU allowed;
+ * staged (UCX moves the staging pool's device memory); the UCX loaded
+ * must move CUDA memory (a CUDA-enabled UCX first on LD_LIBRARY_PATH).
+ * RESHARD_PERF_GRAPH=1 (NCCL and CUDA IPC):
  * a plan's execute is captured into a CUDA graph at its second call, and
  * later calls launch the graph. The CUDA side lives in tools/perf_nccl.c.
  *
@@ -1111,8 +1116,8 @@ static int check_build(perf_tool *t) {
 #endif
   }
   /* the device backends: NCCL or CUDA IPC */
-  t->nccl = o->backend == CLI_BACKEND_NCCL || o->backend == CLI_BACKEND_IPC;
-  t->bname = o->backend == CLI_BACKEND_IPC ? "ipc" : "nccl";
+  t->nccl = o->backend == CLI_BACKEND_NCCL || o->backend == CLI_BACKEND_IPC || o->backend == CLI_BACKEND_UCX_CUDA;
+  t->bname = o->backend == CLI_BACKEND_IPC ? "ipc" : o->backend == CLI_BACKEND_UCX_CUDA ? "ucx-cuda" : "nccl";
 #ifndef RESHARD_PERF_HAVE_NCCL
   if (t->nccl) {
     if (!world_rank)
@@ -1122,6 +1127,10 @@ static int check_build(perf_tool *t) {
   }
 #endif
 #ifndef RESHARD_HAVE_UCX
+  if (o->backend == CLI_BACKEND_UCX_CUDA) {
+    if (!world_rank) fprintf(stderr, "reshard_perf: error: --backend ucx-cuda: this build has no UCX transport (libucx-dev)\n");
+    return 2;
+  }
   if (o->ucx) {
     if (!world_rank) fprintf(stderr, "reshard_perf: error: --ucx: this build has no UCX transport (libucx-dev)\n");
     return 2;
@@ -1226,7 +1235,7 @@ static int open_comms(perf_tool *t) {
     /* Every rank learns whether any lacks a device, so that all exit
      * instead of waiting in NCCL's setup for the missing one. */
     wd_enter("perf_nccl_open (MPI_Comm_split_type)");
-    int nodev = perf_nccl_open(&t->c.dev, t->c.o.backend == CLI_BACKEND_IPC, t->devdesc, sizeof t->devdesc, err,
+    int nodev = perf_nccl_open(&t->c.dev, t->c.o.backend != CLI_BACKEND_NCCL, t->devdesc, sizeof t->devdesc, err,
                                sizeof err) != 0,
         any_nodev;
     wd_leave();
@@ -1238,7 +1247,11 @@ static int open_comms(perf_tool *t) {
       cli_layouts_free(&t->c.L);
       return 1;
     }
-    if (perf_nccl_comm(t->c.dev, &t->comm, err, sizeof err)) {
+    reshard_comm_t *over = NULL;
+#ifdef RESHARD_HAVE_UCX
+    if (t->c.o.backend == CLI_BACKEND_UCX_CUDA) over = ucx_comm(); /* (perf_nccl_close destroys it) */
+#endif
+    if (perf_nccl_comm(t->c.dev, over, &t->comm, err, sizeof err)) {
       fprintf(stderr, "reshard_perf: rank %d: %s\n", world_rank, err);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }

@@ -388,6 +388,8 @@ reshard_result_t rs_py_comm_create_nccl_with_mpi(uintptr_t nccl_comm,
     const void *mpi_comm_addr, reshard_comm_t **out);
 reshard_result_t rs_py_comm_create_cuda_ipc(reshard_comm_t *host,
     reshard_comm_t **out);
+reshard_result_t rs_py_comm_create_ucx_cuda(reshard_comm_t *ucx,
+    reshard_comm_t **out);
 /* The C initializers (RESHARD_OPTIONS_INITIALIZER, ...), so that Python
  * never restates a default. */
 void rs_py_options_init(reshard_options_t *o);
@@ -542,6 +544,16 @@ static reshard_result_t rs_py_plan_dump(const reshard_plan_t *plan,
   reshard_result_t r = reshard_plan_dump(plan, f, max_segments);
   if (fclose(f) != 0 && r == RESHARD_SUCCESS) r = RESHARD_ERROR_OUT_OF_MEMORY;
   return r;
+}
+
+static reshard_result_t rs_py_comm_create_ucx_cuda(reshard_comm_t *ucx,
+                                                   reshard_comm_t **out) {
+#ifdef RESHARD_HAVE_UCX
+  return reshard_comm_create_ucx_cuda(ucx, out);
+#else
+  (void)ucx; (void)out;
+  return RESHARD_ERROR_UNSUPPORTED;
+#endif
 }
 
 static reshard_result_t rs_py_comm_create_cuda_ipc(reshard_comm_t *host,

@@ -75,24 +75,25 @@ def _register_atexit():
 
 class Comm(Node):
     """A reshard communicator. Make one with Comm.mpi, Comm.ucx,
-    Comm.nccl, Comm.cuda_ipc or InprocWorld(n).comm(rank)."""
+    Comm.nccl, Comm.cuda_ipc, Comm.ucx_cuda or InprocWorld(n).comm(rank)."""
 
     def __init__(self, *_a, **_k):
         raise TypeError("make communicators with reshard.Comm.mpi(comm), "
                         "Comm.ucx(rendezvous, rank, size), "
-                        "Comm.nccl(comm), Comm.cuda_ipc(host) or "
+                        "Comm.nccl(comm), Comm.cuda_ipc(host), "
+                        "Comm.ucx_cuda(host) or "
                         "reshard.InprocWorld(n).comm(rank)")
 
     @classmethod
     def _wrap(cls, handle, kind, device, keep=(), parent=None):
         self = cls.__new__(cls)
-        self.kind = kind          #: "inproc", "mpi", "ucx", "nccl" or "cuda_ipc"
+        self.kind = kind          #: "inproc", "mpi", "ucx", "nccl", "cuda_ipc" or "ucx_cuda"
         self.device = device      #: True: buffers are CUDA memory
         self._keep = keep         # objects the C communicator refers to
         # plans depend on it; it depends on its world or host communicator
         self._live(handle, lib.reshard_comm_destroy, parent,
                    "reshard.Comm (%s)" % kind)
-        if kind in ("mpi", "ucx", "nccl", "cuda_ipc"):
+        if kind in ("mpi", "ucx", "nccl", "cuda_ipc", "ucx_cuda"):
             _LIVE.add(self)
         return self
 
@@ -250,6 +251,28 @@ class Comm(Node):
                                        "host reshard.Comm (mpi or inproc)")
         h = cls._create(lib.rs_py_comm_create_cuda_ipc, host.handle)
         return cls._wrap(h, "cuda_ipc", True, keep=(host,), parent=host)
+
+    @classmethod
+    def ucx_cuda(cls, host):
+        """A device communicator whose transfers are UCX messages of GPU
+        memory (reshard_comm_create_ucx_cuda), over the UCX communicator
+        ``host`` (Comm.ucx: Ray actors, subprocesses), on the current CUDA
+        device. The UCX this process loaded must move CUDA memory (a
+        CUDA-enabled UCX such as the libucx-cu13 wheel's, first on
+        LD_LIBRARY_PATH; Debian's is not): UnsupportedError otherwise.
+        Collective over ``host``, which must stay open until this one is
+        closed and keep its membership (after ``host.rejoin`` or
+        ``host.resize`` this communicator and its plans refuse every call:
+        make them again)."""
+        if not lib.RS_PY_HAVE_UCX:
+            raise UnsupportedError("reshard.Comm.ucx_cuda: this reshard was "
+                                   "built without UCX (install libucx-dev and "
+                                   "reinstall)")
+        if not isinstance(host, Comm) or host.kind != "ucx":
+            raise InvalidArgumentError("reshard.Comm.ucx_cuda: host must be a "
+                                       "reshard.Comm.ucx communicator")
+        h = cls._create(lib.rs_py_comm_create_ucx_cuda, host.handle)
+        return cls._wrap(h, "ucx_cuda", True, keep=(host,), parent=host)
 
     @property
     def rank(self):

@@ -452,7 +452,7 @@ static reshard_result_t enqueue_call(const reshard_plan_t *plan, void *const *sr
                  "was invalidated (by an earlier call); end it and capture again", p->rank);
   else if (captured && !so->graphs)
     r = rs_error(RESHARD_ERROR_UNSUPPORTED, "execute rank %d: the %s transport cannot be captured into a CUDA graph "
-                 "(its messages' sequence numbers are counted on the host: a launch would replay stale ones); "
+                 "(its transfers are driven by the host, which a launch does not run); "
                  "execute without capturing", p->rank, p->comm->ops->name);
   else if (captured && (p->opts.flags & RESHARD_FLAG_SYNC))
     r = rs_error(RESHARD_ERROR_INVALID_USAGE, "execute rank %d: RESHARD_FLAG_SYNC waits on the host for the call's "

@@ -105,13 +105,7 @@ static reshard_result_t ipc_health(reshard_comm_t *c) {
 static reshard_result_t ipc_check(reshard_comm_t *c) {
   rs_ipc *x = c->impl;
   RS_CHECK(ipc_health(c));
-  int dev = -1;
-  RS_CHECK(cu(cudaGetDevice(&dev), "cudaGetDevice", c->rank));
-  if (dev != x->device)
-    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the current CUDA device is device %d but the CUDA IPC "
-                    "communicator's is device %d; call cudaSetDevice(%d) before every reshard call on it",
-                    c->rank, dev, x->device, x->device);
-  return RESHARD_SUCCESS;
+  return rs_dev_comm_on_device(c, x->device);
 }
 
 /* Sets the abort word of every window this rank has mapped (its own

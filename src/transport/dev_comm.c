@@ -129,6 +129,17 @@ void rs_dev_comm_close_gates(rs_dev_comm *d) {
   pthread_mutex_unlock(&d->gates_mu);
 }
 
+reshard_result_t rs_dev_comm_on_device(reshard_comm_t *c, int device) {
+  int dev = -1;
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce) return rs_cuda_error(ce, "cudaGetDevice", c->rank);
+  if (dev != device)
+    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the current CUDA device is device %d but the %s "
+                    "communicator's is device %d; call cudaSetDevice(%d) before every reshard call on it",
+                    c->rank, dev, dc(c)->hooks->name, device, device);
+  return RESHARD_SUCCESS;
+}
+
 reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, int64_t deadline, const char *what,
                                   const char *late) {
   rs_dev_comm *d = dc(c);

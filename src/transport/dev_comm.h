@@ -65,6 +65,10 @@ typedef struct rs_dev_comm {
  * (hooks->free_exported, or cudaFree). */
 void rs_dev_comm_free_exported(reshard_comm_t *c, void *p);
 
+/* Never blocks: the current CUDA device is `device`, the communicator's
+ * (INVALID_USAGE naming both otherwise): a stream transport's check. */
+reshard_result_t rs_dev_comm_on_device(reshard_comm_t *c, int device);
+
 /* c->impl must start with the rs_dev_comm being set up. */
 reshard_result_t rs_dev_comm_init(reshard_comm_t *c, const rs_dev_comm_hooks *h);
 /* Frees the pool (unless abandoned) and the event. */

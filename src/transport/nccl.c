@@ -184,13 +184,7 @@ static reshard_result_t nccl_health(reshard_comm_t *c) {
 static reshard_result_t nccl_check(reshard_comm_t *c) {
   rs_nccl *n = c->impl;
   RS_CHECK(nccl_health(c));
-  int dev = -1;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce) return rs_cuda_error(ce, "cudaGetDevice", c->rank);
-  if (dev != n->device)
-    return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: the current CUDA device is device %d but the NCCL "
-                    "communicator's is device %d; call cudaSetDevice(%d) before every reshard call on it",
-                    c->rank, dev, n->device, n->device);
+  RS_CHECK(rs_dev_comm_on_device(c, n->device));
   if (in_caller_group())
     return rs_error(RESHARD_ERROR_INVALID_USAGE, "rank %d: called between your ncclGroupStart and ncclGroupEnd; "
                     "reshard's transfers would not be launched before its unpacks: call it outside the group",

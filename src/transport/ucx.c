@@ -50,6 +50,20 @@ reshard_result_t rs_ux_refuse_failed(const reshard_comm_t *c) {
                   "(reshard_comm_ucx_rejoin or reshard_comm_ucx_resize; see that call's error); destroy it", c->rank);
 }
 
+int rs_ux_device_memtype(const reshard_comm_t *c) {
+  const ux_comm *m = c->impl;
+  ucp_context_attr_t a;
+  memset(&a, 0, sizeof a);
+  a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(m->ctx, &a) != UCS_OK) return -1;
+  return a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA) ? (int)UCS_MEMORY_TYPE_CUDA : -1;
+}
+
+int rs_ux_failed(const reshard_comm_t *c) {
+  const ux_comm *m = c->impl;
+  return m->failed;
+}
+
 /* An agreement's tag: its sender, its number and the membership epoch
  * (bits 30-37), so that an agreement a process made before a rejoin or
  * resize never pairs with one of after, even when that process (one that
@@ -94,9 +108,10 @@ void rs_ux_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
 /* ---- point to point ---- */
 
 /* A message: buf of `bytes` bytes, or (iov) niov entries of a
- * ucp_dt_iov_t array that the request then owns. */
+ * ucp_dt_iov_t array that the request then owns; memtype: buf's UCS
+ * memory type, declared to UCP (-1: UCP finds it). */
 static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, void *iov,
-                                 size_t niov, int is_recv, rs_request **out) {
+                                 size_t niov, int is_recv, int memtype, rs_request **out) {
   ux_comm *m = c->impl;
   if (peer < 0 || peer >= c->size) {
     free(iov);
@@ -125,6 +140,10 @@ static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, voi
   p.user_data = r;
   void *what = buf;
   size_t count = bytes;
+  if (memtype >= 0) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = (ucs_memory_type_t)memtype;
+  }
   if (iov) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
@@ -153,12 +172,19 @@ static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, voi
 
 reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
                             rs_request **out) {
-  return post_any(c, peer, tag, buf, bytes, NULL, 0, is_recv, out);
+  return post_any(c, peer, tag, buf, bytes, NULL, 0, is_recv, -1, out);
 }
 
 reshard_result_t rs_ux_post_iov(reshard_comm_t *c, int peer, ucp_tag_t tag, void *iov, size_t niov, size_t bytes,
                                 int is_recv, rs_request **out) {
-  return post_any(c, peer, tag, NULL, bytes, iov, niov, is_recv, out);
+  return post_any(c, peer, tag, NULL, bytes, iov, niov, is_recv, -1, out);
+}
+
+reshard_result_t rs_ux_post_mem(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes, int is_recv,
+                                int memtype, rs_request **out) {
+  const ux_comm *m = c->impl;
+  if (m->failed) return rs_ux_refuse_failed(c);
+  return post_any(c, peer, data_tag(m, is_recv ? peer : c->rank, tag), buf, bytes, NULL, 0, is_recv, memtype, out);
 }
 
 static reshard_result_t ux_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,

@@ -96,6 +96,21 @@ enum { JOIN_EPOCH, JOIN_SEQ, JOIN_PLANS, JOIN_WORDS };
 extern const rs_transport_ops rs_ux_ops;
 /* INVALID_USAGE: the communicator failed in a rejoin. */
 reshard_result_t rs_ux_refuse_failed(const reshard_comm_t *c);
+/* The UCS memory type of CUDA device memory as the UCX this process
+ * loaded knows it: UCS_MEMORY_TYPE_CUDA where its context lists it (a
+ * CUDA-enabled UCX on a machine with a GPU driver), -1 where UCX moves no
+ * CUDA memory (ucx_cuda.c then refuses a communicator). The emulated
+ * device's tests wrap it: their "device" memory is host memory. */
+int rs_ux_device_memtype(const reshard_comm_t *c);
+/* isend / irecv (transport.h: reshard's 64-bit tag, the same matching and
+ * completion) of memory whose UCS memory type is declared to UCP
+ * (memtype): UCP need not find it (its cache of CUDA allocations misses
+ * memory from a statically linked CUDA runtime, which it would take for
+ * host memory). */
+reshard_result_t rs_ux_post_mem(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes, int is_recv,
+                                int memtype, rs_request **out);
+/* Whether a failed membership change left the communicator unusable. */
+int rs_ux_failed(const reshard_comm_t *c);
 /* BACKEND with UCX's text for a failed UCP call `what` (peer -1: none). */
 reshard_result_t rs_ux_fail(ucs_status_t s, const char *what, int rank, int peer);
 /* UCP send completion: marks the rs_request in `user` done. */

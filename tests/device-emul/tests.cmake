@@ -74,6 +74,16 @@ rs_gpu_emulated_exe(test_gpu_spread test_spread_device.c)
 add_test(NAME test_gpu_spread COMMAND test_gpu_spread)
 set_tests_properties(test_gpu_spread PROPERTIES TIMEOUT 300)
 
+# GPU memory over UCX (issue 46): real UCX communicators between the rank
+# threads under the UCX (CUDA) transport, its capability query wrapped
+# (the emulated device's memory is host memory).
+if(RESHARD_WITH_UCX)
+  rs_gpu_emulated_exe(test_gpu_ucx_cuda test_ucx_cuda.c)
+  target_link_options(test_gpu_ucx_cuda PRIVATE "LINKER:--wrap=rs_ux_device_memtype")
+  add_test(NAME test_gpu_ucx_cuda COMMAND test_gpu_ucx_cuda)
+  set_tests_properties(test_gpu_ucx_cuda PROPERTIES TIMEOUT 300)
+endif()
+
 # CUDA graphs (issue 17, item 6): executes captured and launched on the
 # emulated device, whose captures keep CUDA's rules.
 rs_gpu_emulated_exe(test_gpu_graphs test_graphs.c)

@@ -281,3 +281,28 @@ def test_resize_refusals():
     finally:
         c.close()
         world.close()
+
+
+def test_ucx_cuda_refused_without_a_cuda_ucx():
+    """GPU memory over UCX (Comm.ucx_cuda) needs a UCX that moves CUDA
+    memory: Debian's libucx, which this package is built and tested with,
+    does not (no CUDA memory type), so the communicator is refused with
+    UnsupportedError saying what to load, and the UCX communicator under it
+    stays usable. (Its transfers run on the emulated device in the C test
+    test_gpu_ucx_cuda, and on a GPU in scripts/gpu_check.sh.) A host of
+    another kind is InvalidArgumentError."""
+    host = reshard.Comm.ucx("127.0.0.1:%d" % free_port(), 0, 1, timeout_ms=10000)
+    try:
+        with pytest.raises(reshard.UnsupportedError, match="moves no CUDA memory|no CUDA backend"):
+            reshard.Comm.ucx_cuda(host)
+        assert (host.rank, host.size) == (0, 1) and not host.closed
+    finally:
+        host.close()
+    world = reshard.InprocWorld(1)
+    c = world.comm(0)
+    try:
+        with pytest.raises(reshard.InvalidArgumentError, match="Comm.ucx communicator"):
+            reshard.Comm.ucx_cuda(c)
+    finally:
+        c.close()
+        world.close()

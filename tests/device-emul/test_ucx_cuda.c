@@ -1,0 +1,395 @@
+/* GPU memory over UCX (src/transport/ucx_cuda.c, issue 46) against the
+ * emulated device (mock_device.h): ranks as threads, each with a real UCX
+ * communicator (Debian's libucx, shared memory between the threads' UCP
+ * workers) under a UCX (CUDA) communicator, whose groups wait for the
+ * emulated streams and move the staging pool's "device" memory with UCP
+ * tagged messages.
+ *
+ * The emulated device's memory is host memory, which Debian's UCX moves;
+ * the capability the transport asks UCX for (the CUDA memory type, which
+ * this UCX lacks, declared on every message) is answered by a wrap of
+ * rs_ux_device_memtype (tests.cmake): the real answer in
+ * moves_cuda_refused, host memory elsewhere. A stand-in, as
+ * the whole emulated device is: the real path runs in
+ * scripts/gpu_check.sh with a CUDA-enabled UCX.
+ *
+ * Every test that moves data checks every destination element against the
+ * self-test's values from global coordinates and every byte outside
+ * destination fragments (reshard_selftest_check_from); no test may hang
+ * (the emulation cuts a host wait that could never end, and every UCX
+ * wait has the plan's deadline).
+ *
+ * moves_cuda_refused: with the real capability query, Debian's UCX moves
+ *   no CUDA memory: every rank's creation is refused (UNSUPPORTED, the
+ *   message says what to load) and no communicator is left.
+ * random_worlds: random layout pairs (relays, staging sizes, a topology),
+ *   two versions each, byte for byte, the odd ranks' kernels taking 2 ms
+ *   of emulated GPU time (a group must wait for its round's packs).
+ * absent_partner_times_out: a rank that never executes: its partners'
+ *   executes end by the deadline with TIMEOUT, no destination byte
+ *   written, and the communicator refuses later calls.
+ * refusals: registered buffers (UNSUPPORTED: staging only) and an
+ *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
+ *   which a whole version moves; the wrong device; a host communicator
+ *   that is not UCX. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <ucs/memory/memory_type.h>
+
+#include <cuda_runtime.h>
+
+#include "device-emul/mock_device.h"
+#include "device-emul/mock_world.h"
+#include "plan/relay.h"
+#include "reshard.h"
+#include "reshard_inproc.h"
+#include "reshard_selftest.h"
+#include "reshard_ucx.h"
+#include "support/random_layout.h"
+
+/* The capability query (ucx.c), wrapped: the emulated device's memory is
+ * host memory (UCS_MEMORY_TYPE_HOST, 0); moves_cuda 0 asks the real one. */
+static int moves_cuda = 1;
+int __real_rs_ux_device_memtype(const reshard_comm_t *c);
+int __wrap_rs_ux_device_memtype(const reshard_comm_t *c) {
+  return moves_cuda ? (int)UCS_MEMORY_TYPE_HOST : __real_rs_ux_device_memtype(c);
+}
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A free TCP port on the loopback for a world's rendezvous. */
+static char rendezvous[64];
+static void new_rendezvous(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  snprintf(rendezvous, sizeof rendezvous, "127.0.0.1:%d", ntohs(a.sin_port));
+}
+
+/* This rank's UCX host communicator and the UCX (CUDA) one over it (NULL
+ * after RFAIL). */
+static reshard_comm_t *open_comm(mw_rank *r, reshard_comm_t **host) {
+  *host = NULL;
+  if (reshard_comm_create_ucx(rendezvous, r->rank, r->n, 20000, host)) {
+    RFAIL(r, "comm_create_ucx: %s", reshard_last_error());
+    return NULL;
+  }
+  reshard_comm_t *c = NULL;
+  if (reshard_comm_create_ucx_cuda(*host, &c)) {
+    RFAIL(r, "comm_create_ucx_cuda: %s", reshard_last_error());
+    reshard_comm_destroy(*host);
+    *host = NULL;
+  }
+  return c;
+}
+
+static void close_comm(reshard_comm_t *c, reshard_comm_t *host) {
+  reshard_comm_destroy(c);
+  reshard_comm_destroy(host);
+}
+
+static char world_label[160];
+
+static void run_world(int n, mw_fn fn, void *ctx) {
+  mw_rank r[MAXR];
+  new_rendezvous();
+  mw_outcome o = mw_run(n, 30000, fn, ctx, r);
+  for (int i = 0; i < n; i++)
+    if (r[i].failed) fail_msg("%srank %d: %s", world_label, i, r[i].why);
+  if (o.hangs || o.wrong) fail_msg("%s%ld hangs, %lld wrong bytes", world_label, o.hangs, (long long)o.wrong);
+}
+
+/* ------------------------------------------------------------ refused */
+
+static void refused_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = (reshard_comm_t *)1;
+  if (reshard_comm_create_ucx(rendezvous, r->rank, r->n, 20000, &host)) {
+    RFAIL(r, "comm_create_ucx: %s", reshard_last_error());
+    return;
+  }
+  if (__real_rs_ux_device_memtype(host) >= 0) {
+    /* a CUDA-enabled UCX with a driver (scripts/gpu_check.sh): nothing
+     * to refuse; every rank loaded the same UCX */
+    *(int *)r->ctx = 1;
+    reshard_comm_destroy(host);
+    return;
+  }
+  reshard_result_t e = reshard_comm_create_ucx_cuda(host, &c);
+  if (e != RESHARD_ERROR_UNSUPPORTED || c) RFAIL(r, "creation returned %d, comm %p", (int)e, (void *)c);
+  else if (!strstr(reshard_last_error(), "moves no CUDA memory") || !strstr(reshard_last_error(), "libucx-cu13"))
+    RFAIL(r, "message: %s", reshard_last_error());
+  reshard_comm_destroy(host);
+}
+
+static void moves_cuda_refused(void **state) {
+  (void)state;
+  moves_cuda = 0;
+  /* Debian's UCX has no CUDA memory type: the real query says so */
+  snprintf(world_label, sizeof world_label, "real capability query: ");
+  int moves = 0;
+  run_world(3, refused_rank, &moves);
+  moves_cuda = 1;
+  if (moves) {
+    printf("this UCX moves CUDA memory: no refusal to test\n");
+    skip();
+  }
+}
+
+/* ------------------------------------------------------------ worlds */
+
+typedef struct rand_ctx {
+  const rl_pair *pair;
+  size_t staging;
+  int relay;
+  const char *topology;
+} rand_ctx;
+
+static void random_rank(mw_rank *r) {
+  const rand_ctx *x = r->ctx;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  /* some ranks' GPUs slow: a pack still running when its round's group
+   * is called must be waited for, not sent half written */
+  M.kernel_ns = r->rank % 2 ? 2000000 : 0;
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.staging_bytes = x->staging;
+  o.timeout_ms = 20000;
+  o.relay = x->relay;
+  o.topology = x->topology;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    close_comm(c, host);
+    return;
+  }
+  reshard_selftest_t s = {0}, d;
+  if (reshard_selftest_alloc(&d, x->pair->dst, r->rank, -1)) RFAIL(r, "selftest alloc");
+  for (int step = 0; step < 2 && !r->failed; step++) {
+    if (reshard_selftest_alloc(&s, x->pair->src, r->rank, step)) {
+      RFAIL(r, "selftest alloc");
+      break;
+    }
+    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                              (size_t)d.nbuf, NULL);
+    if (e) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check_from(&d, x->pair->dst, x->pair->src, r->rank, (uint64_t)step, "ucx cuda");
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    reshard_plan_get_status(plan, &st);
+    if (st.failed) RFAIL(r, "status: %s", st.failure_message);
+    reshard_selftest_free(&s);
+  }
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  close_comm(c, host);
+  M.kernel_ns = 0;
+}
+
+static void random_worlds(void **state) {
+  (void)state;
+  /* RS_SEED0, RS_IT0, RS_ITERS replay a failure (seed = seed0 + it * 104729) */
+  const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
+  uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
+  int iters = ei ? atoi(ei) : 60, it0 = ef ? atoi(ef) : 0;
+  long moved = 0;
+  for (int it = it0; it < it0 + iters; it++) {
+    uint64_t seed = seed0 + (uint64_t)it * 104729;
+    rl_pair pair;
+    if (rl_pair_make(seed, RL_ANY, &pair)) fail_msg("seed %llu: layout generation failed", (unsigned long long)seed);
+    assert_true(pair.nranks <= MAXR);
+    int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
+    rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
+                  it % 4 == 3 ? "h100-8x400g" : NULL};
+    rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
+    snprintf(world_label, sizeof world_label, "seed %llu (%d ranks, staging %zu, relay %d; replay: RS_SEED0=%llu "
+             "RS_IT0=%d RS_ITERS=1): ", (unsigned long long)seed, pair.nranks, x.staging, relay,
+             (unsigned long long)seed0, it);
+    mw_rank r[MAXR];
+    new_rendezvous();
+    mw_outcome o = mw_run(pair.nranks, 30000, random_rank, &x, r);
+    if (o.wrong || o.failed >= 0 || o.hangs) {
+      rl_pair_print(&pair, stderr);
+      for (int i = 0; i < pair.nranks; i++)
+        if (r[i].failed) fprintf(stderr, "rank %d: %s\n", i, r[i].why);
+      fail_msg("%s%lld wrong, %ld hangs%s%s", world_label, (long long)o.wrong, o.hangs,
+               o.failed >= 0 ? "; first failed rank: " : "", o.failed >= 0 ? r[o.failed].why : "");
+    }
+    moved += pair.nranks;
+    rl_pair_free(&pair);
+  }
+  rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
+  printf("random UCX (CUDA) worlds: %d worlds, %ld ranks\n", iters, moved);
+}
+
+/* ------------------------------------------------------------ absent */
+
+/* Three ranks exchanging one tensor; rank 2 creates the plan and never
+ * executes it. */
+typedef struct absent_ctx {
+  int64_t took_ms[3];
+  reshard_result_t got[3];
+  long changed[3];
+  reshard_result_t later[3];
+} absent_ctx;
+
+static void absent_rank(mw_rank *r) {
+  absent_ctx *x = r->ctx;
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  reshard_layout_t *src, *dst;
+  mw_layouts_all(r->n, 64, 32 * (int64_t)r->n, &src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 600;
+  reshard_plan_t *plan = NULL;
+  if (reshard_plan_create(c, src, dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+  } else if (r->rank < 2) {
+    reshard_selftest_t s, d;
+    reshard_selftest_alloc(&s, src, r->rank, 1);
+    reshard_selftest_alloc(&d, dst, r->rank, -1);
+    unsigned char *before = malloc(d.bytes[0]);
+    memcpy(before, d.ptr[0], d.bytes[0]);
+    int64_t t0 = ms_now();
+    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                              (size_t)d.nbuf, NULL);
+    mock_stream_drain(NULL);
+    if (!e) {
+      reshard_plan_status_t st = {.struct_size = sizeof st};
+      reshard_plan_get_status(plan, &st);
+      e = st.failed ? st.failure : RESHARD_SUCCESS;
+    }
+    x->took_ms[r->rank] = ms_now() - t0;
+    x->got[r->rank] = e;
+    for (size_t i = 0; i < d.bytes[0]; i++) x->changed[r->rank] += d.ptr[0][i] != before[i];
+    x->later[r->rank] = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                             (size_t)d.nbuf, NULL);
+    free(before);
+    reshard_selftest_free(&s);
+    reshard_selftest_free(&d);
+  } else {
+    /* outlive the others' deadline: then go */
+    usleep(1500 * 1000);
+  }
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  close_comm(c, host);
+}
+
+static void absent_partner_times_out(void **state) {
+  (void)state;
+  absent_ctx x;
+  memset(&x, 0, sizeof x);
+  snprintf(world_label, sizeof world_label, "absent partner: ");
+  run_world(3, absent_rank, &x);
+  for (int k = 0; k < 2; k++) {
+    printf("rank %d: %s after %lld ms; later call %d\n", k, x.got[k] == RESHARD_ERROR_TIMEOUT ? "TIMEOUT" : "?",
+           (long long)x.took_ms[k], (int)x.later[k]);
+    assert_int_equal(x.got[k], RESHARD_ERROR_TIMEOUT);
+    assert_true(x.took_ms[k] < 600 + 1000);
+    assert_int_equal(x.changed[k], 0);
+    assert_int_not_equal(x.later[k], RESHARD_SUCCESS);
+  }
+}
+
+/* ------------------------------------------------------------ refusals */
+
+static void refusals_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  reshard_layout_t *src, *dst;
+  mw_layouts_all(r->n, 16, 32 * (int64_t)r->n, &src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = 5000;
+  reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d = {0};
+  if (reshard_plan_create(c, src, dst, &o, &plan)) {
+    RFAIL(r, "plan_create: %s", reshard_last_error());
+    goto out;
+  }
+  reshard_selftest_alloc(&s, src, r->rank, 0);
+  reshard_selftest_alloc(&d, dst, r->rank, -1);
+  reshard_result_t e = reshard_plan_register_buffers(plan, (void *const *)s.ptr, (size_t)s.nbuf,
+                                                     (void *const *)d.ptr, (size_t)d.nbuf);
+  if (e != RESHARD_ERROR_UNSUPPORTED) RFAIL(r, "register_buffers returned %d: %s", (int)e, reshard_last_error());
+  /* a capture: refused before anything is enqueued, the plan usable */
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
+  e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, st);
+  cudaGraph_t g = NULL;
+  cudaStreamEndCapture(st, &g);
+  if (g) cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+  if (!r->failed && (e != RESHARD_ERROR_UNSUPPORTED || !strstr(reshard_last_error(), "CUDA graph")))
+    RFAIL(r, "captured execute returned %d: %s", (int)e, reshard_last_error());
+  /* after the refusals, a whole version */
+  if (!r->failed) {
+    e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+    if (e) RFAIL(r, "execute: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check_from(&d, dst, src, r->rank, 0, "after refusals");
+  }
+  /* the wrong device (fails the plan, as on every device transport) */
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaSetDevice(dev + 1);
+  e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr, (size_t)d.nbuf, NULL);
+  cudaSetDevice(dev);
+  if (!r->failed && (e != RESHARD_ERROR_INVALID_USAGE || !strstr(reshard_last_error(), "cudaSetDevice")))
+    RFAIL(r, "execute on the wrong device returned %d: %s", (int)e, reshard_last_error());
+  /* a host communicator that is not UCX */
+  reshard_comm_t *ip = NULL, *bad = (reshard_comm_t *)1;
+  if (!r->failed && reshard_comm_create_inproc(r->host_world, r->rank, &ip)) RFAIL(r, "inproc");
+  if (!r->failed) {
+    e = reshard_comm_create_ucx_cuda(ip, &bad);
+    if (e != RESHARD_ERROR_INVALID_ARGUMENT || bad || !strstr(reshard_last_error(), "UCX communicator"))
+      RFAIL(r, "over inproc: %d: %s", (int)e, reshard_last_error());
+    e = reshard_comm_create_ucx_cuda(NULL, &bad);
+    if (!r->failed && e != RESHARD_ERROR_INVALID_ARGUMENT) RFAIL(r, "NULL host: %d", (int)e);
+  }
+  reshard_comm_destroy(ip);
+out:
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
+  reshard_plan_destroy(plan);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  close_comm(c, host);
+}
+
+static void refusals(void **state) {
+  (void)state;
+  snprintf(world_label, sizeof world_label, "refusals: ");
+  run_world(2, refusals_rank, NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(moves_cuda_refused),
+      cmocka_unit_test(refusals),
+      cmocka_unit_test(absent_partner_times_out),
+      cmocka_unit_test(random_worlds),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
