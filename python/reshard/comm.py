@@ -73,6 +73,15 @@ def _register_atexit():
         _ATEXIT.append(True)
 
 
+def _closing_also(destroy, other):
+    """destroy, then other.close(): other is destroyed once its dependent
+    (the object destroy destroys) has gone (_life.py)."""
+    def fn(h):
+        destroy(h)
+        other.close()
+    return fn
+
+
 class Comm(Node):
     """A reshard communicator. Make one with Comm.mpi, Comm.ucx,
     Comm.nccl, Comm.cuda_ipc, Comm.ucx_cuda or InprocWorld(n).comm(rank)."""
@@ -253,7 +262,7 @@ class Comm(Node):
         return cls._wrap(h, "cuda_ipc", True, keep=(host,), parent=host)
 
     @classmethod
-    def ucx_cuda(cls, host):
+    def ucx_cuda(cls, host, own_host=False):
         """A device communicator whose transfers are UCX messages of GPU
         memory (reshard_comm_create_ucx_cuda), over the UCX communicator
         ``host`` (Comm.ucx: Ray actors, subprocesses), on the current CUDA
@@ -263,7 +272,9 @@ class Comm(Node):
         Collective over ``host``, which must stay open until this one is
         closed and keep its membership (after ``host.rejoin`` or
         ``host.resize`` this communicator and its plans refuse every call:
-        make them again)."""
+        make them again). ``own_host=True``: closing this communicator
+        closes ``host`` too (after this one: a UCX rank 0 holds the
+        rendezvous port while ``host`` lives)."""
         if not lib.RS_PY_HAVE_UCX:
             raise UnsupportedError("reshard.Comm.ucx_cuda: this reshard was "
                                    "built without UCX (install libucx-dev and "
@@ -272,7 +283,10 @@ class Comm(Node):
             raise InvalidArgumentError("reshard.Comm.ucx_cuda: host must be a "
                                        "reshard.Comm.ucx communicator")
         h = cls._create(lib.rs_py_comm_create_ucx_cuda, host.handle)
-        return cls._wrap(h, "ucx_cuda", True, keep=(host,), parent=host)
+        c = cls._wrap(h, "ucx_cuda", True, keep=(host,), parent=host)
+        if own_host:
+            c._destroy_fn = _closing_also(c._destroy_fn, host)
+        return c
 
     @property
     def rank(self):

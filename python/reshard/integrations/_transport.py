@@ -10,6 +10,9 @@
   "ucx"           reshard.Comm.ucx at master_address:master_port (host
                   memory; processes launched any way, e.g. Ray actors:
                   the rank at 0 listens there)
+  "ucx_cuda"      reshard.Comm.ucx_cuda over such a communicator (GPU
+                  memory over UCX; the UCX loaded must move CUDA memory:
+                  UnsupportedError otherwise); closing it closes both
   "inproc:<key>"  the InprocWorld registered as WORLDS[key]: ranks as
                   threads of one process (tests, single-process tools)
 """
@@ -27,12 +30,19 @@ def comm(transport, rank, world_size, master_address, master_port, device):
     if transport == "mpi":
         from mpi4py import MPI
         c = reshard.Comm.mpi(MPI.COMM_WORLD)
-    elif transport == "ucx":
+    elif transport in ("ucx", "ucx_cuda"):
         if master_address is None or master_port is None:
-            raise InvalidArgumentError("reshard integration: transport ucx "
-                                       "needs master_address and master_port")
+            raise InvalidArgumentError("reshard integration: transport %s "
+                                       "needs master_address and master_port"
+                                       % transport)
         c = reshard.Comm.ucx("%s:%d" % (master_address, int(master_port)),
                              rank, world_size)
+        if transport == "ucx_cuda":
+            try:
+                c = reshard.Comm.ucx_cuda(c, own_host=True)
+            except BaseException:
+                c.close()  # (frees the rendezvous port on rank 0)
+                raise
     elif transport.startswith("inproc:"):
         world = WORLDS.get(transport[len("inproc:"):])
         if world is None:
@@ -60,7 +70,8 @@ def comm(transport, rank, world_size, master_address, master_port, device):
             c = reshard.Comm.nccl(PyNcclCommunicator(pg, device=device))
     else:
         raise InvalidArgumentError("reshard integration: transport %r: "
-                                   "'nccl', 'mpi', 'ucx' or 'inproc:<key>'"
+                                   "'nccl', 'mpi', 'ucx', 'ucx_cuda' or "
+                                   "'inproc:<key>'"
                                    % (transport,))
     if c.rank != rank or c.size != world_size:
         got = (c.rank, c.size)

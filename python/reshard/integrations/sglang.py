@@ -58,7 +58,7 @@ them (src/models/sglang.c: runtime_context.py spawn_world_rank); tp_rank,
 pp_rank and the widths are SGLang's own (runtime_context.py get_parallel),
 checked against the spec (tp, pp, attn_dp, ep) before anything is built.
 Transports as the vLLM engine's (_transport.py): "nccl" (default),
-"mpi", "ucx", "inproc:<key>".
+"mpi", "ucx", "ucx_cuda", "inproc:<key>".
 
 Versions: every rank passes the step's version (>= 1, increasing) to the
 plan, which checks them (as the vLLM engine does).

@@ -192,6 +192,7 @@ class ReshardCheckpointEngine(CheckpointEngine):
     "mpi" (every actor and rollout worker in one MPI job: COMM_WORLD),
     "ucx" (host memory over UCX, rendezvous at the master's address as
     for nccl: actors and rollouts launched as Ray actors, no MPI),
+    "ucx_cuda" (GPU memory over UCX, the same rendezvous),
     "inproc:<key>" (threads of one process; tests). Any other keyword
     (a misspelt engine_kwargs key) is InvalidArgumentError naming it."""
 
@@ -247,7 +248,7 @@ class ReshardCheckpointEngine(CheckpointEngine):
 
     # ------------------------------------------------------- topology
     def prepare(self):
-        if not self.is_master or self.transport not in ("nccl", "ucx"):
+        if not self.is_master or self.transport not in ("nccl", "ucx", "ucx_cuda"):
             return {}
         addr = self.master_address or _routable_address()
         # a free port there, as verl's NCCL engine finds its own
