@@ -175,15 +175,24 @@ reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int ran
  * communicator or none does.
  *
  * How it runs: UCX transfers are posted and completed by the host, so
- * each round's transfer waits on the host (polled, until the plan's
- * deadline) for the round's packs, then for its messages; an execute
- * returns once its last transfer has landed, with its last unpacks still
- * queued on the stream. An execute inside a CUDA graph capture is refused
- * (UNSUPPORTED, nothing enqueued), and
+ * each round's transfer waits on the calling thread (polled, until the
+ * plan's deadline) for the work its stream waits for (the round's packs,
+ * the unpack that last read the staging half it reuses, and for the first
+ * one the caller's earlier work on `stream`), then for its UCX messages:
+ * reshard_plan_execute returns once its last transfer has landed (its
+ * last unpacks still queued on the stream; with RESHARD_FLAG_DOUBLE_BUFFER
+ * once they ran, before the commit's vote). An execute inside a CUDA
+ * graph capture is refused (UNSUPPORTED, nothing enqueued), and
  * reshard_plan_register_buffers returns UNSUPPORTED (transfers go
- * through the staging pool). A failure poisons the communicator as on
- * NCCL: later calls return INVALID_USAGE. Not yet run on a GPU (tested on
- * the emulated device of the CPU tests; scripts/gpu_check.sh runs it). */
+ * through the staging pool). Messages carry the communicator's own tags:
+ * several UCX (CUDA) communicators over one UCX communicator never pair
+ * with one another, nor with one destroyed after a failure. Calls on one
+ * communicator are serialized; executes of its plans must come in the
+ * same order on every rank, as on NCCL. A failure poisons the
+ * communicator (later calls INVALID_USAGE); a UCX transfer of a failed
+ * call that still runs a second later keeps the staging pool allocated
+ * for good. Not yet run on a GPU (tested on the emulated device of the
+ * CPU tests; scripts/gpu_check.sh runs it). */
 reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_t **out);
 
 #ifdef __cplusplus

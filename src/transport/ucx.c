@@ -336,6 +336,26 @@ void rs_ux_cancel(reshard_comm_t *c, rs_request *r) {
   free(r);
 }
 
+int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline) {
+  ux_comm *m = c->impl;
+  if (r->ucx) {
+    pthread_mutex_lock(&m->lock);
+    if (!r->done) ucp_request_cancel(m->worker, r->ucx);
+    pthread_mutex_unlock(&m->lock);
+  }
+  for (unsigned spin = 0;; spin++) {
+    int moved = 0;
+    if (progress_until(m, r, &moved) == 1) {
+      rs_ux_finish(c, r); /* (its result does not matter any more) */
+      return 1;
+    }
+    if (rs_now_ns() > deadline) break;
+    rs_nap(moved ? 0 : spin);
+  }
+  rs_ux_cancel(c, r);
+  return 0;
+}
+
 /* ---- collectives ---- */
 
 static void coll_free(reshard_comm_t *c, ux_coll *k) {

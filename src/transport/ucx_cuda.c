@@ -5,23 +5,39 @@
  * UCX is host-driven: a transfer is posted and completed by the host,
  * not enqueued on a CUDA stream as NCCL's are. So a group waits (polled,
  * until the plan's deadline) for the work before it on its stream (the
- * round's packs), posts every receive and send of the group with the
- * staging pool's device pointers (a CUDA-enabled UCX moves them: CUDA IPC
- * inside a node, RDMA with GPUDirect across nodes, staged through host
- * memory elsewhere), and waits for all of them before returning, so that
- * whatever the executor enqueues after it (the unpacks) runs on data that
- * has landed. Every send is posted before anything waits, so groups pair
- * as NCCL's do whatever the interleaving. The executor's host thread is
- * held for the transfer; an execute returns once its last transfer has
- * landed (its last unpacks still queued on the stream), and it cannot be
- * captured into a CUDA graph (graphs 0).
+ * round's packs, and the unpack that last read the receive half it
+ * reuses), posts every receive and send of the group with the staging
+ * pool's device pointers and their memory type (a CUDA-enabled UCX moves
+ * them: CUDA IPC inside a node, RDMA with GPUDirect across nodes, staged
+ * through host memory elsewhere), and waits for all of them before
+ * returning, so that whatever the executor enqueues after it (the
+ * unpacks) runs on data that has landed. Every send is posted before
+ * anything waits, so groups pair as NCCL's do whatever the interleaving.
+ * The executor's host thread is held for each transfer, and an execute
+ * cannot be captured into a CUDA graph (graphs 0).
  *
- * Messages of one communicator go with one tag (RS_UXC_TAG), in posting
- * order per pair of ranks (UCP keeps a sender's messages of one tag in
- * order), like NCCL's: after any failure the communicator is poisoned and
- * nothing pairs again. Plan agreement and the host collectives run over
+ * Tags. A message's tag holds this communicator's number (agreed at
+ * creation: every UCX (CUDA) communicator over one host communicator has
+ * its own) and its place among the messages of its pair and direction
+ * (counted on both ends, in the posting order both ends share), so that
+ * messages pair as NCCL's do, in order per pair, and nothing of another
+ * communicator over the same host, or of one destroyed after a failure,
+ * ever pairs with this one's. The reduction of words (relay plans'
+ * global agreement, the commit's vote) is messages of this communicator
+ * too, not the host's collectives. Plan agreement at creation runs over
  * the host communicator, which must outlive this one and keep its
- * membership: a rejoin or resize of it makes every call here refuse. */
+ * membership: a rejoin or resize of it makes every call here refuse.
+ *
+ * Failure. A failed group settles its requests (cancelled, the worker
+ * driven for a grace second); one UCX still runs (a rendezvous transfer
+ * with a live peer) keeps the staging pool from ever being freed (leaked,
+ * as for GPU work that never ended: dev_comm.h pool_abandoned). The
+ * communicator is poisoned: its plans' gates close, later calls refuse.
+ *
+ * Threads: the calls of one communicator are serialized by its lock (a
+ * second thread's execute waits); executes of two plans on one
+ * communicator must not overlap across ranks in different orders, as on
+ * NCCL. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,29 +58,41 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
 #else
 
 #include <cuda_runtime.h>
+#include <pthread.h>
 
 #include "common/clock.h"
+#include "common/debug.h"
 #include "cuda/cuda_util.h"
 #include "kernels/rs_agree.h"
 #include "transport/dev_comm.h"
 #include "transport/stream.h"
 #include "transport/ucx_internal.h"
 
-/* reshard's 64-bit tag of every transfer (the host transport hashes it
- * with the sender's rank): a control tag no host plan makes (their
- * control kinds are small numbers, exec/exec_state.h). */
-#define RS_UXC_TAG (((uint64_t)1 << 63) | ((uint64_t)0x7fff << 48) | ((uint64_t)0xffff << 32) | 0x75c7da7aull)
+/* reshard's 64-bit tag of a message (the host transport hashes it with
+ * the sender's rank and its membership epoch): a marker, the
+ * communicator's number, the message's place in its pair and direction. */
+static uint64_t msg_tag(uint64_t id, uint64_t seq) {
+  return (uint64_t)0xd5 << 56 | (id & 0xffffffull) << 32 | (seq & 0xffffffffull);
+}
+
+/* How long a failed group drives its cancelled requests to an end. */
+#define SETTLE_NS 1000000000ll
 
 typedef struct rs_uxc {
   rs_dev_comm dev; /* first (src/transport/dev_comm.h) */
   reshard_comm_t *host;
+  pthread_mutex_t mu; /* group, reduce_words, poison */
+  int mu_ok;
   int device;
   int poisoned;
   uint32_t rejoins, resizes; /* the host's, at creation */
   int memtype;               /* device memory's, declared to UCP (rs_ux_device_memtype) */
-  rs_request **reqs;         /* group: its requests (grown) */
+  uint64_t id;               /* this communicator's number over its host */
+  uint64_t *sent, *recvd;    /* messages posted to / from each rank so far */
+  rs_request **reqs;         /* a group's requests (grown) */
   size_t reqs_cap;
-  uint64_t *h_words;         /* reduce_words: pinned */
+  uint64_t *h_words;         /* reduce_words: this rank's and every rank's (pinned) */
+  rs_p2p *red;               /* reduce_words' messages, 2 per other rank */
 } rs_uxc;
 
 static reshard_result_t uxc_health(reshard_comm_t *c) {
@@ -98,21 +126,52 @@ static void uxc_poison(reshard_comm_t *c) {
   x->poisoned = 1;
 }
 
-/* Waits for every request of reqs[0, n) until the deadline; on the first
- * failure cancels the rest. */
-static reshard_result_t wait_all(reshard_comm_t *c, rs_request **reqs, size_t n, int64_t deadline) {
+/* Posts ops[0, n) (receives first, then sends, each in its order: the
+ * order both ends of a pair share) with this communicator's tags, device
+ * memory of memtype, then waits for all until the deadline. On a failure
+ * every request left is settled (rs_ux_settle); one UCX keeps running
+ * pins the staging pool for good. Under x->mu. */
+static reshard_result_t exchange(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, int64_t deadline) {
   rs_uxc *x = c->impl;
   reshard_comm_t *h = x->host;
-  reshard_result_t r = RESHARD_SUCCESS;
-  for (size_t i = 0; i < n; i++) {
-    if (!reqs[i]) continue;
-    if (!r) {
-      r = h->ops->wait(h, reqs[i], deadline);
-      if (r != RESHARD_ERROR_TIMEOUT) reqs[i] = NULL; /* completed (and freed), well or not */
-    }
-    if (reqs[i]) h->ops->cancel(h, reqs[i]);
-    reqs[i] = NULL;
+  if (n > x->reqs_cap) { /* grows to the largest round once, not per call */
+    rs_request **q = realloc(x->reqs, n * sizeof *q);
+    if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+    x->reqs = q;
+    x->reqs_cap = n;
   }
+  memset(x->reqs, 0, n * sizeof *x->reqs);
+  reshard_result_t r = RESHARD_SUCCESS;
+  for (int pass = 0; pass < 2 && !r; pass++)
+    for (size_t i = 0; i < n && !r; i++) {
+      const rs_p2p *o = &ops[i];
+      if (o->is_recv != !pass) continue;
+      if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank) {
+        r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
+                     c->rank, o->peer);
+        break;
+      }
+      uint64_t *count = o->is_recv ? &x->recvd[o->peer] : &x->sent[o->peer];
+      r = rs_ux_post_mem(h, o->peer, msg_tag(x->id, (*count)++), o->buf, (size_t)o->bytes, o->is_recv, memtype,
+                         &x->reqs[i]);
+    }
+  for (size_t i = 0; i < n && !r; i++) {
+    r = h->ops->wait(h, x->reqs[i], deadline);
+    if (r != RESHARD_ERROR_TIMEOUT) x->reqs[i] = NULL; /* completed (and freed), well or not */
+  }
+  if (!r) return RESHARD_SUCCESS;
+  int running = 0;
+  const int64_t until = rs_now_ns() + SETTLE_NS;
+  for (size_t i = 0; i < n; i++)
+    if (x->reqs[i]) running += !rs_ux_settle(h, x->reqs[i], until), x->reqs[i] = NULL;
+  if (running) {
+    x->dev.pool_abandoned = 1;
+    RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: %d UCX transfer(s) of a failed call still run after a second: the staging pool is "
+                "kept, never freed", c->rank, running);
+  }
+  if (r == RESHARD_ERROR_TIMEOUT)
+    return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: a UCX transfer of GPU memory did not complete by the plan's "
+                    "deadline (a partner stopped or never called)", c->rank);
   return r;
 }
 
@@ -121,66 +180,55 @@ static reshard_result_t uxc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n
   (void)gate; /* a failure returns before anything after it is enqueued; poison closes the gates */
   rs_uxc *x = c->impl;
   if (n == 0) return RESHARD_SUCCESS;
-  RS_CHECK(uxc_health(c));
-  if (n > x->reqs_cap) { /* grows to the largest round once, not per call */
-    rs_request **q = realloc(x->reqs, n * sizeof *q);
-    if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
-    x->reqs = q;
-    x->reqs_cap = n;
-  }
-  /* the round's packs, and whatever the caller queued before them */
-  RS_CHECK(rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
-                            "the packs before a UCX transfer did not finish by the plan's deadline"));
-  reshard_comm_t *h = x->host;
-  reshard_result_t r = RESHARD_SUCCESS;
-  memset(x->reqs, 0, n * sizeof *x->reqs);
-  /* receives first, then sends: a sender's message never waits
-   * unexpected for a receive this rank posts in the same group */
-  for (int pass = 0; pass < 2 && !r; pass++)
-    for (size_t i = 0; i < n && !r; i++) {
-      const rs_p2p *o = &ops[i];
-      if (o->is_recv != !pass) continue;
-      if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank)
-        r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
-                     c->rank, o->peer);
-      else
-        r = rs_ux_post_mem(h, o->peer, RS_UXC_TAG, o->buf, (size_t)o->bytes, o->is_recv, x->memtype, &x->reqs[i]);
-    }
-  if (r) {
-    for (size_t i = 0; i < n; i++)
-      if (x->reqs[i]) h->ops->cancel(h, x->reqs[i]), x->reqs[i] = NULL;
-    return r;
-  }
-  r = wait_all(c, x->reqs, n, deadline);
-  if (r == RESHARD_ERROR_TIMEOUT)
-    return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: a UCX transfer of GPU memory did not complete by the plan's "
-                    "deadline (a partner stopped or never called)", c->rank);
+  pthread_mutex_lock(&x->mu);
+  reshard_result_t r = uxc_health(c);
+  /* the round's packs, and whatever the stream waits for before it */
+  if (!r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
+                               "the work before a UCX transfer did not finish by the plan's deadline");
+  if (!r) r = exchange(c, ops, n, x->memtype, deadline);
+  pthread_mutex_unlock(&x->mu);
   return r;
 }
 
 /* The max of n words (device memory) over every rank: the stream's work
- * first, then the words through the host, the host communicator's
- * collective, and back. */
+ * first, then the words through pinned host memory to every other rank
+ * and back, as messages of this communicator. */
 static reshard_result_t uxc_reduce_words(reshard_comm_t *c, uint64_t *words, uint32_t n, void *stream,
                                          int64_t deadline, void *gate) {
   (void)gate;
   rs_uxc *x = c->impl;
   if (n < 1 || n > RS_COMMIT_WORDS)
     return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a reduction of %u words", c->rank, n);
-  RS_CHECK(uxc_health(c));
+  if (c->size == 1) return RESHARD_SUCCESS;
+  pthread_mutex_lock(&x->mu);
   cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t ce = cudaMemcpyAsync(x->h_words, words, 8 * (size_t)n, cudaMemcpyDeviceToHost, s);
-  if (ce) return rs_cuda_error(ce, "cudaMemcpyAsync(words to reduce)", c->rank);
-  RS_CHECK(rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(words to reduce)",
-                            "the work before a reduction did not finish by the plan's deadline"));
-  reshard_comm_t *h = x->host;
-  reshard_result_t r = h->ops->allreduce_max_u64(h, x->h_words, (int)n, deadline);
-  if (r) return r;
-  ce = cudaMemcpyAsync(words, x->h_words, 8 * (size_t)n, cudaMemcpyHostToDevice, s);
-  if (ce) return rs_cuda_error(ce, "cudaMemcpyAsync(reduced words)", c->rank);
-  /* h_words is reused by the next reduction: the copy must have read it */
-  return rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(reduced words)",
-                          "the copy of a reduction's result did not finish by the plan's deadline");
+  uint64_t *mine = x->h_words, *theirs = x->h_words + RS_COMMIT_WORDS;
+  reshard_result_t r = uxc_health(c);
+  if (!r) {
+    cudaError_t ce = cudaMemcpyAsync(mine, words, 8 * (size_t)n, cudaMemcpyDeviceToHost, s);
+    if (ce) r = rs_cuda_error(ce, "cudaMemcpyAsync(words to reduce)", c->rank);
+  }
+  if (!r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(words to reduce)",
+                               "the work before a reduction did not finish by the plan's deadline");
+  size_t k = 0;
+  for (int p = 0; !r && p < c->size; p++) {
+    if (p == c->rank) continue;
+    x->red[k++] = (rs_p2p){.peer = p, .is_recv = 1, .buf = theirs + (size_t)p * RS_COMMIT_WORDS, .bytes = 8 * n};
+    x->red[k++] = (rs_p2p){.peer = p, .is_recv = 0, .buf = mine, .bytes = 8 * n};
+  }
+  if (!r) r = exchange(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, deadline);
+  for (int p = 0; !r && p < c->size; p++)
+    for (uint32_t w = 0; p != c->rank && w < n; w++)
+      if (theirs[(size_t)p * RS_COMMIT_WORDS + w] > mine[w]) mine[w] = theirs[(size_t)p * RS_COMMIT_WORDS + w];
+  if (!r) {
+    cudaError_t ce = cudaMemcpyAsync(words, mine, 8 * (size_t)n, cudaMemcpyHostToDevice, s);
+    if (ce) r = rs_cuda_error(ce, "cudaMemcpyAsync(reduced words)", c->rank);
+  }
+  /* the pinned words are reused by the next reduction: the copy must have read them */
+  if (!r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(reduced words)",
+                               "the copy of a reduction's result did not finish by the plan's deadline");
+  pthread_mutex_unlock(&x->mu);
+  return r;
 }
 
 static reshard_result_t uxc_pool_alloc(reshard_comm_t *c, size_t bytes, void **out) {
@@ -205,19 +253,25 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 
 static void uxc_release(rs_uxc *x) {
   free(x->reqs);
+  free(x->sent);
+  free(x->recvd);
+  free(x->red);
   if (x->h_words) cudaFreeHost(x->h_words);
+  if (x->mu_ok) pthread_mutex_destroy(&x->mu);
 }
 
 static void uxc_destroy(reshard_comm_t *c) {
   rs_uxc *x = c->impl;
   if (!x) return;
-  /* The last execute's transfers are over (they completed on the host);
-   * its last unpacks may still read the pool: wait for them until its
-   * deadline (past it the memory is freed under nothing of ours, since
-   * no message of this communicator can land any more). */
-  if (x->dev.have_last)
-    rs_dev_comm_wait(c, NULL, x->dev.last_end, rs_dev_comm_busy_until(c), "cudaEventQuery(last execute)",
-                     "the last execute's unpacks did not finish by its deadline");
+  /* The last execute's transfers completed on the host (or were settled:
+   * a running one pinned the pool); its last unpacks may still read the
+   * pool: wait for them until its deadline, poisoned or not. */
+  if (x->dev.have_last) {
+    const int64_t deadline = rs_dev_comm_busy_until(c);
+    for (unsigned spin = 0; rs_cuda_query(NULL, x->dev.last_end) == cudaErrorNotReady && rs_now_ns() < deadline;
+         spin++)
+      rs_nap(spin);
+  }
   rs_dev_comm_fini(c);
   uxc_release(x);
   free(x);
@@ -247,6 +301,26 @@ static const rs_transport_ops rs_uxc_ops = {
     .stream_ops = &rs_uxc_stream_ops,
 };
 
+/* This rank's part of creation (local failures only). */
+static reshard_result_t setup(reshard_comm_t *c, rs_uxc *x, reshard_comm_t *ucx) {
+  c->rank = ucx->rank;
+  c->size = ucx->size;
+  c->impl = x;
+  x->host = ucx;
+  x->rejoins = ucx->rejoins;
+  x->resizes = ucx->resizes;
+  x->mu_ok = pthread_mutex_init(&x->mu, NULL) == 0;
+  x->sent = calloc((size_t)c->size, sizeof *x->sent);
+  x->recvd = calloc((size_t)c->size, sizeof *x->recvd);
+  x->red = calloc(2 * (size_t)c->size, sizeof *x->red);
+  if (!x->mu_ok || !x->sent || !x->recvd || !x->red)
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx_cuda rank %d: out of memory", c->rank);
+  cudaError_t ce = cudaGetDevice(&x->device);
+  if (!ce) ce = cudaMallocHost((void **)&x->h_words, 8 * RS_COMMIT_WORDS * ((size_t)c->size + 1));
+  if (ce) return rs_cuda_error(ce, "comm_create_ucx_cuda: CUDA setup", c->rank);
+  return rs_dev_comm_init(c, &rs_uxc_hooks);
+}
+
 reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_t **out) {
   rs_error_clear();
   if (!out) return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx_cuda: out is NULL");
@@ -255,6 +329,7 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
   if (ucx->ops != &rs_ux_ops)
     return rs_error(RESHARD_ERROR_INVALID_ARGUMENT, "comm_create_ucx_cuda: ucx must be a UCX communicator "
                     "(reshard_comm_create_ucx), not '%s'", ucx->ops->name);
+  ux_comm *m = ucx->impl;
   /* This rank's part; the agreement below makes it all or nothing. */
   reshard_result_t r = RESHARD_SUCCESS;
   const int memtype = rs_ux_device_memtype(ucx);
@@ -272,25 +347,19 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
     if (!c || !x) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx_cuda: out of memory");
   }
   if (!r) {
-    c->rank = ucx->rank;
-    c->size = ucx->size;
-    c->impl = x;
-    x->host = ucx;
-    x->rejoins = ucx->rejoins;
-    x->resizes = ucx->resizes;
     x->memtype = memtype;
-    cudaError_t ce = cudaGetDevice(&x->device);
-    if (!ce) ce = cudaMallocHost((void **)&x->h_words, 8 * RS_COMMIT_WORDS);
-    if (ce) r = rs_cuda_error(ce, "comm_create_ucx_cuda: CUDA setup", c->rank);
-    else r = rs_dev_comm_init(c, &rs_uxc_hooks);
+    r = setup(c, x, ucx);
   }
-  /* every rank learns whether any failed: all get a communicator or none */
-  uint64_t bad = r != RESHARD_SUCCESS;
-  reshard_result_t ra = ucx->ops->allreduce_max_u64(ucx, &bad, 1, rs_deadline_after_ms(60000));
+  /* every rank learns whether any failed (all get a communicator or
+   * none), and the communicator's number: past every rank's count (a
+   * newcomer of a rejoin counted none) */
+  uint64_t v[2] = {r != RESHARD_SUCCESS, m->cuda_comms + 1};
+  reshard_result_t ra = ucx->ops->allreduce_max_u64(ucx, v, 2, rs_deadline_after_ms(60000));
+  if (!ra) m->cuda_comms = v[1];
   if (!r && ra) r = ra;
-  else if (!r && bad)
+  else if (!r && v[0])
     r = rs_error(RESHARD_ERROR_REMOTE, "comm_create_ucx_cuda rank %d: another rank failed to create its "
-                 "communicator", c->rank);
+                 "communicator", ucx->rank);
   if (r) {
     if (x && x->dev.hooks) rs_dev_comm_fini(c);
     if (x) uxc_release(x);
@@ -298,6 +367,7 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
     free(c);
     return r;
   }
+  x->id = v[1];
   c->ops = &rs_uxc_ops;
   *out = c;
   return RESHARD_SUCCESS;

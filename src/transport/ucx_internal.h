@@ -68,6 +68,9 @@ typedef struct ux_comm {
    * one of the newcomer's. */
   uint64_t epoch;
   int failed; /* a rejoin failed: every operation refuses (destroy it) */
+  /* UCX (CUDA) communicators made over this one so far (ucx_cuda.c): the
+   * newest one's number, agreed at its creation, salts its tags */
+  uint64_t cuda_comms;
   struct sockaddr_in rdv; /* the rendezvous (rank 0 listens there while the communicator lives) */
   char rdv_name[256];
   /* rank 0: every rank's worker address (a newcomer gets the table) */
@@ -132,6 +135,11 @@ reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r);
 reshard_result_t rs_ux_wait(reshard_comm_t *c, rs_request *r, int64_t deadline);
 /* Abandons a request and frees it (ops.cancel). */
 void rs_ux_cancel(reshard_comm_t *c, rs_request *r);
+/* Ends a request of a failed call for good: cancels it (a receive not yet
+ * matched ends at once) and drives the worker until it has completed or
+ * the deadline passes; 1: it completed and UCP no longer touches its
+ * buffer; 0: released still running (rs_ux_cancel): keep its memory. */
+int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline);
 /* A numbered all-to-all agreement, the max of every rank's (ops.allreduce_max_u64). */
 reshard_result_t rs_ux_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64_t deadline);
 /* Closes an endpoint (forced, a second at most). Under the lock. */

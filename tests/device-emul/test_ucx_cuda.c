@@ -27,7 +27,12 @@
  *   of emulated GPU time (a group must wait for its round's packs).
  * absent_partner_times_out: a rank that never executes: its partners'
  *   executes end by the deadline with TIMEOUT, no destination byte
- *   written, and the communicator refuses later calls.
+ *   written, and the communicator refuses a new plan; a new communicator
+ *   over the same host then moves a version whole.
+ * two_communicators_over_one_host: plans on two communicators over one
+ *   host, executed in the same order on both ranks (both versions whole)
+ *   and in opposite orders (TIMEOUT, nothing written: never each other's
+ *   data).
  * refusals: registered buffers (UNSUPPORTED: staging only) and an
  *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
  *   which a whole version moves; the wrong device; a host communicator
@@ -73,17 +78,28 @@ static int64_t ms_now(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A free TCP port on the loopback for a world's rendezvous. */
+/* A free TCP port of the loopback for a world's rendezvous, below the
+ * ephemeral range (as tests/support/free_port.py picks: a port the
+ * kernel's bind-to-0 hands out may become another socket's source port,
+ * a UCX worker's own listener included, before rank 0 binds it again). */
 static char rendezvous[64];
 static void new_rendezvous(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  snprintf(rendezvous, sizeof rendezvous, "127.0.0.1:%d", ntohs(a.sin_port));
+  static unsigned seed;
+  if (!seed) seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+  for (int tries = 0; tries < 200; tries++) {
+    int port = 10000 + (int)(rand_r(&seed) % 22000u);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_true(fd >= 0);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) {
+      snprintf(rendezvous, sizeof rendezvous, "127.0.0.1:%d", port);
+      return;
+    }
+  }
+  fail_msg("no free port below the ephemeral range");
 }
 
 /* This rank's UCX host communicator and the UCX (CUDA) one over it (NULL
@@ -244,12 +260,17 @@ static void random_worlds(void **state) {
 /* ------------------------------------------------------------ absent */
 
 /* Three ranks exchanging one tensor; rank 2 creates the plan and never
- * executes it. */
+ * executes it. Then every rank makes a new UCX (CUDA) communicator over
+ * the same host communicator and a new plan, and a version moves whole
+ * (the failed call's messages to rank 2 may still wait unreceived there;
+ * the new communicator's tags are its own: two_communicators_over_one_host
+ * shows what a shared tag does). */
 typedef struct absent_ctx {
   int64_t took_ms[3];
   reshard_result_t got[3];
   long changed[3];
   reshard_result_t later[3];
+  char later_msg[3][256];
 } absent_ctx;
 
 static void absent_rank(mw_rank *r) {
@@ -261,12 +282,12 @@ static void absent_rank(mw_rank *r) {
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = 600;
   reshard_plan_t *plan = NULL;
+  reshard_selftest_t s = {0}, d = {0};
+  reshard_selftest_alloc(&s, src, r->rank, 1);
+  reshard_selftest_alloc(&d, dst, r->rank, -1);
   if (reshard_plan_create(c, src, dst, &o, &plan)) {
     RFAIL(r, "plan_create: %s", reshard_last_error());
   } else if (r->rank < 2) {
-    reshard_selftest_t s, d;
-    reshard_selftest_alloc(&s, src, r->rank, 1);
-    reshard_selftest_alloc(&d, dst, r->rank, -1);
     unsigned char *before = malloc(d.bytes[0]);
     memcpy(before, d.ptr[0], d.bytes[0]);
     int64_t t0 = ms_now();
@@ -281,16 +302,36 @@ static void absent_rank(mw_rank *r) {
     x->took_ms[r->rank] = ms_now() - t0;
     x->got[r->rank] = e;
     for (size_t i = 0; i < d.bytes[0]; i++) x->changed[r->rank] += d.ptr[0][i] != before[i];
-    x->later[r->rank] = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
-                                             (size_t)d.nbuf, NULL);
     free(before);
-    reshard_selftest_free(&s);
-    reshard_selftest_free(&d);
+    /* the communicator itself refuses now: a new plan on it (no peer is
+     * asked: its agreement refuses first) */
+    reshard_plan_t *again = NULL;
+    x->later[r->rank] = reshard_plan_create(c, src, dst, &o, &again);
+    snprintf(x->later_msg[r->rank], sizeof x->later_msg[r->rank], "%s", reshard_last_error());
+    reshard_plan_destroy(again);
   } else {
-    /* outlive the others' deadline: then go */
+    /* outlive the others' deadline: then go on */
     usleep(1500 * 1000);
   }
   reshard_plan_destroy(plan);
+  plan = NULL;
+  reshard_comm_destroy(c);
+  /* a new communicator over the same host, a new plan, a whole version */
+  c = NULL;
+  if (!r->failed && reshard_comm_create_ucx_cuda(host, &c)) RFAIL(r, "second communicator: %s", reshard_last_error());
+  o.timeout_ms = 5000;
+  if (!r->failed && reshard_plan_create(c, src, dst, &o, &plan))
+    RFAIL(r, "plan_create on the second communicator: %s", reshard_last_error());
+  if (!r->failed) {
+    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
+                                              (size_t)d.nbuf, NULL);
+    if (e) RFAIL(r, "execute on the second communicator: %s", reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check_from(&d, dst, src, r->rank, 1, "second communicator");
+  }
+  reshard_plan_destroy(plan);
+  reshard_selftest_free(&s);
+  reshard_selftest_free(&d);
   reshard_layout_destroy(src);
   reshard_layout_destroy(dst);
   close_comm(c, host);
@@ -303,12 +344,110 @@ static void absent_partner_times_out(void **state) {
   snprintf(world_label, sizeof world_label, "absent partner: ");
   run_world(3, absent_rank, &x);
   for (int k = 0; k < 2; k++) {
-    printf("rank %d: %s after %lld ms; later call %d\n", k, x.got[k] == RESHARD_ERROR_TIMEOUT ? "TIMEOUT" : "?",
-           (long long)x.took_ms[k], (int)x.later[k]);
+    printf("rank %d: %s after %lld ms; a new plan on the communicator: %d (%s)\n", k,
+           x.got[k] == RESHARD_ERROR_TIMEOUT ? "TIMEOUT" : "?", (long long)x.took_ms[k], (int)x.later[k],
+           x.later_msg[k]);
     assert_int_equal(x.got[k], RESHARD_ERROR_TIMEOUT);
     assert_true(x.took_ms[k] < 600 + 1000);
     assert_int_equal(x.changed[k], 0);
-    assert_int_not_equal(x.later[k], RESHARD_SUCCESS);
+    assert_int_equal(x.later[k], RESHARD_ERROR_INVALID_USAGE);
+    assert_non_null(strstr(x.later_msg[k], "poisoned"));
+  }
+}
+
+/* ------------------------------------------------------------ two */
+
+/* Two UCX (CUDA) communicators over one host communicator, a plan of the
+ * same layouts on each (a version apart). In the same order on both
+ * ranks both versions move whole; in opposite orders (rank 0: A then B,
+ * rank 1: B then A) each rank's first execute waits for a partner busy in
+ * the other communicator's until one times out: what fails writes
+ * nothing, what succeeds holds its own version. With one tag for
+ * every communicator the opposite orders "succeeded" with each plan's
+ * destination holding the other's version. */
+typedef struct two_ctx {
+  int opposite;
+  reshard_result_t got[2][2];
+  long wrong_after_fail[2];
+} two_ctx;
+
+static void two_rank(mw_rank *r) {
+  two_ctx *x = r->ctx;
+  reshard_comm_t *host = NULL, *cm[2] = {NULL, NULL};
+  if (!(cm[0] = open_comm(r, &host))) return;
+  if (reshard_comm_create_ucx_cuda(host, &cm[1])) {
+    RFAIL(r, "second communicator: %s", reshard_last_error());
+    close_comm(cm[0], host);
+    return;
+  }
+  reshard_layout_t *src, *dst;
+  mw_layouts_all(r->n, 64, 32 * (int64_t)r->n, &src, &dst);
+  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+  o.timeout_ms = x->opposite ? 500 : 5000;
+  reshard_plan_t *plan[2] = {NULL, NULL};
+  reshard_selftest_t s[2] = {{0}}, d[2] = {{0}};
+  for (int k = 0; k < 2 && !r->failed; k++) {
+    if (reshard_plan_create(cm[k], src, dst, &o, &plan[k])) RFAIL(r, "plan_create %d: %s", k, reshard_last_error());
+    reshard_selftest_alloc(&s[k], src, r->rank, (uint64_t)(10 + k)); /* plan k moves version 10 + k */
+    reshard_selftest_alloc(&d[k], dst, r->rank, -1);
+  }
+  for (int i = 0; i < 2 && !r->failed; i++) {
+    const int k = x->opposite && r->rank == 1 ? 1 - i : i;
+    x->got[r->rank][k] = reshard_plan_execute(plan[k], (void *const *)s[k].ptr, (size_t)s[k].nbuf,
+                                              (void *const *)d[k].ptr, (size_t)d[k].nbuf, NULL);
+    mock_stream_drain(NULL);
+    if (!x->got[r->rank][k]) {
+      reshard_plan_status_t st = {.struct_size = sizeof st};
+      reshard_plan_get_status(plan[k], &st);
+      if (st.failed) x->got[r->rank][k] = st.failure;
+    }
+  }
+  for (int k = 0; k < 2 && !r->failed; k++) {
+    if (x->got[r->rank][k] == RESHARD_SUCCESS) {
+      r->wrong += reshard_selftest_check_from(&d[k], dst, src, r->rank, (uint64_t)(10 + k), "two communicators");
+    } else {
+      /* nothing written: the destination is as allocated */
+      reshard_selftest_t fresh;
+      reshard_selftest_alloc(&fresh, dst, r->rank, -1);
+      for (int b = 0; b < d[k].nbuf; b++)
+        for (size_t j = 0; d[k].ptr[b] && j < d[k].bytes[b]; j++) x->wrong_after_fail[r->rank] += d[k].ptr[b][j] != fresh.ptr[b][j];
+      reshard_selftest_free(&fresh);
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    reshard_plan_destroy(plan[k]);
+    reshard_selftest_free(&s[k]);
+    reshard_selftest_free(&d[k]);
+  }
+  reshard_comm_destroy(cm[1]);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  close_comm(cm[0], host);
+}
+
+static void two_communicators_over_one_host(void **state) {
+  (void)state;
+  for (int opposite = 0; opposite < 2; opposite++) {
+    two_ctx x;
+    memset(&x, 0, sizeof x);
+    x.opposite = opposite;
+    snprintf(world_label, sizeof world_label, "two communicators, %s orders: ", opposite ? "opposite" : "the same");
+    run_world(2, two_rank, &x);
+    for (int rk = 0; rk < 2; rk++) {
+      printf("%s orders, rank %d: plan A %d, plan B %d\n", opposite ? "opposite" : "same", rk, (int)x.got[rk][0],
+             (int)x.got[rk][1]);
+      assert_int_equal(x.wrong_after_fail[rk], 0);
+      if (!opposite) {
+        assert_int_equal(x.got[rk][0], RESHARD_SUCCESS);
+        assert_int_equal(x.got[rk][1], RESHARD_SUCCESS);
+      }
+    }
+    /* opposite orders: a first execute waits for a partner busy in the
+     * other communicator until one of them times out (the other may then
+     * pair with its partner's late execute); what succeeded holds its own
+     * version (run_world counts wrong bytes), what failed wrote nothing */
+    if (opposite)
+      assert_true(x.got[0][0] || x.got[0][1] || x.got[1][0] || x.got[1][1]);
   }
 }
 
@@ -389,6 +528,7 @@ int main(void) {
       cmocka_unit_test(moves_cuda_refused),
       cmocka_unit_test(refusals),
       cmocka_unit_test(absent_partner_times_out),
+      cmocka_unit_test(two_communicators_over_one_host),
       cmocka_unit_test(random_worlds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
