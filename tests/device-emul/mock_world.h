@@ -49,6 +49,21 @@ typedef struct mw_outcome {
  * an in-process host world of n ranks; ends both. */
 mw_outcome mw_run(int n, int64_t hang_ms, mw_fn fn, void *ctx, mw_rank *r);
 
+/* The double-buffered commit over the device communicator c (every
+ * stream transport's, created by the caller): mw_layouts_all with small
+ * staging, versions 1 to 4 commit and flip the active copy (the inactive
+ * one keeps the version before), then rank 1 runs a version ahead:
+ * nothing commits anywhere and the active copy keeps version 4, byte for
+ * byte. Failures are RFAIL'ed on r. */
+void mw_double_buffer(mw_rank *r, reshard_comm_t *c);
+
+/* The commit's vote catches ranks apart (test_cuda_ipc.c
+ * commit_vote_catches_ranks_apart says how), over the device communicator
+ * c of 3 ranks: rank `odd` (1 or 2) passes another version at the second
+ * call; ranks 0 and 1 exchange a tensor, rank 2 only copies locally, so
+ * only the vote can tell it. Failures are RFAIL'ed on r. */
+void mw_commit_apart(mw_rank *r, reshard_comm_t *c, int odd);
+
 /* Layouts in which all n ranks exchange one rows x cols fp32 tensor "w":
  * rows sharded over the ranks on the source, columns over them in
  * reverse on the destination (every rank sends to every other). */

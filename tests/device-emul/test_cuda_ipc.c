@@ -681,65 +681,7 @@ static void dbuf_rank(ipc_rank *r) {
   int nccl = *(const int *)r->ctx;
   reshard_comm_t *host = NULL, *c = NULL;
   if (!(c = open_comm(r, nccl, &host))) return;
-  reshard_layout_t *src, *dst;
-  mw_layouts_all(r->n, 48, 32 * (int64_t)r->n, &src, &dst);
-  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-  o.staging_bytes = 4096;
-  o.timeout_ms = 3000;
-  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
-  reshard_plan_t *plan = NULL;
-  reshard_selftest_t s = {0}, d[2] = {{0}, {0}};
-  void *bufs[2 * 8];
-  if (reshard_plan_create(c, src, dst, &o, &plan)) {
-    RFAIL(r, "plan_create: %s", reshard_last_error());
-    goto out;
-  }
-  if (reshard_selftest_alloc(&d[0], dst, r->rank, -1) || reshard_selftest_alloc(&d[1], dst, r->rank, -1) ||
-      d[0].nbuf > 8) {
-    RFAIL(r, "selftest alloc");
-    goto out;
-  }
-  for (int b = 0; b < d[0].nbuf; b++) bufs[b] = d[0].ptr[b], bufs[d[0].nbuf + b] = d[1].ptr[b];
-  for (int step = 0; step < 5 && !r->failed; step++) {
-    reshard_selftest_free(&s);
-    if (reshard_selftest_alloc(&s, src, r->rank, step)) {
-      RFAIL(r, "selftest alloc");
-      break;
-    }
-    if (step == 4 && r->rank == 1) M.tamper_version = 1;
-    reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, bufs,
-                                              2 * (size_t)d[0].nbuf, NULL);
-    M.tamper_version = 0;
-    if (e) {
-      RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
-      break;
-    }
-    if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
-    reshard_plan_status_t st = {.struct_size = sizeof st};
-    reshard_plan_get_status(plan, &st);
-    if (step < 4) {
-      if (st.failed || st.committed_version != (uint64_t)step + 1 || st.active_copy != step % 2)
-        RFAIL(r, "step %d: failed %d (%s), committed version %llu, active copy %d", step, st.failed,
-              st.failure_message, (unsigned long long)st.committed_version, st.active_copy);
-      else
-        r->wrong += reshard_selftest_check(&d[step % 2], dst, r->rank, (uint64_t)step, "dbuf active");
-      if (step >= 1) r->wrong += reshard_selftest_check(&d[(step + 1) % 2], dst, r->rank, (uint64_t)step - 1,
-                                                        "dbuf inactive");
-    } else {
-      if (!st.failed || st.committed_version != 4 || st.active_copy != 1)
-        RFAIL(r, "step 4 (a rank out of step): failed %d, committed version %llu, active copy %d", st.failed,
-              (unsigned long long)st.committed_version, st.active_copy);
-      r->wrong += reshard_selftest_check(&d[1], dst, r->rank, 3, "dbuf kept");
-    }
-  }
-  if (r->wrong) RFAIL(r, "%lld wrong bytes", (long long)r->wrong);
-out:
-  reshard_plan_destroy(plan);
-  reshard_selftest_free(&s);
-  reshard_selftest_free(&d[0]);
-  reshard_selftest_free(&d[1]);
-  reshard_layout_destroy(src);
-  reshard_layout_destroy(dst);
+  mw_double_buffer(r, c);
   reshard_comm_destroy(c);
   reshard_comm_destroy(host);
 }
@@ -769,65 +711,9 @@ typedef struct apart_ctx {
 
 static void apart_rank(ipc_rank *r) {
   const apart_ctx *x = r->ctx;
-  const int nccl = x->nccl;
   reshard_comm_t *host = NULL, *c = NULL;
-  if (!(c = open_comm(r, nccl, &host))) return;
-  reshard_layout_t *src, *dst;
-  assert_int_equal(reshard_layout_create(&src), 0);
-  assert_int_equal(reshard_layout_create(&dst), 0);
-  int64_t sw[2] = {16, 32}, su[1] = {40};
-  int tw, tu, m01, m2, b, n2[1] = {2}, one[1] = {1};
-  for (int side = 0; side < 2; side++) {
-    reshard_layout_t *L = side ? dst : src;
-    assert_int_equal(reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, sw, &tw), 0);
-    assert_int_equal(reshard_layout_add_tensor(L, "u", RESHARD_BF16, 1, su, &tu), 0);
-    assert_int_equal(reshard_layout_add_mesh(L, 1, n2, side ? (int[]){1, 0} : (int[]){0, 1}, &m01), 0);
-    assert_int_equal(reshard_layout_add_mesh(L, 1, one, (int[]){2}, &m2), 0);
-    reshard_placement_t ps[1] = {reshard_shard(side)}, rep[1] = {reshard_replicate()};
-    assert_int_equal(reshard_layout_place(L, tw, m01, ps, &b), 0);
-    assert_int_equal(reshard_layout_place(L, tu, m2, rep, &b), 0);
-  }
-  reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
-  o.staging_bytes = 4096;
-  o.timeout_ms = 3000;
-  o.flags = RESHARD_FLAG_DOUBLE_BUFFER;
-  reshard_plan_t *plan = NULL;
-  reshard_selftest_t s = {0}, d[2] = {{0}, {0}};
-  void *bufs[16];
-  if (reshard_plan_create(c, src, dst, &o, &plan) || reshard_selftest_alloc(&d[0], dst, r->rank, -1) ||
-      reshard_selftest_alloc(&d[1], dst, r->rank, -1) || d[0].nbuf > 8) {
-    RFAIL(r, "setup: %s", reshard_last_error());
-    goto out;
-  }
-  if (r->rank == 2 && plan->npeers) RFAIL(r, "rank 2 has partners: the test needs none");
-  for (int b2 = 0; b2 < d[0].nbuf; b2++) bufs[b2] = d[0].ptr[b2], bufs[d[0].nbuf + b2] = d[1].ptr[b2];
-  for (int step = 0; step < 2 && !r->failed; step++) {
-    reshard_selftest_free(&s);
-    if (reshard_selftest_alloc(&s, src, r->rank, step)) {
-      RFAIL(r, "selftest alloc");
-      break;
-    }
-    uint64_t version = step == 1 && r->rank == x->odd ? 7 : (uint64_t)step + 1;
-    if (reshard_plan_execute_version(plan, version, (void *const *)s.ptr, (size_t)s.nbuf, bufs,
-                                     2 * (size_t)d[0].nbuf, NULL) ||
-        mock_stream_drain(NULL))
-      RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
-  }
-  reshard_plan_status_t st = {.struct_size = sizeof st};
-  reshard_plan_get_status(plan, &st);
-  const reshard_result_t want = x->odd == 1 && r->rank == 2 ? RESHARD_ERROR_REMOTE : RESHARD_ERROR_MISMATCH;
-  if (!r->failed && (!st.failed || st.failure != want || st.committed_version != 1 || st.active_copy != 0))
-    RFAIL(r, "a rank out of step at the commit: failed %d (%s: %s), committed version %llu, active copy %d", st.failed,
-          reshard_result_string(st.failure), st.failure_message, (unsigned long long)st.committed_version,
-          st.active_copy);
-  r->wrong += reshard_selftest_check(&d[0], dst, r->rank, 0, "apart: the active copy");
-out:
-  reshard_plan_destroy(plan);
-  reshard_selftest_free(&s);
-  reshard_selftest_free(&d[0]);
-  reshard_selftest_free(&d[1]);
-  reshard_layout_destroy(src);
-  reshard_layout_destroy(dst);
+  if (!(c = open_comm(r, x->nccl, &host))) return;
+  mw_commit_apart(r, c, x->odd);
   reshard_comm_destroy(c);
   reshard_comm_destroy(host);
 }

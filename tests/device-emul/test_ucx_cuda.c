@@ -22,8 +22,9 @@
  * moves_cuda_refused: with the real capability query, Debian's UCX moves
  *   no CUDA memory: every rank's creation is refused (UNSUPPORTED, the
  *   message says what to load) and no communicator is left.
- * random_worlds: random layout pairs (relays, staging sizes, a topology),
- *   two versions each, byte for byte, the odd ranks' kernels taking 2 ms
+ * random_worlds: random layout pairs (relays, staging sizes, a topology,
+ *   RESHARD_FLAG_VERIFY: two messages a pair and round), two versions
+ *   each, byte for byte, the odd ranks' kernels taking 2 ms
  *   of emulated GPU time (a group must wait for its round's packs).
  * absent_partner_times_out: a rank that never executes: its partners'
  *   executes end by the deadline with TIMEOUT, no destination byte
@@ -33,6 +34,10 @@
  *   host, executed in the same order on both ranks (both versions whole)
  *   and in opposite orders (TIMEOUT, nothing written: never each other's
  *   data).
+ * double_buffer: the double-buffered commit (its vote is the
+ *   communicator's reduction of five words), a rank out of step at the
+ *   last version: nothing commits (mw_double_buffer); a rank apart that
+ *   only the vote can tell (mw_commit_apart).
  * refusals: registered buffers (UNSUPPORTED: staging only) and an
  *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
  *   which a whole version moves; the wrong device; a host communicator
@@ -178,6 +183,7 @@ typedef struct rand_ctx {
   size_t staging;
   int relay;
   const char *topology;
+  uint32_t flags;
 } rand_ctx;
 
 static void random_rank(mw_rank *r) {
@@ -192,6 +198,7 @@ static void random_rank(mw_rank *r) {
   o.timeout_ms = 20000;
   o.relay = x->relay;
   o.topology = x->topology;
+  o.flags = x->flags;
   reshard_plan_t *plan = NULL;
   if (reshard_plan_create(c, x->pair->src, x->pair->dst, &o, &plan)) {
     RFAIL(r, "plan_create: %s", reshard_last_error());
@@ -235,7 +242,7 @@ static void random_worlds(void **state) {
     assert_true(pair.nranks <= MAXR);
     int relay = it % 4 == 1 ? 1 : it % 4 == 3 ? -1 : 0;
     rand_ctx x = {&pair, it % 3 == 0 ? (size_t)1 << 20 : it % 3 == 1 ? 4096 : 16384, relay,
-                  it % 4 == 3 ? "h100-8x400g" : NULL};
+                  it % 4 == 3 ? "h100-8x400g" : NULL, it % 3 == 2 ? RESHARD_FLAG_VERIFY : 0};
     rs_relay_min_part_bytes = relay ? 0 : RS_RELAY_MIN_PART_DEFAULT;
     snprintf(world_label, sizeof world_label, "seed %llu (%d ranks, staging %zu, relay %d; replay: RS_SEED0=%llu "
              "RS_IT0=%d RS_ITERS=1): ", (unsigned long long)seed, pair.nranks, x.staging, relay,
@@ -451,6 +458,36 @@ static void two_communicators_over_one_host(void **state) {
   }
 }
 
+/* ------------------------------------------------------------ commit */
+
+/* The double-buffered commit (mw_double_buffer): its vote is the
+ * communicator's reduction of five words. */
+static void dbuf_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  mw_double_buffer(r, c);
+  close_comm(c, host);
+}
+
+/* The vote is all a rank without partners hears (mw_commit_apart): with
+ * a reduction that reduced nothing, rank 2 would commit alone. */
+static void apart_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  mw_commit_apart(r, c, *(const int *)r->ctx);
+  close_comm(c, host);
+}
+
+static void double_buffer(void **state) {
+  (void)state;
+  snprintf(world_label, sizeof world_label, "double buffer: ");
+  run_world(3, dbuf_rank, NULL);
+  for (int odd = 1; odd <= 2; odd++) {
+    snprintf(world_label, sizeof world_label, "commit vote, rank %d apart: ", odd);
+    run_world(3, apart_rank, &odd);
+  }
+}
+
 /* ------------------------------------------------------------ refusals */
 
 static void refusals_rank(mw_rank *r) {
@@ -529,6 +566,7 @@ int main(void) {
       cmocka_unit_test(refusals),
       cmocka_unit_test(absent_partner_times_out),
       cmocka_unit_test(two_communicators_over_one_host),
+      cmocka_unit_test(double_buffer),
       cmocka_unit_test(random_worlds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
