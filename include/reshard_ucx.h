@@ -175,13 +175,16 @@ reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int ran
  * communicator or none does.
  *
  * How it runs: UCX transfers are posted and completed by the host, so
- * each round's transfer waits on the calling thread (polled, until the
- * plan's deadline) for the work its stream waits for (the round's packs,
- * the unpack that last read the staging half it reuses, and for the first
- * one the caller's earlier work on `stream`), then for its UCX messages:
- * reshard_plan_execute returns once its last transfer has landed (its
- * last unpacks still queued on the stream; with RESHARD_FLAG_DOUBLE_BUFFER
- * once they ran, before the commit's vote). An execute inside a CUDA
+ * reshard_plan_execute holds the calling thread: before posting a round's
+ * messages it waits (polled, until the plan's deadline) for the work its
+ * stream waits for (the round's packs, the unpack that last read the
+ * staging half it reuses, and at the first one the caller's earlier work
+ * on `stream`), and it waits for a round's messages before enqueueing the
+ * unpack that reads them, one round later, so a round's messages travel
+ * while the GPU packs the next round and unpacks the previous one. It
+ * returns once its last transfer has landed (its last unpacks still
+ * queued on the stream; with RESHARD_FLAG_DOUBLE_BUFFER once they ran,
+ * before the commit's vote). An execute inside a CUDA
  * graph capture is refused (UNSUPPORTED, nothing enqueued), and
  * reshard_plan_register_buffers returns UNSUPPORTED (transfers go
  * through the staging pool). Messages carry the communicator's own tags:

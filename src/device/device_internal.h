@@ -78,6 +78,10 @@ typedef struct rs_dev {
   size_t staging_bytes; /* send halves, then receive halves, in the pool */
   rs_p2p *p2p;          /* one round's group */
   rs_xfer *xfers;       /* and its transfers (rs_sched_xfers) */
+  /* a host-driven transport's tickets of the last rounds' groups
+   * (stream.h group_async), by round & 3: nothing waits for a transfer
+   * more than two rounds back */
+  uint64_t xfer_ticket[4];
 
   /* The agreement with the plan's partners (kernels/rs_agree.h): this
    * rank's header, the partners', the sticky verdict on the device and its

@@ -171,6 +171,11 @@ static cudaEvent_t step_event(rs_dev *d, rs_step s) {
 static reshard_result_t dev_wait(void *ctx, rs_step step, rs_dep dep) {
   dev_call *c = ctx;
   const reshard_plan_t *p = c->p;
+  const rs_stream_ops *so = p->comm->ops->stream_ops;
+  /* a host-driven transport's transfer: its messages first (stream.h
+   * group_async) */
+  if (dep.on.kind == RS_STEP_XFER && so->settle && !c->d->reg)
+    RS_CHECK(so->settle(p->comm, c->d->xfer_ticket[dep.on.round & 3], c->deadline));
   if (dep.on.lane == step.lane) return RESHARD_SUCCESS;
   cudaError_t e = cudaStreamWaitEvent(lane_stream(c->d, step.lane), step_event(c->d, dep.on), 0);
   if (e) return rs_cuda_error(e, "cudaStreamWaitEvent(schedule)", p->rank);
@@ -248,6 +253,8 @@ static reshard_result_t dev_xfer(dev_call *c, int k) {
     d->p2p[i] = (rs_p2p){m->peer, x->recv, buf, x->sums ? 8 * (uint64_t)m->ncopies : m->bytes};
   }
   if (d->reg) return direct_round(p, d, k, n, c->deadline, c->rsums);
+  if (so->group_async)
+    return so->group_async(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree, &d->xfer_ticket[k & 3]);
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree);
 }
 

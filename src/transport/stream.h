@@ -69,6 +69,18 @@ struct rs_stream_ops {
   reshard_result_t (*group)(reshard_comm_t *comm, const rs_p2p *ops,
                             size_t n, void *stream, int64_t deadline_ns,
                             void *gate);
+  /* Optional (NULL for transports whose transfers are stream-ordered):
+   * a transport driven by the host (UCX) posts a round's group and
+   * returns without waiting for it (*ticket names it), and the executor
+   * calls settle(ticket) before anything reads what the group received
+   * or writes what it sent (dev_wait, at a dependency on that transfer);
+   * settle completes every group up to the ticket, until deadline_ns.
+   * group then is group_async and settle at once. */
+  reshard_result_t (*group_async)(reshard_comm_t *comm, const rs_p2p *ops,
+                                  size_t n, void *stream, int64_t deadline_ns,
+                                  void *gate, uint64_t *ticket);
+  reshard_result_t (*settle)(reshard_comm_t *comm, uint64_t ticket,
+                             int64_t deadline_ns);
   /* Never blocks: whether reshard may use the communicator now (not
    * poisoned, no asynchronous error, the current device is its device,
    * not inside the caller's ncclGroupStart). */

@@ -3,18 +3,22 @@
  * over a UCX host communicator (reshard_ucx.h reshard_comm_create_ucx_cuda).
  *
  * UCX is host-driven: a transfer is posted and completed by the host,
- * not enqueued on a CUDA stream as NCCL's are. So a group waits (polled,
- * until the plan's deadline) for the work before it on its stream (the
- * round's packs, and the unpack that last read the receive half it
- * reuses), posts every receive and send of the group with the staging
- * pool's device pointers and their memory type (a CUDA-enabled UCX moves
- * them: CUDA IPC inside a node, RDMA with GPUDirect across nodes, staged
- * through host memory elsewhere), and waits for all of them before
- * returning, so that whatever the executor enqueues after it (the
- * unpacks) runs on data that has landed. Every send is posted before
- * anything waits, so groups pair as NCCL's do whatever the interleaving.
- * The executor's host thread is held for each transfer, and an execute
- * cannot be captured into a CUDA graph (graphs 0).
+ * not enqueued on a CUDA stream as NCCL's are. So a round's group
+ * (group_async, transport/stream.h) waits (polled, until the plan's
+ * deadline) for the work before it on its stream (the round's packs, and
+ * the unpack that last read the receive half it reuses), posts every
+ * receive and send of the group with the staging pool's device pointers
+ * and their memory type (a CUDA-enabled UCX moves them: CUDA IPC inside a
+ * node, RDMA with GPUDirect across nodes, staged through host memory
+ * elsewhere) and returns; the executor settles it (waits for its
+ * messages) before it enqueues what reads its receives or rewrites its
+ * sends, one round later in the schedule's walk: so round k's messages
+ * travel while the host enqueues, and the GPU runs, the next round's pack
+ * and the previous round's unpack. Every send is posted before anything
+ * waits, so groups pair as NCCL's do whatever the interleaving. The other
+ * groups (the agreement's headers) are posted and settled at once. The
+ * executor's host thread is held for each settle, and an execute cannot
+ * be captured into a CUDA graph (graphs 0).
  *
  * Tags. A message's tag holds this communicator's number (agreed at
  * creation: every UCX (CUDA) communicator over one host communicator has
@@ -28,11 +32,12 @@
  * the host communicator, which must outlive this one and keep its
  * membership: a rejoin or resize of it makes every call here refuse.
  *
- * Failure. A failed group settles its requests (cancelled, the worker
- * driven for a grace second); one UCX still runs (a rendezvous transfer
- * with a live peer) keeps the staging pool from ever being freed (leaked,
- * as for GPU work that never ended: dev_comm.h pool_abandoned). The
- * communicator is poisoned: its plans' gates close, later calls refuse.
+ * Failure. A failed call poisons the communicator, which ends the
+ * requests still pending (cancelled, the worker driven for a grace
+ * second); one UCX still runs (a rendezvous transfer with a live peer)
+ * keeps the staging pool from ever being freed (leaked, as for GPU work
+ * that never ended: dev_comm.h pool_abandoned). The plans' gates close,
+ * later calls refuse.
  *
  * Threads: the calls of one communicator are serialized by its lock (a
  * second thread's execute waits); executes of two plans on one
@@ -78,10 +83,15 @@ static uint64_t msg_tag(uint64_t id, uint64_t seq) {
 /* How long a failed group drives its cancelled requests to an end. */
 #define SETTLE_NS 1000000000ll
 
+typedef struct pending {
+  rs_request *req;
+  uint64_t ticket; /* its group's */
+} pending;
+
 typedef struct rs_uxc {
   rs_dev_comm dev; /* first (src/transport/dev_comm.h) */
   reshard_comm_t *host;
-  pthread_mutex_t mu; /* group, reduce_words, poison */
+  pthread_mutex_t mu; /* every call (recursive: a wait past its deadline poisons) */
   int mu_ok;
   int device;
   int poisoned;
@@ -89,8 +99,9 @@ typedef struct rs_uxc {
   int memtype;               /* device memory's, declared to UCP (rs_ux_device_memtype) */
   uint64_t id;               /* this communicator's number over its host */
   uint64_t *sent, *recvd;    /* messages posted to / from each rank so far */
-  rs_request **reqs;         /* a group's requests (grown) */
-  size_t reqs_cap;
+  pending *pend;             /* posted, not yet completed, oldest first */
+  size_t npend, pend_cap;
+  uint64_t tickets;          /* groups posted so far (the newest one's ticket) */
   uint64_t *h_words;         /* reduce_words: this rank's and every rank's (pinned) */
   rs_p2p *red;               /* reduce_words' messages, 2 per other rank */
 } rs_uxc;
@@ -116,58 +127,84 @@ static reshard_result_t uxc_check(reshard_comm_t *c) {
   return rs_dev_comm_on_device(c, x->device);
 }
 
-/* Nothing of this rank's will pair again: the plans' gates close (the
- * launches queued behind a failed transfer write no destination byte).
- * The peers find out through their own deadlines or their agreement. */
+/* Every pending request ends for good (rs_ux_settle: cancelled, driven
+ * for a second); one UCX still runs pins the staging pool (never freed:
+ * dev_comm.h pool_abandoned). Under x->mu. */
+static void abandon_pending(reshard_comm_t *c) {
+  rs_uxc *x = c->impl;
+  int running = 0;
+  const int64_t until = rs_now_ns() + SETTLE_NS;
+  for (size_t i = 0; i < x->npend; i++) running += !rs_ux_settle(x->host, x->pend[i].req, until);
+  x->npend = 0;
+  if (running) {
+    x->dev.pool_abandoned = 1;
+    RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: %d UCX transfer(s) of a failed call still run after a "
+           "second: the staging pool is kept, never freed", c->rank, running);
+  }
+}
+
+/* Nothing of this rank's will pair again: its transfers in flight end
+ * (abandon_pending), the plans' gates close (the launches queued behind
+ * a failed transfer write no destination byte). The peers find out
+ * through their own deadlines or their agreement. */
 static void uxc_poison(reshard_comm_t *c) {
   rs_uxc *x = c->impl;
-  if (x->poisoned) return;
-  rs_dev_comm_close_gates(&x->dev);
-  x->poisoned = 1;
+  pthread_mutex_lock(&x->mu);
+  if (!x->poisoned) {
+    abandon_pending(c);
+    rs_dev_comm_close_gates(&x->dev);
+    x->poisoned = 1;
+  }
+  pthread_mutex_unlock(&x->mu);
 }
 
 /* Posts ops[0, n) (receives first, then sends, each in its order: the
- * order both ends of a pair share) with this communicator's tags, device
- * memory of memtype, then waits for all until the deadline. On a failure
- * every request left is settled (rs_ux_settle); one UCX keeps running
- * pins the staging pool for good. Under x->mu. */
-static reshard_result_t exchange(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, int64_t deadline) {
+ * order both ends of a pair share) with this communicator's tags, buffers
+ * of memtype, as group *ticket. Under x->mu. */
+static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, uint64_t *ticket) {
   rs_uxc *x = c->impl;
-  reshard_comm_t *h = x->host;
-  if (n > x->reqs_cap) { /* grows to the largest round once, not per call */
-    rs_request **q = realloc(x->reqs, n * sizeof *q);
+  if (x->npend + n > x->pend_cap) { /* grows to the largest need once, not per call */
+    size_t cap = x->pend_cap ? x->pend_cap : 64;
+    while (cap < x->npend + n) cap *= 2;
+    pending *q = realloc(x->pend, cap * sizeof *q);
     if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
-    x->reqs = q;
-    x->reqs_cap = n;
+    x->pend = q;
+    x->pend_cap = cap;
   }
-  memset(x->reqs, 0, n * sizeof *x->reqs);
-  reshard_result_t r = RESHARD_SUCCESS;
-  for (int pass = 0; pass < 2 && !r; pass++)
-    for (size_t i = 0; i < n && !r; i++) {
+  const uint64_t t = ++x->tickets;
+  *ticket = t;
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < n; i++) {
       const rs_p2p *o = &ops[i];
       if (o->is_recv != !pass) continue;
-      if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank) {
-        r = rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
-                     c->rank, o->peer);
-        break;
-      }
+      if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank)
+        return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
+                        c->rank, o->peer);
       uint64_t *count = o->is_recv ? &x->recvd[o->peer] : &x->sent[o->peer];
-      r = rs_ux_post_mem(h, o->peer, msg_tag(x->id, (*count)++), o->buf, (size_t)o->bytes, o->is_recv, memtype,
-                         &x->reqs[i]);
+      rs_request *q = NULL;
+      RS_CHECK(rs_ux_post_mem(x->host, o->peer, msg_tag(x->id, (*count)++), o->buf, (size_t)o->bytes, o->is_recv,
+                              memtype, &q));
+      x->pend[x->npend++] = (pending){q, t};
     }
-  for (size_t i = 0; i < n && !r; i++) {
-    r = h->ops->wait(h, x->reqs[i], deadline);
-    if (r != RESHARD_ERROR_TIMEOUT) x->reqs[i] = NULL; /* completed (and freed), well or not */
+  return RESHARD_SUCCESS;
+}
+
+/* Completes every pending request of the groups up to `ticket`, oldest
+ * first, until the deadline. Under x->mu. */
+static reshard_result_t complete(reshard_comm_t *c, uint64_t ticket, int64_t deadline) {
+  rs_uxc *x = c->impl;
+  reshard_comm_t *h = x->host;
+  size_t done = 0;
+  reshard_result_t r = RESHARD_SUCCESS;
+  while (done < x->npend && x->pend[done].ticket <= ticket) {
+    r = h->ops->wait(h, x->pend[done].req, deadline);
+    if (r == RESHARD_ERROR_TIMEOUT) break; /* (still pending) */
+    done++;                                /* completed (and freed), well or not */
+    if (r) break;
   }
-  if (!r) return RESHARD_SUCCESS;
-  int running = 0;
-  const int64_t until = rs_now_ns() + SETTLE_NS;
-  for (size_t i = 0; i < n; i++)
-    if (x->reqs[i]) running += !rs_ux_settle(h, x->reqs[i], until), x->reqs[i] = NULL;
-  if (running) {
-    x->dev.pool_abandoned = 1;
-    RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: %d UCX transfer(s) of a failed call still run after a second: the staging pool is "
-                "kept, never freed", c->rank, running);
+  if (done) {
+    memmove(x->pend, x->pend + done, (x->npend - done) * sizeof *x->pend);
+    x->npend -= done;
   }
   if (r == RESHARD_ERROR_TIMEOUT)
     return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: a UCX transfer of GPU memory did not complete by the plan's "
@@ -175,19 +212,35 @@ static reshard_result_t exchange(reshard_comm_t *c, const rs_p2p *ops, size_t n,
   return r;
 }
 
-static reshard_result_t uxc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n, void *stream, int64_t deadline,
-                                  void *gate) {
-  (void)gate; /* a failure returns before anything after it is enqueued; poison closes the gates */
+static reshard_result_t uxc_group_async(reshard_comm_t *c, const rs_p2p *ops, size_t n, void *stream,
+                                        int64_t deadline, void *gate, uint64_t *ticket) {
+  (void)gate; /* a failure poisons the communicator, which closes the gates */
   rs_uxc *x = c->impl;
-  if (n == 0) return RESHARD_SUCCESS;
   pthread_mutex_lock(&x->mu);
-  reshard_result_t r = uxc_health(c);
-  /* the round's packs, and whatever the stream waits for before it */
-  if (!r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
-                               "the work before a UCX transfer did not finish by the plan's deadline");
-  if (!r) r = exchange(c, ops, n, x->memtype, deadline);
+  *ticket = x->tickets; /* (nothing new to settle for an empty group) */
+  reshard_result_t r = n ? uxc_health(c) : RESHARD_SUCCESS;
+  /* what the stream waits for before the group: the round's packs, the
+   * unpack that last read the receive half it reuses */
+  if (n && !r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
+                                    "the work before a UCX transfer did not finish by the plan's deadline");
+  if (n && !r) r = post(c, ops, n, x->memtype, ticket);
   pthread_mutex_unlock(&x->mu);
   return r;
+}
+
+static reshard_result_t uxc_settle(reshard_comm_t *c, uint64_t ticket, int64_t deadline) {
+  rs_uxc *x = c->impl;
+  pthread_mutex_lock(&x->mu);
+  reshard_result_t r = complete(c, ticket, deadline);
+  pthread_mutex_unlock(&x->mu);
+  return r;
+}
+
+static reshard_result_t uxc_group(reshard_comm_t *c, const rs_p2p *ops, size_t n, void *stream, int64_t deadline,
+                                  void *gate) {
+  uint64_t t = 0;
+  RS_CHECK(uxc_group_async(c, ops, n, stream, deadline, gate, &t));
+  return uxc_settle(c, t, deadline);
 }
 
 /* The max of n words (device memory) over every rank: the stream's work
@@ -216,7 +269,9 @@ static reshard_result_t uxc_reduce_words(reshard_comm_t *c, uint64_t *words, uin
     x->red[k++] = (rs_p2p){.peer = p, .is_recv = 1, .buf = theirs + (size_t)p * RS_COMMIT_WORDS, .bytes = 8 * n};
     x->red[k++] = (rs_p2p){.peer = p, .is_recv = 0, .buf = mine, .bytes = 8 * n};
   }
-  if (!r) r = exchange(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, deadline);
+  uint64_t t = 0;
+  if (!r) r = post(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, &t);
+  if (!r) r = complete(c, t, deadline);
   for (int p = 0; !r && p < c->size; p++)
     for (uint32_t w = 0; p != c->rank && w < n; w++)
       if (theirs[(size_t)p * RS_COMMIT_WORDS + w] > mine[w]) mine[w] = theirs[(size_t)p * RS_COMMIT_WORDS + w];
@@ -252,7 +307,7 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 }
 
 static void uxc_release(rs_uxc *x) {
-  free(x->reqs);
+  free(x->pend);
   free(x->sent);
   free(x->recvd);
   free(x->red);
@@ -263,9 +318,14 @@ static void uxc_release(rs_uxc *x) {
 static void uxc_destroy(reshard_comm_t *c) {
   rs_uxc *x = c->impl;
   if (!x) return;
-  /* The last execute's transfers completed on the host (or were settled:
-   * a running one pinned the pool); its last unpacks may still read the
-   * pool: wait for them until its deadline, poisoned or not. */
+  /* An execute's transfers completed before its last unpacks were
+   * enqueued, or were abandoned when it failed (a running one pinned the
+   * pool); nothing should be left, but nothing is freed under UCX. */
+  pthread_mutex_lock(&x->mu);
+  abandon_pending(c);
+  pthread_mutex_unlock(&x->mu);
+  /* its last unpacks may still read the pool: wait for them until its
+   * deadline, poisoned or not */
   if (x->dev.have_last) {
     const int64_t deadline = rs_dev_comm_busy_until(c);
     for (unsigned spin = 0; rs_cuda_query(NULL, x->dev.last_end) == cudaErrorNotReady && rs_now_ns() < deadline;
@@ -288,6 +348,8 @@ static const rs_dev_comm_hooks rs_uxc_hooks = {
 
 static const rs_stream_ops rs_uxc_stream_ops = {
     .group = uxc_group,
+    .group_async = uxc_group_async,
+    .settle = uxc_settle,
     .reduce_words = uxc_reduce_words,
     .check = uxc_check,
     .poison = uxc_poison,
@@ -309,7 +371,13 @@ static reshard_result_t setup(reshard_comm_t *c, rs_uxc *x, reshard_comm_t *ucx)
   x->host = ucx;
   x->rejoins = ucx->rejoins;
   x->resizes = ucx->resizes;
-  x->mu_ok = pthread_mutex_init(&x->mu, NULL) == 0;
+  pthread_mutexattr_t ma;
+  x->mu_ok = pthread_mutexattr_init(&ma) == 0;
+  if (x->mu_ok) {
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    x->mu_ok = pthread_mutex_init(&x->mu, &ma) == 0;
+    pthread_mutexattr_destroy(&ma);
+  }
   x->sent = calloc((size_t)c->size, sizeof *x->sent);
   x->recvd = calloc((size_t)c->size, sizeof *x->recvd);
   x->red = calloc(2 * (size_t)c->size, sizeof *x->red);

@@ -387,8 +387,22 @@ static void two_rank(mw_rank *r) {
     close_comm(cm[0], host);
     return;
   }
-  reshard_layout_t *src, *dst;
-  mw_layouts_all(r->n, 64, 32 * (int64_t)r->n, &src, &dst);
+  /* "w" [64, 32] f32 by rows over ranks (0, 1) on the source and (1, 0)
+   * on the destination: every byte crosses, no local copy (which a call
+   * failing in a later round would already have written) */
+  reshard_layout_t *src = NULL, *dst = NULL;
+  int64_t shape[2] = {64, 32};
+  int n2[1] = {2};
+  for (int side = 0; side < 2; side++) {
+    reshard_layout_t *L = NULL;
+    int t, m, b;
+    reshard_placement_t rows[1] = {reshard_shard(0)};
+    if (reshard_layout_create(&L) || reshard_layout_add_tensor(L, "w", RESHARD_FP32, 2, shape, &t) ||
+        reshard_layout_add_mesh(L, 1, n2, side ? (int[]){1, 0} : (int[]){0, 1}, &m) ||
+        reshard_layout_place(L, t, m, rows, &b))
+      RFAIL(r, "layout: %s", reshard_last_error());
+    *(side ? &dst : &src) = L;
+  }
   reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
   o.timeout_ms = x->opposite ? 500 : 5000;
   reshard_plan_t *plan[2] = {NULL, NULL};
