@@ -189,9 +189,9 @@ reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int ran
  * reshard_plan_register_buffers returns UNSUPPORTED (transfers go
  * through the staging pool). Messages carry the communicator's own tags:
  * several UCX (CUDA) communicators over one UCX communicator never pair
- * with one another, nor with one destroyed after a failure. Calls on one
- * communicator are serialized; executes of its plans must come in the
- * same order on every rank, as on NCCL. A failure poisons the
+ * with one another, nor with one destroyed after a failure. Executes of
+ * one communicator's plans must come one at a time (not from several
+ * threads at once) and in the same order on every rank, as on NCCL. A failure poisons the
  * communicator (later calls INVALID_USAGE); a UCX transfer of a failed
  * call that still runs a second later keeps the staging pool allocated
  * for good. Not yet run on a GPU (tested on the emulated device of the

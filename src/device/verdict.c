@@ -138,7 +138,8 @@ reshard_result_t device_refuse(const reshard_plan_t *plan, int explicit_version,
   (void)explicit_version, (void)version_in;
   if (plan->nsends + plan->nrecvs) {
     plan->comm->ops->stream_ops->poison(plan->comm);
-    rs_error_prefix("(reshard's NCCL communicator is now aborted: its peers may have queued this call) ");
+    rs_error_prefix("(reshard's %s communicator is now poisoned: its peers may have queued this call) ",
+                    plan->comm->ops->name);
   }
   return r;
 }

@@ -153,6 +153,7 @@ reshard_result_t rs_dev_comm_wait(reshard_comm_t *c, void *stream, void *event, 
       return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: %s; reshard's %s communicator was aborted", c->rank, late,
                       d->hooks->name);
     }
+    if (d->hooks->idle) d->hooks->idle(c);
     rs_nap(spin);
   }
 }

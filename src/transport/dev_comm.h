@@ -28,6 +28,10 @@ typedef struct rs_dev_comm_hooks {
    * plan's buffers of reshard's own: the quantization scratch) once no
    * peer can have it mapped (NULL: at once, with cudaFree). */
   void (*free_exported)(reshard_comm_t *c, void *p);
+  /* Optional: called between the polls of a wait on GPU work, never
+   * blocking: a host-driven transport (UCX) moves its messages in flight
+   * meanwhile (NULL elsewhere). */
+  void (*idle)(reshard_comm_t *c);
 } rs_dev_comm_hooks;
 
 typedef struct rs_dev_comm {

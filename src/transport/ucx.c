@@ -336,6 +336,10 @@ void rs_ux_cancel(reshard_comm_t *c, rs_request *r) {
   free(r);
 }
 
+void rs_ux_progress(reshard_comm_t *c) {
+  progress_until(c->impl, NULL, NULL);
+}
+
 int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline) {
   ux_comm *m = c->impl;
   if (r->ucx) {
@@ -346,7 +350,15 @@ int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline) {
   for (unsigned spin = 0;; spin++) {
     int moved = 0;
     if (progress_until(m, r, &moved) == 1) {
-      rs_ux_finish(c, r); /* (its result does not matter any more) */
+      /* freed without its result, which does not matter any more (a
+       * cancelled receive's would replace the caller's error message) */
+      if (r->ucx) {
+        pthread_mutex_lock(&m->lock);
+        ucp_request_free(r->ucx);
+        pthread_mutex_unlock(&m->lock);
+      }
+      free(r->iov);
+      free(r);
       return 1;
     }
     if (rs_now_ns() > deadline) break;

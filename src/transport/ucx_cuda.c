@@ -39,10 +39,10 @@
  * that never ended: dev_comm.h pool_abandoned). The plans' gates close,
  * later calls refuse.
  *
- * Threads: the calls of one communicator are serialized by its lock (a
- * second thread's execute waits); executes of two plans on one
- * communicator must not overlap across ranks in different orders, as on
- * NCCL. */
+ * Threads: one lock keeps the transport's own state whole (a call of
+ * another thread waits for it), but executes of one communicator's plans
+ * must not run at once from several threads, as on NCCL: they share the
+ * staging pool, and messages pair in the order each rank posts them. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +103,7 @@ typedef struct rs_uxc {
   size_t npend, pend_cap;
   uint64_t tickets;          /* groups posted so far (the newest one's ticket) */
   uint64_t *h_words;         /* reduce_words: this rank's and every rank's (pinned) */
+  int words_kept;            /* a transfer of a failed call still ran: never freed */
   rs_p2p *red;               /* reduce_words' messages, 2 per other rank */
 } rs_uxc;
 
@@ -138,6 +139,7 @@ static void abandon_pending(reshard_comm_t *c) {
   x->npend = 0;
   if (running) {
     x->dev.pool_abandoned = 1;
+    x->words_kept = 1;
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: %d UCX transfer(s) of a failed call still run after a "
            "second: the staging pool is kept, never freed", c->rank, running);
   }
@@ -231,7 +233,9 @@ static reshard_result_t uxc_group_async(reshard_comm_t *c, const rs_p2p *ops, si
 static reshard_result_t uxc_settle(reshard_comm_t *c, uint64_t ticket, int64_t deadline) {
   rs_uxc *x = c->impl;
   pthread_mutex_lock(&x->mu);
-  reshard_result_t r = complete(c, ticket, deadline);
+  /* poisoned since the group was posted (another thread's failure or
+   * status poll): its requests were abandoned, not completed */
+  reshard_result_t r = x->poisoned ? uxc_health(c) : complete(c, ticket, deadline);
   pthread_mutex_unlock(&x->mu);
   return r;
 }
@@ -311,7 +315,7 @@ static void uxc_release(rs_uxc *x) {
   free(x->sent);
   free(x->recvd);
   free(x->red);
-  if (x->h_words) cudaFreeHost(x->h_words);
+  if (x->h_words && !x->words_kept) cudaFreeHost(x->h_words);
   if (x->mu_ok) pthread_mutex_destroy(&x->mu);
 }
 
@@ -338,8 +342,17 @@ static void uxc_destroy(reshard_comm_t *c) {
   c->impl = NULL;
 }
 
+/* Between the polls of a wait on the GPU (the next round's pack), the
+ * rounds in flight move on: UCP's rendezvous handshakes and host-staged
+ * pipelines advance only when the worker is driven. */
+static void uxc_idle(reshard_comm_t *c) {
+  rs_uxc *x = c->impl;
+  if (__atomic_load_n(&x->npend, __ATOMIC_RELAXED)) rs_ux_progress(x->host);
+}
+
 static const rs_dev_comm_hooks rs_uxc_hooks = {
     .name = "UCX (CUDA)",
+    .idle = uxc_idle,
     .health = uxc_health,
     .poison = uxc_poison,
     .pool_alloc = uxc_pool_alloc,

@@ -140,6 +140,8 @@ void rs_ux_cancel(reshard_comm_t *c, rs_request *r);
  * the deadline passes; 1: it completed and UCP no longer touches its
  * buffer; 0: released still running (rs_ux_cancel): keep its memory. */
 int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline);
+/* Drives the worker once (its messages in flight move on); never blocks. */
+void rs_ux_progress(reshard_comm_t *c);
 /* A numbered all-to-all agreement, the max of every rank's (ops.allreduce_max_u64). */
 reshard_result_t rs_ux_allreduce(reshard_comm_t *c, uint64_t *vals, int n, int64_t deadline);
 /* Closes an endpoint (forced, a second at most). Under the lock. */

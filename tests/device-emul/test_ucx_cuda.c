@@ -278,6 +278,7 @@ typedef struct absent_ctx {
   long changed[3];
   reshard_result_t later[3];
   char later_msg[3][256];
+  char got_msg[3][512];
 } absent_ctx;
 
 static void absent_rank(mw_rank *r) {
@@ -301,13 +302,12 @@ static void absent_rank(mw_rank *r) {
     reshard_result_t e = reshard_plan_execute(plan, (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d.ptr,
                                               (size_t)d.nbuf, NULL);
     mock_stream_drain(NULL);
-    if (!e) {
-      reshard_plan_status_t st = {.struct_size = sizeof st};
-      reshard_plan_get_status(plan, &st);
-      e = st.failed ? st.failure : RESHARD_SUCCESS;
-    }
+    reshard_plan_status_t st = {.struct_size = sizeof st};
+    reshard_plan_get_status(plan, &st);
+    if (!e) e = st.failed ? st.failure : RESHARD_SUCCESS;
     x->took_ms[r->rank] = ms_now() - t0;
     x->got[r->rank] = e;
+    snprintf(x->got_msg[r->rank], sizeof x->got_msg[r->rank], "%s", st.failed ? st.failure_message : "");
     for (size_t i = 0; i < d.bytes[0]; i++) x->changed[r->rank] += d.ptr[0][i] != before[i];
     free(before);
     /* the communicator itself refuses now: a new plan on it (no peer is
@@ -355,6 +355,9 @@ static void absent_partner_times_out(void **state) {
            x.got[k] == RESHARD_ERROR_TIMEOUT ? "TIMEOUT" : "?", (long long)x.took_ms[k], (int)x.later[k],
            x.later_msg[k]);
     assert_int_equal(x.got[k], RESHARD_ERROR_TIMEOUT);
+    /* the plan's failure says why (not what poisoning then cancelled) */
+    printf("rank %d: the plan's failure: %s\n", k, x.got_msg[k]);
+    assert_non_null(strstr(x.got_msg[k], "did not complete by the plan's deadline"));
     assert_true(x.took_ms[k] < 600 + 1000);
     assert_int_equal(x.changed[k], 0);
     assert_int_equal(x.later[k], RESHARD_ERROR_INVALID_USAGE);
