@@ -159,13 +159,16 @@ reshard_result_t reshard_comm_create_ucx_joining(const char *rendezvous, int ran
  * device memory (the device executor: pack and unpack kernels on the
  * caller's stream, as over NCCL or CUDA IPC), whose transfers are UCP
  * tagged messages of the staging pool's device memory over the UCX
- * communicator `ucx`, on the current CUDA device. The UCX this process
- * loaded must move CUDA memory (a CUDA-enabled build, such as the
- * libucx-cu13 wheel's libraries put first on LD_LIBRARY_PATH; Debian's
- * libucx is built without CUDA): otherwise RESHARD_ERROR_UNSUPPORTED, and
- * RESHARD_ERROR_UNSUPPORTED too in a build of reshard without CUDA.
- * UCX picks the wire: CUDA IPC between GPUs of a node, RDMA with
- * GPUDirect across nodes, or staging through host memory.
+ * communicator `ucx`, on the current CUDA device. Where the UCX this
+ * process loaded moves CUDA memory (a CUDA-enabled build, such as the
+ * libucx-cu13 wheel's libraries put first on LD_LIBRARY_PATH:
+ * scripts/ucx_cuda_prefix.sh), UCX moves the device memory itself and
+ * picks the wire: CUDA IPC between GPUs of a node, RDMA with GPUDirect
+ * across nodes. Otherwise (Debian's libucx is built without CUDA) every
+ * message goes through pinned host memory: copied from the device after
+ * the round's packs, to it before the unpacks (a mirror of the staging
+ * pool; each rank as its own UCX allows). RESHARD_ERROR_UNSUPPORTED in a
+ * build of reshard without CUDA.
  *
  * Collective over `ucx`, which carries plan agreement, must outlive the
  * result, is not destroyed with it, and must keep its membership: after

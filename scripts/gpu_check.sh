@@ -8,8 +8,9 @@
 # MPI is installed) one checked reshard_perf --backend nccl run on one
 # rank, checked reshard_perf --backend ipc runs of 2, 4 and 8 processes on
 # the GPU, a timed 2-process IPC sync and a stopped IPC rank, and the same
-# over --backend ucx-cuda (GPU memory over UCX) where build-ucx-cu13/ was
-# carried (scripts/ucx_cuda_prefix.sh); prints a summary last.
+# over --backend ucx-cuda (GPU memory over UCX: moved by the UCX of
+# build-ucx-cu13/ where it was carried, scripts/ucx_cuda_prefix.sh, else
+# bounced through host memory by Debian's); prints a summary last.
 #   scripts/gpu_check.sh [build-dir]      (default: build-gpucheck)
 # A bare GPU machine that cannot reach a package mirror may lack Jansson
 # (the model front-end) and CMocka: .deb files of them placed in .gpu/
@@ -60,8 +61,9 @@ if [ ! -e /usr/local/cuda/include/nccl.h ] && [ -z "${NCCL_HOME:-}" ]; then
   [ -n "$NCCL_LIB" ] && NCCL_ARGS=(-DRESHARD_NCCL_LIBRARY="$NCCL_LIB" -DRESHARD_NCCL_INCLUDE_DIR="$NCCL_INC")
 fi
 
-# GPU memory over UCX (reshard_comm_create_ucx_cuda) needs a CUDA-enabled
-# UCX, which Debian's is not: the libucx-cu13 wheel's, laid out as a prefix
+# GPU memory over UCX (reshard_comm_create_ucx_cuda) is moved by UCX itself
+# only where UCX is CUDA-enabled, which Debian's is not (it bounces through
+# host memory there): the libucx-cu13 wheel's UCX, laid out as a prefix
 # by scripts/ucx_cuda_prefix.sh where PyPI is reachable and carried here as
 # build-ucx-cu13/ (RESHARD_UCX_PREFIX: another place). The build then
 # compiles against it and every program runs with it (LD_LIBRARY_PATH).
@@ -199,30 +201,32 @@ if [ -x "$BUILD/gpu_kernels" ]; then
       2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$IPC_STAGED_LOG"
     note "  its final line" "$(grep '^# reshard_perf:' "$IPC_STAGED_LOG" | tail -n 1)"
     # GPU memory over UCX (issue 46): the staging pool's device memory in
-    # UCP tagged messages (cuda_ipc between the processes on the one GPU),
-    # every element checked, then the timed Qwen3-8B sync beside IPC's
+    # UCP tagged messages (cuda_ipc between the processes on the one GPU;
+    # without build-ucx-cu13, Debian's UCX bounces them through pinned host
+    # memory), every element checked, then the timed Qwen3-8B sync beside
+    # IPC's
+    UCX_WHICH=$([ "$UCX_CUDA" = 1 ] && echo "CUDA-enabled UCX" || echo "bounced through host memory")
     if [ "$UCX_BUILT" != ON ]; then
       note "reshard_perf --backend ucx-cuda" "SKIP (no UCX in this build)"
-    elif [ "$UCX_CUDA" != 1 ]; then
-      note "reshard_perf --backend ucx-cuda" "SKIP (no $UCX_PREFIX: run scripts/ucx_cuda_prefix.sh and carry it)"
     else
       for np in 2 4; do
         half=$((np / 2))
-        step "reshard_perf --backend ucx-cuda -np $np" 150 mpirun -np $np --oversubscribe -x LD_LIBRARY_PATH \
+        step "ucx-cuda -np $np ($UCX_WHICH)" 150 mpirun -np $np --oversubscribe -x LD_LIBRARY_PATH \
           "$BUILD/tools/reshard_perf" --backend ucx-cuda --model-config configs/Qwen2.5-0.5B.json --layers 2 \
           --train tp=$half --infer tp=$half -c 1 -n 5 -w 2
       done
-      step "reshard_perf --backend ucx-cuda, relays" 150 env RESHARD_RELAY=1 mpirun -np 4 --oversubscribe \
+      step "ucx-cuda, relays" 150 env RESHARD_RELAY=1 mpirun -np 4 --oversubscribe \
         -x LD_LIBRARY_PATH -x RESHARD_RELAY "$BUILD/tools/reshard_perf" --backend ucx-cuda \
         --model-config configs/Qwen2.5-0.5B.json --layers 2 --train tp=2 --infer tp=1,dp=2 -c 1 -n 5 -w 2
       UCX_LOG="$BUILD/perf_ucx_cuda.log"
-      step "reshard_perf --backend ucx-cuda, Qwen3-8B" 180 bash -c 'mpirun -np 2 -x LD_LIBRARY_PATH "$0" \
+      step "ucx-cuda, Qwen3-8B" 180 bash -c 'mpirun -np 2 -x LD_LIBRARY_PATH "$0" \
         --backend ucx-cuda --model-config configs/Qwen3-8B.json --layers 4 --train tp=1 --infer tp=1 -c 0 -n 10 \
         -w 3 2>&1 | tee "$1"; exit "${PIPESTATUS[0]}"' "$BUILD/tools/reshard_perf" "$UCX_LOG"
       note "  its final line" "$(grep '^# reshard_perf:' "$UCX_LOG" | tail -n 1)"
       step "UCX (CUDA): a stopped rank ends the job" 90 bash tests/mpi/stopped_rank.sh "# plan:" -- \
         mpirun -np 4 --oversubscribe -x LD_LIBRARY_PATH "$BUILD/tools/reshard_perf" --backend ucx-cuda \
         --shape 4096,4096 --src-mesh 2 --src-placements S0 --dst-mesh 2 --dst-placements S1 -n 1000000 -w 1 -c 0
+      [ "$UCX_CUDA" = 1 ] || note "  (CUDA-enabled UCX)" "SKIP (no $UCX_PREFIX: run scripts/ucx_cuda_prefix.sh and carry it)"
     fi
     # a process stopped mid-run: the others end the job, non-zero, within
     # the deadline (their waits on the GPU give up), no hang

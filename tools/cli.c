@@ -226,7 +226,7 @@ static const char usage_perf[] =
     "                        same over reshard_comm_create_cuda_ipc, ranks of one node,\n"
     "                        several per GPU allowed; ucx-cuda: the same over\n"
     "                        reshard_comm_create_ucx_cuda (GPU memory over UCX, staged;\n"
-    "                        a CUDA-enabled UCX first on LD_LIBRARY_PATH)\n"
+    "                        moved by a CUDA-enabled UCX, else through host memory)\n"
     "  --baseline LIST       also run, on the same data: broadcast (gather each tensor to\n"
     "                        source rank 0, MPI_Bcast it to every destination rank, copy\n"
     "                        the fragments out), alltoallw (one MPI_Alltoallw with\n"

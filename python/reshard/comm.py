@@ -266,9 +266,9 @@ class Comm(Node):
         """A device communicator whose transfers are UCX messages of GPU
         memory (reshard_comm_create_ucx_cuda), over the UCX communicator
         ``host`` (Comm.ucx: Ray actors, subprocesses), on the current CUDA
-        device. The UCX this process loaded must move CUDA memory (a
-        CUDA-enabled UCX such as the libucx-cu13 wheel's, first on
-        LD_LIBRARY_PATH; Debian's is not): UnsupportedError otherwise.
+        device. A CUDA-enabled UCX (such as the libucx-cu13 wheel's, first
+        on LD_LIBRARY_PATH) moves the device memory itself; through
+        another (Debian's) every message goes through pinned host memory.
         Collective over ``host``, which must stay open until this one is
         closed and keep its membership (after ``host.rejoin`` or
         ``host.resize`` this communicator and its plans refuse every call:

@@ -86,7 +86,19 @@ static uint64_t msg_tag(uint64_t id, uint64_t seq) {
 typedef struct pending {
   rs_request *req;
   uint64_t ticket; /* its group's */
+  /* bounce: a receive's host copy and its device place (copied there once
+   * it landed; dev NULL: nothing to copy) */
+  void *dev, *host;
+  uint64_t bytes;
 } pending;
+
+/* bounce: a device allocation of reshard's (a staging pool) and its
+ * pinned host mirror of the same size */
+typedef struct mirror {
+  unsigned char *dev, *host;
+  size_t bytes;
+  struct mirror *next;
+} mirror;
 
 typedef struct rs_uxc {
   rs_dev_comm dev; /* first (src/transport/dev_comm.h) */
@@ -102,6 +114,16 @@ typedef struct rs_uxc {
   pending *pend;             /* posted, not yet completed, oldest first */
   size_t npend, pend_cap;
   uint64_t tickets;          /* groups posted so far (the newest one's ticket) */
+  /* bounce (a UCX that moves no CUDA memory): messages go through pinned
+   * host memory, copied from the device after the packs and to it before
+   * the unpacks: the pools' mirrors, and for other buffers (the
+   * agreement's headers) an arena reset when nothing is pending */
+  int bounce;
+  mirror *mirrors;
+  unsigned char *arena;
+  size_t arena_bytes, arena_used;
+  unsigned char **spent; /* arenas outgrown while messages were pending */
+  size_t nspent;
   uint64_t *h_words;         /* reduce_words: this rank's and every rank's (pinned) */
   int words_kept;            /* a transfer of a failed call still ran: never freed */
   rs_p2p *red;               /* reduce_words' messages, 2 per other rank */
@@ -160,11 +182,51 @@ static void uxc_poison(reshard_comm_t *c) {
   pthread_mutex_unlock(&x->mu);
 }
 
+/* bounce: the pinned host bytes standing for `bytes` device bytes at
+ * dev: the same offset in a pool's mirror, or a piece of the arena. */
+static reshard_result_t host_side(reshard_comm_t *c, void *dev, uint64_t bytes, void **out) {
+  rs_uxc *x = c->impl;
+  const unsigned char *d = dev;
+  for (mirror *m = x->mirrors; m; m = m->next)
+    if (d >= m->dev && d + bytes <= m->dev + m->bytes) {
+      *out = m->host + (d - m->dev);
+      return RESHARD_SUCCESS;
+    }
+  const size_t need = ((size_t)bytes + 63) & ~(size_t)63;
+  if (x->arena_used + need > x->arena_bytes) {
+    size_t cap = x->arena_bytes ? 2 * x->arena_bytes : (size_t)64 << 10;
+    while (cap < x->arena_used + need) cap *= 2;
+    unsigned char *a = NULL;
+    cudaError_t ce = cudaMallocHost((void **)&a, cap);
+    if (ce) return rs_cuda_error(ce, "cudaMallocHost(UCX bounce arena)", c->rank);
+    unsigned char **sp = x->arena ? realloc(x->spent, (x->nspent + 1) * sizeof *sp) : x->spent;
+    if (x->arena && !sp) {
+      cudaFreeHost(a);
+      return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+    }
+    if (x->arena) x->spent = sp, x->spent[x->nspent++] = x->arena; /* pending messages may use it */
+    x->arena = a, x->arena_bytes = cap, x->arena_used = 0;
+  }
+  *out = x->arena + x->arena_used;
+  x->arena_used += need;
+  return RESHARD_SUCCESS;
+}
+
+/* bounce: nothing pending any more uses the arena's bytes. */
+static void arena_reset(rs_uxc *x) {
+  for (size_t i = 0; i < x->nspent; i++) cudaFreeHost(x->spent[i]);
+  x->nspent = 0;
+  x->arena_used = 0;
+}
+
 /* Posts ops[0, n) (receives first, then sends, each in its order: the
  * order both ends of a pair share) with this communicator's tags, buffers
- * of memtype, as group *ticket. Under x->mu. */
-static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, uint64_t *ticket) {
+ * of memtype (bounce: device buffers through pinned host memory), as
+ * group *ticket. Under x->mu. */
+static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, int bounce,
+                             uint64_t *ticket) {
   rs_uxc *x = c->impl;
+  if (bounce && x->npend == 0) arena_reset(x);
   if (x->npend + n > x->pend_cap) { /* grows to the largest need once, not per call */
     size_t cap = x->pend_cap ? x->pend_cap : 64;
     while (cap < x->npend + n) cap *= 2;
@@ -182,11 +244,18 @@ static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int
       if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank)
         return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
                         c->rank, o->peer);
+      void *buf = o->buf;
+      if (bounce && o->bytes) {
+        RS_CHECK(host_side(c, o->buf, o->bytes, &buf));
+        /* (the stream's work, the pack among it, has run) */
+        cudaError_t ce = o->is_recv ? cudaSuccess : cudaMemcpy(buf, o->buf, (size_t)o->bytes, cudaMemcpyDeviceToHost);
+        if (ce) return rs_cuda_error(ce, "cudaMemcpy(a UCX send to its host bounce)", c->rank);
+      }
       uint64_t *count = o->is_recv ? &x->recvd[o->peer] : &x->sent[o->peer];
       rs_request *q = NULL;
-      RS_CHECK(rs_ux_post_mem(x->host, o->peer, msg_tag(x->id, (*count)++), o->buf, (size_t)o->bytes, o->is_recv,
+      RS_CHECK(rs_ux_post_mem(x->host, o->peer, msg_tag(x->id, (*count)++), buf, (size_t)o->bytes, o->is_recv,
                               memtype, &q));
-      x->pend[x->npend++] = (pending){q, t};
+      x->pend[x->npend++] = (pending){q, t, bounce && o->is_recv && o->bytes ? o->buf : NULL, buf, o->bytes};
     }
   return RESHARD_SUCCESS;
 }
@@ -199,10 +268,18 @@ static reshard_result_t complete(reshard_comm_t *c, uint64_t ticket, int64_t dea
   size_t done = 0;
   reshard_result_t r = RESHARD_SUCCESS;
   while (done < x->npend && x->pend[done].ticket <= ticket) {
-    r = h->ops->wait(h, x->pend[done].req, deadline);
+    pending *q = &x->pend[done];
+    r = h->ops->wait(h, q->req, deadline);
     if (r == RESHARD_ERROR_TIMEOUT) break; /* (still pending) */
     done++;                                /* completed (and freed), well or not */
     if (r) break;
+    /* bounce: the received bytes to their device place, before anything
+     * the executor enqueues after this settle reads them */
+    cudaError_t ce = q->dev ? cudaMemcpy(q->dev, q->host, (size_t)q->bytes, cudaMemcpyHostToDevice) : cudaSuccess;
+    if (ce) {
+      r = rs_cuda_error(ce, "cudaMemcpy(a UCX receive from its host bounce)", c->rank);
+      break;
+    }
   }
   if (done) {
     memmove(x->pend, x->pend + done, (x->npend - done) * sizeof *x->pend);
@@ -225,7 +302,7 @@ static reshard_result_t uxc_group_async(reshard_comm_t *c, const rs_p2p *ops, si
    * unpack that last read the receive half it reuses */
   if (n && !r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
                                     "the work before a UCX transfer did not finish by the plan's deadline");
-  if (n && !r) r = post(c, ops, n, x->memtype, ticket);
+  if (n && !r) r = post(c, ops, n, x->memtype, x->bounce, ticket);
   pthread_mutex_unlock(&x->mu);
   return r;
 }
@@ -274,7 +351,7 @@ static reshard_result_t uxc_reduce_words(reshard_comm_t *c, uint64_t *words, uin
     x->red[k++] = (rs_p2p){.peer = p, .is_recv = 0, .buf = mine, .bytes = 8 * n};
   }
   uint64_t t = 0;
-  if (!r) r = post(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, &t);
+  if (!r) r = post(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, 0, &t);
   if (!r) r = complete(c, t, deadline);
   for (int p = 0; !r && p < c->size; p++)
     for (uint32_t w = 0; p != c->rank && w < n; w++)
@@ -291,16 +368,41 @@ static reshard_result_t uxc_reduce_words(reshard_comm_t *c, uint64_t *words, uin
 }
 
 static reshard_result_t uxc_pool_alloc(reshard_comm_t *c, size_t bytes, void **out) {
-  cudaError_t ce = cudaMalloc(out, bytes);
-  if (ce) {
-    *out = NULL;
-    return rs_cuda_error(ce, "cudaMalloc(staging pool)", c->rank);
+  rs_uxc *x = c->impl;
+  *out = NULL;
+  void *p = NULL;
+  cudaError_t ce = cudaMalloc(&p, bytes);
+  if (ce) return rs_cuda_error(ce, "cudaMalloc(staging pool)", c->rank);
+  if (x->bounce) {
+    mirror *m = calloc(1, sizeof *m);
+    if (!m) ce = cudaErrorMemoryAllocation;
+    else ce = cudaMallocHost((void **)&m->host, bytes);
+    if (ce) {
+      free(m);
+      cudaFree(p);
+      return rs_cuda_error(ce, "cudaMallocHost(the staging pool's host bounce)", c->rank);
+    }
+    m->dev = p, m->bytes = bytes;
+    pthread_mutex_lock(&x->mu);
+    m->next = x->mirrors, x->mirrors = m;
+    pthread_mutex_unlock(&x->mu);
   }
+  *out = p;
   return RESHARD_SUCCESS;
 }
 
 static void uxc_pool_free(reshard_comm_t *c, void *p) {
-  (void)c;
+  rs_uxc *x = c->impl;
+  pthread_mutex_lock(&x->mu);
+  for (mirror **at = &x->mirrors; *at; at = &(*at)->next)
+    if ((*at)->dev == p) {
+      mirror *m = *at;
+      *at = m->next;
+      cudaFreeHost(m->host);
+      free(m);
+      break;
+    }
+  pthread_mutex_unlock(&x->mu);
   cudaFree(p);
 }
 
@@ -312,6 +414,11 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 
 static void uxc_release(rs_uxc *x) {
   free(x->pend);
+  if (!x->words_kept) { /* (else: a transfer of a failed call may still use them) */
+    arena_reset(x);
+    if (x->arena) cudaFreeHost(x->arena);
+  }
+  free(x->spent);
   free(x->sent);
   free(x->recvd);
   free(x->red);
@@ -415,11 +522,6 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
   reshard_result_t r = RESHARD_SUCCESS;
   const int memtype = rs_ux_device_memtype(ucx);
   if (rs_ux_failed(ucx)) r = rs_ux_refuse_failed(ucx);
-  else if (memtype < 0)
-    r = rs_error(RESHARD_ERROR_UNSUPPORTED, "comm_create_ucx_cuda rank %d: the UCX this process loaded moves no CUDA "
-                 "memory (ucp_context_query lists no CUDA memory type: a UCX built without CUDA, as Debian's is, "
-                 "or no GPU driver); load a CUDA-enabled UCX (e.g. the libucx-cu13 wheel's libraries first on "
-                 "LD_LIBRARY_PATH)", ucx->rank);
   reshard_comm_t *c = NULL;
   rs_uxc *x = NULL;
   if (!r) {
@@ -428,8 +530,15 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
     if (!c || !x) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx_cuda: out of memory");
   }
   if (!r) {
-    x->memtype = memtype;
+    /* a UCX that moves no CUDA memory (built without CUDA, as Debian's
+     * is): through pinned host memory, each rank as its UCX allows (the
+     * bytes on the wire are the same) */
+    x->bounce = memtype < 0;
+    x->memtype = memtype < 0 ? (int)UCS_MEMORY_TYPE_HOST : memtype;
     r = setup(c, x, ucx);
+    if (!r && x->bounce)
+      RS_LOG(RS_LOG_INFO, RS_SUBSYS_TRANSPORT, "rank %d: the UCX loaded moves no CUDA memory: UCX (CUDA) messages "
+             "go through pinned host memory (a CUDA-enabled UCX moves device memory itself)", c->rank);
   }
   /* every rank learns whether any failed (all get a communicator or
    * none), and the communicator's number: past every rank's count (a

@@ -11,8 +11,8 @@
                   memory; processes launched any way, e.g. Ray actors:
                   the rank at 0 listens there)
   "ucx_cuda"      reshard.Comm.ucx_cuda over such a communicator (GPU
-                  memory over UCX; the UCX loaded must move CUDA memory:
-                  UnsupportedError otherwise); closing it closes both
+                  memory over UCX: moved by a CUDA-enabled UCX, through
+                  pinned host memory by another); closing it closes both
   "inproc:<key>"  the InprocWorld registered as WORLDS[key]: ranks as
                   threads of one process (tests, single-process tools)
 """

@@ -32,7 +32,7 @@ master_address:master_port, as vLLM's nccl engine builds it), "mpi" (all
 trainer and worker processes in one MPI job: mpi4py's COMM_WORLD), "ucx"
 (host memory over UCX, rendezvous at master_address:master_port: processes
 launched any way, e.g. by Ray), "ucx_cuda" (GPU memory over UCX, the same
-rendezvous; a CUDA-enabled UCX), or
+rendezvous), or
 "inproc:<key>" (threads of one process, reshard.integrations.WORLDS;
 tests).
 
