@@ -9,8 +9,10 @@
  * the unpack that last read the receive half it reuses), posts every
  * receive and send of the group with the staging pool's device pointers
  * and their memory type (a CUDA-enabled UCX moves them: CUDA IPC inside a
- * node, RDMA with GPUDirect across nodes, staged through host memory
- * elsewhere) and returns; the executor settles it (waits for its
+ * node, RDMA with GPUDirect across nodes), or, through a UCX that moves
+ * no CUDA memory, with pinned host copies of them ("bounce": a mirror of
+ * each pool, an arena for other buffers; the sends copied on the stream
+ * before that wait, the receives copied back when settled), and returns; the executor settles it (waits for its
  * messages) before it enqueues what reads its receives or rewrites its
  * sends, one round later in the schedule's walk: so round k's messages
  * travel while the host enqueues, and the GPU runs, the next round's pack
@@ -35,8 +37,9 @@
  * Failure. A failed call poisons the communicator, which ends the
  * requests still pending (cancelled, the worker driven for a grace
  * second); one UCX still runs (a rendezvous transfer with a live peer)
- * keeps the staging pool from ever being freed (leaked, as for GPU work
- * that never ended: dev_comm.h pool_abandoned). The plans' gates close,
+ * keeps the staging pool (and its mirror), the arena and the reduction's
+ * words from ever being freed (leaked, as for GPU work that never ended:
+ * dev_comm.h pool_abandoned). The plans' gates close,
  * later calls refuse.
  *
  * Threads: one lock keeps the transport's own state whole (a call of
@@ -108,7 +111,7 @@ typedef struct rs_uxc {
   int device;
   int poisoned;
   uint32_t rejoins, resizes; /* the host's, at creation */
-  int memtype;               /* device memory's, declared to UCP (rs_ux_device_memtype) */
+  int memtype;               /* declared to UCP: device memory's (rs_ux_device_memtype), HOST for a bounce */
   uint64_t id;               /* this communicator's number over its host */
   uint64_t *sent, *recvd;    /* messages posted to / from each rank so far */
   pending *pend;             /* posted, not yet completed, oldest first */
@@ -124,6 +127,9 @@ typedef struct rs_uxc {
   size_t arena_bytes, arena_used;
   unsigned char **spent; /* arenas outgrown while messages were pending */
   size_t nspent;
+  void **hbuf;           /* a group's host bytes (bounce_out) */
+  size_t hbuf_cap;
+  cudaStream_t h2d;      /* the receives' copies to the device */
   uint64_t *h_words;         /* reduce_words: this rank's and every rank's (pinned) */
   int words_kept;            /* a transfer of a failed call still ran: never freed */
   rs_p2p *red;               /* reduce_words' messages, 2 per other rank */
@@ -219,14 +225,38 @@ static void arena_reset(rs_uxc *x) {
   x->arena_used = 0;
 }
 
+/* bounce: every message's pinned host bytes into x->hbuf (NULL for an
+ * empty one), and the sends' device bytes copied there on `stream`,
+ * after its work (the packs); the caller's polled wait on the stream then
+ * covers the copies. Under x->mu. */
+static reshard_result_t bounce_out(reshard_comm_t *c, const rs_p2p *ops, size_t n, void *stream) {
+  rs_uxc *x = c->impl;
+  if (x->npend == 0) arena_reset(x);
+  if (n > x->hbuf_cap) {
+    void **h = realloc(x->hbuf, n * sizeof *h);
+    if (!h) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
+    x->hbuf = h;
+    x->hbuf_cap = n;
+  }
+  for (size_t i = 0; i < n; i++) {
+    x->hbuf[i] = NULL;
+    if (!ops[i].bytes) continue;
+    RS_CHECK(host_side(c, ops[i].buf, ops[i].bytes, &x->hbuf[i]));
+    cudaError_t ce = ops[i].is_recv ? cudaSuccess
+                                    : cudaMemcpyAsync(x->hbuf[i], ops[i].buf, (size_t)ops[i].bytes,
+                                                      cudaMemcpyDeviceToHost, (cudaStream_t)stream);
+    if (ce) return rs_cuda_error(ce, "cudaMemcpyAsync(a UCX send to its host bounce)", c->rank);
+  }
+  return RESHARD_SUCCESS;
+}
+
 /* Posts ops[0, n) (receives first, then sends, each in its order: the
  * order both ends of a pair share) with this communicator's tags, buffers
- * of memtype (bounce: device buffers through pinned host memory), as
- * group *ticket. Under x->mu. */
-static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, int bounce,
+ * of memtype (hbuf: a bounce's host bytes standing for them, bounce_out),
+ * as group *ticket. Under x->mu. */
+static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, void *const *hbuf,
                              uint64_t *ticket) {
   rs_uxc *x = c->impl;
-  if (bounce && x->npend == 0) arena_reset(x);
   if (x->npend + n > x->pend_cap) { /* grows to the largest need once, not per call */
     size_t cap = x->pend_cap ? x->pend_cap : 64;
     while (cap < x->npend + n) cap *= 2;
@@ -244,28 +274,25 @@ static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int
       if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank)
         return rs_error(RESHARD_ERROR_INTERNAL, "rank %d: a transfer to peer %d (self-sends are local copies)",
                         c->rank, o->peer);
-      void *buf = o->buf;
-      if (bounce && o->bytes) {
-        RS_CHECK(host_side(c, o->buf, o->bytes, &buf));
-        /* (the stream's work, the pack among it, has run) */
-        cudaError_t ce = o->is_recv ? cudaSuccess : cudaMemcpy(buf, o->buf, (size_t)o->bytes, cudaMemcpyDeviceToHost);
-        if (ce) return rs_cuda_error(ce, "cudaMemcpy(a UCX send to its host bounce)", c->rank);
-      }
+      void *buf = hbuf && hbuf[i] ? hbuf[i] : o->buf;
       uint64_t *count = o->is_recv ? &x->recvd[o->peer] : &x->sent[o->peer];
       rs_request *q = NULL;
       RS_CHECK(rs_ux_post_mem(x->host, o->peer, msg_tag(x->id, (*count)++), buf, (size_t)o->bytes, o->is_recv,
                               memtype, &q));
-      x->pend[x->npend++] = (pending){q, t, bounce && o->is_recv && o->bytes ? o->buf : NULL, buf, o->bytes};
+      x->pend[x->npend++] = (pending){q, t, hbuf && hbuf[i] && o->is_recv ? o->buf : NULL, buf, o->bytes};
     }
   return RESHARD_SUCCESS;
 }
 
 /* Completes every pending request of the groups up to `ticket`, oldest
- * first, until the deadline. Under x->mu. */
+ * first, until the deadline; bounce: the received bytes go to their
+ * device places (on x->h2d, waited for with the same deadline) before it
+ * returns, so before anything the executor enqueues after this settle
+ * reads them. Under x->mu. */
 static reshard_result_t complete(reshard_comm_t *c, uint64_t ticket, int64_t deadline) {
   rs_uxc *x = c->impl;
   reshard_comm_t *h = x->host;
-  size_t done = 0;
+  size_t done = 0, copies = 0;
   reshard_result_t r = RESHARD_SUCCESS;
   while (done < x->npend && x->pend[done].ticket <= ticket) {
     pending *q = &x->pend[done];
@@ -273,13 +300,13 @@ static reshard_result_t complete(reshard_comm_t *c, uint64_t ticket, int64_t dea
     if (r == RESHARD_ERROR_TIMEOUT) break; /* (still pending) */
     done++;                                /* completed (and freed), well or not */
     if (r) break;
-    /* bounce: the received bytes to their device place, before anything
-     * the executor enqueues after this settle reads them */
-    cudaError_t ce = q->dev ? cudaMemcpy(q->dev, q->host, (size_t)q->bytes, cudaMemcpyHostToDevice) : cudaSuccess;
+    cudaError_t ce = q->dev ? cudaMemcpyAsync(q->dev, q->host, (size_t)q->bytes, cudaMemcpyHostToDevice, x->h2d)
+                            : cudaSuccess;
     if (ce) {
-      r = rs_cuda_error(ce, "cudaMemcpy(a UCX receive from its host bounce)", c->rank);
+      r = rs_cuda_error(ce, "cudaMemcpyAsync(a UCX receive from its host bounce)", c->rank);
       break;
     }
+    copies += q->dev != NULL;
   }
   if (done) {
     memmove(x->pend, x->pend + done, (x->npend - done) * sizeof *x->pend);
@@ -288,6 +315,14 @@ static reshard_result_t complete(reshard_comm_t *c, uint64_t ticket, int64_t dea
   if (r == RESHARD_ERROR_TIMEOUT)
     return rs_error(RESHARD_ERROR_TIMEOUT, "rank %d: a UCX transfer of GPU memory did not complete by the plan's "
                     "deadline (a partner stopped or never called)", c->rank);
+  /* (past the deadline this poisons, which abandons what is still
+   * pending: x->pend is consistent again by now) */
+  if (copies) {
+    reshard_result_t rw = rs_dev_comm_wait(c, x->h2d, NULL, deadline, "cudaStreamQuery(UCX receives to the device)",
+                                           "the copies of UCX receives to the device did not finish by the plan's "
+                                           "deadline");
+    if (!r) r = rw;
+  }
   return r;
 }
 
@@ -300,9 +335,10 @@ static reshard_result_t uxc_group_async(reshard_comm_t *c, const rs_p2p *ops, si
   reshard_result_t r = n ? uxc_health(c) : RESHARD_SUCCESS;
   /* what the stream waits for before the group: the round's packs, the
    * unpack that last read the receive half it reuses */
+  if (n && !r && x->bounce) r = bounce_out(c, ops, n, stream);
   if (n && !r) r = rs_dev_comm_wait(c, stream, NULL, deadline, "cudaStreamQuery(a round's packs)",
                                     "the work before a UCX transfer did not finish by the plan's deadline");
-  if (n && !r) r = post(c, ops, n, x->memtype, x->bounce, ticket);
+  if (n && !r) r = post(c, ops, n, x->memtype, x->bounce ? x->hbuf : NULL, ticket);
   pthread_mutex_unlock(&x->mu);
   return r;
 }
@@ -351,7 +387,7 @@ static reshard_result_t uxc_reduce_words(reshard_comm_t *c, uint64_t *words, uin
     x->red[k++] = (rs_p2p){.peer = p, .is_recv = 0, .buf = mine, .bytes = 8 * n};
   }
   uint64_t t = 0;
-  if (!r) r = post(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, 0, &t);
+  if (!r) r = post(c, x->red, k, (int)UCS_MEMORY_TYPE_HOST, NULL, &t);
   if (!r) r = complete(c, t, deadline);
   for (int p = 0; !r && p < c->size; p++)
     for (uint32_t w = 0; p != c->rank && w < n; w++)
@@ -414,6 +450,8 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 
 static void uxc_release(rs_uxc *x) {
   free(x->pend);
+  free(x->hbuf);
+  if (x->h2d) cudaStreamDestroy(x->h2d);
   if (!x->words_kept) { /* (else: a transfer of a failed call may still use them) */
     arena_reset(x);
     if (x->arena) cudaFreeHost(x->arena);
@@ -505,6 +543,7 @@ static reshard_result_t setup(reshard_comm_t *c, rs_uxc *x, reshard_comm_t *ucx)
     return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "comm_create_ucx_cuda rank %d: out of memory", c->rank);
   cudaError_t ce = cudaGetDevice(&x->device);
   if (!ce) ce = cudaMallocHost((void **)&x->h_words, 8 * RS_COMMIT_WORDS * ((size_t)c->size + 1));
+  if (!ce && x->bounce) ce = cudaStreamCreateWithFlags(&x->h2d, cudaStreamNonBlocking);
   if (ce) return rs_cuda_error(ce, "comm_create_ucx_cuda: CUDA setup", c->rank);
   return rs_dev_comm_init(c, &rs_uxc_hooks);
 }

@@ -74,9 +74,13 @@
  * host memory (UCS_MEMORY_TYPE_HOST, 0); moves_cuda 0 asks the real one
  * (Debian's UCX: none, so the transport bounces through host memory). */
 static int moves_cuda = 1;
+static int real_answer = -2; /* the real query's last answer (-2: not asked) */
 int __real_rs_ux_device_memtype(const reshard_comm_t *c);
 int __wrap_rs_ux_device_memtype(const reshard_comm_t *c) {
-  return moves_cuda ? (int)UCS_MEMORY_TYPE_HOST : __real_rs_ux_device_memtype(c);
+  if (moves_cuda) return (int)UCS_MEMORY_TYPE_HOST;
+  int a = __real_rs_ux_device_memtype(c);
+  __atomic_store_n(&real_answer, a, __ATOMIC_RELAXED);
+  return a;
 }
 
 static int64_t ms_now(void) {
@@ -540,7 +544,17 @@ out:
 static void refusals(void **state) {
   (void)state;
   snprintf(world_label, sizeof world_label, "refusals: ");
+  real_answer = -2;
   run_world(2, refusals_rank, NULL);
+  if (!moves_cuda) {
+    /* the second run is the bounce's only where the real UCX says so */
+    printf("the real capability query: %d (-1: no CUDA memory type: every message bounces)\n", real_answer);
+    assert_int_not_equal(real_answer, -2);
+    if (real_answer >= 0) {
+      printf("this UCX moves CUDA memory: the bounce is not what this run tests\n");
+      skip();
+    }
+  }
 }
 
 int main(void) {
