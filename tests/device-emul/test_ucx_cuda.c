@@ -39,6 +39,9 @@
  *   communicator's reduction of five words), a rank out of step at the
  *   last version: nothing commits (mw_double_buffer); a rank apart that
  *   only the vote can tell (mw_commit_apart).
+ * pool_growth: a second plan of a larger staging budget grows the
+ *   communicator's pool (a bounce's mirror replaced with it); both plans
+ *   then move their versions whole, alternating.
  * refusals: registered buffers (UNSUPPORTED: staging only) and an
  *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
  *   which a whole version moves; the wrong device; a host communicator
@@ -475,6 +478,56 @@ static void double_buffer(void **state) {
   }
 }
 
+/* ------------------------------------------------------------ growth */
+
+/* A plan with a small staging budget, then one of a larger budget on the
+ * same communicator: the staging pool grows (the old one freed, its
+ * bounce mirror with it, a new one mapped), and both plans move their
+ * versions whole, alternating (each execute of the small plan now packs
+ * into the larger pool). */
+static void growth_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  reshard_layout_t *src, *dst;
+  mw_layouts_all(r->n, 256, 32 * (int64_t)r->n, &src, &dst);
+  reshard_plan_t *plan[2] = {NULL, NULL};
+  reshard_selftest_t s = {0}, d[2] = {{0}, {0}};
+  for (int k = 0; k < 2 && !r->failed; k++) {
+    reshard_options_t o = RESHARD_OPTIONS_INITIALIZER;
+    o.timeout_ms = 5000;
+    o.staging_bytes = k ? (size_t)1 << 20 : 4096;
+    if (reshard_plan_create(c, src, dst, &o, &plan[k])) RFAIL(r, "plan_create %d: %s", k, reshard_last_error());
+    else if (reshard_selftest_alloc(&d[k], dst, r->rank, -1)) RFAIL(r, "selftest alloc");
+  }
+  for (int step = 0; step < 4 && !r->failed; step++) {
+    const int k = step % 2;
+    reshard_selftest_free(&s);
+    if (reshard_selftest_alloc(&s, src, r->rank, step)) {
+      RFAIL(r, "selftest alloc");
+      break;
+    }
+    reshard_result_t e = reshard_plan_execute(plan[k], (void *const *)s.ptr, (size_t)s.nbuf, (void *const *)d[k].ptr,
+                                              (size_t)d[k].nbuf, NULL);
+    if (e) RFAIL(r, "step %d: execute: %s", step, reshard_last_error());
+    else if (mock_stream_drain(NULL)) RFAIL(r, "drain hung");
+    else r->wrong += reshard_selftest_check_from(&d[k], dst, src, r->rank, (uint64_t)step, "pool growth");
+  }
+  for (int k = 0; k < 2; k++) {
+    reshard_plan_destroy(plan[k]);
+    reshard_selftest_free(&d[k]);
+  }
+  reshard_selftest_free(&s);
+  reshard_layout_destroy(src);
+  reshard_layout_destroy(dst);
+  close_comm(c, host);
+}
+
+static void pool_growth(void **state) {
+  (void)state;
+  snprintf(world_label, sizeof world_label, "pool growth: ");
+  run_world(3, growth_rank, NULL);
+}
+
 /* ------------------------------------------------------------ refusals */
 
 static void refusals_rank(mw_rank *r) {
@@ -563,6 +616,7 @@ int main(void) {
       cmocka_unit_test(absent_partner_times_out),
       cmocka_unit_test(two_communicators_over_one_host),
       cmocka_unit_test(double_buffer),
+      cmocka_unit_test(pool_growth),
       cmocka_unit_test(random_worlds),
   };
   /* UCX moving the device memory itself (the capability query wrapped:
