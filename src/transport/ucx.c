@@ -251,18 +251,22 @@ static reshard_result_t ux_irecv_boxes(reshard_comm_t *c, int peer, uint64_t tag
 }
 
 /* The result of a completed request; frees it. */
-reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r) {
-  ux_comm *m = c->impl;
+/* Frees a completed request (UCP's and ours). */
+static void request_free(ux_comm *m, rs_request *r) {
   if (r->ucx) {
     pthread_mutex_lock(&m->lock);
     ucp_request_free(r->ucx);
     pthread_mutex_unlock(&m->lock);
   }
+  free(r->iov);
+  free(r);
+}
+
+reshard_result_t rs_ux_finish(reshard_comm_t *c, rs_request *r) {
   const int peer = r->peer, is_recv = r->is_recv;
   const ucs_status_t s = r->status;
   const size_t got = r->got, want = r->bytes;
-  free(r->iov);
-  free(r);
+  request_free(c->impl, r);
   if (s == UCS_ERR_MESSAGE_TRUNCATED || (s == UCS_OK && is_recv && got != want))
     return rs_error(RESHARD_ERROR_MISMATCH, "rank %d: a message from rank %d did not have the %zu bytes expected%s",
                     c->rank, peer, want, s == UCS_OK ? "" : " (it was longer)");
@@ -352,13 +356,7 @@ int rs_ux_settle(reshard_comm_t *c, rs_request *r, int64_t deadline) {
     if (progress_until(m, r, &moved) == 1) {
       /* freed without its result, which does not matter any more (a
        * cancelled receive's would replace the caller's error message) */
-      if (r->ucx) {
-        pthread_mutex_lock(&m->lock);
-        ucp_request_free(r->ucx);
-        pthread_mutex_unlock(&m->lock);
-      }
-      free(r->iov);
-      free(r);
+      request_free(m, r);
       return 1;
     }
     if (rs_now_ns() > deadline) break;
