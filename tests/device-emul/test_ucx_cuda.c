@@ -42,6 +42,12 @@
  * pool_growth: a second plan of a larger staging budget grows the
  *   communicator's pool (a bounce's mirror replaced with it); both plans
  *   then move their versions whole, alternating.
+ * arena_growth: groups of the transport itself (its stream ops) moving
+ *   device buffers that are not a staging pool, two groups posted before
+ *   either is settled: in the bounce, their host bytes come from the
+ *   arena, which grows (64 KiB to 512 KiB) while the first group's
+ *   messages still use the arenas outgrown; every byte checked, then a
+ *   third group once nothing is pending (the outgrown arenas freed).
  * refusals: registered buffers (UNSUPPORTED: staging only) and an
  *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
  *   which a whole version moves; the wrong device; a host communicator
@@ -64,6 +70,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/clock.h"
 #include "device-emul/mock_device.h"
 #include "device-emul/mock_world.h"
 #include "plan/relay.h"
@@ -72,6 +79,8 @@
 #include "reshard_selftest.h"
 #include "reshard_ucx.h"
 #include "support/random_layout.h"
+#include "transport/stream.h"
+#include "transport/transport.h"
 
 /* The capability query (ucx.c), wrapped: the emulated device's memory is
  * host memory (UCS_MEMORY_TYPE_HOST, 0); moves_cuda 0 asks the real one
@@ -528,6 +537,74 @@ static void pool_growth(void **state) {
   run_world(3, growth_rank, NULL);
 }
 
+/* ------------------------------------------------------------ arena */
+
+/* Byte i of what rank `from` sends in message k. */
+static unsigned char arena_byte(int from, int k, size_t i) {
+  return (unsigned char)(i * 131u + (unsigned)from * 71u + (unsigned)k * 29u + (i >> 9));
+}
+
+/* Messages of these sizes (bytes) each way between the two ranks, in
+ * three groups: {0, 1} and {2} posted before either is settled (the
+ * bounce's arena, 64 KiB at first, grows twice with bytes of pending
+ * messages in the arenas it outgrew), {3} after both settled. */
+static const size_t arena_sizes[4] = {100 << 10, 90 << 10, 300 << 10, 40 << 10};
+
+static void arena_rank(mw_rank *r) {
+  reshard_comm_t *host = NULL, *c = NULL;
+  if (!(c = open_comm(r, &host))) return;
+  const rs_stream_ops *so = c->ops->stream_ops;
+  const int peer = 1 - r->rank;
+  cudaStream_t st = NULL;
+  unsigned char *sbuf[4] = {0}, *rbuf[4] = {0}, *h = malloc(arena_sizes[2]);
+  if (!h || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) RFAIL(r, "stream or host buffer");
+  for (int k = 0; k < 4 && !r->failed; k++) {
+    if (cudaMalloc((void **)&sbuf[k], arena_sizes[k]) || cudaMalloc((void **)&rbuf[k], arena_sizes[k])) {
+      RFAIL(r, "cudaMalloc");
+      break;
+    }
+    for (size_t i = 0; i < arena_sizes[k]; i++) h[i] = arena_byte(r->rank, k, i);
+    cudaMemcpyAsync(sbuf[k], h, arena_sizes[k], cudaMemcpyHostToDevice, st);
+    cudaMemsetAsync(rbuf[k], 0xee, arena_sizes[k], st);
+  }
+  const int64_t deadline = rs_now_ns() + 10000000000ll;
+  uint64_t t[3] = {0, 0, 0};
+  const int first[3] = {0, 2, 3}, count[3] = {2, 1, 1};
+  for (int g = 0; g < 3 && !r->failed; g++) {
+    rs_p2p ops[4];
+    size_t n = 0;
+    for (int k = first[g]; k < first[g] + count[g]; k++) {
+      ops[n++] = (rs_p2p){.peer = peer, .is_recv = 1, .buf = rbuf[k], .bytes = arena_sizes[k]};
+      ops[n++] = (rs_p2p){.peer = peer, .is_recv = 0, .buf = sbuf[k], .bytes = arena_sizes[k]};
+    }
+    if (so->group_async(c, ops, n, st, deadline, NULL, &t[g])) RFAIL(r, "group %d: %s", g, reshard_last_error());
+    /* the first two pend together; the third follows their settle */
+    else if (g >= 1 && so->settle(c, t[g], deadline)) RFAIL(r, "settle %d: %s", g, reshard_last_error());
+  }
+  if (!r->failed && mock_stream_drain(st)) RFAIL(r, "drain hung");
+  for (int k = 0; k < 4 && !r->failed; k++) {
+    if (cudaMemcpy(h, rbuf[k], arena_sizes[k], cudaMemcpyDeviceToHost)) RFAIL(r, "copy back");
+    for (size_t i = 0; i < arena_sizes[k] && !r->failed; i++)
+      if (h[i] != arena_byte(peer, k, i)) {
+        r->wrong++;
+        RFAIL(r, "message %d byte %zu: %u, not %u", k, i, h[i], arena_byte(peer, k, i));
+      }
+  }
+  for (int k = 0; k < 4; k++) {
+    cudaFree(sbuf[k]);
+    cudaFree(rbuf[k]);
+  }
+  if (st) cudaStreamDestroy(st);
+  free(h);
+  close_comm(c, host);
+}
+
+static void arena_growth(void **state) {
+  (void)state;
+  snprintf(world_label, sizeof world_label, "arena growth: ");
+  run_world(2, arena_rank, NULL);
+}
+
 /* ------------------------------------------------------------ refusals */
 
 static void refusals_rank(mw_rank *r) {
@@ -617,6 +694,7 @@ int main(void) {
       cmocka_unit_test(two_communicators_over_one_host),
       cmocka_unit_test(double_buffer),
       cmocka_unit_test(pool_growth),
+      cmocka_unit_test(arena_growth),
       cmocka_unit_test(random_worlds),
   };
   /* UCX moving the device memory itself (the capability query wrapped:
