@@ -45,9 +45,10 @@
  * arena_growth: groups of the transport itself (its stream ops) moving
  *   device buffers that are not a staging pool, two groups posted before
  *   either is settled: in the bounce, their host bytes come from the
- *   arena, which grows (64 KiB to 512 KiB) while the first group's
- *   messages still use the arenas outgrown; every byte checked, then a
- *   third group once nothing is pending (the outgrown arenas freed).
+ *   arena, which grows (to 512 KiB within the first group, to 1 MiB for
+ *   the second while the first group's messages still use the arenas
+ *   outgrown); every byte checked, then a third group once nothing is
+ *   pending (the outgrown arenas freed).
  * refusals: registered buffers (UNSUPPORTED: staging only) and an
  *   execute in a CUDA graph capture (UNSUPPORTED, nothing enqueued), after
  *   which a whole version moves; the wrong device; a host communicator
@@ -546,8 +547,9 @@ static unsigned char arena_byte(int from, int k, size_t i) {
 
 /* Messages of these sizes (bytes) each way between the two ranks, in
  * three groups: {0, 1} and {2} posted before either is settled (the
- * bounce's arena, 64 KiB at first, grows twice with bytes of pending
- * messages in the arenas it outgrew), {3} after both settled. */
+ * bounce's arena grows within the first group, then again while bytes
+ * of pending messages are in the arenas it outgrew), {3} after both
+ * settled. */
 static const size_t arena_sizes[4] = {100 << 10, 90 << 10, 300 << 10, 40 << 10};
 
 static void arena_rank(mw_rank *r) {
