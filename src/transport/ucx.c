@@ -34,6 +34,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/clock.h"
+#include "common/debug.h"
 #include "common/error.h"
 #include "common/hash.h"
 #include "pack/copy.h"
@@ -111,7 +112,7 @@ void rs_ux_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
  * ucp_dt_iov_t array that the request then owns; memtype: buf's UCS
  * memory type, declared to UCP (-1: UCP finds it). */
 static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, void *iov,
-                                 size_t niov, int is_recv, int memtype, rs_request **out) {
+                                 size_t niov, int is_recv, int memtype, void *memh, rs_request **out) {
   ux_comm *m = c->impl;
   if (peer < 0 || peer >= c->size) {
     free(iov);
@@ -144,6 +145,10 @@ static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, voi
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = (ucs_memory_type_t)memtype;
   }
+  if (memh) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = (ucp_mem_h)memh;
+  }
   if (iov) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
@@ -172,19 +177,60 @@ static reshard_result_t post_any(reshard_comm_t *c, int peer, ucp_tag_t tag, voi
 
 reshard_result_t rs_ux_post(reshard_comm_t *c, int peer, ucp_tag_t tag, void *buf, size_t bytes, int is_recv,
                             rs_request **out) {
-  return post_any(c, peer, tag, buf, bytes, NULL, 0, is_recv, -1, out);
+  return post_any(c, peer, tag, buf, bytes, NULL, 0, is_recv, -1, NULL, out);
 }
 
 reshard_result_t rs_ux_post_iov(reshard_comm_t *c, int peer, ucp_tag_t tag, void *iov, size_t niov, size_t bytes,
                                 int is_recv, rs_request **out) {
-  return post_any(c, peer, tag, NULL, bytes, iov, niov, is_recv, -1, out);
+  return post_any(c, peer, tag, NULL, bytes, iov, niov, is_recv, -1, NULL, out);
 }
 
 reshard_result_t rs_ux_post_mem(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes, int is_recv,
-                                int memtype, rs_request **out) {
+                                int memtype, void *memh, rs_request **out) {
   const ux_comm *m = c->impl;
   if (m->failed) return rs_ux_refuse_failed(c);
-  return post_any(c, peer, data_tag(m, is_recv ? peer : c->rank, tag), buf, bytes, NULL, 0, is_recv, memtype, out);
+  return post_any(c, peer, data_tag(m, is_recv ? peer : c->rank, tag), buf, bytes, NULL, 0, is_recv, memtype, memh,
+                  out);
+}
+
+void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype) {
+  ux_comm *m = c->impl;
+  ucp_mem_map_params_t mp;
+  memset(&mp, 0, sizeof mp);
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = addr;
+  mp.length = bytes;
+  if (memtype >= 0) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.memory_type = (ucs_memory_type_t)memtype;
+  }
+  ucp_mem_h h = NULL;
+  pthread_mutex_lock(&m->lock);
+  ucs_status_t s = ucp_mem_map(m->ctx, &mp, &h);
+  pthread_mutex_unlock(&m->lock);
+  if (s != UCS_OK) {
+    RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: ucp_mem_map of %zu bytes (memory type %d): %s; its messages "
+           "register as they go", c->rank, bytes, memtype, ucs_status_string(s));
+    return NULL;
+  }
+  return h;
+}
+
+void rs_ux_mem_abandon(reshard_comm_t *c, void *memh) {
+  if (!memh) return;
+  ux_comm *m = c->impl;
+  pthread_mutex_lock(&m->lock);
+  void **k = realloc(m->stray_memh, (m->nstray_memh + 1) * sizeof *k);
+  if (k) m->stray_memh = k, k[m->nstray_memh++] = memh; /* (else left mapped: UCX's cleanup complains) */
+  pthread_mutex_unlock(&m->lock);
+}
+
+void rs_ux_mem_unmap(reshard_comm_t *c, void *memh) {
+  if (!memh) return;
+  ux_comm *m = c->impl;
+  pthread_mutex_lock(&m->lock);
+  ucp_mem_unmap(m->ctx, (ucp_mem_h)memh);
+  pthread_mutex_unlock(&m->lock);
 }
 
 static reshard_result_t ux_isend(reshard_comm_t *c, int peer, uint64_t tag, const void *buf, size_t bytes,
@@ -585,6 +631,8 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   rs_ux_close_ep(m, m->boot_ep);
   for (int i = 0; i < m->naccepted; i++) rs_ux_close_ep(m, m->accepted[i]);
   if (m->worker) ucp_worker_destroy(m->worker);
+  for (size_t i = 0; i < m->nstray_memh; i++) ucp_mem_unmap(m->ctx, (ucp_mem_h)m->stray_memh[i]);
+  free(m->stray_memh);
   if (m->ctx) ucp_cleanup(m->ctx);
   pthread_mutex_unlock(&m->lock);
   for (size_t i = 0; i < m->norphans; i++) free(m->orphans[i]);

@@ -20,7 +20,10 @@
  * waits, so groups pair as NCCL's do whatever the interleaving. The other
  * groups (the agreement's headers) are posted and settled at once. The
  * executor's host thread is held for each settle, and an execute cannot
- * be captured into a CUDA graph (graphs 0).
+ * be captured into a CUDA graph (graphs 0). Each staging pool (or its
+ * mirror) is registered with UCX when it is allocated (ucp_mem_map) and
+ * that handle goes with every message in it, so UCX's registration cache
+ * never holds a pool (region, below).
  *
  * Tags. A message's tag holds this communicator's number (agreed at
  * creation: every UCX (CUDA) communicator over one host communicator has
@@ -95,13 +98,21 @@ typedef struct pending {
   uint64_t bytes;
 } pending;
 
-/* bounce: a device allocation of reshard's (a staging pool) and its
- * pinned host mirror of the same size */
-typedef struct mirror {
+/* A staging pool (device memory, reshard's own) and, in a bounce, its
+ * pinned host mirror of the same size; memh: UCX's registration of the
+ * memory its messages use (the pool, or the mirror), made when the pool
+ * is and released before it is freed (rs_ux_mem_map; NULL where UCX could
+ * not: its messages then register as they go). With the handle, UCX's
+ * registration cache never holds the pool: a pool freed and another
+ * allocated at the same address (a statically linked CUDA runtime's
+ * cudaFree, which UCX's memory hooks may not see) cannot meet a stale
+ * registration, and the first execute pays no registration. */
+typedef struct region {
   unsigned char *dev, *host;
   size_t bytes;
-  struct mirror *next;
-} mirror;
+  void *memh;
+  struct region *next;
+} region;
 
 typedef struct rs_uxc {
   rs_dev_comm dev; /* first (src/transport/dev_comm.h) */
@@ -122,7 +133,7 @@ typedef struct rs_uxc {
    * the unpacks: the pools' mirrors, and for other buffers (the
    * agreement's headers) an arena reset when nothing is pending */
   int bounce;
-  mirror *mirrors;
+  region *regions; /* the staging pools */
   unsigned char *arena;
   size_t arena_bytes, arena_used;
   unsigned char **spent; /* arenas outgrown while messages were pending */
@@ -193,8 +204,8 @@ static void uxc_poison(reshard_comm_t *c) {
 static reshard_result_t host_side(reshard_comm_t *c, void *dev, uint64_t bytes, void **out) {
   rs_uxc *x = c->impl;
   const unsigned char *d = dev;
-  for (mirror *m = x->mirrors; m; m = m->next)
-    if (d >= m->dev && d + bytes <= m->dev + m->bytes) {
+  for (region *m = x->regions; m; m = m->next)
+    if (m->host && d >= m->dev && d + bytes <= m->dev + m->bytes) {
       *out = m->host + (d - m->dev);
       return RESHARD_SUCCESS;
     }
@@ -250,6 +261,18 @@ static reshard_result_t bounce_out(reshard_comm_t *c, const rs_p2p *ops, size_t 
   return RESHARD_SUCCESS;
 }
 
+/* The registration (region.memh) of the pool, or of the mirror, that
+ * holds [buf, buf + bytes); NULL: none (another buffer, or UCX could not
+ * register it). */
+static void *registration(const rs_uxc *x, const void *buf, uint64_t bytes) {
+  const unsigned char *b = buf;
+  for (const region *m = x->regions; m; m = m->next) {
+    const unsigned char *base = m->host ? m->host : m->dev;
+    if (b >= base && b + bytes <= base + m->bytes) return m->memh;
+  }
+  return NULL;
+}
+
 /* Posts ops[0, n) (receives first, then sends, each in its order: the
  * order both ends of a pair share) with this communicator's tags, buffers
  * of memtype (hbuf: a bounce's host bytes standing for them, bounce_out),
@@ -278,7 +301,7 @@ static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int
       uint64_t *count = o->is_recv ? &x->recvd[o->peer] : &x->sent[o->peer];
       rs_request *q = NULL;
       RS_CHECK(rs_ux_post_mem(x->host, o->peer, msg_tag(x->id, (*count)++), buf, (size_t)o->bytes, o->is_recv,
-                              memtype, &q));
+                              memtype, registration(x, buf, o->bytes), &q));
       x->pend[x->npend++] = (pending){q, t, hbuf && hbuf[i] && o->is_recv ? o->buf : NULL, buf, o->bytes};
     }
   return RESHARD_SUCCESS;
@@ -409,32 +432,37 @@ static reshard_result_t uxc_pool_alloc(reshard_comm_t *c, size_t bytes, void **o
   void *p = NULL;
   cudaError_t ce = cudaMalloc(&p, bytes);
   if (ce) return rs_cuda_error(ce, "cudaMalloc(staging pool)", c->rank);
-  if (x->bounce) {
-    mirror *m = calloc(1, sizeof *m);
-    if (!m) ce = cudaErrorMemoryAllocation;
-    else ce = cudaMallocHost((void **)&m->host, bytes);
-    if (ce) {
-      free(m);
-      cudaFree(p);
-      return rs_cuda_error(ce, "cudaMallocHost(the staging pool's host bounce)", c->rank);
-    }
-    m->dev = p, m->bytes = bytes;
-    pthread_mutex_lock(&x->mu);
-    m->next = x->mirrors, x->mirrors = m;
-    pthread_mutex_unlock(&x->mu);
+  region *m = calloc(1, sizeof *m);
+  if (!m) {
+    cudaFree(p);
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   }
+  if (x->bounce && (ce = cudaMallocHost((void **)&m->host, bytes))) {
+    free(m);
+    cudaFree(p);
+    return rs_cuda_error(ce, "cudaMallocHost(the staging pool's host bounce)", c->rank);
+  }
+  m->dev = p, m->bytes = bytes;
+  m->memh = x->bounce ? rs_ux_mem_map(x->host, m->host, bytes, (int)UCS_MEMORY_TYPE_HOST)
+                      : rs_ux_mem_map(x->host, p, bytes, x->memtype);
+  pthread_mutex_lock(&x->mu);
+  m->next = x->regions, x->regions = m;
+  pthread_mutex_unlock(&x->mu);
   *out = p;
   return RESHARD_SUCCESS;
 }
 
+/* (dev_comm frees a pool only once nothing uses it: an abandoned one,
+ * which a transfer may still use, is never freed, nor its region) */
 static void uxc_pool_free(reshard_comm_t *c, void *p) {
   rs_uxc *x = c->impl;
   pthread_mutex_lock(&x->mu);
-  for (mirror **at = &x->mirrors; *at; at = &(*at)->next)
+  for (region **at = &x->regions; *at; at = &(*at)->next)
     if ((*at)->dev == p) {
-      mirror *m = *at;
+      region *m = *at;
       *at = m->next;
-      cudaFreeHost(m->host);
+      rs_ux_mem_unmap(x->host, m->memh);
+      if (m->host) cudaFreeHost(m->host);
       free(m);
       break;
     }
@@ -449,6 +477,15 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 }
 
 static void uxc_release(rs_uxc *x) {
+  /* the pools left are abandoned ones (dev_comm freed the others): a
+   * transfer may still use them, so their registrations go with the host
+   * communicator's worker, and their memory stays (leaked) */
+  for (region *m = x->regions, *next; m; m = next) {
+    next = m->next;
+    rs_ux_mem_abandon(x->host, m->memh);
+    free(m);
+  }
+  x->regions = NULL;
   free(x->pend);
   free(x->hbuf);
   if (x->h2d) cudaStreamDestroy(x->h2d);

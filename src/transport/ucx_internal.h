@@ -83,6 +83,10 @@ typedef struct ux_comm {
    * released to finish on its own): freed with the worker */
   void **orphans;
   size_t norphans;
+  /* registrations a transfer may still use (rs_ux_mem_abandon): released
+   * after the worker, which ends every transfer, before the context */
+  void **stray_memh;
+  size_t nstray_memh;
 } ux_comm;
 
 /* The counters a newcomer takes from rank 0 (the header of its table, and
@@ -102,16 +106,31 @@ reshard_result_t rs_ux_refuse_failed(const reshard_comm_t *c);
 /* The UCS memory type of CUDA device memory as the UCX this process
  * loaded knows it: UCS_MEMORY_TYPE_CUDA where its context lists it (a
  * CUDA-enabled UCX on a machine with a GPU driver), -1 where UCX moves no
- * CUDA memory (ucx_cuda.c then refuses a communicator). The emulated
+ * CUDA memory (ucx_cuda.c then bounces through pinned host memory). The emulated
  * device's tests wrap it: their "device" memory is host memory. */
 int rs_ux_device_memtype(const reshard_comm_t *c);
 /* isend / irecv (transport.h: reshard's 64-bit tag, the same matching and
  * completion) of memory whose UCS memory type is declared to UCP
  * (memtype): UCP need not find it (its cache of CUDA allocations misses
  * memory from a statically linked CUDA runtime, which it would take for
- * host memory). */
+ * host memory); memh: rs_ux_mem_map's registration holding the buffer,
+ * or NULL. */
 reshard_result_t rs_ux_post_mem(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes, int is_recv,
-                                int memtype, rs_request **out);
+                                int memtype, void *memh, rs_request **out);
+/* Registers [addr, addr + bytes), of UCS memory type memtype (-1: UCX
+ * finds it), with the communicator's UCP context: the handle (a
+ * ucp_mem_h) to pass to rs_ux_post_mem for messages inside it, which then
+ * skip UCX's own registration and its cache; NULL where UCX cannot
+ * (logged: the messages register as they go). */
+void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype);
+/* Releases rs_ux_mem_map's handle (NULL: nothing); no message may still
+ * use it. */
+void rs_ux_mem_unmap(reshard_comm_t *c, void *memh);
+/* The same for a handle a transfer of a failed call may still use: kept
+ * until the communicator goes, released after its worker (which ends
+ * every transfer) and before its context (whose cleanup cannot outlive a
+ * registration). */
+void rs_ux_mem_abandon(reshard_comm_t *c, void *memh);
 /* Whether a failed membership change left the communicator unusable. */
 int rs_ux_failed(const reshard_comm_t *c);
 /* BACKEND with UCX's text for a failed UCP call `what` (peer -1: none). */

@@ -17,6 +17,13 @@
  *   copied from the device after the packs and back before the unpacks:
  *   the path a user of a UCX without CUDA takes, as it is.
  *
+ * UCX's registrations and tagged messages are wrapped too: after every
+ * world whose pools were all freed, no registration is left, and every
+ * message that named one (the pools' messages) lay inside a live one;
+ * random_worlds and pool_growth check that the pools' messages named
+ * theirs (a staging pool is registered when it is allocated, ucx_cuda.c
+ * region).
+ *
  * Every test that moves data checks every destination element against the
  * self-test's values from global coordinates and every byte outside
  * destination fragments (reshard_selftest_check_from); no test may hang
@@ -67,6 +74,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <ucp/api/ucp.h>
 #include <ucs/memory/memory_type.h>
 
 #include <cuda_runtime.h>
@@ -94,6 +102,87 @@ int __wrap_rs_ux_device_memtype(const reshard_comm_t *c) {
   int a = __real_rs_ux_device_memtype(c);
   __atomic_store_n(&real_answer, a, __ATOMIC_RELAXED);
   return a;
+}
+
+/* UCX's registrations and messages, wrapped (tests.cmake): every staging
+ * pool is registered once (rs_ux_mem_map) and released before it is
+ * freed, and a message that names a registration (UCP_OP_ATTR_FIELD_MEMH)
+ * lies inside a live one. */
+typedef struct live_reg {
+  void *h;
+  const unsigned char *addr;
+  size_t len;
+} live_reg;
+static live_reg regs[1024];
+static int nregs;
+static long msgs_with_memh, msgs_bad_memh;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+ucs_status_t __real_ucp_mem_map(ucp_context_h ctx, const ucp_mem_map_params_t *p, ucp_mem_h *h);
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h ctx, const ucp_mem_map_params_t *p, ucp_mem_h *h) {
+  ucs_status_t s = __real_ucp_mem_map(ctx, p, h);
+  pthread_mutex_lock(&reg_mu);
+  if (s == UCS_OK && nregs < 1024) regs[nregs++] = (live_reg){*h, p->address, p->length};
+  pthread_mutex_unlock(&reg_mu);
+  return s;
+}
+ucs_status_t __real_ucp_mem_unmap(ucp_context_h ctx, ucp_mem_h h);
+ucs_status_t __wrap_ucp_mem_unmap(ucp_context_h ctx, ucp_mem_h h) {
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nregs; i++)
+    if (regs[i].h == h) {
+      regs[i] = regs[--nregs];
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+  return __real_ucp_mem_unmap(ctx, h);
+}
+static void note_memh(const void *buf, size_t len, const ucp_request_param_t *p) {
+  if (!(p->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH)) return;
+  const unsigned char *b = buf;
+  int ok = 0;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nregs && !ok; i++)
+    ok = regs[i].h == p->memh && b >= regs[i].addr && b + len <= regs[i].addr + regs[i].len;
+  msgs_with_memh++;
+  msgs_bad_memh += !ok;
+  pthread_mutex_unlock(&reg_mu);
+}
+ucs_status_ptr_t __real_ucp_tag_send_nbx(ucp_ep_h ep, const void *buf, size_t count, ucp_tag_t tag,
+                                         const ucp_request_param_t *p);
+ucs_status_ptr_t __wrap_ucp_tag_send_nbx(ucp_ep_h ep, const void *buf, size_t count, ucp_tag_t tag,
+                                         const ucp_request_param_t *p) {
+  note_memh(buf, count, p);
+  return __real_ucp_tag_send_nbx(ep, buf, count, tag, p);
+}
+ucs_status_ptr_t __real_ucp_tag_recv_nbx(ucp_worker_h w, void *buf, size_t count, ucp_tag_t tag, ucp_tag_t mask,
+                                         const ucp_request_param_t *p);
+ucs_status_ptr_t __wrap_ucp_tag_recv_nbx(ucp_worker_h w, void *buf, size_t count, ucp_tag_t tag, ucp_tag_t mask,
+                                         const ucp_request_param_t *p) {
+  note_memh(buf, count, p);
+  return __real_ucp_tag_recv_nbx(w, buf, count, tag, mask, p);
+}
+
+/* After a world whose pools were all freed (none abandoned by a failed
+ * call): no registration left, and no message named a dead or wrong one;
+ * returns the messages that named one. */
+static long registrations_balanced(const char *what) {
+  pthread_mutex_lock(&reg_mu);
+  const int left = nregs;
+  const long with = msgs_with_memh, bad = msgs_bad_memh;
+  msgs_with_memh = msgs_bad_memh = 0;
+  pthread_mutex_unlock(&reg_mu);
+  if (left || bad) fail_msg("%s: %d UCX registrations left, %ld messages named a registration not holding them",
+                            what, left, bad);
+  return with;
+}
+
+/* After a world whose failed calls may have abandoned a pool (its
+ * registration kept with it): forgets what it left. */
+static void registrations_forget(void) {
+  pthread_mutex_lock(&reg_mu);
+  nregs = 0;
+  msgs_with_memh = msgs_bad_memh = 0;
+  pthread_mutex_unlock(&reg_mu);
 }
 
 static int64_t ms_now(void) {
@@ -217,7 +306,7 @@ static void random_worlds(void **state) {
   const char *e0 = getenv("RS_SEED0"), *ei = getenv("RS_ITERS"), *ef = getenv("RS_IT0");
   uint64_t seed0 = e0 ? strtoull(e0, NULL, 10) : (uint64_t)time(NULL);
   int iters = ei ? atoi(ei) : 60, it0 = ef ? atoi(ef) : 0;
-  long moved = 0;
+  long moved = 0, named = 0;
   for (int it = it0; it < it0 + iters; it++) {
     uint64_t seed = seed0 + (uint64_t)it * 104729;
     rl_pair pair;
@@ -241,10 +330,12 @@ static void random_worlds(void **state) {
                o.failed >= 0 ? "; first failed rank: " : "", o.failed >= 0 ? r[o.failed].why : "");
     }
     moved += pair.nranks;
+    named += registrations_balanced(world_label);
     rl_pair_free(&pair);
   }
   rs_relay_min_part_bytes = RS_RELAY_MIN_PART_DEFAULT;
-  printf("random UCX (CUDA) worlds: %d worlds, %ld ranks\n", iters, moved);
+  printf("random UCX (CUDA) worlds: %d worlds, %ld ranks, %ld messages in registered pools\n", iters, moved, named);
+  assert_true(named > 0);
 }
 
 /* ------------------------------------------------------------ absent */
@@ -333,6 +424,7 @@ static void absent_partner_times_out(void **state) {
   memset(&x, 0, sizeof x);
   snprintf(world_label, sizeof world_label, "absent partner: ");
   run_world(3, absent_rank, &x);
+  registrations_forget(); /* (a send still running pins its pool, registration and all) */
   for (int k = 0; k < 2; k++) {
     printf("rank %d: %s after %lld ms; a new plan on the communicator: %d (%s)\n", k,
            x.got[k] == RESHARD_ERROR_TIMEOUT ? "TIMEOUT" : "?", (long long)x.took_ms[k], (int)x.later[k],
@@ -440,6 +532,8 @@ static void two_communicators_over_one_host(void **state) {
     x.opposite = opposite;
     snprintf(world_label, sizeof world_label, "two communicators, %s orders: ", opposite ? "opposite" : "the same");
     run_world(2, two_rank, &x);
+    if (opposite) registrations_forget(); /* (as absent_partner_times_out) */
+    else registrations_balanced(world_label);
     for (int rk = 0; rk < 2; rk++) {
       printf("%s orders, rank %d: plan A %d, plan B %d\n", opposite ? "opposite" : "same", rk, (int)x.got[rk][0],
              (int)x.got[rk][1]);
@@ -482,9 +576,11 @@ static void double_buffer(void **state) {
   (void)state;
   snprintf(world_label, sizeof world_label, "double buffer: ");
   run_world(3, dbuf_rank, NULL);
+  registrations_balanced(world_label);
   for (int odd = 1; odd <= 2; odd++) {
     snprintf(world_label, sizeof world_label, "commit vote, rank %d apart: ", odd);
     run_world(3, apart_rank, &odd);
+    registrations_balanced(world_label);
   }
 }
 
@@ -536,6 +632,7 @@ static void pool_growth(void **state) {
   (void)state;
   snprintf(world_label, sizeof world_label, "pool growth: ");
   run_world(3, growth_rank, NULL);
+  assert_true(registrations_balanced(world_label) > 0);
 }
 
 /* ------------------------------------------------------------ arena */
@@ -605,6 +702,7 @@ static void arena_growth(void **state) {
   (void)state;
   snprintf(world_label, sizeof world_label, "arena growth: ");
   run_world(2, arena_rank, NULL);
+  registrations_balanced(world_label);
 }
 
 /* ------------------------------------------------------------ refusals */
@@ -678,6 +776,7 @@ static void refusals(void **state) {
   snprintf(world_label, sizeof world_label, "refusals: ");
   real_answer = -2;
   run_world(2, refusals_rank, NULL);
+  registrations_balanced(world_label);
   if (!moves_cuda) {
     /* the second run is the bounce's only where the real UCX says so */
     printf("the real capability query: %d (-1: no CUDA memory type: every message bounces)\n", real_answer);
