@@ -205,8 +205,16 @@ void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype) {
     mp.memory_type = (ucs_memory_type_t)memtype;
   }
   ucp_mem_h h = NULL;
+  ucs_status_t s = UCS_ERR_NO_MEMORY;
   pthread_mutex_lock(&m->lock);
-  ucs_status_t s = ucp_mem_map(m->ctx, &mp, &h);
+  /* room to keep it first: a handle the communicator lost would abort ucp_cleanup */
+  if (m->nmemh == m->cap_memh) {
+    size_t cap = m->cap_memh ? 2 * m->cap_memh : 8;
+    void **k = realloc(m->memh, cap * sizeof *k);
+    if (k) m->memh = k, m->cap_memh = cap;
+  }
+  if (m->nmemh < m->cap_memh) s = ucp_mem_map(m->ctx, &mp, &h);
+  if (s == UCS_OK) m->memh[m->nmemh++] = h;
   pthread_mutex_unlock(&m->lock);
   if (s != UCS_OK) {
     RS_LOG(RS_LOG_WARN, RS_SUBSYS_TRANSPORT, "rank %d: ucp_mem_map of %zu bytes (memory type %d): %s; its messages "
@@ -216,20 +224,16 @@ void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype) {
   return h;
 }
 
-void rs_ux_mem_abandon(reshard_comm_t *c, void *memh) {
-  if (!memh) return;
-  ux_comm *m = c->impl;
-  pthread_mutex_lock(&m->lock);
-  void **k = realloc(m->stray_memh, (m->nstray_memh + 1) * sizeof *k);
-  if (k) m->stray_memh = k, k[m->nstray_memh++] = memh; /* (else left mapped: UCX's cleanup complains) */
-  pthread_mutex_unlock(&m->lock);
-}
-
 void rs_ux_mem_unmap(reshard_comm_t *c, void *memh) {
   if (!memh) return;
   ux_comm *m = c->impl;
   pthread_mutex_lock(&m->lock);
-  ucp_mem_unmap(m->ctx, (ucp_mem_h)memh);
+  for (size_t i = 0; i < m->nmemh; i++)
+    if (m->memh[i] == memh) {
+      m->memh[i] = m->memh[--m->nmemh];
+      ucp_mem_unmap(m->ctx, (ucp_mem_h)memh);
+      break;
+    }
   pthread_mutex_unlock(&m->lock);
 }
 
@@ -631,8 +635,8 @@ static void ux_release(reshard_comm_t *c, ux_comm *m) {
   rs_ux_close_ep(m, m->boot_ep);
   for (int i = 0; i < m->naccepted; i++) rs_ux_close_ep(m, m->accepted[i]);
   if (m->worker) ucp_worker_destroy(m->worker);
-  for (size_t i = 0; i < m->nstray_memh; i++) ucp_mem_unmap(m->ctx, (ucp_mem_h)m->stray_memh[i]);
-  free(m->stray_memh);
+  for (size_t i = 0; i < m->nmemh; i++) ucp_mem_unmap(m->ctx, (ucp_mem_h)m->memh[i]);
+  free(m->memh);
   if (m->ctx) ucp_cleanup(m->ctx);
   pthread_mutex_unlock(&m->lock);
   for (size_t i = 0; i < m->norphans; i++) free(m->orphans[i]);

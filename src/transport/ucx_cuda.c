@@ -22,8 +22,7 @@
  * executor's host thread is held for each settle, and an execute cannot
  * be captured into a CUDA graph (graphs 0). Each staging pool (or its
  * mirror) is registered with UCX when it is allocated (ucp_mem_map) and
- * that handle goes with every message in it, so UCX's registration cache
- * never holds a pool (region, below).
+ * that handle goes with every message in it (region, below).
  *
  * Tags. A message's tag holds this communicator's number (agreed at
  * creation: every UCX (CUDA) communicator over one host communicator has
@@ -101,12 +100,13 @@ typedef struct pending {
 /* A staging pool (device memory, reshard's own) and, in a bounce, its
  * pinned host mirror of the same size; memh: UCX's registration of the
  * memory its messages use (the pool, or the mirror), made when the pool
- * is and released before it is freed (rs_ux_mem_map; NULL where UCX could
- * not: its messages then register as they go). With the handle, UCX's
- * registration cache never holds the pool: a pool freed and another
- * allocated at the same address (a statically linked CUDA runtime's
- * cudaFree, which UCX's memory hooks may not see) cannot meet a stale
- * registration, and the first execute pays no registration. */
+ * is (rs_ux_mem_map) and released before it is freed (NULL where UCX
+ * could not: its messages then register as they go). With it, the pool
+ * is registered once, when a plan is created, not by the messages of the
+ * first execute, one region at a time. (UCX's registration cache still
+ * holds it: a pool freed and another allocated at the same address rely,
+ * as before, on UCX's memory hooks seeing the statically linked runtime's
+ * cudaFree, which has not been checked on a GPU.) */
 typedef struct region {
   unsigned char *dev, *host;
   size_t bytes;
@@ -478,11 +478,10 @@ static reshard_result_t uxc_allreduce(reshard_comm_t *c, uint64_t *vals, int n, 
 
 static void uxc_release(rs_uxc *x) {
   /* the pools left are abandoned ones (dev_comm freed the others): a
-   * transfer may still use them, so their registrations go with the host
-   * communicator's worker, and their memory stays (leaked) */
+   * transfer may still use them, so their memory stays (leaked) and their
+   * registrations go with the host communicator (rs_ux_mem_map) */
   for (region *m = x->regions, *next; m; m = next) {
     next = m->next;
-    rs_ux_mem_abandon(x->host, m->memh);
     free(m);
   }
   x->regions = NULL;

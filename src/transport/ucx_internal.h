@@ -83,10 +83,12 @@ typedef struct ux_comm {
    * released to finish on its own): freed with the worker */
   void **orphans;
   size_t norphans;
-  /* registrations a transfer may still use (rs_ux_mem_abandon): released
-   * after the worker, which ends every transfer, before the context */
-  void **stray_memh;
-  size_t nstray_memh;
+  /* rs_ux_mem_map's registrations not yet released: those left (an
+   * abandoned pool's, which a transfer may still use) are released after
+   * the worker, which ends every transfer, and before the context, whose
+   * cleanup aborts on a registration still held */
+  void **memh;
+  size_t nmemh, cap_memh;
 } ux_comm;
 
 /* The counters a newcomer takes from rank 0 (the header of its table, and
@@ -118,19 +120,18 @@ int rs_ux_device_memtype(const reshard_comm_t *c);
 reshard_result_t rs_ux_post_mem(reshard_comm_t *c, int peer, uint64_t tag, void *buf, size_t bytes, int is_recv,
                                 int memtype, void *memh, rs_request **out);
 /* Registers [addr, addr + bytes), of UCS memory type memtype (-1: UCX
- * finds it), with the communicator's UCP context: the handle (a
+ * finds it), with the communicator's UCP context, once: the handle (a
  * ucp_mem_h) to pass to rs_ux_post_mem for messages inside it, which then
- * skip UCX's own registration and its cache; NULL where UCX cannot
- * (logged: the messages register as they go). */
+ * need no registration of their own (UCX's registration cache still
+ * holds the memory: it stays as trustworthy as UCX's memory hooks); NULL
+ * where UCX cannot (logged: the messages register as they go). The
+ * communicator keeps the handle until rs_ux_mem_unmap, or until it is
+ * destroyed (a handle a transfer of a failed call may still use is just
+ * never unmapped before). */
 void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype);
 /* Releases rs_ux_mem_map's handle (NULL: nothing); no message may still
  * use it. */
 void rs_ux_mem_unmap(reshard_comm_t *c, void *memh);
-/* The same for a handle a transfer of a failed call may still use: kept
- * until the communicator goes, released after its worker (which ends
- * every transfer) and before its context (whose cleanup cannot outlive a
- * registration). */
-void rs_ux_mem_abandon(reshard_comm_t *c, void *memh);
 /* Whether a failed membership change left the communicator unusable. */
 int rs_ux_failed(const reshard_comm_t *c);
 /* BACKEND with UCX's text for a failed UCP call `what` (peer -1: none). */

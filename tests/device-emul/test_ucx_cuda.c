@@ -18,11 +18,10 @@
  *   the path a user of a UCX without CUDA takes, as it is.
  *
  * UCX's registrations and tagged messages are wrapped too: after every
- * world whose pools were all freed, no registration is left, and every
- * message that named one (the pools' messages) lay inside a live one;
- * random_worlds and pool_growth check that the pools' messages named
- * theirs (a staging pool is registered when it is allocated, ucx_cuda.c
- * region).
+ * world whose pools were all freed, no registration is left, every
+ * message that named one lay inside it, and every message inside one
+ * named it (a staging pool is registered when it is allocated, ucx_cuda.c
+ * region); random_worlds and pool_growth check that some did.
  *
  * Every test that moves data checks every destination element against the
  * self-test's values from global coordinates and every byte outside
@@ -114,14 +113,17 @@ typedef struct live_reg {
   size_t len;
 } live_reg;
 static live_reg regs[1024];
-static int nregs;
-static long msgs_with_memh, msgs_bad_memh;
+static int nregs, regs_overflow;
+/* messages that named a registration, named one not holding them, named
+ * none while inside one (a pool's message without its registration) */
+static long msgs_with_memh, msgs_bad_memh, msgs_missed_memh;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 ucs_status_t __real_ucp_mem_map(ucp_context_h ctx, const ucp_mem_map_params_t *p, ucp_mem_h *h);
 ucs_status_t __wrap_ucp_mem_map(ucp_context_h ctx, const ucp_mem_map_params_t *p, ucp_mem_h *h) {
   ucs_status_t s = __real_ucp_mem_map(ctx, p, h);
   pthread_mutex_lock(&reg_mu);
   if (s == UCS_OK && nregs < 1024) regs[nregs++] = (live_reg){*h, p->address, p->length};
+  else if (s == UCS_OK) regs_overflow = 1;
   pthread_mutex_unlock(&reg_mu);
   return s;
 }
@@ -137,14 +139,18 @@ ucs_status_t __wrap_ucp_mem_unmap(ucp_context_h ctx, ucp_mem_h h) {
   return __real_ucp_mem_unmap(ctx, h);
 }
 static void note_memh(const void *buf, size_t len, const ucp_request_param_t *p) {
-  if (!(p->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH)) return;
   const unsigned char *b = buf;
-  int ok = 0;
+  const int named = (p->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH) != 0;
+  int ok = 0, inside = 0;
   pthread_mutex_lock(&reg_mu);
-  for (int i = 0; i < nregs && !ok; i++)
-    ok = regs[i].h == p->memh && b >= regs[i].addr && b + len <= regs[i].addr + regs[i].len;
-  msgs_with_memh++;
-  msgs_bad_memh += !ok;
+  for (int i = 0; i < nregs; i++) {
+    const int in = len && b >= regs[i].addr && b + len <= regs[i].addr + regs[i].len;
+    inside |= in;
+    ok |= named && in && regs[i].h == p->memh;
+  }
+  msgs_with_memh += named;
+  msgs_bad_memh += named && !ok;
+  msgs_missed_memh += !named && inside;
   pthread_mutex_unlock(&reg_mu);
 }
 ucs_status_ptr_t __real_ucp_tag_send_nbx(ucp_ep_h ep, const void *buf, size_t count, ucp_tag_t tag,
@@ -167,12 +173,14 @@ ucs_status_ptr_t __wrap_ucp_tag_recv_nbx(ucp_worker_h w, void *buf, size_t count
  * returns the messages that named one. */
 static long registrations_balanced(const char *what) {
   pthread_mutex_lock(&reg_mu);
-  const int left = nregs;
-  const long with = msgs_with_memh, bad = msgs_bad_memh;
-  msgs_with_memh = msgs_bad_memh = 0;
+  const int left = nregs, over = regs_overflow;
+  const long with = msgs_with_memh, bad = msgs_bad_memh, missed = msgs_missed_memh;
+  nregs = regs_overflow = 0; /* (a failure here does not fail the tests after it) */
+  msgs_with_memh = msgs_bad_memh = msgs_missed_memh = 0;
   pthread_mutex_unlock(&reg_mu);
-  if (left || bad) fail_msg("%s: %d UCX registrations left, %ld messages named a registration not holding them",
-                            what, left, bad);
+  if (left || bad || missed || over)
+    fail_msg("%s%d UCX registrations left%s, %ld messages named a registration not holding them, %ld inside "
+             "one named none", what, left, over ? " (over 1024 at once)" : "", bad, missed);
   return with;
 }
 
@@ -180,8 +188,8 @@ static long registrations_balanced(const char *what) {
  * registration kept with it): forgets what it left. */
 static void registrations_forget(void) {
   pthread_mutex_lock(&reg_mu);
-  nregs = 0;
-  msgs_with_memh = msgs_bad_memh = 0;
+  nregs = regs_overflow = 0;
+  msgs_with_memh = msgs_bad_memh = msgs_missed_memh = 0;
   pthread_mutex_unlock(&reg_mu);
 }
 
