@@ -79,9 +79,10 @@ set_tests_properties(test_gpu_spread PROPERTIES TIMEOUT 300)
 # (the emulated device's memory is host memory).
 if(RESHARD_WITH_UCX)
   rs_gpu_emulated_exe(test_gpu_ucx_cuda test_ucx_cuda.c)
-  # the capability query, and UCX's registrations and tagged messages
-  # (every pool registered once and released; messages name live ones)
-  target_link_options(test_gpu_ucx_cuda PRIVATE "LINKER:--wrap=rs_ux_device_memtype"
+  # the capability query, the end of a failed call's transfers, and UCX's
+  # registrations and tagged messages (every pool registered once and
+  # released; messages name live ones)
+  target_link_options(test_gpu_ucx_cuda PRIVATE "LINKER:--wrap=rs_ux_device_memtype,--wrap=rs_ux_settle"
                       "LINKER:--wrap=ucp_mem_map,--wrap=ucp_mem_unmap"
                       "LINKER:--wrap=ucp_tag_send_nbx,--wrap=ucp_tag_recv_nbx")
   add_test(NAME test_gpu_ucx_cuda COMMAND test_gpu_ucx_cuda)
