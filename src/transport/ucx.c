@@ -37,6 +37,7 @@
 #include "common/debug.h"
 #include "common/error.h"
 #include "common/hash.h"
+#include "common/vec.h"
 #include "pack/copy.h"
 #include "transport/transport.h"
 #include "transport/ucx_internal.h"
@@ -208,12 +209,7 @@ void *rs_ux_mem_map(reshard_comm_t *c, void *addr, size_t bytes, int memtype) {
   ucs_status_t s = UCS_ERR_NO_MEMORY;
   pthread_mutex_lock(&m->lock);
   /* room to keep it first: a handle the communicator lost would abort ucp_cleanup */
-  if (m->nmemh == m->cap_memh) {
-    size_t cap = m->cap_memh ? 2 * m->cap_memh : 8;
-    void **k = realloc(m->memh, cap * sizeof *k);
-    if (k) m->memh = k, m->cap_memh = cap;
-  }
-  if (m->nmemh < m->cap_memh) s = ucp_mem_map(m->ctx, &mp, &h);
+  if (!RS_VEC_GROW(m->memh, m->nmemh, m->cap_memh)) s = ucp_mem_map(m->ctx, &mp, &h);
   if (s == UCS_OK) m->memh[m->nmemh++] = h;
   pthread_mutex_unlock(&m->lock);
   if (s != UCS_OK) {

@@ -72,6 +72,7 @@ reshard_result_t reshard_comm_create_ucx_cuda(reshard_comm_t *ucx, reshard_comm_
 
 #include "common/clock.h"
 #include "common/debug.h"
+#include "common/vec.h"
 #include "cuda/cuda_util.h"
 #include "kernels/rs_agree.h"
 #include "transport/dev_comm.h"
@@ -243,12 +244,8 @@ static void arena_reset(rs_uxc *x) {
 static reshard_result_t bounce_out(reshard_comm_t *c, const rs_p2p *ops, size_t n, void *stream) {
   rs_uxc *x = c->impl;
   if (x->npend == 0) arena_reset(x);
-  if (n > x->hbuf_cap) {
-    void **h = realloc(x->hbuf, n * sizeof *h);
-    if (!h) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
-    x->hbuf = h;
-    x->hbuf_cap = n;
-  }
+  if (rs_vec_reserve((void **)&x->hbuf, &x->hbuf_cap, n, sizeof *x->hbuf))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   for (size_t i = 0; i < n; i++) {
     x->hbuf[i] = NULL;
     if (!ops[i].bytes) continue;
@@ -280,14 +277,9 @@ static void *registration(const rs_uxc *x, const void *buf, uint64_t bytes) {
 static reshard_result_t post(reshard_comm_t *c, const rs_p2p *ops, size_t n, int memtype, void *const *hbuf,
                              uint64_t *ticket) {
   rs_uxc *x = c->impl;
-  if (x->npend + n > x->pend_cap) { /* grows to the largest need once, not per call */
-    size_t cap = x->pend_cap ? x->pend_cap : 64;
-    while (cap < x->npend + n) cap *= 2;
-    pending *q = realloc(x->pend, cap * sizeof *q);
-    if (!q) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
-    x->pend = q;
-    x->pend_cap = cap;
-  }
+  /* (grows to the largest need once, not per call) */
+  if (rs_vec_reserve((void **)&x->pend, &x->pend_cap, x->npend + n, sizeof *x->pend))
+    return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", c->rank);
   const uint64_t t = ++x->tickets;
   *ticket = t;
   for (int pass = 0; pass < 2; pass++)
