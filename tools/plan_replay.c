@@ -104,7 +104,7 @@ int rp_write(rp_writer *const *stages, int n, const char *path) {
     fprintf(stderr, "reshard_plan: error: --replay-out %s: %s\n", path, strerror(errno));
     return -1;
   }
-  fprintf(out, "reshard-replay 2 world %d stages %d\n", stages[n - 1]->world, n);
+  fprintf(out, "reshard-replay 3 world %d stages %d\n", stages[n - 1]->world, n);
   int bad = 0;
   for (int i = 0; i < n; i++) {
     copy_stage(stages[i], i, out);

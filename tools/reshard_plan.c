@@ -227,9 +227,10 @@ static void check_messages(checker *ck, int rank, const reshard_plan_t *P, int i
       if (used[m->first_copy + k]++) violation(ck, "rank %d: %s copy %u belongs to two messages", rank, dir, m->first_copy + k);
       copy_runs(c, !is_send, &runs);
       int b = is_send ? c->src_buf : c->dst_buf;
-      int nb = m->fwd ? nfwd : nbuf;
+      const int fwd = is_send && m->fwd; /* (a forward's receive writes a destination buffer like any) */
+      int nb = fwd ? nfwd : nbuf;
       if (b < 0 || b >= nb) violation(ck, "rank %d: %s copy %u touches buffer %d", rank, dir, m->first_copy + k, b);
-      else copy_runs(c, is_send, m->fwd ? &fwd_runs[b] : &side_runs[b]);
+      else copy_runs(c, is_send, fwd ? &fwd_runs[b] : &side_runs[b]);
     }
     ival o;
     size_t ov = ivec_normalize(&runs, &o);

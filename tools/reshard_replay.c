@@ -22,7 +22,8 @@
  *           at the end: src/exec/agree.c) comes before LOCAL, or in round
  *           0 before the tail of a split direct message (below), after
  *           the round's sends (src/exec/execute.c: host_check, post_round);
- *   XFER k  round k's transfers posted in rs_sched_xfers order: receives
+ *   XFER k  round k's transfers but its relay forwards (FXFER k posts
+ *           those, after UNPACK k-1) posted in rs_sched_xfers order: receives
  *           as sg_mailbox_get_async, sends as sg_mailbox_put_async of the
  *           message's bytes (nothing is carried), on one mailbox per
  *           (sender, receiver): both ends post a pair's messages in the
@@ -111,7 +112,7 @@ typedef struct replay_rank {
 
 static struct {
   int world, nstages;
-  int version; /* of the schedule file: 1 has no direct field */
+  int version; /* of the schedule file (3) */
   replay_rank *ranks;
   long detach_below;
   double msg_s;      /* --msg-us, in seconds */
@@ -155,7 +156,7 @@ static int read_msgs(FILE *f, const char *path, int rank, char want, rs_msg *m, 
     unsigned long long bytes;
     unsigned fwd, ncopies, direct = 0;
     if (fscanf(f, " %c %d %d %llu %u %u", &dir, &m[i].peer, &m[i].round, &bytes, &fwd, &ncopies) != 6 || dir != want ||
-        (R.version >= 2 && fscanf(f, "%u", &direct) != 1))
+        fscanf(f, "%u", &direct) != 1)
       return fail_read(path, rank, "bad message line");
     if (m[i].peer < 0 || m[i].peer >= R.world || m[i].round < 0 || m[i].round >= nrounds ||
         (i && m[i].round < m[i - 1].round))
@@ -234,9 +235,9 @@ static int read_schedule(const char *path) {
     return -1;
   }
   int v = 0, rc;
-  if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v < 1 || v > 2 || R.world <= 0 ||
+  if (fscanf(f, "reshard-replay %d world %d stages %d", &v, &R.world, &R.nstages) != 3 || v != 3 || R.world <= 0 ||
       R.nstages < 1 || R.nstages > RP_MAX_STAGES) {
-    fprintf(stderr, "reshard_replay: error: %s: not a version 1 or 2 schedule (reshard_plan --replay-out)\n", path);
+    fprintf(stderr, "reshard_replay: error: %s: not a version 3 schedule (reshard_plan --replay-out)\n", path);
     fclose(f);
     return -1;
   }
@@ -339,17 +340,20 @@ static int replay_recv(replay_plan *x, const rs_xfer *t, int early, int head_pos
   return 0;
 }
 
-/* Round k's transfers in the schedule's posting order, as post_round in
+/* Round k's transfers of `part` (XFER: all but the forwards; FXFER: the
+ * forwards) in the schedule's posting order, as post_round in
  * src/exec/execute.c: before the check, receives land in staging; a
  * split direct message's tail, and every later receive from its sender,
  * waits for the check, which runs after the round's sends. */
-static reshard_result_t run_xfer(replay_plan *x, int k) {
+static reshard_result_t run_xfer(replay_plan *x, int k, rs_xfer_part part) {
   const reshard_plan_t *p = &x->plan;
   const int verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
-  size_t n = rs_sched_xfers(p, k, verify, x->xfers);
+  /* (room for the whole round, allocated by its first part: XFER) */
+  size_t n = rs_sched_xfers(p, k, verify, RS_XFER_ALL, x->xfers);
   comm_list *s = &x->sent[k], *r = &x->recvd[k];
-  s->c = calloc(2 * n + 1, sizeof(sg_comm_t));
-  r->c = calloc(2 * n + 1, sizeof(sg_comm_t));
+  if (!s->c) s->c = calloc(2 * n + 1, sizeof(sg_comm_t));
+  if (!r->c) r->c = calloc(2 * n + 1, sizeof(sg_comm_t));
+  n = rs_sched_xfers(p, k, verify, part, x->xfers);
   const int early = !x->checked;
   /* per transfer: 0 posted, 1 its tail waits, 2 all of it waits; per rank: blocked */
   unsigned char *defer = early ? calloc(n + 1, 1) : NULL, *blocked = early ? calloc((size_t)R.world, 1) : NULL;
@@ -410,7 +414,9 @@ static reshard_result_t replay_run(void *ctx, rs_step step) {
     if (R.progress && x->plan.rank == 0 && step.round % 16 == 0) /* where a long run is */
       fprintf(stderr, "# replay progress: rank 0 stage %d round %d of %d: simulated_s=%.6f wall_s=%.1f\n", x->stage,
               step.round, x->plan.nrounds, simgrid_get_clock(), wall_now() - R.t0);
-    return run_xfer(x, step.round);
+    return run_xfer(x, step.round, RS_XFER_PLAIN);
+  case RS_STEP_FXFER:
+    return run_xfer(x, step.round, RS_XFER_FWD);
   case RS_STEP_CHECK: /* the walk's end: the agreement's statuses (rs_agree_end) */
     RS_CHECK(wait_list(x->plan.rank, &x->agree_in, "agreement status receive", -1));
     return wait_list(x->plan.rank, &x->agree_out, "agreement status send", -1);
@@ -418,6 +424,7 @@ static reshard_result_t replay_run(void *ctx, rs_step step) {
   case RS_STEP_UNPACK:
     return replay_check(x);
   case RS_STEP_PACK:
+  case RS_STEP_FPACK:
     break;
   }
   return RESHARD_SUCCESS;

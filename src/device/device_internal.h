@@ -61,6 +61,9 @@ typedef struct rs_dev {
   rs_copy *d_copies; /* send | recv | local descriptors */
   rs_tile *d_tiles;  /* pack tiles by round | unpack tiles | local tiles */
   uint64_t *pack_start, *unpack_start; /* nrounds + 1 tile indices */
+  /* round k's forwards' first pack tile (they are its last sends): PACK k
+   * packs pack_start[k] .. fpack_start[k], FPACK k the rest */
+  uint64_t *fpack_start;
   uint64_t local_start, local_end;
 
   /* Buffer base addresses, source then destination: the only per-call
@@ -79,9 +82,9 @@ typedef struct rs_dev {
   rs_p2p *p2p;          /* one round's group */
   rs_xfer *xfers;       /* and its transfers (rs_sched_xfers) */
   /* a host-driven transport's tickets of the last rounds' groups
-   * (stream.h group_async), by round & 3: nothing waits for a transfer
-   * more than two rounds back */
-  uint64_t xfer_ticket[4];
+   * (stream.h group_async), two a round (XFER k's at 2k & 7, FXFER k's
+   * at 2k+1 & 7): nothing waits for a transfer more than two rounds back */
+  uint64_t xfer_ticket[8];
 
   /* The agreement with the plan's partners (kernels/rs_agree.h): this
    * rank's header, the partners', the sticky verdict on the device and its
@@ -138,6 +141,7 @@ typedef struct rs_dev {
    * join into the caller's stream (events of the capture) */
   cudaEvent_t ev_begin, ev_end[S_COUNT], ev_fork, ev_join[S_COUNT];
   cudaEvent_t ev_packed[2], ev_xfer[2], ev_unpacked[2], ev_local;
+  cudaEvent_t ev_fpacked[2], ev_fxfer[2]; /* FPACK k, FXFER k (exec/schedule.h) */
 } rs_dev;
 
 /* Every event of a plan's device state, for creation and destruction. */
@@ -146,7 +150,8 @@ typedef struct rs_dev {
    &(d)->ev_end[0],  &(d)->ev_end[1],  &(d)->ev_end[2],      &(d)->ev_packed[0],   &(d)->ev_packed[1],         \
    &(d)->ev_xfer[0], &(d)->ev_xfer[1], &(d)->ev_unpacked[0], &(d)->ev_unpacked[1], &(d)->ev_checked,           \
    &(d)->ev_agreed,  &(d)->ev_committed, &(d)->ev_local,       &(d)->ev_fork,        &(d)->ev_join[0],           \
-   &(d)->ev_join[1], &(d)->ev_join[2]}
+   &(d)->ev_join[1], &(d)->ev_join[2], &(d)->ev_fpacked[0], &(d)->ev_fpacked[1], &(d)->ev_fxfer[0],          \
+   &(d)->ev_fxfer[1]}
 
 #define CU(call, what)                                                     \
   do {                                                                     \

@@ -159,11 +159,19 @@ static cudaEvent_t step_event(rs_dev *d, rs_step s) {
     return d->ev_xfer[s.round & 1];
   case RS_STEP_UNPACK:
     return d->ev_unpacked[s.round & 1];
+  case RS_STEP_FPACK:
+    return d->ev_fpacked[s.round & 1];
+  case RS_STEP_FXFER:
+    return d->ev_fxfer[s.round & 1];
   case RS_STEP_CHECK:
     break;
   }
   return NULL;
 }
+
+/* A round's group's ticket slot (rs_dev.xfer_ticket): its forwards'
+ * group (FXFER) beside its other messages' (XFER). */
+static int ticket_slot(int round, int forwards) { return (2 * round + forwards) & 7; }
 
 /* The schedule's waits on the device: a lane is a stream, so a step
  * waits for one on another lane through the event behind it (a
@@ -174,8 +182,9 @@ static reshard_result_t dev_wait(void *ctx, rs_step step, rs_dep dep) {
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   /* a host-driven transport's transfer: its messages first (stream.h
    * group_async) */
-  if (dep.on.kind == RS_STEP_XFER && so->settle && !c->d->reg)
-    RS_CHECK(so->settle(p->comm, c->d->xfer_ticket[dep.on.round & 3], c->deadline));
+  if ((dep.on.kind == RS_STEP_XFER || dep.on.kind == RS_STEP_FXFER) && so->settle && !c->d->reg)
+    RS_CHECK(so->settle(p->comm, c->d->xfer_ticket[ticket_slot(dep.on.round, dep.on.kind == RS_STEP_FXFER)],
+                        c->deadline));
   if (dep.on.lane == step.lane) return RESHARD_SUCCESS;
   cudaError_t e = cudaStreamWaitEvent(lane_stream(c->d, step.lane), step_event(c->d, dep.on), 0);
   if (e) return rs_cuda_error(e, "cudaStreamWaitEvent(schedule)", p->rank);
@@ -218,33 +227,37 @@ static reshard_result_t dev_agree(dev_call *c) {
   return RESHARD_SUCCESS;
 }
 
-/* Round k's pack (staging) or unpack (registered buffers: nothing, the
- * receivers copy straight from the senders), and verify's sums of it. */
-static reshard_result_t dev_pack(dev_call *c, int k, int unpack) {
+/* Round k's pack (staging: its sends but its forwards, or with fwd its
+ * forwards) or unpack (registered buffers: nothing, the receivers copy
+ * straight from the senders), and verify's sums of it. */
+static reshard_result_t dev_pack(dev_call *c, int k, int unpack, int fwd) {
   const reshard_plan_t *p = c->p;
   rs_dev *d = c->d;
   const uint64_t *start = unpack ? d->unpack_start : d->pack_start;
+  const uint64_t lo = fwd ? d->fpack_start[k] : start[k], hi = unpack || fwd ? start[k + 1] : d->fpack_start[k];
   int h = k & 1;
   unsigned char *half = unpack ? c->recv_half[h] : c->send_half[h];
   if (!d->reg)
-    RS_CHECK(launch(p, d, start[k], start[k + 1], half, unpack ? S_UNPACK : S_PACK, unpack ? GATE_DST : GATE_STAGING,
+    RS_CHECK(launch(p, d, lo, hi, half, unpack ? S_UNPACK : S_PACK, unpack ? GATE_DST : GATE_STAGING,
                     unpack ? "unpack launch" : "pack launch"));
   /* (with registered buffers the receivers sum this rank's sources
    * themselves: direct_round) */
   if (!d->verify || (d->reg && !unpack)) return RESHARD_SUCCESS;
   /* (sums of what landed: d_rmine) */
-  return unpack ? verify_sums(p, d, start[k], start[k + 1], 1, d->d_rmine, (uint32_t)p->nsend_copies, S_UNPACK)
-                : verify_sums(p, d, start[k], start[k + 1], 0, c->ssums, 0, S_PACK);
+  return unpack ? verify_sums(p, d, lo, hi, 1, d->d_rmine, (uint32_t)p->nsend_copies, S_UNPACK)
+                : verify_sums(p, d, lo, hi, 0, c->ssums, 0, S_PACK);
 }
 
-/* Round k's transfers: one group in the schedule's posting order (or, with
- * registered buffers, the direct round). */
-static reshard_result_t dev_xfer(dev_call *c, int k) {
+/* Round k's transfers of `part` (XFER: all but its forwards, FXFER: its
+ * forwards): one group in the schedule's posting order (or, with
+ * registered buffers, the whole round as the direct round, at XFER). */
+static reshard_result_t dev_xfer(dev_call *c, int k, rs_xfer_part part) {
   const reshard_plan_t *p = c->p;
   rs_dev *d = c->d;
   const rs_stream_ops *so = p->comm->ops->stream_ops;
   int h = k & 1;
-  size_t n = rs_sched_xfers(p, k, d->verify, d->xfers);
+  if (d->reg && part == RS_XFER_FWD) return RESHARD_SUCCESS;
+  size_t n = rs_sched_xfers(p, k, d->verify, d->reg ? RS_XFER_ALL : part, d->xfers);
   for (size_t i = 0; i < n; i++) {
     const rs_xfer *x = &d->xfers[i];
     const rs_msg *m = x->m;
@@ -254,7 +267,8 @@ static reshard_result_t dev_xfer(dev_call *c, int k) {
   }
   if (d->reg) return direct_round(p, d, k, n, c->deadline, c->rsums);
   if (so->group_async)
-    return so->group_async(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree, &d->xfer_ticket[k & 3]);
+    return so->group_async(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree,
+                           &d->xfer_ticket[ticket_slot(k, part == RS_XFER_FWD)]);
   return so->group(p->comm, d->p2p, n, d->s[S_XFER], c->deadline, d->d_agree);
 }
 
@@ -313,16 +327,22 @@ static reshard_result_t dev_run(void *ctx, rs_step step) {
     r = dev_agree(c);
     break;
   case RS_STEP_PACK:
-    r = dev_pack(c, step.round, 0);
+    r = dev_pack(c, step.round, 0, 0);
+    break;
+  case RS_STEP_FPACK:
+    r = dev_pack(c, step.round, 0, 1);
     break;
   case RS_STEP_LOCAL:
     r = dev_local(c);
     break;
   case RS_STEP_XFER:
-    r = dev_xfer(c, step.round);
+    r = dev_xfer(c, step.round, RS_XFER_PLAIN);
+    break;
+  case RS_STEP_FXFER:
+    r = dev_xfer(c, step.round, RS_XFER_FWD);
     break;
   case RS_STEP_UNPACK:
-    r = dev_pack(c, step.round, 1);
+    r = dev_pack(c, step.round, 1, 0);
     break;
   case RS_STEP_CHECK:
     return dev_check(c);

@@ -84,6 +84,7 @@ static void dev_free(const reshard_plan_t *p, rs_dev *d) {
   free(d->reg);
   free(d->dstart);
   free(d->pack_start);
+  free(d->fpack_start);
   free(d->unpack_start);
   free(d->xfers);
   free(d->p2p);
@@ -135,6 +136,7 @@ static reshard_result_t setup_descriptors(const reshard_plan_t *p, rs_dev *d, rs
   reshard_result_t r = RESHARD_SUCCESS;
   int nr = p->nrounds;
   d->pack_start = calloc((size_t)nr + 1, sizeof *d->pack_start);
+  d->fpack_start = calloc((size_t)nr + 1, sizeof *d->fpack_start);
   d->unpack_start = calloc((size_t)nr + 1, sizeof *d->unpack_start);
   d->verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
   /* verify: each message is followed by its sums */
@@ -143,7 +145,7 @@ static reshard_result_t setup_descriptors(const reshard_plan_t *p, rs_dev *d, rs
   size_t ncop = p->nsend_copies + p->nrecv_copies + p->nlocal_copies;
   rs_copy *hc = *hcp = malloc((ncop ? ncop : 1) * sizeof *hc);
   *ncopp = ncop;
-  if (!d->pack_start || !d->unpack_start || !d->xfers || !d->p2p || !hc) {
+  if (!d->pack_start || !d->fpack_start || !d->unpack_start || !d->xfers || !d->p2p || !hc) {
     r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "execute rank %d: out of memory", p->rank);
     goto fail;
   }
@@ -181,6 +183,15 @@ static reshard_result_t setup_tiles(const reshard_plan_t *p, rs_dev *d, rs_tile 
   /* Rounds are numbered per direction from 0; a direction with fewer
    * rounds simply has empty later ones. */
   uint64_t nt = count_dir(p->sends, p->nsends, p->send_round, nr, p->send_copies, d->pack_start, 0);
+  /* a round's forwards are its last sends (plan/chunk.c): their tiles
+   * follow the others' */
+  const int dr = dir_rounds(p->sends, p->nsends);
+  for (int k = 0; k < nr; k++) {
+    uint64_t t = d->pack_start[k];
+    for (size_t i = k < dr ? p->send_round[k] : 0; k < dr && i < p->send_round[k + 1] && !p->sends[i].fwd; i++)
+      t += rs_tiles_count(p->send_copies + p->sends[i].first_copy, p->sends[i].ncopies, RS_TILE_BYTES);
+    d->fpack_start[k] = t;
+  }
   nt = count_dir(p->recvs, p->nrecvs, p->recv_round, nr, p->recv_copies, d->unpack_start, nt);
   d->local_start = nt;
   nt += rs_tiles_count(p->local_copies, p->nlocal_copies, RS_TILE_BYTES);

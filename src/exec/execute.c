@@ -2,8 +2,9 @@
  * the schedule (exec/schedule.h) that the device executor enqueues:
  * packing round k+1, transferring round k and unpacking round k-1
  * overlap with two staging halves per direction, local copies run while
- * round 0 is in flight, relay forwards (rs_msg.fwd) leave two rounds after
- * their data landed. Here a step runs when the walk reaches it; the sends
+ * round 0 is in flight, a round's relay forwards (rs_msg.fwd) are posted
+ * apart from its other messages, once the round before (which brought
+ * their data) is unpacked. Here a step runs when the walk reaches it; the sends
  * and receives a transfer posts complete later, its receives one by one
  * in the unpack that needs them, its sends when a step needs their
  * staging half (host_wait).
@@ -292,17 +293,18 @@ static size_t take_slot(exec_state *st, const rs_xfer *x, int h) {
   return si;
 }
 
-/* Posts round k (RS_STEP_XFER): its transfers in the schedule's order,
- * receives first. Round 0 is posted before the agreement's check
+/* Posts round k's transfers of `part` (RS_STEP_XFER: the round's
+ * messages but its forwards; RS_STEP_FXFER: the forwards) in the
+ * schedule's order, receives first. Round 0 is posted before the agreement's check
  * (host_check): its sends leave at once, and its receives land in
  * staging (post_recv), only unpacked after the check. What would land in
  * place (a split message's tail) waits for the check, and so does every
  * later receive from the same rank, so that a peer's messages keep their
  * order: then the round checks and posts those. */
-static reshard_result_t post_round(exec_state *st, int k) {
+static reshard_result_t post_round(exec_state *st, int k, rs_xfer_part part) {
   int h = k & 1;
   uint64_t tag = st->tag | (uint64_t)k;
-  size_t n = rs_sched_xfers(st->plan, k, st->verify, st->xfers);
+  size_t n = rs_sched_xfers(st->plan, k, st->verify, part, st->xfers);
   const int early = !rs_agree_checked(st->agree);
   int any = 0;
   for (size_t i = 0; i < n; i++) {
@@ -451,8 +453,9 @@ static reshard_result_t wait_tokens(exec_state *st, rs_request **rq, const rs_ms
 /* Round k with registered buffers (RS_STEP_XFER; nothing is packed or
  * unpacked): once the agreement's check passed, a "ready" token from
  * each sender of the round says its data may be read (sources from the
- * call's start; a relay forward's once it landed, two rounds earlier,
- * which the forwarder's own earlier rounds made sure of); this rank
+ * call's start; a relay forward's once it landed, in an earlier round
+ * of the forwarder's, each of which returns only once its reads
+ * landed); this rank
  * reads its boxes, waits until they all landed (the transport's
  * rma_flush), checks them in verify mode (the sums rode on the ready
  * tokens), and sends each sender "done", so that no sender's call
@@ -549,8 +552,8 @@ static reshard_result_t host_agree(exec_state *st) {
   return r;
 }
 
-/* The schedule's steps on the host. PACK is done by XFER, which packs
- * each send as it posts it; CHECK has nothing left to run once its waits
+/* The schedule's steps on the host. PACK is done by XFER and FPACK by
+ * FXFER, which pack each send as they post it; CHECK has nothing left to run once its waits
  * completed the sends: the agreement's end and the commit follow the
  * walk in run_call, on every path (a failed call joins them too). */
 static reshard_result_t host_run(void *ctx, rs_step step) {
@@ -559,12 +562,15 @@ static reshard_result_t host_run(void *ctx, rs_step step) {
   case RS_STEP_AGREE:
     return host_agree(st);
   case RS_STEP_XFER:
-    return st->reg ? direct_round(st, step.round) : post_round(st, step.round);
+    return st->reg ? direct_round(st, step.round) : post_round(st, step.round, RS_XFER_PLAIN);
+  case RS_STEP_FXFER: /* (registered buffers: the round's XFER read them) */
+    return st->reg ? RESHARD_SUCCESS : post_round(st, step.round, RS_XFER_FWD);
   case RS_STEP_LOCAL:
     return run_local(st);
   case RS_STEP_UNPACK:
     return st->reg ? RESHARD_SUCCESS : unpack_round(st, step.round);
   case RS_STEP_PACK:
+  case RS_STEP_FPACK:
   case RS_STEP_CHECK:
     break;
   }

@@ -5,7 +5,8 @@
 static rs_step step_of(rs_step_kind kind, int round) {
   static const rs_lane lane[] = {[RS_STEP_AGREE] = RS_LANE_XFER,    [RS_STEP_PACK] = RS_LANE_PACK,
                                  [RS_STEP_LOCAL] = RS_LANE_PACK,    [RS_STEP_XFER] = RS_LANE_XFER,
-                                 [RS_STEP_UNPACK] = RS_LANE_UNPACK, [RS_STEP_CHECK] = RS_LANE_XFER};
+                                 [RS_STEP_UNPACK] = RS_LANE_UNPACK, [RS_STEP_CHECK] = RS_LANE_XFER,
+                                 [RS_STEP_FPACK] = RS_LANE_PACK,    [RS_STEP_FXFER] = RS_LANE_XFER};
   rs_step s = {kind, lane[kind], round};
   return s;
 }
@@ -23,9 +24,11 @@ size_t rs_sched_round_msgs(const reshard_plan_t *p, int k, int recv, size_t *fir
 }
 
 int rs_sched_forwards(const reshard_plan_t *p, int k) {
-  size_t first, n = rs_sched_round_msgs(p, k, 0, &first);
-  for (size_t i = first; i < first + n; i++)
-    if (p->sends[i].fwd) return 1;
+  /* (a round's forwards are its last messages in each direction) */
+  for (int recv = 0; recv < 2; recv++) {
+    size_t first, n = rs_sched_round_msgs(p, k, recv, &first);
+    if (n && (recv ? p->recvs : p->sends)[first + n - 1].fwd) return 1;
+  }
   return 0;
 }
 
@@ -36,7 +39,7 @@ int rs_sched_deps(const reshard_plan_t *p, rs_step s, rs_dep *deps) {
     break;
   case RS_STEP_PACK:
     if (k >= 2) deps[n++] = (rs_dep){step_of(RS_STEP_XFER, k - 2), RS_NEED_SENT};
-    if (k >= 2 && rs_sched_forwards(p, k)) deps[n++] = (rs_dep){step_of(RS_STEP_UNPACK, k - 2), RS_NEED_DONE};
+    if (k >= 2 && rs_sched_forwards(p, k - 2)) deps[n++] = (rs_dep){step_of(RS_STEP_FXFER, k - 2), RS_NEED_SENT};
     break;
   case RS_STEP_LOCAL:
     deps[n++] = (rs_dep){step_of(RS_STEP_AGREE, -1), RS_NEED_DONE};
@@ -48,14 +51,25 @@ int rs_sched_deps(const reshard_plan_t *p, rs_step s, rs_dep *deps) {
     break;
   case RS_STEP_UNPACK:
     deps[n++] = (rs_dep){step_of(RS_STEP_XFER, k), RS_NEED_RECEIVED};
+    if (rs_sched_forwards(p, k)) deps[n++] = (rs_dep){step_of(RS_STEP_FXFER, k), RS_NEED_RECEIVED};
+    break;
+  case RS_STEP_FPACK:
+    deps[n++] = k >= 1 ? (rs_dep){step_of(RS_STEP_UNPACK, k - 1), RS_NEED_DONE}
+                       : (rs_dep){step_of(RS_STEP_LOCAL, -1), RS_NEED_DONE};
+    break;
+  case RS_STEP_FXFER:
+    deps[n++] = (rs_dep){step_of(RS_STEP_FPACK, k), RS_NEED_DONE};
     break;
   case RS_STEP_CHECK:
-    /* the pack lane ends with PACK n-1, or with LOCAL (after PACK 0) */
-    deps[n++] = last >= 1 ? (rs_dep){step_of(RS_STEP_PACK, last), RS_NEED_DONE}
-                          : (rs_dep){step_of(RS_STEP_LOCAL, -1), RS_NEED_DONE};
+    /* the pack lane ends with FPACK n-1, PACK n-1, or LOCAL (after PACK 0) */
+    if (last >= 0 && rs_sched_forwards(p, last)) deps[n++] = (rs_dep){step_of(RS_STEP_FPACK, last), RS_NEED_DONE};
+    else
+      deps[n++] = last >= 1 ? (rs_dep){step_of(RS_STEP_PACK, last), RS_NEED_DONE}
+                            : (rs_dep){step_of(RS_STEP_LOCAL, -1), RS_NEED_DONE};
     if (last >= 0) {
       deps[n++] = (rs_dep){step_of(RS_STEP_UNPACK, last), RS_NEED_DONE};
       deps[n++] = (rs_dep){step_of(RS_STEP_XFER, last), RS_NEED_SENT};
+      if (rs_sched_forwards(p, last)) deps[n++] = (rs_dep){step_of(RS_STEP_FXFER, last), RS_NEED_SENT};
     }
     break;
   }
@@ -77,6 +91,10 @@ reshard_result_t rs_sched_run(const reshard_plan_t *p, const rs_sched_ops *ops, 
     RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_XFER, k)));
     if (k == 0) RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_LOCAL, -1)));
     else RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_UNPACK, k - 1)));
+    if (rs_sched_forwards(p, k)) {
+      RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_FPACK, k)));
+      RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_FXFER, k)));
+    }
   }
   if (p->nrounds == 0) RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_LOCAL, -1)));
   else RS_CHECK(one(p, ops, ctx, step_of(RS_STEP_UNPACK, p->nrounds - 1)));
@@ -94,7 +112,7 @@ size_t rs_sched_max_xfers(const reshard_plan_t *p, int verify) {
   return (p->max_round_msgs ? p->max_round_msgs : 1) * (verify ? 2 : 1);
 }
 
-size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer *out) {
+size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer_part part, rs_xfer *out) {
   size_t n = 0;
   for (int recv = 1; recv >= 0; recv--) {
     size_t first, cnt = rs_sched_round_msgs(p, k, recv, &first);
@@ -102,6 +120,7 @@ size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer *out) 
      * may have no array at all) */
     for (size_t i = first; i < first + cnt; i++) {
       const rs_msg *m = recv ? &p->recvs[i] : &p->sends[i];
+      if (part != RS_XFER_ALL && (int)(m->fwd != 0) != (part == RS_XFER_FWD)) continue;
       out[n++] = (rs_xfer){m, (unsigned char)recv, 0};
       if (verify) out[n++] = (rs_xfer){m, (unsigned char)recv, 1};
     }

@@ -19,21 +19,34 @@
  *
  * The steps, in walk order (n = plan->nrounds):
  *
- *   AGREE, PACK 0, XFER 0, LOCAL, PACK 1, XFER 1, UNPACK 0, ...,
- *   PACK k, XFER k, UNPACK k-1, ..., UNPACK n-1, CHECK
+ *   AGREE, PACK 0, XFER 0, LOCAL, [FPACK 0, FXFER 0,] PACK 1, XFER 1,
+ *   UNPACK 0, [FPACK 1, FXFER 1,] ..., PACK k, XFER k, UNPACK k-1,
+ *   [FPACK k, FXFER k,] ..., UNPACK n-1, CHECK
  *
- * (AGREE, LOCAL, CHECK when n = 0) and their dependencies:
+ * (AGREE, LOCAL, CHECK when n = 0; FPACK k and FXFER k where round k has
+ * relay forwards, rs_msg.fwd, to send or to receive). A round's forwards
+ * travel apart from its other messages: XFER k posts the others, and
+ * FXFER k, once round k-1 is unpacked, the forwards, which leave the
+ * round after the one that brought their data (plan/chunk.c). The rest of
+ * the round does not wait for that unpack (posting the whole round after
+ * it stalls the network streams into a relay member: diary "Forwards one
+ * round after their data"). The dependencies:
  *
- *   PACK k    after XFER k-2 has sent (send half k mod 2 is free again);
- *             if round k sends relay forwards, after UNPACK k-2: forwards
- *             leave two rounds after their data lands (plan/chunk.c), so
- *             the unpacks up to k-2 wrote what they read
+ *   PACK k    after XFER k-2 and FXFER k-2 have sent (send half k mod 2
+ *             is free again)
  *   LOCAL     after AGREE (a failed agreement writes nothing)
  *   XFER k    after PACK k, after AGREE, and after UNPACK k-2 (receive
  *             half k mod 2 is free again)
- *   UNPACK k  after XFER k has received (hence after AGREE: its gate)
+ *   UNPACK k  after XFER k and FXFER k have received (hence after AGREE:
+ *             its gate)
+ *   FPACK k   after UNPACK k-1 (and after LOCAL, earlier on its lane),
+ *             which wrote what the forwards read, into send half k mod 2
+ *             beside PACK k's messages
+ *   FXFER k   after FPACK k (and XFER k, earlier on its lane: a pair's
+ *             forwards are posted after its other messages of the round
+ *             at both ends, in the order of the messages, forwards last)
  *   CHECK     after every write of the call: the last step of the pack
- *             lane, UNPACK n-1, and XFER n-1 sent
+ *             lane, UNPACK n-1, and XFER n-1 (and FXFER n-1) sent
  *
  * so packing round k+1, transferring round k and unpacking round k-1
  * overlap with two staging halves per direction, and local copies overlap
@@ -60,13 +73,15 @@ typedef enum rs_step_kind {
   RS_STEP_LOCAL,  /* the local copies */
   RS_STEP_XFER,   /* round k's transfers */
   RS_STEP_UNPACK, /* round k's receives out of receive half k mod 2 */
+  RS_STEP_FPACK,  /* round k's forwards into send half k mod 2 */
+  RS_STEP_FXFER,  /* round k's forward messages, both directions */
   RS_STEP_CHECK   /* after the last write: verify, commit, verdict */
 } rs_step_kind;
 
 typedef struct rs_step {
   rs_step_kind kind;
   rs_lane lane;
-  int round; /* PACK, XFER, UNPACK; -1 otherwise */
+  int round; /* PACK, XFER, UNPACK, FPACK, FXFER; -1 otherwise */
 } rs_step;
 
 /* What a step needs of one it waits for. A transfer is done when it has
@@ -106,9 +121,13 @@ typedef struct rs_xfer {
   unsigned char recv, sums;
 } rs_xfer;
 
-/* Round k's transfers in posting order, into out (room for
+/* Which of a round's messages: those XFER posts, those FXFER posts
+ * (rs_msg.fwd), or all (registered buffers: the round is one step). */
+typedef enum rs_xfer_part { RS_XFER_PLAIN, RS_XFER_FWD, RS_XFER_ALL } rs_xfer_part;
+
+/* Round k's transfers of `part` in posting order, into out (room for
  * rs_sched_max_xfers); returns how many. */
-size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer *out);
+size_t rs_sched_xfers(const reshard_plan_t *p, int k, int verify, rs_xfer_part part, rs_xfer *out);
 size_t rs_sched_max_xfers(const reshard_plan_t *p, int verify);
 
 /* Round 0's split on the host (exec/execute.c, post_recv): a round-0
@@ -119,7 +138,8 @@ size_t rs_sched_max_xfers(const reshard_plan_t *p, int verify);
  * and size alone, so they always agree on it. */
 uint64_t rs_sched_head_bytes(const rs_msg *m);
 
-/* Whether round k sends relay forwards (rs_msg.fwd). */
+/* Whether round k has relay forwards (rs_msg.fwd) to send or receive:
+ * whether the walk has FPACK k and FXFER k. */
 int rs_sched_forwards(const reshard_plan_t *p, int k);
 
 /* The messages of one direction in round k: [*first, *first + return). */

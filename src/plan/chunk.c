@@ -7,11 +7,11 @@
  * A stream's messages go in consecutive rounds from its first box's ready
  * round; a box that becomes ready later (a relay forward, whose data the
  * sender receives in an earlier stream) starts a message no earlier than
- * that round. What waits on data is ready two rounds after the message
- * that brought it (the host executor has a round's data in place before
- * it starts the round after next). Relay segments record which of their
+ * that round. What waits on data is ready the round after the message
+ * that brought it (the executors unpack round k-1 before they pack and
+ * post round k's forwards: exec/schedule.h). Relay segments record which of their
  * bytes arrived in which round (their spans), and a forward is cut along
- * them: each run of its bytes travels two rounds after its own arrival,
+ * them: each run of its bytes travels the round after its own arrival,
  * not after its whole part's, so a large part streams through its
  * forwarders instead of waiting for its last message (a 1 -> 16 fan-out
  * otherwise costs the source's time plus the forwards' whole time).
@@ -87,6 +87,10 @@ typedef struct msg_key {
   int32_t group, origin;
 } msg_key;
 
+/* A forward between relay members (relay.h: origin -1 in a group), what
+ * rs_msg.fwd says at both ends of its messages. */
+static int is_forward(msg_key k) { return k.group >= 0 && k.origin < 0; }
+
 /* Which bytes of a segment arrived in which round: its bytes up to end
  * (from the segment's first) came in messages of rounds up to round. */
 typedef struct rs_span {
@@ -144,10 +148,13 @@ static reshard_result_t open_msg(chunker *ch, int32_t round) {
   }
   const rs_seg *s = ch->stream;
   ch->keys[ch->nmsgs] = (msg_key){s->group, s->origin};
+  if (ch->is_send && (s->fwd != 0) != is_forward(ch->keys[ch->nmsgs])) /* (what the receiver goes by) */
+    return rs_error(RESHARD_ERROR_INTERNAL, "chunking: a send %d -> %d (group %d, origin %d) is%s a forward", s->from,
+                    s->to, s->group, s->origin, s->fwd ? "" : " not");
   rs_msg *m = &ch->msgs[ch->nmsgs++];
   memset(m, 0, sizeof *m);
   m->peer = s->peer;
-  m->fwd = ch->is_send && s->fwd;
+  m->fwd = is_forward(ch->keys[ch->nmsgs - 1]);
   m->round = round;
   m->first_copy = (uint32_t)ch->ncopies;
   return RESHARD_SUCCESS;
@@ -586,7 +593,7 @@ uint64_t rs_pace_rounds(const reshard_plan_t *plan, uint64_t chunk) {
  * them: DeepSeek-V3's forwards to the other 63 ranks of a domain (37 MB
  * each at 1 MiB every 16 rounds) ran 460 rounds past the network's 160.
  * It now takes at least its bytes over its rounds within the horizon,
- * and a quarter more (a forward starts two rounds late, and its data
+ * and a quarter more (a forward starts a round late, and its data
  * lands unevenly), up to the chunk, or domain_div chunks where the chunk
  * is at least RS_RELAY_MIN_PART_DEFAULT (256 KiB). A relay owner forwards all it
  * receives to each other member of its domain, (members - 1) x its
@@ -649,7 +656,7 @@ uint64_t rs_chunk_cap(const reshard_plan_t *plan, uint64_t chunk, uint64_t bytes
       if (need < RS_RELAY_MIN_PART_DEFAULT) need = RS_RELAY_MIN_PART_DEFAULT;
       if (need < cap) cap = need;
     } else if (inside) { /* NVLink keeps pace with the network */
-      /* a quarter over the average: a forward starts two rounds late and
+      /* a quarter over the average: a forward starts a round late and
        * its data lands unevenly (a short source stream's first) */
       need = (need + need / 4 + 63) & ~(uint64_t)63;
       uint64_t most = chunk >= RS_RELAY_MIN_PART_DEFAULT ? chunk * (uint64_t)plan->domain_div : chunk;
@@ -809,9 +816,11 @@ static uint64_t sched_key(int rank, int size, int peer, int is_send) {
   return (uint64_t)((rank - peer + size) % size);
 }
 
-/* The schedule: by round, then shifted round robin, then stream key (the
- * order in which both sides of a pair post a round's messages, which is
- * how the transports match messages that share a tag). */
+/* The schedule: by round, then the round's forwards after its other
+ * messages (they are posted apart, later: exec/schedule.h), then shifted
+ * round robin, then stream key (the order in which both sides of a pair
+ * post a round's messages, which is how the transports match messages
+ * that share a tag). */
 typedef struct sched_ref {
   int32_t round;
   uint64_t sched;
@@ -822,6 +831,7 @@ typedef struct sched_ref {
 static int cmp_sched(const void *a, const void *b) {
   const sched_ref *x = a, *y = b;
   int c = cmp_i32(x->round, y->round);
+  if (!c) c = is_forward(x->key) - is_forward(y->key); /* a round's forwards last */
   if (!c) c = (x->sched > y->sched) - (x->sched < y->sched);
   if (!c) c = cmp_i32(x->key.group, y->key.group);
   if (!c) c = cmp_i32(x->key.origin, y->key.origin);
@@ -913,11 +923,13 @@ enum { RS_CUT_PREFETCH = 8 };
  * RS_RELAY_PIPELINE_ROUNDS messages, none under RS_RELAY_MIN_PART_DEFAULT
  * (the default relay part size: about a message's latency in NIC time;
  * the constant, not the tests' lowered part size, so that tiny relayed
- * tensors keep one message): its owner forwards each message's bytes two
- * rounds after they land, so the forwards overlap the stream instead of
- * following it. With k messages a fan-out takes about (k + 2) / k of its
- * source's time (1.25 at 8) rather than twice it; longer streams are cut
- * finer than that by the chunk anyway. */
+ * tensors keep one message): its owner forwards each message's bytes the
+ * round after they land, so the forwards overlap the stream instead of
+ * following it (a fan-out takes about (k + 2) / k of its source's time
+ * in the plan replay, 1.28 at 8, rather than twice it: the destination's
+ * link carries the source's next message beside the forwards, diary
+ * "Forwards one round after their data"); longer streams are cut finer
+ * than that by the chunk anyway. */
 static uint64_t relay_pipeline_cap(uint64_t cap, uint64_t bytes) {
   uint64_t want = (bytes + RS_RELAY_PIPELINE_ROUNDS - 1) / RS_RELAY_PIPELINE_ROUNDS;
   want = (want + 63) & ~(uint64_t)63;
@@ -942,7 +954,7 @@ static size_t stream_cap(const reshard_plan_t *plan, size_t chunk, uint64_t byte
 /* A forward's readiness runs (chunker.runs) from the spans of the
  * segments it forwards, appended to *runs: its bytes are bytes dep_off
  * .. dep_off + bytes of theirs laid end to end, and each run may travel
- * two rounds after the round its bytes arrived in. */
+ * the round after the round its bytes arrived in. */
 static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
                                      const uint32_t *span_n, const rs_span_vec *spans, rs_span_vec *runs) {
   const size_t first = runs->n;
@@ -959,7 +971,7 @@ static reshard_result_t forward_runs(const rs_seg *s, const size_t *span_at,
       uint64_t a = base + (j ? sp[j - 1].end : 0), b = base + sp[j].end;
       if (b <= lo || a >= hi) continue;
       if (RS_VEC_GROW(runs->v, runs->n, runs->cap)) return rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "out of memory chunking (runs)");
-      runs->v[runs->n++] = (rs_span){(b < hi ? b : hi) - lo, sp[j].round + 2};
+      runs->v[runs->n++] = (rs_span){(b < hi ? b : hi) - lo, sp[j].round + 1};
     }
     base += sp[n - 1].end;
   }

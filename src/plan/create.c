@@ -378,7 +378,7 @@ static reshard_result_t begin_plan(build_ctx *c, reshard_plan_t *p, reshard_comm
   p->phases = 1;
   if (local) return local;
   /* Every transport relays: the host executor and the device executor
-   * both send forwards from the destination buffers two rounds after
+   * both send forwards from the destination buffers the round after
    * their data arrived. relay -1 (auto) plans direct here; the caller
    * builds a relay plan too when the cost model can choose. */
   int want = relay_mode == RELAY_FROM_OPTIONS ? p->opts.relay == 1 : relay_mode;

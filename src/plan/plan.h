@@ -42,8 +42,12 @@ typedef struct rs_msg {
    * unpack) copy. Its staging area stays reserved for device executors,
    * which ignore the flag. */
   uint32_t direct;
-  /* A relay forward: the copies read this rank's destination buffers
-   * (data it received in an earlier round), not its source buffers. */
+  /* A relay forward's message, at both ends (its stream is a forward
+   * between relay members: group >= 0, origin -1). On a send the copies
+   * read this rank's destination buffers (data it received in an earlier
+   * round), not its source buffers. A round's forwards come after its
+   * other messages (chunk.c) and travel apart from them, once the round
+   * before has landed (exec/schedule.h). */
   uint32_t fwd;
 } rs_msg;
 
@@ -295,7 +299,7 @@ typedef struct rs_seg {
   int32_t group, origin;
   /* Streams are cut in level order (0: direct and source -> owner, 1:
    * forwards between domains, 2: forwards within a domain); a segment
-   * with dep >= 0 travels no earlier than two rounds after the last of
+   * with dep >= 0 travels no earlier than the round after the last of
    * segments dep .. dep+ndep-1 (what its sender receives it in) arrives. */
   int32_t level;
   int64_t dep;   /* the first of ndep consecutive segments */
@@ -303,7 +307,7 @@ typedef struct rs_seg {
   /* A forward's bytes are bytes dep_off .. dep_off + bytes of its
    * dependencies laid end to end (a part's pieces, or the boxes its
    * sender received it in, all in the part's row-major order): each of
-   * its bytes travels two rounds after the message that brought that
+   * its bytes travels the round after the message that brought that
    * byte, not after the whole part (chunk.c). */
   uint64_t dep_off;
   /* A source -> owner relay segment whose group spans more than one

@@ -37,9 +37,9 @@
  * stream by (fragment box, piece) (a forward stream then by when its data
  * lands: chunk.c ready_order), builds it from its own fragment (same
  * boxes, its own strides) and cuts it identically (src/plan/chunk.c). A
- * forwarded piece travels no earlier than two rounds after the round it
- * arrived in at its sender: the host executor has round q's data in the
- * destination buffers before it starts round q + 2 (src/exec/execute.c).
+ * forwarded piece travels no earlier than the round after the one it
+ * arrived in at its sender: both executors post round q + 1's forwards
+ * once round q is in the destination buffers (src/exec/schedule.h).
  * Members also cut, without sending, the streams of other pairs whose
  * rounds they wait on. A member has O(m) forward streams, however many
  * source ranks there are.
@@ -70,9 +70,9 @@
 
 /* A source -> owner relay stream is cut into at least this many messages
  * (each at least the relay part size; src/plan/chunk.c), so that its
- * owner's forwards, which leave two rounds after their bytes land,
- * overlap it: a fan-out then takes about (8 + 2) / 8 of its source's
- * time. */
+ * owner's forwards, which leave the round after their bytes land,
+ * overlap it: a fan-out then takes about 1.27 x its source's time in the
+ * plan replay (chunk.c). */
 #define RS_RELAY_PIPELINE_ROUNDS 8
 extern uint64_t rs_relay_min_part_bytes;
 

@@ -716,10 +716,10 @@ static void stream_counts(void **state) {
 /* A 1 -> 8 fan-out of one 16 MiB weight (no topology: every member its
  * own domain, so each part is forwarded over the network): the source ->
  * owner streams (2 MiB each) go in RS_RELAY_PIPELINE_ROUNDS messages of
- * 256 KiB, and each forward leaves two rounds after its own bytes landed,
- * not after its whole part: 8 messages of 256 KiB in rounds 2 to 9 to
- * each other member, where waiting for whole parts sent one 2 MiB
- * message each in round 9. Every element checked, two steps. */
+ * 256 KiB, and each forward leaves the round after its own bytes landed,
+ * not after its whole part: 8 messages of 256 KiB in rounds 1 to 8 to
+ * each other member (9 rounds), where waiting for whole parts sent one
+ * 2 MiB message each in round 8. Every element checked, two steps. */
 static void pipelined_fanout(void **state) {
   (void)state;
   enum { M = 8, N = M + 1 };
@@ -741,9 +741,9 @@ static void pipelined_fanout(void **state) {
     assert_int_equal(a.stats[r].recv_bytes, M * part);
     assert_int_equal(a.stats[r].send_bytes, (M - 1) * part);
     /* each 256 KiB forwarded to each other member as it lands (whole
-     * parts: one message each, all in round 9) */
+     * parts: one message each, all in round 8) */
     assert_int_equal(a.stats[r].send_messages, (M - 1) * RS_RELAY_PIPELINE_ROUNDS);
-    assert_int_equal(a.stats[r].num_chunks, RS_RELAY_PIPELINE_ROUNDS + 2);
+    assert_int_equal(a.stats[r].num_chunks, RS_RELAY_PIPELINE_ROUNDS + 1);
   }
   run_free(&a, N);
   /* relay -1 on the flat preset (a network without NVLink domains): the
@@ -803,8 +803,8 @@ static void forwards_as_ready(void **state) {
   const int net = a.stats[0].num_chunks;
   for (int r = 2; r < N; r++) {
     assert_int_equal(a.stats[r].recv_bytes, (uint64_t)20480 * 2048 * 2);
-    /* the last forward leaves two rounds after the last network round */
-    if (a.stats[r].num_chunks > net + 2)
+    /* the last forward leaves the round after the last network round */
+    if (a.stats[r].num_chunks > net + 1)
       fail_msg("rank %d: %d rounds, the network's %d (%d phases)", r, a.stats[r].num_chunks, net, a.stats[r].phases);
   }
   run_free(&a, N);

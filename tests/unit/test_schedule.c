@@ -4,15 +4,18 @@
  * relay forwards), rank by rank:
  *
  * walk           every step once (AGREE, PACK/XFER/UNPACK of each round,
- *                LOCAL, CHECK), on its lane, and every dependency on a
- *                step the walk ran earlier: the host can run it in order
+ *                FPACK/FXFER of each round with forwards and of no
+ *                other, LOCAL, CHECK), on its lane, and every dependency
+ *                on a step the walk ran earlier: the host can run it in
+ *                order
  * device_order   with the device's semantics (a lane runs in order, a
  *                dependency is an event wait, on the one event of the
  *                step's kind and round parity, which must have been
  *                recorded last by that very step), every pair of steps that
- *                touch the same staging half in conflicting ways (pack
- *                and transfer of a send half, transfer and unpack of a
- *                receive half, two rounds apart) is ordered; the gate is
+ *                touch the same staging half in conflicting ways (packs
+ *                and transfers of a send half, transfers and unpack of a
+ *                receive half, two rounds apart; the forwards' FPACK and
+ *                FXFER alike) is ordered; the gate is
  *                written (AGREE) before it is read (LOCAL, UNPACK); CHECK
  *                comes after every write
  * host_order     with the host's semantics (a step is done when it
@@ -27,7 +30,8 @@
  *                the planner's rule
  * xfers          a round's posting order is its receives, then its sends,
  *                each followed by its sums in verify mode, every message
- *                once
+ *                once, for the whole round, its forwards (FXFER's part)
+ *                and the rest (XFER's); each direction's forwards last
  *
  * The conflicts are this file's own model of what each step reads and
  * writes, not the schedule's dependency rules. Seeds are printed on
@@ -114,23 +118,39 @@ static void err(errs *e, const char *fmt, ...) {
 }
 
 static const char *kind_name(rs_step_kind k) {
-  static const char *n[] = {"AGREE", "PACK", "LOCAL", "XFER", "UNPACK", "CHECK"};
+  static const char *n[] = {"AGREE", "PACK", "LOCAL", "XFER", "UNPACK", "FPACK", "FXFER", "CHECK"};
   return n[k];
 }
 
-/* walk: every step once, on its lane. */
+/* Whether round k has relay forwards to send or receive, from the
+ * messages themselves. */
+static int has_forwards(const reshard_plan_t *p, int k) {
+  for (size_t i = 0; i < p->nsends; i++)
+    if (p->sends[i].round == k && p->sends[i].fwd) return 1;
+  for (size_t i = 0; i < p->nrecvs; i++)
+    if (p->recvs[i].round == k && p->recvs[i].fwd) return 1;
+  return 0;
+}
+
+/* walk: every step once, on its lane; FPACK k and FXFER k exactly for
+ * the rounds with forwards. */
 static void check_walk(const rec *r, errs *e) {
   const reshard_plan_t *p = r->p;
-  int n = p->nrounds;
+  int n = p->nrounds, nf = 0;
+  for (int k = 0; k < n; k++) nf += has_forwards(p, k);
   if (r->bad_dep) err(e, "%d waits on steps not yet run", r->bad_dep);
   if (r->stale_event) err(e, "%d waits on another lane find the step's event recorded by a later step", r->stale_event);
-  if (r->n != (size_t)(3 * n + 3)) err(e, "%zu steps for %d rounds", r->n, n);
-  static const rs_lane lane[] = {RS_LANE_XFER, RS_LANE_PACK, RS_LANE_PACK, RS_LANE_XFER, RS_LANE_UNPACK, RS_LANE_XFER};
+  if (r->n != (size_t)(3 * n + 3 + 2 * nf)) err(e, "%zu steps for %d rounds, %d of them forwarding", r->n, n, nf);
+  static const rs_lane lane[] = {RS_LANE_XFER,   RS_LANE_PACK, RS_LANE_PACK, RS_LANE_XFER,
+                                 RS_LANE_UNPACK, RS_LANE_PACK, RS_LANE_XFER, RS_LANE_XFER};
   for (size_t i = 0; i < r->n; i++) {
     rs_step s = r->steps[i];
     if (s.lane != lane[s.kind]) err(e, "%s %d on lane %d", kind_name(s.kind), s.round, s.lane);
-    int rounded = s.kind == RS_STEP_PACK || s.kind == RS_STEP_XFER || s.kind == RS_STEP_UNPACK;
+    int fwd_step = s.kind == RS_STEP_FPACK || s.kind == RS_STEP_FXFER;
+    int rounded = s.kind == RS_STEP_PACK || s.kind == RS_STEP_XFER || s.kind == RS_STEP_UNPACK || fwd_step;
     if (rounded ? s.round < 0 || s.round >= n : s.round != -1) err(e, "%s with round %d", kind_name(s.kind), s.round);
+    if (fwd_step && rounded && s.round >= 0 && s.round < n && !has_forwards(p, s.round))
+      err(e, "%s %d in a round without forwards", kind_name(s.kind), s.round);
     for (size_t j = 0; j < i; j++)
       if (same(r->steps[j], s)) err(e, "%s %d twice", kind_name(s.kind), s.round);
   }
@@ -195,19 +215,33 @@ static void check_device(const rec *r, const device_hb *h, errs *e) {
   if (!device_before(r, h, agree, local)) err(e, "device: LOCAL may read the gate before AGREE wrote it");
   for (int k = 0; k < n; k++) {
     long pk = find(r, mk(RS_STEP_PACK, k)), xk = find(r, mk(RS_STEP_XFER, k)), uk = find(r, mk(RS_STEP_UNPACK, k));
+    /* a round's forwards: packed by FPACK, sent and received by FXFER */
+    long fp = find(r, mk(RS_STEP_FPACK, k)), fx = find(r, mk(RS_STEP_FXFER, k));
     /* send half k%2: pack writes, transfer reads */
     if (!device_before(r, h, pk, xk)) err(e, "device: XFER %d may send before PACK %d packed", k, k);
+    if (fp >= 0 && !device_before(r, h, fp, fx)) err(e, "device: FXFER %d may send before FPACK %d packed", k, k);
     /* receive half k%2: transfer writes, unpack reads; unpack writes dst under the gate */
     if (!device_before(r, h, xk, uk)) err(e, "device: UNPACK %d may read before XFER %d received", k, k);
+    if (fx >= 0 && !device_before(r, h, fx, uk)) err(e, "device: UNPACK %d may read before FXFER %d received", k, k);
     if (!device_before(r, h, agree, uk)) err(e, "device: UNPACK %d may read the gate before AGREE", k);
     if (!device_before(r, h, uk, check)) err(e, "device: CHECK before UNPACK %d", k);
     if (!device_before(r, h, pk, check)) err(e, "device: CHECK before PACK %d", k);
     if (!device_before(r, h, xk, check)) err(e, "device: CHECK before XFER %d", k);
+    if (fp >= 0 && !device_before(r, h, fp, check)) err(e, "device: CHECK before FPACK %d", k);
+    if (fx >= 0 && !device_before(r, h, fx, check)) err(e, "device: CHECK before FXFER %d", k);
     for (int k2 = k + 2; k2 < n; k2 += 2) {
       long p2 = find(r, mk(RS_STEP_PACK, k2)), x2 = find(r, mk(RS_STEP_XFER, k2));
-      if (!device_before(r, h, xk, p2)) err(e, "device: PACK %d may overwrite send half %d before XFER %d sent", k2, k & 1, k);
+      long f2 = find(r, mk(RS_STEP_FPACK, k2)), g2 = find(r, mk(RS_STEP_FXFER, k2));
+      long writers[2] = {p2, f2}, readers[2] = {xk, fx};
+      for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+          if (writers[a] >= 0 && readers[b] >= 0 && !device_before(r, h, readers[b], writers[a]))
+            err(e, "device: %s %d may overwrite send half %d before %s %d sent", a ? "FPACK" : "PACK", k2, k & 1,
+                b ? "FXFER" : "XFER", k);
       if (!device_before(r, h, uk, x2))
         err(e, "device: XFER %d may overwrite receive half %d before UNPACK %d read it", k2, k & 1, k);
+      if (g2 >= 0 && !device_before(r, h, uk, g2))
+        err(e, "device: FXFER %d may overwrite receive half %d before UNPACK %d read it", k2, k & 1, k);
     }
   }
   if (!device_before(r, h, local, check)) err(e, "device: CHECK before LOCAL");
@@ -234,19 +268,24 @@ static void check_host(const rec *r, errs *e) {
       agreed = 1;
       break;
     case RS_STEP_XFER: /* packs into send half k%2, posts receives into receive half k%2 */
-      if (!agreed) err(e, "host: XFER %d before AGREE", k);
-      if (k >= 2 && sent_upto < k - 1) err(e, "host: XFER %d packs over round %d's sends in flight", k, k - 2);
-      if (k >= 2 && !unpacked[k - 2]) err(e, "host: XFER %d receives over round %d's data not unpacked", k, k - 2);
-      posted[k] = 1;
+    case RS_STEP_FXFER: /* the same, for the round's forwards */
+      if (!agreed) err(e, "host: %s %d before AGREE", kind_name(s.kind), k);
+      if (k >= 2 && sent_upto < k - 1)
+        err(e, "host: %s %d packs over round %d's sends in flight", kind_name(s.kind), k, k - 2);
+      if (k >= 2 && !unpacked[k - 2])
+        err(e, "host: %s %d receives over round %d's data not unpacked", kind_name(s.kind), k, k - 2);
+      posted[k] |= s.kind == RS_STEP_XFER ? 1 : 2;
       break;
     case RS_STEP_UNPACK:
-      if (!posted[k]) err(e, "host: UNPACK %d before its receives were posted", k);
+      if (!(posted[k] & 1) || (has_forwards(r->p, k) && !(posted[k] & 2)))
+        err(e, "host: UNPACK %d before its receives were posted", k);
       unpacked[k] = 1;
       break;
     case RS_STEP_LOCAL:
       if (!agreed) err(e, "host: LOCAL before AGREE");
       break;
     case RS_STEP_PACK:
+    case RS_STEP_FPACK:
     case RS_STEP_CHECK:
       break;
     }
@@ -342,7 +381,13 @@ static void check_forwards(const rec *r, const device_hb *h, errs *e, int *nfwd)
     const rs_msg *s = &p->sends[i];
     if (!s->fwd) continue;
     ++*nfwd;
-    long pk = find(r, mk(RS_STEP_PACK, s->round)), xk = find(r, mk(RS_STEP_XFER, s->round));
+    /* a forward is packed by FPACK (device) and packed as it is posted by
+     * FXFER (host) */
+    long pk = find(r, mk(RS_STEP_FPACK, s->round)), xk = find(r, mk(RS_STEP_FXFER, s->round));
+    if (pk < 0 || xk < 0) {
+      err(e, "forward to rank %d in round %d: no FPACK or FXFER", s->peer, s->round);
+      continue;
+    }
     for (uint32_t c = 0; c < s->ncopies; c++) {
       const rs_copy *cp = &p->send_copies[s->first_copy + c];
       m.worst = -1;
@@ -359,7 +404,7 @@ static void check_forwards(const rec *r, const device_hb *h, errs *e, int *nfwd)
         long uj = find(r, mk(RS_STEP_UNPACK, m.worst));
         if (!device_before(r, h, uj, pk))
           err(e, "device: forward in round %d reads data of round %d before its unpack", s->round, m.worst);
-        /* the host packs a forward when it posts it (XFER) */
+        /* the host packs a forward when it posts it (FXFER) */
         if (uj > xk) err(e, "host: forward in round %d reads data of round %d before its unpack", s->round, m.worst);
       }
     }
@@ -377,23 +422,30 @@ static void check_xfers(const reshard_plan_t *p, errs *e) {
     size_t cap = rs_sched_max_xfers(p, verify), seen_r = 0, seen_s = 0, room = 2 * (p->nsends + p->nrecvs) + 2;
     rs_xfer *x = calloc(room, sizeof *x);
     assert_non_null(x);
-    for (int k = 0; k < p->nrounds; k++) {
-      size_t n = rs_sched_xfers(p, k, verify, x), at = 0;
-      if (n > cap) err(e, "round %d: %zu transfers, room for %zu", k, n, cap);
-      for (int recv = 1; recv >= 0; recv--) {
-        const rs_msg *m = recv ? p->recvs : p->sends;
-        size_t nm = recv ? p->nrecvs : p->nsends;
-        for (size_t i = 0; i < nm; i++) {
-          if (m[i].round != k) continue;
-          for (int sums = 0; sums <= verify; sums++, at++)
-            if (at >= n || x[at].m != &m[i] || x[at].recv != recv || x[at].sums != sums)
-              err(e, "round %d: transfer %zu is not %s %zu%s", k, at, recv ? "receive" : "send", i,
-                  sums ? " (sums)" : "");
-          *(recv ? &seen_r : &seen_s) += 1;
+    for (int k = 0; k < p->nrounds; k++)
+      for (int part = RS_XFER_PLAIN; part <= RS_XFER_ALL; part++) {
+        size_t n = rs_sched_xfers(p, k, verify, (rs_xfer_part)part, x), at = 0;
+        if (n > cap) err(e, "round %d: %zu transfers, room for %zu", k, n, cap);
+        for (int recv = 1; recv >= 0; recv--) {
+          const rs_msg *m = recv ? p->recvs : p->sends;
+          size_t nm = recv ? p->nrecvs : p->nsends;
+          int fwd_seen = 0;
+          for (size_t i = 0; i < nm; i++) {
+            if (m[i].round != k) continue;
+            /* a round's forwards come last in each direction (the device
+             * packs them as one range of tiles) */
+            if (fwd_seen && !m[i].fwd) err(e, "round %d: %s %zu after a forward", k, recv ? "receive" : "send", i);
+            fwd_seen |= m[i].fwd != 0;
+            if (part != RS_XFER_ALL && (m[i].fwd != 0) != (part == RS_XFER_FWD)) continue;
+            for (int sums = 0; sums <= verify; sums++, at++)
+              if (at >= n || x[at].m != &m[i] || x[at].recv != recv || x[at].sums != sums)
+                err(e, "round %d: transfer %zu is not %s %zu%s", k, at, recv ? "receive" : "send", i,
+                    sums ? " (sums)" : "");
+            if (part == RS_XFER_ALL) *(recv ? &seen_r : &seen_s) += 1;
+          }
         }
+        if (at != n) err(e, "round %d: %zu transfers, %zu expected", k, n, at);
       }
-      if (at != n) err(e, "round %d: %zu transfers, %zu expected", k, n, at);
-    }
     if (seen_r != p->nrecvs || seen_s != p->nsends) err(e, "messages outside every round");
     free(x);
   }
