@@ -112,7 +112,6 @@ typedef struct replay_rank {
 
 static struct {
   int world, nstages;
-  int version; /* of the schedule file (3) */
   replay_rank *ranks;
   long detach_below;
   double msg_s;      /* --msg-us, in seconds */
@@ -161,6 +160,9 @@ static int read_msgs(FILE *f, const char *path, int rank, char want, rs_msg *m, 
     if (m[i].peer < 0 || m[i].peer >= R.world || m[i].round < 0 || m[i].round >= nrounds ||
         (i && m[i].round < m[i - 1].round))
       return fail_read(path, rank, "message peer or round out of range or order");
+    /* (the schedule finds a round's forwards at its end: rs_sched_forwards) */
+    if (i && m[i].round == m[i - 1].round && m[i - 1].fwd && !fwd)
+      return fail_read(path, rank, "a round's forwards are not its last messages");
     m[i].bytes = bytes;
     m[i].fwd = fwd;
     m[i].ncopies = ncopies;
@@ -241,7 +243,6 @@ static int read_schedule(const char *path) {
     fclose(f);
     return -1;
   }
-  R.version = v;
   rc = read_stages(f, path);
   fclose(f);
   return rc;
@@ -398,7 +399,8 @@ static reshard_result_t replay_wait(void *ctx, rs_step step, rs_dep dep) {
   (void)step;
   replay_plan *x = ctx;
   const int me = x->plan.rank;
-  if (dep.on.kind != RS_STEP_XFER) return RESHARD_SUCCESS; /* done when run: they cost nothing */
+  /* (FXFER k's transfers join XFER k's lists) */
+  if (dep.on.kind != RS_STEP_XFER && dep.on.kind != RS_STEP_FXFER) return RESHARD_SUCCESS; /* done when run: free */
   if (dep.need == RS_NEED_RECEIVED) return wait_list(me, &x->recvd[dep.on.round], "receive", dep.on.round);
   for (; x->sent_upto <= dep.on.round; x->sent_upto++)
     RS_CHECK(wait_list(me, &x->sent[x->sent_upto], "send", x->sent_upto));

@@ -11,16 +11,19 @@
  * Three internal streams overlap the rounds: the pack stream packs round k
  * into send half k mod 2, the transfer stream runs round k's group of
  * sends and receives once that pack is done, and the unpack stream unpacks
- * round k from receive half k mod 2 once the transfer is done. Events keep
- * the halves safe: pack k waits for transfer k-2 (its send half), transfer
- * k waits for unpack k-2 (its receive half). Local copies are packed on
+ * round k from receive half k mod 2 once the transfer is done; a round's
+ * relay forwards are packed and sent apart (a second group), once round
+ * k-1 is unpacked (exec/schedule.h). Events keep the halves safe: pack k
+ * waits for transfer k-2 (its send half), transfer k waits for unpack k-2
+ * (its receive half). Local copies are packed on
  * the pack stream after round 0's pack, so they overlap its transfer.
  *
  * Everything per plan (descriptors, tiles, streams, events) is set up
  * while the plan is created (device_prepare_local, before creation's
  * last agreement, so that a rank that cannot set up fails creation on
  * every rank), and its peers are connected then (connect_peers);
- * an execute costs a few launches and one group per round, and no
+ * an execute costs a few launches and one group per round (two where
+ * the round forwards), and no
  * per-segment work. The staging is the communicator's pool, shared by its
  * plans, whose executes therefore run one after another.
  *

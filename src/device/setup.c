@@ -161,8 +161,8 @@ static reshard_result_t setup_descriptors(const reshard_plan_t *p, rs_dev *d, rs
   /* A relay forward's copies read this rank's destination buffers: on the
    * device their source index points past the source buffers into the
    * one table (source buffers, then destination buffers) that every
-   * launch gets as its source table. Its round's pack waits for the
-   * unpacks that wrote the data (exec/schedule.h). */
+   * launch gets as its source table. Its round's forwards' pack (FPACK)
+   * waits for the unpack that wrote the data (exec/schedule.h). */
   for (size_t i = 0; i < p->nsends; i++) {
     if (!p->sends[i].fwd) continue;
     for (uint32_t k = 0; k < p->sends[i].ncopies; k++) {

@@ -538,7 +538,10 @@ static reshard_result_t complete_sends(exec_state *st, int through) {
 static reshard_result_t host_wait(void *ctx, rs_step step, rs_dep dep) {
   (void)step;
   exec_state *st = ctx;
-  if (dep.on.kind != RS_STEP_XFER || dep.need == RS_NEED_RECEIVED) return RESHARD_SUCCESS;
+  /* (a round's forwards, FXFER, share its requests: completing round k's
+   * sends completes them too) */
+  if ((dep.on.kind != RS_STEP_XFER && dep.on.kind != RS_STEP_FXFER) || dep.need == RS_NEED_RECEIVED)
+    return RESHARD_SUCCESS;
   return complete_sends(st, dep.on.round);
 }
 

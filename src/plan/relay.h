@@ -71,7 +71,7 @@
 /* A source -> owner relay stream is cut into at least this many messages
  * (each at least the relay part size; src/plan/chunk.c), so that its
  * owner's forwards, which leave the round after their bytes land,
- * overlap it: a fan-out then takes about 1.27 x its source's time in the
+ * overlap it: a fan-out then takes about 1.28 x its source's time in the
  * plan replay (chunk.c). */
 #define RS_RELAY_PIPELINE_ROUNDS 8
 extern uint64_t rs_relay_min_part_bytes;

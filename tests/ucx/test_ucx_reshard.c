@@ -543,7 +543,7 @@ static int run_random(reshard_comm_t *comm, int seeds) {
   if (rc == 0 && (!fs || !fd)) rc = -1;
   if (rc == 0 && world_size >= 3) {
     /* relay forwards: with registered buffers they are read from the
-     * forwarder's destination, once it landed (two rounds before) */
+     * forwarder's destination, once it landed (the round before) */
     relay_opt = 1;
     rc = run_case(comm, &g, fs, fd, 256 << 10, 0, 2, 0, "fan-out 4 MiB, relay 1, 256 KiB staging") < 0 ? -1 : 0;
     relay_opt = -1;

@@ -89,6 +89,7 @@ static reshard_result_t rec_wait(void *ctx, rs_step step, rs_dep dep) {
   if (at >= 0 && dep.on.lane != step.lane && r->last[dep.on.kind][dep.on.round & 1] != at) r->stale_event++;
   int *nd = &r->ndeps[r->n];
   if (*nd < RS_SCHED_MAXDEP) r->deps[r->n][(*nd)++] = dep;
+  else r->bad_dep++; /* more than rs_sched_deps may list */
   (void)step;
   return RESHARD_SUCCESS;
 }
@@ -138,7 +139,7 @@ static void check_walk(const rec *r, errs *e) {
   const reshard_plan_t *p = r->p;
   int n = p->nrounds, nf = 0;
   for (int k = 0; k < n; k++) nf += has_forwards(p, k);
-  if (r->bad_dep) err(e, "%d waits on steps not yet run", r->bad_dep);
+  if (r->bad_dep) err(e, "%d waits on steps not yet run (or past RS_SCHED_MAXDEP)", r->bad_dep);
   if (r->stale_event) err(e, "%d waits on another lane find the step's event recorded by a later step", r->stale_event);
   if (r->n != (size_t)(3 * n + 3 + 2 * nf)) err(e, "%zu steps for %d rounds, %d of them forwarding", r->n, n, nf);
   static const rs_lane lane[] = {RS_LANE_XFER,   RS_LANE_PACK, RS_LANE_PACK, RS_LANE_XFER,
