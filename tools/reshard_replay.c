@@ -349,12 +349,14 @@ static int replay_recv(replay_plan *x, const rs_xfer *t, int early, int head_pos
 static reshard_result_t run_xfer(replay_plan *x, int k, rs_xfer_part part) {
   const reshard_plan_t *p = &x->plan;
   const int verify = (p->opts.flags & RESHARD_FLAG_VERIFY) != 0;
-  /* (room for the whole round, allocated by its first part: XFER) */
-  size_t n = rs_sched_xfers(p, k, verify, RS_XFER_ALL, x->xfers);
+  /* (room for the whole round, allocated by its first part, XFER: each
+   * transfer at most two, a split message's head and tail) */
+  size_t first, all = rs_sched_round_msgs(p, k, 0, &first) + rs_sched_round_msgs(p, k, 1, &first);
+  all *= verify ? 2 : 1;
   comm_list *s = &x->sent[k], *r = &x->recvd[k];
-  if (!s->c) s->c = calloc(2 * n + 1, sizeof(sg_comm_t));
-  if (!r->c) r->c = calloc(2 * n + 1, sizeof(sg_comm_t));
-  n = rs_sched_xfers(p, k, verify, part, x->xfers);
+  if (!s->c) s->c = calloc(2 * all + 1, sizeof(sg_comm_t));
+  if (!r->c) r->c = calloc(2 * all + 1, sizeof(sg_comm_t));
+  size_t n = rs_sched_xfers(p, k, verify, part, x->xfers);
   const int early = !x->checked;
   /* per transfer: 0 posted, 1 its tail waits, 2 all of it waits; per rank: blocked */
   unsigned char *defer = early ? calloc(n + 1, 1) : NULL, *blocked = early ? calloc((size_t)R.world, 1) : NULL;

@@ -169,7 +169,7 @@ typedef struct rs_dev {
 void device_free(reshard_plan_t *p);
 int dir_rounds(const rs_msg *m, size_t n);
 uint64_t count_dir(const rs_msg *m, size_t n, const size_t *round, int nr, const rs_copy *copies,
-                   uint64_t *start, uint64_t base);
+                   uint64_t *start, uint64_t *fstart, uint64_t base);
 void build_dir(const rs_msg *m, size_t n, const size_t *round, const rs_copy *copies, uint32_t desc_base,
                const uint64_t *start, rs_tile *tiles);
 reshard_result_t device_prepare_local(reshard_plan_t *p);

@@ -83,7 +83,7 @@ reshard_result_t rs_device_register(reshard_plan_t *p, void *const *src, size_t 
   for (size_t i = 0; !r && !unregister && i < np; i++) base[i] = ntab, ntab += (uint32_t)sh[i].nbufs;
   if (!r && !unregister) r = rs_direct_compose(p, sh, np, base, hc);
   if (!r && !unregister) {
-    nt = count_dir(p->recvs, p->nrecvs, p->recv_round, p->nrounds, hc, dstart, 0);
+    nt = count_dir(p->recvs, p->nrecvs, p->recv_round, p->nrounds, hc, dstart, NULL, 0);
     ht = malloc((nt + 1) * sizeof *ht);
     htab = calloc((size_t)ntab + ndst + 1, sizeof *htab);
     if (!ht || !htab) r = rs_error(RESHARD_ERROR_OUT_OF_MEMORY, "register_buffers rank %d: out of memory", p->rank);

@@ -97,20 +97,26 @@ void device_free(reshard_plan_t *p) {
   p->device = NULL;
 }
 
-/* Tiles of one direction, round by round; start[k] is round k's first.
+/* Tiles of one direction, round by round; start[k] is round k's first,
+ * and fstart[k] (where not NULL) the first of its relay forwards, which
+ * are a round's last messages (plan/chunk.c; start[k + 1] without any).
  * A direction's round array covers only its own rounds (its last
  * message's round + 1), which may be fewer than the plan's. */
 int dir_rounds(const rs_msg *m, size_t n) { return n ? m[n - 1].round + 1 : 0; }
 
 uint64_t count_dir(const rs_msg *m, size_t n, const size_t *round, int nr, const rs_copy *copies,
-                   uint64_t *start, uint64_t base) {
+                   uint64_t *start, uint64_t *fstart, uint64_t base) {
   uint64_t t = base;
   int dr = dir_rounds(m, n);
   for (int k = 0; k < nr; k++) {
     start[k] = t;
+    if (fstart) fstart[k] = UINT64_MAX;
     if (k < dr)
-      for (size_t i = round[k]; i < round[k + 1]; i++)
+      for (size_t i = round[k]; i < round[k + 1]; i++) {
+        if (fstart && m[i].fwd && fstart[k] == UINT64_MAX) fstart[k] = t;
         t += rs_tiles_count(copies + m[i].first_copy, m[i].ncopies, RS_TILE_BYTES);
+      }
+    if (fstart && fstart[k] == UINT64_MAX) fstart[k] = t;
   }
   start[nr] = t;
   return t;
@@ -182,17 +188,8 @@ static reshard_result_t setup_tiles(const reshard_plan_t *p, rs_dev *d, rs_tile 
   int nr = p->nrounds;
   /* Rounds are numbered per direction from 0; a direction with fewer
    * rounds simply has empty later ones. */
-  uint64_t nt = count_dir(p->sends, p->nsends, p->send_round, nr, p->send_copies, d->pack_start, 0);
-  /* a round's forwards are its last sends (plan/chunk.c): their tiles
-   * follow the others' */
-  const int dr = dir_rounds(p->sends, p->nsends);
-  for (int k = 0; k < nr; k++) {
-    uint64_t t = d->pack_start[k];
-    for (size_t i = k < dr ? p->send_round[k] : 0; k < dr && i < p->send_round[k + 1] && !p->sends[i].fwd; i++)
-      t += rs_tiles_count(p->send_copies + p->sends[i].first_copy, p->sends[i].ncopies, RS_TILE_BYTES);
-    d->fpack_start[k] = t;
-  }
-  nt = count_dir(p->recvs, p->nrecvs, p->recv_round, nr, p->recv_copies, d->unpack_start, nt);
+  uint64_t nt = count_dir(p->sends, p->nsends, p->send_round, nr, p->send_copies, d->pack_start, d->fpack_start, 0);
+  nt = count_dir(p->recvs, p->nrecvs, p->recv_round, nr, p->recv_copies, d->unpack_start, NULL, nt);
   d->local_start = nt;
   nt += rs_tiles_count(p->local_copies, p->nlocal_copies, RS_TILE_BYTES);
   d->local_end = nt;
